@@ -1,0 +1,11 @@
+/**
+ * The backends this service ships, in no particular order (the registry sorts by priority).
+ * @module
+ */
+import type { AttentionBackend } from "../core/types.ts";
+import { CPU_REFERENCE } from "./cpu_reference.ts";
+
+/** Every built-in backend descriptor. */
+export function builtinBackends(): AttentionBackend[] {
+  return [CPU_REFERENCE as AttentionBackend];
+}

@@ -1,0 +1,112 @@
+/**
+ * Typed errors. Every error the service raises on purpose is a {@link ServiceError}: it
+ * carries a machine `code`, the HTTP `status` it maps to, and structured fields (`issues`
+ * per bad field, `reasons` per backend) that the server turns into an RFC 9457 problem.
+ * @module
+ */
+
+/** One bad field: a path into the request (zod-style) and what is wrong, with the current value. */
+export interface Issue {
+  path: (string | number)[];
+  message: string;
+}
+
+/** Options of a {@link ServiceError}. */
+export interface ServiceErrorInit {
+  status: number;
+  code: string;
+  title?: string;
+  issues?: Issue[];
+  reasons?: Record<string, string[]>;
+  /** Any other structured fields to put in the problem document. */
+  extra?: Record<string, unknown>;
+}
+
+/** An error with a code, an HTTP status and structured detail. */
+export class ServiceError extends Error {
+  readonly status: number;
+  readonly code: string;
+  readonly title: string;
+  readonly issues?: Issue[];
+  readonly reasons?: Record<string, string[]>;
+  readonly extra?: Record<string, unknown>;
+  constructor(message: string, init: ServiceErrorInit) {
+    super(message);
+    this.name = "ServiceError";
+    this.status = init.status;
+    this.code = init.code;
+    this.title = init.title ?? defaultTitle(init.status);
+    this.issues = init.issues;
+    this.reasons = init.reasons;
+    this.extra = init.extra;
+  }
+}
+
+function defaultTitle(status: number): string {
+  switch (status) {
+    case 400:
+      return "Bad Request";
+    case 404:
+      return "Not Found";
+    case 405:
+      return "Method Not Allowed";
+    case 409:
+      return "Conflict";
+    case 413:
+      return "Content Too Large";
+    case 415:
+      return "Unsupported Media Type";
+    case 422:
+      return "Unprocessable Content";
+    case 503:
+      return "Service Unavailable";
+    default:
+      return status >= 500 ? "Internal Server Error" : "Error";
+  }
+}
+
+/** A request that parses but cannot run (shapes disagree, ids out of range): 422 `invalid_batch`. */
+export function invalidBatch(issues: Issue[]): ServiceError {
+  const first = issues[0];
+  const where = first ? `${first.path.join(".") || "(body)"}: ${first.message}` : "invalid batch";
+  const more = issues.length > 1 ? ` (and ${issues.length - 1} more)` : "";
+  return new ServiceError(`${where}${more}`, { status: 422, code: "invalid_batch", issues });
+}
+
+/** No backend can run this configuration: 422 `no_valid_backend` with every backend's reasons. */
+export class NoValidBackendError extends ServiceError {
+  constructor(reasons: Record<string, string[]>, forced?: string) {
+    const list = Object.entries(reasons).map(([n, r]) => `${n}: [${r.join(", ")}]`).join("; ");
+    super(
+      forced
+        ? `backend ${forced} cannot run this configuration: ${list}`
+        : `no valid attention backend for this configuration. Reasons: {${list}}`,
+      { status: 422, code: "no_valid_backend", reasons },
+    );
+    this.name = "NoValidBackendError";
+  }
+}
+
+/** A WGSL shader or pipeline failed to compile: carries the compiler's messages. */
+export class ShaderCompileError extends ServiceError {
+  readonly key: string;
+  readonly messages: string[];
+  constructor(key: string, messages: string[]) {
+    super(`pipeline ${key} failed to compile: ${messages.join("; ")}`, {
+      status: 500,
+      code: "shader_compile_failed",
+      extra: { pipeline: key },
+    });
+    this.name = "ShaderCompileError";
+    this.key = key;
+    this.messages = messages;
+  }
+}
+
+/** The device is missing or was lost: 503. */
+export class DeviceUnavailableError extends ServiceError {
+  constructor(message: string) {
+    super(message, { status: 503, code: "device_unavailable" });
+    this.name = "DeviceUnavailableError";
+  }
+}

@@ -1,0 +1,287 @@
+/**
+ * The shared vocabulary of the service: dtypes, capabilities, selector configs, forward
+ * batches, KV caches and the backend descriptor. Every other module builds on these.
+ * Field names follow vLLM's v1 attention backend layer, in snake_case.
+ * @module
+ */
+
+/** Data (activation) dtypes. */
+export const DTYPES = ["float32", "float16", "bfloat16"] as const;
+/** A data dtype: query/key/value/output storage. Accumulation is always f32 or better. */
+export type DType = typeof DTYPES[number];
+
+/** KV-cache dtypes as a config names them; `auto` means "same as the data dtype". */
+export const KV_CACHE_DTYPES = ["auto", "float16", "bfloat16", "fp8_e4m3", "fp8_e5m2"] as const;
+/** A configured KV-cache dtype. */
+export type KvCacheDType = typeof KV_CACHE_DTYPES[number];
+
+/** What a cache element is physically stored as, once `auto` is resolved. */
+export type StorageDType = "float32" | "float16" | "bfloat16" | "fp8_e4m3" | "fp8_e5m2";
+
+/** Attention types (vLLM's `AttentionType`). */
+export const ATTN_TYPES = ["decoder", "encoder", "encoder_only", "encoder_decoder"] as const;
+/** One attention type. */
+export type AttnType = typeof ATTN_TYPES[number];
+
+/** Paged KV-cache layouts. NHD: [blocks, block_size, kv_heads, head]; HND: [blocks, kv_heads, block_size, head]. */
+export const KV_LAYOUTS = ["NHD", "HND"] as const;
+/** One cache layout. */
+export type KvLayout = typeof KV_LAYOUTS[number];
+
+/** vLLM's `AttentionCGSupport`: how far a backend's calls can be captured as a graph. */
+export const GRAPH_SUPPORT = [
+  "ALWAYS",
+  "UNIFORM_BATCH",
+  "UNIFORM_SINGLE_TOKEN_DECODE",
+  "NEVER",
+] as const;
+/** One graph-support level. */
+export type GraphSupport = typeof GRAPH_SUPPORT[number];
+
+/** vLLM's `MultipleOf(n)`: any block size that is a multiple of `n`. As data: `{multiple_of: n}`. */
+export interface MultipleOf {
+  multiple_of: number;
+}
+/** A kernel block size: an exact size or a `MultipleOf`. */
+export type KernelBlockSize = number | MultipleOf;
+
+/**
+ * What a backend supports, as plain data (served at `GET /v1/backends`).
+ * Empty `block_sizes` / `head_sizes` mean "any".
+ */
+export interface Capabilities {
+  dtypes: DType[];
+  kv_cache_dtypes: KvCacheDType[];
+  block_sizes: KernelBlockSize[];
+  head_sizes: number[];
+  kv_cache_layouts: KvLayout[];
+  attn_types: AttnType[];
+  is_mla: boolean;
+  sinks: boolean;
+  sliding_window: boolean;
+  alibi: boolean;
+  logits_soft_cap: boolean;
+  non_causal: boolean;
+  sparse: boolean;
+  mm_prefix: boolean;
+  per_head_quant_scales: boolean;
+  batch_invariant: boolean;
+  kv_connector: boolean;
+  lse: boolean;
+  graph_support: GraphSupport;
+  /** Queries per request at or under which a request is treated as decode (vLLM's reorder_batch_threshold); null: no reordering. */
+  reorder_batch_threshold: number | null;
+}
+
+/** What a backend needs from the WebGPU adapter ("compute capability" in vLLM's terms). */
+export interface DeviceRequirements {
+  /** False for host backends: they run with no adapter at all. */
+  needs_device: boolean;
+  /** WebGPU features the device must have been granted. */
+  features: string[];
+  /** Minimum values of GPUSupportedLimits entries, by name. */
+  limits: Record<string, number>;
+}
+
+/** vLLM's selector config, plus the optional forward-derived extensions at the bottom. */
+export interface SelectorConfig {
+  head_size: number;
+  dtype: DType;
+  kv_cache_dtype: KvCacheDType;
+  /** null: the caller has no block size yet; the selector answers with the preferred one. */
+  block_size: number | null;
+  use_mla: boolean;
+  has_sink: boolean;
+  use_sparse: boolean;
+  use_mm_prefix: boolean;
+  attn_type: AttnType;
+  has_sliding_window: boolean;
+  use_non_causal: boolean;
+  use_batch_invariant: boolean;
+  use_per_head_quant_scales: boolean;
+  // Extensions (absent = not required):
+  use_alibi?: boolean;
+  use_logits_soft_cap?: boolean;
+  kv_cache_layout?: KvLayout;
+  return_lse?: boolean;
+  /** Where the KV cache of this call lives, when a server-held cache is named. */
+  cache_storage?: CacheStorage;
+  /** Longest query of the batch (forward calls only): lets decode-only backends decline. */
+  max_query_len?: number;
+}
+
+/** Where a KV cache's bytes live. */
+export type CacheStorage = "host" | "webgpu";
+
+/** A paged KV cache's shape and types. `kv_cache_dtype` is resolved (never `auto`). */
+export interface KvCacheSpec {
+  num_blocks: number;
+  block_size: number;
+  num_kv_heads: number;
+  head_size: number;
+  dtype: DType;
+  kv_cache_dtype: KvCacheDType;
+  layout: KvLayout;
+}
+
+/**
+ * A paged KV cache, K and V. The bytes are the storage dtype's little-endian encoding in
+ * `layout` order (so a host cache, a safetensors export and a GPU buffer hold the same bytes).
+ */
+export interface KvCache {
+  readonly spec: KvCacheSpec;
+  readonly storage: CacheStorage;
+  /** Bytes of K plus V. */
+  readonly bytes: number;
+  /** The raw contents of K and V, in layout order. */
+  read(): Promise<{ key: Uint8Array; value: Uint8Array }>;
+  /** Frees the memory; the cache is unusable afterwards. */
+  destroy(): void;
+  /** Set when the device holding it was lost: its contents are gone. */
+  readonly lost?: boolean;
+}
+
+/** A layer's attention parameters, resolved (defaults filled in). */
+export interface LayerSpec {
+  num_heads: number;
+  num_kv_heads: number;
+  head_size: number;
+  scale: number;
+  /** null: no window. */
+  sliding_window: number | null;
+  /** null: no cap. */
+  logits_soft_cap: number | null;
+  /** [num_heads] or null. */
+  alibi_slopes: Float32Array | null;
+  /** [num_heads] or null. */
+  sinks: Float32Array | null;
+  attn_type: AttnType;
+  causal: boolean;
+  /** fp8 cache dequant scales (real = stored * scale); 1 unless set. */
+  k_scale: number;
+  v_scale: number;
+}
+
+/** vLLM's CommonAttentionMetadata, validated. */
+export interface BatchMetadata {
+  num_reqs: number;
+  /** [num_reqs + 1] */
+  query_start_loc: Int32Array;
+  /** [num_reqs] */
+  seq_lens: Int32Array;
+  /** [num_reqs * max_blocks_per_req], row-major. */
+  block_table: Int32Array;
+  max_blocks_per_req: number;
+  /** [num_tokens]; -1 = padding. */
+  slot_mapping: Int32Array;
+}
+
+/**
+ * One validated forward call in host form. Data tensors are Float32Array whose values are
+ * already exactly representable in `dtype` (float16/bfloat16 values are rounded on input).
+ */
+export interface ForwardBatch {
+  dtype: DType;
+  layer: LayerSpec;
+  num_tokens: number;
+  /** [num_tokens, num_heads, head_size] */
+  query: Float32Array;
+  /** [num_tokens, num_kv_heads, head_size] or null (encoder_decoder steps adding none). */
+  key: Float32Array | null;
+  value: Float32Array | null;
+  metadata: BatchMetadata;
+  /** The paged cache (server-held or inline); null for encoder / encoder_only. */
+  cache: KvCache | null;
+  return_lse: boolean;
+}
+
+/** What a backend returns. */
+export interface ForwardResult {
+  /** [num_tokens, num_heads, head_size], values rounded to the batch dtype. */
+  output: Float32Array;
+  /** [num_heads, num_tokens] natural-log normaliser, or null when not asked for. */
+  lse: Float32Array | null;
+  /** Milliseconds by phase, e.g. {plan, write, attend}. */
+  timings?: Record<string, number>;
+}
+
+/** The WebGPU device as the backends see it (null anywhere there is none). */
+export interface GpuContext {
+  readonly device: GPUDevice;
+  readonly adapter_info: {
+    vendor: string;
+    architecture: string;
+    device: string;
+    description: string;
+    subgroup_min_size?: number;
+    subgroup_max_size?: number;
+    is_fallback_adapter?: boolean;
+  };
+  /** Features granted on the device (including `subgroups` when the request succeeded). */
+  readonly features: ReadonlySet<string>;
+  /** The device's limits (requested at the adapter's own values). */
+  readonly limits: Readonly<Record<string, number>>;
+  /** Bumped each time a device is (re-)acquired. */
+  readonly generation: number;
+  /** True once the device was lost. */
+  readonly lost: boolean;
+}
+
+/** What plan/run receive besides the batch. */
+export interface BackendContext {
+  /** The GPU, or null when none is available. */
+  gpu: GpuContext | null;
+}
+
+/**
+ * A backend: one file in `backends/` exporting one of these. Shared code asks the
+ * descriptor; it never branches on `name`.
+ */
+export interface AttentionBackend<P = unknown> {
+  /** UPPER_SNAKE, like vLLM's names. */
+  readonly name: string;
+  /** Lower runs first in auto selection. */
+  readonly priority: number;
+  readonly description: string;
+  readonly capabilities: Capabilities;
+  readonly requires: DeviceRequirements;
+  /** The cache storage its kernels read and write. */
+  readonly cache_storage: CacheStorage;
+  /** A backend-specific reason this combination is invalid, or null (vLLM's supports_combination). */
+  supportsCombination?(config: SelectorConfig, ctx: BackendContext): string | null;
+  /** Creates an empty cache in this backend's storage. */
+  createCache(spec: KvCacheSpec, ctx: BackendContext): Promise<KvCache> | KvCache;
+  /** Wraps caller-supplied bytes (inline key_cache/value_cache) as a cache for one call. */
+  importCache(
+    spec: KvCacheSpec,
+    key: Uint8Array,
+    value: Uint8Array,
+    ctx: BackendContext,
+  ): Promise<KvCache> | KvCache;
+  /** Validates the batch against the backend, checks the block table, picks cached pipelines. */
+  plan(batch: ForwardBatch, ctx: BackendContext): Promise<P> | P;
+  /** Writes uniforms, binds, dispatches (writes K/V into the cache first), reads back once. */
+  run(plan: P, batch: ForwardBatch, ctx: BackendContext): Promise<ForwardResult>;
+}
+
+/** What `GET /v1/device` reports. */
+export interface DeviceReport {
+  available: boolean;
+  /** Which WebGPU implementation: "deno" (navigator.gpu) or another GPU object's name. */
+  runtime: string;
+  /** Why there is no device, when there is none. */
+  reason?: string;
+  adapter?: GpuContext["adapter_info"];
+  features: string[];
+  limits: Record<string, number>;
+  generation: number;
+}
+
+/** Owns the WebGPU device: acquires it, re-acquires after loss, reports it. */
+export interface DeviceProvider {
+  /** The live device, or null (none, or lost and not yet re-acquired). */
+  current(): GpuContext | null;
+  /** Acquires a device if there is none (or it was lost); resolves to null where no adapter exists. */
+  acquire(): Promise<GpuContext | null>;
+  report(): DeviceReport;
+}
