@@ -172,7 +172,7 @@ export interface BatchMetadata {
   /** [num_reqs * max_blocks_per_req], row-major. */
   block_table: Int32Array;
   max_blocks_per_req: number;
-  /** [num_tokens]; -1 = padding. */
+  /** [num_kv_tokens] (one per key row; num_tokens unless encoder_decoder); -1 = padding. */
   slot_mapping: Int32Array;
 }
 
@@ -186,7 +186,11 @@ export interface ForwardBatch {
   num_tokens: number;
   /** [num_tokens, num_heads, head_size] */
   query: Float32Array;
-  /** [num_tokens, num_kv_heads, head_size] or null (encoder_decoder steps adding none). */
+  /**
+   * [num_kv_tokens, num_kv_heads, head_size] or null (encoder_decoder steps adding none).
+   * num_kv_tokens equals num_tokens except for encoder_decoder, where these are the
+   * encoder's tokens (and slot_mapping has one entry per key token).
+   */
   key: Float32Array | null;
   value: Float32Array | null;
   metadata: BatchMetadata;
