@@ -1,0 +1,90 @@
+"""Speed anchor for `deno task bench`, run on the GPU machine beside it (PyTorch + CUDA).
+
+Times, on the same shapes as bench/main.ts:
+  - a device-to-device copy (GB/s counted as read + write bytes),
+  - paged decode attention the way an engine without a paged kernel would do it: gather the
+    pages into contiguous K/V, then SDPA (the gather is reported separately),
+  - SDPA decode on contiguous K/V (the "reads KV at ~4.2 TB/s" anchor),
+  - causal prefill with SDPA (TFLOP/s, causal flops = 2 * T * S * H * D).
+
+Usage: python3 bench/torch_anchor.py [--json]
+"""
+
+import json
+import sys
+
+import torch
+import torch.nn.functional as F
+
+
+def bench(fn, iters=50, warmup=5):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / iters  # ms
+
+
+def main():
+    as_json = "--json" in sys.argv
+    dev = torch.device("cuda")
+    rows = []
+
+    n = 2 << 30  # 2 GiB copy
+    a = torch.empty(n // 4, dtype=torch.float32, device=dev)
+    b = torch.empty_like(a)
+    ms = bench(lambda: b.copy_(a), iters=20)
+    rows.append({"case": "copy 2GiB", "ms": ms, "GB/s": 2 * n / ms / 1e6})
+    del a, b
+
+    # Decode: 32 requests x 2048 context (and 64 x 8192), 32 q heads, 8 kv heads, head 128, f16.
+    for reqs, ctx in [(32, 2048), (64, 8192)]:
+        hq, hkv, d, bs = 32, 8, 128, 16
+        nblk = reqs * ctx // bs
+        kc = torch.randn(nblk, bs, hkv, d, dtype=torch.float16, device=dev)
+        vc = torch.randn_like(kc)
+        bt = torch.randperm(nblk, device=dev).view(reqs, ctx // bs)
+        q = torch.randn(reqs, hq, 1, d, dtype=torch.float16, device=dev)
+        kv_bytes = 2 * reqs * ctx * hkv * d * 2
+
+        def gather():
+            k = kc[bt].view(reqs, ctx, hkv, d).transpose(1, 2)
+            v = vc[bt].view(reqs, ctx, hkv, d).transpose(1, 2)
+            return k, v
+
+        k, v = gather()
+        k = k.contiguous()
+        v = v.contiguous()
+        ms_g = bench(lambda: gather()[0].contiguous())
+        ms_sdpa = bench(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True))
+        rows.append({"case": f"decode sdpa contiguous {reqs}x{ctx}", "ms": ms_sdpa,
+                     "GB/s": kv_bytes / ms_sdpa / 1e6})
+        rows.append({"case": f"decode page gather (K only) {reqs}x{ctx}", "ms": ms_g,
+                     "GB/s": kv_bytes / 2 * 2 / ms_g / 1e6})
+        del kc, vc, k, v
+
+    # Prefill: 4 x 1024 causal, 32 heads, 8 kv heads, head 128, f16.
+    b_, t, hq, hkv, d = 4, 1024, 32, 8, 128
+    q = torch.randn(b_, hq, t, d, dtype=torch.float16, device=dev)
+    k = torch.randn(b_, hkv, t, d, dtype=torch.float16, device=dev)
+    v = torch.randn_like(k)
+    ms = bench(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True))
+    flops = 4 * b_ * t * t * hq * d / 2
+    rows.append({"case": "prefill sdpa causal 4x1024", "ms": ms, "TFLOP/s": flops / ms / 1e9})
+
+    if as_json:
+        print(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}))
+    else:
+        print("torch", torch.__version__, torch.cuda.get_device_name())
+        for r in rows:
+            extra = " ".join(f"{k}={v:.1f}" for k, v in r.items() if k not in ("case", "ms"))
+            print(f"{r['case']:<44} {r['ms']:8.3f} ms  {extra}")
+
+
+if __name__ == "__main__":
+    main()
