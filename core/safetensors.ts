@@ -1,0 +1,224 @@
+/**
+ * The safetensors file format: an 8-byte little-endian u64 header length, a JSON header
+ * `{name: {dtype, shape, data_offsets: [begin, end]}, "__metadata__": {key: string}}`, then
+ * the data bytes (offsets are relative to the start of the data). Parsing is strict: every
+ * defect is a ServiceError 400 `bad_safetensors` whose message says what and where.
+ * @module
+ */
+import { ServiceError } from "./errors.ts";
+
+/** The safetensors dtypes this service reads and writes. */
+export const SAFETENSORS_DTYPES = [
+  "F32",
+  "F16",
+  "BF16",
+  "F8_E4M3",
+  "F8_E5M2",
+  "I32",
+  "I64",
+] as const;
+/** One supported safetensors dtype name. */
+export type SafetensorsDType = typeof SAFETENSORS_DTYPES[number];
+
+/** Bytes per element of each supported safetensors dtype. */
+export const SAFETENSORS_DTYPE_BYTES: Record<SafetensorsDType, number> = {
+  F32: 4,
+  F16: 2,
+  BF16: 2,
+  F8_E4M3: 1,
+  F8_E5M2: 1,
+  I32: 4,
+  I64: 8,
+};
+
+/** Largest accepted header (JSON) length in bytes. */
+export const MAX_SAFETENSORS_HEADER_BYTES = 100 * 1024 * 1024;
+
+/** One tensor: dtype, shape and its raw little-endian bytes (a view into the file when parsed). */
+export interface SafetensorsTensor {
+  dtype: SafetensorsDType;
+  shape: number[];
+  data: Uint8Array;
+}
+
+/** A parsed (or to-be-written) safetensors file. */
+export interface SafetensorsFile {
+  /** Tensors by name, in file (offset) order when parsed. */
+  tensors: Record<string, SafetensorsTensor>;
+  /** The `__metadata__` string map ({} when absent). */
+  metadata: Record<string, string>;
+}
+
+function bad(message: string): ServiceError {
+  return new ServiceError(`invalid safetensors: ${message}`, {
+    status: 400,
+    code: "bad_safetensors",
+  });
+}
+
+function isDType(s: unknown): s is SafetensorsDType {
+  return typeof s === "string" && (SAFETENSORS_DTYPES as readonly string[]).includes(s);
+}
+
+function isNonNegInt(x: unknown): x is number {
+  return typeof x === "number" && Number.isSafeInteger(x) && x >= 0;
+}
+
+function show(v: unknown): string {
+  const s = JSON.stringify(v) ?? String(v);
+  return s.length > 60 ? s.slice(0, 57) + "..." : s;
+}
+
+/** Number of elements of a shape (1 for a scalar `[]`). */
+export function numel(shape: readonly number[]): number {
+  let n = 1;
+  for (const d of shape) n *= d;
+  return n;
+}
+
+/**
+ * Parses a safetensors file. Tensor `data` are zero-copy views into `bytes`.
+ * @throws ServiceError 400 `bad_safetensors` on any structural defect.
+ */
+export function parseSafetensors(bytes: Uint8Array): SafetensorsFile {
+  if (bytes.byteLength < 8) {
+    throw bad(`file is ${bytes.byteLength} bytes, shorter than the 8-byte header length`);
+  }
+  const dv = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+  const headerLen = dv.getBigUint64(0, true);
+  if (headerLen > BigInt(MAX_SAFETENSORS_HEADER_BYTES)) {
+    throw bad(`header length ${headerLen} exceeds the ${MAX_SAFETENSORS_HEADER_BYTES}-byte limit`);
+  }
+  const hl = Number(headerLen);
+  if (8 + hl > bytes.byteLength) {
+    throw bad(`header length ${hl} runs past the end of the ${bytes.byteLength}-byte body`);
+  }
+  let header: unknown;
+  try {
+    header = JSON.parse(
+      new TextDecoder("utf-8", { fatal: true }).decode(bytes.subarray(8, 8 + hl)),
+    );
+  } catch (e) {
+    throw bad(`header is not valid UTF-8 JSON (${e instanceof Error ? e.message : String(e)})`);
+  }
+  if (typeof header !== "object" || header === null || Array.isArray(header)) {
+    throw bad(`header must be a JSON object, got ${show(header)}`);
+  }
+  const data = bytes.subarray(8 + hl);
+  const metadata: Record<string, string> = {};
+  const spans: { name: string; begin: number; end: number }[] = [];
+  const entries: Record<string, SafetensorsTensor> = {};
+  for (const [name, entry] of Object.entries(header as Record<string, unknown>)) {
+    if (name === "__metadata__") {
+      if (typeof entry !== "object" || entry === null || Array.isArray(entry)) {
+        throw bad(`__metadata__ must be an object of strings, got ${show(entry)}`);
+      }
+      for (const [k, v] of Object.entries(entry as Record<string, unknown>)) {
+        if (typeof v !== "string") throw bad(`__metadata__.${k} must be a string, got ${show(v)}`);
+        metadata[k] = v;
+      }
+      continue;
+    }
+    if (typeof entry !== "object" || entry === null || Array.isArray(entry)) {
+      throw bad(`tensor ${name}: entry must be an object, got ${show(entry)}`);
+    }
+    const { dtype, shape, data_offsets } = entry as Record<string, unknown>;
+    if (!isDType(dtype)) {
+      throw bad(
+        `tensor ${name}: unsupported dtype ${show(dtype)} (supported: ${
+          SAFETENSORS_DTYPES.join(", ")
+        })`,
+      );
+    }
+    if (!Array.isArray(shape) || !shape.every(isNonNegInt)) {
+      throw bad(
+        `tensor ${name}: shape must be an array of non-negative integers, got ${show(shape)}`,
+      );
+    }
+    if (
+      !Array.isArray(data_offsets) || data_offsets.length !== 2 ||
+      !data_offsets.every(isNonNegInt) || data_offsets[0] > data_offsets[1]
+    ) {
+      throw bad(
+        `tensor ${name}: data_offsets must be [begin, end] with begin <= end, got ${
+          show(data_offsets)
+        }`,
+      );
+    }
+    const [begin, end] = data_offsets as [number, number];
+    if (end > data.byteLength) {
+      throw bad(
+        `tensor ${name}: data_offsets ${
+          show(data_offsets)
+        } out of range of the ${data.byteLength}-byte data section`,
+      );
+    }
+    const want = numel(shape) * SAFETENSORS_DTYPE_BYTES[dtype];
+    if (end - begin !== want) {
+      throw bad(
+        `tensor ${name}: ${end - begin} bytes but ${dtype} x ${show(shape)} needs ${want}`,
+      );
+    }
+    spans.push({ name, begin, end });
+    entries[name] = { dtype, shape: shape as number[], data: data.subarray(begin, end) };
+  }
+  spans.sort((a, b) => a.begin - b.begin || a.end - b.end);
+  let cursor = 0;
+  for (let i = 0; i < spans.length; i++) {
+    const s = spans[i];
+    if (s.begin < cursor) {
+      throw bad(`tensor ${s.name} [${s.begin}, ${s.end}) overlaps tensor ${spans[i - 1].name}`);
+    }
+    if (s.begin > cursor) throw bad(`data bytes [${cursor}, ${s.begin}) belong to no tensor`);
+    cursor = s.end;
+  }
+  if (cursor !== data.byteLength) {
+    throw bad(`data bytes [${cursor}, ${data.byteLength}) belong to no tensor`);
+  }
+  const tensors: Record<string, SafetensorsTensor> = {};
+  for (const s of spans) tensors[s.name] = entries[s.name];
+  return { tensors, metadata };
+}
+
+/**
+ * Serializes tensors (in the given order) and optional metadata as a safetensors file. The
+ * header is padded with spaces to a multiple of 8 bytes so the data starts aligned.
+ * @throws ServiceError 500 `bad_tensor` when a tensor's byte length disagrees with dtype x shape.
+ */
+export function serializeSafetensors(
+  tensors: Record<string, SafetensorsTensor>,
+  metadata?: Record<string, string>,
+): Uint8Array {
+  const header: Record<string, unknown> = {};
+  if (metadata && Object.keys(metadata).length > 0) header.__metadata__ = metadata;
+  let offset = 0;
+  for (const [name, t] of Object.entries(tensors)) {
+    const want = numel(t.shape) * SAFETENSORS_DTYPE_BYTES[t.dtype];
+    if (t.data.byteLength !== want) {
+      throw new ServiceError(
+        `tensor ${name}: ${t.data.byteLength} bytes but ${t.dtype} x ${
+          show(t.shape)
+        } needs ${want}`,
+        { status: 500, code: "bad_tensor" },
+      );
+    }
+    header[name] = { dtype: t.dtype, shape: t.shape, data_offsets: [offset, offset + want] };
+    offset += want;
+  }
+  let json = new TextEncoder().encode(JSON.stringify(header));
+  const padded = Math.ceil(json.byteLength / 8) * 8;
+  if (padded !== json.byteLength) {
+    const p = new Uint8Array(padded).fill(0x20);
+    p.set(json);
+    json = p;
+  }
+  const out = new Uint8Array(8 + json.byteLength + offset);
+  new DataView(out.buffer).setBigUint64(0, BigInt(json.byteLength), true);
+  out.set(json, 8);
+  let at = 8 + json.byteLength;
+  for (const t of Object.values(tensors)) {
+    out.set(t.data, at);
+    at += t.data.byteLength;
+  }
+  return out;
+}

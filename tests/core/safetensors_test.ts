@@ -1,0 +1,126 @@
+import assert from "node:assert/strict";
+import { ServiceError } from "../../core/errors.ts";
+import { parseSafetensors, serializeSafetensors } from "../../core/safetensors.ts";
+
+/** Builds a file by hand from a header object and a data section (independent of the serializer). */
+function build(header: unknown, data: Uint8Array, headerLen?: bigint): Uint8Array {
+  const json = new TextEncoder().encode(
+    typeof header === "string" ? header : JSON.stringify(header),
+  );
+  const out = new Uint8Array(8 + json.length + data.length);
+  new DataView(out.buffer).setBigUint64(0, headerLen ?? BigInt(json.length), true);
+  out.set(json, 8);
+  out.set(data, 8 + json.length);
+  return out;
+}
+
+function rejects(bytes: Uint8Array, pattern: RegExp): void {
+  assert.throws(() => parseSafetensors(bytes), (e: unknown) => {
+    assert.ok(e instanceof ServiceError, `not a ServiceError: ${e}`);
+    assert.equal(e.status, 400);
+    assert.equal(e.code, "bad_safetensors");
+    assert.match(e.message, pattern);
+    return true;
+  });
+}
+
+Deno.test("safetensors: parses a hand-built file", () => {
+  const f32 = new Float32Array([1.5, -2.25, 3]);
+  const i64 = new BigInt64Array([7n, -1n]);
+  const data = new Uint8Array(12 + 16);
+  data.set(new Uint8Array(f32.buffer), 0);
+  data.set(new Uint8Array(i64.buffer), 12);
+  const file = build({
+    __metadata__: { request: '{"a":1}' },
+    b: { dtype: "I64", shape: [2], data_offsets: [12, 28] },
+    a: { dtype: "F32", shape: [3], data_offsets: [0, 12] },
+  }, data);
+  const parsed = parseSafetensors(file);
+  assert.deepEqual(Object.keys(parsed.tensors), ["a", "b"], "ordered by offset");
+  assert.deepEqual(parsed.metadata, { request: '{"a":1}' });
+  const a = parsed.tensors.a;
+  assert.equal(a.dtype, "F32");
+  assert.deepEqual(a.shape, [3]);
+  assert.deepEqual(Array.from(new Float32Array(a.data.slice().buffer)), [1.5, -2.25, 3]);
+  assert.deepEqual(Array.from(new BigInt64Array(parsed.tensors.b.data.slice().buffer)), [7n, -1n]);
+});
+
+Deno.test("safetensors: serialize → parse round-trips random tensors, data 8-aligned", () => {
+  const q = new Float32Array(2 * 3 * 5).map(() => Math.random() - 0.5);
+  const h = new Uint16Array(7).map(() => (Math.random() * 65536) | 0);
+  const e = new Uint8Array(3).map(() => (Math.random() * 256) | 0);
+  const tensors = {
+    query: { dtype: "F32" as const, shape: [2, 3, 5], data: new Uint8Array(q.buffer) },
+    half: { dtype: "BF16" as const, shape: [7], data: new Uint8Array(h.buffer) },
+    fp8: { dtype: "F8_E4M3" as const, shape: [3, 1], data: e },
+    empty: { dtype: "I32" as const, shape: [0, 4], data: new Uint8Array(0) },
+    scalar: { dtype: "I32" as const, shape: [], data: new Uint8Array([1, 0, 0, 0]) },
+  };
+  const bytes = serializeSafetensors(tensors, { backend: "X" });
+  const headerLen = Number(new DataView(bytes.buffer).getBigUint64(0, true));
+  assert.equal(headerLen % 8, 0);
+  const back = parseSafetensors(bytes);
+  assert.deepEqual(back.metadata, { backend: "X" });
+  for (const [name, t] of Object.entries(tensors)) {
+    assert.equal(back.tensors[name].dtype, t.dtype);
+    assert.deepEqual(back.tensors[name].shape, t.shape);
+    assert.deepEqual(back.tensors[name].data, t.data, name);
+  }
+  assert.throws(
+    () => serializeSafetensors({ x: { dtype: "F32", shape: [2], data: new Uint8Array(4) } }),
+    /needs 8/,
+  );
+});
+
+Deno.test("safetensors: strict validation", async (t) => {
+  const ok = { dtype: "F32", shape: [2], data_offsets: [0, 8] };
+  await t.step("shorter than 8 bytes", () => rejects(new Uint8Array(5), /shorter than/));
+  await t.step("header length beyond body", () => {
+    rejects(build({ a: ok }, new Uint8Array(8), 1000n), /runs past the end/);
+  });
+  await t.step("header over 100 MB", () => {
+    rejects(build({ a: ok }, new Uint8Array(8), 200_000_000n), /exceeds/);
+  });
+  await t.step(
+    "not JSON",
+    () => rejects(build("{nope", new Uint8Array(0)), /not valid UTF-8 JSON/),
+  );
+  await t.step("not an object", () => rejects(build("[1,2]", new Uint8Array(0)), /JSON object/));
+  await t.step("unknown dtype, named", () => {
+    rejects(
+      build({ a: { ...ok, dtype: "F64" } }, new Uint8Array(8)),
+      /tensor a: unsupported dtype "F64"/,
+    );
+  });
+  await t.step("bad shape", () => {
+    rejects(build({ a: { ...ok, shape: [-1] } }, new Uint8Array(8)), /shape must be/);
+  });
+  await t.step("offsets out of range", () => {
+    rejects(build({ a: { ...ok, data_offsets: [0, 16] } }, new Uint8Array(8)), /out of range/);
+  });
+  await t.step("begin after end", () => {
+    rejects(build({ a: { ...ok, data_offsets: [8, 0] } }, new Uint8Array(8)), /begin <= end/);
+  });
+  await t.step("byte size differs from dtype x shape", () => {
+    rejects(
+      build({ a: { ...ok, shape: [3] } }, new Uint8Array(8)),
+      /8 bytes but F32 x \[3\] needs 12/,
+    );
+  });
+  await t.step("overlapping tensors", () => {
+    rejects(
+      build({ a: ok, b: { dtype: "F32", shape: [2], data_offsets: [4, 12] } }, new Uint8Array(12)),
+      /overlaps/,
+    );
+  });
+  await t.step("hole and trailing bytes", () => {
+    rejects(
+      build({ a: { dtype: "F32", shape: [1], data_offsets: [4, 8] } }, new Uint8Array(8)),
+      /\[0, 4\) belong to no tensor/,
+    );
+    rejects(build({ a: ok }, new Uint8Array(12)), /\[8, 12\) belong to no tensor/);
+  });
+  await t.step("metadata values must be strings", () => {
+    rejects(build({ __metadata__: { a: 1 }, x: ok }, new Uint8Array(8)), /__metadata__.a/);
+  });
+});
