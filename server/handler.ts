@@ -1,0 +1,164 @@
+/**
+ * The HTTP handler: `createHandler(service, opts)` returns a pure `(Request) => Promise<Response>`
+ * (no Deno.serve here) implementing every endpoint of the contract. Errors are RFC 9457
+ * problems; the handler never throws.
+ * @module
+ */
+import type { z } from "zod";
+import type { AttentionService } from "../service/service.ts";
+import { bodyKind, DEFAULT_MAX_BODY_BYTES, parseJson, readBody, wantsBinary } from "./body.ts";
+import {
+  cacheSafetensors,
+  decodeBinaryForward,
+  decodeJsonForward,
+  forwardJson,
+  forwardSafetensors,
+} from "./codec.ts";
+import { Metrics } from "./metrics.ts";
+import { openApiDocument } from "./openapi.ts";
+import { type ErrorLogger, fromZod, problem, problemResponse, toProblem } from "./problem.ts";
+import { type RouteContext, Router } from "./routes.ts";
+import { CreateCacheRequestSchema, SelectRequestSchema } from "./schemas.ts";
+
+/** Options of {@link createHandler}. */
+export interface HandlerOptions {
+  /** Largest accepted request body in bytes (default 512 MiB). */
+  maxBodyBytes?: number;
+  /** Where to count; a fresh {@link Metrics} wired to the service's caches by default. */
+  metrics?: Metrics;
+  /** Logs unexpected errors (default console.error). */
+  log?: ErrorLogger;
+}
+
+const SAFETENSORS = "application/octet-stream";
+
+function jsonResponse(body: unknown, status = 200, headers?: Record<string, string>): Response {
+  return new Response(JSON.stringify(body), {
+    status,
+    headers: { "content-type": "application/json", ...headers },
+  });
+}
+
+function binaryResponse(bytes: Uint8Array, headers?: Record<string, string>): Response {
+  return new Response(bytes as Uint8Array<ArrayBuffer>, {
+    status: 200,
+    headers: {
+      "content-type": SAFETENSORS,
+      "content-length": String(bytes.byteLength),
+      ...headers,
+    },
+  });
+}
+
+async function jsonBody<T>(req: Request, limit: number, schema: z.ZodType<T>): Promise<T> {
+  bodyKind(req, ["json"]);
+  const body = parseJson(await readBody(req, limit));
+  const r = schema.safeParse(body);
+  if (!r.success) throw fromZod(r.error, body);
+  return r.data;
+}
+
+/** Builds the request handler for a service. */
+export function createHandler(
+  service: AttentionService,
+  opts: HandlerOptions = {},
+): (req: Request) => Promise<Response> {
+  const limit = opts.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES;
+  const metrics = opts.metrics ?? new Metrics({
+    cacheBytes: () => service.caches.usedBytes,
+    cacheCount: () => service.caches.list().length,
+    cacheBudgetBytes: () => service.caches.budgetBytes,
+  });
+  const log = opts.log;
+  const router = new Router();
+
+  router.add("GET", "/healthz", () => jsonResponse({ status: "ok" }));
+  router.add("GET", "/v1/device", () => jsonResponse(service.deviceReport()));
+  router.add("GET", "/v1/backends", () => jsonResponse({ backends: service.backends() }));
+  router.add("POST", "/v1/backends/select", async ({ req }) => {
+    const { backend, ...cfg } = await jsonBody(req, limit, SelectRequestSchema);
+    return jsonResponse(service.select(cfg, backend));
+  });
+  router.add("POST", "/v1/kv-caches", async ({ req }) => {
+    const body = await jsonBody(req, limit, CreateCacheRequestSchema);
+    const info = await service.createCache(body);
+    return jsonResponse(info, 201, { location: `/v1/kv-caches/${info.id}` });
+  });
+  router.add("GET", "/v1/kv-caches/:id", ({ params }) => jsonResponse(service.getCache(params.id)));
+  router.add("DELETE", "/v1/kv-caches/:id", async ({ params }) => {
+    await service.deleteCache(params.id);
+    return new Response(null, { status: 204 });
+  });
+  router.add("GET", "/v1/kv-caches/:id/data", async ({ params }) => {
+    const data = await service.cacheData(params.id);
+    return binaryResponse(cacheSafetensors(data), {
+      "content-disposition": `attachment; filename="kv-cache-${data.info.id}.safetensors"`,
+    });
+  });
+  router.add("POST", "/v1/attention/forward", async ({ req }) => {
+    const kind = bodyKind(req, ["json", "binary"]);
+    const bytes = await readBody(req, limit);
+    const decoded = kind === "json"
+      ? decodeJsonForward(parseJson(bytes))
+      : decodeBinaryForward(bytes);
+    const t0 = performance.now();
+    const outcome = await service.forward(decoded.input);
+    metrics.recordForward(outcome.backend, (performance.now() - t0) / 1000);
+    const headers = { "x-attention-backend": outcome.backend };
+    if (wantsBinary(req)) return binaryResponse(forwardSafetensors(outcome), headers);
+    return jsonResponse(forwardJson(outcome, decoded.encoding), 200, headers);
+  });
+  router.add(
+    "GET",
+    "/metrics",
+    () =>
+      new Response(metrics.render(), {
+        headers: { "content-type": "text/plain; version=0.0.4; charset=utf-8" },
+      }),
+  );
+  router.add("GET", "/openapi.json", () => jsonResponse(openApiDocument()));
+
+  return async (req: Request): Promise<Response> => {
+    let url: URL;
+    let route = "unmatched";
+    let res: Response;
+    try {
+      url = new URL(req.url);
+    } catch {
+      return problemResponse(
+        toProblem(problem(400, "bad_request", "invalid request URL"), undefined, log),
+      );
+    }
+    try {
+      const m = router.match(req.method, url);
+      if (m.kind === "not_found") {
+        throw problem(404, "not_found", `no route for ${req.method} ${url.pathname}`);
+      } else if (m.kind === "method_not_allowed") {
+        route = m.path;
+        res = problemResponse(
+          toProblem(
+            problem(
+              405,
+              "method_not_allowed",
+              `${req.method} is not allowed on ${url.pathname}; allowed: ${m.allow.join(", ")}`,
+              {
+                allow: m.allow,
+              },
+            ),
+            url.pathname,
+            log,
+          ),
+          { allow: m.allow.join(", ") },
+        );
+      } else {
+        route = m.route.path;
+        const ctx: RouteContext = { req, url, params: m.params, route };
+        res = await m.route.handler(ctx);
+      }
+    } catch (e) {
+      res = problemResponse(toProblem(e, url.pathname, log));
+    }
+    metrics.recordRequest(route, req.method, res.status);
+    return res;
+  };
+}

@@ -1,0 +1,176 @@
+/**
+ * Server-held KV caches: created through a backend's `createCache`, named by random UUIDs,
+ * bounded by a total memory budget, and serialised per cache — work on one cache runs under
+ * that cache's async mutex (so a forward never interleaves with another write to it), while
+ * different caches run concurrently. Deleting a cache waits for its in-flight work.
+ * @module
+ */
+import { bytesPerElement, resolveStorage } from "../core/dtype.ts";
+import { ServiceError } from "../core/errors.ts";
+import type { AttentionBackend, BackendContext, KvCache, KvCacheSpec } from "../core/types.ts";
+
+/** One server-held cache. */
+export interface StoredCache {
+  readonly id: string;
+  /** The backend that created it (its storage kind follows the backend). */
+  readonly backend: string;
+  readonly cache: KvCache;
+  readonly created_at: string;
+}
+
+/** Bytes of K plus V for a spec. */
+export function cacheBytes(spec: KvCacheSpec): number {
+  const elems = spec.num_blocks * spec.block_size * spec.num_kv_heads * spec.head_size;
+  return 2 * elems * bytesPerElement(resolveStorage(spec.kv_cache_dtype, spec.dtype));
+}
+
+/** A minimal FIFO async mutex. */
+class Mutex {
+  #tail: Promise<void> = Promise.resolve();
+  #pending = 0;
+  /** Runs `fn` once every earlier holder has finished. */
+  run<T>(fn: () => Promise<T> | T): Promise<T> {
+    this.#pending++;
+    const result = this.#tail.then(fn);
+    this.#tail = result.then(() => {}, () => {}).finally(() => {
+      this.#pending--;
+    });
+    return result;
+  }
+  /** Holders running or queued. */
+  get pending(): number {
+    return this.#pending;
+  }
+}
+
+interface Entry {
+  stored: StoredCache;
+  mutex: Mutex;
+  deleting: boolean;
+}
+
+function notFound(id: string): ServiceError {
+  return new ServiceError(`no KV cache with id ${JSON.stringify(id)}`, {
+    status: 404,
+    code: "cache_not_found",
+    extra: { cache_id: id },
+  });
+}
+
+/** The set of server-held caches and their memory budget. */
+export class CacheStore {
+  readonly budgetBytes: number;
+  #entries = new Map<string, Entry>();
+  /** Bytes of live caches plus reservations for creates in flight. */
+  #used = 0;
+
+  /** @param budgetBytes total bytes all caches together may hold. */
+  constructor(budgetBytes: number) {
+    if (!(budgetBytes >= 0)) throw new RangeError(`memory budget must be >= 0, got ${budgetBytes}`);
+    this.budgetBytes = budgetBytes;
+  }
+
+  /** Bytes in use (live caches and creates in flight). */
+  get usedBytes(): number {
+    return this.#used;
+  }
+
+  /** Bytes still available. */
+  get remainingBytes(): number {
+    return this.budgetBytes - this.#used;
+  }
+
+  /**
+   * Creates a cache with `backend.createCache`. The bytes are reserved before allocation, so
+   * concurrent creates never overshoot the budget.
+   * @throws ServiceError 422 `memory_budget_exceeded` (nothing allocated) when it does not fit.
+   */
+  async create(
+    backend: AttentionBackend,
+    spec: KvCacheSpec,
+    ctx: BackendContext,
+  ): Promise<StoredCache> {
+    const want = cacheBytes(spec);
+    if (want > this.remainingBytes) {
+      throw new ServiceError(
+        `a cache of ${want} bytes exceeds the memory budget: ${this.remainingBytes} of ${this.budgetBytes} bytes remain`,
+        {
+          status: 422,
+          code: "memory_budget_exceeded",
+          extra: {
+            requested_bytes: want,
+            remaining_bytes: this.remainingBytes,
+            budget_bytes: this.budgetBytes,
+          },
+        },
+      );
+    }
+    this.#used += want;
+    let cache: KvCache;
+    try {
+      cache = await backend.createCache(spec, ctx);
+    } catch (e) {
+      this.#used -= want;
+      throw e;
+    }
+    // Account what the backend actually holds (it may pad).
+    this.#used += cache.bytes - want;
+    const stored: StoredCache = {
+      id: crypto.randomUUID(),
+      backend: backend.name,
+      cache,
+      created_at: new Date().toISOString(),
+    };
+    this.#entries.set(stored.id, { stored, mutex: new Mutex(), deleting: false });
+    return stored;
+  }
+
+  /**
+   * The cache named `id`.
+   * @throws ServiceError 404 `cache_not_found` (also once a delete has begun).
+   */
+  get(id: string): StoredCache {
+    const e = this.#entries.get(id);
+    if (!e || e.deleting) throw notFound(id);
+    return e.stored;
+  }
+
+  /** Every live cache. */
+  list(): StoredCache[] {
+    return [...this.#entries.values()].filter((e) => !e.deleting).map((e) => e.stored);
+  }
+
+  /**
+   * Runs `fn` holding the cache's mutex. Work on other caches is not blocked.
+   * @throws ServiceError 404 when the cache is unknown or was deleted while waiting.
+   */
+  withCache<T>(id: string, fn: (c: StoredCache) => Promise<T> | T): Promise<T> {
+    const e = this.#entries.get(id);
+    if (!e || e.deleting) return Promise.reject(notFound(id));
+    return e.mutex.run(() => {
+      if (e.deleting && this.#entries.get(id) !== e) throw notFound(id);
+      return fn(e.stored);
+    });
+  }
+
+  /**
+   * Deletes a cache: new work is refused at once (404), work already queued finishes, then the
+   * memory is freed.
+   * @throws ServiceError 404 when the cache is unknown.
+   */
+  async delete(id: string): Promise<void> {
+    const e = this.#entries.get(id);
+    if (!e || e.deleting) throw notFound(id);
+    e.deleting = true;
+    await e.mutex.run(() => {
+      this.#entries.delete(id);
+      this.#used -= e.stored.cache.bytes;
+      e.stored.cache.destroy();
+    });
+  }
+
+  /** Destroys every cache (shutdown). */
+  async clear(): Promise<void> {
+    await Promise.all([...this.#entries.keys()].map((id) => this.delete(id).catch(() => {})));
+  }
+}

@@ -1,0 +1,215 @@
+/**
+ * The layer and cache checks of forward validation, and the issue collector they share.
+ * @module
+ */
+import { invalidBatch, type Issue } from "../core/errors.ts";
+import type { AttnType, KvCacheDType, KvCacheSpec, KvLayout, LayerSpec } from "../core/types.ts";
+import type { ForwardInput, HeldCacheInfo, ValidatedForward } from "./forward.ts";
+
+/** Most issues listed before the rest are summarised in one line. */
+export const MAX_ISSUES = 100;
+
+/** Collects issues (up to MAX_ISSUES) and throws them all as one invalid_batch. */
+export class Issues {
+  readonly list: Issue[] = [];
+  dropped = 0;
+  add(path: (string | number)[], message: string): void {
+    if (this.list.length < MAX_ISSUES) this.list.push({ path, message });
+    else this.dropped++;
+  }
+  throwIfAny(): void {
+    if (this.list.length === 0) return;
+    const list = [...this.list];
+    if (this.dropped) list.push({ path: [], message: `${this.dropped} more issues not listed` });
+    throw invalidBatch(list);
+  }
+}
+
+/** A short rendering of an array. */
+export const fmt = (a: ArrayLike<number>) => {
+  const s = `[${Array.from(a).slice(0, 16).join(", ")}${a.length > 16 ? ", ..." : ""}]`;
+  return s;
+};
+/** Equal shapes. */
+export const eqShape = (a: number[], b: number[]) =>
+  a.length === b.length && a.every((x, i) => x === b[i]);
+/** Encoder types take K/V from the call and use no cache. */
+export const isEncoder = (t: AttnType) => t === "encoder" || t === "encoder_only";
+
+/** Resolves the layer's defaults and checks its parameters. */
+export function checkLayer(input: ForwardInput, is: Issues): LayerSpec {
+  const l = input.layer;
+  const attn_type: AttnType = l.attn_type ?? "decoder";
+  const p = (k: string) => ["layer", k];
+  if (l.num_kv_heads > 0 && l.num_heads % l.num_kv_heads !== 0) {
+    is.add(
+      p("num_heads"),
+      `num_heads ${l.num_heads} is not a multiple of num_kv_heads ${l.num_kv_heads}`,
+    );
+  }
+  const scale = l.scale ?? 1 / Math.sqrt(l.head_size);
+  if (!Number.isFinite(scale) || scale <= 0) {
+    is.add(p("scale"), `must be finite and > 0, got ${scale}`);
+  }
+  const sw = l.sliding_window ?? null;
+  if (sw !== null && (!Number.isInteger(sw) || sw < 1)) {
+    is.add(p("sliding_window"), `must be an integer >= 1 (or null), got ${sw}`);
+  }
+  const cap = l.logits_soft_cap ?? null;
+  if (cap !== null && (!Number.isFinite(cap) || cap <= 0)) {
+    is.add(p("logits_soft_cap"), `must be finite and > 0 (or null), got ${cap}`);
+  }
+  const vec = (k: "alibi_slopes" | "sinks"): Float32Array | null => {
+    const v = l[k];
+    if (v === undefined || v === null) return null;
+    if (v.length !== l.num_heads) {
+      is.add(p(k), `has ${v.length} entries but num_heads is ${l.num_heads}`);
+    }
+    v.forEach((x, i) => {
+      if (!Number.isFinite(x)) is.add([...p(k), i], `must be finite, got ${x}`);
+    });
+    return Float32Array.from(v);
+  };
+  const alibi_slopes = vec("alibi_slopes");
+  const sinks = vec("sinks");
+  const causal = l.causal ?? attn_type === "decoder";
+  if (causal && attn_type === "encoder_decoder") {
+    is.add(p("causal"), "cross-attention (encoder_decoder) cannot be causal, got true");
+  }
+  const kq = (k: "k_scale" | "v_scale") => {
+    const v = l[k] ?? 1;
+    if (!Number.isFinite(v) || v <= 0) is.add(p(k), `must be finite and > 0, got ${v}`);
+    return v;
+  };
+  return {
+    num_heads: l.num_heads,
+    num_kv_heads: l.num_kv_heads,
+    head_size: l.head_size,
+    scale,
+    sliding_window: sw,
+    logits_soft_cap: cap,
+    alibi_slopes,
+    sinks,
+    attn_type,
+    causal,
+    k_scale: kq("k_scale"),
+    v_scale: kq("v_scale"),
+  };
+}
+
+/** Resolves the cache spec of the call (held or inline) and checks it against the layer. */
+export function checkCache(
+  input: ForwardInput,
+  layer: LayerSpec,
+  held: HeldCacheInfo | null,
+  is: Issues,
+): { spec: KvCacheSpec | null; inline: ValidatedForward["inline"] } {
+  const needs = !isEncoder(layer.attn_type);
+  const hasInline = input.key_cache !== undefined || input.value_cache !== undefined;
+  if (held && hasInline) {
+    is.add(
+      ["kv_cache"],
+      `give either kv_cache (${input.kv_cache}) or inline key_cache/value_cache, not both`,
+    );
+    return { spec: null, inline: null };
+  }
+  if (!needs) {
+    if (held || hasInline) {
+      is.add(
+        held ? ["kv_cache"] : ["key_cache"],
+        `attn_type ${layer.attn_type} uses no KV cache; remove it`,
+      );
+    }
+    return { spec: null, inline: null };
+  }
+  if (!held && !hasInline) {
+    is.add(
+      ["kv_cache"],
+      `attn_type ${layer.attn_type} needs a KV cache: kv_cache id or key_cache + value_cache`,
+    );
+    return { spec: null, inline: null };
+  }
+  if (held) {
+    const s = held.spec;
+    if (s.num_kv_heads !== layer.num_kv_heads) {
+      is.add(
+        ["layer", "num_kv_heads"],
+        `is ${layer.num_kv_heads} but cache ${input.kv_cache} has ${s.num_kv_heads}`,
+      );
+    }
+    if (s.head_size !== layer.head_size) {
+      is.add(
+        ["layer", "head_size"],
+        `is ${layer.head_size} but cache ${input.kv_cache} has ${s.head_size}`,
+      );
+    }
+    if (s.dtype !== input.dtype) {
+      is.add(["dtype"], `is ${input.dtype} but cache ${input.kv_cache} was created for ${s.dtype}`);
+    }
+    return { spec: s, inline: null };
+  }
+  const kc = input.key_cache, vc = input.value_cache;
+  if (!kc || !vc) {
+    is.add([kc ? "value_cache" : "key_cache"], "inline caches need both key_cache and value_cache");
+    return { spec: null, inline: null };
+  }
+  let ok = true;
+  if (kc.dtype !== vc.dtype) {
+    is.add(["value_cache", "dtype"], `is ${vc.dtype} but key_cache is ${kc.dtype}`);
+    ok = false;
+  }
+  if (!eqShape(kc.shape, vc.shape)) {
+    is.add(["value_cache", "shape"], `is ${fmt(vc.shape)} but key_cache is ${fmt(kc.shape)}`);
+    ok = false;
+  }
+  const layout: KvLayout = input.kv_cache_layout ?? "NHD";
+  if (kc.shape.length !== 4) {
+    is.add(["key_cache", "shape"], `must be 4-D (${layout}), got ${fmt(kc.shape)}`);
+    return { spec: null, inline: null };
+  }
+  const [num_blocks, a, b, d] = kc.shape;
+  const [block_size, heads] = layout === "NHD" ? [a, b] : [b, a];
+  const hAxis = layout === "NHD" ? 2 : 1;
+  if (heads !== layer.num_kv_heads) {
+    is.add(
+      ["key_cache", "shape", hAxis],
+      `num_kv_heads axis is ${heads} but layer.num_kv_heads is ${layer.num_kv_heads}`,
+    );
+    ok = false;
+  }
+  if (d !== layer.head_size) {
+    is.add(
+      ["key_cache", "shape", 3],
+      `head_size axis is ${d} but layer.head_size is ${layer.head_size}`,
+    );
+    ok = false;
+  }
+  if (block_size < 1) {
+    is.add(
+      ["key_cache", "shape", hAxis === 2 ? 1 : 2],
+      `block_size axis must be >= 1, got ${block_size}`,
+    );
+    ok = false;
+  }
+  let kv_cache_dtype: KvCacheDType = "auto";
+  if (kc.dtype !== input.dtype) {
+    if (kc.dtype === "float32") {
+      is.add(
+        ["key_cache", "dtype"],
+        `a float32 cache needs dtype float32, got dtype ${input.dtype}`,
+      );
+      ok = false;
+    } else kv_cache_dtype = kc.dtype;
+  }
+  if (!ok) return { spec: null, inline: null };
+  const spec: KvCacheSpec = {
+    num_blocks,
+    block_size,
+    num_kv_heads: heads,
+    head_size: d,
+    dtype: input.dtype,
+    kv_cache_dtype,
+    layout,
+  };
+  return { spec, inline: { spec, key: kc.bytes, value: vc.bytes } };
+}

@@ -1,0 +1,195 @@
+/**
+ * Test helpers: a real server on port 0 (CPU_REFERENCE, no GPU), a float64 attention
+ * reference independent of every backend, and random paged-batch builders.
+ * @module
+ */
+import assert from "node:assert/strict";
+import { CPU_REFERENCE } from "../../backends/cpu_reference.ts";
+import type {
+  AttentionBackend,
+  DeviceProvider,
+  DeviceReport,
+  GpuContext,
+} from "../../core/types.ts";
+import { AttentionApiError, AttentionClient } from "../../client/client.ts";
+import { createHandler } from "../../server/handler.ts";
+import { AttentionService } from "../../service/service.ts";
+
+/** A device provider with no device (local fake: no dependency on gpu/). */
+export class FakeNoDevice implements DeviceProvider {
+  current(): GpuContext | null {
+    return null;
+  }
+  acquire(): Promise<GpuContext | null> {
+    return Promise.resolve(null);
+  }
+  report(): DeviceReport {
+    return {
+      available: false,
+      runtime: "none",
+      reason: "test: no GPU",
+      features: [],
+      limits: {},
+      generation: 0,
+    };
+  }
+}
+
+/** A running test server. */
+export interface TestServer {
+  url: string;
+  client: AttentionClient;
+  service: AttentionService;
+  errors: unknown[];
+  close(): Promise<void>;
+}
+
+/** Starts a real server on 127.0.0.1:0. */
+export function startServer(opts: {
+  maxBodyBytes?: number;
+  memoryBudgetBytes?: number;
+  backends?: AttentionBackend[];
+} = {}): TestServer {
+  const service = new AttentionService({
+    backends: opts.backends ?? [CPU_REFERENCE as AttentionBackend],
+    device: new FakeNoDevice(),
+    memoryBudgetBytes: opts.memoryBudgetBytes ?? 64 * 1024 * 1024,
+  });
+  const errors: unknown[] = [];
+  const handler = createHandler(service, {
+    maxBodyBytes: opts.maxBodyBytes,
+    log: (_m, e) => errors.push(e),
+  });
+  const server = Deno.serve({ port: 0, hostname: "127.0.0.1", onListen: () => {} }, handler);
+  const url = `http://127.0.0.1:${server.addr.port}`;
+  return {
+    url,
+    client: new AttentionClient(url),
+    service,
+    errors,
+    async close() {
+      await server.shutdown();
+      await service.close();
+    },
+  };
+}
+
+/** Expects an AttentionApiError with a status, code and (optionally) an issue at a path. */
+export async function expectProblem(
+  p: Promise<unknown>,
+  status: number,
+  code: string,
+  path?: (string | number)[],
+): Promise<AttentionApiError> {
+  try {
+    await p;
+  } catch (e) {
+    assert.ok(e instanceof AttentionApiError, `expected AttentionApiError, got ${e}`);
+    assert.equal(e.status, status, JSON.stringify(e.problem));
+    assert.equal(e.problem.status, status);
+    assert.equal(e.code, code, JSON.stringify(e.problem));
+    assert.equal(typeof e.problem.type, "string");
+    assert.equal(typeof e.problem.title, "string");
+    assert.equal(typeof e.problem.detail, "string");
+    assert.ok(!/\n\s+at /.test(JSON.stringify(e.problem)), "no stack trace");
+    if (path) {
+      const paths = (e.problem.issues ?? []).map((i) => JSON.stringify(i.path));
+      assert.ok(
+        paths.includes(JSON.stringify(path)),
+        `no issue at ${JSON.stringify(path)}: ${paths.join(" ")}`,
+      );
+    }
+    return e;
+  }
+  assert.fail(`expected a ${status} ${code} problem, the call succeeded`);
+}
+
+/** Uniform random values in [-1, 1). */
+export function rand(n: number): number[] {
+  return Array.from({ length: n }, () => Math.random() * 2 - 1);
+}
+
+/** One request's keys/values by position, for the reference. */
+export interface RefRequest {
+  /** [qlen][H][D] */
+  q: number[][][];
+  /** [seq_len][Hkv][D] */
+  k: number[][][];
+  v: number[][][];
+}
+
+/** Reference options. */
+export interface RefOptions {
+  scale?: number;
+  causal?: boolean;
+  sliding_window?: number | null;
+  logits_soft_cap?: number | null;
+  alibi?: number[] | null;
+  sinks?: number[] | null;
+}
+
+/**
+ * float64 paged-attention reference for one request: its queries are the last qlen positions
+ * of its seq_len keys. Returns out [qlen][H][D] and lse [H][qlen].
+ */
+export function refAttention(
+  r: RefRequest,
+  o: RefOptions = {},
+): { out: number[][][]; lse: number[][] } {
+  const ql = r.q.length, sl = r.k.length, H = r.q[0]?.length ?? 0, D = r.q[0]?.[0]?.length ?? 0;
+  const Hkv = r.k[0]?.length ?? 1;
+  const scale = o.scale ?? 1 / Math.sqrt(D);
+  const causal = o.causal ?? true;
+  const out: number[][][] = [], lse: number[][] = Array.from({ length: H }, () => []);
+  for (let i = 0; i < ql; i++) {
+    const p = sl - ql + i;
+    out.push([]);
+    for (let h = 0; h < H; h++) {
+      const kh = Math.floor(h / (H / Hkv));
+      const s: number[] = [], idx: number[] = [];
+      for (let j = 0; j < sl; j++) {
+        if (causal && j > p) continue;
+        if (o.sliding_window && p - j >= o.sliding_window) continue;
+        let x = 0;
+        for (let d = 0; d < D; d++) x += r.q[i][h][d] * r.k[j][kh][d];
+        x *= scale;
+        if (o.logits_soft_cap) x = o.logits_soft_cap * Math.tanh(x / o.logits_soft_cap);
+        if (o.alibi) x += -o.alibi[h] * (p - j);
+        s.push(x);
+        idx.push(j);
+      }
+      const m = Math.max(...s, o.sinks ? o.sinks[h] : -Infinity);
+      let den = 0;
+      const acc = new Array(D).fill(0);
+      s.forEach((x, n) => {
+        const e = Math.exp(x - m);
+        den += e;
+        for (let d = 0; d < D; d++) acc[d] += e * r.v[idx[n]][kh][d];
+      });
+      lse[h].push(m + Math.log(den));
+      if (o.sinks) den += Math.exp(o.sinks[h] - m);
+      out[i].push(acc.map((a) => a / den));
+    }
+  }
+  return { out, lse };
+}
+
+/** Reshapes a flat array into [a][b][c]. */
+export function to3d(flat: ArrayLike<number>, a: number, b: number, c: number): number[][][] {
+  return Array.from(
+    { length: a },
+    (_, i) =>
+      Array.from(
+        { length: b },
+        (_, j) => Array.from({ length: c }, (_, k) => flat[(i * b + j) * c + k]),
+      ),
+  );
+}
+
+/** Largest absolute difference of two equally long arrays. */
+export function maxAbsDiff(a: ArrayLike<number>, b: ArrayLike<number>): number {
+  assert.equal(a.length, b.length, "lengths differ");
+  let m = 0;
+  for (let i = 0; i < a.length; i++) m = Math.max(m, Math.abs(a[i] - b[i]));
+  return m;
+}

@@ -1,0 +1,107 @@
+/** server/main.ts: flag parsing, --help, and a real start with --no-gpu on a free port. */
+import assert from "node:assert/strict";
+import { parseServeArgs } from "../../server/main.ts";
+
+const MAIN = new URL("../../server/main.ts", import.meta.url).pathname;
+
+Deno.test("main: flags and defaults", () => {
+  assert.deepEqual(parseServeArgs([]), {
+    port: 8000,
+    host: "127.0.0.1",
+    maxBodyBytes: 512 * 1024 * 1024,
+    memoryBudgetBytes: 4 * 1024 ** 3,
+    gpu: true,
+    help: false,
+  });
+  const o = parseServeArgs([
+    "--port",
+    "0",
+    "--host",
+    "0.0.0.0",
+    "--max-body-bytes",
+    "1000",
+    "--memory-budget-bytes=5",
+    "--no-gpu",
+  ]);
+  assert.deepEqual(o, {
+    port: 0,
+    host: "0.0.0.0",
+    maxBodyBytes: 1000,
+    memoryBudgetBytes: 5,
+    gpu: false,
+    help: false,
+  });
+  assert.equal(parseServeArgs(["-h"]).help, true);
+  assert.throws(() => parseServeArgs(["--port", "x"]), /--port must be an integer/);
+  assert.throws(() => parseServeArgs(["--port", "70000"]), /<= 65535/);
+  assert.throws(() => parseServeArgs(["--max-body-bytes", "0"]), />= 1/);
+  assert.throws(() => parseServeArgs(["--bogus"]), /bogus/);
+});
+
+Deno.test("main: --help lists every flag", async () => {
+  const out = await new Deno.Command(Deno.execPath(), {
+    args: ["run", "--allow-net", "--allow-read", "--allow-env", MAIN, "--help"],
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  assert.equal(out.code, 0);
+  const text = new TextDecoder().decode(out.stdout);
+  for (
+    const f of [
+      "--port",
+      "--host",
+      "--max-body-bytes",
+      "--memory-budget-bytes",
+      "--no-gpu",
+      "--help",
+    ]
+  ) {
+    assert.ok(text.includes(f), f);
+  }
+});
+
+Deno.test("main: starts with --no-gpu, prints the address, serves", async () => {
+  const child = new Deno.Command(Deno.execPath(), {
+    args: [
+      "run",
+      "--allow-net",
+      "--allow-read",
+      "--allow-env",
+      MAIN,
+      "--port",
+      "0",
+      "--no-gpu",
+      "--max-body-bytes",
+      "100",
+    ],
+    stdout: "piped",
+    stderr: "null",
+  }).spawn();
+  try {
+    const reader = child.stdout.pipeThrough(new TextDecoderStream()).getReader();
+    let text = "";
+    while (!/listening on http:\/\/\S+:\d+\n/.test(text)) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      text += value;
+    }
+    const m = text.match(/listening on (http:\/\/127\.0\.0\.1:\d+)/);
+    assert.ok(m, `no listening line in ${JSON.stringify(text)}`);
+    const health = await fetch(`${m[1]}/healthz`);
+    assert.deepEqual(await health.json(), { status: "ok" });
+    const dev = await (await fetch(`${m[1]}/v1/device`)).json();
+    assert.equal(dev.available, false);
+    const big = await fetch(`${m[1]}/v1/backends/select`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ head_size: 64, dtype: "float16", pad: "x".repeat(200) }),
+    });
+    assert.equal(big.status, 413, "--max-body-bytes applies");
+    await big.body?.cancel();
+    reader.releaseLock();
+  } finally {
+    child.kill("SIGTERM");
+    await child.status;
+    await child.stdout.cancel().catch(() => {});
+  }
+});

@@ -1,0 +1,136 @@
+/**
+ * A scriptable host backend for service tests: counts calls, can hold `run` on a gate, records
+ * which runs overlapped, and lets a test mark its caches lost.
+ * @module
+ */
+import type {
+  AttentionBackend,
+  Capabilities,
+  ForwardBatch,
+  KvCache,
+  KvCacheSpec,
+} from "../../core/types.ts";
+import { cacheBytes } from "../../service/cache_store.ts";
+
+/** A host cache the fake backend hands out. */
+export class FakeCache implements KvCache {
+  readonly storage = "host" as const;
+  readonly bytes: number;
+  key: Uint8Array;
+  value: Uint8Array;
+  lost = false;
+  destroyed = false;
+  constructor(readonly spec: KvCacheSpec, key?: Uint8Array, value?: Uint8Array) {
+    this.bytes = cacheBytes(spec);
+    this.key = key ?? new Uint8Array(this.bytes / 2);
+    this.value = value ?? new Uint8Array(this.bytes / 2);
+  }
+  read() {
+    return Promise.resolve({ key: this.key.slice(), value: this.value.slice() });
+  }
+  destroy() {
+    this.destroyed = true;
+  }
+}
+
+/** Permissive capabilities. */
+export const ANY_CAPS: Capabilities = {
+  dtypes: ["float32", "float16", "bfloat16"],
+  kv_cache_dtypes: ["auto", "float16", "bfloat16", "fp8_e4m3", "fp8_e5m2"],
+  block_sizes: [],
+  head_sizes: [],
+  kv_cache_layouts: ["NHD", "HND"],
+  attn_types: ["decoder", "encoder", "encoder_only", "encoder_decoder"],
+  is_mla: false,
+  sinks: true,
+  sliding_window: true,
+  alibi: true,
+  logits_soft_cap: true,
+  non_causal: true,
+  sparse: false,
+  mm_prefix: false,
+  per_head_quant_scales: false,
+  batch_invariant: false,
+  kv_connector: false,
+  lse: true,
+  graph_support: "NEVER",
+  reorder_batch_threshold: null,
+};
+
+/** The fake backend and its instrumentation. */
+export interface FakeBackend extends AttentionBackend<null> {
+  plans: number;
+  runs: number;
+  /** Runs in flight now, and the most seen at once. */
+  active: number;
+  maxActive: number;
+  created: FakeCache[];
+  imported: FakeCache[];
+  /** When set, `run` waits for it. */
+  gate: Promise<void> | null;
+  /** Resolves each time a run starts. */
+  onRunStart: (() => void) | null;
+}
+
+/** A fake host backend (priority 0: preferred). Its run writes 1 into the first K byte of each slot. */
+export function fakeBackend(name = "FAKE"): FakeBackend {
+  const b: FakeBackend = {
+    name,
+    priority: 0,
+    description: "test double",
+    capabilities: ANY_CAPS,
+    requires: { needs_device: false, features: [], limits: {} },
+    cache_storage: "host",
+    plans: 0,
+    runs: 0,
+    active: 0,
+    maxActive: 0,
+    created: [],
+    imported: [],
+    gate: null,
+    onRunStart: null,
+    createCache(spec) {
+      const c = new FakeCache(spec);
+      b.created.push(c);
+      return c;
+    },
+    importCache(spec, k, v) {
+      const c = new FakeCache(spec, k, v);
+      b.imported.push(c);
+      return c;
+    },
+    plan() {
+      b.plans++;
+      return null;
+    },
+    async run(_p, batch: ForwardBatch) {
+      b.runs++;
+      b.active++;
+      b.maxActive = Math.max(b.maxActive, b.active);
+      b.onRunStart?.();
+      try {
+        if (b.gate) await b.gate;
+        const c = batch.cache as FakeCache | null;
+        if (c) {
+          const per = c.bytes / 2 / (c.spec.num_blocks * c.spec.block_size);
+          for (const s of batch.metadata.slot_mapping) if (s >= 0) c.key[s * per] += 1;
+        }
+        const n = batch.num_tokens * batch.layer.num_heads * batch.layer.head_size;
+        return {
+          output: new Float32Array(n).fill(0.5),
+          lse: batch.return_lse ? new Float32Array(0) : null,
+        };
+      } finally {
+        b.active--;
+      }
+    },
+  };
+  return b;
+}
+
+/** A promise with its resolver. */
+export function deferred(): { promise: Promise<void>; resolve: () => void } {
+  let resolve!: () => void;
+  const promise = new Promise<void>((r) => (resolve = r));
+  return { promise, resolve };
+}

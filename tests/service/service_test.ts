@@ -1,0 +1,152 @@
+/** AttentionService: concurrency (no global lock), rejected calls change nothing, lost caches, inline caches. */
+import assert from "node:assert/strict";
+import { ServiceError } from "../../core/errors.ts";
+import type { AttentionBackend } from "../../core/types.ts";
+import type { ForwardInput } from "../../service/forward.ts";
+import { AttentionService } from "../../service/service.ts";
+import { FakeNoDevice } from "../server/helpers.ts";
+import { deferred, type FakeBackend, fakeBackend } from "./helpers.ts";
+
+const f32 = (shape: number[]) => ({
+  dtype: "float32" as const,
+  shape,
+  values: new Float32Array(shape.reduce((a, b) => a * b, 1)).fill(0.1),
+  encoding: "data" as const,
+});
+const ints = (v: number[], shape = [v.length]) => ({ shape, values: Int32Array.from(v) });
+
+function decode(kv_cache: string, slot = 5): ForwardInput {
+  return {
+    dtype: "float32",
+    layer: { num_heads: 2, num_kv_heads: 1, head_size: 4 },
+    query: f32([1, 2, 4]),
+    key: f32([1, 1, 4]),
+    value: f32([1, 1, 4]),
+    metadata: {
+      query_start_loc: ints([0, 1]),
+      seq_lens: ints([2]),
+      block_table: ints([1], [1, 1]),
+      slot_mapping: ints([slot]),
+    },
+    kv_cache,
+  };
+}
+
+function setup(): { svc: AttentionService; be: FakeBackend } {
+  const be = fakeBackend();
+  const svc = new AttentionService({
+    backends: [be as AttentionBackend],
+    device: new FakeNoDevice(),
+    memoryBudgetBytes: 1 << 20,
+  });
+  return { svc, be };
+}
+const CACHE = {
+  num_blocks: 4,
+  block_size: 4,
+  num_kv_heads: 1,
+  head_size: 4,
+  dtype: "float32" as const,
+};
+
+Deno.test("service: forwards on different caches run concurrently, same cache serialises", async () => {
+  const { svc, be } = setup();
+  const a = await svc.createCache(CACHE), b = await svc.createCache(CACHE);
+  assert.equal(a.backend, "FAKE");
+  const gate = deferred();
+  be.gate = gate.promise;
+  let started = 0;
+  const twoStarted = deferred();
+  be.onRunStart = () => {
+    if (++started === 2) twoStarted.resolve();
+  };
+  const fa = svc.forward(decode(a.id, 4)), fb = svc.forward(decode(b.id, 4));
+  await twoStarted.promise; // both runs are in flight at once: no global lock
+  assert.equal(be.active, 2);
+  const fa2 = svc.forward(decode(a.id, 6)); // same cache as fa: must wait
+  await new Promise((r) => setTimeout(r, 10));
+  assert.equal(be.runs, 2, "second forward on cache a waits for the first");
+  gate.resolve();
+  const [ra] = await Promise.all([fa, fb, fa2]);
+  assert.equal(be.runs, 3);
+  assert.equal(be.maxActive, 2);
+  assert.equal(ra.backend, "FAKE");
+  assert.equal(ra.result.output.length, 8);
+  assert.ok(typeof ra.result.timings?.total === "number");
+});
+
+Deno.test("service: a rejected call reaches no backend and changes no cache", async () => {
+  const { svc, be } = setup();
+  const a = await svc.createCache(CACHE);
+  await svc.forward(decode(a.id, 5));
+  const before = await svc.cacheData(a.id);
+  const plans = be.plans, runs = be.runs;
+  const bad = decode(a.id, 5);
+  bad.metadata.block_table = ints([4], [1, 1]); // block 4 of 4: out of range
+  await assert.rejects(
+    svc.forward(bad),
+    (e: unknown) => e instanceof ServiceError && e.status === 422,
+  );
+  const bad2 = decode(a.id, 99);
+  await assert.rejects(
+    svc.forward(bad2),
+    (e: unknown) => e instanceof ServiceError && e.code === "invalid_batch",
+  );
+  assert.equal(be.plans, plans);
+  assert.equal(be.runs, runs);
+  const after = await svc.cacheData(a.id);
+  assert.deepEqual(after.key, before.key);
+  assert.deepEqual(after.value, before.value);
+  assert.equal(before.key[5 * 16], 1, "the accepted call did write (so the comparison can fail)");
+});
+
+Deno.test("service: lost caches are reported and refused with 503", async () => {
+  const { svc, be } = setup();
+  const a = await svc.createCache(CACHE);
+  be.created[0].lost = true;
+  assert.equal(svc.getCache(a.id).lost, true);
+  await assert.rejects(
+    svc.forward(decode(a.id)),
+    (e: unknown) => e instanceof ServiceError && e.status === 503,
+  );
+  await assert.rejects(
+    svc.cacheData(a.id),
+    (e: unknown) => e instanceof ServiceError && e.code === "device_unavailable",
+  );
+  await svc.deleteCache(a.id);
+  assert.equal(svc.caches.usedBytes, 0);
+});
+
+Deno.test("service: inline caches are imported with the chosen backend and freed", async () => {
+  const { svc, be } = setup();
+  const inline = decode("x");
+  delete inline.kv_cache;
+  inline.key_cache = { dtype: "float32", shape: [4, 4, 1, 4], bytes: new Uint8Array(256) };
+  inline.value_cache = { dtype: "float32", shape: [4, 4, 1, 4], bytes: new Uint8Array(256) };
+  const r = await svc.forward(inline);
+  assert.equal(r.backend, "FAKE");
+  assert.equal(be.imported.length, 1);
+  assert.equal(be.imported[0].destroyed, true);
+  assert.equal(be.imported[0].key[5 * 16], 1, "the backend wrote into the imported bytes");
+  assert.equal(svc.caches.usedBytes, 0);
+});
+
+Deno.test("service: select and createCache honour a forced backend", async () => {
+  const be = fakeBackend(), other = fakeBackend("OTHER");
+  (other as { priority: number }).priority = 5;
+  const svc = new AttentionService({
+    backends: [other as AttentionBackend, be as AttentionBackend],
+    device: new FakeNoDevice(),
+    memoryBudgetBytes: 1 << 20,
+  });
+  assert.equal(svc.select({ head_size: 4, dtype: "float32" }).backend, "FAKE", "priority order");
+  assert.equal(svc.select({ head_size: 4, dtype: "float32" }, "OTHER").backend, "OTHER");
+  assert.equal(svc.select({ head_size: 4, dtype: "float32" }, "auto").backend, "FAKE");
+  const c = await svc.createCache({ ...CACHE, backend: "OTHER" });
+  assert.equal(c.backend, "OTHER");
+  assert.equal(other.created.length, 1);
+  assert.throws(
+    () => svc.select({ head_size: 4, dtype: "float32" }, "NOPE"),
+    (e: unknown) => e instanceof ServiceError && e.status === 404,
+  );
+});
