@@ -127,6 +127,7 @@ export class AttentionService {
    * @throws NoValidBackendError 422; ServiceError 404 `unknown_backend`.
    */
   select(cfg: Partial<SelectorConfig>, backend?: string): SelectResult {
+    this.#requireDevice(backend);
     const r = this.registry.select(selectorConfigDefaults(cfg), { backend: forced(backend) });
     return { backend: r.backend.name, block_size: r.block_size, rejected: r.rejected };
   }
@@ -135,6 +136,19 @@ export class AttentionService {
     let gpu = this.device.current();
     if (!gpu && this.device.report().generation > 0) gpu = await this.device.acquire();
     return { gpu };
+  }
+
+  /** A forced backend that needs a device while there is none: 503 (not a 422 config problem). */
+  #requireDevice(name: string | undefined): void {
+    const n = forced(name);
+    if (n === undefined) return;
+    const b = this.registry.get(n);
+    if (b.requires.needs_device && !this.device.current()) {
+      const r = this.device.report();
+      throw new DeviceUnavailableError(
+        `backend ${n} needs a WebGPU device and there is none${r.reason ? ` (${r.reason})` : ""}`,
+      );
+    }
   }
 
   #info(s: StoredCache): CacheInfo {
@@ -172,6 +186,8 @@ export class AttentionService {
       block_size: spec.block_size,
       kv_cache_layout: spec.layout,
     });
+    await this.#ctx();
+    this.#requireDevice(req.backend);
     const { backend } = this.registry.select(cfg, { backend: forced(req.backend) });
     const stored = await this.caches.create(backend, spec, await this.#ctx());
     return this.#info(stored);
@@ -209,8 +225,9 @@ export class AttentionService {
       input,
       held ? { spec: held.cache.spec, storage: held.cache.storage } : null,
     );
-    const { backend } = this.registry.select(v.selector, { backend: forced(input.backend) });
     const ctx = await this.#ctx();
+    this.#requireDevice(input.backend);
+    const { backend } = this.registry.select(v.selector, { backend: forced(input.backend) });
     const tValidated = performance.now();
     const exec = async (cache: KvCache | null): Promise<ForwardResult> => {
       const batch = { ...v.batch, cache };

@@ -150,3 +150,22 @@ Deno.test("service: select and createCache honour a forced backend", async () =>
     (e: unknown) => e instanceof ServiceError && e.status === 404,
   );
 });
+
+Deno.test("service: a forced GPU backend with no device is 503; auto falls back", async () => {
+  const host = fakeBackend("HOST"), gpu = fakeBackend("GPUISH");
+  (gpu as { priority: number }).priority = -1;
+  (gpu as { requires: unknown }).requires = { needs_device: true, features: [], limits: {} };
+  const svc = new AttentionService({
+    backends: [host as AttentionBackend, gpu as AttentionBackend],
+    device: new FakeNoDevice(),
+    memoryBudgetBytes: 1 << 20,
+  });
+  const is503 = (e: unknown) =>
+    e instanceof ServiceError && e.status === 503 && e.code === "device_unavailable";
+  assert.throws(() => svc.select({ head_size: 4, dtype: "float32" }, "GPUISH"), is503);
+  await assert.rejects(svc.createCache({ ...CACHE, backend: "GPUISH" }), is503);
+  const c = await svc.createCache(CACHE);
+  assert.equal(c.backend, "HOST", "auto selection skips the unavailable backend");
+  await assert.rejects(svc.forward({ ...decode(c.id), backend: "GPUISH" }), is503);
+  assert.equal((await svc.forward(decode(c.id))).backend, "HOST");
+});
