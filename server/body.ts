@@ -72,26 +72,28 @@ export async function readBody(req: Request, limit: number): Promise<Uint8Array>
   }
   if (!req.body) return new Uint8Array(0);
   const reader = req.body.getReader();
-  const chunks: Uint8Array[] = [];
+  // With a declared length, fill one exact buffer (no second copy of a large body).
+  const declared = cl !== null ? Number(cl) : -1;
+  let buf = new Uint8Array(declared >= 0 ? declared : 64 * 1024);
   let total = 0;
   for (;;) {
     const { done, value } = await reader.read();
     if (done) break;
-    total += value.byteLength;
-    if (total > limit) {
+    if (total + value.byteLength > limit) {
       await reader.cancel().catch(() => {});
       throw tooLarge(limit, `more than ${limit}`);
     }
-    chunks.push(value);
+    if (total + value.byteLength > buf.byteLength) {
+      const grown = new Uint8Array(
+        Math.min(limit, Math.max(buf.byteLength * 2, total + value.byteLength)),
+      );
+      grown.set(buf.subarray(0, total));
+      buf = grown;
+    }
+    buf.set(value, total);
+    total += value.byteLength;
   }
-  if (chunks.length === 1) return chunks[0];
-  const out = new Uint8Array(total);
-  let at = 0;
-  for (const c of chunks) {
-    out.set(c, at);
-    at += c.byteLength;
-  }
-  return out;
+  return total === buf.byteLength ? buf : buf.subarray(0, total);
 }
 
 /** Parses a JSON body (400 `malformed_json` with the parser's message). */

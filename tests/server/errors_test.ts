@@ -5,6 +5,8 @@
 import assert from "node:assert/strict";
 import type { ForwardBody } from "../../client/client.ts";
 import { forwardBodyToSafetensors } from "../../client/client.ts";
+import type { AttentionBackend } from "../../core/types.ts";
+import { fakeBackend } from "../service/helpers.ts";
 import { expectProblem, rand, startServer, type TestServer } from "./helpers.ts";
 
 const H = 4, HKV = 2, D = 8, BS = 4, NB = 4;
@@ -366,9 +368,51 @@ Deno.test("errors: bodies over the limit → 413, by Content-Length and while st
     });
     assertProblem(r2, 413, "body_too_large");
     assert.equal(r2.body.max_body_bytes, 2048);
-    // A small body still works on the same server.
+    // A small body still works on the same server, chunked too.
     const sel = await srv.client.select({ head_size: 8, dtype: "float32" });
     assert.equal(sel.backend, "CPU_REFERENCE");
+    const small = new TextEncoder().encode(JSON.stringify({ head_size: 8, dtype: "float32" }));
+    const chunked = new ReadableStream<Uint8Array>({
+      start(c) {
+        for (let i = 0; i < small.length; i += 7) c.enqueue(small.slice(i, i + 7));
+        c.close();
+      },
+    });
+    const r3 = await fetch(`${srv.url}/v1/backends/select`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: chunked,
+    });
+    assert.equal(r3.status, 200);
+    assert.equal((await r3.json()).backend, "CPU_REFERENCE");
+  } finally {
+    await srv.close();
+  }
+});
+
+Deno.test("errors: an unexpected failure is a generic 500, logged, no stack; server stays up", async () => {
+  const be = fakeBackend("EXPLODES");
+  be.run = () => Promise.reject(new Error("secret internals at line 42"));
+  const srv = startServer({ backends: [be as AttentionBackend] });
+  try {
+    const body = validBody();
+    delete body.kv_cache;
+    body.key_cache = {
+      dtype: "float32",
+      shape: [NB, BS, HKV, D],
+      data: new Array(NB * BS * HKV * D).fill(0),
+    };
+    body.value_cache = body.key_cache;
+    const r = await raw(srv, "/v1/attention/forward", {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify(body),
+    });
+    assertProblem(r, 500, "internal_error");
+    assert.ok(!JSON.stringify(r.body).includes("secret"), "no internals leak");
+    assert.equal(srv.errors.length, 1, "logged server-side");
+    assert.match(String(srv.errors[0]), /secret internals/);
+    assert.deepEqual(await srv.client.health(), { status: "ok" });
   } finally {
     await srv.close();
   }
