@@ -1,0 +1,342 @@
+/**
+ * The paged KV cache on the GPU. K and V each span NCHUNK storage buffers holding the same
+ * bytes as a host cache (storage-dtype little-endian, NHD or HND), whole blocks per chunk:
+ * `blocks_per_chunk = floor(min(maxStorageBufferBindingSize, maxBufferSize) / block_bytes)`.
+ * Kernels bind k0..k{N-1}, v0..v{N-1} and use the accessor from {@link kvAccessors}; the
+ * chunk count is bounded by the per-stage storage-buffer budget left after a kernel's other
+ * bindings ({@link KV_RESERVED_STORAGE_BINDINGS}), at most {@link MAX_KV_CHUNKS}.
+ * @module
+ */
+import { bytesPerElement, resolveStorage } from "../core/dtype.ts";
+import { DeviceUnavailableError, ServiceError } from "../core/errors.ts";
+import type { GpuContext, KvCache, KvCacheSpec, StorageDType } from "../core/types.ts";
+import { onDeviceLost } from "./device.ts";
+import { type KvAccessorOptions, kvAccessors } from "./wgsl.ts";
+
+/** Storage buffers a kernel that binds the cache may use besides the K/V chunks. */
+export const KV_RESERVED_STORAGE_BINDINGS = 4;
+/** Most buffers K (and V) may span. */
+export const MAX_KV_CHUNKS = 8;
+
+/** Options of {@link GpuKvCache.create} / {@link GpuKvCache.fromBytes}. */
+export interface GpuKvCacheOptions {
+  /** Caps blocks per chunk (tests use it to force several chunks on small caches). */
+  maxBlocksPerChunk?: number;
+  /** Buffer label prefix. */
+  label?: string;
+}
+
+/** How a cache is split into buffers. */
+export interface KvChunkGeometry {
+  storage_dtype: StorageDType;
+  /** Bytes of one block of K (or V). Always a multiple of 4. */
+  block_bytes: number;
+  /** u32 words of one block. */
+  block_words: number;
+  blocks_per_chunk: number;
+  /** Buffers per tensor. */
+  nchunk: number;
+  /** Bytes of each chunk buffer (the last may be smaller). */
+  chunk_bytes: number[];
+  /** Bytes of K plus V. */
+  bytes: number;
+}
+
+function unprocessable(
+  code: string,
+  message: string,
+  extra: Record<string, unknown>,
+): ServiceError {
+  return new ServiceError(message, { status: 422, code, extra });
+}
+
+/**
+ * How `spec` would be laid out on `ctx`'s device.
+ * @throws ServiceError 422 `kv_cache_too_large` when it needs more chunks than the binding
+ *   budget allows; 422 `kv_cache_unaligned` when a block is not a whole number of u32 words.
+ */
+export function kvChunkGeometry(
+  ctx: GpuContext,
+  spec: KvCacheSpec,
+  opts: GpuKvCacheOptions = {},
+): KvChunkGeometry {
+  const storage = resolveStorage(spec.kv_cache_dtype, spec.dtype);
+  const eb = bytesPerElement(storage);
+  const blockBytes = spec.block_size * spec.num_kv_heads * spec.head_size * eb;
+  if (blockBytes % 4 !== 0 || blockBytes === 0) {
+    throw unprocessable(
+      "kv_cache_unaligned",
+      `a KV block of block_size ${spec.block_size} x num_kv_heads ${spec.num_kv_heads} x ` +
+        `head_size ${spec.head_size} x ${eb} B (${storage}) = ${blockBytes} B is not a multiple ` +
+        `of 4 bytes; GPU caches need head_size % ${4 / Math.min(4, eb)} == 0`,
+      { block_bytes: blockBytes },
+    );
+  }
+  const maxBinding = Math.min(
+    ctx.limits.maxStorageBufferBindingSize ?? 134217728,
+    ctx.limits.maxBufferSize ?? 268435456,
+  );
+  const perStage = ctx.limits.maxStorageBuffersPerShaderStage ?? 8;
+  const maxChunks = Math.max(
+    0,
+    Math.min(MAX_KV_CHUNKS, Math.floor((perStage - KV_RESERVED_STORAGE_BINDINGS) / 2)),
+  );
+  let bpc = Math.floor(maxBinding / blockBytes);
+  if (opts.maxBlocksPerChunk !== undefined) {
+    bpc = Math.min(bpc, Math.max(1, opts.maxBlocksPerChunk));
+  }
+  const tensorBytes = spec.num_blocks * blockBytes;
+  if (bpc < 1 || maxChunks < 1) {
+    throw unprocessable(
+      "kv_cache_too_large",
+      `one KV block of ${blockBytes} B does not fit this device's storage bindings ` +
+        `(${maxBinding} B per binding, ${maxChunks} chunks per tensor)`,
+      { block_bytes: blockBytes, max_binding_bytes: maxBinding },
+    );
+  }
+  const nchunk = Math.max(1, Math.ceil(spec.num_blocks / bpc));
+  if (nchunk > maxChunks) {
+    throw unprocessable(
+      "kv_cache_too_large",
+      `a KV cache of ${spec.num_blocks} blocks needs ${tensorBytes} B per tensor (K and V each, ` +
+        `${2 * tensorBytes} B in all), over this device's limit of ${maxChunks} buffers of ` +
+        `${bpc * blockBytes} B (${maxChunks * bpc} blocks of ${blockBytes} B) per tensor`,
+      { bytes: 2 * tensorBytes, max_bytes: 2 * maxChunks * bpc * blockBytes },
+    );
+  }
+  const chunkBytes: number[] = [];
+  for (let c = 0; c < nchunk; c++) {
+    const blocks = Math.min(bpc, spec.num_blocks - c * bpc);
+    chunkBytes.push(Math.max(4, blocks * blockBytes));
+  }
+  return {
+    storage_dtype: storage,
+    block_bytes: blockBytes,
+    block_words: blockBytes / 4,
+    blocks_per_chunk: bpc,
+    nchunk,
+    chunk_bytes: chunkBytes,
+    bytes: 2 * tensorBytes,
+  };
+}
+
+/** A paged KV cache in GPU buffers (storage "webgpu"). */
+export class GpuKvCache implements KvCache {
+  readonly spec: KvCacheSpec;
+  readonly storage = "webgpu" as const;
+  readonly ctx: GpuContext;
+  readonly geometry: KvChunkGeometry;
+  /** K chunk buffers (STORAGE | COPY_SRC | COPY_DST). */
+  readonly keyBuffers: GPUBuffer[];
+  /** V chunk buffers. */
+  readonly valueBuffers: GPUBuffer[];
+  #destroyed = false;
+  #lost = false;
+  #unlisten: () => void;
+
+  private constructor(
+    ctx: GpuContext,
+    spec: KvCacheSpec,
+    g: KvChunkGeometry,
+    k: GPUBuffer[],
+    v: GPUBuffer[],
+  ) {
+    this.ctx = ctx;
+    this.spec = { ...spec };
+    this.geometry = g;
+    this.keyBuffers = k;
+    this.valueBuffers = v;
+    this.#unlisten = onDeviceLost(ctx, () => {
+      this.#lost = true;
+    });
+  }
+
+  /**
+   * An empty (zeroed) cache on `ctx`'s device.
+   * @throws ServiceError 422 (see {@link kvChunkGeometry}); 503 when the device is lost or
+   *   out of memory.
+   */
+  static async create(
+    ctx: GpuContext,
+    spec: KvCacheSpec,
+    opts: GpuKvCacheOptions = {},
+  ): Promise<GpuKvCache> {
+    if (ctx.lost) throw new DeviceUnavailableError("the WebGPU device was lost");
+    const g = kvChunkGeometry(ctx, spec, opts);
+    const label = opts.label ?? "kv";
+    const dev = ctx.device;
+    dev.pushErrorScope("out-of-memory");
+    dev.pushErrorScope("validation");
+    const make = (t: string) =>
+      g.chunk_bytes.map((size, c) =>
+        dev.createBuffer({
+          label: `${label}.${t}${c}`,
+          size,
+          usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST,
+        })
+      );
+    const k = make("k"), v = make("v");
+    const validation = await dev.popErrorScope();
+    const oom = await dev.popErrorScope();
+    if (validation || oom) {
+      for (const b of [...k, ...v]) b.destroy();
+      const why = (oom ?? validation)!.message;
+      throw new ServiceError(`could not allocate a GPU KV cache of ${g.bytes} B: ${why}`, {
+        status: oom ? 503 : 422,
+        code: oom ? "device_out_of_memory" : "kv_cache_too_large",
+        extra: { bytes: g.bytes },
+      });
+    }
+    return new GpuKvCache(ctx, spec, g, k, v);
+  }
+
+  /**
+   * A cache holding `key` and `value` (layout-order bytes of the storage dtype, each
+   * num_blocks * block_bytes long).
+   * @throws ServiceError 422 `invalid_kv_cache` when a length disagrees with the spec.
+   */
+  static async fromBytes(
+    ctx: GpuContext,
+    spec: KvCacheSpec,
+    key: Uint8Array,
+    value: Uint8Array,
+    opts: GpuKvCacheOptions = {},
+  ): Promise<GpuKvCache> {
+    const g = kvChunkGeometry(ctx, spec, opts);
+    const want = g.bytes / 2;
+    for (const [name, b] of [["key_cache", key], ["value_cache", value]] as const) {
+      if (b.byteLength !== want) {
+        throw new ServiceError(`${name} has ${b.byteLength} bytes but the spec needs ${want}`, {
+          status: 422,
+          code: "invalid_kv_cache",
+          issues: [{ path: [name], message: `has ${b.byteLength} bytes, expected ${want}` }],
+        });
+      }
+    }
+    const cache = await GpuKvCache.create(ctx, spec, opts);
+    cache.#upload(cache.keyBuffers, key);
+    cache.#upload(cache.valueBuffers, value);
+    return cache;
+  }
+
+  #upload(bufs: GPUBuffer[], bytes: Uint8Array): void {
+    const per = this.geometry.blocks_per_chunk * this.geometry.block_bytes;
+    bufs.forEach((b, c) => {
+      const start = c * per;
+      const n = Math.min(per, bytes.byteLength - start);
+      if (n > 0) {
+        this.ctx.device.queue.writeBuffer(b, 0, bytes as Uint8Array<ArrayBuffer>, start, n);
+      }
+    });
+  }
+
+  /** Bytes of K plus V. */
+  get bytes(): number {
+    return this.geometry.bytes;
+  }
+
+  /** True once the device holding it was lost. */
+  get lost(): boolean {
+    return this.#lost || this.ctx.lost;
+  }
+
+  /** True once destroyed. */
+  get destroyed(): boolean {
+    return this.#destroyed;
+  }
+
+  /** Throws unless the cache can be used on `ctx` now. */
+  assertUsable(ctx?: GpuContext | null): void {
+    if (this.#destroyed) throw new Error("GPU KV cache used after destroy()");
+    if (this.lost) throw new DeviceUnavailableError("the KV cache's WebGPU device was lost");
+    if (ctx && ctx.device !== this.ctx.device) {
+      throw new DeviceUnavailableError("the KV cache belongs to an earlier WebGPU device");
+    }
+  }
+
+  /**
+   * Bind-group entries for k0..k{N-1} at `firstBinding`.., then v0..v{N-1}: the order
+   * {@link kvAccessors} declares them in.
+   */
+  bindEntries(firstBinding: number): GPUBindGroupEntry[] {
+    return [...this.keyBuffers, ...this.valueBuffers].map((buffer, i) => ({
+      binding: firstBinding + i,
+      resource: { buffer },
+    }));
+  }
+
+  /** The WGSL bindings and accessors for this cache (see {@link kvAccessors}). */
+  accessorWgsl(o: Omit<KvAccessorOptions, "nchunk" | "blocksPerChunk" | "blockWords">): string {
+    return kvAccessors({
+      ...o,
+      nchunk: this.geometry.nchunk,
+      blocksPerChunk: this.geometry.blocks_per_chunk,
+      blockWords: this.geometry.block_words,
+    });
+  }
+
+  /** A pipeline-key fragment naming the accessor's compile-time values, e.g. `c1` or `c3x512`. */
+  get chunkKey(): string {
+    const g = this.geometry;
+    return g.nchunk === 1 ? "c1" : `c${g.nchunk}x${g.blocks_per_chunk}`;
+  }
+
+  /**
+   * K and V as layout-order bytes: copies into MAP_READ staging (one buffer unless the cache
+   * exceeds maxBufferSize), one submit, one mapAsync per staging buffer.
+   */
+  async read(): Promise<{ key: Uint8Array; value: Uint8Array }> {
+    this.assertUsable();
+    const half = this.geometry.bytes / 2;
+    const out = { key: new Uint8Array(half), value: new Uint8Array(half) };
+    const dev = this.ctx.device;
+    const maxStage = Math.max(4, Math.min(this.ctx.limits.maxBufferSize ?? 2 ** 28, 2 ** 31));
+    // Pieces: [buffer, bytes, destination, destination offset], packed into staging groups.
+    const per = this.geometry.blocks_per_chunk * this.geometry.block_bytes;
+    const groups: { size: number; parts: [GPUBuffer, number, Uint8Array, number, number][] }[] = [];
+    for (
+      const [bufs, dst] of [[this.keyBuffers, out.key], [this.valueBuffers, out.value]] as const
+    ) {
+      bufs.forEach((b, c) => {
+        const n = Math.min(per, half - c * per);
+        if (n <= 0) return;
+        let g = groups[groups.length - 1];
+        if (!g || g.size + n > maxStage) groups.push(g = { size: 0, parts: [] });
+        g.parts.push([b, n, dst, c * per, g.size]);
+        g.size += n;
+      });
+    }
+    if (groups.length === 0) return out;
+    const staging = groups.map((g, i) =>
+      dev.createBuffer({
+        label: `kv.readback${i}`,
+        size: g.size,
+        usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
+      })
+    );
+    try {
+      const enc = dev.createCommandEncoder({ label: "kv.read" });
+      groups.forEach((g, i) => {
+        for (const [b, n, , , so] of g.parts) enc.copyBufferToBuffer(b, 0, staging[i], so, n);
+      });
+      dev.queue.submit([enc.finish()]);
+      await Promise.all(staging.map((s) => s.mapAsync(GPUMapMode.READ)));
+      groups.forEach((g, i) => {
+        const bytes = new Uint8Array(staging[i].getMappedRange());
+        for (const [, n, dst, doff, so] of g.parts) dst.set(bytes.subarray(so, so + n), doff);
+        staging[i].unmap();
+      });
+      return out;
+    } finally {
+      for (const s of staging) s.destroy();
+    }
+  }
+
+  /** Frees the buffers (idempotent). */
+  destroy(): void {
+    if (this.#destroyed) return;
+    this.#destroyed = true;
+    this.#unlisten();
+    for (const b of [...this.keyBuffers, ...this.valueBuffers]) b.destroy();
+  }
+}

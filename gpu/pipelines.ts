@@ -1,0 +1,110 @@
+/**
+ * Compute pipelines, compiled once per device and cached under a readable key such as
+ * `decode[f16]:hd128:bs16:wg64`. Compilation runs inside validation and internal error
+ * scopes; compiler messages (from `getCompilationInfo`) and scope errors become a
+ * {@link ShaderCompileError}. A failed compilation is not cached, so a fixed kernel can be
+ * retried.
+ * @module
+ */
+import { ShaderCompileError } from "../core/errors.ts";
+import type { GpuContext } from "../core/types.ts";
+
+interface Entry {
+  code: string;
+  entryPoint: string;
+  pipeline: Promise<GPUComputePipeline>;
+}
+
+const caches = new WeakMap<GPUDevice, Map<string, Entry>>();
+
+function cacheOf(device: GPUDevice): Map<string, Entry> {
+  let m = caches.get(device);
+  if (!m) {
+    m = new Map();
+    caches.set(device, m);
+  }
+  return m;
+}
+
+/** Formats one compilation message with its line and column. */
+function formatMessage(m: GPUCompilationMessage): string {
+  const where = m.lineNum ? ` at ${m.lineNum}:${m.linePos}` : "";
+  return `${m.type}${where}: ${String(m.message).trim()}`;
+}
+
+async function compile(
+  ctx: GpuContext,
+  key: string,
+  code: string,
+  entryPoint: string,
+): Promise<GPUComputePipeline> {
+  const device = ctx.device;
+  device.pushErrorScope("internal");
+  device.pushErrorScope("validation");
+  const messages: string[] = [];
+  let pipeline: GPUComputePipeline | null = null;
+  try {
+    const module = device.createShaderModule({ label: key, code });
+    try {
+      const info = await module.getCompilationInfo();
+      for (const m of info.messages) if (m.type === "error") messages.push(formatMessage(m));
+    } catch { /* getCompilationInfo unsupported: rely on the error scopes */ }
+    if (messages.length === 0) {
+      try {
+        pipeline = await device.createComputePipelineAsync({
+          label: key,
+          layout: "auto",
+          compute: { module, entryPoint },
+        });
+      } catch (e) {
+        messages.push(`pipeline: ${e instanceof Error ? e.message.trim() : String(e)}`);
+      }
+    }
+  } finally {
+    const validation = await device.popErrorScope();
+    const internal = await device.popErrorScope();
+    for (const err of [validation, internal]) {
+      const msg = err?.message?.trim();
+      if (msg && !messages.some((m) => m.includes(msg.slice(0, 60)))) messages.push(msg);
+    }
+  }
+  if (messages.length > 0 || !pipeline) {
+    throw new ShaderCompileError(key, messages.length ? messages : ["unknown compile failure"]);
+  }
+  return pipeline;
+}
+
+/**
+ * The compute pipeline for `key` on `ctx`'s device, compiling `code` on first use.
+ * Concurrent calls for one key share one compilation.
+ * @throws ShaderCompileError with the compiler's messages; Error when `key` was already
+ *   used for different code (a key must name its specialisation completely).
+ */
+export function getComputePipeline(
+  ctx: GpuContext,
+  key: string,
+  code: string,
+  entryPoint = "main",
+): Promise<GPUComputePipeline> {
+  const cache = cacheOf(ctx.device);
+  const hit = cache.get(key);
+  if (hit) {
+    if (hit.code !== code || hit.entryPoint !== entryPoint) {
+      return Promise.reject(
+        new Error(`pipeline key ${key} reused for different WGSL: the key must name every variant`),
+      );
+    }
+    return hit.pipeline;
+  }
+  const pipeline = compile(ctx, key, code, entryPoint);
+  cache.set(key, { code, entryPoint, pipeline });
+  pipeline.catch(() => {
+    if (cache.get(key)?.pipeline === pipeline) cache.delete(key);
+  });
+  return pipeline;
+}
+
+/** The keys of the pipelines compiled (or compiling) on `ctx`'s device, sorted. */
+export function cachedPipelineKeys(ctx: GpuContext): string[] {
+  return [...cacheOf(ctx.device).keys()].sort();
+}

@@ -1,0 +1,217 @@
+import assert from "node:assert/strict";
+import { bytesPerElement, encode, resolveStorage } from "../../core/dtype.ts";
+import { ServiceError } from "../../core/errors.ts";
+import type { KvCacheDType, KvCacheSpec, KvLayout } from "../../core/types.ts";
+import { writeCache } from "../../gpu/cache_write.ts";
+import { GpuKvCache } from "../../gpu/kv_cache.ts";
+import { freshSeed, gpu, NO_GPU, randomArray, rng } from "./helpers.ts";
+
+/** Values that probe rounding: ties, overflow, subnormals, signed zero, infinities, NaN. */
+const EDGES = [
+  0,
+  -0,
+  1,
+  -1,
+  65504,
+  65519,
+  65520,
+  1e6,
+  -1e6,
+  Infinity,
+  -Infinity,
+  NaN,
+  2 ** -24,
+  2 ** -25,
+  3 * 2 ** -25,
+  5 * 2 ** -26,
+  1e-8,
+  -1e-8,
+  1e-45,
+  2 ** -14,
+  2 ** -15,
+  1 + 2 ** -8,
+  1 + 3 * 2 ** -8,
+  1 + 2 ** -11,
+  1 + 3 * 2 ** -11,
+  448,
+  449,
+  464,
+  465,
+  480,
+  57344,
+  61440,
+  2 ** -9,
+  2 ** -10,
+  3 * 2 ** -10,
+  2 ** -16,
+  2 ** -17,
+  3 * 2 ** -17,
+  1.0625,
+  1.1875,
+  240,
+  0.1,
+  3.3e38,
+];
+
+const CASES: [KvCacheDType, "float32" | "float16" | "bfloat16"][] = [
+  ["auto", "float32"],
+  ["float16", "float32"],
+  ["bfloat16", "float16"],
+  ["fp8_e4m3", "bfloat16"],
+  ["fp8_e5m2", "float32"],
+];
+
+interface Setup {
+  spec: KvCacheSpec;
+  key: Float32Array;
+  value: Float32Array;
+  slots: Int32Array;
+  init: { key: Uint8Array; value: Uint8Array };
+}
+
+function setup(
+  kv: KvCacheDType,
+  dtype: "float32" | "float16" | "bfloat16",
+  layout: KvLayout,
+  seed: number,
+): Setup {
+  const r = rng(seed);
+  const spec: KvCacheSpec = {
+    num_blocks: 5,
+    block_size: 16,
+    num_kv_heads: 2,
+    head_size: 8,
+    dtype,
+    kv_cache_dtype: kv,
+    layout,
+  };
+  const rows = 40, per = spec.num_kv_heads * spec.head_size;
+  const key = randomArray(r, rows * per, 4), value = randomArray(r, rows * per, 300);
+  EDGES.forEach((e, i) => (key[i] = e, value[value.length - 1 - i] = -e));
+  // distinct slots, some -1
+  const all = [...Array(spec.num_blocks * spec.block_size).keys()].sort(() => r() - 0.5);
+  const slots = Int32Array.from({ length: rows }, (_, i) => (i % 7 === 3 ? -1 : all[i]));
+  const half = spec.num_blocks * spec.block_size * per * bytesPerElement(resolveStorage(kv, dtype));
+  const init = {
+    key: new Uint8Array(half).map(() => (r() * 256) | 0),
+    value: new Uint8Array(half).map(() => (r() * 256) | 0),
+  };
+  return { spec, key, value, slots, init };
+}
+
+/** Where row (slot, head) of a cache starts, in elements. */
+function rowElem(spec: KvCacheSpec, slot: number, h: number): number {
+  const b = Math.floor(slot / spec.block_size), o = slot % spec.block_size;
+  const { block_size: bs, num_kv_heads: kvh, head_size: hs } = spec;
+  return spec.layout === "NHD" ? ((b * bs + o) * kvh + h) * hs : ((b * kvh + h) * bs + o) * hs;
+}
+
+function expected(s: Setup, src: Float32Array, init: Uint8Array, scale: number): Uint8Array {
+  const d = resolveStorage(s.spec.kv_cache_dtype, s.spec.dtype);
+  const eb = bytesPerElement(d), { num_kv_heads: kvh, head_size: hs } = s.spec;
+  const out = init.slice();
+  s.slots.forEach((slot, t) => {
+    if (slot < 0) return;
+    for (let h = 0; h < kvh; h++) {
+      const row = src.subarray((t * kvh + h) * hs, (t * kvh + h + 1) * hs).map((
+        x,
+      ) => (eb === 1 ? x / scale : x));
+      out.set(encode(d, row), rowElem(s.spec, slot, h) * eb);
+    }
+  });
+  return out;
+}
+
+function firstDiff(a: Uint8Array, b: Uint8Array): number {
+  for (let i = 0; i < a.length; i++) if (a[i] !== b[i]) return i;
+  return -1;
+}
+
+Deno.test("cache write: byte-exact vs core/dtype encode, every storage dtype, NHD/HND, -1 slots", {
+  ignore: NO_GPU,
+}, async (t) => {
+  const ctx = gpu();
+  for (const [kv, dtype] of CASES) {
+    for (const layout of ["NHD", "HND"] as const) {
+      await t.step(`${kv}/${dtype} ${layout}`, async () => {
+        const seed = freshSeed();
+        const s = setup(kv, dtype, layout, seed);
+        const opts = layout === "HND" ? { maxBlocksPerChunk: 2 } : {};
+        const cache = await GpuKvCache.fromBytes(ctx, s.spec, s.init.key, s.init.value, opts);
+        // v_scale 0.5 is exact in f32, so fp8 stays byte-exact.
+        await writeCache(ctx, cache, {
+          key: s.key,
+          value: s.value,
+          slot_mapping: s.slots,
+          k_scale: 1,
+          v_scale: 0.5,
+        });
+        const got = await cache.read();
+        cache.destroy();
+        for (
+          const [name, g, src, init, sc] of [["key", got.key, s.key, s.init.key, 1], [
+            "value",
+            got.value,
+            s.value,
+            s.init.value,
+            0.5,
+          ]] as const
+        ) {
+          const want = expected(s, src, init, sc);
+          const i = firstDiff(g, want);
+          assert.equal(i, -1, `${name} byte ${i}: got ${g[i]}, want ${want[i]} (seed ${seed})`);
+        }
+      });
+    }
+  }
+});
+
+Deno.test("cache write: fp8 with an inexact scale is within one code of x / scale", {
+  ignore: NO_GPU,
+}, async () => {
+  const ctx = gpu();
+  for (const kv of ["fp8_e4m3", "fp8_e5m2"] as const) {
+    const seed = freshSeed();
+    const s = setup(kv, "float32", "NHD", seed);
+    s.key.forEach((x, i) => (s.key[i] = Number.isFinite(x) ? x : 1));
+    const cache = await GpuKvCache.fromBytes(ctx, s.spec, s.init.key, s.init.value);
+    await writeCache(ctx, cache, {
+      key: s.key,
+      value: s.value,
+      slot_mapping: s.slots,
+      k_scale: 1.3,
+      v_scale: 1,
+    });
+    const got = await cache.read();
+    cache.destroy();
+    const want = expected(s, s.key, s.init.key, 1.3);
+    for (let i = 0; i < want.length; i++) {
+      const ok = got.key[i] === want[i] ||
+        ((got.key[i] ^ want[i]) < 0x80 && Math.abs(got.key[i] - want[i]) <= 1);
+      assert.ok(ok, `${kv} key byte ${i}: got ${got.key[i]}, want ${want[i]} (seed ${seed})`);
+    }
+  }
+});
+
+Deno.test(
+  "cache write: rejects out-of-range slots and bad lengths",
+  { ignore: NO_GPU },
+  async () => {
+    const ctx = gpu();
+    const s = setup("auto", "float32", "NHD", 1);
+    const cache = await GpuKvCache.create(ctx, s.spec);
+    const bad = s.slots.slice();
+    bad[2] = 80;
+    await assert.rejects(
+      () => writeCache(ctx, cache, { key: s.key, value: s.value, slot_mapping: bad }),
+      (e: unknown) =>
+        e instanceof ServiceError && e.status === 422 && /slot 80 is out of range/.test(e.message),
+    );
+    await assert.rejects(
+      () =>
+        writeCache(ctx, cache, { key: s.key.subarray(1), value: s.value, slot_mapping: s.slots }),
+      (e: unknown) => e instanceof ServiceError && e.status === 422 && /key/.test(e.message),
+    );
+    cache.destroy();
+  },
+);

@@ -1,0 +1,119 @@
+import assert from "node:assert/strict";
+import { NoDeviceProvider, type WebGpuContext, WebGpuDeviceManager } from "../../gpu/device.ts";
+import { NO_GPU } from "./helpers.ts";
+
+Deno.test("device: acquire asks for the adapter's own limits and reports them", {
+  ignore: NO_GPU,
+}, async () => {
+  const mgr = new WebGpuDeviceManager();
+  assert.equal(mgr.current(), null);
+  assert.equal(mgr.report().available, false);
+  const [a, b] = await Promise.all([mgr.acquire(), mgr.acquire()]);
+  assert.ok(a);
+  assert.equal(a, b, "concurrent acquires share one device");
+  assert.equal(await mgr.acquire(), a);
+  const adapter = (await navigator.gpu.requestAdapter({ powerPreference: "high-performance" }))!;
+  assert.equal(a.limits.maxStorageBufferBindingSize, adapter.limits.maxStorageBufferBindingSize);
+  assert.equal(a.limits.maxBufferSize, adapter.limits.maxBufferSize);
+  assert.equal(
+    a.limits.maxStorageBuffersPerShaderStage,
+    adapter.limits.maxStorageBuffersPerShaderStage,
+  );
+  if (adapter.features.has("shader-f16")) assert.ok(a.features.has("shader-f16"));
+  const r = mgr.report();
+  assert.equal(r.available, true);
+  assert.equal(r.runtime, "deno");
+  assert.equal(r.generation, 1);
+  assert.deepEqual(r.features, [...a.features].sort());
+  assert.equal(
+    r.limits.maxComputeWorkgroupStorageSize,
+    adapter.limits.maxComputeWorkgroupStorageSize,
+  );
+  assert.equal(typeof r.adapter?.description, "string");
+  a.device.destroy();
+});
+
+Deno.test("device: loss marks the context lost, fires listeners, re-acquires with generation+1", {
+  ignore: NO_GPU,
+}, async () => {
+  const mgr = new WebGpuDeviceManager();
+  const ctx = (await mgr.acquire()) as WebGpuContext;
+  let managerHeard = 0, ctxHeard = 0;
+  mgr.onLost(() => managerHeard++);
+  const heard = new Promise<void>((res) => ctx.onLost(() => (ctxHeard++, res())));
+  ctx.device.destroy();
+  await heard;
+  assert.equal(ctx.lost, true);
+  assert.equal(ctxHeard, 1);
+  assert.equal(managerHeard, 1);
+  assert.equal(mgr.current(), null);
+  const rep = mgr.report();
+  assert.equal(rep.available, false);
+  assert.match(rep.reason ?? "", /lost/);
+  const again = await mgr.acquire();
+  assert.ok(again && again !== ctx);
+  assert.equal(again.generation, 2);
+  assert.equal(mgr.report().generation, 2);
+  // A listener registered after the loss still runs.
+  await new Promise<void>((res) => ctx.onLost(() => res()));
+  again.device.destroy();
+});
+
+Deno.test("device: retries without subgroups when the device request refuses it", {
+  ignore: NO_GPU,
+}, async () => {
+  const seen: string[][] = [];
+  const fake = {
+    requestAdapter: async (o?: GPURequestAdapterOptions) => {
+      const real = (await navigator.gpu.requestAdapter(o))!;
+      return new Proxy(real, {
+        get(t, p) {
+          if (p === "requestDevice") {
+            return (d: GPUDeviceDescriptor) => {
+              const f = [...(d.requiredFeatures ?? [])].map(String);
+              seen.push(f);
+              if (f.includes("subgroups")) {
+                return Promise.reject(new TypeError("no subgroups here"));
+              }
+              return t.requestDevice(d);
+            };
+          }
+          const v = Reflect.get(t, p, t);
+          return typeof v === "function" ? v.bind(t) : v;
+        },
+      });
+    },
+  } as unknown as GPU;
+  const mgr = new WebGpuDeviceManager({ gpu: fake, runtime: "fake" });
+  const ctx = await mgr.acquire();
+  assert.ok(ctx);
+  assert.equal(seen.length, 2);
+  assert.ok(seen[0].includes("subgroups"));
+  assert.ok(!seen[1].includes("subgroups"));
+  assert.ok(!ctx.features.has("subgroups"));
+  assert.equal(mgr.report().runtime, "fake");
+  ctx.device.destroy();
+});
+
+Deno.test("device: no adapter, no GPU object, NoDeviceProvider", async () => {
+  const none = new WebGpuDeviceManager({
+    gpu: { requestAdapter: () => Promise.resolve(null) } as unknown as GPU,
+  });
+  assert.equal(await none.acquire(), null);
+  assert.match(none.report().reason ?? "", /no WebGPU adapter/);
+  assert.equal(none.report().available, false);
+  const missing = new WebGpuDeviceManager({ gpu: null });
+  assert.equal(await missing.acquire(), null);
+  assert.match(missing.report().reason ?? "", /navigator\.gpu is undefined/);
+  const off = new NoDeviceProvider();
+  assert.equal(off.current(), null);
+  assert.equal(await off.acquire(), null);
+  assert.deepEqual(off.report(), {
+    available: false,
+    runtime: "none",
+    reason: "WebGPU disabled (--no-gpu)",
+    features: [],
+    limits: {},
+    generation: 0,
+  });
+});

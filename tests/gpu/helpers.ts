@@ -1,0 +1,49 @@
+/**
+ * Shared setup of the GPU tests: one device manager per test file, and the `ignore` reason
+ * when this machine has no WebGPU adapter.
+ * @module
+ */
+import type { GpuContext } from "../../core/types.ts";
+import { WebGpuDeviceManager } from "../../gpu/device.ts";
+
+const manager = new WebGpuDeviceManager();
+const ctx = await manager.acquire();
+
+/** The shared GPU context, or null when there is no adapter. */
+export const GPU: GpuContext | null = ctx;
+
+/** Set `ignore: NO_GPU` on GPU tests: true (skipped) when there is no adapter. */
+export const NO_GPU: boolean = ctx === null;
+if (NO_GPU) {
+  console.warn(`GPU tests skipped: ${manager.report().reason ?? "no WebGPU adapter"}`);
+}
+
+/** The context; throws when called without one (tests are ignored then). */
+export function gpu(): GpuContext {
+  if (!ctx) throw new Error("no GPU");
+  return ctx;
+}
+
+/** A seeded PRNG (mulberry32) in [0, 1). */
+export function rng(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+/** A fresh random seed (printed by the caller on failure). */
+export function freshSeed(): number {
+  return (Math.random() * 2 ** 32) >>> 0;
+}
+
+/** `n` values uniform in [-scale, scale). */
+export function randomArray(r: () => number, n: number, scale = 1): Float32Array {
+  const a = new Float32Array(n);
+  for (let i = 0; i < n; i++) a[i] = (r() * 2 - 1) * scale;
+  return a;
+}

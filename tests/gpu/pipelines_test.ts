@@ -1,0 +1,70 @@
+import assert from "node:assert/strict";
+import { ShaderCompileError } from "../../core/errors.ts";
+import { cachedPipelineKeys, getComputePipeline } from "../../gpu/pipelines.ts";
+import { gpu, NO_GPU } from "./helpers.ts";
+
+const GOOD = `@group(0) @binding(0) var<storage, read_write> o: array<u32>;
+@compute @workgroup_size(4) fn main(@builtin(global_invocation_id) g: vec3<u32>) { o[g.x] = g.x * 3u; }`;
+
+Deno.test("pipelines: compiles once per key and runs", { ignore: NO_GPU }, async () => {
+  const ctx = gpu();
+  const key = `test.good:${crypto.randomUUID()}`;
+  const [p, q] = await Promise.all([
+    getComputePipeline(ctx, key, GOOD),
+    getComputePipeline(ctx, key, GOOD),
+  ]);
+  assert.equal(p, q);
+  assert.ok(cachedPipelineKeys(ctx).includes(key));
+  const buf = ctx.device.createBuffer({
+    size: 32,
+    usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC,
+  });
+  const rd = ctx.device.createBuffer({
+    size: 32,
+    usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
+  });
+  const enc = ctx.device.createCommandEncoder();
+  const pass = enc.beginComputePass();
+  pass.setPipeline(p);
+  pass.setBindGroup(
+    0,
+    ctx.device.createBindGroup({
+      layout: p.getBindGroupLayout(0),
+      entries: [{ binding: 0, resource: { buffer: buf } }],
+    }),
+  );
+  pass.dispatchWorkgroups(2);
+  pass.end();
+  enc.copyBufferToBuffer(buf, 0, rd, 0, 32);
+  ctx.device.queue.submit([enc.finish()]);
+  await rd.mapAsync(GPUMapMode.READ);
+  assert.deepEqual([...new Uint32Array(rd.getMappedRange())], [0, 3, 6, 9, 12, 15, 18, 21]);
+  rd.unmap();
+  buf.destroy();
+  rd.destroy();
+  await assert.rejects(
+    () => getComputePipeline(ctx, key, GOOD + "\n"),
+    /reused for different WGSL/,
+  );
+});
+
+Deno.test("pipelines: bad WGSL throws ShaderCompileError with the compiler's messages", {
+  ignore: NO_GPU,
+}, async () => {
+  const ctx = gpu();
+  const key = `test.bad:${crypto.randomUUID()}`;
+  const bad = "@compute @workgroup_size(1) fn main() { let x: u32 = 1.5; }";
+  const err = await getComputePipeline(ctx, key, bad).then(() => null, (e) => e);
+  assert.ok(err instanceof ShaderCompileError, `got ${err}`);
+  assert.equal(err.key, key);
+  assert.equal(err.status, 500);
+  assert.equal(err.code, "shader_compile_failed");
+  assert.ok(err.messages.some((m: string) => /u32/.test(m)), err.messages.join("\n"));
+  assert.ok(!cachedPipelineKeys(ctx).includes(key), "failures are not cached");
+  // A wrong entry point is a pipeline (not parse) failure.
+  const e2 = await getComputePipeline(ctx, `${key}.ep`, GOOD, "nope").then(() => null, (e) => e);
+  assert.ok(e2 instanceof ShaderCompileError, `got ${e2}`);
+  assert.ok(e2.messages.length > 0);
+  // The device is still usable afterwards.
+  assert.ok(await getComputePipeline(ctx, `${key}.ok`, GOOD));
+});
