@@ -262,7 +262,8 @@ export function validateForward(input: ForwardInput, held: HeldCacheInfo | null)
     use_mm_prefix: false,
     attn_type: layer.attn_type,
     has_sliding_window: layer.sliding_window !== null,
-    use_non_causal: !layer.causal,
+    // Encoder types are non-causal by definition; the flag asks for non-causal decoder attention.
+    use_non_causal: layer.attn_type === "decoder" && !layer.causal,
     use_batch_invariant: false,
     use_per_head_quant_scales: false,
     use_alibi: layer.alibi_slopes !== null,

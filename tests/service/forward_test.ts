@@ -150,7 +150,10 @@ Deno.test("validateForward: encoder types, cross-attention", () => {
   };
   const v = validateForward(e, null);
   assert.equal(v.batch.layer.causal, false);
-  assert.equal(v.selector.use_non_causal, true);
+  assert.equal(v.selector.use_non_causal, false, "non-causal is implied by the encoder type");
+  const nc = input();
+  nc.layer = { ...nc.layer, causal: false };
+  assert.equal(validateForward(nc, HELD).selector.use_non_causal, true, "non-causal decoder");
   assert.deepEqual(Array.from(v.batch.metadata.slot_mapping), [-1, -1, -1, -1, -1]);
   has(
     issuesOf(() =>
