@@ -1,0 +1,264 @@
+/**
+ * The backend registry and selector (vLLM v1's `get_attn_backend`): backends sorted by
+ * priority, validated against a {@link SelectorConfig} on the current device, first valid
+ * wins. Decisions are cached by a canonical key that includes the device generation, so a
+ * re-acquired (or lost) device never gets a stale answer.
+ * @module
+ */
+import { NoValidBackendError, ServiceError } from "../core/errors.ts";
+import type {
+  AttentionBackend,
+  CacheStorage,
+  Capabilities,
+  DeviceRequirements,
+  GpuContext,
+  SelectorConfig,
+} from "../core/types.ts";
+import { deviceReasons, preferredBlockSize, validateConfiguration } from "./capabilities.ts";
+
+/** What {@link BackendRegistry.select} answers. */
+export interface SelectionResult {
+  backend: AttentionBackend;
+  /** The config's block size, or the winner's preferred one when the config had none. */
+  block_size: number;
+  /** Reasons of every backend passed over before the winner (auto); {} when forced. */
+  rejected: Record<string, string[]>;
+}
+
+/** One backend as `GET /v1/backends` lists it. */
+export interface BackendInfo {
+  name: string;
+  priority: number;
+  description: string;
+  available: boolean;
+  /** Present only when `available` is false: the device reasons. */
+  unavailable_reasons?: string[];
+  cache_storage: CacheStorage;
+  requires: DeviceRequirements;
+  /** The descriptor's capability data, copied. */
+  capabilities: Capabilities;
+}
+
+/** Options of {@link BackendRegistry.select}. */
+export interface SelectOptions {
+  /** Force one backend by its exact UPPER_SNAKE name; undefined or "auto": auto selection. */
+  backend?: string;
+}
+
+/** Default block size offered when neither the config nor a backend names one (vLLM's 16). */
+export const DEFAULT_BLOCK_SIZE = 16;
+
+/** The most cached selection decisions kept (oldest dropped first). */
+export const SELECTION_CACHE_LIMIT = 1024;
+
+/**
+ * Fills vLLM's selector defaults into a partial config: `kv_cache_dtype` "auto", `block_size`
+ * null, every flag false, `attn_type` "decoder". Extension fields are copied only when given;
+ * keys that are not selector fields (e.g. `backend`) are dropped.
+ * @throws ServiceError 400 `invalid_request` when `head_size` or `dtype` is missing.
+ */
+export function selectorConfigDefaults(partial: Partial<SelectorConfig>): SelectorConfig {
+  const issues = [];
+  if (partial.head_size === undefined) {
+    issues.push({ path: ["head_size"], message: "is required (got undefined)" });
+  }
+  if (partial.dtype === undefined) {
+    issues.push({ path: ["dtype"], message: "is required (got undefined)" });
+  }
+  if (issues.length > 0) {
+    throw new ServiceError(`selector config: ${issues.map((i) => i.path[0]).join(", ")} required`, {
+      status: 400,
+      code: "invalid_request",
+      issues,
+    });
+  }
+  const cfg: SelectorConfig = {
+    head_size: partial.head_size!,
+    dtype: partial.dtype!,
+    kv_cache_dtype: partial.kv_cache_dtype ?? "auto",
+    block_size: partial.block_size ?? null,
+    use_mla: partial.use_mla ?? false,
+    has_sink: partial.has_sink ?? false,
+    use_sparse: partial.use_sparse ?? false,
+    use_mm_prefix: partial.use_mm_prefix ?? false,
+    attn_type: partial.attn_type ?? "decoder",
+    has_sliding_window: partial.has_sliding_window ?? false,
+    use_non_causal: partial.use_non_causal ?? false,
+    use_batch_invariant: partial.use_batch_invariant ?? false,
+    use_per_head_quant_scales: partial.use_per_head_quant_scales ?? false,
+  };
+  if (partial.use_alibi !== undefined) cfg.use_alibi = partial.use_alibi;
+  if (partial.use_logits_soft_cap !== undefined) {
+    cfg.use_logits_soft_cap = partial.use_logits_soft_cap;
+  }
+  if (partial.kv_cache_layout !== undefined) cfg.kv_cache_layout = partial.kv_cache_layout;
+  if (partial.return_lse !== undefined) cfg.return_lse = partial.return_lse;
+  if (partial.cache_storage !== undefined) cfg.cache_storage = partial.cache_storage;
+  if (partial.max_query_len !== undefined) cfg.max_query_len = partial.max_query_len;
+  return cfg;
+}
+
+/** A config as sorted-key JSON; absent and `false` extension flags read the same. */
+function canonicalConfig(cfg: SelectorConfig): string {
+  const entries = Object.entries(cfg)
+    .filter(([, v]) => v !== undefined)
+    .sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));
+  const optionalFlags = ["use_alibi", "use_logits_soft_cap", "return_lse"];
+  return JSON.stringify(entries.filter(([k, v]) => !(optionalFlags.includes(k) && v === false)));
+}
+
+/** The device as the cache key sees it. */
+function deviceKey(gpu: GpuContext | null): string {
+  return gpu === null ? "none" : `${gpu.generation}${gpu.lost ? ":lost" : ""}`;
+}
+
+type Decision =
+  | { ok: true; backend: AttentionBackend; block_size: number; rejected: Record<string, string[]> }
+  | { ok: false; reasons: Record<string, string[]>; forced?: string };
+
+const copyReasons = (r: Record<string, string[]>) =>
+  Object.fromEntries(Object.entries(r).map(([k, v]) => [k, [...v]]));
+
+/** The backends, their availability on the current device, and the selector. */
+export class BackendRegistry {
+  readonly #backends: AttentionBackend[];
+  readonly #byName = new Map<string, AttentionBackend>();
+  readonly #device: () => GpuContext | null;
+  readonly #cache = new Map<string, Decision>();
+  #cacheDevice: string | null = null;
+
+  /**
+   * @param backends the descriptors (any order; names must be unique)
+   * @param device the current GPU context, asked on every call (null: none)
+   * @throws Error on a duplicate backend name
+   */
+  constructor(backends: AttentionBackend[], device: () => GpuContext | null) {
+    for (const b of backends) {
+      if (this.#byName.has(b.name)) throw new Error(`duplicate backend name ${b.name}`);
+      this.#byName.set(b.name, b);
+    }
+    this.#backends = [...backends].sort((a, b) =>
+      a.priority - b.priority || (a.name < b.name ? -1 : a.name > b.name ? 1 : 0)
+    );
+    this.#device = device;
+  }
+
+  /** Every backend, by priority (lower first), then name. */
+  list(): AttentionBackend[] {
+    return [...this.#backends];
+  }
+
+  /** The names, in {@link list} order. */
+  names(): string[] {
+    return this.#backends.map((b) => b.name);
+  }
+
+  /** The backend of that exact name, or undefined. */
+  find(name: string): AttentionBackend | undefined {
+    return this.#byName.get(name);
+  }
+
+  /**
+   * The backend of that exact (case-sensitive) name.
+   * @throws ServiceError 404 `unknown_backend` naming the value and the known names.
+   */
+  get(name: string): AttentionBackend {
+    const b = this.#byName.get(name);
+    if (b) return b;
+    const known = this.names();
+    throw new ServiceError(`unknown backend ${JSON.stringify(name)}; known: ${known.join(", ")}`, {
+      status: 404,
+      code: "unknown_backend",
+      issues: [{
+        path: ["backend"],
+        message: `unknown backend ${JSON.stringify(name)} (known: ${known.join(", ")}, auto)`,
+      }],
+      extra: { backend: name, known },
+    });
+  }
+
+  /** Whether the current device can run `b` at all (device reasons only). */
+  availability(b: AttentionBackend): { available: boolean; reasons: string[] } {
+    const reasons = deviceReasons(b.requires, this.#device());
+    return { available: reasons.length === 0, reasons };
+  }
+
+  /** Every reason `b` cannot run `cfg` on the current device ([] = valid). */
+  validate(b: AttentionBackend, cfg: SelectorConfig): string[] {
+    return validateConfiguration(b, cfg, { gpu: this.#device() });
+  }
+
+  /**
+   * Auto selection (first valid by priority) or a forced backend's validation.
+   * @throws ServiceError 404 `unknown_backend` for an unknown forced name;
+   *   NoValidBackendError 422 with the forced backend's reasons, or every backend's.
+   */
+  select(cfg: SelectorConfig, opts: SelectOptions = {}): SelectionResult {
+    const forced = opts.backend === undefined || opts.backend === "auto" ? undefined : opts.backend;
+    if (forced !== undefined) this.get(forced);
+    const gpu = this.#device();
+    const dev = deviceKey(gpu);
+    if (this.#cacheDevice !== dev) {
+      this.#cache.clear();
+      this.#cacheDevice = dev;
+    }
+    const key = `${canonicalConfig(cfg)}|${forced ?? "auto"}|${dev}`;
+    let d = this.#cache.get(key);
+    if (d === undefined) {
+      d = this.#decide(cfg, forced, gpu);
+      if (this.#cache.size >= SELECTION_CACHE_LIMIT) {
+        this.#cache.delete(this.#cache.keys().next().value!);
+      }
+      this.#cache.set(key, d);
+    }
+    if (!d.ok) throw new NoValidBackendError(copyReasons(d.reasons), d.forced);
+    return { backend: d.backend, block_size: d.block_size, rejected: copyReasons(d.rejected) };
+  }
+
+  #decide(cfg: SelectorConfig, forced: string | undefined, gpu: GpuContext | null): Decision {
+    const ctx = { gpu };
+    const blockFor = (b: AttentionBackend) =>
+      cfg.block_size ?? preferredBlockSize(b.capabilities, DEFAULT_BLOCK_SIZE);
+    if (forced !== undefined) {
+      const b = this.get(forced);
+      const reasons = validateConfiguration(b, cfg, ctx);
+      if (reasons.length > 0) return { ok: false, reasons: { [b.name]: reasons }, forced };
+      return { ok: true, backend: b, block_size: blockFor(b), rejected: {} };
+    }
+    const rejected: Record<string, string[]> = {};
+    for (const b of this.#backends) {
+      const reasons = validateConfiguration(b, cfg, ctx);
+      if (reasons.length === 0) return { ok: true, backend: b, block_size: blockFor(b), rejected };
+      rejected[b.name] = reasons;
+    }
+    return { ok: false, reasons: rejected };
+  }
+
+  /** Cached selection decisions (for tests). */
+  cacheSize(): number {
+    return this.#cache.size;
+  }
+
+  /** Drops every cached decision. */
+  clearCache(): void {
+    this.#cache.clear();
+  }
+
+  /** Every backend with its availability on the current device (`GET /v1/backends`). */
+  describe(): BackendInfo[] {
+    return this.#backends.map((b) => {
+      const { available, reasons } = this.availability(b);
+      const info: BackendInfo = {
+        name: b.name,
+        priority: b.priority,
+        description: b.description,
+        available,
+        cache_storage: b.cache_storage,
+        requires: structuredClone(b.requires),
+        capabilities: structuredClone(b.capabilities),
+      };
+      if (!available) info.unavailable_reasons = reasons;
+      return info;
+    });
+  }
+}
