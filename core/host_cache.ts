@@ -1,0 +1,211 @@
+/**
+ * The host KV cache: K and V as raw little-endian bytes of the storage dtype, in the spec's
+ * layout order, exactly the bytes a safetensors export or a GPU buffer of the same cache
+ * holds. NHD is `[blocks, block_size, kv_heads, head]`, HND `[blocks, kv_heads, block_size,
+ * head]`; either way one (block, slot, kv head) row is `head_size` contiguous elements.
+ *
+ * Element access goes through typed views made once over the owned buffers, so a row read
+ * or write costs no allocation. Writes round to the storage dtype with core/dtype.ts
+ * (nearest even; fp8 saturates).
+ * @module
+ */
+import {
+  bytesPerElement,
+  f32ToBf16Bits,
+  f32ToFp8E4m3,
+  f32ToFp8E5m2,
+  FP8_E4M3_TABLE,
+  FP8_E5M2_TABLE,
+  resolveStorage,
+} from "./dtype.ts";
+import { invalidBatch, ServiceError } from "./errors.ts";
+import type { KvCache, KvCacheSpec, StorageDType } from "./types.ts";
+
+/** Which half of the cache. */
+export type KvWhich = "key" | "value";
+
+/** Reads element i of a buffer as its real value; writes element i from a value (rounded). */
+interface ElementCodec {
+  get(i: number): number;
+  set(i: number, x: number): void;
+}
+
+function codecFor(d: StorageDType, bytes: Uint8Array): ElementCodec {
+  const buf = bytes.buffer, n = bytes.byteLength / bytesPerElement(d);
+  switch (d) {
+    case "float32": {
+      const a = new Float32Array(buf, bytes.byteOffset, n);
+      return { get: (i) => a[i], set: (i, x) => void (a[i] = x) };
+    }
+    case "float16": {
+      const a = new Float16Array(buf, bytes.byteOffset, n);
+      return { get: (i) => a[i], set: (i, x) => void (a[i] = x) };
+    }
+    case "bfloat16": {
+      const a = new Uint16Array(buf, bytes.byteOffset, n);
+      const w = new Float32Array(1), wb = new Uint32Array(w.buffer);
+      return {
+        get: (i) => {
+          wb[0] = a[i] << 16;
+          return w[0];
+        },
+        set: (i, x) => void (a[i] = f32ToBf16Bits(x)),
+      };
+    }
+    case "fp8_e4m3":
+      return {
+        get: (i) => FP8_E4M3_TABLE[bytes[i]],
+        set: (i, x) => void (bytes[i] = f32ToFp8E4m3(x)),
+      };
+    case "fp8_e5m2":
+      return {
+        get: (i) => FP8_E5M2_TABLE[bytes[i]],
+        set: (i, x) => void (bytes[i] = f32ToFp8E5m2(x)),
+      };
+  }
+}
+
+/** Bytes of one of K or V for a spec. */
+export function cacheHalfBytes(spec: KvCacheSpec): number {
+  const elems = spec.num_blocks * spec.block_size * spec.num_kv_heads * spec.head_size;
+  return elems * bytesPerElement(resolveStorage(spec.kv_cache_dtype, spec.dtype));
+}
+
+function checkSpec(spec: KvCacheSpec): void {
+  for (const f of ["num_blocks", "block_size", "num_kv_heads", "head_size"] as const) {
+    const v = spec[f];
+    if (!Number.isSafeInteger(v) || v < 1) {
+      throw new ServiceError(`${f} must be a positive integer, got ${v}`, {
+        status: 422,
+        code: "invalid_cache_spec",
+        issues: [{ path: [f], message: `must be a positive integer, got ${v}` }],
+      });
+    }
+  }
+  if (spec.layout !== "NHD" && spec.layout !== "HND") {
+    throw new ServiceError(`layout must be NHD or HND, got ${spec.layout}`, {
+      status: 422,
+      code: "invalid_cache_spec",
+      issues: [{ path: ["layout"], message: `must be NHD or HND, got ${spec.layout}` }],
+    });
+  }
+}
+
+/** A paged KV cache held in host memory (storage "host"). */
+export class HostKvCache implements KvCache {
+  readonly spec: KvCacheSpec;
+  readonly storage = "host" as const;
+  /** The element type the bytes hold (`auto` resolved to the data dtype). */
+  readonly storage_dtype: StorageDType;
+  /** Raw K bytes, layout order. */
+  readonly key: Uint8Array;
+  /** Raw V bytes, layout order. */
+  readonly value: Uint8Array;
+  #codec: Record<KvWhich, ElementCodec>;
+  #destroyed = false;
+
+  private constructor(spec: KvCacheSpec, key: Uint8Array, value: Uint8Array) {
+    this.spec = { ...spec };
+    this.storage_dtype = resolveStorage(spec.kv_cache_dtype, spec.dtype);
+    this.key = key;
+    this.value = value;
+    this.#codec = {
+      key: codecFor(this.storage_dtype, key),
+      value: codecFor(this.storage_dtype, value),
+    };
+  }
+
+  /** A zero-filled cache for `spec`. */
+  static create(spec: KvCacheSpec): HostKvCache {
+    checkSpec(spec);
+    const n = cacheHalfBytes(spec);
+    return new HostKvCache(spec, new Uint8Array(n), new Uint8Array(n));
+  }
+
+  /** A cache holding copies of caller bytes; each half must be exactly the spec's size. */
+  static fromBytes(spec: KvCacheSpec, key: Uint8Array, value: Uint8Array): HostKvCache {
+    checkSpec(spec);
+    const n = cacheHalfBytes(spec);
+    const issues = [];
+    if (key.byteLength !== n) {
+      issues.push({ path: ["key_cache"], message: `has ${key.byteLength} bytes, expected ${n}` });
+    }
+    if (value.byteLength !== n) {
+      issues.push({
+        path: ["value_cache"],
+        message: `has ${value.byteLength} bytes, expected ${n}`,
+      });
+    }
+    if (issues.length) throw invalidBatch(issues);
+    return new HostKvCache(spec, key.slice(), value.slice());
+  }
+
+  /** Bytes of K plus V. */
+  get bytes(): number {
+    return this.key.byteLength + this.value.byteLength;
+  }
+
+  /** True once destroyed. */
+  get destroyed(): boolean {
+    return this.#destroyed;
+  }
+
+  /** Element index of the first element of the (block, slot, kvHead) row, either layout. */
+  offset(block: number, slot: number, kvHead: number): number {
+    const s = this.spec;
+    return s.layout === "NHD"
+      ? ((block * s.block_size + slot) * s.num_kv_heads + kvHead) * s.head_size
+      : ((block * s.num_kv_heads + kvHead) * s.block_size + slot) * s.head_size;
+  }
+
+  /**
+   * Decodes one row's stored values (no fp8 scale applied) into `out` (head_size long,
+   * created when omitted) and returns it.
+   */
+  readRow(
+    which: KvWhich,
+    block: number,
+    slot: number,
+    kvHead: number,
+    out: Float64Array = new Float64Array(this.spec.head_size),
+  ): Float64Array {
+    this.#alive();
+    const c = this.#codec[which], o = this.offset(block, slot, kvHead);
+    for (let d = 0; d < this.spec.head_size; d++) out[d] = c.get(o + d);
+    return out;
+  }
+
+  /** Stores one row: `values[from .. from + head_size)`, each rounded to the storage dtype. */
+  writeRow(
+    which: KvWhich,
+    block: number,
+    slot: number,
+    kvHead: number,
+    values: ArrayLike<number>,
+    from = 0,
+  ): void {
+    this.#alive();
+    const c = this.#codec[which], o = this.offset(block, slot, kvHead);
+    for (let d = 0; d < this.spec.head_size; d++) c.set(o + d, values[from + d]);
+  }
+
+  /** Copies of the raw K and V bytes. */
+  read(): Promise<{ key: Uint8Array; value: Uint8Array }> {
+    this.#alive();
+    return Promise.resolve({ key: this.key.slice(), value: this.value.slice() });
+  }
+
+  /** Marks the cache unusable (the bytes are left to the garbage collector). */
+  destroy(): void {
+    this.#destroyed = true;
+  }
+
+  #alive(): void {
+    if (this.#destroyed) {
+      throw new ServiceError("the KV cache was destroyed", {
+        status: 409,
+        code: "cache_destroyed",
+      });
+    }
+  }
+}
