@@ -246,7 +246,9 @@ export const CacheInfoSchema = z.object({
 export const OutputTensorSchema = z.object({
   dtype: z.string(),
   shape: z.array(z.int()),
-  data: z.array(z.number().nullable()).optional(),
+  data: z.array(z.number().nullable()).optional().describe(
+    "Values, row-major; non-finite values (e.g. the lse of a row with no visible key) are null.",
+  ),
   base64: z.string().optional(),
 }).meta({ id: "OutputTensor" });
 
