@@ -1,0 +1,160 @@
+/**
+ * The bandwidth yardstick of the benchmark: bench/copy.wgsl (a vec4<u32> copy) over the
+ * largest buffer the binding limit allows, timed by timestamp-query when granted and by the
+ * wall clock; and the readback floor (copy into a mappable buffer + mapAsync).
+ * @module
+ */
+import type { GpuContext } from "../core/types.ts";
+import { getComputePipeline } from "../gpu/pipelines.ts";
+import { specialize } from "../gpu/wgsl.ts";
+
+const median = (a: number[]) => [...a].sort((x, y) => x - y)[Math.floor(a.length / 2)];
+
+/** What the copy kernel measured. */
+export interface CopyResult {
+  bytes: number;
+  dispatches: number;
+  wall_ms: number;
+  gpu_ms: number | null;
+  gbps_wall: number;
+  gbps_gpu: number | null;
+  gbps: number;
+}
+
+/** The copy kernel: `iters` dispatches, `perSync` between syncs. */
+export async function copyBench(
+  gpu: GpuContext,
+  maxBytes: number,
+  iters: number,
+  perSync: number,
+): Promise<CopyResult> {
+  const dev = gpu.device;
+  const limit = Math.min(
+    gpu.limits.maxStorageBufferBindingSize ?? 0,
+    gpu.limits.maxBufferSize ?? 0,
+    maxBytes,
+  );
+  const bytes = Math.floor(limit / 4096) * 4096;
+  const wg = 256;
+  const code = specialize(await Deno.readTextFile(new URL("./copy.wgsl", import.meta.url)), {
+    WG: wg,
+  });
+  const pipeline = await getComputePipeline(gpu, `bench_copy:wg${wg}`, code);
+  const src = dev.createBuffer({
+    size: bytes,
+    usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST,
+  });
+  const dst = dev.createBuffer({
+    size: bytes,
+    usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC,
+  });
+  const n = bytes / 16;
+  const nwg = Math.min(gpu.limits.maxComputeWorkgroupsPerDimension ?? 65535, Math.ceil(n / wg));
+  const uni = dev.createBuffer({
+    size: 16,
+    usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST,
+  });
+  dev.queue.writeBuffer(uni, 0, new Uint32Array([n, nwg * wg, 0, 0]));
+  const bind = dev.createBindGroup({
+    layout: pipeline.getBindGroupLayout(0),
+    entries: [
+      { binding: 0, resource: { buffer: src } },
+      { binding: 1, resource: { buffer: dst } },
+      {
+        binding: 2,
+        resource: { buffer: uni },
+      },
+    ],
+  });
+  const ts = gpu.features.has("timestamp-query");
+  const syncs = Math.ceil(iters / perSync);
+  const qs = ts ? dev.createQuerySet({ type: "timestamp", count: 2 * syncs }) : null;
+  const run = async (count: number, q: number | null) => {
+    const enc = dev.createCommandEncoder();
+    for (let i = 0; i < count; i++) {
+      const tw: GPUComputePassTimestampWrites | undefined =
+        qs && q !== null && (i === 0 || i === count - 1)
+          ? {
+            querySet: qs,
+            ...(i === 0 ? { beginningOfPassWriteIndex: 2 * q } : {}),
+            ...(i === count - 1 ? { endOfPassWriteIndex: 2 * q + 1 } : {}),
+          }
+          : undefined;
+      const pass = enc.beginComputePass(tw ? { timestampWrites: tw } : {});
+      pass.setPipeline(pipeline);
+      pass.setBindGroup(0, bind);
+      pass.dispatchWorkgroups(nwg);
+      pass.end();
+    }
+    dev.queue.submit([enc.finish()]);
+    await dev.queue.onSubmittedWorkDone();
+  };
+  await run(2, null); // warm-up
+  let done = 0;
+  const t0 = performance.now();
+  for (let s = 0; s < syncs; s++) {
+    const c = Math.min(perSync, iters - done);
+    await run(c, s);
+    done += c;
+  }
+  const wall_ms = performance.now() - t0;
+  let gpu_ms: number | null = null;
+  if (qs) {
+    const res = dev.createBuffer({
+      size: 16 * syncs,
+      usage: GPUBufferUsage.QUERY_RESOLVE | GPUBufferUsage.COPY_SRC,
+    });
+    const rb = dev.createBuffer({
+      size: 16 * syncs,
+      usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
+    });
+    const enc = dev.createCommandEncoder();
+    enc.resolveQuerySet(qs, 0, 2 * syncs, res, 0);
+    enc.copyBufferToBuffer(res, 0, rb, 0, 16 * syncs);
+    dev.queue.submit([enc.finish()]);
+    await rb.mapAsync(GPUMapMode.READ);
+    const t = new BigUint64Array(rb.getMappedRange().slice(0));
+    rb.unmap();
+    let ns = 0;
+    for (let s = 0; s < syncs; s++) ns += Number(t[2 * s + 1] - t[2 * s]);
+    gpu_ms = ns > 0 ? ns / 1e6 : null; // zeros: timestamps not really supported
+    res.destroy();
+    rb.destroy();
+    qs.destroy();
+  }
+  for (const b of [src, dst, uni]) b.destroy();
+  const moved = 2 * bytes * iters;
+  const gbps_wall = moved / wall_ms / 1e6;
+  const gbps_gpu = gpu_ms ? moved / gpu_ms / 1e6 : null;
+  return {
+    bytes,
+    dispatches: iters,
+    wall_ms,
+    gpu_ms,
+    gbps_wall,
+    gbps_gpu,
+    gbps: gbps_gpu ?? gbps_wall,
+  };
+}
+
+/** The readback floor: a copy of `bytes` into a mappable buffer and mapAsync, median ms. */
+export async function readbackFloor(gpu: GpuContext, bytes: number, reps = 7): Promise<number> {
+  const dev = gpu.device;
+  const size = Math.max(256, Math.ceil(bytes / 256) * 256);
+  const a = dev.createBuffer({ size, usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC });
+  const rb = dev.createBuffer({ size, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
+  const ms: number[] = [];
+  for (let i = 0; i < reps; i++) {
+    const t0 = performance.now();
+    const enc = dev.createCommandEncoder();
+    enc.copyBufferToBuffer(a, 0, rb, 0, size);
+    dev.queue.submit([enc.finish()]);
+    await rb.mapAsync(GPUMapMode.READ);
+    rb.getMappedRange().slice(0);
+    rb.unmap();
+    ms.push(performance.now() - t0);
+  }
+  a.destroy();
+  rb.destroy();
+  return median(ms);
+}

@@ -1,0 +1,247 @@
+/**
+ * `deno task bench [--runtime deno] [--iters N] [--case decode|prefill|all] [--small|--big]
+ * [--json]`: kernel timings beside a same-run copy kernel's bandwidth.
+ *
+ * 1. Acquires the device through {@link WebGpuDeviceManager} and prints the adapter.
+ * 2. Copy: bench/copy.wgsl (vec4<u32>) over the largest buffer the binding limit allows (up
+ *    to 2 GiB; 128 MiB on this project's software adapters), many dispatches per sync,
+ *    timed by timestamp-query when granted and by the wall clock → GB/s (read + write).
+ * 3. Decode and prefill batches (smaller on software adapters): every backend the registry's
+ *    capability checks accept runs plan + run repeatedly; reported are the end-to-end ms per
+ *    call (median), the readback floor measured in the same run, the floor-subtracted kernel
+ *    estimate, KV GB/s (decode: bytes of K+V read) or TFLOP/s (prefill: 4·T·S·H·D/2 causal),
+ *    and the ratio to the copy GB/s. The CPU reference is skipped for big cases.
+ * @module
+ */
+import { parseArgs } from "node:util";
+import { validateConfiguration } from "../backends/capabilities.ts";
+import { builtinBackends } from "../backends/index.ts";
+import type { AttentionBackend, BackendContext, ForwardBatch } from "../core/types.ts";
+import { WebGpuDeviceManager } from "../gpu/device.ts";
+import { copyBench, readbackFloor } from "./copy.ts";
+import { type BenchShape, benchShapes, makeBatch, work } from "./shapes.ts";
+
+const median = (a: number[]) => [...a].sort((x, y) => x - y)[Math.floor(a.length / 2)];
+
+/** One backend on one shape. */
+export interface BackendRow {
+  case: string;
+  backend: string;
+  skipped?: string;
+  plan_cold_ms?: number;
+  first_run_ms?: number;
+  e2e_ms?: number;
+  plan_run_ms?: number;
+  floor_ms?: number;
+  kernel_est_ms?: number;
+  kv_gbps?: number;
+  kv_gbps_kernel?: number;
+  tflops?: number;
+  tflops_kernel?: number;
+  copy_ratio?: number;
+  copy_ratio_kernel?: number;
+  timings?: Record<string, number>;
+}
+
+async function benchBackend(
+  b: AttentionBackend,
+  s: BenchShape,
+  data: ReturnType<typeof makeBatch>,
+  ctx: BackendContext,
+  iters: number,
+  floor: number,
+  copyGbps: number,
+): Promise<BackendRow> {
+  const name = `${s.kind} ${s.reqs}x${s.ctx}${
+    s.kind === "prefill" ? " causal" : ""
+  } ${s.num_heads}q/${s.num_kv_heads}kv d${s.head_size} bs${s.block_size} f16`;
+  const cache = await b.importCache(data.spec, data.key.slice(), data.value.slice(), ctx);
+  try {
+    const batch: ForwardBatch = { ...data.batch, cache };
+    let t = performance.now();
+    const plan = await b.plan(batch, ctx);
+    const plan_cold_ms = performance.now() - t;
+    t = performance.now();
+    let res = await b.run(plan, batch, ctx);
+    const first_run_ms = performance.now() - t;
+    const e2e: number[] = [];
+    for (let i = 0; i < iters; i++) {
+      t = performance.now();
+      res = await b.run(plan, batch, ctx);
+      e2e.push(performance.now() - t);
+    }
+    const pr: number[] = [];
+    for (let i = 0; i < Math.min(iters, 5); i++) {
+      t = performance.now();
+      res = await b.run(await b.plan(batch, ctx), batch, ctx);
+      pr.push(performance.now() - t);
+    }
+    const e2e_ms = median(e2e);
+    const kernel = Math.max(e2e_ms - (b.requires.needs_device ? floor : 0), 1e-3);
+    const w = work(s);
+    const row: BackendRow = {
+      case: name,
+      backend: b.name,
+      plan_cold_ms,
+      first_run_ms,
+      e2e_ms,
+      plan_run_ms: median(pr),
+      floor_ms: b.requires.needs_device ? floor : 0,
+      kernel_est_ms: kernel,
+      kv_gbps: w.kv_bytes / e2e_ms / 1e6,
+      kv_gbps_kernel: w.kv_bytes / kernel / 1e6,
+      copy_ratio: w.kv_bytes / e2e_ms / 1e6 / copyGbps,
+      copy_ratio_kernel: w.kv_bytes / kernel / 1e6 / copyGbps,
+      timings: res.timings,
+    };
+    if (s.kind === "prefill") {
+      row.tflops = w.flops / e2e_ms / 1e9;
+      row.tflops_kernel = w.flops / kernel / 1e9;
+    }
+    return row;
+  } finally {
+    cache.destroy();
+  }
+}
+
+const f = (x: number | undefined, d = 2) => x === undefined ? "-" : x.toFixed(d);
+
+async function main(): Promise<void> {
+  const { values: a } = parseArgs({
+    args: Deno.args,
+    options: {
+      runtime: { type: "string", default: "deno" },
+      iters: { type: "string" },
+      case: { type: "string", default: "all" },
+      small: { type: "boolean" },
+      big: { type: "boolean" },
+      json: { type: "boolean", default: false },
+      help: { type: "boolean", default: false },
+    },
+  });
+  if (a.help) {
+    console.log(
+      "deno task bench [--runtime deno] [--iters N] [--case decode|prefill|all] [--small|--big] [--json]",
+    );
+    return;
+  }
+  if (a.runtime !== "deno") {
+    throw new Error(`--runtime ${a.runtime}: only "deno" (navigator.gpu) is available`);
+  }
+  if (!["decode", "prefill", "all"].includes(a.case!)) {
+    throw new Error(`--case ${a.case}: use decode, prefill or all`);
+  }
+  const mgr = new WebGpuDeviceManager({ runtime: a.runtime });
+  const gpu = await mgr.acquire();
+  if (!gpu) throw new Error(`no WebGPU device: ${mgr.report().reason}`);
+  const info = gpu.adapter_info;
+  const software = info.is_fallback_adapter === true ||
+    /llvmpipe|lavapipe|swiftshader|softpipe/i.test(info.description);
+  const small = a.big ? false : a.small ?? software;
+  const iters = a.iters ? Number(a.iters) : small ? 5 : 20;
+  const log = (s: string) => a.json ? undefined : console.log(s);
+  log(
+    `adapter: ${info.description || info.device} (vendor ${info.vendor}${
+      info.architecture ? `, ${info.architecture}` : ""
+    }${software ? ", software" : ""}), backend env DENO_WEBGPU_BACKEND=${
+      Deno.env.get("DENO_WEBGPU_BACKEND") ?? "(default)"
+    }`,
+  );
+  log(`features: ${[...gpu.features].sort().join(", ")}`);
+  log(
+    `maxStorageBufferBindingSize ${gpu.limits.maxStorageBufferBindingSize}, maxBufferSize ${gpu.limits.maxBufferSize}; shapes: ${
+      small ? "small" : "big"
+    }, iters ${iters}`,
+  );
+
+  const copy = await copyBench(gpu, 2 ** 31, small ? 10 : 100, small ? 5 : 25);
+  log(
+    `copy ${(copy.bytes / 2 ** 20).toFixed(0)} MiB x ${copy.dispatches}: ${
+      f(copy.gbps_wall, 1)
+    } GB/s wall-clock, ${
+      copy.gbps_gpu === null ? "no timestamps" : `${f(copy.gbps_gpu, 1)} GB/s by timestamp-query`
+    } (read+write bytes)`,
+  );
+
+  const ctx: BackendContext = { gpu };
+  const rows: BackendRow[] = [];
+  for (const s of benchShapes(small).filter((x) => a.case === "all" || x.kind === a.case)) {
+    const data = makeBatch(s);
+    const floor = await readbackFloor(gpu, data.batch.query.length * 4);
+    for (const b of builtinBackends()) {
+      const label = `${s.kind} ${s.reqs}x${s.ctx}`;
+      const reasons = validateConfiguration(b, data.selector, ctx);
+      const bigCpu = !b.requires.needs_device && !small;
+      if (reasons.length || bigCpu) {
+        const why = reasons.length
+          ? reasons.join("; ")
+          : "host (CPU) backend skipped for big shapes";
+        rows.push({ case: label, backend: b.name, skipped: why });
+        log(`skip ${b.name} on ${label}: ${why}`);
+        continue;
+      }
+      const row = await benchBackend(
+        b,
+        s,
+        data,
+        ctx,
+        b.requires.needs_device ? iters : Math.min(iters, 2),
+        floor,
+        copy.gbps,
+      );
+      rows.push(row);
+    }
+  }
+  if (a.json) {
+    console.log(
+      JSON.stringify(
+        { adapter: info, features: [...gpu.features], small, iters, copy, rows },
+        null,
+        2,
+      ),
+    );
+    return;
+  }
+  const head = [
+    "case",
+    "backend",
+    "e2e ms",
+    "floor ms",
+    "kern~ ms",
+    "KV GB/s",
+    "kern~ GB/s",
+    "TFLOP/s",
+    "kern~ TF/s",
+    "xcopy",
+    "kern~ xcopy",
+    "plan+run ms",
+    "cold plan/run ms",
+  ];
+  const table = rows.filter((r) => !r.skipped).map((r) => [
+    r.case,
+    r.backend,
+    f(r.e2e_ms),
+    f(r.floor_ms),
+    f(r.kernel_est_ms),
+    f(r.kv_gbps),
+    f(r.kv_gbps_kernel),
+    f(r.tflops, 4),
+    f(r.tflops_kernel, 4),
+    f(r.copy_ratio, 3),
+    f(r.copy_ratio_kernel, 3),
+    f(r.plan_run_ms),
+    `${f(r.plan_cold_ms, 0)}/${f(r.first_run_ms, 0)}`,
+  ]);
+  const widths = head.map((h, i) => Math.max(h.length, ...table.map((r) => r[i].length)));
+  const line = (r: string[]) =>
+    r.map((c, i) => i < 2 ? c.padEnd(widths[i]) : c.padStart(widths[i])).join("  ");
+  console.log(
+    `\ncopy: ${f(copy.gbps, 1)} GB/s (${
+      copy.gbps_gpu === null ? "wall-clock" : "timestamp-query"
+    }); kern~ = e2e minus the readback floor`,
+  );
+  console.log(line(head));
+  for (const r of table) console.log(line(r));
+}
+
+if (import.meta.main) await main();
