@@ -4,8 +4,9 @@
  */
 import type { AttentionBackend } from "../core/types.ts";
 import { CPU_REFERENCE } from "./cpu_reference.ts";
+import { WEBGPU_DECODE } from "./webgpu_decode.ts";
 
 /** Every built-in backend descriptor. */
 export function builtinBackends(): AttentionBackend[] {
-  return [CPU_REFERENCE as AttentionBackend];
+  return [CPU_REFERENCE as AttentionBackend, WEBGPU_DECODE as AttentionBackend];
 }

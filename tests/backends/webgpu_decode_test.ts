@@ -1,0 +1,370 @@
+/**
+ * WEBGPU_DECODE against CPU_REFERENCE on fresh-random hostile decode batches (permuted block
+ * table, null block, NaN in every slot no request may read, -1 slots): GQA 1/4/8, every head
+ * size it declares (64/80/96/112/128/192/256), block sizes 16/32/64, a 4500-token context split many ways, every KV-cache
+ * dtype, both layouts, sinks, sliding window, soft cap, ALiBi, LSE, cross-attention decode,
+ * a multi-chunk cache, the subgroup-free fallback and the GPU kernel shape (several key
+ * groups merged in workgroup memory). The cache after the call must hold the reference's
+ * bytes. The numeric tests need an adapter with `shader-f16` (run with
+ * DENO_WEBGPU_BACKEND=vulkan where the default adapter is GL); the selector tests run anywhere.
+ */
+import assert from "node:assert/strict";
+import { deviceReasons } from "../../backends/capabilities.ts";
+import { CPU_REFERENCE } from "../../backends/cpu_reference.ts";
+import { BackendRegistry, selectorConfigDefaults } from "../../backends/registry.ts";
+import {
+  type DecodeTuning,
+  DEFAULT_DECODE_TUNING,
+  makeWebGpuDecode,
+  WEBGPU_DECODE,
+} from "../../backends/webgpu_decode.ts";
+import { ServiceError } from "../../core/errors.ts";
+import { HostKvCache } from "../../core/host_cache.ts";
+import type { AttentionBackend, GpuContext, KvCache } from "../../core/types.ts";
+import { GpuKvCache } from "../../gpu/kv_cache.ts";
+import { type BatchSpec, generateBatch } from "../support/batches.ts";
+import { assertClose, firstNonFinite } from "../support/compare.ts";
+import { freshSeed, GPU, NO_GPU } from "../gpu/helpers.ts";
+
+const NO_F16 = !NO_GPU && !GPU!.features.has("shader-f16");
+if (NO_F16) {
+  console.warn(
+    "WEBGPU_DECODE numeric tests skipped: the adapter lacks shader-f16 " +
+      `(${GPU!.adapter_info.description}); run with DENO_WEBGPU_BACKEND=vulkan`,
+  );
+}
+const SKIP = NO_GPU || NO_F16;
+const ctx = { gpu: GPU };
+
+function tolerance(s: BatchSpec): { atol: number; rtol: number } {
+  if (s.kv_cache_dtype.startsWith("fp8")) {
+    // Both sides read the same fp8 values; the slack covers the output dtype's rounding.
+    return s.dtype === "float32" ? { atol: 1e-4, rtol: 1e-4 } : { atol: 6e-2, rtol: 1e-1 };
+  }
+  return s.dtype === "float32" ? { atol: 1e-4, rtol: 1e-5 } : { atol: 1e-2, rtol: 1e-2 };
+}
+
+interface Opts {
+  tuning?: Partial<DecodeTuning>;
+  maxBlocksPerChunk?: number;
+  /** Fewest slices the plan must cut (to prove the split path ran). */
+  minItems?: number;
+}
+
+async function check(s: BatchSpec, o: Opts = {}): Promise<void> {
+  const seed = freshSeed();
+  const g = generateBatch(s, seed);
+  const tag = `seed ${seed}`;
+  const backend = o.tuning
+    ? makeWebGpuDecode({ ...DEFAULT_DECODE_TUNING, ...o.tuning })
+    : WEBGPU_DECODE;
+  const spec = g.cache_spec!;
+  const ref = HostKvCache.fromBytes(spec, g.key_cache, g.value_cache);
+  const cache = await GpuKvCache.fromBytes(GPU!, spec, g.key_cache, g.value_cache, {
+    maxBlocksPerChunk: o.maxBlocksPerChunk,
+  });
+  try {
+    const refBatch = { ...g.batch, cache: ref };
+    const want = await CPU_REFERENCE.run(
+      CPU_REFERENCE.plan(refBatch, { gpu: null }) as never,
+      refBatch,
+      {
+        gpu: null,
+      },
+    );
+    const batch = { ...g.batch, cache };
+    const plan = await backend.plan(batch, ctx);
+    if (o.minItems) {
+      assert.ok(plan.num_items >= o.minItems, `${plan.num_items} slices (${plan.key})`);
+    }
+    const got = await backend.run(plan, batch, ctx);
+    const what = `${plan.key}, ${plan.num_items} slices, ${tag}`;
+    assert.equal(firstNonFinite(got.output), -1, `output has a non-finite element (${what})`);
+    assertClose(got.output, want.output, {
+      ...tolerance(s),
+      shape: g.output_shape,
+      label: `output (${what})`,
+    });
+    if (s.return_lse) {
+      assert.ok(got.lse && want.lse);
+      assertClose(got.lse, want.lse, { atol: 2e-4, rtol: 1e-5, label: `lse (${what})` });
+    } else assert.equal(got.lse, null);
+    const [a, b] = await Promise.all([cache.read(), ref.read()]);
+    assert.deepEqual(a.key, b.key, `key cache after the call (${tag})`);
+    assert.deepEqual(a.value, b.value, `value cache after the call (${tag})`);
+  } finally {
+    cache.destroy();
+  }
+}
+
+const base = (o: Partial<BatchSpec>): BatchSpec => ({
+  dtype: "float32",
+  kv_cache_dtype: "auto",
+  layout: "NHD",
+  block_size: 16,
+  head_size: 64,
+  num_heads: 8,
+  num_kv_heads: 2,
+  requests: [
+    { query_len: 1, seq_len: 37 },
+    { query_len: 1, seq_len: 130, pad: 1 },
+    { query_len: 0, seq_len: 9 },
+    { query_len: 1, seq_len: 1 },
+  ],
+  return_lse: true,
+  ...o,
+});
+const GPU_SHAPE = { workgroup_size: 128, keys_per_iter: 4, kv_heads_per_group: 1 };
+const MANY = { target_workgroups: 4096, min_split_keys: 16 };
+
+const CASES: [string, BatchSpec, Opts?][] = [
+  ["f32 GQA4 hd64 NHD bs16", base({})],
+  [
+    "f16 MHA (GQA1) hd128 HND bs32",
+    base({
+      dtype: "float16",
+      head_size: 128,
+      num_heads: 4,
+      num_kv_heads: 4,
+      layout: "HND",
+      block_size: 32,
+    }),
+  ],
+  [
+    "bf16 GQA8 hd256 bs64 sinks",
+    base({
+      dtype: "bfloat16",
+      head_size: 256,
+      num_heads: 8,
+      num_kv_heads: 1,
+      block_size: 64,
+      sinks: true,
+    }),
+  ],
+  [
+    "f16 cache fp8_e4m3 k/v scales window",
+    base({
+      dtype: "float16",
+      kv_cache_dtype: "fp8_e4m3",
+      k_scale: 0.5,
+      v_scale: 2,
+      sliding_window: 50,
+    }),
+  ],
+  [
+    "f32 cache fp8_e5m2 HND soft cap ALiBi",
+    base({ kv_cache_dtype: "fp8_e5m2", layout: "HND", logits_soft_cap: 8, alibi: true, q_std: 3 }),
+  ],
+  [
+    "bf16 data, f16 cache, everything",
+    base({
+      dtype: "bfloat16",
+      kv_cache_dtype: "float16",
+      sinks: true,
+      sliding_window: 40,
+      logits_soft_cap: 5,
+      alibi: true,
+    }),
+  ],
+  [
+    "f32 cache bf16 hd128 no lse",
+    base({ kv_cache_dtype: "bfloat16", head_size: 128, return_lse: false }),
+  ],
+  [
+    "long context 4500 split many ways",
+    base({
+      dtype: "float16",
+      head_size: 128,
+      num_heads: 8,
+      num_kv_heads: 2,
+      requests: [{ query_len: 1, seq_len: 4500, pad: 1 }, { query_len: 1, seq_len: 700 }],
+    }),
+    { tuning: MANY, minItems: 60 },
+  ],
+  [
+    "GPU shape (key groups merged), GQA8 hd128",
+    base({
+      dtype: "float16",
+      head_size: 128,
+      num_heads: 16,
+      num_kv_heads: 2,
+      requests: [{ query_len: 1, seq_len: 1000 }, { query_len: 1, seq_len: 3 }],
+    }),
+    { tuning: { ...GPU_SHAPE, ...MANY }, minItems: 4 },
+  ],
+  [
+    "GPU shape fp8_e4m3 HND sinks window",
+    base({ kv_cache_dtype: "fp8_e4m3", layout: "HND", sinks: true, sliding_window: 70 }),
+    { tuning: GPU_SHAPE },
+  ],
+  ["no subgroups (workgroup-memory sums)", base({ dtype: "float16", sinks: true, alibi: true }), {
+    tuning: { subgroups: false },
+  }],
+  [
+    "no subgroups, GPU shape, hd256",
+    base({ head_size: 256, num_heads: 4, num_kv_heads: 2, logits_soft_cap: 10 }),
+    { tuning: { ...GPU_SHAPE, subgroups: false, ...MANY } },
+  ],
+  [
+    "GQA tiled (group 16 > 8 heads)",
+    base({ dtype: "float16", num_heads: 16, num_kv_heads: 1, alibi: true }),
+    { tuning: MANY },
+  ],
+  ["multi-chunk cache", base({ dtype: "float16", head_size: 128 }), { maxBlocksPerChunk: 3 }],
+  [
+    "head size 80 fp8_e5m2",
+    base({ head_size: 80, kv_cache_dtype: "fp8_e5m2", num_heads: 4, num_kv_heads: 2 }),
+  ],
+  ["head size 96 f16 GPU shape", base({ dtype: "float16", head_size: 96 }), { tuning: GPU_SHAPE }],
+  [
+    "head size 112 bf16",
+    base({ dtype: "bfloat16", head_size: 112, requests: [{ query_len: 1, seq_len: 40 }] }),
+  ],
+  [
+    "head size 192 fp8_e4m3 HND",
+    base({ head_size: 192, kv_cache_dtype: "fp8_e4m3", layout: "HND", sinks: true }),
+  ],
+  [
+    "cross-attention decode (encoder_decoder)",
+    base({
+      attn_type: "encoder_decoder",
+      requests: [{ query_len: 1, seq_len: 45 }, { query_len: 1, seq_len: 12 }],
+    }),
+  ],
+  [
+    "cross-attention decode, no new K/V",
+    base({
+      attn_type: "encoder_decoder",
+      cross_write: false,
+      requests: [{ query_len: 1, seq_len: 33 }],
+    }),
+  ],
+];
+
+for (const [name, spec, opts] of CASES) {
+  Deno.test(`decode vs reference: ${name}`, { ignore: SKIP }, () => check(spec, opts));
+}
+
+const fakeGpu = (features: string[]): GpuContext => ({
+  device: {} as GPUDevice,
+  adapter_info: { vendor: "", architecture: "", device: "", description: "fake" },
+  features: new Set(features),
+  limits: {},
+  generation: 1,
+  lost: false,
+});
+
+Deno.test("decode: descriptor and selector", () => {
+  const b = WEBGPU_DECODE;
+  assert.equal(b.name, "WEBGPU_DECODE");
+  assert.equal(b.priority, 10);
+  assert.equal(b.cache_storage, "webgpu");
+  assert.deepEqual(b.requires.features, ["shader-f16"]);
+  assert.deepEqual(b.capabilities.head_sizes, [64, 80, 96, 112, 128, 192, 256]);
+  assert.deepEqual(b.capabilities.block_sizes, [16, 32, 64]);
+  const cfg = selectorConfigDefaults({ head_size: 128, dtype: "float16", block_size: 16 });
+  assert.equal(b.supportsCombination!({ ...cfg, max_query_len: 1 }, ctx), null);
+  assert.equal(b.supportsCombination!(cfg, ctx), null);
+  assert.equal(
+    b.supportsCombination!({ ...cfg, max_query_len: 7 }, ctx),
+    "query length 7 > 1 not supported (decode-only backend)",
+  );
+  // Without shader-f16 (llvmpipe through GL) the registry must pass over it.
+  assert.deepEqual(deviceReasons(b.requires, fakeGpu(["subgroups"])), [
+    "compute capability not supported: missing WebGPU feature shader-f16",
+  ]);
+  const reg = new BackendRegistry(
+    [CPU_REFERENCE as AttentionBackend, b as AttentionBackend],
+    () => fakeGpu([]),
+  );
+  const r = reg.select({ ...cfg, max_query_len: 1 });
+  assert.equal(r.backend.name, "CPU_REFERENCE");
+  assert.ok(
+    r.rejected.WEBGPU_DECODE.includes(
+      "compute capability not supported: missing WebGPU feature shader-f16",
+    ),
+  );
+});
+
+Deno.test("decode: chosen on this adapter for decode, not for prefill", { ignore: NO_GPU }, () => {
+  const reg = new BackendRegistry([
+    CPU_REFERENCE as AttentionBackend,
+    WEBGPU_DECODE as AttentionBackend,
+  ], () => GPU);
+  const cfg = selectorConfigDefaults({ head_size: 128, dtype: "float16", block_size: 16 });
+  const r = reg.select({ ...cfg, max_query_len: 1 });
+  if (NO_F16) {
+    assert.equal(r.backend.name, "CPU_REFERENCE");
+    assert.ok(
+      r.rejected.WEBGPU_DECODE.some((x) => x.includes("missing WebGPU feature shader-f16")),
+    );
+  } else assert.equal(r.backend.name, "WEBGPU_DECODE");
+  const p = reg.select({ ...cfg, max_query_len: 4 });
+  assert.equal(p.backend.name, "CPU_REFERENCE");
+  assert.ok(
+    p.rejected.WEBGPU_DECODE.includes("query length 4 > 1 not supported (decode-only backend)"),
+  );
+});
+
+Deno.test("decode: plan rejects prefill queries and host caches", { ignore: SKIP }, async () => {
+  const g = generateBatch(
+    base({ requests: [{ query_len: 1, seq_len: 9 }, { query_len: 3, seq_len: 12 }] }),
+    freshSeed(),
+  );
+  const cache = await WEBGPU_DECODE.importCache(g.cache_spec!, g.key_cache, g.value_cache, ctx);
+  try {
+    await assert.rejects(
+      () => Promise.resolve(WEBGPU_DECODE.plan({ ...g.batch, cache }, ctx)),
+      (e) => {
+        assert.ok(e instanceof ServiceError && e.status === 422, String(e));
+        assert.match(e.message, /query length 3 > 1 not supported \(decode-only backend\)/);
+        return true;
+      },
+    );
+  } finally {
+    cache.destroy();
+  }
+  const host = HostKvCache.fromBytes(g.cache_spec!, g.key_cache, g.value_cache);
+  await assert.rejects(
+    () => Promise.resolve(WEBGPU_DECODE.plan({ ...g.batch, cache: host }, ctx)),
+    (e) => {
+      assert.ok(
+        e instanceof ServiceError && e.status === 422 && e.code === "cache_storage_mismatch",
+      );
+      return true;
+    },
+  );
+});
+
+Deno.test("decode: concurrent calls in flight", { ignore: SKIP }, async () => {
+  const specs = [
+    base({ dtype: "float16" }),
+    base({ head_size: 128, sinks: true }),
+    base({ kv_cache_dtype: "fp8_e5m2" }),
+  ];
+  const gens = specs.map((s) => generateBatch(s, freshSeed()));
+  const caches: KvCache[] = await Promise.all(
+    gens.map((g) => WEBGPU_DECODE.importCache(g.cache_spec!, g.key_cache, g.value_cache, ctx)),
+  );
+  try {
+    const got = await Promise.all(gens.map(async (g, i) => {
+      const batch = { ...g.batch, cache: caches[i] };
+      return WEBGPU_DECODE.run(await WEBGPU_DECODE.plan(batch, ctx), batch, ctx);
+    }));
+    for (const [i, g] of gens.entries()) {
+      const b = {
+        ...g.batch,
+        cache: HostKvCache.fromBytes(g.cache_spec!, g.key_cache, g.value_cache),
+      };
+      const want = await CPU_REFERENCE.run(CPU_REFERENCE.plan(b, { gpu: null }) as never, b, {
+        gpu: null,
+      });
+      assertClose(got[i].output, want.output, {
+        ...tolerance(specs[i]),
+        label: `call ${i} (seed ${g.seed})`,
+      });
+    }
+  } finally {
+    for (const c of caches) c.destroy();
+  }
+});
