@@ -53,6 +53,8 @@ export interface DecodeTuning {
   min_split_keys: number;
   /** false: never use subgroup operations (the workgroup-memory fallback). */
   subgroups: boolean;
+  /** Load the value rows together with the key rows (before the softmax). */
+  early_values: boolean;
 }
 
 /** The defaults; change a copy and pass it to {@link makeWebGpuDecode}. */
@@ -66,6 +68,7 @@ export const DEFAULT_DECODE_TUNING: Readonly<DecodeTuning> = Object.freeze({
   target_workgroups: 0,
   min_split_keys: 64,
   subgroups: true,
+  early_values: true,
 });
 
 /** Head sizes compiled and tested. */
@@ -189,6 +192,8 @@ interface KernelShape {
   nkg: number;
   sg: boolean;
   alibi: boolean;
+  /** Issue the value rows' loads together with the keys' (before the softmax). */
+  early_v: boolean;
   /** Decoders of a vec4<u32> `w` into EPW vec4<f32>, in element order. */
   dec: string[];
 }
@@ -239,7 +244,10 @@ function generate(k: KernelShape): Record<string, string> {
     body: (f: number, i: number, e: number) => string,
   ) => {
     for (const j of J) {
-      st.push("    {", `      let w = load_${t}4(b${u}, r${u}_${kh} + ${j * k.lpk * 4}u);`);
+      const w = k.early_v && t === "v"
+        ? `vw${u}_${kh}_${j}`
+        : `load_${t}4(b${u}, r${u}_${kh} + ${j * k.lpk * 4}u)`;
+      st.push("    {", `      let w = ${w};`);
       for (const e of E) st.push(`      let x${e} = ${k.dec[e]};`);
       for (const e of E) {
         for (const h of range(k.hg)) st.push(`      ${body(kh * k.hg + h, j * k.epw + e, e)}`);
@@ -252,6 +260,16 @@ function generate(k: KernelShape): Record<string, string> {
     for (const kh of KH) {
       st.push(`    let r${u}_${kh} = row_word(kc${u} % BS, kvh0 + ${kh}u) + lw;`);
     }
+  }
+  // The value rows' loads go out with the keys' (more bytes in flight), when early_v.
+  for (const u of k.early_v ? Us : []) {
+    for (const kh of KH) {
+      for (const j of J) {
+        st.push(`    let vw${u}_${kh}_${j} = load_v4(b${u}, r${u}_${kh} + ${j * k.lpk * 4}u);`);
+      }
+    }
+  }
+  for (const u of Us) {
     for (const f of F) st.push(`    var s${u}_${f} = 0.0;`);
     for (const kh of KH) rows("k", u, kh, (f, i, e) => `s${u}_${f} += dot(q${f}_${i}, x${e});`);
   }
@@ -379,6 +397,7 @@ export function makeWebGpuDecode(
       (sg ? 4 : w * u * F * 4) + (w / lpk) * F * 8 + (w > lpk ? F * D * 4 : 16);
     while (wg > lpk && shared(wg) > wsLimit) wg = Math.max(lpk, (wg / 2 / lpk | 0) * lpk);
     const nkg = wg / lpk, step = nkg * u;
+    const earlyV = tuning.early_values;
 
     // Key ranges, then the slice length from the total work and the workgroup target.
     const w = L.sliding_window;
@@ -449,6 +468,7 @@ export function makeWebGpuDecode(
     const cap = L.logits_soft_cap !== null, alibi = L.alibi_slopes !== null;
     const q16 = batch.dtype === "float16"; // exact in f16: half the query bytes
     const key = `decode[${dtypeTag(st)}]:hd${D}:bs${bs}:g${hg}:kh${kh}:lpk${lpk}:u${u}:wg${wg}:` +
+      `${earlyV ? "ev:" : ""}` +
       `${cache.spec.layout}:c${g.nchunk}${q16 ? ":q16" : ""}${sg ? ":sg" : ""}${
         cap ? ":cap" : ""
       }` +
@@ -473,7 +493,19 @@ export function makeWebGpuDecode(
       ALIBI: alibi,
       RED: sg ? 1 : wg * u * F,
       WACC: nkg > 1 ? F * D / 4 : 1,
-      ...generate({ hg, kh, u, lpk, cpl: rv / lpk, epw, nkg, sg, alibi, dec: DECODERS[st] }),
+      ...generate({
+        hg,
+        kh,
+        u,
+        lpk,
+        cpl: rv / lpk,
+        epw,
+        nkg,
+        sg,
+        alibi,
+        early_v: earlyV,
+        dec: DECODERS[st],
+      }),
       KV: kvAccessors({
         nchunk: g.nchunk,
         blocksPerChunk: "P.blocks_per_chunk",

@@ -197,8 +197,8 @@ const CASES: [string, BatchSpec, Opts?][] = [
     base({ kv_cache_dtype: "fp8_e4m3", layout: "HND", sinks: true, sliding_window: 70 }),
     { tuning: GPU_SHAPE },
   ],
-  ["no subgroups (workgroup-memory sums)", base({ dtype: "float16", sinks: true, alibi: true }), {
-    tuning: { subgroups: false },
+  ["no subgroups (workgroup-memory sums), late V loads", base({ dtype: "float16", sinks: true }), {
+    tuning: { subgroups: false, early_values: false },
   }],
   [
     "no subgroups, GPU shape, hd256",
