@@ -42,6 +42,9 @@ export interface DecodeTuning {
   kv_heads_per_group: number;
   /** Most lanes per key row (a power of two; also capped by the subgroup size). */
   max_lanes: number;
+  /** Most lanes per key row without subgroups (each lane then reads lanes x keys x heads
+   * partial sums from workgroup memory per step). */
+  fallback_lanes: number;
   /** Most query heads per kv head in one workgroup (a larger GQA group is tiled). */
   max_heads: number;
   /** Most query heads (kv heads x group) one key group keeps state for. */
@@ -63,6 +66,7 @@ export const DEFAULT_DECODE_TUNING: Readonly<DecodeTuning> = Object.freeze({
   keys_per_iter: 0,
   kv_heads_per_group: 0,
   max_lanes: 32,
+  fallback_lanes: 8,
   max_heads: 8,
   max_flat_heads: 32,
   target_workgroups: 0,
@@ -377,7 +381,11 @@ export function makeWebGpuDecode(
     const sg = tuning.subgroups && gpu.features.has("subgroups") &&
       (gpu.adapter_info.subgroup_min_size ?? 0) >= 4;
     // Lanes per row: a power of two dividing the row's vec4 count (butterfly sums).
-    const lpk = Math.min(rv & -rv, tuning.max_lanes, sg ? gpu.adapter_info.subgroup_min_size! : 8);
+    const lpk = Math.min(
+      rv & -rv,
+      tuning.max_lanes,
+      sg ? gpu.adapter_info.subgroup_min_size! : tuning.fallback_lanes,
+    );
     const group = H / Hkv, hg = headTile(group, tuning.max_heads), tiles = group / hg;
     const cpu = isSoftware(gpu);
     // Flat heads of a workgroup are hq0 + f only when the GQA group is not tiled.

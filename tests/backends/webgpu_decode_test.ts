@@ -201,6 +201,16 @@ const CASES: [string, BatchSpec, Opts?][] = [
     tuning: { subgroups: false, early_values: false },
   }],
   [
+    "H200 lane layout (16 lanes/row) via workgroup-memory sums, hd128 f16",
+    base({ dtype: "float16", head_size: 128, num_heads: 16, num_kv_heads: 4, sinks: true }),
+    { tuning: { ...GPU_SHAPE, subgroups: false, fallback_lanes: 32, ...MANY } },
+  ],
+  [
+    "H200 lane layout (32 lanes/row, 2 columns each), hd256 f32",
+    base({ head_size: 256, alibi: true }),
+    { tuning: { ...GPU_SHAPE, subgroups: false, fallback_lanes: 32 } },
+  ],
+  [
     "no subgroups, GPU shape, hd256",
     base({ head_size: 256, num_heads: 4, num_kv_heads: 2, logits_soft_cap: 10 }),
     { tuning: { ...GPU_SHAPE, subgroups: false, ...MANY } },
