@@ -25,7 +25,7 @@ import type {
   StorageDType,
 } from "../core/types.ts";
 import { BatchBuffers, dispatchSize, UniformBuilder } from "../gpu/batch_buffers.ts";
-import { encodeCacheWrite } from "../gpu/cache_write.ts";
+import { cacheWritePipeline, encodeCacheWrite, validateCacheWrite } from "../gpu/cache_write.ts";
 import { GpuKvCache } from "../gpu/kv_cache.ts";
 import { getComputePipeline } from "../gpu/pipelines.ts";
 import { dtypeTag, elementsPerWord, kvAccessors, loadWgsl, specialize } from "../gpu/wgsl.ts";
@@ -374,6 +374,15 @@ export function makeWebGpuDecode(
     }
     cache.assertUsable(gpu);
     checkBatch(batch, cache.spec);
+    const writes = batch.key !== null && batch.value !== null &&
+      batch.metadata.slot_mapping.length > 0;
+    if (writes) {
+      validateCacheWrite(cache, {
+        key: batch.key!,
+        value: batch.value!,
+        slot_mapping: batch.metadata.slot_mapping,
+      });
+    }
     const L = batch.layer, md = batch.metadata, T = batch.num_tokens;
     const H = L.num_heads, Hkv = L.num_kv_heads, D = L.head_size, bs = cache.spec.block_size;
     const g = cache.geometry, st = g.storage_dtype;
@@ -525,6 +534,7 @@ export function makeWebGpuDecode(
     const [split_p, reduce_p] = await Promise.all([
       getComputePipeline(gpu, key, code),
       getComputePipeline(gpu, `decode_reduce:hd${D}`, specialize(reduceSrc, { D })),
+      writes ? cacheWritePipeline(gpu, cache) : null, // compiled here, not in run
     ]);
     return {
       gpu,
