@@ -109,7 +109,9 @@ function fp8DecodeFn(name: string, expBits: 4 | 5): string {
 /**
  * Decoders for one storage dtype, named with `prefix` (default `kv`):
  * `const {P}_EPW: u32` (elements per word), `fn {p}_decode(w: u32) -> vec4<f32>` (the word's
- * elements in x, y, z, w order; unused lanes 0) and `fn {p}_elem(w: u32, i: u32) -> f32`.
+ * elements in x, y, z, w order; unused lanes 0), `fn {p}_elem(w: u32, i: u32) -> f32` and
+ * `fn {p}_decode16(w: vec4<u32>, i: u32) -> vec4<f32>`: elements 4i..4i+3 of a 16-byte load
+ * (i < EPW; 16 bytes hold 4 * EPW elements).
  * Element i of a word sits at bits 8*i (fp8) or 16*i (16-bit), little-endian.
  */
 export function decodeHelpers(d: StorageDType, prefix = "kv"): string {
@@ -135,12 +137,21 @@ export function decodeHelpers(d: StorageDType, prefix = "kv"): string {
       break;
     }
   }
+  const d16 = epw === 1 ? "return bitcast<vec4<f32>>(w);" : epw === 2
+    ? `if (i == 0u) {
+    return vec4<f32>(${prefix}_decode(w.x).xy, ${prefix}_decode(w.y).xy);
+  }
+  return vec4<f32>(${prefix}_decode(w.z).xy, ${prefix}_decode(w.w).xy);`
+    : `return ${prefix}_decode(w[i]);`;
   return `${extra}const ${P}_EPW: u32 = ${epw}u;
 fn ${prefix}_decode(w: u32) -> vec4<f32> {
   ${body}
 }
 fn ${prefix}_elem(w: u32, i: u32) -> f32 {
   return ${prefix}_decode(w)[i];
+}
+fn ${prefix}_decode16(w: vec4<u32>, i: u32) -> vec4<f32> {
+  ${d16}
 }
 `;
 }

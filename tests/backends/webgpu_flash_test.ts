@@ -1,0 +1,254 @@
+/**
+ * WEBGPU_FLASH against CPU_REFERENCE on small fresh-random batches: decode, prefill, mixed,
+ * encoder, encoder_only, encoder_decoder, with GQA, soft cap, ALiBi, sinks, sliding window,
+ * LSE, every KV-cache dtype and both layouts, a forced multi-chunk cache; the cache after
+ * the call must hold the same bytes as the reference's. Skipped without a WebGPU adapter.
+ */
+import assert from "node:assert/strict";
+import { CPU_REFERENCE } from "../../backends/cpu_reference.ts";
+import { flashConfig, WEBGPU_FLASH } from "../../backends/webgpu_flash.ts";
+import { ServiceError } from "../../core/errors.ts";
+import { HostKvCache } from "../../core/host_cache.ts";
+import type { KvCache } from "../../core/types.ts";
+import { GpuKvCache } from "../../gpu/kv_cache.ts";
+import { type BatchSpec, generateBatch } from "../support/batches.ts";
+import { assertClose, firstNonFinite } from "../support/compare.ts";
+import { freshSeed, GPU, NO_GPU } from "../gpu/helpers.ts";
+
+const ctx = { gpu: GPU };
+
+function tolerance(s: BatchSpec): { atol: number; rtol: number } {
+  if (s.kv_cache_dtype === "fp8_e4m3" || s.kv_cache_dtype === "fp8_e5m2") {
+    // both sides read the same fp8 values; the slack covers the output dtype's rounding
+    return s.dtype === "float32" ? { atol: 1e-4, rtol: 1e-4 } : { atol: 6e-2, rtol: 1e-1 };
+  }
+  return s.dtype === "float32" ? { atol: 1e-4, rtol: 1e-5 } : { atol: 1e-2, rtol: 1e-2 };
+}
+
+async function check(s: BatchSpec, opts: { maxBlocksPerChunk?: number } = {}): Promise<void> {
+  const seed = freshSeed();
+  const g = generateBatch(s, seed);
+  const tag = `seed ${seed}`;
+  let ref: KvCache | null = null, gpuCache: KvCache | null = null;
+  if (g.cache_spec) {
+    ref = HostKvCache.fromBytes(g.cache_spec, g.key_cache, g.value_cache);
+    gpuCache = opts.maxBlocksPerChunk
+      ? await GpuKvCache.fromBytes(GPU!, g.cache_spec, g.key_cache, g.value_cache, opts)
+      : await WEBGPU_FLASH.importCache(g.cache_spec, g.key_cache, g.value_cache, ctx);
+  }
+  try {
+    const want = await CPU_REFERENCE.run(
+      CPU_REFERENCE.plan({ ...g.batch, cache: ref }, { gpu: null }) as never,
+      { ...g.batch, cache: ref },
+      { gpu: null },
+    );
+    const batch = { ...g.batch, cache: gpuCache };
+    const got = await WEBGPU_FLASH.run(await WEBGPU_FLASH.plan(batch, ctx), batch, ctx);
+    assert.equal(firstNonFinite(got.output), -1, `output has a non-finite element (${tag})`);
+    assertClose(got.output, want.output, {
+      ...tolerance(s),
+      shape: g.output_shape,
+      label: `output (${tag})`,
+    });
+    if (s.return_lse) {
+      assert.ok(got.lse && want.lse);
+      assertClose(got.lse, want.lse, { atol: 2e-4, rtol: 1e-5, label: `lse (${tag})` });
+    }
+    if (ref && gpuCache) {
+      const [a, b] = await Promise.all([gpuCache.read(), ref.read()]);
+      assert.deepEqual(a.key, b.key, `key cache after the call (${tag})`);
+      assert.deepEqual(a.value, b.value, `value cache after the call (${tag})`);
+    }
+  } finally {
+    gpuCache?.destroy();
+  }
+}
+
+const base = (o: Partial<BatchSpec>): BatchSpec => ({
+  dtype: "float32",
+  kv_cache_dtype: "auto",
+  layout: "NHD",
+  block_size: 16,
+  head_size: 64,
+  num_heads: 4,
+  num_kv_heads: 2,
+  requests: [{ query_len: 1, seq_len: 20 }],
+  return_lse: true,
+  ...o,
+});
+
+const CASES: [string, BatchSpec, { maxBlocksPerChunk?: number }?][] = [
+  [
+    "decode f32 GQA",
+    base({
+      requests: [{ query_len: 1, seq_len: 37 }, { query_len: 1, seq_len: 5 }, {
+        query_len: 1,
+        seq_len: 16,
+      }],
+    }),
+  ],
+  [
+    "prefill f16 HND hd128",
+    base({
+      dtype: "float16",
+      layout: "HND",
+      head_size: 128,
+      requests: [{ query_len: 23, seq_len: 23 }],
+    }),
+  ],
+  [
+    "mixed bf16 bs32 pad",
+    base({
+      dtype: "bfloat16",
+      block_size: 32,
+      num_heads: 8,
+      num_kv_heads: 2,
+      requests: [{ query_len: 1, seq_len: 50 }, { query_len: 19, seq_len: 40, pad: 2 }, {
+        query_len: 0,
+        seq_len: 9,
+      }, { query_len: 5, seq_len: 5 }],
+    }),
+  ],
+  [
+    "decode hd256 MQA sinks",
+    base({
+      head_size: 256,
+      num_heads: 4,
+      num_kv_heads: 1,
+      sinks: true,
+      requests: [{ query_len: 1, seq_len: 30 }, { query_len: 2, seq_len: 2 }],
+    }),
+  ],
+  [
+    "softcap alibi window",
+    base({
+      logits_soft_cap: 5,
+      alibi: true,
+      sliding_window: 7,
+      requests: [{ query_len: 12, seq_len: 33 }, { query_len: 1, seq_len: 20 }],
+    }),
+  ],
+  [
+    "non-causal window sinks HND",
+    base({
+      causal: false,
+      sliding_window: 5,
+      sinks: true,
+      layout: "HND",
+      requests: [{ query_len: 9, seq_len: 21 }],
+    }),
+  ],
+  [
+    "fp8_e4m3 scaled",
+    base({
+      kv_cache_dtype: "fp8_e4m3",
+      k_scale: 0.5,
+      v_scale: 2,
+      requests: [{ query_len: 3, seq_len: 29 }, { query_len: 1, seq_len: 17 }],
+    }),
+  ],
+  [
+    "fp8_e5m2 HND f16",
+    base({
+      dtype: "float16",
+      kv_cache_dtype: "fp8_e5m2",
+      layout: "HND",
+      head_size: 80,
+      requests: [{ query_len: 4, seq_len: 18 }],
+    }),
+  ],
+  [
+    "f16 cache, f32 data, multi-chunk",
+    base({
+      kv_cache_dtype: "float16",
+      head_size: 96,
+      requests: [{ query_len: 6, seq_len: 60 }, { query_len: 1, seq_len: 33 }],
+    }),
+    { maxBlocksPerChunk: 2 },
+  ],
+  [
+    "encoder GQA alibi",
+    base({
+      attn_type: "encoder",
+      alibi: true,
+      requests: [{ query_len: 7, seq_len: 7 }, { query_len: 20, seq_len: 20 }],
+    }),
+  ],
+  [
+    "encoder_only f16 window",
+    base({
+      attn_type: "encoder_only",
+      dtype: "float16",
+      sliding_window: 4,
+      head_size: 32,
+      requests: [{ query_len: 13, seq_len: 13 }],
+    }),
+  ],
+  [
+    "encoder_decoder writing",
+    base({
+      attn_type: "encoder_decoder",
+      requests: [{ query_len: 3, seq_len: 11 }, { query_len: 1, seq_len: 25 }],
+    }),
+  ],
+  [
+    "encoder_decoder no new K/V",
+    base({
+      attn_type: "encoder_decoder",
+      cross_write: false,
+      sinks: true,
+      requests: [{ query_len: 2, seq_len: 19 }],
+    }),
+  ],
+  [
+    "big group (G > rows)",
+    base({
+      num_heads: 32,
+      num_kv_heads: 1,
+      head_size: 32,
+      requests: [{ query_len: 2, seq_len: 9 }],
+    }),
+  ],
+];
+
+for (const [name, spec, opts] of CASES) {
+  Deno.test(`flash vs reference: ${name}`, { ignore: NO_GPU }, () => check(spec, opts));
+}
+
+Deno.test("flash: descriptor, config and cache-storage mismatch", { ignore: NO_GPU }, async () => {
+  assert.equal(WEBGPU_FLASH.name, "WEBGPU_FLASH");
+  assert.equal(WEBGPU_FLASH.cache_storage, "webgpu");
+  for (const d of WEBGPU_FLASH.capabilities.head_sizes) {
+    assert.ok(flashConfig(d, GPU!.limits), `hd ${d}`);
+  }
+  assert.equal(flashConfig(24, GPU!.limits), null);
+  const g = generateBatch(base({}), 1);
+  const host = HostKvCache.fromBytes(g.cache_spec!, g.key_cache, g.value_cache);
+  await assert.rejects(
+    async () => await WEBGPU_FLASH.plan({ ...g.batch, cache: host }, ctx),
+    (e: unknown) =>
+      e instanceof ServiceError && e.status === 422 && e.code === "cache_storage_mismatch",
+  );
+  await assert.rejects(
+    async () => await WEBGPU_FLASH.plan({ ...g.batch, cache: null }, { gpu: null }),
+    (e: unknown) => e instanceof ServiceError && e.status === 503,
+  );
+  const c = await WEBGPU_FLASH.createCache(g.cache_spec!, ctx);
+  assert.equal(c.storage, "webgpu");
+  const bad = {
+    ...g.batch,
+    cache: c,
+    metadata: { ...g.batch.metadata, block_table: g.batch.metadata.block_table.map(() => 999) },
+  };
+  await assert.rejects(
+    async () => await WEBGPU_FLASH.plan(bad, ctx),
+    /block 999 is outside the cache/,
+  );
+  c.destroy();
+});
+
+Deno.test("flash: concurrent calls in flight", { ignore: NO_GPU }, async () => {
+  await Promise.all(
+    [0, 1, 2].map((i) => check(base({ requests: [{ query_len: 1 + i, seq_len: 10 + 7 * i }] }))),
+  );
+});
