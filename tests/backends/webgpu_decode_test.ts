@@ -15,6 +15,7 @@ import { BackendRegistry, selectorConfigDefaults } from "../../backends/registry
 import {
   type DecodeTuning,
   DEFAULT_DECODE_TUNING,
+  envDecodeTuning,
   makeWebGpuDecode,
   WEBGPU_DECODE,
 } from "../../backends/webgpu_decode.ts";
@@ -376,5 +377,24 @@ Deno.test("decode: concurrent calls in flight", { ignore: SKIP }, async () => {
     }
   } finally {
     for (const c of caches) c.destroy();
+  }
+});
+
+Deno.test("decode: ATTN_DECODE_TUNING overrides the tuning and rejects unknown fields", () => {
+  const old = Deno.env.get("ATTN_DECODE_TUNING");
+  try {
+    Deno.env.set("ATTN_DECODE_TUNING", '{"workgroup_size":256,"subgroups":false}');
+    const t = envDecodeTuning();
+    assert.equal(t.workgroup_size, 256);
+    assert.equal(t.subgroups, false);
+    assert.equal(t.keys_per_iter, DEFAULT_DECODE_TUNING.keys_per_iter);
+    Deno.env.set("ATTN_DECODE_TUNING", '{"warp_size":32}');
+    assert.throws(
+      () => envDecodeTuning(),
+      /ATTN_DECODE_TUNING: unknown field or wrong type: warp_size/,
+    );
+  } finally {
+    if (old === undefined) Deno.env.delete("ATTN_DECODE_TUNING");
+    else Deno.env.set("ATTN_DECODE_TUNING", old);
   }
 });
