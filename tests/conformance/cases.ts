@@ -84,6 +84,76 @@ function dtypeMatrix(): ConformanceCase[] {
   });
 }
 
+/** Decode-only batches over the dtype/layout/feature space (for decode-only backends too). */
+function decodeMatrix(): ConformanceCase[] {
+  const d = (name: string, over: Partial<BatchSpec>) =>
+    c(`decode ${name}`, { requests: R.decode(), ...over });
+  const cross: RequestSpec[] = [{ query_len: 1, seq_len: 23 }, {
+    query_len: 1,
+    seq_len: 50,
+    pad: 3,
+  }];
+  return [
+    d("f32/kv float16 HND bs32", {
+      dtype: "float32",
+      kv_cache_dtype: "float16",
+      layout: "HND",
+      block_size: 32,
+    }),
+    d("f32/kv bfloat16 NHD bs64", { dtype: "float32", kv_cache_dtype: "bfloat16", block_size: 64 }),
+    d("f16/kv fp8_e4m3 HND bs16 d128", {
+      kv_cache_dtype: "fp8_e4m3",
+      k_scale: 0.5,
+      v_scale: 1.5,
+      layout: "HND",
+      head_size: 128,
+    }),
+    d("bf16/kv fp8_e5m2 NHD bs32 d128", {
+      dtype: "bfloat16",
+      kv_cache_dtype: "fp8_e5m2",
+      k_scale: 1.25,
+      v_scale: 0.75,
+      block_size: 32,
+      head_size: 128,
+    }),
+    d("bf16/kv auto HND bs64 d256", {
+      dtype: "bfloat16",
+      layout: "HND",
+      block_size: 64,
+      head_size: 256,
+    }),
+    d("f16 alibi +lse", { alibi: true, return_lse: true }),
+    d("f16 non-causal", { causal: false }),
+    d("f16 sinks+window+soft_cap +lse HND", {
+      sinks: true,
+      sliding_window: 9,
+      logits_soft_cap: 1.5,
+      q_std: 3,
+      return_lse: true,
+      layout: "HND",
+    }),
+    d("f16 padding (-1 slots, pure decode)", {
+      requests: [{ query_len: 1, seq_len: 20, pad: 1 }, { query_len: 1, seq_len: 33 }, {
+        query_len: 1,
+        seq_len: 1,
+        pad: 1,
+      }],
+    }),
+    c("decode encoder_decoder f16 writing encoder K/V", {
+      attn_type: "encoder_decoder",
+      requests: cross,
+    }),
+    c("decode encoder_decoder bf16 HND no new K/V +lse", {
+      attn_type: "encoder_decoder",
+      dtype: "bfloat16",
+      layout: "HND",
+      cross_write: false,
+      return_lse: true,
+      requests: cross,
+    }),
+  ];
+}
+
 function shapeMatrix(): ConformanceCase[] {
   const out: ConformanceCase[] = [];
   for (const head_size of [64, 128, 256]) {
@@ -296,6 +366,7 @@ function longCases(big: boolean): ConformanceCase[] {
 export function conformanceCases(scale: "small" | "big" = "small"): ConformanceCase[] {
   return [
     ...dtypeMatrix(),
+    ...decodeMatrix(),
     ...shapeMatrix(),
     ...featureCases(),
     ...attnTypeCases(),
