@@ -579,6 +579,7 @@ export function makeWebGpuDecode(
           v_scale: fp8 ? L.v_scale : 1,
         }, bufs);
       }
+      const tw = performance.now();
       const uni = bufs.uniform(p.params, "params");
       const meta = bufs.storage(p.meta, "meta");
       const result = bufs.poisoned(T * H * D + H * T, "result");
@@ -621,7 +622,10 @@ export function makeWebGpuDecode(
         buffer: result,
         floats: T * H * D + (batch.return_lse ? H * T : 0),
       }]);
-      dev.queue.submit([enc.finish()]);
+      const tf = performance.now();
+      const cmd = enc.finish();
+      const te = performance.now();
+      dev.queue.submit([cmd]);
       const t1 = performance.now();
       const [all] = await read();
       const t2 = performance.now();
@@ -630,7 +634,15 @@ export function makeWebGpuDecode(
       return {
         output: output.length === all.length ? output : output.slice(),
         lse,
-        timings: { plan: p.plan_ms, encode: t1 - t0, gpu_and_readback: t2 - t1 },
+        timings: {
+          plan: p.plan_ms,
+          encode: t1 - t0,
+          encode_write: tw - t0,
+          encode_attend: tf - tw,
+          finish: te - tf,
+          submit: t1 - te,
+          gpu_and_readback: t2 - t1,
+        },
       };
     } finally {
       bufs.destroy();

@@ -368,6 +368,7 @@ async function run(p: FlashPlan, b: ForwardBatch): Promise<ForwardResult> {
         v_scale: L.v_scale,
       }, bufs);
     }
+    const tw = performance.now();
     const out = bufs.poisoned(T * H * D, "out");
     const lse = bufs.poisoned(H * T, "lse");
     const entries: GPUBindGroupEntry[] = [
@@ -393,14 +394,25 @@ async function run(p: FlashPlan, b: ForwardBatch): Promise<ForwardResult> {
     const parts = [{ buffer: out, floats: T * H * D }];
     if (b.return_lse) parts.push({ buffer: lse, floats: H * T });
     const read = bufs.readback(encoder, parts);
-    dev.queue.submit([encoder.finish()]);
+    const tf = performance.now();
+    const cmd = encoder.finish();
+    const te = performance.now();
+    dev.queue.submit([cmd]);
     const t1 = performance.now();
     const [o, l] = await read();
     const t2 = performance.now();
     return {
       output: roundArray(b.dtype, o),
       lse: b.return_lse ? l : null,
-      timings: { plan: p.plan_ms, encode: t1 - t0, gpu_and_readback: t2 - t1 },
+      timings: {
+        plan: p.plan_ms,
+        encode: t1 - t0,
+        encode_write: tw - t0,
+        encode_attend: tf - tw,
+        finish: te - tf,
+        submit: t1 - te,
+        gpu_and_readback: t2 - t1,
+      },
     };
   } finally {
     bufs.destroy();
