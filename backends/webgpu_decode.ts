@@ -25,6 +25,7 @@ import type {
   StorageDType,
 } from "../core/types.ts";
 import { BatchBuffers, dispatchSize, UniformBuilder } from "../gpu/batch_buffers.ts";
+import { PassTimer } from "../gpu/timer.ts";
 import { cacheWritePipeline, encodeCacheWrite, validateCacheWrite } from "../gpu/cache_write.ts";
 import { GpuKvCache } from "../gpu/kv_cache.ts";
 import { getComputePipeline } from "../gpu/pipelines.ts";
@@ -567,6 +568,7 @@ export function makeWebGpuDecode(
     const t0 = performance.now();
     const T = batch.num_tokens, L = batch.layer, H = L.num_heads, D = L.head_size;
     const dev = gpu.device, bufs = new BatchBuffers(gpu, "decode");
+    const timer = batch.num_tokens > 0 ? PassTimer.create(gpu) : null;
     try {
       const enc = dev.createCommandEncoder({ label: "decode" });
       const fp8 = p.cache.geometry.storage_dtype.startsWith("fp8");
@@ -586,7 +588,10 @@ export function makeWebGpuDecode(
       if (T > 0) {
         const part = bufs.scratch(p.partBytes, "part");
         const q = bufs.storage(p.q16 ? new Float16Array(batch.query) : batch.query, "q");
-        const pass = enc.beginComputePass({ label: "decode" });
+        const pass = enc.beginComputePass({
+          label: "decode",
+          ...(timer ? { timestampWrites: timer.writes(0) } : {}),
+        });
         pass.setPipeline(p.split);
         pass.setBindGroup(
           0,
@@ -618,16 +623,16 @@ export function makeWebGpuDecode(
         pass.dispatchWorkgroups(p.reduceGrid[0], p.reduceGrid[1]);
         pass.end();
       }
-      const read = bufs.readback(enc, [{
-        buffer: result,
-        floats: T * H * D + (batch.return_lse ? H * T : 0),
-      }]);
+      const parts = [{ buffer: result, floats: T * H * D + (batch.return_lse ? H * T : 0) }];
+      if (timer) parts.push(timer.resolve(enc, bufs));
+      const read = bufs.readback(enc, parts);
       const tf = performance.now();
       const cmd = enc.finish();
       const te = performance.now();
       dev.queue.submit([cmd]);
       const t1 = performance.now();
-      const [all] = await read();
+      const [all, stamps] = await read();
+      const gpuAttend = timer && stamps ? timer.ms(stamps, 0) : null;
       const t2 = performance.now();
       const output = roundArray(batch.dtype, all.subarray(0, T * H * D));
       const lse = batch.return_lse ? all.slice(T * H * D, T * H * D + H * T) : null;
@@ -642,9 +647,11 @@ export function makeWebGpuDecode(
           finish: te - tf,
           submit: t1 - te,
           gpu_and_readback: t2 - t1,
+          ...(gpuAttend !== null ? { gpu_attend: gpuAttend } : {}),
         },
       };
     } finally {
+      timer?.destroy();
       bufs.destroy();
     }
   }

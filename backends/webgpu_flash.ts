@@ -23,6 +23,7 @@ import {
   type SelectorConfig,
 } from "../core/types.ts";
 import { BatchBuffers, dispatchSize, UniformBuilder } from "../gpu/batch_buffers.ts";
+import { PassTimer } from "../gpu/timer.ts";
 import { cacheWritePipeline, encodeCacheWrite } from "../gpu/cache_write.ts";
 import { GpuKvCache } from "../gpu/kv_cache.ts";
 import { getComputePipeline } from "../gpu/pipelines.ts";
@@ -357,6 +358,7 @@ async function run(p: FlashPlan, b: ForwardBatch): Promise<ForwardResult> {
   const { ctx, cache } = p;
   const dev = ctx.device;
   const bufs = new BatchBuffers(ctx, "flash");
+  const timer = PassTimer.create(ctx);
   try {
     const encoder = dev.createCommandEncoder({ label: "flash" });
     if (cache && b.key && b.value) {
@@ -383,7 +385,10 @@ async function run(p: FlashPlan, b: ForwardBatch): Promise<ForwardResult> {
       entries.push({ binding: 5, resource: { buffer: bufs.storage(b.key!, "k_in") } });
       entries.push({ binding: 6, resource: { buffer: bufs.storage(b.value!, "v_in") } });
     }
-    const pass = encoder.beginComputePass({ label: p.key });
+    const pass = encoder.beginComputePass({
+      label: p.key,
+      ...(timer ? { timestampWrites: timer.writes(0) } : {}),
+    });
     pass.setPipeline(p.pipeline);
     pass.setBindGroup(
       0,
@@ -393,13 +398,16 @@ async function run(p: FlashPlan, b: ForwardBatch): Promise<ForwardResult> {
     pass.end();
     const parts = [{ buffer: out, floats: T * H * D }];
     if (b.return_lse) parts.push({ buffer: lse, floats: H * T });
+    const stampPart = timer ? parts.push(timer.resolve(encoder, bufs)) - 1 : -1;
     const read = bufs.readback(encoder, parts);
     const tf = performance.now();
     const cmd = encoder.finish();
     const te = performance.now();
     dev.queue.submit([cmd]);
     const t1 = performance.now();
-    const [o, l] = await read();
+    const got = await read();
+    const [o, l] = got;
+    const gpuAttend = timer ? timer.ms(got[stampPart], 0) : null;
     const t2 = performance.now();
     return {
       output: roundArray(b.dtype, o),
@@ -412,9 +420,11 @@ async function run(p: FlashPlan, b: ForwardBatch): Promise<ForwardResult> {
         finish: te - tf,
         submit: t1 - te,
         gpu_and_readback: t2 - t1,
+        ...(gpuAttend !== null ? { gpu_attend: gpuAttend } : {}),
       },
     };
   } finally {
+    timer?.destroy();
     bufs.destroy();
   }
 }

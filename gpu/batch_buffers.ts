@@ -151,6 +151,11 @@ export class BatchBuffers {
     return b;
   }
 
+  /** A QUERY_RESOLVE | COPY_SRC buffer for resolved timestamps. */
+  queryResolve(bytes: number, label = "timestamps"): GPUBuffer {
+    return this.#make(bytes, GPUBufferUsage.QUERY_RESOLVE | GPUBufferUsage.COPY_SRC, label, false);
+  }
+
   /** A STORAGE buffer of `bytes` zeros (scratch). */
   scratch(bytes: number, label = "scratch"): GPUBuffer {
     return this.#make(bytes, GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC, label, false);
