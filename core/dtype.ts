@@ -43,7 +43,12 @@ export function f16BitsToF32(h: number): number {
 }
 
 /** Decodes every byte of an fp8 format with `expBits` exponent bits. */
-function fp8Table(expBits: number, mantBits: number, bias: number, ieeeSpecials: boolean): Float64Array {
+function fp8Table(
+  expBits: number,
+  mantBits: number,
+  bias: number,
+  ieeeSpecials: boolean,
+): Float64Array {
   const t = new Float64Array(256);
   for (let b = 0; b < 256; b++) {
     const sign = b & 0x80 ? -1 : 1;
