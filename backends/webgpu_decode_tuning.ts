@@ -1,0 +1,77 @@
+/**
+ * Tuning knobs of WEBGPU_DECODE (kernel shape and split heuristic), their defaults, and the
+ * `ATTN_DECODE_TUNING` environment override used by the registered backend.
+ * @module
+ */
+
+/** Knobs of the kernel shape and the split heuristic (exported for benchmarks and tests). */
+export interface DecodeTuning {
+  /** Invocations per workgroup (a multiple of the lanes per key); 0: 128 on GPUs, one key
+   * group on software adapters. */
+  workgroup_size: number;
+  /** Keys per key-group step (1, 2, 4, 8 or 16); 0: 4 on GPUs, 1 on software adapters. */
+  keys_per_iter: number;
+  /** KV heads per key group (a divisor of num_kv_heads); 0: 1 on GPUs, on software
+   * adapters as many as max_flat_heads allows (whole token slots per SIMD batch). */
+  kv_heads_per_group: number;
+  /** Most lanes per key row (a power of two; also capped by the subgroup size). */
+  max_lanes: number;
+  /** Most lanes per key row without subgroups (each lane then reads lanes x keys x heads
+   * partial sums from workgroup memory per step). */
+  fallback_lanes: number;
+  /** Most query heads per kv head in one workgroup (a larger GQA group is tiled). */
+  max_heads: number;
+  /** Most query heads (kv heads x group) one key group keeps state for. */
+  max_flat_heads: number;
+  /** Split-pass workgroups the split count aims for; 0: 2048 on GPUs, 4 per CPU core on
+   * software adapters. */
+  target_workgroups: number;
+  /** Fewest keys per slice. */
+  min_split_keys: number;
+  /** false: never use subgroup operations (the workgroup-memory fallback). */
+  subgroups: boolean;
+  /** Load the value rows together with the key rows (before the softmax). */
+  early_values: boolean;
+}
+
+/** The defaults; change a copy and pass it to `makeWebGpuDecode` (backends/webgpu_decode.ts). */
+export const DEFAULT_DECODE_TUNING: Readonly<DecodeTuning> = Object.freeze({
+  workgroup_size: 0,
+  keys_per_iter: 0,
+  kv_heads_per_group: 0,
+  max_lanes: 32,
+  fallback_lanes: 8,
+  max_heads: 8,
+  max_flat_heads: 32,
+  target_workgroups: 0,
+  min_split_keys: 64,
+  subgroups: true,
+  early_values: true,
+});
+
+/**
+ * The tuning of the registered backend: the defaults, overridden by the JSON object in the
+ * `ATTN_DECODE_TUNING` environment variable when it is set and readable (for tuning runs,
+ * e.g. `ATTN_DECODE_TUNING='{"workgroup_size":256,"keys_per_iter":2}'`).
+ * @throws Error naming the variable when its value is not a JSON object of known numeric /
+ *   boolean fields.
+ */
+export function envDecodeTuning(): DecodeTuning {
+  let raw: string | undefined;
+  try {
+    raw = Deno.env.get("ATTN_DECODE_TUNING");
+  } catch { /* no --allow-env: defaults */ }
+  const t: DecodeTuning = { ...DEFAULT_DECODE_TUNING };
+  if (!raw) return t;
+  const o = JSON.parse(raw);
+  for (const [k, v] of Object.entries(o ?? {})) {
+    const cur = (t as unknown as Record<string, unknown>)[k];
+    if (cur === undefined || typeof cur !== typeof v) {
+      throw new Error(
+        `ATTN_DECODE_TUNING: unknown field or wrong type: ${k} = ${JSON.stringify(v)}`,
+      );
+    }
+    (t as unknown as Record<string, unknown>)[k] = v;
+  }
+  return t;
+}

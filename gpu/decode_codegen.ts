@@ -1,0 +1,178 @@
+/**
+ * WGSL generator for the WEBGPU_DECODE split kernel (wgsl/decode_split.wgsl): the
+ * straight-line INIT, STEP, STORE and GSUM fragments, unrolled for one compile-time
+ * {@link KernelShape}, and the per-storage-dtype word decoders.
+ * @module
+ */
+import type { StorageDType } from "../core/types.ts";
+
+/** The compile-time shape of one split kernel. */
+export interface KernelShape {
+  /** Query heads per kv head in the workgroup, kv heads per key group, keys per step. */
+  hg: number;
+  kh: number;
+  u: number;
+  lpk: number;
+  /** vec4<u32> columns per lane per row; elements per word; key groups per workgroup. */
+  cpl: number;
+  epw: number;
+  nkg: number;
+  sg: boolean;
+  alibi: boolean;
+  /** Issue the value rows' loads together with the keys' (before the softmax). */
+  early_v: boolean;
+  /** Decoders of a vec4<u32> `w` into EPW vec4<f32>, in element order. */
+  dec: string[];
+}
+
+/** Decoders of a vec4<u32> word `w` into vec4<f32> values, per storage dtype. */
+export const DECODERS: Record<StorageDType, string[]> = {
+  float32: ["bitcast<vec4<f32>>(w)"],
+  float16: [
+    "vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y))",
+    "vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w))",
+  ],
+  bfloat16: ["vec4<f32>(bf2(w.x), bf2(w.y))", "vec4<f32>(bf2(w.z), bf2(w.w))"],
+  fp8_e4m3: ["e4m3x4(w.x)", "e4m3x4(w.y)", "e4m3x4(w.z)", "e4m3x4(w.w)"],
+  fp8_e5m2: ["e5m2x4(w.x)", "e5m2x4(w.y)", "e5m2x4(w.z)", "e5m2x4(w.w)"],
+};
+
+const range = (n: number) => Array.from({ length: n }, (_, i) => i);
+
+/**
+ * The straight-line fragments of decode_split.wgsl (INIT, STEP, STORE, GSUM), unrolled over
+ * flat heads f = kh * hg + h, keys u < U, lane columns j < cpl and words e < epw; the value
+ * vec4 i = j * epw + e of a lane sits at vec4 (lane + j * lpk) * epw + e of its head's row.
+ */
+export function generateDecodeSplit(k: KernelShape): Record<string, string> {
+  const F = range(k.kh * k.hg),
+    KH = range(k.kh),
+    Us = range(k.u),
+    J = range(k.cpl),
+    E = range(k.epw);
+  const NV = range(k.cpl * k.epw);
+  const off = (f: number, i: number) =>
+    `${f}u * D4 + ${Math.floor(i / k.epw) * k.lpk * k.epw + (i % k.epw)}u`;
+  const init: string[] = [];
+  for (const f of F) {
+    init.push(`  var m${f} = NEG;`, `  var l${f} = 0.0;`);
+    init.push(
+      `  let sl${f} = ${k.alibi ? `bitcast<f32>(tab[P.slope_off + hq0 + ${f}u])` : "0.0"};`,
+    );
+    for (const i of NV) {
+      init.push(`  let q${f}_${i} = qv(qb + ${off(f, i)});`, `  var a${f}_${i} = vec4<f32>(0.0);`);
+    }
+  }
+  const st: string[] = [];
+  // One row of kv head kh for key u: load each lane column, decode, and apply `body`.
+  const rows = (
+    t: "k" | "v",
+    u: number,
+    kh: number,
+    body: (f: number, i: number, e: number) => string,
+  ) => {
+    for (const j of J) {
+      const w = k.early_v && t === "v"
+        ? `vw${u}_${kh}_${j}`
+        : `load_${t}4(b${u}, r${u}_${kh} + ${j * k.lpk * 4}u)`;
+      st.push("    {", `      let w = ${w};`);
+      for (const e of E) st.push(`      let x${e} = ${k.dec[e]};`);
+      for (const e of E) {
+        for (const h of range(k.hg)) st.push(`      ${body(kh * k.hg + h, j * k.epw + e, e)}`);
+      }
+      st.push("    }");
+    }
+  };
+  for (const u of Us) {
+    st.push(`    let kc${u} = min(k0 + ${u}u, ke - 1u);`, `    let b${u} = block_of(bt, kc${u});`);
+    for (const kh of KH) {
+      st.push(`    let r${u}_${kh} = row_word(kc${u} % BS, kvh0 + ${kh}u) + lw;`);
+    }
+  }
+  // The value rows' loads go out with the keys' (more bytes in flight), when early_v.
+  for (const u of k.early_v ? Us : []) {
+    for (const kh of KH) {
+      for (const j of J) {
+        st.push(`    let vw${u}_${kh}_${j} = load_v4(b${u}, r${u}_${kh} + ${j * k.lpk * 4}u);`);
+      }
+    }
+  }
+  for (const u of Us) {
+    for (const f of F) st.push(`    var s${u}_${f} = 0.0;`);
+    for (const kh of KH) rows("k", u, kh, (f, i, e) => `s${u}_${f} += dot(q${f}_${i}, x${e});`);
+  }
+  const S = Us.flatMap((u) => F.map((f) => `s${u}_${f}`));
+  if (k.lpk > 1 && k.sg) st.push(...S.map((v) => `    ${v} = gsum(${v});`));
+  if (k.lpk > 1 && !k.sg) {
+    st.push(...S.map((v, i) => `    red[lid * UF + ${i}u] = ${v};`), "    workgroupBarrier();");
+    st.push(...S.map((v, i) => `    ${v} = rsum(lid, ${i}u);`), "    workgroupBarrier();");
+  }
+  // Online softmax: rescale only when the running max grows (rare after the first keys;
+  // the condition is the same in every lane of a key group).
+  for (const f of F) {
+    const mx = Us.map((u) => `s${u}_${f}`).reduce((a, b) => `max(${a}, ${b})`);
+    for (const u of Us) st.push(`    s${u}_${f} = logit(s${u}_${f}, k0 + ${u}u, ke, pos, sl${f});`);
+    st.push(`    if (${mx} > m${f}) {`, `      let mx = ${mx};`, `      let al = exp(m${f} - mx);`);
+    st.push(
+      `      l${f} *= al;`,
+      ...NV.map((i) => `      a${f}_${i} *= al;`),
+      `      m${f} = mx;`,
+      "    }",
+    );
+    for (const u of Us) {
+      st.push(`    let p${u}_${f} = select(0.0, exp(s${u}_${f} - m${f}), k0 + ${u}u < ke);`);
+    }
+    st.push(`    l${f} += ${Us.map((u) => `p${u}_${f}`).join(" + ")};`);
+  }
+  for (const u of Us) {
+    for (const kh of KH) {
+      rows("v", u, kh, (f, i, e) => `a${f}_${i} += p${u}_${f} * x${e};`);
+    }
+  }
+  const sto: string[] = [];
+  if (k.nkg === 1) {
+    for (const f of F) {
+      for (const i of NV) sto.push(`  part[ob + ${off(f, i)}] = a${f}_${i};`);
+      sto.push(
+        "  if (lane == 0u) {",
+        `    part[mlb + ${f}u] = vec4<f32>(m${f}, l${f}, 0.0, 0.0);`,
+        "  }",
+      );
+    }
+  } else {
+    sto.push(
+      "  if (lane == 0u) {",
+      ...F.map((f) => `    wml[kg * F + ${f}u] = vec2<f32>(m${f}, l${f});`),
+      "  }",
+    );
+    sto.push("  workgroupBarrier();", ...F.map((f) => `  let c${f} = exp(m${f} - wmax(${f}u));`));
+    sto.push("  for (var r = 0u; r < NKG; r++) {", "    if (kg == r) {");
+    for (const f of F) {
+      for (const i of NV) {
+        sto.push(`      wput(r, ${off(f, i)} + lane * EPW, a${f}_${i} * c${f});`);
+      }
+    }
+    sto.push("    }", "    workgroupBarrier();", "  }");
+    sto.push(
+      "  for (var i = lid; i < F * D4; i += WG) {",
+      "    part[ob - lane * EPW + i] = wacc[i];",
+      "  }",
+    );
+    sto.push(
+      "  if (lid < F) {",
+      "    let mx = wmax(lid);",
+      "    part[mlb + lid] = vec4<f32>(mx, wsum(lid, mx), 0.0, 0.0);",
+      "  }",
+    );
+  }
+  // Butterfly over the lanes of a key group, unrolled: constant masks become permutes.
+  const masks = range(Math.log2(k.lpk)).map((i) => k.lpk >> (i + 1));
+  const gsum = !k.sg ? "" : [
+    "fn gsum(x: f32) -> f32 {",
+    "  var v = x;",
+    ...masks.map((m) => `  v += subgroupShuffleXor(v, ${m}u);`),
+    "  return v;",
+    "}",
+  ].join("\n");
+  return { INIT: init.join("\n"), STEP: st.join("\n"), STORE: sto.join("\n"), GSUM: gsum };
+}
