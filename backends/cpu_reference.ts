@@ -17,6 +17,7 @@ import {
   KV_CACHE_DTYPES,
   KV_LAYOUTS,
 } from "../core/types.ts";
+import { capabilities } from "./capabilities_base.ts";
 
 /** What {@link CPU_REFERENCE}'s plan holds: the cache to use (null for encoder types). */
 export interface CpuReferencePlan {
@@ -58,28 +59,19 @@ export const CPU_REFERENCE: AttentionBackend<CpuReferencePlan> = {
   name: "CPU_REFERENCE",
   priority: 100,
   description: "Float64 host reference (the oracle other backends are checked against); slow.",
-  capabilities: {
+  capabilities: capabilities({
     dtypes: [...DTYPES],
     kv_cache_dtypes: [...KV_CACHE_DTYPES],
-    block_sizes: [],
-    head_sizes: [],
     kv_cache_layouts: [...KV_LAYOUTS],
     attn_types: [...ATTN_TYPES],
-    is_mla: false,
     sinks: true,
     sliding_window: true,
     alibi: true,
     logits_soft_cap: true,
     non_causal: true,
-    sparse: false,
-    mm_prefix: false,
-    per_head_quant_scales: false,
     batch_invariant: true,
-    kv_connector: false,
     lse: true,
-    graph_support: "NEVER",
-    reorder_batch_threshold: null,
-  },
+  }),
   requires: { needs_device: false, features: [], limits: {} },
   cache_storage: "host",
   createCache: (spec) => HostKvCache.create(spec),

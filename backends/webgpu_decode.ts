@@ -21,6 +21,7 @@ import type {
   ForwardResult,
   SelectorConfig,
 } from "../core/types.ts";
+import { capabilities } from "./capabilities_base.ts";
 import { BatchBuffers } from "../gpu/batch_buffers.ts";
 import { PassTimer } from "../gpu/timer.ts";
 import { encodeCacheWrite } from "../gpu/cache_write.ts";
@@ -157,14 +158,13 @@ export function makeWebGpuDecode(
     priority: 10,
     description: "Flash decoding (split-KV) WGSL kernels for single-token decode steps; " +
       "needs shader-f16, uses subgroups when granted.",
-    capabilities: {
+    capabilities: capabilities({
       dtypes: ["float32", "float16", "bfloat16"],
       kv_cache_dtypes: ["auto", "float16", "bfloat16", "fp8_e4m3", "fp8_e5m2"],
       block_sizes: [16, 32, 64],
       head_sizes: [...DECODE_HEAD_SIZES],
       kv_cache_layouts: ["NHD", "HND"],
       attn_types: ["decoder", "encoder_decoder"],
-      is_mla: false,
       sinks: true,
       sliding_window: true,
       alibi: true,
@@ -172,15 +172,9 @@ export function makeWebGpuDecode(
       // With one query at position seq_len - 1 every key is at or before it: non-causal
       // decode sees exactly the causal keys.
       non_causal: true,
-      sparse: false,
-      mm_prefix: false,
-      per_head_quant_scales: false,
-      batch_invariant: false,
-      kv_connector: false,
       lse: true,
-      graph_support: "NEVER",
       reorder_batch_threshold: 1,
-    },
+    }),
     requires: { needs_device: true, features: ["shader-f16"], limits: {} },
     cache_storage: "webgpu",
     supportsCombination(cfg: SelectorConfig): string | null {

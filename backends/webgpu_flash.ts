@@ -22,6 +22,7 @@ import {
   KV_LAYOUTS,
   type SelectorConfig,
 } from "../core/types.ts";
+import { capabilities } from "./capabilities_base.ts";
 import { BatchBuffers, dispatchSize, UniformBuilder } from "../gpu/batch_buffers.ts";
 import { PassTimer } from "../gpu/timer.ts";
 import { cacheWritePipeline, encodeCacheWrite } from "../gpu/cache_write.ts";
@@ -230,28 +231,20 @@ export const WEBGPU_FLASH: AttentionBackend<FlashPlan> = {
   priority: 20,
   description: "WebGPU FlashAttention-2 style varlen kernel for mixed prefill/decode batches " +
     "over the paged GPU cache (f32 online softmax, GQA-grouped tiles).",
-  capabilities: {
+  capabilities: capabilities({
     dtypes: [...DTYPES],
     kv_cache_dtypes: [...KV_CACHE_DTYPES],
     block_sizes: [{ multiple_of: 16 }],
     head_sizes: [...FLASH_HEAD_SIZES],
     kv_cache_layouts: [...KV_LAYOUTS],
     attn_types: [...ATTN_TYPES],
-    is_mla: false,
     sinks: true,
     sliding_window: true,
     alibi: true,
     logits_soft_cap: true,
     non_causal: true,
-    sparse: false,
-    mm_prefix: false,
-    per_head_quant_scales: false,
-    batch_invariant: false,
-    kv_connector: false,
     lse: true,
-    graph_support: "NEVER",
-    reorder_batch_threshold: null,
-  },
+  }),
   requires: {
     needs_device: true,
     features: [],
