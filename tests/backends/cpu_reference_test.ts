@@ -454,7 +454,12 @@ Deno.test("fp8 / f16 / bf16 caches store rounded values and attend with them", a
     for (let d = 0; d < D; d++) {
       assert.equal(storedK[d], roundTo(kv, Math.fround(b.key![d] / ks)), `${kv} K[${d}]`);
       assert.equal(storedV[d], roundTo(kv, Math.fround(b.value![d] / vs)), `${kv} V[${d}]`);
-      assert.equal(out[d], Math.fround(storedV[d] * vs), `${kv} out[${d}] is the dequantized V`);
+      // `+ 0` folds -0 into 0: a V that rounded to -0 sums to +0 in the float64 accumulator.
+      assert.equal(
+        out[d] + 0,
+        Math.fround(storedV[d] * vs) + 0,
+        `${kv} out[${d}] is the dequantized V`,
+      );
     }
   }
   // Output rounds to the batch dtype.
