@@ -5,6 +5,7 @@
  * ALiBi slopes, sinks).
  * @module
  */
+import { checkQueryLayout } from "../core/batch_checks.ts";
 import { invalidBatch } from "../core/errors.ts";
 import type { ForwardBatch, GpuContext } from "../core/types.ts";
 import type { GpuKvCache } from "../gpu/kv_cache.ts";
@@ -127,27 +128,7 @@ fn src_v(key: u32, h: u32, c: u32, rbase: u32) -> vec4<u32> {
 /** Checks what the kernel indexes: shapes, query_start_loc, seq_lens, block ids. */
 export function validateFlashBatch(b: ForwardBatch, cache: GpuKvCache | null): void {
   const L = b.layer, md = b.metadata, T = b.num_tokens;
-  if (L.num_kv_heads < 1 || L.num_heads % L.num_kv_heads !== 0) {
-    throw invalidBatch([{
-      path: ["layer", "num_heads"],
-      message: `${L.num_heads} is not a multiple of num_kv_heads ${L.num_kv_heads}`,
-    }]);
-  }
-  if (b.query.length !== T * L.num_heads * L.head_size) {
-    throw invalidBatch([{
-      path: ["query"],
-      message: `has ${b.query.length} elements, expected ${T}x${L.num_heads}x${L.head_size}`,
-    }]);
-  }
-  for (let i = 0; i <= md.num_reqs; i++) {
-    const q = md.query_start_loc[i], prev = i === 0 ? 0 : md.query_start_loc[i - 1];
-    if (q < prev || (i === 0 && q !== 0) || (i === md.num_reqs && q !== T)) {
-      throw invalidBatch([{
-        path: ["metadata", "query_start_loc", i],
-        message: `is ${q}: must run non-decreasing from 0 to num_tokens ${T}`,
-      }]);
-    }
-  }
+  checkQueryLayout(b);
   if (!cache) {
     for (const f of ["key", "value"] as const) {
       if (b[f]?.length !== T * L.num_kv_heads * L.head_size) {

@@ -9,6 +9,7 @@
  * @module
  */
 import { roundTo } from "./dtype.ts";
+import { checkQueryLayout } from "./batch_checks.ts";
 import { invalidBatch } from "./errors.ts";
 import type { HostKvCache } from "./host_cache.ts";
 import type { ForwardBatch } from "./types.ts";
@@ -81,27 +82,7 @@ export function writeKv(batch: ForwardBatch, cache: HostKvCache): void {
 export function checkBatch(batch: ForwardBatch, cache: HostKvCache | null): void {
   const L = batch.layer, md = batch.metadata, T = batch.num_tokens;
   const rowLen = L.num_kv_heads * L.head_size;
-  if (L.num_heads % L.num_kv_heads !== 0) {
-    throw invalidBatch([{
-      path: ["layer", "num_heads"],
-      message: `${L.num_heads} is not a multiple of num_kv_heads ${L.num_kv_heads}`,
-    }]);
-  }
-  if (batch.query.length !== T * L.num_heads * L.head_size) {
-    throw invalidBatch([{
-      path: ["query"],
-      message: `has ${batch.query.length} elements, expected ${T}x${L.num_heads}x${L.head_size}`,
-    }]);
-  }
-  for (let i = 0; i <= md.num_reqs; i++) {
-    const q = md.query_start_loc[i], prev = i === 0 ? 0 : md.query_start_loc[i - 1];
-    if (q < prev || (i === 0 && q !== 0) || (i === md.num_reqs && q !== T)) {
-      throw invalidBatch([{
-        path: ["metadata", "query_start_loc", i],
-        message: `is ${q}: must run non-decreasing from 0 to num_tokens ${T}`,
-      }]);
-    }
-  }
+  checkQueryLayout(batch);
   if (kvFromCall(batch)) {
     for (const f of ["key", "value"] as const) {
       if (batch[f]?.length !== T * rowLen) {
