@@ -24,7 +24,7 @@ import {
 } from "../core/types.ts";
 import { capabilities } from "./capabilities_base.ts";
 import { BatchBuffers, dispatchSize, UniformBuilder } from "../gpu/batch_buffers.ts";
-import { PassTimer } from "../gpu/timer.ts";
+import { callTimings, PassTimer } from "../gpu/timer.ts";
 import { cacheWritePipeline, encodeCacheWrite } from "../gpu/cache_write.ts";
 import { GpuKvCache } from "../gpu/kv_cache.ts";
 import { elementsPerWord } from "../gpu/wgsl.ts";
@@ -196,16 +196,14 @@ async function run(p: FlashPlan, b: ForwardBatch): Promise<ForwardResult> {
     return {
       output: roundArray(b.dtype, o),
       lse: b.return_lse ? l : null,
-      timings: {
-        plan: p.plan_ms,
-        encode: t1 - t0,
-        encode_write: tw - t0,
-        encode_attend: tf - tw,
-        finish: te - tf,
-        submit: t1 - te,
-        gpu_and_readback: t2 - t1,
-        ...(gpuAttend !== null ? { gpu_attend: gpuAttend } : {}),
-      },
+      timings: callTimings(p.plan_ms, {
+        start: t0,
+        written: tw,
+        attended: tf,
+        finished: te,
+        submitted: t1,
+        read: t2,
+      }, gpuAttend),
     };
   } finally {
     timer?.destroy();

@@ -51,3 +51,37 @@ export class PassTimer {
     this.querySet.destroy();
   }
 }
+
+/** Host clock readings of one GPU call, in the order run() takes them (performance.now()). */
+export interface CallMarks {
+  /** run() starts */
+  start: number;
+  /** the cache write is recorded */
+  written: number;
+  /** the attention pass is recorded */
+  attended: number;
+  /** encoder.finish() returned */
+  finished: number;
+  /** queue.submit() returned */
+  submitted: number;
+  /** the readback resolved */
+  read: number;
+}
+
+/** The `timings` a GPU backend reports: host phases in ms, plus the pass's device time when known. */
+export function callTimings(
+  plan_ms: number,
+  m: CallMarks,
+  gpuAttend: number | null,
+): Record<string, number> {
+  return {
+    plan: plan_ms,
+    encode: m.submitted - m.start,
+    encode_write: m.written - m.start,
+    encode_attend: m.attended - m.written,
+    finish: m.finished - m.attended,
+    submit: m.submitted - m.finished,
+    gpu_and_readback: m.read - m.submitted,
+    ...(gpuAttend !== null ? { gpu_attend: gpuAttend } : {}),
+  };
+}
