@@ -5,26 +5,31 @@
  * Slow by design; priority 100 so auto selection prefers any device backend.
  * @module
  */
-import { ServiceError } from "../core/errors.ts";
+import { fromFloats, hostBatch } from "../core/data.ts";
+import { ClientClosedError, ServiceError } from "../core/errors.ts";
 import { HostKvCache } from "../core/host_cache.ts";
-import { attend, checkBatch, kvFromCall, writeKv } from "../core/reference.ts";
+import { attend, kvFromCall, writeKv } from "../core/reference.ts";
 import {
   type AttentionBackend,
   ATTN_TYPES,
   DTYPES,
-  type ForwardBatch,
   type ForwardResult,
   KV_CACHE_DTYPES,
   KV_LAYOUTS,
+  type RunOptions,
+  type ValidBatch,
 } from "../core/types.ts";
 import { capabilities } from "./capabilities_base.ts";
 
-/** What {@link CPU_REFERENCE}'s plan holds: the cache to use (null for encoder types). */
-export interface CpuReferencePlan {
-  cache: HostKvCache | null;
+/** CPU_REFERENCE plans nothing: the reference works from the batch alone. */
+export type CpuReferencePlan = Record<string, never>;
+
+function run(_p: CpuReferencePlan, batch: ValidBatch, _ctx: unknown, opts: RunOptions = {}) {
+  // An executor's throw becomes a rejection, so callers see errors the async way.
+  return new Promise<ForwardResult>((resolve) => resolve(compute(batch, opts)));
 }
 
-function plan(batch: ForwardBatch): CpuReferencePlan {
+function compute(batch: ValidBatch, opts: RunOptions): ForwardResult {
   const c = batch.cache;
   if (c !== null && !(c instanceof HostKvCache)) {
     throw new ServiceError(
@@ -32,23 +37,15 @@ function plan(batch: ForwardBatch): CpuReferencePlan {
       { status: 422, code: "cache_storage_mismatch", extra: { storage: c.storage } },
     );
   }
-  checkBatch(batch, c);
-  return { cache: c };
-}
-
-function run(p: CpuReferencePlan, batch: ForwardBatch): Promise<ForwardResult> {
-  // An executor's throw becomes a rejection, so callers see errors the async way.
-  return new Promise((resolve) => resolve(compute(p, batch)));
-}
-
-function compute(p: CpuReferencePlan, batch: ForwardBatch): ForwardResult {
+  if (opts.signal?.aborted) throw new ClientClosedError("the client went away before the call ran");
   const t0 = performance.now();
-  if (p.cache && !kvFromCall(batch)) writeKv(batch, p.cache);
+  const host = hostBatch(batch);
+  if (c && !kvFromCall(host)) writeKv(host, c);
   const t1 = performance.now();
-  const { output, lse } = attend(batch, kvFromCall(batch) ? null : p.cache);
+  const { output, lse } = attend(host, kvFromCall(host) ? null : c);
   const t2 = performance.now();
   return {
-    output,
+    output: fromFloats(batch.dtype, output),
     lse: batch.return_lse ? lse : null,
     timings: { write: t1 - t0, attend: t2 - t1 },
   };
@@ -76,6 +73,6 @@ export const CPU_REFERENCE: AttentionBackend<CpuReferencePlan> = {
   cache_storage: "host",
   createCache: (spec) => HostKvCache.create(spec),
   importCache: (spec, key, value) => HostKvCache.fromBytes(spec, key, value),
-  plan,
+  plan: () => ({}),
   run,
 };

@@ -16,7 +16,8 @@
 import { parseArgs } from "node:util";
 import { validateConfiguration } from "../backends/capabilities.ts";
 import { builtinBackends } from "../backends/index.ts";
-import type { AttentionBackend, BackendContext, ForwardBatch } from "../core/types.ts";
+import type { AttentionBackend, BackendContext, DataArray } from "../core/types.ts";
+import { validHostBatch } from "../service/host_input.ts";
 import { WebGpuDeviceManager } from "../gpu/device.ts";
 import { copyBench, readbackFloor } from "./copy.ts";
 import { type BenchShape, benchShapes, makeBatch, work } from "./shapes.ts";
@@ -58,9 +59,8 @@ export function shapeName(s: BenchShape): string {
     `${s.num_heads}q/${s.num_kv_heads}kv d${s.head_size} bs${s.block_size} f16`;
 }
 
-const sameBits = (x: Float32Array, y: Float32Array) =>
-  x.length === y.length && new Uint32Array(x.buffer, x.byteOffset, x.length)
-    .every((v, i) => v === new Uint32Array(y.buffer, y.byteOffset, y.length)[i]);
+const sameBits = (x: DataArray, y: DataArray) =>
+  x.bytes.byteLength === y.bytes.byteLength && x.bytes.every((v, i) => v === y.bytes[i]);
 
 async function benchBackend(
   b: AttentionBackend,
@@ -73,7 +73,7 @@ async function benchBackend(
 ): Promise<BackendRow> {
   const cache = await b.importCache(data.spec, data.key.slice(), data.value.slice(), ctx);
   try {
-    const batch: ForwardBatch = { ...data.batch, cache };
+    const batch = validHostBatch(data.batch, cache);
     let t = performance.now();
     const plan = await b.plan(batch, ctx);
     const plan_cold_ms = performance.now() - t;

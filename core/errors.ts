@@ -110,3 +110,15 @@ export class DeviceUnavailableError extends ServiceError {
     this.name = "DeviceUnavailableError";
   }
 }
+
+/**
+ * The client went away (closed its connection or aborted) before the call ran: nothing was
+ * written. Status 499 (nginx's "client closed request"); nobody reads the answer, but logs and
+ * metrics count it apart from server errors.
+ */
+export class ClientClosedError extends ServiceError {
+  constructor(message: string) {
+    super(message, { status: 499, code: "client_closed_request", title: "Client Closed Request" });
+    this.name = "ClientClosedError";
+  }
+}

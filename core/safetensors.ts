@@ -181,14 +181,15 @@ export function parseSafetensors(bytes: Uint8Array): SafetensorsFile {
 }
 
 /**
- * Serializes tensors (in the given order) and optional metadata as a safetensors file. The
- * header is padded with spaces to a multiple of 8 bytes so the data starts aligned.
+ * A safetensors file as parts: the length-prefixed header (padded with spaces to a multiple
+ * of 8 bytes so the data starts aligned), then each tensor's bytes as given (not copied), in
+ * order. Their concatenation is the file; a response can stream them as they are.
  * @throws ServiceError 500 `bad_tensor` when a tensor's byte length disagrees with dtype x shape.
  */
-export function serializeSafetensors(
+export function safetensorsParts(
   tensors: Record<string, SafetensorsTensor>,
   metadata?: Record<string, string>,
-): Uint8Array {
+): Uint8Array[] {
   const header: Record<string, unknown> = {};
   if (metadata && Object.keys(metadata).length > 0) header.__metadata__ = metadata;
   let offset = 0;
@@ -205,20 +206,29 @@ export function serializeSafetensors(
     header[name] = { dtype: t.dtype, shape: t.shape, data_offsets: [offset, offset + want] };
     offset += want;
   }
-  let json = new TextEncoder().encode(JSON.stringify(header));
+  const json = new TextEncoder().encode(JSON.stringify(header));
   const padded = Math.ceil(json.byteLength / 8) * 8;
-  if (padded !== json.byteLength) {
-    const p = new Uint8Array(padded).fill(0x20);
-    p.set(json);
-    json = p;
-  }
-  const out = new Uint8Array(8 + json.byteLength + offset);
-  new DataView(out.buffer).setBigUint64(0, BigInt(json.byteLength), true);
-  out.set(json, 8);
-  let at = 8 + json.byteLength;
-  for (const t of Object.values(tensors)) {
-    out.set(t.data, at);
-    at += t.data.byteLength;
+  const head = new Uint8Array(8 + padded).fill(0x20);
+  new DataView(head.buffer).setBigUint64(0, BigInt(padded), true);
+  head.set(json, 8);
+  return [head, ...Object.values(tensors).map((t) => t.data)];
+}
+
+/**
+ * Serializes tensors (in the given order) and optional metadata as one safetensors file
+ * (the concatenation of {@link safetensorsParts}).
+ * @throws ServiceError 500 `bad_tensor` when a tensor's byte length disagrees with dtype x shape.
+ */
+export function serializeSafetensors(
+  tensors: Record<string, SafetensorsTensor>,
+  metadata?: Record<string, string>,
+): Uint8Array {
+  const parts = safetensorsParts(tensors, metadata);
+  const out = new Uint8Array(parts.reduce((n, p) => n + p.byteLength, 0));
+  let at = 0;
+  for (const p of parts) {
+    out.set(p, at);
+    at += p.byteLength;
   }
   return out;
 }

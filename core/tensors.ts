@@ -1,6 +1,7 @@
 /**
  * Tensors as requests carry them, turned into typed host arrays by role:
- * - data tensors (query/key/value): Float32Array whose values are rounded to their dtype;
+ * - data tensors (query/key/value): {@link DataArray}s of their dtype (bytes as they came, or
+ *   JSON numbers rounded and encoded); finiteness is checked by validation (422);
  * - cache tensors (key_cache/value_cache): raw little-endian bytes in their storage dtype;
  * - int tensors (metadata): Int32Array (int64 values must fit in int32).
  *
@@ -10,10 +11,11 @@
  * the int32 range).
  * @module
  */
-import { decode, encode, roundArray, SAFETENSORS_DTYPE } from "./dtype.ts";
+import { dataArray, fromFloats } from "./data.ts";
+import { encode, SAFETENSORS_DTYPE } from "./dtype.ts";
 import { invalidBatch, type Issue, ServiceError } from "./errors.ts";
 import { numel, type SafetensorsDType, type SafetensorsTensor } from "./safetensors.ts";
-import type { DType, StorageDType } from "./types.ts";
+import type { DataArray, DType, StorageDType } from "./types.ts";
 
 /** A tensor as JSON carries it. */
 export interface JsonTensor {
@@ -36,11 +38,11 @@ export interface RawTensor {
   encoding: TensorEncoding;
 }
 
-/** A data tensor: values already representable in `dtype`. */
+/** A data tensor: its elements in `dtype` (JSON numbers rounded; bytes used as they came). */
 export interface DataTensor {
   dtype: DType;
   shape: number[];
-  values: Float32Array;
+  array: DataArray;
   encoding: TensorEncoding;
 }
 
@@ -202,14 +204,12 @@ function aligned(b: Uint8Array): Uint8Array {
   return b.byteOffset % 8 === 0 ? b : b.slice();
 }
 
-/** → data tensor: Float32Array rounded to the tensor's dtype. */
+/** → data tensor: the dtype's bytes (a view of the wire bytes when aligned; JSON numbers encoded). */
 export function toDataTensor(raw: RawTensor, path: Path): DataTensor {
   requireDtype(raw, DATA_DTYPES, "data", path);
   const dtype = raw.dtype as DType;
-  const values = raw.bytes
-    ? decode(dtype, raw.bytes)
-    : roundArray(dtype, Float32Array.from(raw.numbers!));
-  return { dtype, shape: raw.shape, values, encoding: raw.encoding };
+  const array = raw.bytes ? dataArray(dtype, raw.bytes) : fromFloats(dtype, raw.numbers!);
+  return { dtype, shape: raw.shape, array, encoding: raw.encoding };
 }
 
 /** → cache tensor: bytes in the storage dtype (`data` numbers are encoded, bytes taken as is). */

@@ -177,8 +177,21 @@ export interface BatchMetadata {
 }
 
 /**
- * One validated forward call in host form. Data tensors are Float32Array whose values are
- * already exactly representable in `dtype` (float16/bfloat16 values are rounded on input).
+ * A data tensor (query / key / value / output) in its dtype: the little-endian bytes exactly as
+ * the request carried them (a view, not a copy, where the wire allowed it). `bytes.byteOffset`
+ * is a multiple of 4 and `bytes.byteLength` is `length` times the element size.
+ */
+export interface DataArray {
+  readonly dtype: DType;
+  /** Elements. */
+  readonly length: number;
+  readonly bytes: Uint8Array;
+}
+
+/**
+ * A forward call in float32 host form: what the float64 reference (core/reference.ts)
+ * computes on. Data tensors are Float32Array whose values are exactly representable in
+ * `dtype`. Built from a {@link ValidBatch} by `hostBatch` (core/data.ts).
  */
 export interface ForwardBatch {
   dtype: DType;
@@ -199,14 +212,76 @@ export interface ForwardBatch {
   return_lse: boolean;
 }
 
+/** Counts a validated batch carries, computed once by validation. */
+export interface BatchStats {
+  /** Longest query of the batch. */
+  max_query_len: number;
+  /** Longest seq_len. */
+  max_seq_len: number;
+  /** Requests whose query length is at or under the decode threshold (1). */
+  num_decode_reqs: number;
+  /** Sum over query tokens of the keys each may attend (mask-aware upper bound). */
+  attended_keys: number;
+}
+
+/**
+ * Everything a plan may depend on: a validated forward call without its tensors. Plans are
+ * built from this alone and cached under `plan_key` (it names the layer, dtypes, cache spec and
+ * a fingerprint of the metadata), so every call with the same metadata, such as the layers of
+ * one engine step, reuses one plan.
+ */
+export interface BatchShape {
+  readonly dtype: DType;
+  readonly layer: LayerSpec;
+  readonly num_tokens: number;
+  /** Rows of key/value (0 when the call carries none). */
+  readonly num_kv_tokens: number;
+  readonly metadata: BatchMetadata;
+  /** The spec of the cache the call attends over; null for encoder types. */
+  readonly cache_spec: KvCacheSpec | null;
+  readonly return_lse: boolean;
+  readonly stats: BatchStats;
+  /** Canonical key of all of the above. */
+  readonly plan_key: string;
+}
+
+declare const validBrand: unique symbol;
+
+/**
+ * One forward call that passed validation (service/validate.ts builds them, and nothing else
+ * does): shapes agree with the layer, metadata is consistent, every block id and slot is in
+ * range, no block repeats within a request, tensors are finite, limits hold. Backends and the
+ * cache writer trust it and do not re-check.
+ */
+export interface ValidBatch extends BatchShape {
+  readonly [validBrand]: true;
+  /** [num_tokens, num_heads, head_size] */
+  readonly query: DataArray;
+  /** [num_kv_tokens, num_kv_heads, head_size], or null. */
+  readonly key: DataArray | null;
+  readonly value: DataArray | null;
+  /** The cache (server-held or inline); null for encoder types. */
+  readonly cache: KvCache | null;
+}
+
 /** What a backend returns. */
 export interface ForwardResult {
-  /** [num_tokens, num_heads, head_size], values rounded to the batch dtype. */
-  output: Float32Array;
+  /** [num_tokens, num_heads, head_size] in the batch dtype. */
+  output: DataArray;
   /** [num_heads, num_tokens] natural-log normaliser, or null when not asked for. */
   lse: Float32Array | null;
   /** Milliseconds by phase, e.g. {plan, write, attend}. */
   timings?: Record<string, number>;
+}
+
+/** Options of a backend's `run`. */
+export interface RunOptions {
+  /**
+   * Aborted when the caller went away. A backend checks it before it writes anything: an
+   * aborted call writes nothing and rejects; once the cache write is submitted the call
+   * completes (the write happens entirely or not at all).
+   */
+  signal?: AbortSignal;
 }
 
 /** The WebGPU device as the backends see it (null anywhere there is none). */
@@ -262,10 +337,16 @@ export interface AttentionBackend<P = unknown> {
     value: Uint8Array,
     ctx: BackendContext,
   ): Promise<KvCache> | KvCache;
-  /** Validates the batch against the backend, checks the block table, picks cached pipelines. */
-  plan(batch: ForwardBatch, ctx: BackendContext): Promise<P> | P;
-  /** Writes uniforms, binds, dispatches (writes K/V into the cache first), reads back once. */
-  run(plan: P, batch: ForwardBatch, ctx: BackendContext): Promise<ForwardResult>;
+  /**
+   * Plans a batch from its metadata alone (no tensor is read): work partition, compiled
+   * pipelines, uploaded tables. The service caches plans by `shape.plan_key` and the device,
+   * so a plan must not hold anything specific to one call's tensors or cache.
+   */
+  plan(shape: BatchShape, ctx: BackendContext): Promise<P> | P;
+  /** Writes the tensors, binds, dispatches (writes K/V into the cache first), reads back once. */
+  run(plan: P, batch: ValidBatch, ctx: BackendContext, opts?: RunOptions): Promise<ForwardResult>;
+  /** Frees what a plan holds once the plan cache drops it (and no call uses it). */
+  disposePlan?(plan: P): void;
 }
 
 /** What `GET /v1/device` reports. */

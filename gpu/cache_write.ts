@@ -1,29 +1,35 @@
 /**
  * Writing new K/V rows into a {@link GpuKvCache} (vLLM's reshape_and_cache) with
- * `wgsl/cache_write.wgsl`: rows uploaded as f32, rounded on the GPU to the storage dtype in
- * integer arithmetic (byte-exact with core/dtype.ts), slot -1 skipped. Record it on the same
- * encoder as the attention kernel so one submission writes then attends.
+ * `wgsl/cache_write.wgsl`, described as the kernel entry {@link CACHE_WRITE}: rows uploaded
+ * in their data dtype, rounded on the GPU to the storage dtype in integer arithmetic
+ * (byte-exact with core/dtype.ts), slot -1 skipped. A backend's plan compiles it and packs its
+ * Params ({@link planCacheWrite}); its run dispatches it in the same submission as the
+ * attention kernels ({@link cacheWriteCall}), so one submit writes then attends. The batch
+ * was validated (service/validate.ts): rows, slots and their range are not re-checked here.
  * @module
  */
-import { invalidBatch } from "../core/errors.ts";
-import type { GpuContext, StorageDType } from "../core/types.ts";
-import { BatchBuffers, dispatchSize, UniformBuilder } from "./batch_buffers.ts";
-import type { GpuKvCache } from "./kv_cache.ts";
-import { getComputePipeline } from "./pipelines.ts";
-import { dtypeTag, elementsPerWord, kvAccessors, loadWgsl, specialize } from "./wgsl.ts";
+import type { DataArray, DType, GpuContext, KvCacheSpec } from "../core/types.ts";
+import { type GpuKvCache, type KvChunkGeometry, kvChunkGeometry } from "./kv_cache.ts";
+import { getKernel, type KernelDef, packUniforms } from "./kernel.ts";
+import { type Bound, type KernelCall, launch } from "./launch.ts";
+import { dispatchSize } from "./batch_buffers.ts";
+import { poolOf } from "./buffer_pool.ts";
+import { elementsPerWord, kvAccessorFns, kvBindingDecls, loadWgsl, specialize } from "./wgsl.ts";
+import { dataLoads } from "./wgsl_data.ts";
+import { type Section, TableBuilder } from "./plan_table.ts";
+import type { StorageDType } from "../core/types.ts";
 
 /** Workgroup size of the cache-write kernel. */
 export const CACHE_WRITE_WG = 64;
 
-/** The rows to write: key/value `[num_rows, num_kv_heads, head_size]`, one slot per row. */
-export interface CacheWriteRows {
-  key: Float32Array;
-  value: Float32Array;
-  /** [num_rows]; -1 (any negative) = padding, nothing written. */
-  slot_mapping: Int32Array;
-  /** fp8 caches store x / scale (default 1). */
-  k_scale?: number;
-  v_scale?: number;
+/** Compile-time values of one cache-write variant. */
+export interface CacheWriteConsts {
+  [k: string]: string | number | boolean;
+  storage: StorageDType;
+  dtype: DType;
+  head: number;
+  nhd: boolean;
+  nchunk: number;
 }
 
 function packFn(d: StorageDType): string {
@@ -52,106 +58,137 @@ ${head}  return ${f}(scaled(x.x, scale)) | (${f}(scaled(x.y, scale)) << 8u) |
   }
 }
 
-/** The pipeline key of the cache-write kernel for `cache`, e.g. `cache_write[f16]:hd128:NHD:c1:wg64`. */
-export function cacheWriteKey(cache: GpuKvCache): string {
-  const g = cache.geometry;
-  return `cache_write[${dtypeTag(g.storage_dtype)}]:hd${cache.spec.head_size}:` +
-    `${cache.spec.layout}:c${g.nchunk}:wg${CACHE_WRITE_WG}`;
+/** The cache-write kernel, as data. */
+export const CACHE_WRITE: KernelDef<CacheWriteConsts> = {
+  name: "cache_write",
+  uniforms: [
+    ["num_rows", "u32"],
+    ["num_kv_heads", "u32"],
+    ["block_size", "u32"],
+    ["nwg_x", "u32"],
+    ["k_scale", "f32"],
+    ["v_scale", "f32"],
+    ["block_words", "u32"],
+    ["blocks_per_chunk", "u32"],
+  ],
+  bindings: (c) => [
+    { name: "P", kind: "uniform" },
+    { name: "key_new", kind: "read", type: "array<u32>" },
+    { name: "value_new", kind: "read", type: "array<u32>" },
+    { name: "slots", kind: "read", type: "array<i32>" },
+    ...kvBindingDecls(c.nchunk, "read_write"),
+  ],
+  async source(c) {
+    const k = dataLoads("key_new", c.dtype, 1), v = dataLoads("value_new", c.dtype, 1);
+    return specialize(await loadWgsl("cache_write.wgsl"), {
+      WG: CACHE_WRITE_WG,
+      HEAD: c.head,
+      EPW: elementsPerWord(c.storage),
+      NHD: c.nhd,
+      ROUND: await loadWgsl("round.wgsl"),
+      SRC: `${k.code}${v.code}fn src_bits(is_v: bool, i: u32) -> u32 {
+  if (is_v) {
+    return value_new_bits(i);
+  }
+  return key_new_bits(i);
+}
+`,
+      PACK: packFn(c.storage),
+      KV: kvAccessorFns({
+        nchunk: c.nchunk,
+        blocksPerChunk: "P.blocks_per_chunk",
+        blockWords: "P.block_words",
+        access: "read_write",
+      }),
+    });
+  },
+};
+
+/** The variant for a cache of `spec` laid out as `g`, and rows of data dtype `dtype`. */
+export function cacheWriteConsts(
+  spec: KvCacheSpec,
+  g: KvChunkGeometry,
+  dtype: DType,
+): CacheWriteConsts {
+  return {
+    storage: g.storage_dtype,
+    dtype,
+    head: spec.head_size,
+    nhd: spec.layout === "NHD",
+    nchunk: g.nchunk,
+  };
 }
 
-/** The compiled cache-write pipeline for `cache` (cached per device). */
-export async function cacheWritePipeline(
-  ctx: GpuContext,
-  cache: GpuKvCache,
-): Promise<GPUComputePipeline> {
-  const g = cache.geometry;
-  const code = specialize(await loadWgsl("cache_write.wgsl"), {
-    WG: CACHE_WRITE_WG,
-    HEAD: cache.spec.head_size,
-    EPW: elementsPerWord(g.storage_dtype),
-    NHD: cache.spec.layout === "NHD",
-    PACK: packFn(g.storage_dtype),
-    KV: kvAccessors({
-      nchunk: g.nchunk,
-      blocksPerChunk: "P.blocks_per_chunk",
-      blockWords: "P.block_words",
-      firstBinding: 4,
-      access: "read_write",
-    }),
-  });
-  return getComputePipeline(ctx, cacheWriteKey(cache), code);
+/** A planned cache write: the compiled kernel, its Params and slot sections, its grid. */
+export interface CacheWritePlan {
+  kernel: Awaited<ReturnType<typeof getKernel>>;
+  params: Section;
+  slots: Section;
+  grid: [number, number];
 }
 
 /**
- * Checks `rows` against `cache` (lengths, slots in range).
- * @throws ServiceError 422 `invalid_batch` naming the field and value.
+ * Plans the write of key/value rows (one per slot_mapping entry `slots`) into a cache of
+ * `spec` on `ctx`'s device, adding its sections to `table`. null when there is nothing to write.
  */
-export function validateCacheWrite(cache: GpuKvCache, rows: CacheWriteRows): number {
-  const { num_kv_heads: kvh, head_size: hs, num_blocks, block_size } = cache.spec;
-  const n = rows.slot_mapping.length;
-  const want = n * kvh * hs;
-  for (const [name, a] of [["key", rows.key], ["value", rows.value]] as const) {
-    if (a.length !== want) {
-      throw invalidBatch([{
-        path: [name],
-        message: `has ${a.length} elements, expected ${n} x ${kvh} x ${hs} = ${want}`,
-      }]);
-    }
-  }
-  const slots = num_blocks * block_size;
-  for (let i = 0; i < n; i++) {
-    const s = rows.slot_mapping[i];
-    if (s >= slots) {
-      throw invalidBatch([{
-        path: ["metadata", "slot_mapping", i],
-        message:
-          `slot ${s} is out of range for a cache of ${num_blocks} blocks x ${block_size} slots`,
-      }]);
-    }
-  }
-  return n;
-}
-
-/**
- * Records the cache write on `encoder` (one compute pass). Buffers come from `buffers` and
- * live until it is destroyed. Returns false (recording nothing) when there are no rows.
- */
-export async function encodeCacheWrite(
+export async function planCacheWrite(
   ctx: GpuContext,
-  encoder: GPUCommandEncoder,
-  cache: GpuKvCache,
-  rows: CacheWriteRows,
-  buffers: BatchBuffers,
-): Promise<boolean> {
-  cache.assertUsable(ctx);
-  const n = validateCacheWrite(cache, rows);
-  const spec = cache.spec;
-  if (n === 0 || spec.num_kv_heads === 0) return false;
-  const pipeline = await cacheWritePipeline(ctx, cache);
-  const g = cache.geometry;
+  spec: KvCacheSpec,
+  dtype: DType,
+  slots: Int32Array,
+  scales: { k_scale: number; v_scale: number },
+  table: TableBuilder,
+): Promise<CacheWritePlan | null> {
+  const rows = slots.length, g = kvChunkGeometry(ctx, spec);
+  if (rows === 0) return null;
+  const kernel = await getKernel(ctx, CACHE_WRITE, cacheWriteConsts(spec, g, dtype));
   const wpr = spec.head_size / elementsPerWord(g.storage_dtype);
-  const total = 2 * n * spec.num_kv_heads * wpr;
-  const [wx, wy] = dispatchSize(ctx, Math.ceil(total / CACHE_WRITE_WG));
-  const params = new UniformBuilder()
-    .u32(n).u32(spec.num_kv_heads).u32(spec.block_size).u32(wx)
-    .f32(rows.k_scale ?? 1).f32(rows.v_scale ?? 1).u32(g.block_words).u32(g.blocks_per_chunk);
-  const bind = ctx.device.createBindGroup({
-    label: "cache_write",
-    layout: pipeline.getBindGroupLayout(0),
-    entries: [
-      { binding: 0, resource: { buffer: buffers.uniform(params, "cw.params") } },
-      { binding: 1, resource: { buffer: buffers.storage(rows.key, "cw.key") } },
-      { binding: 2, resource: { buffer: buffers.storage(rows.value, "cw.value") } },
-      { binding: 3, resource: { buffer: buffers.storage(rows.slot_mapping, "cw.slots") } },
-      ...cache.bindEntries(4),
-    ],
-  });
-  const pass = encoder.beginComputePass({ label: "cache_write" });
-  pass.setPipeline(pipeline);
-  pass.setBindGroup(0, bind);
-  pass.dispatchWorkgroups(wx, wy);
-  pass.end();
-  return true;
+  const grid = dispatchSize(ctx, Math.ceil((2 * rows * spec.num_kv_heads * wpr) / CACHE_WRITE_WG));
+  const fp8 = g.storage_dtype === "fp8_e4m3" || g.storage_dtype === "fp8_e5m2";
+  const params = table.add(packUniforms(CACHE_WRITE, {
+    num_rows: rows,
+    num_kv_heads: spec.num_kv_heads,
+    block_size: spec.block_size,
+    nwg_x: grid[0],
+    k_scale: fp8 ? scales.k_scale : 1,
+    v_scale: fp8 ? scales.v_scale : 1,
+    block_words: g.block_words,
+    blocks_per_chunk: g.blocks_per_chunk,
+  }));
+  return { kernel, params, slots: table.add(slots), grid };
+}
+
+/** The dispatch of a planned write: `table` binds its sections, `key`/`value` the rows. */
+export function cacheWriteCall(
+  p: CacheWritePlan,
+  bindTable: (s: Section) => Bound,
+  cache: GpuKvCache,
+  key: Bound,
+  value: Bound,
+): KernelCall {
+  return {
+    name: "cache_write",
+    kernel: p.kernel,
+    bind: {
+      P: bindTable(p.params),
+      key_new: key,
+      value_new: value,
+      slots: bindTable(p.slots),
+      ...cache.bindMap(),
+    },
+    grid: p.grid,
+  };
+}
+
+/** Rows to write on their own: key/value `[num_rows, num_kv_heads, head_size]`, one slot each. */
+export interface CacheWriteRows {
+  key: DataArray;
+  value: DataArray;
+  /** [num_rows]; -1 = padding, nothing written. Must be in range (validated by the caller). */
+  slot_mapping: Int32Array;
+  /** fp8 caches store x / scale (default 1). */
+  k_scale?: number;
+  v_scale?: number;
 }
 
 /** Writes `rows` into `cache` in its own submission and waits for the GPU to finish. */
@@ -160,14 +197,27 @@ export async function writeCache(
   cache: GpuKvCache,
   rows: CacheWriteRows,
 ): Promise<void> {
-  const buffers = new BatchBuffers(ctx, "cache_write");
+  cache.assertUsable(ctx);
+  const table = new TableBuilder();
+  const p = await planCacheWrite(ctx, cache.spec, rows.key.dtype, rows.slot_mapping, {
+    k_scale: rows.k_scale ?? 1,
+    v_scale: rows.v_scale ?? 1,
+  }, table);
+  if (!p) return;
+  const t = table.upload(ctx, "cache_write.table");
+  const pool = poolOf(ctx);
+  const usage = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST;
+  const k = pool.acquire(rows.key.bytes.byteLength, usage, "cw.key");
+  const v = pool.acquire(rows.value.bytes.byteLength, usage, "cw.value");
   try {
-    const enc = ctx.device.createCommandEncoder({ label: "cache_write" });
-    if (await encodeCacheWrite(ctx, enc, cache, rows, buffers)) {
-      ctx.device.queue.submit([enc.finish()]);
-      await ctx.device.queue.onSubmittedWorkDone();
-    }
+    await launch(ctx, {
+      label: "cache_write",
+      uploads: [{ buffer: k, data: rows.key.bytes }, { buffer: v, data: rows.value.bytes }],
+      calls: [cacheWriteCall(p, t.bind, cache, k, v)],
+      reads: [],
+    });
   } finally {
-    buffers.destroy();
+    pool.release(k, v);
+    t.buffer.destroy();
   }
 }

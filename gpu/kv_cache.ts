@@ -265,6 +265,14 @@ export class GpuKvCache implements KvCache {
     }));
   }
 
+  /** The chunk buffers by binding name (`k0..`, `v0..`), as kvBindingDecls names them. */
+  bindMap(): Record<string, GPUBuffer> {
+    const m: Record<string, GPUBuffer> = {};
+    this.keyBuffers.forEach((b, i) => (m[`k${i}`] = b));
+    this.valueBuffers.forEach((b, i) => (m[`v${i}`] = b));
+    return m;
+  }
+
   /** The WGSL bindings and accessors for this cache (see {@link kvAccessors}). */
   accessorWgsl(o: Omit<KvAccessorOptions, "nchunk" | "blocksPerChunk" | "blockWords">): string {
     return kvAccessors({

@@ -32,11 +32,17 @@ function formatMessage(m: GPUCompilationMessage): string {
   return `${m.type}${where}: ${String(m.message).trim()}`;
 }
 
-async function compile(
+/**
+ * Compiles one pipeline (no caching: {@link getComputePipeline} and gpu/kernel.ts cache) with
+ * `layout`: an explicit bind-group layout, or "auto".
+ * @throws ShaderCompileError with the compiler's messages.
+ */
+export async function compilePipeline(
   ctx: GpuContext,
   key: string,
   code: string,
-  entryPoint: string,
+  layout: GPUBindGroupLayout | "auto" = "auto",
+  entryPoint = "main",
 ): Promise<GPUComputePipeline> {
   const device = ctx.device;
   device.pushErrorScope("internal");
@@ -53,7 +59,9 @@ async function compile(
       try {
         pipeline = await device.createComputePipelineAsync({
           label: key,
-          layout: "auto",
+          layout: layout === "auto"
+            ? "auto"
+            : device.createPipelineLayout({ label: key, bindGroupLayouts: [layout] }),
           compute: { module, entryPoint },
         });
       } catch (e) {
@@ -96,7 +104,7 @@ export function getComputePipeline(
     }
     return hit.pipeline;
   }
-  const pipeline = compile(ctx, key, code, entryPoint);
+  const pipeline = compilePipeline(ctx, key, code, "auto", entryPoint);
   cache.set(key, { code, entryPoint, pipeline });
   pipeline.catch(() => {
     if (cache.get(key)?.pipeline === pipeline) cache.delete(key);

@@ -11,6 +11,7 @@
  * @module
  */
 import type { StorageDType } from "../core/types.ts";
+import type { BindingDecl } from "./kernel.ts";
 
 const sources = new Map<string, Promise<string>>();
 
@@ -181,20 +182,27 @@ function lit(v: number | string): string {
   return typeof v === "number" ? `${v}u` : `(${v})`;
 }
 
-/** The bindings `k0.., v0..` and their accessors (see the module doc). */
-export function kvAccessors(o: KvAccessorOptions): string {
+/** The binding declarations `k0..k{N-1}, v0..v{N-1}` (in that order) as kernel-entry data. */
+export function kvBindingDecls(
+  nchunk: number,
+  access: "read" | "read_write" = "read",
+  vec4 = false,
+): BindingDecl[] {
+  const type = vec4 ? "array<vec4<u32>>" : "array<u32>";
+  const out: BindingDecl[] = [];
+  for (const t of ["k", "v"]) {
+    for (let c = 0; c < nchunk; c++) out.push({ name: `${t}${c}`, kind: access, type });
+  }
+  return out;
+}
+
+/** The accessors over bindings `k0.., v0..` (see the module doc); no declarations. */
+export function kvAccessorFns(o: Omit<KvAccessorOptions, "group" | "firstBinding">): string {
   const n = o.nchunk;
   if (!(Number.isInteger(n) && n >= 1)) throw new Error(`nchunk must be >= 1, got ${n}`);
-  const group = o.group ?? 0;
   const access = o.access ?? "read";
   const bpc = lit(o.blocksPerChunk), bw = lit(o.blockWords);
-  const elem = o.vec4 ? "array<vec4<u32>>" : "array<u32>";
   let s = "";
-  for (const [t, base] of [["k", o.firstBinding], ["v", o.firstBinding + n]] as const) {
-    for (let c = 0; c < n; c++) {
-      s += `@group(${group}) @binding(${base + c}) var<storage, ${access}> ${t}${c}: ${elem};\n`;
-    }
-  }
   const index = n === 1
     ? (w: string) => `let i = block * ${bw} + ${w};`
     : (w: string) => `let c = block / ${bpc};\n  let i = (block - c * ${bpc}) * ${bw} + ${w};`;
@@ -221,4 +229,15 @@ export function kvAccessors(o: KvAccessorOptions): string {
     }
   }
   return s;
+}
+
+/** The bindings `k0.., v0..` declared at `firstBinding` and their accessors (see the module doc). */
+export function kvAccessors(o: KvAccessorOptions): string {
+  const group = o.group ?? 0;
+  const decls = kvBindingDecls(o.nchunk, o.access ?? "read", o.vec4 ?? false);
+  return decls.map((d, i) =>
+    `@group(${group}) @binding(${
+      o.firstBinding + i
+    }) var<storage, ${d.kind}> ${d.name}: ${d.type};\n`
+  ).join("") + kvAccessorFns(o);
 }

@@ -7,9 +7,11 @@ import { encode } from "../core/dtype.ts";
 import { type Issue, ServiceError } from "../core/errors.ts";
 import {
   parseSafetensors,
+  safetensorsParts,
   type SafetensorsTensor,
   serializeSafetensors,
 } from "../core/safetensors.ts";
+import { toFloat32 } from "../core/data.ts";
 import {
   type JsonTensor,
   rawFromJson,
@@ -21,7 +23,7 @@ import {
   toIntTensor,
   toJsonTensor,
 } from "../core/tensors.ts";
-import type { ForwardInput } from "../service/forward.ts";
+import type { ForwardInput } from "../service/validate.ts";
 import type { CacheData, ForwardOutcome } from "../service/service.ts";
 import { fromZod } from "./problem.ts";
 import {
@@ -155,19 +157,17 @@ export function decodeBinaryForward(bytes: Uint8Array): DecodedForward {
   return { input: build(rest, raws, {}), encoding: output_encoding ?? "base64" };
 }
 
-/** A forward outcome as the JSON response body. */
+/** A forward outcome as the JSON response body (base64 of the output bytes as computed). */
 export function forwardJson(
   o: ForwardOutcome,
   encoding: "data" | "base64",
 ): Record<string, unknown> {
+  const shape = [o.num_tokens, o.num_heads, o.head_size];
   const out: Record<string, unknown> = {
     backend: o.backend,
-    output: toJsonTensor(
-      o.dtype,
-      [o.num_tokens, o.num_heads, o.head_size],
-      o.result.output,
-      encoding,
-    ),
+    output: encoding === "base64"
+      ? { dtype: o.dtype, shape, base64: o.result.output.bytes.toBase64() }
+      : toJsonTensor(o.dtype, shape, toFloat32(o.result.output), "data"),
   };
   if (o.result.lse) {
     out.lse = toJsonTensor("float32", [o.num_heads, o.num_tokens], o.result.lse, encoding);
@@ -176,13 +176,16 @@ export function forwardJson(
   return out;
 }
 
-/** A forward outcome as a safetensors file (`output`, `lse`; metadata backend and timings). */
-export function forwardSafetensors(o: ForwardOutcome): Uint8Array {
+/**
+ * A forward outcome as a safetensors file in parts (`output`, `lse`; metadata backend and
+ * timings): the output's bytes go out as the backend produced them, uncopied.
+ */
+export function forwardSafetensors(o: ForwardOutcome): Uint8Array[] {
   const tensors: Record<string, SafetensorsTensor> = {
     output: {
       dtype: safetensorsDtype(o.dtype),
       shape: [o.num_tokens, o.num_heads, o.head_size],
-      data: encode(o.dtype, o.result.output),
+      data: o.result.output.bytes,
     },
   };
   if (o.result.lse) {
@@ -192,7 +195,7 @@ export function forwardSafetensors(o: ForwardOutcome): Uint8Array {
       data: encode("float32", o.result.lse),
     };
   }
-  return serializeSafetensors(tensors, {
+  return safetensorsParts(tensors, {
     backend: o.backend,
     timings: JSON.stringify(o.result.timings ?? {}),
   });

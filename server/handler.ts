@@ -39,14 +39,21 @@ function jsonResponse(body: unknown, status = 200, headers?: Record<string, stri
   });
 }
 
-function binaryResponse(bytes: Uint8Array, headers?: Record<string, string>): Response {
-  return new Response(bytes as Uint8Array<ArrayBuffer>, {
-    status: 200,
-    headers: {
-      "content-type": SAFETENSORS,
-      "content-length": String(bytes.byteLength),
-      ...headers,
+function binaryResponse(
+  bytes: Uint8Array | Uint8Array[],
+  headers?: Record<string, string>,
+): Response {
+  const parts = Array.isArray(bytes) ? bytes : [bytes];
+  const length = parts.reduce((n, p) => n + p.byteLength, 0);
+  const body = parts.length === 1 ? parts[0] as Uint8Array<ArrayBuffer> : new ReadableStream({
+    start(c) {
+      for (const p of parts) c.enqueue(p);
+      c.close();
     },
+  });
+  return new Response(body, {
+    status: 200,
+    headers: { "content-type": SAFETENSORS, "content-length": String(length), ...headers },
   });
 }
 
@@ -102,7 +109,7 @@ export function createHandler(
       ? decodeJsonForward(parseJson(bytes))
       : decodeBinaryForward(bytes);
     const t0 = performance.now();
-    const outcome = await service.forward(decoded.input);
+    const outcome = await service.forward(decoded.input, { signal: req.signal });
     metrics.recordForward(outcome.backend, (performance.now() - t0) / 1000);
     const headers = { "x-attention-backend": outcome.backend };
     if (wantsBinary(req)) return binaryResponse(forwardSafetensors(outcome), headers);

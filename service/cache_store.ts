@@ -91,20 +91,7 @@ export class CacheStore {
     ctx: BackendContext,
   ): Promise<StoredCache> {
     const want = cacheBytes(spec);
-    if (want > this.remainingBytes) {
-      throw new ServiceError(
-        `a cache of ${want} bytes exceeds the memory budget: ${this.remainingBytes} of ${this.budgetBytes} bytes remain`,
-        {
-          status: 422,
-          code: "memory_budget_exceeded",
-          extra: {
-            requested_bytes: want,
-            remaining_bytes: this.remainingBytes,
-            budget_bytes: this.budgetBytes,
-          },
-        },
-      );
-    }
+    if (want > this.remainingBytes) throw this.#overBudget(want);
     this.#used += want;
     let cache: KvCache;
     try {
@@ -123,6 +110,37 @@ export class CacheStore {
     };
     this.#entries.set(stored.id, { stored, mutex: new Mutex(), deleting: false });
     return stored;
+  }
+
+  /**
+   * Reserves `bytes` of the budget for the duration of one call (an inline cache); returns
+   * the function that gives them back.
+   * @throws ServiceError 422 `memory_budget_exceeded` when they do not fit.
+   */
+  reserve(bytes: number): () => void {
+    if (bytes > this.remainingBytes) throw this.#overBudget(bytes);
+    this.#used += bytes;
+    let done = false;
+    return () => {
+      if (done) return;
+      done = true;
+      this.#used -= bytes;
+    };
+  }
+
+  #overBudget(want: number): ServiceError {
+    return new ServiceError(
+      `a cache of ${want} bytes exceeds the memory budget: ${this.remainingBytes} of ${this.budgetBytes} bytes remain`,
+      {
+        status: 422,
+        code: "memory_budget_exceeded",
+        extra: {
+          requested_bytes: want,
+          remaining_bytes: this.remainingBytes,
+          budget_bytes: this.budgetBytes,
+        },
+      },
+    );
   }
 
   /**

@@ -24,14 +24,31 @@ import type {
 } from "../core/types.ts";
 import { BackendRegistry, selectorConfigDefaults } from "../backends/registry.ts";
 import { CacheStore, type StoredCache } from "./cache_store.ts";
-import { type ForwardInput, validateForward } from "./forward.ts";
+import {
+  attachCache,
+  type CallLimits,
+  DEFAULT_CALL_LIMITS,
+  type ForwardInput,
+  validateForward,
+} from "./validate.ts";
+import { PlanCache } from "./plan_cache.ts";
 
 /** Options of {@link AttentionService}. */
 export interface AttentionServiceOptions {
   backends: AttentionBackend[];
   device: DeviceProvider;
-  /** Total bytes all server-held caches may hold. */
+  /** Total bytes all server-held caches (and inline caches while a call uses them) may hold. */
   memoryBudgetBytes: number;
+  /** Per-call limits (default {@link DEFAULT_CALL_LIMITS}). */
+  limits?: Partial<CallLimits>;
+  /** Most plans kept (default 256). */
+  planCacheSize?: number;
+}
+
+/** Options of one forward call. */
+export interface ForwardOptions {
+  /** Aborted when the client went away: a call not yet submitted is cancelled, writing nothing. */
+  signal?: AbortSignal;
 }
 
 /** `POST /v1/kv-caches` body. */
@@ -105,11 +122,15 @@ export class AttentionService {
   readonly registry: BackendRegistry;
   readonly device: DeviceProvider;
   readonly caches: CacheStore;
+  readonly plans: PlanCache;
+  readonly limits: Readonly<CallLimits>;
 
   constructor(opts: AttentionServiceOptions) {
     this.device = opts.device;
     this.registry = new BackendRegistry(opts.backends, () => opts.device.current());
     this.caches = new CacheStore(opts.memoryBudgetBytes);
+    this.plans = new PlanCache(opts.planCacheSize);
+    this.limits = Object.freeze({ ...DEFAULT_CALL_LIMITS, ...opts.limits });
   }
 
   /** The device report (`GET /v1/device`). */
@@ -213,26 +234,35 @@ export class AttentionService {
   }
 
   /**
-   * One batched forward: validate (nothing is written if this fails), select, wrap an inline
-   * cache with the chosen backend, plan, run.
-   * @throws 400/404/422/503 ServiceErrors.
+   * One batched forward: validate once (nothing is written if this fails), select, wrap an
+   * inline cache with the chosen backend (its bytes count against the memory budget while the
+   * call runs), get the plan (cached by shape), run.
+   * @throws 400/404/422/503 ServiceErrors; 499 when `signal` aborted before the call ran.
    */
-  async forward(input: ForwardInput): Promise<ForwardOutcome> {
+  async forward(input: ForwardInput, opts: ForwardOptions = {}): Promise<ForwardOutcome> {
     const t0 = performance.now();
     const held = input.kv_cache !== undefined ? this.caches.get(input.kv_cache) : null;
     if (held?.cache.lost) throw cacheLost(held.id);
     const v = validateForward(
       input,
       held ? { spec: held.cache.spec, storage: held.cache.storage } : null,
+      this.limits,
     );
     const ctx = await this.#ctx();
     this.#requireDevice(input.backend);
     const { backend } = this.registry.select(v.selector, { backend: forced(input.backend) });
     const tValidated = performance.now();
+    let tPlanned = tValidated, planHit = false;
     const exec = async (cache: KvCache | null): Promise<ForwardResult> => {
-      const batch = { ...v.batch, cache };
-      const plan = await backend.plan(batch, ctx);
-      return await backend.run(plan, batch, ctx);
+      const batch = attachCache(v.batch, cache);
+      const held = await this.plans.get(backend, batch, ctx);
+      tPlanned = performance.now();
+      planHit = held.hit;
+      try {
+        return await backend.run(held.plan, batch, ctx, { signal: opts.signal });
+      } finally {
+        held.release();
+      }
     };
     let result: ForwardResult;
     if (held) {
@@ -241,11 +271,16 @@ export class AttentionService {
         return exec(s.cache);
       });
     } else if (v.inline) {
-      const cache = await backend.importCache(v.inline.spec, v.inline.key, v.inline.value, ctx);
+      const release = this.caches.reserve(v.inline.key.byteLength + v.inline.value.byteLength);
       try {
-        result = await exec(cache);
+        const cache = await backend.importCache(v.inline.spec, v.inline.key, v.inline.value, ctx);
+        try {
+          result = await exec(cache);
+        } finally {
+          cache.destroy();
+        }
       } finally {
-        cache.destroy();
+        release();
       }
     } else {
       result = await exec(null);
@@ -253,6 +288,8 @@ export class AttentionService {
     const timings = {
       ...result.timings,
       validate: tValidated - t0,
+      plan: tPlanned - tValidated,
+      plan_cached: planHit ? 1 : 0,
       total: performance.now() - t0,
     };
     return {
@@ -267,6 +304,7 @@ export class AttentionService {
 
   /** Frees every server-held cache. */
   close(): Promise<void> {
+    this.plans.clear();
     return this.caches.clear();
   }
 }

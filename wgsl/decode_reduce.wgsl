@@ -5,52 +5,22 @@
 //   out = v_scale * sum_s acc_s e^(m_s - M) / L,  lse = M + log(L).
 // Nothing to attend (L == 0): out = 0, lse = -inf (P.neg_inf).
 //
-// Bindings (group 0):
-//   0 uniform  P      : Params                 the same block as decode_split.wgsl
-//   1 storage  tab    : [..] u32   token table at P.tok_off: [num_tokens * 2] (first slot,
-//                                  slot count); sinks at P.sink_off: [num_heads] f32 bits
+// Bindings (group 0; the Params struct and declarations are generated from
+// gpu/decode_kernels.ts's DECODE_REDUCE entry):
+//   0 uniform  P      : Params                 the same fields as decode_split.wgsl
+//   1 storage  tab    : [..] u32   row table at P.tok_off: [num_rows * 4] (token, first slot,
+//                                  slot count, 0); sinks at P.sink_off: [num_heads] f32 bits
 //   2 storage  part   : [num_slots * num_heads * D / 4 + num_slots * num_heads] vec4<f32>
 //                       acc at (slot * H + h) * D / 4, (m, l, 0, 0) at P.ml_off + slot * H + h
-//   3 storage  result : [num_tokens * num_heads * D + num_heads * num_tokens] f32, read_write:
-//                       output [num_tokens, num_heads, D] at 0, lse [num_heads, num_tokens]
-//                       at P.lse_off (poisoned with NaN by the host before the call)
-// Dispatch: num_tokens * num_heads workgroups of D / 4 invocations, folded into (x, y):
-//   id = wg.x + wg.y * P.nwg_x_reduce; token = id / num_heads, head = id % num_heads;
+//   3 storage  out    : [num_tokens, num_heads, D] in the data dtype (out_put4, generated;
+//                       poisoned before the call); only the rows of the row table are written
+//   4 storage  lse    : [num_heads, num_tokens] f32
+// Dispatch: num_rows * num_heads workgroups of D / 4 invocations, folded into (x, y):
+//   id = wg.x + wg.y * P.nwg_x_reduce; row = id / num_heads, head = id % num_heads;
 //   invocation i writes output elements 4i .. 4i + 3.
-// Compile-time: D (head size).
+// Compile-time: D (head size), OUT (the output dtype's store and rounding helpers).
 
-struct Params {
-  num_tokens: u32,
-  num_heads: u32,
-  num_kv_heads: u32,
-  group: u32,
-  num_items: u32,
-  head_tiles: u32,
-  max_blocks: u32,
-  block_size: u32,
-  bt_off: u32,
-  slope_off: u32,
-  tok_off: u32,
-  sink_off: u32,
-  ml_off: u32,
-  lse_off: u32,
-  nwg_x: u32,
-  nwg_x_reduce: u32,
-  block_words: u32,
-  blocks_per_chunk: u32,
-  score_scale: f32,
-  soft_cap: f32,
-  v_scale: f32,
-  has_sink: u32,
-  neg_inf: f32,
-  pad0: u32,
-}
-
-@group(0) @binding(0) var<uniform> P: Params;
-@group(0) @binding(1) var<storage, read> tab: array<u32>;
-@group(0) @binding(2) var<storage, read> part: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read_write> result: array<f32>;
-
+{{OUT}}
 const D: u32 = {{D}};
 const D4: u32 = D / 4u;
 const NEG: f32 = -1.0e30; // the split pass's finite "minus infinity"
@@ -59,13 +29,14 @@ const NEG: f32 = -1.0e30; // the split pass's finite "minus infinity"
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) i: u32) {
   let id = wg.x + wg.y * P.nwg_x_reduce;
   let H = P.num_heads;
-  if (id >= P.num_tokens * H) {
+  if (id >= P.num_rows * H) {
     return;
   }
-  let tok = id / H;
+  let row = id / H;
   let h = id % H;
-  let first = tab[P.tok_off + 2u * tok];
-  let n = tab[P.tok_off + 2u * tok + 1u];
+  let tok = tab[P.tok_off + 4u * row];
+  let first = tab[P.tok_off + 4u * row + 1u];
+  let n = tab[P.tok_off + 4u * row + 2u];
   let has_sink = P.has_sink != 0u;
   let sink = bitcast<f32>(tab[P.sink_off + h]);
   var mx = select(NEG, sink, has_sink);
@@ -83,12 +54,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) i
   }
   let empty = !(den > 0.0);
   let r = select(o * (P.v_scale / den), vec4<f32>(0.0), empty);
-  let ob = (tok * H + h) * D + 4u * i;
-  result[ob] = r.x;
-  result[ob + 1u] = r.y;
-  result[ob + 2u] = r.z;
-  result[ob + 3u] = r.w;
+  out_put4((tok * H + h) * D4 + i, r);
   if (i == 0u) {
-    result[P.lse_off + h * P.num_tokens + tok] = select(mx + log(den), P.neg_inf, empty);
+    lse[h * P.num_tokens + tok] = select(mx + log(den), P.neg_inf, empty);
   }
 }

@@ -21,11 +21,11 @@ import type {
   AttentionBackend,
   BackendContext,
   DType,
-  ForwardBatch,
-  ForwardResult,
   KvCache,
   StorageDType,
 } from "../../core/types.ts";
+import { toFloat32 } from "../../core/data.ts";
+import { validHostBatch } from "../../service/host_input.ts";
 import { cacheIndex, deriveSeed, generateBatch, type GeneratedBatch } from "../support/batches.ts";
 import { assertClose, firstNonFinite, unravel } from "../support/compare.ts";
 import { conformanceCases } from "./cases.ts";
@@ -48,9 +48,9 @@ export function cacheTolerance(storage: StorageDType) {
   return storage === "float32" ? { atol: 1e-4, rtol: 1e-5 } : { atol: 1e-2, rtol: 1e-2 };
 }
 
-/** One backend's results on one case. */
+/** One backend's results on one case (the output decoded to float32). */
 interface Run {
-  result: ForwardResult;
+  result: { output: Float32Array; lse: Float32Array | null };
   after: { key: Uint8Array; value: Uint8Array } | null;
 }
 
@@ -61,16 +61,16 @@ async function runOn(b: AttentionBackend, g: GeneratedBatch, ctx: BackendContext
     cache = await b.importCache(g.cache_spec, g.key_cache.slice(), g.value_cache.slice(), ctx);
   }
   try {
-    const batch: ForwardBatch = {
-      ...g.batch,
-      query: g.batch.query.slice(),
-      key: g.batch.key?.slice() ?? null,
-      value: g.batch.value?.slice() ?? null,
-      cache,
-    };
+    const batch = validHostBatch(g.batch, cache);
     const plan = await b.plan(batch, ctx);
-    const result = await b.run(plan, batch, ctx);
-    return { result, after: cache ? await cache.read() : null };
+    try {
+      const r = await b.run(plan, batch, ctx);
+      assert.equal(r.output.dtype, g.batch.dtype, "the output comes back in the batch dtype");
+      const result = { output: toFloat32(r.output).slice(), lse: r.lse };
+      return { result, after: cache ? await cache.read() : null };
+    } finally {
+      b.disposePlan?.(plan);
+    }
   } finally {
     cache?.destroy();
   }

@@ -3,7 +3,7 @@ import assert from "node:assert/strict";
 import { ServiceError } from "../../core/errors.ts";
 import type { CacheTensor, DataTensor, IntTensor } from "../../core/tensors.ts";
 import type { KvCacheSpec } from "../../core/types.ts";
-import { type ForwardInput, type HeldCacheInfo, validateForward } from "../../service/forward.ts";
+import { type ForwardInput, type HeldCacheInfo, validateForward } from "../../service/validate.ts";
 
 const data = (shape: number[], fill = 0.25): DataTensor => ({
   dtype: "float32",

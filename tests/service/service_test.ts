@@ -2,7 +2,7 @@
 import assert from "node:assert/strict";
 import { ServiceError } from "../../core/errors.ts";
 import type { AttentionBackend } from "../../core/types.ts";
-import type { ForwardInput } from "../../service/forward.ts";
+import type { ForwardInput } from "../../service/validate.ts";
 import { AttentionService } from "../../service/service.ts";
 import { FakeNoDevice } from "../server/helpers.ts";
 import { deferred, type FakeBackend, fakeBackend } from "./helpers.ts";

@@ -4,7 +4,7 @@
  */
 import { invalidBatch, type Issue } from "../core/errors.ts";
 import type { AttnType, KvCacheDType, KvCacheSpec, KvLayout, LayerSpec } from "../core/types.ts";
-import type { ForwardInput, HeldCacheInfo, ValidatedForward } from "./forward.ts";
+import type { ForwardInput, HeldCacheInfo, ValidatedForward } from "./validate.ts";
 
 /** Most issues listed before the rest are summarised in one line. */
 export const MAX_ISSUES = 100;

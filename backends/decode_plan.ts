@@ -1,0 +1,197 @@
+/**
+ * Planning split-KV decoding for the rows of a batch (WEBGPU_DECODE runs every row this way;
+ * WEBGPU_FLASH its decode rows): {@link planDecodeRows} turns each query token of the chosen
+ * requests into work items (slices of the keys that token may see), picks the kernel shape
+ * and the slice length from the key counts and a target workgroup count, compiles the split
+ * and reduce kernels (cached per device), and adds their Params and the item / block-table /
+ * slope / row / sink table to the plan table. A query token at position p sees keys
+ * [max(0, p - w + 1), p + 1) under a causal mask (window w), so each token is its own decode
+ * row: a request of query length n > 1 is n rows.
+ * @module
+ */
+import type { BatchShape, GpuContext } from "../core/types.ts";
+import { dispatchSize } from "../gpu/batch_buffers.ts";
+import { DECODE_REDUCE, DECODE_SPLIT, type DecodeSplitConsts } from "../gpu/decode_kernels.ts";
+import type { PlannedCall } from "../gpu/gpu_plan.ts";
+import { getKernel, packUniforms } from "../gpu/kernel.ts";
+import { kvChunkGeometry } from "../gpu/kv_cache.ts";
+import type { TableBuilder } from "../gpu/plan_table.ts";
+import { elementsPerWord } from "../gpu/wgsl.ts";
+import { decodeShape } from "./decode_shape.ts";
+import type { DecodeTuning } from "./webgpu_decode_tuning.ts";
+
+/** What {@link planDecodeRows} adds to a plan. */
+export interface DecodeRowsPlan {
+  calls: PlannedCall[];
+  /** Bytes of the partials scratch buffer. */
+  part_bytes: number;
+  /** Query tokens handled (rows) and work items (slices). */
+  rows: number;
+  items: number;
+  split_keys: number;
+  key: string;
+}
+
+/** A token's visible key range [begin, end) at position `p` of a request with `S` keys. */
+export function keyRange(s: BatchShape, p: number, S: number): [number, number] {
+  const L = s.layer, w = L.sliding_window;
+  const causal = L.causal && L.attn_type !== "encoder_decoder";
+  if (causal) return [w === null ? 0 : Math.max(0, p - w + 1), Math.min(S, p + 1)];
+  if (w === null) return [0, S];
+  return [Math.max(0, p - w + 1), Math.min(S, p + w)];
+}
+
+/**
+ * Plans the decode rows of `s`: every query token of the requests `reqs` selects. The cache
+ * spec must be set (decoder or encoder_decoder).
+ */
+export async function planDecodeRows(
+  ctx: GpuContext,
+  tuning: DecodeTuning,
+  s: BatchShape,
+  reqs: (i: number) => boolean,
+  table: TableBuilder,
+): Promise<DecodeRowsPlan | null> {
+  const L = s.layer, md = s.metadata, T = s.num_tokens, spec = s.cache_spec!;
+  const H = L.num_heads, Hkv = L.num_kv_heads, D = L.head_size;
+  // Rows and their key ranges.
+  const ranges: [number, number, number, number][] = []; // req, token, begin, end
+  let keys = 0;
+  for (let i = 0; i < md.num_reqs; i++) {
+    if (!reqs(i)) continue;
+    const q0 = md.query_start_loc[i], n = md.query_start_loc[i + 1] - q0, S = md.seq_lens[i];
+    const base = S - n; // position of the request's first query (reference semantics)
+    for (let j = 0; j < n; j++) {
+      const [b, e] = keyRange(s, base + j, S);
+      ranges.push([i, q0 + j, b, Math.max(b, e)]);
+      keys += Math.max(0, e - b);
+    }
+  }
+  if (ranges.length === 0) return null;
+  const g = kvChunkGeometry(ctx, spec);
+  const shape = decodeShape(ctx, tuning, L, spec, g.storage_dtype);
+  const perItem = (Hkv / shape.kh) * shape.tiles;
+  const step = (shape.wg / shape.lpk) * shape.u;
+  let split = Math.max(
+    tuning.min_split_keys,
+    Math.ceil(keys / Math.max(1, shape.target / perItem)),
+  );
+  split = Math.ceil(split / step) * step;
+  const partLimit = Math.min(
+    ctx.limits.maxStorageBufferBindingSize ?? 2 ** 27,
+    ctx.limits.maxBufferSize ?? 2 ** 28,
+  );
+  const countItems = (x: number) =>
+    ranges.reduce((n, r) => n + Math.max(1, Math.ceil((r[3] - r[2]) / x)), 0);
+  while (countItems(split) * H * (D + 4) * 4 > partLimit && split < 2 ** 30) split *= 2;
+  const items: number[] = [];
+  const rowTable = new Uint32Array(4 * ranges.length);
+  ranges.forEach(([i, t, b, e], r) => {
+    const first = items.length / 8;
+    for (let k = b; k < e || k === b; k += split) {
+      items.push(i, t, k, Math.min(e, k + split), first + (items.length / 8 - first), e - 1, 0, 0);
+      if (e <= b) break;
+    }
+    rowTable.set([t, first, items.length / 8 - first, 0], 4 * r);
+  });
+  const n = items.length / 8;
+  const btOff = items.length, slopeOff = btOff + md.block_table.length;
+  const tokOff = slopeOff + H, sinkOff = tokOff + rowTable.length;
+  const tab = new Uint32Array(sinkOff + H);
+  tab.set(items);
+  tab.set(
+    new Uint32Array(md.block_table.buffer, md.block_table.byteOffset, md.block_table.length),
+    btOff,
+  );
+  if (L.alibi_slopes) tab.set(new Uint32Array(Float32Array.from(L.alibi_slopes).buffer), slopeOff);
+  tab.set(rowTable, tokOff);
+  if (L.sinks) tab.set(new Uint32Array(Float32Array.from(L.sinks).buffer), sinkOff);
+
+  const fp8 = g.storage_dtype === "fp8_e4m3" || g.storage_dtype === "fp8_e5m2";
+  const splitGrid = dispatchSize(ctx, n * perItem);
+  const reduceGrid = dispatchSize(ctx, ranges.length * H);
+  const consts: DecodeSplitConsts = {
+    storage: g.storage_dtype,
+    dtype: s.dtype,
+    d: D,
+    bs: spec.block_size,
+    nhd: spec.layout === "NHD",
+    nchunk: g.nchunk,
+    hg: shape.hg,
+    kh: shape.kh,
+    u: shape.u,
+    lpk: shape.lpk,
+    wg: shape.wg,
+    sg: shape.sg,
+    cap: L.logits_soft_cap !== null,
+    alibi: L.alibi_slopes !== null,
+    early_v: tuning.early_values,
+  };
+  const [split_k, reduce_k] = await Promise.all([
+    getKernel(ctx, DECODE_SPLIT, consts),
+    getKernel(ctx, DECODE_REDUCE, { d: D, dtype: s.dtype }),
+  ]);
+  const params = table.add(packUniforms(DECODE_SPLIT, {
+    num_tokens: T,
+    num_heads: H,
+    num_kv_heads: Hkv,
+    group: H / Hkv,
+    num_items: n,
+    head_tiles: shape.tiles,
+    max_blocks: md.max_blocks_per_req,
+    block_size: spec.block_size,
+    bt_off: btOff,
+    slope_off: slopeOff,
+    tok_off: tokOff,
+    sink_off: sinkOff,
+    ml_off: (n * H * D) / 4,
+    num_rows: ranges.length,
+    nwg_x: splitGrid[0],
+    nwg_x_reduce: reduceGrid[0],
+    block_words: g.block_words,
+    blocks_per_chunk: g.blocks_per_chunk,
+    score_scale: L.scale * (fp8 ? L.k_scale : 1),
+    soft_cap: L.logits_soft_cap ?? 1,
+    v_scale: fp8 ? L.v_scale : 1,
+    has_sink: L.sinks ? 1 : 0,
+    neg_inf: -Infinity,
+  }));
+  const tabSec = table.add(tab);
+  const calls: PlannedCall[] = [
+    {
+      name: "decode_split",
+      kernel: split_k,
+      bind: {
+        P: { table: params },
+        q: { io: "query" },
+        tab: { table: tabSec },
+        part: { scratch: "part" },
+      },
+      cache: true,
+      grid: splitGrid,
+    },
+    {
+      name: "decode_reduce",
+      kernel: reduce_k,
+      bind: {
+        P: { table: params },
+        tab: { table: tabSec },
+        part: { scratch: "part" },
+        out: { io: "out" },
+        lse: { io: "lse" },
+      },
+      grid: reduceGrid,
+    },
+  ];
+  return {
+    calls,
+    part_bytes: Math.max(16, n * H * (D + 4) * 4),
+    rows: ranges.length,
+    items: n,
+    split_keys: split,
+    key: split_k.key,
+  };
+}
+
+/** Elements per u32 word of the cache's storage (re-exported for the descriptor). */
+export { elementsPerWord };

@@ -1,0 +1,77 @@
+/**
+ * The split-KV kernel's shape for a layer, cache and device ({@link decodeShape}): subgroup
+ * sums or workgroup memory, lanes per key row, query heads per workgroup (the GQA group, tiled
+ * when larger than the tuning's max_heads), kv heads per key group, keys per step, workgroup
+ * size shrunk until its workgroup memory fits, and the split pass's workgroup target.
+ * Software adapters get one key group per workgroup streaming whole token slots.
+ * @module
+ */
+import type { GpuContext, KvCacheSpec, LayerSpec, StorageDType } from "../core/types.ts";
+import { elementsPerWord } from "../gpu/wgsl.ts";
+import type { DecodeTuning } from "./webgpu_decode_tuning.ts";
+
+/** A split-kernel shape. */
+export interface DecodeShape {
+  sg: boolean;
+  lpk: number;
+  hg: number;
+  tiles: number;
+  kh: number;
+  u: number;
+  wg: number;
+  /** Split-pass workgroups the slice length aims for. */
+  target: number;
+}
+
+/** True for CPU (software) adapters. */
+export function isSoftware(gpu: GpuContext): boolean {
+  const a = gpu.adapter_info;
+  return a.is_fallback_adapter === true ||
+    /llvmpipe|lavapipe|swiftshader|warp/i.test(a.description);
+}
+
+/** The largest divisor of `g` not above `max`. */
+function headTile(g: number, max: number): number {
+  for (let d = Math.min(g, max); d > 1; d--) if (g % d === 0) return d;
+  return 1;
+}
+
+/** The shape for `layer` over a cache of `spec` (storage `st`) on `gpu`. */
+export function decodeShape(
+  gpu: GpuContext,
+  tuning: DecodeTuning,
+  layer: LayerSpec,
+  spec: KvCacheSpec,
+  st: StorageDType,
+): DecodeShape {
+  const H = layer.num_heads, Hkv = layer.num_kv_heads, D = layer.head_size;
+  const rv = D / elementsPerWord(st) / 4;
+  const sg = tuning.subgroups && gpu.features.has("subgroups") &&
+    (gpu.adapter_info.subgroup_min_size ?? 0) >= 4;
+  // Lanes per row: a power of two dividing the row's vec4 count (butterfly sums).
+  const lpk = Math.min(
+    rv & -rv,
+    tuning.max_lanes,
+    sg ? gpu.adapter_info.subgroup_min_size! : tuning.fallback_lanes,
+  );
+  const group = H / Hkv, hg = headTile(group, tuning.max_heads), tiles = group / hg;
+  const cpu = isSoftware(gpu);
+  // Flat heads of a workgroup are hq0 + f only when the GQA group is not tiled.
+  const kh = tiles > 1 ? 1 : headTile(
+    Hkv,
+    tuning.kv_heads_per_group || (cpu ? Math.max(1, Math.floor(tuning.max_flat_heads / hg)) : 1),
+  );
+  const F = kh * hg;
+  const u = Math.min(tuning.keys_per_iter || (cpu ? 1 : 4), spec.block_size);
+  const wsLimit = gpu.limits.maxComputeWorkgroupStorageSize ?? 16384;
+  let wg = Math.max(
+    lpk,
+    Math.floor((tuning.workgroup_size || (cpu ? Math.max(8, lpk) : 128)) / lpk) * lpk,
+  );
+  const shared = (w: number) =>
+    (sg ? 4 : w * u * F * 4) + (w / lpk) * F * 8 + (w > lpk ? F * D * 4 : 16);
+  while (wg > lpk && shared(wg) > wsLimit) wg = Math.max(lpk, (wg / 2 / lpk | 0) * lpk);
+  const target = tuning.target_workgroups ||
+    (cpu ? 4 * Math.max(1, navigator.hardwareConcurrency ?? 2) : 2048);
+  return { sg, lpk, hg, tiles, kh, u, wg, target };
+}

@@ -1,0 +1,120 @@
+/**
+ * A per-device pool of GPU buffers in power-of-two size classes (256 B and up), by usage. A
+ * call acquires what it needs and releases everything once its readback resolved (the GPU is
+ * done with the buffers then), so steady-state calls create no buffers. Free buffers beyond
+ * `maxFreeBytes` are destroyed, largest classes first; a device loss drops the pool with the
+ * device (pools are keyed by device).
+ * @module
+ */
+import type { GpuContext } from "../core/types.ts";
+
+/** Smallest size class, bytes. */
+export const MIN_POOLED_BYTES = 256;
+
+/** The size class a request of `bytes` is served from. */
+export function sizeClass(bytes: number): number {
+  let c = MIN_POOLED_BYTES;
+  while (c < bytes) c *= 2;
+  return c;
+}
+
+/** Counters of a pool (tests and /metrics). */
+export interface PoolStats {
+  /** Buffers handed out and not yet released. */
+  in_use: number;
+  /** Buffers waiting in the pool. */
+  free: number;
+  free_bytes: number;
+  /** Buffers ever created (a steady state stops growing this). */
+  created: number;
+  /** Acquires served from the pool. */
+  reused: number;
+}
+
+/** The pool of one device. */
+export class BufferPool {
+  readonly device: GPUDevice;
+  readonly maxFreeBytes: number;
+  #free = new Map<string, GPUBuffer[]>();
+  #inUse = new Set<GPUBuffer>();
+  #freeBytes = 0;
+  #created = 0;
+  #reused = 0;
+
+  constructor(device: GPUDevice, maxFreeBytes = 2 ** 30) {
+    this.device = device;
+    this.maxFreeBytes = maxFreeBytes;
+  }
+
+  /** A buffer of at least `bytes` (its size is the class) with exactly `usage`. */
+  acquire(bytes: number, usage: number, label = "pooled"): GPUBuffer {
+    const size = sizeClass(bytes);
+    const list = this.#free.get(`${usage}:${size}`);
+    let b = list?.pop();
+    if (b) {
+      this.#freeBytes -= size;
+      this.#reused++;
+    } else {
+      b = this.device.createBuffer({ label, size, usage });
+      this.#created++;
+    }
+    this.#inUse.add(b);
+    return b;
+  }
+
+  /** Returns buffers to the pool (unknown buffers are ignored; mapped ones must be unmapped). */
+  release(...buffers: GPUBuffer[]): void {
+    for (const b of buffers) {
+      if (!this.#inUse.delete(b)) continue;
+      const key = `${b.usage}:${b.size}`;
+      let list = this.#free.get(key);
+      if (!list) this.#free.set(key, list = []);
+      list.push(b);
+      this.#freeBytes += b.size;
+    }
+    this.#trim();
+  }
+
+  #trim(): void {
+    if (this.#freeBytes <= this.maxFreeBytes) return;
+    const keys = [...this.#free.keys()].sort((a, b) =>
+      Number(b.split(":")[1]) - Number(a.split(":")[1])
+    );
+    for (const k of keys) {
+      const list = this.#free.get(k)!;
+      while (list.length && this.#freeBytes > this.maxFreeBytes) {
+        const b = list.pop()!;
+        this.#freeBytes -= b.size;
+        b.destroy();
+      }
+    }
+  }
+
+  /** Destroys every free buffer. */
+  clear(): void {
+    for (const list of this.#free.values()) for (const b of list) b.destroy();
+    this.#free.clear();
+    this.#freeBytes = 0;
+  }
+
+  stats(): PoolStats {
+    let free = 0;
+    for (const l of this.#free.values()) free += l.length;
+    return {
+      in_use: this.#inUse.size,
+      free,
+      free_bytes: this.#freeBytes,
+      created: this.#created,
+      reused: this.#reused,
+    };
+  }
+}
+
+const pools = new WeakMap<GPUDevice, BufferPool>();
+
+/** The pool of `ctx`'s device. */
+export function poolOf(ctx: GpuContext): BufferPool {
+  let p = pools.get(ctx.device);
+  if (!p) pools.set(ctx.device, p = new BufferPool(ctx.device));
+  return p;
+}

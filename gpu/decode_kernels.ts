@@ -1,0 +1,133 @@
+/**
+ * The two kernels of split-KV decoding as kernel entries: {@link DECODE_SPLIT}
+ * (wgsl/decode_split.wgsl plus the straight-line code of gpu/decode_codegen.ts) and
+ * {@link DECODE_REDUCE} (wgsl/decode_reduce.wgsl). They share one Params block
+ * ({@link DECODE_UNIFORMS}), packed once per plan.
+ * @module
+ */
+import type { DType, StorageDType } from "../core/types.ts";
+import { DECODERS, generateDecodeSplit } from "./decode_codegen.ts";
+import type { KernelDef } from "./kernel.ts";
+import { kvAccessorFns, kvBindingDecls, loadWgsl, specialize } from "./wgsl.ts";
+import { dataLoads, dataStores } from "./wgsl_data.ts";
+
+/** The Params fields both decode kernels declare. */
+export const DECODE_UNIFORMS = [
+  ["num_tokens", "u32"],
+  ["num_heads", "u32"],
+  ["num_kv_heads", "u32"],
+  ["group", "u32"],
+  ["num_items", "u32"],
+  ["head_tiles", "u32"],
+  ["max_blocks", "u32"],
+  ["block_size", "u32"],
+  ["bt_off", "u32"],
+  ["slope_off", "u32"],
+  ["tok_off", "u32"],
+  ["sink_off", "u32"],
+  ["ml_off", "u32"],
+  ["num_rows", "u32"],
+  ["nwg_x", "u32"],
+  ["nwg_x_reduce", "u32"],
+  ["block_words", "u32"],
+  ["blocks_per_chunk", "u32"],
+  ["score_scale", "f32"],
+  ["soft_cap", "f32"],
+  ["v_scale", "f32"],
+  ["has_sink", "u32"],
+  ["neg_inf", "f32"],
+] as const;
+
+/** Compile-time values of a split-kernel variant. */
+export interface DecodeSplitConsts {
+  [k: string]: string | number | boolean;
+  storage: StorageDType;
+  dtype: DType;
+  d: number;
+  bs: number;
+  nhd: boolean;
+  nchunk: number;
+  hg: number;
+  kh: number;
+  u: number;
+  lpk: number;
+  wg: number;
+  sg: boolean;
+  cap: boolean;
+  alibi: boolean;
+  early_v: boolean;
+}
+
+/** The split pass, as data. */
+export const DECODE_SPLIT: KernelDef<DecodeSplitConsts> = {
+  name: "decode_split",
+  uniforms: DECODE_UNIFORMS,
+  bindings: (c) => [
+    { name: "P", kind: "uniform" },
+    { name: "q", kind: "read", type: dataLoads("q", c.dtype, 4).type },
+    { name: "tab", kind: "read", type: "array<u32>" },
+    { name: "part", kind: "read_write", type: "array<vec4<f32>>" },
+    ...kvBindingDecls(c.nchunk, "read", true),
+  ],
+  enables: (c) => (c.sg ? ["subgroups"] : []),
+  async source(c) {
+    const epw = c.storage === "float32" ? 1 : c.storage.startsWith("fp8") ? 4 : 2;
+    const rw = c.d / epw, rv = rw / 4, nkg = c.wg / c.lpk, F = c.kh * c.hg;
+    return specialize(await loadWgsl("decode_split.wgsl"), {
+      D: c.d,
+      BS: c.bs,
+      RW: rw,
+      EPW: epw,
+      LPK: c.lpk,
+      U: c.u,
+      WG: c.wg,
+      HG: c.hg,
+      KH: c.kh,
+      NHD: c.nhd,
+      CAP: c.cap,
+      ALIBI: c.alibi,
+      RED: c.sg ? 1 : c.wg * c.u * F,
+      WACC: nkg > 1 ? (F * c.d) / 4 : 1,
+      QLOAD: dataLoads("q", c.dtype, 4).code,
+      ...generateDecodeSplit({
+        hg: c.hg,
+        kh: c.kh,
+        u: c.u,
+        lpk: c.lpk,
+        cpl: rv / c.lpk,
+        epw,
+        nkg,
+        sg: c.sg,
+        alibi: c.alibi,
+        early_v: c.early_v,
+        dec: DECODERS[c.storage],
+      }),
+      KV: kvAccessorFns({
+        nchunk: c.nchunk,
+        blocksPerChunk: "P.blocks_per_chunk",
+        blockWords: "P.block_words",
+        vec4: true,
+      }),
+    });
+  },
+};
+
+/** The reduce pass, as data. */
+export const DECODE_REDUCE: KernelDef<{ d: number; dtype: DType }> = {
+  name: "decode_reduce",
+  uniforms: DECODE_UNIFORMS,
+  bindings: (c) => [
+    { name: "P", kind: "uniform" },
+    { name: "tab", kind: "read", type: "array<u32>" },
+    { name: "part", kind: "read", type: "array<vec4<f32>>" },
+    { name: "out", kind: "read_write", type: dataStores("out", c.dtype).type },
+    { name: "lse", kind: "read_write", type: "array<f32>" },
+  ],
+  async source(c) {
+    const round = c.dtype === "float32" ? "" : await loadWgsl("round.wgsl");
+    return specialize(await loadWgsl("decode_reduce.wgsl"), {
+      D: c.d,
+      OUT: `${round}\n${dataStores("out", c.dtype).code}`,
+    });
+  },
+};

@@ -1,0 +1,156 @@
+/**
+ * The plan format every GPU backend produces, and the one `run` that executes it (plan on
+ * metadata, run on tensors, after FlashInfer). A {@link GpuPlan} is built from a batch's shape
+ * alone: compiled kernels, one uploaded {@link PlanTable} (every Params block and metadata
+ * table), the calls in order with their bindings named symbolically, and the sizes of the
+ * per-call buffers. {@link runGpuPlan} acquires pooled buffers for the call's tensors, output,
+ * LSE and scratch, uploads the query/key/value bytes as they came, poisons the outputs, binds,
+ * dispatches everything in one submission and reads output and LSE back with one `mapAsync`.
+ * The output comes back in the batch dtype; nothing is converted on the host.
+ * @module
+ */
+import { DeviceUnavailableError } from "../core/errors.ts";
+import type { DType, ForwardResult, GpuContext, RunOptions, ValidBatch } from "../core/types.ts";
+import { bytesPerElement } from "../core/dtype.ts";
+import { dataArray } from "../core/data.ts";
+import { poolOf } from "./buffer_pool.ts";
+import type { CompiledKernel } from "./kernel.ts";
+import { type Bound, type KernelCall, launch } from "./launch.ts";
+import type { PlanTable, Section } from "./plan_table.ts";
+import { GpuKvCache } from "./kv_cache.ts";
+import type { FillPlan } from "./fill.ts";
+import { nanWord } from "./wgsl_data.ts";
+
+/** What a binding of a planned call refers to. */
+export type BindRef =
+  | { table: Section }
+  | { io: "query" | "key" | "value" | "out" | "lse" }
+  | { scratch: string };
+
+/** One planned dispatch. */
+export interface PlannedCall {
+  name: string;
+  kernel: CompiledKernel;
+  bind: Record<string, BindRef>;
+  /** Also bind the cache's chunk buffers (`k0..`, `v0..`). */
+  cache?: boolean;
+  grid: readonly [number, number];
+}
+
+/** A GPU backend's plan. */
+export interface GpuPlan {
+  readonly ctx: GpuContext;
+  readonly table: PlanTable;
+  readonly calls: PlannedCall[];
+  /** Bytes of each scratch buffer by name. */
+  readonly scratch: Record<string, number>;
+  readonly out_bytes: number;
+  readonly lse_bytes: number;
+  /** Readable summary of the kernels (for timings and the bench). */
+  readonly kernels: string[];
+  readonly plan_ms: number;
+}
+
+/** The fill calls that poison the output and LSE buffers of a plan. */
+export function poisonCalls(fillOut: FillPlan, fillLse: FillPlan): PlannedCall[] {
+  return [
+    {
+      name: "poison",
+      kernel: fillOut.kernel,
+      bind: { P: { table: fillOut.params }, dst: { io: "out" } },
+      grid: fillOut.grid,
+    },
+    {
+      name: "poison",
+      kernel: fillLse.kernel,
+      bind: { P: { table: fillLse.params }, dst: { io: "lse" } },
+      grid: fillLse.grid,
+    },
+  ];
+}
+
+/** Words of a dtype's output and their NaN pattern. */
+export function outputWords(dtype: DType, elements: number): { words: number; pattern: number } {
+  return { words: Math.ceil((elements * bytesPerElement(dtype)) / 4), pattern: nanWord(dtype) };
+}
+
+/** Frees what a plan owns (its table); the kernels stay cached per device. */
+export function disposeGpuPlan(p: GpuPlan): void {
+  p.table.buffer.destroy();
+}
+
+const STORAGE_IN = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST;
+const STORAGE_OUT = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC;
+
+/** Runs a plan on a batch's tensors (see the module doc). */
+export async function runGpuPlan(
+  p: GpuPlan,
+  b: ValidBatch,
+  ctx: GpuContext | null,
+  opts: RunOptions = {},
+): Promise<ForwardResult> {
+  const gpu = ctx ?? p.ctx;
+  if (gpu.lost || gpu.device !== p.ctx.device) {
+    throw new DeviceUnavailableError("the WebGPU device of this plan was lost");
+  }
+  const cache = b.cache;
+  if (cache !== null) {
+    if (!(cache instanceof GpuKvCache)) throw new Error("a GPU plan needs a GPU KV cache");
+    cache.assertUsable(gpu);
+  }
+  const pool = poolOf(gpu);
+  const owned: GPUBuffer[] = [];
+  const take = (bytes: number, usage: number, label: string) => {
+    const buf = pool.acquire(Math.max(16, bytes), usage, label);
+    owned.push(buf);
+    return buf;
+  };
+  try {
+    const io: Record<string, GPUBuffer> = {
+      out: take(p.out_bytes, STORAGE_OUT, "out"),
+      lse: take(p.lse_bytes, STORAGE_OUT, "lse"),
+    };
+    const uploads: { buffer: GPUBuffer; data: Uint8Array }[] = [];
+    for (const name of ["query", "key", "value"] as const) {
+      const t = b[name];
+      if (!t) continue;
+      io[name] = take(t.bytes.byteLength, STORAGE_IN, name);
+      uploads.push({ buffer: io[name], data: t.bytes });
+    }
+    const scratch: Record<string, GPUBuffer> = {};
+    for (const [name, bytes] of Object.entries(p.scratch)) {
+      scratch[name] = take(bytes, GPUBufferUsage.STORAGE, name);
+    }
+    const resolve = (r: BindRef): Bound => {
+      if ("table" in r) return p.table.bind(r.table);
+      if ("scratch" in r) return scratch[r.scratch];
+      const buf = io[r.io];
+      if (!buf) throw new Error(`the plan binds ${r.io}, which this batch does not carry`);
+      return buf;
+    };
+    const calls: KernelCall[] = p.calls.map((c) => {
+      const bind: Record<string, Bound> = {};
+      for (const [k, r] of Object.entries(c.bind)) bind[k] = resolve(r);
+      if (c.cache) Object.assign(bind, (cache as GpuKvCache).bindMap());
+      return { name: c.name, kernel: c.kernel, bind, grid: c.grid };
+    });
+    const reads = [{ buffer: io.out, bytes: p.out_bytes }];
+    if (b.return_lse) reads.push({ buffer: io.lse, bytes: p.lse_bytes });
+    const r = await launch(gpu, { label: "forward", uploads, calls, reads, signal: opts.signal });
+    const out = r.parts[0];
+    return {
+      output: dataArray(b.dtype, out),
+      lse: b.return_lse ? new Float32Array(r.parts[1].buffer, 0, p.lse_bytes / 4) : null,
+      timings: {
+        plan: p.plan_ms,
+        encode: r.host.encode,
+        gpu_and_readback: r.host.wait,
+        ...Object.fromEntries(
+          Object.entries(r.gpu).map(([k, v]) => [k === "gpu" ? "gpu" : `gpu_${k}`, v]),
+        ),
+      },
+    };
+  } finally {
+    pool.release(...owned);
+  }
+}

@@ -1,0 +1,131 @@
+/**
+ * What every GPU backend's plan shares ({@link buildGpuPlan}): the device limits a batch must
+ * fit (each buffer under one storage binding, every grid under the dispatch limit; over a
+ * limit is a 422 `binding_limit_exceeded` naming the tensor, its bytes and the limit, never a
+ * silent failure), the cache write of the call's new K/V, the poisoning of the output and LSE,
+ * the backend's own attention calls, and the one upload of the plan table.
+ * @module
+ */
+import { bytesPerElement } from "../core/dtype.ts";
+import { ServiceError } from "../core/errors.ts";
+import type { BatchShape, GpuContext } from "../core/types.ts";
+import { planCacheWrite } from "./cache_write.ts";
+import { planFill } from "./fill.ts";
+import { type GpuPlan, outputWords, type PlannedCall, poisonCalls } from "./gpu_plan.ts";
+import { TableBuilder } from "./plan_table.ts";
+
+/** The attention part of a plan, from the backend. */
+export interface AttentionCalls {
+  calls: PlannedCall[];
+  /** Scratch buffers by name, bytes. */
+  scratch: Record<string, number>;
+  /** Kernel keys, for reports. */
+  kernels: string[];
+}
+
+function limitError(what: string, value: number, limit: number, name: string): ServiceError {
+  return new ServiceError(
+    `${what} of ${value} ${
+      name === "maxComputeWorkgroupsPerDimension" ? "workgroups" : "bytes"
+    } exceeds this device's ${name} (${limit}); split the call`,
+    {
+      status: 422,
+      code: "binding_limit_exceeded",
+      issues: [{ path: [what], message: `${value} > ${name} ${limit}` }],
+      extra: { tensor: what, value, limit, limit_name: name },
+    },
+  );
+}
+
+/** Checks every per-call buffer of `s` against one storage binding. */
+export function checkBindingLimits(
+  ctx: GpuContext,
+  s: BatchShape,
+  scratch: Record<string, number>,
+) {
+  const limit = Math.min(
+    ctx.limits.maxStorageBufferBindingSize ?? 2 ** 27,
+    ctx.limits.maxBufferSize ?? 2 ** 28,
+  );
+  const L = s.layer, e = bytesPerElement(s.dtype);
+  const sizes: [string, number][] = [
+    ["query", s.num_tokens * L.num_heads * L.head_size * e],
+    ["key", s.num_kv_tokens * L.num_kv_heads * L.head_size * e],
+    ["value", s.num_kv_tokens * L.num_kv_heads * L.head_size * e],
+    ["output", s.num_tokens * L.num_heads * L.head_size * e],
+    ["lse", s.num_tokens * L.num_heads * 4],
+    ...Object.entries(scratch),
+  ];
+  for (const [name, bytes] of sizes) {
+    if (bytes > limit) throw limitError(name, bytes, limit, "maxStorageBufferBindingSize");
+  }
+}
+
+/**
+ * Builds a backend's plan for `s`: cache write (when the call carries K/V and uses a cache),
+ * poison, then `attention(table)`'s calls; checks the limits; uploads the table.
+ */
+export async function buildGpuPlan(
+  ctx: GpuContext,
+  s: BatchShape,
+  attention: (table: TableBuilder) => Promise<AttentionCalls>,
+): Promise<GpuPlan> {
+  const t0 = performance.now();
+  const L = s.layer;
+  const table = new TableBuilder();
+  const calls: PlannedCall[] = [];
+  const kernels: string[] = [];
+  if (s.cache_spec && s.num_kv_tokens > 0) {
+    const cw = await planCacheWrite(ctx, s.cache_spec, s.dtype, s.metadata.slot_mapping, {
+      k_scale: L.k_scale,
+      v_scale: L.v_scale,
+    }, table);
+    if (cw) {
+      calls.push({
+        name: "cache_write",
+        kernel: cw.kernel,
+        bind: {
+          P: { table: cw.params },
+          key_new: { io: "key" },
+          value_new: { io: "value" },
+          slots: { table: cw.slots },
+        },
+        cache: true,
+        grid: cw.grid,
+      });
+      kernels.push(cw.kernel.key);
+    }
+  }
+  const out = outputWords(s.dtype, s.num_tokens * L.num_heads * L.head_size);
+  const lseWords = s.num_tokens * L.num_heads;
+  const [fo, fl] = await Promise.all([
+    planFill(ctx, out.words, out.pattern, table),
+    planFill(ctx, lseWords, 0x7fc00000, table),
+  ]);
+  calls.push(...poisonCalls(fo, fl));
+  const att = await attention(table);
+  calls.push(...att.calls);
+  kernels.push(...att.kernels);
+  checkBindingLimits(ctx, s, att.scratch);
+  const maxDim = ctx.limits.maxComputeWorkgroupsPerDimension ?? 65535;
+  for (const c of calls) {
+    if (c.grid[1] > maxDim) {
+      throw limitError(
+        c.name,
+        c.grid[0] * c.grid[1],
+        maxDim ** 2,
+        "maxComputeWorkgroupsPerDimension",
+      );
+    }
+  }
+  return {
+    ctx,
+    table: table.upload(ctx, "plan.table"),
+    calls,
+    scratch: att.scratch,
+    out_bytes: out.words * 4,
+    lse_bytes: lseWords * 4,
+    kernels,
+    plan_ms: performance.now() - t0,
+  };
+}

@@ -1,0 +1,267 @@
+/**
+ * Validate once: the one step that turns a decoded forward request into a
+ * {@link ValidBatch} (through {@link attachCache}, the only place one is built) and the
+ * call's {@link SelectorConfig}. Every problem is collected — shapes that disagree with the
+ * layer, bad batch metadata, block ids and slots out of range, a block repeated within a
+ * request, non-finite values in query/key/value, per-call limits — and thrown at once as one
+ * `invalid_batch` (422). Backends, the cache writer and the plan cache trust what it built.
+ * @module
+ */
+import { firstNonFinite, fromFloats, toFloat32 } from "../core/data.ts";
+import { ServiceError } from "../core/errors.ts";
+import type { CacheTensor, DataTensor, IntTensor } from "../core/tensors.ts";
+import type {
+  AttnType,
+  BatchShape,
+  CacheStorage,
+  DataArray,
+  DType,
+  KvCache,
+  KvCacheSpec,
+  KvLayout,
+  SelectorConfig,
+  ValidBatch,
+} from "../core/types.ts";
+import { batchStats, planKey } from "./batch_key.ts";
+import { checkMetadata } from "./validate_metadata.ts";
+import { checkCache, checkLayer, eqShape, fmt, isEncoder, Issues } from "./validate_layer.ts";
+
+/** Per-call limits (server flags), refused with 422 `limit_exceeded` naming the limit and value. */
+export interface CallLimits {
+  /** Most query tokens in one call. */
+  max_tokens: number;
+  /** Most attended keys (sum over query tokens of the keys each may see) in one call. */
+  max_attended_keys: number;
+}
+
+/** The default per-call limits. */
+export const DEFAULT_CALL_LIMITS: Readonly<CallLimits> = Object.freeze({
+  max_tokens: 262_144,
+  max_attended_keys: 2 ** 32,
+});
+
+/** A layer as the request gives it (defaults not yet applied). */
+export interface LayerInput {
+  num_heads: number;
+  num_kv_heads: number;
+  head_size: number;
+  scale?: number | null;
+  sliding_window?: number | null;
+  logits_soft_cap?: number | null;
+  alibi_slopes?: number[] | null;
+  sinks?: number[] | null;
+  attn_type?: AttnType;
+  causal?: boolean;
+  k_scale?: number;
+  v_scale?: number;
+}
+
+/** A forward request with its tensors decoded (from JSON or safetensors). */
+export interface ForwardInput {
+  /** "auto" or absent: selection by priority; otherwise a backend name. */
+  backend?: string;
+  dtype: DType;
+  layer: LayerInput;
+  query: DataTensor;
+  key?: DataTensor;
+  value?: DataTensor;
+  metadata: {
+    query_start_loc: IntTensor;
+    seq_lens: IntTensor;
+    /** Optional for encoder / encoder_only (no cache). */
+    block_table?: IntTensor;
+    slot_mapping?: IntTensor;
+  };
+  /** A server-held cache id. */
+  kv_cache?: string;
+  key_cache?: CacheTensor;
+  value_cache?: CacheTensor;
+  /** Layout of the inline key_cache/value_cache (default NHD). */
+  kv_cache_layout?: KvLayout;
+  return_lse?: boolean;
+}
+
+/** A server-held cache as validation sees it. */
+export interface HeldCacheInfo {
+  spec: KvCacheSpec;
+  storage: CacheStorage;
+}
+
+/** A validated batch before its cache is attached (see {@link attachCache}). */
+export interface UnattachedBatch extends BatchShape {
+  readonly query: DataArray;
+  readonly key: DataArray | null;
+  readonly value: DataArray | null;
+}
+
+/** What validation produces: the batch without its cache, the selector config, inline cache bytes. */
+export interface ValidatedForward {
+  batch: UnattachedBatch;
+  selector: SelectorConfig;
+  /** The inline cache to import with the chosen backend, or null. */
+  inline: { spec: KvCacheSpec; key: Uint8Array; value: Uint8Array } | null;
+}
+
+/** Elements' dtype-cast view of a data tensor, and its first non-finite index checked. */
+function dataOf(
+  t: DataTensor | undefined,
+  dtype: DType,
+  name: string,
+  is: Issues,
+): DataArray | null {
+  if (!t) return null;
+  const a = t.dtype === dtype ? t.array : fromFloats(dtype, toFloat32(t.array));
+  const bad = firstNonFinite(a);
+  if (bad >= 0) {
+    const v = toFloat32(a)[bad];
+    is.add([name, bad], `element ${bad} is ${v} in ${dtype}: tensors must be finite`);
+  }
+  return a;
+}
+
+function checkLimits(T: number, attended: number, limits: CallLimits): void {
+  const over: [string, number, number][] = [];
+  if (T > limits.max_tokens) over.push(["max_tokens", T, limits.max_tokens]);
+  if (attended > limits.max_attended_keys) {
+    over.push(["max_attended_keys", attended, limits.max_attended_keys]);
+  }
+  if (over.length === 0) return;
+  const [name, value, limit] = over[0];
+  throw new ServiceError(
+    `${
+      name === "max_tokens" ? "num_tokens" : "attended keys"
+    } ${value} exceeds the per-call limit ${name} = ${limit}`,
+    {
+      status: 422,
+      code: "limit_exceeded",
+      issues: over.map(([n, v, l]) => ({
+        path: n === "max_tokens" ? ["query", "shape", 0] : ["metadata", "seq_lens"],
+        message: `${n === "max_tokens" ? "num_tokens" : "attended keys"} ${v} exceeds ${n} = ${l}`,
+      })),
+      extra: { limit: name, value, max: limit },
+    },
+  );
+}
+
+/**
+ * Validates a decoded forward request. `held` is the server-held cache named by
+ * `input.kv_cache` (the caller resolves the id), or null.
+ * @throws ServiceError 422 `invalid_batch` listing every problem with its path and value;
+ *   422 `limit_exceeded` for a call over a per-call limit.
+ */
+export function validateForward(
+  input: ForwardInput,
+  held: HeldCacheInfo | null,
+  limits: CallLimits = DEFAULT_CALL_LIMITS,
+): ValidatedForward {
+  const is = new Issues();
+  const layer = checkLayer(input, is);
+  const { num_heads: H, num_kv_heads: Hkv, head_size: D } = layer;
+  const q = input.query;
+  if (q.shape.length !== 3 || q.shape[1] !== H || q.shape[2] !== D) {
+    is.add(
+      ["query", "shape"],
+      `must be [num_tokens, ${H}, ${D}] (num_heads, head_size), got ${fmt(q.shape)}`,
+    );
+  }
+  const T = q.shape[0] ?? 0;
+  const cross = layer.attn_type === "encoder_decoder";
+  let Tk = cross ? 0 : T;
+  if ((input.key === undefined) !== (input.value === undefined)) {
+    is.add([input.key ? "value" : "key"], "key and value come together");
+  } else if (input.key && input.value) {
+    const k = input.key, v = input.value;
+    if (k.shape.length !== 3 || k.shape[1] !== Hkv || k.shape[2] !== D) {
+      is.add(
+        ["key", "shape"],
+        `must be [num_kv_tokens, ${Hkv}, ${D}] (num_kv_heads, head_size), got ${fmt(k.shape)}`,
+      );
+    } else if (!cross && k.shape[0] !== T) {
+      is.add(["key", "shape", 0], `has ${k.shape[0]} tokens but query has ${T}`);
+    }
+    if (!eqShape(v.shape, k.shape)) {
+      is.add(["value", "shape"], `is ${fmt(v.shape)} but key is ${fmt(k.shape)}`);
+    }
+    if (cross) Tk = k.shape[0] ?? 0;
+  } else if (!cross) {
+    is.add(["key"], `attn_type ${layer.attn_type} needs key and value`);
+  }
+  const { spec, inline } = checkCache(input, layer, held, is);
+  const md = checkMetadata(input.metadata, T, Tk, spec, layer.attn_type, is);
+  const query = dataOf(input.query, input.dtype, "query", is)!;
+  const key = dataOf(input.key, input.dtype, "key", is);
+  const value = dataOf(input.value, input.dtype, "value", is);
+  is.throwIfAny();
+
+  const metadata = {
+    num_reqs: md.num_reqs,
+    query_start_loc: input.metadata.query_start_loc.values,
+    seq_lens: input.metadata.seq_lens.values,
+    block_table: md.block_table,
+    max_blocks_per_req: md.max_blocks_per_req,
+    slot_mapping: md.slot_mapping,
+  };
+  const stats = batchStats(layer, metadata, md.query_lens);
+  checkLimits(T, stats.attended_keys, limits);
+  const shape = {
+    dtype: input.dtype,
+    layer,
+    num_tokens: T,
+    num_kv_tokens: key ? Tk : 0,
+    metadata,
+    cache_spec: spec,
+    return_lse: input.return_lse ?? false,
+    stats,
+  };
+  const batch: UnattachedBatch = { ...shape, plan_key: planKey(shape), query, key, value };
+  return { batch, selector: selectorOf(input, layer, spec, held, batch), inline };
+}
+
+function selectorOf(
+  input: ForwardInput,
+  layer: ValidBatch["layer"],
+  spec: KvCacheSpec | null,
+  held: HeldCacheInfo | null,
+  batch: UnattachedBatch,
+): SelectorConfig {
+  const selector: SelectorConfig = {
+    head_size: layer.head_size,
+    dtype: input.dtype,
+    kv_cache_dtype: spec?.kv_cache_dtype ?? "auto",
+    block_size: spec?.block_size ?? null,
+    use_mla: false,
+    has_sink: layer.sinks !== null,
+    use_sparse: false,
+    use_mm_prefix: false,
+    attn_type: layer.attn_type,
+    has_sliding_window: layer.sliding_window !== null,
+    // Encoder types are non-causal by definition; the flag asks for non-causal decoder attention.
+    use_non_causal: layer.attn_type === "decoder" && !layer.causal,
+    use_batch_invariant: false,
+    use_per_head_quant_scales: false,
+    use_alibi: layer.alibi_slopes !== null,
+    use_logits_soft_cap: layer.logits_soft_cap !== null,
+    return_lse: batch.return_lse,
+    max_query_len: batch.stats.max_query_len,
+  };
+  if (spec) selector.kv_cache_layout = spec.layout;
+  if (held) selector.cache_storage = held.storage;
+  return selector;
+}
+
+/**
+ * The validated batch with its cache: the only constructor of a {@link ValidBatch}. The
+ * cache must have the validated spec (the held cache, or the inline one imported by the
+ * chosen backend); null exactly when the batch uses none.
+ * @throws Error when the cache does not match (a programming error, not a client one).
+ */
+export function attachCache(b: UnattachedBatch, cache: KvCache | null): ValidBatch {
+  const want = b.cache_spec;
+  if ((want === null) !== (cache === null)) {
+    throw new Error(`attachCache: the batch ${want ? "needs" : "uses no"} cache`);
+  }
+  if (want && cache && JSON.stringify(cache.spec) !== JSON.stringify({ ...cache.spec, ...want })) {
+    throw new Error("attachCache: the cache's spec differs from the validated one");
+  }
+  return { ...b, cache } as unknown as ValidBatch;
+}

@@ -1,0 +1,203 @@
+/**
+ * The batch-metadata checks of forward validation (vLLM's CommonAttentionMetadata):
+ * `query_start_loc`, `seq_lens`, `block_table` (ids in range, enough columns, no block twice in
+ * one request's row) and `slot_mapping` (one per key row, in range or -1, no slot twice).
+ * @module
+ */
+import type { AttnType, KvCacheSpec } from "../core/types.ts";
+import type { IntTensor } from "../core/tensors.ts";
+import { fmt, isEncoder, type Issues } from "./validate_layer.ts";
+
+/** The metadata as the request gives it. */
+export interface MetadataInput {
+  query_start_loc: IntTensor;
+  seq_lens: IntTensor;
+  block_table?: IntTensor;
+  slot_mapping?: IntTensor;
+}
+
+/** What the metadata checks derive. */
+export interface CheckedMetadata {
+  num_reqs: number;
+  query_lens: Int32Array;
+  block_table: Int32Array;
+  max_blocks_per_req: number;
+  slot_mapping: Int32Array;
+}
+
+const mp = (k: string, ...rest: (string | number)[]) => ["metadata", k, ...rest];
+
+/** query_start_loc and seq_lens; returns the query lengths (empty when malformed). */
+function checkStarts(
+  md: MetadataInput,
+  T: number,
+  attn: AttnType,
+  is: Issues,
+): Int32Array {
+  const qsl = md.query_start_loc.values, sl = md.seq_lens.values;
+  if (md.query_start_loc.shape.length !== 1 || qsl.length < 2) {
+    is.add(
+      mp("query_start_loc"),
+      `must be 1-D with num_reqs + 1 >= 2 entries, got shape ${fmt(md.query_start_loc.shape)}`,
+    );
+  }
+  const R = Math.max(qsl.length - 1, 0);
+  const qlen = new Int32Array(R);
+  let monotone = true;
+  if (qsl.length > 0 && qsl[0] !== 0) is.add(mp("query_start_loc", 0), `must be 0, got ${qsl[0]}`);
+  for (let i = 0; i < R; i++) {
+    qlen[i] = qsl[i + 1] - qsl[i];
+    if (qlen[i] < 0) {
+      monotone = false;
+      is.add(
+        mp("query_start_loc", i + 1),
+        `must be >= the previous entry ${qsl[i]}, got ${qsl[i + 1]} (non-decreasing)`,
+      );
+    }
+  }
+  if (R > 0 && qsl[R] !== T) {
+    is.add(mp("query_start_loc", R), `last entry must equal num_tokens ${T}, got ${qsl[R]}`);
+  }
+  if (md.seq_lens.shape.length !== 1 || sl.length !== R) {
+    is.add(
+      mp("seq_lens"),
+      `must have num_reqs = ${R} entries, got shape ${fmt(md.seq_lens.shape)}`,
+    );
+    return qlen;
+  }
+  for (let i = 0; i < R; i++) {
+    const s = sl[i];
+    if (s < 0) is.add(mp("seq_lens", i), `must be >= 0, got ${s}`);
+    else if (!monotone) continue;
+    else if (isEncoder(attn) && s !== qlen[i]) {
+      is.add(mp("seq_lens", i), `must equal the query length ${qlen[i]} for ${attn}, got ${s}`);
+    } else if (attn === "decoder" && s < qlen[i]) {
+      is.add(mp("seq_lens", i), `${s} is shorter than request ${i}'s query length ${qlen[i]}`);
+    } else if (attn === "encoder_decoder" && qlen[i] > 0 && s < 1) {
+      is.add(mp("seq_lens", i), `request ${i} has queries but no encoder keys (seq_len ${s})`);
+    }
+  }
+  return qlen;
+}
+
+/** The block table: shape, enough columns, ids in range, no id twice in a request's row. */
+function checkBlockTable(
+  md: MetadataInput,
+  R: number,
+  spec: KvCacheSpec | null,
+  attn: AttnType,
+  is: Issues,
+): { table: Int32Array; maxBlocks: number } {
+  const sl = md.seq_lens.values;
+  const bt = md.block_table;
+  if (!bt) {
+    if (!isEncoder(attn)) is.add(mp("block_table"), `attn_type ${attn} needs a block_table`);
+    return { table: new Int32Array(0), maxBlocks: 0 };
+  }
+  let maxBlocks = 0;
+  if (bt.shape.length === 2 && bt.shape[0] === R) maxBlocks = bt.shape[1];
+  else if (bt.shape.length === 1 && R > 0 && bt.values.length % R === 0) {
+    maxBlocks = bt.values.length / R;
+  } else {
+    is.add(
+      mp("block_table"),
+      `must be [num_reqs = ${R}, max_blocks_per_req], got shape ${fmt(bt.shape)}`,
+    );
+  }
+  const table = bt.values;
+  if (!spec || sl.length !== R || table.length !== R * maxBlocks) return { table, maxBlocks };
+  const seen = new Map<number, number>();
+  for (let i = 0; i < R; i++) {
+    const need = Math.ceil(Math.max(sl[i], 0) / spec.block_size);
+    if (need > maxBlocks) {
+      is.add(
+        mp("block_table", i),
+        `request ${i} (seq_len ${
+          sl[i]
+        }) needs ${need} blocks of ${spec.block_size}, block_table has ${maxBlocks} columns`,
+      );
+    }
+    seen.clear();
+    for (let j = 0; j < Math.min(need, maxBlocks); j++) {
+      const b = table[i * maxBlocks + j];
+      if (b < 0 || b >= spec.num_blocks) {
+        is.add(mp("block_table", i, j), `block id ${b} out of range [0, ${spec.num_blocks})`);
+        continue;
+      }
+      const prev = seen.get(b);
+      if (prev !== undefined) {
+        is.add(
+          mp("block_table", i, j),
+          `block id ${b} repeats block_table[${i}][${prev}]: a request maps each logical block to its own physical block`,
+        );
+      } else seen.set(b, j);
+    }
+  }
+  return { table, maxBlocks };
+}
+
+/** The slot mapping: one entry per key row, -1 or in range, no slot twice. */
+function checkSlots(
+  md: MetadataInput,
+  Tk: number,
+  spec: KvCacheSpec | null,
+  attn: AttnType,
+  is: Issues,
+): Int32Array {
+  const sm = md.slot_mapping;
+  if (!sm) {
+    if (!isEncoder(attn) && Tk > 0) {
+      is.add(mp("slot_mapping"), `attn_type ${attn} needs a slot_mapping`);
+    }
+    return new Int32Array(Tk).fill(-1);
+  }
+  if (sm.shape.length !== 1 || sm.values.length !== Tk) {
+    is.add(
+      mp("slot_mapping"),
+      `must have one entry per key token (${Tk}), got shape ${fmt(sm.shape)}`,
+    );
+    return sm.values;
+  }
+  if (!spec) return sm.values;
+  const slots = sm.values;
+  const nSlots = spec.num_blocks * spec.block_size;
+  const seen = new Map<number, number>();
+  for (let t = 0; t < Tk; t++) {
+    const s = slots[t];
+    if (s === -1) continue;
+    if (s < 0 || s >= nSlots) {
+      is.add(
+        mp("slot_mapping", t),
+        `slot ${s} out of range: -1 or [0, ${nSlots}) (num_blocks ${spec.num_blocks} x block_size ${spec.block_size})`,
+      );
+      continue;
+    }
+    const prev = seen.get(s);
+    if (prev !== undefined) {
+      is.add(mp("slot_mapping", t), `slot ${s} duplicates slot_mapping[${prev}]`);
+    } else seen.set(s, t);
+  }
+  return slots;
+}
+
+/** Checks all of the metadata; `T` query tokens, `Tk` key rows, `spec` the cache (or null). */
+export function checkMetadata(
+  md: MetadataInput,
+  T: number,
+  Tk: number,
+  spec: KvCacheSpec | null,
+  attn: AttnType,
+  is: Issues,
+): CheckedMetadata {
+  const query_lens = checkStarts(md, T, attn, is);
+  const R = query_lens.length;
+  const { table, maxBlocks } = checkBlockTable(md, R, spec, attn, is);
+  const slot_mapping = checkSlots(md, Tk, spec, attn, is);
+  return {
+    num_reqs: R,
+    query_lens,
+    block_table: table,
+    max_blocks_per_req: maxBlocks,
+    slot_mapping,
+  };
+}
