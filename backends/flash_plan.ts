@@ -107,7 +107,7 @@ export async function planPrefillRows(
   cfg: FlashConfig,
   reqs: (i: number) => boolean,
   table: TableBuilder,
-): Promise<{ calls: PlannedCall[]; key: string } | null> {
+): Promise<{ calls: PlannedCall[]; key: string; tiles: number } | null> {
   const L = s.layer, enc = isEncoder(s);
   const m = buildFlashMeta(s, cfg, reqs);
   if (m.numTiles === 0) return null;
@@ -157,5 +157,9 @@ export async function planPrefillRows(
     lse: { io: "lse" },
   };
   if (enc) Object.assign(bind, { k_in: { io: "key" }, v_in: { io: "value" } });
-  return { calls: [{ name: "prefill", kernel, bind, cache: !enc, grid }], key: kernel.key };
+  return {
+    calls: [{ name: "prefill", kernel, bind, cache: !enc, grid }],
+    key: kernel.key,
+    tiles: m.numTiles,
+  };
 }

@@ -49,7 +49,12 @@ export function makeWebGpuDecode(
     return await buildGpuPlan(ctx, s, async (table): Promise<AttentionCalls> => {
       const d = await planDecodeRows(ctx, tuning, s, () => true, table);
       if (!d) return { calls: [], scratch: {}, kernels: [] };
-      return { calls: d.calls, scratch: { part: d.part_bytes }, kernels: [d.key] };
+      return {
+        calls: d.calls,
+        scratch: { part: d.part_bytes },
+        kernels: [d.key],
+        info: { decode_rows: d.rows, decode_items: d.items, split_keys: d.split_keys },
+      };
     });
   }
 

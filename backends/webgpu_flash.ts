@@ -75,6 +75,11 @@ async function plan(s: BatchShape, bctx: BackendContext): Promise<GpuPlan> {
       calls: [...(d?.calls ?? []), ...(p?.calls ?? [])],
       scratch: d ? { part: d.part_bytes } : {},
       kernels: [...(d ? [d.key] : []), ...(p ? [p.key] : [])],
+      info: {
+        decode_rows: d?.rows ?? 0,
+        decode_items: d?.items ?? 0,
+        prefill_tiles: p?.tiles ?? 0,
+      },
     };
   });
 }

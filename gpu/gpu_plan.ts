@@ -9,7 +9,7 @@
  * The output comes back in the batch dtype; nothing is converted on the host.
  * @module
  */
-import { DeviceUnavailableError } from "../core/errors.ts";
+import { DeviceUnavailableError, ServiceError } from "../core/errors.ts";
 import type { DType, ForwardResult, GpuContext, RunOptions, ValidBatch } from "../core/types.ts";
 import { bytesPerElement } from "../core/dtype.ts";
 import { dataArray } from "../core/data.ts";
@@ -48,6 +48,10 @@ export interface GpuPlan {
   readonly lse_bytes: number;
   /** Readable summary of the kernels (for timings and the bench). */
   readonly kernels: string[];
+  /** The cache chunk layout the kernels were built for (chunkKeyOf), or null. */
+  readonly cache_layout: string | null;
+  /** Counts worth reporting, e.g. decode_items, decode_rows, prefill_tiles. */
+  readonly info: Record<string, number>;
   readonly plan_ms: number;
 }
 
@@ -95,8 +99,18 @@ export async function runGpuPlan(
   }
   const cache = b.cache;
   if (cache !== null) {
-    if (!(cache instanceof GpuKvCache)) throw new Error("a GPU plan needs a GPU KV cache");
+    if (!(cache instanceof GpuKvCache)) {
+      throw new ServiceError(
+        `a WebGPU backend needs a webgpu KV cache, got storage "${cache.storage}"`,
+        { status: 422, code: "cache_storage_mismatch", extra: { storage: cache.storage } },
+      );
+    }
     cache.assertUsable(gpu);
+    if (cache.chunkKey !== p.cache_layout) {
+      throw new Error(
+        `the cache is laid out as ${cache.chunkKey} but the plan was built for ${p.cache_layout}`,
+      );
+    }
   }
   const pool = poolOf(gpu);
   const owned: GPUBuffer[] = [];

@@ -18,6 +18,13 @@ export const KV_RESERVED_STORAGE_BINDINGS = 4;
 /** Most buffers K (and V) may span. */
 export const MAX_KV_CHUNKS = 8;
 
+/**
+ * A limit name (not WebGPU's) a GpuContext may carry to cap the bytes of one cache chunk below
+ * the binding limit; tests set it to force multi-chunk caches. Caches and plans both read it,
+ * so they agree on the layout.
+ */
+export const MAX_KV_CHUNK_BYTES = "maxKvChunkBytes";
+
 /** Options of {@link GpuKvCache.create} / {@link GpuKvCache.fromBytes}. */
 export interface GpuKvCacheOptions {
   /** Caps blocks per chunk (tests use it to force several chunks on small caches). */
@@ -75,6 +82,7 @@ export function kvChunkGeometry(
   const maxBinding = Math.min(
     ctx.limits.maxStorageBufferBindingSize ?? 134217728,
     ctx.limits.maxBufferSize ?? 268435456,
+    ctx.limits[MAX_KV_CHUNK_BYTES] ?? Infinity,
   );
   const perStage = ctx.limits.maxStorageBuffersPerShaderStage ?? 8;
   const maxChunks = Math.max(
@@ -118,6 +126,11 @@ export function kvChunkGeometry(
     chunk_bytes: chunkBytes,
     bytes: 2 * tensorBytes,
   };
+}
+
+/** A key naming a chunk layout: `c1`, or `c{nchunk}x{blocks_per_chunk}`. */
+export function chunkKeyOf(g: KvChunkGeometry): string {
+  return g.nchunk === 1 ? "c1" : `c${g.nchunk}x${g.blocks_per_chunk}`;
 }
 
 /** A paged KV cache in GPU buffers (storage "webgpu"). */
@@ -283,10 +296,9 @@ export class GpuKvCache implements KvCache {
     });
   }
 
-  /** A pipeline-key fragment naming the accessor's compile-time values, e.g. `c1` or `c3x512`. */
+  /** A key naming the chunk layout, e.g. `c1` or `c3x512` (see {@link chunkKeyOf}). */
   get chunkKey(): string {
-    const g = this.geometry;
-    return g.nchunk === 1 ? "c1" : `c${g.nchunk}x${g.blocks_per_chunk}`;
+    return chunkKeyOf(this.geometry);
   }
 
   /**

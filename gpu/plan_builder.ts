@@ -13,6 +13,7 @@ import { planCacheWrite } from "./cache_write.ts";
 import { planFill } from "./fill.ts";
 import { type GpuPlan, outputWords, type PlannedCall, poisonCalls } from "./gpu_plan.ts";
 import { TableBuilder } from "./plan_table.ts";
+import { chunkKeyOf, kvChunkGeometry } from "./kv_cache.ts";
 
 /** The attention part of a plan, from the backend. */
 export interface AttentionCalls {
@@ -21,6 +22,8 @@ export interface AttentionCalls {
   scratch: Record<string, number>;
   /** Kernel keys, for reports. */
   kernels: string[];
+  /** Counts worth reporting (work items, rows, tiles). */
+  info?: Record<string, number>;
 }
 
 function limitError(what: string, value: number, limit: number, name: string): ServiceError {
@@ -126,6 +129,8 @@ export async function buildGpuPlan(
     out_bytes: out.words * 4,
     lse_bytes: lseWords * 4,
     kernels,
+    cache_layout: s.cache_spec ? chunkKeyOf(kvChunkGeometry(ctx, s.cache_spec)) : null,
+    info: att.info ?? {},
     plan_ms: performance.now() - t0,
   };
 }

@@ -10,6 +10,8 @@ import { CPU_REFERENCE } from "../../backends/cpu_reference.ts";
 import { decode, roundTo } from "../../core/dtype.ts";
 import { ServiceError } from "../../core/errors.ts";
 import { HostKvCache } from "../../core/host_cache.ts";
+import { toFloat32 } from "../../core/data.ts";
+import { validHostBatch } from "../../service/host_input.ts";
 import type {
   DType,
   ForwardBatch,
@@ -112,9 +114,11 @@ function cache(
   });
 }
 
+/** Validates `b` (the one validator), plans and runs it; the output decoded to float32. */
 async function forward(b: ForwardBatch) {
-  const r = await CPU_REFERENCE.run(await CPU_REFERENCE.plan(b, ctx), b, ctx);
-  return { out: r.output, lse: r.lse!, r };
+  const v = validHostBatch(b, b.cache);
+  const r = await CPU_REFERENCE.run(await CPU_REFERENCE.plan(v, ctx), v, ctx);
+  return { out: toFloat32(r.output).slice(), lse: r.lse!, r };
 }
 
 const dot = (a: ArrayLike<number>, ao: number, b: ArrayLike<number>, bo: number, n: number) => {
@@ -479,14 +483,13 @@ Deno.test("encoder (no cache) equals a non-causal decoder prefill on the same da
   const H = 4, Hkv = 2, D = 8, qlens = [3, 5];
   const T = 8, q = randn(T * H * D), k = randn(T * Hkv * D), v = randn(T * Hkv * D);
   for (const attn_type of ["encoder", "encoder_only"] as const) {
-    // ALiBi and a window make positions matter; the encoder ignores seq_lens (garbage here).
+    // ALiBi and a window make positions matter; the encoder's seq_lens equal its query lengths.
     const extra = { alibi_slopes: Float32Array.from([0.1, 0.3, 0.5, 0.9]), sliding_window: 3 };
     const enc = batchOf({
       H,
       Hkv,
       D,
       qlens,
-      seq: [11, 17],
       query: q,
       key: k,
       value: v,
@@ -554,9 +557,12 @@ Deno.test("encoder_decoder: key=null reads the cache written earlier, non-causal
   });
   const { out, lse } = await forward(step2);
   assert.deepEqual(c.key, before, "nothing written");
-  // Cross-attention is non-causal whatever layer.causal says.
+  // Cross-attention is non-causal: validation refuses layer.causal = true.
   const causalToo = { ...step2, layer: { ...step2.layer, causal: true } };
-  assert.deepEqual((await forward(causalToo)).out, out);
+  await assert.rejects(
+    forward(causalToo),
+    (e) => e instanceof ServiceError && e.issues?.[0].path.join(".") === "layer.causal",
+  );
   for (let t = 0; t < 2; t++) {
     for (let h = 0; h < H; h++) {
       const e = Array.from(
@@ -571,7 +577,7 @@ Deno.test("encoder_decoder: key=null reads the cache written earlier, non-causal
       close(lse[h * 2 + t], Math.log(z), 1e-6, `lse t${t} h${h}`);
     }
   }
-  // A request with no encoder tokens: zeros and -inf (or the sink with sinks).
+  // A request with queries but no encoder tokens is refused by validation.
   const empty = batchOf({
     H,
     Hkv,
@@ -585,12 +591,10 @@ Deno.test("encoder_decoder: key=null reads the cache written earlier, non-causal
     cache: c,
     layer,
   });
-  const r = await forward(empty);
-  assert.ok(r.out.every((x) => x === 0) && r.lse.every((x) => x === -Infinity));
-  empty.layer.sinks = Float32Array.from([0.5, -2]);
-  const rs = await forward(empty);
-  assert.ok(rs.out.every((x) => x === 0));
-  assert.deepEqual([...rs.lse], [0.5, -2]);
+  await assert.rejects(
+    forward(empty),
+    (e) => e instanceof ServiceError && e.issues?.[0].path.join(".") === "metadata.seq_lens.0",
+  );
 });
 
 Deno.test("permuted block table: the NaN null block 0 is never read", async () => {
@@ -662,7 +666,7 @@ Deno.test("descriptor: capabilities, cache factories, plan/run contract", async 
     const imp = await CPU_REFERENCE.importCache(spec, bytes, bytes, ctx);
     assert.deepEqual((await imp.read()).key, bytes);
   });
-  await t.step("a non-host cache is 422 cache_storage_mismatch", () => {
+  await t.step("a non-host cache is 422 cache_storage_mismatch", async () => {
     const fake: KvCache = {
       spec: cache(1, 4, 1, 4).spec,
       storage: "webgpu",
@@ -671,8 +675,8 @@ Deno.test("descriptor: capabilities, cache factories, plan/run contract", async 
       destroy: () => {},
     };
     const b = batchOf({ H: 1, Hkv: 1, D: 4, qlens: [1], cache: fake });
-    assert.throws(
-      () => CPU_REFERENCE.plan(b, ctx),
+    await assert.rejects(
+      forward(b),
       (e) => e instanceof ServiceError && e.status === 422 && e.code === "cache_storage_mismatch",
     );
   });

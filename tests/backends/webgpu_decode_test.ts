@@ -1,15 +1,16 @@
 /**
  * WEBGPU_DECODE against CPU_REFERENCE on fresh-random hostile decode batches (permuted block
  * table, null block, NaN in every slot no request may read, -1 slots): GQA 1/4/8, every head
- * size it declares (64/80/96/112/128/192/256), block sizes 16/32/64, a 4500-token context split many ways, every KV-cache
+ * size it declares (64/80/96/112/128/192/256), block sizes 16/32/64, a 4500-token context split many
+ * ways, every KV-cache
  * dtype, both layouts, sinks, sliding window, soft cap, ALiBi, LSE, cross-attention decode,
  * a multi-chunk cache, the subgroup-free fallback and the GPU kernel shape (several key
  * groups merged in workgroup memory). The cache after the call must hold the reference's
- * bytes. The numeric tests need an adapter with `shader-f16` (run with
- * DENO_WEBGPU_BACKEND=vulkan where the default adapter is GL); the selector tests run anywhere.
+ * bytes. Prefill and mixed batches run too (each query token a decode row). Core WGSL only:
+ * the numeric tests run on any adapter (lavapipe, llvmpipe through GL, real GPUs).
  */
 import assert from "node:assert/strict";
-import { deviceReasons } from "../../backends/capabilities.ts";
+import { deviceReasons, validateConfiguration } from "../../backends/capabilities.ts";
 import { CPU_REFERENCE } from "../../backends/cpu_reference.ts";
 import { BackendRegistry, selectorConfigDefaults } from "../../backends/registry.ts";
 import {
@@ -22,80 +23,25 @@ import {
 import { ServiceError } from "../../core/errors.ts";
 import { HostKvCache } from "../../core/host_cache.ts";
 import type { AttentionBackend, GpuContext, KvCache } from "../../core/types.ts";
-import { GpuKvCache } from "../../gpu/kv_cache.ts";
+import { toFloat32 } from "../../core/data.ts";
+import { validHostBatch } from "../../service/host_input.ts";
 import { type BatchSpec, generateBatch } from "../support/batches.ts";
-import { assertClose, firstNonFinite } from "../support/compare.ts";
+import { checkBackend, type CheckOptions, tolerance } from "../support/backend_check.ts";
+import { assertClose } from "../support/compare.ts";
 import { freshSeed, GPU, NO_GPU } from "../gpu/helpers.ts";
 
-const NO_F16 = !NO_GPU && !GPU!.features.has("shader-f16");
-if (NO_F16) {
-  console.warn(
-    "WEBGPU_DECODE numeric tests skipped: the adapter lacks shader-f16 " +
-      `(${GPU!.adapter_info.description}); run with DENO_WEBGPU_BACKEND=vulkan`,
-  );
-}
-const SKIP = NO_GPU || NO_F16;
+const SKIP = NO_GPU;
 const ctx = { gpu: GPU };
 
-function tolerance(s: BatchSpec): { atol: number; rtol: number } {
-  if (s.kv_cache_dtype.startsWith("fp8")) {
-    // Both sides read the same fp8 values; the slack covers the output dtype's rounding.
-    return s.dtype === "float32" ? { atol: 1e-4, rtol: 1e-4 } : { atol: 6e-2, rtol: 1e-1 };
-  }
-  return s.dtype === "float32" ? { atol: 1e-4, rtol: 1e-5 } : { atol: 1e-2, rtol: 1e-2 };
-}
-
-interface Opts {
+interface Opts extends CheckOptions {
   tuning?: Partial<DecodeTuning>;
-  maxBlocksPerChunk?: number;
-  /** Fewest slices the plan must cut (to prove the split path ran). */
-  minItems?: number;
 }
 
-async function check(s: BatchSpec, o: Opts = {}): Promise<void> {
-  const seed = freshSeed();
-  const g = generateBatch(s, seed);
-  const tag = `seed ${seed}`;
+function check(s: BatchSpec, o: Opts = {}): Promise<void> {
   const backend = o.tuning
     ? makeWebGpuDecode({ ...DEFAULT_DECODE_TUNING, ...o.tuning })
     : WEBGPU_DECODE;
-  const spec = g.cache_spec!;
-  const ref = HostKvCache.fromBytes(spec, g.key_cache, g.value_cache);
-  const cache = await GpuKvCache.fromBytes(GPU!, spec, g.key_cache, g.value_cache, {
-    maxBlocksPerChunk: o.maxBlocksPerChunk,
-  });
-  try {
-    const refBatch = { ...g.batch, cache: ref };
-    const want = await CPU_REFERENCE.run(
-      CPU_REFERENCE.plan(refBatch, { gpu: null }) as never,
-      refBatch,
-      {
-        gpu: null,
-      },
-    );
-    const batch = { ...g.batch, cache };
-    const plan = await backend.plan(batch, ctx);
-    if (o.minItems) {
-      assert.ok(plan.num_items >= o.minItems, `${plan.num_items} slices (${plan.key})`);
-    }
-    const got = await backend.run(plan, batch, ctx);
-    const what = `${plan.key}, ${plan.num_items} slices, ${tag}`;
-    assert.equal(firstNonFinite(got.output), -1, `output has a non-finite element (${what})`);
-    assertClose(got.output, want.output, {
-      ...tolerance(s),
-      shape: g.output_shape,
-      label: `output (${what})`,
-    });
-    if (s.return_lse) {
-      assert.ok(got.lse && want.lse);
-      assertClose(got.lse, want.lse, { atol: 2e-4, rtol: 1e-5, label: `lse (${what})` });
-    } else assert.equal(got.lse, null);
-    const [a, b] = await Promise.all([cache.read(), ref.read()]);
-    assert.deepEqual(a.key, b.key, `key cache after the call (${tag})`);
-    assert.deepEqual(a.value, b.value, `value cache after the call (${tag})`);
-  } finally {
-    cache.destroy();
-  }
+  return checkBackend(backend as AttentionBackend, GPU!, s, o);
 }
 
 const base = (o: Partial<BatchSpec>): BatchSpec => ({
@@ -268,84 +214,60 @@ const fakeGpu = (features: string[]): GpuContext => ({
 Deno.test("decode: descriptor and selector", () => {
   const b = WEBGPU_DECODE;
   assert.equal(b.name, "WEBGPU_DECODE");
-  assert.equal(b.priority, 10);
+  assert.equal(b.priority, 20);
   assert.equal(b.cache_storage, "webgpu");
-  assert.deepEqual(b.requires.features, ["shader-f16"]);
+  assert.deepEqual(b.requires.features, [], "core WGSL only: runs on GL as well");
   assert.deepEqual(b.capabilities.head_sizes, [64, 80, 96, 112, 128, 192, 256]);
   assert.deepEqual(b.capabilities.block_sizes, [16, 32, 64]);
   const cfg = selectorConfigDefaults({ head_size: 128, dtype: "float16", block_size: 16 });
-  assert.equal(b.supportsCombination!({ ...cfg, max_query_len: 1 }, ctx), null);
-  assert.equal(b.supportsCombination!(cfg, ctx), null);
-  assert.equal(
-    b.supportsCombination!({ ...cfg, max_query_len: 7 }, ctx),
-    "query length 7 > 1 not supported (decode-only backend)",
-  );
-  // Without shader-f16 (llvmpipe through GL) the registry must pass over it.
-  assert.deepEqual(deviceReasons(b.requires, fakeGpu(["subgroups"])), [
-    "compute capability not supported: missing WebGPU feature shader-f16",
-  ]);
+  // Any query length: a longer query is several decode rows.
+  assert.equal(b.supportsCombination, undefined);
+  assert.deepEqual(deviceReasons(b.requires, fakeGpu([])), []);
   const reg = new BackendRegistry(
     [CPU_REFERENCE as AttentionBackend, b as AttentionBackend],
     () => fakeGpu([]),
   );
-  const r = reg.select({ ...cfg, max_query_len: 1 });
-  assert.equal(r.backend.name, "CPU_REFERENCE");
-  assert.ok(
-    r.rejected.WEBGPU_DECODE.includes(
-      "compute capability not supported: missing WebGPU feature shader-f16",
-    ),
-  );
-});
-
-Deno.test("decode: chosen on this adapter for decode, not for prefill", { ignore: NO_GPU }, () => {
-  const reg = new BackendRegistry([
-    CPU_REFERENCE as AttentionBackend,
-    WEBGPU_DECODE as AttentionBackend,
-  ], () => GPU);
-  const cfg = selectorConfigDefaults({ head_size: 128, dtype: "float16", block_size: 16 });
-  const r = reg.select({ ...cfg, max_query_len: 1 });
-  if (NO_F16) {
-    assert.equal(r.backend.name, "CPU_REFERENCE");
-    assert.ok(
-      r.rejected.WEBGPU_DECODE.some((x) => x.includes("missing WebGPU feature shader-f16")),
-    );
-  } else assert.equal(r.backend.name, "WEBGPU_DECODE");
-  const p = reg.select({ ...cfg, max_query_len: 4 });
-  assert.equal(p.backend.name, "CPU_REFERENCE");
-  assert.ok(
-    p.rejected.WEBGPU_DECODE.includes("query length 4 > 1 not supported (decode-only backend)"),
-  );
-});
-
-Deno.test("decode: plan rejects prefill queries and host caches", { ignore: SKIP }, async () => {
-  const g = generateBatch(
-    base({ requests: [{ query_len: 1, seq_len: 9 }, { query_len: 3, seq_len: 12 }] }),
-    freshSeed(),
-  );
-  const cache = await WEBGPU_DECODE.importCache(g.cache_spec!, g.key_cache, g.value_cache, ctx);
-  try {
-    await assert.rejects(
-      () => Promise.resolve(WEBGPU_DECODE.plan({ ...g.batch, cache }, ctx)),
-      (e) => {
-        assert.ok(e instanceof ServiceError && e.status === 422, String(e));
-        assert.match(e.message, /query length 3 > 1 not supported \(decode-only backend\)/);
-        return true;
-      },
-    );
-  } finally {
-    cache.destroy();
+  for (const q of [1, 7]) {
+    assert.equal(reg.select({ ...cfg, max_query_len: q }).backend.name, "WEBGPU_DECODE");
   }
-  const host = HostKvCache.fromBytes(g.cache_spec!, g.key_cache, g.value_cache);
-  await assert.rejects(
-    () => Promise.resolve(WEBGPU_DECODE.plan({ ...g.batch, cache: host }, ctx)),
-    (e) => {
-      assert.ok(
-        e instanceof ServiceError && e.status === 422 && e.code === "cache_storage_mismatch",
-      );
-      return true;
-    },
+  assert.deepEqual(
+    validateConfiguration(b, { ...cfg, attn_type: "encoder" }, { gpu: fakeGpu([]) }),
+    ["attention type encoder not supported (supported: decoder, encoder_decoder)"],
   );
 });
+
+Deno.test("decode: runs prefill and mixed batches as decode rows", { ignore: SKIP }, async () => {
+  await check(
+    base({
+      dtype: "float16",
+      head_size: 128,
+      requests: [
+        { query_len: 1, seq_len: 40 },
+        { query_len: 9, seq_len: 9 },
+        { query_len: 5, seq_len: 70, pad: 2 },
+      ],
+      sliding_window: 6,
+      alibi: true,
+    }),
+    { minItems: 15 },
+  );
+});
+
+Deno.test(
+  "decode: a host cache is refused with 422 cache_storage_mismatch",
+  { ignore: SKIP },
+  async () => {
+    const g = generateBatch(base({}), freshSeed());
+    const host = HostKvCache.fromBytes(g.cache_spec!, g.key_cache, g.value_cache);
+    const batch = validHostBatch(g.batch, host);
+    const plan = await WEBGPU_DECODE.plan(batch, ctx);
+    await assert.rejects(
+      () => WEBGPU_DECODE.run(plan, batch, ctx),
+      (e) => e instanceof ServiceError && e.status === 422 && e.code === "cache_storage_mismatch",
+    );
+    WEBGPU_DECODE.disposePlan?.(plan);
+  },
+);
 
 Deno.test("decode: concurrent calls in flight", { ignore: SKIP }, async () => {
   const specs = [
@@ -359,18 +281,13 @@ Deno.test("decode: concurrent calls in flight", { ignore: SKIP }, async () => {
   );
   try {
     const got = await Promise.all(gens.map(async (g, i) => {
-      const batch = { ...g.batch, cache: caches[i] };
+      const batch = validHostBatch(g.batch, caches[i]);
       return WEBGPU_DECODE.run(await WEBGPU_DECODE.plan(batch, ctx), batch, ctx);
     }));
     for (const [i, g] of gens.entries()) {
-      const b = {
-        ...g.batch,
-        cache: HostKvCache.fromBytes(g.cache_spec!, g.key_cache, g.value_cache),
-      };
-      const want = await CPU_REFERENCE.run(CPU_REFERENCE.plan(b, { gpu: null }) as never, b, {
-        gpu: null,
-      });
-      assertClose(got[i].output, want.output, {
+      const host = HostKvCache.fromBytes(g.cache_spec!, g.key_cache, g.value_cache);
+      const want = await CPU_REFERENCE.run({}, validHostBatch(g.batch, host), { gpu: null });
+      assertClose(toFloat32(got[i].output), toFloat32(want.output), {
         ...tolerance(specs[i]),
         label: `call ${i} (seed ${g.seed})`,
       });

@@ -5,63 +5,19 @@
  * the call must hold the same bytes as the reference's. Skipped without a WebGPU adapter.
  */
 import assert from "node:assert/strict";
-import { CPU_REFERENCE } from "../../backends/cpu_reference.ts";
 import { flashConfig, WEBGPU_FLASH } from "../../backends/webgpu_flash.ts";
 import { ServiceError } from "../../core/errors.ts";
 import { HostKvCache } from "../../core/host_cache.ts";
-import type { KvCache } from "../../core/types.ts";
-import { GpuKvCache } from "../../gpu/kv_cache.ts";
+import type { AttentionBackend } from "../../core/types.ts";
 import { type BatchSpec, generateBatch } from "../support/batches.ts";
-import { assertClose, firstNonFinite } from "../support/compare.ts";
+import { checkBackend, type CheckOptions } from "../support/backend_check.ts";
+import { validHostBatch } from "../../service/host_input.ts";
 import { freshSeed, GPU, NO_GPU } from "../gpu/helpers.ts";
 
 const ctx = { gpu: GPU };
 
-function tolerance(s: BatchSpec): { atol: number; rtol: number } {
-  if (s.kv_cache_dtype === "fp8_e4m3" || s.kv_cache_dtype === "fp8_e5m2") {
-    // both sides read the same fp8 values; the slack covers the output dtype's rounding
-    return s.dtype === "float32" ? { atol: 1e-4, rtol: 1e-4 } : { atol: 6e-2, rtol: 1e-1 };
-  }
-  return s.dtype === "float32" ? { atol: 1e-4, rtol: 1e-5 } : { atol: 1e-2, rtol: 1e-2 };
-}
-
-async function check(s: BatchSpec, opts: { maxBlocksPerChunk?: number } = {}): Promise<void> {
-  const seed = freshSeed();
-  const g = generateBatch(s, seed);
-  const tag = `seed ${seed}`;
-  let ref: KvCache | null = null, gpuCache: KvCache | null = null;
-  if (g.cache_spec) {
-    ref = HostKvCache.fromBytes(g.cache_spec, g.key_cache, g.value_cache);
-    gpuCache = opts.maxBlocksPerChunk
-      ? await GpuKvCache.fromBytes(GPU!, g.cache_spec, g.key_cache, g.value_cache, opts)
-      : await WEBGPU_FLASH.importCache(g.cache_spec, g.key_cache, g.value_cache, ctx);
-  }
-  try {
-    const want = await CPU_REFERENCE.run(
-      CPU_REFERENCE.plan({ ...g.batch, cache: ref }, { gpu: null }) as never,
-      { ...g.batch, cache: ref },
-      { gpu: null },
-    );
-    const batch = { ...g.batch, cache: gpuCache };
-    const got = await WEBGPU_FLASH.run(await WEBGPU_FLASH.plan(batch, ctx), batch, ctx);
-    assert.equal(firstNonFinite(got.output), -1, `output has a non-finite element (${tag})`);
-    assertClose(got.output, want.output, {
-      ...tolerance(s),
-      shape: g.output_shape,
-      label: `output (${tag})`,
-    });
-    if (s.return_lse) {
-      assert.ok(got.lse && want.lse);
-      assertClose(got.lse, want.lse, { atol: 2e-4, rtol: 1e-5, label: `lse (${tag})` });
-    }
-    if (ref && gpuCache) {
-      const [a, b] = await Promise.all([gpuCache.read(), ref.read()]);
-      assert.deepEqual(a.key, b.key, `key cache after the call (${tag})`);
-      assert.deepEqual(a.value, b.value, `value cache after the call (${tag})`);
-    }
-  } finally {
-    gpuCache?.destroy();
-  }
+function check(s: BatchSpec, o: CheckOptions = {}): Promise<void> {
+  return checkBackend(WEBGPU_FLASH as AttentionBackend, GPU!, s, o);
 }
 
 const base = (o: Partial<BatchSpec>): BatchSpec => ({
@@ -77,7 +33,7 @@ const base = (o: Partial<BatchSpec>): BatchSpec => ({
   ...o,
 });
 
-const CASES: [string, BatchSpec, { maxBlocksPerChunk?: number }?][] = [
+const CASES: [string, BatchSpec, CheckOptions?][] = [
   [
     "decode f32 GQA",
     base({
@@ -224,28 +180,47 @@ Deno.test("flash: descriptor, config and cache-storage mismatch", { ignore: NO_G
   assert.equal(flashConfig(24, GPU!.limits), null);
   const g = generateBatch(base({}), 1);
   const host = HostKvCache.fromBytes(g.cache_spec!, g.key_cache, g.value_cache);
+  const batch = validHostBatch(g.batch, host);
+  const plan = await WEBGPU_FLASH.plan(batch, ctx);
   await assert.rejects(
-    async () => await WEBGPU_FLASH.plan({ ...g.batch, cache: host }, ctx),
+    async () => await WEBGPU_FLASH.run(plan, batch, ctx),
     (e: unknown) =>
       e instanceof ServiceError && e.status === 422 && e.code === "cache_storage_mismatch",
   );
+  WEBGPU_FLASH.disposePlan?.(plan);
   await assert.rejects(
-    async () => await WEBGPU_FLASH.plan({ ...g.batch, cache: null }, { gpu: null }),
+    async () => await WEBGPU_FLASH.plan(batch, { gpu: null }),
     (e: unknown) => e instanceof ServiceError && e.status === 503,
   );
-  const c = await WEBGPU_FLASH.createCache(g.cache_spec!, ctx);
-  assert.equal(c.storage, "webgpu");
-  const bad = {
-    ...g.batch,
-    cache: c,
-    metadata: { ...g.batch.metadata, block_table: g.batch.metadata.block_table.map(() => 999) },
-  };
-  await assert.rejects(
-    async () => await WEBGPU_FLASH.plan(bad, ctx),
-    /block 999 is outside the cache/,
-  );
-  c.destroy();
 });
+
+Deno.test(
+  "flash: mixed batches split by row (decode rows on the split kernel)",
+  { ignore: NO_GPU },
+  async () => {
+    const s = base({
+      dtype: "float16",
+      head_size: 128,
+      requests: [
+        { query_len: 1, seq_len: 300 },
+        { query_len: 17, seq_len: 40 },
+        { query_len: 1, seq_len: 5, pad: 1 },
+        { query_len: 4, seq_len: 4 },
+      ],
+      sinks: true,
+    });
+    const g = generateBatch(s, freshSeed());
+    const c = await WEBGPU_FLASH.importCache(g.cache_spec!, g.key_cache, g.value_cache, ctx);
+    const plan = await WEBGPU_FLASH.plan(validHostBatch(g.batch, c), ctx);
+    assert.equal(plan.info.decode_rows, 2, "two decode rows");
+    assert.ok(plan.info.prefill_tiles > 0, "prefill tiles for the rest");
+    assert.ok(plan.kernels.some((k) => k.startsWith("decode_split(")), plan.kernels.join(", "));
+    assert.ok(plan.kernels.some((k) => k.startsWith("flash(")), plan.kernels.join(", "));
+    WEBGPU_FLASH.disposePlan?.(plan);
+    c.destroy();
+    await check(s, { minItems: 2 });
+  },
+);
 
 Deno.test("flash: concurrent calls in flight", { ignore: NO_GPU }, async () => {
   await Promise.all(

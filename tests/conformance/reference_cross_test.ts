@@ -5,6 +5,8 @@
  * seed is printed (SEED reproduces it).
  * @module
  */
+import { toFloat32 } from "../../core/data.ts";
+import { validHostBatch } from "../../service/host_input.ts";
 import assert from "node:assert/strict";
 import { CPU_REFERENCE } from "../../backends/cpu_reference.ts";
 import { decode } from "../../core/dtype.ts";
@@ -101,9 +103,10 @@ Deno.test("reference cross-check: CPU_REFERENCE vs the naive contract", async (t
           { gpu: null },
         );
       }
-      const batch: ForwardBatch = { ...g.batch, cache };
+      const batch = validHostBatch(g.batch, cache);
       const ctx = { gpu: null };
-      const res = await CPU_REFERENCE.run(await CPU_REFERENCE.plan(batch, ctx), batch, ctx);
+      const run = await CPU_REFERENCE.run(await CPU_REFERENCE.plan(batch, ctx), batch, ctx);
+      const res = { output: toFloat32(run.output), lse: run.lse };
       const H = g.batch.layer.num_heads, T = g.batch.num_tokens;
       // Both are float64 then rounded to the dtype: at most one rounding step apart.
       const tol = g.batch.dtype === "float32"

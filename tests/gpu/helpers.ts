@@ -5,6 +5,7 @@
  */
 import type { GpuContext } from "../../core/types.ts";
 import { WebGpuDeviceManager } from "../../gpu/device.ts";
+import { MAX_KV_CHUNK_BYTES } from "../../gpu/kv_cache.ts";
 
 const manager = new WebGpuDeviceManager();
 const ctx = await manager.acquire();
@@ -46,4 +47,12 @@ export function randomArray(r: () => number, n: number, scale = 1): Float32Array
   const a = new Float32Array(n);
   for (let i = 0; i < n; i++) a[i] = (r() * 2 - 1) * scale;
   return a;
+}
+
+/**
+ * `ctx` with cache chunks capped at `blocks` blocks of `blockBytes` (see MAX_KV_CHUNK_BYTES):
+ * caches created and plans built with it use several chunk buffers.
+ */
+export function chunkedCtx(ctx: GpuContext, blocks: number, blockBytes: number): GpuContext {
+  return { ...ctx, limits: { ...ctx.limits, [MAX_KV_CHUNK_BYTES]: blocks * blockBytes } };
 }
