@@ -138,8 +138,9 @@ export async function planCacheWrite(
   slots: Int32Array,
   scales: { k_scale: number; v_scale: number },
   table: TableBuilder,
+  g: KvChunkGeometry = kvChunkGeometry(ctx, spec),
 ): Promise<CacheWritePlan | null> {
-  const rows = slots.length, g = kvChunkGeometry(ctx, spec);
+  const rows = slots.length;
   if (rows === 0) return null;
   const kernel = await getKernel(ctx, CACHE_WRITE, cacheWriteConsts(spec, g, dtype));
   const wpr = spec.head_size / elementsPerWord(g.storage_dtype);
@@ -202,7 +203,7 @@ export async function writeCache(
   const p = await planCacheWrite(ctx, cache.spec, rows.key.dtype, rows.slot_mapping, {
     k_scale: rows.k_scale ?? 1,
     v_scale: rows.v_scale ?? 1,
-  }, table);
+  }, table, cache.geometry);
   if (!p) return;
   const t = table.upload(ctx, "cache_write.table");
   const pool = poolOf(ctx);

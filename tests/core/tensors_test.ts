@@ -1,4 +1,5 @@
 import assert from "node:assert/strict";
+import { toFloat32 } from "../../core/data.ts";
 import { ServiceError } from "../../core/errors.ts";
 import { FP8_E4M3_TABLE } from "../../core/dtype.ts";
 import {
@@ -26,20 +27,20 @@ Deno.test("tensors: data tensors round to their dtype, from data and from base64
   const x = Array.from({ length: 12 }, () => Math.random() * 4 - 2);
   const f16 = toDataTensor(rawFromJson({ dtype: "float16", shape: [3, 4], data: x }, ["q"]), ["q"]);
   assert.equal(f16.dtype, "float16");
-  assert.deepEqual(Array.from(f16.values), x.map((v) => Math.f16round(v)));
+  assert.deepEqual(Array.from(toFloat32(f16.array)), x.map((v) => Math.f16round(v)));
   const bf = toDataTensor(rawFromJson({ dtype: "BF16", shape: [12], data: x }, ["q"]), ["q"]);
   assert.equal(bf.dtype, "bfloat16");
   for (let i = 0; i < 12; i++) {
-    const bits = new Uint32Array(new Float32Array([bf.values[i]]).buffer)[0];
+    const bits = new Uint32Array(new Float32Array([toFloat32(bf.array)[i]]).buffer)[0];
     assert.equal(bits & 0xffff, 0, "bfloat16 values have zero low mantissa bits");
-    assert.ok(Math.abs(bf.values[i] - x[i]) <= Math.abs(x[i]) * 2 ** -8);
+    assert.ok(Math.abs(toFloat32(bf.array)[i] - x[i]) <= Math.abs(x[i]) * 2 ** -8);
   }
   const h = Float16Array.from(x);
   const fromB64 = toDataTensor(
     rawFromJson({ dtype: "float16", shape: [12], base64: b64(h) }, ["q"]),
     ["q"],
   );
-  assert.deepEqual(Array.from(fromB64.values), Array.from(h));
+  assert.deepEqual(Array.from(toFloat32(fromB64.array)), Array.from(h));
   assert.equal(fromB64.encoding, "base64");
 });
 

@@ -1,5 +1,6 @@
 /** validateForward: defaults, the selector config of a call, and every semantic problem at once. */
 import assert from "node:assert/strict";
+import { fromFloats } from "../../core/data.ts";
 import { ServiceError } from "../../core/errors.ts";
 import type { CacheTensor, DataTensor, IntTensor } from "../../core/tensors.ts";
 import type { KvCacheSpec } from "../../core/types.ts";
@@ -8,7 +9,7 @@ import { type ForwardInput, type HeldCacheInfo, validateForward } from "../../se
 const data = (shape: number[], fill = 0.25): DataTensor => ({
   dtype: "float32",
   shape,
-  values: new Float32Array(shape.reduce((a, b) => a * b, 1)).fill(fill),
+  array: fromFloats("float32", new Float32Array(shape.reduce((a, b) => a * b, 1)).fill(fill)),
   encoding: "data",
 });
 const ints = (values: number[], shape = [values.length]): IntTensor => ({

@@ -3,10 +3,11 @@
  * which runs overlapped, and lets a test mark its caches lost.
  * @module
  */
+import { fromFloats } from "../../core/data.ts";
 import type {
   AttentionBackend,
   Capabilities,
-  ForwardBatch,
+  ValidBatch,
   KvCache,
   KvCacheSpec,
 } from "../../core/types.ts";
@@ -103,7 +104,7 @@ export function fakeBackend(name = "FAKE"): FakeBackend {
       b.plans++;
       return null;
     },
-    async run(_p, batch: ForwardBatch) {
+    async run(_p, batch: ValidBatch) {
       b.runs++;
       b.active++;
       b.maxActive = Math.max(b.maxActive, b.active);
@@ -117,7 +118,7 @@ export function fakeBackend(name = "FAKE"): FakeBackend {
         }
         const n = batch.num_tokens * batch.layer.num_heads * batch.layer.head_size;
         return {
-          output: new Float32Array(n).fill(0.5),
+          output: fromFloats(batch.dtype, new Float32Array(n).fill(0.5)),
           lse: batch.return_lse ? new Float32Array(0) : null,
         };
       } finally {

@@ -1,5 +1,6 @@
 /** AttentionService: concurrency (no global lock), rejected calls change nothing, lost caches, inline caches. */
 import assert from "node:assert/strict";
+import { fromFloats } from "../../core/data.ts";
 import { ServiceError } from "../../core/errors.ts";
 import type { AttentionBackend } from "../../core/types.ts";
 import type { ForwardInput } from "../../service/validate.ts";
@@ -10,7 +11,7 @@ import { deferred, type FakeBackend, fakeBackend } from "./helpers.ts";
 const f32 = (shape: number[]) => ({
   dtype: "float32" as const,
   shape,
-  values: new Float32Array(shape.reduce((a, b) => a * b, 1)).fill(0.1),
+  array: fromFloats("float32", new Float32Array(shape.reduce((a, b) => a * b, 1)).fill(0.1)),
   encoding: "data" as const,
 });
 const ints = (v: number[], shape = [v.length]) => ({ shape, values: Int32Array.from(v) });
