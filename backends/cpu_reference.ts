@@ -1,16 +1,23 @@
 /**
  * CPU_REFERENCE: the float64 oracle every other backend is checked against. It supports
- * every configuration the contract defines, needs no device, keeps its caches in host memory
- * ({@link HostKvCache}) and runs core/reference.ts: write the new K/V, then attend.
+ * every configuration the contract defines, needs no device, keeps its caches in host shared
+ * memory ({@link HostKvCache}) and runs core/reference.ts: write the new K/V, then attend.
  * Slow by design; priority 100 so auto selection prefers any device backend.
+ *
+ * `plan` checks the batch on the calling thread; `run` computes in a worker of a
+ * {@link CpuWorkerPool} (backends/cpu_pool.ts), off the event loop, and takes an optional
+ * AbortSignal. The pool's module doc states the guarantees: a call that does not resolve
+ * leaves its cache unchanged; a cancelled call rejects with 499 `client_closed_request`.
+ * `close()` terminates the workers (the pool restarts them on the next call).
  * @module
  */
 import { ServiceError } from "../core/errors.ts";
 import { HostKvCache } from "../core/host_cache.ts";
-import { attend, checkBatch, kvFromCall, writeKv } from "../core/reference.ts";
+import { checkBatch, kvFromCall } from "../core/reference.ts";
 import {
   type AttentionBackend,
   ATTN_TYPES,
+  type BackendContext,
   DTYPES,
   type ForwardBatch,
   type ForwardResult,
@@ -18,6 +25,7 @@ import {
   KV_LAYOUTS,
 } from "../core/types.ts";
 import { capabilities } from "./capabilities_base.ts";
+import { CpuWorkerPool } from "./cpu_pool.ts";
 
 /** What {@link CPU_REFERENCE}'s plan holds: the cache to use (null for encoder types). */
 export interface CpuReferencePlan {
@@ -36,46 +44,56 @@ function plan(batch: ForwardBatch): CpuReferencePlan {
   return { cache: c };
 }
 
-function run(p: CpuReferencePlan, batch: ForwardBatch): Promise<ForwardResult> {
-  // An executor's throw becomes a rejection, so callers see errors the async way.
-  return new Promise((resolve) => resolve(compute(p, batch)));
+/** Options of a CPU_REFERENCE `run`. */
+export interface CpuRunOptions {
+  /** Aborting cancels the call (499 `client_closed_request`); the cache is left unchanged. */
+  signal?: AbortSignal;
 }
 
-function compute(p: CpuReferencePlan, batch: ForwardBatch): ForwardResult {
-  const t0 = performance.now();
-  if (p.cache && !kvFromCall(batch)) writeKv(batch, p.cache);
-  const t1 = performance.now();
-  const { output, lse } = attend(batch, kvFromCall(batch) ? null : p.cache);
-  const t2 = performance.now();
+/** The CPU_REFERENCE descriptor: a backend whose `run` takes a signal, plus its pool. */
+export interface CpuReferenceBackend extends AttentionBackend<CpuReferencePlan> {
+  run(
+    plan: CpuReferencePlan,
+    batch: ForwardBatch,
+    ctx: BackendContext,
+    opts?: CpuRunOptions,
+  ): Promise<ForwardResult>;
+  /** The workers its calls run on. */
+  readonly pool: CpuWorkerPool;
+  /** Waits for running calls, then terminates the workers. */
+  close(): Promise<void>;
+}
+
+/** A CPU_REFERENCE descriptor running on `pool` (tests size their own pools). */
+export function cpuReference(pool: CpuWorkerPool = new CpuWorkerPool()): CpuReferenceBackend {
   return {
-    output,
-    lse: batch.return_lse ? lse : null,
-    timings: { write: t1 - t0, attend: t2 - t1 },
+    name: "CPU_REFERENCE",
+    priority: 100,
+    description: "Float64 host reference (the oracle other backends are checked against); slow.",
+    capabilities: capabilities({
+      dtypes: [...DTYPES],
+      kv_cache_dtypes: [...KV_CACHE_DTYPES],
+      kv_cache_layouts: [...KV_LAYOUTS],
+      attn_types: [...ATTN_TYPES],
+      sinks: true,
+      sliding_window: true,
+      alibi: true,
+      logits_soft_cap: true,
+      non_causal: true,
+      batch_invariant: true,
+      lse: true,
+    }),
+    requires: { needs_device: false, features: [], limits: {} },
+    cache_storage: "host",
+    createCache: (spec) => HostKvCache.create(spec),
+    importCache: (spec, key, value) => HostKvCache.fromBytes(spec, key, value),
+    plan,
+    run: (p, batch, _ctx, opts) =>
+      pool.run(batch, kvFromCall(batch) ? null : p.cache, opts?.signal),
+    pool,
+    close: () => pool.close(),
   };
 }
 
-/** The CPU float64 reference backend. */
-export const CPU_REFERENCE: AttentionBackend<CpuReferencePlan> = {
-  name: "CPU_REFERENCE",
-  priority: 100,
-  description: "Float64 host reference (the oracle other backends are checked against); slow.",
-  capabilities: capabilities({
-    dtypes: [...DTYPES],
-    kv_cache_dtypes: [...KV_CACHE_DTYPES],
-    kv_cache_layouts: [...KV_LAYOUTS],
-    attn_types: [...ATTN_TYPES],
-    sinks: true,
-    sliding_window: true,
-    alibi: true,
-    logits_soft_cap: true,
-    non_causal: true,
-    batch_invariant: true,
-    lse: true,
-  }),
-  requires: { needs_device: false, features: [], limits: {} },
-  cache_storage: "host",
-  createCache: (spec) => HostKvCache.create(spec),
-  importCache: (spec, key, value) => HostKvCache.fromBytes(spec, key, value),
-  plan,
-  run,
-};
+/** The CPU float64 reference backend (one shared worker pool per process). */
+export const CPU_REFERENCE: CpuReferenceBackend = cpuReference();

@@ -7,6 +7,7 @@
  * teardown. Fresh random data per run (SEED=… to rerun one).
  */
 import assert from "node:assert/strict";
+import { cpuReference } from "../../backends/cpu_reference.ts";
 import { CpuWorkerPool, defaultPoolSize } from "../../backends/cpu_pool.ts";
 import { ServiceError } from "../../core/errors.ts";
 import { HostKvCache } from "../../core/host_cache.ts";
@@ -346,4 +347,26 @@ Deno.test("idle workers are terminated after idleMs", async () => {
   } finally {
     await pool.close();
   }
+});
+
+Deno.test("CPU_REFERENCE.run takes a signal; close() ends its workers", async () => {
+  const backend = cpuReference(new CpuWorkerPool({ size: 1 }));
+  const ctx = { gpu: null };
+  try {
+    const c = call(BASE, "backend");
+    const before = bytesOf(c);
+    const plan = await backend.plan(c.batch, ctx);
+    await rejectsWith(
+      backend.run(plan, c.batch, ctx, { signal: AbortSignal.abort() }),
+      499,
+      "client_closed_request",
+    );
+    assert.deepEqual(bytesOf(c), before);
+    const r = await backend.run(plan, c.batch, ctx);
+    assert.equal(backend.pool.workers, 1);
+    assert.deepEqual(Object.keys(r.timings!).sort(), ["attend", "queue", "write"]);
+  } finally {
+    await backend.close();
+  }
+  assert.equal(backend.pool.workers, 0);
 });
