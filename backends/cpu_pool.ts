@@ -215,14 +215,21 @@ export class CpuWorkerPool {
 
   #pump(): void {
     while (this.#queue.length > 0) {
-      const slot = this.#slots.find((s) => !s.job) ?? this.#spawn();
-      if (!slot) return;
+      let slot = this.#slots.find((s) => !s.job);
+      if (!slot) {
+        if (this.#slots.length >= this.size) return;
+        try {
+          slot = this.#spawn();
+        } catch (e) {
+          this.#settle(this.#queue.shift()!, crashedError(`no worker could be started: ${e}`));
+          continue;
+        }
+      }
       this.#dispatch(slot, this.#queue.shift()!);
     }
   }
 
-  #spawn(): Slot | null {
-    if (this.#slots.length >= this.size) return null;
+  #spawn(): Slot {
     const slot: Slot = { worker: new Worker(this.#url, { type: "module" }), job: null };
     slot.worker.onmessage = (e: MessageEvent<CallReply>) => this.#onReply(slot, e.data);
     slot.worker.onerror = (e: ErrorEvent) => {

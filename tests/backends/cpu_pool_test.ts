@@ -312,6 +312,25 @@ Deno.test("crash: a worker dying mid-write fails its call (500), restores the ca
   });
 });
 
+Deno.test("crash: a worker module that cannot load fails each call with 500, never hangs", async () => {
+  const pool = new CpuWorkerPool({
+    size: 1,
+    workerUrl: new URL("./no_such_worker.ts", import.meta.url),
+  });
+  try {
+    const c = call(BASE, "no-module");
+    const before = bytesOf(c);
+    for (let i = 0; i < 2; i++) {
+      const e = await rejectsWith(runOn(pool, c), 500, "cpu_worker_crashed");
+      assert.match(e.message, /^the CPU_REFERENCE worker running this call crashed \(/);
+      assert.equal(pool.workers, 0);
+    }
+    assert.deepEqual(bytesOf(c), before);
+  } finally {
+    await pool.close();
+  }
+});
+
 Deno.test("close(): waits for running calls, refuses queued and new ones (503), terminates workers", async () => {
   const pool = new CpuWorkerPool({ size: 1 });
   const long = call(LONG, "close-long");
