@@ -36,6 +36,9 @@ import {
   type CallReply,
   type CallRequest,
   CANCELLED,
+  cancelledError,
+  closedError,
+  crashedError,
   fromWire,
   PENDING,
   toWireBatch,
@@ -57,34 +60,6 @@ export interface CpuPoolOptions {
 /** cores - 1 (one core stays with the event loop), at least 1, at most 8. */
 export function defaultPoolSize(cores: number = navigator.hardwareConcurrency): number {
   return Math.max(1, Math.min(8, Math.floor(cores || 1) - 1));
-}
-
-/** 499 `client_closed_request`: the caller's signal aborted; the cache is unchanged. */
-export function cancelledError(): ServiceError {
-  return new ServiceError(
-    "the call was cancelled (the client closed the request); no cache byte changed",
-    {
-      status: 499,
-      code: "client_closed_request",
-      title: "Client Closed Request",
-      extra: { cache_write: "none" },
-    },
-  );
-}
-
-function crashedError(why: string): ServiceError {
-  return new ServiceError(
-    `the CPU_REFERENCE worker running this call crashed (${why}); no cache byte changed`,
-    { status: 500, code: "cpu_worker_crashed", extra: { cache_write: "none" } },
-  );
-}
-
-function closedError(): ServiceError {
-  return new ServiceError("the CPU worker pool is closing; the call did not run", {
-    status: 503,
-    code: "cpu_pool_closed",
-    extra: { cache_write: "none" },
-  });
 }
 
 /** One call, from enqueue to settle. */

@@ -16,6 +16,8 @@
  *
  * A {@link ServiceError} crosses as plain data and is rebuilt with the same status, code,
  * title, issues, reasons and extra fields; any other error becomes a 500 `cpu_worker_failed`.
+ * The pool's own endings are {@link cancelledError} (499), {@link crashedError} (500) and
+ * {@link closedError} (503); each says `cache_write: "none"`.
  * @module
  */
 import { type Issue, ServiceError } from "../core/errors.ts";
@@ -118,5 +120,35 @@ export function fromWire(w: WireError): ServiceError {
     status: 500,
     code: "cpu_worker_failed",
     extra: { error: w.name },
+  });
+}
+
+/** 499 `client_closed_request`: the caller's signal aborted; the cache is unchanged. */
+export function cancelledError(): ServiceError {
+  return new ServiceError(
+    "the call was cancelled (the client closed the request); no cache byte changed",
+    {
+      status: 499,
+      code: "client_closed_request",
+      title: "Client Closed Request",
+      extra: { cache_write: "none" },
+    },
+  );
+}
+
+/** 500 `cpu_worker_crashed`: the worker died running the call; the cache was restored. */
+export function crashedError(why: string): ServiceError {
+  return new ServiceError(
+    `the CPU_REFERENCE worker running this call crashed (${why}); no cache byte changed`,
+    { status: 500, code: "cpu_worker_crashed", extra: { cache_write: "none" } },
+  );
+}
+
+/** 503 `cpu_pool_closed`: the pool is closing; the call never ran. */
+export function closedError(): ServiceError {
+  return new ServiceError("the CPU worker pool is closing; the call did not run", {
+    status: 503,
+    code: "cpu_pool_closed",
+    extra: { cache_write: "none" },
   });
 }
