@@ -4,8 +4,10 @@
  *
  * - **Size**: {@link defaultPoolSize} workers at most (cores - 1, at least 1, at most 8).
  *   Workers start lazily on demand and are reused; a call waits in a FIFO queue while all are
- *   busy. Workers idle for `idleMs` (default 10 s) are terminated, so an idle pool holds no
- *   thread and does not keep the process alive.
+ *   busy. Starting a worker blocks the event loop (Deno's `new Worker` is synchronous, about
+ *   30 ms on the 2-core CPU machine), so at most one starts per task. Workers idle for
+ *   `idleMs` (default 10 s) are terminated, so an idle pool holds no thread and does not keep
+ *   the process alive for longer than that.
  * - **Memory**: the cache is not copied: the worker reads and writes its SharedArrayBuffers in
  *   place. The batch's tensors are copied to the worker; output and lse are transferred back.
  * - **Ordering**: the pool orders nothing itself. Calls on one server-held cache are
@@ -96,6 +98,7 @@ export class CpuWorkerPool {
   #nextId = 1;
   #closing = false;
   #idleTimer: ReturnType<typeof setTimeout> | undefined;
+  #pumpTimer: ReturnType<typeof setTimeout> | undefined;
   #drainWaiters: (() => void)[] = [];
 
   constructor(opts: CpuPoolOptions = {}) {
@@ -177,6 +180,8 @@ export class CpuWorkerPool {
     this.#closing = true;
     try {
       for (const job of this.#queue.splice(0)) this.#settle(job, closedError());
+      clearTimeout(this.#pumpTimer);
+      this.#pumpTimer = undefined;
       while (this.#slots.some((s) => s.job)) {
         await new Promise<void>((r) => this.#drainWaiters.push(r));
       }
@@ -188,13 +193,20 @@ export class CpuWorkerPool {
     }
   }
 
+  /**
+   * Starts queued calls on idle workers, spawning at most one worker per task: `new Worker`
+   * blocks the event loop for tens of ms, so a burst must not start eight in one go.
+   */
   #pump(): void {
+    let spawned = false;
     while (this.#queue.length > 0) {
       let slot = this.#slots.find((s) => !s.job);
       if (!slot) {
         if (this.#slots.length >= this.size) return;
+        if (spawned) return this.#pumpLater();
         try {
           slot = this.#spawn();
+          spawned = true;
         } catch (e) {
           this.#settle(this.#queue.shift()!, crashedError(`no worker could be started: ${e}`));
           continue;
@@ -202,6 +214,14 @@ export class CpuWorkerPool {
       }
       this.#dispatch(slot, this.#queue.shift()!);
     }
+  }
+
+  #pumpLater(): void {
+    if (this.#pumpTimer !== undefined) return;
+    this.#pumpTimer = setTimeout(() => {
+      this.#pumpTimer = undefined;
+      this.#pump();
+    }, 0);
   }
 
   #spawn(): Slot {

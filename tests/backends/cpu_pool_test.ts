@@ -182,6 +182,22 @@ Deno.test("concurrent calls on different caches equal sequential ones and the in
   }
 });
 
+Deno.test("a burst on a cold pool starts one worker per task; every call still runs", async () => {
+  const pool = new CpuWorkerPool({ size: 3 });
+  try {
+    const calls = [0, 1, 2, 3].map((i) => call(BASE, `burst-${i}`));
+    const want = calls.map((c) => inThread(copy(c)));
+    const pending = calls.map((c) => runOn(pool, c));
+    assert.equal(pool.workers, 1, "one worker started in this task (new Worker blocks the loop)");
+    assert.equal(pool.queued, 3);
+    const got = await Promise.all(pending);
+    got.forEach((r, i) => assert.deepEqual(raw(r.output), want[i].output, `call ${i}`));
+    assert.ok(pool.workers >= 1 && pool.workers <= 3);
+  } finally {
+    await pool.close();
+  }
+});
+
 Deno.test("cancellation: a queued call and an already aborted call write nothing (499)", async () => {
   const pool = new CpuWorkerPool({ size: 1 });
   try {
