@@ -99,6 +99,8 @@ export class CpuWorkerPool {
   #closing = false;
   #idleTimer: ReturnType<typeof setTimeout> | undefined;
   #pumpTimer: ReturnType<typeof setTimeout> | undefined;
+  /** A worker was started in the current task; the next one waits for #pumpTimer. */
+  #spawnedThisTask = false;
   #drainWaiters: (() => void)[] = [];
 
   constructor(opts: CpuPoolOptions = {}) {
@@ -182,6 +184,7 @@ export class CpuWorkerPool {
       for (const job of this.#queue.splice(0)) this.#settle(job, closedError());
       clearTimeout(this.#pumpTimer);
       this.#pumpTimer = undefined;
+      this.#spawnedThisTask = false;
       while (this.#slots.some((s) => s.job)) {
         await new Promise<void>((r) => this.#drainWaiters.push(r));
       }
@@ -198,30 +201,25 @@ export class CpuWorkerPool {
    * blocks the event loop for tens of ms, so a burst must not start eight in one go.
    */
   #pump(): void {
-    let spawned = false;
     while (this.#queue.length > 0) {
       let slot = this.#slots.find((s) => !s.job);
       if (!slot) {
-        if (this.#slots.length >= this.size) return;
-        if (spawned) return this.#pumpLater();
+        if (this.#slots.length >= this.size || this.#spawnedThisTask) return;
         try {
           slot = this.#spawn();
-          spawned = true;
         } catch (e) {
           this.#settle(this.#queue.shift()!, crashedError(`no worker could be started: ${e}`));
           continue;
         }
+        this.#spawnedThisTask = true;
+        this.#pumpTimer = setTimeout(() => {
+          this.#pumpTimer = undefined;
+          this.#spawnedThisTask = false;
+          this.#pump();
+        }, 0);
       }
       this.#dispatch(slot, this.#queue.shift()!);
     }
-  }
-
-  #pumpLater(): void {
-    if (this.#pumpTimer !== undefined) return;
-    this.#pumpTimer = setTimeout(() => {
-      this.#pumpTimer = undefined;
-      this.#pump();
-    }, 0);
   }
 
   #spawn(): Slot {
