@@ -4,9 +4,15 @@
  * holds. NHD is `[blocks, block_size, kv_heads, head]`, HND `[blocks, kv_heads, block_size,
  * head]`; either way one (block, slot, kv head) row is `head_size` contiguous elements.
  *
- * Element access goes through typed views made once over the owned buffers, so a row read
- * or write costs no allocation. Writes round to the storage dtype with core/dtype.ts
- * (nearest even; fp8 saturates).
+ * K and V each live in a `SharedArrayBuffer`, so a Web Worker can read and write the same
+ * memory in place: {@link HostKvCache.handle} names the memory (posting it to a worker shares
+ * it, copying nothing) and {@link HostKvCache.attach} opens a second view of it there. Whoever
+ * holds the cache serialises writers (the service's per-cache mutex); the cache itself has no
+ * lock. {@link HostKvCache.read} returns copies in ordinary ArrayBuffers.
+ *
+ * Element access goes through typed views made once over the buffers, so a row read or write
+ * costs no allocation. Writes round to the storage dtype with core/dtype.ts (nearest even; fp8
+ * saturates).
  * @module
  */
 import {
@@ -65,10 +71,22 @@ function codecFor(d: StorageDType, bytes: Uint8Array): ElementCodec {
   }
 }
 
+/** What a worker needs to open a {@link HostKvCache}'s memory: its spec and shared buffers. */
+export interface HostCacheHandle {
+  spec: KvCacheSpec;
+  key: SharedArrayBuffer;
+  value: SharedArrayBuffer;
+}
+
 /** Bytes of one of K or V for a spec. */
 export function cacheHalfBytes(spec: KvCacheSpec): number {
   const elems = spec.num_blocks * spec.block_size * spec.num_kv_heads * spec.head_size;
   return elems * bytesPerElement(resolveStorage(spec.kv_cache_dtype, spec.dtype));
+}
+
+/** `n` zeroed bytes in a new SharedArrayBuffer. */
+function sharedBytes(n: number): Uint8Array<SharedArrayBuffer> {
+  return new Uint8Array(new SharedArrayBuffer(n));
 }
 
 function checkSpec(spec: KvCacheSpec): void {
@@ -97,14 +115,18 @@ export class HostKvCache implements KvCache {
   readonly storage = "host" as const;
   /** The element type the bytes hold (`auto` resolved to the data dtype). */
   readonly storage_dtype: StorageDType;
-  /** Raw K bytes, layout order. */
-  readonly key: Uint8Array;
-  /** Raw V bytes, layout order. */
-  readonly value: Uint8Array;
+  /** Raw K bytes, layout order (a view of shared memory). */
+  readonly key: Uint8Array<SharedArrayBuffer>;
+  /** Raw V bytes, layout order (a view of shared memory). */
+  readonly value: Uint8Array<SharedArrayBuffer>;
   #codec: Record<KvWhich, ElementCodec>;
   #destroyed = false;
 
-  private constructor(spec: KvCacheSpec, key: Uint8Array, value: Uint8Array) {
+  private constructor(
+    spec: KvCacheSpec,
+    key: Uint8Array<SharedArrayBuffer>,
+    value: Uint8Array<SharedArrayBuffer>,
+  ) {
     this.spec = { ...spec };
     this.storage_dtype = resolveStorage(spec.kv_cache_dtype, spec.dtype);
     this.key = key;
@@ -119,7 +141,7 @@ export class HostKvCache implements KvCache {
   static create(spec: KvCacheSpec): HostKvCache {
     checkSpec(spec);
     const n = cacheHalfBytes(spec);
-    return new HostKvCache(spec, new Uint8Array(n), new Uint8Array(n));
+    return new HostKvCache(spec, sharedBytes(n), sharedBytes(n));
   }
 
   /** A cache holding copies of caller bytes; each half must be exactly the spec's size. */
@@ -137,7 +159,36 @@ export class HostKvCache implements KvCache {
       });
     }
     if (issues.length) throw invalidBatch(issues);
-    return new HostKvCache(spec, key.slice(), value.slice());
+    const k = sharedBytes(n), v = sharedBytes(n);
+    k.set(key);
+    v.set(value);
+    return new HostKvCache(spec, k, v);
+  }
+
+  /**
+   * A second view of the memory a {@link handle} names (in a worker, say): no copy, writes are
+   * seen by every view. Throws a 422 when the buffers do not fit the spec.
+   */
+  static attach(h: HostCacheHandle): HostKvCache {
+    checkSpec(h.spec);
+    const n = cacheHalfBytes(h.spec);
+    if (h.key.byteLength !== n || h.value.byteLength !== n) {
+      throw invalidBatch([{
+        path: ["kv_cache"],
+        message:
+          `shared buffers hold ${h.key.byteLength} and ${h.value.byteLength} bytes, expected ${n}`,
+      }]);
+    }
+    return new HostKvCache(h.spec, new Uint8Array(h.key), new Uint8Array(h.value));
+  }
+
+  /**
+   * The cache's memory as a handle to post to a worker: the buffers are shared, not copied.
+   * @throws ServiceError 409 `cache_destroyed` once destroyed.
+   */
+  handle(): HostCacheHandle {
+    this.#alive();
+    return { spec: { ...this.spec }, key: this.key.buffer, value: this.value.buffer };
   }
 
   /** Bytes of K plus V. */
@@ -189,13 +240,23 @@ export class HostKvCache implements KvCache {
     for (let d = 0; d < this.spec.head_size; d++) c.set(o + d, values[from + d]);
   }
 
-  /** Copies of the raw K and V bytes. */
+  /** The raw bytes of one (block, slot, kvHead) row: a view, not a copy. */
+  rowBytes(which: KvWhich, block: number, slot: number, kvHead: number): Uint8Array {
+    const n = this.spec.head_size * bytesPerElement(this.storage_dtype);
+    const o = this.offset(block, slot, kvHead) * bytesPerElement(this.storage_dtype);
+    return this[which].subarray(o, o + n);
+  }
+
+  /** Copies of the raw K and V bytes (in ordinary, unshared ArrayBuffers). */
   read(): Promise<{ key: Uint8Array; value: Uint8Array }> {
     this.#alive();
     return Promise.resolve({ key: this.key.slice(), value: this.value.slice() });
   }
 
-  /** Marks the cache unusable (the bytes are left to the garbage collector). */
+  /**
+   * Marks this view unusable (the bytes are left to the garbage collector once no view of
+   * them is left). Other views made by {@link attach} are separate objects.
+   */
   destroy(): void {
     this.#destroyed = true;
   }

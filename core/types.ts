@@ -347,6 +347,8 @@ export interface AttentionBackend<P = unknown> {
   run(plan: P, batch: ValidBatch, ctx: BackendContext, opts?: RunOptions): Promise<ForwardResult>;
   /** Frees what a plan holds once the plan cache drops it (and no call uses it). */
   disposePlan?(plan: P): void;
+  /** Releases what the backend holds process-wide (workers, pools); it may be used again later. */
+  close?(): Promise<void>;
 }
 
 /** What `GET /v1/device` reports. */

@@ -200,10 +200,18 @@ export async function writeCache(
 ): Promise<void> {
   cache.assertUsable(ctx);
   const table = new TableBuilder();
-  const p = await planCacheWrite(ctx, cache.spec, rows.key.dtype, rows.slot_mapping, {
-    k_scale: rows.k_scale ?? 1,
-    v_scale: rows.v_scale ?? 1,
-  }, table, cache.geometry);
+  const p = await planCacheWrite(
+    ctx,
+    cache.spec,
+    rows.key.dtype,
+    rows.slot_mapping,
+    {
+      k_scale: rows.k_scale ?? 1,
+      v_scale: rows.v_scale ?? 1,
+    },
+    table,
+    cache.geometry,
+  );
   if (!p) return;
   const t = table.upload(ctx, "cache_write.table");
   const pool = poolOf(ctx);

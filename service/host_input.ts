@@ -6,15 +6,21 @@
  * @module
  */
 import { fromFloats } from "../core/data.ts";
-import type { CacheStorage, ForwardBatch, KvCache, KvCacheSpec, ValidBatch } from "../core/types.ts";
+import type {
+  CacheStorage,
+  ForwardBatch,
+  KvCache,
+  KvCacheSpec,
+  ValidBatch,
+} from "../core/types.ts";
 import type { DataTensor } from "../core/tensors.ts";
 import {
   attachCache,
   type CallLimits,
   DEFAULT_CALL_LIMITS,
   type ForwardInput,
-  validateForward,
   type ValidatedForward,
+  validateForward,
 } from "./validate.ts";
 
 /** The request form of a host batch (tensors encoded in the batch dtype). */

@@ -302,9 +302,10 @@ export class AttentionService {
     };
   }
 
-  /** Frees every server-held cache. */
-  close(): Promise<void> {
+  /** Frees every server-held cache and plan, and closes the backends (their workers). */
+  async close(): Promise<void> {
     this.plans.clear();
-    return this.caches.clear();
+    await this.caches.clear();
+    await Promise.all(this.registry.list().map((b) => b.close?.()));
   }
 }

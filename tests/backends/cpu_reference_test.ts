@@ -684,7 +684,7 @@ Deno.test("descriptor: capabilities, cache factories, plan/run contract", async 
     const b = batchOf({ H: 1, Hkv: 1, D: 4, qlens: [2], cache: cache(1, 4, 1, 4), lse: false });
     const { r } = await forward(b);
     assert.equal(r.lse, null);
-    assert.deepEqual(Object.keys(r.timings!).sort(), ["attend", "write"]);
+    assert.deepEqual(Object.keys(r.timings!).sort(), ["attend", "queue", "write"]);
     // A bad block id or slot is rejected by plan, before anything is written.
     for (
       const [bt, slots, path] of [[[3], [0, 1], "block_table"], [

@@ -1,7 +1,8 @@
 /**
  * core/host_cache.ts: sizes per storage dtype, zero fill, copying imports with length
  * checks, row offsets for both layouts (a bijection onto the buffer), row round trips that
- * store exactly what core/dtype.ts would encode, read() copies, destroy.
+ * store exactly what core/dtype.ts would encode, read() copies, destroy; shared memory:
+ * handle/attach views of one memory (also across a real worker), rowBytes views.
  */
 import assert from "node:assert/strict";
 import { bytesPerElement, encode, roundTo } from "../../core/dtype.ts";
@@ -146,4 +147,84 @@ Deno.test("destroy: the cache is unusable afterwards", async () => {
     (e) => e instanceof ServiceError && e.code === "cache_destroyed",
   );
   assert.throws(() => c.readRow("key", 0, 0, 0), ServiceError);
+});
+
+Deno.test("shared memory: K/V live in SharedArrayBuffers; read() copies into plain buffers", async () => {
+  const k = crypto.getRandomValues(new Uint8Array(3 * 4 * 2 * 5 * 2));
+  const c = HostKvCache.fromBytes(spec("auto", "HND"), k, k);
+  for (const half of [c.key, c.value]) assert.ok(half.buffer instanceof SharedArrayBuffer);
+  const r = await c.read();
+  for (const half of [r.key, r.value]) {
+    assert.ok(half.buffer instanceof ArrayBuffer && !(half.buffer instanceof SharedArrayBuffer));
+    assert.deepEqual(half, k);
+  }
+  // Plain copies are what Response and WebCrypto accept (a shared view is refused there).
+  assert.equal((await new Response(r.key as Uint8Array<ArrayBuffer>).bytes()).byteLength, k.length);
+});
+
+Deno.test("handle/attach: a second view of the same memory, no copy", () => {
+  const a = HostKvCache.create(spec("bfloat16", "NHD", { dtype: "float32" }));
+  const h = a.handle();
+  assert.equal(h.key, a.key.buffer);
+  assert.equal(h.value, a.value.buffer);
+  const b = HostKvCache.attach(h);
+  assert.deepEqual(b.spec, a.spec);
+  assert.equal(b.storage_dtype, "bfloat16");
+  const row = [1.5, -2, 0.25, 3, -0.125];
+  b.writeRow("value", 2, 3, 1, row);
+  assert.deepEqual(Array.from(a.readRow("value", 2, 3, 1)), row, "a sees b's write");
+  a.writeRow("key", 0, 1, 0, row);
+  assert.deepEqual(Array.from(b.readRow("key", 0, 1, 0)), row, "b sees a's write");
+  // rowBytes is a view of exactly that row.
+  const bytes = a.rowBytes("value", 2, 3, 1);
+  assert.equal(bytes.byteLength, 5 * 2);
+  assert.equal(bytes.byteOffset, a.offset(2, 3, 1) * 2);
+  bytes.fill(0);
+  assert.deepEqual(Array.from(b.readRow("value", 2, 3, 1)), [0, 0, 0, 0, 0]);
+});
+
+Deno.test("handle/attach: refused on a destroyed cache (409) and on ill-sized buffers (422)", () => {
+  const c = HostKvCache.create(spec("auto", "NHD"));
+  const h = c.handle();
+  c.destroy();
+  assert.throws(
+    () => c.handle(),
+    (e) => e instanceof ServiceError && e.status === 409 && e.code === "cache_destroyed",
+  );
+  assert.throws(
+    () => HostKvCache.attach({ ...h, value: new SharedArrayBuffer(7) }),
+    (e) => e instanceof ServiceError && e.status === 422 && /7 bytes, expected 240/.test(e.message),
+  );
+  assert.throws(
+    () => HostKvCache.attach({ ...h, spec: { ...h.spec, head_size: 0 } }),
+    (e) => e instanceof ServiceError && e.code === "invalid_cache_spec",
+  );
+});
+
+Deno.test("shared memory: a worker writes the cache in place, the owner sees it", async () => {
+  const c = HostKvCache.create(spec("fp8_e4m3", "NHD"));
+  const src = `import { HostKvCache } from ${
+    JSON.stringify(import.meta.resolve("../../core/host_cache.ts"))
+  };
+self.onmessage = (e) => {
+  HostKvCache.attach(e.data).writeRow("key", 1, 2, 1, [1, 2, 3, 4, 448]);
+  self.postMessage("done");
+};`;
+  const url = URL.createObjectURL(new Blob([src], { type: "application/javascript" }));
+  const w = new Worker(url, { type: "module" });
+  try {
+    const done = new Promise((res, rej) => {
+      w.onmessage = (e) => res(e.data);
+      w.onerror = (e) => {
+        e.preventDefault();
+        rej(new Error(e.message));
+      };
+    });
+    w.postMessage(c.handle());
+    assert.equal(await done, "done");
+    assert.deepEqual(Array.from(c.readRow("key", 1, 2, 1)), [1, 2, 3, 4, 448]);
+  } finally {
+    w.terminate();
+    URL.revokeObjectURL(url);
+  }
 });

@@ -7,9 +7,9 @@ import { fromFloats } from "../../core/data.ts";
 import type {
   AttentionBackend,
   Capabilities,
-  ValidBatch,
   KvCache,
   KvCacheSpec,
+  ValidBatch,
 } from "../../core/types.ts";
 import { cacheBytes } from "../../service/cache_store.ts";
 
