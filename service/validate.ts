@@ -24,7 +24,7 @@ import type {
 } from "../core/types.ts";
 import { batchStats, planKey } from "./batch_key.ts";
 import { checkMetadata } from "./validate_metadata.ts";
-import { checkCache, checkLayer, eqShape, fmt, isEncoder, Issues } from "./validate_layer.ts";
+import { checkCache, checkLayer, eqShape, fmt, Issues } from "./validate_layer.ts";
 
 /** Per-call limits (server flags), refused with 422 `limit_exceeded` naming the limit and value. */
 export interface CallLimits {

@@ -10,7 +10,7 @@ import { validHostBatch } from "../../service/host_input.ts";
 import assert from "node:assert/strict";
 import { CPU_REFERENCE } from "../../backends/cpu_reference.ts";
 import { decode } from "../../core/dtype.ts";
-import type { ForwardBatch, KvCache } from "../../core/types.ts";
+import type { KvCache } from "../../core/types.ts";
 import { type BatchSpec, deriveSeed, generateBatch } from "../support/batches.ts";
 import { assertClose } from "../support/compare.ts";
 import { naiveAttention } from "../support/naive.ts";
