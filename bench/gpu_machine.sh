@@ -1,26 +1,36 @@
 #!/usr/bin/env bash
-# One call on the GPU machine (see bench/NOTES.md): GPU tests, the bench, the PyTorch anchor.
-# Usage there: bash bench/gpu_machine.sh [tests|bench|anchor|all]...   (logs under $OUT)
+# One call on the GPU machine (see bench/NOTES.md): GPU tests, the bench with its kernel sweeps,
+# the PyTorch anchor. Logs under $OUT; each part's tail is printed.
+# Usage there: bash bench/gpu_machine.sh [tests|bench|anchor|all]...
+# Sweeps (override by setting them): BENCH_FLASH_TILES (prefill register tiles TXxTYxRMxRN) and
+# BENCH_DECODE_TUNINGS (a JSON array of partial WEBGPU_DECODE tunings); BENCH_ARGS go to the
+# bench as they are (e.g. "--case decode").
 set -uo pipefail
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
 source gpupack/env.sh
-nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv >"$out/gpu.txt" 2>&1
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm,clocks.mem --format=csv \
+  >"$out/gpu.txt" 2>&1
+cat "$out/gpu.txt"
+export BENCH_FLASH_TILES=${BENCH_FLASH_TILES-8x8x4x4,8x8x4x2,4x8x4x4,8x4x4x4,8x16x2x4,4x16x4x4}
+export BENCH_DECODE_TUNINGS=${BENCH_DECODE_TUNINGS-'[{"keys_per_iter":8},{"keys_per_iter":2},{"workgroup_size":256},{"workgroup_size":64},{"target_workgroups":1024},{"target_workgroups":8192},{"early_values":false},{"max_lanes":8}]'}
 what=${*:-all}
 run() { # name, command...
-  local name=$1; shift
+  local name=$1
+  shift
   echo "== $name"
   local t0=$SECONDS
   "$@" >"$out/$name.log" 2>&1
   local rc=$?
   echo "   rc=$rc in $((SECONDS - t0))s"
-  tail -n "${TAIL:-25}" "$out/$name.log" | sed 's/\x1b\[[0-9;]*m//g'
+  tail -n "${TAIL:-40}" "$out/$name.log" | sed 's/\x1b\[[0-9;]*m//g'
 }
 for w in $what; do
   case $w in
     tests | all)
       run gpu-tests deno test --allow-all tests/gpu tests/backends tests/conformance ;;&
     bench | all)
+      # shellcheck disable=SC2086
       run bench deno task bench ${BENCH_ARGS:-} ;;&
     anchor | all)
       run anchor python3 bench/torch_anchor.py ;;
