@@ -56,6 +56,7 @@ export interface DecodeSplitConsts {
   cap: boolean;
   alibi: boolean;
   early_v: boolean;
+  prefetch: boolean;
 }
 
 /** The split pass, as data. */
@@ -100,6 +101,7 @@ export const DECODE_SPLIT: KernelDef<DecodeSplitConsts> = {
         sg: c.sg,
         alibi: c.alibi,
         early_v: c.early_v,
+        prefetch: c.prefetch,
         dec: DECODERS[c.storage],
       }),
       KV: kvAccessorFns({

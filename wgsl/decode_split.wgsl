@@ -26,8 +26,9 @@
 //   0 uniform  P     : Params                         sizes, offsets, scales
 //   1 storage  q     : [num_tokens, num_heads, D] in the data dtype, read 4 elements at a
 //                      time by the generated q_4 (QLOAD)
-//   2 storage  tab   : [..] u32   items at 0: [num_items * 8] (req, token, k_begin, k_end,
-//                                 slot, pos, 0, 0); block table at P.bt_off:
+//   2 storage  tab   : [..] u32   items at 0: [num_items * 8] (req, token, k_begin rounded
+//                                 down to a multiple of U, k_end, slot, query position,
+//                                 k_begin, 0); block table at P.bt_off:
 //                                 [num_reqs * max_blocks] i32; ALiBi slopes at P.slope_off:
 //                                 [num_heads] f32 bits; (token table and sinks: reduce pass)
 //   3 storage  part  : [num_slots * num_heads * D / 4 + num_slots * num_heads] vec4<f32>
@@ -105,16 +106,16 @@ fn rsum(lid: u32, i: u32) -> f32 {
   return v;
 }
 
-// The logit of key k: scale, soft cap, ALiBi; NEG past the slice end.
-fn logit(dot_qk: f32, k: u32, ke: u32, pos: u32, slope: f32) -> f32 {
+// The logit of key k: scale, soft cap, ALiBi; NEG outside the slice.
+fn logit(dot_qk: f32, k: u32, vis: bool, pos: u32, slope: f32) -> f32 {
   var s = dot_qk * P.score_scale;
   if (CAP) {
     s = P.soft_cap * tanh(clamp(s / P.soft_cap, -15.0, 15.0));
   }
   if (ALIBI) {
-    s -= slope * f32(pos - k);
+    s -= slope * (f32(pos) - f32(k));
   }
-  return select(NEG, s, k < ke);
+  return select(NEG, s, vis);
 }
 
 // Physical block of key k of the request whose block-table row starts at bt.
@@ -176,6 +177,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   let ke = tab[ib + 3u];
   let slot = tab[ib + 4u];
   let pos = tab[ib + 5u];
+  let kt = tab[ib + 6u]; // the row's first visible key (the first slice starts at kt - kt % U)
   let bt = P.bt_off + req * P.max_blocks;
   let lane = lid % LPK;
   let kg = lid / LPK;
@@ -186,6 +188,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   // Key group kg walks its own contiguous run of the slice, U keys per step.
   let n_it = (ke - kb + NKG * U - 1u) / (NKG * U);
   let kg0 = kb + kg * n_it * U;
+  // Generated (prefetch): the first step's loads.
+{{PRE}}
   for (var it = 0u; it < n_it; it++) {
     let k0 = kg0 + it * U; // this key group's first key of the step
     // Generated: U keys x KH rows: scores, group sums, online softmax, value accumulation.
