@@ -12,6 +12,7 @@
 import type { BatchShape, GpuContext } from "../core/types.ts";
 import { dispatchSize } from "../gpu/batch_buffers.ts";
 import { DECODE_REDUCE, DECODE_SPLIT, type DecodeSplitConsts } from "../gpu/decode_kernels.ts";
+import { DECODE_SCALE } from "../gpu/decode_codegen.ts";
 import type { PlannedCall } from "../gpu/gpu_plan.ts";
 import { getKernel, packUniforms } from "../gpu/kernel.ts";
 import { kvChunkGeometry } from "../gpu/kv_cache.ts";
@@ -154,9 +155,9 @@ export async function planDecodeRows(
     nwg_x_reduce: reduceGrid[0],
     block_words: g.block_words,
     blocks_per_chunk: g.blocks_per_chunk,
-    score_scale: L.scale * (fp8 ? L.k_scale : 1),
+    score_scale: L.scale * (fp8 ? L.k_scale : 1) * DECODE_SCALE[g.storage_dtype],
     soft_cap: L.logits_soft_cap ?? 1,
-    v_scale: fp8 ? L.v_scale : 1,
+    v_scale: (fp8 ? L.v_scale : 1) * DECODE_SCALE[g.storage_dtype],
     has_sink: L.sinks ? 1 : 0,
     neg_inf: -Infinity,
   }));

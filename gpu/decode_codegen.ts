@@ -39,6 +39,19 @@ export const DECODERS: Record<StorageDType, string[]> = {
   fp8_e5m2: ["e5m2x4(w.x)", "e5m2x4(w.y)", "e5m2x4(w.z)", "e5m2x4(w.w)"],
 };
 
+/**
+ * The factor each storage dtype's decoders leave out (their values are the element's value
+ * divided by it): the plan multiplies the score and value scales by it. fp8 e4m3 decodes
+ * through f16 bit positions, 2^-8 of the value.
+ */
+export const DECODE_SCALE: Record<StorageDType, number> = {
+  float32: 1,
+  float16: 1,
+  bfloat16: 1,
+  fp8_e4m3: 256,
+  fp8_e5m2: 1,
+};
+
 const range = (n: number) => Array.from({ length: n }, (_, i) => i);
 
 /**

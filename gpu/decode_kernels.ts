@@ -90,6 +90,7 @@ export const DECODE_SPLIT: KernelDef<DecodeSplitConsts> = {
       RED: c.sg ? 1 : c.wg * c.u * F,
       WACC: nkg > 1 ? (F * c.d) / 4 : 1,
       QLOAD: dataLoads("q", c.dtype, 4).code,
+      WORDS: await loadWgsl("decode_words.wgsl"),
       ...generateDecodeSplit({
         hg: c.hg,
         kh: c.kh,

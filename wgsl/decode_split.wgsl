@@ -66,27 +66,9 @@ const CAP: bool = {{CAP}};
 const ALIBI: bool = {{ALIBI}};
 const NEG: f32 = -1.0e30; // finite "minus infinity" of the running max
 
-// Storage-dtype decoders (the generated code applies them to the words of a vec4<u32>).
-// Half words go through unpack2x16float: naga mistypes bitcast<vec2<f16>>(u32).
-fn bf2(x: u32) -> vec2<f32> {
-  return vec2<f32>(bitcast<f32>(x << 16u), bitcast<f32>(x & 0xffff0000u));
-}
-// e5m2 is the high byte of an f16: widen each byte pair into an f16 pair.
-fn e5m2x4(x: u32) -> vec4<f32> {
-  let lo = ((x & 0xffu) << 8u) | ((x & 0xff00u) << 16u);
-  let hi = ((x >> 8u) & 0xff00u) | (x & 0xff000000u);
-  return vec4<f32>(unpack2x16float(lo), unpack2x16float(hi));
-}
-// e4m3fn: bias 7, no infinities, S.1111.111 is NaN; subnormals decoded exactly.
-fn e4m3x4(x: u32) -> vec4<f32> {
-  let b = (vec4<u32>(x) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(0xffu);
-  let s = (b & vec4<u32>(0x80u)) << vec4<u32>(24u);
-  let em = b & vec4<u32>(0x7fu);
-  let normal = s | ((em << vec4<u32>(20u)) + vec4<u32>(120u << 23u));
-  let sub = s | bitcast<vec4<u32>>(vec4<f32>(em) * 0.001953125);
-  let r = bitcast<vec4<f32>>(select(normal, sub, em < vec4<u32>(8u)));
-  return select(r, bitcast<vec4<f32>>(vec4<u32>(0x7fc00000u)), em == vec4<u32>(0x7fu));
-}
+// Storage-dtype word decoders (wgsl/decode_words.wgsl; the generated code applies them to the
+// words of a vec4<u32>).
+{{WORDS}}
 
 var<workgroup> red: array<f32, {{RED}}>; // fallback reduction: WG * UF (else 1)
 var<workgroup> wml: array<vec2<f32>, NKG * F>;
