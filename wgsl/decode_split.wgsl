@@ -88,9 +88,10 @@ fn rsum(lid: u32, i: u32) -> f32 {
   return v;
 }
 
-// The logit of key k: scale, soft cap, ALiBi; NEG outside the slice.
+// The logit of key k from its scaled dot product (the query is scaled once, at load): soft cap,
+// ALiBi; NEG outside the slice.
 fn logit(dot_qk: f32, k: u32, vis: bool, pos: u32, slope: f32) -> f32 {
-  var s = dot_qk * P.score_scale;
+  var s = dot_qk;
   if (CAP) {
     s = P.soft_cap * tanh(clamp(s / P.soft_cap, -15.0, 15.0));
   }
@@ -115,7 +116,7 @@ fn row_word(off: u32, kvh: u32) -> u32 {
 
 {{QLOAD}}
 fn qv(i: u32) -> vec4<f32> {
-  return q_4(i);
+  return q_4(i) * P.score_scale;
 }
 
 // Merge helpers: the max and rescaled sum of (m, l) over the key groups, for flat head h.
