@@ -24,12 +24,24 @@ export interface FlashConfig {
   rows: number;
   bk: number;
   wg: number;
+  /** Unrolled score and PV loops (gpu/flash_codegen.ts). */
+  unroll: boolean;
   /** Workgroup memory it needs, in bytes. */
   shared_bytes: number;
 }
 
-/** A register tile, as written in `ATTN_FLASH_TILE` and the bench: `TXxTYxRMxRN`. */
-export type FlashTile = readonly [tx: number, ty: number, rm: number, rn: number];
+/**
+ * A register tile, as written in `ATTN_FLASH_TILE` and the bench: `TXxTYxRMxRN`, with an
+ * optional suffix `u` (unrolled loops) or `l` (loops); without one, unrolled on GPUs and loops
+ * on software adapters (same speed there, half the compile time).
+ */
+export type FlashTile = readonly [
+  tx: number,
+  ty: number,
+  rm: number,
+  rn: number,
+  unroll?: boolean,
+];
 
 /**
  * The tiles tried in order (the first that fits the head size and the device wins): 8x8x4x4
@@ -61,14 +73,16 @@ export function flashSharedBytes(d: number, t: FlashTile): number {
 
 /** `TXxTYxRMxRN` as a tile, or an error naming the text. */
 export function parseFlashTile(text: string): FlashTile {
-  const v = text.split("x").map(Number);
+  const suffix = text.match(/[ul]$/)?.[0];
+  const v = (suffix ? text.slice(0, -1) : text).split("x").map(Number);
   if (v.length !== 4 || !v.every((x) => Number.isInteger(x) && x > 0)) {
     throw new Error(`flash tile "${text}": expected TXxTYxRMxRN, e.g. 8x8x4x4`);
   }
   if (![1, 2, 4, 8, 16, 32].includes(v[0]) || v[0] % 4 !== 0) {
     throw new Error(`flash tile "${text}": TX must be 4, 8, 16 or 32`);
   }
-  return v as unknown as FlashTile;
+  const t = v as unknown as [number, number, number, number];
+  return suffix ? [...t, suffix === "u"] : t;
 }
 
 /** Why tile `t` cannot run head size `d` on a device with `limits`, or null when it can. */
@@ -92,7 +106,7 @@ export function flashTileUnfit(
   return null;
 }
 
-function configOf(d: number, t: FlashTile): FlashConfig {
+function configOf(d: number, t: FlashTile, unroll: boolean): FlashConfig {
   const [tx, ty, rm, rn] = t;
   return {
     tx,
@@ -102,6 +116,7 @@ function configOf(d: number, t: FlashTile): FlashConfig {
     rows: ty * rm,
     bk: tx * rn,
     wg: tx * ty,
+    unroll: t[4] ?? unroll,
     shared_bytes: flashSharedBytes(d, t),
   };
 }
@@ -109,17 +124,18 @@ function configOf(d: number, t: FlashTile): FlashConfig {
 /**
  * The kernel shape for head size `d` on a device with `limits`: `tile` when given and it fits,
  * else the first of {@link FLASH_TILES} that fits (the last resort ignores the register
- * budget); null when none does.
+ * budget); null when none does. `unroll` applies to tiles without an unroll suffix.
  */
 export function flashConfig(
   d: number,
   limits: Readonly<Record<string, number>>,
   tile?: FlashTile | null,
+  unroll = true,
 ): FlashConfig | null {
-  if (tile && !flashTileUnfit(d, tile, limits, Infinity)) return configOf(d, tile);
-  for (const t of FLASH_TILES) if (!flashTileUnfit(d, t, limits)) return configOf(d, t);
-  for (const t of FLASH_TILES) if (!flashTileUnfit(d, t, limits, Infinity)) return configOf(d, t);
-  return null;
+  const fits = (t: FlashTile, acc?: number) => !flashTileUnfit(d, t, limits, acc);
+  if (tile && fits(tile, Infinity)) return configOf(d, tile, unroll);
+  const t = FLASH_TILES.find((x) => fits(x)) ?? FLASH_TILES.find((x) => fits(x, Infinity));
+  return t ? configOf(d, t, unroll) : null;
 }
 
 /** The tile named by `ATTN_FLASH_TILE` (`TXxTYxRMxRN`), or null when unset. */
@@ -206,6 +222,7 @@ export async function planPrefillRows(
     rn: cfg.rn,
     cap: (L.logits_soft_cap ?? 0) > 0,
     alibi: L.alibi_slopes !== null,
+    unroll: cfg.unroll,
   };
   const kernel = await getKernel(ctx, FLASH_ATTENTION, consts);
   const fp8 = g !== null && (g.storage_dtype === "fp8_e4m3" || g.storage_dtype === "fp8_e5m2");

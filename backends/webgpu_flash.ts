@@ -33,6 +33,7 @@ import {
   planPrefillRows,
 } from "./flash_plan.ts";
 import { planDecodeRows } from "./decode_plan.ts";
+import { isSoftware } from "./decode_shape.ts";
 import { DECODE_HEAD_SIZES } from "./webgpu_decode.ts";
 import {
   type DecodeTuning,
@@ -74,7 +75,7 @@ async function planFor(
   bctx: BackendContext,
 ): Promise<GpuPlan> {
   const ctx = requireGpu(bctx);
-  const cfg = flashConfig(s.layer.head_size, ctx.limits, o.tile);
+  const cfg = flashConfig(s.layer.head_size, ctx.limits, o.tile, !isSoftware(ctx));
   if (!cfg) {
     throw invalidBatch([{
       path: ["layer", "head_size"],

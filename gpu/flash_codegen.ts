@@ -27,6 +27,12 @@ export interface FlashTile {
   /** Soft cap / ALiBi compiled in. */
   cap: boolean;
   alibi: boolean;
+  /**
+   * Unroll the score and PV loops: every workgroup-memory load then indexes a 2D array with a
+   * loop-invariant row and a constant column, so its address is a register plus an immediate
+   * (no per-load index arithmetic or bounds clamp).
+   */
+  unroll: boolean;
 }
 
 const range = (n: number) => Array.from({ length: n }, (_, i) => i);
@@ -47,7 +53,10 @@ export function generateFlash(t: FlashTile): Record<string, string> {
   const M = range(t.rm), N = range(t.rn), CV = range(t.d4 / t.tx), NL = range(loadsPerThread(t));
   const E = range(t.epw);
   const exact = (t.tx * t.rn * t.v4r) % t.wg === 0;
-  const rows = M.flatMap((m) => [
+  const rows = [
+    ...N.map((n) => `  let key${n} = tx + ${n * t.tx}u;`),
+    ...CV.map((i) => `  let col${i} = tx + ${i * t.tx}u;`),
+  ].concat(M.flatMap((m) => [
     `  let row${m} = ty + ${m * t.ty}u;`,
     `  let tok${m} = first + row${m} / hcnt;`,
     `  let h${m} = kvh * U.group + hfirst + row${m} % hcnt;`,
@@ -56,7 +65,7 @@ export function generateFlash(t: FlashTile): Record<string, string> {
     `  let sl${m} = ${
       t.alibi ? `select(0.0, bitcast<f32>(mdw[U.off_alibi + h${m}]), ok${m})` : "0.0"
     };`,
-  ]);
+  ]));
   const state = M.flatMap((m) => [
     `  var m${m} = MASK;`,
     `  var l${m} = 0.0;`,
@@ -90,7 +99,7 @@ export function generateFlash(t: FlashTile): Record<string, string> {
   const store = (w: "kw" | "vw") =>
     NL.flatMap((i) => {
       const body = E.map((e) =>
-        `KVs[ld_j${i} * KSTR + ld_c${i} * EPW + ${e}u] = kv_decode16(${w}${i}, ${e}u);`
+        `KVs[ld_j${i}][ld_c${i} * EPW + ${e}u] = kv_decode16(${w}${i}, ${e}u);`
       );
       return exact ? body.map((b) => `    ${b}`) : [
         `    if (ld_in${i}) {`,
@@ -99,11 +108,15 @@ export function generateFlash(t: FlashTile): Record<string, string> {
       ];
     });
   const sdecl = M.flatMap((m) => N.map((n) => `    var s${m}_${n} = 0.0;`));
-  const score = [
-    ...M.map((m) => `      let q${m} = Qs[c * BQ + ty + ${m * t.ty}u];`),
-    ...N.map((n) => `      let k${n} = KVs[(tx + ${n * t.tx}u) * KSTR + c];`),
-    ...M.flatMap((m) => N.map((n) => `      s${m}_${n} += dot(q${m}, k${n});`)),
+  // S = Q K^T over the vec4 columns c (a WGSL expression or a constant).
+  const scoreStep = (c: string, ind: string) => [
+    ...M.map((m) => `${ind}let q${m} = Qs[${c}][row${m}];`),
+    ...N.map((n) => `${ind}let k${n} = KVs[key${n}][${c}];`),
+    ...M.flatMap((m) => N.map((n) => `${ind}s${m}_${n} += dot(q${m}, k${n});`)),
   ];
+  const score = t.unroll
+    ? range(t.d4).flatMap((c) => ["    {", ...scoreStep(`${c}u`, "      "), "    }"])
+    : ["    for (var c = 0u; c < D4; c++) {", ...scoreStep("c", "      "), "    }"];
   const scale: string[] = [];
   for (const m of M) {
     for (const n of N) {
@@ -121,8 +134,8 @@ export function generateFlash(t: FlashTile): Record<string, string> {
   );
   const mx = (m: number) => N.map((n) => `s${m}_${n}`).reduce((a, b) => `max(${a}, ${b})`);
   // Row partials: TX per row in `red` (vec4s), so a row reads them in TX / 4 loads.
-  const pmax = M.map((m) => `    red[row${m} * TX4 + tx / 4u][tx % 4u] = ${mx(m)};`);
-  const part = (m: number) => range(t.tx / 4).map((x) => `red[row${m} * TX4 + ${x}u]`);
+  const pmax = M.map((m) => `    red[row${m}][tx / 4u][tx % 4u] = ${mx(m)};`);
+  const part = (m: number) => range(t.tx / 4).map((x) => `red[row${m}][${x}u]`);
   const red = (m: number) => {
     const v = part(m).reduce((a, b) => `max(${a}, ${b})`);
     return `hmax(${v})`;
@@ -134,22 +147,28 @@ export function generateFlash(t: FlashTile): Record<string, string> {
     ...N.map((n) => `    let p${m}_${n} = exp(s${m}_${n} - mc${m});`),
     `    l${m} = l${m} * al${m} + ${N.map((n) => `p${m}_${n}`).join(" + ")};`,
     `    m${m} = mn${m};`,
-    ...N.map((n) => `    Ps[row${m} * PSTR4 + (tx + ${n * t.tx}u) / 4u][tx % 4u] = p${m}_${n};`),
+    ...N.map((n) => `    Ps[row${m}][(tx + ${n * t.tx}u) / 4u][tx % 4u] = p${m}_${n};`),
   ]);
-  const pv = [
-    ...M.flatMap((m) => CV.map((i) => `    o${m}_${i} *= al${m};`)),
-    "    for (var j4 = 0u; j4 < BK / 4u; j4++) {",
-    ...M.map((m) => `      let pj${m} = Ps[row${m} * PSTR4 + j4];`),
+  // O += P V over the keys 4 j4 .. 4 j4 + 3 (j4 a WGSL expression; `k` its value if constant).
+  const pvStep = (j4: string, k: number | null) => [
+    ...M.map((m) => `      let pj${m} = Ps[row${m}][${j4}];`),
     ...range(4).flatMap((e) => [
-      ...CV.map((i) => `      let v${e}_${i} = KVs[(4u * j4 + ${e}u) * KSTR + tx + ${i * t.tx}u];`),
+      ...CV.map((i) =>
+        `      let v${e}_${i} = KVs[${k === null ? `4u * j4 + ${e}u` : `${4 * k + e}u`}][col${i}];`
+      ),
       ...M.flatMap((m) =>
         CV.map((i) => `      o${m}_${i} = fma(vec4<f32>(pj${m}[${e}]), v${e}_${i}, o${m}_${i});`)
       ),
     ]),
-    "    }",
+  ];
+  const pv = [
+    ...M.flatMap((m) => CV.map((i) => `    o${m}_${i} *= al${m};`)),
+    ...(t.unroll
+      ? range((t.tx * t.rn) / 4).flatMap((j4) => ["    {", ...pvStep(`${j4}u`, j4), "    }"])
+      : ["    for (var j4 = 0u; j4 < BK / 4u; j4++) {", ...pvStep("j4", null), "    }"]),
   ];
   const finish = [
-    ...M.map((m) => `  red[row${m} * TX4 + tx / 4u][tx % 4u] = l${m};`),
+    ...M.map((m) => `  red[row${m}][tx / 4u][tx % 4u] = l${m};`),
     "  workgroupBarrier();",
     ...M.flatMap((m) => [
       `  let lt${m} = dot(${part(m).join(" + ")}, vec4<f32>(1.0));`,

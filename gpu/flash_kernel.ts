@@ -38,6 +38,8 @@ export interface FlashConsts {
   /** Soft cap and ALiBi compiled in. */
   cap: boolean;
   alibi: boolean;
+  /** Unrolled score and PV loops (see gpu/flash_codegen.ts). */
+  unroll: boolean;
 }
 
 const ENC_SOURCE = `fn kv_row(key: u32, h: u32, rbase: u32) -> vec2<u32> {
@@ -128,6 +130,7 @@ export const FLASH_ATTENTION: KernelDef<FlashConsts> = {
         wg: c.tx * c.ty,
         cap: c.cap,
         alibi: c.alibi,
+        unroll: c.unroll,
       }),
       DECODE: decodeHelpers(c.kv),
       SOURCE: c.enc ? ENC_SOURCE : kvAccessorFns({

@@ -66,10 +66,10 @@ const FLAG_SINKS: u32 = 2u;
 {{QLOAD}}
 {{OUT}}
 
-var<workgroup> Qs: array<vec4<f32>, D4 * BQ>;
-var<workgroup> KVs: array<vec4<f32>, BK * KSTR>;
-var<workgroup> Ps: array<vec4<f32>, BQ * PSTR4>; // probabilities [row][key], 4 keys a vec4
-var<workgroup> red: array<vec4<f32>, BQ * TX4>; // per-row partials (max, then sum) by tx
+var<workgroup> Qs: array<array<vec4<f32>, BQ>, D4>; // scaled queries [column][row]
+var<workgroup> KVs: array<array<vec4<f32>, KSTR>, BK>; // K, then V [key][column]
+var<workgroup> Ps: array<array<vec4<f32>, PSTR4>, BQ>; // probabilities [row][key / 4]
+var<workgroup> red: array<array<vec4<f32>, TX4>, BQ>; // row partials (max, then sum) [row][tx / 4]
 
 fn hmax(v: vec4<f32>) -> f32 {
   return max(max(v.x, v.y), max(v.z, v.w));
@@ -135,7 +135,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
       let h = kvh * U.group + hfirst + r % hcnt;
       v = q_4((tok * U.num_heads + h) * D4 + c) * U.scale_qk;
     }
-    Qs[c * BQ + r] = v;
+    Qs[c][r] = v;
   }
 {{ROWS}}
 {{STATE}}
@@ -151,9 +151,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     kt0 = kt;
 {{LOAD_V}}
 {{SDECL}}
-    for (var c = 0u; c < D4; c++) {
 {{SCORE}}
-    }
 {{SCALE}}
     // A tile every row sees whole needs no mask (most tiles of a long causal prefill).
     var full = kt + BK <= kend;

@@ -6,7 +6,12 @@
  */
 import assert from "node:assert/strict";
 import { flashConfig, makeWebGpuFlash, WEBGPU_FLASH } from "../../backends/webgpu_flash.ts";
-import { FLASH_TILES, flashTileUnfit, parseFlashTile } from "../../backends/flash_plan.ts";
+import {
+  FLASH_TILES,
+  type FlashTile as FlashTileT,
+  flashTileUnfit,
+  parseFlashTile,
+} from "../../backends/flash_plan.ts";
 import { DEFAULT_DECODE_TUNING } from "../../backends/webgpu_decode_tuning.ts";
 import { ServiceError } from "../../core/errors.ts";
 import { HostKvCache } from "../../core/host_cache.ts";
@@ -191,8 +196,13 @@ const FEATURES: Partial<BatchSpec>[] = [
   { kv_cache_dtype: "bfloat16", causal: false, sinks: true },
   { dtype: "float16", kv_cache_dtype: "fp8_e5m2", logits_soft_cap: 7, alibi: true },
 ];
-FLASH_TILES.forEach((tile, k) => {
-  const name = tile.join("x");
+const TILES: FlashTileT[] = [
+  ...FLASH_TILES.map(([a, b, c, d]): FlashTileT => [a, b, c, d, true]),
+  [4, 8, 4, 4, false],
+  [8, 8, 4, 2, false],
+];
+TILES.forEach((tile, k) => {
+  const name = `${tile.slice(0, 4).join("x")}${tile[4] ? "u" : "l"}`;
   Deno.test(`flash tile ${name} vs reference`, { ignore: NO_GPU }, async () => {
     const d = [128, 64, 32].find((x) => !flashTileUnfit(x, tile, GPU!.limits, Infinity));
     assert.ok(d, `tile ${name} fits no head size here`);
@@ -227,10 +237,14 @@ FLASH_TILES.forEach((tile, k) => {
 
 Deno.test("flash: tiles parse, fit and are chosen by the device's limits", () => {
   assert.deepEqual(parseFlashTile("8x4x4x2"), [8, 4, 4, 2]);
+  assert.deepEqual(parseFlashTile("8x4x4x2l"), [8, 4, 4, 2, false]);
   assert.throws(() => parseFlashTile("8x8x4"), /TXxTYxRMxRN/);
   assert.throws(() => parseFlashTile("3x8x4x4"), /TX must be/);
   const l48 = { maxComputeWorkgroupStorageSize: 49152, maxComputeInvocationsPerWorkgroup: 256 };
   const l32 = { ...l48, maxComputeWorkgroupStorageSize: 32768 };
+  assert.equal(flashConfig(128, l48, parseFlashTile("8x8x4x4l"))?.unroll, false);
+  assert.equal(flashConfig(128, l48, null, true)?.unroll, true);
+  assert.equal(flashConfig(128, l48, null, false)?.unroll, false);
   assert.deepEqual(flashConfig(128, l48)?.rows, 32);
   assert.equal(flashConfig(128, l48)?.bk, 32);
   assert.equal(flashConfig(128, l32)?.tx, 4, "4x8x4x4 where 8x8x4x4 does not fit");
