@@ -217,7 +217,7 @@ export class AttentionService {
    * cache with the chosen backend, plan, run.
    * @throws 400/404/422/503 ServiceErrors.
    */
-  async forward(input: ForwardInput): Promise<ForwardOutcome> {
+  async forward(input: ForwardInput, _opts?: { signal?: AbortSignal }): Promise<ForwardOutcome> {
     const t0 = performance.now();
     const held = input.kv_cache !== undefined ? this.caches.get(input.kv_cache) : null;
     if (held?.cache.lost) throw cacheLost(held.id);
