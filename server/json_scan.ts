@@ -27,8 +27,14 @@ export interface JsonScanLimits {
   what?: string;
 }
 
-const QUOTE = 0x22, BACKSLASH = 0x5c, COMMA = 0x2c;
-const OPEN_ARRAY = 0x5b, CLOSE_ARRAY = 0x5d, OPEN_OBJECT = 0x7b, CLOSE_OBJECT = 0x7d;
+const QUOTE = 0x22, BACKSLASH = 0x5c;
+const OTHER = 0, STRING = 1, OPEN = 2, CLOSE = 3, COMMA = 4;
+/** The class of each byte outside strings: most bytes (digits, letters, space) are OTHER. */
+const CLASS = new Uint8Array(256);
+CLASS[QUOTE] = STRING;
+CLASS[0x5b] = CLASS[0x7b] = OPEN; // [ {
+CLASS[0x5d] = CLASS[0x7d] = CLOSE; // ] }
+CLASS[0x2c] = COMMA;
 
 function tooDeep(what: string, maxDepth: number, offset: number): ServiceError {
   return new ServiceError(
@@ -58,33 +64,28 @@ export function scanJson(bytes: Uint8Array, limits: JsonScanLimits = {}): void {
   const maxDepth = limits.maxDepth ?? MAX_JSON_DEPTH;
   const maxEntries = limits.maxEntries ?? MAX_JSON_CONTAINER_ENTRIES;
   const what = limits.what ?? "request body";
-  // commas[d]: separators seen so far in the container open at depth d (1-based).
-  const commas = new Float64Array(maxDepth + 1);
+  // The separators seen in the open container (`count`), and those of the enclosing ones.
+  const counts = new Int32Array(maxDepth + 1);
   let depth = 0;
-  let inString = false;
-  for (let i = 0; i < bytes.length; i++) {
-    const b = bytes[i];
-    if (inString) {
-      if (b === BACKSLASH) i++;
-      else if (b === QUOTE) inString = false;
-      continue;
-    }
-    switch (b) {
-      case QUOTE:
-        inString = true;
-        break;
-      case OPEN_ARRAY:
-      case OPEN_OBJECT:
-        if (++depth > maxDepth) throw tooDeep(what, maxDepth, i);
-        commas[depth] = 0;
-        break;
-      case CLOSE_ARRAY:
-      case CLOSE_OBJECT:
-        if (depth > 0) depth--;
-        break;
-      case COMMA:
-        if (depth > 0 && ++commas[depth] >= maxEntries) throw tooMany(what, maxEntries, i);
-        break;
+  let count = 0;
+  const n = bytes.length;
+  for (let i = 0; i < n; i++) {
+    const c = CLASS[bytes[i]];
+    if (c === OTHER) continue;
+    if (c === COMMA) {
+      if (++count >= maxEntries && depth > 0) throw tooMany(what, maxEntries, i);
+    } else if (c === STRING) {
+      for (i++; i < n; i++) {
+        const b = bytes[i];
+        if (b === QUOTE) break;
+        if (b === BACKSLASH) i++;
+      }
+    } else if (c === OPEN) {
+      if (depth === maxDepth) throw tooDeep(what, maxDepth, i);
+      counts[depth++] = count;
+      count = 0;
+    } else if (depth > 0) { // CLOSE
+      count = counts[--depth];
     }
   }
 }
