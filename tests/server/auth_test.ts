@@ -225,3 +225,21 @@ Deno.test("main: an exposed bind without a token is refused (exit 2) unless allo
     await env.exited;
   }
 });
+
+Deno.test("OpenAPI documents the access answers: 401/403 everywhere but /healthz", async () => {
+  const srv = startServer();
+  try {
+    const doc = await (await fetch(`${srv.url}/openapi.json`)).json();
+    assert.deepEqual(doc.components.securitySchemes.bearerAuth, { type: "http", scheme: "bearer" });
+    type Op = { responses: Record<string, unknown>; security?: unknown[] };
+    for (const [path, ops] of Object.entries(doc.paths as Record<string, Record<string, Op>>)) {
+      for (const op of Object.values(ops)) {
+        const codes = Object.keys(op.responses);
+        if (path === "/healthz") assert.deepEqual(op.security, [], path);
+        else assert.ok(codes.includes("401") && codes.includes("403"), `${path}: ${codes}`);
+      }
+    }
+  } finally {
+    await srv.close();
+  }
+});
