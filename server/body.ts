@@ -147,7 +147,7 @@ export async function readBody(req: Request, limit: number | BodyLimit): Promise
 
 /**
  * Parses a JSON body (400 `malformed_json` with the parser's message) after the depth and size
- * pre-scan of {@link scanJson} (400 `json_too_deep`, 413 `json_container_too_large`).
+ * pre-scan of {@link scanJson} (400 `json_too_deep`, 413 `json_too_many_values`).
  */
 export function parseJson(bytes: Uint8Array): unknown {
   scanJson(bytes);

@@ -9,7 +9,7 @@ import assert from "node:assert/strict";
 import { type ForwardBody, forwardBodyToSafetensors } from "../../client/client.ts";
 import { serializeSafetensors } from "../../core/safetensors.ts";
 import { DEFAULT_MAX_JSON_BODY_BYTES } from "../../server/body.ts";
-import { MAX_JSON_CONTAINER_ENTRIES, MAX_JSON_DEPTH, scanJson } from "../../server/json_scan.ts";
+import { MAX_JSON_DEPTH, MAX_JSON_VALUES, scanJson } from "../../server/json_scan.ts";
 import { maxAbsDiff, rand, refAttention, startServer, to3d } from "./helpers.ts";
 import { rawExchange, rawRequest, type RawResponse } from "./raw_http.ts";
 
@@ -163,26 +163,41 @@ Deno.test("limits: nesting deeper than 32 is a 400 json_too_deep, before JSON.pa
   }
 });
 
-Deno.test("limits: the container pre-scan keeps arrays far from V8's fatal 2^27 elements", async () => {
+Deno.test("limits: at most 2^23 JSON values per body, far from V8's fatal 2^27 elements", async () => {
   // V8 aborts the process (uncatchable) when JSON.parse builds an array of 2^27 elements: the
-  // 420 MiB crash. Every container is capped below that, whatever the byte limit.
-  assert.ok(MAX_JSON_CONTAINER_ENTRIES <= 2 ** 27 / 4);
+  // 420 MiB crash. The value count is capped far below that, whatever the byte limit.
+  assert.equal(MAX_JSON_VALUES, 2 ** 23);
   const bytes = (s: string) => new TextEncoder().encode(s);
-  scanJson(bytes("[1,2,3]"), { maxEntries: 3 });
-  scanJson(bytes('["a,b,c,d"]'), { maxEntries: 1 }); // commas in strings do not count
-  assert.throws(() => scanJson(bytes("[1,2,3,4]"), { maxEntries: 3 }), /more than 3 entries/);
-  assert.throws(() => scanJson(bytes('{"a":1,"b":2}'), { maxEntries: 1 }), /more than 1 entries/);
-  // Over HTTP at the real cap: 2^25 + 1 zeros (64 MiB) with the JSON limit raised to 80 MiB.
-  const srv = startServer({ maxJsonBodyBytes: 80 * 1024 * 1024, maxBodyBytes: 128 * 1024 ** 2 });
+  scanJson(bytes("[1,2,3]"), { maxValues: 3 });
+  scanJson(bytes('["a,b,c,d"]'), { maxValues: 1 }); // commas in strings do not count
+  scanJson(bytes('[["\\"],[","]]'), { maxValues: 2 }); // nor escaped quotes' neighbours
+  assert.throws(() => scanJson(bytes("[1,2,3,4]"), { maxValues: 3 }), /more than 3 JSON values/);
+  assert.throws(() => scanJson(bytes('{"a":[1],"b":[2]}'), { maxValues: 1 }), /more than 1 JSON/);
+  assert.throws(() => scanJson(bytes("[[1],[2],[3]]"), { maxValues: 2 }), /more than 2 JSON/);
+  // Over HTTP at the real cap: 2^23 + 1 zeros (16 MiB): refused before JSON.parse. The same
+  // count in 64 MiB (the default JSON limit) of zeros took 4-10 s and ~930 MiB to reject.
+  const srv = startServer();
   try {
-    const n = MAX_JSON_CONTAINER_ENTRIES + 1;
+    const n = MAX_JSON_VALUES + 1;
     const body = new Uint8Array(2 * n + 1).fill(0x2c); // "[0,0,...,0]"
     body[0] = 0x5b;
     for (let i = 1; i < body.length; i += 2) body[i] = 0x30;
     body[body.length - 1] = 0x5d;
+    const t0 = performance.now();
     const r = await rawExchange(srv.port, post("/v1/backends/select", body), { timeoutMs: 60_000 });
-    const doc = assertProblem(r, 413, "json_container_too_large");
-    assert.equal(doc.max_container_entries, MAX_JSON_CONTAINER_ENTRIES);
+    const doc = assertProblem(r, 413, "json_too_many_values");
+    assert.equal(doc.max_json_values, MAX_JSON_VALUES);
+    console.log(`16 MiB of zeros refused in ${(performance.now() - t0).toFixed(0)} ms`);
+    // Just under the cap parses (and fails the schema, as a number array should).
+    const under = new Uint8Array(2 * (n - 1) + 1).fill(0x2c);
+    under[0] = 0x5b;
+    for (let i = 1; i < under.length; i += 2) under[i] = 0x30;
+    under[under.length - 1] = 0x5d;
+    assertProblem(
+      await rawExchange(srv.port, post("/v1/backends/select", under)),
+      400,
+      "invalid_request",
+    );
   } finally {
     await srv.close();
   }
