@@ -13,8 +13,9 @@ import { scanJson } from "./json_scan.ts";
 export const DEFAULT_MAX_BODY_BYTES = 512 * 1024 * 1024;
 
 /**
- * Default limit of JSON bodies: 64 MiB. Parsing JSON costs far more memory and time per byte
- * than safetensors (measured: a 64 MiB body of zeros takes 3.8 s and ~1 GiB on a 2-core VM).
+ * Default limit of JSON bodies: 64 MiB (room for ~3 M random floats as text). Parsing JSON
+ * costs far more memory and time per byte than safetensors; json_scan.ts also caps the number
+ * of values, which is what drives that cost.
  */
 export const DEFAULT_MAX_JSON_BODY_BYTES = 64 * 1024 * 1024;
 

@@ -20,6 +20,7 @@ import {
   MAX_JSON_BODY_BYTES_CEILING,
 } from "./body.ts";
 import { createHandler } from "./handler.ts";
+import { MAX_JSON_VALUES } from "./json_scan.ts";
 import { DEFAULT_SHUTDOWN_DEADLINE_MS, Drainer } from "./shutdown.ts";
 
 /** Default memory budget for server-held caches: 4 GiB. */
@@ -34,7 +35,8 @@ usage: deno task serve [options]
                             loopback needs a token (or --allow-unauthenticated)
   --max-body-bytes B        largest request body in bytes (default ${DEFAULT_MAX_BODY_BYTES} = 512 MiB)
   --max-json-body-bytes B   largest JSON body in bytes (default ${DEFAULT_MAX_JSON_BODY_BYTES} = 64 MiB,
-                            at most ${MAX_JSON_BODY_BYTES_CEILING}); big tensors belong in safetensors bodies
+                            at most ${MAX_JSON_BODY_BYTES_CEILING}); a JSON body also holds at most
+                            ${MAX_JSON_VALUES} values: big tensors belong in safetensors bodies
   --memory-budget-bytes B   total bytes of server-held KV caches (default ${DEFAULT_MEMORY_BUDGET_BYTES} = 4 GiB)
   --token-file PATH         bearer token (the file's content) required on every route but
                             /healthz; without it the ATTN_TOKEN environment variable is used

@@ -159,6 +159,9 @@ Deno.test("Host check (loopback, no token): foreign names get 403; loopback name
       assert.equal((await get("/v1/backends", host))?.status, 200, host);
     }
     assert.equal((await get("/healthz", "evil.example"))?.status, 200, "/healthz stays open");
+    // No Host at all (HTTP/1.0 tools; browsers always send one) is not a rebinding attempt.
+    const noHost = await rawExchange(srv.port, "GET /v1/backends HTTP/1.0\r\n\r\n");
+    assert.equal(noHost?.status, 200);
     assert.deepEqual(srv.errors, []);
   } finally {
     await srv.close();
