@@ -204,6 +204,6 @@ export function createHandler(
     }
     const { res, route } = await respond(req, url);
     metrics.recordRequest(route, req.method, res.status);
-    return req.method === "HEAD" ? await headOf(res) : res;
+    return req.method.toUpperCase() === "HEAD" ? await headOf(res) : res;
   };
 }
