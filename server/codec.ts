@@ -25,6 +25,7 @@ import {
 } from "../core/tensors.ts";
 import type { ForwardInput } from "../service/validate.ts";
 import type { CacheData, ForwardOutcome } from "../service/service.ts";
+import { scanJson, scanJsonText } from "./json_scan.ts";
 import { fromZod } from "./problem.ts";
 import {
   BINARY_FORWARD_TENSORS,
@@ -103,6 +104,7 @@ function badRequest(message: string, issues?: Issue[]): ServiceError {
  * @throws ServiceError 400 `bad_safetensors` / `invalid_request`, 422 for int64 overflow.
  */
 export function decodeBinaryForward(bytes: Uint8Array): DecodedForward {
+  scanSafetensorsHeader(bytes);
   const file = parseSafetensors(bytes);
   const text = file.metadata.request;
   if (text === undefined) {
@@ -113,6 +115,7 @@ export function decodeBinaryForward(bytes: Uint8Array): DecodedForward {
       ],
     );
   }
+  scanJsonText(text, { what: "__metadata__.request" });
   let json: unknown;
   try {
     json = JSON.parse(text);
@@ -155,6 +158,14 @@ export function decodeBinaryForward(bytes: Uint8Array): DecodedForward {
   }
   const { output_encoding, ...rest } = r.data;
   return { input: build(rest, raws, {}), encoding: output_encoding ?? "base64" };
+}
+
+/** The depth and size pre-scan of a safetensors header's JSON (when its length is in range). */
+function scanSafetensorsHeader(bytes: Uint8Array): void {
+  if (bytes.byteLength < 8) return;
+  const n = new DataView(bytes.buffer, bytes.byteOffset, 8).getBigUint64(0, true);
+  if (n > BigInt(bytes.byteLength - 8)) return; // parseSafetensors says what is wrong
+  scanJson(bytes.subarray(8, 8 + Number(n)), { what: "safetensors header" });
 }
 
 /** A forward outcome as the JSON response body (base64 of the output bytes as computed). */

@@ -1,12 +1,24 @@
 /**
  * The HTTP handler: `createHandler(service, opts)` returns a pure `(Request) => Promise<Response>`
  * (no Deno.serve here) implementing every endpoint of the contract. Errors are RFC 9457
- * problems; the handler never throws.
+ * problems; the handler never throws. The access check (token, Host) runs before routing;
+ * HEAD answers a GET route's status and headers without its body; a forward call gets the
+ * request's AbortSignal (aborted when the client goes away).
  * @module
  */
 import type { z } from "zod";
 import type { AttentionService } from "../service/service.ts";
-import { bodyKind, DEFAULT_MAX_BODY_BYTES, parseJson, readBody, wantsBinary } from "./body.ts";
+import { accessCheck, type AccessPolicy } from "./auth.ts";
+import {
+  type BodyKind,
+  bodyKind,
+  type BodyLimit,
+  DEFAULT_MAX_BODY_BYTES,
+  DEFAULT_MAX_JSON_BODY_BYTES,
+  parseJson,
+  readBody,
+  wantsBinary,
+} from "./body.ts";
 import {
   cacheSafetensors,
   decodeBinaryForward,
@@ -16,7 +28,14 @@ import {
 } from "./codec.ts";
 import { Metrics } from "./metrics.ts";
 import { openApiDocument } from "./openapi.ts";
-import { type ErrorLogger, fromZod, problem, problemResponse, toProblem } from "./problem.ts";
+import {
+  errorHeaders,
+  type ErrorLogger,
+  fromZod,
+  problem,
+  problemResponse,
+  toProblem,
+} from "./problem.ts";
 import { type RouteContext, Router } from "./routes.ts";
 import { CreateCacheRequestSchema, SelectRequestSchema } from "./schemas.ts";
 
@@ -24,6 +43,10 @@ import { CreateCacheRequestSchema, SelectRequestSchema } from "./schemas.ts";
 export interface HandlerOptions {
   /** Largest accepted request body in bytes (default 512 MiB). */
   maxBodyBytes?: number;
+  /** Largest accepted JSON body in bytes (default 64 MiB; never more than maxBodyBytes). */
+  maxJsonBodyBytes?: number;
+  /** Token and Host checks (default: none). */
+  access?: AccessPolicy;
   /** Where to count; a fresh {@link Metrics} wired to the service's caches by default. */
   metrics?: Metrics;
   /** Logs unexpected errors (default console.error). */
@@ -57,12 +80,37 @@ function binaryResponse(
   });
 }
 
-async function jsonBody<T>(req: Request, limit: number, schema: z.ZodType<T>): Promise<T> {
+/** The size limit of each body kind: JSON's own, capped by the general one. */
+type Limits = Record<BodyKind, BodyLimit>;
+
+function bodyLimits(opts: HandlerOptions): Limits {
+  const binary = { bytes: opts.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES, field: "max_body_bytes" };
+  const json = opts.maxJsonBodyBytes ?? DEFAULT_MAX_JSON_BODY_BYTES;
+  return {
+    binary,
+    json: json < binary.bytes
+      ? { bytes: json, field: "max_json_body_bytes", kind: "JSON " }
+      : { ...binary, kind: "JSON " },
+  };
+}
+
+async function jsonBody<T>(req: Request, limits: Limits, schema: z.ZodType<T>): Promise<T> {
   bodyKind(req, ["json"]);
-  const body = parseJson(await readBody(req, limit));
+  const body = parseJson(await readBody(req, limits.json));
   const r = schema.safeParse(body);
   if (!r.success) throw fromZod(r.error, body);
   return r.data;
+}
+
+/** The answer to a HEAD request: the GET answer's status and headers, no body. */
+async function headOf(res: Response): Promise<Response> {
+  const headers = new Headers(res.headers);
+  if (res.body && !headers.has("content-length")) {
+    headers.set("content-length", String((await res.arrayBuffer()).byteLength));
+  } else {
+    await res.body?.cancel();
+  }
+  return new Response(null, { status: res.status, headers });
 }
 
 /** Builds the request handler for a service. */
@@ -70,7 +118,8 @@ export function createHandler(
   service: AttentionService,
   opts: HandlerOptions = {},
 ): (req: Request) => Promise<Response> {
-  const limit = opts.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES;
+  const limits = bodyLimits(opts);
+  const checkAccess = accessCheck(opts.access ?? {});
   const metrics = opts.metrics ?? new Metrics({
     cacheBytes: () => service.caches.usedBytes,
     cacheCount: () => service.caches.list().length,
@@ -83,11 +132,11 @@ export function createHandler(
   router.add("GET", "/v1/device", () => jsonResponse(service.deviceReport()));
   router.add("GET", "/v1/backends", () => jsonResponse({ backends: service.backends() }));
   router.add("POST", "/v1/backends/select", async ({ req }) => {
-    const { backend, ...cfg } = await jsonBody(req, limit, SelectRequestSchema);
+    const { backend, ...cfg } = await jsonBody(req, limits, SelectRequestSchema);
     return jsonResponse(service.select(cfg, backend));
   });
   router.add("POST", "/v1/kv-caches", async ({ req }) => {
-    const body = await jsonBody(req, limit, CreateCacheRequestSchema);
+    const body = await jsonBody(req, limits, CreateCacheRequestSchema);
     const info = await service.createCache(body);
     return jsonResponse(info, 201, { location: `/v1/kv-caches/${info.id}` });
   });
@@ -104,7 +153,7 @@ export function createHandler(
   });
   router.add("POST", "/v1/attention/forward", async ({ req }) => {
     const kind = bodyKind(req, ["json", "binary"]);
-    const bytes = await readBody(req, limit);
+    const bytes = await readBody(req, limits[kind]);
     const decoded = kind === "json"
       ? decodeJsonForward(parseJson(bytes))
       : decodeBinaryForward(bytes);
@@ -125,10 +174,34 @@ export function createHandler(
   );
   router.add("GET", "/openapi.json", () => jsonResponse(openApiDocument()));
 
+  const respond = async (req: Request, url: URL): Promise<{ res: Response; route: string }> => {
+    let route = "unmatched";
+    try {
+      const m = router.match(req.method, url);
+      if (m.kind !== "not_found") route = m.kind === "found" ? m.route.path : m.path;
+      checkAccess(req, url);
+      if (m.kind === "not_found") {
+        throw problem(404, "not_found", `no route for ${req.method} ${url.pathname}`);
+      }
+      if (m.kind === "method_not_allowed") {
+        const allow = m.allow.join(", ");
+        const detail = `${req.method} is not allowed on ${url.pathname}; allowed: ${allow}`;
+        const doc = toProblem(
+          problem(405, "method_not_allowed", detail, { allow: m.allow }),
+          url.pathname,
+          log,
+        );
+        return { res: problemResponse(doc, { allow }), route };
+      }
+      const ctx: RouteContext = { req, url, params: m.params, route };
+      return { res: await m.route.handler(ctx), route };
+    } catch (e) {
+      return { res: problemResponse(toProblem(e, url.pathname, log), errorHeaders(e)), route };
+    }
+  };
+
   return async (req: Request): Promise<Response> => {
     let url: URL;
-    let route = "unmatched";
-    let res: Response;
     try {
       url = new URL(req.url);
     } catch {
@@ -136,36 +209,8 @@ export function createHandler(
         toProblem(problem(400, "bad_request", "invalid request URL"), undefined, log),
       );
     }
-    try {
-      const m = router.match(req.method, url);
-      if (m.kind === "not_found") {
-        throw problem(404, "not_found", `no route for ${req.method} ${url.pathname}`);
-      } else if (m.kind === "method_not_allowed") {
-        route = m.path;
-        res = problemResponse(
-          toProblem(
-            problem(
-              405,
-              "method_not_allowed",
-              `${req.method} is not allowed on ${url.pathname}; allowed: ${m.allow.join(", ")}`,
-              {
-                allow: m.allow,
-              },
-            ),
-            url.pathname,
-            log,
-          ),
-          { allow: m.allow.join(", ") },
-        );
-      } else {
-        route = m.route.path;
-        const ctx: RouteContext = { req, url, params: m.params, route };
-        res = await m.route.handler(ctx);
-      }
-    } catch (e) {
-      res = problemResponse(toProblem(e, url.pathname, log));
-    }
+    const { res, route } = await respond(req, url);
     metrics.recordRequest(route, req.method, res.status);
-    return res;
+    return req.method.toUpperCase() === "HEAD" ? await headOf(res) : res;
   };
 }

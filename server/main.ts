@@ -1,7 +1,11 @@
 /**
- * The entry point: `deno task serve [--port N] [--host H] [--max-body-bytes B]
- * [--memory-budget-bytes B] [--no-gpu]`. Acquires the WebGPU device (unless --no-gpu), builds
- * the service and serves it. The only module that calls Deno.serve.
+ * The entry point: `deno task serve [options]` (`--help` lists them). Resolves the access
+ * policy (a non-loopback bind needs a token), acquires the WebGPU device (unless --no-gpu),
+ * builds the service and serves it; on SIGTERM or SIGINT it stops taking calls (after a 100 ms
+ * settle window; later ones get a 503 `shutting_down`), finishes the calls it took up to
+ * `--shutdown-deadline-ms`, closes the listener and exits (0 when every call finished, 1 when
+ * the deadline cut some off; a second signal exits 1 at once). Exits 2 on a bad command line or a refused access configuration.
+ * The only module that calls Deno.serve.
  * @module
  */
 import { parseArgs } from "node:util";
@@ -9,8 +13,16 @@ import { builtinBackends } from "../backends/index.ts";
 import type { DeviceProvider } from "../core/types.ts";
 import { NoDeviceProvider, WebGpuDeviceManager } from "../gpu/device.ts";
 import { AttentionService } from "../service/service.ts";
-import { DEFAULT_MAX_BODY_BYTES } from "./body.ts";
+import { type CallLimits, DEFAULT_CALL_LIMITS } from "../service/validate.ts";
+import { AccessConfigError, resolveAccess, type ResolvedAccess } from "./access_config.ts";
+import {
+  DEFAULT_MAX_BODY_BYTES,
+  DEFAULT_MAX_JSON_BODY_BYTES,
+  MAX_JSON_BODY_BYTES_CEILING,
+} from "./body.ts";
 import { createHandler } from "./handler.ts";
+import { MAX_JSON_VALUES } from "./json_scan.ts";
+import { DEFAULT_SHUTDOWN_DEADLINE_MS, Drainer } from "./shutdown.ts";
 
 /** Default memory budget for server-held caches: 4 GiB. */
 export const DEFAULT_MEMORY_BUDGET_BYTES = 4 * 1024 ** 3;
@@ -20,9 +32,25 @@ const HELP = `attention service: batched paged attention over HTTP
 usage: deno task serve [options]
 
   --port N                  port to listen on (default 8000; 0 = any free port)
-  --host H                  address to bind (default 127.0.0.1)
+  --host H                  address to bind (default 127.0.0.1); any address that is not
+                            loopback needs a token (or --allow-unauthenticated)
   --max-body-bytes B        largest request body in bytes (default ${DEFAULT_MAX_BODY_BYTES} = 512 MiB)
+  --max-json-body-bytes B   largest JSON body in bytes (default ${DEFAULT_MAX_JSON_BODY_BYTES} = 64 MiB,
+                            at most ${MAX_JSON_BODY_BYTES_CEILING}); a JSON body also holds at most
+                            ${MAX_JSON_VALUES} values: big tensors belong in safetensors bodies
   --memory-budget-bytes B   total bytes of server-held KV caches (default ${DEFAULT_MEMORY_BUDGET_BYTES} = 4 GiB)
+  --max-tokens-per-call N   most query tokens in one forward call (default ${DEFAULT_CALL_LIMITS.max_tokens}); over: 422
+  --max-attended-keys N     most attended keys in one forward call: the sum over query tokens of
+                            the keys each may see (default ${DEFAULT_CALL_LIMITS.max_attended_keys}); over: 422
+  --token-file PATH         bearer token (the file's content) required on every route but
+                            /healthz; without it the ATTN_TOKEN environment variable is used
+  --allow-unauthenticated   serve a non-loopback address without a token (prints a warning)
+  --allowed-host NAME       a loopback bind without a token answers only requests whose Host is
+                            localhost, 127.0.0.1 or [::1] (any port), else 403; this adds a
+                            name (repeatable)
+  --shutdown-deadline-ms N  on SIGTERM/SIGINT, wait this long for calls in flight, then
+                            exit (default ${DEFAULT_SHUTDOWN_DEADLINE_MS}); exit code 0 when all
+                            finished, 1 when the deadline cut some off
   --no-gpu                  do not acquire a WebGPU device (host backends only)
   -h, --help                show this help
 `;
@@ -40,7 +68,13 @@ export interface ServeOptions {
   port: number;
   host: string;
   maxBodyBytes: number;
+  maxJsonBodyBytes: number;
   memoryBudgetBytes: number;
+  limits: CallLimits;
+  tokenFile?: string;
+  allowUnauthenticated: boolean;
+  allowedHosts: string[];
+  shutdownDeadlineMs: number;
   gpu: boolean;
   help: boolean;
 }
@@ -53,7 +87,14 @@ export function parseServeArgs(args: string[]): ServeOptions {
       port: { type: "string" },
       host: { type: "string" },
       "max-body-bytes": { type: "string" },
+      "max-json-body-bytes": { type: "string" },
       "memory-budget-bytes": { type: "string" },
+      "max-tokens-per-call": { type: "string" },
+      "max-attended-keys": { type: "string" },
+      "token-file": { type: "string" },
+      "allow-unauthenticated": { type: "boolean" },
+      "allowed-host": { type: "string", multiple: true },
+      "shutdown-deadline-ms": { type: "string" },
       "no-gpu": { type: "boolean" },
       help: { type: "boolean", short: "h" },
     },
@@ -62,14 +103,51 @@ export function parseServeArgs(args: string[]): ServeOptions {
   });
   const port = intFlag("port", values.port, 8000, 0);
   if (port > 65535) throw new Error(`--port must be <= 65535, got ${port}`);
+  const maxJson = intFlag(
+    "max-json-body-bytes",
+    values["max-json-body-bytes"],
+    DEFAULT_MAX_JSON_BODY_BYTES,
+    1,
+  );
+  if (maxJson > MAX_JSON_BODY_BYTES_CEILING) {
+    throw new Error(
+      `--max-json-body-bytes must be <= ${MAX_JSON_BODY_BYTES_CEILING}, got ${maxJson}; ` +
+        "send bigger calls as safetensors (--max-body-bytes)",
+    );
+  }
+  const tokenFile = values["token-file"];
   return {
     port,
     host: values.host ?? "127.0.0.1",
     maxBodyBytes: intFlag("max-body-bytes", values["max-body-bytes"], DEFAULT_MAX_BODY_BYTES, 1),
+    maxJsonBodyBytes: maxJson,
     memoryBudgetBytes: intFlag(
       "memory-budget-bytes",
       values["memory-budget-bytes"],
       DEFAULT_MEMORY_BUDGET_BYTES,
+      0,
+    ),
+    limits: {
+      max_tokens: intFlag(
+        "max-tokens-per-call",
+        values["max-tokens-per-call"],
+        DEFAULT_CALL_LIMITS.max_tokens,
+        1,
+      ),
+      max_attended_keys: intFlag(
+        "max-attended-keys",
+        values["max-attended-keys"],
+        DEFAULT_CALL_LIMITS.max_attended_keys,
+        1,
+      ),
+    },
+    ...(tokenFile !== undefined ? { tokenFile } : {}),
+    allowUnauthenticated: values["allow-unauthenticated"] ?? false,
+    allowedHosts: values["allowed-host"] ?? [],
+    shutdownDeadlineMs: intFlag(
+      "shutdown-deadline-ms",
+      values["shutdown-deadline-ms"],
+      DEFAULT_SHUTDOWN_DEADLINE_MS,
       0,
     ),
     gpu: !values["no-gpu"],
@@ -77,39 +155,59 @@ export function parseServeArgs(args: string[]): ServeOptions {
   };
 }
 
+async function acquireDevice(gpu: boolean): Promise<DeviceProvider> {
+  if (!gpu) {
+    console.error("webgpu: disabled (--no-gpu)");
+    return new NoDeviceProvider();
+  }
+  const mgr = new WebGpuDeviceManager({});
+  const ctx = await mgr.acquire();
+  const r = mgr.report();
+  console.error(
+    ctx
+      ? `webgpu: ${r.adapter?.description || r.adapter?.device || "adapter"} (${r.runtime})`
+      : `webgpu: no device (${r.reason ?? "no adapter"})`,
+  );
+  return mgr;
+}
+
+function describeAccess(a: ResolvedAccess): string {
+  if (a.policy.token !== undefined) return `auth: bearer token (from ${a.tokenSource})`;
+  if (a.policy.allowedHosts) {
+    return `auth: none (loopback); Host: ${a.policy.allowedHosts.join(", ")}`;
+  }
+  return "auth: none";
+}
+
 async function main(): Promise<void> {
   let o: ServeOptions;
+  let access: ResolvedAccess;
   try {
     o = parseServeArgs(Deno.args);
+    if (o.help) {
+      console.log(HELP);
+      return;
+    }
+    access = resolveAccess(o);
   } catch (e) {
-    console.error(`${e instanceof Error ? e.message : e}\n\n${HELP}`);
+    const usage = e instanceof AccessConfigError ? "" : `\n\n${HELP}`;
+    console.error(`${e instanceof Error ? e.message : e}${usage}`);
     Deno.exit(2);
   }
-  if (o.help) {
-    console.log(HELP);
-    return;
-  }
-  let device: DeviceProvider;
-  if (o.gpu) {
-    const mgr = new WebGpuDeviceManager({});
-    const ctx = await mgr.acquire();
-    const r = mgr.report();
-    console.error(
-      ctx
-        ? `webgpu: ${r.adapter?.description || r.adapter?.device || "adapter"} (${r.runtime})`
-        : `webgpu: no device (${r.reason ?? "no adapter"})`,
-    );
-    device = mgr;
-  } else {
-    device = new NoDeviceProvider();
-    console.error("webgpu: disabled (--no-gpu)");
-  }
+  if (access.warning) console.error(access.warning);
+  console.error(describeAccess(access));
   const service = new AttentionService({
     backends: builtinBackends(),
-    device,
+    device: await acquireDevice(o.gpu),
     memoryBudgetBytes: o.memoryBudgetBytes,
+    limits: o.limits,
   });
-  const handler = createHandler(service, { maxBodyBytes: o.maxBodyBytes });
+  const drainer = new Drainer();
+  const handler = createHandler(service, {
+    maxBodyBytes: o.maxBodyBytes,
+    maxJsonBodyBytes: o.maxJsonBodyBytes,
+    access: access.policy,
+  });
   const server = Deno.serve({
     port: o.port,
     hostname: o.host,
@@ -117,13 +215,30 @@ async function main(): Promise<void> {
       const h = hostname.includes(":") ? `[${hostname}]` : hostname;
       console.log(`listening on http://${h}:${port}`);
     },
-  }, handler);
-  const stop = () => {
-    server.shutdown().then(() => service.close());
+  }, drainer.track(handler));
+  let stopping = false;
+  const stop = async (sig: string) => {
+    if (stopping) {
+      console.error(`${sig} again: exiting now with ${drainer.count} calls unfinished`);
+      Deno.exit(1);
+    }
+    stopping = true;
+    console.error(
+      `${sig}: stopping; finishing ${drainer.count} calls in flight ` +
+        `(deadline ${o.shutdownDeadlineMs} ms)`,
+    );
+    const r = await drainer.drain(server, { deadlineMs: o.shutdownDeadlineMs });
+    if (r.drained) {
+      await service.close();
+      console.error(`stopped: every call finished (${r.ms.toFixed(0)} ms)`);
+      Deno.exit(0);
+    }
+    console.error(`stopped at the deadline: ${r.unfinished} calls unfinished`);
+    Deno.exit(1);
   };
   for (const sig of ["SIGINT", "SIGTERM"] as const) {
     try {
-      Deno.addSignalListener(sig, stop);
+      Deno.addSignalListener(sig, () => void stop(sig));
     } catch { /* signal not supported here */ }
   }
   await server.finished;

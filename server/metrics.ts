@@ -1,8 +1,29 @@
 /**
  * Prometheus text-format metrics: requests by route, method and status; forward latency
  * histogram and forwards by backend; KV-cache bytes and count gauges (read at scrape time).
+ * Labels take bounded values only: the route is a route template or "unmatched" (never the
+ * path), and a method outside {@link KNOWN_METHODS} is counted as "other", so no client can
+ * grow the number of series.
  * @module
  */
+
+/** The methods counted under their own name (RFC 9110 and PATCH); any other is "other". */
+export const KNOWN_METHODS: readonly string[] = [
+  "GET",
+  "HEAD",
+  "POST",
+  "PUT",
+  "DELETE",
+  "CONNECT",
+  "OPTIONS",
+  "TRACE",
+  "PATCH",
+];
+
+/** A method as a metrics label: itself when known, else "other". */
+export function methodLabel(method: string): string {
+  return KNOWN_METHODS.includes(method) ? method : "other";
+}
 
 /** Upper bounds (seconds) of the forward latency histogram. */
 export const LATENCY_BUCKETS = [
@@ -43,9 +64,12 @@ export class Metrics {
     this.#gauges = gauges;
   }
 
-  /** Counts one finished request. `route` is the route template (or "unmatched"). */
+  /**
+   * Counts one finished request. `route` is the route template (or "unmatched"); the method
+   * is counted through {@link methodLabel}.
+   */
   recordRequest(route: string, method: string, status: number): void {
-    const l = { route, method, status: String(status) };
+    const l = { route, method: methodLabel(method), status: String(status) };
     const key = JSON.stringify(l);
     const e = this.#requests.get(key);
     if (e) e.n++;

@@ -1,6 +1,9 @@
 /**
  * The OpenAPI 3.1 document, generated from the zod schemas that validate requests
  * (`z.toJSONSchema` over the global registry: every schema with an `id` is a component).
+ * Every operation but `/healthz` may answer 401 (a token is configured and missing or wrong) or
+ * 403 (a loopback bind without a token and a foreign Host); the bearer scheme is optional
+ * because the server's configuration decides it.
  * @module
  */
 import { z } from "zod";
@@ -19,7 +22,7 @@ const errors = (...codes: number[]) => {
     413: "Body over the limit",
     415: "Unsupported content type",
     422: "Parses but cannot run",
-    503: "No device or device lost",
+    503: "No device or device lost (with Retry-After)",
   };
   return Object.fromEntries(codes.map((c) => [String(c), problem(text[c])]));
 };
@@ -151,7 +154,28 @@ export function openApiDocument(): Record<string, unknown> {
         get: { summary: "This document", responses: { "200": { description: "OpenAPI 3.1" } } },
       },
     },
-    components: { schemas },
+    components: {
+      schemas,
+      securitySchemes: { bearerAuth: { type: "http", scheme: "bearer" } },
+    },
+    security: [{}, { bearerAuth: [] }],
   };
+  guardOperations(cached.paths as Record<string, Record<string, Operation>>);
   return cached;
+}
+
+type Operation = { responses: Record<string, unknown>; security?: unknown[] };
+
+/** Adds the access-check answers (401, 403) to every operation but /healthz, which is open. */
+function guardOperations(paths: Record<string, Record<string, Operation>>): void {
+  for (const [path, ops] of Object.entries(paths)) {
+    for (const op of Object.values(ops)) {
+      if (path === "/healthz") {
+        op.security = [];
+        continue;
+      }
+      op.responses["401"] = problem("Bearer token missing or wrong (when the server has one)");
+      op.responses["403"] = problem("Host not allowed (a loopback bind without a token)");
+    }
+  }
 }

@@ -3,6 +3,8 @@
  * ServiceError maps to its status and code with its `issues` / `reasons`; a ZodError becomes
  * a 400 whose issues name each field and its current value; anything else is a 500 with a
  * generic detail (the error itself is logged server-side, never sent: no stack traces).
+ * Every 503 carries `Retry-After`; a {@link ProblemError} may carry other response headers
+ * (`WWW-Authenticate` on a 401).
  * @module
  */
 import type { z } from "zod";
@@ -171,19 +173,51 @@ export function toProblem(
   };
 }
 
-/** A problem document as a Response. */
+/** Seconds a 503 answer asks the client to wait (`Retry-After`), unless the error says. */
+export const RETRY_AFTER_SECONDS = 5;
+
+/** A ServiceError raised by the HTTP layer that also sets response headers. */
+export class ProblemError extends ServiceError {
+  readonly headers: Record<string, string>;
+  constructor(
+    message: string,
+    init: ConstructorParameters<typeof ServiceError>[1] & { headers?: Record<string, string> },
+  ) {
+    super(message, init);
+    this.name = "ProblemError";
+    this.headers = init.headers ?? {};
+  }
+}
+
+/** The response headers an error asks for (none for most). */
+export function errorHeaders(err: unknown): Record<string, string> {
+  return err instanceof ProblemError ? err.headers : {};
+}
+
+/**
+ * A problem document as a Response. A 503 gets `Retry-After` (the document's `retry_after_s`
+ * when it has one, else {@link RETRY_AFTER_SECONDS}) unless `headers` already has one.
+ */
 export function problemResponse(doc: ProblemDocument, headers?: HeadersInit): Response {
   const h = new Headers(headers);
   h.set("content-type", PROBLEM_CONTENT_TYPE);
+  if (doc.status === 503 && !h.has("retry-after")) {
+    const s = doc.retry_after_s;
+    h.set(
+      "retry-after",
+      String(typeof s === "number" && Number.isSafeInteger(s) && s >= 0 ? s : RETRY_AFTER_SECONDS),
+    );
+  }
   return new Response(JSON.stringify(doc), { status: doc.status, headers: h });
 }
 
-/** Shorthand: a ServiceError with status and code. */
+/** Shorthand: a ServiceError with status and code (and response headers, title). */
 export function problem(
   status: number,
   code: string,
   detail: string,
   extra?: Record<string, unknown>,
+  opts: { headers?: Record<string, string>; title?: string } = {},
 ): ServiceError {
-  return new ServiceError(detail, { status, code, extra });
+  return new ProblemError(detail, { status, code, extra, ...opts });
 }

@@ -5,14 +5,20 @@ import { parseServeArgs } from "../../server/main.ts";
 const MAIN = new URL("../../server/main.ts", import.meta.url).pathname;
 
 Deno.test("main: flags and defaults", () => {
-  assert.deepEqual(parseServeArgs([]), {
+  const defaults = {
     port: 8000,
     host: "127.0.0.1",
     maxBodyBytes: 512 * 1024 * 1024,
+    maxJsonBodyBytes: 64 * 1024 * 1024,
     memoryBudgetBytes: 4 * 1024 ** 3,
+    limits: { max_tokens: 262_144, max_attended_keys: 2 ** 32 },
+    allowUnauthenticated: false,
+    allowedHosts: [],
+    shutdownDeadlineMs: 30_000,
     gpu: true,
     help: false,
-  });
+  };
+  assert.deepEqual(parseServeArgs([]), defaults);
   const o = parseServeArgs([
     "--port",
     "0",
@@ -24,13 +30,44 @@ Deno.test("main: flags and defaults", () => {
     "--no-gpu",
   ]);
   assert.deepEqual(o, {
+    ...defaults,
     port: 0,
     host: "0.0.0.0",
     maxBodyBytes: 1000,
     memoryBudgetBytes: 5,
     gpu: false,
-    help: false,
   });
+  assert.deepEqual(
+    parseServeArgs([
+      "--max-json-body-bytes=2048",
+      "--token-file",
+      "/tmp/t",
+      "--allow-unauthenticated",
+      "--allowed-host",
+      "a.example",
+      "--allowed-host=b.example",
+      "--shutdown-deadline-ms",
+      "250",
+    ]),
+    {
+      ...defaults,
+      maxJsonBodyBytes: 2048,
+      tokenFile: "/tmp/t",
+      allowUnauthenticated: true,
+      allowedHosts: ["a.example", "b.example"],
+      shutdownDeadlineMs: 250,
+    },
+  );
+  assert.throws(() => parseServeArgs(["--max-json-body-bytes", "0"]), />= 1/);
+  assert.deepEqual(
+    parseServeArgs(["--max-tokens-per-call", "64", "--max-attended-keys=1000"]).limits,
+    { max_tokens: 64, max_attended_keys: 1000 },
+  );
+  assert.throws(
+    () => parseServeArgs(["--max-json-body-bytes", String(2 ** 30)]),
+    /--max-json-body-bytes must be <= 268435456/,
+  );
+  assert.throws(() => parseServeArgs(["--shutdown-deadline-ms=-1"]), /integer >= 0/);
   assert.equal(parseServeArgs(["-h"]).help, true);
   assert.throws(() => parseServeArgs(["--port", "x"]), /--port must be an integer/);
   assert.throws(() => parseServeArgs(["--port", "70000"]), /<= 65535/);
@@ -51,7 +88,12 @@ Deno.test("main: --help lists every flag", async () => {
       "--port",
       "--host",
       "--max-body-bytes",
+      "--max-json-body-bytes",
       "--memory-budget-bytes",
+      "--token-file",
+      "--allow-unauthenticated",
+      "--allowed-host",
+      "--shutdown-deadline-ms",
       "--no-gpu",
       "--help",
     ]
