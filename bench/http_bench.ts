@@ -13,9 +13,9 @@
  * @module
  */
 import { parseArgs } from "node:util";
-import { formatRuntime, formatSummary, type RuntimeReport } from "./http_report.ts";
+import { formatRuntime, formatSummary, type RuntimeReport, TARGETS } from "./http_report.ts";
 import { runOnServer, type RunOptions } from "./http_run.ts";
-import { startServer } from "./http_server.ts";
+import { killStarted, startServer } from "./http_server.ts";
 import { BIG_SHAPE, cacheBytes, type HttpShape, layoutOf } from "./http_workload.ts";
 
 const SHAPE_FLAGS: Record<string, keyof HttpShape> = {
@@ -51,6 +51,7 @@ export const HELP = `deno task bench:http [options]
   --seed N                data seed (default 1)
   --startup-timeout-s N   wait this long for the server's listening line (default 180)
   --json                  print one JSON document instead of the report
+  --json-out FILE         also write that JSON document to FILE
 `;
 
 /** Parsed command line. */
@@ -60,6 +61,8 @@ export interface HttpBenchArgs {
   serverArgs: string[];
   startupTimeoutMs: number;
   json: boolean;
+  /** Also write the JSON document to this file. */
+  jsonOut?: string;
   help: boolean;
   run: Omit<RunOptions, "log">;
 }
@@ -86,6 +89,7 @@ export function parseHttpBenchArgs(args: string[], env = Deno.env.toObject()): H
     seed: { type: "string" },
     "startup-timeout-s": { type: "string" },
     json: { type: "boolean" },
+    "json-out": { type: "string" },
     help: { type: "boolean" },
   };
   for (const k of Object.keys(SHAPE_FLAGS)) options[k] = { type: "string" };
@@ -106,6 +110,7 @@ export function parseHttpBenchArgs(args: string[], env = Deno.env.toObject()): H
     serverArgs: (v["server-arg"] as string[] | undefined) ?? [],
     startupTimeoutMs: 1000 * positive("startup-timeout-s", str("startup-timeout-s") ?? "180"),
     json: v.json === true,
+    jsonOut: str("json-out"),
     help: v.help === true,
     run: {
       size: v.small ? "small" : v.big ? "big" : "auto",
@@ -127,45 +132,55 @@ function budgetArgs(a: HttpBenchArgs): string[] {
   return need * 1.25 > 4 * 2 ** 30 ? [`--memory-budget-bytes=${Math.ceil(need * 1.25)}`] : [];
 }
 
-/** Runs the bench for each runtime asked (or the given server); never throws for a runtime. */
+/**
+ * Runs the bench for each runtime asked (or on the given server), handing each runtime's
+ * report to `done` as soon as it is complete; never throws for a runtime.
+ */
 export async function runHttpBench(
   a: HttpBenchArgs,
   log: (line: string) => void = () => {},
+  done: (r: RuntimeReport) => void = () => {},
 ): Promise<RuntimeReport[]> {
   const opts: RunOptions = { ...a.run, log };
-  if (a.url) {
-    const run = await runOnServer(a.url, opts);
-    return [{ runtime: "url", available: true, run }];
-  }
   const out: RuntimeReport[] = [];
+  const finish = (r: RuntimeReport) => {
+    out.push(r);
+    done(r);
+  };
+  const bench = async (runtime: string, url: string): Promise<RuntimeReport> => {
+    try {
+      return { runtime, available: true, run: await runOnServer(url, opts) };
+    } catch (e) {
+      return { runtime, available: true, error: e instanceof Error ? e.message : String(e) };
+    }
+  };
+  if (a.url) {
+    finish(await bench("url", a.url));
+    return out;
+  }
   for (const runtime of a.runtimes ?? ["default"]) {
     const flags = runtime === "default" ? [] : [`--webgpu-runtime=${runtime}`];
-    log(`starting server/main.ts ${[...flags, ...a.serverArgs].join(" ")}`);
-    const started = await startServer(
-      [...flags, ...budgetArgs(a), ...a.serverArgs],
-      a.startupTimeoutMs,
-    );
+    const args = [...flags, ...budgetArgs(a), ...a.serverArgs];
+    log(`starting server/main.ts ${args.join(" ")}`);
+    const started = await startServer(args, a.startupTimeoutMs);
     if (!started.ok) {
-      out.push({ runtime, available: false, reason: started.reason });
       log(`runtime ${runtime}: unavailable: ${started.reason}`);
+      finish({ runtime, available: false, reason: started.reason });
       continue;
     }
     const srv = started.server;
-    let report: RuntimeReport;
-    try {
-      report = { runtime, available: true, run: await runOnServer(srv.url, opts) };
-    } catch (e) {
-      report = {
-        runtime,
-        available: false,
-        reason: `bench failed: ${e instanceof Error ? e.message : e}`,
-      };
-    }
+    const report = await bench(runtime, srv.url);
     const exit_code = await srv.stop();
     report.server = { startup_ms: srv.startup_ms, stderr: srv.stderr(), exit_code };
-    out.push(report);
+    finish(report);
   }
   return out;
+}
+
+/** Did any runtime fail (or none run at all)? An unavailable runtime beside others is no failure. */
+export function anyFailed(rs: RuntimeReport[]): boolean {
+  return rs.some((r) => r.error !== undefined || (r.run !== undefined && !r.run.ok)) ||
+    !rs.some((r) => r.available);
 }
 
 async function main(): Promise<void> {
@@ -180,17 +195,28 @@ async function main(): Promise<void> {
     console.log(HELP);
     return;
   }
-  const reports = await runHttpBench(a, a.json ? () => {} : (l) => console.error(l));
-  if (a.json) {
-    console.log(JSON.stringify({ seed: a.run.seed, runtimes: reports }, null, 2));
-  } else {
-    for (const r of reports) console.log(formatRuntime(r).join("\n") + "\n");
-    console.log(formatSummary(reports).join("\n"));
+  // Cut short (e.g. by timeout(1)): take the started server along.
+  for (const sig of ["SIGINT", "SIGTERM"] as const) {
+    Deno.addSignalListener(sig, () => {
+      killStarted();
+      Deno.exit(sig === "SIGINT" ? 130 : 143);
+    });
   }
-  // 1: a run failed (or no runtime could run at all); an unavailable runtime beside others is not.
-  const failed = reports.some((r) => r.available && !r.run?.ok) ||
-    !reports.some((r) => r.available);
-  Deno.exit(failed ? 1 : 0);
+  // The text report of each runtime goes out as soon as it is done (a run cut short by a
+  // time limit still leaves the runtimes before it).
+  const reports = await runHttpBench(
+    a,
+    a.json ? () => {} : (l) => console.error(l),
+    a.json ? () => {} : (r) => console.log(formatRuntime(r).join("\n") + "\n"),
+  );
+  const doc = JSON.stringify(
+    { seed: a.run.seed, h200_targets: TARGETS, runtimes: reports },
+    null,
+    2,
+  );
+  if (a.jsonOut) await Deno.writeTextFile(a.jsonOut, doc + "\n");
+  console.log(a.json ? doc : formatSummary(reports).join("\n"));
+  Deno.exit(anyFailed(reports) ? 1 : 0);
 }
 
 if (import.meta.main) await main();

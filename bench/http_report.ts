@@ -13,7 +13,10 @@ export interface RuntimeReport {
   /** The runtime asked for (`--webgpu-runtime`), or "default" / "url". */
   runtime: string;
   available: boolean;
+  /** Why the runtime is unavailable (its server's own words). */
   reason?: string;
+  /** The bench could not run on an available server (e.g. /v1/device failed). */
+  error?: string;
   /** The server's start-up lines (stderr) and ms to its listening line, when spawned. */
   server?: { startup_ms: number; stderr: string; exit_code?: number };
   run?: RunReport;
@@ -69,6 +72,7 @@ function shapeLine(s: HttpShape): string {
 
 function timingTable(phases: [string, PhaseStats | undefined][]): string[] {
   const present = phases.filter((p): p is [string, PhaseStats] => p[1] !== undefined);
+  if (present.length === 0) return [];
   const keys = timingOrder(present.flatMap(([, p]) => Object.keys(p.server)));
   const rows: string[][] = [
     ["server timing (median ms)", ...present.map(([n]) => n)],
@@ -88,6 +92,10 @@ export function formatRuntime(r: RuntimeReport): string[] {
   if (r.server) {
     const lines = r.server.stderr.split("\n").filter((l) => /^(webgpu|runtime|dawn)/i.test(l));
     out.push(`server: up in ${f(r.server.startup_ms)} ms; ${lines.join(" | ") || "-"}`);
+  }
+  if (r.error !== undefined) {
+    out.push(`error: ${r.error}`, "result: FAILED");
+    return out;
   }
   if (!r.available || !r.run) {
     // The server's reason comes first; a usage text after it is cut.
@@ -167,7 +175,14 @@ export function formatSummary(rs: RuntimeReport[]): string[] {
   for (const r of rs) {
     const x = r.run;
     if (!r.available || !x) {
-      rows.push([r.runtime, "unavailable", "", "", "", ""]);
+      rows.push([
+        r.runtime,
+        r.error ? "error" : "unavailable",
+        "",
+        "",
+        "",
+        r.error ? "FAILED" : "",
+      ]);
       continue;
     }
     rows.push([

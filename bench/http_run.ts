@@ -216,7 +216,7 @@ async function prefill(
         `${a0.timings.total?.toFixed(1)} ms)`,
     );
   }
-  report.prefill = phaseStats(seq);
+  if (seq.length) report.prefill = phaseStats(seq);
   if (fill.length) report.prefill_fill = phaseStats(fill, fillWall);
   report.backends.prefill = uniq(backends);
 }
@@ -250,13 +250,9 @@ async function decode(
   });
   const seq = await runDecode(job(0, 0, true, [0, s.steps - 1]));
   report.decode_cold_ms = seq.warmup_ms;
-  report.decode_sequential = phaseStats(seq.calls);
+  if (seq.calls.length) report.decode_sequential = phaseStats(seq.calls);
   if (seq.error) report.errors.push(seq.error);
-  o.log(
-    `decode sequential: ${seq.calls.length} calls, p50 ${
-      report.decode_sequential.p50_ms.toFixed(2)
-    } ms`,
-  );
+  o.log(`decode sequential: ${seq.calls.length} calls, p50 ${report.decode_sequential?.p50_ms} ms`);
   let conc: DecodeCall[] = [];
   if (!seq.error) {
     const last = s.clients - 1;
@@ -267,7 +263,7 @@ async function decode(
     const { results, wall_ms } = await concurrently(jobs);
     conc = results.flatMap((r) => r.calls);
     for (const r of results) if (r.error) report.errors.push(r.error);
-    report.decode_concurrent = phaseStats(conc, wall_ms);
+    if (conc.length) report.decode_concurrent = phaseStats(conc, wall_ms);
     o.log(`decode ${jobs.length} clients: ${conc.length} calls in ${wall_ms.toFixed(0)} ms`);
   }
   report.backends.decode = uniq([...seq.calls, ...conc].map((c) => c.backend));

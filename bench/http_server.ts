@@ -28,6 +28,19 @@ export type Started =
 
 const KEEP = 16 * 1024;
 
+/** Servers started and not yet stopped (for {@link killStarted}). */
+const live = new Set<Deno.ChildProcess>();
+
+/** SIGKILLs every server started here and not stopped yet (for the bench's signal handler). */
+export function killStarted(): void {
+  for (const child of live) {
+    try {
+      child.kill("SIGKILL");
+    } catch { /* already gone */ }
+  }
+  live.clear();
+}
+
 async function drain(stream: ReadableStream<Uint8Array>, onText: (s: string) => void) {
   const dec = new TextDecoder();
   try {
@@ -58,6 +71,8 @@ export async function startServer(args: string[], timeoutMs = 180_000): Promise<
     stdout: "piped",
     stderr: "piped",
   }).spawn();
+  live.add(child);
+  child.status.then(() => live.delete(child));
   const t0 = performance.now();
   let err = "", out = "";
   const stderrDone = drain(child.stderr, (s) => err = (err + s).slice(-KEEP));

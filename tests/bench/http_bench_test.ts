@@ -9,7 +9,7 @@
  */
 import assert from "node:assert/strict";
 import { parseSafetensors } from "../../core/safetensors.ts";
-import { parseHttpBenchArgs, runHttpBench } from "../../bench/http_bench.ts";
+import { anyFailed, parseHttpBenchArgs, runHttpBench } from "../../bench/http_bench.ts";
 import { formatRuntime } from "../../bench/http_report.ts";
 import { startServer } from "../../bench/http_server.ts";
 
@@ -117,6 +117,10 @@ Deno.test("HTTP bench: a runtime whose server cannot start is reported, with its
   assert.equal(reports[0].available, false);
   assert.match(reports[0].reason!, /exited with code \d+ before listening: \S/);
   assert.match(formatRuntime(reports[0]).join("\n"), /unavailable: exited with code/);
+  assert.ok(anyFailed(reports), "no runtime ran at all: the bench fails");
+  assert.ok(
+    !anyFailed([...reports, { runtime: "x", available: true, run: { ok: true } as never }]),
+  );
 });
 
 Deno.test("HTTP bench: flags", () => {
