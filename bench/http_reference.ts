@@ -12,7 +12,7 @@ import { f16BitsToF32 } from "../core/dtype.ts";
 import { contextKv, type HttpShape, stepData } from "./http_workload.ts";
 
 /** float16 bits → value, for all 65536 patterns. */
-export const F16: Float64Array = Float64Array.from({ length: 65536 }, (_, i) => f16BitsToF32(i));
+export const F16: Float32Array = Float32Array.from({ length: 65536 }, (_, i) => f16BitsToF32(i));
 
 /** The f16 tolerance the checks use. */
 export const TOLERANCE = { atol: 1e-2, rtol: 1e-2 } as const;
@@ -39,26 +39,28 @@ export function attendRow(
   qAt: number,
   seen: number,
 ): Float64Array {
-  const D = s.head_size, Hkv = s.num_kv_heads, scale = 1 / Math.sqrt(D);
-  const at = (pos: number): [Uint16Array, Uint16Array, number] =>
-    pos < s.ctx
-      ? [src.ctxK, src.ctxV, (pos * Hkv + g) * D]
-      : [src.stepK[pos - s.ctx], src.stepV[pos - s.ctx], (r * Hkv + g) * D];
+  const D = s.head_size, Hkv = s.num_kv_heads;
+  const qv = new Float64Array(D);
+  for (let d = 0; d < D; d++) qv[d] = F16[q[qAt + d]] / Math.sqrt(D);
+  // Position p's row: context rows strided by Hkv * D, then one array per decode step.
+  const inCtx = Math.min(seen, s.ctx), stepAt = (r * Hkv + g) * D;
   const scores = new Float64Array(seen);
-  let m = -Infinity;
   for (let p = 0; p < seen; p++) {
-    const [k, , o] = at(p);
+    const k = p < inCtx ? src.ctxK : src.stepK[p - s.ctx];
+    const o = p < inCtx ? (p * Hkv + g) * D : stepAt;
     let dot = 0;
-    for (let d = 0; d < D; d++) dot += F16[q[qAt + d]] * F16[k[o + d]];
-    scores[p] = dot * scale;
-    if (scores[p] > m) m = scores[p];
+    for (let d = 0; d < D; d++) dot += qv[d] * F16[k[o + d]];
+    scores[p] = dot;
   }
+  let m = -Infinity;
+  for (let p = 0; p < seen; p++) m = Math.max(m, scores[p]);
   const out = new Float64Array(D);
   let denom = 0;
   for (let p = 0; p < seen; p++) {
     const w = Math.exp(scores[p] - m);
     denom += w;
-    const [, v, o] = at(p);
+    const v = p < inCtx ? src.ctxV : src.stepV[p - s.ctx];
+    const o = p < inCtx ? (p * Hkv + g) * D : stepAt;
     for (let d = 0; d < D; d++) out[d] += w * F16[v[o + d]];
   }
   for (let d = 0; d < D; d++) out[d] /= denom;
