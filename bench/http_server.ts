@@ -41,10 +41,13 @@ export function killStarted(): void {
   live.clear();
 }
 
+/** ANSI colour and cursor sequences (Deno colours its errors). */
+const ANSI = new RegExp(String.fromCharCode(27) + "\\[[0-9;]*[A-Za-z]", "g");
+
 async function drain(stream: ReadableStream<Uint8Array>, onText: (s: string) => void) {
   const dec = new TextDecoder();
   try {
-    for await (const chunk of stream) onText(dec.decode(chunk, { stream: true }));
+    for await (const chunk of stream) onText(dec.decode(chunk, { stream: true }).replace(ANSI, ""));
   } catch { /* the process went away */ }
 }
 
