@@ -48,7 +48,7 @@ export const HELP = `deno task bench:http [options]
                           same metadata, as an engine does (default 1)
   --check-rows N          (token, head) rows checked per decode answer (default 8)
   --prefill-check-rows N  rows checked per prefill answer (default 32)
-  --seed N                data seed (default 1)
+  --seed N                data seed, >= 1 (default 1)
   --startup-timeout-s N   wait this long for the server's listening line (default 180)
   --json                  print one JSON document instead of the report
   --json-out FILE         also write that JSON document to FILE
@@ -115,7 +115,7 @@ export function parseHttpBenchArgs(args: string[], env = Deno.env.toObject()): H
     run: {
       size: v.small ? "small" : v.big ? "big" : "auto",
       shape,
-      seed: Number(str("seed") ?? 1),
+      seed: str("seed") === undefined ? 1 : positive("seed", str("seed")!),
       check_rows: positive("check-rows", str("check-rows") ?? "8"),
       prefill_check_rows: positive("prefill-check-rows", str("prefill-check-rows") ?? "32"),
       full_prefill_limit: 3e8,
@@ -177,7 +177,7 @@ export async function runHttpBench(
   return out;
 }
 
-/** Did any runtime fail (or none run at all)? An unavailable runtime beside others is no failure. */
+/** Did a runtime fail (or none run at all)? One unavailable beside others is no failure. */
 export function anyFailed(rs: RuntimeReport[]): boolean {
   return rs.some((r) => r.error !== undefined || (r.run !== undefined && !r.run.ok)) ||
     !rs.some((r) => r.available);

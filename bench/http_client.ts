@@ -2,8 +2,8 @@
  * The HTTP bench's client side: one forward call over keep-alive HTTP with safetensors both
  * ways (timed from the send to the parsed answer), and a decode client that pre-builds its
  * steps' bodies, waits at a start barrier, then sends them one after another on its own
- * caches (one per layer), keeping of each answer only what the checker needs: a few (token, head) rows chosen at
- * random per call, or the whole output for the steps named in `full_steps`.
+ * caches (one per layer), keeping of each answer only what the checker needs: a few (token,
+ * head) rows chosen at random per call, or the whole output for the steps in `full_steps`.
  *
  * Used in the main thread (the sequential phase) and by bench/http_client_worker.ts (one
  * worker per concurrent client, so the clients' own JS does not share one thread).

@@ -149,7 +149,8 @@ export function formatRuntime(r: RuntimeReport): string[] {
   out.push(...timingTable([["prefill", p], ["decode seq", d], [`decode x${s.clients}`, c]]));
   for (const [name, t] of Object.entries(x.checks)) {
     out.push(
-      `checks ${name}: ${t.calls} answers (${t.full_calls} in full), ${t.rows_checked} of ${t.rows_total} ` +
+      `checks ${name}: ${t.calls} answers (${t.full_calls} in full), ` +
+        `${t.rows_checked} of ${t.rows_total} ` +
         `(token, head) rows = ${
           f(100 * t.rows_checked / Math.max(1, t.rows_total))
         }% against float64; ` +

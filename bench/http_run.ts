@@ -1,9 +1,9 @@
 /**
  * One HTTP bench run against one server (at `url`), like a model runner: read `/v1/device`
  * (software adapter → small shapes unless told otherwise), create one server-held f16 cache
- * per client, fill them by prefill calls (cache 0's calls one at a time and timed alone; the
- * same call on the other caches sent together), then timed decode steps: client 0 alone
- * (sequential: p50/p99), then every client at once from its own worker on its own cache
+ * per client and layer, fill them by prefill calls (cache 0's calls one at a time and timed
+ * alone; the same call on the other caches sent together), then timed decode steps: client 0
+ * alone (sequential: p50/p99), then every client at once from its own worker on its own caches
  * (calls/s). Every answer is checked after the clock stops (bench/http_checks.ts).
  * @module
  */

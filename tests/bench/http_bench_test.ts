@@ -109,7 +109,7 @@ Deno.test("HTTP bench: every answer checked; corrupted answers are flagged", asy
   }
 });
 
-Deno.test("HTTP bench: a runtime whose server cannot start is reported, with its reason", async () => {
+Deno.test("HTTP bench: a runtime whose server cannot start is reported, with why", async () => {
   const reports = await runHttpBench(
     parseHttpBenchArgs([...TINY, "--runtimes=no-such-runtime"]),
   );
