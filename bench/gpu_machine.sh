@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
-# One call on the GPU machine (see bench/NOTES.md): GPU tests, the bench, the PyTorch anchor.
-# Usage there: bash bench/gpu_machine.sh [tests|bench|anchor|all]...   (logs under $OUT)
+# One call on the GPU machine (see bench/NOTES.md): GPU tests, the bench, the HTTP bench, the
+# PyTorch anchor.
+# Usage there: bash bench/gpu_machine.sh [tests|bench|http|anchor|all]...   (logs under $OUT)
+# http: bench/http_bench.ts (deno task bench:http) on both WebGPU runtimes (HTTP_RUNTIMES,
+# default dawn,deno: Dawn first, each runtime's report printed when done), cut at HTTP_TIMEOUT
+# seconds (default 170); HTTP_ARGS adds flags (e.g. "--steps 32"); JSON in $OUT/http.json.
 set -uo pipefail
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
@@ -22,6 +26,11 @@ for w in $what; do
       run gpu-tests deno test --allow-all tests/gpu tests/backends tests/conformance ;;&
     bench | all)
       run bench deno task bench ${BENCH_ARGS:-} ;;&
+    http | all)
+      TAIL=${TAIL:-100} run http timeout -k 10 "${HTTP_TIMEOUT:-170}" \
+        deno run --allow-net --allow-read --allow-env --allow-run --allow-write \
+        bench/http_bench.ts --runtimes "${HTTP_RUNTIMES:-dawn,deno}" \
+        --json-out "$out/http.json" ${HTTP_ARGS:-} ;;&
     anchor | all)
       run anchor python3 bench/torch_anchor.py ;;
   esac
