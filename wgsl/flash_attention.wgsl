@@ -216,7 +216,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
       out_put4(o + TPR * i, acc[i] * inv);
     }
     if (ds == 0u) {
-      lse[h_pv * U.num_tokens + tok] = select(bitcast<f32>(0xff800000u), m + log(l), l > 0.0);
+      lse[h_pv * U.num_tokens + tok] = select(bitcast<f32>(0xff800000u | (U.flags & 0u)), m + log(l), l > 0.0);
     }
   }
 }
