@@ -9,7 +9,7 @@ import {
   type SafetensorsTensor,
   serializeSafetensors,
 } from "../core/safetensors.ts";
-import { canonicalDtype, type JsonTensor, safetensorsDtype } from "../core/tensors.ts";
+import { canonicalDtype, type JsonTensor, safetensorsDtype } from "../wire/tensors.ts";
 import type { DeviceReport, SelectorConfig, StorageDType } from "../core/types.ts";
 import type { ProblemDocument } from "../server/problem.ts";
 import type { CacheInfo, CreateCacheRequest, SelectResult } from "../service/service.ts";

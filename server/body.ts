@@ -7,7 +7,7 @@
  * @module
  */
 import { ServiceError } from "../core/errors.ts";
-import { scanJson } from "./json_scan.ts";
+import { scanJson } from "../wire/json_scan.ts";
 
 /** Default body limit (safetensors bodies): 512 MiB. */
 export const DEFAULT_MAX_BODY_BYTES = 512 * 1024 * 1024;

@@ -25,7 +25,7 @@ import {
   decodeJsonForward,
   forwardJson,
   forwardSafetensors,
-} from "./codec.ts";
+} from "../wire/codec.ts";
 import { Metrics } from "./metrics.ts";
 import { openApiDocument } from "./openapi.ts";
 import {
@@ -37,7 +37,7 @@ import {
   toProblem,
 } from "./problem.ts";
 import { type RouteContext, Router } from "./routes.ts";
-import { CreateCacheRequestSchema, SelectRequestSchema } from "./schemas.ts";
+import { CreateCacheRequestSchema, SelectRequestSchema } from "../wire/schemas.ts";
 
 /** Options of {@link createHandler}. */
 export interface HandlerOptions {

@@ -21,7 +21,7 @@ import {
   MAX_JSON_BODY_BYTES_CEILING,
 } from "./body.ts";
 import { createHandler } from "./handler.ts";
-import { MAX_JSON_VALUES } from "./json_scan.ts";
+import { MAX_JSON_VALUES } from "../wire/json_scan.ts";
 import { DEFAULT_SHUTDOWN_DEADLINE_MS, Drainer } from "./shutdown.ts";
 
 /** Default memory budget for server-held caches: 4 GiB. */

@@ -7,7 +7,7 @@
  * @module
  */
 import { z } from "zod";
-import * as S from "./schemas.ts";
+import * as S from "../wire/schemas.ts";
 
 const ref = (id: string) => ({ $ref: `#/components/schemas/${id}` });
 const json = (id: string) => ({ "application/json": { schema: ref(id) } });

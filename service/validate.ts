@@ -9,7 +9,7 @@
  */
 import { firstNonFinite, fromFloats, toFloat32 } from "../core/data.ts";
 import { ServiceError } from "../core/errors.ts";
-import type { CacheTensor, DataTensor, IntTensor } from "../core/tensors.ts";
+import type { CacheTensor, DataTensor, IntTensor } from "../wire/tensors.ts";
 import type {
   AttnType,
   BatchShape,

@@ -22,11 +22,11 @@ import {
   toDataTensor,
   toIntTensor,
   toJsonTensor,
-} from "../core/tensors.ts";
+} from "./tensors.ts";
 import type { ForwardInput } from "../service/validate.ts";
 import type { CacheData, ForwardOutcome } from "../service/service.ts";
 import { scanJson, scanJsonText } from "./json_scan.ts";
-import { fromZod } from "./problem.ts";
+import { fromZod } from "../server/problem.ts";
 import {
   BINARY_FORWARD_TENSORS,
   BinaryForwardRequestSchema,
