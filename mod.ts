@@ -77,7 +77,7 @@ export {
   selectorConfigDefaults,
 } from "./backends/registry.ts";
 export { builtinBackends } from "./backends/index.ts";
-export { CPU_REFERENCE } from "./backends/cpu_reference.ts";
+export { CPU_REFERENCE } from "./backends/cpu/cpu_reference.ts";
 export { NoDeviceProvider, WebGpuDeviceManager } from "./gpu/device.ts";
 export { AttentionService, type AttentionServiceOptions } from "./service/service.ts";
 export { createHandler, type HandlerOptions } from "./server/handler.ts";

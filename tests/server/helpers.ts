@@ -4,7 +4,7 @@
  * @module
  */
 import assert from "node:assert/strict";
-import { CPU_REFERENCE } from "../../backends/cpu_reference.ts";
+import { CPU_REFERENCE } from "../../backends/cpu/cpu_reference.ts";
 import type {
   AttentionBackend,
   DeviceProvider,
