@@ -90,3 +90,11 @@ export function scanJson(bytes: Uint8Array, limits: JsonScanLimits = {}): void {
 export function scanJsonText(text: string, limits: JsonScanLimits = {}): void {
   scanJson(new TextEncoder().encode(text), limits);
 }
+
+/** The depth and size pre-scan of a safetensors header's JSON (when its length is in range). */
+export function scanSafetensorsHeader(bytes: Uint8Array): void {
+  if (bytes.byteLength < 8) return;
+  const n = new DataView(bytes.buffer, bytes.byteOffset, 8).getBigUint64(0, true);
+  if (n > BigInt(bytes.byteLength - 8)) return; // parseSafetensors says what is wrong
+  scanJson(bytes.subarray(8, 8 + Number(n)), { what: "safetensors header" });
+}

@@ -1,13 +1,37 @@
 /**
- * Every zod schema of the HTTP API, in one module: request bodies (validated here, 400 on a
- * violation) and responses (documented in the OpenAPI document generated from these same
- * schemas). Schemas with an `id` become named components of `/openapi.json`.
+ * The wire contract's schemas: every zod schema a request body is validated against (400 on a
+ * violation), every response body, the cache id and instance name rules, and the request and
+ * response types, inferred from the schemas (`z.output` is what the server holds after parsing,
+ * `z.input` what a client may send). Service, server, client and OpenAPI take them from here; schemas with an `id`
+ * become named components of `/openapi.json`.
  * @module
  */
 import { z } from "zod";
 import { ATTN_TYPES, DTYPES, KV_CACHE_DTYPES, KV_LAYOUTS } from "../core/types.ts";
 
 const INT32_MAX = 2147483647;
+
+/** Longest cache id. */
+export const CACHE_ID_MAX_LENGTH = 128;
+/**
+ * A cache id: 1 to 128 characters of `A-Z a-z 0-9 . _ -`, starting with a letter or digit
+ * (URL-safe without escaping, never `.` or `..`, and what deploy/nginx.conf.template's `map`
+ * takes from the path). Server-chosen ids (random UUIDs) fit.
+ */
+export const CACHE_ID_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
+
+/** A cache id (path parameter `{id}`, the body field `kv_cache`). */
+export const CacheIdSchema = z.string().regex(CACHE_ID_PATTERN, {
+  error: "must be 1-128 characters of A-Z a-z 0-9 . _ - starting with a letter or digit",
+}).meta({
+  id: "CacheId",
+  description: "1-128 characters of A-Z a-z 0-9 . _ -, starting with a letter or digit.",
+});
+
+/** An instance name (`--instance-name`, the `X-Attention-Instance` header): like a cache id, at most 64 characters. */
+export const INSTANCE_NAME_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/;
+/** The response header naming the instance that answered (every answer, when it has a name). */
+export const INSTANCE_HEADER = "x-attention-instance";
 const posInt = () => z.int().min(1).max(INT32_MAX);
 const dim = () => z.int().min(0).max(INT32_MAX);
 
@@ -102,7 +126,9 @@ const forwardCommon = {
   backend: z.string().min(1).optional().describe('"auto" (default) or a backend name.'),
   dtype: DTypeSchema,
   layer: LayerSchema,
-  kv_cache: z.string().min(1).optional().describe("Id of a server-held cache."),
+  kv_cache: CacheIdSchema.optional().describe(
+    "Id of a server-held cache. On POST /v1/kv-caches/{id}/forward: absent, or the path's id.",
+  ),
   kv_cache_layout: KvLayoutSchema.optional().describe("Layout of inline caches (default NHD)."),
   return_lse: z.boolean().optional(),
   output_encoding: OutputEncodingSchema.optional().describe(
@@ -178,7 +204,10 @@ export const CreateCacheRequestSchema = z.strictObject({
 // ---- responses ----
 
 /** `GET /healthz`. */
-export const HealthResponseSchema = z.object({ status: z.literal("ok") }).meta({ id: "Health" });
+export const HealthResponseSchema = z.object({
+  status: z.literal("ok"),
+  instance: z.string().optional().describe("The server's --instance-name, when it has one."),
+}).meta({ id: "Health" });
 
 /** `GET /v1/device`. */
 export const DeviceReportSchema = z.object({
@@ -226,7 +255,7 @@ export const SelectResponseSchema = z.object({
 
 /** A server-held cache (`POST /v1/kv-caches` 201, `GET /v1/kv-caches/{id}`). */
 export const CacheInfoSchema = z.object({
-  id: z.string(),
+  id: CacheIdSchema,
   num_blocks: z.int(),
   block_size: z.int(),
   num_kv_heads: z.int(),
@@ -260,8 +289,8 @@ export const ForwardResponseSchema = z.object({
   timings: z.record(z.string(), z.number()).optional().describe("Milliseconds by phase."),
 }).meta({ id: "ForwardResponse" });
 
-/** RFC 9457 problem document. */
-export const ProblemSchema = z.object({
+/** RFC 9457 problem document (extension fields such as `cache_id` or `limit` may follow). */
+export const ProblemSchema = z.looseObject({
   type: z.string(),
   title: z.string(),
   status: z.int(),
@@ -275,15 +304,34 @@ export const ProblemSchema = z.object({
   reasons: z.record(z.string(), z.array(z.string())).optional(),
 }).meta({ id: "Problem" });
 
-/** Types of the parsed bodies. */
-export type ForwardRequestBody = z.output<typeof ForwardRequestSchema>;
-/** The binary forward's JSON part. */
-export type BinaryForwardRequestBody = z.output<typeof BinaryForwardRequestSchema>;
-/** A select body. */
-export type SelectRequestBody = z.output<typeof SelectRequestSchema>;
-/** A create-cache body. */
-export type CreateCacheRequestBody = z.output<typeof CreateCacheRequestSchema>;
-/** A JSON forward response. */
-export type ForwardResponseBody = z.output<typeof ForwardResponseSchema>;
-/** A problem document. */
-export type ProblemBody = z.output<typeof ProblemSchema>;
+// ---- types (inferred: the schemas are their single source) ----
+
+/** A JSON forward body as the server holds it after parsing. */
+export type ForwardRequest = z.output<typeof ForwardRequestSchema>;
+/** A JSON forward body as a client writes it. */
+export type ForwardBody = z.input<typeof ForwardRequestSchema>;
+/** A layer's parameters as the request gives them (defaults not yet applied). */
+export type LayerInput = z.output<typeof LayerSchema>;
+/** The binary forward's JSON part (`__metadata__.request`). */
+export type BinaryForwardRequest = z.output<typeof BinaryForwardRequestSchema>;
+/** A select body (vLLM's selector config, partial, plus `backend`). */
+export type SelectRequest = z.input<typeof SelectRequestSchema>;
+/** A create-cache body (`POST /v1/kv-caches`, `PUT /v1/kv-caches/{id}`). */
+export type CreateCacheRequest = z.output<typeof CreateCacheRequestSchema>;
+
+/** `GET /healthz`. */
+export type HealthResponse = z.output<typeof HealthResponseSchema>;
+/** `GET /v1/device`. */
+export type DeviceInfo = z.output<typeof DeviceReportSchema>;
+/** One backend of `GET /v1/backends`. */
+export type BackendDescription = z.output<typeof BackendInfoSchema>;
+/** `POST /v1/backends/select` 200. */
+export type SelectResult = z.output<typeof SelectResponseSchema>;
+/** A server-held cache's spec and state. */
+export type CacheInfo = z.output<typeof CacheInfoSchema>;
+/** An output tensor of a JSON forward answer. */
+export type OutputTensor = z.output<typeof OutputTensorSchema>;
+/** A JSON forward answer. */
+export type ForwardResponse = z.output<typeof ForwardResponseSchema>;
+/** An RFC 9457 problem document with this service's extension fields. */
+export type ProblemDocument = z.output<typeof ProblemSchema>;
