@@ -80,5 +80,5 @@ export { builtinBackends } from "./backends/index.ts";
 export { CPU_REFERENCE } from "./backends/cpu/cpu_reference.ts";
 export { NoDeviceProvider, WebGpuDeviceManager } from "./gpu/device.ts";
 export { AttentionService, type AttentionServiceOptions } from "./service/service.ts";
-export { createHandler, type HandlerOptions } from "./server/handler.ts";
+export { createHandler, type Handler, type HandlerOptions } from "./server/handler.ts";
 export { AttentionApiError, AttentionClient } from "./client/client.ts";

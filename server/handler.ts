@@ -38,11 +38,13 @@ export interface HandlerOptions {
   instance?: string;
 }
 
+/** A request handler, and the route table it serves (method and URLPattern path of each). */
+export type Handler = ((req: Request) => Promise<Response>) & {
+  readonly routes: readonly { method: string; path: string }[];
+};
+
 /** Builds the request handler for a service. */
-export function createHandler(
-  service: AttentionService,
-  opts: HandlerOptions = {},
-): (req: Request) => Promise<Response> {
+export function createHandler(service: AttentionService, opts: HandlerOptions = {}): Handler {
   const limits = bodyLimits(opts.maxBodyBytes, opts.maxJsonBodyBytes);
   const checkAccess = accessCheck(opts.access ?? {});
   const metrics = opts.metrics ?? new Metrics({
@@ -100,7 +102,7 @@ export function createHandler(
     }
   };
 
-  return async (req: Request): Promise<Response> => {
+  const handle = async (req: Request): Promise<Response> => {
     let url: URL;
     try {
       url = new URL(req.url);
@@ -114,4 +116,6 @@ export function createHandler(
     if (instance !== undefined) res.headers.set(INSTANCE_HEADER, instance);
     return req.method.toUpperCase() === "HEAD" ? await headOf(res) : res;
   };
+  const routes = router.routes.map(({ method, path }) => ({ method, path }));
+  return Object.assign(handle, { routes });
 }

@@ -73,6 +73,17 @@ Deno.test("main: flags and defaults", () => {
   assert.throws(() => parseServeArgs(["--port", "70000"]), /<= 65535/);
   assert.throws(() => parseServeArgs(["--max-body-bytes", "0"]), />= 1/);
   assert.throws(() => parseServeArgs(["--bogus"]), /bogus/);
+  assert.equal(parseServeArgs(["--instance-name", "gpu-0.a_b"]).instanceName, "gpu-0.a_b");
+  assert.equal(parseServeArgs([]).instanceName, undefined);
+  for (const bad of ["", "-x", "a b", "x".repeat(65), "é"]) {
+    assert.throws(
+      () => parseServeArgs([`--instance-name=${bad}`]),
+      (e) =>
+        e instanceof Error && /--instance-name must be/.test(e.message) &&
+        e.message.includes(JSON.stringify(bad)),
+      JSON.stringify(bad),
+    );
+  }
 });
 
 Deno.test("main: --help lists every flag", async () => {
