@@ -10,6 +10,7 @@ import {
   type CacheData,
   type CacheFile,
   cacheSafetensors,
+  createRequestOf,
   parseCacheFile,
 } from "../wire/cache_file.ts";
 import {
@@ -33,7 +34,7 @@ import {
 } from "../wire/schemas.ts";
 
 export type { ForwardAnswer, ForwardBody, ProblemDocument };
-export { forwardBodyToSafetensors };
+export { createRequestOf, forwardBodyToSafetensors };
 
 /** A failed call: the HTTP status and the problem document. */
 export class AttentionApiError extends Error {
@@ -69,6 +70,8 @@ export type CacheContents = CacheFile;
 export interface PutCacheResult {
   info: CacheInfo;
   created: boolean;
+  /** The instance that answered (`X-Attention-Instance`), when it named itself. */
+  instance?: string;
 }
 
 /** Options of a client. */
@@ -162,7 +165,13 @@ export class AttentionClient {
    */
   async putCache(id: string, req: CreateCacheRequest): Promise<PutCacheResult> {
     const res = await this.#call("PUT", this.#cache(id), { json: req });
-    return { info: await res.json() as CacheInfo, created: res.status === 201 };
+    const out: PutCacheResult = {
+      info: await res.json() as CacheInfo,
+      created: res.status === 201,
+    };
+    const instance = res.headers.get(INSTANCE_HEADER);
+    if (instance !== null) out.instance = instance;
+    return out;
   }
   /** `GET /v1/kv-caches/{id}`. */
   getCache(id: string): Promise<CacheInfo> {

@@ -15,7 +15,7 @@ import {
   serializeSafetensors,
 } from "../core/safetensors.ts";
 import type { KvCacheSpec } from "../core/types.ts";
-import type { CacheInfo } from "./schemas.ts";
+import type { CacheInfo, CreateCacheRequest } from "./schemas.ts";
 import { scanSafetensorsHeader } from "./json_scan.ts";
 import { safetensorsDtype } from "./tensors.ts";
 
@@ -47,6 +47,15 @@ export function cacheShape(spec: KvCacheSpec): number[] {
   return spec.layout === "NHD"
     ? [spec.num_blocks, spec.block_size, spec.num_kv_heads, spec.head_size]
     : [spec.num_blocks, spec.num_kv_heads, spec.block_size, spec.head_size];
+}
+
+/**
+ * The create request that makes a cache like `info` (its spec and backend): what a move sends
+ * to `PUT /v1/kv-caches/{id}` on the target before `PUT .../data`.
+ */
+export function createRequestOf(info: CacheInfo): CreateCacheRequest {
+  const { num_blocks, block_size, num_kv_heads, head_size, dtype, kv_cache_dtype, layout } = info;
+  return { num_blocks, block_size, num_kv_heads, head_size, dtype, kv_cache_dtype, layout };
 }
 
 /** A cache's contents as safetensors (`key_cache`, `value_cache`; metadata its spec). */
