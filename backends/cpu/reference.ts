@@ -1,5 +1,5 @@
 /**
- * The float64 attention oracle: the contract of shared/api.md written out plainly, on a host
+ * The float64 attention oracle: the contract of docs/api.md written out plainly, on a host
  * {@link ForwardBatch} and a {@link HostKvCache}. Every other backend is checked against it.
  *
  * {@link writeKv} stores the call's new K/V rows at their slots (fp8: `fround(x / scale)`,
