@@ -22,7 +22,7 @@ import {
 } from "./body.ts";
 import { createHandler } from "./handler.ts";
 import { MAX_JSON_VALUES } from "../wire/json_scan.ts";
-import { INSTANCE_NAME_PATTERN } from "../wire/schemas.ts";
+import { INSTANCE_HEADER, INSTANCE_NAME_PATTERN } from "../wire/schemas.ts";
 import { DEFAULT_SHUTDOWN_DEADLINE_MS, Drainer } from "./shutdown.ts";
 
 /** Default memory budget for server-held caches: 4 GiB. */
@@ -185,6 +185,19 @@ async function acquireDevice(gpu: boolean): Promise<DeviceProvider> {
   return mgr;
 }
 
+/** Adds `X-Attention-Instance` to every answer, the drainer's own 503s included. */
+function named(
+  handler: (req: Request) => Promise<Response>,
+  name: string | undefined,
+): (req: Request) => Promise<Response> {
+  if (name === undefined) return handler;
+  return async (req) => {
+    const res = await handler(req);
+    res.headers.set(INSTANCE_HEADER, name);
+    return res;
+  };
+}
+
 function describeAccess(a: ResolvedAccess): string {
   if (a.policy.token !== undefined) return `auth: bearer token (from ${a.tokenSource})`;
   if (a.policy.allowedHosts) {
@@ -231,7 +244,7 @@ async function main(): Promise<void> {
       const h = hostname.includes(":") ? `[${hostname}]` : hostname;
       console.log(`listening on http://${h}:${port}`);
     },
-  }, drainer.track(handler));
+  }, named(drainer.track(handler), o.instanceName));
   let stopping = false;
   const stop = async (sig: string) => {
     if (stopping) {

@@ -10,7 +10,8 @@
  *   an array of 2^27 elements (the 420 MiB crash): the cap keeps every body far below both.
  *
  * One linear pass over the bytes; brackets and commas inside strings do not count. The scan
- * does not validate the JSON: the parse that follows does.
+ * does not validate the JSON: the parse that follows does. {@link scanSafetensorsHeader} runs
+ * the same scan over a safetensors file's JSON header (forward bodies, cache imports).
  * @module
  */
 import { ServiceError } from "../core/errors.ts";
