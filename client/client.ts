@@ -1,6 +1,6 @@
 /**
  * A typed fetch-based client of the attention service. Request and answer types come from the
- * wire contract (wire/schemas.ts, inferred from the zod schemas the server validates with);
+ * wire contract (wire/types.ts, inferred from the zod schemas the server validates with);
  * encoding and decoding from wire/client_codec.ts and wire/cache_file.ts. Nothing here comes
  * from server/ or service/ (tests/client/imports_test.ts checks). Errors come back as
  * {@link AttentionApiError} carrying the server's RFC 9457 problem document.
@@ -19,19 +19,19 @@ import {
   type ForwardAnswer,
   forwardBodyToSafetensors,
 } from "../wire/client_codec.ts";
-import {
-  type BackendDescription,
-  type CacheInfo,
-  type CreateCacheRequest,
-  type DeviceInfo,
-  type ForwardBody,
-  type ForwardResponse,
-  type HealthResponse,
-  INSTANCE_HEADER,
-  type ProblemDocument,
-  type SelectRequest,
-  type SelectResult,
-} from "../wire/schemas.ts";
+import { INSTANCE_HEADER } from "../wire/schemas.ts";
+import type {
+  BackendDescription,
+  CacheInfo,
+  CreateCacheRequest,
+  DeviceInfo,
+  ForwardBody,
+  ForwardResponse,
+  HealthResponse,
+  ProblemDocument,
+  SelectRequest,
+  SelectResult,
+} from "../wire/types.ts";
 
 export type { ForwardAnswer, ForwardBody, ProblemDocument };
 export { createRequestOf, forwardBodyToSafetensors };

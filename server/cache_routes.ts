@@ -10,11 +10,8 @@
 import { ServiceError } from "../core/errors.ts";
 import type { AttentionService } from "../service/service.ts";
 import { cacheSafetensors, parseCacheFile } from "../wire/cache_file.ts";
-import {
-  CACHE_ID_PATTERN,
-  type CreateCacheRequest,
-  CreateCacheRequestSchema,
-} from "../wire/schemas.ts";
+import { CACHE_ID_PATTERN, CreateCacheRequestSchema } from "../wire/schemas.ts";
+import type { CreateCacheRequest } from "../wire/types.ts";
 import { showValue } from "../wire/zod_issues.ts";
 import { bodyKind, type BodyLimits, jsonBody, readBody } from "./body.ts";
 import { binaryResponse, jsonResponse } from "./responses.ts";

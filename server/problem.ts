@@ -8,7 +8,7 @@
  * @module
  */
 import { ServiceError } from "../core/errors.ts";
-import type { ProblemDocument } from "../wire/schemas.ts";
+import type { ProblemDocument } from "../wire/types.ts";
 
 /** The problem media type. */
 export const PROBLEM_CONTENT_TYPE = "application/problem+json";

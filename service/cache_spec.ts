@@ -8,7 +8,7 @@
 import { resolveStorage } from "../core/dtype.ts";
 import { type Issue, ServiceError } from "../core/errors.ts";
 import type { KvCacheSpec } from "../core/types.ts";
-import type { CreateCacheRequest } from "../wire/schemas.ts";
+import type { CreateCacheRequest } from "../wire/types.ts";
 
 /** The spec a create request asks for (`kv_cache_dtype` default auto, `layout` default NHD). */
 export function specOf(req: CreateCacheRequest): KvCacheSpec {

@@ -30,7 +30,7 @@ import { PlanCache } from "./plan_cache.ts";
 import { type CacheData, type CacheFile, cacheShape, checkCacheFile } from "../wire/cache_file.ts";
 import { requireSameSpec, specOf } from "./cache_spec.ts";
 import type { ForwardOutcome } from "../wire/codec.ts";
-import type { CacheInfo, CreateCacheRequest, SelectResult } from "../wire/schemas.ts";
+import type { CacheInfo, CreateCacheRequest, SelectResult } from "../wire/types.ts";
 
 /** Options of {@link AttentionService}. */
 export interface AttentionServiceOptions {

@@ -10,7 +10,7 @@
 import { firstNonFinite, fromFloats, toFloat32 } from "../core/data.ts";
 import { ServiceError } from "../core/errors.ts";
 import type { ForwardInput } from "../wire/codec.ts";
-import type { LayerInput } from "../wire/schemas.ts";
+import type { LayerInput } from "../wire/types.ts";
 import type { DataTensor } from "../wire/tensors.ts";
 import type {
   BatchShape,

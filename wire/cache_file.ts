@@ -15,7 +15,7 @@ import {
   serializeSafetensors,
 } from "../core/safetensors.ts";
 import type { KvCacheSpec } from "../core/types.ts";
-import type { CacheInfo, CreateCacheRequest } from "./schemas.ts";
+import type { CacheInfo, CreateCacheRequest } from "./types.ts";
 import { scanSafetensorsHeader } from "./json_scan.ts";
 import { safetensorsDtype } from "./tensors.ts";
 

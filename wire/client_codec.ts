@@ -11,7 +11,7 @@ import {
   serializeSafetensors,
 } from "../core/safetensors.ts";
 import type { StorageDType } from "../core/types.ts";
-import type { ForwardBody, ForwardResponse } from "./schemas.ts";
+import type { ForwardBody, ForwardResponse } from "./types.ts";
 import { canonicalDtype, type JsonTensor, safetensorsDtype } from "./tensors.ts";
 
 /** A JSON tensor or, for metadata, a plain (nested) array. */

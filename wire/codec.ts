@@ -29,9 +29,9 @@ import { fromZod } from "./zod_issues.ts";
 import {
   BINARY_FORWARD_TENSORS,
   BinaryForwardRequestSchema,
-  type ForwardRequest,
   ForwardRequestSchema,
 } from "./schemas.ts";
+import type { ForwardRequest } from "./types.ts";
 
 /** The fields of a forward request that carry tensors. */
 type TensorFields = "query" | "key" | "value" | "key_cache" | "value_cache" | "metadata";

@@ -6,7 +6,7 @@
  * @module
  */
 import type { ForwardBody } from "../../client/client.ts";
-import type { CreateCacheRequest } from "../../wire/schemas.ts";
+import type { CreateCacheRequest } from "../../wire/types.ts";
 import { rand, refAttention, to3d } from "./helpers.ts";
 
 /** Heads, kv heads, head size, block size, blocks, and the request's block table. */
