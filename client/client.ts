@@ -19,7 +19,7 @@ import {
   type ForwardAnswer,
   forwardBodyToSafetensors,
 } from "../wire/client_codec.ts";
-import { INSTANCE_HEADER } from "../wire/schemas.ts";
+import { INSTANCE_HEADER } from "../wire/names.ts";
 import type {
   BackendDescription,
   CacheInfo,

@@ -10,14 +10,13 @@
 import { ServiceError } from "../core/errors.ts";
 import type { AttentionService } from "../service/service.ts";
 import { cacheSafetensors, parseCacheFile } from "../wire/cache_file.ts";
-import { CACHE_ID_PATTERN, CreateCacheRequestSchema } from "../wire/schemas.ts";
+import { CACHE_ID_PATTERN, CACHE_ID_RULE } from "../wire/names.ts";
+import { CreateCacheRequestSchema } from "../wire/schemas.ts";
 import type { CreateCacheRequest } from "../wire/types.ts";
 import { showValue } from "../wire/zod_issues.ts";
 import { bodyKind, type BodyLimits, jsonBody, readBody } from "./body.ts";
 import { binaryResponse, jsonResponse } from "./responses.ts";
 import type { Router } from "./routes.ts";
-
-const ID_RULE = "1-128 characters of A-Z a-z 0-9 . _ - starting with a letter or digit";
 
 /**
  * A cache id from the path: percent-decoded, then checked against {@link CACHE_ID_PATTERN}.
@@ -32,10 +31,10 @@ export function cacheIdParam(raw: string): string {
   }
   if (id !== null && CACHE_ID_PATTERN.test(id)) return id;
   const got = showValue(id ?? raw);
-  throw new ServiceError(`path parameter id ${got} is not a cache id: ${ID_RULE}`, {
+  throw new ServiceError(`path parameter id ${got} is not a cache id: ${CACHE_ID_RULE}`, {
     status: 400,
     code: "invalid_cache_id",
-    issues: [{ path: ["id"], message: `must be ${ID_RULE}; got ${got}` }],
+    issues: [{ path: ["id"], message: `must be ${CACHE_ID_RULE}; got ${got}` }],
   });
 }
 

@@ -8,7 +8,8 @@
  * @module
  */
 import type { AttentionService } from "../service/service.ts";
-import { INSTANCE_HEADER, SelectRequestSchema } from "../wire/schemas.ts";
+import { INSTANCE_HEADER } from "../wire/names.ts";
+import { SelectRequestSchema } from "../wire/schemas.ts";
 import { accessCheck, type AccessPolicy } from "./auth.ts";
 import { bodyLimits, jsonBody } from "./body.ts";
 import { addCacheRoutes } from "./cache_routes.ts";

@@ -22,7 +22,7 @@ import {
 } from "./body.ts";
 import { createHandler } from "./handler.ts";
 import { MAX_JSON_VALUES } from "../wire/json_scan.ts";
-import { INSTANCE_HEADER, INSTANCE_NAME_PATTERN } from "../wire/schemas.ts";
+import { INSTANCE_HEADER, INSTANCE_NAME_PATTERN } from "../wire/names.ts";
 import { DEFAULT_SHUTDOWN_DEADLINE_MS, Drainer } from "./shutdown.ts";
 
 /** Default memory budget for server-held caches: 4 GiB. */

@@ -8,30 +8,15 @@
  */
 import { z } from "zod";
 import { ATTN_TYPES, DTYPES, KV_CACHE_DTYPES, KV_LAYOUTS } from "../core/types.ts";
+import { CACHE_ID_PATTERN, CACHE_ID_RULE } from "./names.ts";
 
 const INT32_MAX = 2147483647;
 
-/** Longest cache id. */
-export const CACHE_ID_MAX_LENGTH = 128;
-/**
- * A cache id: 1 to 128 characters of `A-Z a-z 0-9 . _ -`, starting with a letter or digit
- * (URL-safe without escaping, never `.` or `..`, and what deploy/nginx.conf.template's `map`
- * takes from the path). Server-chosen ids (random UUIDs) fit.
- */
-export const CACHE_ID_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
-
 /** A cache id (path parameter `{id}`, the body field `kv_cache`). */
 export const CacheIdSchema = z.string().regex(CACHE_ID_PATTERN, {
-  error: "must be 1-128 characters of A-Z a-z 0-9 . _ - starting with a letter or digit",
-}).meta({
-  id: "CacheId",
-  description: "1-128 characters of A-Z a-z 0-9 . _ -, starting with a letter or digit.",
-});
+  error: `must be ${CACHE_ID_RULE}`,
+}).meta({ id: "CacheId", description: `${CACHE_ID_RULE}.` });
 
-/** An instance name (`--instance-name`, the `X-Attention-Instance` header): like a cache id, at most 64 characters. */
-export const INSTANCE_NAME_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/;
-/** The response header naming the instance that answered (every answer, when it has a name). */
-export const INSTANCE_HEADER = "x-attention-instance";
 const posInt = () => z.int().min(1).max(INT32_MAX);
 const dim = () => z.int().min(0).max(INT32_MAX);
 
