@@ -128,8 +128,23 @@ export {
   selectorConfigDefaults,
 } from "./backends/registry.ts";
 export { builtinBackends } from "./backends/index.ts";
-export { CPU_REFERENCE } from "./backends/cpu_reference.ts";
+export { CPU_REFERENCE } from "./backends/cpu/cpu_reference.ts";
 export { NoDeviceProvider, WebGpuDeviceManager } from "./gpu/device.ts";
 export { AttentionService, type AttentionServiceOptions } from "./service/service.ts";
-export { createHandler, type HandlerOptions } from "./server/handler.ts";
-export { AttentionApiError, AttentionClient } from "./client/client.ts";
+export { createHandler, type Handler, type HandlerOptions } from "./server/handler.ts";
+export {
+  AttentionApiError,
+  AttentionClient,
+  createRequestOf,
+  type ForwardAnswer,
+  type PutCacheResult,
+} from "./client/client.ts";
+export type {
+  CacheInfo,
+  CreateCacheRequest,
+  ForwardBody,
+  ForwardResponse,
+  ProblemDocument,
+  SelectRequest,
+  SelectResult,
+} from "./wire/types.ts";

@@ -189,7 +189,7 @@ export interface DataArray {
 }
 
 /**
- * A forward call in float32 host form: what the float64 reference (core/reference.ts)
+ * A forward call in float32 host form: what the float64 reference (backends/cpu/reference.ts)
  * computes on. Data tensors are Float32Array whose values are exactly representable in
  * `dtype`. Built from a {@link ValidBatch} by `hostBatch` (core/data.ts).
  */

@@ -6,8 +6,10 @@
  * negotiation between JSON and safetensors responses.
  * @module
  */
+import type { z } from "zod";
 import { ServiceError } from "../core/errors.ts";
-import { scanJson } from "./json_scan.ts";
+import { scanJson } from "../wire/json_scan.ts";
+import { fromZod } from "../wire/zod_issues.ts";
 
 /** Default body limit (safetensors bodies): 512 MiB. */
 export const DEFAULT_MAX_BODY_BYTES = 512 * 1024 * 1024;
@@ -200,4 +202,32 @@ export function wantsBinary(req: Request): boolean {
   if (bin.q <= 0) return false;
   const json = quality(accept, "application/json");
   return bin.q > json.q || (bin.q === json.q && bin.at < json.at);
+}
+
+/** The size limit of each body kind: JSON's own, capped by the general one. */
+export type BodyLimits = Record<BodyKind, BodyLimit>;
+
+/** The limits of each body kind from the two flags (JSON's never above the general one). */
+export function bodyLimits(maxBodyBytes?: number, maxJsonBodyBytes?: number): BodyLimits {
+  const binary = { bytes: maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES, field: "max_body_bytes" };
+  const json = maxJsonBodyBytes ?? DEFAULT_MAX_JSON_BODY_BYTES;
+  return {
+    binary,
+    json: json < binary.bytes
+      ? { bytes: json, field: "max_json_body_bytes", kind: "JSON " }
+      : { ...binary, kind: "JSON " },
+  };
+}
+
+/** A JSON body (415 for another type, 413 over the limit) validated by a wire schema (400). */
+export async function jsonBody<T>(
+  req: Request,
+  limits: BodyLimits,
+  schema: z.ZodType<T>,
+): Promise<T> {
+  bodyKind(req, ["json"]);
+  const body = parseJson(await readBody(req, limits.json));
+  const r = schema.safeParse(body);
+  if (!r.success) throw fromZod(r.error, body);
+  return r.data;
 }

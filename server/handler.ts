@@ -1,43 +1,24 @@
 /**
  * The HTTP handler: `createHandler(service, opts)` returns a pure `(Request) => Promise<Response>`
- * (no Deno.serve here) implementing every endpoint of the contract. Errors are RFC 9457
+ * (no Deno.serve here) implementing every endpoint of the contract over one route table (the
+ * cache routes in cache_routes.ts, the forward routes in forward_routes.ts). Errors are RFC 9457
  * problems; the handler never throws. The access check (token, Host) runs before routing;
  * HEAD answers a GET route's status and headers without its body; a forward call gets the
  * request's AbortSignal (aborted when the client goes away).
  * @module
  */
-import type { z } from "zod";
 import type { AttentionService } from "../service/service.ts";
+import { INSTANCE_HEADER } from "../wire/names.ts";
+import { SelectRequestSchema } from "../wire/schemas.ts";
 import { accessCheck, type AccessPolicy } from "./auth.ts";
-import {
-  type BodyKind,
-  bodyKind,
-  type BodyLimit,
-  DEFAULT_MAX_BODY_BYTES,
-  DEFAULT_MAX_JSON_BODY_BYTES,
-  parseJson,
-  readBody,
-  wantsBinary,
-} from "./body.ts";
-import {
-  cacheSafetensors,
-  decodeBinaryForward,
-  decodeJsonForward,
-  forwardJson,
-  forwardSafetensors,
-} from "./codec.ts";
+import { bodyLimits, jsonBody } from "./body.ts";
+import { addCacheRoutes } from "./cache_routes.ts";
+import { addForwardRoutes } from "./forward_routes.ts";
 import { Metrics } from "./metrics.ts";
 import { openApiDocument } from "./openapi.ts";
-import {
-  errorHeaders,
-  type ErrorLogger,
-  fromZod,
-  problem,
-  problemResponse,
-  toProblem,
-} from "./problem.ts";
+import { errorHeaders, type ErrorLogger, problem, problemResponse, toProblem } from "./problem.ts";
+import { headOf, jsonResponse } from "./responses.ts";
 import { type RouteContext, Router } from "./routes.ts";
-import { CreateCacheRequestSchema, SelectRequestSchema } from "./schemas.ts";
 
 /** Options of {@link createHandler}. */
 export interface HandlerOptions {
@@ -51,74 +32,21 @@ export interface HandlerOptions {
   metrics?: Metrics;
   /** Logs unexpected errors (default console.error). */
   log?: ErrorLogger;
+  /**
+   * This instance's name: sent in the `X-Attention-Instance` header of every answer and in
+   * `/healthz` (default none: no header).
+   */
+  instance?: string;
 }
 
-const SAFETENSORS = "application/octet-stream";
-
-function jsonResponse(body: unknown, status = 200, headers?: Record<string, string>): Response {
-  return new Response(JSON.stringify(body), {
-    status,
-    headers: { "content-type": "application/json", ...headers },
-  });
-}
-
-function binaryResponse(
-  bytes: Uint8Array | Uint8Array[],
-  headers?: Record<string, string>,
-): Response {
-  const parts = Array.isArray(bytes) ? bytes : [bytes];
-  const length = parts.reduce((n, p) => n + p.byteLength, 0);
-  const body = parts.length === 1 ? parts[0] as Uint8Array<ArrayBuffer> : new ReadableStream({
-    start(c) {
-      for (const p of parts) c.enqueue(p);
-      c.close();
-    },
-  });
-  return new Response(body, {
-    status: 200,
-    headers: { "content-type": SAFETENSORS, "content-length": String(length), ...headers },
-  });
-}
-
-/** The size limit of each body kind: JSON's own, capped by the general one. */
-type Limits = Record<BodyKind, BodyLimit>;
-
-function bodyLimits(opts: HandlerOptions): Limits {
-  const binary = { bytes: opts.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES, field: "max_body_bytes" };
-  const json = opts.maxJsonBodyBytes ?? DEFAULT_MAX_JSON_BODY_BYTES;
-  return {
-    binary,
-    json: json < binary.bytes
-      ? { bytes: json, field: "max_json_body_bytes", kind: "JSON " }
-      : { ...binary, kind: "JSON " },
-  };
-}
-
-async function jsonBody<T>(req: Request, limits: Limits, schema: z.ZodType<T>): Promise<T> {
-  bodyKind(req, ["json"]);
-  const body = parseJson(await readBody(req, limits.json));
-  const r = schema.safeParse(body);
-  if (!r.success) throw fromZod(r.error, body);
-  return r.data;
-}
-
-/** The answer to a HEAD request: the GET answer's status and headers, no body. */
-async function headOf(res: Response): Promise<Response> {
-  const headers = new Headers(res.headers);
-  if (res.body && !headers.has("content-length")) {
-    headers.set("content-length", String((await res.arrayBuffer()).byteLength));
-  } else {
-    await res.body?.cancel();
-  }
-  return new Response(null, { status: res.status, headers });
-}
+/** A request handler, and the route table it serves (method and URLPattern path of each). */
+export type Handler = ((req: Request) => Promise<Response>) & {
+  readonly routes: readonly { method: string; path: string }[];
+};
 
 /** Builds the request handler for a service. */
-export function createHandler(
-  service: AttentionService,
-  opts: HandlerOptions = {},
-): (req: Request) => Promise<Response> {
-  const limits = bodyLimits(opts);
+export function createHandler(service: AttentionService, opts: HandlerOptions = {}): Handler {
+  const limits = bodyLimits(opts.maxBodyBytes, opts.maxJsonBodyBytes);
   const checkAccess = accessCheck(opts.access ?? {});
   const metrics = opts.metrics ?? new Metrics({
     cacheBytes: () => service.caches.usedBytes,
@@ -126,44 +54,19 @@ export function createHandler(
     cacheBudgetBytes: () => service.caches.budgetBytes,
   });
   const log = opts.log;
+  const instance = opts.instance;
   const router = new Router();
 
-  router.add("GET", "/healthz", () => jsonResponse({ status: "ok" }));
+  const health = instance === undefined ? { status: "ok" } : { status: "ok", instance };
+  router.add("GET", "/healthz", () => jsonResponse(health));
   router.add("GET", "/v1/device", () => jsonResponse(service.deviceReport()));
   router.add("GET", "/v1/backends", () => jsonResponse({ backends: service.backends() }));
   router.add("POST", "/v1/backends/select", async ({ req }) => {
     const { backend, ...cfg } = await jsonBody(req, limits, SelectRequestSchema);
     return jsonResponse(service.select(cfg, backend));
   });
-  router.add("POST", "/v1/kv-caches", async ({ req }) => {
-    const body = await jsonBody(req, limits, CreateCacheRequestSchema);
-    const info = await service.createCache(body);
-    return jsonResponse(info, 201, { location: `/v1/kv-caches/${info.id}` });
-  });
-  router.add("GET", "/v1/kv-caches/:id", ({ params }) => jsonResponse(service.getCache(params.id)));
-  router.add("DELETE", "/v1/kv-caches/:id", async ({ params }) => {
-    await service.deleteCache(params.id);
-    return new Response(null, { status: 204 });
-  });
-  router.add("GET", "/v1/kv-caches/:id/data", async ({ params }) => {
-    const data = await service.cacheData(params.id);
-    return binaryResponse(cacheSafetensors(data), {
-      "content-disposition": `attachment; filename="kv-cache-${data.info.id}.safetensors"`,
-    });
-  });
-  router.add("POST", "/v1/attention/forward", async ({ req }) => {
-    const kind = bodyKind(req, ["json", "binary"]);
-    const bytes = await readBody(req, limits[kind]);
-    const decoded = kind === "json"
-      ? decodeJsonForward(parseJson(bytes))
-      : decodeBinaryForward(bytes);
-    const t0 = performance.now();
-    const outcome = await service.forward(decoded.input, { signal: req.signal });
-    metrics.recordForward(outcome.backend, (performance.now() - t0) / 1000);
-    const headers = { "x-attention-backend": outcome.backend };
-    if (wantsBinary(req)) return binaryResponse(forwardSafetensors(outcome), headers);
-    return jsonResponse(forwardJson(outcome, decoded.encoding), 200, headers);
-  });
+  addCacheRoutes(router, service, limits);
+  addForwardRoutes(router, service, limits, metrics);
   router.add(
     "GET",
     "/metrics",
@@ -200,7 +103,7 @@ export function createHandler(
     }
   };
 
-  return async (req: Request): Promise<Response> => {
+  const handle = async (req: Request): Promise<Response> => {
     let url: URL;
     try {
       url = new URL(req.url);
@@ -211,6 +114,9 @@ export function createHandler(
     }
     const { res, route } = await respond(req, url);
     metrics.recordRequest(route, req.method, res.status);
+    if (instance !== undefined) res.headers.set(INSTANCE_HEADER, instance);
     return req.method.toUpperCase() === "HEAD" ? await headOf(res) : res;
   };
+  const routes = router.routes.map(({ method, path }) => ({ method, path }));
+  return Object.assign(handle, { routes });
 }

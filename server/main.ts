@@ -21,7 +21,8 @@ import {
   MAX_JSON_BODY_BYTES_CEILING,
 } from "./body.ts";
 import { createHandler } from "./handler.ts";
-import { MAX_JSON_VALUES } from "./json_scan.ts";
+import { MAX_JSON_VALUES } from "../wire/json_scan.ts";
+import { INSTANCE_HEADER, INSTANCE_NAME_PATTERN } from "../wire/names.ts";
 import { DEFAULT_SHUTDOWN_DEADLINE_MS, Drainer } from "./shutdown.ts";
 
 /** Default memory budget for server-held caches: 4 GiB. */
@@ -52,6 +53,8 @@ usage: deno task serve [options]
                             exit (default ${DEFAULT_SHUTDOWN_DEADLINE_MS}); exit code 0 when all
                             finished, 1 when the deadline cut some off
   --no-gpu                  do not acquire a WebGPU device (host backends only)
+  --instance-name NAME      name this instance in every answer's X-Attention-Instance header
+                            and in /healthz (1-64 characters of A-Z a-z 0-9 . _ -; default none)
   -h, --help                show this help
 `;
 
@@ -76,6 +79,8 @@ export interface ServeOptions {
   allowedHosts: string[];
   shutdownDeadlineMs: number;
   gpu: boolean;
+  /** This instance's name in answers (`--instance-name`). */
+  instanceName?: string;
   help: boolean;
 }
 
@@ -96,6 +101,7 @@ export function parseServeArgs(args: string[]): ServeOptions {
       "allowed-host": { type: "string", multiple: true },
       "shutdown-deadline-ms": { type: "string" },
       "no-gpu": { type: "boolean" },
+      "instance-name": { type: "string" },
       help: { type: "boolean", short: "h" },
     },
     strict: true,
@@ -116,6 +122,13 @@ export function parseServeArgs(args: string[]): ServeOptions {
     );
   }
   const tokenFile = values["token-file"];
+  const instanceName = values["instance-name"];
+  if (instanceName !== undefined && !INSTANCE_NAME_PATTERN.test(instanceName)) {
+    throw new Error(
+      `--instance-name must be 1-64 characters of A-Z a-z 0-9 . _ - starting with a letter or ` +
+        `digit, got ${JSON.stringify(instanceName)}`,
+    );
+  }
   return {
     port,
     host: values.host ?? "127.0.0.1",
@@ -151,6 +164,7 @@ export function parseServeArgs(args: string[]): ServeOptions {
       0,
     ),
     gpu: !values["no-gpu"],
+    ...(instanceName !== undefined ? { instanceName } : {}),
     help: values.help ?? false,
   };
 }
@@ -169,6 +183,19 @@ async function acquireDevice(gpu: boolean): Promise<DeviceProvider> {
       : `webgpu: no device (${r.reason ?? "no adapter"})`,
   );
   return mgr;
+}
+
+/** Adds `X-Attention-Instance` to every answer, the drainer's own 503s included. */
+function named(
+  handler: (req: Request) => Promise<Response>,
+  name: string | undefined,
+): (req: Request) => Promise<Response> {
+  if (name === undefined) return handler;
+  return async (req) => {
+    const res = await handler(req);
+    res.headers.set(INSTANCE_HEADER, name);
+    return res;
+  };
 }
 
 function describeAccess(a: ResolvedAccess): string {
@@ -196,6 +223,7 @@ async function main(): Promise<void> {
   }
   if (access.warning) console.error(access.warning);
   console.error(describeAccess(access));
+  if (o.instanceName !== undefined) console.error(`instance: ${o.instanceName}`);
   const service = new AttentionService({
     backends: builtinBackends(),
     device: await acquireDevice(o.gpu),
@@ -207,6 +235,7 @@ async function main(): Promise<void> {
     maxBodyBytes: o.maxBodyBytes,
     maxJsonBodyBytes: o.maxJsonBodyBytes,
     access: access.policy,
+    instance: o.instanceName,
   });
   const server = Deno.serve({
     port: o.port,
@@ -215,7 +244,7 @@ async function main(): Promise<void> {
       const h = hostname.includes(":") ? `[${hostname}]` : hostname;
       console.log(`listening on http://${h}:${port}`);
     },
-  }, drainer.track(handler));
+  }, named(drainer.track(handler), o.instanceName));
   let stopping = false;
   const stop = async (sig: string) => {
     if (stopping) {

@@ -11,7 +11,7 @@
  */
 import assert from "node:assert/strict";
 import { deviceReasons, validateConfiguration } from "../../backends/capabilities.ts";
-import { CPU_REFERENCE } from "../../backends/cpu_reference.ts";
+import { CPU_REFERENCE } from "../../backends/cpu/cpu_reference.ts";
 import { BackendRegistry, selectorConfigDefaults } from "../../backends/registry.ts";
 import {
   type DecodeTuning,
@@ -21,7 +21,7 @@ import {
   WEBGPU_DECODE,
 } from "../../backends/webgpu_decode.ts";
 import { ServiceError } from "../../core/errors.ts";
-import { HostKvCache } from "../../core/host_cache.ts";
+import { HostKvCache } from "../../backends/cpu/host_cache.ts";
 import type { AttentionBackend, GpuContext, KvCache } from "../../core/types.ts";
 import { toFloat32 } from "../../core/data.ts";
 import { validHostBatch } from "../../service/host_input.ts";

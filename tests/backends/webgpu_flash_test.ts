@@ -7,7 +7,7 @@
 import assert from "node:assert/strict";
 import { flashConfig, WEBGPU_FLASH } from "../../backends/webgpu_flash.ts";
 import { ServiceError } from "../../core/errors.ts";
-import { HostKvCache } from "../../core/host_cache.ts";
+import { HostKvCache } from "../../backends/cpu/host_cache.ts";
 import type { AttentionBackend } from "../../core/types.ts";
 import { type BatchSpec, generateBatch } from "../support/batches.ts";
 import { checkBackend, type CheckOptions } from "../support/backend_check.ts";

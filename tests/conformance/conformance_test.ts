@@ -13,7 +13,7 @@
  */
 import assert from "node:assert/strict";
 import { builtinBackends } from "../../backends/index.ts";
-import { CPU_REFERENCE } from "../../backends/cpu_reference.ts";
+import { CPU_REFERENCE } from "../../backends/cpu/cpu_reference.ts";
 import { validateConfiguration } from "../../backends/capabilities.ts";
 import { WebGpuDeviceManager } from "../../gpu/device.ts";
 import { bytesPerElement, decode } from "../../core/dtype.ts";

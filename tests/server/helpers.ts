@@ -4,7 +4,7 @@
  * @module
  */
 import assert from "node:assert/strict";
-import { CPU_REFERENCE } from "../../backends/cpu_reference.ts";
+import { CPU_REFERENCE } from "../../backends/cpu/cpu_reference.ts";
 import type {
   AttentionBackend,
   DeviceProvider,
@@ -58,6 +58,8 @@ export function startServer(opts: {
   access?: AccessPolicy;
   /** Extra headers on every call of the typed client (e.g. a token). */
   clientHeaders?: Record<string, string>;
+  /** The instance name the handler answers with. */
+  instance?: string;
 } = {}): TestServer {
   const service = new AttentionService({
     backends: opts.backends ?? [CPU_REFERENCE as AttentionBackend],
@@ -75,6 +77,7 @@ export function startServer(opts: {
     access: opts.access,
     metrics,
     log: (_m, e) => errors.push(e),
+    instance: opts.instance,
   });
   const server = Deno.serve({ port: 0, hostname: "127.0.0.1", onListen: () => {} }, handler);
   const url = `http://127.0.0.1:${server.addr.port}`;

@@ -49,10 +49,15 @@ Deno.test("HEAD answers every GET route with its status and headers and no body"
     });
     assert.equal(r?.status, 405);
     assert.equal(r!.headers.get("allow"), "POST");
-    const del = await fetch(`${srv.url}/v1/kv-caches/${c.id}`, { method: "PUT" });
-    assert.equal(del.status, 405);
-    assert.deepEqual(del.headers.get("allow")!.split(", ").sort(), ["DELETE", "GET", "HEAD"]);
-    await del.body?.cancel();
+    const patch = await fetch(`${srv.url}/v1/kv-caches/${c.id}`, { method: "PATCH" });
+    assert.equal(patch.status, 405);
+    assert.deepEqual(patch.headers.get("allow")!.split(", ").sort(), [
+      "DELETE",
+      "GET",
+      "HEAD",
+      "PUT",
+    ]);
+    await patch.body?.cancel();
     assert.deepEqual(srv.errors, []);
   } finally {
     await srv.close();

@@ -9,7 +9,7 @@ import assert from "node:assert/strict";
 import { type ForwardBody, forwardBodyToSafetensors } from "../../client/client.ts";
 import { serializeSafetensors } from "../../core/safetensors.ts";
 import { DEFAULT_MAX_JSON_BODY_BYTES } from "../../server/body.ts";
-import { MAX_JSON_DEPTH, MAX_JSON_VALUES, scanJson } from "../../server/json_scan.ts";
+import { MAX_JSON_DEPTH, MAX_JSON_VALUES, scanJson } from "../../wire/json_scan.ts";
 import { maxAbsDiff, rand, refAttention, startServer, to3d } from "./helpers.ts";
 import { rawExchange, rawRequest, type RawResponse } from "./raw_http.ts";
 

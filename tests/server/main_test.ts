@@ -1,6 +1,7 @@
-/** server/main.ts: flag parsing, --help, and a real start with --no-gpu on a free port. */
+/** server/main.ts: flag parsing, --help, a real start with --no-gpu on a free port, --instance-name. */
 import assert from "node:assert/strict";
 import { parseServeArgs } from "../../server/main.ts";
+import { spawnServer } from "./process.ts";
 
 const MAIN = new URL("../../server/main.ts", import.meta.url).pathname;
 
@@ -73,6 +74,17 @@ Deno.test("main: flags and defaults", () => {
   assert.throws(() => parseServeArgs(["--port", "70000"]), /<= 65535/);
   assert.throws(() => parseServeArgs(["--max-body-bytes", "0"]), />= 1/);
   assert.throws(() => parseServeArgs(["--bogus"]), /bogus/);
+  assert.equal(parseServeArgs(["--instance-name", "gpu-0.a_b"]).instanceName, "gpu-0.a_b");
+  assert.equal(parseServeArgs([]).instanceName, undefined);
+  for (const bad of ["", "-x", "a b", "x".repeat(65), "é"]) {
+    assert.throws(
+      () => parseServeArgs([`--instance-name=${bad}`]),
+      (e) =>
+        e instanceof Error && /--instance-name must be/.test(e.message) &&
+        e.message.includes(JSON.stringify(bad)),
+      JSON.stringify(bad),
+    );
+  }
 });
 
 Deno.test("main: --help lists every flag", async () => {
@@ -145,5 +157,22 @@ Deno.test("main: starts with --no-gpu, prints the address, serves", async () => 
     child.kill("SIGTERM");
     await child.status;
     await child.stdout.cancel().catch(() => {});
+  }
+});
+
+Deno.test("main: --instance-name names the process's answers and its log", async () => {
+  const srv = await spawnServer(["--no-gpu", "--instance-name", "p-7"]);
+  try {
+    const r = await fetch(`${srv.url}/healthz`);
+    assert.equal(r.headers.get("x-attention-instance"), "p-7");
+    assert.deepEqual(await r.json(), { status: "ok", instance: "p-7" });
+    const p = await fetch(`${srv.url}/v1/kv-caches/nope`);
+    assert.equal(p.status, 404);
+    assert.equal(p.headers.get("x-attention-instance"), "p-7");
+    await p.body?.cancel();
+    assert.match(srv.stderr(), /^instance: p-7$/m);
+  } finally {
+    srv.kill("SIGTERM");
+    assert.equal((await srv.exited).code, 0);
   }
 });

@@ -8,7 +8,7 @@
 import assert from "node:assert/strict";
 import { dataArray, fromFloats } from "../../core/data.ts";
 import { ServiceError } from "../../core/errors.ts";
-import { rawFromJson, rawFromSafetensors, toDataTensor } from "../../core/tensors.ts";
+import { rawFromJson, rawFromSafetensors, toDataTensor } from "../../wire/tensors.ts";
 import type { KvCacheSpec } from "../../core/types.ts";
 import { type ForwardInput, validateForward } from "../../service/validate.ts";
 

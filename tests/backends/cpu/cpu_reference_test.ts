@@ -1,17 +1,17 @@
 /**
- * CPU_REFERENCE (backends/cpu_reference.ts over core/reference.ts) against hand-derived
+ * CPU_REFERENCE (backends/cpu/cpu_reference.ts over backends/cpu/reference.ts) against hand-derived
  * cases and invariants, on fresh random data: exact single-key output, hand softmax, row
  * sums, causal masking, GQA mapping, sliding-window edges, sinks, soft cap, ALiBi, LSE,
  * padding slots, layouts, cache rounding, encoder vs decoder, cross-attention, permuted
  * block tables with a NaN null block, and the descriptor itself.
  */
 import assert from "node:assert/strict";
-import { CPU_REFERENCE } from "../../backends/cpu_reference.ts";
-import { decode, roundTo } from "../../core/dtype.ts";
-import { ServiceError } from "../../core/errors.ts";
-import { HostKvCache } from "../../core/host_cache.ts";
-import { toFloat32 } from "../../core/data.ts";
-import { validHostBatch } from "../../service/host_input.ts";
+import { CPU_REFERENCE } from "../../../backends/cpu/cpu_reference.ts";
+import { decode, roundTo } from "../../../core/dtype.ts";
+import { ServiceError } from "../../../core/errors.ts";
+import { HostKvCache } from "../../../backends/cpu/host_cache.ts";
+import { toFloat32 } from "../../../core/data.ts";
+import { validHostBatch } from "../../../service/host_input.ts";
 import type {
   DType,
   ForwardBatch,
@@ -19,7 +19,7 @@ import type {
   KvCacheDType,
   KvLayout,
   LayerSpec,
-} from "../../core/types.ts";
+} from "../../../core/types.ts";
 
 const ctx = { gpu: null };
 

@@ -1,7 +1,7 @@
 /**
  * The CPU worker: a Web Worker that runs one CPU_REFERENCE call per message with the float64
- * oracle of core/reference.ts, reading and writing the host cache in place through its shared
- * memory. Messages and the control word: backends/cpu_protocol.ts.
+ * oracle of backends/cpu/reference.ts, reading and writing the host cache in place through its shared
+ * memory. Messages and the control word: backends/cpu/protocol.ts.
  *
  * A call: check the batch (nothing written if it fails), save the rows it will overwrite in
  * the undo log, claim the control word PENDING → WRITING (if main cancelled first, reply
@@ -12,18 +12,11 @@
  * {@link runCall} and {@link serveCalls} (tests build faulty workers from them).
  * @module
  */
-import { HostKvCache } from "../core/host_cache.ts";
-import { attend, checkBatch, kvFromCall, writeKv } from "../core/reference.ts";
-import type { ForwardBatch } from "../core/types.ts";
-import {
-  type CallReply,
-  type CallRequest,
-  PENDING,
-  toWire,
-  WRITING,
-  WRITTEN,
-} from "./cpu_protocol.ts";
-import { snapshotRows, writesCache } from "./cpu_undo.ts";
+import { HostKvCache } from "./host_cache.ts";
+import { attend, checkBatch, kvFromCall, writeKv } from "./reference.ts";
+import type { ForwardBatch } from "../../core/types.ts";
+import { type CallReply, type CallRequest, PENDING, toWire, WRITING, WRITTEN } from "./protocol.ts";
+import { snapshotRows, writesCache } from "./undo.ts";
 
 /** The cache write step of a call (tests substitute one that fails part-way). */
 export type WriteStep = (batch: ForwardBatch, cache: HostKvCache) => void;

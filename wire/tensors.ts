@@ -11,11 +11,11 @@
  * the int32 range).
  * @module
  */
-import { dataArray, fromFloats } from "./data.ts";
-import { encode, SAFETENSORS_DTYPE } from "./dtype.ts";
-import { invalidBatch, type Issue, ServiceError } from "./errors.ts";
-import { numel, type SafetensorsDType, type SafetensorsTensor } from "./safetensors.ts";
-import type { DataArray, DType, StorageDType } from "./types.ts";
+import { dataArray, fromFloats } from "../core/data.ts";
+import { encode, SAFETENSORS_DTYPE } from "../core/dtype.ts";
+import { invalidBatch, type Issue, ServiceError } from "../core/errors.ts";
+import { numel, type SafetensorsDType, type SafetensorsTensor } from "../core/safetensors.ts";
+import type { DataArray, DType, StorageDType } from "../core/types.ts";
 
 /** A tensor as JSON carries it. */
 export interface JsonTensor {

@@ -1,10 +1,10 @@
 /**
- * The messages between the CPU worker pool (backends/cpu_pool.ts, main thread) and a CPU
- * worker (backends/cpu_worker.ts). One worker runs one call at a time:
+ * The messages between the CPU worker pool (backends/cpu/pool.ts, main thread) and a CPU
+ * worker (backends/cpu/worker.ts). One worker runs one call at a time:
  *
  * - main → worker: a {@link CallRequest}: the batch without its cache (structured-cloned), the
  *   cache as a {@link HostCacheHandle} (shared memory, not copied), a shared control word and
- *   a shared undo buffer (backends/cpu_undo.ts).
+ *   a shared undo buffer (backends/cpu/undo.ts).
  * - worker → main: `written` once the cache write is complete, then exactly one of `done`
  *   (output and lse, transferred), `failed` (a {@link WireError}) or `cancelled`.
  *
@@ -20,9 +20,9 @@
  * {@link closedError} (503); each says `cache_write: "none"`.
  * @module
  */
-import { type Issue, ServiceError } from "../core/errors.ts";
-import type { HostCacheHandle } from "../core/host_cache.ts";
-import type { ForwardBatch } from "../core/types.ts";
+import { type Issue, ServiceError } from "../../core/errors.ts";
+import type { HostCacheHandle } from "./host_cache.ts";
+import type { ForwardBatch } from "../../core/types.ts";
 
 /** Control word: the worker has not started writing; main may still cancel. */
 export const PENDING = 0;

@@ -10,7 +10,8 @@
  *   an array of 2^27 elements (the 420 MiB crash): the cap keeps every body far below both.
  *
  * One linear pass over the bytes; brackets and commas inside strings do not count. The scan
- * does not validate the JSON: the parse that follows does.
+ * does not validate the JSON: the parse that follows does. {@link scanSafetensorsHeader} runs
+ * the same scan over a safetensors file's JSON header (forward bodies, cache imports).
  * @module
  */
 import { ServiceError } from "../core/errors.ts";
@@ -89,4 +90,12 @@ export function scanJson(bytes: Uint8Array, limits: JsonScanLimits = {}): void {
 /** {@link scanJson} over a string (for JSON carried inside another format). */
 export function scanJsonText(text: string, limits: JsonScanLimits = {}): void {
   scanJson(new TextEncoder().encode(text), limits);
+}
+
+/** The depth and size pre-scan of a safetensors header's JSON (when its length is in range). */
+export function scanSafetensorsHeader(bytes: Uint8Array): void {
+  if (bytes.byteLength < 8) return;
+  const n = new DataView(bytes.buffer, bytes.byteOffset, 8).getBigUint64(0, true);
+  if (n > BigInt(bytes.byteLength - 8)) return; // parseSafetensors says what is wrong
+  scanJson(bytes.subarray(8, 8 + Number(n)), { what: "safetensors header" });
 }

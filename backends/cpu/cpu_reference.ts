@@ -1,21 +1,21 @@
 /**
  * CPU_REFERENCE: the float64 oracle every other backend is checked against. It supports
  * every configuration the contract defines, needs no device, keeps its caches in host shared
- * memory ({@link HostKvCache}) and runs core/reference.ts: write the new K/V, then attend.
+ * memory ({@link HostKvCache}) and runs backends/cpu/reference.ts: write the new K/V, then attend.
  * Slow by design; priority 100 so auto selection prefers any device backend.
  *
  * It plans nothing (the reference works from the validated batch alone); `run` computes in a
- * worker of a {@link CpuWorkerPool} (backends/cpu_pool.ts), off the event loop, and takes an
+ * worker of a {@link CpuWorkerPool} (backends/cpu/pool.ts), off the event loop, and takes an
  * optional AbortSignal. The pool's module doc states the guarantees: a call that does not
  * resolve leaves its cache unchanged; a cancelled call rejects with 499
  * `client_closed_request`. `close()` terminates the workers (the pool restarts them on the
  * next call).
  * @module
  */
-import { fromFloats, hostBatch } from "../core/data.ts";
-import { ServiceError } from "../core/errors.ts";
-import { HostKvCache } from "../core/host_cache.ts";
-import { kvFromCall } from "../core/reference.ts";
+import { fromFloats, hostBatch } from "../../core/data.ts";
+import { ServiceError } from "../../core/errors.ts";
+import { HostKvCache } from "./host_cache.ts";
+import { kvFromCall } from "./reference.ts";
 import {
   type AttentionBackend,
   ATTN_TYPES,
@@ -25,9 +25,9 @@ import {
   KV_LAYOUTS,
   type RunOptions,
   type ValidBatch,
-} from "../core/types.ts";
-import { capabilities } from "./capabilities_base.ts";
-import { CpuWorkerPool } from "./cpu_pool.ts";
+} from "../../core/types.ts";
+import { capabilities } from "../capabilities_base.ts";
+import { CpuWorkerPool } from "./pool.ts";
 
 /** CPU_REFERENCE plans nothing: the reference works from the batch alone. */
 export type CpuReferencePlan = Record<string, never>;

@@ -23,9 +23,9 @@ import {
   FP8_E4M3_TABLE,
   FP8_E5M2_TABLE,
   resolveStorage,
-} from "./dtype.ts";
-import { invalidBatch, ServiceError } from "./errors.ts";
-import type { KvCache, KvCacheSpec, StorageDType } from "./types.ts";
+} from "../../core/dtype.ts";
+import { invalidBatch, ServiceError } from "../../core/errors.ts";
+import type { KvCache, KvCacheSpec, StorageDType } from "../../core/types.ts";
 
 /** Which half of the cache. */
 export type KvWhich = "key" | "value";

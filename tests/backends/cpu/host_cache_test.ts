@@ -1,14 +1,14 @@
 /**
- * core/host_cache.ts: sizes per storage dtype, zero fill, copying imports with length
+ * backends/cpu/host_cache.ts: sizes per storage dtype, zero fill, copying imports with length
  * checks, row offsets for both layouts (a bijection onto the buffer), row round trips that
  * store exactly what core/dtype.ts would encode, read() copies, destroy; shared memory:
  * handle/attach views of one memory (also across a real worker), rowBytes views.
  */
 import assert from "node:assert/strict";
-import { bytesPerElement, encode, roundTo } from "../../core/dtype.ts";
-import { ServiceError } from "../../core/errors.ts";
-import { HostKvCache } from "../../core/host_cache.ts";
-import type { KvCacheDType, KvCacheSpec, KvLayout } from "../../core/types.ts";
+import { bytesPerElement, encode, roundTo } from "../../../core/dtype.ts";
+import { ServiceError } from "../../../core/errors.ts";
+import { HostKvCache } from "../../../backends/cpu/host_cache.ts";
+import type { KvCacheDType, KvCacheSpec, KvLayout } from "../../../core/types.ts";
 
 function spec(kv: KvCacheDType, layout: KvLayout, o: Partial<KvCacheSpec> = {}): KvCacheSpec {
   return {
@@ -204,7 +204,7 @@ Deno.test("handle/attach: refused on a destroyed cache (409) and on ill-sized bu
 Deno.test("shared memory: a worker writes the cache in place, the owner sees it", async () => {
   const c = HostKvCache.create(spec("fp8_e4m3", "NHD"));
   const src = `import { HostKvCache } from ${
-    JSON.stringify(import.meta.resolve("../../core/host_cache.ts"))
+    JSON.stringify(import.meta.resolve("../../../backends/cpu/host_cache.ts"))
   };
 self.onmessage = (e) => {
   HostKvCache.attach(e.data).writeRow("key", 1, 2, 1, [1, 2, 3, 4, 448]);

@@ -9,10 +9,10 @@
  * the first write, so a slot named twice holds its original bytes in both entries.
  * @module
  */
-import { bytesPerElement } from "../core/dtype.ts";
-import type { HostKvCache } from "../core/host_cache.ts";
-import { kvFromCall } from "../core/reference.ts";
-import type { ForwardBatch } from "../core/types.ts";
+import { bytesPerElement } from "../../core/dtype.ts";
+import type { HostKvCache } from "./host_cache.ts";
+import { kvFromCall } from "./reference.ts";
+import type { ForwardBatch } from "../../core/types.ts";
 
 /** One row the call writes: (block, slot within the block, kv head). */
 type RowAt = [block: number, slot: number, kvHead: number];

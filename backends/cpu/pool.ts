@@ -15,7 +15,7 @@
  *   in parallel on different workers.
  * - **Atomic writes**: a call that does not resolve with a result leaves its cache exactly as
  *   it was. The worker saves every row it will overwrite before its first write
- *   (backends/cpu_undo.ts), and the pool puts them back when the call fails, is cancelled
+ *   (backends/cpu/undo.ts), and the pool puts them back when the call fails, is cancelled
  *   after its write began, or its worker crashes.
  * - **Cancellation** (`signal`): a queued call leaves the queue; a call whose worker has not
  *   begun writing is cancelled through the shared control word and writes nothing; a call
@@ -31,9 +31,9 @@
  *   ones, and terminates every worker. The pool stays usable: a later call starts new workers.
  * @module
  */
-import { ServiceError } from "../core/errors.ts";
-import type { HostKvCache } from "../core/host_cache.ts";
-import type { ForwardBatch } from "../core/types.ts";
+import { ServiceError } from "../../core/errors.ts";
+import type { HostKvCache } from "./host_cache.ts";
+import type { ForwardBatch } from "../../core/types.ts";
 
 /** What a worker computed: the output in float32 (values of the batch dtype), LSE, timings. */
 export interface HostResult {
@@ -53,14 +53,14 @@ import {
   toWireBatch,
   WRITING,
   WRITTEN,
-} from "./cpu_protocol.ts";
-import { restoreRows, undoBytes } from "./cpu_undo.ts";
+} from "./protocol.ts";
+import { restoreRows, undoBytes } from "./undo.ts";
 
 /** Options of {@link CpuWorkerPool}. */
 export interface CpuPoolOptions {
   /** Most workers at once (default {@link defaultPoolSize}). */
   size?: number;
-  /** The worker module (default backends/cpu_worker.ts); tests pass faulty ones. */
+  /** The worker module (default backends/cpu/worker.ts); tests pass faulty ones. */
   workerUrl?: URL;
   /** Milliseconds a worker may sit idle before it is terminated (default 10,000). */
   idleMs?: number;
@@ -115,7 +115,7 @@ export class CpuWorkerPool {
     if (!Number.isInteger(this.size) || this.size < 1) {
       throw new RangeError(`pool size must be a positive integer, got ${this.size}`);
     }
-    this.#url = opts.workerUrl ?? new URL("./cpu_worker.ts", import.meta.url);
+    this.#url = opts.workerUrl ?? new URL("./worker.ts", import.meta.url);
     this.#idleMs = opts.idleMs ?? 10_000;
   }
 

@@ -9,7 +9,7 @@ import {
   toDataTensor,
   toIntTensor,
   toJsonTensor,
-} from "../../core/tensors.ts";
+} from "../../wire/tensors.ts";
 
 function fails(fn: () => unknown, status: number, code: string, path: (string | number)[]): void {
   assert.throws(fn, (e: unknown) => {

@@ -1,6 +1,6 @@
 /**
- * Faulty CPU workers for tests/backends/cpu_pool_test.ts: the real protocol and computation
- * (backends/cpu_worker.ts) with a cache write step that fails part-way. {@link faultyWorkerUrl}
+ * Faulty CPU workers for tests/backends/cpu/pool_test.ts: the real protocol and computation
+ * (backends/cpu/worker.ts) with a cache write step that fails part-way. {@link faultyWorkerUrl}
  * gives a worker module URL for a pool's `workerUrl`.
  *
  * - `throw`: writes the first key row, then throws a TypeError (caught: a `failed` reply).
@@ -9,11 +9,11 @@
  * - `slow`: writes the first key row, sleeps `SLOW_WRITE_MS`, then writes everything.
  * @module
  */
-import type { HostKvCache } from "../../core/host_cache.ts";
-import { writeKv } from "../../core/reference.ts";
-import type { ForwardBatch } from "../../core/types.ts";
-import type { CallRequest } from "../../backends/cpu_protocol.ts";
-import { type Post, runCall, serveCalls, type WorkerScope } from "../../backends/cpu_worker.ts";
+import type { HostKvCache } from "../../../backends/cpu/host_cache.ts";
+import { writeKv } from "../../../backends/cpu/reference.ts";
+import type { ForwardBatch } from "../../../core/types.ts";
+import type { CallRequest } from "../../../backends/cpu/protocol.ts";
+import { type Post, runCall, serveCalls, type WorkerScope } from "../../../backends/cpu/worker.ts";
 
 /** How long the `slow` write sleeps between its first row and the rest. */
 export const SLOW_WRITE_MS = 400;

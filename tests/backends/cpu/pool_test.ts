@@ -1,5 +1,5 @@
 /**
- * backends/cpu_pool.ts (CPU_REFERENCE off the event loop): pool sizing; concurrent calls on
+ * backends/cpu/pool.ts (CPU_REFERENCE off the event loop): pool sizing; concurrent calls on
  * different caches equal sequential ones and the in-thread oracle byte for byte; cancellation
  * while queued, before the write, during it and after it (the cache is never left changed);
  * errors crossing the worker boundary as the same ServiceError; a worker failing or dying
@@ -7,15 +7,15 @@
  * teardown. Fresh random data per run (SEED=… to rerun one).
  */
 import assert from "node:assert/strict";
-import { validHostBatch } from "../../service/host_input.ts";
-import { cpuReference } from "../../backends/cpu_reference.ts";
-import { CpuWorkerPool, defaultPoolSize } from "../../backends/cpu_pool.ts";
-import { ServiceError } from "../../core/errors.ts";
-import { HostKvCache } from "../../core/host_cache.ts";
-import { attend, checkBatch, kvFromCall, writeKv } from "../../core/reference.ts";
-import type { ForwardBatch } from "../../core/types.ts";
-import { type BatchSpec, deriveSeed, generateBatch } from "../support/batches.ts";
-import { type Fault, faultyWorkerUrl, SLOW_WRITE_MS } from "./cpu_faulty_worker.ts";
+import { validHostBatch } from "../../../service/host_input.ts";
+import { cpuReference } from "../../../backends/cpu/cpu_reference.ts";
+import { CpuWorkerPool, defaultPoolSize } from "../../../backends/cpu/pool.ts";
+import { ServiceError } from "../../../core/errors.ts";
+import { HostKvCache } from "../../../backends/cpu/host_cache.ts";
+import { attend, checkBatch, kvFromCall, writeKv } from "../../../backends/cpu/reference.ts";
+import type { ForwardBatch } from "../../../core/types.ts";
+import { type BatchSpec, deriveSeed, generateBatch } from "../../support/batches.ts";
+import { type Fault, faultyWorkerUrl, SLOW_WRITE_MS } from "./faulty_worker.ts";
 
 const SEED = Number(Deno.env.get("SEED") ?? Math.floor(Math.random() * 2 ** 31));
 console.log(`cpu_pool seed ${SEED} (rerun: SEED=${SEED})`);

@@ -1,18 +1,19 @@
 /**
- * Wire formats of the forward call and cache export: JSON bodies and safetensors bodies →
- * {@link ForwardInput}; forward outcomes → JSON or safetensors; cache contents → safetensors.
+ * The server's side of the forward call's wire formats: JSON bodies and safetensors bodies →
+ * {@link ForwardInput} (the request schema's type with its tensors decoded); a
+ * {@link ForwardOutcome} → a JSON or safetensors answer. The client's side (bodies to
+ * safetensors, answers to typed arrays) is wire/client_codec.ts; cache files, wire/cache_file.ts.
  * @module
  */
 import { encode } from "../core/dtype.ts";
 import { type Issue, ServiceError } from "../core/errors.ts";
-import {
-  parseSafetensors,
-  safetensorsParts,
-  type SafetensorsTensor,
-  serializeSafetensors,
-} from "../core/safetensors.ts";
+import { parseSafetensors, safetensorsParts, type SafetensorsTensor } from "../core/safetensors.ts";
 import { toFloat32 } from "../core/data.ts";
+import type { DType, ForwardResult } from "../core/types.ts";
 import {
+  type CacheTensor,
+  type DataTensor,
+  type IntTensor,
   type JsonTensor,
   rawFromJson,
   rawFromSafetensors,
@@ -22,16 +23,42 @@ import {
   toDataTensor,
   toIntTensor,
   toJsonTensor,
-} from "../core/tensors.ts";
-import type { ForwardInput } from "../service/validate.ts";
-import type { CacheData, ForwardOutcome } from "../service/service.ts";
-import { scanJson, scanJsonText } from "./json_scan.ts";
-import { fromZod } from "./problem.ts";
+} from "./tensors.ts";
+import { scanJsonText, scanSafetensorsHeader } from "./json_scan.ts";
+import { fromZod } from "./zod_issues.ts";
 import {
   BINARY_FORWARD_TENSORS,
   BinaryForwardRequestSchema,
   ForwardRequestSchema,
 } from "./schemas.ts";
+import type { ForwardRequest } from "./types.ts";
+
+/** The fields of a forward request that carry tensors. */
+type TensorFields = "query" | "key" | "value" | "key_cache" | "value_cache" | "metadata";
+
+/**
+ * A forward request with its tensors decoded (from JSON or safetensors): the ForwardRequest
+ * schema's type, tensors typed by role, `output_encoding` taken out (it shapes the answer).
+ */
+export type ForwardInput = Omit<ForwardRequest, TensorFields | "output_encoding"> & {
+  query: DataTensor;
+  key?: DataTensor;
+  value?: DataTensor;
+  key_cache?: CacheTensor;
+  value_cache?: CacheTensor;
+  /** Each entry of the request's metadata, as an int32 tensor (same optionality). */
+  metadata: { [K in keyof ForwardRequest["metadata"]]: IntTensor };
+};
+
+/** What a forward call produced, as the answer encoders take it (the service returns one). */
+export interface ForwardOutcome {
+  backend: string;
+  result: ForwardResult;
+  dtype: DType;
+  num_tokens: number;
+  num_heads: number;
+  head_size: number;
+}
 
 /** A decoded forward request and how its JSON response should encode tensors. */
 export interface DecodedForward {
@@ -42,7 +69,7 @@ export interface DecodedForward {
 type Raws = Partial<Record<typeof BINARY_FORWARD_TENSORS[number], RawTensor>>;
 
 function build(
-  body: Omit<ForwardInput, "query" | "key" | "value" | "metadata" | "key_cache" | "value_cache">,
+  body: Omit<ForwardInput, TensorFields>,
   raws: Raws,
   paths: Record<string, (string | number)[]>,
 ): ForwardInput {
@@ -160,14 +187,6 @@ export function decodeBinaryForward(bytes: Uint8Array): DecodedForward {
   return { input: build(rest, raws, {}), encoding: output_encoding ?? "base64" };
 }
 
-/** The depth and size pre-scan of a safetensors header's JSON (when its length is in range). */
-function scanSafetensorsHeader(bytes: Uint8Array): void {
-  if (bytes.byteLength < 8) return;
-  const n = new DataView(bytes.buffer, bytes.byteOffset, 8).getBigUint64(0, true);
-  if (n > BigInt(bytes.byteLength - 8)) return; // parseSafetensors says what is wrong
-  scanJson(bytes.subarray(8, 8 + Number(n)), { what: "safetensors header" });
-}
-
 /** A forward outcome as the JSON response body (base64 of the output bytes as computed). */
 export function forwardJson(
   o: ForwardOutcome,
@@ -210,22 +229,4 @@ export function forwardSafetensors(o: ForwardOutcome): Uint8Array[] {
     backend: o.backend,
     timings: JSON.stringify(o.result.timings ?? {}),
   });
-}
-
-/** A cache's contents as safetensors (`key_cache`, `value_cache`; metadata its spec). */
-export function cacheSafetensors(d: CacheData): Uint8Array {
-  const dtype = safetensorsDtype(d.info.storage_dtype);
-  return serializeSafetensors(
-    {
-      key_cache: { dtype, shape: d.shape, data: d.key },
-      value_cache: { dtype, shape: d.shape, data: d.value },
-    },
-    {
-      id: d.info.id,
-      layout: d.info.layout,
-      dtype: d.info.dtype,
-      kv_cache_dtype: d.info.kv_cache_dtype,
-      backend: d.info.backend,
-    },
-  );
 }

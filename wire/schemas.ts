@@ -1,13 +1,22 @@
 /**
- * Every zod schema of the HTTP API, in one module: request bodies (validated here, 400 on a
- * violation) and responses (documented in the OpenAPI document generated from these same
- * schemas). Schemas with an `id` become named components of `/openapi.json`.
+ * The wire contract's schemas: every zod schema a request body is validated against (400 on a
+ * violation), every response body, the cache id and instance name rules, and the request and
+ * response types, inferred from the schemas (`z.output` is what the server holds after parsing,
+ * `z.input` what a client may send). Service, server, client and OpenAPI take them from here; schemas with an `id`
+ * become named components of `/openapi.json`.
  * @module
  */
 import { z } from "zod";
 import { ATTN_TYPES, DTYPES, KV_CACHE_DTYPES, KV_LAYOUTS } from "../core/types.ts";
+import { CACHE_ID_PATTERN, CACHE_ID_RULE } from "./names.ts";
 
 const INT32_MAX = 2147483647;
+
+/** A cache id (path parameter `{id}`, the body field `kv_cache`). */
+export const CacheIdSchema = z.string().regex(CACHE_ID_PATTERN, {
+  error: `must be ${CACHE_ID_RULE}`,
+}).meta({ id: "CacheId", description: `${CACHE_ID_RULE}.` });
+
 const posInt = () => z.int().min(1).max(INT32_MAX);
 const dim = () => z.int().min(0).max(INT32_MAX);
 
@@ -102,7 +111,9 @@ const forwardCommon = {
   backend: z.string().min(1).optional().describe('"auto" (default) or a backend name.'),
   dtype: DTypeSchema,
   layer: LayerSchema,
-  kv_cache: z.string().min(1).optional().describe("Id of a server-held cache."),
+  kv_cache: CacheIdSchema.optional().describe(
+    "Id of a server-held cache. On POST /v1/kv-caches/{id}/forward: absent, or the path's id.",
+  ),
   kv_cache_layout: KvLayoutSchema.optional().describe("Layout of inline caches (default NHD)."),
   return_lse: z.boolean().optional(),
   output_encoding: OutputEncodingSchema.optional().describe(
@@ -178,7 +189,10 @@ export const CreateCacheRequestSchema = z.strictObject({
 // ---- responses ----
 
 /** `GET /healthz`. */
-export const HealthResponseSchema = z.object({ status: z.literal("ok") }).meta({ id: "Health" });
+export const HealthResponseSchema = z.object({
+  status: z.literal("ok"),
+  instance: z.string().optional().describe("The server's --instance-name, when it has one."),
+}).meta({ id: "Health" });
 
 /** `GET /v1/device`. */
 export const DeviceReportSchema = z.object({
@@ -226,7 +240,7 @@ export const SelectResponseSchema = z.object({
 
 /** A server-held cache (`POST /v1/kv-caches` 201, `GET /v1/kv-caches/{id}`). */
 export const CacheInfoSchema = z.object({
-  id: z.string(),
+  id: CacheIdSchema,
   num_blocks: z.int(),
   block_size: z.int(),
   num_kv_heads: z.int(),
@@ -260,8 +274,8 @@ export const ForwardResponseSchema = z.object({
   timings: z.record(z.string(), z.number()).optional().describe("Milliseconds by phase."),
 }).meta({ id: "ForwardResponse" });
 
-/** RFC 9457 problem document. */
-export const ProblemSchema = z.object({
+/** RFC 9457 problem document (extension fields such as `cache_id` or `limit` may follow). */
+export const ProblemSchema = z.looseObject({
   type: z.string(),
   title: z.string(),
   status: z.int(),
@@ -274,16 +288,3 @@ export const ProblemSchema = z.object({
     .optional(),
   reasons: z.record(z.string(), z.array(z.string())).optional(),
 }).meta({ id: "Problem" });
-
-/** Types of the parsed bodies. */
-export type ForwardRequestBody = z.output<typeof ForwardRequestSchema>;
-/** The binary forward's JSON part. */
-export type BinaryForwardRequestBody = z.output<typeof BinaryForwardRequestSchema>;
-/** A select body. */
-export type SelectRequestBody = z.output<typeof SelectRequestSchema>;
-/** A create-cache body. */
-export type CreateCacheRequestBody = z.output<typeof CreateCacheRequestSchema>;
-/** A JSON forward response. */
-export type ForwardResponseBody = z.output<typeof ForwardResponseSchema>;
-/** A problem document. */
-export type ProblemBody = z.output<typeof ProblemSchema>;

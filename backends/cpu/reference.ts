@@ -1,5 +1,5 @@
 /**
- * The float64 attention oracle: the contract of shared/api.md written out plainly, on a host
+ * The float64 attention oracle: the contract of docs/api.md written out plainly, on a host
  * {@link ForwardBatch} and a {@link HostKvCache}. Every other backend is checked against it.
  *
  * {@link writeKv} stores the call's new K/V rows at their slots (fp8: `fround(x / scale)`,
@@ -8,11 +8,11 @@
  * cap, ALiBi, mask, sink in the denominator) and the log of its denominator.
  * @module
  */
-import { roundTo } from "./dtype.ts";
-import { checkQueryLayout } from "./batch_checks.ts";
-import { invalidBatch } from "./errors.ts";
+import { roundTo } from "../../core/dtype.ts";
+import { checkQueryLayout } from "../../core/batch_checks.ts";
+import { invalidBatch } from "../../core/errors.ts";
 import type { HostKvCache } from "./host_cache.ts";
-import type { ForwardBatch } from "./types.ts";
+import type { ForwardBatch } from "../../core/types.ts";
 
 /** What {@link attend} returns. */
 export interface ReferenceResult {
