@@ -98,7 +98,7 @@ export type {
   ValidBatch,
 } from "./core/types.ts";
 export { dataArray, fromFloats, hostBatch, toFloat32 } from "./core/data.ts";
-export { HostKvCache } from "./core/host_cache.ts";
+export { HostKvCache } from "./backends/cpu/host_cache.ts";
 export { validateHostBatch, validHostBatch } from "./service/host_input.ts";
 export {
   attachCache,
