@@ -1,13 +1,22 @@
 /**
  * The entry point: `deno task serve [--port N] [--host H] [--max-body-bytes B]
- * [--memory-budget-bytes B] [--no-gpu]`. Acquires the WebGPU device (unless --no-gpu), builds
- * the service and serves it. The only module that calls Deno.serve.
+ * [--memory-budget-bytes B] [--no-gpu] [--webgpu-runtime deno|dawn|auto] [--dawn-flags L]
+ * [--dawn-flag K=V]`. Selects the WebGPU runtime and acquires the device (unless --no-gpu),
+ * builds the service and serves it. The only module that calls Deno.serve.
  * @module
  */
 import { parseArgs } from "node:util";
 import { builtinBackends } from "../backends/index.ts";
 import type { DeviceProvider } from "../core/types.ts";
 import { NoDeviceProvider, WebGpuDeviceManager } from "../gpu/device.ts";
+import { selectRuntime } from "../gpu/runtime.ts";
+import {
+  resolveRuntimeOptions,
+  RUNTIME_HELP,
+  runtimeEnv,
+  type RuntimeOptions,
+} from "../gpu/runtime_options.ts";
+import { deviceSummary, otherRuntimesSummary } from "../gpu/runtime_report.ts";
 import { AttentionService } from "../service/service.ts";
 import { DEFAULT_MAX_BODY_BYTES } from "./body.ts";
 import { createHandler } from "./handler.ts";
@@ -24,6 +33,7 @@ usage: deno task serve [options]
   --max-body-bytes B        largest request body in bytes (default ${DEFAULT_MAX_BODY_BYTES} = 512 MiB)
   --memory-budget-bytes B   total bytes of server-held KV caches (default ${DEFAULT_MEMORY_BUDGET_BYTES} = 4 GiB)
   --no-gpu                  do not acquire a WebGPU device (host backends only)
+${RUNTIME_HELP}
   -h, --help                show this help
 `;
 
@@ -42,11 +52,19 @@ export interface ServeOptions {
   maxBodyBytes: number;
   memoryBudgetBytes: number;
   gpu: boolean;
+  /** The WebGPU runtime and Dawn's flags (command line over environment). */
+  runtime: RuntimeOptions;
   help: boolean;
 }
 
-/** Parses the command line. @throws Error with a usage message on bad flags. */
-export function parseServeArgs(args: string[]): ServeOptions {
+/**
+ * Parses the command line; `env` supplies ATTN_WEBGPU_RUNTIME / ATTN_DAWN_FLAGS.
+ * @throws Error with a usage message on bad flags.
+ */
+export function parseServeArgs(
+  args: string[],
+  env: Record<string, string | undefined> = {},
+): ServeOptions {
   const { values } = parseArgs({
     args,
     options: {
@@ -55,6 +73,9 @@ export function parseServeArgs(args: string[]): ServeOptions {
       "max-body-bytes": { type: "string" },
       "memory-budget-bytes": { type: "string" },
       "no-gpu": { type: "boolean" },
+      "webgpu-runtime": { type: "string" },
+      "dawn-flags": { type: "string" },
+      "dawn-flag": { type: "string", multiple: true },
       help: { type: "boolean", short: "h" },
     },
     strict: true,
@@ -73,6 +94,11 @@ export function parseServeArgs(args: string[]): ServeOptions {
       0,
     ),
     gpu: !values["no-gpu"],
+    runtime: resolveRuntimeOptions({
+      runtime: values["webgpu-runtime"],
+      dawnFlags: values["dawn-flags"],
+      dawnFlag: values["dawn-flag"],
+    }, env),
     help: values.help ?? false,
   };
 }
@@ -80,7 +106,7 @@ export function parseServeArgs(args: string[]): ServeOptions {
 async function main(): Promise<void> {
   let o: ServeOptions;
   try {
-    o = parseServeArgs(Deno.args);
+    o = parseServeArgs(Deno.args, runtimeEnv());
   } catch (e) {
     console.error(`${e instanceof Error ? e.message : e}\n\n${HELP}`);
     Deno.exit(2);
@@ -90,16 +116,21 @@ async function main(): Promise<void> {
     return;
   }
   let device: DeviceProvider;
+  let mgr: WebGpuDeviceManager | null = null;
   if (o.gpu) {
-    const mgr = new WebGpuDeviceManager({});
+    mgr = new WebGpuDeviceManager({ selection: await selectRuntime(o.runtime) });
     const ctx = await mgr.acquire();
-    const r = mgr.report();
-    console.error(
-      ctx
-        ? `webgpu: ${r.adapter?.description || r.adapter?.device || "adapter"} (${r.runtime})`
-        : `webgpu: no device (${r.reason ?? "no adapter"})`,
-    );
+    if (!ctx && o.runtime.choice === "dawn") {
+      console.error(`webgpu: --webgpu-runtime dawn cannot start: ${mgr.report().reason}`);
+      Deno.exit(2);
+    }
+    console.error(`webgpu: ${deviceSummary(mgr.report())}`);
     device = mgr;
+    // Once, in the background: whether the runtime not chosen could start here (no device).
+    const m = mgr;
+    m.probeOtherRuntimes().then(() => {
+      for (const line of otherRuntimesSummary(m.report())) console.error(`webgpu: ${line}`);
+    });
   } else {
     device = new NoDeviceProvider();
     console.error("webgpu: disabled (--no-gpu)");
@@ -119,7 +150,7 @@ async function main(): Promise<void> {
     },
   }, handler);
   const stop = () => {
-    server.shutdown().then(() => service.close());
+    server.shutdown().then(() => service.close()).then(() => mgr?.close());
   };
   for (const sig of ["SIGINT", "SIGTERM"] as const) {
     try {

@@ -1,6 +1,9 @@
 /** server/main.ts: flag parsing, --help, and a real start with --no-gpu on a free port. */
 import assert from "node:assert/strict";
+import { DEFAULT_DAWN_FLAGS } from "../../gpu/runtime_options.ts";
 import { parseServeArgs } from "../../server/main.ts";
+
+const DENO_RUNTIME = { choice: "deno", dawnFlags: [...DEFAULT_DAWN_FLAGS] };
 
 const MAIN = new URL("../../server/main.ts", import.meta.url).pathname;
 
@@ -11,6 +14,7 @@ Deno.test("main: flags and defaults", () => {
     maxBodyBytes: 512 * 1024 * 1024,
     memoryBudgetBytes: 4 * 1024 ** 3,
     gpu: true,
+    runtime: DENO_RUNTIME,
     help: false,
   });
   const o = parseServeArgs([
@@ -29,8 +33,17 @@ Deno.test("main: flags and defaults", () => {
     maxBodyBytes: 1000,
     memoryBudgetBytes: 5,
     gpu: false,
+    runtime: DENO_RUNTIME,
     help: false,
   });
+  assert.deepEqual(
+    parseServeArgs(["--webgpu-runtime", "auto", "--dawn-flag", "backend=vulkan"], {
+      ATTN_WEBGPU_RUNTIME: "dawn",
+      ATTN_DAWN_FLAGS: "adapter=H200",
+    }).runtime,
+    { choice: "auto", dawnFlags: ["adapter=H200", "backend=vulkan"] },
+  );
+  assert.equal(parseServeArgs([], { ATTN_WEBGPU_RUNTIME: "dawn" }).runtime.choice, "dawn");
   assert.equal(parseServeArgs(["-h"]).help, true);
   assert.throws(() => parseServeArgs(["--port", "x"]), /--port must be an integer/);
   assert.throws(() => parseServeArgs(["--port", "70000"]), /<= 65535/);
@@ -53,6 +66,9 @@ Deno.test("main: --help lists every flag", async () => {
       "--max-body-bytes",
       "--memory-budget-bytes",
       "--no-gpu",
+      "--webgpu-runtime",
+      "--dawn-flags",
+      "--dawn-flag",
       "--help",
     ]
   ) {
