@@ -100,5 +100,6 @@ export function describeAdapter(info: AdapterInfoReport): string {
   const name = info.description || info.device || "adapter";
   const vendor = info.vendor_name ?? (info.vendor || "unknown vendor");
   const arch = info.architecture ? `, ${info.architecture}` : "";
-  return `${name} (${vendor}${arch}${isSoftwareAdapter(info) ? ", software" : ""})`;
+  const soft = isSoftwareAdapter(info) && info.architecture.toLowerCase() !== "software";
+  return `${name} (${vendor}${arch}${soft ? ", software" : ""})`;
 }
