@@ -7,6 +7,20 @@
  * why on stderr; the adapter request runs under {@link captureStderr} so that text becomes
  * the reason. A missing package, a missing permission or bad flags become `unavailable`.
  * Its devices get `enable subgroups;` added where a module needs it (gpu/runtime_wgsl.ts).
+ *
+ * Behaviour seen with Deno 2.9.6 (Mesa 25.0 lavapipe, Debian trixie):
+ * - While any Dawn promise is pending, dawn.node (its AsyncRunner) polls the instance from a
+ *   `setImmediate` chain, so the JS thread spins until it settles (and the round trip is
+ *   microseconds).
+ *   Nothing keeps the process alive once the promises settle; `device.lost` does not.
+ * - Tint enforces WGSL rules naga does not: a const-expression that is NaN or infinite
+ *   (`bitcast<f32>(0x7fc00000u)`) is a shader-creation error, and subgroup builtins need
+ *   `enable subgroups;`.
+ * - Teardown: destroying a device from an `unload` listener kills the process (SIGSEGV), and
+ *   under `deno test` a test file that ends with a Dawn operation still in flight (a failed
+ *   test's sibling pipeline compiles) aborts the process (SIGABRT) before the failures are
+ *   printed (`deno test --reporter=tap` prints each failure as it happens); `deno run` exits
+ *   cleanly in both cases. Destroy devices while the event loop runs.
  * @module
  */
 import type { AdapterResult, WebGpuRuntime } from "./runtime.ts";
