@@ -22,6 +22,7 @@ import { builtinBackends } from "../backends/index.ts";
 import type { AttentionBackend, BackendContext, ForwardBatch } from "../core/types.ts";
 import { WebGpuDeviceManager } from "../gpu/device.ts";
 import { selectRuntime } from "../gpu/runtime.ts";
+import { describeAdapter, isSoftwareAdapter } from "../gpu/runtime_adapter.ts";
 import { completionRoundTrip } from "../gpu/runtime_device.ts";
 import { resolveRuntimeOptions, runtimeEnv } from "../gpu/runtime_options.ts";
 import { deviceSummary } from "../gpu/runtime_report.ts";
@@ -197,17 +198,14 @@ async function main(): Promise<void> {
   const rt = await completionRoundTrip(gpu.device, 50);
   const roundTrip = median(rt.ms);
   const info = gpu.adapter_info;
-  const software = info.is_fallback_adapter === true ||
-    /llvmpipe|lavapipe|swiftshader|softpipe/i.test(info.description);
+  const software = isSoftwareAdapter(info);
   const small = a.big ? false : a.small ?? software;
   const iters = a.iters ? Number(a.iters) : small ? 5 : 20;
   const log = (s: string) => a.json ? undefined : console.log(s);
   log(`runtime: ${deviceSummary(mgr.report())}`);
   log(`completion round trip (empty submit + 16 B mapAsync): median ${f(roundTrip)} ms`);
   log(
-    `adapter: ${info.description || info.device} (vendor ${info.vendor}${
-      info.architecture ? `, ${info.architecture}` : ""
-    }${software ? ", software" : ""}), backend env DENO_WEBGPU_BACKEND=${
+    `adapter: ${describeAdapter(info)}, backend env DENO_WEBGPU_BACKEND=${
       Deno.env.get("DENO_WEBGPU_BACKEND") ?? "(default)"
     }`,
   );
