@@ -1,8 +1,11 @@
 /**
- * `deno task bench [--runtime deno] [--iters N] [--case decode|prefill|all] [--small|--big]
- * [--json]`: kernel timings beside a same-run copy kernel's bandwidth.
+ * `deno task bench [--runtime deno|dawn|auto] [--dawn-flags L] [--dawn-flag K=V] [--iters N]
+ * [--case decode|prefill|all] [--small|--big] [--json]`: kernel timings beside a same-run copy
+ * kernel's bandwidth.
  *
- * 1. Acquires the device through {@link WebGpuDeviceManager} and prints the adapter.
+ * 1. Selects the WebGPU runtime (`--runtime`, else ATTN_WEBGPU_RUNTIME, else deno), acquires
+ *    the device through {@link WebGpuDeviceManager}, prints runtime and adapter and the
+ *    runtime's completion round trip (empty submit + 16-byte mapAsync).
  * 2. Copy: bench/copy.wgsl (vec4<u32>) over the largest buffer the binding limit allows (up
  *    to 2 GiB; 128 MiB on this project's software adapters), many dispatches per sync,
  *    timed by timestamp-query when granted and by the wall clock → GB/s (read + write).
@@ -19,6 +22,11 @@ import { builtinBackends } from "../backends/index.ts";
 import type { AttentionBackend, BackendContext, DataArray } from "../core/types.ts";
 import { validHostBatch } from "../service/host_input.ts";
 import { WebGpuDeviceManager } from "../gpu/device.ts";
+import { selectRuntime } from "../gpu/runtime.ts";
+import { describeAdapter, isSoftwareAdapter } from "../gpu/runtime_adapter.ts";
+import { completionRoundTrip } from "../gpu/runtime_device.ts";
+import { resolveRuntimeOptions, runtimeEnv } from "../gpu/runtime_options.ts";
+import { deviceSummary } from "../gpu/runtime_report.ts";
 import { copyBench, readbackFloor } from "./copy.ts";
 import { type BenchShape, benchShapes, makeBatch, work } from "./shapes.ts";
 
@@ -149,7 +157,9 @@ async function main(): Promise<void> {
   const { values: a } = parseArgs({
     args: Deno.args,
     options: {
-      runtime: { type: "string", default: "deno" },
+      runtime: { type: "string" },
+      "dawn-flags": { type: "string" },
+      "dawn-flag": { type: "string", multiple: true },
       iters: { type: "string" },
       case: { type: "string", default: "all" },
       small: { type: "boolean" },
@@ -160,29 +170,42 @@ async function main(): Promise<void> {
   });
   if (a.help) {
     console.log(
-      "deno task bench [--runtime deno] [--iters N] [--case decode|prefill|all] [--small|--big] [--json]",
+      "deno task bench [--runtime deno|dawn|auto] [--dawn-flags L] [--dawn-flag K=V] [--iters N] " +
+        "[--case decode|prefill|all] [--small|--big] [--json]",
     );
     return;
-  }
-  if (a.runtime !== "deno") {
-    throw new Error(`--runtime ${a.runtime}: only "deno" (navigator.gpu) is available`);
   }
   if (!["decode", "prefill", "all"].includes(a.case!)) {
     throw new Error(`--case ${a.case}: use decode, prefill or all`);
   }
-  const mgr = new WebGpuDeviceManager({ runtime: a.runtime });
+  let runtime;
+  try {
+    runtime = resolveRuntimeOptions(
+      { runtime: a.runtime, dawnFlags: a["dawn-flags"], dawnFlag: a["dawn-flag"] },
+      runtimeEnv(),
+      "--runtime",
+    );
+  } catch (e) {
+    console.error(e instanceof Error ? e.message : e);
+    Deno.exit(2);
+  }
+  const mgr = new WebGpuDeviceManager({ selection: await selectRuntime(runtime) });
   const gpu = await mgr.acquire();
-  if (!gpu) throw new Error(`no WebGPU device: ${mgr.report().reason}`);
+  if (!gpu) {
+    console.error(`no WebGPU device on runtime ${mgr.runtime.name}: ${mgr.report().reason}`);
+    Deno.exit(2);
+  }
+  const rt = await completionRoundTrip(gpu.device, 50);
+  const roundTrip = median(rt.ms);
   const info = gpu.adapter_info;
-  const software = info.is_fallback_adapter === true ||
-    /llvmpipe|lavapipe|swiftshader|softpipe/i.test(info.description);
+  const software = isSoftwareAdapter(info);
   const small = a.big ? false : a.small ?? software;
   const iters = a.iters ? Number(a.iters) : small ? 5 : 20;
   const log = (s: string) => a.json ? undefined : console.log(s);
+  log(`runtime: ${deviceSummary(mgr.report())}`);
+  log(`completion round trip (empty submit + 16 B mapAsync): median ${f(roundTrip)} ms`);
   log(
-    `adapter: ${info.description || info.device} (vendor ${info.vendor}${
-      info.architecture ? `, ${info.architecture}` : ""
-    }${software ? ", software" : ""}), backend env DENO_WEBGPU_BACKEND=${
+    `adapter: ${describeAdapter(info)}, backend env DENO_WEBGPU_BACKEND=${
       Deno.env.get("DENO_WEBGPU_BACKEND") ?? "(default)"
     }`,
   );
@@ -234,7 +257,19 @@ async function main(): Promise<void> {
   if (a.json) {
     console.log(
       JSON.stringify(
-        { adapter: info, features: [...gpu.features], small, iters, copy, rows },
+        {
+          runtime: mgr.report().runtime,
+          runtime_version: mgr.report().runtime_version,
+          runtime_flags: mgr.report().runtime_flags,
+          backend_api: mgr.report().backend_api,
+          round_trip_ms: roundTrip,
+          adapter: info,
+          features: [...gpu.features],
+          small,
+          iters,
+          copy,
+          rows,
+        },
         null,
         2,
       ),

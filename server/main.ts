@@ -1,17 +1,24 @@
 /**
  * The entry point: `deno task serve [options]` (`--help` lists them). Resolves the access
- * policy (a non-loopback bind needs a token), acquires the WebGPU device (unless --no-gpu),
- * builds the service and serves it; on SIGTERM or SIGINT it stops taking calls (after a 100 ms
- * settle window; later ones get a 503 `shutting_down`), finishes the calls it took up to
- * `--shutdown-deadline-ms`, closes the listener and exits (0 when every call finished, 1 when
- * the deadline cut some off; a second signal exits 1 at once). Exits 2 on a bad command line or a refused access configuration.
- * The only module that calls Deno.serve.
+ * policy (a non-loopback bind needs a token), selects the WebGPU runtime (`--webgpu-runtime
+ * deno|dawn|auto`) and acquires the device (unless --no-gpu), builds the service and serves
+ * it; on SIGTERM or SIGINT it stops taking calls (after a 100 ms settle window; later ones get
+ * a 503 `shutting_down`), finishes the calls it took up to `--shutdown-deadline-ms`, closes the
+ * listener and exits (0 when every call finished, 1 when the deadline cut some off; a second
+ * signal exits 1 at once). Exits 2 on a bad command line, a refused access configuration or
+ * an explicit runtime that cannot start. The only module that calls Deno.serve.
  * @module
  */
 import { parseArgs } from "node:util";
 import { builtinBackends } from "../backends/index.ts";
 import type { DeviceProvider } from "../core/types.ts";
-import { NoDeviceProvider, WebGpuDeviceManager } from "../gpu/device.ts";
+import {
+  resolveRuntimeOptions,
+  RUNTIME_HELP,
+  runtimeEnv,
+  type RuntimeOptions,
+} from "../gpu/runtime_options.ts";
+import { acquireDevice } from "./device_setup.ts";
 import { AttentionService } from "../service/service.ts";
 import { type CallLimits, DEFAULT_CALL_LIMITS } from "../service/validate.ts";
 import { AccessConfigError, resolveAccess, type ResolvedAccess } from "./access_config.ts";
@@ -55,6 +62,7 @@ usage: deno task serve [options]
   --no-gpu                  do not acquire a WebGPU device (host backends only)
   --instance-name NAME      name this instance in every answer's X-Attention-Instance header
                             and in /healthz (1-64 characters of A-Z a-z 0-9 . _ -; default none)
+${RUNTIME_HELP}
   -h, --help                show this help
 `;
 
@@ -81,11 +89,19 @@ export interface ServeOptions {
   gpu: boolean;
   /** This instance's name in answers (`--instance-name`). */
   instanceName?: string;
+  /** The WebGPU runtime and Dawn's flags (command line over environment). */
+  runtime: RuntimeOptions;
   help: boolean;
 }
 
-/** Parses the command line. @throws Error with a usage message on bad flags. */
-export function parseServeArgs(args: string[]): ServeOptions {
+/**
+ * Parses the command line; `env` supplies ATTN_WEBGPU_RUNTIME / ATTN_DAWN_FLAGS.
+ * @throws Error with a usage message on bad flags.
+ */
+export function parseServeArgs(
+  args: string[],
+  env: Record<string, string | undefined> = {},
+): ServeOptions {
   const { values } = parseArgs({
     args,
     options: {
@@ -102,6 +118,9 @@ export function parseServeArgs(args: string[]): ServeOptions {
       "shutdown-deadline-ms": { type: "string" },
       "no-gpu": { type: "boolean" },
       "instance-name": { type: "string" },
+      "webgpu-runtime": { type: "string" },
+      "dawn-flags": { type: "string" },
+      "dawn-flag": { type: "string", multiple: true },
       help: { type: "boolean", short: "h" },
     },
     strict: true,
@@ -165,24 +184,13 @@ export function parseServeArgs(args: string[]): ServeOptions {
     ),
     gpu: !values["no-gpu"],
     ...(instanceName !== undefined ? { instanceName } : {}),
+    runtime: resolveRuntimeOptions({
+      runtime: values["webgpu-runtime"],
+      dawnFlags: values["dawn-flags"],
+      dawnFlag: values["dawn-flag"],
+    }, env),
     help: values.help ?? false,
   };
-}
-
-async function acquireDevice(gpu: boolean): Promise<DeviceProvider> {
-  if (!gpu) {
-    console.error("webgpu: disabled (--no-gpu)");
-    return new NoDeviceProvider();
-  }
-  const mgr = new WebGpuDeviceManager({});
-  const ctx = await mgr.acquire();
-  const r = mgr.report();
-  console.error(
-    ctx
-      ? `webgpu: ${r.adapter?.description || r.adapter?.device || "adapter"} (${r.runtime})`
-      : `webgpu: no device (${r.reason ?? "no adapter"})`,
-  );
-  return mgr;
 }
 
 /** Adds `X-Attention-Instance` to every answer, the drainer's own 503s included. */
@@ -210,7 +218,7 @@ async function main(): Promise<void> {
   let o: ServeOptions;
   let access: ResolvedAccess;
   try {
-    o = parseServeArgs(Deno.args);
+    o = parseServeArgs(Deno.args, runtimeEnv());
     if (o.help) {
       console.log(HELP);
       return;
@@ -224,9 +232,10 @@ async function main(): Promise<void> {
   if (access.warning) console.error(access.warning);
   console.error(describeAccess(access));
   if (o.instanceName !== undefined) console.error(`instance: ${o.instanceName}`);
+  const { device, close: closeDevice } = await acquireDevice(o.gpu, o.runtime);
   const service = new AttentionService({
     backends: builtinBackends(),
-    device: await acquireDevice(o.gpu),
+    device,
     memoryBudgetBytes: o.memoryBudgetBytes,
     limits: o.limits,
   });
@@ -259,6 +268,7 @@ async function main(): Promise<void> {
     const r = await drainer.drain(server, { deadlineMs: o.shutdownDeadlineMs });
     if (r.drained) {
       await service.close();
+      closeDevice();
       console.error(`stopped: every call finished (${r.ms.toFixed(0)} ms)`);
       Deno.exit(0);
     }

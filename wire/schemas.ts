@@ -194,20 +194,55 @@ export const HealthResponseSchema = z.object({
   instance: z.string().optional().describe("The server's --instance-name, when it has one."),
 }).meta({ id: "Health" });
 
+const SubgroupMatrixConfigSchema = z.object({
+  component_type: z.string(),
+  result_component_type: z.string(),
+  m: z.int(),
+  n: z.int(),
+  k: z.int(),
+});
+
+const AdapterInfoSchema = z.looseObject({
+  vendor: z.string(),
+  vendor_name: z.string().optional().describe("the vendor's name where vendor is a PCI id"),
+  architecture: z.string(),
+  device: z.string(),
+  description: z.string(),
+  subgroup_min_size: z.int().optional(),
+  subgroup_max_size: z.int().optional(),
+  is_fallback_adapter: z.boolean().optional(),
+  subgroup_matrix_configs: z.array(SubgroupMatrixConfigSchema).optional().describe(
+    "Dawn's chromium-experimental-subgroup-matrix configurations",
+  ),
+});
+
+const RuntimeProbeSchema = z.object({
+  available: z.boolean().describe("it loads and finds an adapter here"),
+  version: z.string().optional(),
+  flags: z.array(z.string()).optional(),
+  backend_api: z.string().optional(),
+  reason: z.string().optional().describe("why it is unavailable, or why it was not chosen"),
+  adapter: AdapterInfoSchema.optional(),
+});
+
 /** `GET /v1/device`. */
 export const DeviceReportSchema = z.object({
   available: z.boolean(),
-  runtime: z.string(),
+  runtime: z.string().describe('"deno" (navigator.gpu), "dawn" (npm webgpu) or "none"'),
+  runtime_version: z.string().optional().describe("Deno's version, or the npm package's"),
+  runtime_flags: z.array(z.string()).optional().describe("Dawn's create() flags"),
+  selection: z.string().optional().describe("what was asked (deno, dawn, auto) and why"),
+  backend_api: z.string().optional().describe("vulkan, gl, metal, d3d12..."),
+  backend_api_source: z.string().optional(),
   reason: z.string().optional(),
-  adapter: z.looseObject({
-    vendor: z.string(),
-    architecture: z.string(),
-    device: z.string(),
-    description: z.string(),
-  }).optional(),
+  adapter: AdapterInfoSchema.optional(),
   features: z.array(z.string()),
   limits: z.record(z.string(), z.number()),
   generation: z.int(),
+  warnings: z.array(z.string()).optional(),
+  other_runtimes: z.record(z.string(), RuntimeProbeSchema).optional().describe(
+    "the runtimes not chosen, probed for an adapter (never a device)",
+  ),
 }).meta({ id: "DeviceReport" });
 
 /** One backend in `GET /v1/backends`. */

@@ -1,7 +1,10 @@
 /** server/main.ts: flag parsing, --help, a real start with --no-gpu on a free port, --instance-name. */
 import assert from "node:assert/strict";
+import { DEFAULT_DAWN_FLAGS } from "../../gpu/runtime_options.ts";
 import { parseServeArgs } from "../../server/main.ts";
 import { spawnServer } from "./process.ts";
+
+const DENO_RUNTIME = { choice: "deno", dawnFlags: [...DEFAULT_DAWN_FLAGS] };
 
 const MAIN = new URL("../../server/main.ts", import.meta.url).pathname;
 
@@ -17,6 +20,7 @@ Deno.test("main: flags and defaults", () => {
     allowedHosts: [],
     shutdownDeadlineMs: 30_000,
     gpu: true,
+    runtime: DENO_RUNTIME,
     help: false,
   };
   assert.deepEqual(parseServeArgs([]), defaults);
@@ -69,6 +73,14 @@ Deno.test("main: flags and defaults", () => {
     /--max-json-body-bytes must be <= 268435456/,
   );
   assert.throws(() => parseServeArgs(["--shutdown-deadline-ms=-1"]), /integer >= 0/);
+  assert.deepEqual(
+    parseServeArgs(["--webgpu-runtime", "auto", "--dawn-flag", "backend=vulkan"], {
+      ATTN_WEBGPU_RUNTIME: "dawn",
+      ATTN_DAWN_FLAGS: "adapter=H200",
+    }).runtime,
+    { choice: "auto", dawnFlags: ["adapter=H200", "backend=vulkan"] },
+  );
+  assert.equal(parseServeArgs([], { ATTN_WEBGPU_RUNTIME: "dawn" }).runtime.choice, "dawn");
   assert.equal(parseServeArgs(["-h"]).help, true);
   assert.throws(() => parseServeArgs(["--port", "x"]), /--port must be an integer/);
   assert.throws(() => parseServeArgs(["--port", "70000"]), /<= 65535/);
@@ -107,6 +119,9 @@ Deno.test("main: --help lists every flag", async () => {
       "--allowed-host",
       "--shutdown-deadline-ms",
       "--no-gpu",
+      "--webgpu-runtime",
+      "--dawn-flags",
+      "--dawn-flag",
       "--help",
     ]
   ) {
