@@ -30,6 +30,40 @@
  * console.log(await client.health());
  * await server.shutdown();
  * ```
+ * Validate a host batch once and run it on a backend (plans are built from the batch's shape
+ * alone; the output comes back in the batch dtype):
+ *
+ * @example
+ * ```ts
+ * import { CPU_REFERENCE, HostKvCache, toFloat32, validHostBatch } from "./mod.ts";
+ *
+ * const spec = {
+ *   num_blocks: 2, block_size: 16, num_kv_heads: 1, head_size: 4,
+ *   dtype: "float32" as const, kv_cache_dtype: "auto" as const, layout: "NHD" as const,
+ * };
+ * const cache = HostKvCache.create(spec);
+ * const batch = validHostBatch({
+ *   dtype: "float32",
+ *   layer: {
+ *     num_heads: 2, num_kv_heads: 1, head_size: 4, scale: 0.5, sliding_window: null,
+ *     logits_soft_cap: null, alibi_slopes: null, sinks: null, attn_type: "decoder",
+ *     causal: true, k_scale: 1, v_scale: 1,
+ *   },
+ *   num_tokens: 1,
+ *   query: new Float32Array([1, 0, 0, 0, 0, 1, 0, 0]),
+ *   key: new Float32Array([1, 2, 3, 4]),
+ *   value: new Float32Array([5, 6, 7, 8]),
+ *   metadata: {
+ *     num_reqs: 1, query_start_loc: Int32Array.of(0, 1), seq_lens: Int32Array.of(1),
+ *     block_table: Int32Array.of(1), max_blocks_per_req: 1, slot_mapping: Int32Array.of(16),
+ *   },
+ *   return_lse: false,
+ * }, cache);
+ * const ctx = { gpu: null };
+ * const r = await CPU_REFERENCE.run(await CPU_REFERENCE.plan(batch, ctx), batch, ctx);
+ * console.log(toFloat32(r.output)); // one visible key: the output is its value row, twice
+ * await CPU_REFERENCE.close();
+ * ```
  * @module
  */
 
@@ -38,8 +72,11 @@ export type {
   AttnType,
   BackendContext,
   BatchMetadata,
+  BatchShape,
+  BatchStats,
   CacheStorage,
   Capabilities,
+  DataArray,
   DeviceProvider,
   DeviceReport,
   DeviceRequirements,
@@ -55,10 +92,24 @@ export type {
   KvLayout,
   LayerSpec,
   MultipleOf,
+  RunOptions,
   SelectorConfig,
   StorageDType,
+  ValidBatch,
 } from "./core/types.ts";
+export { dataArray, fromFloats, hostBatch, toFloat32 } from "./core/data.ts";
+export { HostKvCache } from "./backends/cpu/host_cache.ts";
+export { validateHostBatch, validHostBatch } from "./service/host_input.ts";
 export {
+  attachCache,
+  type CallLimits,
+  DEFAULT_CALL_LIMITS,
+  type ForwardInput,
+  validateForward,
+} from "./service/validate.ts";
+export { PlanCache } from "./service/plan_cache.ts";
+export {
+  ClientClosedError,
   DeviceUnavailableError,
   type Issue,
   NoValidBackendError,
@@ -77,8 +128,23 @@ export {
   selectorConfigDefaults,
 } from "./backends/registry.ts";
 export { builtinBackends } from "./backends/index.ts";
-export { CPU_REFERENCE } from "./backends/cpu_reference.ts";
+export { CPU_REFERENCE } from "./backends/cpu/cpu_reference.ts";
 export { NoDeviceProvider, WebGpuDeviceManager } from "./gpu/device.ts";
 export { AttentionService, type AttentionServiceOptions } from "./service/service.ts";
-export { createHandler, type HandlerOptions } from "./server/handler.ts";
-export { AttentionApiError, AttentionClient } from "./client/client.ts";
+export { createHandler, type Handler, type HandlerOptions } from "./server/handler.ts";
+export {
+  AttentionApiError,
+  AttentionClient,
+  createRequestOf,
+  type ForwardAnswer,
+  type PutCacheResult,
+} from "./client/client.ts";
+export type {
+  CacheInfo,
+  CreateCacheRequest,
+  ForwardBody,
+  ForwardResponse,
+  ProblemDocument,
+  SelectRequest,
+  SelectResult,
+} from "./wire/types.ts";

@@ -3,7 +3,7 @@
  * @module
  */
 import type { AttentionBackend } from "../core/types.ts";
-import { CPU_REFERENCE } from "./cpu_reference.ts";
+import { CPU_REFERENCE } from "./cpu/cpu_reference.ts";
 import { WEBGPU_DECODE } from "./webgpu_decode.ts";
 import { WEBGPU_FLASH } from "./webgpu_flash.ts";
 

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # One call on the GPU machine (see bench/NOTES.md): GPU tests, the bench with its kernel sweeps,
-# the PyTorch anchor. Logs under $OUT; each part's tail is printed.
-# Usage there: bash bench/gpu_machine.sh [tests|bench|anchor|all]...
-# Sweeps (override by setting them): BENCH_FLASH_TILES (prefill register tiles TXxTYxRMxRN) and
-# BENCH_DECODE_TUNINGS (a JSON array of partial WEBGPU_DECODE tunings); BENCH_ARGS go to the
-# bench as they are (e.g. "--case decode").
+# the HTTP bench, the PyTorch anchor. Logs under $OUT; each part's tail is printed.
+# Usage there: bash bench/gpu_machine.sh [tests|bench|http|anchor|all]...
+# bench: sweeps (override by setting them) BENCH_FLASH_TILES (prefill register tiles
+# TXxTYxRMxRN[u|l]) and BENCH_DECODE_TUNINGS (a JSON array of partial WEBGPU_DECODE tunings);
+# BENCH_ARGS go to the bench as they are (e.g. "--case decode" or "--runtime dawn").
+# http: bench/http_bench.ts (deno task bench:http) on both WebGPU runtimes (HTTP_RUNTIMES,
+# default dawn,deno: Dawn first, each runtime's report printed when done), cut at HTTP_TIMEOUT
+# seconds (default 170); HTTP_ARGS adds flags (e.g. "--steps 32"); JSON in $OUT/http.json.
 set -uo pipefail
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
@@ -32,6 +35,11 @@ for w in $what; do
     bench | all)
       # shellcheck disable=SC2086
       run bench deno task bench ${BENCH_ARGS:-} ;;&
+    http | all)
+      TAIL=${TAIL:-100} run http timeout -k 10 "${HTTP_TIMEOUT:-170}" \
+        deno run --allow-net --allow-read --allow-env --allow-run --allow-write \
+        bench/http_bench.ts --runtimes "${HTTP_RUNTIMES:-dawn,deno}" \
+        --json-out "$out/http.json" ${HTTP_ARGS:-} ;;&
     anchor | all)
       run anchor python3 bench/torch_anchor.py ;;
   esac

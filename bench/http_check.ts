@@ -2,24 +2,33 @@
  * End-to-end check for a real GPU, over HTTP on a real port: a server-held GPU cache of about
  * 1 GiB (or `--gib N`), a prefill then a decode step whose blocks sit anywhere in it (the last
  * block included), each compared with CPU_REFERENCE run on a host cache fed the same calls.
- * Prints one line per step and exits 1 on a mismatch. Run: `deno run -A bench/http_check.ts`.
+ * Prints one line per step and exits 1 on a mismatch. Run: `deno run -A bench/http_check.ts
+ * [--runtime deno|dawn|auto]` (default: ATTN_WEBGPU_RUNTIME, else deno).
  * @module
  */
 import { parseArgs } from "node:util";
 import { AttentionService, builtinBackends, createHandler, WebGpuDeviceManager } from "../mod.ts";
+import { selectRuntime } from "../gpu/runtime.ts";
+import { resolveRuntimeOptions, runtimeEnv } from "../gpu/runtime_options.ts";
 import { AttentionClient, type ForwardBody } from "../client/client.ts";
 import { allclose } from "../tests/support/compare.ts";
 
-const { values: args } = parseArgs({ options: { gib: { type: "string", default: "1" } } });
+const { values: args } = parseArgs({
+  options: { gib: { type: "string", default: "1" }, runtime: { type: "string" } },
+});
 const gib = Number(args.gib);
 const [bs, kvh, hs, heads] = [16, 8, 128, 32];
 const blockBytes = 2 * bs * kvh * hs * 2; // K+V, f16
 const numBlocks = Math.floor(gib * 2 ** 30 / blockBytes);
 
-const device = new WebGpuDeviceManager();
+const device = new WebGpuDeviceManager({
+  selection: await selectRuntime(
+    resolveRuntimeOptions({ runtime: args.runtime }, runtimeEnv(), "--runtime"),
+  ),
+});
 const gpu = await device.acquire();
 if (!gpu) {
-  console.log("no WebGPU adapter: nothing to check");
+  console.log(`no WebGPU adapter (${device.report().reason}): nothing to check`);
   Deno.exit(0);
 }
 console.log(`adapter: ${gpu.adapter_info.description || gpu.adapter_info.vendor}`);

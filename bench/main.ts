@@ -1,9 +1,11 @@
 /**
- * `deno task bench [--case decode|prefill|all] [--small|--big] [--iters N] [--reps N]
- * [--flash-tiles LIST] [--decode-tunings JSON] [--json]`: kernel device time beside same-run
- * yardsticks.
+ * `deno task bench [--runtime deno|dawn|auto] [--dawn-flags L] [--dawn-flag K=V]
+ * [--case decode|prefill|all] [--small|--big] [--iters N] [--reps N] [--flash-tiles LIST]
+ * [--decode-tunings JSON] [--json]`: kernel device time beside same-run yardsticks.
  *
- * 1. Acquires the device through {@link WebGpuDeviceManager} and prints the adapter.
+ * 1. Selects the WebGPU runtime (`--runtime`, else ATTN_WEBGPU_RUNTIME, else deno), acquires
+ *    the device through {@link WebGpuDeviceManager}, prints runtime and adapter and the
+ *    runtime's completion round trip (empty submit + 16-byte mapAsync).
  * 2. Yardsticks, measured in the same run: bench/copy.wgsl (vec4<u32> copy, GB/s of read +
  *    write) and bench/fma.wgsl (the f32 FMA ceiling, TFLOP/s).
  * 3. For each shape (bench/shapes.ts; small on software adapters): every backend the
@@ -20,14 +22,22 @@ import { builtinBackends } from "../backends/index.ts";
 import type { AttentionBackend, BackendContext, KvCache, ValidBatch } from "../core/types.ts";
 import { validHostBatch } from "../service/host_input.ts";
 import { WebGpuDeviceManager } from "../gpu/device.ts";
+import { selectRuntime } from "../gpu/runtime.ts";
+import { describeAdapter, isSoftwareAdapter } from "../gpu/runtime_adapter.ts";
+import { completionRoundTrip } from "../gpu/runtime_device.ts";
+import { resolveRuntimeOptions, runtimeEnv } from "../gpu/runtime_options.ts";
+import { deviceSummary } from "../gpu/runtime_report.ts";
 import { copyBench } from "./copy.ts";
 import { fmaBench } from "./fma.ts";
 import { type BackendRow, measureBackend } from "./measure.ts";
 import { benchShapes, makeBatch, shapeName } from "./shapes.ts";
 import { decodeVariants, flashVariants, type Variant } from "./variants.ts";
 
-const USAGE = "deno task bench [--case decode|prefill|all] [--small|--big] [--iters N] " +
-  "[--reps N] [--flash-tiles 8x8x4x4,...] [--decode-tunings JSON-array] [--json]";
+const USAGE = "deno task bench [--runtime deno|dawn|auto] [--dawn-flags L] [--dawn-flag K=V] " +
+  "[--case decode|prefill|all] [--small|--big] [--iters N] [--reps N] " +
+  "[--flash-tiles 8x8x4x4,...] [--decode-tunings JSON-array] [--json]";
+
+const median = (a: number[]) => [...a].sort((x, y) => x - y)[Math.floor(a.length / 2)];
 
 /** Three significant digits (more for big numbers), "-" for none. */
 const f = (x: number | null | undefined) =>
@@ -68,7 +78,9 @@ async function main(): Promise<void> {
   const { values: a } = parseArgs({
     args: Deno.args,
     options: {
-      runtime: { type: "string", default: "deno" },
+      runtime: { type: "string" },
+      "dawn-flags": { type: "string" },
+      "dawn-flag": { type: "string", multiple: true },
       iters: { type: "string" },
       reps: { type: "string" },
       case: { type: "string", default: "all" },
@@ -81,9 +93,6 @@ async function main(): Promise<void> {
     },
   });
   if (a.help) return console.log(USAGE);
-  if (a.runtime !== "deno") {
-    throw new Error(`--runtime ${a.runtime}: only "deno" (navigator.gpu) is available`);
-  }
   if (!["decode", "prefill", "all"].includes(a.case!)) {
     throw new Error(`--case ${a.case}: use decode, prefill or all`);
   }
@@ -91,20 +100,34 @@ async function main(): Promise<void> {
     ...flashVariants(a["flash-tiles"] ?? Deno.env.get("BENCH_FLASH_TILES")),
     ...decodeVariants(a["decode-tunings"] ?? Deno.env.get("BENCH_DECODE_TUNINGS")),
   ];
-  const mgr = new WebGpuDeviceManager({ runtime: a.runtime });
+  let runtime;
+  try {
+    runtime = resolveRuntimeOptions(
+      { runtime: a.runtime, dawnFlags: a["dawn-flags"], dawnFlag: a["dawn-flag"] },
+      runtimeEnv(),
+      "--runtime",
+    );
+  } catch (e) {
+    console.error(e instanceof Error ? e.message : e);
+    Deno.exit(2);
+  }
+  const mgr = new WebGpuDeviceManager({ selection: await selectRuntime(runtime) });
   const gpu = await mgr.acquire();
-  if (!gpu) throw new Error(`no WebGPU device: ${mgr.report().reason}`);
+  if (!gpu) {
+    console.error(`no WebGPU device on runtime ${mgr.runtime.name}: ${mgr.report().reason}`);
+    Deno.exit(2);
+  }
+  const roundTrip = median((await completionRoundTrip(gpu.device, 50)).ms);
   const info = gpu.adapter_info;
-  const software = info.is_fallback_adapter === true ||
-    /llvmpipe|lavapipe|swiftshader|softpipe/i.test(info.description);
+  const software = isSoftwareAdapter(info);
   const small = a.big ? false : a.small ?? software;
   const iters = a.iters ? Number(a.iters) : small ? 2 : 3;
   const reps = a.reps ? Number(a.reps) : small ? 3 : 10;
   const log = (s: string) => a.json ? undefined : console.log(s);
+  log(`runtime: ${deviceSummary(mgr.report())}`);
+  log(`completion round trip (empty submit + 16 B mapAsync): median ${f(roundTrip)} ms`);
   log(
-    `adapter: ${info.description || info.device} (vendor ${info.vendor}${
-      info.architecture ? `, ${info.architecture}` : ""
-    }${software ? ", software" : ""}), DENO_WEBGPU_BACKEND=${
+    `adapter: ${describeAdapter(info)}, DENO_WEBGPU_BACKEND=${
       Deno.env.get("DENO_WEBGPU_BACKEND") ?? "(default)"
     }`,
   );
@@ -196,7 +219,26 @@ async function main(): Promise<void> {
     }
   }
   if (a.json) {
-    console.log(JSON.stringify({ adapter: info, small, iters, reps, copy, fma, rows }, null, 2));
+    const r = mgr.report();
+    console.log(JSON.stringify(
+      {
+        runtime: r.runtime,
+        runtime_version: r.runtime_version,
+        runtime_flags: r.runtime_flags,
+        backend_api: r.backend_api,
+        round_trip_ms: roundTrip,
+        adapter: info,
+        features: [...gpu.features],
+        small,
+        iters,
+        reps,
+        copy,
+        fma,
+        rows,
+      },
+      null,
+      2,
+    ));
     return;
   }
   console.log(

@@ -1,30 +1,55 @@
 /**
- * A typed fetch-based client of the attention service. Errors come back as
+ * A typed fetch-based client of the attention service. Request and answer types come from the
+ * wire contract (wire/types.ts, inferred from the zod schemas the server validates with);
+ * encoding and decoding from wire/client_codec.ts and wire/cache_file.ts. Nothing here comes
+ * from server/ or service/ (tests/client/imports_test.ts checks). Errors come back as
  * {@link AttentionApiError} carrying the server's RFC 9457 problem document.
  * @module
  */
-import { decode, encode } from "../core/dtype.ts";
 import {
-  parseSafetensors,
-  type SafetensorsTensor,
-  serializeSafetensors,
-} from "../core/safetensors.ts";
-import { canonicalDtype, type JsonTensor, safetensorsDtype } from "../core/tensors.ts";
-import type { DeviceReport, SelectorConfig, StorageDType } from "../core/types.ts";
-import type { ProblemDocument } from "../server/problem.ts";
-import type { CacheInfo, CreateCacheRequest, SelectResult } from "../service/service.ts";
+  type CacheData,
+  type CacheFile,
+  cacheSafetensors,
+  createRequestOf,
+  parseCacheFile,
+} from "../wire/cache_file.ts";
+import {
+  decodeJsonAnswer,
+  decodeSafetensorsAnswer,
+  type ForwardAnswer,
+  forwardBodyToSafetensors,
+} from "../wire/client_codec.ts";
+import { INSTANCE_HEADER } from "../wire/names.ts";
+import type {
+  BackendDescription,
+  CacheInfo,
+  CreateCacheRequest,
+  DeviceInfo,
+  ForwardBody,
+  ForwardResponse,
+  HealthResponse,
+  ProblemDocument,
+  SelectRequest,
+  SelectResult,
+} from "../wire/types.ts";
+
+export type { ForwardAnswer, ForwardBody, ProblemDocument };
+export { createRequestOf, forwardBodyToSafetensors };
 
 /** A failed call: the HTTP status and the problem document. */
 export class AttentionApiError extends Error {
   readonly status: number;
   readonly problem: ProblemDocument;
-  constructor(status: number, problem: ProblemDocument) {
+  /** The instance that answered (`X-Attention-Instance`), when it named itself. */
+  readonly instance?: string;
+  constructor(status: number, problem: ProblemDocument, instance?: string) {
     super(
       `${status} ${problem.code ?? ""}: ${problem.detail ?? problem.title ?? "request failed"}`,
     );
     this.name = "AttentionApiError";
     this.status = status;
     this.problem = problem;
+    if (instance !== undefined) this.instance = instance;
   }
   /** The problem's machine code. */
   get code(): string {
@@ -32,103 +57,21 @@ export class AttentionApiError extends Error {
   }
 }
 
-/** A JSON tensor or, for metadata, a plain (nested) array. */
-export type TensorLike = JsonTensor | number[] | number[][];
-
-/** A forward request as JSON (the contract's body). */
-export interface ForwardBody {
-  backend?: string;
-  dtype: "float32" | "float16" | "bfloat16";
-  layer: Record<string, unknown> & { num_heads: number; num_kv_heads: number; head_size: number };
-  query: JsonTensor;
-  key?: JsonTensor;
-  value?: JsonTensor;
-  metadata: {
-    query_start_loc: TensorLike;
-    seq_lens: TensorLike;
-    block_table?: TensorLike;
-    slot_mapping?: TensorLike;
-  };
-  kv_cache?: string;
-  key_cache?: JsonTensor;
-  value_cache?: JsonTensor;
-  kv_cache_layout?: "NHD" | "HND";
-  return_lse?: boolean;
-  output_encoding?: "data" | "base64";
+function withInstance(res: Response, ans: ForwardAnswer): ForwardAnswer {
+  const instance = res.headers.get(INSTANCE_HEADER);
+  if (instance !== null) ans.instance = instance;
+  return ans;
 }
 
-/** A decoded forward answer. */
-export interface ForwardAnswer {
-  backend: string;
-  /** [num_tokens, num_heads, head_size] */
-  output: { dtype: string; shape: number[]; values: Float32Array };
-  /** [num_heads, num_tokens] */
-  lse?: { shape: number[]; values: Float32Array };
-  timings?: Record<string, number>;
-}
+/** A cache's contents as `GET /v1/kv-caches/{id}/data` answers them (parsed). */
+export type CacheContents = CacheFile;
 
-/** A cache's contents. */
-export interface CacheContents {
-  key_cache: SafetensorsTensor;
-  value_cache: SafetensorsTensor;
-  metadata: Record<string, string>;
-}
-
-function tensorValues(
-  t: { dtype: string; data?: (number | null)[]; base64?: string },
-): Float32Array {
-  if (t.data) return Float32Array.from(t.data, (x) => (x === null ? NaN : x));
-  const bytes = Uint8Array.fromBase64(t.base64 ?? "");
-  return decodeBytes(canonicalDtype(t.dtype) as StorageDType, bytes);
-}
-
-function decodeBytes(dtype: StorageDType, bytes: Uint8Array): Float32Array {
-  return decode(dtype, bytes);
-}
-
-function intTensor(name: string, t: TensorLike): SafetensorsTensor {
-  if (Array.isArray(t)) {
-    const rows = t.every(Array.isArray) ? (t as number[][]) : null;
-    const flat = rows ? rows.flat() : (t as number[]);
-    const shape = rows ? [rows.length, rows[0]?.length ?? 0] : [flat.length];
-    return { dtype: "I32", shape, data: new Uint8Array(Int32Array.from(flat).buffer) };
-  }
-  return jsonToSafetensors(name, t);
-}
-
-function jsonToSafetensors(name: string, t: JsonTensor): SafetensorsTensor {
-  const c = canonicalDtype(t.dtype) as StorageDType | "int32" | "int64";
-  const dtype = safetensorsDtype(c);
-  if (t.base64 !== undefined) {
-    return { dtype, shape: t.shape, data: Uint8Array.fromBase64(t.base64) };
-  }
-  if (!t.data) throw new Error(`tensor ${name} has neither data nor base64`);
-  if (c === "int32") {
-    return { dtype, shape: t.shape, data: new Uint8Array(Int32Array.from(t.data).buffer) };
-  }
-  if (c === "int64") {
-    return {
-      dtype,
-      shape: t.shape,
-      data: new Uint8Array(BigInt64Array.from(t.data, (x) => BigInt(x)).buffer),
-    };
-  }
-  return { dtype, shape: t.shape, data: encode(c, t.data) };
-}
-
-/** Converts a JSON forward body to the safetensors transport. */
-export function forwardBodyToSafetensors(body: ForwardBody): Uint8Array {
-  const { query, key, value, key_cache, value_cache, metadata, ...rest } = body;
-  const tensors: Record<string, SafetensorsTensor> = { query: jsonToSafetensors("query", query) };
-  if (key) tensors.key = jsonToSafetensors("key", key);
-  if (value) tensors.value = jsonToSafetensors("value", value);
-  if (key_cache) tensors.key_cache = jsonToSafetensors("key_cache", key_cache);
-  if (value_cache) tensors.value_cache = jsonToSafetensors("value_cache", value_cache);
-  for (const k of ["query_start_loc", "seq_lens", "block_table", "slot_mapping"] as const) {
-    const t = metadata[k];
-    if (t !== undefined) tensors[k] = intTensor(k, t);
-  }
-  return serializeSafetensors(tensors, { request: JSON.stringify(rest) });
+/** What `PUT /v1/kv-caches/{id}` answered: the cache, and whether this call created it (201). */
+export interface PutCacheResult {
+  info: CacheInfo;
+  created: boolean;
+  /** The instance that answered (`X-Attention-Instance`), when it named itself. */
+  instance?: string;
 }
 
 /** Options of a client. */
@@ -182,7 +125,7 @@ export class AttentionClient {
           code: "http_error",
         };
       }
-      throw new AttentionApiError(res.status, doc);
+      throw new AttentionApiError(res.status, doc, res.headers.get(INSTANCE_HEADER) ?? undefined);
     }
     return res;
   }
@@ -191,89 +134,97 @@ export class AttentionClient {
     return await (await this.#call(method, path, { json })).json() as T;
   }
 
+  /** The path of a cache (its id URL-encoded). */
+  #cache(id: string, tail = ""): string {
+    return `/v1/kv-caches/${encodeURIComponent(id)}${tail}`;
+  }
+
   /** `GET /healthz`. */
-  health(): Promise<{ status: "ok" }> {
+  health(): Promise<HealthResponse> {
     return this.#json("GET", "/healthz");
   }
   /** `GET /v1/device`. */
-  device(): Promise<DeviceReport> {
+  device(): Promise<DeviceInfo> {
     return this.#json("GET", "/v1/device");
   }
   /** `GET /v1/backends`. */
-  async backends(): Promise<Record<string, unknown>[]> {
-    return (await this.#json<{ backends: Record<string, unknown>[] }>("GET", "/v1/backends"))
-      .backends;
+  async backends(): Promise<BackendDescription[]> {
+    return (await this.#json<{ backends: BackendDescription[] }>("GET", "/v1/backends")).backends;
   }
   /** `POST /v1/backends/select`. */
-  select(
-    cfg: Partial<SelectorConfig> & { head_size: number; dtype: string; backend?: string },
-  ): Promise<SelectResult> {
+  select(cfg: SelectRequest): Promise<SelectResult> {
     return this.#json("POST", "/v1/backends/select", cfg);
   }
-  /** `POST /v1/kv-caches`. */
+  /** `POST /v1/kv-caches`: a cache whose id the server chooses. */
   createCache(req: CreateCacheRequest): Promise<CacheInfo> {
     return this.#json("POST", "/v1/kv-caches", req);
   }
+  /**
+   * `PUT /v1/kv-caches/{id}`: the cache `id`, created (201) or found with the same spec (200);
+   * another spec is a 409 `cache_conflict`.
+   */
+  async putCache(id: string, req: CreateCacheRequest): Promise<PutCacheResult> {
+    const res = await this.#call("PUT", this.#cache(id), { json: req });
+    const out: PutCacheResult = {
+      info: await res.json() as CacheInfo,
+      created: res.status === 201,
+    };
+    const instance = res.headers.get(INSTANCE_HEADER);
+    if (instance !== null) out.instance = instance;
+    return out;
+  }
   /** `GET /v1/kv-caches/{id}`. */
   getCache(id: string): Promise<CacheInfo> {
-    return this.#json("GET", `/v1/kv-caches/${encodeURIComponent(id)}`);
+    return this.#json("GET", this.#cache(id));
   }
   /** `GET /v1/kv-caches/{id}/data`, parsed. */
   async cacheData(id: string): Promise<CacheContents> {
-    const res = await this.#call("GET", `/v1/kv-caches/${encodeURIComponent(id)}/data`);
-    const file = parseSafetensors(new Uint8Array(await res.arrayBuffer()));
-    return {
-      key_cache: file.tensors.key_cache,
-      value_cache: file.tensors.value_cache,
-      metadata: file.metadata,
-    };
+    const res = await this.#call("GET", this.#cache(id, "/data"));
+    return parseCacheFile(new Uint8Array(await res.arrayBuffer()));
+  }
+  /**
+   * `PUT /v1/kv-caches/{id}/data`: replaces the cache's contents with a cache file (the bytes
+   * of a `GET .../data`, or {@link CacheData} to encode).
+   */
+  async putCacheData(id: string, data: Uint8Array | CacheData): Promise<CacheInfo> {
+    const body = data instanceof Uint8Array ? data : cacheSafetensors(data);
+    return await (await this.#call("PUT", this.#cache(id, "/data"), { body })).json() as CacheInfo;
   }
   /** `DELETE /v1/kv-caches/{id}`. */
   async deleteCache(id: string): Promise<void> {
-    await (await this.#call("DELETE", `/v1/kv-caches/${encodeURIComponent(id)}`)).body?.cancel();
+    await (await this.#call("DELETE", this.#cache(id))).body?.cancel();
   }
 
   /**
-   * `POST /v1/attention/forward`. `binary: true` sends the body as safetensors and asks for a
-   * safetensors answer; either way the answer is decoded to typed arrays.
+   * `POST /v1/attention/forward` (the body may name a server-held cache in `kv_cache`).
+   * `binary: true` sends the body as safetensors and asks for a safetensors answer; either way
+   * the answer is decoded to typed arrays.
    */
-  async forward(body: ForwardBody, opts: { binary?: boolean } = {}): Promise<ForwardAnswer> {
+  forward(body: ForwardBody, opts: { binary?: boolean } = {}): Promise<ForwardAnswer> {
+    return this.#forward("/v1/attention/forward", body, opts);
+  }
+
+  /**
+   * `POST /v1/kv-caches/{id}/forward`: a forward call on the server-held cache `id` (the route
+   * a proxy can send to the instance holding it). The body names no `kv_cache`.
+   */
+  forwardOn(
+    id: string,
+    body: ForwardBody,
+    opts: { binary?: boolean } = {},
+  ): Promise<ForwardAnswer> {
+    return this.#forward(this.#cache(id, "/forward"), body, opts);
+  }
+
+  async #forward(path: string, body: ForwardBody, opts: { binary?: boolean }) {
     if (opts.binary) {
-      const res = await this.#call("POST", "/v1/attention/forward", {
+      const res = await this.#call("POST", path, {
         body: forwardBodyToSafetensors(body),
         accept: "application/octet-stream",
       });
-      const file = parseSafetensors(new Uint8Array(await res.arrayBuffer()));
-      const out = file.tensors.output;
-      const ans: ForwardAnswer = {
-        backend: file.metadata.backend,
-        output: {
-          dtype: canonicalDtype(out.dtype),
-          shape: out.shape,
-          values: decodeBytes(canonicalDtype(out.dtype) as StorageDType, out.data),
-        },
-        timings: file.metadata.timings ? JSON.parse(file.metadata.timings) : undefined,
-      };
-      if (file.tensors.lse) {
-        ans.lse = {
-          shape: file.tensors.lse.shape,
-          values: decodeBytes("float32", file.tensors.lse.data),
-        };
-      }
-      return ans;
+      return withInstance(res, decodeSafetensorsAnswer(new Uint8Array(await res.arrayBuffer())));
     }
-    const r = await this.#json<{
-      backend: string;
-      output: JsonTensor;
-      lse?: JsonTensor;
-      timings?: Record<string, number>;
-    }>("POST", "/v1/attention/forward", body);
-    const ans: ForwardAnswer = {
-      backend: r.backend,
-      output: { dtype: r.output.dtype, shape: r.output.shape, values: tensorValues(r.output) },
-      timings: r.timings,
-    };
-    if (r.lse) ans.lse = { shape: r.lse.shape, values: tensorValues(r.lse) };
-    return ans;
+    const res = await this.#call("POST", path, { json: body });
+    return withInstance(res, decodeJsonAnswer(await res.json() as ForwardResponse));
   }
 }

@@ -189,7 +189,7 @@ export interface DataArray {
 }
 
 /**
- * A forward call in float32 host form: what the float64 reference (core/reference.ts)
+ * A forward call in float32 host form: what the float64 reference (backends/cpu/reference.ts)
  * computes on. Data tensors are Float32Array whose values are exactly representable in
  * `dtype`. Built from a {@link ValidBatch} by `hostBatch` (core/data.ts).
  */
@@ -351,17 +351,60 @@ export interface AttentionBackend<P = unknown> {
   close?(): Promise<void>;
 }
 
+/** One subgroup-matrix configuration (Dawn's `chromium-experimental-subgroup-matrix`). */
+export interface SubgroupMatrixConfig {
+  component_type: string;
+  result_component_type: string;
+  m: number;
+  n: number;
+  k: number;
+}
+
+/** The adapter as `GET /v1/device` reports it. */
+export type AdapterInfoReport = GpuContext["adapter_info"] & {
+  /** The vendor's name where `vendor` is a PCI/Khronos id (Deno's "65541" is "mesa"). */
+  vendor_name?: string;
+  /** Dawn's `adapter.info.subgroupMatrixConfigs`, where the runtime gives them. */
+  subgroup_matrix_configs?: SubgroupMatrixConfig[];
+};
+
+/** A runtime not chosen, as a cheap probe (an adapter, never a device) found it. */
+export interface RuntimeProbeReport {
+  /** True when it loads and finds an adapter. */
+  available: boolean;
+  version?: string;
+  flags?: string[];
+  backend_api?: string;
+  /** Why it is unavailable, or why it was not chosen. */
+  reason?: string;
+  adapter?: AdapterInfoReport;
+}
+
 /** What `GET /v1/device` reports. */
 export interface DeviceReport {
   available: boolean;
-  /** Which WebGPU implementation: "deno" (navigator.gpu) or another GPU object's name. */
+  /** Which WebGPU implementation: "deno" (navigator.gpu), "dawn" (npm webgpu), or "none". */
   runtime: string;
+  /** Deno's version for "deno"; the npm `webgpu` package's for "dawn". */
+  runtime_version?: string;
+  /** The flags the runtime was created with (Dawn's `create(flags)`). */
+  runtime_flags?: string[];
+  /** How the runtime was chosen: what was asked (deno, dawn, auto) and why this one. */
+  selection?: string;
+  /** The native API under WebGPU: vulkan, gl, metal, d3d12... */
+  backend_api?: string;
+  /** How `backend_api` is known (WebGPU itself does not say). */
+  backend_api_source?: string;
   /** Why there is no device, when there is none. */
   reason?: string;
-  adapter?: GpuContext["adapter_info"];
+  adapter?: AdapterInfoReport;
   features: string[];
   limits: Record<string, number>;
   generation: number;
+  /** What the runtime printed while finding the adapter (Dawn's warnings). */
+  warnings?: string[];
+  /** The runtimes not chosen: whether they could start here, and why not (once probed). */
+  other_runtimes?: Record<string, RuntimeProbeReport>;
 }
 
 /** Owns the WebGPU device: acquires it, re-acquires after loss, reports it. */

@@ -1,33 +1,38 @@
 /**
- * The WebGPU device layer: acquires an adapter and a device from any `GPU` object (Deno's
- * `navigator.gpu` by default), asks for every limit at the adapter's own value and for the
- * optional features the kernels can use (`shader-f16`, `timestamp-query`, `subgroups`),
- * watches for device loss and re-acquires on demand with a bumped generation.
+ * The WebGPU device layer: acquires an adapter from a runtime (gpu/runtime.ts: Deno's
+ * `navigator.gpu` by default, or Dawn) and a device from it, asks for every limit at the
+ * adapter's own value and for the optional features the kernels can use (`shader-f16`,
+ * `timestamp-query`, `subgroups`, `chromium-experimental-subgroup-matrix`), watches for
+ * device loss and re-acquires on demand with a bumped generation, and reports it all.
  *
- * This is the only module that touches `navigator.gpu`; everything else receives a
- * {@link GpuContext}.
+ * Only gpu/runtime*.ts touch a `GPU` object; everything else receives a {@link GpuContext}.
  * @module
  */
-import type { DeviceProvider, DeviceReport, GpuContext } from "../core/types.ts";
+import type { AdapterInfoReport, DeviceProvider, DeviceReport, GpuContext } from "../core/types.ts";
+import {
+  denoRuntime,
+  loadRuntime,
+  type RuntimeLoader,
+  type RuntimeSelection,
+  type WebGpuRuntime,
+} from "./runtime.ts";
+import { adapterInfoOf } from "./runtime_adapter.ts";
+import { numericLimits, requestFullDevice } from "./runtime_device.ts";
+import { OtherRuntimes } from "./runtime_probe.ts";
 
-/** Optional features requested when the adapter offers them. */
-export const WANTED_FEATURES = ["shader-f16", "timestamp-query"] as const;
-
-/**
- * Requested even when the adapter does not list it (Deno hides `subgroups` from
- * `adapter.features` on some backends yet grants it); the request is retried without it.
- */
-export const OPPORTUNISTIC_FEATURES = ["subgroups"] as const;
+export { numericLimits, OPPORTUNISTIC_FEATURES, WANTED_FEATURES } from "./runtime_device.ts";
 
 /** Called once when a device is lost. */
 export type LostListener = (ctx: GpuContext, info: { reason: string; message: string }) => void;
 
 /** Options of {@link WebGpuDeviceManager}. */
 export interface WebGpuDeviceManagerOptions {
-  /** The WebGPU entry point; default `navigator.gpu` (which may be undefined). null: none. */
-  gpu?: GPU | null;
-  /** Which implementation this is, for the report (default "deno"). */
-  runtime?: string;
+  /** The runtime giving adapters; default Deno's (`navigator.gpu`), or `selection.runtime`. */
+  runtime?: WebGpuRuntime;
+  /** How the runtime was chosen ({@link selectRuntime}): reported, with the others it probed. */
+  selection?: RuntimeSelection;
+  /** Loads the runtimes not chosen for {@link WebGpuDeviceManager.probeOtherRuntimes}. */
+  load?: RuntimeLoader;
   /** Default "high-performance". */
   powerPreference?: GPUPowerPreference;
 }
@@ -35,7 +40,7 @@ export interface WebGpuDeviceManagerOptions {
 /** The live device plus what was granted. `lost` flips when the device is lost. */
 export class WebGpuContext implements GpuContext {
   readonly device: GPUDevice;
-  readonly adapter_info: GpuContext["adapter_info"];
+  readonly adapter_info: AdapterInfoReport;
   readonly features: ReadonlySet<string>;
   readonly limits: Readonly<Record<string, number>>;
   readonly generation: number;
@@ -45,7 +50,7 @@ export class WebGpuContext implements GpuContext {
 
   constructor(
     device: GPUDevice,
-    adapterInfo: GpuContext["adapter_info"],
+    adapterInfo: AdapterInfoReport,
     generation: number,
   ) {
     this.device = device;
@@ -112,70 +117,38 @@ export function onDeviceLost(ctx: GpuContext, cb: () => void): () => void {
   };
 }
 
-/** Every numeric entry of a GPUSupportedLimits (own and prototype getters). */
-export function numericLimits(l: GPUSupportedLimits): Record<string, number> {
-  const out: Record<string, number> = {};
-  const keys = new Set<string>(Object.keys(l));
-  for (
-    let p = Object.getPrototypeOf(l);
-    p && p !== Object.prototype;
-    p = Object.getPrototypeOf(p)
-  ) {
-    for (const k of Object.getOwnPropertyNames(p)) keys.add(k);
-  }
-  for (const k of keys) {
-    if (k === "constructor") continue;
-    const v = (l as unknown as Record<string, unknown>)[k];
-    if (typeof v === "number" && Number.isFinite(v)) out[k] = v;
-  }
-  return Object.fromEntries(Object.entries(out).sort(([a], [b]) => a.localeCompare(b)));
-}
-
-function adapterInfoOf(adapter: GPUAdapter): GpuContext["adapter_info"] {
-  const i = (adapter.info ?? {}) as GPUAdapterInfo & {
-    subgroupMinSize?: number;
-    subgroupMaxSize?: number;
-    isFallbackAdapter?: boolean;
-  };
-  const info: GpuContext["adapter_info"] = {
-    vendor: String(i.vendor ?? ""),
-    architecture: String(i.architecture ?? ""),
-    device: String(i.device ?? ""),
-    description: String(i.description ?? ""),
-  };
-  if (typeof i.subgroupMinSize === "number") info.subgroup_min_size = i.subgroupMinSize;
-  if (typeof i.subgroupMaxSize === "number") info.subgroup_max_size = i.subgroupMaxSize;
-  const fb = i.isFallbackAdapter ?? (adapter as { isFallbackAdapter?: boolean }).isFallbackAdapter;
-  if (typeof fb === "boolean") info.is_fallback_adapter = fb;
-  return info;
-}
-
-function defaultGpu(): GPU | null {
-  return (globalThis.navigator as Navigator | undefined)?.gpu ?? null;
-}
-
 /**
- * Owns the WebGPU device. `acquire()` is idempotent while the device lives; after a loss,
- * `current()` is null until the next `acquire()`, which gets a new device (generation + 1).
+ * Owns the WebGPU device of one runtime. `acquire()` is idempotent while the device lives;
+ * after a loss, `current()` is null until the next `acquire()`, which gets a new device
+ * (generation + 1). `close()` destroys the device for good.
  */
 export class WebGpuDeviceManager implements DeviceProvider {
-  readonly runtime: string;
+  readonly runtime: WebGpuRuntime;
   readonly powerPreference: GPUPowerPreference;
-  #gpu: GPU | null;
+  readonly #selection: RuntimeSelection | undefined;
   #ctx: WebGpuContext | null = null;
   #generation = 0;
   #reason: string | undefined;
+  #warnings: string[] = [];
+  #closed = false;
   #pending: Promise<GpuContext | null> | null = null;
   #listeners = new Set<LostListener>();
+  readonly #others: OtherRuntimes;
 
   constructor(opts: WebGpuDeviceManagerOptions = {}) {
-    this.#gpu = opts.gpu === undefined ? defaultGpu() : opts.gpu;
-    this.runtime = opts.runtime ?? "deno";
+    this.#selection = opts.selection;
+    this.runtime = opts.runtime ?? opts.selection?.runtime ?? denoRuntime();
     this.powerPreference = opts.powerPreference ?? "high-performance";
-    if (!this.#gpu) this.#reason = "no WebGPU implementation (navigator.gpu is undefined)";
+    this.#others = new OtherRuntimes(
+      this.runtime.name,
+      opts.selection,
+      opts.load ?? loadRuntime,
+      this.powerPreference,
+    );
+    this.#reason = this.runtime.unavailable;
   }
 
-  /** The live device, or null (never acquired, none available, or lost). */
+  /** The live device, or null (never acquired, none available, lost, or closed). */
   current(): GpuContext | null {
     return this.#ctx && !this.#ctx.lost ? this.#ctx : null;
   }
@@ -194,10 +167,10 @@ export class WebGpuDeviceManager implements DeviceProvider {
     return () => this.#listeners.delete(cb);
   }
 
-  /** Acquires a device unless a live one exists; null when there is no adapter. */
+  /** Acquires a device unless a live one exists; null when there is no adapter (or closed). */
   acquire(): Promise<GpuContext | null> {
     const live = this.current();
-    if (live) return Promise.resolve(live);
+    if (live || this.#closed) return Promise.resolve(live);
     if (!this.#pending) {
       this.#pending = this.#acquire().finally(() => {
         this.#pending = null;
@@ -206,47 +179,32 @@ export class WebGpuDeviceManager implements DeviceProvider {
     return this.#pending;
   }
 
+  /** Destroys the device and stops re-acquiring (shutdown, end of a test file). */
+  close(): void {
+    this.#closed = true;
+    this.#reason = "device manager closed";
+    const c = this.#ctx;
+    if (c && !c.lost) c.device.destroy();
+  }
+
   async #acquire(): Promise<GpuContext | null> {
-    const gpu = this.#gpu;
-    if (!gpu) return null;
-    let adapter: GPUAdapter | null;
-    try {
-      adapter = await gpu.requestAdapter({ powerPreference: this.powerPreference });
-    } catch (e) {
-      this.#reason = `requestAdapter failed: ${e instanceof Error ? e.message : e}`;
+    const r = await this.runtime.requestAdapter({ powerPreference: this.powerPreference });
+    this.#warnings = r.warnings ?? [];
+    if (!r.adapter) {
+      this.#reason = r.reason ?? "no WebGPU adapter";
       return null;
     }
-    if (!adapter) {
-      this.#reason = "requestAdapter returned null: no WebGPU adapter on this machine";
+    const adapter = r.adapter;
+    const device = await requestFullDevice(adapter, `attn-device-${this.#generation + 1}`);
+    if (typeof device === "string") {
+      this.#reason = device;
       return null;
     }
-    const requiredLimits = numericLimits(adapter.limits);
-    const listed: string[] = WANTED_FEATURES.filter((f) => adapter.features.has(f));
-    const attempts = [
-      [...listed, ...OPPORTUNISTIC_FEATURES],
-      [...listed, ...OPPORTUNISTIC_FEATURES.filter((f) => adapter.features.has(f))],
-    ];
-    if (attempts[1].length === attempts[0].length) attempts.pop();
-    let device: GPUDevice | null = null;
-    let lastErr: unknown = null;
-    for (const features of attempts) {
-      try {
-        device = await adapter.requestDevice({
-          requiredFeatures: features as GPUFeatureName[],
-          requiredLimits,
-          label: `attn-device-${this.#generation + 1}`,
-        });
-        break;
-      } catch (e) {
-        lastErr = e;
-      }
-    }
-    if (!device) {
-      this.#reason = `requestDevice failed: ${
-        lastErr instanceof Error ? lastErr.message : lastErr
-      }`;
+    if (this.#closed) {
+      device.destroy();
       return null;
     }
+    this.runtime.prepareDevice?.(device);
     this.#generation++;
     const ctx = new WebGpuContext(device, adapterInfoOf(adapter), this.#generation);
     ctx.onLost((c, info) => {
@@ -263,33 +221,44 @@ export class WebGpuDeviceManager implements DeviceProvider {
     return ctx;
   }
 
+  /**
+   * Probes each runtime not chosen, once, for the report's `other_runtimes`: it is loaded
+   * and asked for an adapter, never for a device (so this loads Dawn when Deno's runtime
+   * was chosen). Never rejects.
+   */
+  probeOtherRuntimes(): Promise<void> {
+    return this.#others.probe();
+  }
+
   /** What `GET /v1/device` reports. */
   report(): DeviceReport {
     const c = this.#ctx;
-    if (!c || c.lost) {
-      const reason = c?.lost
-        ? `device lost (${c.lostInfo?.reason ?? "unknown"}${
-          c.lostInfo?.message ? `: ${c.lostInfo.message}` : ""
-        }); it is re-acquired on the next request`
-        : this.#reason ?? "no device acquired yet";
-      return {
-        available: false,
-        runtime: this.runtime,
-        reason,
-        ...(c ? { adapter: c.adapter_info } : {}),
-        features: [],
-        limits: {},
-        generation: this.#generation,
-      };
-    }
+    const rt = this.runtime;
+    const live = c !== null && !c.lost && !this.#closed;
     return {
-      available: true,
-      runtime: this.runtime,
-      adapter: c.adapter_info,
-      features: [...c.features].sort(),
-      limits: { ...c.limits },
+      available: live,
+      runtime: rt.name,
+      runtime_version: rt.version,
+      runtime_flags: [...rt.flags],
+      selection: this.#selection?.because ?? `given ${rt.name}`,
+      backend_api: rt.backend_api,
+      backend_api_source: rt.backend_api_source,
+      ...(live ? {} : { reason: this.#unavailableReason(c) }),
+      ...(c ? { adapter: c.adapter_info } : {}),
+      features: live ? [...c.features].sort() : [],
+      limits: live ? { ...c.limits } : {},
       generation: this.#generation,
+      ...(this.#warnings.length ? { warnings: [...this.#warnings] } : {}),
+      other_runtimes: this.#others.report(),
     };
+  }
+
+  #unavailableReason(c: WebGpuContext | null): string {
+    if (this.#closed || !c?.lost) return this.#reason ?? "no device acquired yet";
+    const m = c.lostInfo?.message ? `: ${c.lostInfo.message}` : "";
+    return `device lost (${
+      c.lostInfo?.reason ?? "unknown"
+    }${m}); it is re-acquired on the next request`;
   }
 }
 

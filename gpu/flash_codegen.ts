@@ -177,7 +177,7 @@ export function generateFlash(t: FlashTile): Record<string, string> {
       `    let ob = (tok${m} * U.num_heads + h${m}) * D4 + tx;`,
       ...CV.map((i) => `    out_put4(ob + ${i * t.tx}u, o${m}_${i} * inv);`),
       "    if (tx == 0u) {",
-      `      lse[h${m} * U.num_tokens + tok${m}] = select(bitcast<f32>(0xff800000u), m${m} + log(lt${m}), lt${m} > 0.0);`,
+      `      lse[h${m} * U.num_tokens + tok${m}] = select(bitcast<f32>(0xff800000u | (U.flags & 0u)), m${m} + log(lt${m}), lt${m} > 0.0);`,
       "    }",
       "  }",
     ]),

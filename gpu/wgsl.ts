@@ -84,6 +84,8 @@ export function dtypeTag(d: StorageDType): string {
   }[d];
 }
 
+// NaN and infinity are built from run-time values (`| (b & 0u)`): Dawn's WGSL front end
+// refuses NaN/inf constant expressions, even in functions a kernel never calls.
 function fp8DecodeFn(name: string, expBits: 4 | 5): string {
   // e4m3fn: bias 7, 3 mantissa bits, no inf, 0x7f/0xff NaN. e5m2: bias 15, 2 bits, IEEE.
   const mant = expBits === 4 ? 3 : 2;
@@ -91,8 +93,8 @@ function fp8DecodeFn(name: string, expBits: 4 | 5): string {
   const maxE = (1 << expBits) - 1;
   const mmask = (1 << mant) - 1;
   const special = expBits === 4
-    ? `if ((b & 0x7fu) == 0x7fu) { return bitcast<f32>(0x7fc00000u); }`
-    : `if (e == ${maxE}u) { return select(bitcast<f32>(0x7fc00000u), bitcast<f32>(s | 0x7f800000u), m == 0u); }`;
+    ? `if ((b & 0x7fu) == 0x7fu) { return bitcast<f32>(0x7fc00000u | (b & 0u)); }`
+    : `if (e == ${maxE}u) { return select(bitcast<f32>(0x7fc00000u | s), bitcast<f32>(s | 0x7f800000u), m == 0u); }`;
   return `fn ${name}(b: u32) -> f32 {
   let s = (b & 0x80u) << 24u;
   let e = (b >> ${mant}u) & ${maxE}u;

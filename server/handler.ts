@@ -1,120 +1,72 @@
 /**
  * The HTTP handler: `createHandler(service, opts)` returns a pure `(Request) => Promise<Response>`
- * (no Deno.serve here) implementing every endpoint of the contract. Errors are RFC 9457
- * problems; the handler never throws.
+ * (no Deno.serve here) implementing every endpoint of the contract over one route table (the
+ * cache routes in cache_routes.ts, the forward routes in forward_routes.ts). Errors are RFC 9457
+ * problems; the handler never throws. The access check (token, Host) runs before routing;
+ * HEAD answers a GET route's status and headers without its body; a forward call gets the
+ * request's AbortSignal (aborted when the client goes away).
  * @module
  */
-import type { z } from "zod";
 import type { AttentionService } from "../service/service.ts";
-import { bodyKind, DEFAULT_MAX_BODY_BYTES, parseJson, readBody, wantsBinary } from "./body.ts";
-import {
-  cacheSafetensors,
-  decodeBinaryForward,
-  decodeJsonForward,
-  forwardJson,
-  forwardSafetensors,
-} from "./codec.ts";
+import { INSTANCE_HEADER } from "../wire/names.ts";
+import { SelectRequestSchema } from "../wire/schemas.ts";
+import { accessCheck, type AccessPolicy } from "./auth.ts";
+import { bodyLimits, jsonBody } from "./body.ts";
+import { addCacheRoutes } from "./cache_routes.ts";
+import { addForwardRoutes } from "./forward_routes.ts";
 import { Metrics } from "./metrics.ts";
 import { openApiDocument } from "./openapi.ts";
-import { type ErrorLogger, fromZod, problem, problemResponse, toProblem } from "./problem.ts";
+import { errorHeaders, type ErrorLogger, problem, problemResponse, toProblem } from "./problem.ts";
+import { headOf, jsonResponse } from "./responses.ts";
 import { type RouteContext, Router } from "./routes.ts";
-import { CreateCacheRequestSchema, SelectRequestSchema } from "./schemas.ts";
 
 /** Options of {@link createHandler}. */
 export interface HandlerOptions {
   /** Largest accepted request body in bytes (default 512 MiB). */
   maxBodyBytes?: number;
+  /** Largest accepted JSON body in bytes (default 64 MiB; never more than maxBodyBytes). */
+  maxJsonBodyBytes?: number;
+  /** Token and Host checks (default: none). */
+  access?: AccessPolicy;
   /** Where to count; a fresh {@link Metrics} wired to the service's caches by default. */
   metrics?: Metrics;
   /** Logs unexpected errors (default console.error). */
   log?: ErrorLogger;
+  /**
+   * This instance's name: sent in the `X-Attention-Instance` header of every answer and in
+   * `/healthz` (default none: no header).
+   */
+  instance?: string;
 }
 
-const SAFETENSORS = "application/octet-stream";
-
-function jsonResponse(body: unknown, status = 200, headers?: Record<string, string>): Response {
-  return new Response(JSON.stringify(body), {
-    status,
-    headers: { "content-type": "application/json", ...headers },
-  });
-}
-
-function binaryResponse(
-  bytes: Uint8Array | Uint8Array[],
-  headers?: Record<string, string>,
-): Response {
-  const parts = Array.isArray(bytes) ? bytes : [bytes];
-  const length = parts.reduce((n, p) => n + p.byteLength, 0);
-  const body = parts.length === 1 ? parts[0] as Uint8Array<ArrayBuffer> : new ReadableStream({
-    start(c) {
-      for (const p of parts) c.enqueue(p);
-      c.close();
-    },
-  });
-  return new Response(body, {
-    status: 200,
-    headers: { "content-type": SAFETENSORS, "content-length": String(length), ...headers },
-  });
-}
-
-async function jsonBody<T>(req: Request, limit: number, schema: z.ZodType<T>): Promise<T> {
-  bodyKind(req, ["json"]);
-  const body = parseJson(await readBody(req, limit));
-  const r = schema.safeParse(body);
-  if (!r.success) throw fromZod(r.error, body);
-  return r.data;
-}
+/** A request handler, and the route table it serves (method and URLPattern path of each). */
+export type Handler = ((req: Request) => Promise<Response>) & {
+  readonly routes: readonly { method: string; path: string }[];
+};
 
 /** Builds the request handler for a service. */
-export function createHandler(
-  service: AttentionService,
-  opts: HandlerOptions = {},
-): (req: Request) => Promise<Response> {
-  const limit = opts.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES;
+export function createHandler(service: AttentionService, opts: HandlerOptions = {}): Handler {
+  const limits = bodyLimits(opts.maxBodyBytes, opts.maxJsonBodyBytes);
+  const checkAccess = accessCheck(opts.access ?? {});
   const metrics = opts.metrics ?? new Metrics({
     cacheBytes: () => service.caches.usedBytes,
     cacheCount: () => service.caches.list().length,
     cacheBudgetBytes: () => service.caches.budgetBytes,
   });
   const log = opts.log;
+  const instance = opts.instance;
   const router = new Router();
 
-  router.add("GET", "/healthz", () => jsonResponse({ status: "ok" }));
+  const health = instance === undefined ? { status: "ok" } : { status: "ok", instance };
+  router.add("GET", "/healthz", () => jsonResponse(health));
   router.add("GET", "/v1/device", () => jsonResponse(service.deviceReport()));
   router.add("GET", "/v1/backends", () => jsonResponse({ backends: service.backends() }));
   router.add("POST", "/v1/backends/select", async ({ req }) => {
-    const { backend, ...cfg } = await jsonBody(req, limit, SelectRequestSchema);
+    const { backend, ...cfg } = await jsonBody(req, limits, SelectRequestSchema);
     return jsonResponse(service.select(cfg, backend));
   });
-  router.add("POST", "/v1/kv-caches", async ({ req }) => {
-    const body = await jsonBody(req, limit, CreateCacheRequestSchema);
-    const info = await service.createCache(body);
-    return jsonResponse(info, 201, { location: `/v1/kv-caches/${info.id}` });
-  });
-  router.add("GET", "/v1/kv-caches/:id", ({ params }) => jsonResponse(service.getCache(params.id)));
-  router.add("DELETE", "/v1/kv-caches/:id", async ({ params }) => {
-    await service.deleteCache(params.id);
-    return new Response(null, { status: 204 });
-  });
-  router.add("GET", "/v1/kv-caches/:id/data", async ({ params }) => {
-    const data = await service.cacheData(params.id);
-    return binaryResponse(cacheSafetensors(data), {
-      "content-disposition": `attachment; filename="kv-cache-${data.info.id}.safetensors"`,
-    });
-  });
-  router.add("POST", "/v1/attention/forward", async ({ req }) => {
-    const kind = bodyKind(req, ["json", "binary"]);
-    const bytes = await readBody(req, limit);
-    const decoded = kind === "json"
-      ? decodeJsonForward(parseJson(bytes))
-      : decodeBinaryForward(bytes);
-    const t0 = performance.now();
-    const outcome = await service.forward(decoded.input, { signal: req.signal });
-    metrics.recordForward(outcome.backend, (performance.now() - t0) / 1000);
-    const headers = { "x-attention-backend": outcome.backend };
-    if (wantsBinary(req)) return binaryResponse(forwardSafetensors(outcome), headers);
-    return jsonResponse(forwardJson(outcome, decoded.encoding), 200, headers);
-  });
+  addCacheRoutes(router, service, limits);
+  addForwardRoutes(router, service, limits, metrics);
   router.add(
     "GET",
     "/metrics",
@@ -125,10 +77,34 @@ export function createHandler(
   );
   router.add("GET", "/openapi.json", () => jsonResponse(openApiDocument()));
 
-  return async (req: Request): Promise<Response> => {
-    let url: URL;
+  const respond = async (req: Request, url: URL): Promise<{ res: Response; route: string }> => {
     let route = "unmatched";
-    let res: Response;
+    try {
+      const m = router.match(req.method, url);
+      if (m.kind !== "not_found") route = m.kind === "found" ? m.route.path : m.path;
+      checkAccess(req, url);
+      if (m.kind === "not_found") {
+        throw problem(404, "not_found", `no route for ${req.method} ${url.pathname}`);
+      }
+      if (m.kind === "method_not_allowed") {
+        const allow = m.allow.join(", ");
+        const detail = `${req.method} is not allowed on ${url.pathname}; allowed: ${allow}`;
+        const doc = toProblem(
+          problem(405, "method_not_allowed", detail, { allow: m.allow }),
+          url.pathname,
+          log,
+        );
+        return { res: problemResponse(doc, { allow }), route };
+      }
+      const ctx: RouteContext = { req, url, params: m.params, route };
+      return { res: await m.route.handler(ctx), route };
+    } catch (e) {
+      return { res: problemResponse(toProblem(e, url.pathname, log), errorHeaders(e)), route };
+    }
+  };
+
+  const handle = async (req: Request): Promise<Response> => {
+    let url: URL;
     try {
       url = new URL(req.url);
     } catch {
@@ -136,36 +112,11 @@ export function createHandler(
         toProblem(problem(400, "bad_request", "invalid request URL"), undefined, log),
       );
     }
-    try {
-      const m = router.match(req.method, url);
-      if (m.kind === "not_found") {
-        throw problem(404, "not_found", `no route for ${req.method} ${url.pathname}`);
-      } else if (m.kind === "method_not_allowed") {
-        route = m.path;
-        res = problemResponse(
-          toProblem(
-            problem(
-              405,
-              "method_not_allowed",
-              `${req.method} is not allowed on ${url.pathname}; allowed: ${m.allow.join(", ")}`,
-              {
-                allow: m.allow,
-              },
-            ),
-            url.pathname,
-            log,
-          ),
-          { allow: m.allow.join(", ") },
-        );
-      } else {
-        route = m.route.path;
-        const ctx: RouteContext = { req, url, params: m.params, route };
-        res = await m.route.handler(ctx);
-      }
-    } catch (e) {
-      res = problemResponse(toProblem(e, url.pathname, log));
-    }
+    const { res, route } = await respond(req, url);
     metrics.recordRequest(route, req.method, res.status);
-    return res;
+    if (instance !== undefined) res.headers.set(INSTANCE_HEADER, instance);
+    return req.method.toUpperCase() === "HEAD" ? await headOf(res) : res;
   };
+  const routes = router.routes.map(({ method, path }) => ({ method, path }));
+  return Object.assign(handle, { routes });
 }

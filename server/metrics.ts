@@ -1,8 +1,30 @@
 /**
  * Prometheus text-format metrics: requests by route, method and status; forward latency
- * histogram and forwards by backend; KV-cache bytes and count gauges (read at scrape time).
+ * histogram and forwards by backend; per-phase latency histograms of forward calls by backend
+ * and phase ({@link FORWARD_PHASES}); KV-cache bytes and count gauges (read at scrape time).
+ * Labels take bounded values only: the route is a route template or "unmatched" (never the
+ * path), and a method outside {@link KNOWN_METHODS} is counted as "other", so no client can
+ * grow the number of series.
  * @module
  */
+
+/** The methods counted under their own name (RFC 9110 and PATCH); any other is "other". */
+export const KNOWN_METHODS: readonly string[] = [
+  "GET",
+  "HEAD",
+  "POST",
+  "PUT",
+  "DELETE",
+  "CONNECT",
+  "OPTIONS",
+  "TRACE",
+  "PATCH",
+];
+
+/** A method as a metrics label: itself when known, else "other". */
+export function methodLabel(method: string): string {
+  return KNOWN_METHODS.includes(method) ? method : "other";
+}
 
 /** Upper bounds (seconds) of the forward latency histogram. */
 export const LATENCY_BUCKETS = [
@@ -21,6 +43,76 @@ export const LATENCY_BUCKETS = [
   10,
 ];
 
+/** Finer upper bounds (seconds) for the per-phase histograms: 50 µs to 10 s. */
+export const PHASE_BUCKETS = [
+  0.00005,
+  0.0001,
+  0.00025,
+  0.0005,
+  0.001,
+  0.0025,
+  0.005,
+  0.01,
+  0.025,
+  0.05,
+  0.1,
+  0.25,
+  0.5,
+  1,
+  2.5,
+  10,
+];
+
+/**
+ * The forward phases counted, by their key in a forward's `timings` (milliseconds). The server
+ * measures `parse` (read and decode the body) and `encode_response`; the service `validate`,
+ * `plan` and `total` (validate to result); GPU backends `encode` (upload and command encoding),
+ * `gpu_and_readback` (submit to results on the host) and `gpu` (device time, where timestamp
+ * queries exist); CPU_REFERENCE `queue` (waiting for a worker), `write` and `attend`. Other keys
+ * are not counted, so the phase label stays bounded.
+ */
+export const FORWARD_PHASES = [
+  "parse",
+  "validate",
+  "plan",
+  "queue",
+  "encode",
+  "write",
+  "attend",
+  "gpu",
+  "gpu_and_readback",
+  "encode_response",
+  "total",
+] as const;
+
+/** A histogram's counts. */
+interface Histogram {
+  counts: number[];
+  sum: number;
+  n: number;
+}
+
+function observe(h: Histogram, buckets: number[], seconds: number): void {
+  for (let i = 0; i < buckets.length; i++) if (seconds <= buckets[i]) h.counts[i]++;
+  h.sum += seconds;
+  h.n++;
+}
+
+function renderHistogram(
+  out: string[],
+  name: string,
+  l: Record<string, string>,
+  buckets: number[],
+  h: Histogram,
+): void {
+  buckets.forEach((le, i) =>
+    out.push(`${name}_bucket${labels({ ...l, le: String(le) })} ${h.counts[i]}`)
+  );
+  out.push(`${name}_bucket${labels({ ...l, le: "+Inf" })} ${h.n}`);
+  out.push(`${name}_sum${labels(l)} ${h.sum}`);
+  out.push(`${name}_count${labels(l)} ${h.n}`);
+}
+
 /** Live values read at scrape time. */
 export interface MetricsGauges {
   cacheBytes?: () => number;
@@ -36,16 +128,20 @@ const labels = (l: Record<string, string>) =>
 export class Metrics {
   #requests = new Map<string, { l: Record<string, string>; n: number }>();
   #forwards = new Map<string, number>();
-  #hist = new Map<string, { counts: number[]; sum: number; n: number }>();
+  #hist = new Map<string, Histogram>();
+  #phases = new Map<string, { l: Record<string, string>; h: Histogram }>();
   #gauges: MetricsGauges;
 
   constructor(gauges: MetricsGauges = {}) {
     this.#gauges = gauges;
   }
 
-  /** Counts one finished request. `route` is the route template (or "unmatched"). */
+  /**
+   * Counts one finished request. `route` is the route template (or "unmatched"); the method
+   * is counted through {@link methodLabel}.
+   */
   recordRequest(route: string, method: string, status: number): void {
-    const l = { route, method, status: String(status) };
+    const l = { route, method: methodLabel(method), status: String(status) };
     const key = JSON.stringify(l);
     const e = this.#requests.get(key);
     if (e) e.n++;
@@ -62,11 +158,29 @@ export class Metrics {
         h = { counts: new Array(LATENCY_BUCKETS.length).fill(0), sum: 0, n: 0 },
       );
     }
-    for (let i = 0; i < LATENCY_BUCKETS.length; i++) {
-      if (seconds <= LATENCY_BUCKETS[i]) h.counts[i]++;
+    observe(h, LATENCY_BUCKETS, seconds);
+  }
+
+  /**
+   * Counts one successful forward's phases: `timings` in milliseconds by phase (a forward's
+   * `timings` plus the server's own); keys outside {@link FORWARD_PHASES} and non-finite values
+   * are skipped. `backend` is a registered backend's name (a bounded set).
+   */
+  recordPhases(backend: string, timings: Record<string, number>): void {
+    for (const phase of FORWARD_PHASES) {
+      const ms = timings[phase];
+      if (typeof ms !== "number" || !Number.isFinite(ms) || ms < 0) continue;
+      const key = `${backend}\u0000${phase}`;
+      let e = this.#phases.get(key);
+      if (!e) {
+        e = {
+          l: { backend, phase },
+          h: { counts: new Array(PHASE_BUCKETS.length).fill(0), sum: 0, n: 0 },
+        };
+        this.#phases.set(key, e);
+      }
+      observe(e.h, PHASE_BUCKETS, ms / 1000);
     }
-    h.sum += seconds;
-    h.n++;
   }
 
   /** The Prometheus text exposition (version 0.0.4). */
@@ -85,16 +199,15 @@ export class Metrics {
     out.push("# HELP attn_forward_duration_seconds Forward call latency by backend.");
     out.push("# TYPE attn_forward_duration_seconds histogram");
     for (const [b, h] of this.#hist) {
-      LATENCY_BUCKETS.forEach((le, i) =>
-        out.push(
-          `attn_forward_duration_seconds_bucket${labels({ backend: b, le: String(le) })} ${
-            h.counts[i]
-          }`,
-        )
-      );
-      out.push(`attn_forward_duration_seconds_bucket${labels({ backend: b, le: "+Inf" })} ${h.n}`);
-      out.push(`attn_forward_duration_seconds_sum${labels({ backend: b })} ${h.sum}`);
-      out.push(`attn_forward_duration_seconds_count${labels({ backend: b })} ${h.n}`);
+      renderHistogram(out, "attn_forward_duration_seconds", { backend: b }, LATENCY_BUCKETS, h);
+    }
+    out.push(
+      "# HELP attn_forward_phase_seconds Forward call phases by backend and phase (parse, " +
+        "validate, plan, queue, encode, write, attend, gpu, gpu_and_readback, encode_response, total).",
+    );
+    out.push("# TYPE attn_forward_phase_seconds histogram");
+    for (const { l, h } of this.#phases.values()) {
+      renderHistogram(out, "attn_forward_phase_seconds", l, PHASE_BUCKETS, h);
     }
     const g = this.#gauges;
     const gauge = (name: string, help: string, f?: () => number) => {

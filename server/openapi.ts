@@ -1,10 +1,15 @@
 /**
  * The OpenAPI 3.1 document, generated from the zod schemas that validate requests
  * (`z.toJSONSchema` over the global registry: every schema with an `id` is a component).
+ * Each operation lists every status it can answer: its own, plus 405, 500 and 503 on all of
+ * them, and 401 (a token is configured and missing or wrong) and 403 (a loopback bind without a
+ * token and a foreign Host) on all but `/healthz`; the bearer scheme is optional because the
+ * server's configuration decides it. tests/server/openapi_test.ts checks the list against what
+ * the routes answer.
  * @module
  */
 import { z } from "zod";
-import * as S from "./schemas.ts";
+import * as S from "../wire/schemas.ts";
 
 const ref = (id: string) => ({ $ref: `#/components/schemas/${id}` });
 const json = (id: string) => ({ "application/json": { schema: ref(id) } });
@@ -12,17 +17,17 @@ const problem = (description: string) => ({
   description,
   content: { "application/problem+json": { schema: ref("Problem") } },
 });
-const errors = (...codes: number[]) => {
-  const text: Record<number, string> = {
-    400: "Malformed body or schema violation",
-    404: "Unknown cache or backend",
-    413: "Body over the limit",
-    415: "Unsupported content type",
-    422: "Parses but cannot run",
-    503: "No device or device lost",
-  };
-  return Object.fromEntries(codes.map((c) => [String(c), problem(text[c])]));
+const ERROR_TEXT: Record<number, string> = {
+  400: "Malformed body, schema violation or invalid cache id (issues name each field and value)",
+  404: "Unknown cache or backend",
+  409: "The cache exists with another spec",
+  413: "Body over the limit",
+  415: "Unsupported content type",
+  422: "Parses but cannot run",
+  499: "The client went away before the call ran (nobody reads it; logs and metrics do)",
 };
+const errors = (...codes: number[]) =>
+  Object.fromEntries(codes.map((c) => [String(c), problem(ERROR_TEXT[c])]));
 const safetensors = {
   "application/octet-stream": {
     schema: {
@@ -32,7 +37,17 @@ const safetensors = {
     },
   },
 };
-const idParam = [{ name: "id", in: "path", required: true, schema: { type: "string" } }];
+const idParam = [{ name: "id", in: "path", required: true, schema: ref("CacheId") }];
+const cacheInfo = (description: string) => ({ description, content: json("CacheInfo") });
+
+const forwardBody = {
+  required: true,
+  content: { ...json("ForwardRequest"), ...safetensors },
+};
+const forwardResponses = {
+  "200": { description: "Output", content: { ...json("ForwardResponse"), ...safetensors } },
+  ...errors(400, 404, 413, 415, 422, 499),
+};
 
 let cached: Record<string, unknown> | undefined;
 
@@ -88,24 +103,35 @@ export function openApiDocument(): Record<string, unknown> {
       },
       "/v1/kv-caches": {
         post: {
-          summary: "Create a server-held paged KV cache",
+          summary: "Create a server-held paged KV cache (the server chooses its id)",
           requestBody: { required: true, content: json("CreateCacheRequest") },
           responses: {
-            "201": { description: "Created", content: json("CacheInfo") },
-            ...errors(400, 404, 413, 415, 422, 503),
+            "201": cacheInfo("Created"),
+            ...errors(400, 404, 413, 415, 422),
           },
         },
       },
       "/v1/kv-caches/{id}": {
+        put: {
+          summary: "Create the cache {id} (the client chooses the id; idempotent for one spec)",
+          description: "The route to use behind a proxy that routes on the cache id.",
+          parameters: idParam,
+          requestBody: { required: true, content: json("CreateCacheRequest") },
+          responses: {
+            "200": cacheInfo("The cache exists with this spec"),
+            "201": cacheInfo("Created"),
+            ...errors(400, 404, 409, 413, 415, 422),
+          },
+        },
         get: {
           summary: "A cache's spec and state",
           parameters: idParam,
-          responses: { "200": { description: "OK", content: json("CacheInfo") }, ...errors(404) },
+          responses: { "200": cacheInfo("OK"), ...errors(400, 404) },
         },
         delete: {
           summary: "Free a cache (waits for its in-flight work)",
           parameters: idParam,
-          responses: { "204": { description: "Deleted" }, ...errors(404) },
+          responses: { "204": { description: "Deleted" }, ...errors(400, 404) },
         },
       },
       "/v1/kv-caches/{id}/data": {
@@ -114,8 +140,28 @@ export function openApiDocument(): Record<string, unknown> {
           parameters: idParam,
           responses: {
             "200": { description: "safetensors", content: safetensors },
-            ...errors(404, 503),
+            ...errors(400, 404),
           },
+        },
+        put: {
+          summary: "Replace a cache's contents with a safetensors file (as GET answers it)",
+          description: "Checked against the cache (dtype, shape, __metadata__ layout/dtype/" +
+            "kv_cache_dtype: 422 cache_data_mismatch), then swapped in whole; a failure changes " +
+            "nothing. The cache must exist (PUT /v1/kv-caches/{id} first).",
+          parameters: idParam,
+          requestBody: { required: true, content: safetensors },
+          responses: { "200": cacheInfo("Imported"), ...errors(400, 404, 413, 415, 422) },
+        },
+      },
+      "/v1/kv-caches/{id}/forward": {
+        post: {
+          summary: "One batched paged-attention forward on the cache {id}",
+          description: "As POST /v1/attention/forward, with the cache named by the path (the " +
+            "route to use behind a proxy). The body leaves kv_cache out or names {id}; another " +
+            "id is a 400 kv_cache_mismatch.",
+          parameters: idParam,
+          requestBody: forwardBody,
+          responses: forwardResponses,
         },
       },
       "/v1/attention/forward": {
@@ -123,17 +169,8 @@ export function openApiDocument(): Record<string, unknown> {
           summary: "One batched paged-attention forward",
           description: "JSON body, or a safetensors body whose __metadata__.request holds " +
             "BinaryForwardRequest as JSON. Accept: application/octet-stream answers as safetensors.",
-          requestBody: {
-            required: true,
-            content: { ...json("ForwardRequest"), ...safetensors },
-          },
-          responses: {
-            "200": {
-              description: "Output",
-              content: { ...json("ForwardResponse"), ...safetensors },
-            },
-            ...errors(400, 404, 413, 415, 422, 503),
-          },
+          requestBody: forwardBody,
+          responses: forwardResponses,
         },
       },
       "/metrics": {
@@ -151,7 +188,38 @@ export function openApiDocument(): Record<string, unknown> {
         get: { summary: "This document", responses: { "200": { description: "OpenAPI 3.1" } } },
       },
     },
-    components: { schemas },
+    components: {
+      schemas,
+      securitySchemes: { bearerAuth: { type: "http", scheme: "bearer" } },
+    },
+    security: [{}, { bearerAuth: [] }],
   };
+  guardOperations(cached.paths as Record<string, Record<string, Operation>>);
   return cached;
+}
+
+type Operation = { responses: Record<string, unknown>; security?: unknown[] };
+
+/**
+ * Adds the answers every operation can give: 405 (another method on the path; `Allow` lists the
+ * path's methods), 500 (an unexpected error, logged with the id the detail names) and 503 (no
+ * device, device lost, or shutting down; with Retry-After); and the access-check answers (401,
+ * 403) to every operation but /healthz, which is open.
+ */
+function guardOperations(paths: Record<string, Record<string, Operation>>): void {
+  for (const [path, ops] of Object.entries(paths)) {
+    for (const op of Object.values(ops)) {
+      op.responses["405"] = problem("Method not allowed on this path (Allow lists its methods)");
+      op.responses["500"] = problem("Unexpected error (logged server-side with the error id)");
+      op.responses["503"] = problem(
+        "No device, device lost, or shutting down (with Retry-After)",
+      );
+      if (path === "/healthz") {
+        op.security = [];
+        continue;
+      }
+      op.responses["401"] = problem("Bearer token missing or wrong (when the server has one)");
+      op.responses["403"] = problem("Host not allowed (a loopback bind without a token)");
+    }
+  }
 }

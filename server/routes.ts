@@ -1,7 +1,8 @@
 /**
  * The route table: method + URLPattern → handler. A path that matches no route is a 404
  * `not_found`; a path that matches with another method is a 405 `method_not_allowed` with an
- * `Allow` header listing the methods it does take.
+ * `Allow` header listing the methods it does take. HEAD matches every GET route (the handler
+ * drops the body).
  * @module
  */
 
@@ -46,8 +47,9 @@ export class Router {
     return this;
   }
 
-  /** Finds the route of a method and URL. */
+  /** Finds the route of a method and URL (HEAD finds the GET route). */
   match(method: string, url: URL): RouteMatch {
+    const want = method.toUpperCase() === "HEAD" ? "GET" : method.toUpperCase();
     const allow: string[] = [];
     let path = "";
     for (const r of this.routes) {
@@ -55,8 +57,10 @@ export class Router {
       if (!m) continue;
       const params: Record<string, string> = {};
       for (const [k, v] of Object.entries(m.pathname.groups)) if (v !== undefined) params[k] = v;
-      if (r.method === method.toUpperCase()) return { kind: "found", route: r, params };
-      if (!allow.includes(r.method)) allow.push(r.method);
+      if (r.method === want) return { kind: "found", route: r, params };
+      for (const a of r.method === "GET" ? ["GET", "HEAD"] : [r.method]) {
+        if (!allow.includes(a)) allow.push(a);
+      }
       path = r.path;
     }
     return allow.length ? { kind: "method_not_allowed", path, allow } : { kind: "not_found" };

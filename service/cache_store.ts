@@ -1,8 +1,11 @@
 /**
- * Server-held KV caches: created through a backend's `createCache`, named by random UUIDs,
- * bounded by a total memory budget, and serialised per cache — work on one cache runs under
- * that cache's async mutex (so a forward never interleaves with another write to it), while
- * different caches run concurrently. Deleting a cache waits for its in-flight work.
+ * Server-held KV caches: created through a backend's `createCache`, named by random UUIDs or
+ * by the client's id, bounded by a total memory budget, and serialised per cache — work on one
+ * cache runs under that cache's async mutex (so a forward never interleaves with another write
+ * to it), while different caches run concurrently. Deleting a cache waits for its in-flight
+ * work; {@link CacheStore.busy} tells when an id is being created or deleted, so a create with
+ * the client's id can wait for it. {@link CacheStore.replace} swaps a cache's storage for a
+ * new one (an import) under its mutex.
  * @module
  */
 import { bytesPerElement, resolveStorage } from "../core/dtype.ts";
@@ -44,6 +47,7 @@ class Mutex {
 }
 
 interface Entry {
+  /** Replaced (same id, new storage) by {@link CacheStore.replace}. */
   stored: StoredCache;
   mutex: Mutex;
   deleting: boolean;
@@ -61,6 +65,8 @@ function notFound(id: string): ServiceError {
 export class CacheStore {
   readonly budgetBytes: number;
   #entries = new Map<string, Entry>();
+  /** Ids whose create or delete is in progress, and when it settles (never rejects). */
+  #busy = new Map<string, Promise<void>>();
   /** Bytes of live caches plus reservations for creates in flight. */
   #used = 0;
 
@@ -81,35 +87,95 @@ export class CacheStore {
   }
 
   /**
-   * Creates a cache with `backend.createCache`. The bytes are reserved before allocation, so
-   * concurrent creates never overshoot the budget.
-   * @throws ServiceError 422 `memory_budget_exceeded` (nothing allocated) when it does not fit.
+   * Creates a cache with `backend.createCache`, named `id` (default a random UUID). The bytes
+   * are reserved before allocation, so concurrent creates never overshoot the budget; the id is
+   * {@link busy} until the create settles.
+   * @throws ServiceError 422 `memory_budget_exceeded` (nothing allocated) when it does not fit;
+   *   409 `cache_busy` when `id` is taken or busy (callers check {@link peek} and {@link busy}).
    */
   async create(
     backend: AttentionBackend,
     spec: KvCacheSpec,
     ctx: BackendContext,
+    id: string = crypto.randomUUID(),
   ): Promise<StoredCache> {
+    if (this.#entries.has(id) || this.#busy.has(id)) {
+      throw new ServiceError(`KV cache id ${JSON.stringify(id)} is taken or being changed`, {
+        status: 409,
+        code: "cache_busy",
+        extra: { cache_id: id },
+      });
+    }
     const want = cacheBytes(spec);
     if (want > this.remainingBytes) throw this.#overBudget(want);
     this.#used += want;
+    const settle = this.#markBusy(id);
     let cache: KvCache;
     try {
       cache = await backend.createCache(spec, ctx);
     } catch (e) {
       this.#used -= want;
+      settle();
       throw e;
     }
     // Account what the backend actually holds (it may pad).
     this.#used += cache.bytes - want;
     const stored: StoredCache = {
-      id: crypto.randomUUID(),
+      id,
       backend: backend.name,
       cache,
       created_at: new Date().toISOString(),
     };
     this.#entries.set(stored.id, { stored, mutex: new Mutex(), deleting: false });
+    settle();
     return stored;
+  }
+
+  /** Marks `id` busy; returns the function that ends it. */
+  #markBusy(id: string): () => void {
+    let settle!: () => void;
+    this.#busy.set(id, new Promise<void>((r) => settle = r));
+    return () => {
+      this.#busy.delete(id);
+      settle();
+    };
+  }
+
+  /** When `id` is being created or deleted, a promise that resolves once that is over; else null. */
+  busy(id: string): Promise<void> | null {
+    return this.#busy.get(id) ?? null;
+  }
+
+  /** The live cache named `id`, or undefined (also while it is being deleted). */
+  peek(id: string): StoredCache | undefined {
+    const e = this.#entries.get(id);
+    return e && !e.deleting ? e.stored : undefined;
+  }
+
+  /**
+   * Replaces a cache's storage under its mutex: `build` makes the new one (from the old entry),
+   * then the old one is destroyed. The new one's bytes are reserved while it is built, so an
+   * import needs room for both for a moment. When `build` fails, nothing changed.
+   * @throws ServiceError 404 when the cache is unknown; 422 `memory_budget_exceeded`.
+   */
+  replace(id: string, build: (s: StoredCache) => Promise<KvCache> | KvCache): Promise<StoredCache> {
+    const e = this.#entries.get(id);
+    if (!e || e.deleting) return Promise.reject(notFound(id));
+    return e.mutex.run(async () => {
+      if (e.deleting) throw notFound(id);
+      const old = e.stored;
+      const release = this.reserve(cacheBytes(old.cache.spec));
+      let cache: KvCache;
+      try {
+        cache = await build(old);
+      } finally {
+        release();
+      }
+      this.#used += cache.bytes - old.cache.bytes;
+      e.stored = { ...old, cache };
+      old.cache.destroy();
+      return e.stored;
+    });
   }
 
   /**
@@ -180,11 +246,16 @@ export class CacheStore {
     const e = this.#entries.get(id);
     if (!e || e.deleting) throw notFound(id);
     e.deleting = true;
-    await e.mutex.run(() => {
-      this.#entries.delete(id);
-      this.#used -= e.stored.cache.bytes;
-      e.stored.cache.destroy();
-    });
+    const settle = this.#markBusy(id);
+    try {
+      await e.mutex.run(() => {
+        this.#entries.delete(id);
+        this.#used -= e.stored.cache.bytes;
+        e.stored.cache.destroy();
+      });
+    } finally {
+      settle();
+    }
   }
 
   /** Destroys every cache (shutdown). */

@@ -13,7 +13,7 @@ import type {
   KvCacheSpec,
   ValidBatch,
 } from "../core/types.ts";
-import type { DataTensor } from "../core/tensors.ts";
+import type { DataTensor } from "../wire/tensors.ts";
 import {
   attachCache,
   type CallLimits,

@@ -10,17 +10,12 @@ import { DeviceUnavailableError } from "../core/errors.ts";
 import type {
   AttentionBackend,
   BackendContext,
-  CacheStorage,
   DeviceProvider,
   DeviceReport,
-  DType,
   ForwardResult,
   KvCache,
-  KvCacheDType,
   KvCacheSpec,
-  KvLayout,
   SelectorConfig,
-  StorageDType,
 } from "../core/types.ts";
 import { BackendRegistry, selectorConfigDefaults } from "../backends/registry.ts";
 import { CacheStore, type StoredCache } from "./cache_store.ts";
@@ -32,6 +27,10 @@ import {
   validateForward,
 } from "./validate.ts";
 import { PlanCache } from "./plan_cache.ts";
+import { type CacheData, type CacheFile, cacheShape, checkCacheFile } from "../wire/cache_file.ts";
+import { requireSameSpec, specOf } from "./cache_spec.ts";
+import type { ForwardOutcome } from "../wire/codec.ts";
+import type { CacheInfo, CreateCacheRequest, SelectResult } from "../wire/types.ts";
 
 /** Options of {@link AttentionService}. */
 export interface AttentionServiceOptions {
@@ -51,63 +50,8 @@ export interface ForwardOptions {
   signal?: AbortSignal;
 }
 
-/** `POST /v1/kv-caches` body. */
-export interface CreateCacheRequest {
-  num_blocks: number;
-  block_size: number;
-  num_kv_heads: number;
-  head_size: number;
-  dtype: DType;
-  kv_cache_dtype?: KvCacheDType;
-  layout?: KvLayout;
-  /** A backend name, or "auto"/absent for the best valid one. */
-  backend?: string;
-}
-
-/** What `GET /v1/kv-caches/{id}` reports. */
-export interface CacheInfo extends KvCacheSpec {
-  id: string;
-  bytes: number;
-  storage: CacheStorage;
-  /** The physical element type (kv_cache_dtype with `auto` resolved). */
-  storage_dtype: StorageDType;
-  backend: string;
-  lost: boolean;
-  created_at: string;
-}
-
-/** A cache's contents, in its storage dtype and layout shape. */
-export interface CacheData {
-  info: CacheInfo;
-  /** [num_blocks, block_size, num_kv_heads, head_size] (NHD) or [num_blocks, num_kv_heads, block_size, head_size] (HND). */
-  shape: number[];
-  key: Uint8Array;
-  value: Uint8Array;
-}
-
-/** The answer of a selection. */
-export interface SelectResult {
-  backend: string;
-  block_size: number;
-  rejected: Record<string, string[]>;
-}
-
-/** What a forward returns. */
-export interface ForwardOutcome {
-  backend: string;
-  result: ForwardResult;
-  dtype: DType;
-  num_tokens: number;
-  num_heads: number;
-  head_size: number;
-}
-
-/** The shape of a cache tensor in its layout. */
-export function cacheShape(spec: KvCacheSpec): number[] {
-  return spec.layout === "NHD"
-    ? [spec.num_blocks, spec.block_size, spec.num_kv_heads, spec.head_size]
-    : [spec.num_blocks, spec.num_kv_heads, spec.block_size, spec.head_size];
-}
+export type { CacheData, CacheInfo, CreateCacheRequest, ForwardOutcome, SelectResult };
+export { cacheShape };
 
 const forced = (b?: string) => (b === undefined || b === "auto" ? undefined : b);
 
@@ -187,19 +131,46 @@ export class AttentionService {
   }
 
   /**
-   * Creates a server-held cache with the chosen (or forced) backend.
+   * Creates a server-held cache with the chosen (or forced) backend, named by a random UUID.
    * @throws 422 `no_valid_backend` / `memory_budget_exceeded`; 404 `unknown_backend`.
    */
   async createCache(req: CreateCacheRequest): Promise<CacheInfo> {
-    const spec: KvCacheSpec = {
-      num_blocks: req.num_blocks,
-      block_size: req.block_size,
-      num_kv_heads: req.num_kv_heads,
-      head_size: req.head_size,
-      dtype: req.dtype,
-      kv_cache_dtype: req.kv_cache_dtype ?? "auto",
-      layout: req.layout ?? "NHD",
-    };
+    const spec = specOf(req);
+    const backend = await this.#cacheBackend(spec, req.backend);
+    return this.#info(await this.caches.create(backend, spec, await this.#ctx()));
+  }
+
+  /**
+   * Creates the cache `id` (`PUT /v1/kv-caches/{id}`), or finds it: idempotent for the same
+   * spec (`created: false`), a 409 for another. A create or delete of the same id in progress
+   * is waited for first.
+   * @throws 409 `cache_conflict`; as {@link createCache} otherwise.
+   */
+  async putCache(
+    id: string,
+    req: CreateCacheRequest,
+  ): Promise<{ info: CacheInfo; created: boolean }> {
+    const spec = specOf(req);
+    for (;;) {
+      const busy = this.caches.busy(id);
+      if (busy) {
+        await busy;
+        continue;
+      }
+      const held = this.caches.peek(id);
+      if (held) {
+        requireSameSpec(id, { spec: held.cache.spec, backend: held.backend }, req);
+        return { info: this.#info(held), created: false };
+      }
+      const backend = await this.#cacheBackend(spec, req.backend);
+      const ctx = await this.#ctx();
+      if (this.caches.busy(id) || this.caches.peek(id)) continue; // taken while we waited
+      return { info: this.#info(await this.caches.create(backend, spec, ctx, id)), created: true };
+    }
+  }
+
+  /** The backend a new cache of `spec` gets (the forced one, validated, or the best valid one). */
+  async #cacheBackend(spec: KvCacheSpec, name: string | undefined): Promise<AttentionBackend> {
     const cfg = selectorConfigDefaults({
       head_size: spec.head_size,
       dtype: spec.dtype,
@@ -208,9 +179,33 @@ export class AttentionService {
       kv_cache_layout: spec.layout,
     });
     await this.#ctx();
-    this.#requireDevice(req.backend);
-    const { backend } = this.registry.select(cfg, { backend: forced(req.backend) });
-    const stored = await this.caches.create(backend, spec, await this.#ctx());
+    this.#requireDevice(name);
+    return this.registry.select(cfg, { backend: forced(name) }).backend;
+  }
+
+  /**
+   * Replaces a cache's contents with a cache file's (`PUT /v1/kv-caches/{id}/data`): checked
+   * against the cache first, then imported by the cache's backend into new storage that takes
+   * the old one's place under the cache's mutex; a failure changes nothing. A lost cache is
+   * restored this way.
+   * @throws 404; 422 `cache_data_mismatch` / `memory_budget_exceeded`; 503 without a device.
+   */
+  async importCacheData(id: string, file: CacheFile): Promise<CacheInfo> {
+    const held = this.caches.get(id);
+    checkCacheFile(file, held.cache.spec, id);
+    const backend = this.registry.get(held.backend);
+    const ctx = await this.#ctx();
+    const own = (b: Uint8Array) => (b.byteOffset % 8 === 0 ? b : b.slice());
+    const stored = await this.caches.replace(
+      id,
+      (s) =>
+        backend.importCache(
+          s.cache.spec,
+          own(file.key_cache.data),
+          own(file.value_cache.data),
+          ctx,
+        ),
+    );
     return this.#info(stored);
   }
 

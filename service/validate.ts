@@ -9,16 +9,16 @@
  */
 import { firstNonFinite, fromFloats, toFloat32 } from "../core/data.ts";
 import { ServiceError } from "../core/errors.ts";
-import type { CacheTensor, DataTensor, IntTensor } from "../core/tensors.ts";
+import type { ForwardInput } from "../wire/codec.ts";
+import type { LayerInput } from "../wire/types.ts";
+import type { DataTensor } from "../wire/tensors.ts";
 import type {
-  AttnType,
   BatchShape,
   CacheStorage,
   DataArray,
   DType,
   KvCache,
   KvCacheSpec,
-  KvLayout,
   SelectorConfig,
   ValidBatch,
 } from "../core/types.ts";
@@ -40,46 +40,7 @@ export const DEFAULT_CALL_LIMITS: Readonly<CallLimits> = Object.freeze({
   max_attended_keys: 2 ** 32,
 });
 
-/** A layer as the request gives it (defaults not yet applied). */
-export interface LayerInput {
-  num_heads: number;
-  num_kv_heads: number;
-  head_size: number;
-  scale?: number | null;
-  sliding_window?: number | null;
-  logits_soft_cap?: number | null;
-  alibi_slopes?: number[] | null;
-  sinks?: number[] | null;
-  attn_type?: AttnType;
-  causal?: boolean;
-  k_scale?: number;
-  v_scale?: number;
-}
-
-/** A forward request with its tensors decoded (from JSON or safetensors). */
-export interface ForwardInput {
-  /** "auto" or absent: selection by priority; otherwise a backend name. */
-  backend?: string;
-  dtype: DType;
-  layer: LayerInput;
-  query: DataTensor;
-  key?: DataTensor;
-  value?: DataTensor;
-  metadata: {
-    query_start_loc: IntTensor;
-    seq_lens: IntTensor;
-    /** Optional for encoder / encoder_only (no cache). */
-    block_table?: IntTensor;
-    slot_mapping?: IntTensor;
-  };
-  /** A server-held cache id. */
-  kv_cache?: string;
-  key_cache?: CacheTensor;
-  value_cache?: CacheTensor;
-  /** Layout of the inline key_cache/value_cache (default NHD). */
-  kv_cache_layout?: KvLayout;
-  return_lse?: boolean;
-}
+export type { ForwardInput, LayerInput };
 
 /** A server-held cache as validation sees it. */
 export interface HeldCacheInfo {

@@ -5,7 +5,7 @@
  * @module
  */
 import type { AttnType, KvCacheSpec } from "../core/types.ts";
-import type { IntTensor } from "../core/tensors.ts";
+import type { IntTensor } from "../wire/tensors.ts";
 import { fmt, isEncoder, type Issues } from "./validate_layer.ts";
 
 /** The metadata as the request gives it. */

@@ -21,7 +21,9 @@ fn e4m3x4_exact(x: u32) -> vec4<f32> {
   let normal = s | ((em << vec4<u32>(20u)) + vec4<u32>(120u << 23u));
   let sub = s | bitcast<vec4<u32>>(vec4<f32>(em) * 0.001953125);
   let r = bitcast<vec4<f32>>(select(normal, sub, em < vec4<u32>(8u)));
-  return select(r, bitcast<vec4<f32>>(vec4<u32>(0x7fc00000u)), em == vec4<u32>(0x7fu));
+  // NaN built at run time: Dawn refuses a NaN constant expression.
+  let nan = bitcast<vec4<f32>>(vec4<u32>(0x7fc00000u | (x & 0u)));
+  return select(r, nan, em == vec4<u32>(0x7fu));
 }
 // e4m3fn bytes moved into f16 bit positions (exponent bias 15 instead of 7), so every value,
 // subnormals included, comes out exactly 2^-8 times the e4m3 value: a few integer ops and

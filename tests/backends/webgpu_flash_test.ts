@@ -14,7 +14,7 @@ import {
 } from "../../backends/flash_plan.ts";
 import { DEFAULT_DECODE_TUNING } from "../../backends/webgpu_decode_tuning.ts";
 import { ServiceError } from "../../core/errors.ts";
-import { HostKvCache } from "../../core/host_cache.ts";
+import { HostKvCache } from "../../backends/cpu/host_cache.ts";
 import type { AttentionBackend } from "../../core/types.ts";
 import { type BatchSpec, generateBatch } from "../support/batches.ts";
 import { checkBackend, type CheckOptions } from "../support/backend_check.ts";

@@ -13,9 +13,9 @@
  */
 import assert from "node:assert/strict";
 import { builtinBackends } from "../../backends/index.ts";
-import { CPU_REFERENCE } from "../../backends/cpu_reference.ts";
+import { CPU_REFERENCE } from "../../backends/cpu/cpu_reference.ts";
 import { validateConfiguration } from "../../backends/capabilities.ts";
-import { WebGpuDeviceManager } from "../../gpu/device.ts";
+import { GPU } from "../support/gpu.ts";
 import { bytesPerElement, decode } from "../../core/dtype.ts";
 import type {
   AttentionBackend,
@@ -156,8 +156,7 @@ function checkCache(
 }
 
 const CASES = conformanceCases(SCALE);
-const gpuMgr = new WebGpuDeviceManager();
-const gpu = await gpuMgr.acquire();
+const gpu = GPU;
 const ctx: BackendContext = { gpu };
 const refCtx: BackendContext = { gpu: null };
 const BACKENDS = builtinBackends().filter((b) => b !== CPU_REFERENCE);

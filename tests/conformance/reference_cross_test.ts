@@ -8,7 +8,7 @@
 import { toFloat32 } from "../../core/data.ts";
 import { validHostBatch } from "../../service/host_input.ts";
 import assert from "node:assert/strict";
-import { CPU_REFERENCE } from "../../backends/cpu_reference.ts";
+import { CPU_REFERENCE } from "../../backends/cpu/cpu_reference.ts";
 import { decode } from "../../core/dtype.ts";
 import type { KvCache } from "../../core/types.ts";
 import { type BatchSpec, deriveSeed, generateBatch } from "../support/batches.ts";

@@ -1,18 +1,22 @@
 import assert from "node:assert/strict";
 import { NoDeviceProvider, type WebGpuContext, WebGpuDeviceManager } from "../../gpu/device.ts";
+import { runtimeFromGpu } from "../../gpu/runtime.ts";
+import { newManager, requestAdapter, SELECTION } from "../support/gpu.ts";
 import { NO_GPU } from "./helpers.ts";
+
+const RUNTIME = SELECTION.runtime.name;
 
 Deno.test("device: acquire asks for the adapter's own limits and reports them", {
   ignore: NO_GPU,
 }, async () => {
-  const mgr = new WebGpuDeviceManager();
+  const mgr = newManager();
   assert.equal(mgr.current(), null);
   assert.equal(mgr.report().available, false);
   const [a, b] = await Promise.all([mgr.acquire(), mgr.acquire()]);
   assert.ok(a);
   assert.equal(a, b, "concurrent acquires share one device");
   assert.equal(await mgr.acquire(), a);
-  const adapter = (await navigator.gpu.requestAdapter({ powerPreference: "high-performance" }))!;
+  const adapter = (await requestAdapter())!;
   assert.equal(a.limits.maxStorageBufferBindingSize, adapter.limits.maxStorageBufferBindingSize);
   assert.equal(a.limits.maxBufferSize, adapter.limits.maxBufferSize);
   assert.equal(
@@ -22,7 +26,7 @@ Deno.test("device: acquire asks for the adapter's own limits and reports them", 
   if (adapter.features.has("shader-f16")) assert.ok(a.features.has("shader-f16"));
   const r = mgr.report();
   assert.equal(r.available, true);
-  assert.equal(r.runtime, "deno");
+  assert.equal(r.runtime, RUNTIME);
   assert.equal(r.generation, 1);
   assert.deepEqual(r.features, [...a.features].sort());
   assert.equal(
@@ -30,13 +34,19 @@ Deno.test("device: acquire asks for the adapter's own limits and reports them", 
     adapter.limits.maxComputeWorkgroupStorageSize,
   );
   assert.equal(typeof r.adapter?.description, "string");
-  a.device.destroy();
+  mgr.close();
+  await a.device.lost;
+  await new Promise((r) => setTimeout(r, 0));
+  assert.equal(a.lost, true, "close() destroys the device");
+  assert.equal(mgr.current(), null);
+  assert.equal(await mgr.acquire(), null, "a closed manager does not re-acquire");
+  assert.match(mgr.report().reason ?? "", /closed/);
 });
 
 Deno.test("device: loss marks the context lost, fires listeners, re-acquires with generation+1", {
   ignore: NO_GPU,
 }, async () => {
-  const mgr = new WebGpuDeviceManager();
+  const mgr = newManager();
   const ctx = (await mgr.acquire()) as WebGpuContext;
   let managerHeard = 0, ctxHeard = 0;
   mgr.onLost(() => managerHeard++);
@@ -65,7 +75,7 @@ Deno.test("device: retries without subgroups when the device request refuses it"
   const seen: string[][] = [];
   const fake = {
     requestAdapter: async (o?: GPURequestAdapterOptions) => {
-      const real = (await navigator.gpu.requestAdapter(o))!;
+      const real = (await SELECTION.runtime.requestAdapter(o)).adapter!;
       return new Proxy(real, {
         get(t, p) {
           if (p === "requestDevice") {
@@ -78,15 +88,19 @@ Deno.test("device: retries without subgroups when the device request refuses it"
               return t.requestDevice(d);
             };
           }
+          if (p === "features") {
+            // Unlisted, as Deno's runtime does on some backends (Dawn lists it).
+            return new Set([...t.features].filter((f) => f !== "subgroups"));
+          }
           const v = Reflect.get(t, p, t);
           return typeof v === "function" ? v.bind(t) : v;
         },
       });
     },
   } as unknown as GPU;
-  const mgr = new WebGpuDeviceManager({ gpu: fake, runtime: "fake" });
+  const mgr = new WebGpuDeviceManager({ runtime: runtimeFromGpu(fake, { name: "fake" }) });
   const ctx = await mgr.acquire();
-  assert.ok(ctx);
+  assert.ok(ctx, mgr.report().reason);
   assert.equal(seen.length, 2);
   assert.ok(seen[0].includes("subgroups"));
   assert.ok(!seen[1].includes("subgroups"));
@@ -97,12 +111,20 @@ Deno.test("device: retries without subgroups when the device request refuses it"
 
 Deno.test("device: no adapter, no GPU object, NoDeviceProvider", async () => {
   const none = new WebGpuDeviceManager({
-    gpu: { requestAdapter: () => Promise.resolve(null) } as unknown as GPU,
+    runtime: runtimeFromGpu(
+      { requestAdapter: () => Promise.resolve(null) } as unknown as GPU,
+      { name: "fake" },
+    ),
   });
   assert.equal(await none.acquire(), null);
   assert.match(none.report().reason ?? "", /no WebGPU adapter/);
   assert.equal(none.report().available, false);
-  const missing = new WebGpuDeviceManager({ gpu: null });
+  const missing = new WebGpuDeviceManager({
+    runtime: runtimeFromGpu(null, {
+      name: "deno",
+      unavailable: "no WebGPU implementation (navigator.gpu is undefined)",
+    }),
+  });
   assert.equal(await missing.acquire(), null);
   assert.match(missing.report().reason ?? "", /navigator\.gpu is undefined/);
   const off = new NoDeviceProvider();

@@ -1,29 +1,12 @@
 /**
- * Shared setup of the GPU tests: one device manager per test file, and the `ignore` reason
- * when this machine has no WebGPU adapter.
+ * Shared setup of the GPU tests: the shared device of the runtime named by
+ * `ATTN_WEBGPU_RUNTIME` (tests/support/gpu.ts), the `ignore` flag when there is no adapter,
+ * and seeded random data.
  * @module
  */
 import type { GpuContext } from "../../core/types.ts";
-import { WebGpuDeviceManager } from "../../gpu/device.ts";
 import { MAX_KV_CHUNK_BYTES } from "../../gpu/kv_cache.ts";
-
-const manager = new WebGpuDeviceManager();
-const ctx = await manager.acquire();
-
-/** The shared GPU context, or null when there is no adapter. */
-export const GPU: GpuContext | null = ctx;
-
-/** Set `ignore: NO_GPU` on GPU tests: true (skipped) when there is no adapter. */
-export const NO_GPU: boolean = ctx === null;
-if (NO_GPU) {
-  console.warn(`GPU tests skipped: ${manager.report().reason ?? "no WebGPU adapter"}`);
-}
-
-/** The context; throws when called without one (tests are ignored then). */
-export function gpu(): GpuContext {
-  if (!ctx) throw new Error("no GPU");
-  return ctx;
-}
+export { GPU, gpu, NO_GPU, NO_GPU_REASON } from "../support/gpu.ts";
 
 /** A seeded PRNG (mulberry32) in [0, 1). */
 export function rng(seed: number): () => number {

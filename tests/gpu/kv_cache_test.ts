@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { ServiceError } from "../../core/errors.ts";
 import type { KvCacheSpec } from "../../core/types.ts";
-import { WebGpuDeviceManager } from "../../gpu/device.ts";
+import { newManager } from "../support/gpu.ts";
 import { GpuKvCache, kvChunkGeometry } from "../../gpu/kv_cache.ts";
 import { freshSeed, gpu, NO_GPU, rng } from "./helpers.ts";
 
@@ -95,7 +95,7 @@ Deno.test("kv cache: refusals are 422 with the numbers", { ignore: NO_GPU }, asy
 });
 
 Deno.test("kv cache: marks itself lost with its device", { ignore: NO_GPU }, async () => {
-  const mgr = new WebGpuDeviceManager();
+  const mgr = newManager();
   const ctx = (await mgr.acquire())!;
   const c = await GpuKvCache.create(ctx, spec());
   assert.equal(c.lost, false);

@@ -101,7 +101,12 @@ Deno.test("errors: every bad input is a problem; nothing changes; server stays u
       assert.equal(r.headers.get("allow"), "POST");
       const r2 = await raw(srv, `/v1/kv-caches/${cache.id}`, { method: "POST" });
       assertProblem(r2, 405, "method_not_allowed");
-      assert.deepEqual(r2.headers.get("allow")!.split(", ").sort(), ["DELETE", "GET"]);
+      assert.deepEqual(r2.headers.get("allow")!.split(", ").sort(), [
+        "DELETE",
+        "GET",
+        "HEAD",
+        "PUT",
+      ]);
     });
     await t.step("unknown cache → 404", async () => {
       await expectProblem(srv.client.getCache("nope"), 404, "cache_not_found");

@@ -5,7 +5,7 @@
  * ran on the event loop and `/healthz` waited for it (one probe took 2414 ms).
  */
 import assert from "node:assert/strict";
-import { CPU_REFERENCE } from "../../backends/cpu_reference.ts";
+import { CPU_REFERENCE } from "../../backends/cpu/cpu_reference.ts";
 import type { AttentionBackend } from "../../core/types.ts";
 import { AttentionClient, type ForwardBody } from "../../client/client.ts";
 import { NoDeviceProvider } from "../../gpu/device.ts";
@@ -58,7 +58,7 @@ Deno.test("event loop: /healthz answers in under 100 ms while a ~2 s CPU_REFEREN
       dtype: "float32",
     });
     // A short call first starts the pool's worker: Deno's `new Worker` blocks the event loop
-    // (about 30 ms here; cpu_pool.ts starts one per task), which is not what this measures.
+    // (about 30 ms here; cpu/pool.ts starts one per task), which is not what this measures.
     const warm = longDecode(info.id);
     warm.metadata = {
       query_start_loc: [0, 1],

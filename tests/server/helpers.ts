@@ -4,7 +4,7 @@
  * @module
  */
 import assert from "node:assert/strict";
-import { CPU_REFERENCE } from "../../backends/cpu_reference.ts";
+import { CPU_REFERENCE } from "../../backends/cpu/cpu_reference.ts";
 import type {
   AttentionBackend,
   DeviceProvider,
@@ -12,7 +12,9 @@ import type {
   GpuContext,
 } from "../../core/types.ts";
 import { AttentionApiError, AttentionClient } from "../../client/client.ts";
+import type { AccessPolicy } from "../../server/auth.ts";
 import { createHandler } from "../../server/handler.ts";
+import { Metrics } from "../../server/metrics.ts";
 import { AttentionService } from "../../service/service.ts";
 
 /** A device provider with no device (local fake: no dependency on gpu/). */
@@ -38,6 +40,8 @@ export class FakeNoDevice implements DeviceProvider {
 /** A running test server. */
 export interface TestServer {
   url: string;
+  port: number;
+  metrics: Metrics;
   client: AttentionClient;
   service: AttentionService;
   errors: unknown[];
@@ -47,24 +51,41 @@ export interface TestServer {
 /** Starts a real server on 127.0.0.1:0. */
 export function startServer(opts: {
   maxBodyBytes?: number;
+  maxJsonBodyBytes?: number;
   memoryBudgetBytes?: number;
   backends?: AttentionBackend[];
+  device?: DeviceProvider;
+  access?: AccessPolicy;
+  /** Extra headers on every call of the typed client (e.g. a token). */
+  clientHeaders?: Record<string, string>;
+  /** The instance name the handler answers with. */
+  instance?: string;
 } = {}): TestServer {
   const service = new AttentionService({
     backends: opts.backends ?? [CPU_REFERENCE as AttentionBackend],
-    device: new FakeNoDevice(),
+    device: opts.device ?? new FakeNoDevice(),
     memoryBudgetBytes: opts.memoryBudgetBytes ?? 64 * 1024 * 1024,
   });
   const errors: unknown[] = [];
+  const metrics = new Metrics({
+    cacheBytes: () => service.caches.usedBytes,
+    cacheCount: () => service.caches.list().length,
+  });
   const handler = createHandler(service, {
     maxBodyBytes: opts.maxBodyBytes,
+    maxJsonBodyBytes: opts.maxJsonBodyBytes,
+    access: opts.access,
+    metrics,
     log: (_m, e) => errors.push(e),
+    instance: opts.instance,
   });
   const server = Deno.serve({ port: 0, hostname: "127.0.0.1", onListen: () => {} }, handler);
   const url = `http://127.0.0.1:${server.addr.port}`;
   return {
     url,
-    client: new AttentionClient(url),
+    port: server.addr.port,
+    metrics,
+    client: new AttentionClient(url, { headers: opts.clientHeaders }),
     service,
     errors,
     async close() {

@@ -1,18 +1,29 @@
-/** server/main.ts: flag parsing, --help, and a real start with --no-gpu on a free port. */
+/** server/main.ts: flag parsing, --help, a real start with --no-gpu on a free port, --instance-name. */
 import assert from "node:assert/strict";
+import { DEFAULT_DAWN_FLAGS } from "../../gpu/runtime_options.ts";
 import { parseServeArgs } from "../../server/main.ts";
+import { spawnServer } from "./process.ts";
+
+const DENO_RUNTIME = { choice: "deno", dawnFlags: [...DEFAULT_DAWN_FLAGS] };
 
 const MAIN = new URL("../../server/main.ts", import.meta.url).pathname;
 
 Deno.test("main: flags and defaults", () => {
-  assert.deepEqual(parseServeArgs([]), {
+  const defaults = {
     port: 8000,
     host: "127.0.0.1",
     maxBodyBytes: 512 * 1024 * 1024,
+    maxJsonBodyBytes: 64 * 1024 * 1024,
     memoryBudgetBytes: 4 * 1024 ** 3,
+    limits: { max_tokens: 262_144, max_attended_keys: 2 ** 32 },
+    allowUnauthenticated: false,
+    allowedHosts: [],
+    shutdownDeadlineMs: 30_000,
     gpu: true,
+    runtime: DENO_RUNTIME,
     help: false,
-  });
+  };
+  assert.deepEqual(parseServeArgs([]), defaults);
   const o = parseServeArgs([
     "--port",
     "0",
@@ -24,18 +35,68 @@ Deno.test("main: flags and defaults", () => {
     "--no-gpu",
   ]);
   assert.deepEqual(o, {
+    ...defaults,
     port: 0,
     host: "0.0.0.0",
     maxBodyBytes: 1000,
     memoryBudgetBytes: 5,
     gpu: false,
-    help: false,
   });
+  assert.deepEqual(
+    parseServeArgs([
+      "--max-json-body-bytes=2048",
+      "--token-file",
+      "/tmp/t",
+      "--allow-unauthenticated",
+      "--allowed-host",
+      "a.example",
+      "--allowed-host=b.example",
+      "--shutdown-deadline-ms",
+      "250",
+    ]),
+    {
+      ...defaults,
+      maxJsonBodyBytes: 2048,
+      tokenFile: "/tmp/t",
+      allowUnauthenticated: true,
+      allowedHosts: ["a.example", "b.example"],
+      shutdownDeadlineMs: 250,
+    },
+  );
+  assert.throws(() => parseServeArgs(["--max-json-body-bytes", "0"]), />= 1/);
+  assert.deepEqual(
+    parseServeArgs(["--max-tokens-per-call", "64", "--max-attended-keys=1000"]).limits,
+    { max_tokens: 64, max_attended_keys: 1000 },
+  );
+  assert.throws(
+    () => parseServeArgs(["--max-json-body-bytes", String(2 ** 30)]),
+    /--max-json-body-bytes must be <= 268435456/,
+  );
+  assert.throws(() => parseServeArgs(["--shutdown-deadline-ms=-1"]), /integer >= 0/);
+  assert.deepEqual(
+    parseServeArgs(["--webgpu-runtime", "auto", "--dawn-flag", "backend=vulkan"], {
+      ATTN_WEBGPU_RUNTIME: "dawn",
+      ATTN_DAWN_FLAGS: "adapter=H200",
+    }).runtime,
+    { choice: "auto", dawnFlags: ["adapter=H200", "backend=vulkan"] },
+  );
+  assert.equal(parseServeArgs([], { ATTN_WEBGPU_RUNTIME: "dawn" }).runtime.choice, "dawn");
   assert.equal(parseServeArgs(["-h"]).help, true);
   assert.throws(() => parseServeArgs(["--port", "x"]), /--port must be an integer/);
   assert.throws(() => parseServeArgs(["--port", "70000"]), /<= 65535/);
   assert.throws(() => parseServeArgs(["--max-body-bytes", "0"]), />= 1/);
   assert.throws(() => parseServeArgs(["--bogus"]), /bogus/);
+  assert.equal(parseServeArgs(["--instance-name", "gpu-0.a_b"]).instanceName, "gpu-0.a_b");
+  assert.equal(parseServeArgs([]).instanceName, undefined);
+  for (const bad of ["", "-x", "a b", "x".repeat(65), "é"]) {
+    assert.throws(
+      () => parseServeArgs([`--instance-name=${bad}`]),
+      (e) =>
+        e instanceof Error && /--instance-name must be/.test(e.message) &&
+        e.message.includes(JSON.stringify(bad)),
+      JSON.stringify(bad),
+    );
+  }
 });
 
 Deno.test("main: --help lists every flag", async () => {
@@ -51,8 +112,16 @@ Deno.test("main: --help lists every flag", async () => {
       "--port",
       "--host",
       "--max-body-bytes",
+      "--max-json-body-bytes",
       "--memory-budget-bytes",
+      "--token-file",
+      "--allow-unauthenticated",
+      "--allowed-host",
+      "--shutdown-deadline-ms",
       "--no-gpu",
+      "--webgpu-runtime",
+      "--dawn-flags",
+      "--dawn-flag",
       "--help",
     ]
   ) {
@@ -103,5 +172,22 @@ Deno.test("main: starts with --no-gpu, prints the address, serves", async () => 
     child.kill("SIGTERM");
     await child.status;
     await child.stdout.cancel().catch(() => {});
+  }
+});
+
+Deno.test("main: --instance-name names the process's answers and its log", async () => {
+  const srv = await spawnServer(["--no-gpu", "--instance-name", "p-7"]);
+  try {
+    const r = await fetch(`${srv.url}/healthz`);
+    assert.equal(r.headers.get("x-attention-instance"), "p-7");
+    assert.deepEqual(await r.json(), { status: "ok", instance: "p-7" });
+    const p = await fetch(`${srv.url}/v1/kv-caches/nope`);
+    assert.equal(p.status, 404);
+    assert.equal(p.headers.get("x-attention-instance"), "p-7");
+    await p.body?.cancel();
+    assert.match(srv.stderr(), /^instance: p-7$/m);
+  } finally {
+    srv.kill("SIGTERM");
+    assert.equal((await srv.exited).code, 0);
   }
 });

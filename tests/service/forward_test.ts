@@ -2,7 +2,7 @@
 import assert from "node:assert/strict";
 import { fromFloats } from "../../core/data.ts";
 import { ServiceError } from "../../core/errors.ts";
-import type { CacheTensor, DataTensor, IntTensor } from "../../core/tensors.ts";
+import type { CacheTensor, DataTensor, IntTensor } from "../../wire/tensors.ts";
 import type { KvCacheSpec } from "../../core/types.ts";
 import { type ForwardInput, type HeldCacheInfo, validateForward } from "../../service/validate.ts";
 

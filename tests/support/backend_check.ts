@@ -7,9 +7,9 @@
  * @module
  */
 import assert from "node:assert/strict";
-import { CPU_REFERENCE } from "../../backends/cpu_reference.ts";
+import { CPU_REFERENCE } from "../../backends/cpu/cpu_reference.ts";
 import { toFloat32 } from "../../core/data.ts";
-import { HostKvCache } from "../../core/host_cache.ts";
+import { HostKvCache } from "../../backends/cpu/host_cache.ts";
 import type { AttentionBackend, GpuContext, KvCache } from "../../core/types.ts";
 import { GpuKvCache } from "../../gpu/kv_cache.ts";
 import { validHostBatch } from "../../service/host_input.ts";

@@ -1,5 +1,5 @@
 /**
- * A deliberately naive float64 attention, written from the contract (shared/api.md) alone,
+ * A deliberately naive float64 attention, written from the contract (docs/api.md) alone,
  * to cross-check CPU_REFERENCE. No blocking, no online softmax, no shared code with the
  * backends except the byte encodings of core/dtype.ts: one loop nest per (request, query,
  * head) that gathers every visible key through the block table, scores it, applies the

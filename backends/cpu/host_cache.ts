@@ -1,0 +1,272 @@
+/**
+ * The host KV cache: K and V as raw little-endian bytes of the storage dtype, in the spec's
+ * layout order, exactly the bytes a safetensors export or a GPU buffer of the same cache
+ * holds. NHD is `[blocks, block_size, kv_heads, head]`, HND `[blocks, kv_heads, block_size,
+ * head]`; either way one (block, slot, kv head) row is `head_size` contiguous elements.
+ *
+ * K and V each live in a `SharedArrayBuffer`, so a Web Worker can read and write the same
+ * memory in place: {@link HostKvCache.handle} names the memory (posting it to a worker shares
+ * it, copying nothing) and {@link HostKvCache.attach} opens a second view of it there. Whoever
+ * holds the cache serialises writers (the service's per-cache mutex); the cache itself has no
+ * lock. {@link HostKvCache.read} returns copies in ordinary ArrayBuffers.
+ *
+ * Element access goes through typed views made once over the buffers, so a row read or write
+ * costs no allocation. Writes round to the storage dtype with core/dtype.ts (nearest even; fp8
+ * saturates).
+ * @module
+ */
+import {
+  bytesPerElement,
+  f32ToBf16Bits,
+  f32ToFp8E4m3,
+  f32ToFp8E5m2,
+  FP8_E4M3_TABLE,
+  FP8_E5M2_TABLE,
+  resolveStorage,
+} from "../../core/dtype.ts";
+import { invalidBatch, ServiceError } from "../../core/errors.ts";
+import type { KvCache, KvCacheSpec, StorageDType } from "../../core/types.ts";
+
+/** Which half of the cache. */
+export type KvWhich = "key" | "value";
+
+/** Reads element i of a buffer as its real value; writes element i from a value (rounded). */
+interface ElementCodec {
+  get(i: number): number;
+  set(i: number, x: number): void;
+}
+
+function codecFor(d: StorageDType, bytes: Uint8Array): ElementCodec {
+  const buf = bytes.buffer, n = bytes.byteLength / bytesPerElement(d);
+  switch (d) {
+    case "float32": {
+      const a = new Float32Array(buf, bytes.byteOffset, n);
+      return { get: (i) => a[i], set: (i, x) => void (a[i] = x) };
+    }
+    case "float16": {
+      const a = new Float16Array(buf, bytes.byteOffset, n);
+      return { get: (i) => a[i], set: (i, x) => void (a[i] = x) };
+    }
+    case "bfloat16": {
+      const a = new Uint16Array(buf, bytes.byteOffset, n);
+      const w = new Float32Array(1), wb = new Uint32Array(w.buffer);
+      return {
+        get: (i) => {
+          wb[0] = a[i] << 16;
+          return w[0];
+        },
+        set: (i, x) => void (a[i] = f32ToBf16Bits(x)),
+      };
+    }
+    case "fp8_e4m3":
+      return {
+        get: (i) => FP8_E4M3_TABLE[bytes[i]],
+        set: (i, x) => void (bytes[i] = f32ToFp8E4m3(x)),
+      };
+    case "fp8_e5m2":
+      return {
+        get: (i) => FP8_E5M2_TABLE[bytes[i]],
+        set: (i, x) => void (bytes[i] = f32ToFp8E5m2(x)),
+      };
+  }
+}
+
+/** What a worker needs to open a {@link HostKvCache}'s memory: its spec and shared buffers. */
+export interface HostCacheHandle {
+  spec: KvCacheSpec;
+  key: SharedArrayBuffer;
+  value: SharedArrayBuffer;
+}
+
+/** Bytes of one of K or V for a spec. */
+export function cacheHalfBytes(spec: KvCacheSpec): number {
+  const elems = spec.num_blocks * spec.block_size * spec.num_kv_heads * spec.head_size;
+  return elems * bytesPerElement(resolveStorage(spec.kv_cache_dtype, spec.dtype));
+}
+
+/** `n` zeroed bytes in a new SharedArrayBuffer. */
+function sharedBytes(n: number): Uint8Array<SharedArrayBuffer> {
+  return new Uint8Array(new SharedArrayBuffer(n));
+}
+
+function checkSpec(spec: KvCacheSpec): void {
+  for (const f of ["num_blocks", "block_size", "num_kv_heads", "head_size"] as const) {
+    const v = spec[f];
+    if (!Number.isSafeInteger(v) || v < 1) {
+      throw new ServiceError(`${f} must be a positive integer, got ${v}`, {
+        status: 422,
+        code: "invalid_cache_spec",
+        issues: [{ path: [f], message: `must be a positive integer, got ${v}` }],
+      });
+    }
+  }
+  if (spec.layout !== "NHD" && spec.layout !== "HND") {
+    throw new ServiceError(`layout must be NHD or HND, got ${spec.layout}`, {
+      status: 422,
+      code: "invalid_cache_spec",
+      issues: [{ path: ["layout"], message: `must be NHD or HND, got ${spec.layout}` }],
+    });
+  }
+}
+
+/** A paged KV cache held in host memory (storage "host"). */
+export class HostKvCache implements KvCache {
+  readonly spec: KvCacheSpec;
+  readonly storage = "host" as const;
+  /** The element type the bytes hold (`auto` resolved to the data dtype). */
+  readonly storage_dtype: StorageDType;
+  /** Raw K bytes, layout order (a view of shared memory). */
+  readonly key: Uint8Array<SharedArrayBuffer>;
+  /** Raw V bytes, layout order (a view of shared memory). */
+  readonly value: Uint8Array<SharedArrayBuffer>;
+  #codec: Record<KvWhich, ElementCodec>;
+  #destroyed = false;
+
+  private constructor(
+    spec: KvCacheSpec,
+    key: Uint8Array<SharedArrayBuffer>,
+    value: Uint8Array<SharedArrayBuffer>,
+  ) {
+    this.spec = { ...spec };
+    this.storage_dtype = resolveStorage(spec.kv_cache_dtype, spec.dtype);
+    this.key = key;
+    this.value = value;
+    this.#codec = {
+      key: codecFor(this.storage_dtype, key),
+      value: codecFor(this.storage_dtype, value),
+    };
+  }
+
+  /** A zero-filled cache for `spec`. */
+  static create(spec: KvCacheSpec): HostKvCache {
+    checkSpec(spec);
+    const n = cacheHalfBytes(spec);
+    return new HostKvCache(spec, sharedBytes(n), sharedBytes(n));
+  }
+
+  /** A cache holding copies of caller bytes; each half must be exactly the spec's size. */
+  static fromBytes(spec: KvCacheSpec, key: Uint8Array, value: Uint8Array): HostKvCache {
+    checkSpec(spec);
+    const n = cacheHalfBytes(spec);
+    const issues = [];
+    if (key.byteLength !== n) {
+      issues.push({ path: ["key_cache"], message: `has ${key.byteLength} bytes, expected ${n}` });
+    }
+    if (value.byteLength !== n) {
+      issues.push({
+        path: ["value_cache"],
+        message: `has ${value.byteLength} bytes, expected ${n}`,
+      });
+    }
+    if (issues.length) throw invalidBatch(issues);
+    const k = sharedBytes(n), v = sharedBytes(n);
+    k.set(key);
+    v.set(value);
+    return new HostKvCache(spec, k, v);
+  }
+
+  /**
+   * A second view of the memory a {@link handle} names (in a worker, say): no copy, writes are
+   * seen by every view. Throws a 422 when the buffers do not fit the spec.
+   */
+  static attach(h: HostCacheHandle): HostKvCache {
+    checkSpec(h.spec);
+    const n = cacheHalfBytes(h.spec);
+    if (h.key.byteLength !== n || h.value.byteLength !== n) {
+      throw invalidBatch([{
+        path: ["kv_cache"],
+        message:
+          `shared buffers hold ${h.key.byteLength} and ${h.value.byteLength} bytes, expected ${n}`,
+      }]);
+    }
+    return new HostKvCache(h.spec, new Uint8Array(h.key), new Uint8Array(h.value));
+  }
+
+  /**
+   * The cache's memory as a handle to post to a worker: the buffers are shared, not copied.
+   * @throws ServiceError 409 `cache_destroyed` once destroyed.
+   */
+  handle(): HostCacheHandle {
+    this.#alive();
+    return { spec: { ...this.spec }, key: this.key.buffer, value: this.value.buffer };
+  }
+
+  /** Bytes of K plus V. */
+  get bytes(): number {
+    return this.key.byteLength + this.value.byteLength;
+  }
+
+  /** True once destroyed. */
+  get destroyed(): boolean {
+    return this.#destroyed;
+  }
+
+  /** Element index of the first element of the (block, slot, kvHead) row, either layout. */
+  offset(block: number, slot: number, kvHead: number): number {
+    const s = this.spec;
+    return s.layout === "NHD"
+      ? ((block * s.block_size + slot) * s.num_kv_heads + kvHead) * s.head_size
+      : ((block * s.num_kv_heads + kvHead) * s.block_size + slot) * s.head_size;
+  }
+
+  /**
+   * Decodes one row's stored values (no fp8 scale applied) into `out` (head_size long,
+   * created when omitted) and returns it.
+   */
+  readRow(
+    which: KvWhich,
+    block: number,
+    slot: number,
+    kvHead: number,
+    out: Float64Array = new Float64Array(this.spec.head_size),
+  ): Float64Array {
+    this.#alive();
+    const c = this.#codec[which], o = this.offset(block, slot, kvHead);
+    for (let d = 0; d < this.spec.head_size; d++) out[d] = c.get(o + d);
+    return out;
+  }
+
+  /** Stores one row: `values[from .. from + head_size)`, each rounded to the storage dtype. */
+  writeRow(
+    which: KvWhich,
+    block: number,
+    slot: number,
+    kvHead: number,
+    values: ArrayLike<number>,
+    from = 0,
+  ): void {
+    this.#alive();
+    const c = this.#codec[which], o = this.offset(block, slot, kvHead);
+    for (let d = 0; d < this.spec.head_size; d++) c.set(o + d, values[from + d]);
+  }
+
+  /** The raw bytes of one (block, slot, kvHead) row: a view, not a copy. */
+  rowBytes(which: KvWhich, block: number, slot: number, kvHead: number): Uint8Array {
+    const n = this.spec.head_size * bytesPerElement(this.storage_dtype);
+    const o = this.offset(block, slot, kvHead) * bytesPerElement(this.storage_dtype);
+    return this[which].subarray(o, o + n);
+  }
+
+  /** Copies of the raw K and V bytes (in ordinary, unshared ArrayBuffers). */
+  read(): Promise<{ key: Uint8Array; value: Uint8Array }> {
+    this.#alive();
+    return Promise.resolve({ key: this.key.slice(), value: this.value.slice() });
+  }
+
+  /**
+   * Marks this view unusable (the bytes are left to the garbage collector once no view of
+   * them is left). Other views made by {@link attach} are separate objects.
+   */
+  destroy(): void {
+    this.#destroyed = true;
+  }
+
+  #alive(): void {
+    if (this.#destroyed) {
+      throw new ServiceError("the KV cache was destroyed", {
+        status: 409,
+        code: "cache_destroyed",
+      });
+    }
+  }
+}

@@ -1,0 +1,357 @@
+/**
+ * A pool of Web Workers that runs CPU_REFERENCE calls off the event loop, so the server keeps
+ * answering (`/healthz` among others) while a long host computation runs.
+ *
+ * - **Size**: {@link defaultPoolSize} workers at most (cores - 1, at least 1, at most 8).
+ *   Workers start lazily on demand and are reused; a call waits in a FIFO queue while all are
+ *   busy. Starting a worker blocks the event loop (Deno's `new Worker` is synchronous, about
+ *   30 ms on the 2-core CPU machine), so at most one starts per task. Workers idle for
+ *   `idleMs` (default 10 s) are terminated, so an idle pool holds no thread and does not keep
+ *   the process alive for longer than that.
+ * - **Memory**: the cache is not copied: the worker reads and writes its SharedArrayBuffers in
+ *   place. The batch's tensors are copied to the worker; output and lse are transferred back.
+ * - **Ordering**: the pool orders nothing itself. Calls on one server-held cache are
+ *   serialised by that cache's mutex (service/cache_store.ts); calls on different caches run
+ *   in parallel on different workers.
+ * - **Atomic writes**: a call that does not resolve with a result leaves its cache exactly as
+ *   it was. The worker saves every row it will overwrite before its first write
+ *   (backends/cpu/undo.ts), and the pool puts them back when the call fails, is cancelled
+ *   after its write began, or its worker crashes.
+ * - **Cancellation** (`signal`): a queued call leaves the queue; a call whose worker has not
+ *   begun writing is cancelled through the shared control word and writes nothing; a call
+ *   whose write has begun finishes the write (a write is never interrupted), then its worker
+ *   is stopped and the write undone. Either way the call rejects with 499
+ *   `client_closed_request` ("Client Closed Request", nginx's status for a client that went
+ *   away; never a 5xx, as the server did nothing wrong) and the cache is unchanged.
+ * - **Crashes**: a worker that dies (an uncaught error, a reply that cannot be read) is
+ *   dropped, its call rejects with 500 `cpu_worker_crashed` (cache restored), and the next call
+ *   starts a fresh worker. An error a call throws comes back as the same ServiceError (e.g. 422
+ *   `invalid_batch`); any other error as 500 `cpu_worker_failed`.
+ * - **close()** refuses queued and new calls (503 `cpu_pool_closed`), waits for the running
+ *   ones, and terminates every worker. The pool stays usable: a later call starts new workers.
+ * @module
+ */
+import { ServiceError } from "../../core/errors.ts";
+import type { HostKvCache } from "./host_cache.ts";
+import type { ForwardBatch } from "../../core/types.ts";
+
+/** What a worker computed: the output in float32 (values of the batch dtype), LSE, timings. */
+export interface HostResult {
+  output: Float32Array;
+  lse: Float32Array | null;
+  timings?: Record<string, number>;
+}
+import {
+  type CallReply,
+  type CallRequest,
+  CANCELLED,
+  cancelledError,
+  closedError,
+  crashedError,
+  fromWire,
+  PENDING,
+  toWireBatch,
+  WRITING,
+  WRITTEN,
+} from "./protocol.ts";
+import { restoreRows, undoBytes } from "./undo.ts";
+
+/** Options of {@link CpuWorkerPool}. */
+export interface CpuPoolOptions {
+  /** Most workers at once (default {@link defaultPoolSize}). */
+  size?: number;
+  /** The worker module (default backends/cpu/worker.ts); tests pass faulty ones. */
+  workerUrl?: URL;
+  /** Milliseconds a worker may sit idle before it is terminated (default 10,000). */
+  idleMs?: number;
+}
+
+/** cores - 1 (one core stays with the event loop), at least 1, at most 8. */
+export function defaultPoolSize(cores: number = navigator.hardwareConcurrency): number {
+  return Math.max(1, Math.min(8, Math.floor(cores || 1) - 1));
+}
+
+/** One call, from enqueue to settle. */
+interface Job {
+  request: CallRequest;
+  batch: ForwardBatch;
+  cache: HostKvCache | null;
+  control: Int32Array;
+  undo: Uint8Array | null;
+  enqueued: number;
+  started: number;
+  settled: boolean;
+  /** The signal aborted while the worker was writing: stop it once the write is complete. */
+  stopWhenWritten: boolean;
+  resolve(r: HostResult): void;
+  reject(e: unknown): void;
+  detach(): void;
+}
+
+/** A worker and the call it runs (null: idle). */
+interface Slot {
+  worker: Worker;
+  job: Job | null;
+}
+
+/** Runs CPU_REFERENCE calls on a bounded set of reusable Web Workers. */
+export class CpuWorkerPool {
+  /** Most workers at once. */
+  readonly size: number;
+  readonly #url: URL;
+  readonly #idleMs: number;
+  #slots: Slot[] = [];
+  #queue: Job[] = [];
+  #nextId = 1;
+  #closing = false;
+  #idleTimer: ReturnType<typeof setTimeout> | undefined;
+  #pumpTimer: ReturnType<typeof setTimeout> | undefined;
+  /** A worker was started in the current task; the next one waits for #pumpTimer. */
+  #spawnedThisTask = false;
+  #drainWaiters: (() => void)[] = [];
+
+  constructor(opts: CpuPoolOptions = {}) {
+    this.size = opts.size ?? defaultPoolSize();
+    if (!Number.isInteger(this.size) || this.size < 1) {
+      throw new RangeError(`pool size must be a positive integer, got ${this.size}`);
+    }
+    this.#url = opts.workerUrl ?? new URL("./worker.ts", import.meta.url);
+    this.#idleMs = opts.idleMs ?? 10_000;
+  }
+
+  /** Live workers. */
+  get workers(): number {
+    return this.#slots.length;
+  }
+
+  /** Workers running a call. */
+  get busy(): number {
+    return this.#slots.filter((s) => s.job).length;
+  }
+
+  /** Calls waiting for a worker. */
+  get queued(): number {
+    return this.#queue.length;
+  }
+
+  /**
+   * Runs one checked batch (plan already ran) on `cache` (null: the call reads no cache).
+   * @throws ServiceError: the call's own errors; 499 `client_closed_request`; 500
+   * `cpu_worker_crashed` / `cpu_worker_failed`; 503 `cpu_pool_closed`; 409 `cache_destroyed`.
+   */
+  run(
+    batch: ForwardBatch,
+    cache: HostKvCache | null,
+    signal?: AbortSignal,
+  ): Promise<HostResult> {
+    if (signal?.aborted) return Promise.reject(cancelledError());
+    if (this.#closing) return Promise.reject(closedError());
+    let request: CallRequest;
+    try {
+      const undo = undoBytes(batch, cache);
+      request = {
+        id: this.#nextId++,
+        batch: toWireBatch(batch),
+        cache: cache ? cache.handle() : null,
+        control: new SharedArrayBuffer(4),
+        undo: undo > 0 ? new SharedArrayBuffer(undo) : null,
+      };
+    } catch (e) {
+      return Promise.reject(e);
+    }
+    return new Promise((resolve, reject) => {
+      const job: Job = {
+        request,
+        batch,
+        cache,
+        control: new Int32Array(request.control),
+        undo: request.undo ? new Uint8Array(request.undo) : null,
+        enqueued: performance.now(),
+        started: 0,
+        settled: false,
+        stopWhenWritten: false,
+        resolve,
+        reject,
+        detach: () => {},
+      };
+      if (signal) {
+        const onAbort = () => this.#abort(job);
+        signal.addEventListener("abort", onAbort, { once: true });
+        job.detach = () => signal.removeEventListener("abort", onAbort);
+      }
+      this.#queue.push(job);
+      this.#pump();
+    });
+  }
+
+  /** Refuses queued and new calls, waits for running ones, terminates every worker. */
+  async close(): Promise<void> {
+    this.#closing = true;
+    try {
+      for (const job of this.#queue.splice(0)) this.#settle(job, closedError());
+      clearTimeout(this.#pumpTimer);
+      this.#pumpTimer = undefined;
+      this.#spawnedThisTask = false;
+      while (this.#slots.some((s) => s.job)) {
+        await new Promise<void>((r) => this.#drainWaiters.push(r));
+      }
+      for (const s of this.#slots.splice(0)) s.worker.terminate();
+      clearTimeout(this.#idleTimer);
+      this.#idleTimer = undefined;
+    } finally {
+      this.#closing = false;
+    }
+  }
+
+  /**
+   * Starts queued calls on idle workers, spawning at most one worker per task: `new Worker`
+   * blocks the event loop for tens of ms, so a burst must not start eight in one go.
+   */
+  #pump(): void {
+    while (this.#queue.length > 0) {
+      let slot = this.#slots.find((s) => !s.job);
+      if (!slot) {
+        if (this.#slots.length >= this.size || this.#spawnedThisTask) return;
+        try {
+          slot = this.#spawn();
+        } catch (e) {
+          this.#settle(this.#queue.shift()!, crashedError(`no worker could be started: ${e}`));
+          continue;
+        }
+        this.#spawnedThisTask = true;
+        this.#pumpTimer = setTimeout(() => {
+          this.#pumpTimer = undefined;
+          this.#spawnedThisTask = false;
+          this.#pump();
+        }, 0);
+      }
+      this.#dispatch(slot, this.#queue.shift()!);
+    }
+  }
+
+  #spawn(): Slot {
+    const slot: Slot = { worker: new Worker(this.#url, { type: "module" }), job: null };
+    slot.worker.onmessage = (e: MessageEvent<CallReply>) => this.#onReply(slot, e.data);
+    slot.worker.onerror = (e: ErrorEvent) => {
+      e.preventDefault();
+      this.#stop(slot, crashedError(e.message || "uncaught error"));
+    };
+    slot.worker.onmessageerror = () => this.#stop(slot, crashedError("unreadable reply"));
+    this.#slots.push(slot);
+    return slot;
+  }
+
+  #dispatch(slot: Slot, job: Job): void {
+    clearTimeout(this.#idleTimer);
+    this.#idleTimer = undefined;
+    slot.job = job;
+    job.started = performance.now();
+    try {
+      slot.worker.postMessage(job.request);
+    } catch (e) {
+      slot.job = null;
+      this.#settle(
+        job,
+        new ServiceError(`the call could not be posted to a CPU worker: ${e}`, {
+          status: 500,
+          code: "cpu_worker_failed",
+        }),
+      );
+      this.#released();
+    }
+  }
+
+  #onReply(slot: Slot, r: CallReply): void {
+    const job = slot.job;
+    if (!job || job.request.id !== r.id) return;
+    switch (r.kind) {
+      case "written":
+        if (job.stopWhenWritten) this.#stop(slot, cancelledError());
+        return;
+      case "done":
+        slot.job = null;
+        this.#settle(job, {
+          output: r.output,
+          lse: r.lse,
+          timings: { queue: job.started - job.enqueued, ...r.timings },
+        });
+        break;
+      case "failed":
+        this.#undo(job);
+        slot.job = null;
+        this.#settle(job, fromWire(r.error));
+        break;
+      case "cancelled":
+        slot.job = null;
+        this.#settle(job, cancelledError());
+        break;
+    }
+    this.#released();
+  }
+
+  /** The signal aborted. */
+  #abort(job: Job): void {
+    if (job.settled) return;
+    const q = this.#queue.indexOf(job);
+    if (q >= 0) {
+      this.#queue.splice(q, 1);
+      this.#settle(job, cancelledError());
+      return;
+    }
+    const before = Atomics.compareExchange(job.control, 0, PENDING, CANCELLED);
+    // PENDING: the worker will write nothing; it answers `cancelled` and is free again then.
+    if (before === PENDING) return this.#settle(job, cancelledError());
+    const slot = this.#slots.find((s) => s.job === job);
+    if (!slot) return;
+    if (before === WRITING) job.stopWhenWritten = true;
+    else this.#stop(slot, cancelledError()); // WRITTEN: attending only reads the cache
+  }
+
+  /** Terminates a slot's worker (crashed, or stopped after its write); undoes its call. */
+  #stop(slot: Slot, err: ServiceError): void {
+    const i = this.#slots.indexOf(slot);
+    if (i < 0) return;
+    this.#slots.splice(i, 1);
+    slot.worker.terminate();
+    const job = slot.job;
+    slot.job = null;
+    if (job) {
+      this.#undo(job);
+      this.#settle(job, err);
+    }
+    this.#released();
+  }
+
+  /** Puts back the rows a call overwrote, when its write began. */
+  #undo(job: Job): void {
+    const state = Atomics.load(job.control, 0);
+    if ((state === WRITING || state === WRITTEN) && job.undo && job.cache) {
+      restoreRows(job.batch, job.cache, job.undo);
+    }
+  }
+
+  #settle(job: Job, outcome: HostResult | Error): void {
+    if (job.settled) return;
+    job.settled = true;
+    job.detach();
+    if (outcome instanceof Error) job.reject(outcome);
+    else job.resolve(outcome);
+  }
+
+  /** A worker became free (or went away): start queued calls; wake close(); arm the idle timer. */
+  #released(): void {
+    this.#pump();
+    if (this.#slots.some((s) => s.job)) return;
+    for (const wake of this.#drainWaiters.splice(0)) wake();
+    if (this.#slots.length === 0 || this.#idleTimer !== undefined) return;
+    const timer = setTimeout(() => {
+      this.#idleTimer = undefined;
+      for (const s of this.#slots.filter((s) => !s.job)) {
+        this.#slots.splice(this.#slots.indexOf(s), 1);
+        s.worker.terminate();
+      }
+    }, this.#idleMs);
+    Deno.unrefTimer(timer);
+    this.#idleTimer = timer;
+  }
+}

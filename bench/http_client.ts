@@ -1,0 +1,179 @@
+/**
+ * The HTTP bench's client side: one forward call over keep-alive HTTP with safetensors both
+ * ways (timed from the send to the parsed answer), and a decode client that pre-builds its
+ * steps' bodies, waits at a start barrier, then sends them one after another on its own
+ * caches (one per layer), keeping of each answer only what the checker needs: a few (token,
+ * head) rows chosen at random per call, or the whole output for the steps in `full_steps`.
+ *
+ * Used in the main thread (the sequential phase) and by bench/http_client_worker.ts (one
+ * worker per concurrent client, so the clients' own JS does not share one thread).
+ * @module
+ */
+import { parseSafetensors } from "../core/safetensors.ts";
+import { Rng } from "../tests/support/rng.ts";
+import { decodeBody } from "./http_bodies.ts";
+import { type HttpShape, type Layout, seedOf, stepData } from "./http_workload.ts";
+
+/** A forward answer: the f16 output bits and the server's own account. */
+export interface Answer {
+  /** Client round trip in ms: send to parsed answer. */
+  ms: number;
+  backend: string;
+  /** The server's per-phase timings (`__metadata__.timings`). */
+  timings: Record<string, number>;
+  /** [tokens, heads, head_size] float16 bits. */
+  output: Uint16Array;
+}
+
+/** A call the server refused or answered with something that is not an f16 output. */
+export class CallError extends Error {
+  override name = "CallError";
+}
+
+/** POSTs one safetensors forward body and parses the safetensors answer. */
+export async function forward(
+  url: string,
+  headers: Record<string, string>,
+  body: Uint8Array,
+): Promise<Answer> {
+  const t0 = performance.now();
+  const res = await fetch(`${url}/v1/attention/forward`, {
+    method: "POST",
+    headers: {
+      ...headers,
+      "content-type": "application/octet-stream",
+      accept: "application/octet-stream",
+    },
+    body: body as Uint8Array<ArrayBuffer>,
+  });
+  const bytes = new Uint8Array(await res.arrayBuffer());
+  if (!res.ok) {
+    throw new CallError(`forward: HTTP ${res.status}: ${new TextDecoder().decode(bytes)}`);
+  }
+  const file = parseSafetensors(bytes);
+  const ms = performance.now() - t0;
+  const out = file.tensors.output;
+  if (!out || out.dtype !== "F16") {
+    throw new CallError(`forward: expected an F16 output tensor, got ${out?.dtype ?? "none"}`);
+  }
+  const data = out.data.byteOffset % 2 === 0 ? out.data : out.data.slice();
+  return {
+    ms,
+    backend: file.metadata.backend ?? "?",
+    timings: file.metadata.timings ? JSON.parse(file.metadata.timings) : {},
+    output: new Uint16Array(data.buffer, data.byteOffset, data.byteLength / 2),
+  };
+}
+
+/** One decode client's job. */
+export interface DecodeJob {
+  url: string;
+  headers: Record<string, string>;
+  shape: HttpShape;
+  layout: Layout;
+  seed: number;
+  /**
+   * The client's caches, one per layer (`index` selects the data): every step sends one call
+   * to each, in order, with the same metadata, as an engine's layers do.
+   */
+  caches: { index: number; id: string }[];
+  first_step: number;
+  steps: number;
+  /** Send the first step once more before the timed ones (it rewrites the same K/V). */
+  warmup: boolean;
+  /** Output rows (token, head) kept per answer for the sampled check. */
+  check_rows: number;
+  /** Steps whose whole output is kept (fully checked). */
+  full_steps: number[];
+}
+
+/** What one decode call left for the report and the checker. */
+export interface DecodeCall {
+  cache: number;
+  step: number;
+  ms: number;
+  backend: string;
+  timings: Record<string, number>;
+  /** Flat (token * num_heads + head) indices of the kept rows. */
+  rows: number[];
+  /** Their output, rows.length x head_size float16 bits. */
+  values: Uint16Array;
+  /** The whole output, for full_steps. */
+  full?: Uint16Array;
+}
+
+/** A client's calls, the untimed warm-up's round trip, and the error that stopped it. */
+export interface DecodeResult {
+  calls: DecodeCall[];
+  warmup_ms?: number;
+  error?: string;
+}
+
+/** The rows kept of a call: `n` distinct random (token, head) rows, seeded by cache and step. */
+export function sampleRows(total: number, n: number, seed: number): number[] {
+  if (n >= total) return Array.from({ length: total }, (_, i) => i);
+  const rng = new Rng(seed), picked = new Set<number>();
+  while (picked.size < n) picked.add(rng.int(total));
+  return [...picked].sort((a, b) => a - b);
+}
+
+/** Copies the given rows out of an output. */
+export function takeRows(output: Uint16Array, rows: number[], D: number): Uint16Array {
+  const out = new Uint16Array(rows.length * D);
+  rows.forEach((row, i) => out.set(output.subarray(row * D, (row + 1) * D), i * D));
+  return out;
+}
+
+/**
+ * Runs a decode client: builds every call's body, awaits `ready()` (the start barrier), then
+ * sends the steps in order (each step: one call per cache). Stops at the first failed call.
+ */
+export async function runDecode(
+  job: DecodeJob,
+  ready: () => Promise<void> = () => Promise.resolve(),
+): Promise<DecodeResult> {
+  const s = job.shape, D = s.head_size;
+  const todo: { cache: number; step: number; body: Uint8Array }[] = [];
+  for (let i = 0; i < job.steps; i++) {
+    const step = job.first_step + i;
+    for (const c of job.caches) {
+      const data = stepData(s, job.seed, c.index, step);
+      todo.push({ cache: c.index, step, body: decodeBody(s, job.layout, c.id, step, data) });
+    }
+  }
+  await ready();
+  const result: DecodeResult = { calls: [] };
+  const where = (t: { cache: number; step: number }) => `cache ${t.cache} step ${t.step}`;
+  try {
+    if (job.warmup && todo.length) {
+      result.warmup_ms = (await forward(job.url, job.headers, todo[0].body)).ms;
+    }
+    for (const t of todo) {
+      let a: Answer;
+      try {
+        a = await forward(job.url, job.headers, t.body);
+      } catch (e) {
+        throw new CallError(`${where(t)}: ${e instanceof Error ? e.message : e}`);
+      }
+      t.body = new Uint8Array(0);
+      const rows = sampleRows(
+        s.reqs * s.num_heads,
+        job.check_rows,
+        seedOf(job.seed, "rows", t.cache, t.step),
+      );
+      result.calls.push({
+        cache: t.cache,
+        step: t.step,
+        ms: a.ms,
+        backend: a.backend,
+        timings: a.timings,
+        rows,
+        values: takeRows(a.output, rows, D),
+        ...(job.full_steps.includes(t.step) ? { full: a.output.slice() } : {}),
+      });
+    }
+  } catch (e) {
+    result.error = e instanceof Error ? e.message : String(e);
+  }
+  return result;
+}

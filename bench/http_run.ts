@@ -1,0 +1,271 @@
+/**
+ * One HTTP bench run against one server (at `url`), like a model runner: read `/v1/device`
+ * (software adapter → small shapes unless told otherwise), create one server-held f16 cache
+ * per client and layer, fill them by prefill calls (cache 0's calls one at a time and timed
+ * alone; the same call on the other caches sent together), then timed decode steps: client 0
+ * alone (sequential: p50/p99), then every client at once from its own worker on its own caches
+ * (calls/s). Every answer is checked after the clock stops (bench/http_checks.ts).
+ * @module
+ */
+import { AttentionClient } from "../client/client.ts";
+import type { DeviceReport } from "../core/types.ts";
+import { prefillBody } from "./http_bodies.ts";
+import {
+  addTally,
+  checkDecode,
+  checkPrefill,
+  type CheckTally,
+  type PrefillAnswer,
+  prefillCheckCost,
+  tally,
+} from "./http_checks.ts";
+import {
+  type DecodeCall,
+  type DecodeJob,
+  forward,
+  runDecode,
+  sampleRows,
+  takeRows,
+} from "./http_client.ts";
+import { concurrently } from "./http_clients.ts";
+import { Reference } from "./http_reference.ts";
+import { type PhaseStats, phaseStats, type Timed } from "./http_stats.ts";
+import {
+  BIG_SHAPE,
+  cacheBytes,
+  chunkQuery,
+  chunksOf,
+  type HttpShape,
+  type Layout,
+  layoutOf,
+  seedOf,
+  SMALL_SHAPE,
+} from "./http_workload.ts";
+
+/** How to run. */
+export interface RunOptions {
+  /** "auto": small on a software adapter or without a device. */
+  size: "auto" | "small" | "big";
+  /** Overrides of the chosen shape. */
+  shape: Partial<HttpShape>;
+  seed: number;
+  /** Rows (token, head) checked per decode answer and per prefill answer. */
+  check_rows: number;
+  prefill_check_rows: number;
+  /** Check a prefill chunk's whole answer when it costs at most this many multiply-adds. */
+  full_prefill_limit: number;
+  /** Extra request headers (e.g. authorization). */
+  headers: Record<string, string>;
+  log: (line: string) => void;
+}
+
+/** What one run measured and checked. */
+export interface RunReport {
+  url: string;
+  device: DeviceReport;
+  software: boolean;
+  small: boolean;
+  shape: HttpShape;
+  cache?: { backend: string; storage: string; bytes: number; count: number };
+  /** The server backends that answered, per phase. */
+  backends: Record<string, string[]>;
+  /** Round trip of the first call of each kind (untimed otherwise: cold pipelines). */
+  prefill_cold_ms?: number;
+  decode_cold_ms?: number;
+  prefill?: PhaseStats;
+  /** The same prefill calls on the other clients' caches, sent together. */
+  prefill_fill?: PhaseStats;
+  decode_sequential?: PhaseStats;
+  decode_concurrent?: PhaseStats;
+  checks: { prefill: CheckTally; decode: CheckTally };
+  errors: string[];
+  ok: boolean;
+}
+
+const SOFTWARE = /llvmpipe|lavapipe|swiftshader|softpipe/i;
+
+/** Is this report's adapter a software one (or is there no device)? */
+export function isSoftware(d: DeviceReport): boolean {
+  return !d.available || d.adapter?.is_fallback_adapter === true ||
+    SOFTWARE.test(`${d.adapter?.description ?? ""} ${d.adapter?.device ?? ""}`);
+}
+
+/** Checks a shape's fields; throws naming the bad one. */
+export function checkShape(s: HttpShape): void {
+  for (const [k, v] of Object.entries(s)) {
+    if (!Number.isSafeInteger(v) || v < 1) {
+      throw new Error(`${k} must be a positive integer, got ${v}`);
+    }
+  }
+  if (s.num_heads % s.num_kv_heads) {
+    throw new Error(`num_heads ${s.num_heads} is not a multiple of num_kv_heads ${s.num_kv_heads}`);
+  }
+}
+
+const uniq = (xs: string[]) => [...new Set(xs)];
+
+/** Runs the bench against the server at `url`. */
+export async function runOnServer(url: string, o: RunOptions): Promise<RunReport> {
+  const api = new AttentionClient(url, { headers: o.headers });
+  const device = await api.device();
+  const software = isSoftware(device);
+  const small = o.size === "small" || (o.size === "auto" && software);
+  const shape = { ...(small ? SMALL_SHAPE : BIG_SHAPE), ...o.shape };
+  checkShape(shape);
+  const report: RunReport = {
+    url,
+    device,
+    software,
+    small,
+    shape,
+    backends: {},
+    checks: { prefill: tally(), decode: tally() },
+    errors: [],
+    ok: false,
+  };
+  const layout = layoutOf(shape, o.seed);
+  const ids: string[] = [];
+  try {
+    for (let c = 0; c < shape.clients * shape.layers; c++) {
+      const info = await api.createCache({
+        num_blocks: layout.num_blocks,
+        block_size: shape.block_size,
+        num_kv_heads: shape.num_kv_heads,
+        head_size: shape.head_size,
+        dtype: "float16",
+        kv_cache_dtype: "auto",
+      });
+      ids.push(info.id);
+      report.cache = { ...pick(info), count: ids.length };
+    }
+    o.log(
+      `caches: ${ids.length} x ${(cacheBytes(shape, layout) / 2 ** 20).toFixed(1)} MiB ` +
+        `(${report.cache?.backend}, ${report.cache?.storage})`,
+    );
+    const ref = new Reference(shape, o.seed);
+    await prefill(url, o, report, ref, layout, ids);
+    if (report.errors.length === 0) await decode(url, o, report, ref, layout, ids);
+  } catch (e) {
+    report.errors.push(e instanceof Error ? e.message : String(e));
+  } finally {
+    for (const id of ids) await api.deleteCache(id).catch(() => {});
+  }
+  const c = report.checks;
+  report.ok = report.errors.length === 0 && c.prefill.failed_calls + c.decode.failed_calls === 0 &&
+    c.prefill.calls + c.decode.calls > 0;
+  return report;
+}
+
+const pick = (i: { backend: string; storage: string; bytes: number }) => ({
+  backend: i.backend,
+  storage: i.storage,
+  bytes: i.bytes,
+});
+
+/**
+ * Fills every cache by prefill calls. Cache 0 gets each chunk alone and timed (chunk 0 once
+ * more before, untimed: the cold call); the other caches get the same chunk `clients` at a time.
+ */
+async function prefill(
+  url: string,
+  o: RunOptions,
+  report: RunReport,
+  ref: Reference,
+  layout: Layout,
+  ids: string[],
+): Promise<void> {
+  const s = report.shape, D = s.head_size;
+  const seq: Timed[] = [], fill: Timed[] = [], backends: string[] = [];
+  let fillWall = 0;
+  for (const c of chunksOf(s)) {
+    const q = chunkQuery(s, o.seed, c);
+    const T = c.n * c.len;
+    const rows = sampleRows(
+      T * s.num_heads,
+      o.prefill_check_rows,
+      seedOf(o.seed, "prows", c.index),
+    );
+    const full0 = c.index === 0 && prefillCheckCost(ref, c) <= o.full_prefill_limit;
+    const keep = (cache: number, out: Uint16Array, full: boolean): PrefillAnswer => ({
+      cache,
+      full,
+      values: full ? out : takeRows(out, rows, D),
+    });
+    const body = (cache: number) => prefillBody(s, layout, ids[cache], c, q, ref.ctxK, ref.ctxV);
+    if (c.index === 0) report.prefill_cold_ms = (await forward(url, o.headers, body(0))).ms;
+    const a0 = await forward(url, o.headers, body(0));
+    seq.push(a0);
+    backends.push(a0.backend);
+    const answers = [keep(0, a0.output, full0)];
+    for (let first = 1; first < ids.length; first += s.clients) {
+      const group = ids.slice(first, first + s.clients).map((_, i) => first + i);
+      const bodies = group.map(body);
+      const t0 = performance.now();
+      const got = await Promise.all(bodies.map((b) => forward(url, o.headers, b)));
+      fillWall += performance.now() - t0;
+      got.forEach((a, i) => {
+        fill.push(a);
+        backends.push(a.backend);
+        answers.push(keep(group[i], a.output, false));
+      });
+    }
+    addTally(report.checks.prefill, checkPrefill(ref, c, q, rows, answers));
+    o.log(
+      `prefill chunk ${c.index}: requests ${c.r0}..${c.r0 + c.n - 1}, positions ` +
+        `${c.p0}..${c.p0 + c.len - 1}: ${a0.ms.toFixed(1)} ms (server total ` +
+        `${a0.timings.total?.toFixed(1)} ms)`,
+    );
+  }
+  if (seq.length) report.prefill = phaseStats(seq);
+  if (fill.length) report.prefill_fill = phaseStats(fill, fillWall);
+  report.backends.prefill = uniq(backends);
+}
+
+/**
+ * Decode: client 0 alone on its caches (steps 0..steps-1 after one untimed repeat of step 0),
+ * then every client at once (client 0 continuing from step `steps`), each from its own worker.
+ */
+async function decode(
+  url: string,
+  o: RunOptions,
+  report: RunReport,
+  ref: Reference,
+  layout: Layout,
+  ids: string[],
+): Promise<void> {
+  const s = report.shape;
+  const job = (client: number, first: number, warmup: boolean, full: number[]): DecodeJob => ({
+    url,
+    headers: o.headers,
+    shape: s,
+    layout,
+    seed: o.seed,
+    caches: Array.from({ length: s.layers }, (_, l) => client * s.layers + l)
+      .map((index) => ({ index, id: ids[index] })),
+    first_step: first,
+    steps: s.steps,
+    warmup,
+    check_rows: o.check_rows,
+    full_steps: full,
+  });
+  const seq = await runDecode(job(0, 0, true, [0, s.steps - 1]));
+  report.decode_cold_ms = seq.warmup_ms;
+  if (seq.calls.length) report.decode_sequential = phaseStats(seq.calls);
+  if (seq.error) report.errors.push(seq.error);
+  o.log(`decode sequential: ${seq.calls.length} calls, p50 ${report.decode_sequential?.p50_ms} ms`);
+  let conc: DecodeCall[] = [];
+  if (!seq.error) {
+    const last = s.clients - 1;
+    const jobs = Array.from(
+      { length: s.clients },
+      (_, c) => job(c, c === 0 ? s.steps : 0, false, c === last && c > 0 ? [s.steps - 1] : []),
+    );
+    const { results, wall_ms } = await concurrently(jobs);
+    conc = results.flatMap((r) => r.calls);
+    for (const r of results) if (r.error) report.errors.push(r.error);
+    if (conc.length) report.decode_concurrent = phaseStats(conc, wall_ms);
+    o.log(`decode ${jobs.length} clients: ${conc.length} calls in ${wall_ms.toFixed(0)} ms`);
+  }
+  report.backends.decode = uniq([...seq.calls, ...conc].map((c) => c.backend));
+  report.checks.decode = checkDecode(ref, [...seq.calls, ...conc]);
+}

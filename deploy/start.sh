@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# Starts N attention-service instances on loopback and nginx in front of them (the config is
+# deploy/nginx.conf.template, rendered into PREFIX), then waits; SIGTERM/SIGINT stops nginx and
+# every instance. No root needed: every file lives under PREFIX.
+#
+#   deploy/start.sh [--instances N] [--no-gpu] [--port P] [--base-port B] [--host H]
+#                   [--prefix DIR] [--max-body-bytes BYTES] [-- SERVER_FLAGS...]
+#
+#   --instances N       instances to start (default: one per GPU that nvidia-smi lists; with
+#                       --no-gpu or no GPU, 2)
+#   --no-gpu            the instances run without a GPU (CPU_REFERENCE)
+#   --port P            nginx's port (default 8080)
+#   --host H            nginx's address (default 127.0.0.1; the instances stay on 127.0.0.1)
+#   --base-port B       instance K (K = 0..N-1) listens on B+K (default 8100)
+#   --prefix DIR        where the config, logs, pids and moved_caches.map go (default
+#                       /tmp/attn-deploy)
+#   --max-body-bytes B  body limit of the instances and of nginx (default 536870912)
+#   -- SERVER_FLAGS     passed to every instance (e.g. --memory-budget-bytes, --token-file)
+#
+# Instance K is named iK (--instance-name iK: its answers carry X-Attention-Instance: iK) and
+# gets ATTN_GPU_INDEX=K in its environment. PREFIX/instances.tsv lists "name port pid" once
+# all are listening; PREFIX/ready appears once nginx answers too. Environment: NGINX (the
+# nginx binary, default nginx from PATH or /usr/sbin/nginx), DENO (default deno).
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(dirname "$here")
+n="" gpu=1 port=8080 host=127.0.0.1 base=8100 prefix=/tmp/attn-deploy max_body=536870912
+server_flags=()
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --instances) n=$2; shift 2 ;;
+    --no-gpu) gpu=0; shift ;;
+    --port) port=$2; shift 2 ;;
+    --host) host=$2; shift 2 ;;
+    --base-port) base=$2; shift 2 ;;
+    --prefix) prefix=$2; shift 2 ;;
+    --max-body-bytes) max_body=$2; shift 2 ;;
+    --) shift; server_flags=("$@"); break ;;
+    -h | --help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "start.sh: unknown argument $1 (--help lists them)" >&2; exit 2 ;;
+  esac
+done
+for v in port base max_body; do
+  [[ ${!v} =~ ^[0-9]+$ ]] || { echo "start.sh: --${v//_/-} must be a number, got ${!v}" >&2; exit 2; }
+done
+if [[ -z $n ]]; then
+  n=2
+  if [[ $gpu -eq 1 ]] && command -v nvidia-smi >/dev/null 2>&1; then
+    g=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
+    [[ $g -gt 0 ]] && n=$g
+  fi
+fi
+[[ $n =~ ^[1-9][0-9]*$ ]] || { echo "start.sh: --instances must be >= 1, got $n" >&2; exit 2; }
+
+nginx_bin=${NGINX:-$(command -v nginx || echo /usr/sbin/nginx)}
+[[ -x $nginx_bin ]] || { echo "start.sh: nginx not found (apt-get install nginx, or set NGINX)" >&2; exit 3; }
+deno_bin=${DENO:-deno}
+
+mkdir -p "$prefix"/tmp
+prefix=$(cd "$prefix" && pwd)
+rm -f "$prefix/ready" "$prefix/instances.tsv"
+touch "$prefix/moved_caches.map"
+
+pids=()
+nginx_pid=""
+stop() {
+  trap - EXIT INT TERM
+  set +e
+  [[ -n $nginx_pid ]] && kill "$nginx_pid" 2>/dev/null
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+  wait 2>/dev/null
+}
+trap 'stop; exit 0' INT TERM
+trap stop EXIT
+
+# --- instances ---
+gpu_flag=()
+[[ $gpu -eq 0 ]] && gpu_flag=(--no-gpu)
+for ((k = 0; k < n; k++)); do
+  ATTN_GPU_INDEX=$k XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp} \
+    "$deno_bin" run --config "$repo/deno.json" --allow-net --allow-read --allow-env \
+    "$repo/server/main.ts" --host 127.0.0.1 --port $((base + k)) --instance-name "i$k" \
+    --max-body-bytes "$max_body" "${gpu_flag[@]}" "${server_flags[@]}" \
+    >"$prefix/i$k.log" 2>&1 &
+  pids+=($!)
+done
+for ((k = 0; k < n; k++)); do
+  for ((t = 0; t < 600; t++)); do
+    grep -q '^listening on ' "$prefix/i$k.log" 2>/dev/null && break
+    kill -0 "${pids[k]}" 2>/dev/null || { echo "start.sh: instance i$k exited:" >&2; cat "$prefix/i$k.log" >&2; exit 1; }
+    sleep 0.1
+  done
+  grep -q '^listening on ' "$prefix/i$k.log" || { echo "start.sh: instance i$k did not start" >&2; exit 1; }
+  printf 'i%d\t%d\t%d\n' "$k" $((base + k)) "${pids[k]}" >>"$prefix/instances.tsv"
+done
+
+# --- nginx ---
+pool="" ups="" map=""
+for ((k = 0; k < n; k++)); do
+  pool+="    server 127.0.0.1:$((base + k)) max_fails=0;"$'\n'
+  ups+="  upstream attn_i$k {"$'\n'"    server 127.0.0.1:$((base + k)) max_fails=0;"$'\n'"    keepalive 8;"$'\n'"  }"$'\n'
+  map+="    i$k attn_i$k;"$'\n'
+done
+user=""
+[[ $(id -u) -eq 0 ]] && user="user $(id -un) $(id -gn);"
+listen=$host:$port
+[[ $host == *:* ]] && listen="[$host]:$port"
+conf=$(<"$here/nginx.conf.template")
+conf=${conf//@PREFIX@/$prefix}
+conf=${conf//@LISTEN@/$listen}
+conf=${conf//@MAX_BODY_BYTES@/$max_body}
+conf=${conf//@USER@/$user}
+conf=${conf//@POOL_SERVERS@/${pool%$'\n'}}
+conf=${conf//@INSTANCE_UPSTREAMS@/${ups%$'\n'}}
+conf=${conf//@INSTANCE_MAP@/${map%$'\n'}}
+printf '%s\n' "$conf" >"$prefix/nginx.conf"
+"$nginx_bin" -t -q -p "$prefix" -c "$prefix/nginx.conf" -e "$prefix/error.log"
+"$nginx_bin" -p "$prefix" -c "$prefix/nginx.conf" -e "$prefix/error.log" -g 'daemon off;' &
+nginx_pid=$!
+for ((t = 0; t < 100; t++)); do
+  if (exec 3<>"/dev/tcp/$host/$port") 2>/dev/null; then
+    touch "$prefix/ready"
+    echo "start.sh: nginx on http://$listen in front of $n instances (prefix $prefix)"
+    # An instance that dies is left dead (its caches answer 502 through nginx); nginx exiting
+    # ends the deployment.
+    wait "$nginx_pid" || true
+    echo "start.sh: nginx exited; stopping the instances" >&2
+    exit 1
+  fi
+  kill -0 "$nginx_pid" 2>/dev/null || { echo "start.sh: nginx exited:" >&2; cat "$prefix/error.log" >&2; exit 1; }
+  sleep 0.1
+done
+echo "start.sh: nginx did not answer on $listen" >&2
+exit 1

@@ -1,0 +1,145 @@
+/**
+ * Which WebGPU runtime to use and with which Dawn flags, from the command line and the
+ * environment. Pure: callers pass the environment in.
+ *
+ * - The runtime: `--webgpu-runtime deno|dawn|auto` (serve) or `--runtime` (bench), else
+ *   `ATTN_WEBGPU_RUNTIME`, else `deno`.
+ * - Dawn's flags (`create(flags)` of npm `webgpu`): `--dawn-flags LIST`, else `ATTN_DAWN_FLAGS`,
+ *   else {@link DEFAULT_DAWN_FLAGS}, replaces the whole list (`""`: no flags); then each
+ *   `--dawn-flag KEY=VALUE` (repeatable) sets one key on top of it.
+ *
+ * A list is comma-separated, and a piece without `=` continues the previous flag's value, so
+ * `enable-dawn-features=a,b,backend=vulkan` is the two flags `enable-dawn-features=a,b` and
+ * `backend=vulkan` (Dawn's flags are all `key=value`; its toggle names hold no `=`).
+ * @module
+ */
+
+/** The runtimes: Deno's own `navigator.gpu`, and Dawn from npm `webgpu`. */
+export const RUNTIME_NAMES = ["deno", "dawn"] as const;
+/** A runtime's name. */
+export type RuntimeName = (typeof RUNTIME_NAMES)[number];
+/** What may be asked for: a runtime, or `auto` (Dawn on a hardware adapter, else Deno's). */
+export const RUNTIME_CHOICES = ["deno", "dawn", "auto"] as const;
+/** A runtime choice. */
+export type RuntimeChoice = (typeof RUNTIME_CHOICES)[number];
+
+/** Environment variable naming the runtime (`deno`, `dawn` or `auto`). */
+export const RUNTIME_ENV = "ATTN_WEBGPU_RUNTIME";
+/** Environment variable holding Dawn's flag list (replaces the defaults). */
+export const DAWN_FLAGS_ENV = "ATTN_DAWN_FLAGS";
+
+/**
+ * Dawn's default flags: unsafe APIs (the experimental subgroup-matrix feature needs them) and
+ * f16 on NVIDIA's Vulkan driver.
+ */
+export const DEFAULT_DAWN_FLAGS: readonly string[] = Object.freeze([
+  "enable-dawn-features=allow_unsafe_apis,vulkan_enable_f16_on_nvidia",
+]);
+
+/** The resolved choice. */
+export interface RuntimeOptions {
+  choice: RuntimeChoice;
+  /** Dawn's flags (used when Dawn is chosen or probed). */
+  dawnFlags: string[];
+}
+
+/** The raw values from a command line (undefined: not given). */
+export interface RuntimeArgs {
+  runtime?: string;
+  /** `--dawn-flag` values, each `KEY=VALUE`. */
+  dawnFlag?: string[];
+  /** `--dawn-flags` value, a list. */
+  dawnFlags?: string;
+}
+
+/** Parses a runtime choice. @throws Error naming `source` and the value. */
+export function parseRuntimeChoice(value: string, source: string): RuntimeChoice {
+  const v = value.trim().toLowerCase();
+  if ((RUNTIME_CHOICES as readonly string[]).includes(v)) return v as RuntimeChoice;
+  throw new Error(
+    `${source} must be one of ${RUNTIME_CHOICES.join(", ")}, got ${JSON.stringify(value)}`,
+  );
+}
+
+/** Checks one Dawn flag is `KEY=VALUE` with a non-empty key. @throws Error naming `source`. */
+export function checkDawnFlag(flag: string, source: string): string {
+  const f = flag.trim();
+  const eq = f.indexOf("=");
+  if (eq <= 0) {
+    throw new Error(`${source}: a Dawn flag is KEY=VALUE, got ${JSON.stringify(flag)}`);
+  }
+  return f;
+}
+
+/** Splits a flag list (see the module doc). @throws Error on a piece that is not a flag. */
+export function splitDawnFlags(list: string, source: string): string[] {
+  const out: string[] = [];
+  for (const raw of list.split(",")) {
+    const piece = raw.trim();
+    if (piece === "") continue;
+    if (!piece.includes("=") && out.length > 0) out[out.length - 1] += `,${piece}`;
+    else out.push(checkDawnFlag(piece, source));
+  }
+  return out;
+}
+
+/** The key of a `KEY=VALUE` flag. */
+export function dawnFlagKey(flag: string): string {
+  return flag.slice(0, flag.indexOf("="));
+}
+
+/** `base` with each of `extra` replacing the flag of the same key, or appended. */
+export function mergeDawnFlags(base: readonly string[], extra: readonly string[]): string[] {
+  const out = [...base];
+  for (const f of extra) {
+    const i = out.findIndex((b) => dawnFlagKey(b) === dawnFlagKey(f));
+    if (i >= 0) out[i] = f;
+    else out.push(f);
+  }
+  return out;
+}
+
+/**
+ * Resolves the choice and Dawn's flags; the command line wins over the environment.
+ * @param runtimeFlag how the command line spells the runtime option, for messages.
+ * @throws Error naming the option or variable and its value.
+ */
+export function resolveRuntimeOptions(
+  args: RuntimeArgs,
+  env: Record<string, string | undefined>,
+  runtimeFlag = "--webgpu-runtime",
+): RuntimeOptions {
+  const fromEnv = env[RUNTIME_ENV];
+  const choice = args.runtime !== undefined
+    ? parseRuntimeChoice(args.runtime, runtimeFlag)
+    : fromEnv !== undefined && fromEnv !== ""
+    ? parseRuntimeChoice(fromEnv, RUNTIME_ENV)
+    : "deno";
+  const base = args.dawnFlags !== undefined
+    ? splitDawnFlags(args.dawnFlags, "--dawn-flags")
+    : env[DAWN_FLAGS_ENV] !== undefined
+    ? splitDawnFlags(env[DAWN_FLAGS_ENV]!, DAWN_FLAGS_ENV)
+    : [...DEFAULT_DAWN_FLAGS];
+  const extra = (args.dawnFlag ?? []).map((f) => checkDawnFlag(f, "--dawn-flag"));
+  return { choice, dawnFlags: mergeDawnFlags(base, extra) };
+}
+
+/** Reads the variables {@link resolveRuntimeOptions} looks at (needs env permission for them). */
+export function runtimeEnv(): Record<string, string | undefined> {
+  const out: Record<string, string | undefined> = {};
+  for (const k of [RUNTIME_ENV, DAWN_FLAGS_ENV]) {
+    try {
+      out[k] = Deno.env.get(k);
+    } catch { /* no env permission: as if unset */ }
+  }
+  return out;
+}
+
+/** The help text of the runtime options (serve's spelling). */
+export const RUNTIME_HELP =
+  `  --webgpu-runtime R        WebGPU runtime: deno (navigator.gpu, default), dawn (npm webgpu),
+                            or auto (Dawn where it finds a hardware adapter, else deno);
+                            env ${RUNTIME_ENV}
+  --dawn-flags LIST         Dawn's create() flags, replacing the defaults (env ${DAWN_FLAGS_ENV};
+                            default ${DEFAULT_DAWN_FLAGS.join(",")})
+  --dawn-flag KEY=VALUE     set one Dawn flag on top of the list (repeatable)`;

@@ -1,0 +1,97 @@
+/**
+ * Captures what native code prints on stderr (file descriptor 2) during one synchronous call.
+ *
+ * Dawn says why it found no adapter only by printing a warning (for example "Vulkan
+ * shaderUniform*ArrayDynamicIndexing required") while `requestAdapter()` enumerates adapters,
+ * which it does synchronously inside the call. This points fd 2 at an anonymous temporary
+ * file (libc `tmpfile`) for that call, puts it back, and returns the text. It uses FFI, which
+ * Dawn's Node-API addon needs anyway (`--allow-ffi`); where FFI or libc is not at hand
+ * (Windows, no permission) the call runs uncaptured and `captured` is false.
+ * @module
+ */
+
+/** The call's value and what it printed on stderr. */
+export interface Captured<T> {
+  value: T;
+  /** The text printed on fd 2 during the call ("" when nothing or not captured). */
+  text: string;
+  /** False when stderr could not be redirected (the text went to the real stderr). */
+  captured: boolean;
+}
+
+const SYMBOLS = {
+  dup: { parameters: ["i32"], result: "i32" },
+  dup2: { parameters: ["i32", "i32"], result: "i32" },
+  close: { parameters: ["i32"], result: "i32" },
+  tmpfile: { parameters: [], result: "pointer" },
+  fileno: { parameters: ["pointer"], result: "i32" },
+  fclose: { parameters: ["pointer"], result: "i32" },
+  lseek: { parameters: ["i32", "i64", "i32"], result: "i64" },
+  read: { parameters: ["i32", "buffer", "usize"], result: "isize" },
+} as const;
+
+type Libc = Deno.DynamicLibrary<typeof SYMBOLS>;
+
+function openLibc(): Libc | null {
+  const name = Deno.build.os === "linux"
+    ? "libc.so.6"
+    : Deno.build.os === "darwin"
+    ? "libSystem.B.dylib"
+    : null;
+  if (!name) return null;
+  try {
+    return Deno.dlopen(name, SYMBOLS);
+  } catch {
+    return null;
+  }
+}
+
+function readAll(libc: Libc, fd: number): string {
+  libc.symbols.lseek(fd, 0n, 0);
+  const chunks: Uint8Array[] = [];
+  const buf = new Uint8Array(16384);
+  for (;;) {
+    const n = Number(libc.symbols.read(fd, buf, BigInt(buf.length)));
+    if (n <= 0) break;
+    chunks.push(buf.slice(0, n));
+  }
+  const all = new Uint8Array(chunks.reduce((s, c) => s + c.length, 0));
+  let at = 0;
+  for (const c of chunks) all.set(c, (at += c.length) - c.length);
+  return new TextDecoder().decode(all);
+}
+
+/**
+ * Runs `fn` with fd 2 redirected to a temporary file and returns its value and the text.
+ * Only for short synchronous calls: anything else that writes to stderr meanwhile (nothing
+ * in JS can, the call being synchronous; native threads could) lands in the text too.
+ */
+export function captureStderr<T>(fn: () => T): Captured<T> {
+  const libc = openLibc();
+  if (!libc) return { value: fn(), text: "", captured: false };
+  const s = libc.symbols;
+  try {
+    const file = s.tmpfile();
+    if (file === null) return { value: fn(), text: "", captured: false };
+    try {
+      const fd = s.fileno(file);
+      const saved = s.dup(2);
+      if (saved < 0 || s.dup2(fd, 2) < 0) {
+        if (saved >= 0) s.close(saved);
+        return { value: fn(), text: "", captured: false };
+      }
+      let value: T;
+      try {
+        value = fn();
+      } finally {
+        s.dup2(saved, 2);
+        s.close(saved);
+      }
+      return { value, text: readAll(libc, fd), captured: true };
+    } finally {
+      s.fclose(file);
+    }
+  } finally {
+    libc.close();
+  }
+}

@@ -1,0 +1,114 @@
+/**
+ * Who may call: a bearer token and a Host-header allow-list, checked before routing.
+ *
+ * - With a token configured, every route but the open ones (`/healthz`) needs
+ *   `Authorization: Bearer <token>`; a missing or wrong token is a 401 problem `unauthorized`
+ *   with `WWW-Authenticate: Bearer`. Tokens are compared in constant time (SHA-256 digests of
+ *   both, compared with `timingSafeEqual`, so neither content nor length leaks).
+ * - With an allow-list (a loopback bind without a token: the DNS-rebinding defence), a request
+ *   whose `Host` names another host is a 403 problem `host_not_allowed`. A browser page of
+ *   `evil.example` whose name was re-pointed at 127.0.0.1 still sends `Host: evil.example`.
+ *
+ * The startup policy (which bind needs a token, where the token comes from) is in
+ * access_config.ts.
+ * @module
+ */
+import { createHash, timingSafeEqual } from "node:crypto";
+import { problem } from "./problem.ts";
+
+/** Paths that need neither a token nor an allowed Host. */
+export const OPEN_PATHS: readonly string[] = ["/healthz"];
+
+/** The Host names a loopback bind accepts by default (any port). */
+export const LOOPBACK_HOST_NAMES: readonly string[] = ["localhost", "127.0.0.1", "[::1]"];
+
+/** What the handler enforces. */
+export interface AccessPolicy {
+  /** A bearer token every non-open route requires. */
+  token?: string;
+  /** Host names (lower case, no port) requests must carry; null or absent: no Host check. */
+  allowedHosts?: readonly string[] | null;
+}
+
+const REALM = 'Bearer realm="attn-service"';
+
+const digest = (s: string) => createHash("sha256").update(s, "utf8").digest();
+
+/**
+ * The host name of a `Host` header, lower case, without port or trailing dot; IPv6 literals
+ * keep their brackets (`[::1]`). Null when the header is unparseable.
+ */
+export function hostName(header: string): string | null {
+  let h = header.trim().toLowerCase();
+  if (h.startsWith("[")) {
+    const end = h.indexOf("]");
+    if (end < 0) return null;
+    const rest = h.slice(end + 1);
+    if (rest !== "" && !/^:\d*$/.test(rest)) return null;
+    return h.slice(0, end + 1);
+  }
+  const colon = h.indexOf(":");
+  if (colon >= 0) {
+    if (!/^\d*$/.test(h.slice(colon + 1))) return null;
+    h = h.slice(0, colon);
+  }
+  if (h.endsWith(".")) h = h.slice(0, -1);
+  return h === "" ? null : h;
+}
+
+/** The bearer token of an `Authorization` header, or null. */
+export function bearerToken(header: string | null): string | null {
+  if (header === null) return null;
+  const m = /^\s*bearer\s+(\S+)\s*$/i.exec(header);
+  return m ? m[1] : null;
+}
+
+/**
+ * Builds the access check for a policy: `check(req, url)` returns normally or throws the 401 /
+ * 403 problem.
+ */
+export function accessCheck(policy: AccessPolicy): (req: Request, url: URL) => void {
+  const want = policy.token !== undefined ? digest(policy.token) : null;
+  const hosts = policy.allowedHosts
+    ? new Set(policy.allowedHosts.map((h) => h.toLowerCase()))
+    : null;
+  return (req, url) => {
+    if (OPEN_PATHS.includes(url.pathname)) return;
+    if (hosts) {
+      const header = req.headers.get("host");
+      const name = header === null ? null : hostName(header);
+      if (header !== null && (name === null || !hosts.has(name))) {
+        throw problem(
+          403,
+          "host_not_allowed",
+          `Host ${JSON.stringify(header)} is not one this server answers to; allowed: ${
+            [...hosts].join(", ")
+          } (add names with --allowed-host)`,
+          { host: header, allowed_hosts: [...hosts] },
+          { title: "Forbidden" },
+        );
+      }
+    }
+    if (want) {
+      const header = req.headers.get("authorization");
+      const got = bearerToken(header);
+      if (got === null) {
+        throw problem(
+          401,
+          "unauthorized",
+          header === null
+            ? "this server needs a bearer token: send Authorization: Bearer <token>"
+            : "the Authorization header is not of the form Bearer <token>",
+          undefined,
+          { title: "Unauthorized", headers: { "www-authenticate": REALM } },
+        );
+      }
+      if (!timingSafeEqual(digest(got), want)) {
+        throw problem(401, "unauthorized", "the bearer token is not valid", undefined, {
+          title: "Unauthorized",
+          headers: { "www-authenticate": `${REALM}, error="invalid_token"` },
+        });
+      }
+    }
+  };
+}

@@ -1,0 +1,79 @@
+/**
+ * The server-held cache routes: create with a server-chosen id (`POST /v1/kv-caches`) or the
+ * client's (`PUT /v1/kv-caches/{id}`: 201 created, 200 the same spec again, 409 another spec),
+ * read the spec, delete, export the contents as safetensors (`GET .../data`) and import them
+ * back (`PUT .../data`, the inverse: checked against the cache, then swapped in whole). Every
+ * `{id}` is percent-decoded and checked against the cache id rule first (400
+ * `invalid_cache_id` naming the value).
+ * @module
+ */
+import { ServiceError } from "../core/errors.ts";
+import type { AttentionService } from "../service/service.ts";
+import { cacheSafetensors, parseCacheFile } from "../wire/cache_file.ts";
+import { CACHE_ID_PATTERN, CACHE_ID_RULE } from "../wire/names.ts";
+import { CreateCacheRequestSchema } from "../wire/schemas.ts";
+import type { CreateCacheRequest } from "../wire/types.ts";
+import { showValue } from "../wire/zod_issues.ts";
+import { bodyKind, type BodyLimits, jsonBody, readBody } from "./body.ts";
+import { binaryResponse, jsonResponse } from "./responses.ts";
+import type { Router } from "./routes.ts";
+
+/**
+ * A cache id from the path: percent-decoded, then checked against {@link CACHE_ID_PATTERN}.
+ * @throws ServiceError 400 `invalid_cache_id` with an issue at `["id"]` naming the value.
+ */
+export function cacheIdParam(raw: string): string {
+  let id: string | null;
+  try {
+    id = decodeURIComponent(raw);
+  } catch {
+    id = null;
+  }
+  if (id !== null && CACHE_ID_PATTERN.test(id)) return id;
+  const got = showValue(id ?? raw);
+  throw new ServiceError(`path parameter id ${got} is not a cache id: ${CACHE_ID_RULE}`, {
+    status: 400,
+    code: "invalid_cache_id",
+    issues: [{ path: ["id"], message: `must be ${CACHE_ID_RULE}; got ${got}` }],
+  });
+}
+
+const location = (id: string) => ({ location: `/v1/kv-caches/${id}` });
+
+/** Adds the cache routes. */
+export function addCacheRoutes(router: Router, service: AttentionService, limits: BodyLimits) {
+  const create = (req: Request): Promise<CreateCacheRequest> =>
+    jsonBody(req, limits, CreateCacheRequestSchema);
+
+  router.add("POST", "/v1/kv-caches", async ({ req }) => {
+    const info = await service.createCache(await create(req));
+    return jsonResponse(info, 201, location(info.id));
+  });
+  router.add("PUT", "/v1/kv-caches/:id", async ({ req, params }) => {
+    const id = cacheIdParam(params.id);
+    const { info, created } = await service.putCache(id, await create(req));
+    return jsonResponse(info, created ? 201 : 200, location(id));
+  });
+  router.add(
+    "GET",
+    "/v1/kv-caches/:id",
+    ({ params }) => jsonResponse(service.getCache(cacheIdParam(params.id))),
+  );
+  router.add("DELETE", "/v1/kv-caches/:id", async ({ params }) => {
+    await service.deleteCache(cacheIdParam(params.id));
+    return new Response(null, { status: 204 });
+  });
+  router.add("GET", "/v1/kv-caches/:id/data", async ({ params }) => {
+    const data = await service.cacheData(cacheIdParam(params.id));
+    return binaryResponse(cacheSafetensors(data), {
+      "content-disposition": `attachment; filename="kv-cache-${data.info.id}.safetensors"`,
+    });
+  });
+  router.add("PUT", "/v1/kv-caches/:id/data", async ({ req, params }) => {
+    const id = cacheIdParam(params.id);
+    service.getCache(id); // 404 before reading a body meant for no cache
+    bodyKind(req, ["binary"]);
+    const file = parseCacheFile(await readBody(req, limits.binary));
+    return jsonResponse(await service.importCacheData(id, file));
+  });
+}

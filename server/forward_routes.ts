@@ -1,0 +1,90 @@
+/**
+ * The forward routes: `POST /v1/attention/forward` (the cache, if any, named by the body's
+ * `kv_cache`) and `POST /v1/kv-caches/{id}/forward` (the cache named by the path, so a proxy can
+ * route on it; a body that names another `kv_cache` is a 400 `kv_cache_mismatch`). Either takes
+ * a JSON or safetensors body and answers JSON or, with `Accept: application/octet-stream`,
+ * safetensors. Each call's phases are measured for the metrics: `parse` (read and decode the
+ * body) and `encode_response` here, the rest from the service's `timings`.
+ * @module
+ */
+import { ServiceError } from "../core/errors.ts";
+import type { AttentionService } from "../service/service.ts";
+import {
+  decodeBinaryForward,
+  type DecodedForward,
+  decodeJsonForward,
+  forwardJson,
+  forwardSafetensors,
+} from "../wire/codec.ts";
+import { showValue } from "../wire/zod_issues.ts";
+import { bodyKind, type BodyLimits, parseJson, readBody, wantsBinary } from "./body.ts";
+import { cacheIdParam } from "./cache_routes.ts";
+import type { Metrics } from "./metrics.ts";
+import { binaryResponse, jsonResponse } from "./responses.ts";
+import type { RouteContext, Router } from "./routes.ts";
+
+/** Reads and decodes a forward body of either kind. */
+async function decode(
+  req: Request,
+  limits: BodyLimits,
+): Promise<{ decoded: DecodedForward; binary: boolean }> {
+  const kind = bodyKind(req, ["json", "binary"]);
+  const bytes = await readBody(req, limits[kind]);
+  return kind === "json"
+    ? { decoded: decodeJsonForward(parseJson(bytes)), binary: false }
+    : { decoded: decodeBinaryForward(bytes), binary: true };
+}
+
+/**
+ * Points a decoded forward at the path's cache. A body naming the same cache is fine.
+ * @throws ServiceError 400 `kv_cache_mismatch` when the body names another one.
+ */
+function onCache(d: DecodedForward, id: string, binary: boolean): DecodedForward {
+  const named = d.input.kv_cache;
+  if (named !== undefined && named !== id) {
+    const path = binary ? ["__metadata__", "request", "kv_cache"] : ["kv_cache"];
+    throw new ServiceError(
+      `the body names kv_cache ${showValue(named)} but the path names cache ${showValue(id)}; ` +
+        "leave kv_cache out of a call on /v1/kv-caches/{id}/forward",
+      {
+        status: 400,
+        code: "kv_cache_mismatch",
+        issues: [{ path, message: `is ${showValue(named)} but the path names ${showValue(id)}` }],
+        extra: { cache_id: id },
+      },
+    );
+  }
+  return { ...d, input: { ...d.input, kv_cache: id } };
+}
+
+/** Adds the forward routes. */
+export function addForwardRoutes(
+  router: Router,
+  service: AttentionService,
+  limits: BodyLimits,
+  metrics: Metrics,
+): void {
+  const run = async (ctx: RouteContext, cacheId: string | null): Promise<Response> => {
+    const { req } = ctx;
+    const t0 = performance.now();
+    const body = await decode(req, limits);
+    const decoded = cacheId === null ? body.decoded : onCache(body.decoded, cacheId, body.binary);
+    const tParsed = performance.now();
+    const outcome = await service.forward(decoded.input, { signal: req.signal });
+    const tRan = performance.now();
+    const headers = { "x-attention-backend": outcome.backend };
+    const res = wantsBinary(req)
+      ? binaryResponse(forwardSafetensors(outcome), headers)
+      : jsonResponse(forwardJson(outcome, decoded.encoding), 200, headers);
+    const tEncoded = performance.now();
+    metrics.recordForward(outcome.backend, (tRan - tParsed) / 1000);
+    metrics.recordPhases(outcome.backend, {
+      ...outcome.result.timings,
+      parse: tParsed - t0,
+      encode_response: tEncoded - tRan,
+    });
+    return res;
+  };
+  router.add("POST", "/v1/attention/forward", (ctx) => run(ctx, null));
+  router.add("POST", "/v1/kv-caches/:id/forward", (ctx) => run(ctx, cacheIdParam(ctx.params.id)));
+}

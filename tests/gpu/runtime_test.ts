@@ -1,0 +1,305 @@
+/**
+ * Runtime options and selection with fake runtimes (no GPU needed): flag and environment
+ * parsing, `deno`/`dawn`/`auto` and the reasons recorded when a runtime is not used, the
+ * report fields, and the pure helpers (Dawn's printed messages, backend API, vendor names,
+ * software adapters, the subgroups enable shim, stderr capture).
+ */
+import assert from "node:assert/strict";
+import { WebGpuDeviceManager } from "../../gpu/device.ts";
+import { runtimeFromGpu, type RuntimeLoader, selectRuntime } from "../../gpu/runtime.ts";
+import { isSoftwareAdapter, vendorName } from "../../gpu/runtime_adapter.ts";
+import { dawnBackendApi, dawnMessages } from "../../gpu/runtime_dawn.ts";
+import {
+  DEFAULT_DAWN_FLAGS,
+  mergeDawnFlags,
+  resolveRuntimeOptions,
+  splitDawnFlags,
+} from "../../gpu/runtime_options.ts";
+import { captureStderr } from "../../gpu/runtime_stderr.ts";
+import { enableSubgroups } from "../../gpu/runtime_wgsl.ts";
+
+const DEFAULT = [...DEFAULT_DAWN_FLAGS];
+
+Deno.test("runtime options: defaults, environment, command line over environment", () => {
+  assert.deepEqual(resolveRuntimeOptions({}, {}), { choice: "deno", dawnFlags: DEFAULT });
+  assert.deepEqual(
+    DEFAULT,
+    ["enable-dawn-features=allow_unsafe_apis,vulkan_enable_f16_on_nvidia"],
+  );
+  const env = { ATTN_WEBGPU_RUNTIME: "auto", ATTN_DAWN_FLAGS: "backend=vulkan" };
+  assert.deepEqual(resolveRuntimeOptions({}, env), {
+    choice: "auto",
+    dawnFlags: ["backend=vulkan"],
+  });
+  assert.deepEqual(resolveRuntimeOptions({ runtime: "DAWN" }, env).choice, "dawn");
+  assert.deepEqual(resolveRuntimeOptions({ dawnFlags: "" }, env).dawnFlags, []);
+  assert.deepEqual(resolveRuntimeOptions({}, { ATTN_WEBGPU_RUNTIME: "" }).choice, "deno");
+  assert.throws(
+    () => resolveRuntimeOptions({ runtime: "webkit" }, {}),
+    /--webgpu-runtime must be one of deno, dawn, auto, got "webkit"/,
+  );
+  assert.throws(
+    () => resolveRuntimeOptions({}, { ATTN_WEBGPU_RUNTIME: "cuda" }),
+    /ATTN_WEBGPU_RUNTIME must be one of deno, dawn, auto, got "cuda"/,
+  );
+});
+
+Deno.test("runtime options: Dawn flag lists split on commas, pieces without = continue", () => {
+  assert.deepEqual(splitDawnFlags("enable-dawn-features=a,b,backend=vulkan", "x"), [
+    "enable-dawn-features=a,b",
+    "backend=vulkan",
+  ]);
+  assert.deepEqual(splitDawnFlags(" backend=vk , ,adapter=NVIDIA ", "x"), [
+    "backend=vk",
+    "adapter=NVIDIA",
+  ]);
+  assert.throws(
+    () => splitDawnFlags("verbose", "--dawn-flags"),
+    /--dawn-flags: a Dawn flag is KEY=VALUE, got "verbose"/,
+  );
+  assert.throws(() => splitDawnFlags("=x", "ATTN_DAWN_FLAGS"), /ATTN_DAWN_FLAGS/);
+  // --dawn-flag replaces the same key, appends a new one.
+  assert.deepEqual(mergeDawnFlags(["a=1", "b=2"], ["b=3", "c=4"]), ["a=1", "b=3", "c=4"]);
+  const o = resolveRuntimeOptions({
+    dawnFlag: ["backend=vulkan", "enable-dawn-features=allow_unsafe_apis"],
+  }, {});
+  assert.deepEqual(o.dawnFlags, ["enable-dawn-features=allow_unsafe_apis", "backend=vulkan"]);
+  assert.throws(
+    () => resolveRuntimeOptions({ dawnFlag: ["novalue"] }, {}),
+    /--dawn-flag: .*"novalue"/,
+  );
+});
+
+/** A fake GPU whose adapter has `info`, or none (`reason` printed nowhere). */
+function fakeGpu(info: Record<string, unknown> | null): GPU {
+  return {
+    requestAdapter: () =>
+      Promise.resolve(
+        info && { info, features: new Set<string>(), limits: {}, isFallbackAdapter: false },
+      ),
+  } as unknown as GPU;
+}
+
+const HARDWARE = {
+  vendor: "nvidia",
+  architecture: "hopper",
+  device: "",
+  description: "NVIDIA H200",
+  isFallbackAdapter: false,
+};
+const LAVAPIPE = {
+  vendor: "mesa",
+  architecture: "software",
+  device: "llvmpipe",
+  description: "llvmpipe: Mesa 25.0.7",
+  isFallbackAdapter: true,
+};
+
+/** A loader giving fake runtimes; records what was loaded. */
+function fakeLoader(dawn: GPU | string, loaded: string[] = []): RuntimeLoader {
+  return (name, flags) => {
+    loaded.push(name);
+    if (name === "deno") {
+      return Promise.resolve(runtimeFromGpu(fakeGpu(LAVAPIPE), { name: "deno", version: "2" }));
+    }
+    return Promise.resolve(
+      typeof dawn === "string"
+        ? runtimeFromGpu(null, { name: "dawn", version: "0.6.2", flags, unavailable: dawn })
+        : runtimeFromGpu(dawn, { name: "dawn", version: "0.6.2", flags }),
+    );
+  };
+}
+
+Deno.test("runtime selection: explicit deno and dawn load only that runtime", async () => {
+  const loaded: string[] = [];
+  const d = await selectRuntime({ choice: "deno", dawnFlags: DEFAULT }, fakeLoader("x", loaded));
+  assert.equal(d.runtime.name, "deno");
+  assert.equal(d.because, "requested deno");
+  assert.deepEqual(d.others, {});
+  const w = await selectRuntime(
+    { choice: "dawn", dawnFlags: ["backend=vulkan"] },
+    fakeLoader("cannot load npm:webgpu@0.6.2: Requires ffi access", loaded),
+  );
+  assert.deepEqual(loaded, ["deno", "dawn"]);
+  assert.equal(w.runtime.name, "dawn");
+  assert.deepEqual([...w.runtime.flags], ["backend=vulkan"]);
+  // A Dawn that cannot start: the manager reports Dawn's reason (serve exits 2 with it).
+  const mgr = new WebGpuDeviceManager({ selection: w, load: fakeLoader("x") });
+  assert.equal(await mgr.acquire(), null);
+  const r = mgr.report();
+  assert.equal(r.available, false);
+  assert.equal(r.runtime, "dawn");
+  assert.equal(r.reason, "cannot load npm:webgpu@0.6.2: Requires ffi access");
+  assert.equal(r.selection, "requested dawn");
+});
+
+Deno.test("runtime selection: auto picks Dawn on a hardware adapter", async () => {
+  const s = await selectRuntime(
+    { choice: "auto", dawnFlags: DEFAULT },
+    fakeLoader(fakeGpu(HARDWARE)),
+  );
+  assert.equal(s.runtime.name, "dawn");
+  assert.equal(s.requested, "auto");
+  assert.match(s.because, /^auto: Dawn found a hardware adapter, NVIDIA H200 \(nvidia, hopper\)$/);
+  assert.deepEqual(s.others, {});
+});
+
+Deno.test("runtime selection: auto falls back to deno, recording why not Dawn", async () => {
+  const soft = await selectRuntime(
+    { choice: "auto", dawnFlags: DEFAULT },
+    fakeLoader(fakeGpu(LAVAPIPE)),
+  );
+  assert.equal(soft.runtime.name, "deno");
+  assert.equal(soft.others.dawn.available, true);
+  assert.match(
+    soft.others.dawn.reason!,
+    /software one, llvmpipe: Mesa 25\.0\.7 .*only on hardware/,
+  );
+  assert.equal(soft.others.dawn.adapter?.description, "llvmpipe: Mesa 25.0.7");
+  assert.match(soft.because, /^auto: not Dawn \(Dawn's adapter is a software one/);
+
+  const none = await selectRuntime(
+    { choice: "auto", dawnFlags: DEFAULT },
+    fakeLoader(fakeGpu(null)),
+  );
+  assert.equal(none.runtime.name, "deno");
+  assert.deepEqual(none.others.dawn, {
+    available: false,
+    version: "0.6.2",
+    flags: DEFAULT,
+    backend_api: "unknown",
+    reason: "requestAdapter returned null: no WebGPU adapter",
+  });
+  const broken = await selectRuntime(
+    { choice: "auto", dawnFlags: DEFAULT },
+    fakeLoader("cannot load npm:webgpu@0.6.2: boom"),
+  );
+  assert.equal(broken.runtime.name, "deno");
+  assert.equal(broken.others.dawn.reason, "cannot load npm:webgpu@0.6.2: boom");
+  assert.equal(broken.because, "auto: not Dawn (cannot load npm:webgpu@0.6.2: boom)");
+
+  // The manager reports the selection and the reason; probing does not redo Dawn.
+  const loaded: string[] = [];
+  const mgr = new WebGpuDeviceManager({ selection: broken, load: fakeLoader("y", loaded) });
+  const r = mgr.report();
+  assert.equal(r.selection, broken.because);
+  assert.equal(r.other_runtimes?.dawn.reason, "cannot load npm:webgpu@0.6.2: boom");
+  await mgr.probeOtherRuntimes();
+  assert.deepEqual(loaded, []);
+});
+
+Deno.test("runtime report: the runtime not chosen is probed once, lazily, without a device", async () => {
+  const loaded: string[] = [];
+  let devices = 0;
+  const dawnGpu = {
+    requestAdapter: () =>
+      Promise.resolve({
+        info: HARDWARE,
+        features: new Set<string>(),
+        limits: {},
+        requestDevice: () => (devices++, Promise.reject(new Error("no device wanted"))),
+      }),
+  } as unknown as GPU;
+  const s = await selectRuntime({ choice: "deno", dawnFlags: DEFAULT }, fakeLoader(dawnGpu));
+  const mgr = new WebGpuDeviceManager({ selection: s, load: fakeLoader(dawnGpu, loaded) });
+  assert.deepEqual(mgr.report().other_runtimes, {
+    dawn: { available: false, reason: "not probed" },
+  });
+  assert.deepEqual(loaded, [], "nothing loads Dawn until asked");
+  await Promise.all([mgr.probeOtherRuntimes(), mgr.probeOtherRuntimes()]);
+  assert.deepEqual(loaded, ["dawn"]);
+  assert.equal(devices, 0);
+  const o = mgr.report().other_runtimes!.dawn;
+  assert.equal(o.available, true);
+  assert.equal(o.reason, "not chosen: requested deno");
+  assert.equal(o.adapter?.vendor_name, "nvidia");
+  assert.equal(o.adapter?.architecture, "hopper");
+  const r = mgr.report();
+  assert.equal(r.runtime, "deno");
+  assert.equal(r.runtime_version, "2");
+  assert.deepEqual(r.runtime_flags, []);
+});
+
+Deno.test("runtime helpers: Dawn's printed messages become one line each", () => {
+  const printed = "Warning: Vulkan shaderUniform*ArrayDynamicIndexing required.\n" +
+    " - While initializing adapter (backend=BackendType::Vulkan)\n" +
+    "    at InitializeImpl (/home/runner/work/dawn/src/dawn/native/vulkan/PhysicalDeviceVk.cpp:257)\n\n" +
+    "Warning: maxDynamicUniformBuffersPerPipelineLayout artificially reduced from 1000000 to 16\n";
+  assert.deepEqual(dawnMessages(printed), [
+    "Vulkan shaderUniform*ArrayDynamicIndexing required. - While initializing adapter (backend=BackendType::Vulkan)",
+    "maxDynamicUniformBuffersPerPipelineLayout artificially reduced from 1000000 to 16",
+  ]);
+  assert.deepEqual(dawnMessages(""), []);
+});
+
+Deno.test("runtime helpers: backend API, vendor names, software adapters", () => {
+  assert.deepEqual(dawnBackendApi(["backend=vk"]), { api: "vulkan", source: "Dawn flag backend=" });
+  assert.equal(dawnBackendApi(["backend=gl", "backend=d3d"]).api, "d3d12");
+  if (Deno.build.os === "linux" && !Deno.env.get("DAWNNODE_BACKEND")) {
+    assert.equal(dawnBackendApi(DEFAULT).api, "vulkan");
+  }
+  assert.equal(vendorName("65541"), "mesa");
+  assert.equal(vendorName("0x10de"), "nvidia");
+  assert.equal(vendorName("4318"), "nvidia");
+  assert.equal(vendorName("NVIDIA"), "nvidia");
+  assert.equal(vendorName("12345"), undefined);
+  assert.equal(vendorName(""), undefined);
+  const base = { vendor: "", architecture: "", device: "", description: "" };
+  assert.equal(
+    isSoftwareAdapter({ ...base, description: "llvmpipe (LLVM 15.0.6, 256 bits)" }),
+    true,
+  );
+  assert.equal(isSoftwareAdapter({ ...base, architecture: "software" }), true);
+  assert.equal(isSoftwareAdapter({ ...base, is_fallback_adapter: true }), true);
+  assert.equal(isSoftwareAdapter({ ...base, description: "SwiftShader Device" }), true);
+  assert.equal(
+    isSoftwareAdapter({ ...base, description: "NVIDIA H200", is_fallback_adapter: false }),
+    false,
+  );
+});
+
+Deno.test("runtime helpers: enable subgroups only where a module uses them", () => {
+  const sg = "@compute @workgroup_size(8) fn main() { let x = subgroupAdd(1.0); }";
+  assert.equal(enableSubgroups(sg), `enable subgroups; ${sg}`);
+  const quad = "fn f(v: f32) -> f32 { return quadSwapX(v); }";
+  assert.equal(enableSubgroups(quad), `enable subgroups; ${quad}`);
+  const builtin = "fn main(@builtin(subgroup_invocation_id) i: u32) {}";
+  assert.equal(enableSubgroups(builtin), `enable subgroups; ${builtin}`);
+  const done = "enable f16, subgroups;\nfn f() { let x = subgroupMax(1.0); }";
+  assert.equal(enableSubgroups(done), done);
+  const plain = "// no subgroups here: subgroupless\nfn f() {}";
+  assert.equal(enableSubgroups(plain), plain);
+});
+
+/** libc's write(2) on fd 2, as native code writes (Deno.stderr is the test runner's pipe). */
+function nativeStderrWriter(): ((text: string) => void) & { close(): void } {
+  const lib = Deno.dlopen(Deno.build.os === "darwin" ? "libSystem.B.dylib" : "libc.so.6", {
+    write: { parameters: ["i32", "buffer", "usize"], result: "isize" },
+  });
+  const w = (text: string) => {
+    const b = new TextEncoder().encode(text);
+    lib.symbols.write(2, b, BigInt(b.length));
+  };
+  return Object.assign(w, { close: () => lib.close() });
+}
+
+Deno.test({
+  name: "runtime helpers: captureStderr takes what native code writes on fd 2 during the call",
+  ignore: Deno.build.os !== "linux" && Deno.build.os !== "darwin",
+}, () => {
+  const write = nativeStderrWriter();
+  try {
+    const c = captureStderr(() => (write("Warning: from native code\n"), 42));
+    assert.equal(c.value, 42);
+    assert.equal(c.captured, true);
+    assert.equal(c.text, "Warning: from native code\n");
+    assert.throws(() =>
+      captureStderr(() => {
+        throw new Error("inner");
+      }), /inner/);
+    // fd 2 is back in place after a throw: a new capture sees only its own text.
+    assert.equal(captureStderr(() => write("x")).text, "x");
+  } finally {
+    write.close();
+  }
+});

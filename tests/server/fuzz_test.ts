@@ -1,0 +1,151 @@
+/**
+ * Seeded fuzz over a real port: thousands of hostile requests (see fuzz_gen.ts) against a
+ * `--no-gpu`-style service (every backend, NoDeviceProvider). Asserts: no 5xx (except 503
+ * device_unavailable with Retry-After, the right answer to forcing a GPU backend here), every
+ * error a problem document (application/problem+json; type, title, status, detail, code; no
+ * stack trace), a rejected call on the target cache changes none of its bytes, three witness
+ * caches no request names are byte-identical at the end (GET /v1/kv-caches/{id}/data), nothing
+ * logged as unexpected, bounded metrics series, and the server still answers.
+ *
+ * `SEED=n` reproduces a run (the seed is printed); `FUZZ_COUNT=n` sets the number of requests
+ * (default 10,000).
+ */
+import assert from "node:assert/strict";
+import { builtinBackends } from "../../backends/index.ts";
+import { ServiceError } from "../../core/errors.ts";
+import { NoDeviceProvider } from "../../gpu/device.ts";
+import { Rng } from "../support/rng.ts";
+import { hostileRequest, TARGET, validForward } from "./fuzz_gen.ts";
+import { startServer, type TestServer } from "./helpers.ts";
+import { rawExchange, rawRequest } from "./raw_http.ts";
+
+const SEED = Number(Deno.env.get("SEED") ?? Math.floor(Math.random() * 2 ** 31));
+const COUNT = Number(Deno.env.get("FUZZ_COUNT") ?? 10_000);
+
+async function cacheBytes(srv: TestServer, id: string): Promise<Uint8Array> {
+  const res = await fetch(`${srv.url}/v1/kv-caches/${id}/data`);
+  assert.equal(res.status, 200);
+  return new Uint8Array(await res.arrayBuffer());
+}
+
+const same = (a: Uint8Array, b: Uint8Array) =>
+  a.length === b.length && a.every((x, i) => x === b[i]);
+
+interface Answer {
+  status: number;
+  headers: Headers | Map<string, string>;
+  text: string;
+}
+
+async function send(srv: TestServer, q: ReturnType<typeof hostileRequest>): Promise<Answer> {
+  if (q.lyingLength !== undefined) {
+    const req = rawRequest(q.method, q.path, {
+      ...q.headers,
+      "content-length": String(q.lyingLength),
+    }, q.body);
+    const r = await rawExchange(srv.port, req);
+    assert.ok(r, `${q.kind}: no answer to a body shorter than its Content-Length`);
+    return r;
+  }
+  const res = await fetch(`${srv.url}${q.path}`, {
+    method: q.method,
+    headers: q.headers,
+    body: q.body as Uint8Array<ArrayBuffer> | undefined,
+  });
+  return { status: res.status, headers: res.headers, text: await res.text() };
+}
+
+function checkAnswer(q: ReturnType<typeof hostileRequest>, a: Answer, where: string): void {
+  if (a.status >= 500) {
+    assert.equal(a.status, 503, `${where}: ${a.status} ${a.text}`);
+    assert.equal(JSON.parse(a.text).code, "device_unavailable", `${where}: ${a.text}`);
+    assert.ok(Number(a.headers.get("retry-after")) > 0, `${where}: 503 without Retry-After`);
+  }
+  if (a.status < 400) return;
+  assert.equal(a.headers.get("content-type"), "application/problem+json", `${where}: ${a.status}`);
+  if (q.method === "HEAD") return assert.equal(a.text, "", `${where}: HEAD with a body`);
+  const doc = JSON.parse(a.text);
+  for (const k of ["type", "title", "detail", "code"]) {
+    assert.equal(typeof doc[k], "string", `${where}: ${k} in ${a.text.slice(0, 300)}`);
+  }
+  assert.equal(doc.status, a.status, where);
+  assert.doesNotMatch(a.text, /\\n\s+at /, `${where}: stack trace`);
+}
+
+Deno.test(`fuzz: ${COUNT} hostile requests (SEED=${SEED}): no 5xx, problems, caches intact`, async () => {
+  console.log(`fuzz: SEED=${SEED} FUZZ_COUNT=${COUNT} (set both to reproduce)`);
+  const srv = startServer({
+    backends: builtinBackends(),
+    device: new NoDeviceProvider(),
+    memoryBudgetBytes: 4 * 1024 * 1024,
+    maxBodyBytes: 2 * 1024 * 1024,
+    maxJsonBodyBytes: 1024 * 1024,
+  });
+  const r = new Rng(SEED);
+  const t0 = performance.now();
+  try {
+    const { H, HKV, D, BS, NB } = TARGET;
+    const mk = (dtype: string, layout = "NHD", kv = "auto") =>
+      srv.client.createCache({
+        num_blocks: NB,
+        block_size: BS,
+        num_kv_heads: HKV,
+        head_size: D,
+        dtype: dtype as "float32",
+        layout: layout as "NHD",
+        kv_cache_dtype: kv as "auto",
+      });
+    const target = (await mk("float32")).id;
+    const witnesses = [
+      (await mk("float32")).id,
+      (await mk("float16", "HND")).id,
+      (await mk("bfloat16", "NHD", "fp8_e4m3")).id,
+    ];
+    for (const id of [target, witnesses[0]]) await srv.client.forward(validForward(r, id));
+    for (const id of witnesses.slice(1)) {
+      const b = validForward(r, id);
+      await srv.client.forward({ ...b, dtype: id === witnesses[1] ? "float16" : "bfloat16" });
+    }
+    assert.equal(H % HKV, 0);
+    const before = await Promise.all(witnesses.map((w) => cacheBytes(srv, w)));
+    let targetBytes = await cacheBytes(srv, target);
+    const statuses = new Map<number, number>();
+    const codes = new Map<string, number>();
+    for (let i = 0; i < COUNT; i++) {
+      const q = hostileRequest(r, target);
+      const where = `request ${i} (${q.kind} ${q.method} ${q.path.slice(0, 60)}; SEED=${SEED})`;
+      const a = await send(srv, q);
+      statuses.set(a.status, (statuses.get(a.status) ?? 0) + 1);
+      checkAnswer(q, a, where);
+      if (a.status >= 400 && q.method !== "HEAD") {
+        const code = JSON.parse(a.text).code;
+        codes.set(code, (codes.get(code) ?? 0) + 1);
+      }
+      if (q.targetsCache) {
+        const now = await cacheBytes(srv, target);
+        if (a.status >= 400) {
+          assert.ok(same(now, targetBytes), `${where}: rejected, yet changed the target cache`);
+        }
+        targetBytes = now;
+      }
+    }
+    const after = await Promise.all(witnesses.map((w) => cacheBytes(srv, w)));
+    witnesses.forEach((w, i) => assert.ok(same(before[i], after[i]), `witness ${w} changed`));
+    assert.deepEqual(await srv.client.health(), { status: "ok" });
+    const unexpected = srv.errors.filter((e) =>
+      !(e instanceof ServiceError && e.code === "device_unavailable")
+    );
+    assert.deepEqual(unexpected.map(String), [], "nothing logged as unexpected");
+    const series = srv.metrics.render().split("\n").filter((l) =>
+      l.startsWith("attn_http_requests_total")
+    );
+    assert.ok(series.length < 150, `${series.length} request series`);
+    const s = [...statuses].sort((a, b) => a[0] - b[0]).map(([k, n]) => `${k}:${n}`).join(" ");
+    const c = [...codes].sort((a, b) => b[1] - a[1]).map(([k, n]) => `${k}:${n}`).join(" ");
+    console.log(`fuzz: ${COUNT} requests in ${((performance.now() - t0) / 1000).toFixed(1)} s`);
+    console.log(`fuzz: statuses ${s}`);
+    console.log(`fuzz: problem codes ${c}`);
+  } finally {
+    await srv.close();
+  }
+});

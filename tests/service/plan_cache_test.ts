@@ -1,0 +1,143 @@
+/**
+ * The plan cache: a repeated shape reuses its plan (and gets it in well under 0.1 ms), other
+ * metadata, another backend or a new device generation misses, equal keys with different
+ * metadata never share a plan, least recently used plans are dropped and disposed once no
+ * call holds them; and the service reports `plan_cached` per call.
+ */
+import assert from "node:assert/strict";
+import { fromFloats } from "../../core/data.ts";
+import type { AttentionBackend, BatchShape, GpuContext } from "../../core/types.ts";
+import { PlanCache } from "../../service/plan_cache.ts";
+import { type ForwardInput, validateForward } from "../../service/validate.ts";
+import { AttentionService } from "../../service/service.ts";
+import { FakeNoDevice } from "../server/helpers.ts";
+import { fakeBackend } from "./helpers.ts";
+
+const ints = (v: number[], shape = [v.length]) => ({ shape, values: Int32Array.from(v) });
+const f32 = (shape: number[]) => ({
+  dtype: "float32" as const,
+  shape,
+  array: fromFloats("float32", new Float32Array(shape.reduce((a, b) => a * b, 1)).fill(0.5)),
+  encoding: "data" as const,
+});
+const SPEC = {
+  num_blocks: 8,
+  block_size: 4,
+  num_kv_heads: 1,
+  head_size: 4,
+  dtype: "float32" as const,
+  kv_cache_dtype: "auto" as const,
+  layout: "NHD" as const,
+};
+
+function input(seq: number, blocks = [1, 2, 3]): ForwardInput {
+  return {
+    dtype: "float32",
+    layer: { num_heads: 2, num_kv_heads: 1, head_size: 4 },
+    query: f32([1, 2, 4]),
+    key: f32([1, 1, 4]),
+    value: f32([1, 1, 4]),
+    metadata: {
+      query_start_loc: ints([0, 1]),
+      seq_lens: ints([seq]),
+      block_table: ints(blocks, [1, blocks.length]),
+      slot_mapping: ints([blocks[Math.floor((seq - 1) / 4)] * 4 + (seq - 1) % 4]),
+    },
+    kv_cache: "c",
+  };
+}
+const shapeOf = (i: ForwardInput): BatchShape =>
+  validateForward(i, { spec: SPEC, storage: "host" }).batch;
+
+function counting(name = "COUNT") {
+  const made: number[] = [], disposed: number[] = [];
+  let n = 0;
+  const b = {
+    name,
+    plan: () => {
+      made.push(++n);
+      return { id: n };
+    },
+    disposePlan: (p: { id: number }) => disposed.push(p.id),
+  } as unknown as AttentionBackend<{ id: number }>;
+  return { b, made, disposed };
+}
+
+Deno.test("plan cache: hits by shape, misses on other metadata, backend or device", async () => {
+  const cache = new PlanCache(8);
+  const { b, made } = counting();
+  const host = { gpu: null };
+  const a = await cache.get(b, shapeOf(input(9)), host);
+  a.release();
+  const t0 = performance.now();
+  const again = await cache.get(b, shapeOf(input(9)), host);
+  const hitMs = performance.now() - t0;
+  again.release();
+  assert.equal(again.plan, a.plan);
+  assert.ok(again.hit && !a.hit);
+  assert.ok(hitMs < 1, `a hit took ${hitMs.toFixed(3)} ms`);
+  assert.equal(made.length, 1);
+  (await cache.get(b, shapeOf(input(10)), host)).release(); // seq_lens changed
+  (await cache.get(b, shapeOf(input(9, [1, 2, 4])), host)).release(); // block table changed
+  assert.equal(made.length, 3);
+  const other = counting("OTHER");
+  (await cache.get(other.b, shapeOf(input(9)), host)).release();
+  assert.equal(other.made.length, 1, "another backend plans for itself");
+  const gen = (g: number) => ({ gpu: { generation: g } as GpuContext });
+  (await cache.get(b, shapeOf(input(9)), gen(1))).release();
+  (await cache.get(b, shapeOf(input(9)), gen(1))).release();
+  (await cache.get(b, shapeOf(input(9)), gen(2))).release();
+  assert.equal(made.length, 5, "a new device generation re-plans");
+  assert.deepEqual(cache.stats().hits, 2);
+});
+
+Deno.test("plan cache: an equal key with other metadata never gets the cached plan", async () => {
+  const cache = new PlanCache(8);
+  const { b, made } = counting();
+  const s1 = shapeOf(input(9));
+  const s2 = { ...shapeOf(input(9, [1, 2, 5])), plan_key: s1.plan_key }; // forged collision
+  const p1 = await cache.get(b, s1, { gpu: null });
+  const p2 = await cache.get(b, s2, { gpu: null });
+  assert.notEqual(p2.plan, p1.plan);
+  assert.equal(made.length, 2);
+  p1.release();
+  p2.release();
+});
+
+Deno.test("plan cache: LRU drop; a held plan is disposed only after release", async () => {
+  const cache = new PlanCache(2);
+  const { b, disposed } = counting();
+  const host = { gpu: null };
+  const held = await cache.get(b, shapeOf(input(5)), host); // id 1, still held
+  (await cache.get(b, shapeOf(input(6)), host)).release(); // id 2
+  (await cache.get(b, shapeOf(input(7)), host)).release(); // id 3: drops id 1 (held)
+  await Promise.resolve();
+  assert.deepEqual(disposed, []);
+  held.release();
+  await new Promise((r) => setTimeout(r, 0));
+  assert.deepEqual(disposed, [1]);
+  (await cache.get(b, shapeOf(input(8)), host)).release(); // drops id 2 at once
+  await new Promise((r) => setTimeout(r, 0));
+  assert.deepEqual(disposed, [1, 2]);
+  cache.clear();
+  await new Promise((r) => setTimeout(r, 0));
+  assert.deepEqual(disposed.sort(), [1, 2, 3, 4]);
+});
+
+Deno.test("service: plan_cached timing says when a call reused its plan", async () => {
+  const be = fakeBackend();
+  const svc = new AttentionService({
+    backends: [be as AttentionBackend],
+    device: new FakeNoDevice(),
+    memoryBudgetBytes: 1 << 20,
+  });
+  const c = await svc.createCache({ ...SPEC });
+  const step = (seq: number) => svc.forward({ ...input(seq), kv_cache: c.id });
+  const r1 = await step(9), r2 = await step(9), r3 = await step(10);
+  assert.deepEqual(
+    [r1, r2, r3].map((r) => r.result.timings?.plan_cached),
+    [0, 1, 0],
+  );
+  assert.equal(be.plans, 2);
+  await svc.close();
+});

@@ -1,0 +1,159 @@
+/**
+ * The validator's issue-9 rules: one policy for non-finite values (JSON numbers, base64 and
+ * safetensors bytes alike: 422 naming the tensor and the first bad index), a block id repeated
+ * within a request's row (the 1.2 KB body that claimed seq_lens of 16.7 million), per-call
+ * limits (422 `limit_exceeded` naming the limit and the value), and the stats and plan key it
+ * derives.
+ */
+import assert from "node:assert/strict";
+import { dataArray, fromFloats } from "../../core/data.ts";
+import { ServiceError } from "../../core/errors.ts";
+import { rawFromJson, rawFromSafetensors, toDataTensor } from "../../wire/tensors.ts";
+import type { KvCacheSpec } from "../../core/types.ts";
+import { type ForwardInput, validateForward } from "../../service/validate.ts";
+
+const SPEC: KvCacheSpec = {
+  num_blocks: 8,
+  block_size: 4,
+  num_kv_heads: 1,
+  head_size: 4,
+  dtype: "float16",
+  kv_cache_dtype: "auto",
+  layout: "NHD",
+};
+const HELD = { spec: SPEC, storage: "webgpu" as const };
+const ints = (values: number[], shape = [values.length]) => ({
+  shape,
+  values: Int32Array.from(values),
+});
+
+/** One decode request at position 9 (3 blocks), 2 heads. */
+function input(over: Partial<ForwardInput> = {}): ForwardInput {
+  const f16 = (n: number, shape: number[]) => ({
+    dtype: "float16" as const,
+    shape,
+    array: fromFloats("float16", Float32Array.from({ length: n }, (_, i) => i / 8)),
+    encoding: "base64" as const,
+  });
+  return {
+    dtype: "float16",
+    layer: { num_heads: 2, num_kv_heads: 1, head_size: 4 },
+    query: f16(8, [1, 2, 4]),
+    key: f16(4, [1, 1, 4]),
+    value: f16(4, [1, 1, 4]),
+    metadata: {
+      query_start_loc: ints([0, 1]),
+      seq_lens: ints([10]),
+      block_table: ints([5, 2, 7], [1, 3]),
+      slot_mapping: ints([29]),
+    },
+    kv_cache: "c",
+    ...over,
+  };
+}
+
+function rejects(f: () => unknown, code: string): ServiceError {
+  try {
+    f();
+  } catch (e) {
+    assert.ok(e instanceof ServiceError, String(e));
+    assert.equal(e.status, 422);
+    assert.equal(e.code, code);
+    return e;
+  }
+  assert.fail(`expected 422 ${code}`);
+}
+
+Deno.test("validate: non-finite values are 422 naming the tensor and the first bad index", () => {
+  // base64 / safetensors bytes: an f16 NaN (0x7e00) and an inf (0x7c00) in the key.
+  const bytes = new Uint16Array(4).fill(0x3c00);
+  bytes[2] = 0x7e00;
+  bytes[3] = 0x7c00;
+  const key = {
+    dtype: "float16" as const,
+    shape: [1, 1, 4],
+    array: dataArray("float16", new Uint8Array(bytes.buffer)),
+    encoding: "binary" as const,
+  };
+  const e = rejects(() => validateForward(input({ key }), HELD), "invalid_batch");
+  const hit = e.issues!.find((i) => i.path[0] === "key");
+  assert.deepEqual(hit?.path, ["key", 2]);
+  assert.match(hit!.message, /NaN/);
+  // The same rule for a safetensors tensor (F32 inf at index 5 of the query).
+  const q = new Float32Array(8).fill(1);
+  q[5] = Infinity;
+  const st = toDataTensor(
+    rawFromSafetensors({ dtype: "F32", shape: [1, 2, 4], data: new Uint8Array(q.buffer) }),
+    ["query"],
+  );
+  const e2 = rejects(() => validateForward(input({ query: st }), HELD), "invalid_batch");
+  assert.deepEqual(e2.issues!.find((i) => i.path[0] === "query")?.path, ["query", 5]);
+  // And for JSON numbers: 1e999 parses to Infinity; 1e6 overflows float16 to inf.
+  for (const big of [1e999, 1e6]) {
+    const data = [0, 0, 0, big, 0, 0, 0, 0];
+    const t = toDataTensor(rawFromJson({ dtype: "float16", shape: [1, 2, 4], data }, ["q"]), [
+      "query",
+    ]);
+    const e3 = rejects(() => validateForward(input({ query: t }), HELD), "invalid_batch");
+    assert.deepEqual(e3.issues!.find((i) => i.path[0] === "query")?.path, ["query", 3]);
+  }
+});
+
+Deno.test("validate: a block id repeated within a request's row is 422", () => {
+  const md = { ...input().metadata, block_table: ints([5, 2, 5], [1, 3]) };
+  const e = rejects(() => validateForward(input({ metadata: md }), HELD), "invalid_batch");
+  const hit = e.issues!.find((i) => i.path.join(".") === "metadata.block_table.0.2");
+  assert.ok(hit, JSON.stringify(e.issues));
+  assert.match(hit.message, /block id 5 repeats block_table\[0\]\[0\]/);
+  // Two requests may share a block (prefix caching); only a row may not repeat one.
+  const two = input({
+    query: {
+      ...input().query,
+      shape: [2, 2, 4],
+      array: fromFloats("float16", new Float32Array(16)),
+    },
+    key: { ...input().key!, shape: [2, 1, 4], array: fromFloats("float16", new Float32Array(8)) },
+    value: { ...input().key!, shape: [2, 1, 4], array: fromFloats("float16", new Float32Array(8)) },
+    metadata: {
+      query_start_loc: ints([0, 1, 2]),
+      seq_lens: ints([5, 5]),
+      block_table: ints([3, 1, 3, 4], [2, 2]),
+      slot_mapping: ints([4, 16]),
+    },
+  });
+  validateForward(two, HELD);
+});
+
+Deno.test("validate: per-call limits are 422 limit_exceeded naming the limit and value", () => {
+  const limits = { max_tokens: 4, max_attended_keys: 9 };
+  const e = rejects(() => validateForward(input(), HELD, limits), "limit_exceeded");
+  assert.match(e.message, /attended keys 10 exceeds the per-call limit max_attended_keys = 9/);
+  assert.equal(e.extra?.limit, "max_attended_keys");
+  assert.equal(e.extra?.value, 10);
+  validateForward(input(), HELD, { ...limits, max_attended_keys: 10 }); // at the limit: fine
+  const t = rejects(
+    () => validateForward(input(), HELD, { max_tokens: 0, max_attended_keys: 100 }),
+    "limit_exceeded",
+  );
+  assert.equal(t.extra?.limit, "max_tokens");
+});
+
+Deno.test("validate: stats count attended keys under the mask; the plan key names the metadata", () => {
+  const v = validateForward(input(), HELD);
+  assert.deepEqual(v.batch.stats, {
+    max_query_len: 1,
+    max_seq_len: 10,
+    num_decode_reqs: 1,
+    attended_keys: 10,
+  });
+  const windowed = validateForward(
+    input({ layer: { num_heads: 2, num_kv_heads: 1, head_size: 4, sliding_window: 3 } }),
+    HELD,
+  );
+  assert.equal(windowed.batch.stats.attended_keys, 3);
+  const again = validateForward(input(), HELD);
+  assert.equal(again.batch.plan_key, v.batch.plan_key, "same metadata, same key");
+  const md = { ...input().metadata, block_table: ints([5, 2, 6], [1, 3]) };
+  const other = validateForward(input({ metadata: md }), HELD);
+  assert.notEqual(other.batch.plan_key, v.batch.plan_key, "another block table, another key");
+});

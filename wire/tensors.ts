@@ -1,0 +1,275 @@
+/**
+ * Tensors as requests carry them, turned into typed host arrays by role:
+ * - data tensors (query/key/value): {@link DataArray}s of their dtype (bytes as they came, or
+ *   JSON numbers rounded and encoded); finiteness is checked by validation (422);
+ * - cache tensors (key_cache/value_cache): raw little-endian bytes in their storage dtype;
+ * - int tensors (metadata): Int32Array (int64 values must fit in int32).
+ *
+ * A tensor arrives as JSON `{dtype, shape, data: [numbers]}`, JSON `{dtype, shape, base64}`
+ * (raw LE bytes), a plain (nested) JSON array (metadata only), or a safetensors entry. Every
+ * defect is a ServiceError naming the tensor's path (400, or 422 for int64 values outside
+ * the int32 range).
+ * @module
+ */
+import { dataArray, fromFloats } from "../core/data.ts";
+import { encode, SAFETENSORS_DTYPE } from "../core/dtype.ts";
+import { invalidBatch, type Issue, ServiceError } from "../core/errors.ts";
+import { numel, type SafetensorsDType, type SafetensorsTensor } from "../core/safetensors.ts";
+import type { DataArray, DType, StorageDType } from "../core/types.ts";
+
+/** A tensor as JSON carries it. */
+export interface JsonTensor {
+  dtype: string;
+  shape: number[];
+  data?: number[];
+  base64?: string;
+}
+
+/** How a tensor was encoded on the wire. */
+export type TensorEncoding = "data" | "base64" | "array" | "binary";
+
+/** A tensor before role-specific decoding: JSON numbers or raw bytes, dtype canonicalised. */
+export interface RawTensor {
+  /** Canonical dtype name (float32, float16, bfloat16, fp8_e4m3, fp8_e5m2, int32, int64). */
+  dtype: string;
+  shape: number[];
+  numbers?: ArrayLike<number>;
+  bytes?: Uint8Array;
+  encoding: TensorEncoding;
+}
+
+/** A data tensor: its elements in `dtype` (JSON numbers rounded; bytes used as they came). */
+export interface DataTensor {
+  dtype: DType;
+  shape: number[];
+  array: DataArray;
+  encoding: TensorEncoding;
+}
+
+/** A cache tensor: raw bytes of its storage dtype. */
+export interface CacheTensor {
+  dtype: StorageDType;
+  shape: number[];
+  bytes: Uint8Array;
+}
+
+/** An integer (metadata) tensor. */
+export interface IntTensor {
+  shape: number[];
+  values: Int32Array;
+}
+
+type Path = (string | number)[];
+
+const ALIASES: Record<string, string> = Object.fromEntries(
+  Object.entries(SAFETENSORS_DTYPE).map(([name, st]) => [st, name]),
+);
+const BYTES: Record<string, number> = {
+  float32: 4,
+  float16: 2,
+  bfloat16: 2,
+  fp8_e4m3: 1,
+  fp8_e5m2: 1,
+  int32: 4,
+  int64: 8,
+};
+const DATA_DTYPES = ["float32", "float16", "bfloat16"];
+const CACHE_DTYPES = ["float32", "float16", "bfloat16", "fp8_e4m3", "fp8_e5m2"];
+const INT_DTYPES = ["int32", "int64"];
+
+/** Canonical name of a dtype, accepting safetensors names (F16 → float16); unknown names pass through. */
+export function canonicalDtype(name: string): string {
+  return ALIASES[name] ?? name;
+}
+
+/** The safetensors name of a canonical dtype. */
+export function safetensorsDtype(name: StorageDType | "int32" | "int64"): SafetensorsDType {
+  return SAFETENSORS_DTYPE[name] as SafetensorsDType;
+}
+
+function show(v: unknown): string {
+  const s = JSON.stringify(v) ?? String(v);
+  return s.length > 60 ? s.slice(0, 57) + "..." : s;
+}
+
+function fail(path: Path, message: string, code = "bad_tensor"): ServiceError {
+  const issues: Issue[] = [{ path, message }];
+  return new ServiceError(`${path.join(".")}: ${message}`, { status: 400, code, issues });
+}
+
+function flatten(a: unknown[], path: Path): { shape: number[]; numbers: number[] } {
+  const shape: number[] = [];
+  let level: unknown = a;
+  while (Array.isArray(level)) {
+    shape.push(level.length);
+    level = level[0];
+  }
+  const numbers: number[] = [];
+  const walk = (x: unknown, depth: number, at: Path): void => {
+    if (depth === shape.length) {
+      if (typeof x !== "number" || !Number.isFinite(x)) {
+        throw fail(at, `expected a finite number, got ${show(x)}`);
+      }
+      numbers.push(x);
+      return;
+    }
+    if (!Array.isArray(x) || x.length !== shape[depth]) {
+      throw fail(
+        at,
+        `ragged array: expected ${shape[depth]} entries at depth ${depth}, got ${show(x)}`,
+      );
+    }
+    for (let i = 0; i < x.length; i++) walk(x[i], depth + 1, [...at, i]);
+  };
+  walk(a, 0, path);
+  return { shape, numbers };
+}
+
+/** A JSON tensor (or plain nested array) → RawTensor; checks shape, element count and base64. */
+export function rawFromJson(t: JsonTensor | unknown[], path: Path): RawTensor {
+  if (Array.isArray(t)) {
+    const { shape, numbers } = flatten(t, path);
+    return { dtype: "int64", shape, numbers, encoding: "array" };
+  }
+  const dtype = canonicalDtype(t.dtype);
+  if (!(dtype in BYTES)) {
+    throw fail([...path, "dtype"], `unknown dtype ${show(t.dtype)}`);
+  }
+  if (!Array.isArray(t.shape) || !t.shape.every((d) => Number.isSafeInteger(d) && d >= 0)) {
+    throw fail([...path, "shape"], `shape must be non-negative integers, got ${show(t.shape)}`);
+  }
+  const n = numel(t.shape);
+  if ((t.data === undefined) === (t.base64 === undefined)) {
+    throw fail(path, "give exactly one of data or base64");
+  }
+  if (t.data !== undefined) {
+    if (t.data.length !== n) {
+      throw fail(
+        [...path, "data"],
+        `has ${t.data.length} elements but shape ${show(t.shape)} needs ${n}`,
+      );
+    }
+    for (let i = 0; i < t.data.length; i++) {
+      if (typeof t.data[i] !== "number" || Number.isNaN(t.data[i])) {
+        throw fail([...path, "data", i], `expected a number, got ${show(t.data[i])}`);
+      }
+    }
+    return { dtype, shape: t.shape, numbers: t.data, encoding: "data" };
+  }
+  let bytes: Uint8Array;
+  try {
+    bytes = Uint8Array.fromBase64(t.base64!);
+  } catch (e) {
+    throw fail(
+      [...path, "base64"],
+      `not valid base64 (${e instanceof Error ? e.message : String(e)})`,
+      "bad_base64",
+    );
+  }
+  const want = n * BYTES[dtype];
+  if (bytes.byteLength !== want) {
+    throw fail(
+      [...path, "base64"],
+      `decodes to ${bytes.byteLength} bytes but ${dtype} x ${show(t.shape)} needs ${want}`,
+    );
+  }
+  return { dtype, shape: t.shape, bytes, encoding: "base64" };
+}
+
+/** A safetensors entry → RawTensor (its bytes are used as they are). */
+export function rawFromSafetensors(t: SafetensorsTensor): RawTensor {
+  return { dtype: canonicalDtype(t.dtype), shape: t.shape, bytes: t.data, encoding: "binary" };
+}
+
+/** Flat index → per-dimension indices of a row-major shape. */
+function unravel(i: number, shape: number[]): number[] {
+  const out = new Array<number>(shape.length);
+  for (let d = shape.length - 1; d >= 0; d--) {
+    out[d] = shape[d] > 0 ? i % shape[d] : 0;
+    i = shape[d] > 0 ? Math.floor(i / shape[d]) : 0;
+  }
+  return out;
+}
+
+function requireDtype(raw: RawTensor, allowed: string[], role: string, path: Path): void {
+  if (!allowed.includes(raw.dtype)) {
+    throw fail(
+      [...path, "dtype"],
+      `${role} tensors must be one of ${allowed.join(", ")}, got ${show(raw.dtype)}`,
+    );
+  }
+}
+
+function aligned(b: Uint8Array): Uint8Array {
+  return b.byteOffset % 8 === 0 ? b : b.slice();
+}
+
+/** → data tensor: the dtype's bytes (a view of the wire bytes when aligned; JSON numbers encoded). */
+export function toDataTensor(raw: RawTensor, path: Path): DataTensor {
+  requireDtype(raw, DATA_DTYPES, "data", path);
+  const dtype = raw.dtype as DType;
+  const array = raw.bytes ? dataArray(dtype, raw.bytes) : fromFloats(dtype, raw.numbers!);
+  return { dtype, shape: raw.shape, array, encoding: raw.encoding };
+}
+
+/** → cache tensor: bytes in the storage dtype (`data` numbers are encoded, bytes taken as is). */
+export function toCacheTensor(raw: RawTensor, path: Path): CacheTensor {
+  requireDtype(raw, CACHE_DTYPES, "cache", path);
+  const dtype = raw.dtype as StorageDType;
+  const bytes = raw.bytes ? aligned(raw.bytes) : encode(dtype, raw.numbers!);
+  return { dtype, shape: raw.shape, bytes };
+}
+
+/** → int tensor: Int32Array. Non-integers are 400; int64 values outside int32 are 422. */
+export function toIntTensor(raw: RawTensor, path: Path): IntTensor {
+  requireDtype(raw, INT_DTYPES, "integer", path);
+  const n = numel(raw.shape);
+  const values = new Int32Array(n);
+  const at = (i: number): Path =>
+    raw.encoding === "data"
+      ? [...path, "data", i]
+      : raw.encoding === "array"
+      ? [...path, ...unravel(i, raw.shape)]
+      : [...path, i];
+  const outOfRange = (i: number, v: number | bigint) =>
+    invalidBatch([{
+      path: at(i),
+      message: `value ${v} does not fit in int32 [-2147483648, 2147483647]`,
+    }]);
+  if (raw.numbers) {
+    const src = raw.numbers;
+    for (let i = 0; i < n; i++) {
+      const v = src[i];
+      if (!Number.isInteger(v)) throw fail(at(i), `expected an integer, got ${show(v)}`);
+      if (v < -2147483648 || v > 2147483647) {
+        if (raw.dtype === "int32") throw fail(at(i), `value ${v} is not an int32`);
+        throw outOfRange(i, v);
+      }
+      values[i] = v;
+    }
+    return { shape: raw.shape, values };
+  }
+  const b = aligned(raw.bytes!);
+  if (raw.dtype === "int32") {
+    values.set(new Int32Array(b.buffer, b.byteOffset, n));
+    return { shape: raw.shape, values };
+  }
+  const big = new BigInt64Array(b.buffer, b.byteOffset, n);
+  for (let i = 0; i < n; i++) {
+    const v = big[i];
+    if (v < -2147483648n || v > 2147483647n) throw outOfRange(i, v);
+    values[i] = Number(v);
+  }
+  return { shape: raw.shape, values };
+}
+
+/** Encodes values as a JSON tensor: `data` numbers or `base64` of the dtype's LE bytes. */
+export function toJsonTensor(
+  dtype: StorageDType,
+  shape: number[],
+  values: Float32Array,
+  encoding: "data" | "base64",
+): JsonTensor {
+  if (encoding === "base64") return { dtype, shape, base64: encode(dtype, values).toBase64() };
+  return { dtype, shape, data: Array.from(values) };
+}

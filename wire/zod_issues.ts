@@ -1,0 +1,110 @@
+/**
+ * zod validation failures as this service's issues: each `{path, message}` names the field and
+ * carries its current value; {@link fromZod} makes them one 400 ServiceError. Shared by every
+ * place a wire schema is checked (request bodies, `__metadata__.request`, path parameters).
+ * @module
+ */
+import type { z } from "zod";
+import { type Issue, ServiceError } from "../core/errors.ts";
+
+/** A short JSON rendering of a value for messages. */
+export function showValue(v: unknown, max = 80): string {
+  if (v === undefined) return "undefined (missing)";
+  let s: string;
+  try {
+    s = JSON.stringify(v, (_k, x) => (typeof x === "bigint" ? x.toString() : x)) ?? String(v);
+  } catch {
+    s = String(v);
+  }
+  return s.length > max ? s.slice(0, max - 3) + "..." : s;
+}
+
+function valueAt(root: unknown, path: readonly PropertyKey[]): unknown {
+  let v: unknown = root;
+  for (const k of path) {
+    if (v === null || typeof v !== "object") return undefined;
+    v = (v as Record<PropertyKey, unknown>)[k];
+  }
+  return v;
+}
+
+type ZIssue = z.core.$ZodIssue;
+
+/** Picks the union branch that got furthest (longest issue paths, not a type mismatch at the root). */
+function bestBranch(errors: ZIssue[][], depth: number): ZIssue[] {
+  let best = errors[0] ?? [];
+  let score = -1;
+  for (const branch of errors) {
+    const s = Math.max(
+      ...branch.map((i) =>
+        i.path.length > depth || i.code !== "invalid_type" ? 10 + i.path.length : 0
+      ),
+    );
+    if (s > score) {
+      score = s;
+      best = branch;
+    }
+  }
+  return best;
+}
+
+function flattenIssues(
+  issues: readonly ZIssue[],
+  base: PropertyKey[],
+  root: unknown,
+  out: Issue[],
+): void {
+  for (const i of issues) {
+    const path = [...base, ...i.path];
+    if (i.code === "invalid_union" && i.errors.length > 0) {
+      flattenIssues(bestBranch(i.errors, 0), path, root, out);
+      continue;
+    }
+    if (i.code === "unrecognized_keys") {
+      for (const k of i.keys) {
+        out.push({
+          path: [...path, k].map(String),
+          message: `unknown field ${JSON.stringify(k)}; got ${
+            showValue(valueAt(root, [...path, k]))
+          }`,
+        });
+      }
+      continue;
+    }
+    out.push({
+      path: path.map((p) => (typeof p === "number" ? p : String(p))),
+      message: `${i.message}; got ${showValue(valueAt(root, path))}`,
+    });
+  }
+}
+
+/** zod issues → `{path, message}` issues whose messages carry the current value. */
+export function zodIssues(
+  error: z.ZodError,
+  input: unknown,
+  prefix: (string | number)[] = [],
+): Issue[] {
+  const out: Issue[] = [];
+  flattenIssues(error.issues, prefix, input, out);
+  return out;
+}
+
+/** A ZodError as a 400 ServiceError (`invalid_request` unless another code is given). */
+export function fromZod(
+  error: z.ZodError,
+  input: unknown,
+  opts: { code?: string; prefix?: (string | number)[]; what?: string } = {},
+): ServiceError {
+  const issues = zodIssues(error, input, opts.prefix);
+  const first = issues[0];
+  const where = first ? `${first.path.join(".") || "(body)"}: ${first.message}` : "invalid";
+  const more = issues.length > 1 ? ` (and ${issues.length - 1} more)` : "";
+  return new ServiceError(
+    `${opts.what ?? "request body"} does not match the schema: ${where}${more}`,
+    {
+      status: 400,
+      code: opts.code ?? "invalid_request",
+      issues,
+    },
+  );
+}
