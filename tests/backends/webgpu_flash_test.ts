@@ -13,6 +13,7 @@ import {
   parseFlashTile,
 } from "../../backends/flash_plan.ts";
 import { DEFAULT_DECODE_TUNING } from "../../backends/webgpu_decode_tuning.ts";
+import { isSoftware } from "../../backends/decode_shape.ts";
 import { ServiceError } from "../../core/errors.ts";
 import { HostKvCache } from "../../backends/cpu/host_cache.ts";
 import type { AttentionBackend } from "../../core/types.ts";
@@ -196,15 +197,19 @@ const FEATURES: Partial<BatchSpec>[] = [
   { kv_cache_dtype: "bfloat16", causal: false, sinks: true },
   { dtype: "float16", kv_cache_dtype: "fp8_e5m2", logits_soft_cap: 7, alibi: true },
 ];
+// Every tile in the adapter's default form (loops on software adapters, unrolled on GPUs), and
+// the other form of the GPU default and the lavapipe default, all at head size 64 (Dawn on
+// lavapipe compiles an unrolled head-128 variant for minutes).
+const SOFT = GPU ? isSoftware(GPU) : true;
 const TILES: FlashTileT[] = [
-  ...FLASH_TILES.map(([a, b, c, d]): FlashTileT => [a, b, c, d, true]),
-  [4, 8, 4, 4, false],
-  [8, 8, 4, 2, false],
+  ...FLASH_TILES.map(([a, b, c, d]): FlashTileT => [a, b, c, d, !SOFT]),
+  [8, 8, 4, 4, SOFT],
+  [4, 8, 4, 4, SOFT],
 ];
 TILES.forEach((tile, k) => {
   const name = `${tile.slice(0, 4).join("x")}${tile[4] ? "u" : "l"}`;
   Deno.test(`flash tile ${name} vs reference`, { ignore: NO_GPU }, async () => {
-    const d = [128, 64, 32].find((x) => !flashTileUnfit(x, tile, GPU!.limits, Infinity));
+    const d = [64, 32].find((x) => !flashTileUnfit(x, tile, GPU!.limits, Infinity));
     assert.ok(d, `tile ${name} fits no head size here`);
     const backend = makeWebGpuFlash({ tile, decode: { ...DEFAULT_DECODE_TUNING } });
     const s = base({
@@ -225,7 +230,7 @@ TILES.forEach((tile, k) => {
     const plan = await backend.plan(validHostBatch(g.batch, c), ctx);
     assert.ok(
       plan.kernels.some((x) =>
-        x.includes(`rm=${tile[2]},rn=${tile[3]},tx=${tile[0]},ty=${tile[1]}`)
+        x.includes(`rm=${tile[2]},rn=${tile[3]},tx=${tile[0]},ty=${tile[1]},unroll=${tile[4]}`)
       ),
       plan.kernels.join(", "),
     );
