@@ -1,14 +1,12 @@
 /**
  * The bandwidth yardstick of the benchmark: bench/copy.wgsl (a vec4<u32> copy) over the
  * largest buffer the binding limit allows, timed by timestamp-query when granted and by the
- * wall clock; and the readback floor (copy into a mappable buffer + mapAsync).
+ * wall clock.
  * @module
  */
 import type { GpuContext } from "../core/types.ts";
 import { getComputePipeline } from "../gpu/pipelines.ts";
 import { specialize } from "../gpu/wgsl.ts";
-
-const median = (a: number[]) => [...a].sort((x, y) => x - y)[Math.floor(a.length / 2)];
 
 /** What the copy kernel measured. */
 export interface CopyResult {
@@ -150,26 +148,4 @@ export async function copyBench(
     gbps_best: Math.max(...batchRates),
     gbps: Math.max(...batchRates),
   };
-}
-
-/** The readback floor: a copy of `bytes` into a mappable buffer and mapAsync, median ms. */
-export async function readbackFloor(gpu: GpuContext, bytes: number, reps = 7): Promise<number> {
-  const dev = gpu.device;
-  const size = Math.max(256, Math.ceil(bytes / 256) * 256);
-  const a = dev.createBuffer({ size, usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC });
-  const rb = dev.createBuffer({ size, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
-  const ms: number[] = [];
-  for (let i = 0; i < reps; i++) {
-    const t0 = performance.now();
-    const enc = dev.createCommandEncoder();
-    enc.copyBufferToBuffer(a, 0, rb, 0, size);
-    dev.queue.submit([enc.finish()]);
-    await rb.mapAsync(GPUMapMode.READ);
-    rb.getMappedRange().slice(0);
-    rb.unmap();
-    ms.push(performance.now() - t0);
-  }
-  a.destroy();
-  rb.destroy();
-  return median(ms);
 }
