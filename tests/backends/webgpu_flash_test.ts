@@ -157,6 +157,24 @@ const CASES: [string, BatchSpec, CheckOptions?][] = [
     }),
   ],
   [
+    "prefill hd160 bf16 window (tile fallback for a head the first tiles do not divide)",
+    base({
+      dtype: "bfloat16",
+      head_size: 160,
+      sliding_window: 13,
+      requests: [{ query_len: 21, seq_len: 30 }],
+    }),
+  ],
+  [
+    "prefill hd192 fp8_e4m3 sinks",
+    base({
+      kv_cache_dtype: "fp8_e4m3",
+      head_size: 192,
+      sinks: true,
+      requests: [{ query_len: 17, seq_len: 17 }, { query_len: 3, seq_len: 40 }],
+    }),
+  ],
+  [
     "big group (G > rows)",
     base({
       num_heads: 32,
