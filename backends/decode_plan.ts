@@ -12,6 +12,7 @@
 import type { BatchShape, GpuContext } from "../core/types.ts";
 import { dispatchSize } from "../gpu/batch_buffers.ts";
 import { DECODE_REDUCE, DECODE_SPLIT, type DecodeSplitConsts } from "../gpu/decode_kernels.ts";
+import { DECODE_SCALE } from "../gpu/decode_codegen.ts";
 import type { PlannedCall } from "../gpu/gpu_plan.ts";
 import { getKernel, packUniforms } from "../gpu/kernel.ts";
 import { kvChunkGeometry } from "../gpu/kv_cache.ts";
@@ -55,7 +56,7 @@ export async function planDecodeRows(
   const L = s.layer, md = s.metadata, T = s.num_tokens, spec = s.cache_spec!;
   const H = L.num_heads, Hkv = L.num_kv_heads, D = L.head_size;
   // Rows and their key ranges.
-  const ranges: [number, number, number, number][] = []; // req, token, begin, end
+  const ranges: [number, number, number, number, number][] = []; // req, token, begin, end, pos
   let keys = 0;
   for (let i = 0; i < md.num_reqs; i++) {
     if (!reqs(i)) continue;
@@ -63,7 +64,7 @@ export async function planDecodeRows(
     const base = S - n; // position of the request's first query (reference semantics)
     for (let j = 0; j < n; j++) {
       const [b, e] = keyRange(s, base + j, S);
-      ranges.push([i, q0 + j, b, Math.max(b, e)]);
+      ranges.push([i, q0 + j, b, Math.max(b, e), base + j]);
       keys += Math.max(0, e - b);
     }
   }
@@ -86,10 +87,13 @@ export async function planDecodeRows(
   while (countItems(split) * H * (D + 4) * 4 > partLimit && split < 2 ** 30) split *= 2;
   const items: number[] = [];
   const rowTable = new Uint32Array(4 * ranges.length);
-  ranges.forEach(([i, t, b, e], r) => {
+  // Slices start at multiples of U (a step's keys then share a block); the first one masks
+  // the keys before the range's true begin.
+  ranges.forEach(([i, t, b, e, p], r) => {
     const first = items.length / 8;
-    for (let k = b; k < e || k === b; k += split) {
-      items.push(i, t, k, Math.min(e, k + split), first + (items.length / 8 - first), e - 1, 0, 0);
+    const start = e > b ? b - (b % shape.u) : b;
+    for (let k = start; k < e || k === start; k += split) {
+      items.push(i, t, k, Math.min(e, k + split), items.length / 8, p, b, 0);
       if (e <= b) break;
     }
     rowTable.set([t, first, items.length / 8 - first, 0], 4 * r);
@@ -126,6 +130,7 @@ export async function planDecodeRows(
     cap: L.logits_soft_cap !== null,
     alibi: L.alibi_slopes !== null,
     early_v: tuning.early_values,
+    prefetch: tuning.prefetch,
   };
   const [split_k, reduce_k] = await Promise.all([
     getKernel(ctx, DECODE_SPLIT, consts),
@@ -150,9 +155,9 @@ export async function planDecodeRows(
     nwg_x_reduce: reduceGrid[0],
     block_words: g.block_words,
     blocks_per_chunk: g.blocks_per_chunk,
-    score_scale: L.scale * (fp8 ? L.k_scale : 1),
+    score_scale: L.scale * (fp8 ? L.k_scale : 1) * DECODE_SCALE[g.storage_dtype],
     soft_cap: L.logits_soft_cap ?? 1,
-    v_scale: fp8 ? L.v_scale : 1,
+    v_scale: (fp8 ? L.v_scale : 1) * DECODE_SCALE[g.storage_dtype],
     has_sink: L.sinks ? 1 : 0,
     neg_inf: -Infinity,
   }));

@@ -8,6 +8,7 @@
  */
 import type { GpuContext, KvCacheSpec, LayerSpec, StorageDType } from "../core/types.ts";
 import { elementsPerWord } from "../gpu/wgsl.ts";
+import { isSoftwareAdapter } from "../gpu/runtime_adapter.ts";
 import type { DecodeTuning } from "./webgpu_decode_tuning.ts";
 
 /** A split-kernel shape. */
@@ -23,11 +24,9 @@ export interface DecodeShape {
   target: number;
 }
 
-/** True for CPU (software) adapters. */
+/** True for CPU (software) adapters (on either runtime: gpu/runtime_adapter.ts). */
 export function isSoftware(gpu: GpuContext): boolean {
-  const a = gpu.adapter_info;
-  return a.is_fallback_adapter === true ||
-    /llvmpipe|lavapipe|swiftshader|warp/i.test(a.description);
+  return isSoftwareAdapter(gpu.adapter_info);
 }
 
 /** The largest divisor of `g` not above `max`. */

@@ -13,42 +13,138 @@ import { getKernel, packUniforms } from "../gpu/kernel.ts";
 import { kvChunkGeometry } from "../gpu/kv_cache.ts";
 import type { TableBuilder } from "../gpu/plan_table.ts";
 
-/** A kernel shape: query rows and keys per tile, threads per row, workgroup size. */
+/** A kernel shape: the register tile (see gpu/flash_codegen.ts) and what follows from it. */
 export interface FlashConfig {
+  /** Threads along keys / output columns and along rows; rows and keys per thread. */
+  tx: number;
+  ty: number;
+  rm: number;
+  rn: number;
+  /** Query rows (TY * RM) and keys (TX * RN) per tile, workgroup size (TX * TY). */
   rows: number;
   bk: number;
-  tpr: number;
   wg: number;
+  /** Unrolled score and PV loops (gpu/flash_codegen.ts). */
+  unroll: boolean;
   /** Workgroup memory it needs, in bytes. */
   shared_bytes: number;
 }
 
-/** Workgroup memory of a kernel shape for head size `d`. */
-export function flashSharedBytes(d: number, rows: number, bk: number): number {
-  const d4 = d / 4;
-  return 16 * (rows * d4 + bk * (d4 + 1) + bk * d4) + 4 * rows * bk + 12 * rows + 8;
+/**
+ * A register tile, as written in `ATTN_FLASH_TILE` and the bench: `TXxTYxRMxRN`, with an
+ * optional suffix `u` (unrolled loops) or `l` (loops); without one, unrolled on GPUs and loops
+ * on software adapters (same speed there, half the compile time).
+ */
+export type FlashTile = readonly [
+  tx: number,
+  ty: number,
+  rm: number,
+  rn: number,
+  unroll?: boolean,
+];
+
+/**
+ * The tiles tried in order (the first that fits the head size and the device wins): 8x8x4x4
+ * needs 38.5 KiB at head size 128 (GPUs with 48 KiB of workgroup memory); 4x8x4x4 is the
+ * fastest measured on lavapipe (32 KiB).
+ */
+export const FLASH_TILES: readonly FlashTile[] = [
+  [8, 8, 4, 4],
+  [4, 8, 4, 4],
+  [8, 8, 4, 2],
+  [4, 16, 2, 4],
+  [8, 8, 2, 2],
+  [4, 8, 2, 4],
+  [8, 8, 2, 1],
+  [4, 8, 2, 2],
+  [8, 4, 2, 1],
+  [4, 4, 2, 1],
+  [4, 4, 1, 1],
+];
+
+/** Most vec4 output accumulators per thread (RM x D4 / TX) a tile may keep in registers. */
+const MAX_ACC = 32;
+
+/** Workgroup memory of a tile for head size `d`: Qs, KVs, Ps and the row partials. */
+export function flashSharedBytes(d: number, t: FlashTile): number {
+  const [tx, ty, rm, rn] = t, d4 = d / 4, bq = ty * rm, bk = tx * rn;
+  return 16 * (d4 * bq + bk * (d4 + 1)) + 4 * bq * (bk + tx) + 4 * bq * tx;
 }
 
-/** The largest kernel shape for head size `d` that fits the device's limits, or null. */
-export function flashConfig(
+/** `TXxTYxRMxRN` as a tile, or an error naming the text. */
+export function parseFlashTile(text: string): FlashTile {
+  const suffix = text.match(/[ul]$/)?.[0];
+  const v = (suffix ? text.slice(0, -1) : text).split("x").map(Number);
+  if (v.length !== 4 || !v.every((x) => Number.isInteger(x) && x > 0)) {
+    throw new Error(`flash tile "${text}": expected TXxTYxRMxRN, e.g. 8x8x4x4`);
+  }
+  if (![1, 2, 4, 8, 16, 32].includes(v[0]) || v[0] % 4 !== 0) {
+    throw new Error(`flash tile "${text}": TX must be 4, 8, 16 or 32`);
+  }
+  const t = v as unknown as [number, number, number, number];
+  return suffix ? [...t, suffix === "u"] : t;
+}
+
+/** Why tile `t` cannot run head size `d` on a device with `limits`, or null when it can. */
+export function flashTileUnfit(
   d: number,
+  t: FlashTile,
   limits: Readonly<Record<string, number>>,
-): FlashConfig | null {
-  if (d % 16 !== 0 || d < 16) return null;
-  const d4 = d / 4;
-  const tpr = d4 % 8 === 0 ? 8 : 4;
-  const maxShared = limits.maxComputeWorkgroupStorageSize ?? 16384;
+  maxAcc = MAX_ACC,
+): string | null {
+  const [tx, ty, rm] = t, d4 = d / 4;
+  if (d % 16 !== 0 || d < 16) return `head size ${d} is not a multiple of 16`;
+  if (d4 % tx !== 0) return `TX ${tx} does not divide the ${d4} vec4 columns of head size ${d}`;
+  if (rm * (d4 / tx) > maxAcc) return `${rm * (d4 / tx)} vec4 accumulators > ${maxAcc}`;
   const maxInv = Math.min(
     limits.maxComputeInvocationsPerWorkgroup ?? 256,
     limits.maxComputeWorkgroupSizeX ?? 256,
   );
-  for (const [rows, bk] of [[16, 32], [16, 16], [8, 16], [16, 8], [8, 8]]) {
-    const wg = rows * tpr;
-    if (wg > maxInv || wg % bk !== 0 || bk % tpr !== 0) continue;
-    const shared_bytes = flashSharedBytes(d, rows, bk);
-    if (shared_bytes <= maxShared) return { rows, bk, tpr, wg, shared_bytes };
-  }
+  if (tx * ty > maxInv) return `${tx * ty} invocations > ${maxInv}`;
+  const shared = flashSharedBytes(d, t), max = limits.maxComputeWorkgroupStorageSize ?? 16384;
+  if (shared > max) return `${shared} B of workgroup memory > ${max}`;
   return null;
+}
+
+function configOf(d: number, t: FlashTile, unroll: boolean): FlashConfig {
+  const [tx, ty, rm, rn] = t;
+  return {
+    tx,
+    ty,
+    rm,
+    rn,
+    rows: ty * rm,
+    bk: tx * rn,
+    wg: tx * ty,
+    unroll: t[4] ?? unroll,
+    shared_bytes: flashSharedBytes(d, t),
+  };
+}
+
+/**
+ * The kernel shape for head size `d` on a device with `limits`: `tile` when given and it fits,
+ * else the first of {@link FLASH_TILES} that fits (the last resort ignores the register
+ * budget); null when none does. `unroll` applies to tiles without an unroll suffix.
+ */
+export function flashConfig(
+  d: number,
+  limits: Readonly<Record<string, number>>,
+  tile?: FlashTile | null,
+  unroll = true,
+): FlashConfig | null {
+  const fits = (t: FlashTile, acc?: number) => !flashTileUnfit(d, t, limits, acc);
+  if (tile && fits(tile, Infinity)) return configOf(d, tile, unroll);
+  const t = FLASH_TILES.find((x) => fits(x)) ?? FLASH_TILES.find((x) => fits(x, Infinity));
+  return t ? configOf(d, t, unroll) : null;
+}
+
+/** The tile named by `ATTN_FLASH_TILE` (`TXxTYxRMxRN`), or null when unset. */
+export function envFlashTile(): FlashTile | null {
+  let raw: string | undefined;
+  try {
+    raw = Deno.env.get("ATTN_FLASH_TILE");
+  } catch { /* no --allow-env */ }
+  return raw ? parseFlashTile(raw) : null;
 }
 
 const isEncoder = (s: BatchShape) =>
@@ -120,10 +216,13 @@ export async function planPrefillRows(
     bs: g ? s.cache_spec!.block_size : 16,
     nhd: g ? s.cache_spec!.layout === "NHD" : true,
     nchunk: g ? g.nchunk : 0,
-    rows: cfg.rows,
-    bk: cfg.bk,
-    tpr: cfg.tpr,
-    wg: cfg.wg,
+    tx: cfg.tx,
+    ty: cfg.ty,
+    rm: cfg.rm,
+    rn: cfg.rn,
+    cap: (L.logits_soft_cap ?? 0) > 0,
+    alibi: L.alibi_slopes !== null,
+    unroll: cfg.unroll,
   };
   const kernel = await getKernel(ctx, FLASH_ATTENTION, consts);
   const fp8 = g !== null && (g.storage_dtype === "fp8_e4m3" || g.storage_dtype === "fp8_e5m2");

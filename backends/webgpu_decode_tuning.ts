@@ -32,6 +32,9 @@ export interface DecodeTuning {
   subgroups: boolean;
   /** Load the value rows together with the key rows (before the softmax). */
   early_values: boolean;
+  /** Double-buffer the loads: issue the next step's K and V rows before this step's
+   * arithmetic, so a key group keeps loads in flight while it computes. */
+  prefetch: boolean;
 }
 
 /** The defaults; change a copy and pass it to `makeWebGpuDecode` (backends/webgpu_decode.ts). */
@@ -47,6 +50,7 @@ export const DEFAULT_DECODE_TUNING: Readonly<DecodeTuning> = Object.freeze({
   min_split_keys: 64,
   subgroups: true,
   early_values: true,
+  prefetch: false,
 });
 
 /**

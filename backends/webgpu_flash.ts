@@ -24,12 +24,24 @@ import { capabilities } from "./capabilities_base.ts";
 import { disposeGpuPlan, type GpuPlan, runGpuPlan } from "../gpu/gpu_plan.ts";
 import { type AttentionCalls, buildGpuPlan } from "../gpu/plan_builder.ts";
 import { GpuKvCache } from "../gpu/kv_cache.ts";
-import { flashConfig, flashSharedBytes, planPrefillRows } from "./flash_plan.ts";
+import {
+  envFlashTile,
+  FLASH_TILES,
+  flashConfig,
+  flashSharedBytes,
+  type FlashTile,
+  planPrefillRows,
+} from "./flash_plan.ts";
 import { planDecodeRows } from "./decode_plan.ts";
+import { isSoftware } from "./decode_shape.ts";
 import { DECODE_HEAD_SIZES } from "./webgpu_decode.ts";
-import { envDecodeTuning } from "./webgpu_decode_tuning.ts";
+import {
+  type DecodeTuning,
+  DEFAULT_DECODE_TUNING,
+  envDecodeTuning,
+} from "./webgpu_decode_tuning.ts";
 
-export { type FlashConfig, flashConfig } from "./flash_plan.ts";
+export { type FlashConfig, flashConfig, type FlashTile } from "./flash_plan.ts";
 
 /** Head sizes compiled and tested. */
 export const FLASH_HEAD_SIZES = [32, 64, 80, 96, 112, 128, 160, 192, 256];
@@ -49,11 +61,21 @@ function requireGpu(ctx: BackendContext): GpuContext {
   return gpu;
 }
 
-const tuning = envDecodeTuning();
+/** What a WEBGPU_FLASH variant is built with. */
+export interface FlashOptions {
+  /** The prefill register tile; null: the first of FLASH_TILES that fits. */
+  tile: FlashTile | null;
+  /** The split-KV kernels' tuning for the decode rows. */
+  decode: DecodeTuning;
+}
 
-async function plan(s: BatchShape, bctx: BackendContext): Promise<GpuPlan> {
+async function planFor(
+  o: FlashOptions,
+  s: BatchShape,
+  bctx: BackendContext,
+): Promise<GpuPlan> {
   const ctx = requireGpu(bctx);
-  const cfg = flashConfig(s.layer.head_size, ctx.limits);
+  const cfg = flashConfig(s.layer.head_size, ctx.limits, o.tile, !isSoftware(ctx));
   if (!cfg) {
     throw invalidBatch([{
       path: ["layer", "head_size"],
@@ -68,7 +90,7 @@ async function plan(s: BatchShape, bctx: BackendContext): Promise<GpuPlan> {
   const isDecode = (i: number) => decodes && qlen(i) <= DECODE_THRESHOLD;
   return await buildGpuPlan(ctx, s, async (table): Promise<AttentionCalls> => {
     const [d, p] = await Promise.all([
-      planDecodeRows(ctx, tuning, s, isDecode, table),
+      planDecodeRows(ctx, o.decode, s, isDecode, table),
       planPrefillRows(ctx, s, cfg, (i) => !isDecode(i), table),
     ]);
     return {
@@ -87,47 +109,61 @@ async function plan(s: BatchShape, bctx: BackendContext): Promise<GpuPlan> {
 function supportsCombination(cfg: SelectorConfig, ctx: BackendContext): string | null {
   if (!ctx.gpu || !FLASH_HEAD_SIZES.includes(cfg.head_size)) return null;
   if (!flashConfig(cfg.head_size, ctx.gpu.limits)) {
-    return `head_size ${cfg.head_size} needs ${flashSharedBytes(cfg.head_size, 8, 8)} B of ` +
+    const least = FLASH_TILES[FLASH_TILES.length - 1];
+    return `head_size ${cfg.head_size} needs ${flashSharedBytes(cfg.head_size, least)} B of ` +
       `workgroup storage (device has ${ctx.gpu.limits.maxComputeWorkgroupStorageSize})`;
   }
   return null;
 }
 
-/** The general WebGPU backend. */
-export const WEBGPU_FLASH: AttentionBackend<GpuPlan> = {
-  name: NAME,
-  priority: 10,
-  description: "WebGPU attention for any batch: decode rows through split-KV kernels, the " +
-    "rest through a FlashAttention-2 style varlen kernel, one submission.",
-  capabilities: capabilities({
-    dtypes: [...DTYPES],
-    kv_cache_dtypes: [...KV_CACHE_DTYPES],
-    block_sizes: [{ multiple_of: 16 }],
-    head_sizes: [...FLASH_HEAD_SIZES],
-    kv_cache_layouts: [...KV_LAYOUTS],
-    attn_types: [...ATTN_TYPES],
-    sinks: true,
-    sliding_window: true,
-    alibi: true,
-    logits_soft_cap: true,
-    non_causal: true,
-    lse: true,
-    reorder_batch_threshold: DECODE_THRESHOLD,
-  }),
-  requires: {
-    needs_device: true,
-    features: [],
-    limits: {
-      maxComputeWorkgroupStorageSize: 16384,
-      maxComputeInvocationsPerWorkgroup: 128,
-      maxStorageBuffersPerShaderStage: 6,
+/** Builds the backend with `o` (the registry uses {@link WEBGPU_FLASH}). */
+export function makeWebGpuFlash(
+  o: FlashOptions = { tile: null, decode: { ...DEFAULT_DECODE_TUNING } },
+): AttentionBackend<GpuPlan> {
+  return {
+    name: NAME,
+    priority: 10,
+    description: "WebGPU attention for any batch: decode rows through split-KV kernels, the " +
+      "rest through a FlashAttention-2 style varlen kernel, one submission.",
+    capabilities: capabilities({
+      dtypes: [...DTYPES],
+      kv_cache_dtypes: [...KV_CACHE_DTYPES],
+      block_sizes: [{ multiple_of: 16 }],
+      head_sizes: [...FLASH_HEAD_SIZES],
+      kv_cache_layouts: [...KV_LAYOUTS],
+      attn_types: [...ATTN_TYPES],
+      sinks: true,
+      sliding_window: true,
+      alibi: true,
+      logits_soft_cap: true,
+      non_causal: true,
+      lse: true,
+      reorder_batch_threshold: DECODE_THRESHOLD,
+    }),
+    requires: {
+      needs_device: true,
+      features: [],
+      limits: {
+        maxComputeWorkgroupStorageSize: 16384,
+        maxComputeInvocationsPerWorkgroup: 128,
+        maxStorageBuffersPerShaderStage: 6,
+      },
     },
-  },
-  cache_storage: "webgpu",
-  supportsCombination,
-  createCache: (spec, ctx) => GpuKvCache.create(requireGpu(ctx), spec),
-  importCache: (spec, key, value, ctx) => GpuKvCache.fromBytes(requireGpu(ctx), spec, key, value),
-  plan,
-  run: (p, batch, ctx, opts) => runGpuPlan(p, batch, ctx.gpu, opts),
-  disposePlan: disposeGpuPlan,
-};
+    cache_storage: "webgpu",
+    supportsCombination,
+    createCache: (spec, ctx) => GpuKvCache.create(requireGpu(ctx), spec),
+    importCache: (spec, key, value, ctx) => GpuKvCache.fromBytes(requireGpu(ctx), spec, key, value),
+    plan: (s, ctx) => planFor(o, s, ctx),
+    run: (p, batch, ctx, opts) => runGpuPlan(p, batch, ctx.gpu, opts),
+    disposePlan: disposeGpuPlan,
+  };
+}
+
+/**
+ * The registered WEBGPU_FLASH: the prefill tile from `ATTN_FLASH_TILE` (else automatic), the
+ * decode rows' tuning from `ATTN_DECODE_TUNING`.
+ */
+export const WEBGPU_FLASH: AttentionBackend<GpuPlan> = makeWebGpuFlash({
+  tile: envFlashTile(),
+  decode: envDecodeTuning(),
+});

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# One call on the GPU machine (see bench/NOTES.md): GPU tests, the bench, the HTTP bench, the
-# PyTorch anchor.
-# Usage there: bash bench/gpu_machine.sh [tests|bench|http|anchor|all]...   (logs under $OUT)
+# One call on the GPU machine (see bench/NOTES.md): GPU tests, the bench with its kernel sweeps,
+# the HTTP bench, the PyTorch anchor. Logs under $OUT; each part's tail is printed.
+# Usage there: bash bench/gpu_machine.sh [tests|bench|http|anchor|all]...
+# bench: sweeps (override by setting them) BENCH_FLASH_TILES (prefill register tiles
+# TXxTYxRMxRN[u|l]) and BENCH_DECODE_TUNINGS (a JSON array of partial WEBGPU_DECODE tunings);
+# BENCH_ARGS go to the bench as they are (e.g. "--case decode" or "--runtime dawn").
 # http: bench/http_bench.ts (deno task bench:http) on both WebGPU runtimes (HTTP_RUNTIMES,
 # default dawn,deno: Dawn first, each runtime's report printed when done), cut at HTTP_TIMEOUT
 # seconds (default 170); HTTP_ARGS adds flags (e.g. "--steps 32"); JSON in $OUT/http.json.
@@ -9,22 +12,28 @@ set -uo pipefail
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
 source gpupack/env.sh
-nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv >"$out/gpu.txt" 2>&1
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm,clocks.mem --format=csv \
+  >"$out/gpu.txt" 2>&1
+cat "$out/gpu.txt"
+export BENCH_FLASH_TILES=${BENCH_FLASH_TILES-8x8x4x4l,8x8x4x2,4x8x4x4,8x4x4x4,8x16x2x4,4x16x4x4}
+export BENCH_DECODE_TUNINGS=${BENCH_DECODE_TUNINGS-'[{"prefetch":true},{"prefetch":true,"target_workgroups":1024},{"prefetch":true,"workgroup_size":64},{"keys_per_iter":8},{"prefetch":true,"keys_per_iter":8},{"workgroup_size":64},{"target_workgroups":1024},{"max_lanes":8},{"early_values":false}]'}
 what=${*:-all}
 run() { # name, command...
-  local name=$1; shift
+  local name=$1
+  shift
   echo "== $name"
   local t0=$SECONDS
   "$@" >"$out/$name.log" 2>&1
   local rc=$?
   echo "   rc=$rc in $((SECONDS - t0))s"
-  tail -n "${TAIL:-25}" "$out/$name.log" | sed 's/\x1b\[[0-9;]*m//g'
+  tail -n "${TAIL:-40}" "$out/$name.log" | sed 's/\x1b\[[0-9;]*m//g'
 }
 for w in $what; do
   case $w in
     tests | all)
       run gpu-tests deno test --allow-all tests/gpu tests/backends tests/conformance ;;&
     bench | all)
+      # shellcheck disable=SC2086
       run bench deno task bench ${BENCH_ARGS:-} ;;&
     http | all)
       TAIL=${TAIL:-100} run http timeout -k 10 "${HTTP_TIMEOUT:-170}" \

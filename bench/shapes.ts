@@ -1,10 +1,18 @@
 /**
- * The benchmark's shapes and batches: a decode and a causal prefill shape (big for real
- * GPUs, small for software adapters), the work each does (K+V bytes read, flops), and a
- * float16 batch with a random permuted block table and random cache bytes.
+ * The benchmark's shapes and batches: decode and causal prefill shapes (big for real GPUs,
+ * small for software adapters), the work each does (K+V bytes read, flops), and a float16
+ * batch with a random permuted block table and random cache bytes in the shape's cache dtype
+ * (f16, bf16 or fp8 e4m3). Big caches (GiBs) are filled by repeating 1 MiB of random values.
  * @module
  */
-import type { ForwardBatch, KvCacheSpec, SelectorConfig } from "../core/types.ts";
+import { encode } from "../core/dtype.ts";
+import type {
+  ForwardBatch,
+  KvCacheDType,
+  KvCacheSpec,
+  SelectorConfig,
+  StorageDType,
+} from "../core/types.ts";
 
 /** One benchmark shape. */
 export interface BenchShape {
@@ -18,36 +26,64 @@ export interface BenchShape {
   num_kv_heads: number;
   head_size: number;
   block_size: number;
+  /** The cache's dtype (the data is float16). */
+  kv_cache_dtype: KvCacheDType;
 }
 
-/** Shapes: big for real GPUs, small for software adapters. */
+const CACHE_BYTES: Record<string, number> = { auto: 2, float16: 2, bfloat16: 2, fp8_e4m3: 1 };
+
+/** A readable name for a shape. */
+export function shapeName(s: BenchShape): string {
+  const kv = s.kv_cache_dtype === "auto" ? "f16" : `f16 data, ${s.kv_cache_dtype} cache`;
+  return `${s.kind} ${s.reqs}x${s.ctx}${s.kind === "prefill" ? " causal" : ""} ` +
+    `${s.num_heads}q/${s.num_kv_heads}kv d${s.head_size} bs${s.block_size} ${kv}`;
+}
+
+/**
+ * Shapes: on GPUs decode 32 x 2048 and 64 x 8192 (f16 cache, then bf16 and fp8 e4m3 caches at
+ * 32 x 2048) and prefill 4 x 1024 and 8 x 4096 causal, 32 q / 8 kv heads; on software adapters
+ * decode 16 x 1024 (f16, bf16, fp8) and prefill 2 x 256 with 16 q / 4 kv heads.
+ */
 export function benchShapes(small: boolean): BenchShape[] {
   const h = small ? { num_heads: 16, num_kv_heads: 4 } : { num_heads: 32, num_kv_heads: 8 };
+  const base = { ...h, head_size: 128, block_size: 16, kv_cache_dtype: "auto" as KvCacheDType };
+  const dec = (reqs: number, ctx: number, kv: KvCacheDType = "auto"): BenchShape => ({
+    ...base,
+    kind: "decode",
+    reqs,
+    ctx,
+    qlen: 1,
+    kv_cache_dtype: kv,
+  });
+  const pre = (reqs: number, ctx: number): BenchShape => ({
+    ...base,
+    kind: "prefill",
+    reqs,
+    ctx,
+    qlen: ctx,
+  });
+  if (small) {
+    return [
+      dec(16, 1024),
+      dec(16, 1024, "bfloat16"),
+      dec(16, 1024, "fp8_e4m3"),
+      pre(2, 256),
+    ];
+  }
   return [
-    {
-      kind: "decode",
-      reqs: small ? 16 : 32,
-      ctx: small ? 1024 : 2048,
-      qlen: 1,
-      ...h,
-      head_size: 128,
-      block_size: 16,
-    },
-    {
-      kind: "prefill",
-      reqs: small ? 2 : 4,
-      ctx: small ? 256 : 1024,
-      qlen: small ? 256 : 1024,
-      ...h,
-      head_size: 128,
-      block_size: 16,
-    },
+    dec(32, 2048),
+    dec(64, 8192),
+    dec(32, 2048, "bfloat16"),
+    dec(32, 2048, "fp8_e4m3"),
+    pre(4, 1024),
+    pre(8, 4096),
   ];
 }
 
-/** Bytes of K+V a decode reads; flops of a causal prefill (4·T·S·H·D/2 when T = S). */
+/** Bytes of K+V a decode reads (cache dtype); flops of a causal prefill (4·T·S·H·D/2). */
 export function work(s: BenchShape): { kv_bytes: number; flops: number } {
-  const kv_bytes = s.reqs * s.ctx * s.num_kv_heads * s.head_size * 2 * 2; // K+V, f16
+  const kv_bytes = s.reqs * s.ctx * s.num_kv_heads * s.head_size * 2 *
+    CACHE_BYTES[s.kv_cache_dtype];
   let flops = 0;
   for (let j = 0; j < s.qlen; j++) {
     flops += 4 * (s.ctx - s.qlen + j + 1) * s.num_heads * s.head_size;
@@ -55,7 +91,18 @@ export function work(s: BenchShape): { kv_bytes: number; flops: number } {
   return { kv_bytes, flops: flops * s.reqs };
 }
 
-/** A float16 batch with a random permuted block table and random cache bytes. */
+/** `n` bytes: 1 MiB of `gen()` bytes, repeated. */
+function repeated(n: number, gen: (bytes: number) => Uint8Array): Uint8Array {
+  const unit = gen(Math.min(n, 1 << 20));
+  const out = new Uint8Array(n);
+  out.set(unit.subarray(0, Math.min(n, unit.length)));
+  for (let have = unit.length; have < n; have *= 2) {
+    out.copyWithin(have, 0, Math.min(have, n - have));
+  }
+  return out;
+}
+
+/** A float16 batch of `s` with a random permuted block table and random cache bytes. */
 export function makeBatch(s: BenchShape): {
   batch: Omit<ForwardBatch, "cache">;
   spec: KvCacheSpec;
@@ -65,8 +112,7 @@ export function makeBatch(s: BenchShape): {
 } {
   let x = 0x2545f491;
   const rnd = () => ((x ^= x << 13), (x ^= x >>> 17), (x ^= x << 5), (x >>> 0) / 4294967296);
-  const table = Float16Array.from({ length: 4096 }, () => rnd() * 2 - 1);
-  const tbits = new Uint16Array(table.buffer);
+  const table = Float32Array.from({ length: 4096 }, () => Math.fround(rnd() * 2 - 1));
   const { reqs, ctx, qlen, num_heads: H, num_kv_heads: Hkv, head_size: D, block_size: bs } = s;
   const per = Math.ceil(ctx / bs);
   const num_blocks = 1 + reqs * per;
@@ -84,26 +130,31 @@ export function makeBatch(s: BenchShape): {
       slot_mapping[r * qlen + j] = block_table[r * per + Math.floor(p / bs)] * bs + (p % bs);
     }
   }
-  const fill = (n: number) => {
-    const a = new Uint16Array(n);
-    for (let i = 0; i < n; i++) a[i] = tbits[(rnd() * 4096) | 0];
-    return new Uint8Array(a.buffer);
+  const storage: StorageDType = s.kv_cache_dtype === "auto" ? "float16" : s.kv_cache_dtype;
+  const eb = CACHE_BYTES[s.kv_cache_dtype];
+  const cacheBytes = (bytes: number) =>
+    encode(storage, Float32Array.from({ length: bytes / eb }, () => table[(rnd() * 4096) | 0]));
+  const vals = (n: number) => {
+    const bytes = repeated(4 * n, (b) => {
+      const v = Float32Array.from({ length: b / 4 }, () => table[(rnd() * 4096) | 0]);
+      return new Uint8Array(v.buffer);
+    });
+    return new Float32Array(bytes.buffer);
   };
-  const vals = (n: number) => Float32Array.from({ length: n }, () => table[(rnd() * 4096) | 0]);
-  const n = num_blocks * bs * Hkv * D;
+  const n = num_blocks * bs * Hkv * D * eb;
   const spec: KvCacheSpec = {
     num_blocks,
     block_size: bs,
     num_kv_heads: Hkv,
     head_size: D,
     dtype: "float16",
-    kv_cache_dtype: "auto",
+    kv_cache_dtype: s.kv_cache_dtype === "auto" ? "float16" : s.kv_cache_dtype,
     layout: "NHD",
   };
   const selector: SelectorConfig = {
     head_size: D,
     dtype: "float16",
-    kv_cache_dtype: "auto",
+    kv_cache_dtype: s.kv_cache_dtype,
     block_size: bs,
     use_mla: false,
     has_sink: false,
@@ -147,5 +198,5 @@ export function makeBatch(s: BenchShape): {
     },
     return_lse: false,
   };
-  return { batch, spec, key: fill(n), value: fill(n), selector };
+  return { batch, spec, key: repeated(n, cacheBytes), value: repeated(n, cacheBytes), selector };
 }

@@ -5,7 +5,7 @@ Times, on the same shapes as bench/main.ts:
   - paged decode attention the way an engine without a paged kernel would do it: gather the
     pages into contiguous K/V, then SDPA (the gather is reported separately),
   - SDPA decode on contiguous K/V (the "reads KV at ~4.2 TB/s" anchor),
-  - causal prefill with SDPA (TFLOP/s, causal flops = 2 * T * S * H * D).
+  - causal prefill with SDPA at 4 x 1024 and 8 x 4096 (TFLOP/s, causal flops = 2 * T * S * H * D).
 
 Usage: python3 bench/torch_anchor.py [--json]
 """
@@ -68,14 +68,20 @@ def main():
                      "GB/s": kv_bytes / 2 * 2 / ms_g / 1e6})
         del kc, vc, k, v
 
-    # Prefill: 4 x 1024 causal, 32 heads, 8 kv heads, head 128, f16.
-    b_, t, hq, hkv, d = 4, 1024, 32, 8, 128
-    q = torch.randn(b_, hq, t, d, dtype=torch.float16, device=dev)
-    k = torch.randn(b_, hkv, t, d, dtype=torch.float16, device=dev)
-    v = torch.randn_like(k)
-    ms = bench(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True))
-    flops = 4 * b_ * t * t * hq * d / 2
-    rows.append({"case": "prefill sdpa causal 4x1024", "ms": ms, "TFLOP/s": flops / ms / 1e9})
+    # Prefill: 4 x 1024 and 8 x 4096 causal, 32 heads, 8 kv heads, head 128, f16.
+    for b_, t in [(4, 1024), (8, 4096)]:
+        hq, hkv, d = 32, 8, 128
+        q = torch.randn(b_, hq, t, d, dtype=torch.float16, device=dev)
+        k = torch.randn(b_, hkv, t, d, dtype=torch.float16, device=dev)
+        v = torch.randn_like(k)
+        ms = bench(
+            lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
+            iters=20,
+        )
+        flops = 4 * b_ * t * t * hq * d / 2
+        rows.append({"case": f"prefill sdpa causal {b_}x{t}", "ms": ms,
+                     "TFLOP/s": flops / ms / 1e9})
+        del q, k, v
 
     if as_json:
         print(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}))

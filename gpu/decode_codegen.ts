@@ -21,6 +21,8 @@ export interface KernelShape {
   alibi: boolean;
   /** Issue the value rows' loads together with the keys' (before the softmax). */
   early_v: boolean;
+  /** Issue the next step's K and V loads before this step's arithmetic (double buffer). */
+  prefetch: boolean;
   /** Decoders of a vec4<u32> `w` into EPW vec4<f32>, in element order. */
   dec: string[];
 }
@@ -35,6 +37,19 @@ export const DECODERS: Record<StorageDType, string[]> = {
   bfloat16: ["vec4<f32>(bf2(w.x), bf2(w.y))", "vec4<f32>(bf2(w.z), bf2(w.w))"],
   fp8_e4m3: ["e4m3x4(w.x)", "e4m3x4(w.y)", "e4m3x4(w.z)", "e4m3x4(w.w)"],
   fp8_e5m2: ["e5m2x4(w.x)", "e5m2x4(w.y)", "e5m2x4(w.z)", "e5m2x4(w.w)"],
+};
+
+/**
+ * The factor each storage dtype's decoders leave out (their values are the element's value
+ * divided by it): the plan multiplies the score and value scales by it. fp8 e4m3 decodes
+ * through f16 bit positions, 2^-8 of the value.
+ */
+export const DECODE_SCALE: Record<StorageDType, number> = {
+  float32: 1,
+  float16: 1,
+  bfloat16: 1,
+  fp8_e4m3: 256,
+  fp8_e5m2: 1,
 };
 
 const range = (n: number) => Array.from({ length: n }, (_, i) => i);
@@ -64,7 +79,65 @@ export function generateDecodeSplit(k: KernelShape): Record<string, string> {
     }
   }
   const st: string[] = [];
-  // One row of kv head kh for key u: load each lane column, decode, and apply `body`.
+  const pre: string[] = [];
+  const word = (t: "k" | "v", u: number, kh: number, j: number) => `${t}w${u}_${kh}_${j}`;
+  // The loads of one step (keys k0 .. k0 + U - 1): one block lookup (a step's keys share a
+  // block: slices start at multiples of U, U divides BS), one row offset per key and kv head,
+  // then `t`'s words into `${t}w{u}_{kh}_{j}` (declared with `decl`).
+  const loads = (out: string[], ind: string, ts: ("k" | "v")[], decl: string) => {
+    out.push(`${ind}let bq = block_of(bt, min(k0, ke - 1u));`);
+    for (const u of Us) {
+      for (const kh of KH) {
+        out.push(
+          `${ind}let r${u}_${kh} = row_word(min(k0 + ${u}u, ke - 1u) % BS, kvh0 + ${kh}u) + lw;`,
+        );
+      }
+    }
+    for (const t of ts) {
+      for (const u of Us) {
+        for (const kh of KH) {
+          for (const j of J) {
+            out.push(
+              `${ind}${decl}${word(t, u, kh, j)} = load_${t}4(bq, r${u}_${kh} + ${
+                j * k.lpk * 4
+              }u);`,
+            );
+          }
+        }
+      }
+    }
+  };
+  // Where the arithmetic takes a word from: the current buffer (prefetch), the early loads, or
+  // a load right there.
+  const src = (t: "k" | "v", u: number, kh: number, j: number) =>
+    k.prefetch
+      ? `c${word(t, u, kh, j)}`
+      : t === "k" || k.early_v
+      ? word(t, u, kh, j)
+      : `load_v4(bq, r${u}_${kh} + ${j * k.lpk * 4}u)`;
+  if (k.prefetch) {
+    for (const t of ["k", "v"] as const) {
+      for (const u of Us) {
+        for (const kh of KH) for (const j of J) pre.push(`  var ${word(t, u, kh, j)}: vec4<u32>;`);
+      }
+    }
+    pre.push("  if (n_it > 0u) {", "    let k0 = kg0;");
+    loads(pre, "    ", ["k", "v"], "");
+    pre.push("  }");
+    for (const t of ["k", "v"] as const) {
+      for (const u of Us) {
+        for (const kh of KH) {
+          for (const j of J) st.push(`    let c${word(t, u, kh, j)} = ${word(t, u, kh, j)};`);
+        }
+      }
+    }
+    st.push("    if (it + 1u < n_it) {", "      let k0 = k0 + U;");
+    loads(st, "      ", ["k", "v"], "");
+    st.push("    }");
+  } else {
+    loads(st, "    ", k.early_v ? ["k", "v"] : ["k"], "let ");
+  }
+  // One row of kv head kh for key u: decode each lane column and apply `body`.
   const rows = (
     t: "k" | "v",
     u: number,
@@ -72,10 +145,7 @@ export function generateDecodeSplit(k: KernelShape): Record<string, string> {
     body: (f: number, i: number, e: number) => string,
   ) => {
     for (const j of J) {
-      const w = k.early_v && t === "v"
-        ? `vw${u}_${kh}_${j}`
-        : `load_${t}4(b${u}, r${u}_${kh} + ${j * k.lpk * 4}u)`;
-      st.push("    {", `      let w = ${w};`);
+      st.push("    {", `      let w = ${src(t, u, kh, j)};`);
       for (const e of E) st.push(`      let x${e} = ${k.dec[e]};`);
       for (const e of E) {
         for (const h of range(k.hg)) st.push(`      ${body(kh * k.hg + h, j * k.epw + e, e)}`);
@@ -83,20 +153,7 @@ export function generateDecodeSplit(k: KernelShape): Record<string, string> {
       st.push("    }");
     }
   };
-  for (const u of Us) {
-    st.push(`    let kc${u} = min(k0 + ${u}u, ke - 1u);`, `    let b${u} = block_of(bt, kc${u});`);
-    for (const kh of KH) {
-      st.push(`    let r${u}_${kh} = row_word(kc${u} % BS, kvh0 + ${kh}u) + lw;`);
-    }
-  }
-  // The value rows' loads go out with the keys' (more bytes in flight), when early_v.
-  for (const u of k.early_v ? Us : []) {
-    for (const kh of KH) {
-      for (const j of J) {
-        st.push(`    let vw${u}_${kh}_${j} = load_v4(b${u}, r${u}_${kh} + ${j * k.lpk * 4}u);`);
-      }
-    }
-  }
+  for (const u of Us) st.push(`    let vis${u} = k0 + ${u}u >= kt && k0 + ${u}u < ke;`);
   for (const u of Us) {
     for (const f of F) st.push(`    var s${u}_${f} = 0.0;`);
     for (const kh of KH) rows("k", u, kh, (f, i, e) => `s${u}_${f} += dot(q${f}_${i}, x${e});`);
@@ -111,7 +168,9 @@ export function generateDecodeSplit(k: KernelShape): Record<string, string> {
   // the condition is the same in every lane of a key group).
   for (const f of F) {
     const mx = Us.map((u) => `s${u}_${f}`).reduce((a, b) => `max(${a}, ${b})`);
-    for (const u of Us) st.push(`    s${u}_${f} = logit(s${u}_${f}, k0 + ${u}u, ke, pos, sl${f});`);
+    for (const u of Us) {
+      st.push(`    s${u}_${f} = logit(s${u}_${f}, k0 + ${u}u, vis${u}, pos, sl${f});`);
+    }
     st.push(`    if (${mx} > m${f}) {`, `      let mx = ${mx};`, `      let al = exp(m${f} - mx);`);
     st.push(
       `      l${f} *= al;`,
@@ -120,7 +179,7 @@ export function generateDecodeSplit(k: KernelShape): Record<string, string> {
       "    }",
     );
     for (const u of Us) {
-      st.push(`    let p${u}_${f} = select(0.0, exp(s${u}_${f} - m${f}), k0 + ${u}u < ke);`);
+      st.push(`    let p${u}_${f} = select(0.0, exp(s${u}_${f} - m${f}), vis${u});`);
     }
     st.push(`    l${f} += ${Us.map((u) => `p${u}_${f}`).join(" + ")};`);
   }
@@ -174,5 +233,11 @@ export function generateDecodeSplit(k: KernelShape): Record<string, string> {
     "  return v;",
     "}",
   ].join("\n");
-  return { INIT: init.join("\n"), STEP: st.join("\n"), STORE: sto.join("\n"), GSUM: gsum };
+  return {
+    INIT: init.join("\n"),
+    PRE: pre.join("\n"),
+    STEP: st.join("\n"),
+    STORE: sto.join("\n"),
+    GSUM: gsum,
+  };
 }

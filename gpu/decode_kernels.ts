@@ -56,6 +56,7 @@ export interface DecodeSplitConsts {
   cap: boolean;
   alibi: boolean;
   early_v: boolean;
+  prefetch: boolean;
 }
 
 /** The split pass, as data. */
@@ -89,6 +90,7 @@ export const DECODE_SPLIT: KernelDef<DecodeSplitConsts> = {
       RED: c.sg ? 1 : c.wg * c.u * F,
       WACC: nkg > 1 ? (F * c.d) / 4 : 1,
       QLOAD: dataLoads("q", c.dtype, 4).code,
+      WORDS: await loadWgsl("decode_words.wgsl"),
       ...generateDecodeSplit({
         hg: c.hg,
         kh: c.kh,
@@ -100,6 +102,7 @@ export const DECODE_SPLIT: KernelDef<DecodeSplitConsts> = {
         sg: c.sg,
         alibi: c.alibi,
         early_v: c.early_v,
+        prefetch: c.prefetch,
         dec: DECODERS[c.storage],
       }),
       KV: kvAccessorFns({

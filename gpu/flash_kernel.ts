@@ -1,8 +1,8 @@
 /**
  * The portable prefill kernel (wgsl/flash_attention.wgsl) as a kernel entry: a FlashAttention-2
  * style varlen kernel over the paged cache, or over the call's own K/V for encoder types,
- * query read and output written in the data dtype. Runs on any adapter (core WGSL, f32
- * arithmetic).
+ * query read and output written in the data dtype, register-tiled (gpu/flash_codegen.ts) for
+ * FMA throughput. Runs on any adapter (core WGSL, f32 arithmetic).
  * @module
  */
 import type { DType, StorageDType } from "../core/types.ts";
@@ -16,6 +16,7 @@ import {
   specialize,
 } from "./wgsl.ts";
 import { dataLoads, dataStores } from "./wgsl_data.ts";
+import { generateFlash } from "./flash_codegen.ts";
 
 /** Compile-time values of one variant. */
 export interface FlashConsts {
@@ -29,17 +30,26 @@ export interface FlashConsts {
   bs: number;
   nhd: boolean;
   nchunk: number;
-  rows: number;
-  bk: number;
-  tpr: number;
-  wg: number;
+  /** The register tile: threads along keys / rows, rows and keys per thread. */
+  tx: number;
+  ty: number;
+  rm: number;
+  rn: number;
+  /** Soft cap and ALiBi compiled in. */
+  cap: boolean;
+  alibi: boolean;
+  /** Unrolled score and PV loops (see gpu/flash_codegen.ts). */
+  unroll: boolean;
 }
 
-const ENC_SOURCE = `fn src_k(key: u32, h: u32, c: u32, rbase: u32) -> vec4<u32> {
-  return k_in[((rbase + key) * U.num_kv_heads + h) * V4R + c];
+const ENC_SOURCE = `fn kv_row(key: u32, h: u32, rbase: u32) -> vec2<u32> {
+  return vec2<u32>(0u, ((rbase + key) * U.num_kv_heads + h) * V4R);
 }
-fn src_v(key: u32, h: u32, c: u32, rbase: u32) -> vec4<u32> {
-  return v_in[((rbase + key) * U.num_kv_heads + h) * V4R + c];
+fn src_k(br: vec2<u32>, c: u32) -> vec4<u32> {
+  return k_in[br.y + c];
+}
+fn src_v(br: vec2<u32>, c: u32) -> vec4<u32> {
+  return v_in[br.y + c];
 }
 `;
 
@@ -51,12 +61,10 @@ const CACHE_SOURCE = `fn kv_row(key: u32, h: u32, rbase: u32) -> vec2<u32> {
   }
   return vec2<u32>(block, (h * BS + off) * WPR);
 }
-fn src_k(key: u32, h: u32, c: u32, rbase: u32) -> vec4<u32> {
-  let br = kv_row(key, h, rbase);
+fn src_k(br: vec2<u32>, c: u32) -> vec4<u32> {
   return load_k4(br.x, br.y + 4u * c);
 }
-fn src_v(key: u32, h: u32, c: u32, rbase: u32) -> vec4<u32> {
-  let br = kv_row(key, h, rbase);
+fn src_v(br: vec2<u32>, c: u32) -> vec4<u32> {
   return load_v4(br.x, br.y + 4u * c);
 }
 `;
@@ -100,16 +108,30 @@ export const FLASH_ATTENTION: KernelDef<FlashConsts> = {
   async source(c) {
     const epw = elementsPerWord(c.kv);
     const round = c.dtype === "float32" ? "" : await loadWgsl("round.wgsl");
+    const v4r = (c.d * 4) / epw / 16;
     return specialize(await loadWgsl("flash_attention.wgsl"), {
-      WG: c.wg,
-      ROWS: c.rows,
-      BK: c.bk,
-      TPR: c.tpr,
+      TX: c.tx,
+      TY: c.ty,
+      RM: c.rm,
+      RN: c.rn,
       D: c.d,
       BS: c.bs,
       NHD: c.nhd,
-      V4R: (c.d * 4) / epw / 16,
+      V4R: v4r,
       EPW: epw,
+      ...generateFlash({
+        tx: c.tx,
+        ty: c.ty,
+        rm: c.rm,
+        rn: c.rn,
+        d4: c.d / 4,
+        v4r,
+        epw,
+        wg: c.tx * c.ty,
+        cap: c.cap,
+        alibi: c.alibi,
+        unroll: c.unroll,
+      }),
       DECODE: decodeHelpers(c.kv),
       SOURCE: c.enc ? ENC_SOURCE : kvAccessorFns({
         nchunk: c.nchunk,

@@ -86,17 +86,25 @@ export function disposeGpuPlan(p: GpuPlan): void {
 const STORAGE_IN = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST;
 const STORAGE_OUT = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC;
 
-/** Runs a plan on a batch's tensors (see the module doc). */
-export async function runGpuPlan(
-  p: GpuPlan,
-  b: ValidBatch,
-  ctx: GpuContext | null,
-  opts: RunOptions = {},
-): Promise<ForwardResult> {
-  const gpu = ctx ?? p.ctx;
-  if (gpu.lost || gpu.device !== p.ctx.device) {
-    throw new DeviceUnavailableError("the WebGPU device of this plan was lost");
-  }
+/** A plan bound to one batch's buffers (see {@link bindGpuPlan}). */
+export interface BoundGpuPlan {
+  /** The query/key/value uploads. */
+  uploads: { buffer: GPUBuffer; data: Uint8Array }[];
+  /** The plan's calls with every binding resolved. */
+  calls: KernelCall[];
+  /** The output and LSE buffers. */
+  out: GPUBuffer;
+  lse: GPUBuffer;
+  /** Returns the pooled buffers. */
+  release(): void;
+}
+
+/**
+ * Binds plan `p` to batch `b` on `gpu`: pooled buffers for the call's tensors, output, LSE and
+ * scratch, the uploads of the query/key/value bytes, and every call's bindings. runGpuPlan
+ * launches the result; the bench launches its calls without a readback to time the kernels.
+ */
+export function bindGpuPlan(p: GpuPlan, b: ValidBatch, gpu: GpuContext): BoundGpuPlan {
   const cache = b.cache;
   if (cache !== null) {
     if (!(cache instanceof GpuKvCache)) {
@@ -148,9 +156,35 @@ export async function runGpuPlan(
       if (c.cache) Object.assign(bind, (cache as GpuKvCache).bindMap());
       return { name: c.name, kernel: c.kernel, bind, grid: c.grid };
     });
-    const reads = [{ buffer: io.out, bytes: p.out_bytes }];
-    if (b.return_lse) reads.push({ buffer: io.lse, bytes: p.lse_bytes });
-    const r = await launch(gpu, { label: "forward", uploads, calls, reads, signal: opts.signal });
+    return { uploads, calls, out: io.out, lse: io.lse, release: () => pool.release(...owned) };
+  } catch (e) {
+    pool.release(...owned);
+    throw e;
+  }
+}
+
+/** Runs a plan on a batch's tensors (see the module doc). */
+export async function runGpuPlan(
+  p: GpuPlan,
+  b: ValidBatch,
+  ctx: GpuContext | null,
+  opts: RunOptions = {},
+): Promise<ForwardResult> {
+  const gpu = ctx ?? p.ctx;
+  if (gpu.lost || gpu.device !== p.ctx.device) {
+    throw new DeviceUnavailableError("the WebGPU device of this plan was lost");
+  }
+  const bound = bindGpuPlan(p, b, gpu);
+  try {
+    const reads = [{ buffer: bound.out, bytes: p.out_bytes }];
+    if (b.return_lse) reads.push({ buffer: bound.lse, bytes: p.lse_bytes });
+    const r = await launch(gpu, {
+      label: "forward",
+      uploads: bound.uploads,
+      calls: bound.calls,
+      reads,
+      signal: opts.signal,
+    });
     const out = r.parts[0];
     return {
       output: dataArray(b.dtype, out),
@@ -165,6 +199,6 @@ export async function runGpuPlan(
       },
     };
   } finally {
-    pool.release(...owned);
+    bound.release();
   }
 }

@@ -26,8 +26,9 @@
 //   0 uniform  P     : Params                         sizes, offsets, scales
 //   1 storage  q     : [num_tokens, num_heads, D] in the data dtype, read 4 elements at a
 //                      time by the generated q_4 (QLOAD)
-//   2 storage  tab   : [..] u32   items at 0: [num_items * 8] (req, token, k_begin, k_end,
-//                                 slot, pos, 0, 0); block table at P.bt_off:
+//   2 storage  tab   : [..] u32   items at 0: [num_items * 8] (req, token, k_begin rounded
+//                                 down to a multiple of U, k_end, slot, query position,
+//                                 k_begin, 0); block table at P.bt_off:
 //                                 [num_reqs * max_blocks] i32; ALiBi slopes at P.slope_off:
 //                                 [num_heads] f32 bits; (token table and sinks: reduce pass)
 //   3 storage  part  : [num_slots * num_heads * D / 4 + num_slots * num_heads] vec4<f32>
@@ -65,29 +66,9 @@ const CAP: bool = {{CAP}};
 const ALIBI: bool = {{ALIBI}};
 const NEG: f32 = -1.0e30; // finite "minus infinity" of the running max
 
-// Storage-dtype decoders (the generated code applies them to the words of a vec4<u32>).
-// Half words go through unpack2x16float: naga mistypes bitcast<vec2<f16>>(u32).
-fn bf2(x: u32) -> vec2<f32> {
-  return vec2<f32>(bitcast<f32>(x << 16u), bitcast<f32>(x & 0xffff0000u));
-}
-// e5m2 is the high byte of an f16: widen each byte pair into an f16 pair.
-fn e5m2x4(x: u32) -> vec4<f32> {
-  let lo = ((x & 0xffu) << 8u) | ((x & 0xff00u) << 16u);
-  let hi = ((x >> 8u) & 0xff00u) | (x & 0xff000000u);
-  return vec4<f32>(unpack2x16float(lo), unpack2x16float(hi));
-}
-// e4m3fn: bias 7, no infinities, S.1111.111 is NaN; subnormals decoded exactly.
-fn e4m3x4(x: u32) -> vec4<f32> {
-  let b = (vec4<u32>(x) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(0xffu);
-  let s = (b & vec4<u32>(0x80u)) << vec4<u32>(24u);
-  let em = b & vec4<u32>(0x7fu);
-  let normal = s | ((em << vec4<u32>(20u)) + vec4<u32>(120u << 23u));
-  let sub = s | bitcast<vec4<u32>>(vec4<f32>(em) * 0.001953125);
-  let r = bitcast<vec4<f32>>(select(normal, sub, em < vec4<u32>(8u)));
-  // NaN built at run time: Dawn refuses a NaN constant expression.
-  let nan = bitcast<vec4<f32>>(vec4<u32>(0x7fc00000u | (x & 0u)));
-  return select(r, nan, em == vec4<u32>(0x7fu));
-}
+// Storage-dtype word decoders (wgsl/decode_words.wgsl; the generated code applies them to the
+// words of a vec4<u32>).
+{{WORDS}}
 
 var<workgroup> red: array<f32, {{RED}}>; // fallback reduction: WG * UF (else 1)
 var<workgroup> wml: array<vec2<f32>, NKG * F>;
@@ -107,16 +88,17 @@ fn rsum(lid: u32, i: u32) -> f32 {
   return v;
 }
 
-// The logit of key k: scale, soft cap, ALiBi; NEG past the slice end.
-fn logit(dot_qk: f32, k: u32, ke: u32, pos: u32, slope: f32) -> f32 {
-  var s = dot_qk * P.score_scale;
+// The logit of key k from its scaled dot product (the query is scaled once, at load): soft cap,
+// ALiBi; NEG outside the slice.
+fn logit(dot_qk: f32, k: u32, vis: bool, pos: u32, slope: f32) -> f32 {
+  var s = dot_qk;
   if (CAP) {
     s = P.soft_cap * tanh(clamp(s / P.soft_cap, -15.0, 15.0));
   }
   if (ALIBI) {
-    s -= slope * f32(pos - k);
+    s -= slope * (f32(pos) - f32(k));
   }
-  return select(NEG, s, k < ke);
+  return select(NEG, s, vis);
 }
 
 // Physical block of key k of the request whose block-table row starts at bt.
@@ -134,7 +116,7 @@ fn row_word(off: u32, kvh: u32) -> u32 {
 
 {{QLOAD}}
 fn qv(i: u32) -> vec4<f32> {
-  return q_4(i);
+  return q_4(i) * P.score_scale;
 }
 
 // Merge helpers: the max and rescaled sum of (m, l) over the key groups, for flat head h.
@@ -178,6 +160,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   let ke = tab[ib + 3u];
   let slot = tab[ib + 4u];
   let pos = tab[ib + 5u];
+  let kt = tab[ib + 6u]; // the row's first visible key (the first slice starts at kt - kt % U)
   let bt = P.bt_off + req * P.max_blocks;
   let lane = lid % LPK;
   let kg = lid / LPK;
@@ -188,6 +171,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   // Key group kg walks its own contiguous run of the slice, U keys per step.
   let n_it = (ke - kb + NKG * U - 1u) / (NKG * U);
   let kg0 = kb + kg * n_it * U;
+  // Generated (prefetch): the first step's loads.
+{{PRE}}
   for (var it = 0u; it < n_it; it++) {
     let k0 = kg0 + it * U; // this key group's first key of the step
     // Generated: U keys x KH rows: scores, group sums, online softmax, value accumulation.

@@ -1,10 +1,22 @@
-// flash_attention.wgsl: FlashAttention-2 style varlen attention for mixed prefill + decode
-// batches over the paged cache (or, when ENC, over the call's own K/V).
+// flash_attention.wgsl: FlashAttention-2 style varlen attention for prefill rows over the
+// paged cache (or, when ENC, over the call's own K/V), register-tiled for FMA throughput.
 //
-// One workgroup = one tile (request, up to ROWS query rows) x one KV head. A tile's rows are
-// (token, q head) pairs of ONE GQA group: `cnt` consecutive tokens from `first` times
-// `hcnt` q heads from `hfirst` (within the group), so every K/V tile is read from memory
-// once, decoded to f32 into workgroup memory, and used by all rows. Online softmax in f32.
+// One workgroup = one tile of BQ = TY * RM query rows x one KV head. A tile's rows are
+// (token, q head) pairs of ONE GQA group: `cnt` consecutive tokens from `first` times `hcnt`
+// q heads from `hfirst` (within the group), so each K/V tile is read once for all of them.
+// Query rows, scaled, sit in workgroup memory (Qs, [D4][BQ] vec4<f32>) for the whole call.
+// Per key tile of BK = TX * RN keys:
+//   1. the tile's K, loaded into registers one tile ahead, is decoded to f32 into KVs;
+//   2. the V loads of the tile are issued (into registers);
+//   3. S = Q K^T: thread (tx, ty) accumulates rows ty + TY m x keys tx + TX n (RM x RN
+//      scores) over D in registers, from RM + RN vec4 loads per 4 x RM x RN FMAs;
+//   4. soft cap, ALiBi, and (only in tiles some row cannot fully see) the mask; each thread's
+//      row maxima go to `red`;
+//   5. V replaces K in KVs; each row's new max (over the TX partials), the rescale factor and
+//      the probabilities (into Ps); the next tile's K loads are issued;
+//   6. O = O * alpha + P V: rows ty + TY m x vec4 columns tx + TX i (RM x CV vec4s).
+// Four barriers per key tile, f32 arithmetic and accumulation throughout; each thread keeps
+// its own partial softmax sums, added once at the end.
 //
 // Bindings (group 0; the Params struct and declarations are generated from
 // gpu/flash_kernel.ts's FLASH_ATTENTION entry):
@@ -21,31 +33,32 @@
 //   5..        cache: k0..k{N-1}, v0..v{N-1} (array<vec4<u32>>, accessors from kvAccessorFns);
 //              ENC: k_in, v_in: array<vec4<u32>> [num_tokens, num_kv_heads, D] data-dtype
 //              words (decoded like a cache of the data dtype)
-// Dispatch: num_tiles * num_kv_heads workgroups of WG, folded into x/y (U.nwg_x).
-// Compile-time: WG, ROWS, BK (keys per K/V tile), TPR (threads per row in the PV step), D,
-// BS (block size), NHD, V4R (16-byte loads per K/V row), EPW (elements per u32 word), DECODE
-// (the K/V dtype's decoders), SOURCE (src_k / src_v: cache or call K/V), QLOAD, OUT.
+// Dispatch: num_tiles * num_kv_heads workgroups of WG = TX * TY, folded into x/y (U.nwg_x).
+// Compile-time: TX, TY, RM, RN (the register tile), D, BS (block size), NHD, V4R (16-byte
+// loads per K/V row), EPW (elements per u32 word), DECODE (the K/V dtype's decoders), SOURCE
+// (src_k / src_v: cache or call K/V), QLOAD, OUT, and the generated fragments of
+// gpu/flash_codegen.ts (ROWS .. FINISH; CAP and ALIBI are compiled into SCALE).
 // Semantics (core/reference.ts): p = base + j; s = (scale * k_scale) q.k, soft cap, ALiBi
 // -slope (p - k); causal k <= p (and p - k < w), non-causal |p - k| < w; sinks in the
 // denominator only; lse = m + log(denominator), -inf and output 0 with nothing visible.
 
-const WG: u32 = {{WG}};
-const ROWS: u32 = {{ROWS}};
-const BK: u32 = {{BK}};
-const TPR: u32 = {{TPR}};
+const TX: u32 = {{TX}};
+const TY: u32 = {{TY}};
+const WG: u32 = TX * TY;
+const BQ: u32 = TY * {{RM}};
+const BK: u32 = TX * {{RN}};
 const D: u32 = {{D}};
 const D4: u32 = D / 4u;
-const KSTR: u32 = D4 + 1u; // padded K row stride (vec4s): conflict-free column reads
+const KSTR: u32 = D4 + 1u; // padded K/V row stride (vec4s): conflict-free column reads
+const PSTR4: u32 = (BK + TX) / 4u; // padded Ps row stride (vec4s)
+const TX4: u32 = TX / 4u; // vec4s of row partials per row
 const BS: u32 = {{BS}};
 const NHD: bool = {{NHD}};
 const V4R: u32 = {{V4R}};
 const EPW: u32 = {{EPW}};
 const WPR: u32 = D / EPW;
-const SPT: u32 = ROWS * BK / WG; // scores per thread
-const RSTEP: u32 = WG / BK;
-const DPT4: u32 = D4 / TPR; // output vec4s per thread
 const MASK: f32 = -3.0e38;
-const FLAG_ALIBI: u32 = 1u;
+const HALF_MASK: f32 = -1.0e38;
 const FLAG_SINKS: u32 = 2u;
 
 {{DECODE}}
@@ -53,15 +66,26 @@ const FLAG_SINKS: u32 = 2u;
 {{QLOAD}}
 {{OUT}}
 
-var<workgroup> Qs: array<vec4<f32>, ROWS * D4>;
-var<workgroup> Ks: array<vec4<f32>, BK * KSTR>;
-var<workgroup> Vs: array<vec4<f32>, BK * D4>;
-var<workgroup> Ps: array<f32, ROWS * BK>;
-var<workgroup> row_pos: array<i32, ROWS>;
-var<workgroup> row_slope: array<f32, ROWS>;
-var<workgroup> row_ok: array<u32, ROWS>;
-var<workgroup> s_kstart: u32;
-var<workgroup> s_kend: u32;
+var<workgroup> Qs: array<array<vec4<f32>, BQ>, D4>; // scaled queries [column][row]
+var<workgroup> KVs: array<array<vec4<f32>, KSTR>, BK>; // K, then V [key][column]
+var<workgroup> Ps: array<array<vec4<f32>, PSTR4>, BQ>; // probabilities [row][key / 4]
+var<workgroup> red: array<array<vec4<f32>, TX4>, BQ>; // row partials (max, then sum) [row][tx / 4]
+
+fn hmax(v: vec4<f32>) -> f32 {
+  return max(max(v.x, v.y), max(v.z, v.w));
+}
+
+// Whether the row at position `pos` sees key `key` (below kend).
+fn visible(pos: i32, key: u32, kend: u32) -> bool {
+  let dk = pos - i32(key);
+  var vis = key < kend;
+  if (U.causal != 0u) {
+    vis = vis && dk >= 0 && (U.window == 0u || dk < i32(U.window));
+  } else if (U.window > 0u) {
+    vis = vis && abs(dk) < i32(U.window);
+  }
+  return vis;
+}
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
@@ -82,141 +106,72 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
   let rbase = mdw[rb + 3u];
   let nrows = cnt * hcnt;
   let w = i32(U.window);
+  let sinks = (U.flags & FLAG_SINKS) != 0u;
+  let tx = t % TX;
+  let ty = t / TX;
 
-  if (t == 0u) {
-    let p_first = i32(first) + bmq;
-    let p_last = p_first + i32(cnt) - 1;
-    var ks = 0;
-    var ke = kv_len;
-    if (U.window > 0u) {
-      ks = max(0, p_first - w + 1);
-    }
-    if (U.causal != 0u) {
-      ke = min(kv_len, p_last + 1);
-    } else if (U.window > 0u) {
-      ke = min(kv_len, p_last + w);
-    }
-    s_kstart = u32(ks);
-    s_kend = u32(max(ke, ks));
+  // The tile's key range, and the keys every row of it sees (no mask needed below them).
+  let p_first = i32(first) + bmq;
+  let p_last = p_first + i32(cnt) - 1;
+  var ks = 0;
+  var ke = kv_len;
+  if (U.window > 0u) {
+    ks = max(0, p_first - w + 1);
   }
-  if (t < ROWS) {
-    let tok = first + t / hcnt;
-    let h = kvh * U.group + hfirst + t % hcnt;
-    row_ok[t] = select(0u, 1u, t < nrows);
-    row_pos[t] = i32(tok) + bmq;
-    var slope = 0.0;
-    if ((U.flags & FLAG_ALIBI) != 0u && t < nrows) {
-      slope = bitcast<f32>(mdw[U.off_alibi + h]);
-    }
-    row_slope[t] = slope;
+  if (U.causal != 0u) {
+    ke = min(kv_len, p_last + 1);
+  } else if (U.window > 0u) {
+    ke = min(kv_len, p_last + w);
   }
-  for (var idx = t; idx < ROWS * D4; idx += WG) {
+  let kstart = u32(ks);
+  let kend = u32(max(ke, ks));
+
+  for (var idx = t; idx < BQ * D4; idx += WG) {
     let r = idx / D4;
+    let c = idx % D4;
     var v = vec4<f32>(0.0);
     if (r < nrows) {
       let tok = first + r / hcnt;
       let h = kvh * U.group + hfirst + r % hcnt;
-      v = q_4((tok * U.num_heads + h) * D4 + idx % D4) * U.scale_qk;
+      v = q_4((tok * U.num_heads + h) * D4 + c) * U.scale_qk;
     }
-    Qs[idx] = v;
+    Qs[c][r] = v;
   }
-  workgroupBarrier();
-  let kstart = workgroupUniformLoad(&s_kstart);
-  let kend = workgroupUniformLoad(&s_kend);
-
-  // PV-step ownership: row r_pv, output vec4s ds, ds + TPR, ...
-  let r_pv = t / TPR;
-  let ds = t % TPR;
-  let pv_ok = r_pv < nrows;
-  let h_pv = kvh * U.group + hfirst + r_pv % hcnt;
-  var m = MASK;
-  var l = 0.0;
-  if ((U.flags & FLAG_SINKS) != 0u && pv_ok) {
-    m = bitcast<f32>(mdw[U.off_sinks + h_pv]);
-    l = 1.0;
+{{ROWS}}
+{{STATE}}
+{{SLOTS}}
+  var kt0 = kstart;
+  {
+{{LOAD_K}}
   }
-  var acc: array<vec4<f32>, DPT4>;
-  // Score-step ownership: key j_s of the tile, rows rg, rg + RSTEP, ...
-  let j_s = t % BK;
-  let rg = t / BK;
 
   for (var kt = kstart; kt < kend; kt += BK) {
-    for (var idx = t; idx < BK * V4R; idx += WG) {
-      let j = idx / V4R;
-      let c = idx % V4R;
-      let key = kt + j;
-      var wk = vec4<u32>(0u);
-      var wv = vec4<u32>(0u);
-      if (key < kend) {
-        wk = src_k(key, kvh, c, rbase);
-        wv = src_v(key, kvh, c, rbase);
-      }
-      for (var e = 0u; e < EPW; e++) {
-        Ks[j * KSTR + c * EPW + e] = kv_decode16(wk, e);
-        Vs[j * D4 + c * EPW + e] = kv_decode16(wv, e);
-      }
-    }
+{{STORE_K}}
     workgroupBarrier();
-
-    var s = array<f32, SPT>();
-    for (var c = 0u; c < D4; c++) {
-      let kv = Ks[j_s * KSTR + c];
-      for (var i = 0u; i < SPT; i++) {
-        s[i] += dot(Qs[(rg + RSTEP * i) * D4 + c], kv);
-      }
+    kt0 = kt;
+{{LOAD_V}}
+{{SDECL}}
+{{SCORE}}
+{{SCALE}}
+    // A tile every row sees whole needs no mask (most tiles of a long causal prefill).
+    var full = kt + BK <= kend;
+    if (U.causal != 0u) {
+      full = full && i32(kt + BK) - 1 <= p_first && (U.window == 0u || p_last - i32(kt) < w);
+    } else if (U.window > 0u) {
+      full = full && p_last - i32(kt) < w && i32(kt + BK) - 1 - p_first < w;
     }
-    let key = kt + j_s;
-    for (var i = 0u; i < SPT; i++) {
-      let r = rg + RSTEP * i;
-      var x = s[i];
-      if (U.softcap > 0.0) {
-        x = U.softcap * tanh(clamp(x / U.softcap, -15.0, 15.0));
-      }
-      let dk = row_pos[r] - i32(key);
-      x -= row_slope[r] * f32(dk);
-      var vis = row_ok[r] != 0u && key < kend;
-      if (U.causal != 0u) {
-        vis = vis && dk >= 0 && (U.window == 0u || dk < w);
-      } else if (U.window > 0u) {
-        vis = vis && abs(dk) < w;
-      }
-      Ps[r * BK + j_s] = select(MASK, x, vis);
+    if (!full) {
+{{MASK}}
     }
+{{PMAX}}
     workgroupBarrier();
-
-    var tmax = MASK;
-    for (var j = 0u; j < BK; j++) {
-      tmax = max(tmax, Ps[r_pv * BK + j]);
-    }
-    let mn = max(m, tmax);
-    if (mn > -1.0e38) {
-      let alpha = exp(m - mn);
-      for (var i = 0u; i < DPT4; i++) {
-        acc[i] *= alpha;
-      }
-      var psum = 0.0;
-      for (var j = 0u; j < BK; j++) {
-        let p = exp(Ps[r_pv * BK + j] - mn);
-        psum += p;
-        for (var i = 0u; i < DPT4; i++) {
-          acc[i] += p * Vs[j * D4 + ds + TPR * i];
-        }
-      }
-      l = l * alpha + psum;
-      m = mn;
-    }
+{{STORE_V}}
+{{SOFTMAX}}
+    kt0 = kt + BK;
+{{LOAD_K}}
+    workgroupBarrier();
+{{PV}}
     workgroupBarrier();
   }
-
-  if (pv_ok) {
-    let tok = first + r_pv / hcnt;
-    let inv = select(0.0, U.v_scale / l, l > 0.0);
-    let o = (tok * U.num_heads + h_pv) * D4 + ds;
-    for (var i = 0u; i < DPT4; i++) {
-      out_put4(o + TPR * i, acc[i] * inv);
-    }
-    if (ds == 0u) {
-      lse[h_pv * U.num_tokens + tok] = select(bitcast<f32>(0xff800000u | (U.flags & 0u)), m + log(l), l > 0.0);
-    }
-  }
+{{FINISH}}
 }

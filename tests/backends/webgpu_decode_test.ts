@@ -7,7 +7,8 @@
  * a multi-chunk cache, the subgroup-free fallback and the GPU kernel shape (several key
  * groups merged in workgroup memory). The cache after the call must hold the reference's
  * bytes. Prefill and mixed batches run too (each query token a decode row). Core WGSL only:
- * the numeric tests run on any adapter (lavapipe, llvmpipe through GL, real GPUs).
+ * the numeric tests run on any adapter (lavapipe, llvmpipe through GL, real GPUs); on GL the
+ * GPU-sized kernel shapes are skipped (see the GL guard below).
  */
 import assert from "node:assert/strict";
 import { deviceReasons, validateConfiguration } from "../../backends/capabilities.ts";
@@ -186,6 +187,32 @@ const CASES: [string, BatchSpec, Opts?][] = [
     base({
       attn_type: "encoder_decoder",
       requests: [{ query_len: 1, seq_len: 45 }, { query_len: 1, seq_len: 12 }],
+    }),
+  ],
+  [
+    "prefetch (double-buffered loads), GPU shape, window: unaligned slice starts, fp8_e4m3",
+    base({
+      dtype: "float16",
+      kv_cache_dtype: "fp8_e4m3",
+      head_size: 128,
+      sliding_window: 301,
+      sinks: true,
+      requests: [{ query_len: 1, seq_len: 700 }, { query_len: 1, seq_len: 90, pad: 1 }],
+    }),
+    { tuning: { ...GPU_SHAPE, ...MANY, prefetch: true }, minItems: 4 },
+  ],
+  [
+    "prefetch, software shape, 8 keys a step, bf16 ALiBi soft cap",
+    base({ kv_cache_dtype: "bfloat16", alibi: true, logits_soft_cap: 6 }),
+    { tuning: { prefetch: true, keys_per_iter: 8, ...MANY } },
+  ],
+  [
+    "ALiBi with a non-causal window (cross-attention rows see keys after their position)",
+    base({
+      attn_type: "encoder_decoder",
+      alibi: true,
+      sliding_window: 4,
+      requests: [{ query_len: 6, seq_len: 40 }, { query_len: 1, seq_len: 25 }],
     }),
   ],
   [

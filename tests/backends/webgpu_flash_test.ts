@@ -5,7 +5,15 @@
  * the call must hold the same bytes as the reference's. Skipped without a WebGPU adapter.
  */
 import assert from "node:assert/strict";
-import { flashConfig, WEBGPU_FLASH } from "../../backends/webgpu_flash.ts";
+import { flashConfig, makeWebGpuFlash, WEBGPU_FLASH } from "../../backends/webgpu_flash.ts";
+import {
+  FLASH_TILES,
+  type FlashTile as FlashTileT,
+  flashTileUnfit,
+  parseFlashTile,
+} from "../../backends/flash_plan.ts";
+import { DEFAULT_DECODE_TUNING } from "../../backends/webgpu_decode_tuning.ts";
+import { isSoftware } from "../../backends/decode_shape.ts";
 import { ServiceError } from "../../core/errors.ts";
 import { HostKvCache } from "../../backends/cpu/host_cache.ts";
 import type { AttentionBackend } from "../../core/types.ts";
@@ -170,6 +178,89 @@ const CASES: [string, BatchSpec, CheckOptions?][] = [
 for (const [name, spec, opts] of CASES) {
   Deno.test(`flash vs reference: ${name}`, { ignore: NO_GPU }, () => check(spec, opts));
 }
+
+// Every prefill tile against the reference on a hostile batch: rows not a multiple of the
+// tile's rows, keys not a multiple of its keys, features rotating over the tiles.
+const FEATURES: Partial<BatchSpec>[] = [
+  { dtype: "float16", sinks: true, sliding_window: 19 },
+  { kv_cache_dtype: "fp8_e4m3", k_scale: 0.5, v_scale: 2, alibi: true },
+  { dtype: "bfloat16", layout: "HND", logits_soft_cap: 4 },
+  {
+    attn_type: "encoder",
+    alibi: true,
+    sliding_window: 11,
+    requests: [{ query_len: 37, seq_len: 37 }, { query_len: 1, seq_len: 1 }, {
+      query_len: 12,
+      seq_len: 12,
+    }],
+  },
+  { kv_cache_dtype: "bfloat16", causal: false, sinks: true },
+  { dtype: "float16", kv_cache_dtype: "fp8_e5m2", logits_soft_cap: 7, alibi: true },
+];
+// Every tile in the adapter's default form (loops on software adapters, unrolled on GPUs), and
+// the other form of the GPU default and the lavapipe default, all at head size 64 (Dawn on
+// lavapipe compiles an unrolled head-128 variant for minutes).
+const SOFT = GPU ? isSoftware(GPU) : true;
+const TILES: FlashTileT[] = [
+  ...FLASH_TILES.map(([a, b, c, d]): FlashTileT => [a, b, c, d, !SOFT]),
+  [8, 8, 4, 4, SOFT],
+  [4, 8, 4, 4, SOFT],
+];
+TILES.forEach((tile, k) => {
+  const name = `${tile.slice(0, 4).join("x")}${tile[4] ? "u" : "l"}`;
+  Deno.test(`flash tile ${name} vs reference`, { ignore: NO_GPU }, async () => {
+    const d = [64, 32].find((x) => !flashTileUnfit(x, tile, GPU!.limits, Infinity));
+    assert.ok(d, `tile ${name} fits no head size here`);
+    const backend = makeWebGpuFlash({ tile, decode: { ...DEFAULT_DECODE_TUNING } });
+    const s = base({
+      head_size: d,
+      num_heads: 8,
+      num_kv_heads: 2,
+      requests: [{ query_len: 37, seq_len: 53 }, { query_len: 1, seq_len: 9 }, {
+        query_len: 12,
+        seq_len: 12,
+        pad: 1,
+      }],
+      ...FEATURES[k % FEATURES.length],
+    });
+    const g = generateBatch(s, 1);
+    const c = g.cache_spec
+      ? await backend.importCache(g.cache_spec, g.key_cache, g.value_cache, ctx)
+      : null;
+    const plan = await backend.plan(validHostBatch(g.batch, c), ctx);
+    assert.ok(
+      plan.kernels.some((x) =>
+        x.includes(`rm=${tile[2]},rn=${tile[3]},tx=${tile[0]},ty=${tile[1]},unroll=${tile[4]}`)
+      ),
+      plan.kernels.join(", "),
+    );
+    backend.disposePlan?.(plan);
+    c?.destroy();
+    await checkBackend(backend as AttentionBackend, GPU!, s);
+  });
+});
+
+Deno.test("flash: tiles parse, fit and are chosen by the device's limits", () => {
+  assert.deepEqual(parseFlashTile("8x4x4x2"), [8, 4, 4, 2]);
+  assert.deepEqual(parseFlashTile("8x4x4x2l"), [8, 4, 4, 2, false]);
+  assert.throws(() => parseFlashTile("8x8x4"), /TXxTYxRMxRN/);
+  assert.throws(() => parseFlashTile("3x8x4x4"), /TX must be/);
+  const l48 = { maxComputeWorkgroupStorageSize: 49152, maxComputeInvocationsPerWorkgroup: 256 };
+  const l32 = { ...l48, maxComputeWorkgroupStorageSize: 32768 };
+  assert.equal(flashConfig(128, l48, parseFlashTile("8x8x4x4l"))?.unroll, false);
+  assert.equal(flashConfig(128, l48, null, true)?.unroll, true);
+  assert.equal(flashConfig(128, l48, null, false)?.unroll, false);
+  assert.deepEqual(flashConfig(128, l48)?.rows, 32);
+  assert.equal(flashConfig(128, l48)?.bk, 32);
+  assert.equal(flashConfig(128, l32)?.tx, 4, "4x8x4x4 where 8x8x4x4 does not fit");
+  assert.match(flashTileUnfit(128, [8, 8, 4, 4], l32) ?? "", /39424 B of workgroup memory/);
+  assert.match(flashTileUnfit(80, [8, 8, 4, 4], l48) ?? "", /TX 8 does not divide/);
+  assert.equal(flashConfig(128, l32, [8, 4, 4, 4])?.wg, 32, "an explicit tile that fits wins");
+  assert.equal(flashConfig(128, l32, [8, 8, 4, 4])?.tx, 4, "one that does not falls back");
+  for (const d of [32, 64, 80, 96, 112, 128, 160, 192, 256]) {
+    assert.ok(flashConfig(d, { maxComputeWorkgroupStorageSize: 16384 }), `hd ${d} on 16 KiB`);
+  }
+});
 
 Deno.test("flash: descriptor, config and cache-storage mismatch", { ignore: NO_GPU }, async () => {
   assert.equal(WEBGPU_FLASH.name, "WEBGPU_FLASH");

@@ -1,0 +1,62 @@
+/**
+ * Device time of a plan's kernels, without the readback: the plan is bound to the batch
+ * (gpu/gpu_plan.ts bindGpuPlan) and launched once as a call would run (cache write, poison,
+ * attention), then its attention calls are appended `reps` more times to the same submit,
+ * back to back, each pass timed by timestamp-query (gpu/launch.ts). Reported is the median
+ * over the repetitions of each attention call's pass time and their sum per repetition.
+ * @module
+ */
+import type { GpuContext, ValidBatch } from "../core/types.ts";
+import { bindGpuPlan, type GpuPlan } from "../gpu/gpu_plan.ts";
+import { launch } from "../gpu/launch.ts";
+
+/** Passes that are not attention (the cache write and the output poisoning). */
+const NOT_ATTENTION = new Set(["cache_write", "poison"]);
+
+/** What {@link deviceTime} measured. */
+export interface DeviceTime {
+  /** Milliseconds per repetition of all attention passes (median of the repetitions). */
+  ms: number;
+  /** Milliseconds per attention pass name (median). */
+  per_kernel: Record<string, number>;
+  reps: number;
+}
+
+/**
+ * Times the attention passes of plan `p` on batch `b` (see the module doc); null when the
+ * device has no timestamp-query.
+ */
+export async function deviceTime(
+  p: GpuPlan,
+  b: ValidBatch,
+  gpu: GpuContext,
+  reps: number,
+): Promise<DeviceTime | null> {
+  if (!gpu.features.has("timestamp-query")) return null;
+  const bound = bindGpuPlan(p, b, gpu);
+  try {
+    const att = bound.calls.filter((c) => !NOT_ATTENTION.has(c.name));
+    const names = [...new Set(att.map((c) => c.name))];
+    const calls = [...bound.calls];
+    for (let r = 0; r < reps; r++) {
+      for (const c of att) calls.push({ ...c, name: `rep${r}:${c.name}` });
+    }
+    const res = await launch(gpu, { label: "bench", uploads: bound.uploads, calls, reads: [] });
+    const per_kernel: Record<string, number> = {};
+    const totals: number[] = [];
+    for (let r = 0; r < reps; r++) {
+      totals.push(names.reduce((s, n) => s + (res.gpu[`rep${r}:${n}`] ?? 0), 0));
+    }
+    for (const n of names) {
+      per_kernel[n] = median(Array.from({ length: reps }, (_, r) => res.gpu[`rep${r}:${n}`] ?? 0));
+    }
+    return { ms: median(totals), per_kernel, reps };
+  } finally {
+    bound.release();
+  }
+}
+
+function median(a: number[]): number {
+  const s = [...a].sort((x, y) => x - y);
+  return s[Math.floor(s.length / 2)];
+}

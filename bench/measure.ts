@@ -1,0 +1,119 @@
+/**
+ * One backend on one bench shape ({@link measureBackend}): a cold plan (pipeline compilation
+ * included), a first run whose output is compared with the shape's reference output, the
+ * device time of the attention kernels (bench/device_time.ts: repetitions in one submit, no
+ * readback), and awaited end-to-end calls. Derived: TFLOP/s (prefill) or KV GB/s (decode)
+ * from the device time, and their ratios to the same-run FMA and copy yardsticks.
+ * @module
+ */
+import { toFloat32 } from "../core/data.ts";
+import type { AttentionBackend, GpuContext, ValidBatch } from "../core/types.ts";
+import type { GpuPlan } from "../gpu/gpu_plan.ts";
+import { deviceTime } from "./device_time.ts";
+import { type BenchShape, work } from "./shapes.ts";
+
+/** One backend (or variant) on one shape. */
+export interface BackendRow {
+  case: string;
+  backend: string;
+  skipped?: string;
+  /** First plan (pipeline compilation included) and first run, ms. */
+  plan_cold_ms?: number;
+  first_run_ms?: number;
+  /** Device ms of the attention kernels per call (median of repetitions), per kernel. */
+  device_ms?: number;
+  device_kernels?: Record<string, number>;
+  /** Median of awaited run() calls: the end-to-end per-call time. */
+  e2e_ms?: number;
+  tflops?: number;
+  /** TFLOP/s / the same-run FMA ceiling. */
+  x_fma?: number;
+  kv_gbps?: number;
+  /** KV GB/s / the same-run copy GB/s (read + write). */
+  x_copy?: number;
+  /** Largest |difference| of the output from the shape's reference output. */
+  max_diff?: number;
+  /** The plan's kernels and counts. */
+  kernels?: string[];
+  info?: Record<string, number>;
+}
+
+/** What the measurement needs besides the backend. */
+export interface MeasureContext {
+  gpu: GpuContext;
+  /** The shape's batch, validated with the cache for this backend's storage. */
+  batch: ValidBatch;
+  iters: number;
+  reps: number;
+  fmaTflops: number;
+  copyGbps: number;
+  /** The output to compare with (null: this row becomes the reference). */
+  reference: Float32Array | null;
+}
+
+const median = (a: number[]) => [...a].sort((x, y) => x - y)[Math.floor(a.length / 2)];
+
+/** Measures `b` on `s` (see the module doc); returns the row and its output. */
+export async function measureBackend(
+  label: string,
+  caseName: string,
+  b: AttentionBackend,
+  s: BenchShape,
+  m: MeasureContext,
+): Promise<{ row: BackendRow; output: Float32Array }> {
+  const ctx = { gpu: m.gpu };
+  const batch = m.batch;
+  let t = performance.now();
+  const plan = await b.plan(batch, ctx);
+  const plan_cold_ms = performance.now() - t;
+  try {
+    t = performance.now();
+    const first = await b.run(plan, batch, ctx);
+    const first_run_ms = performance.now() - t;
+    const output = toFloat32(first.output).slice();
+    let max_diff: number | undefined;
+    if (m.reference) {
+      max_diff = 0;
+      for (let i = 0; i < output.length; i++) {
+        const d = Math.abs(output[i] - m.reference[i]);
+        max_diff = Number.isNaN(d) ? NaN : Math.max(max_diff, d);
+        if (Number.isNaN(max_diff)) break;
+      }
+    }
+    const device = b.requires.needs_device
+      ? await deviceTime(plan as unknown as GpuPlan, batch, m.gpu, m.reps)
+      : null;
+    const e2e: number[] = [];
+    for (let i = 0; i < m.iters; i++) {
+      t = performance.now();
+      await b.run(plan, batch, ctx);
+      e2e.push(performance.now() - t);
+    }
+    const e2e_ms = e2e.length ? median(e2e) : first_run_ms;
+    const ms = device?.ms ?? e2e_ms;
+    const w = work(s);
+    const p = plan as unknown as Partial<GpuPlan>;
+    const row: BackendRow = {
+      case: caseName,
+      backend: label,
+      plan_cold_ms,
+      first_run_ms,
+      device_ms: device?.ms,
+      device_kernels: device?.per_kernel,
+      e2e_ms,
+      max_diff,
+      kernels: p.kernels,
+      info: p.info,
+    };
+    if (s.kind === "prefill") {
+      row.tflops = w.flops / ms / 1e9;
+      row.x_fma = row.tflops / m.fmaTflops;
+    } else {
+      row.kv_gbps = w.kv_bytes / ms / 1e6;
+      row.x_copy = row.kv_gbps / m.copyGbps;
+    }
+    return { row, output };
+  } finally {
+    b.disposePlan?.(plan);
+  }
+}

@@ -1,0 +1,203 @@
+/**
+ * WGSL generator for the register-tiled prefill kernel (wgsl/flash_attention.wgsl): the
+ * straight-line fragments over one thread's register tile, unrolled for one compile-time
+ * {@link FlashTile}. A thread (tx, ty) of the TX x TY grid owns query rows ty + TY * m
+ * (m < RM) and, in the score step, keys tx + TX * n (n < RN) of the key tile; in the PV step
+ * output vec4 columns tx + TX * i (i < CV = D4 / TX) of its rows. Per-thread state lives in
+ * named variables (`s{m}_{n}`, `o{m}_{i}`, `m{m}`, `l{m}`): private arrays indexed by loop
+ * counters end up in memory, named values stay in registers.
+ * @module
+ */
+
+/** The compile-time shape of one prefill variant. */
+export interface FlashTile {
+  /** Threads along keys / output columns, threads along rows. */
+  tx: number;
+  ty: number;
+  /** Rows and keys of one thread's score tile. */
+  rm: number;
+  rn: number;
+  /** vec4 columns of the head (D / 4). */
+  d4: number;
+  /** 16-byte loads per K/V row, and the K/V loads of one tile per thread. */
+  v4r: number;
+  /** Elements per u32 word of the K/V source. */
+  epw: number;
+  wg: number;
+  /** Soft cap / ALiBi compiled in. */
+  cap: boolean;
+  alibi: boolean;
+  /**
+   * Unroll the score and PV loops: every workgroup-memory load then indexes a 2D array with a
+   * loop-invariant row and a constant column, so its address is a register plus an immediate
+   * (no per-load index arithmetic or bounds clamp).
+   */
+  unroll: boolean;
+}
+
+const range = (n: number) => Array.from({ length: n }, (_, i) => i);
+
+/** K/V loads of one tile per thread (ceil(BK * V4R / WG)). */
+export function loadsPerThread(t: FlashTile): number {
+  return Math.ceil((t.tx * t.rn * t.v4r) / t.wg);
+}
+
+/**
+ * The fragments: ROWS (per-row token, head, position, slope), STATE (softmax state and
+ * accumulators), LOAD_K / LOAD_V (a tile's global loads into registers, key tile at `kt0`),
+ * STORE_K / STORE_V (decode into KVs), SCORE (the S = Q K^T loop body and declarations),
+ * SCALE (soft cap and ALiBi), MASK (the mask of a partly visible tile), PMAX / SOFTMAX (row max
+ * partials, then probabilities into Ps), PV (the P V loop), FINISH (normalise, store, LSE).
+ */
+export function generateFlash(t: FlashTile): Record<string, string> {
+  const M = range(t.rm), N = range(t.rn), CV = range(t.d4 / t.tx), NL = range(loadsPerThread(t));
+  const E = range(t.epw);
+  const exact = (t.tx * t.rn * t.v4r) % t.wg === 0;
+  const rows = [
+    ...N.map((n) => `  let key${n} = tx + ${n * t.tx}u;`),
+    ...CV.map((i) => `  let col${i} = tx + ${i * t.tx}u;`),
+  ].concat(M.flatMap((m) => [
+    `  let row${m} = ty + ${m * t.ty}u;`,
+    `  let tok${m} = first + row${m} / hcnt;`,
+    `  let h${m} = kvh * U.group + hfirst + row${m} % hcnt;`,
+    `  let ok${m} = row${m} < nrows;`,
+    `  let pos${m} = i32(tok${m}) + bmq;`,
+    `  let sl${m} = ${
+      t.alibi ? `select(0.0, bitcast<f32>(mdw[U.off_alibi + h${m}]), ok${m})` : "0.0"
+    };`,
+  ]));
+  const state = M.flatMap((m) => [
+    `  var m${m} = MASK;`,
+    `  var l${m} = 0.0;`,
+    `  if (sinks && ok${m}) {`,
+    `    m${m} = bitcast<f32>(mdw[U.off_sinks + h${m}]);`,
+    `    l${m} = select(0.0, 1.0, tx == 0u);`,
+    "  }",
+    ...CV.map((i) => `  var o${m}_${i} = vec4<f32>(0.0);`),
+  ]);
+  // K loads look the rows up (ld_r, kept for the V loads of the same tile).
+  const load = (w: "kw" | "vw") =>
+    NL.flatMap((i) => {
+      const cond = exact ? `kt0 + ld_j${i} < kend` : `ld_in${i} && kt0 + ld_j${i} < kend`;
+      return [
+        `    ${w}${i} = vec4<u32>(0u);`,
+        `    if (${cond}) {`,
+        ...(w === "kw" ? [`      ld_r${i} = kv_row(kt0 + ld_j${i}, kvh, rbase);`] : []),
+        `      ${w}${i} = ${w === "kw" ? "src_k" : "src_v"}(ld_r${i}, ld_c${i});`,
+        "    }",
+      ];
+    });
+  const slots = NL.flatMap((i) => [
+    `  let ld_idx${i} = t + ${i * t.wg}u;`,
+    `  let ld_j${i} = ld_idx${i} / V4R;`,
+    `  let ld_c${i} = ld_idx${i} % V4R;`,
+    `  let ld_in${i} = ld_idx${i} < BK * V4R;`,
+    `  var ld_r${i} = vec2<u32>(0u);`,
+    `  var kw${i} = vec4<u32>(0u);`,
+    `  var vw${i} = vec4<u32>(0u);`,
+  ]);
+  const store = (w: "kw" | "vw") =>
+    NL.flatMap((i) => {
+      const body = E.map((e) =>
+        `KVs[ld_j${i}][ld_c${i} * EPW + ${e}u] = kv_decode16(${w}${i}, ${e}u);`
+      );
+      return exact ? body.map((b) => `    ${b}`) : [
+        `    if (ld_in${i}) {`,
+        ...body.map((b) => `      ${b}`),
+        "    }",
+      ];
+    });
+  const sdecl = M.flatMap((m) => N.map((n) => `    var s${m}_${n} = 0.0;`));
+  // S = Q K^T over the vec4 columns c (a WGSL expression or a constant).
+  const scoreStep = (c: string, ind: string) => [
+    ...M.map((m) => `${ind}let q${m} = Qs[${c}][row${m}];`),
+    ...N.map((n) => `${ind}let k${n} = KVs[key${n}][${c}];`),
+    ...M.flatMap((m) => N.map((n) => `${ind}s${m}_${n} += dot(q${m}, k${n});`)),
+  ];
+  const score = t.unroll
+    ? range(t.d4).flatMap((c) => ["    {", ...scoreStep(`${c}u`, "      "), "    }"])
+    : ["    for (var c = 0u; c < D4; c++) {", ...scoreStep("c", "      "), "    }"];
+  const scale: string[] = [];
+  for (const m of M) {
+    for (const n of N) {
+      const s = `s${m}_${n}`;
+      if (t.cap) scale.push(`    ${s} = U.softcap * tanh(clamp(${s} / U.softcap, -15.0, 15.0));`);
+      if (t.alibi) scale.push(`    ${s} -= sl${m} * f32(pos${m} - i32(kt + tx + ${n * t.tx}u));`);
+    }
+  }
+  const mask = M.flatMap((m) =>
+    N.map((n) =>
+      `      ${`s${m}_${n}`} = select(MASK, s${m}_${n}, visible(pos${m}, kt + tx + ${
+        n * t.tx
+      }u, kend));`
+    )
+  );
+  const mx = (m: number) => N.map((n) => `s${m}_${n}`).reduce((a, b) => `max(${a}, ${b})`);
+  // Row partials: TX per row in `red` (vec4s), so a row reads them in TX / 4 loads.
+  const pmax = M.map((m) => `    red[row${m}][tx / 4u][tx % 4u] = ${mx(m)};`);
+  const part = (m: number) => range(t.tx / 4).map((x) => `red[row${m}][${x}u]`);
+  const red = (m: number) => {
+    const v = part(m).reduce((a, b) => `max(${a}, ${b})`);
+    return `hmax(${v})`;
+  };
+  const softmax = M.flatMap((m) => [
+    `    let mn${m} = max(m${m}, ${red(m)});`,
+    `    let al${m} = exp(m${m} - mn${m});`,
+    `    let mc${m} = max(mn${m}, HALF_MASK);`,
+    ...N.map((n) => `    let p${m}_${n} = exp(s${m}_${n} - mc${m});`),
+    `    l${m} = l${m} * al${m} + ${N.map((n) => `p${m}_${n}`).join(" + ")};`,
+    `    m${m} = mn${m};`,
+    ...N.map((n) => `    Ps[row${m}][(tx + ${n * t.tx}u) / 4u][tx % 4u] = p${m}_${n};`),
+  ]);
+  // O += P V over the keys 4 j4 .. 4 j4 + 3 (j4 a WGSL expression; `k` its value if constant).
+  const pvStep = (j4: string, k: number | null) => [
+    ...M.map((m) => `      let pj${m} = Ps[row${m}][${j4}];`),
+    ...range(4).flatMap((e) => [
+      ...CV.map((i) =>
+        `      let v${e}_${i} = KVs[${k === null ? `4u * j4 + ${e}u` : `${4 * k + e}u`}][col${i}];`
+      ),
+      ...M.flatMap((m) =>
+        CV.map((i) => `      o${m}_${i} = fma(vec4<f32>(pj${m}[${e}]), v${e}_${i}, o${m}_${i});`)
+      ),
+    ]),
+  ];
+  const pv = [
+    ...M.flatMap((m) => CV.map((i) => `    o${m}_${i} *= al${m};`)),
+    ...(t.unroll
+      ? range((t.tx * t.rn) / 4).flatMap((j4) => ["    {", ...pvStep(`${j4}u`, j4), "    }"])
+      : ["    for (var j4 = 0u; j4 < BK / 4u; j4++) {", ...pvStep("j4", null), "    }"]),
+  ];
+  const finish = [
+    ...M.map((m) => `  red[row${m}][tx / 4u][tx % 4u] = l${m};`),
+    "  workgroupBarrier();",
+    ...M.flatMap((m) => [
+      `  let lt${m} = dot(${part(m).join(" + ")}, vec4<f32>(1.0));`,
+      `  if (ok${m}) {`,
+      `    let inv = select(0.0, U.v_scale / lt${m}, lt${m} > 0.0);`,
+      `    let ob = (tok${m} * U.num_heads + h${m}) * D4 + tx;`,
+      ...CV.map((i) => `    out_put4(ob + ${i * t.tx}u, o${m}_${i} * inv);`),
+      "    if (tx == 0u) {",
+      `      lse[h${m} * U.num_tokens + tok${m}] = select(bitcast<f32>(0xff800000u | (U.flags & 0u)), m${m} + log(lt${m}), lt${m} > 0.0);`,
+      "    }",
+      "  }",
+    ]),
+  ];
+  const j = (a: string[]) => a.join("\n");
+  return {
+    ROWS: j(rows),
+    STATE: j(state),
+    SLOTS: j(slots),
+    LOAD_K: j(load("kw")),
+    LOAD_V: j(load("vw")),
+    STORE_K: j(store("kw")),
+    STORE_V: j(store("vw")),
+    SDECL: j(sdecl),
+    SCORE: j(score),
+    SCALE: j(scale),
+    MASK: j(mask),
+    PMAX: j(pmax),
+    SOFTMAX: j(softmax),
+    PV: j(pv),
+    FINISH: j(finish),
+  };
+}
