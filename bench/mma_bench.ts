@@ -11,28 +11,25 @@
  * @module
  */
 import { parseArgs } from "node:util";
-import { mmaLayout, type MmaShape, mmaShapeProblem } from "../gpu/flash_mma_codegen.ts";
+import { mmaConstsOf, planFlashMma } from "../backends/flash_mma_plan.ts";
+import { mmaLayout, type MmaShape } from "../gpu/flash_mma_codegen.ts";
 import { acquireMmaDevice, type MmaContext } from "../gpu/flash_mma_device.ts";
+import { disposeGpuPlan, type GpuPlan, runGpuPlan } from "../gpu/gpu_plan.ts";
 import {
-  encodeFlashMma,
-  type MmaLaunch,
-  mmaSpecOf,
-  prepareFlashMma,
-  submitAndRead,
-} from "../gpu/flash_mma_launch.ts";
-import { GpuKvCache } from "../gpu/kv_cache.ts";
-import { checkRows, compareOutputs, type PrefillCase, prefillData } from "./mma_bench_data.ts";
+  checkRows,
+  compareOutputs,
+  type PrefillCase,
+  type PrefillData,
+  prefillData,
+} from "./mma_bench_data.ts";
 
 /** Kernel variants: name -> shape (see bench/NOTES.md for what each should reach). */
 export const VARIANTS: Record<string, MmaShape> = {
-  "w4r1k32": { nsg: 4, rm: 1, bk: 32, tau: 8 },
-  "w4r1k32-fa2": { nsg: 4, rm: 1, bk: 32, tau: 0 },
+  "w8r1k16": { nsg: 8, rm: 1, bk: 16, tau: 8 },
   "w4r1k16": { nsg: 4, rm: 1, bk: 16, tau: 8 },
-  "w4r1k64": { nsg: 4, rm: 1, bk: 64, tau: 8 },
-  "w8r1k32": { nsg: 8, rm: 1, bk: 32, tau: 8 },
-  "w2r1k32": { nsg: 2, rm: 1, bk: 32, tau: 8 },
-  "w4r2k32": { nsg: 4, rm: 2, bk: 32, tau: 8 },
-  "w2r2k32": { nsg: 2, rm: 2, bk: 32, tau: 8 },
+  "w8r1k16-fa2": { nsg: 8, rm: 1, bk: 16, tau: 0 },
+  "w4r1k32": { nsg: 4, rm: 1, bk: 32, tau: 8 },
+  "w2r1k16": { nsg: 2, rm: 1, bk: 16, tau: 8 },
   "w4r2k16": { nsg: 4, rm: 2, bk: 16, tau: 8 },
 };
 
@@ -56,39 +53,58 @@ const SMALL_CASES: PrefillCase[] = [
   { reqs: 2, len: 96, heads: 8, kvHeads: 2, headSize: 128, blockSize: 16 },
 ];
 
-/** Median and min of `iters` timestamped dispatches (ms), after 3 untimed ones. */
-async function deviceTimes(ctx: MmaContext, l: MmaLaunch, n: number): Promise<number[]> {
-  const dev = ctx.device;
-  for (let i = 0; i < 3; i++) {
-    const e = dev.createCommandEncoder();
-    encodeFlashMma(l, e);
-    dev.queue.submit([e.finish()]);
-  }
-  await dev.queue.onSubmittedWorkDone();
+/** Sorted device times (ms) of `n` timestamped dispatches of the plan's attention call. */
+async function deviceTimes(ctx: MmaContext, plan: GpuPlan, p: PrefillData, n: number) {
+  const dev = ctx.device, call = plan.calls.find((c) => c.name === "prefill_mma")!;
+  const buf = (size: number, usage: number) => dev.createBuffer({ size, usage });
+  const q = buf(p.query.byteLength, GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST);
+  dev.queue.writeBuffer(q, 0, p.query as Uint16Array<ArrayBuffer>);
+  const io: Record<string, GPUBuffer> = {
+    query: q,
+    out: buf(plan.out_bytes, GPUBufferUsage.STORAGE),
+    lse: buf(plan.lse_bytes, GPUBufferUsage.STORAGE),
+  };
+  const chunks = p.cache.bindMap();
+  const entries = call.kernel.bindings.map((b, i) => {
+    const r = call.bind[b.name];
+    const res = !r
+      ? { buffer: chunks[b.name] }
+      : "table" in r
+      ? plan.table.bind(r.table)
+      : "io" in r
+      ? { buffer: io[r.io] }
+      : null;
+    if (!res) throw new Error(`binding ${b.name}: no buffer`);
+    return { binding: i, resource: res };
+  });
+  const bg = dev.createBindGroup({ layout: call.kernel.layout, entries });
   const qs = dev.createQuerySet({ type: "timestamp", count: 2 * n });
-  const resolve = dev.createBuffer({
-    size: 16 * n,
-    usage: GPUBufferUsage.QUERY_RESOLVE | GPUBufferUsage.COPY_SRC,
-  });
-  const read = dev.createBuffer({
-    size: 16 * n,
-    usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
-  });
+  const resolve = buf(16 * n, GPUBufferUsage.QUERY_RESOLVE | GPUBufferUsage.COPY_SRC);
+  const read = buf(16 * n, GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST);
+  const pass = (e: GPUCommandEncoder, i: number) => {
+    const w = i < 0 ? {} : {
+      timestampWrites: {
+        querySet: qs,
+        beginningOfPassWriteIndex: 2 * i,
+        endOfPassWriteIndex: 2 * i + 1,
+      },
+    };
+    const ps = e.beginComputePass(w);
+    ps.setPipeline(call.kernel.pipeline);
+    ps.setBindGroup(0, bg);
+    ps.dispatchWorkgroups(call.grid[0], call.grid[1]);
+    ps.end();
+  };
   const e = dev.createCommandEncoder();
-  for (let i = 0; i < n; i++) {
-    encodeFlashMma(l, e, {
-      querySet: qs,
-      beginningOfPassWriteIndex: 2 * i,
-      endOfPassWriteIndex: 2 * i + 1,
-    });
-  }
+  for (let i = -3; i < n; i++) pass(e, i); // 3 warm-up passes, then n timed ones
   e.resolveQuerySet(qs, 0, 2 * n, resolve, 0);
   e.copyBufferToBuffer(resolve, 0, read, 0, 16 * n);
   dev.queue.submit([e.finish()]);
   await read.mapAsync(GPUMapMode.READ);
   const t = new BigUint64Array(read.getMappedRange().slice(0));
   read.unmap();
-  for (const b of [qs, resolve, read]) b.destroy();
+  for (const b of [q, io.out, io.lse, resolve, read]) b.destroy();
+  qs.destroy();
   return Array.from({ length: n }, (_, i) => Number(t[2 * i + 1] - t[2 * i]) / 1e6).sort((a, b) =>
     a - b
   );
@@ -103,75 +119,61 @@ const ctx = acquired.ctx;
 const info = ctx.adapter_info;
 const limit = ctx.limits.maxComputeWorkgroupStorageSize;
 console.log(
-  `adapter: ${info.vendor} ${info.description || info.device}; subgroup ${ctx.subgroup_size}; ` +
+  `adapter: ${info.vendor} ${info.description || info.device}; subgroup ${ctx.mma.sg}; ` +
     `matrices ${ctx.mma.m}x${ctx.mma.n}x${ctx.mma.k} f16->f32; workgroup memory ${limit} B; ` +
     `timestamps ${ctx.features.has("timestamp-query")}`,
 );
 const small = args.values.small || info.vendor === "mesa" || /llvmpipe/.test(info.description);
 const results: Record<string, unknown>[] = [];
+const timed = ctx.features.has("timestamp-query");
 for (const c of small ? SMALL_CASES : GPU_CASES) {
   const t0 = performance.now();
-  const data = prefillData(c);
-  const cache = await GpuKvCache.fromBytes(
-    ctx,
-    data.spec,
-    new Uint8Array(data.key.buffer),
-    new Uint8Array(data.value.buffer),
-  );
+  const data = await prefillData(ctx, c);
   const label = `prefill ${c.reqs}x${c.len} causal f16 ${c.heads}q/${c.kvHeads}kv hd${c.headSize}`;
+  const gf = (data.flops / 1e9).toFixed(1), ms = (performance.now() - t0).toFixed(0);
+  console.log(`\n${label}: ${gf} GFLOP (data ${ms} ms)`);
   console.log(
-    `\n${label}: ${(data.flops / 1e9).toFixed(1)} GFLOP (data ${
-      (performance.now() - t0).toFixed(0)
-    } ms)`,
-  );
-  console.log(
-    "variant        rows  wgmem   median ms    min ms   TFLOP/s  rows-vs-cpu  vs-first      verdict",
+    "variant        rows  wgmem   median ms    min ms   TFLOP/s  check ms  rows-vs-cpu  vs-first  verdict",
   );
   let first: Uint16Array | null = null;
   for (const name of only) {
     const shape = VARIANTS[name];
-    if (!shape) {
-      throw new Error(`unknown variant ${name}; known: ${Object.keys(VARIANTS).join(", ")}`);
-    }
-    const spec = mmaSpecOf(ctx, data.batch, cache);
-    const problem = mmaShapeProblem(spec, shape, limit);
-    if (problem) {
-      console.log(`${name.padEnd(14)} skipped: ${problem}`);
+    if (!shape) throw new Error(`unknown variant ${name}; known: ${Object.keys(VARIANTS)}`);
+    const consts = mmaConstsOf(ctx, data.batch, ctx.mma, shape);
+    if (typeof consts === "string") {
+      console.log(`${name.padEnd(14)} skipped: ${consts}`);
       continue;
     }
-    const lay = mmaLayout(spec, shape);
-    let l: MmaLaunch | null = null;
+    const lay = mmaLayout(consts, consts);
+    let plan: GpuPlan | null = null;
     try {
-      l = await prepareFlashMma(ctx, data.batch, cache, shape);
-      const e = ctx.device.createCommandEncoder();
-      encodeFlashMma(l, e);
-      const r = await submitAndRead(l, e);
-      const rows = checkRows(data, r, small ? 24 : 48);
-      const agree = first ? compareOutputs(r.output, first) : null;
+      plan = await planFlashMma(ctx, data.batch, ctx.mma, shape);
+      const r = await runGpuPlan(plan, data.batch, ctx);
+      const o = r.output.bytes, out = new Uint16Array(o.buffer, o.byteOffset, o.byteLength / 2);
+      const rows = checkRows(data, out, r.lse!, small ? 24 : 48);
+      const agree = first ? compareOutputs(out, first) : null;
       const ok = rows.worst <= 1 && rows.lseErr <= 1e-3 && (!agree || agree.bad === 0);
-      if (ok && !first) first = r.output;
-      const times = ctx.features.has("timestamp-query") ? await deviceTimes(ctx, l, iters) : [NaN];
+      if (ok && !first) first = out;
+      const times = timed ? await deviceTimes(ctx, plan, data, iters) : [NaN];
       const med = times[Math.floor(times.length / 2)];
       const tflops = data.flops / (med * 1e-3) / 1e12;
-      const vs = agree ? `${agree.bad} bad` : "(first)";
+      const once = r.timings?.gpu_prefill_mma ?? NaN;
       console.log(
-        `${name.padEnd(14)}${String(lay.rows).padStart(5)}${String(lay.shared_bytes).padStart(7)}` +
-          `${med.toFixed(3).padStart(12)}${times[0].toFixed(3).padStart(10)}${
-            tflops.toFixed(2).padStart(10)
-          }` +
-          `${rows.worst.toFixed(3).padStart(13)}  ${vs.padEnd(12)}${ok ? "ok" : "WRONG"}`,
+        name.padEnd(14) + String(lay.rows).padStart(5) + String(lay.shared_bytes).padStart(7) +
+          med.toFixed(3).padStart(12) + times[0].toFixed(3).padStart(10) +
+          tflops.toPrecision(4).padStart(10) + once.toPrecision(4).padStart(10) +
+          rows.worst.toFixed(3).padStart(13) + (agree ? `${agree.bad} bad` : "-").padStart(10) +
+          `  ${ok ? "ok" : "WRONG"}`,
       );
       results.push({
         case: label,
         variant: name,
         shape,
-        rows: lay.rows,
-        shared_bytes: lay.shared_bytes,
+        layout: lay,
         median_ms: med,
-        min_ms: times[0],
+        times,
         tflops,
-        rows_worst: rows.worst,
-        lse_err: rows.lseErr,
+        rows,
         agree,
         ok,
       });
@@ -180,10 +182,10 @@ for (const c of small ? SMALL_CASES : GPU_CASES) {
         `${name.padEnd(14)} failed: ${err instanceof Error ? err.message.split("\n")[0] : err}`,
       );
     } finally {
-      l?.bufs.destroy();
+      if (plan) disposeGpuPlan(plan);
     }
   }
-  cache.destroy();
+  data.cache.destroy();
 }
 if (args.values.json) console.log(JSON.stringify(results));
 Deno.exit(0);

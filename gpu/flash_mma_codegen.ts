@@ -1,21 +1,14 @@
 /**
- * WGSL generator for the subgroup-matrix prefill kernel (`wgsl/flash_mma.wgsl`): the kernel's
- * shape ({@link MmaShape}: subgroups, row blocks, keys per tile, lazy-rescale threshold), its
- * layout in workgroup memory ({@link mmaLayout}), and the straight-line matrix code unrolled
- * for one shape: Q fragments, S = Q K^T, O += P V, and the O passes (rescale, output) through
- * workgroup memory. Also the f16 staging decoders (per cache dtype and per data dtype) and
- * the integer round-to-nearest-even output packing.
+ * WGSL generator for the subgroup-matrix prefill kernel (`wgsl/flash_mma.wgsl`): the compile-time
+ * values of one variant ({@link MmaConsts}: what the batch and device fix, plus the kernel
+ * shape {@link MmaShape}), its workgroup-memory layout ({@link mmaLayout}), the shapes tried in
+ * order ({@link MMA_SHAPES}), and the straight-line matrix code unrolled for one variant: Q
+ * fragments, S = Q K^T, O += P V, and the O passes (rescale, output) through workgroup memory;
+ * also the f16 staging decoders per K/V dtype and per data dtype.
  * @module
  */
-import type { KvLayout, StorageDType } from "../core/types.ts";
-import { decodeHelpers, dtypeTag, kvAccessors, loadWgsl, specialize } from "./wgsl.ts";
-
-/** Dimensions of the device's f16 x f16 -> f32 subgroup matrices (M x K times K x N). */
-export interface MmaDims {
-  m: number;
-  n: number;
-  k: number;
-}
+import type { StorageDType } from "../core/types.ts";
+import { kvAccessorFns, loadWgsl, specialize } from "./wgsl.ts";
 
 /** A kernel shape. Rows per workgroup = nsg * rm * m. */
 export interface MmaShape {
@@ -29,23 +22,33 @@ export interface MmaShape {
   tau: number;
 }
 
-/** What the kernel is compiled for besides its shape. */
-export interface MmaKernelSpec {
-  head_size: number;
+/** What the batch and the device fix: data and K/V dtypes, layout, matrix dims, subgroup size. */
+export interface MmaTarget {
+  /** K/V element type: the cache's storage dtype, or the data dtype for encoder types. */
+  kv: StorageDType;
   /** Query / output dtype. */
   dtype: "float16" | "bfloat16";
-  /** The cache's storage dtype; null: K/V from the call (encoder types), in `dtype`. */
-  storage: StorageDType | null;
-  layout: KvLayout;
-  block_size: number;
-  /** Buffers per cache tensor (see gpu/kv_cache.ts). */
+  /** K/V from the call (encoder types) instead of the cache. */
+  enc: boolean;
+  d: number;
+  bs: number;
+  nhd: boolean;
+  /** Buffers per cache tensor (0 for encoder types). */
   nchunk: number;
-  /** Subgroup size of the device (the workgroup is nsg of them). */
-  subgroup_size: number;
-  dims: MmaDims;
+  /** f16 x f16 -> f32 subgroup-matrix dims (M x K times K x N). */
+  m: number;
+  n: number;
+  k: number;
+  /** The device's subgroup size. */
+  sg: number;
 }
 
-/** Derived compile-time sizes of one kernel. */
+/** Every compile-time value of one variant (the pipeline key names them all). */
+export interface MmaConsts extends MmaTarget, MmaShape {
+  [k: string]: string | number | boolean;
+}
+
+/** Derived compile-time sizes of one variant. */
 export interface MmaLayout {
   rows: number;
   wg: number;
@@ -68,49 +71,49 @@ const BYTES: Record<StorageDType, number> = {
   fp8_e5m2: 1,
 };
 
-/** Why `shape` cannot be compiled for `spec` (within `maxShared` bytes), or null. */
+/** Why `shape` cannot be compiled for `t` (within `maxShared` bytes), or null. */
 export function mmaShapeProblem(
-  spec: MmaKernelSpec,
+  t: MmaTarget,
   shape: MmaShape,
   maxShared = Infinity,
 ): string | null {
-  const { m, n, k } = spec.dims, d = spec.head_size, sg = spec.subgroup_size;
+  const { m, n, k, d, sg } = t;
   const mr = m * shape.rm;
   if (d % n || d % k || d % 16) return `head_size ${d} is not a multiple of ${Math.max(n, k, 16)}`;
   if (shape.bk % n || shape.bk % k) return `bk ${shape.bk} is not a multiple of ${n} and ${k}`;
   if (sg % mr && mr % sg) return `subgroup size ${sg} and ${mr} rows per subgroup do not nest`;
   if (shape.bk / Math.max(1, sg / mr) < 2) return `bk ${shape.bk} leaves a lane under 2 keys`;
   if (!(shape.tau >= 0 && shape.tau <= 11)) return `tau ${shape.tau} is outside 0..11`;
-  const bytes = mmaLayout(spec, shape).shared_bytes;
+  const bytes = mmaLayout(t, shape).shared_bytes;
   if (bytes > maxShared) return `needs ${bytes} B of workgroup memory (limit ${maxShared})`;
   return null;
 }
 
 /** Shapes in order of preference: the first that fits the device is the default. */
 export const MMA_SHAPES: readonly MmaShape[] = [
-  { nsg: 4, rm: 1, bk: 64, tau: 8 },
-  { nsg: 4, rm: 1, bk: 32, tau: 8 },
+  { nsg: 8, rm: 1, bk: 16, tau: 8 },
   { nsg: 4, rm: 1, bk: 16, tau: 8 },
-  { nsg: 2, rm: 1, bk: 32, tau: 8 },
+  { nsg: 4, rm: 1, bk: 32, tau: 8 },
   { nsg: 2, rm: 1, bk: 16, tau: 8 },
-  { nsg: 1, rm: 1, bk: 16, tau: 8 },
+  { nsg: 2, rm: 1, bk: 8, tau: 8 },
+  { nsg: 1, rm: 1, bk: 8, tau: 8 },
 ];
 
-/** The first of {@link MMA_SHAPES} that compiles for `spec` within `maxShared` bytes. */
-export function chooseMmaShape(spec: MmaKernelSpec, maxShared: number): MmaShape | null {
-  return MMA_SHAPES.find((s) => mmaShapeProblem(spec, s, maxShared) === null) ?? null;
+/** The first of {@link MMA_SHAPES} that compiles for `t` within `maxShared` bytes. */
+export function chooseMmaShape(t: MmaTarget, maxShared: number): MmaShape | null {
+  return MMA_SHAPES.find((s) => mmaShapeProblem(t, s, maxShared) === null) ?? null;
 }
 
 /** Sizes of the kernel's arrays (see wgsl/flash_mma.wgsl). */
-export function mmaLayout(spec: MmaKernelSpec, shape: MmaShape): MmaLayout {
-  const d = spec.head_size, sg = spec.subgroup_size, mr = spec.dims.m * shape.rm;
+export function mmaLayout(t: MmaTarget, shape: MmaShape): MmaLayout {
+  const { d, sg } = t, mr = t.m * shape.rm;
   const rows = mr * shape.nsg, kstr = d + 8, sstr = shape.bk + 4, pstr = shape.bk + 8;
   const ktLen = Math.max(shape.bk * kstr, rows * pstr, mr * kstr);
   const qpass = Math.min(rows, Math.floor(ktLen / kstr / mr) * mr);
-  const nbt = spec.storage === null ? 0 : Math.floor((shape.bk - 1) / spec.block_size) + 2;
-  const e16 = 16 / BYTES[spec.storage ?? spec.dtype];
-  const shared_bytes = 2 * ktLen + 2 * shape.bk * kstr + 4 * rows * sstr + 4 * (2 * nbt + 1) +
-    12;
+  const nbt = t.enc ? 0 : Math.floor((shape.bk - 1) / t.bs) + 2;
+  const e16 = 16 / BYTES[t.kv];
+  const shared_bytes = 2 * (2 * ktLen + 2 * shape.bk * kstr) + 4 * rows * sstr +
+    4 * (2 * nbt + 1) + 12;
   return {
     rows,
     wg: sg * shape.nsg,
@@ -124,16 +127,6 @@ export function mmaLayout(spec: MmaKernelSpec, shape: MmaShape): MmaLayout {
   };
 }
 
-/** A readable pipeline key, e.g. `flash_mma[f16<f16]:hd128:bs16:NHD:c1:m16x16x16:sg32:w4r1k32:t8`. */
-export function flashMmaKey(spec: MmaKernelSpec, shape: MmaShape): string {
-  const { m, n, k } = spec.dims;
-  const src = spec.storage === null
-    ? "enc"
-    : `${dtypeTag(spec.storage)}:bs${spec.block_size}:${spec.layout}:c${spec.nchunk}`;
-  return `flash_mma[${dtypeTag(spec.dtype)}]:hd${spec.head_size}:${src}:m${m}x${n}x${k}:` +
-    `sg${spec.subgroup_size}:w${shape.nsg}r${shape.rm}k${shape.bk}:t${shape.tau}`;
-}
-
 const F16_FROM_WORDS = `let a = select(w.zw, w.xy, i == 0u);
   return vec4<f16>(bitcast<vec2<f16>>(a.x), bitcast<vec2<f16>>(a.y));`;
 const F16_FROM_BF16 = `let a = select(w.zw, w.xy, i == 0u);
@@ -141,89 +134,82 @@ const F16_FROM_BF16 = `let a = select(w.zw, w.xy, i == 0u);
                     bitcast<f32>(a.y << 16u), bitcast<f32>(a.y & 0xffff0000u));
   return vec4<f16>(clamp(x, vec4<f32>(-65504.0), vec4<f32>(65504.0)));`;
 
+/** fp8 bytes (4 in a word) to f16, exactly and without branches (e4m3fn NaN -> f16 NaN). */
+export const FP8_TO_F16: Record<"fp8_e4m3" | "fp8_e5m2", string> = {
+  // e5m2 is the top byte of an f16.
+  fp8_e5m2: `fn fp8x4_f16(x: u32) -> vec4<f16> {
+  let lo = ((x & 0xffu) << 8u) | ((x & 0xff00u) << 16u);
+  let hi = ((x >> 8u) & 0xff00u) | (x & 0xff000000u);
+  return vec4<f16>(bitcast<vec2<f16>>(lo), bitcast<vec2<f16>>(hi));
+}
+`,
+  // e4m3fn: exponent + 8 for normals; a subnormal m * 2^-9 is an f16 normal built from m's
+  // leading bit; 0x7f/0xff are NaN.
+  fp8_e4m3: `fn fp8x4_f16(x: u32) -> vec4<f16> {
+  let b = (vec4<u32>(x) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(0xffu);
+  let em = b & vec4<u32>(0x7fu);
+  let m = em & vec4<u32>(7u);
+  let p = firstLeadingBit(max(m, vec4<u32>(1u)));
+  let sub = ((p + 6u) << vec4<u32>(10u)) | ((m ^ (vec4<u32>(1u) << p)) << (10u - p));
+  var h = select((em << vec4<u32>(7u)) + 0x2000u, select(sub, vec4<u32>(0u), m == vec4<u32>(0u)), em < vec4<u32>(8u));
+  h = select(h, vec4<u32>(0x7e00u), em == vec4<u32>(0x7fu));
+  let w = ((b & vec4<u32>(0x80u)) << vec4<u32>(8u)) | h;
+  return vec4<f16>(bitcast<vec2<f16>>(w.x | (w.y << 16u)), bitcast<vec2<f16>>(w.z | (w.w << 16u)));
+}
+`,
+};
+
 /**
- * `fn kv16(w: vec4<u32>, i: u32) -> vec4<f16>`: elements 4i..4i+3 of a 16-byte cache word
- * (values outside f16's range clamped to +-65504), and `fn q16` for the query's data dtype.
+ * `fn kv16(w: vec4<u32>, i: u32) -> vec4<f16>`: elements 4i..4i+3 of a 16-byte K/V word
+ * (bf16 and f32 values outside f16's range clamped to +-65504; fp8 always fits, exactly),
+ * and `fn q16` for the query's data dtype.
  */
 export function stagingDecoders(storage: StorageDType, dtype: "float16" | "bfloat16"): string {
   const q = `fn q16(w: vec4<u32>, i: u32) -> vec4<f16> {
   ${dtype === "float16" ? F16_FROM_WORDS : F16_FROM_BF16}
 }
 `;
-  if (storage === "float16") {
-    return `${q}fn kv16(w: vec4<u32>, i: u32) -> vec4<f16> {\n  ${F16_FROM_WORDS}\n}\n`;
+  const fn = (body: string) => `fn kv16(w: vec4<u32>, i: u32) -> vec4<f16> {\n  ${body}\n}\n`;
+  switch (storage) {
+    case "float16":
+      return q + fn(F16_FROM_WORDS);
+    case "bfloat16":
+      return q + fn(F16_FROM_BF16);
+    case "fp8_e4m3":
+    case "fp8_e5m2":
+      return q + FP8_TO_F16[storage] + fn("return fp8x4_f16(w[i]);");
+    case "float32":
+      return q + fn(
+        "return vec4<f16>(clamp(bitcast<vec4<f32>>(w), vec4<f32>(-65504.0), vec4<f32>(65504.0)));",
+      );
   }
-  // Tint rejects NaN as a constant: make the fp8 decoders' NaN a runtime value.
-  const dec = decodeHelpers(storage).replaceAll(
-    "bitcast<f32>(0x7fc00000u)",
-    "bitcast<f32>(0x7fc00000u | (b & 0u))",
-  );
-  return `${q}${dec}fn kv16(w: vec4<u32>, i: u32) -> vec4<f16> {
-  return vec4<f16>(clamp(kv_decode16(w, i), vec4<f32>(-65504.0), vec4<f32>(65504.0)));
-}
-`;
 }
 
-/** `fn round_pair(a: f32, b: f32) -> u32`: two f32 as f16 or bf16 bits, nearest-even. */
-export function roundHelpers(dtype: "float16" | "bfloat16"): string {
-  // The same integer rounding as wgsl/cache_write.wgsl (byte-exact with core/dtype.ts).
-  const bits = dtype === "float16"
-    ? `fn out_bits(b: u32) -> u32 {
-  let s = (b >> 16u) & 0x8000u;
-  let e = (b >> 23u) & 0xffu;
-  let m = b & 0x7fffffu;
-  if (e == 0xffu) {
-    return s | select(0x7c00u, 0x7e00u, m != 0u);
-  }
-  if (e >= 143u) {
-    return s | 0x7c00u;
-  }
-  if (e >= 113u) {
-    let h = ((e - 112u) << 10u) | (m >> 13u);
-    let rem = m & 0x1fffu;
-    return s | (h + select(0u, 1u, rem > 0x1000u || (rem == 0x1000u && (h & 1u) == 1u)));
-  }
-  if (e < 102u) {
-    return s;
-  }
-  let full = m | 0x800000u;
-  let shift = 126u - e;
-  let h = full >> shift;
-  let rem = full & ((1u << shift) - 1u);
-  let half = 1u << (shift - 1u);
-  return s | (h + select(0u, 1u, rem > half || (rem == half && (h & 1u) == 1u)));
-}`
-    : `fn out_bits(b: u32) -> u32 {
-  if ((b & 0x7f800000u) == 0x7f800000u && (b & 0x7fffffu) != 0u) {
-    return ((b >> 16u) | 0x40u) & 0xffffu;
-  }
-  return ((b + 0x7fffu + ((b >> 16u) & 1u)) >> 16u) & 0xffffu;
-}`;
-  return `${bits}
+/** round.wgsl's integer nearest-even rounding and `fn round_pair(a, b) -> u32` for `dtype`. */
+export async function roundCode(dtype: "float16" | "bfloat16"): Promise<string> {
+  const f = dtype === "float16" ? "f16_bits" : "bf16_bits";
+  return `${await loadWgsl("round.wgsl")}
 fn round_pair(a: f32, b: f32) -> u32 {
-  return out_bits(bitcast<u32>(a)) | (out_bits(bitcast<u32>(b)) << 16u);
+  return ${f}(bitcast<u32>(a)) | (${f}(bitcast<u32>(b)) << 16u);
 }
 `;
 }
 
 /** src_k / src_v: the 16-byte word c of key `key`'s row for kv head h. */
-function sourceCode(spec: MmaKernelSpec): string {
+function sourceCode(c: MmaTarget): string {
   const sig = "key: u32, h: u32, c: u32, kt: u32, par: u32, rbase: u32";
-  if (spec.storage === null) {
-    const fn = (t: string) =>
+  if (c.enc) {
+    return ["k", "v"].map((t) =>
       `fn src_${t}(${sig}) -> vec4<u32> {
   return ${t}_in[((rbase + key) * U.num_kv_heads + h) * V4R + c];
 }
-`;
-    return `@group(0) @binding(5) var<storage, read> k_in: array<vec4<u32>>;
-@group(0) @binding(6) var<storage, read> v_in: array<vec4<u32>>;
-${fn("k")}${fn("v")}`;
+`
+    ).join("");
   }
-  const acc = kvAccessors({
-    nchunk: spec.nchunk,
+  const acc = kvAccessorFns({
+    nchunk: c.nchunk,
     blocksPerChunk: "U.blocks_per_chunk",
     blockWords: "U.block_words",
-    firstBinding: 5,
     vec4: true,
   });
   const fn = (t: string) =>
@@ -244,9 +230,92 @@ fn kv_row(key: u32, h: u32, kt: u32, par: u32) -> vec2<u32> {
 ${fn("k")}${fn("v")}`;
 }
 
+/**
+ * The softmax step of one lane, unrolled: for each of its RPL rows, KPL scores read from S,
+ * capped, biased and masked (`score`), the row max over the LPR lanes, the lazy rescale, and
+ * p = exp(s - m) as f16 into P; sets the workgroup's rescale flag when an accumulated row moved.
+ */
+export function softmaxCode(c: MmaConsts): string {
+  const lay = mmaLayout(c, c), kpl = c.bk / lay.lpr, E = range(kpl);
+  const out = ["var flag = false;"];
+  for (const i of range(lay.rpl)) {
+    const tree = (xs: string[]): string =>
+      xs.length === 1
+        ? xs[0]
+        : `max(${tree(xs.slice(0, xs.length / 2))}, ${tree(xs.slice(xs.length / 2))})`;
+    out.push(
+      "{",
+      `  let rl = ln / LPR + ${i * (c.sg / lay.lpr)}u;`,
+      "  let sb = (sgr + rl) * SSTR + lq * KPL;",
+      "  let pb = (sgr + rl) * PSTR + lq * KPL;",
+      "  let k0 = kt + lq * KPL;",
+      ...E.map((e) =>
+        `  let x${e} = select(MASK, score(s_s[sb + ${e}u], rpos[${i}], rslope[${i}], k0 + ${e}u, kend), rok[${i}]);`
+      ),
+      `  var tmax = ${tree(E.map((e) => `x${e}`))};`,
+      "  for (var o = 1u; o < LPR; o <<= 1u) {",
+      "    tmax = max(tmax, subgroupShuffleXor(tmax, o));",
+      "  }",
+      `  if (tmax > m[${i}] + TAU) {`,
+      `    alpha[${i}] = exp(m[${i}] - tmax);`,
+      `    l[${i}] *= alpha[${i}];`,
+      `    m[${i}] = tmax;`,
+      `    flag = flag || seen[${i}];`,
+      "  }",
+      ...E.map((e) =>
+        `  let p${e} = f16(select(0.0, exp(x${e} - m[${i}]), x${e} > MASK));\n  kt_s[kb + pb + ${e}u] = p${e};`
+      ),
+      `  l[${i}] += ${E.map((e) => `f32(p${e})`).join(" + ")};`,
+      `  seen[${i}] = seen[${i}] || tmax > MASK;`,
+      "}",
+    );
+  }
+  out.push("if (flag) {", "  s_resc = 1u;", "}");
+  return out.map((x) => x.split("\n").map((y) => "      " + y).join("\n")).join("\n");
+}
+
+/**
+ * K/V staging, unrolled over the NLD 16-byte words each invocation moves per tile:
+ * STAGE_LOAD loads tile `kn`'s words (block ids in slot `sn`; zero past `kend`) into wk_i /
+ * wv_i, STAGE_STORE decodes them to f16 into the buffers at `kbn` / `vbn`.
+ */
+export function stagingCode(c: MmaConsts): { STAGE_LOAD: string; STAGE_STORE: string } {
+  const lay = mmaLayout(c, c), v4r = c.d / lay.e16, words = c.bk * v4r;
+  const N = range(Math.ceil(words / lay.wg)), guard = words % lay.wg !== 0;
+  const load: string[] = [], store: string[] = [];
+  for (const i of N) {
+    load.push(
+      `var wk${i} = vec4<u32>(0u);`,
+      `var wv${i} = vec4<u32>(0u);`,
+      "{",
+      `  let idx = t + ${i * lay.wg}u;`,
+      "  let key = kn + idx / V4R;",
+      `  if (${guard ? "idx < BK * V4R && " : ""}key < kend) {`,
+      `    wk${i} = src_k(key, kvh, idx % V4R, kn, sn, rbase);`,
+      `    wv${i} = src_v(key, kvh, idx % V4R, kn, sn, rbase);`,
+      "  }",
+      "}",
+    );
+    store.push("{", `  let idx = t + ${i * lay.wg}u;`);
+    if (guard) store.push("  if (idx < BK * V4R) {");
+    store.push("  let o = (idx / V4R) * KSTR + (idx % V4R) * E16;");
+    for (const j of range(lay.e16 / 4)) {
+      store.push(`  let a${j} = kv16(wk${i}, ${j}u);`, `  let b${j} = kv16(wv${i}, ${j}u);`);
+      for (const [e, f] of ["x", "y", "z", "w"].entries()) {
+        store.push(`  kt_s[kbn + o + ${4 * j + e}u] = a${j}.${f};`);
+        store.push(`  vt_s[vbn + o + ${4 * j + e}u] = b${j}.${f};`);
+      }
+    }
+    if (guard) store.push("  }");
+    store.push("}");
+  }
+  const ind = (xs: string[]) => xs.map((x) => "    " + x).join("\n");
+  return { STAGE_LOAD: ind(load), STAGE_STORE: ind(store) };
+}
+
 /** The unrolled matrix fragments of flash_mma.wgsl for one kernel. */
-export function generateMatrixCode(spec: MmaKernelSpec, shape: MmaShape): Record<string, string> {
-  const { m, n, k } = spec.dims, d = spec.head_size, bk = shape.bk;
+export function generateMatrixCode(c: MmaConsts): Record<string, string> {
+  const { m, n, k, d, bk } = c, shape = c;
   const kstr = d + 8;
   const RM = range(shape.rm), KD = range(d / k), NB = range(bk / n), KB = range(bk / k);
   const DN = range(d / n);
@@ -268,7 +337,9 @@ export function generateMatrixCode(spec: MmaKernelSpec, shape: MmaShape): Record
     for (const kk of KD) {
       qk.push(`{`);
       qk.push(
-        `  let kf = subgroupMatrixLoad<${Rt}, col_major>(&kt_s, ${c * n * kstr + kk * k}u, KSTR);`,
+        `  let kf = subgroupMatrixLoad<${Rt}, col_major>(&kt_s, kb + ${
+          c * n * kstr + kk * k
+        }u, KSTR);`,
       );
       for (const r of RM) qk.push(`  s_${r}_${c} = ${mma}(q_${r}_${kk}, kf, s_${r}_${c});`);
       qk.push(`}`);
@@ -285,16 +356,18 @@ export function generateMatrixCode(spec: MmaKernelSpec, shape: MmaShape): Record
   }
   const pv = RM.flatMap((r) =>
     KB.map((kk) =>
-      `let p_${r}_${kk} = subgroupMatrixLoad<${L}, row_major>(&kt_s, (sgr + ${r * m}u) * PSTR + ${
-        kk * k
-      }u, PSTR);`
+      `let p_${r}_${kk} = subgroupMatrixLoad<${L}, row_major>(&kt_s, kb + (sgr + ${
+        r * m
+      }u) * PSTR + ${kk * k}u, PSTR);`
     )
   );
   for (const c of DN) {
     for (const kk of KB) {
       pv.push(`{`);
       pv.push(
-        `  let vf = subgroupMatrixLoad<${Rt}, row_major>(&vt_s, ${kk * k * kstr + c * n}u, KSTR);`,
+        `  let vf = subgroupMatrixLoad<${Rt}, row_major>(&vt_s, vb + ${
+          kk * k * kstr + c * n
+        }u, KSTR);`,
       );
       for (const r of RM) pv.push(`  o_${r}_${c} = ${mma}(p_${r}_${kk}, vf, o_${r}_${c});`);
       pv.push(`}`);
@@ -337,33 +410,34 @@ export function generateMatrixCode(spec: MmaKernelSpec, shape: MmaShape): Record
   };
 }
 
-/** The full WGSL of one kernel. */
-export async function flashMmaWgsl(spec: MmaKernelSpec, shape: MmaShape): Promise<string> {
-  const problem = mmaShapeProblem(spec, shape);
+/** The kernel source after the generated header (gpu/kernel.ts adds enables and bindings). */
+export async function flashMmaSource(c: MmaConsts): Promise<string> {
+  const problem = mmaShapeProblem(c, c);
   if (problem) throw new Error(`flash_mma: ${problem}`);
-  const lay = mmaLayout(spec, shape);
-  const { m, n, k } = spec.dims;
+  const lay = mmaLayout(c, c);
   return specialize(await loadWgsl("flash_mma.wgsl"), {
-    MM: m,
-    MN: n,
-    MK: k,
-    SG: spec.subgroup_size,
-    NSG: shape.nsg,
-    RM: shape.rm,
-    BK: shape.bk,
-    D: spec.head_size,
-    BS: spec.storage === null ? 16 : spec.block_size,
-    NHD: spec.storage === null || spec.layout === "NHD",
-    TAU: shape.tau,
+    MM: c.m,
+    MN: c.n,
+    MK: c.k,
+    SG: c.sg,
+    NSG: c.nsg,
+    RM: c.rm,
+    BK: c.bk,
+    D: c.d,
+    BS: c.bs,
+    NHD: c.nhd,
+    TAU: c.tau,
     E16: lay.e16,
     KT_LEN: lay.ktLen,
     QPASS: lay.qpass,
     LPR: lay.lpr,
     RPL: lay.rpl,
     NBT: lay.nbt,
-    DECODE: stagingDecoders(spec.storage ?? spec.dtype, spec.dtype),
-    SOURCE: sourceCode(spec),
-    ROUND: roundHelpers(spec.dtype),
-    ...generateMatrixCode(spec, shape),
+    DECODE: stagingDecoders(c.kv, c.dtype),
+    SOURCE: sourceCode(c),
+    ROUND: await roundCode(c.dtype),
+    SOFTMAX: softmaxCode(c),
+    ...stagingCode(c),
+    ...generateMatrixCode(c),
   });
 }

@@ -9,7 +9,7 @@
  */
 import type { GpuContext } from "../core/types.ts";
 import { numericLimits, WebGpuContext } from "./device.ts";
-import type { MmaDims } from "./flash_mma_codegen.ts";
+import { MMA_FEATURE, type MmaSupport } from "./flash_mma_kernel.ts";
 
 /** Dawn's flags for the feature (unsafe APIs on; f16 on NVIDIA's Vulkan driver). */
 export const DAWN_MMA_FLAGS = [
@@ -21,10 +21,8 @@ export const DAWN_MODULE = "npm:webgpu@0.6.2";
 
 /** A GPU context whose device may run the subgroup-matrix kernel. */
 export interface MmaContext extends GpuContext {
-  /** The f16 x f16 -> f32 subgroup-matrix dimensions used. */
-  readonly mma: MmaDims;
-  /** The one subgroup size of the adapter. */
-  readonly subgroup_size: number;
+  /** The f16 x f16 -> f32 subgroup-matrix dims used, and the one subgroup size. */
+  readonly mma: MmaSupport;
 }
 
 /** A context, or why there is none. */
@@ -38,13 +36,15 @@ interface MatrixConfig {
   K: number;
 }
 
-const REQUIRED = ["chromium-experimental-subgroup-matrix", "shader-f16", "subgroups"];
+const REQUIRED = [MMA_FEATURE, "shader-f16", "subgroups"];
 let keep: unknown[] = []; // the Dawn GPU objects stay referenced while devices live
 
 const why = (e: unknown) => (e instanceof Error ? e.message : String(e)).split("\n")[0];
 
 /** The f16 -> f32 configuration of an adapter's `subgroupMatrixConfigs`, or null. */
-export function pickMatrixConfig(configs: readonly MatrixConfig[]): MmaDims | null {
+export function pickMatrixConfig(
+  configs: readonly MatrixConfig[],
+): { m: number; n: number; k: number } | null {
   const c = configs.find((x) => x.componentType === "f16" && x.resultComponentType === "f32");
   return c ? { m: c.M, n: c.N, k: c.K } : null;
 }
@@ -103,7 +103,7 @@ export async function acquireMmaDevice(flags = DAWN_MMA_FLAGS): Promise<MmaAcqui
     subgroup_min_size: sgMin,
     subgroup_max_size: sgMax,
   }, 1);
-  return { ctx: Object.assign(base, { mma: dims, subgroup_size: sgMin }), reason: null };
+  return { ctx: Object.assign(base, { mma: { ...dims, sg: sgMin } }), reason: null };
 }
 
 /** Destroys the device and drops the Dawn objects. */

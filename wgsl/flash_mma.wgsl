@@ -8,11 +8,16 @@
 // hfirst + r % hcnt), so each K/V tile is read once, decoded to f16 into workgroup memory and
 // used by every row. Subgroup s owns rows s*MR .. s*MR + MR - 1 (RM row blocks of MM rows):
 // its Q fragments and its f32 output accumulators (RM x D/MN result matrices) stay in
-// registers for the whole key loop. Per key tile of BK keys:
-//   stage K, V (f16) -> barrier -> S = Q K^T, stored f32 to workgroup memory -> barrier ->
-//   online softmax by the subgroup's own lanes (LPR lanes per row, RPL rows per lane), P as
-//   f16 over the dead K tile -> workgroupUniformLoad(rescale flag) -> [rescale O] ->
-//   O += P V -> barrier.
+// registers for the whole key loop. K/V tiles are double-buffered; per key tile of BK keys:
+//   load the next tile's K/V words into registers -> S = Q K^T (this tile's buffer), stored
+//   f32 to workgroup memory -> barrier -> online softmax by the subgroup's own lanes (LPR
+//   lanes per row, RPL rows per lane), P as f16 over this tile's dead K -> the next tile's
+//   words decoded to f16 into the other buffers -> workgroupUniformLoad(rescale flag) ->
+//   [rescale O] -> O += P V -> barrier.
+// Three barriers a tile, and every workgroup-memory hand-off sits at least two barriers after
+// the write it reads: with one buffer (a write, one barrier, a subgroup-matrix read of it) the
+// kernel computed wrong results on the H200 (NVIDIA 580 driver, Dawn 0.6.2) and right ones on
+// lavapipe; see bench/NOTES.md.
 // Lazy rescaling: a row's reference max m only moves when the tile max exceeds m + TAU, so
 // p = exp(s - m) <= e^TAU (f16 holds up to 65504: TAU <= 11) and O is rescaled (a round trip
 // through workgroup memory, every subgroup, all rows at once) only on such rare tiles
@@ -20,9 +25,9 @@
 // Subgroups whose rows cannot see any key of a tile (causal, window, padding rows) skip its
 // matrix work; the workgroup's key range is cut to what its rows can see.
 //
-// Bindings (group 0):
-//   0 uniform  U                         runtime sizes and options (struct Params below; the
-//                                        same words as flash_attention.wgsl)
+// Bindings (group 0; the Params struct and declarations are generated from
+// gpu/flash_mma_kernel.ts's FLASH_MMA entry; the Params words are flash_attention.wgsl's):
+//   0 uniform  U                         runtime sizes and options
 //   1 storage  q: array<vec4<u32>>       [num_tokens, num_heads, D] in the data dtype (f16 or
 //                                        bf16 bits, 8 per vec4)
 //   2 storage  mdw: array<u32>           tiles (4 words: req, first, cnt | hcnt << 16, hfirst),
@@ -30,52 +35,24 @@
 //                                        bitcast(base - q0), 0, rbase), block table at
 //                                        U.off_bt, ALiBi slopes and sinks (f32 bits)
 //   3 storage  out: array<u32>           [num_tokens, num_heads, D] data-dtype bits, 2 per word,
-//                                        rounded to nearest even from f32 (poisoned by the host)
+//                                        rounded to nearest even (round.wgsl); poisoned before
 //   4 storage  lse: array<u32>           [num_heads, num_tokens] f32 bits
-//   5..        cache k0..k{N-1}, v0..v{N-1}: array<vec4<u32>> (kvAccessors); ENC: k_in, v_in:
+//   5..        cache k0..k{N-1}, v0..v{N-1}: array<vec4<u32>> (kvAccessorFns); ENC: k_in, v_in:
 //              array<vec4<u32>> [num_tokens, num_kv_heads, D] in the data dtype
 // Dispatch: num_tiles * num_kv_heads workgroups of WG = NSG * SG, folded into x/y (U.nwg_x).
 // Compile-time: MM, MN, MK (matrix dims), SG (subgroup size), NSG, RM, BK, D, BS, NHD, TAU,
-// E16 (cache elements per 16 bytes), KT_LEN (K tile array length), QPASS (Q rows staged per
-// pass), NBT (block ids per tile), generated code: DECODE (f16 staging of 16-byte words),
-// QDEC (query words to f16), SOURCE (src_k/src_v), QFRAG, QK, PV, O_STORE/O_LOAD per pass.
+// E16 (K/V elements per 16 bytes), KT_LEN (K tile array length), QPASS (Q rows staged per
+// pass), LPR/RPL (softmax lanes per row, rows per lane), NBT (block ids per tile); generated:
+// DECODE (kv16, q16: 16-byte words to f16), SOURCE (src_k/src_v), ROUND (round.wgsl and
+// out_bits), QFRAG_DECL/LOAD, QK, PV, O_DECL, O_RESCALE, O_OUTPUT (gpu/flash_mma_codegen.ts).
+// Enables: f16, chromium_experimental_subgroup_matrix, subgroups (where accepted). Matrix
+// calls sit in subgroup-uniform (not workgroup-uniform) branches: `main` turns the
+// chromium.subgroup_matrix_uniformity diagnostic off.
 // Out of f16 range: bf16/f32 cache and bf16 query values are clamped to +-65504 when staged
 // (fp8 values always fit); the output saturates nowhere (f32 until the final rounding).
 // Semantics (core/reference.ts): p = base + j; s = (scale * k_scale) q.k, soft cap, ALiBi
 // -slope (p - k); causal k <= p (and p - k < w), non-causal |p - k| < w; sinks in the
 // denominator only; lse = m + log(denominator), -inf and output 0 with nothing visible.
-enable f16;
-enable chromium_experimental_subgroup_matrix;
-diagnostic(off, chromium.subgroup_matrix_uniformity);
-
-struct Params {
-  num_tiles: u32,
-  num_heads: u32,
-  num_kv_heads: u32,
-  group: u32,
-  num_tokens: u32,
-  nwg_x: u32,
-  causal: u32,
-  window: u32,
-  softcap: f32,
-  scale_qk: f32,
-  v_scale: f32,
-  flags: u32,
-  off_reqs: u32,
-  off_bt: u32,
-  off_alibi: u32,
-  off_sinks: u32,
-  block_words: u32,
-  blocks_per_chunk: u32,
-  _pad0: u32,
-  _pad1: u32,
-}
-
-@group(0) @binding(0) var<uniform> U: Params;
-@group(0) @binding(1) var<storage, read> q: array<vec4<u32>>;
-@group(0) @binding(2) var<storage, read> mdw: array<u32>;
-@group(0) @binding(3) var<storage, read_write> out: array<u32>;
-@group(0) @binding(4) var<storage, read_write> lse: array<u32>; // f32 bits
 
 const MM: u32 = {{MM}};
 const MN: u32 = {{MN}};
@@ -98,6 +75,7 @@ const KSTR: u32 = D + 8u; // f16 row stride of the K, V and Q tiles (16-byte ali
 const SSTR: u32 = BK + 4u; // f32 row stride of S (and of O passes)
 const PSTR: u32 = BK + 8u; // f16 row stride of P
 const KT_LEN: u32 = {{KT_LEN}};
+const VT_LEN: u32 = BK * KSTR;
 const QPASS: u32 = {{QPASS}};
 const LPR: u32 = {{LPR}}; // lanes per row in the softmax step
 const RPL: u32 = {{RPL}}; // rows per lane
@@ -110,10 +88,10 @@ const FLAG_SINKS: u32 = 2u;
 {{DECODE}}
 {{SOURCE}}
 
-var<workgroup> kt_s: array<f16, KT_LEN>; // K tile; Q staging before the loop; P after S
-var<workgroup> vt_s: array<f16, BK * KSTR>;
+var<workgroup> kt_s: array<f16, 2u * KT_LEN>; // K tiles; Q staging before the loop; P after S
+var<workgroup> vt_s: array<f16, 2u * VT_LEN>;
 var<workgroup> s_s: array<f32, R * SSTR>; // S; O passes (rescale, output)
-var<workgroup> s_blk: array<u32, 2u * NBT + 1u>;
+var<workgroup> s_blk: array<u32, 2u * NBT + 1u>; // block ids of two tiles (slots by parity)
 var<workgroup> s_kstart: u32;
 var<workgroup> s_kend: u32;
 var<workgroup> s_resc: u32;
@@ -181,6 +159,7 @@ fn write_rows(sgr: u32, ln: u32, c0: u32, tb: array<u32, RPL>, inv: array<f32, R
 }
 
 @compute @workgroup_size(WG)
+@diagnostic(off, chromium.subgroup_matrix_uniformity)
 fn main(
   @builtin(workgroup_id) wg: vec3<u32>,
   @builtin(local_invocation_index) t: u32,
@@ -221,6 +200,11 @@ fn main(
     ks -= ks % i32(BK); // tiles aligned to BK; the keys before the window are masked
     s_kstart = u32(ks);
     s_kend = u32(max(ke, ks));
+    for (var i = 0u; i < NBT; i++) {
+      // the first two tiles' ids (slots 0, 1); the Q passes' barriers order them
+      s_blk[i] = blk_of(u32(ks), i, kv_len, rbase);
+      s_blk[NBT + i] = blk_of(u32(ks) + BK, i, kv_len, rbase);
+    }
   }
 
   // This lane's rows (RPL of them) and its part (lq) of their keys in the softmax step.
@@ -295,42 +279,30 @@ fn main(
   let kstart = workgroupUniformLoad(&s_kstart);
   let kend = workgroupUniformLoad(&s_kend);
 {{O_DECL}}
-  if (t < NBT) {
-    s_blk[t] = blk_of(kstart, t, kv_len, rbase);
+  // Prologue: the first tile into buffer 0 (its block ids are in slot 0).
+  {
+    let kn = kstart;
+    let sn = 0u;
+{{STAGE_LOAD}}
+    let kbn = 0u;
+    let vbn = 0u;
+{{STAGE_STORE}}
   }
+  workgroupBarrier();
   var par = 0u;
   for (var kt = kstart; kt < kend; kt += BK) {
     if (t == 0u) {
       s_resc = 0u;
     }
-    for (var idx = t; idx < BK * V4R; idx += WG) {
-      let j = idx / V4R;
-      let c = idx % V4R;
-      let key = kt + j;
-      var wk = vec4<u32>(0u);
-      var wv = vec4<u32>(0u);
-      if (key < kend) {
-        wk = src_k(key, kvh, c, kt, par, rbase);
-        wv = src_v(key, kvh, c, kt, par, rbase);
-      }
-      let o = j * KSTR + c * E16;
-      for (var i = 0u; i < E16 / 4u; i++) {
-        let a = kv16(wk, i);
-        let b = kv16(wv, i);
-        kt_s[o + 4u * i] = a.x;
-        kt_s[o + 4u * i + 1u] = a.y;
-        kt_s[o + 4u * i + 2u] = a.z;
-        kt_s[o + 4u * i + 3u] = a.w;
-        vt_s[o + 4u * i] = b.x;
-        vt_s[o + 4u * i + 1u] = b.y;
-        vt_s[o + 4u * i + 2u] = b.z;
-        vt_s[o + 4u * i + 3u] = b.w;
-      }
-    }
+    let kb = par * KT_LEN; // this tile's K (then P) and V buffers
+    let vb = par * VT_LEN;
+    // The next tile's words into registers now; into the other buffers after the softmax.
+    let kn = kt + BK;
+    let sn = par ^ 1u;
+{{STAGE_LOAD}}
     if (t < NBT) {
-      s_blk[(par ^ 1u) * NBT + t] = blk_of(kt + BK, t, kv_len, rbase);
+      s_blk[par * NBT + t] = blk_of(kt + 2u * BK, t, kv_len, rbase); // slot par: two tiles ahead
     }
-    workgroupBarrier();
     let live = live_rows && tile_live(kt, p_lo, p_hi);
     if (live) {
 {{QK}}
@@ -340,43 +312,12 @@ fn main(
       alpha[i] = 1.0;
     }
     if (live) {
-      var flag = false;
-      for (var i = 0u; i < RPL; i++) {
-        let rl = ln / LPR + i * (SG / LPR);
-        let sb = (sgr + rl) * SSTR + lq * KPL;
-        let k0 = kt + lq * KPL;
-        var xs: array<f32, KPL>;
-        var tmax = MASK;
-        for (var e = 0u; e < KPL; e++) {
-          var x = MASK;
-          if (rok[i]) {
-            x = score(s_s[sb + e], rpos[i], rslope[i], k0 + e, kend);
-          }
-          xs[e] = x;
-          tmax = max(tmax, x);
-        }
-        for (var o = 1u; o < LPR; o <<= 1u) {
-          tmax = max(tmax, subgroupShuffleXor(tmax, o));
-        }
-        if (tmax > m[i] + TAU) {
-          alpha[i] = exp(m[i] - tmax);
-          l[i] *= alpha[i];
-          m[i] = tmax;
-          flag = flag || seen[i];
-        }
-        let pb = (sgr + rl) * PSTR + lq * KPL;
-        var ls = 0.0;
-        for (var e = 0u; e < KPL; e++) {
-          let p = f16(select(0.0, exp(xs[e] - m[i]), xs[e] > MASK));
-          ls += f32(p);
-          kt_s[pb + e] = p;
-        }
-        l[i] += ls;
-        seen[i] = seen[i] || tmax > MASK;
-      }
-      if (flag) {
-        s_resc = 1u;
-      }
+{{SOFTMAX}}
+    }
+    {
+      let kbn = (par ^ 1u) * KT_LEN;
+      let vbn = (par ^ 1u) * VT_LEN;
+{{STAGE_STORE}}
     }
     let resc = workgroupUniformLoad(&s_resc);
     if (resc != 0u) {

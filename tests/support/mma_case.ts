@@ -1,44 +1,46 @@
 /**
- * One check of the subgroup-matrix kernel against CPU_REFERENCE: a fresh random batch from
- * {@link BatchSpec}, the reference run on a host cache (which writes the new K/V), the
- * written cache bytes imported into a GPU cache (optionally spread over several chunks),
- * the query as raw data-dtype bits, one launch, and the output (and LSE) compared at the
- * stated tolerances. Options plant out-of-f16-range cache values, or run an f32 cache with
- * the query rounded to f16.
+ * One check of the tensor-core prefill kernel against CPU_REFERENCE ({@link checkMma}): a
+ * fresh random batch from a {@link BatchSpec}, validated as the service validates
+ * (service/host_input.ts), planned on the kernel alone (backends/flash_mma_plan.ts: cache
+ * write, poison, attention) and run through the shared launch path (`runGpuPlan`); output
+ * (f16/bf16 bits), LSE and the cache after the call compared with the reference's. With
+ * `plant`, a few visible context elements of K and V hold a value beyond f16's range: the
+ * kernel reads the cache dtype's value, the reference (an f32 cache) the value clamped to
+ * +-65504, which is what the kernel's staging does.
  * @module
  */
 import assert from "node:assert/strict";
 import { CPU_REFERENCE } from "../../backends/cpu_reference.ts";
-import { decode, encode, roundArray } from "../../core/dtype.ts";
+import { planFlashMma } from "../../backends/flash_mma_plan.ts";
+import { toFloat32 } from "../../core/data.ts";
+import { decode, encode } from "../../core/dtype.ts";
 import { HostKvCache } from "../../core/host_cache.ts";
-import type { ForwardBatch, ForwardResult, KvCache } from "../../core/types.ts";
+import type { GpuContext, KvCache } from "../../core/types.ts";
 import type { MmaShape } from "../../gpu/flash_mma_codegen.ts";
 import type { MmaContext } from "../../gpu/flash_mma_device.ts";
-import { type MmaBatch, runFlashMma } from "../../gpu/flash_mma_launch.ts";
-import { GpuKvCache } from "../../gpu/kv_cache.ts";
+import { disposeGpuPlan, runGpuPlan } from "../../gpu/gpu_plan.ts";
+import { GpuKvCache, MAX_KV_CHUNK_BYTES } from "../../gpu/kv_cache.ts";
+import { validHostBatch } from "../../service/host_input.ts";
 import { type BatchSpec, cacheIndex, generateBatch } from "./batches.ts";
 import { assertClose, firstNonFinite } from "./compare.ts";
 
 /** Options of {@link checkMma}. */
 export interface MmaCaseOptions {
-  shape: MmaShape;
+  /** Kernel shape (default: the first that fits). */
+  shape?: MmaShape;
+  /** Cap cache chunks at this many blocks (a multi-chunk cache). */
   maxBlocksPerChunk?: number;
-  /** Plant this value (and its negation) in a few visible K and V cache elements. */
+  /** Plant +-plant in a few visible context elements of K and V. */
   plant?: number;
 }
 
-/** Tolerances of the f16 path: f16/bf16 data, fp8 caches looser. */
+/** Output tolerance of the f16 path: f16/bf16 data; fp8 caches looser. */
 export function mmaTolerance(s: BatchSpec): { atol: number; rtol: number } {
   const fp8 = s.kv_cache_dtype === "fp8_e4m3" || s.kv_cache_dtype === "fp8_e5m2";
   return fp8 ? { atol: 6e-2, rtol: 1e-1 } : { atol: 1e-2, rtol: 1e-2 };
 }
 
-const bits = (dtype: "float16" | "bfloat16", x: Float32Array) => {
-  const b = encode(dtype, x);
-  return new Uint16Array(b.buffer, b.byteOffset, b.byteLength / 2);
-};
-
-/** Sets three visible context elements of request 0 (kv head 0) in K and V to +-v0. */
+/** Sets three context elements of request 0 (kv head 0) in K and V to +-v0. */
 function plantValues(s: BatchSpec, k: Float32Array, v: Float32Array, bt: Int32Array, v0: number) {
   const r = s.requests[0], ctxLen = Math.max(1, r.seq_len - r.query_len);
   for (let j = 0; j < 3; j++) {
@@ -50,38 +52,25 @@ function plantValues(s: BatchSpec, k: Float32Array, v: Float32Array, bt: Int32Ar
   }
 }
 
-/** Runs one case; throws (an AssertionError naming the seed) on a mismatch. */
+/** Runs one case on a fresh batch from `seed`; throws an AssertionError naming the seed. */
 export async function checkMma(
   ctx: MmaContext,
   s: BatchSpec,
   seed: number,
-  o: MmaCaseOptions,
+  o: MmaCaseOptions = {},
 ): Promise<void> {
   const g = generateBatch(s, seed);
-  const tag = `seed ${seed}`;
-  const f32Cache = s.dtype === "float32";
-  const dtype = f32Cache ? "float16" : s.dtype as "float16" | "bfloat16";
-  const batch: Omit<ForwardBatch, "cache"> = { ...g.batch };
-  if (f32Cache) batch.query = roundArray("float16", batch.query); // f32 data: not this path
-  let gpu: GpuKvCache | null = null;
-  let want: ForwardResult;
-  const reference = (b: Omit<ForwardBatch, "cache">, cache: KvCache | null) =>
-    CPU_REFERENCE.run(
-      CPU_REFERENCE.plan({ ...b, cache }, { gpu: null }) as never,
-      { ...b, cache },
-      { gpu: null },
-    );
+  let gctx: GpuContext = ctx;
+  let key = g.key_cache, value = g.value_cache;
+  let ref: KvCache | null = null, cache: GpuKvCache | null = null, refBatch = g.batch;
   if (g.cache_spec) {
-    // The reference writes the new K/V; the kernel reads the written cache.
-    const host = HostKvCache.fromBytes(g.cache_spec, g.key_cache, g.value_cache);
-    want = await reference(batch, host);
-    let { key, value } = await host.read();
+    if (o.maxBlocksPerChunk) {
+      const bytes = o.maxBlocksPerChunk * (key.byteLength / g.cache_spec.num_blocks);
+      gctx = { ...ctx, limits: { ...ctx.limits, [MAX_KV_CHUNK_BYTES]: bytes } };
+    }
     if (o.plant !== undefined) {
-      // The kernel reads the planted values in the cache's dtype; the reference (f32 cache,
-      // nothing written) their clamp to f16's range.
-      const st = g.storage!;
-      const kv = decode(st, key), vv = decode(st, value);
-      plantValues(s, kv, vv, batch.metadata.block_table, o.plant);
+      const st = g.storage!, kv = decode(st, key), vv = decode(st, value);
+      plantValues(s, kv, vv, g.batch.metadata.block_table, o.plant);
       [key, value] = [encode(st, kv), encode(st, vv)];
       const clamped = (x: Float32Array) =>
         encode(
@@ -89,40 +78,40 @@ export async function checkMma(
           decode(st, encode(st, x)).map((y) => Math.max(-65504, Math.min(65504, y))),
         );
       const spec = { ...g.cache_spec, dtype: "float32" as const, kv_cache_dtype: "auto" as const };
-      const md = { ...batch.metadata, slot_mapping: batch.metadata.slot_mapping.map(() => -1) };
-      want = await reference(
-        { ...batch, dtype: "float32", metadata: md },
-        HostKvCache.fromBytes(spec, clamped(kv), clamped(vv)),
-      );
-    }
-    gpu = await GpuKvCache.fromBytes(ctx, g.cache_spec, key, value, {
-      maxBlocksPerChunk: o.maxBlocksPerChunk,
-    });
-  } else want = await reference(batch, null);
+      ref = HostKvCache.fromBytes(spec, clamped(kv), clamped(vv));
+      refBatch = { ...g.batch, dtype: "float32" };
+    } else ref = HostKvCache.fromBytes(g.cache_spec, key, value);
+    cache = await GpuKvCache.fromBytes(gctx, g.cache_spec, key, value);
+    if (o.maxBlocksPerChunk) assert.ok(cache.geometry.nchunk > 1, "a multi-chunk cache");
+  }
   try {
-    const mb: MmaBatch = {
-      dtype,
-      layer: batch.layer,
-      num_tokens: batch.num_tokens,
-      query: bits(dtype, batch.query),
-      key: gpu ? null : bits(dtype, batch.key!),
-      value: gpu ? null : bits(dtype, batch.value!),
-      metadata: batch.metadata,
-      return_lse: true,
-    };
-    const got = await runFlashMma(ctx, mb, gpu, o.shape);
-    const out = decode(
-      dtype,
-      new Uint8Array(got.output.buffer, got.output.byteOffset, got.output.byteLength),
-    );
-    assert.equal(firstNonFinite(out), -1, `output has a non-finite element (${tag})`);
-    assertClose(out, want.output, {
+    const want = await CPU_REFERENCE.run({}, validHostBatch(refBatch, ref), { gpu: null });
+    const batch = validHostBatch(g.batch, cache);
+    const plan = await planFlashMma(gctx, batch, ctx.mma, o.shape);
+    const what = `${plan.kernels.join(" + ")}, seed ${seed}`;
+    assert.ok(plan.kernels.some((k) => k.startsWith("flash_mma(")), `planned ${what}`);
+    let got;
+    try {
+      got = await runGpuPlan(plan, batch, gctx);
+    } finally {
+      disposeGpuPlan(plan);
+    }
+    assert.equal(got.output.dtype, s.dtype, `output dtype (${what})`);
+    const out = toFloat32(got.output);
+    assert.equal(firstNonFinite(out), -1, `output has a non-finite element (${what})`);
+    assertClose(out, toFloat32(want.output), {
       ...mmaTolerance(s),
       shape: g.output_shape,
-      label: `output (${tag})`,
+      label: `output (${what})`,
     });
-    assertClose(got.lse, want.lse!, { atol: 1e-3, rtol: 1e-4, label: `lse (${tag})` });
+    // The denominator sums f16-rounded p (as PV uses them): within 2^-11 relative.
+    assertClose(got.lse!, want.lse!, { atol: 1e-3, rtol: 1e-4, label: `lse (${what})` });
+    if (cache && o.plant === undefined) {
+      const [a, b] = await Promise.all([cache.read(), ref!.read()]);
+      assert.deepEqual(a.key, b.key, `key cache after the call (${what})`);
+      assert.deepEqual(a.value, b.value, `value cache after the call (${what})`);
+    }
   } finally {
-    gpu?.destroy();
+    cache?.destroy();
   }
 }
