@@ -17,7 +17,7 @@ import {
   type MmaShape,
   mmaShapeProblem,
   type MmaTarget,
-} from "../gpu/flash_mma_codegen.ts";
+} from "../gpu/flash_mma_shape.ts";
 import { FLASH_MMA, type MmaSupport } from "../gpu/flash_mma_kernel.ts";
 import type { GpuPlan, PlannedCall } from "../gpu/gpu_plan.ts";
 import { getKernel, packUniforms } from "../gpu/kernel.ts";

@@ -12,7 +12,7 @@
  */
 import { parseArgs } from "node:util";
 import { mmaConstsOf, planFlashMma } from "../backends/flash_mma_plan.ts";
-import { mmaLayout, type MmaShape } from "../gpu/flash_mma_codegen.ts";
+import { mmaLayout, type MmaShape } from "../gpu/flash_mma_shape.ts";
 import { acquireMmaDevice, type MmaContext } from "../gpu/flash_mma_device.ts";
 import { disposeGpuPlan, type GpuPlan, runGpuPlan } from "../gpu/gpu_plan.ts";
 import {
@@ -54,7 +54,13 @@ const SMALL_CASES: PrefillCase[] = [
 ];
 
 /** Sorted device times (ms) of `n` timestamped dispatches of the plan's attention call. */
-async function deviceTimes(ctx: MmaContext, plan: GpuPlan, p: PrefillData, n: number) {
+async function deviceTimes(
+  ctx: MmaContext,
+  plan: GpuPlan,
+  p: PrefillData,
+  n: number,
+  warm: number,
+) {
   const dev = ctx.device, call = plan.calls.find((c) => c.name === "prefill_mma")!;
   const buf = (size: number, usage: number) => dev.createBuffer({ size, usage });
   const q = buf(p.query.byteLength, GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST);
@@ -96,7 +102,7 @@ async function deviceTimes(ctx: MmaContext, plan: GpuPlan, p: PrefillData, n: nu
     ps.end();
   };
   const e = dev.createCommandEncoder();
-  for (let i = -3; i < n; i++) pass(e, i); // 3 warm-up passes, then n timed ones
+  for (let i = -warm; i < n; i++) pass(e, i); // warm-up passes, then n timed ones
   e.resolveQuerySet(qs, 0, 2 * n, resolve, 0);
   e.copyBufferToBuffer(resolve, 0, read, 0, 16 * n);
   dev.queue.submit([e.finish()]);
@@ -154,10 +160,13 @@ for (const c of small ? SMALL_CASES : GPU_CASES) {
       const agree = first ? compareOutputs(out, first) : null;
       const ok = rows.worst <= 1 && rows.lseErr <= 1e-3 && (!agree || agree.bad === 0);
       if (ok && !first) first = out;
-      const times = timed ? await deviceTimes(ctx, plan, data, iters) : [NaN];
+      // Warm up for ~0.5 s of device time: the H200 idles at 345 MHz, and a few ms of work
+      // do not bring it to its 1980 MHz boost (4 x 1024 read 5-8x slow that way).
+      const once = r.timings?.gpu_prefill_mma ?? NaN;
+      const warm = Math.min(2000, Math.max(3, Math.ceil(500 / (once > 0 ? once : 1))));
+      const times = timed ? await deviceTimes(ctx, plan, data, iters, warm) : [NaN];
       const med = times[Math.floor(times.length / 2)];
       const tflops = data.flops / (med * 1e-3) / 1e12;
-      const once = r.timings?.gpu_prefill_mma ?? NaN;
       console.log(
         name.padEnd(14) + String(lay.rows).padStart(5) + String(lay.shared_bytes).padStart(7) +
           med.toFixed(3).padStart(12) + times[0].toFixed(3).padStart(10) +

@@ -7,7 +7,8 @@
  * @module
  */
 import { FLASH_ATTENTION } from "./flash_kernel.ts";
-import { flashMmaSource, type MmaConsts } from "./flash_mma_codegen.ts";
+import { flashMmaSource } from "./flash_mma_codegen.ts";
+import type { MmaConsts } from "./flash_mma_shape.ts";
 import type { KernelDef } from "./kernel.ts";
 import { kvBindingDecls } from "./wgsl.ts";
 

@@ -43,12 +43,13 @@
 // Compile-time: MM, MN, MK (matrix dims), SG (subgroup size), NSG, RM, BK, D, BS, NHD, TAU,
 // E16 (K/V elements per 16 bytes), KT_LEN (K tile array length), QPASS (Q rows staged per
 // pass), LPR/RPL (softmax lanes per row, rows per lane), NBT (block ids per tile); generated:
-// DECODE (kv16, q16: 16-byte words to f16), SOURCE (src_k/src_v), ROUND (round.wgsl and
-// out_bits), QFRAG_DECL/LOAD, QK, PV, O_DECL, O_RESCALE, O_OUTPUT (gpu/flash_mma_codegen.ts).
+// HELPERS (wgsl/flash_mma_rows.wgsl), DECODE (kv16, q16: 16-byte words to f16), SOURCE
+// (src_k/src_v), STAGE_LOAD/STORE, ROUND (round.wgsl and round_pair), SOFTMAX, QFRAG_DECL/LOAD,
+// QK, PV, O_DECL, O_RESCALE, O_OUTPUT (gpu/flash_mma_codegen.ts, gpu/flash_mma_staging.ts).
 // Enables: f16, chromium_experimental_subgroup_matrix, subgroups (where accepted). Matrix
 // calls sit in subgroup-uniform (not workgroup-uniform) branches: `main` turns the
 // chromium.subgroup_matrix_uniformity diagnostic off.
-// Out of f16 range: bf16/f32 cache and bf16 query values are clamped to +-65504 when staged
+// Out of f16 range: bf16/f32 K/V and bf16 query values are clamped to +-65504 when staged
 // (fp8 values always fit); the output saturates nowhere (f32 until the final rounding).
 // Semantics (core/reference.ts): p = base + j; s = (scale * k_scale) q.k, soft cap, ALiBi
 // -slope (p - k); causal k <= p (and p - k < w), non-causal |p - k| < w; sinks in the
@@ -94,69 +95,11 @@ var<workgroup> s_s: array<f32, R * SSTR>; // S; O passes (rescale, output)
 var<workgroup> s_blk: array<u32, 2u * NBT + 1u>; // block ids of two tiles (slots by parity)
 var<workgroup> s_kstart: u32;
 var<workgroup> s_kend: u32;
-var<workgroup> s_resc: u32;
+var<workgroup> s_resc: atomic<u32>; // any row needs an O rescale this tile (atomic: many writers)
 
 {{ROUND}}
 
-// Keys [kt, kt + BK) hold one visible to some position in [p_lo, p_hi]?
-fn tile_live(kt: u32, p_lo: i32, p_hi: i32) -> bool {
-  let k0 = i32(kt);
-  let k1 = k0 + i32(BK) - 1;
-  let w = i32(U.window);
-  if (U.causal != 0u) {
-    return k0 <= p_hi && (U.window == 0u || k1 > p_lo - w);
-  }
-  return U.window == 0u || (k0 < p_hi + w && k1 > p_lo - w);
-}
-
-// The scaled, capped, biased score of position `pos` for `key`; MASK where it is not visible.
-fn score(s: f32, pos: i32, slope: f32, key: u32, kend: u32) -> f32 {
-  var x = s * U.scale_qk;
-  if (U.softcap > 0.0) {
-    x = U.softcap * tanh(clamp(x / U.softcap, -15.0, 15.0));
-  }
-  let dk = pos - i32(key);
-  x -= slope * f32(dk);
-  var vis = key < kend;
-  if (U.causal != 0u) {
-    vis = vis && dk >= 0 && (U.window == 0u || dk < i32(U.window));
-  } else if (U.window > 0u) {
-    vis = vis && abs(dk) < i32(U.window);
-  }
-  return select(MASK, x, vis);
-}
-
-// Block id `i` of the tile starting at key kt (0 past the request's blocks).
-fn blk_of(kt: u32, i: u32, kv_len: u32, rbase: u32) -> u32 {
-  let b = kt / BS + i;
-  if (b * BS >= kv_len) {
-    return 0u;
-  }
-  return mdw[U.off_bt + rbase + b];
-}
-
-// Scales this lane's part of its rows in the O pass held in s_s.
-fn scale_rows(sgr: u32, ln: u32, alpha: array<f32, RPL>) {
-  for (var i = 0u; i < RPL; i++) {
-    let b = (sgr + ln / LPR + i * (SG / LPR)) * SSTR + (ln % LPR) * KPL;
-    for (var e = 0u; e < KPL; e++) {
-      s_s[b + e] *= alpha[i];
-    }
-  }
-}
-
-// Writes this lane's part of its rows of the O pass at columns c0.. as data-dtype bits.
-fn write_rows(sgr: u32, ln: u32, c0: u32, tb: array<u32, RPL>, inv: array<f32, RPL>) {
-  for (var i = 0u; i < RPL; i++) {
-    let b = (sgr + ln / LPR + i * (SG / LPR)) * SSTR + (ln % LPR) * KPL;
-    let col = c0 + (ln % LPR) * KPL;
-    for (var e = 0u; e < KPL; e += 2u) {
-      if (tb[i] != 0xffffffffu && col + e < D) {
-        out[(tb[i] + col + e) / 2u] = round_pair(s_s[b + e] * inv[i], s_s[b + e + 1u] * inv[i]);
-      }
-    }
-  }
-}
+{{HELPERS}}
 
 @compute @workgroup_size(WG)
 @diagnostic(off, chromium.subgroup_matrix_uniformity)
@@ -292,7 +235,7 @@ fn main(
   var par = 0u;
   for (var kt = kstart; kt < kend; kt += BK) {
     if (t == 0u) {
-      s_resc = 0u;
+      atomicStore(&s_resc, 0u);
     }
     let kb = par * KT_LEN; // this tile's K (then P) and V buffers
     let vb = par * VT_LEN;

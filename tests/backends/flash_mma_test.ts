@@ -11,7 +11,8 @@
  */
 import assert from "node:assert/strict";
 import { mmaConstsOf, mmaTargetOf } from "../../backends/flash_mma_plan.ts";
-import { chooseMmaShape, FP8_TO_F16, type MmaShape } from "../../gpu/flash_mma_codegen.ts";
+import { chooseMmaShape, type MmaShape } from "../../gpu/flash_mma_shape.ts";
+import { FP8_TO_F16 } from "../../gpu/flash_mma_staging.ts";
 import { FP8_E4M3_TABLE, FP8_E5M2_TABLE } from "../../core/dtype.ts";
 import { acquireMmaDevice } from "../../gpu/flash_mma_device.ts";
 import { validHostBatch } from "../../service/host_input.ts";

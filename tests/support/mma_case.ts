@@ -16,7 +16,7 @@ import { toFloat32 } from "../../core/data.ts";
 import { decode, encode } from "../../core/dtype.ts";
 import { HostKvCache } from "../../core/host_cache.ts";
 import type { GpuContext, KvCache } from "../../core/types.ts";
-import type { MmaShape } from "../../gpu/flash_mma_codegen.ts";
+import type { MmaShape } from "../../gpu/flash_mma_shape.ts";
 import type { MmaContext } from "../../gpu/flash_mma_device.ts";
 import { disposeGpuPlan, runGpuPlan } from "../../gpu/gpu_plan.ts";
 import { GpuKvCache, MAX_KV_CHUNK_BYTES } from "../../gpu/kv_cache.ts";
