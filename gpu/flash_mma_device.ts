@@ -1,8 +1,9 @@
 /**
- * A WebGPU device with subgroup matrices for the tensor-core prefill kernel: Dawn (npm
- * `webgpu` 0.6.2, loaded on demand) with `chromium-experimental-subgroup-matrix`,
- * `shader-f16`, `subgroups` and every adapter limit. Standalone until the device layer
- * (gpu/device.ts) grants and reports subgroup matrices itself; every way of not getting one
+ * A WebGPU device with subgroup matrices for the tensor-core prefill kernel, acquired on its
+ * own: Dawn (npm `webgpu` 0.6.2, loaded on demand) with `chromium-experimental-subgroup-matrix`,
+ * `shader-f16`, `subgroups` and every adapter limit. The tests and the bench use it; a context
+ * from gpu/device.ts's Dawn runtime serves as well, with `mmaSupportOf(ctx)`
+ * (gpu/flash_mma_kernel.ts) in place of {@link MmaContext.mma}. Every way of not getting one
  * (the addon does not load, no adapter, no feature, no f16 -> f32 configuration, a varying
  * subgroup size) is a stated reason, never an exception.
  * @module

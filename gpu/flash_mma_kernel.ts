@@ -7,6 +7,7 @@
  * @module
  */
 import { FLASH_ATTENTION } from "./flash_kernel.ts";
+import type { AdapterInfoReport, GpuContext } from "../core/types.ts";
 import { flashMmaSource } from "./flash_mma_codegen.ts";
 import type { MmaConsts } from "./flash_mma_shape.ts";
 import type { KernelDef } from "./kernel.ts";
@@ -42,4 +43,19 @@ export interface MmaSupport {
   n: number;
   k: number;
   sg: number;
+}
+
+/**
+ * What `ctx`'s device offers the kernel (gpu/device.ts requests the feature and reports Dawn's
+ * configurations in `adapter_info`), or null: the feature not granted, no f16 -> f32
+ * configuration, or no single subgroup size.
+ */
+export function mmaSupportOf(ctx: GpuContext): MmaSupport | null {
+  const info = ctx.adapter_info as AdapterInfoReport;
+  const c = info.subgroup_matrix_configs?.find((x) =>
+    x.component_type === "f16" && x.result_component_type === "f32"
+  );
+  const sg = info.subgroup_min_size;
+  if (!ctx.features.has(MMA_FEATURE) || !c || !sg || sg !== info.subgroup_max_size) return null;
+  return { m: c.m, n: c.n, k: c.k, sg };
 }

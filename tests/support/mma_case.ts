@@ -10,11 +10,11 @@
  * @module
  */
 import assert from "node:assert/strict";
-import { CPU_REFERENCE } from "../../backends/cpu_reference.ts";
+import { CPU_REFERENCE } from "../../backends/cpu/cpu_reference.ts";
 import { planFlashMma } from "../../backends/flash_mma_plan.ts";
 import { toFloat32 } from "../../core/data.ts";
 import { decode, encode } from "../../core/dtype.ts";
-import { HostKvCache } from "../../core/host_cache.ts";
+import { HostKvCache } from "../../backends/cpu/host_cache.ts";
 import type { GpuContext, KvCache } from "../../core/types.ts";
 import type { MmaShape } from "../../gpu/flash_mma_shape.ts";
 import type { MmaContext } from "../../gpu/flash_mma_device.ts";
