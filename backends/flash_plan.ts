@@ -154,7 +154,11 @@ const isEncoder = (s: BatchShape) =>
  * Tiles (4 words each) of the requests `reqs` selects, per-request words, block table, ALiBi
  * slopes and sinks in one array. Tiles are sorted longest first (a shorter tail).
  */
-export function buildFlashMeta(s: BatchShape, cfg: FlashConfig, reqs: (i: number) => boolean) {
+export function buildFlashMeta(
+  s: BatchShape,
+  cfg: Pick<FlashConfig, "rows">,
+  reqs: (i: number) => boolean,
+) {
   const L = s.layer, md = s.metadata, G = L.num_heads / L.num_kv_heads, enc = isEncoder(s);
   const tpt = G <= cfg.rows ? Math.floor(cfg.rows / G) : 1;
   const hchunk = Math.min(G, cfg.rows);

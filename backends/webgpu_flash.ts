@@ -27,12 +27,16 @@ import { GpuKvCache } from "../gpu/kv_cache.ts";
 import {
   envFlashTile,
   FLASH_TILES,
+  type FlashConfig,
   flashConfig,
   flashSharedBytes,
   type FlashTile,
   planPrefillRows,
 } from "./flash_plan.ts";
 import { planDecodeRows } from "./decode_plan.ts";
+import { mmaConstsOf, planMmaRows } from "./flash_mma_plan.ts";
+import { mmaSupportOf } from "../gpu/flash_mma_kernel.ts";
+import type { TableBuilder } from "../gpu/plan_table.ts";
 import { isSoftware } from "./decode_shape.ts";
 import { DECODE_HEAD_SIZES } from "./webgpu_decode.ts";
 import {
@@ -67,6 +71,35 @@ export interface FlashOptions {
   tile: FlashTile | null;
   /** The split-KV kernels' tuning for the decode rows. */
   decode: DecodeTuning;
+  /**
+   * Run f16/bf16 prefill rows on the tensor-core kernel (subgroup matrices, Dawn) where the
+   * device has them; false keeps the portable kernel. Default: on, unless ATTN_PREFILL_MMA=0.
+   */
+  mma?: boolean;
+}
+
+function envMma(): boolean {
+  try {
+    return Deno.env.get("ATTN_PREFILL_MMA") !== "0";
+  } catch {
+    return true;
+  }
+}
+
+/** The prefill rows on the tensor-core kernel when it can run them, else the portable one. */
+async function planPrefill(
+  ctx: GpuContext,
+  o: FlashOptions,
+  s: BatchShape,
+  cfg: FlashConfig,
+  reqs: (i: number) => boolean,
+  table: TableBuilder,
+) {
+  if (o.mma ?? envMma()) {
+    const c = mmaConstsOf(ctx, s, mmaSupportOf(ctx));
+    if (typeof c !== "string") return await planMmaRows(ctx, s, c, reqs, table);
+  }
+  return await planPrefillRows(ctx, s, cfg, reqs, table);
 }
 
 async function planFor(
@@ -91,7 +124,7 @@ async function planFor(
   return await buildGpuPlan(ctx, s, async (table): Promise<AttentionCalls> => {
     const [d, p] = await Promise.all([
       planDecodeRows(ctx, o.decode, s, isDecode, table),
-      planPrefillRows(ctx, s, cfg, (i) => !isDecode(i), table),
+      planPrefill(ctx, o, s, cfg, (i) => !isDecode(i), table),
     ]);
     return {
       calls: [...(d?.calls ?? []), ...(p?.calls ?? [])],

@@ -122,3 +122,36 @@ export class ClientClosedError extends ServiceError {
     this.name = "ClientClosedError";
   }
 }
+
+/** An error as plain, structured-cloneable data (across a worker boundary). */
+export interface PlainError {
+  name: string;
+  message: string;
+  service?: ServiceErrorInit;
+}
+
+/** Any thrown value as a {@link PlainError}. */
+export function errorToPlain(e: unknown): PlainError {
+  if (e instanceof ServiceError) {
+    const { status, code, title, issues, reasons, extra } = e;
+    return {
+      name: e.name,
+      message: e.message,
+      service: { status, code, title, issues, reasons, extra },
+    };
+  }
+  if (e instanceof Error) return { name: e.name, message: e.message };
+  return { name: "Error", message: String(e) };
+}
+
+/** The error a {@link PlainError} stands for: the same ServiceError, or a plain Error. */
+export function errorFromPlain(p: PlainError): Error {
+  if (p.service) {
+    const e = new ServiceError(p.message, p.service);
+    e.name = p.name;
+    return e;
+  }
+  const e = new Error(p.message);
+  e.name = p.name;
+  return e;
+}

@@ -12,12 +12,12 @@ import type { AttentionService } from "../service/service.ts";
 import {
   decodeBinaryForward,
   type DecodedForward,
-  decodeJsonForward,
   forwardJson,
   forwardSafetensors,
 } from "../wire/codec.ts";
 import { showValue } from "../wire/zod_issues.ts";
-import { bodyKind, type BodyLimits, parseJson, readBody, wantsBinary } from "./body.ts";
+import { bodyKind, type BodyLimits, readBody, wantsBinary } from "./body.ts";
+import type { JsonDecoder } from "./json_decoder.ts";
 import { cacheIdParam } from "./cache_routes.ts";
 import type { Metrics } from "./metrics.ts";
 import { binaryResponse, jsonResponse } from "./responses.ts";
@@ -27,11 +27,12 @@ import type { RouteContext, Router } from "./routes.ts";
 async function decode(
   req: Request,
   limits: BodyLimits,
+  json: JsonDecoder,
 ): Promise<{ decoded: DecodedForward; binary: boolean }> {
   const kind = bodyKind(req, ["json", "binary"]);
   const bytes = await readBody(req, limits[kind]);
   return kind === "json"
-    ? { decoded: decodeJsonForward(parseJson(bytes)), binary: false }
+    ? { decoded: await json.decode(bytes), binary: false }
     : { decoded: decodeBinaryForward(bytes), binary: true };
 }
 
@@ -63,11 +64,12 @@ export function addForwardRoutes(
   service: AttentionService,
   limits: BodyLimits,
   metrics: Metrics,
+  json: JsonDecoder,
 ): void {
   const run = async (ctx: RouteContext, cacheId: string | null): Promise<Response> => {
     const { req } = ctx;
     const t0 = performance.now();
-    const body = await decode(req, limits);
+    const body = await decode(req, limits, json);
     const decoded = cacheId === null ? body.decoded : onCache(body.decoded, cacheId, body.binary);
     const tParsed = performance.now();
     const outcome = await service.forward(decoded.input, { signal: req.signal });

@@ -14,6 +14,7 @@ import { accessCheck, type AccessPolicy } from "./auth.ts";
 import { bodyLimits, jsonBody } from "./body.ts";
 import { addCacheRoutes } from "./cache_routes.ts";
 import { addForwardRoutes } from "./forward_routes.ts";
+import { JsonDecoder, sharedJsonDecoder } from "./json_decoder.ts";
 import { Metrics } from "./metrics.ts";
 import { openApiDocument } from "./openapi.ts";
 import { errorHeaders, type ErrorLogger, problem, problemResponse, toProblem } from "./problem.ts";
@@ -37,6 +38,8 @@ export interface HandlerOptions {
    * `/healthz` (default none: no header).
    */
   instance?: string;
+  /** Decodes JSON forward bodies (big ones in a worker); default the process-wide one. */
+  jsonDecoder?: JsonDecoder;
 }
 
 /** A request handler, and the route table it serves (method and URLPattern path of each). */
@@ -66,7 +69,7 @@ export function createHandler(service: AttentionService, opts: HandlerOptions = 
     return jsonResponse(service.select(cfg, backend));
   });
   addCacheRoutes(router, service, limits);
-  addForwardRoutes(router, service, limits, metrics);
+  addForwardRoutes(router, service, limits, metrics, opts.jsonDecoder ?? sharedJsonDecoder);
   router.add(
     "GET",
     "/metrics",

@@ -28,6 +28,7 @@ import {
   MAX_JSON_BODY_BYTES_CEILING,
 } from "./body.ts";
 import { createHandler } from "./handler.ts";
+import { sharedJsonDecoder } from "./json_decoder.ts";
 import { MAX_JSON_VALUES } from "../wire/json_scan.ts";
 import { INSTANCE_HEADER, INSTANCE_NAME_PATTERN } from "../wire/names.ts";
 import { DEFAULT_SHUTDOWN_DEADLINE_MS, Drainer } from "./shutdown.ts";
@@ -268,6 +269,7 @@ async function main(): Promise<void> {
     const r = await drainer.drain(server, { deadlineMs: o.shutdownDeadlineMs });
     if (r.drained) {
       await service.close();
+      sharedJsonDecoder.close();
       closeDevice();
       console.error(`stopped: every call finished (${r.ms.toFixed(0)} ms)`);
       Deno.exit(0);

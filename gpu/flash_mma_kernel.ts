@@ -1,0 +1,61 @@
+/**
+ * The tensor-core prefill kernel (wgsl/flash_mma.wgsl) as a kernel entry: FlashAttention-2
+ * style varlen attention whose QK^T and PV run on f16 subgroup matrices with f32 accumulation
+ * (Dawn's `chromium-experimental-subgroup-matrix`), over the paged cache or the call's own K/V.
+ * Same Params words, tile table and binding names as the portable FLASH_ATTENTION entry, so a
+ * plan binds it the same way; f16 and bf16 data only (f32 data keeps the exact f32 path).
+ * @module
+ */
+import { FLASH_ATTENTION } from "./flash_kernel.ts";
+import type { AdapterInfoReport, GpuContext } from "../core/types.ts";
+import { flashMmaSource } from "./flash_mma_codegen.ts";
+import type { MmaConsts } from "./flash_mma_shape.ts";
+import type { KernelDef } from "./kernel.ts";
+import { kvBindingDecls } from "./wgsl.ts";
+
+/** The WebGPU feature the kernel needs (with `shader-f16` and `subgroups`). */
+export const MMA_FEATURE = "chromium-experimental-subgroup-matrix";
+
+/** The tensor-core prefill kernel, as data. */
+export const FLASH_MMA: KernelDef<MmaConsts> = {
+  name: "flash_mma",
+  uniforms: FLASH_ATTENTION.uniforms,
+  bindings: (c) => [
+    { name: "U", kind: "uniform" },
+    { name: "q", kind: "read", type: "array<vec4<u32>>" },
+    { name: "mdw", kind: "read", type: "array<u32>" },
+    { name: "out", kind: "read_write", type: "array<u32>" },
+    { name: "lse", kind: "read_write", type: "array<u32>" },
+    ...(c.enc
+      ? [
+        { name: "k_in", kind: "read" as const, type: "array<vec4<u32>>" },
+        { name: "v_in", kind: "read" as const, type: "array<vec4<u32>>" },
+      ]
+      : kvBindingDecls(c.nchunk, "read", true)),
+  ],
+  enables: () => ["f16", "subgroups", "chromium_experimental_subgroup_matrix"],
+  source: flashMmaSource,
+};
+
+/** A device's f16 -> f32 subgroup-matrix dims (M x K times K x N) and its subgroup size. */
+export interface MmaSupport {
+  m: number;
+  n: number;
+  k: number;
+  sg: number;
+}
+
+/**
+ * What `ctx`'s device offers the kernel (gpu/device.ts requests the feature and reports Dawn's
+ * configurations in `adapter_info`), or null: the feature not granted, no f16 -> f32
+ * configuration, or no single subgroup size.
+ */
+export function mmaSupportOf(ctx: GpuContext): MmaSupport | null {
+  const info = ctx.adapter_info as AdapterInfoReport;
+  const c = info.subgroup_matrix_configs?.find((x) =>
+    x.component_type === "f16" && x.result_component_type === "f32"
+  );
+  const sg = info.subgroup_min_size;
+  if (!ctx.features.has(MMA_FEATURE) || !c || !sg || sg !== info.subgroup_max_size) return null;
+  return { m: c.m, n: c.n, k: c.k, sg };
+}

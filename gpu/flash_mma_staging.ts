@@ -1,0 +1,154 @@
+/**
+ * The K/V and query side of the subgroup-matrix prefill kernel's WGSL: 16-byte words to f16
+ * (per K/V storage dtype and per data dtype; bf16/f32 clamped to f16's range, fp8 exact and
+ * branch-free), the K/V sources (paged cache through kvAccessorFns, or the call's K/V), the
+ * double-buffered staging code unrolled for one variant, and the output rounding.
+ * @module
+ */
+import type { StorageDType } from "../core/types.ts";
+import { type MmaConsts, mmaLayout, type MmaTarget } from "./flash_mma_shape.ts";
+import { kvAccessorFns, loadWgsl } from "./wgsl.ts";
+
+const range = (n: number) => Array.from({ length: n }, (_, i) => i);
+
+const F16_FROM_WORDS = `let a = select(w.zw, w.xy, i == 0u);
+  return vec4<f16>(bitcast<vec2<f16>>(a.x), bitcast<vec2<f16>>(a.y));`;
+const F16_FROM_BF16 = `let a = select(w.zw, w.xy, i == 0u);
+  let x = vec4<f32>(bitcast<f32>(a.x << 16u), bitcast<f32>(a.x & 0xffff0000u),
+                    bitcast<f32>(a.y << 16u), bitcast<f32>(a.y & 0xffff0000u));
+  return vec4<f16>(clamp(x, vec4<f32>(-65504.0), vec4<f32>(65504.0)));`;
+
+/** fp8 bytes (4 in a word) to f16, exactly and without branches (e4m3fn NaN -> f16 NaN). */
+export const FP8_TO_F16: Record<"fp8_e4m3" | "fp8_e5m2", string> = {
+  // e5m2 is the top byte of an f16.
+  fp8_e5m2: `fn fp8x4_f16(x: u32) -> vec4<f16> {
+  let lo = ((x & 0xffu) << 8u) | ((x & 0xff00u) << 16u);
+  let hi = ((x >> 8u) & 0xff00u) | (x & 0xff000000u);
+  return vec4<f16>(bitcast<vec2<f16>>(lo), bitcast<vec2<f16>>(hi));
+}
+`,
+  // e4m3fn: exponent + 8 for normals; a subnormal m * 2^-9 is an f16 normal built from m's
+  // leading bit; 0x7f/0xff are NaN.
+  fp8_e4m3: `fn fp8x4_f16(x: u32) -> vec4<f16> {
+  let b = (vec4<u32>(x) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(0xffu);
+  let em = b & vec4<u32>(0x7fu);
+  let m = em & vec4<u32>(7u);
+  let p = firstLeadingBit(max(m, vec4<u32>(1u)));
+  let sub = ((p + 6u) << vec4<u32>(10u)) | ((m ^ (vec4<u32>(1u) << p)) << (10u - p));
+  var h = select((em << vec4<u32>(7u)) + 0x2000u, select(sub, vec4<u32>(0u), m == vec4<u32>(0u)), em < vec4<u32>(8u));
+  h = select(h, vec4<u32>(0x7e00u), em == vec4<u32>(0x7fu));
+  let w = ((b & vec4<u32>(0x80u)) << vec4<u32>(8u)) | h;
+  return vec4<f16>(bitcast<vec2<f16>>(w.x | (w.y << 16u)), bitcast<vec2<f16>>(w.z | (w.w << 16u)));
+}
+`,
+};
+
+/**
+ * `fn kv16(w: vec4<u32>, i: u32) -> vec4<f16>`: elements 4i..4i+3 of a 16-byte K/V word
+ * (bf16 and f32 values outside f16's range clamped to +-65504; fp8 always fits, exactly),
+ * and `fn q16` for the query's data dtype.
+ */
+export function stagingDecoders(storage: StorageDType, dtype: "float16" | "bfloat16"): string {
+  const q = `fn q16(w: vec4<u32>, i: u32) -> vec4<f16> {
+  ${dtype === "float16" ? F16_FROM_WORDS : F16_FROM_BF16}
+}
+`;
+  const fn = (body: string) => `fn kv16(w: vec4<u32>, i: u32) -> vec4<f16> {\n  ${body}\n}\n`;
+  switch (storage) {
+    case "float16":
+      return q + fn(F16_FROM_WORDS);
+    case "bfloat16":
+      return q + fn(F16_FROM_BF16);
+    case "fp8_e4m3":
+    case "fp8_e5m2":
+      return q + FP8_TO_F16[storage] + fn("return fp8x4_f16(w[i]);");
+    case "float32":
+      return q + fn(
+        "return vec4<f16>(clamp(bitcast<vec4<f32>>(w), vec4<f32>(-65504.0), vec4<f32>(65504.0)));",
+      );
+  }
+}
+
+/** round.wgsl's integer nearest-even rounding and `fn round_pair(a, b) -> u32` for `dtype`. */
+export async function roundCode(dtype: "float16" | "bfloat16"): Promise<string> {
+  const f = dtype === "float16" ? "f16_bits" : "bf16_bits";
+  return `${await loadWgsl("round.wgsl")}
+fn round_pair(a: f32, b: f32) -> u32 {
+  return ${f}(bitcast<u32>(a)) | (${f}(bitcast<u32>(b)) << 16u);
+}
+`;
+}
+
+/** src_k / src_v: the 16-byte word c of key `key`'s row for kv head h. */
+export function sourceCode(c: MmaTarget): string {
+  const sig = "key: u32, h: u32, c: u32, kt: u32, par: u32, rbase: u32";
+  if (c.enc) {
+    return ["k", "v"].map((t) =>
+      `fn src_${t}(${sig}) -> vec4<u32> {
+  return ${t}_in[((rbase + key) * U.num_kv_heads + h) * V4R + c];
+}
+`
+    ).join("");
+  }
+  const acc = kvAccessorFns({
+    nchunk: c.nchunk,
+    blocksPerChunk: "U.blocks_per_chunk",
+    blockWords: "U.block_words",
+    vec4: true,
+  });
+  const fn = (t: string) =>
+    `fn src_${t}(${sig}) -> vec4<u32> {
+  let br = kv_row(key, h, kt, par);
+  return load_${t}4(br.x, br.y + 4u * c);
+}
+`;
+  return `${acc}
+fn kv_row(key: u32, h: u32, kt: u32, par: u32) -> vec2<u32> {
+  let block = s_blk[par * NBT + key / BS - kt / BS];
+  let off = key % BS;
+  if (NHD) {
+    return vec2<u32>(block, (off * U.num_kv_heads + h) * WPR);
+  }
+  return vec2<u32>(block, (h * BS + off) * WPR);
+}
+${fn("k")}${fn("v")}`;
+}
+
+/**
+ * K/V staging, unrolled over the NLD 16-byte words each invocation moves per tile:
+ * STAGE_LOAD loads tile `kn`'s words (block ids in slot `sn`; zero past `kend`) into wk_i /
+ * wv_i, STAGE_STORE decodes them to f16 into the buffers at `kbn` / `vbn`.
+ */
+export function stagingCode(c: MmaConsts): { STAGE_LOAD: string; STAGE_STORE: string } {
+  const lay = mmaLayout(c, c), v4r = c.d / lay.e16, words = c.bk * v4r;
+  const N = range(Math.ceil(words / lay.wg)), guard = words % lay.wg !== 0;
+  const load: string[] = [], store: string[] = [];
+  for (const i of N) {
+    load.push(
+      `var wk${i} = vec4<u32>(0u);`,
+      `var wv${i} = vec4<u32>(0u);`,
+      "{",
+      `  let idx = t + ${i * lay.wg}u;`,
+      "  let key = kn + idx / V4R;",
+      `  if (${guard ? "idx < BK * V4R && " : ""}key < kend) {`,
+      `    wk${i} = src_k(key, kvh, idx % V4R, kn, sn, rbase);`,
+      `    wv${i} = src_v(key, kvh, idx % V4R, kn, sn, rbase);`,
+      "  }",
+      "}",
+    );
+    store.push("{", `  let idx = t + ${i * lay.wg}u;`);
+    if (guard) store.push("  if (idx < BK * V4R) {");
+    store.push("  let o = (idx / V4R) * KSTR + (idx % V4R) * E16;");
+    for (const j of range(lay.e16 / 4)) {
+      store.push(`  let a${j} = kv16(wk${i}, ${j}u);`, `  let b${j} = kv16(wv${i}, ${j}u);`);
+      for (const [e, f] of ["x", "y", "z", "w"].entries()) {
+        store.push(`  kt_s[kbn + o + ${4 * j + e}u] = a${j}.${f};`);
+        store.push(`  vt_s[vbn + o + ${4 * j + e}u] = b${j}.${f};`);
+      }
+    }
+    if (guard) store.push("  }");
+    store.push("}");
+  }
+  const ind = (xs: string[]) => xs.map((x) => "    " + x).join("\n");
+  return { STAGE_LOAD: ind(load), STAGE_STORE: ind(store) };
+}

@@ -1,0 +1,81 @@
+/**
+ * Big JSON forward bodies are decoded in a worker (server/json_decoder.ts): the result equals
+ * the inline decode, errors come back as the same problem codes, and the event loop keeps
+ * turning while a body of tens of MiB is parsed (inline it is blocked for the whole parse).
+ */
+import assert from "node:assert/strict";
+import { ServiceError } from "../../core/errors.ts";
+import { toFloat32 } from "../../core/data.ts";
+import { JSON_WORKER_MIN_BYTES, JsonDecoder } from "../../server/json_decoder.ts";
+import { decodeJsonForward } from "../../wire/codec.ts";
+import { parseJson } from "../../server/body.ts";
+
+function body(tokens: number): Uint8Array {
+  const H = 8, D = 64, n = tokens * H * D;
+  const q = Array.from({ length: n }, (_, i) => ((i * 7919) % 1000) / 1000 - 0.5);
+  const kv = Array.from({ length: tokens * D }, (_, i) => ((i * 104729) % 997) / 997 - 0.5);
+  return new TextEncoder().encode(JSON.stringify({
+    dtype: "float16",
+    layer: { num_heads: H, num_kv_heads: 1, head_size: D },
+    query: { dtype: "float16", shape: [tokens, H, D], data: q },
+    key: { dtype: "float16", shape: [tokens, 1, D], data: kv },
+    value: { dtype: "float16", shape: [tokens, 1, D], data: kv },
+    metadata: {
+      query_start_loc: [0, tokens],
+      seq_lens: [tokens],
+      block_table: [Array.from({ length: Math.ceil(tokens / 16) }, (_, i) => i)],
+      slot_mapping: Array.from({ length: tokens }, (_, i) => i),
+    },
+    kv_cache: "c",
+  }));
+}
+
+Deno.test("json decoder: a big body decodes in the worker to what the inline decode gives", async () => {
+  const dec = new JsonDecoder(50);
+  try {
+    const bytes = body(512);
+    assert.ok(bytes.byteLength >= JSON_WORKER_MIN_BYTES, `${bytes.byteLength} bytes`);
+    const inline = decodeJsonForward(parseJson(bytes));
+    const viaWorker = await dec.decode(bytes.slice());
+    assert.deepEqual(toFloat32(viaWorker.input.query.array), toFloat32(inline.input.query.array));
+    assert.deepEqual(viaWorker.input.metadata.slot_mapping, inline.input.metadata.slot_mapping);
+    assert.equal(viaWorker.encoding, "data");
+    // Errors keep their code across the boundary.
+    const bad = bytes.slice();
+    bad[bad.length - 1] = 0x20; // the closing brace gone
+    await assert.rejects(
+      dec.decode(bad),
+      (e) => e instanceof ServiceError && e.status === 400 && e.code === "malformed_json",
+    );
+  } finally {
+    dec.close();
+  }
+});
+
+Deno.test("json decoder: the event loop keeps turning while a big body is parsed", async () => {
+  const dec = new JsonDecoder(50);
+  try {
+    const bytes = body(4096); // ~25 MiB of JSON
+    const t0 = performance.now();
+    decodeJsonForward(parseJson(bytes));
+    const inlineMs = performance.now() - t0;
+    let worst = 0, last = performance.now();
+    const tick = setInterval(() => {
+      const now = performance.now();
+      worst = Math.max(worst, now - last);
+      last = now;
+    }, 5);
+    const t1 = performance.now();
+    await dec.decode(bytes);
+    clearInterval(tick);
+    const workerMs = performance.now() - t1;
+    // The loop's worst gap must be a fraction of what decoding inline blocked it for.
+    assert.ok(
+      worst < Math.max(100, inlineMs / 3),
+      `worst event-loop gap ${worst.toFixed(0)} ms during a ${workerMs.toFixed(0)} ms worker ` +
+        `decode (inline decode blocks ${inlineMs.toFixed(0)} ms)`,
+    );
+  } finally {
+    dec.close();
+  }
+});

@@ -1,0 +1,117 @@
+/**
+ * One check of the tensor-core prefill kernel against CPU_REFERENCE ({@link checkMma}): a
+ * fresh random batch from a {@link BatchSpec}, validated as the service validates
+ * (service/host_input.ts), planned on the kernel alone (backends/flash_mma_plan.ts: cache
+ * write, poison, attention) and run through the shared launch path (`runGpuPlan`); output
+ * (f16/bf16 bits), LSE and the cache after the call compared with the reference's. With
+ * `plant`, a few visible context elements of K and V hold a value beyond f16's range: the
+ * kernel reads the cache dtype's value, the reference (an f32 cache) the value clamped to
+ * +-65504, which is what the kernel's staging does.
+ * @module
+ */
+import assert from "node:assert/strict";
+import { CPU_REFERENCE } from "../../backends/cpu/cpu_reference.ts";
+import { planFlashMma } from "../../backends/flash_mma_plan.ts";
+import { toFloat32 } from "../../core/data.ts";
+import { decode, encode } from "../../core/dtype.ts";
+import { HostKvCache } from "../../backends/cpu/host_cache.ts";
+import type { GpuContext, KvCache } from "../../core/types.ts";
+import type { MmaShape } from "../../gpu/flash_mma_shape.ts";
+import type { MmaContext } from "../../gpu/flash_mma_device.ts";
+import { disposeGpuPlan, runGpuPlan } from "../../gpu/gpu_plan.ts";
+import { GpuKvCache, MAX_KV_CHUNK_BYTES } from "../../gpu/kv_cache.ts";
+import { validHostBatch } from "../../service/host_input.ts";
+import { type BatchSpec, cacheIndex, generateBatch } from "./batches.ts";
+import { assertClose, firstNonFinite } from "./compare.ts";
+
+/** Options of {@link checkMma}. */
+export interface MmaCaseOptions {
+  /** Kernel shape (default: the first that fits). */
+  shape?: MmaShape;
+  /** Cap cache chunks at this many blocks (a multi-chunk cache). */
+  maxBlocksPerChunk?: number;
+  /** Plant +-plant in a few visible context elements of K and V. */
+  plant?: number;
+}
+
+/** Output tolerance of the f16 path: f16/bf16 data; fp8 caches looser. */
+export function mmaTolerance(s: BatchSpec): { atol: number; rtol: number } {
+  const fp8 = s.kv_cache_dtype === "fp8_e4m3" || s.kv_cache_dtype === "fp8_e5m2";
+  return fp8 ? { atol: 6e-2, rtol: 1e-1 } : { atol: 1e-2, rtol: 1e-2 };
+}
+
+/** Sets three context elements of request 0 (kv head 0) in K and V to +-v0. */
+function plantValues(s: BatchSpec, k: Float32Array, v: Float32Array, bt: Int32Array, v0: number) {
+  const r = s.requests[0], ctxLen = Math.max(1, r.seq_len - r.query_len);
+  for (let j = 0; j < 3; j++) {
+    const pos = (5 * j) % ctxLen, o = pos % s.block_size;
+    const block = bt[Math.floor(pos / s.block_size)];
+    const at = cacheIndex(s.layout, s.block_size, s.num_kv_heads, s.head_size, block, o, 0);
+    k[at + j] = j % 2 ? -v0 : v0;
+    v[at + 2 * j] = j % 2 ? v0 : -v0;
+  }
+}
+
+/** Runs one case on a fresh batch from `seed`; throws an AssertionError naming the seed. */
+export async function checkMma(
+  ctx: MmaContext,
+  s: BatchSpec,
+  seed: number,
+  o: MmaCaseOptions = {},
+): Promise<void> {
+  const g = generateBatch(s, seed);
+  let gctx: GpuContext = ctx;
+  let key = g.key_cache, value = g.value_cache;
+  let ref: KvCache | null = null, cache: GpuKvCache | null = null, refBatch = g.batch;
+  if (g.cache_spec) {
+    if (o.maxBlocksPerChunk) {
+      const bytes = o.maxBlocksPerChunk * (key.byteLength / g.cache_spec.num_blocks);
+      gctx = { ...ctx, limits: { ...ctx.limits, [MAX_KV_CHUNK_BYTES]: bytes } };
+    }
+    if (o.plant !== undefined) {
+      const st = g.storage!, kv = decode(st, key), vv = decode(st, value);
+      plantValues(s, kv, vv, g.batch.metadata.block_table, o.plant);
+      [key, value] = [encode(st, kv), encode(st, vv)];
+      const clamped = (x: Float32Array) =>
+        encode(
+          "float32",
+          decode(st, encode(st, x)).map((y) => Math.max(-65504, Math.min(65504, y))),
+        );
+      const spec = { ...g.cache_spec, dtype: "float32" as const, kv_cache_dtype: "auto" as const };
+      ref = HostKvCache.fromBytes(spec, clamped(kv), clamped(vv));
+      refBatch = { ...g.batch, dtype: "float32" };
+    } else ref = HostKvCache.fromBytes(g.cache_spec, key, value);
+    cache = await GpuKvCache.fromBytes(gctx, g.cache_spec, key, value);
+    if (o.maxBlocksPerChunk) assert.ok(cache.geometry.nchunk > 1, "a multi-chunk cache");
+  }
+  try {
+    const want = await CPU_REFERENCE.run({}, validHostBatch(refBatch, ref), { gpu: null });
+    const batch = validHostBatch(g.batch, cache);
+    const plan = await planFlashMma(gctx, batch, ctx.mma, o.shape);
+    const what = `${plan.kernels.join(" + ")}, seed ${seed}`;
+    assert.ok(plan.kernels.some((k) => k.startsWith("flash_mma(")), `planned ${what}`);
+    let got;
+    try {
+      got = await runGpuPlan(plan, batch, gctx);
+    } finally {
+      disposeGpuPlan(plan);
+    }
+    assert.equal(got.output.dtype, s.dtype, `output dtype (${what})`);
+    const out = toFloat32(got.output);
+    assert.equal(firstNonFinite(out), -1, `output has a non-finite element (${what})`);
+    assertClose(out, toFloat32(want.output), {
+      ...mmaTolerance(s),
+      shape: g.output_shape,
+      label: `output (${what})`,
+    });
+    // The denominator sums f16-rounded p (as PV uses them): within 2^-11 relative.
+    assertClose(got.lse!, want.lse!, { atol: 1e-3, rtol: 1e-4, label: `lse (${what})` });
+    if (cache && o.plant === undefined) {
+      const [a, b] = await Promise.all([cache.read(), ref!.read()]);
+      assert.deepEqual(a.key, b.key, `key cache after the call (${what})`);
+      assert.deepEqual(a.value, b.value, `value cache after the call (${what})`);
+    }
+  } finally {
+    cache?.destroy();
+  }
+}

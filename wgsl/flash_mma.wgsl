@@ -1,0 +1,289 @@
+// flash_mma.wgsl: FlashAttention-2 style varlen attention over the paged cache (or, when ENC,
+// over the call's own K/V) on subgroup matrices (Dawn's chromium_experimental_subgroup_matrix):
+// QK^T and PV are f16 x f16 -> f32 multiply-accumulates of MM x MN x MK matrices.
+//
+// One workgroup = one tile (request, up to R = NSG * MR query rows) x one KV head, as in
+// flash_attention.wgsl: a tile's rows are (token, q head) pairs of ONE GQA group (`cnt` tokens
+// from `first` times `hcnt` heads from `hfirst`; row r is token first + r / hcnt, head
+// hfirst + r % hcnt), so each K/V tile is read once, decoded to f16 into workgroup memory and
+// used by every row. Subgroup s owns rows s*MR .. s*MR + MR - 1 (RM row blocks of MM rows):
+// its Q fragments and its f32 output accumulators (RM x D/MN result matrices) stay in
+// registers for the whole key loop. K/V tiles are double-buffered; per key tile of BK keys:
+//   load the next tile's K/V words into registers -> S = Q K^T (this tile's buffer), stored
+//   f32 to workgroup memory -> barrier -> online softmax by the subgroup's own lanes (LPR
+//   lanes per row, RPL rows per lane), P as f16 over this tile's dead K -> the next tile's
+//   words decoded to f16 into the other buffers -> workgroupUniformLoad(rescale flag) ->
+//   [rescale O] -> O += P V -> barrier.
+// Three barriers a tile, and every workgroup-memory hand-off sits at least two barriers after
+// the write it reads: with one buffer (a write, one barrier, a subgroup-matrix read of it) the
+// kernel computed wrong results on the H200 (NVIDIA 580 driver, Dawn 0.6.2) and right ones on
+// lavapipe; see bench/NOTES.md.
+// Lazy rescaling: a row's reference max m only moves when the tile max exceeds m + TAU, so
+// p = exp(s - m) <= e^TAU (f16 holds up to 65504: TAU <= 11) and O is rescaled (a round trip
+// through workgroup memory, every subgroup, all rows at once) only on such rare tiles
+// after a row has accumulated something. TAU = 0 is plain FA2 (rescale on every new max).
+// Subgroups whose rows cannot see any key of a tile (causal, window, padding rows) skip its
+// matrix work; the workgroup's key range is cut to what its rows can see.
+//
+// Bindings (group 0; the Params struct and declarations are generated from
+// gpu/flash_mma_kernel.ts's FLASH_MMA entry; the Params words are flash_attention.wgsl's):
+//   0 uniform  U                         runtime sizes and options
+//   1 storage  q: array<vec4<u32>>       [num_tokens, num_heads, D] in the data dtype (f16 or
+//                                        bf16 bits, 8 per vec4)
+//   2 storage  mdw: array<u32>           tiles (4 words: req, first, cnt | hcnt << 16, hfirst),
+//                                        at U.off_reqs 4 words per request (kv_len,
+//                                        bitcast(base - q0), 0, rbase), block table at
+//                                        U.off_bt, ALiBi slopes and sinks (f32 bits)
+//   3 storage  out: array<u32>           [num_tokens, num_heads, D] data-dtype bits, 2 per word,
+//                                        rounded to nearest even (round.wgsl); poisoned before
+//   4 storage  lse: array<u32>           [num_heads, num_tokens] f32 bits
+//   5..        cache k0..k{N-1}, v0..v{N-1}: array<vec4<u32>> (kvAccessorFns); ENC: k_in, v_in:
+//              array<vec4<u32>> [num_tokens, num_kv_heads, D] in the data dtype
+// Dispatch: num_tiles * num_kv_heads workgroups of WG = NSG * SG, folded into x/y (U.nwg_x).
+// Compile-time: MM, MN, MK (matrix dims), SG (subgroup size), NSG, RM, BK, D, BS, NHD, TAU,
+// E16 (K/V elements per 16 bytes), KT_LEN (K tile array length), QPASS (Q rows staged per
+// pass), LPR/RPL (softmax lanes per row, rows per lane), NBT (block ids per tile); generated:
+// HELPERS (wgsl/flash_mma_rows.wgsl), DECODE (kv16, q16: 16-byte words to f16), SOURCE
+// (src_k/src_v), STAGE_LOAD/STORE, ROUND (round.wgsl and round_pair), SOFTMAX, QFRAG_DECL/LOAD,
+// QK, PV, O_DECL, O_RESCALE, O_OUTPUT (gpu/flash_mma_codegen.ts, gpu/flash_mma_staging.ts).
+// Enables: f16, chromium_experimental_subgroup_matrix, subgroups (where accepted). Matrix
+// calls sit in subgroup-uniform (not workgroup-uniform) branches: `main` turns the
+// chromium.subgroup_matrix_uniformity diagnostic off.
+// Out of f16 range: bf16/f32 K/V and bf16 query values are clamped to +-65504 when staged
+// (fp8 values always fit); the output saturates nowhere (f32 until the final rounding).
+// Semantics (core/reference.ts): p = base + j; s = (scale * k_scale) q.k, soft cap, ALiBi
+// -slope (p - k); causal k <= p (and p - k < w), non-causal |p - k| < w; sinks in the
+// denominator only; lse = m + log(denominator), -inf and output 0 with nothing visible.
+
+const MM: u32 = {{MM}};
+const MN: u32 = {{MN}};
+const MK: u32 = {{MK}};
+const SG: u32 = {{SG}};
+const NSG: u32 = {{NSG}};
+const WG: u32 = SG * NSG;
+const RM: u32 = {{RM}};
+const MR: u32 = MM * RM; // rows per subgroup
+const R: u32 = MR * NSG; // rows per workgroup
+const BK: u32 = {{BK}};
+const D: u32 = {{D}};
+const BS: u32 = {{BS}};
+const NHD: bool = {{NHD}};
+const TAU: f32 = {{TAU:f32}};
+const E16: u32 = {{E16}};
+const V4R: u32 = D / E16; // 16-byte words per K/V row
+const WPR: u32 = D * 4u / E16; // u32 words per K/V row
+const KSTR: u32 = D + 8u; // f16 row stride of the K, V and Q tiles (16-byte aligned, skewed)
+const SSTR: u32 = BK + 4u; // f32 row stride of S (and of O passes)
+const PSTR: u32 = BK + 8u; // f16 row stride of P
+const KT_LEN: u32 = {{KT_LEN}};
+const VT_LEN: u32 = BK * KSTR;
+const QPASS: u32 = {{QPASS}};
+const LPR: u32 = {{LPR}}; // lanes per row in the softmax step
+const RPL: u32 = {{RPL}}; // rows per lane
+const KPL: u32 = BK / LPR; // keys (or output columns) per lane
+const NBT: u32 = {{NBT}};
+const MASK: f32 = -3.0e38;
+const FLAG_ALIBI: u32 = 1u;
+const FLAG_SINKS: u32 = 2u;
+
+{{DECODE}}
+{{SOURCE}}
+
+var<workgroup> kt_s: array<f16, 2u * KT_LEN>; // K tiles; Q staging before the loop; P after S
+var<workgroup> vt_s: array<f16, 2u * VT_LEN>;
+var<workgroup> s_s: array<f32, R * SSTR>; // S; O passes (rescale, output)
+var<workgroup> s_blk: array<u32, 2u * NBT + 1u>; // block ids of two tiles (slots by parity)
+var<workgroup> s_kstart: u32;
+var<workgroup> s_kend: u32;
+var<workgroup> s_resc: atomic<u32>; // any row needs an O rescale this tile (atomic: many writers)
+
+{{ROUND}}
+
+{{HELPERS}}
+
+@compute @workgroup_size(WG)
+@diagnostic(off, chromium.subgroup_matrix_uniformity)
+fn main(
+  @builtin(workgroup_id) wg: vec3<u32>,
+  @builtin(local_invocation_index) t: u32,
+  @builtin(subgroup_id) sg: u32,
+  @builtin(subgroup_invocation_id) ln: u32,
+) {
+  let wid = wg.x + wg.y * U.nwg_x;
+  if (wid >= U.num_tiles * U.num_kv_heads) {
+    return;
+  }
+  let tile = wid / U.num_kv_heads;
+  let kvh = wid % U.num_kv_heads;
+  let req = mdw[tile * 4u];
+  let first = mdw[tile * 4u + 1u];
+  let cnt = mdw[tile * 4u + 2u] & 0xffffu;
+  let hcnt = max(1u, mdw[tile * 4u + 2u] >> 16u);
+  let hfirst = mdw[tile * 4u + 3u];
+  let rb = U.off_reqs + req * 4u;
+  let kv_len = mdw[rb];
+  let bmq = bitcast<i32>(mdw[rb + 1u]); // position of token `tok` is tok + bmq
+  let rbase = mdw[rb + 3u];
+  let nrows = cnt * hcnt;
+  let w = i32(U.window);
+
+  if (t == 0u) {
+    let p_first = i32(first) + bmq;
+    let p_last = p_first + i32(cnt) - 1;
+    var ks = 0;
+    var ke = i32(kv_len);
+    if (U.window > 0u) {
+      ks = max(0, p_first - w + 1);
+    }
+    if (U.causal != 0u) {
+      ke = min(ke, p_last + 1);
+    } else if (U.window > 0u) {
+      ke = min(ke, p_last + w);
+    }
+    ks -= ks % i32(BK); // tiles aligned to BK; the keys before the window are masked
+    s_kstart = u32(ks);
+    s_kend = u32(max(ke, ks));
+    for (var i = 0u; i < NBT; i++) {
+      // the first two tiles' ids (slots 0, 1); the Q passes' barriers order them
+      s_blk[i] = blk_of(u32(ks), i, kv_len, rbase);
+      s_blk[NBT + i] = blk_of(u32(ks) + BK, i, kv_len, rbase);
+    }
+  }
+
+  // This lane's rows (RPL of them) and its part (lq) of their keys in the softmax step.
+  let sgr = sg * MR;
+  let lq = ln % LPR;
+  var rpos: array<i32, RPL>;
+  var rslope: array<f32, RPL>;
+  var rok: array<bool, RPL>;
+  var tb: array<u32, RPL>; // output element offset of the row, or ~0
+  var lh: array<u32, RPL>; // lse index of the row
+  var m: array<f32, RPL>;
+  var l: array<f32, RPL>;
+  var seen: array<bool, RPL>;
+  var alpha: array<f32, RPL>;
+  for (var i = 0u; i < RPL; i++) {
+    let r = sgr + ln / LPR + i * (SG / LPR);
+    let ok = r < nrows;
+    let tok = first + r / hcnt;
+    let h = kvh * U.group + hfirst + r % hcnt;
+    rok[i] = ok;
+    rpos[i] = i32(tok) + bmq;
+    tb[i] = select(0xffffffffu, (tok * U.num_heads + h) * D, ok);
+    lh[i] = h * U.num_tokens + tok;
+    rslope[i] = 0.0;
+    m[i] = MASK;
+    l[i] = 0.0;
+    if (ok && (U.flags & FLAG_ALIBI) != 0u) {
+      rslope[i] = bitcast<f32>(mdw[U.off_alibi + h]);
+    }
+    if (ok && (U.flags & FLAG_SINKS) != 0u) {
+      m[i] = bitcast<f32>(mdw[U.off_sinks + h]);
+      l[i] = select(0.0, 1.0, lq == 0u); // partial sums: counted once per row
+    }
+    seen[i] = false;
+    alpha[i] = 1.0;
+  }
+  let live_rows = sgr < nrows;
+  let p_lo = i32(first + sgr / hcnt) + bmq;
+  let p_hi = i32(first + (min(nrows, sgr + MR) - 1u) / hcnt) + bmq;
+
+  // Q -> f16 rows in kt_s (QPASS rows a pass) -> this subgroup's left fragments.
+{{QFRAG_DECL}}
+  for (var r0 = 0u; r0 < R; r0 += QPASS) {
+    for (var idx = t; idx < QPASS * (D / 8u); idx += WG) {
+      let r = r0 + idx / (D / 8u);
+      let c = idx % (D / 8u);
+      var wq = vec4<u32>(0u);
+      if (r < nrows) {
+        let tok = first + r / hcnt;
+        let h = kvh * U.group + hfirst + r % hcnt;
+        wq = q[(tok * U.num_heads + h) * (D / 8u) + c];
+      }
+      let a = q16(wq, 0u);
+      let b = q16(wq, 1u);
+      let o = (r - r0) * KSTR + c * 8u;
+      kt_s[o] = a.x;
+      kt_s[o + 1u] = a.y;
+      kt_s[o + 2u] = a.z;
+      kt_s[o + 3u] = a.w;
+      kt_s[o + 4u] = b.x;
+      kt_s[o + 5u] = b.y;
+      kt_s[o + 6u] = b.z;
+      kt_s[o + 7u] = b.w;
+    }
+    workgroupBarrier();
+    if (sgr >= r0 && sgr < r0 + QPASS) {
+      let qb = (sgr - r0) * KSTR;
+{{QFRAG_LOAD}}
+    }
+    workgroupBarrier();
+  }
+  let kstart = workgroupUniformLoad(&s_kstart);
+  let kend = workgroupUniformLoad(&s_kend);
+{{O_DECL}}
+  // Prologue: the first tile into buffer 0 (its block ids are in slot 0).
+  {
+    let kn = kstart;
+    let sn = 0u;
+{{STAGE_LOAD}}
+    let kbn = 0u;
+    let vbn = 0u;
+{{STAGE_STORE}}
+  }
+  workgroupBarrier();
+  var par = 0u;
+  for (var kt = kstart; kt < kend; kt += BK) {
+    if (t == 0u) {
+      atomicStore(&s_resc, 0u);
+    }
+    let kb = par * KT_LEN; // this tile's K (then P) and V buffers
+    let vb = par * VT_LEN;
+    // The next tile's words into registers now; into the other buffers after the softmax.
+    let kn = kt + BK;
+    let sn = par ^ 1u;
+{{STAGE_LOAD}}
+    if (t < NBT) {
+      s_blk[par * NBT + t] = blk_of(kt + 2u * BK, t, kv_len, rbase); // slot par: two tiles ahead
+    }
+    let live = live_rows && tile_live(kt, p_lo, p_hi);
+    if (live) {
+{{QK}}
+    }
+    workgroupBarrier();
+    for (var i = 0u; i < RPL; i++) {
+      alpha[i] = 1.0;
+    }
+    if (live) {
+{{SOFTMAX}}
+    }
+    {
+      let kbn = (par ^ 1u) * KT_LEN;
+      let vbn = (par ^ 1u) * VT_LEN;
+{{STAGE_STORE}}
+    }
+    let resc = workgroupUniformLoad(&s_resc);
+    if (resc != 0u) {
+{{O_RESCALE}}
+    }
+    if (live) {
+{{PV}}
+    }
+    workgroupBarrier();
+    par ^= 1u;
+  }
+
+  // Normalise and write: O passes of BK columns through s_s.
+  var inv: array<f32, RPL>;
+  for (var i = 0u; i < RPL; i++) {
+    var lt = l[i];
+    for (var o = 1u; o < LPR; o <<= 1u) {
+      lt += subgroupShuffleXor(lt, o);
+    }
+    inv[i] = select(0.0, U.v_scale / lt, lt > 0.0);
+    if (rok[i] && lq == 0u) {
+      lse[lh[i]] = select(0xff800000u, bitcast<u32>(m[i] + log(lt)), lt > 0.0); // -inf: none
+    }
+  }
+{{O_OUTPUT}}
+}

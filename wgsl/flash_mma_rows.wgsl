@@ -1,0 +1,64 @@
+// flash_mma_rows.wgsl: per-row helpers of flash_mma.wgsl, pasted into it at {{HELPERS}} (they use
+// its constants, uniforms and workgroup arrays): which key tiles a subgroup's rows can see, the
+// score of one (row, key), a tile's block ids, and the lane-owned parts of an O pass in s_s
+// (rescale; normalise and write as data-dtype bits). No bindings, no placeholders.
+
+// Keys [kt, kt + BK) hold one visible to some position in [p_lo, p_hi]?
+fn tile_live(kt: u32, p_lo: i32, p_hi: i32) -> bool {
+  let k0 = i32(kt);
+  let k1 = k0 + i32(BK) - 1;
+  let w = i32(U.window);
+  if (U.causal != 0u) {
+    return k0 <= p_hi && (U.window == 0u || k1 > p_lo - w);
+  }
+  return U.window == 0u || (k0 < p_hi + w && k1 > p_lo - w);
+}
+
+// The scaled, capped, biased score of position `pos` for `key`; MASK where it is not visible.
+fn score(s: f32, pos: i32, slope: f32, key: u32, kend: u32) -> f32 {
+  var x = s * U.scale_qk;
+  if (U.softcap > 0.0) {
+    x = U.softcap * tanh(clamp(x / U.softcap, -15.0, 15.0));
+  }
+  let dk = pos - i32(key);
+  x -= slope * f32(dk);
+  var vis = key < kend;
+  if (U.causal != 0u) {
+    vis = vis && dk >= 0 && (U.window == 0u || dk < i32(U.window));
+  } else if (U.window > 0u) {
+    vis = vis && abs(dk) < i32(U.window);
+  }
+  return select(MASK, x, vis);
+}
+
+// Block id `i` of the tile starting at key kt (0 past the request's blocks).
+fn blk_of(kt: u32, i: u32, kv_len: u32, rbase: u32) -> u32 {
+  let b = kt / BS + i;
+  if (b * BS >= kv_len) {
+    return 0u;
+  }
+  return mdw[U.off_bt + rbase + b];
+}
+
+// Scales this lane's part of its rows in the O pass held in s_s.
+fn scale_rows(sgr: u32, ln: u32, alpha: array<f32, RPL>) {
+  for (var i = 0u; i < RPL; i++) {
+    let b = (sgr + ln / LPR + i * (SG / LPR)) * SSTR + (ln % LPR) * KPL;
+    for (var e = 0u; e < KPL; e++) {
+      s_s[b + e] *= alpha[i];
+    }
+  }
+}
+
+// Writes this lane's part of its rows of the O pass at columns c0.. as data-dtype bits.
+fn write_rows(sgr: u32, ln: u32, c0: u32, tb: array<u32, RPL>, inv: array<f32, RPL>) {
+  for (var i = 0u; i < RPL; i++) {
+    let b = (sgr + ln / LPR + i * (SG / LPR)) * SSTR + (ln % LPR) * KPL;
+    let col = c0 + (ln % LPR) * KPL;
+    for (var e = 0u; e < KPL; e += 2u) {
+      if (tb[i] != 0xffffffffu && col + e < D) {
+        out[(tb[i] + col + e) / 2u] = round_pair(s_s[b + e] * inv[i], s_s[b + e + 1u] * inv[i]);
+      }
+    }
+  }
+}
