@@ -15,7 +15,7 @@ source gpupack/env.sh
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm,clocks.mem --format=csv \
   >"$out/gpu.txt" 2>&1
 cat "$out/gpu.txt"
-export BENCH_FLASH_TILES=${BENCH_FLASH_TILES-8x8x4x4l,8x8x4x2,4x8x4x4,8x4x4x4,8x16x2x4,4x16x4x4}
+export BENCH_FLASH_TILES=${BENCH_FLASH_TILES-8x8x4x4,8x8x4x4l,8x8x4x2,4x8x4x4,8x4x4x4,8x16x2x4,4x16x4x4}
 export BENCH_DECODE_TUNINGS=${BENCH_DECODE_TUNINGS-'[{"prefetch":true},{"prefetch":true,"target_workgroups":1024},{"prefetch":true,"workgroup_size":64},{"keys_per_iter":8},{"prefetch":true,"keys_per_iter":8},{"workgroup_size":64},{"target_workgroups":1024},{"max_lanes":8},{"early_values":false}]'}
 what=${*:-all}
 run() { # name, command...

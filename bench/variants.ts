@@ -36,7 +36,8 @@ export function flashVariants(text: string | undefined): Variant[] {
     const tile = parseFlashTile(x);
     return {
       label: `WEBGPU_FLASH[${x}]`,
-      backend: makeWebGpuFlash({ tile, decode: envDecodeTuning() }) as AttentionBackend,
+      // The portable kernel with this tile, also where the tensor-core kernel could run.
+      backend: makeWebGpuFlash({ tile, decode: envDecodeTuning(), mma: false }) as AttentionBackend,
       kind: "prefill" as const,
       unfit: (gpu: GpuContext, d: number) => flashTileUnfit(d, tile, gpu.limits, Infinity),
     };
