@@ -14,7 +14,7 @@ import { accessCheck, type AccessPolicy } from "./auth.ts";
 import { bodyLimits, jsonBody } from "./body.ts";
 import { addCacheRoutes } from "./cache_routes.ts";
 import { addForwardRoutes } from "./forward_routes.ts";
-import { JsonDecoder, sharedJsonDecoder } from "./json_decoder.ts";
+import { type JsonDecoder, sharedJsonDecoder } from "./json_decoder.ts";
 import { Metrics } from "./metrics.ts";
 import { openApiDocument } from "./openapi.ts";
 import { errorHeaders, type ErrorLogger, problem, problemResponse, toProblem } from "./problem.ts";

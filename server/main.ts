@@ -11,7 +11,6 @@
  */
 import { parseArgs } from "node:util";
 import { builtinBackends } from "../backends/index.ts";
-import type { DeviceProvider } from "../core/types.ts";
 import {
   resolveRuntimeOptions,
   RUNTIME_HELP,
