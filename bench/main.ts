@@ -17,6 +17,7 @@
  * @module
  */
 import { parseArgs } from "node:util";
+import { plotSvg } from "./plot.ts";
 import { validateConfiguration } from "../backends/capabilities.ts";
 import { builtinBackends } from "../backends/index.ts";
 import type { AttentionBackend, BackendContext, KvCache, ValidBatch } from "../core/types.ts";
@@ -35,7 +36,7 @@ import { decodeVariants, flashVariants, type Variant } from "./variants.ts";
 
 const USAGE = "deno task bench [--runtime deno|dawn|auto] [--dawn-flags L] [--dawn-flag K=V] " +
   "[--case decode|prefill|all] [--small|--big] [--iters N] [--reps N] " +
-  "[--flash-tiles 8x8x4x4,...] [--decode-tunings JSON-array] [--json]";
+  "[--flash-tiles 8x8x4x4,...] [--decode-tunings JSON-array] [--json] [--plot FILE.svg]";
 
 const median = (a: number[]) => [...a].sort((x, y) => x - y)[Math.floor(a.length / 2)];
 
@@ -89,6 +90,7 @@ async function main(): Promise<void> {
       "flash-tiles": { type: "string" },
       "decode-tunings": { type: "string" },
       json: { type: "boolean", default: false },
+      plot: { type: "string" },
       help: { type: "boolean", default: false },
     },
   });
@@ -217,6 +219,19 @@ async function main(): Promise<void> {
     } finally {
       for (const c of caches.values()) c.cache.destroy();
     }
+  }
+  if (a.plot) {
+    const r = mgr.report();
+    await Deno.writeTextFile(
+      a.plot,
+      plotSvg(rows, {
+        adapter: info.description || info.device || info.vendor,
+        runtime: r.runtime,
+        copyGbps: copy.gbps,
+        fmaTflops: fma.tflops,
+      }),
+    );
+    log(`plot: ${a.plot}`);
   }
   if (a.json) {
     const r = mgr.report();
