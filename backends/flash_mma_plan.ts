@@ -9,7 +9,6 @@
  * @module
  */
 import type { BatchShape, GpuContext } from "../core/types.ts";
-import { dispatchSize } from "../gpu/batch_buffers.ts";
 import {
   chooseMmaShape,
   type MmaConsts,
@@ -20,11 +19,11 @@ import {
 } from "../gpu/flash_mma_shape.ts";
 import { FLASH_MMA, type MmaSupport } from "../gpu/flash_mma_kernel.ts";
 import type { GpuPlan, PlannedCall } from "../gpu/gpu_plan.ts";
-import { getKernel, packUniforms } from "../gpu/kernel.ts";
+import { getKernel } from "../gpu/kernel.ts";
 import { kvChunkGeometry } from "../gpu/kv_cache.ts";
 import { buildGpuPlan } from "../gpu/plan_builder.ts";
 import type { TableBuilder } from "../gpu/plan_table.ts";
-import { buildFlashMeta } from "./flash_plan.ts";
+import { buildFlashMeta, flashTileCall } from "./flash_plan.ts";
 
 const isEncoder = (s: BatchShape) =>
   s.layer.attn_type === "encoder" || s.layer.attn_type === "encoder_only";
@@ -74,42 +73,12 @@ export async function planMmaRows(
   reqs: (i: number) => boolean,
   table: TableBuilder,
 ): Promise<{ calls: PlannedCall[]; key: string; tiles: number } | null> {
-  const L = s.layer, lay = mmaLayout(c, c);
+  const lay = mmaLayout(c, c);
   const m = buildFlashMeta(s, { rows: lay.rows }, reqs);
   if (m.numTiles === 0) return null;
   const kernel = await getKernel(ctx, FLASH_MMA, c);
-  const fp8 = c.kv === "fp8_e4m3" || c.kv === "fp8_e5m2";
   const g = c.enc ? null : kvChunkGeometry(ctx, s.cache_spec!);
-  const grid = dispatchSize(ctx, m.numTiles * L.num_kv_heads);
-  const params = table.add(packUniforms(FLASH_MMA, {
-    num_tiles: m.numTiles,
-    num_heads: L.num_heads,
-    num_kv_heads: L.num_kv_heads,
-    group: L.num_heads / L.num_kv_heads,
-    num_tokens: s.num_tokens,
-    nwg_x: grid[0],
-    causal: m.causal ? 1 : 0,
-    window: Math.min(m.w, 2 ** 30),
-    softcap: L.logits_soft_cap ?? 0,
-    scale_qk: L.scale * (fp8 ? L.k_scale : 1),
-    v_scale: fp8 ? L.v_scale : 1,
-    flags: (L.alibi_slopes ? 1 : 0) | (L.sinks ? 2 : 0),
-    off_reqs: m.offReqs,
-    off_bt: m.offBt,
-    off_alibi: m.offAlibi,
-    off_sinks: m.offSinks,
-    block_words: g?.block_words ?? 0,
-    blocks_per_chunk: g?.blocks_per_chunk ?? 0,
-  }));
-  const meta = table.add(m.meta);
-  const bind: PlannedCall["bind"] = {
-    U: { table: params },
-    q: { io: "query" },
-    mdw: { table: meta },
-    out: { io: "out" },
-    lse: { io: "lse" },
-  };
-  if (c.enc) Object.assign(bind, { k_in: { io: "key" }, v_in: { io: "value" } });
+  const { bind, grid } = flashTileCall(ctx, s, m, FLASH_MMA, g, c.enc, table);
   return {
     calls: [{ name: "prefill_mma", kernel, bind, cache: !c.enc, grid }],
     key: kernel.key,

@@ -9,8 +9,8 @@ import type { BatchShape, GpuContext } from "../core/types.ts";
 import { dispatchSize } from "../gpu/batch_buffers.ts";
 import { FLASH_ATTENTION, type FlashConsts } from "../gpu/flash_kernel.ts";
 import type { PlannedCall } from "../gpu/gpu_plan.ts";
-import { getKernel, packUniforms } from "../gpu/kernel.ts";
-import { kvChunkGeometry } from "../gpu/kv_cache.ts";
+import { getKernel, type KernelDef, packUniforms } from "../gpu/kernel.ts";
+import { type KvChunkGeometry, kvChunkGeometry } from "../gpu/kv_cache.ts";
 import type { TableBuilder } from "../gpu/plan_table.ts";
 
 /** A kernel shape: the register tile (see gpu/flash_codegen.ts) and what follows from it. */
@@ -200,6 +200,54 @@ export function buildFlashMeta(
   return { meta, numTiles: tiles.length, causal, w, offReqs, offBt, offAlibi, offSinks };
 }
 
+/**
+ * The Params, metadata sections, bindings and grid of a tiled prefill kernel (the portable and
+ * the tensor-core kernels share them): one workgroup per (tile, kv head).
+ */
+export function flashTileCall(
+  ctx: GpuContext,
+  s: BatchShape,
+  m: ReturnType<typeof buildFlashMeta>,
+  def: Pick<KernelDef<never>, "name" | "uniforms">,
+  g: KvChunkGeometry | null,
+  enc: boolean,
+  table: TableBuilder,
+): { bind: PlannedCall["bind"]; grid: [number, number] } {
+  const L = s.layer;
+  const fp8 = g !== null && (g.storage_dtype === "fp8_e4m3" || g.storage_dtype === "fp8_e5m2");
+  const grid = dispatchSize(ctx, m.numTiles * L.num_kv_heads);
+  const params = table.add(packUniforms(def, {
+    num_tiles: m.numTiles,
+    num_heads: L.num_heads,
+    num_kv_heads: L.num_kv_heads,
+    group: L.num_heads / L.num_kv_heads,
+    num_tokens: s.num_tokens,
+    nwg_x: grid[0],
+    causal: m.causal ? 1 : 0,
+    window: Math.min(m.w, 2 ** 30),
+    softcap: L.logits_soft_cap ?? 0,
+    scale_qk: L.scale * (fp8 ? L.k_scale : 1),
+    v_scale: fp8 ? L.v_scale : 1,
+    flags: (L.alibi_slopes ? 1 : 0) | (L.sinks ? 2 : 0),
+    off_reqs: m.offReqs,
+    off_bt: m.offBt,
+    off_alibi: m.offAlibi,
+    off_sinks: m.offSinks,
+    block_words: g?.block_words ?? 0,
+    blocks_per_chunk: g?.blocks_per_chunk ?? 0,
+  }));
+  const meta = table.add(m.meta);
+  const bind: PlannedCall["bind"] = {
+    U: { table: params },
+    q: { io: "query" },
+    mdw: { table: meta },
+    out: { io: "out" },
+    lse: { io: "lse" },
+  };
+  if (enc) Object.assign(bind, { k_in: { io: "key" }, v_in: { io: "value" } });
+  return { bind, grid };
+}
+
 /** Plans the rows of the requests `reqs` selects on the portable flash kernel. */
 export async function planPrefillRows(
   ctx: GpuContext,
@@ -229,37 +277,7 @@ export async function planPrefillRows(
     unroll: cfg.unroll,
   };
   const kernel = await getKernel(ctx, FLASH_ATTENTION, consts);
-  const fp8 = g !== null && (g.storage_dtype === "fp8_e4m3" || g.storage_dtype === "fp8_e5m2");
-  const grid = dispatchSize(ctx, m.numTiles * L.num_kv_heads);
-  const params = table.add(packUniforms(FLASH_ATTENTION, {
-    num_tiles: m.numTiles,
-    num_heads: L.num_heads,
-    num_kv_heads: L.num_kv_heads,
-    group: L.num_heads / L.num_kv_heads,
-    num_tokens: s.num_tokens,
-    nwg_x: grid[0],
-    causal: m.causal ? 1 : 0,
-    window: Math.min(m.w, 2 ** 30),
-    softcap: L.logits_soft_cap ?? 0,
-    scale_qk: L.scale * (fp8 ? L.k_scale : 1),
-    v_scale: fp8 ? L.v_scale : 1,
-    flags: (L.alibi_slopes ? 1 : 0) | (L.sinks ? 2 : 0),
-    off_reqs: m.offReqs,
-    off_bt: m.offBt,
-    off_alibi: m.offAlibi,
-    off_sinks: m.offSinks,
-    block_words: g?.block_words ?? 0,
-    blocks_per_chunk: g?.blocks_per_chunk ?? 0,
-  }));
-  const meta = table.add(m.meta);
-  const bind: PlannedCall["bind"] = {
-    U: { table: params },
-    q: { io: "query" },
-    mdw: { table: meta },
-    out: { io: "out" },
-    lse: { io: "lse" },
-  };
-  if (enc) Object.assign(bind, { k_in: { io: "key" }, v_in: { io: "value" } });
+  const { bind, grid } = flashTileCall(ctx, s, m, FLASH_ATTENTION, g, enc, table);
   return {
     calls: [{ name: "prefill", kernel, bind, cache: !enc, grid }],
     key: kernel.key,

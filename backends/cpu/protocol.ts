@@ -20,7 +20,7 @@
  * {@link closedError} (503); each says `cache_write: "none"`.
  * @module
  */
-import { type Issue, ServiceError } from "../../core/errors.ts";
+import { errorFromPlain, errorToPlain, type PlainError, ServiceError } from "../../core/errors.ts";
 import type { HostCacheHandle } from "./host_cache.ts";
 import type { ForwardBatch } from "../../core/types.ts";
 
@@ -49,18 +49,8 @@ export interface CallRequest {
 }
 
 /** An error as data. `service` is set when it was a ServiceError. */
-export interface WireError {
-  name: string;
-  message: string;
-  service?: {
-    status: number;
-    code: string;
-    title: string;
-    issues?: Issue[];
-    reasons?: Record<string, string[]>;
-    extra?: Record<string, unknown>;
-  };
-}
+/** An error across the worker boundary (core/errors.ts' plain form). */
+export type WireError = PlainError;
 
 /** worker → main. */
 export type CallReply =
@@ -96,26 +86,11 @@ function compact<T>(x: T): T {
 }
 
 /** Any thrown value as a {@link WireError}. */
-export function toWire(e: unknown): WireError {
-  if (e instanceof ServiceError) {
-    const { status, code, title, issues, reasons, extra } = e;
-    return {
-      name: e.name,
-      message: e.message,
-      service: { status, code, title, issues, reasons, extra },
-    };
-  }
-  if (e instanceof Error) return { name: e.name, message: e.message };
-  return { name: "Error", message: String(e) };
-}
+export const toWire: (e: unknown) => WireError = errorToPlain;
 
 /** The main-side error for a {@link WireError}: the same ServiceError, or a 500. */
 export function fromWire(w: WireError): ServiceError {
-  if (w.service) {
-    const e = new ServiceError(w.message, w.service);
-    e.name = w.name;
-    return e;
-  }
+  if (w.service) return errorFromPlain(w) as ServiceError;
   return new ServiceError(`the CPU_REFERENCE worker failed: ${w.name}: ${w.message}`, {
     status: 500,
     code: "cpu_worker_failed",
