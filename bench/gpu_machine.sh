@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One call on the GPU machine (see bench/NOTES.md): GPU tests, the bench with its kernel sweeps,
 # the HTTP bench, the PyTorch anchor. Logs under $OUT; each part's tail is printed.
-# Usage there: bash bench/gpu_machine.sh [tests|bench|http|anchor|all]...
+# Usage there: bash bench/gpu_machine.sh [tests|dawn-tests|mma|bench|bench-deno|http|anchor|all]...
+# Each part is cut at its own limit (seconds, env): TESTS_TIMEOUT 240, MMA_TIMEOUT 150,
+# BENCH_TIMEOUT 150, HTTP_TIMEOUT 170, ANCHOR_TIMEOUT 60; a cut part reports rc=124.
 # bench: sweeps (override by setting them) BENCH_FLASH_TILES (prefill register tiles
 # TXxTYxRMxRN[u|l]) and BENCH_DECODE_TUNINGS (a JSON array of partial WEBGPU_DECODE tunings);
 # BENCH_ARGS go to the bench as they are (e.g. "--case decode" or "--runtime dawn").
@@ -18,12 +20,12 @@ cat "$out/gpu.txt"
 export BENCH_FLASH_TILES=${BENCH_FLASH_TILES-8x8x4x4,8x8x4x4l,8x8x4x2,4x8x4x4,8x4x4x4,8x16x2x4,4x16x4x4}
 export BENCH_DECODE_TUNINGS=${BENCH_DECODE_TUNINGS-'[{"prefetch":true},{"prefetch":true,"target_workgroups":1024},{"prefetch":true,"workgroup_size":64},{"keys_per_iter":8},{"prefetch":true,"keys_per_iter":8},{"workgroup_size":64},{"target_workgroups":1024},{"max_lanes":8},{"early_values":false}]'}
 what=${*:-all}
-run() { # name, command...
-  local name=$1
-  shift
+run() { # name, limit in seconds, command...
+  local name=$1 limit=$2
+  shift 2
   echo "== $name"
   local t0=$SECONDS
-  "$@" >"$out/$name.log" 2>&1
+  timeout -k 5 "$limit" "$@" >"$out/$name.log" 2>&1
   local rc=$?
   echo "   rc=$rc in $((SECONDS - t0))s"
   tail -n "${TAIL:-40}" "$out/$name.log" | sed 's/\x1b\[[0-9;]*m//g'
@@ -31,16 +33,26 @@ run() { # name, command...
 for w in $what; do
   case $w in
     tests | all)
-      run gpu-tests deno test --allow-all tests/gpu tests/backends tests/conformance ;;&
+      run gpu-tests "${TESTS_TIMEOUT:-240}" \
+        deno test --allow-all tests/gpu tests/backends tests/conformance ;;&
+    dawn-tests)
+      ATTN_WEBGPU_RUNTIME=dawn run dawn-tests "${TESTS_TIMEOUT:-240}" \
+        deno test --allow-all tests/gpu tests/backends tests/conformance ;;&
+    mma)
+      run mma "${MMA_TIMEOUT:-150}" deno test --allow-all tests/backends/flash_mma_test.ts \
+        tests/gpu/flash_mma_fp8_test.ts ;;&
     bench | all)
       # shellcheck disable=SC2086
-      run bench deno task bench ${BENCH_ARGS:-} ;;&
+      run bench "${BENCH_TIMEOUT:-150}" deno task bench ${BENCH_ARGS:-} ;;&
+    bench-deno)
+      # shellcheck disable=SC2086
+      run bench-deno "${BENCH_TIMEOUT:-150}" deno task bench --runtime deno ${BENCH_DENO_ARGS:-} ;;&
     http | all)
-      TAIL=${TAIL:-100} run http timeout -k 10 "${HTTP_TIMEOUT:-170}" \
+      TAIL=${TAIL:-100} run http "${HTTP_TIMEOUT:-170}" \
         deno run --allow-net --allow-read --allow-env --allow-run --allow-write \
         bench/http_bench.ts --runtimes "${HTTP_RUNTIMES:-dawn,deno}" \
         --json-out "$out/http.json" ${HTTP_ARGS:-} ;;&
     anchor | all)
-      run anchor python3 bench/torch_anchor.py ;;
+      run anchor "${ANCHOR_TIMEOUT:-60}" python3 bench/torch_anchor.py ;;
   esac
 done
