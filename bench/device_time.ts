@@ -2,13 +2,15 @@
  * Device time of a plan's kernels, without the readback: the plan is bound to the batch
  * (gpu/gpu_plan.ts bindGpuPlan) and launched once as a call would run (cache write, poison,
  * attention), then its attention calls are appended `reps` more times to the same submit,
- * back to back, each pass timed by timestamp-query (gpu/launch.ts). Reported is the median
+ * back to back after untimed warm-up repetitions worth ~150 ms of device time (an idle GPU runs
+ * at low clocks: an H200 idles at 345 MHz of 1980), each pass timed by timestamp-query
+ * (gpu/launch.ts). Reported is the median
  * over the repetitions of each attention call's pass time and their sum per repetition.
  * @module
  */
 import type { GpuContext, ValidBatch } from "../core/types.ts";
 import { bindGpuPlan, type GpuPlan } from "../gpu/gpu_plan.ts";
-import { launch } from "../gpu/launch.ts";
+import { type KernelCall, launch, type LaunchSpec } from "../gpu/launch.ts";
 
 /** Passes that are not attention (the cache write and the output poisoning). */
 const NOT_ATTENTION = new Set(["cache_write", "poison"]);
@@ -38,6 +40,8 @@ export async function deviceTime(
     const att = bound.calls.filter((c) => !NOT_ATTENTION.has(c.name));
     const names = [...new Set(att.map((c) => c.name))];
     const calls = [...bound.calls];
+    const warm = await warmUpReps(gpu, bound.uploads, calls, att, reps);
+    for (let r = 0; r < warm; r++) calls.push(...att.map((c) => ({ ...c, name: "warm-up" })));
     for (let r = 0; r < reps; r++) {
       for (const c of att) calls.push({ ...c, name: `rep${r}:${c.name}` });
     }
@@ -54,6 +58,30 @@ export async function deviceTime(
   } finally {
     bound.release();
   }
+}
+
+/** Device time of warm-up before the timed repetitions: a GPU idles at low clocks. */
+const WARM_UP_MS = 150;
+/** The most passes one launch holds (two timestamps each; query sets hold 4096). */
+const MAX_PASSES = 2000;
+
+/**
+ * Untimed repetitions to put before the timed ones so that about {@link WARM_UP_MS} of
+ * device time precedes them, from one probe launch of the plan (a few repetitions).
+ */
+async function warmUpReps(
+  gpu: GpuContext,
+  uploads: LaunchSpec["uploads"],
+  first: KernelCall[],
+  att: KernelCall[],
+  reps: number,
+): Promise<number> {
+  const probe = [...first];
+  for (let r = 0; r < 3; r++) probe.push(...att.map((c) => ({ ...c, name: `probe${r}` })));
+  const res = await launch(gpu, { label: "bench.probe", uploads, calls: probe, reads: [] });
+  const per = median([0, 1, 2].map((r) => res.gpu[`probe${r}`] ?? 0));
+  const room = Math.floor((MAX_PASSES - first.length) / Math.max(1, att.length)) - reps;
+  return Math.max(0, Math.min(room, Math.ceil(WARM_UP_MS / Math.max(per, 1e-3))));
 }
 
 function median(a: number[]): number {

@@ -11,11 +11,10 @@
 import type { GpuContext } from "../core/types.ts";
 import { numericLimits, WebGpuContext } from "./device.ts";
 import { MMA_FEATURE, type MmaSupport } from "./flash_mma_kernel.ts";
+import { DEFAULT_DAWN_FLAGS } from "./runtime_options.ts";
 
-/** Dawn's flags for the feature (unsafe APIs on; f16 on NVIDIA's Vulkan driver). */
-export const DAWN_MMA_FLAGS = [
-  "enable-dawn-features=allow_unsafe_apis,vulkan_enable_f16_on_nvidia",
-];
+/** Dawn's flags for the feature: the runtime's defaults (unsafe APIs, f16 on NVIDIA, timestamps). */
+export const DAWN_MMA_FLAGS = [...DEFAULT_DAWN_FLAGS];
 
 /** The Dawn module specifier (also in the GPU pack's Deno cache). */
 export const DAWN_MODULE = "npm:webgpu@0.6.2";

@@ -29,11 +29,14 @@ export const RUNTIME_ENV = "ATTN_WEBGPU_RUNTIME";
 export const DAWN_FLAGS_ENV = "ATTN_DAWN_FLAGS";
 
 /**
- * Dawn's default flags: unsafe APIs (the experimental subgroup-matrix feature needs them) and
- * f16 on NVIDIA's Vulkan driver.
+ * Dawn's default flags: unsafe APIs (the experimental subgroup-matrix feature needs them), f16
+ * on NVIDIA's Vulkan driver, and timestamps at full resolution (Dawn rounds them to 65.5 us
+ * by default, a browser's defence against timing attacks: every sub-0.1 ms pass then read
+ * as 0 or 0.0655 ms on the H200).
  */
 export const DEFAULT_DAWN_FLAGS: readonly string[] = Object.freeze([
   "enable-dawn-features=allow_unsafe_apis,vulkan_enable_f16_on_nvidia",
+  "disable-dawn-features=timestamp_quantization",
 ]);
 
 /** The resolved choice. */

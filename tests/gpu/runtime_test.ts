@@ -24,7 +24,10 @@ Deno.test("runtime options: defaults, environment, command line over environment
   assert.deepEqual(resolveRuntimeOptions({}, {}), { choice: "deno", dawnFlags: DEFAULT });
   assert.deepEqual(
     DEFAULT,
-    ["enable-dawn-features=allow_unsafe_apis,vulkan_enable_f16_on_nvidia"],
+    [
+      "enable-dawn-features=allow_unsafe_apis,vulkan_enable_f16_on_nvidia",
+      "disable-dawn-features=timestamp_quantization",
+    ],
   );
   const env = { ATTN_WEBGPU_RUNTIME: "auto", ATTN_DAWN_FLAGS: "backend=vulkan" };
   assert.deepEqual(resolveRuntimeOptions({}, env), {
