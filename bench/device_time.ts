@@ -2,8 +2,8 @@
  * Device time of a plan's kernels, without the readback: the plan is bound to the batch
  * (gpu/gpu_plan.ts bindGpuPlan) and launched once as a call would run (cache write, poison,
  * attention), then its attention calls are appended `reps` more times to the same submit,
- * back to back after untimed warm-up repetitions worth ~150 ms of device time (an idle GPU runs
- * at low clocks: an H200 idles at 345 MHz of 1980), each pass timed by timestamp-query
+ * back to back after untimed warm-up launches that run until the pass time stops falling (an
+ * idle GPU runs at low clocks: an H200 idles at 345 MHz of 1980), each pass timed by timestamp-query
  * (gpu/launch.ts). Reported is the median
  * over the repetitions of each attention call's pass time and their sum per repetition.
  * @module
@@ -60,14 +60,19 @@ export async function deviceTime(
   }
 }
 
-/** Device time of warm-up before the timed repetitions: a GPU idles at low clocks. */
-const WARM_UP_MS = 150;
+/** Device time of each warm-up launch, and the most warm-up launches. */
+const WARM_UP_MS = 100;
+const MAX_WARM_UPS = 10;
 /** The most passes one launch holds (two timestamps each; query sets hold 4096). */
 const MAX_PASSES = 2000;
 
 /**
- * Untimed repetitions to put before the timed ones so that about {@link WARM_UP_MS} of
- * device time precedes them, from one probe launch of the plan (a few repetitions).
+ * Warms the GPU up on the plan's own passes: launches of about {@link WARM_UP_MS} of device
+ * time each until the per-repetition time stops falling (within 3% of the previous launch,
+ * after at least three), since an idle GPU runs at low clocks and ramps up under load (an
+ * H200 idles at 345 MHz of 1980; after a pipeline compiled for 2 s, 150 ms of warm-up was
+ * not enough: the same kernel read 2x slower). Returns the repetitions for one more
+ * warm-up pass inside the timed launch (none: the launches did it).
  */
 async function warmUpReps(
   gpu: GpuContext,
@@ -76,12 +81,19 @@ async function warmUpReps(
   att: KernelCall[],
   reps: number,
 ): Promise<number> {
-  const probe = [...first];
-  for (let r = 0; r < 3; r++) probe.push(...att.map((c) => ({ ...c, name: `probe${r}` })));
-  const res = await launch(gpu, { label: "bench.probe", uploads, calls: probe, reads: [] });
-  const per = median([0, 1, 2].map((r) => res.gpu[`probe${r}`] ?? 0));
   const room = Math.floor((MAX_PASSES - first.length) / Math.max(1, att.length)) - reps;
-  return Math.max(0, Math.min(room, Math.ceil(WARM_UP_MS / Math.max(per, 1e-3))));
+  let per = Infinity, n = 3;
+  for (let k = 0; k < MAX_WARM_UPS; k++) {
+    const calls = [...first];
+    for (let r = 0; r < n; r++) calls.push(...att.map((c) => ({ ...c, name: `warm${r}` })));
+    const res = await launch(gpu, { label: "bench.warm-up", uploads, calls, reads: [] });
+    const now = median(Array.from({ length: n }, (_, r) => res.gpu[`warm${r}`] ?? 0));
+    const stable = k >= 2 && now >= per * 0.97;
+    per = Math.min(per, now);
+    if (stable) break;
+    n = Math.max(3, Math.min(room, Math.ceil(WARM_UP_MS / Math.max(now, 1e-3))));
+  }
+  return Math.max(0, Math.min(room, Math.ceil(20 / Math.max(per, 1e-3))));
 }
 
 function median(a: number[]): number {

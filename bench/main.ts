@@ -175,9 +175,6 @@ async function main(): Promise<void> {
           ...(c.unfit ? [c.unfit] : []),
         ];
         if (!b.requires.needs_device && !small) why.push("host backend skipped on big shapes");
-        if (b.name === "WEBGPU_DECODE" && s.kind === "prefill" && s.ctx > 1024) {
-          why.push("each token a decode row: skipped on long prefills");
-        }
         if (why.length) {
           rows.push({ case: name, backend: c.label, skipped: why.join("; ") });
           log(`skip ${c.label}: ${why.join("; ")}`);
