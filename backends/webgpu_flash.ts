@@ -2,9 +2,10 @@
  * WEBGPU_FLASH: the general GPU backend, one plan for any batch (FlashInfer's way of mixed
  * batches): decode rows (requests of query length at most the decode threshold, vLLM's
  * reorder_batch_threshold) go through the split-KV kernels of WEBGPU_DECODE, every other row
- * through the FlashAttention-2 style prefill kernel (wgsl/flash_attention.wgsl: GQA-grouped
- * tiles, K/V tiles shared in workgroup memory, f32 online softmax, causal early exit, window
- * skipping). Encoder types read K/V from the call. The new K/V are written first, and all of
+ * through the tensor-core kernel where the device has subgroup matrices (f16/bf16 data), else
+ * the FlashAttention-2 style prefill kernel (wgsl/flash_attention.wgsl: GQA-grouped tiles, K/V
+ * tiles shared in workgroup memory, f32 online softmax, causal early exit, window skipping) or,
+ * with `prefill_split`, the split-KV kernels with each query token a decode row. Encoder types read K/V from the call. The new K/V are written first, and all of
  * it runs in one submission with one readback (gpu/gpu_plan.ts).
  * @module
  */
@@ -76,6 +77,12 @@ export interface FlashOptions {
    * device has them; false keeps the portable kernel. Default: on, unless ATTN_PREFILL_MMA=0.
    */
   mma?: boolean;
+  /**
+   * Prefill rows that the tensor-core kernel does not take run on the split-KV kernels, each
+   * query token a decode row, instead of the portable tiles (decoder layers with a paged
+   * cache). Default: ATTN_PREFILL_SPLIT=1 turns it on, otherwise off.
+   */
+  prefill_split?: boolean;
 }
 
 function envMma(): boolean {
@@ -84,6 +91,19 @@ function envMma(): boolean {
   } catch {
     return true;
   }
+}
+
+function envPrefillSplit(): boolean {
+  try {
+    return Deno.env.get("ATTN_PREFILL_SPLIT") === "1";
+  } catch {
+    return false;
+  }
+}
+
+/** Whether the tensor-core kernel runs this batch's prefill rows. */
+function mmaTakes(ctx: GpuContext, o: FlashOptions, s: BatchShape): boolean {
+  return (o.mma ?? envMma()) && typeof mmaConstsOf(ctx, s, mmaSupportOf(ctx)) !== "string";
 }
 
 /** The prefill rows on the tensor-core kernel when it can run them, else the portable one. */
@@ -120,7 +140,8 @@ async function planFor(
   // Decode rows need the split kernels' head sizes and a cache.
   const decodes = !isEncoder(s) && DECODE_HEAD_SIZES.includes(s.layer.head_size) &&
     s.cache_spec !== null && [16, 32, 64].includes(s.cache_spec.block_size);
-  const isDecode = (i: number) => decodes && qlen(i) <= DECODE_THRESHOLD;
+  const allSplit = decodes && (o.prefill_split ?? envPrefillSplit()) && !mmaTakes(ctx, o, s);
+  const isDecode = (i: number) => decodes && (allSplit || qlen(i) <= DECODE_THRESHOLD);
   return await buildGpuPlan(ctx, s, async (table): Promise<AttentionCalls> => {
     const [d, p] = await Promise.all([
       planDecodeRows(ctx, o.decode, s, isDecode, table),

@@ -98,6 +98,39 @@ TILES.forEach((tile, k) => {
   });
 });
 
+// prefill_split: every row of a mixed batch on the split-KV kernels (no prefill tiles), still
+// equal to the reference; encoder layers keep the tiles (no paged cache to split over).
+for (const f of [{ dtype: "float16" as const, sliding_window: 23, sinks: true }, { alibi: true }]) {
+  Deno.test(`flash prefill_split: prefill rows as decode rows vs reference`, {
+    ignore: NO_GPU,
+  }, async () => {
+    const backend = makeWebGpuFlash({
+      tile: null,
+      decode: { ...DEFAULT_DECODE_TUNING },
+      mma: false,
+      prefill_split: true,
+    });
+    const s = base({
+      num_heads: 8,
+      num_kv_heads: 2,
+      requests: [{ query_len: 29, seq_len: 61 }, { query_len: 1, seq_len: 9 }, {
+        query_len: 7,
+        seq_len: 7,
+        pad: 1,
+      }],
+      ...f,
+    });
+    const g = generateBatch(s, (Math.random() * 2 ** 31) | 0);
+    const c = await backend.importCache(g.cache_spec!, g.key_cache, g.value_cache, ctx);
+    const plan = await backend.plan(validHostBatch(g.batch, c), ctx);
+    assert.equal(plan.info.prefill_tiles, 0, JSON.stringify(plan.info));
+    assert.equal(plan.info.decode_rows, 29 + 1 + 7, JSON.stringify(plan.info));
+    backend.disposePlan?.(plan);
+    c.destroy();
+    await checkBackend(backend as AttentionBackend, GPU!, s);
+  });
+}
+
 Deno.test("flash: tiles parse, fit and are chosen by the device's limits", () => {
   assert.deepEqual(parseFlashTile("8x4x4x2"), [8, 4, 4, 2]);
   assert.deepEqual(parseFlashTile("8x4x4x2l"), [8, 4, 4, 2, false]);
