@@ -15,6 +15,7 @@
 import { parseArgs } from "node:util";
 import { formatRuntime, formatSummary, type RuntimeReport, TARGETS } from "./http_report.ts";
 import { runOnServer, type RunOptions } from "./http_run.ts";
+import { CLIENT_KINDS, type ClientKind } from "./http_client.ts";
 import { killStarted, startServer } from "./http_server.ts";
 import { BIG_SHAPE, cacheBytes, type HttpShape, layoutOf } from "./http_workload.ts";
 
@@ -39,6 +40,8 @@ export const HELP = `deno task bench:http [options]
                           (default: once, with the server's default runtime)
   --server-arg ARG        pass ARG to the started server (repeatable), e.g. --server-arg=--no-gpu
   --token T               bearer token for the server (default: env ATTN_TOKEN)
+  --client raw|fetch      the clients' HTTP: raw = the bench's own keep-alive HTTP/1.1
+                          connection (default; bench/http_conn.ts), fetch = Deno's fetch
   --small | --big         shapes (default: small on a software adapter or without a device)
   --reqs N --ctx N --heads N --kv-heads N --head-size N --block-size N
   --prefill-reqs N --prefill-tokens N   requests and tokens of each per prefill call
@@ -82,6 +85,7 @@ export function parseHttpBenchArgs(args: string[], env = Deno.env.toObject()): H
     runtimes: { type: "string" },
     "server-arg": { type: "string", multiple: true },
     token: { type: "string" },
+    client: { type: "string" },
     small: { type: "boolean" },
     big: { type: "boolean" },
     "check-rows": { type: "string" },
@@ -104,6 +108,12 @@ export function parseHttpBenchArgs(args: string[], env = Deno.env.toObject()): H
     if (str(flag) !== undefined) shape[key] = positive(flag, str(flag)!);
   }
   const token = str("token") ?? env.ATTN_TOKEN;
+  const client = (str("client") ?? "raw") as ClientKind;
+  if (!CLIENT_KINDS.includes(client)) {
+    throw new Error(
+      `--client must be one of ${CLIENT_KINDS.join(", ")}, got ${JSON.stringify(client)}`,
+    );
+  }
   return {
     url: str("url")?.replace(/\/+$/, ""),
     runtimes: str("runtimes")?.split(",").map((x) => x.trim()).filter(Boolean) ?? null,
@@ -120,6 +130,7 @@ export function parseHttpBenchArgs(args: string[], env = Deno.env.toObject()): H
       prefill_check_rows: positive("prefill-check-rows", str("prefill-check-rows") ?? "32"),
       full_prefill_limit: 3e8,
       headers: token ? { authorization: `Bearer ${token}` } : {},
+      client,
     },
   };
 }

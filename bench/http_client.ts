@@ -1,9 +1,13 @@
 /**
  * The HTTP bench's client side: one forward call over keep-alive HTTP with safetensors both
- * ways (timed from the send to the parsed answer), and a decode client that pre-builds its
- * steps' bodies, waits at a start barrier, then sends them one after another on its own
- * caches (one per layer), keeping of each answer only what the checker needs: a few (token,
- * head) rows chosen at random per call, or the whole output for the steps in `full_steps`.
+ * ways (timed from the send to the parsed answer; the request is built before), and a decode
+ * client that pre-builds its steps' requests, waits at a start barrier, then sends them one
+ * after another on its own caches (one per layer), keeping of each answer only what the
+ * checker needs: a few (token, head) rows chosen at random per call, or the whole output for
+ * the steps in `full_steps`. Those copies and every check happen after the clock stops.
+ *
+ * Calls go through a {@link Caller}: the bench's own HTTP/1.1 connection (bench/http_conn.ts,
+ * the default) or Deno's `fetch`.
  *
  * Used in the main thread (the sequential phase) and by bench/http_client_worker.ts (one
  * worker per concurrent client, so the clients' own JS does not share one thread).
@@ -12,6 +16,7 @@
 import { parseSafetensors } from "../core/safetensors.ts";
 import { Rng } from "../tests/support/rng.ts";
 import { decodeBody } from "./http_bodies.ts";
+import { HttpConn, rawRequest } from "./http_conn.ts";
 import { type HttpShape, type Layout, seedOf, stepData } from "./http_workload.ts";
 
 /** A forward answer: the f16 output bits and the server's own account. */
@@ -19,7 +24,10 @@ export interface Answer {
   /** Client round trip in ms: send to parsed answer. */
   ms: number;
   backend: string;
-  /** The server's per-phase timings (`__metadata__.timings`). */
+  /**
+   * The server's per-phase timings: the service's (`__metadata__.timings`) and the handler's
+   * (`Server-Timing`: `parse`).
+   */
   timings: Record<string, number>;
   /** [tokens, heads, head_size] float16 bits. */
   output: Uint16Array;
@@ -30,25 +38,88 @@ export class CallError extends Error {
   override name = "CallError";
 }
 
-/** POSTs one safetensors forward body and parses the safetensors answer. */
-export async function forward(
-  url: string,
-  headers: Record<string, string>,
-  body: Uint8Array,
-): Promise<Answer> {
-  const t0 = performance.now();
-  const res = await fetch(`${url}/v1/attention/forward`, {
-    method: "POST",
-    headers: {
-      ...headers,
-      "content-type": "application/octet-stream",
-      accept: "application/octet-stream",
+/** How the bench's clients talk HTTP: their own keep-alive connection, or Deno's fetch. */
+export type ClientKind = "raw" | "fetch";
+
+/** The client kinds, for the command line. */
+export const CLIENT_KINDS: readonly ClientKind[] = ["raw", "fetch"];
+
+/** A forward call's request as built before the clock starts. */
+export type Prepared = Uint8Array;
+
+/** What {@link Caller.send} returns. */
+export interface Sent {
+  status: number;
+  body: Uint8Array;
+  /** The answer's `Server-Timing` header, if any. */
+  serverTiming?: string;
+}
+
+/**
+ * The durations (ms) of a `Server-Timing` header by metric name (`parse;dur=0.2, x;dur=1`);
+ * metrics without a duration are left out.
+ */
+export function serverTimings(header: string | undefined): Record<string, number> {
+  const out: Record<string, number> = {};
+  for (const metric of header?.split(",") ?? []) {
+    const [name, ...params] = metric.split(";").map((x) => x.trim());
+    const dur = params.find((p) => p.startsWith("dur="));
+    const ms = dur === undefined ? NaN : Number(dur.slice(4));
+    if (name && Number.isFinite(ms)) out[name] = ms;
+  }
+  return out;
+}
+
+/** One client's way to send forward calls: one call at a time. */
+export interface Caller {
+  /** Builds a forward call's request from its safetensors body (untimed). */
+  prepare(body: Uint8Array): Prepared;
+  /** Sends a prepared request; the answer's status, body and `Server-Timing` header. */
+  send(request: Prepared): Promise<Sent>;
+  close(): void;
+}
+
+const FORWARD_HEADERS = {
+  "content-type": "application/octet-stream",
+  accept: "application/octet-stream",
+};
+
+/** A caller of `kind` for the server at `url`, sending `headers` with every call. */
+export function caller(kind: ClientKind, url: string, headers: Record<string, string>): Caller {
+  const target = `${url}/v1/attention/forward`;
+  const all = { ...headers, ...FORWARD_HEADERS };
+  if (kind === "raw") {
+    const conn = new HttpConn(url);
+    return {
+      prepare: (body) => rawRequest("POST", target, all, body),
+      send: async (request) => {
+        const a = await conn.send(request);
+        return { status: a.status, body: a.body, serverTiming: a.headers.get("server-timing") };
+      },
+      close: () => conn.close(),
+    };
+  }
+  return {
+    prepare: (body) => body,
+    send: async (body) => {
+      const res = await fetch(target, {
+        method: "POST",
+        headers: all,
+        body: body as Uint8Array<ArrayBuffer>,
+      });
+      const serverTiming = res.headers.get("server-timing") ?? undefined;
+      return { status: res.status, body: new Uint8Array(await res.arrayBuffer()), serverTiming };
     },
-    body: body as Uint8Array<ArrayBuffer>,
-  });
-  const bytes = new Uint8Array(await res.arrayBuffer());
-  if (!res.ok) {
-    throw new CallError(`forward: HTTP ${res.status}: ${new TextDecoder().decode(bytes)}`);
+    close: () => {},
+  };
+}
+
+/** Sends one prepared forward call and parses the safetensors answer (timed together). */
+export async function forward(c: Caller, request: Prepared): Promise<Answer> {
+  const t0 = performance.now();
+  const { status, body: bytes, serverTiming } = await c.send(request);
+  if (status < 200 || status > 299) {
+    throw new CallError(`forward: HTTP ${status}: ${new TextDecoder().decode(bytes)}`);
   }
   const file = parseSafetensors(bytes);
   const ms = performance.now() - t0;
@@ -60,7 +131,10 @@ export async function forward(
   return {
     ms,
     backend: file.metadata.backend ?? "?",
-    timings: file.metadata.timings ? JSON.parse(file.metadata.timings) : {},
+    timings: {
+      ...(file.metadata.timings ? JSON.parse(file.metadata.timings) : {}),
+      ...serverTimings(serverTiming),
+    },
     output: new Uint16Array(data.buffer, data.byteOffset, data.byteLength / 2),
   };
 }
@@ -69,6 +143,7 @@ export async function forward(
 export interface DecodeJob {
   url: string;
   headers: Record<string, string>;
+  client: ClientKind;
   shape: HttpShape;
   layout: Layout;
   seed: number;
@@ -133,29 +208,29 @@ export async function runDecode(
   ready: () => Promise<void> = () => Promise.resolve(),
 ): Promise<DecodeResult> {
   const s = job.shape, D = s.head_size;
-  const todo: { cache: number; step: number; body: Uint8Array }[] = [];
+  const api = caller(job.client, job.url, job.headers);
+  const todo: { cache: number; step: number; request: Prepared }[] = [];
   for (let i = 0; i < job.steps; i++) {
     const step = job.first_step + i;
     for (const c of job.caches) {
       const data = stepData(s, job.seed, c.index, step);
-      todo.push({ cache: c.index, step, body: decodeBody(s, job.layout, c.id, step, data) });
+      const request = api.prepare(decodeBody(s, job.layout, c.id, step, data));
+      todo.push({ cache: c.index, step, request });
     }
   }
   await ready();
   const result: DecodeResult = { calls: [] };
   const where = (t: { cache: number; step: number }) => `cache ${t.cache} step ${t.step}`;
   try {
-    if (job.warmup && todo.length) {
-      result.warmup_ms = (await forward(job.url, job.headers, todo[0].body)).ms;
-    }
+    if (job.warmup && todo.length) result.warmup_ms = (await forward(api, todo[0].request)).ms;
     for (const t of todo) {
       let a: Answer;
       try {
-        a = await forward(job.url, job.headers, t.body);
+        a = await forward(api, t.request);
       } catch (e) {
         throw new CallError(`${where(t)}: ${e instanceof Error ? e.message : e}`);
       }
-      t.body = new Uint8Array(0);
+      t.request = new Uint8Array(0);
       const rows = sampleRows(
         s.reqs * s.num_heads,
         job.check_rows,
@@ -174,6 +249,8 @@ export async function runDecode(
     }
   } catch (e) {
     result.error = e instanceof Error ? e.message : String(e);
+  } finally {
+    api.close();
   }
   return result;
 }

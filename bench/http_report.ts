@@ -79,6 +79,7 @@ function timingTable(phases: [string, PhaseStats | undefined][]): string[] {
     ...keys.map((k) => [k, ...present.map(([, p]) => f(p.server[k]))]),
     ["client round trip p50", ...present.map(([, p]) => f(p.p50_ms))],
     ["round trip - total (HTTP, codec)", ...present.map(([, p]) => f(p.outside_total_ms))],
+    ["  of which not parse (HTTP, client)", ...present.map(([, p]) => f(p.outside_server_ms))],
   ];
   const w = rows[0].map((_, i) => Math.max(...rows.map((r) => r[i].length)));
   return rows.map((r) =>
@@ -113,7 +114,7 @@ export function formatRuntime(r: RuntimeReport): string[] {
   const b = x.backends;
   out.push(
     `device: ${dev}`,
-    `shape (${x.small ? "small" : "big"}): ${shapeLine(s)}`,
+    `shape (${x.small ? "small" : "big"}): ${shapeLine(s)}; client: ${x.client}`,
     `caches: ${cache}; answered by: prefill ${b.prefill?.join(",") ?? "-"}, ` +
       `decode ${b.decode?.join(",") ?? "-"}`,
   );

@@ -20,6 +20,9 @@ import {
   tally,
 } from "./http_checks.ts";
 import {
+  type Caller,
+  caller,
+  type ClientKind,
   type DecodeCall,
   type DecodeJob,
   forward,
@@ -33,6 +36,7 @@ import { type PhaseStats, phaseStats, type Timed } from "./http_stats.ts";
 import {
   BIG_SHAPE,
   cacheBytes,
+  type Chunk,
   chunkQuery,
   chunksOf,
   type HttpShape,
@@ -56,12 +60,16 @@ export interface RunOptions {
   full_prefill_limit: number;
   /** Extra request headers (e.g. authorization). */
   headers: Record<string, string>;
+  /** How the clients talk HTTP (default "raw": the bench's own keep-alive connection). */
+  client?: ClientKind;
   log: (line: string) => void;
 }
 
 /** What one run measured and checked. */
 export interface RunReport {
   url: string;
+  /** The bench's HTTP client (bench/http_client.ts). */
+  client: ClientKind;
   device: DeviceReport;
   software: boolean;
   small: boolean;
@@ -114,6 +122,7 @@ export async function runOnServer(url: string, o: RunOptions): Promise<RunReport
   checkShape(shape);
   const report: RunReport = {
     url,
+    client: o.client ?? "raw",
     device,
     software,
     small,
@@ -164,7 +173,8 @@ const pick = (i: { backend: string; storage: string; bytes: number }) => ({
 
 /**
  * Fills every cache by prefill calls. Cache 0 gets each chunk alone and timed (chunk 0 once
- * more before, untimed: the cold call); the other caches get the same chunk `clients` at a time.
+ * more before, untimed: the cold call); the other caches get the same chunk `clients` at a time
+ * (one caller each: a raw connection carries one call at a time).
  */
 async function prefill(
   url: string,
@@ -174,51 +184,80 @@ async function prefill(
   layout: Layout,
   ids: string[],
 ): Promise<void> {
-  const s = report.shape, D = s.head_size;
-  const seq: Timed[] = [], fill: Timed[] = [], backends: string[] = [];
-  let fillWall = 0;
-  for (const c of chunksOf(s)) {
-    const q = chunkQuery(s, o.seed, c);
-    const T = c.n * c.len;
-    const rows = sampleRows(
-      T * s.num_heads,
-      o.prefill_check_rows,
-      seedOf(o.seed, "prows", c.index),
-    );
-    const full0 = c.index === 0 && prefillCheckCost(ref, c) <= o.full_prefill_limit;
-    const keep = (cache: number, out: Uint16Array, full: boolean): PrefillAnswer => ({
-      cache,
-      full,
-      values: full ? out : takeRows(out, rows, D),
-    });
-    const body = (cache: number) => prefillBody(s, layout, ids[cache], c, q, ref.ctxK, ref.ctxV);
-    if (c.index === 0) report.prefill_cold_ms = (await forward(url, o.headers, body(0))).ms;
-    const a0 = await forward(url, o.headers, body(0));
-    seq.push(a0);
-    backends.push(a0.backend);
-    const answers = [keep(0, a0.output, full0)];
-    for (let first = 1; first < ids.length; first += s.clients) {
-      const group = ids.slice(first, first + s.clients).map((_, i) => first + i);
-      const bodies = group.map(body);
-      const t0 = performance.now();
-      const got = await Promise.all(bodies.map((b) => forward(url, o.headers, b)));
-      fillWall += performance.now() - t0;
-      got.forEach((a, i) => {
-        fill.push(a);
-        backends.push(a.backend);
-        answers.push(keep(group[i], a.output, false));
-      });
+  const s = report.shape;
+  const callers = Array.from({ length: s.clients }, () => caller(report.client, url, o.headers));
+  const acc: PrefillAcc = { seq: [], fill: [], backends: [], fillWall: 0 };
+  try {
+    for (const c of chunksOf(s)) {
+      await prefillChunk(c, { o, report, ref, layout, ids, callers }, acc);
     }
-    addTally(report.checks.prefill, checkPrefill(ref, c, q, rows, answers));
-    o.log(
-      `prefill chunk ${c.index}: requests ${c.r0}..${c.r0 + c.n - 1}, positions ` +
-        `${c.p0}..${c.p0 + c.len - 1}: ${a0.ms.toFixed(1)} ms (server total ` +
-        `${a0.timings.total?.toFixed(1)} ms)`,
-    );
+  } finally {
+    for (const c of callers) c.close();
   }
-  if (seq.length) report.prefill = phaseStats(seq);
-  if (fill.length) report.prefill_fill = phaseStats(fill, fillWall);
-  report.backends.prefill = uniq(backends);
+  if (acc.seq.length) report.prefill = phaseStats(acc.seq);
+  if (acc.fill.length) report.prefill_fill = phaseStats(acc.fill, acc.fillWall);
+  report.backends.prefill = uniq(acc.backends);
+}
+
+/** What the prefill calls gathered. */
+interface PrefillAcc {
+  seq: Timed[];
+  fill: Timed[];
+  backends: string[];
+  fillWall: number;
+}
+
+/** One prefill chunk on every cache, its answers checked (after the clock). */
+async function prefillChunk(
+  c: Chunk,
+  x: {
+    o: RunOptions;
+    report: RunReport;
+    ref: Reference;
+    layout: Layout;
+    ids: string[];
+    callers: Caller[];
+  },
+  acc: PrefillAcc,
+): Promise<void> {
+  const { o, report, ref, ids, callers } = x, s = report.shape, D = s.head_size;
+  const q = chunkQuery(s, o.seed, c);
+  const rows = sampleRows(
+    c.n * c.len * s.num_heads,
+    o.prefill_check_rows,
+    seedOf(o.seed, "prows", c.index),
+  );
+  const full0 = c.index === 0 && prefillCheckCost(ref, c) <= o.full_prefill_limit;
+  const keep = (cache: number, out: Uint16Array, full: boolean): PrefillAnswer => ({
+    cache,
+    full,
+    values: full ? out : takeRows(out, rows, D),
+  });
+  const body = (cache: number, via: Caller) =>
+    via.prepare(prefillBody(s, x.layout, ids[cache], c, q, ref.ctxK, ref.ctxV));
+  if (c.index === 0) report.prefill_cold_ms = (await forward(callers[0], body(0, callers[0]))).ms;
+  const a0 = await forward(callers[0], body(0, callers[0]));
+  acc.seq.push(a0);
+  acc.backends.push(a0.backend);
+  const answers = [keep(0, a0.output, full0)];
+  for (let first = 1; first < ids.length; first += s.clients) {
+    const group = ids.slice(first, first + s.clients).map((_, i) => first + i);
+    const requests = group.map((cache, i) => body(cache, callers[i]));
+    const t0 = performance.now();
+    const got = await Promise.all(requests.map((r, i) => forward(callers[i], r)));
+    acc.fillWall += performance.now() - t0;
+    got.forEach((a, i) => {
+      acc.fill.push(a);
+      acc.backends.push(a.backend);
+      answers.push(keep(group[i], a.output, false));
+    });
+  }
+  addTally(report.checks.prefill, checkPrefill(ref, c, q, rows, answers));
+  o.log(
+    `prefill chunk ${c.index}: requests ${c.r0}..${c.r0 + c.n - 1}, positions ` +
+      `${c.p0}..${c.p0 + c.len - 1}: ${a0.ms.toFixed(1)} ms (server total ` +
+      `${a0.timings.total?.toFixed(1)} ms)`,
+  );
 }
 
 /**
@@ -237,6 +276,7 @@ async function decode(
   const job = (client: number, first: number, warmup: boolean, full: number[]): DecodeJob => ({
     url,
     headers: o.headers,
+    client: report.client,
     shape: s,
     layout,
     seed: o.seed,

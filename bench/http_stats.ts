@@ -26,6 +26,11 @@ export interface PhaseStats {
   server: Record<string, number>;
   /** Median of (round trip - server `total`): HTTP, body parse and encode, client parse. */
   outside_total_ms?: number;
+  /**
+   * Median of (round trip - `total` - `parse`), where the server sent `parse`: the HTTP stack
+   * both ways, the answer's encoding and the client's own work.
+   */
+  outside_server_ms?: number;
 }
 
 /** Nearest-rank quantile (q in [0, 1]) of a non-empty list. */
@@ -34,7 +39,16 @@ export function quantile(xs: number[], q: number): number {
   return s[Math.min(s.length - 1, Math.max(0, Math.ceil(q * s.length) - 1))];
 }
 
-const FIRST = ["validate", "plan", "plan_cached", "queue", "encode", "gpu_and_readback", "gpu"];
+const FIRST = [
+  "parse",
+  "validate",
+  "plan",
+  "plan_cached",
+  "queue",
+  "encode",
+  "gpu_and_readback",
+  "gpu",
+];
 
 /** Server timing keys in report order: the forward path's phases, `gpu_*`, the rest, `total`. */
 export function timingOrder(keys: Iterable<string>): string[] {
@@ -71,6 +85,9 @@ export function phaseStats(calls: Timed[], wall_ms?: number): PhaseStats {
     server,
   };
   if (outside.length) out.outside_total_ms = quantile(outside, 0.5);
+  const beyond = calls.filter((c) => typeof c.timings.total === "number" && "parse" in c.timings)
+    .map((c) => c.ms - c.timings.total - c.timings.parse);
+  if (beyond.length) out.outside_server_ms = quantile(beyond, 0.5);
   if (wall_ms !== undefined) {
     out.wall_ms = wall_ms;
     out.calls_per_s = calls.length / (wall_ms / 1000);

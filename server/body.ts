@@ -1,15 +1,17 @@
 /**
- * Request bodies: media types (JSON or safetensors, else 415), the size limits (Content-Length
- * checked before reading, bytes counted while streaming so chunked bodies are capped too: 413;
- * JSON bodies have their own, lower limit), a body cut short by the client (400
- * `body_incomplete`), JSON parsing within bounds (400; see json_scan.ts), and `Accept`
- * negotiation between JSON and safetensors responses.
+ * Request bodies: media types (JSON or safetensors, else 415), the size limits of each kind
+ * (JSON bodies have their own, lower limit; reading within them is body_read.ts), JSON
+ * parsing within bounds (400; see json_scan.ts), and `Accept` negotiation between JSON and
+ * safetensors responses.
  * @module
  */
 import type { z } from "zod";
 import { ServiceError } from "../core/errors.ts";
 import { scanJson } from "../wire/json_scan.ts";
 import { fromZod } from "../wire/zod_issues.ts";
+import { type BodyLimit, readBody } from "./body_read.ts";
+
+export { type BodyLimit, readBody } from "./body_read.ts";
 
 /** Default body limit (safetensors bodies): 512 MiB. */
 export const DEFAULT_MAX_BODY_BYTES = 512 * 1024 * 1024;
@@ -26,9 +28,6 @@ export const DEFAULT_MAX_JSON_BODY_BYTES = 64 * 1024 * 1024;
  * UTF-16 units) that the parse needs.
  */
 export const MAX_JSON_BODY_BYTES_CEILING = 256 * 1024 * 1024;
-
-/** First buffer of a body read: never more than this before bytes actually arrive. */
-const INITIAL_BODY_BUFFER = 1024 * 1024;
 
 /** The body kinds a route may take. */
 export type BodyKind = "json" | "binary";
@@ -65,87 +64,6 @@ export function bodyKind(req: Request, accepted: BodyKind[]): BodyKind {
       },
     },
   );
-}
-
-/** A body size limit and the flag that sets it (named in the 413). */
-export interface BodyLimit {
-  bytes: number;
-  /** The problem field naming the limit, e.g. `max_body_bytes`. */
-  field: string;
-  /** What kind of body it applies to, for the message (e.g. "JSON "). */
-  kind?: string;
-}
-
-function tooLarge(limit: BodyLimit, seen: number | string): ServiceError {
-  return new ServiceError(
-    `${limit.kind ?? ""}request body of ${seen} bytes exceeds the ${limit.bytes}-byte limit`,
-    { status: 413, code: "body_too_large", extra: { [limit.field]: limit.bytes } },
-  );
-}
-
-function incomplete(got: number, declared: number, cause: unknown): ServiceError {
-  const of = declared >= 0 ? ` of the ${declared} declared` : "";
-  const why = cause instanceof Error ? `: ${cause.message}` : "";
-  return new ServiceError(
-    `request body ended after ${got}${of} bytes: the client stopped sending${why}`,
-    { status: 400, code: "body_incomplete", extra: { received_bytes: got } },
-  );
-}
-
-/**
- * Reads the whole body, refusing more than `limit` bytes: a declared Content-Length over the
- * limit fails before reading; otherwise bytes are counted as they stream in. Memory follows
- * the bytes received (a declared length reserves nothing up front). A body the client stops
- * sending is a 400 `body_incomplete`.
- */
-export async function readBody(req: Request, limit: number | BodyLimit): Promise<Uint8Array> {
-  const lim: BodyLimit = typeof limit === "number"
-    ? { bytes: limit, field: "max_body_bytes" }
-    : limit;
-  const cl = req.headers.get("content-length");
-  let declared = -1;
-  if (cl !== null) {
-    if (!/^\d+$/.test(cl.trim())) {
-      throw new ServiceError(`invalid Content-Length ${JSON.stringify(cl)}`, {
-        status: 400,
-        code: "bad_request",
-      });
-    }
-    declared = Number(cl);
-    if (declared > lim.bytes) throw tooLarge(lim, declared);
-  }
-  if (!req.body) return new Uint8Array(0);
-  const reader = req.body.getReader();
-  const cap = declared >= 0 ? declared : lim.bytes;
-  let buf = new Uint8Array(Math.min(cap, INITIAL_BODY_BUFFER));
-  let total = 0;
-  // With a declared length, stop at it: a client that half-closes after its last byte makes
-  // one more read fail though the body is whole.
-  while (declared < 0 || total < declared) {
-    let chunk: ReadableStreamReadResult<Uint8Array>;
-    try {
-      chunk = await reader.read();
-    } catch (e) {
-      throw incomplete(total, declared, e);
-    }
-    if (chunk.done) break;
-    const value = chunk.value;
-    if (total + value.byteLength > lim.bytes) {
-      await reader.cancel().catch(() => {});
-      throw tooLarge(lim, `more than ${lim.bytes}`);
-    }
-    if (total + value.byteLength > buf.byteLength) {
-      const want = Math.max(buf.byteLength * 2, total + value.byteLength);
-      const grown = new Uint8Array(Math.min(Math.max(cap, total + value.byteLength), want));
-      grown.set(buf.subarray(0, total));
-      buf = grown;
-    }
-    buf.set(value, total);
-    total += value.byteLength;
-  }
-  if (declared >= 0 && total < declared) throw incomplete(total, declared, undefined);
-  reader.releaseLock();
-  return total === buf.byteLength ? buf : buf.subarray(0, total);
 }
 
 /**

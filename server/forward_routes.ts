@@ -4,7 +4,9 @@
  * route on it; a body that names another `kv_cache` is a 400 `kv_cache_mismatch`). Either takes
  * a JSON or safetensors body and answers JSON or, with `Accept: application/octet-stream`,
  * safetensors. Each call's phases are measured for the metrics: `parse` (read and decode the
- * body) and `encode_response` here, the rest from the service's `timings`.
+ * body) and `encode_response` here, the rest from the service's `timings`. The answer's
+ * `Server-Timing` header carries `parse` (`parse;dur=MS`), so a client can tell the server's
+ * share of a round trip outside the service's `total`.
  * @module
  */
 import { ServiceError } from "../core/errors.ts";
@@ -74,7 +76,10 @@ export function addForwardRoutes(
     const tParsed = performance.now();
     const outcome = await service.forward(decoded.input, { signal: req.signal });
     const tRan = performance.now();
-    const headers = { "x-attention-backend": outcome.backend };
+    const headers = {
+      "x-attention-backend": outcome.backend,
+      "server-timing": `parse;dur=${(tParsed - t0).toFixed(3)}`,
+    };
     const res = wantsBinary(req)
       ? binaryResponse(forwardSafetensors(outcome), headers)
       : jsonResponse(forwardJson(outcome, decoded.encoding), 200, headers);

@@ -1,10 +1,16 @@
 /**
  * Forward numerics over HTTP (real port, CPU_REFERENCE) against an independent float64
  * computation: prefill, decode and chunked-prefill steps on a server-held cache, both
- * transports, base64, inline caches, encoder-only and layer options.
+ * transports, base64, inline caches, encoder-only and layer options; the answer's
+ * `Server-Timing` header (the handler's `parse`).
  */
 import assert from "node:assert/strict";
 import type { ForwardBody } from "../../client/client.ts";
+import {
+  decodeJsonAnswer,
+  decodeSafetensorsAnswer,
+  forwardBodyToSafetensors,
+} from "../../wire/client_codec.ts";
 import { maxAbsDiff, rand, refAttention, type RefOptions, startServer, to3d } from "./helpers.ts";
 
 const H = 4, HKV = 2, D = 8, BS = 4, NB = 10;
@@ -288,6 +294,55 @@ Deno.test("forward over HTTP: encoder_only (no cache, non-causal) and layer opti
     };
     const a2 = await srv.client.forward({ ...b2, kv_cache: info.id });
     assert.ok(maxAbsDiff(a2.output.values, refOut) < 2e-5, "layer options");
+  } finally {
+    await srv.close();
+  }
+});
+
+Deno.test("forward over HTTP: the answer's Server-Timing header carries the handler's parse", async () => {
+  const srv = startServer();
+  try {
+    const T = 6;
+    const q = rand(T * H * D).map(Math.fround), k = rand(T * HKV * D).map(Math.fround);
+    const v = rand(T * HKV * D).map(Math.fround);
+    const ref = refAttention(
+      { q: to3d(q, T, H, D), k: to3d(k, T, HKV, D), v: to3d(v, T, HKV, D) },
+      { causal: false },
+    ).out.flat(2);
+    const t = (shape: number[], data: number[]) => ({ dtype: "float32", shape, data });
+    const body: ForwardBody = {
+      dtype: "float32",
+      layer: { num_heads: H, num_kv_heads: HKV, head_size: D, attn_type: "encoder_only" },
+      query: t([T, H, D], q),
+      key: t([T, HKV, D], k),
+      value: t([T, HKV, D], v),
+      metadata: { query_start_loc: [0, T], seq_lens: [T] },
+    };
+    const bin = "application/octet-stream";
+    for (
+      const [type, payload] of [
+        ["application/json", JSON.stringify(body)],
+        [bin, forwardBodyToSafetensors(body)],
+      ] as const
+    ) {
+      const t0 = performance.now();
+      const res = await fetch(`${srv.url}/v1/attention/forward`, {
+        method: "POST",
+        headers: { "content-type": type, accept: type },
+        body: payload as BodyInit,
+      });
+      const bytes = new Uint8Array(await res.arrayBuffer());
+      const ms = performance.now() - t0;
+      assert.equal(res.status, 200, new TextDecoder().decode(bytes));
+      const out = type === bin
+        ? decodeSafetensorsAnswer(bytes).output.values
+        : decodeJsonAnswer(JSON.parse(new TextDecoder().decode(bytes))).output.values;
+      assert.ok(maxAbsDiff(out, ref) < 2e-5, `${type}: output`);
+      const timing = res.headers.get("server-timing") ?? "";
+      const m = /^parse;dur=(\d+\.\d{3})$/.exec(timing);
+      assert.ok(m, `${type}: Server-Timing ${JSON.stringify(timing)}`);
+      assert.ok(Number(m[1]) >= 0 && Number(m[1]) <= ms, `${type}: parse ${m[1]} of ${ms} ms`);
+    }
   } finally {
     await srv.close();
   }

@@ -1,0 +1,117 @@
+/**
+ * The server side of bench/http_overhead.ts, as a Web Worker: the real handler
+ * (server/handler.ts) over Deno.serve on a loopback port, in front of a stand-in service whose
+ * `forward` returns a prepared f16 output at once. It measures what HTTP and the codec cost
+ * with no validation, planning or GPU behind them. Messages in: `{kind: "start", floor}`
+ * (floor: a bare handler that reads the body and answers fixed bytes instead), then
+ * `{kind: "metrics"}` (answered with the handler's `/metrics` text) and `{kind: "stop"}`.
+ * Out: `{kind: "listening", port, tid}` (tid: the thread's id), `{kind: "metrics", text}`,
+ * `{kind: "stopped"}`. Run as a program it serves the stub on its own (`[PORT] [--floor]`).
+ * @module
+ */
+import type { ForwardInput, ForwardOutcome } from "../wire/codec.ts";
+import type { AttentionService } from "../service/service.ts";
+import { createHandler } from "../server/handler.ts";
+import { Metrics } from "../server/metrics.ts";
+import { serializeSafetensors } from "../core/safetensors.ts";
+
+interface Scope {
+  postMessage(message: unknown): void;
+  onmessage: ((e: MessageEvent) => void) | null;
+}
+
+/** A service that answers every forward at once with a prepared output of the query's size. */
+export function stubService(): AttentionService {
+  const outputs = new Map<number, Uint8Array>();
+  const forward = (input: ForwardInput): Promise<ForwardOutcome> => {
+    const [T, H, D] = input.query.shape;
+    const n = input.query.array.bytes.byteLength;
+    let bytes = outputs.get(n);
+    if (!bytes) outputs.set(n, bytes = new Uint8Array(n).fill(0x3c));
+    return Promise.resolve({
+      backend: "stub",
+      dtype: input.query.dtype,
+      num_tokens: T,
+      num_heads: H,
+      head_size: D,
+      result: {
+        output: { dtype: input.query.dtype, length: n / 2, bytes },
+        lse: null,
+        timings: { total: 0 },
+      },
+    });
+  };
+  return { forward } as unknown as AttentionService;
+}
+
+/** This thread's id (Linux; 0 elsewhere). */
+export function threadId(): number {
+  try {
+    return Number(Deno.readTextFileSync("/proc/thread-self/stat").split(" ")[0]);
+  } catch {
+    return 0;
+  }
+}
+
+/** CPU ms (user + system) a thread has used so far (Linux; NaN elsewhere). */
+export function threadCpuMs(tid: number): number {
+  try {
+    const stat = Deno.readTextFileSync(`/proc/self/task/${tid}/stat`);
+    const f = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+    return (Number(f[11]) + Number(f[12])) * 10;
+  } catch {
+    return NaN;
+  }
+}
+
+/** Serves the stub (or, with `floor`, a bare handler) on a loopback port. */
+export function serveStub(
+  port: number,
+  floor: boolean,
+  metrics: Metrics,
+  onListen: (port: number) => void,
+): Deno.HttpServer {
+  const fixed = serializeSafetensors({
+    output: { dtype: "F16", shape: [32, 32, 128], data: new Uint8Array(32 * 32 * 128 * 2) },
+  });
+  const handler = floor
+    ? async (req: Request) => {
+      await req.arrayBuffer();
+      return new Response(fixed as Uint8Array<ArrayBuffer>, {
+        headers: { "content-type": "application/octet-stream" },
+      });
+    }
+    : createHandler(stubService(), { metrics });
+  return Deno.serve({ port, hostname: "127.0.0.1", onListen: (a) => onListen(a.port) }, handler);
+}
+
+const scope = self as unknown as Scope & { name?: string };
+if (scope.name === "overhead-server") {
+  const metrics = new Metrics();
+  let server: Deno.HttpServer | undefined;
+  scope.onmessage = async (e: MessageEvent<{ kind: string; floor?: boolean }>) => {
+    if (e.data.kind === "start") {
+      server = serveStub(
+        0,
+        e.data.floor === true,
+        metrics,
+        (port) => scope.postMessage({ kind: "listening", port, tid: threadId() }),
+      );
+    } else if (e.data.kind === "metrics") {
+      scope.postMessage({ kind: "metrics", text: metrics.render() });
+    } else if (e.data.kind === "stop") {
+      await server?.shutdown();
+      scope.postMessage({ kind: "stopped" });
+    }
+  };
+} else if (import.meta.main) {
+  // Standalone: `deno run -A bench/http_overhead_server.ts [PORT] [--floor]`, for
+  // `bench/http_overhead.ts --url` from another process (e.g. with other V8 flags).
+  const port = Number(Deno.args.find((a) => /^\d+$/.test(a)) ?? 8090);
+  serveStub(
+    port,
+    Deno.args.includes("--floor"),
+    new Metrics(),
+    (p) => console.log(`listening on http://127.0.0.1:${p}`),
+  );
+}
