@@ -1,11 +1,13 @@
 /**
  * The plan format every GPU backend produces, and the one `run` that executes it (plan on
  * metadata, run on tensors, after FlashInfer). A {@link GpuPlan} is built from a batch's shape
- * alone: compiled kernels, one uploaded {@link PlanTable} (every Params block and metadata
- * table), the calls in order with their bindings named symbolically, and the sizes of the
- * per-call buffers. {@link runGpuPlan} acquires pooled buffers for the call's tensors, output,
- * LSE and scratch, uploads the query/key/value bytes as they came, poisons the outputs, binds,
- * dispatches everything in one submission and reads output and LSE back with one `mapAsync`.
+ * alone: compiled kernels, one table (every Params block and metadata table, as bytes), the
+ * calls in order with their bindings named symbolically, and the sizes of the per-call
+ * buffers. A plan owns no GPU memory. {@link runGpuPlan} acquires pooled buffers for the
+ * table and the call's tensors, output, LSE and scratch, writes the table and the
+ * query/key/value bytes as they came (one write each), poisons the outputs, binds (bind groups
+ * are cached by buffer, gpu/bind_groups.ts, so a steady state creates none), dispatches
+ * everything in one submission and reads output and LSE back with one `mapAsync`.
  * The output comes back in the batch dtype; nothing is converted on the host.
  * @module
  */
@@ -16,7 +18,7 @@ import { dataArray } from "../core/data.ts";
 import { poolOf } from "./buffer_pool.ts";
 import type { CompiledKernel } from "./kernel.ts";
 import { type Bound, type KernelCall, launch } from "./launch.ts";
-import type { PlanTable, Section } from "./plan_table.ts";
+import { type PlanTable, type Section, TABLE_USAGE, uploadTable } from "./plan_table.ts";
 import { GpuKvCache } from "./kv_cache.ts";
 import type { FillPlan } from "./fill.ts";
 import { nanWord } from "./wgsl_data.ts";
@@ -40,7 +42,8 @@ export interface PlannedCall {
 /** A GPU backend's plan. */
 export interface GpuPlan {
   readonly ctx: GpuContext;
-  readonly table: PlanTable;
+  /** Every Params block and metadata table (gpu/plan_table.ts), written by each call. */
+  readonly table: Uint8Array<ArrayBuffer>;
   readonly calls: PlannedCall[];
   /** Bytes of each scratch buffer by name. */
   readonly scratch: Record<string, number>;
@@ -78,9 +81,15 @@ export function outputWords(dtype: DType, elements: number): { words: number; pa
   return { words: Math.ceil((elements * bytesPerElement(dtype)) / 4), pattern: nanWord(dtype) };
 }
 
-/** Frees what a plan owns (its table); the kernels stay cached per device. */
-export function disposeGpuPlan(p: GpuPlan): void {
-  p.table.buffer.destroy();
+/**
+ * Frees what a plan owns: nothing on the GPU (its table is host bytes; the kernels stay cached
+ * per device), so this only exists for the backends' `disposePlan`.
+ */
+export function disposeGpuPlan(_p: GpuPlan): void {}
+
+/** A buffer of its own holding `p`'s table (benches that bind a plan's calls themselves). */
+export function uploadPlanTable(p: GpuPlan): PlanTable {
+  return uploadTable(p.ctx, p.table, "plan.table");
 }
 
 const STORAGE_IN = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST;
@@ -88,7 +97,7 @@ const STORAGE_OUT = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC;
 
 /** A plan bound to one batch's buffers (see {@link bindGpuPlan}). */
 export interface BoundGpuPlan {
-  /** The query/key/value uploads. */
+  /** The uploads: the plan's table, then query/key/value. */
   uploads: { buffer: GPUBuffer; data: Uint8Array }[];
   /** The plan's calls with every binding resolved. */
   calls: KernelCall[];
@@ -100,8 +109,9 @@ export interface BoundGpuPlan {
 }
 
 /**
- * Binds plan `p` to batch `b` on `gpu`: pooled buffers for the call's tensors, output, LSE and
- * scratch, the uploads of the query/key/value bytes, and every call's bindings. runGpuPlan
+ * Binds plan `p` to batch `b` on `gpu`: pooled buffers for the plan's table and the call's
+ * tensors, output, LSE and scratch, the uploads of the table and of the query/key/value bytes
+ * as they came, and every call's bindings. runGpuPlan
  * launches the result; the bench launches its calls without a readback to time the kernels.
  */
 export function bindGpuPlan(p: GpuPlan, b: ValidBatch, gpu: GpuContext): BoundGpuPlan {
@@ -128,11 +138,12 @@ export function bindGpuPlan(p: GpuPlan, b: ValidBatch, gpu: GpuContext): BoundGp
     return buf;
   };
   try {
+    const table = take(p.table.byteLength, TABLE_USAGE, "plan.table");
     const io: Record<string, GPUBuffer> = {
       out: take(p.out_bytes, STORAGE_OUT, "out"),
       lse: take(p.lse_bytes, STORAGE_OUT, "lse"),
     };
-    const uploads: { buffer: GPUBuffer; data: Uint8Array }[] = [];
+    const uploads: { buffer: GPUBuffer; data: Uint8Array }[] = [{ buffer: table, data: p.table }];
     for (const name of ["query", "key", "value"] as const) {
       const t = b[name];
       if (!t) continue;
@@ -144,7 +155,7 @@ export function bindGpuPlan(p: GpuPlan, b: ValidBatch, gpu: GpuContext): BoundGp
       scratch[name] = take(bytes, GPUBufferUsage.STORAGE, name);
     }
     const resolve = (r: BindRef): Bound => {
-      if ("table" in r) return p.table.bind(r.table);
+      if ("table" in r) return { buffer: table, offset: r.table.offset, size: r.table.size };
       if ("scratch" in r) return scratch[r.scratch];
       const buf = io[r.io];
       if (!buf) throw new Error(`the plan binds ${r.io}, which this batch does not carry`);
@@ -174,7 +185,9 @@ export async function runGpuPlan(
   if (gpu.lost || gpu.device !== p.ctx.device) {
     throw new DeviceUnavailableError("the WebGPU device of this plan was lost");
   }
+  const t0 = performance.now();
   const bound = bindGpuPlan(p, b, gpu);
+  const bind = performance.now() - t0;
   try {
     const reads = [{ buffer: bound.out, bytes: p.out_bytes }];
     if (b.return_lse) reads.push({ buffer: bound.lse, bytes: p.lse_bytes });
@@ -191,8 +204,14 @@ export async function runGpuPlan(
       lse: b.return_lse ? new Float32Array(r.parts[1].buffer, 0, p.lse_bytes / 4) : null,
       timings: {
         plan: p.plan_ms,
+        bind,
         encode: r.host.encode,
+        encode_upload: r.host.upload,
+        encode_record: r.host.record,
+        submit: r.host.submit,
         gpu_and_readback: r.host.wait,
+        readback_map: r.host.map,
+        readback_copy: r.host.copy,
         ...Object.fromEntries(
           Object.entries(r.gpu).map(([k, v]) => [k === "gpu" ? "gpu" : `gpu_${k}`, v]),
         ),

@@ -2,7 +2,9 @@
  * The one launch path every GPU backend uses (after tinygrad): a call is a list of uploads,
  * a list of kernel dispatches bound by binding name, and a list of buffers to read back. One
  * command encoder, one compute pass per dispatch (each timed when the device has
- * `timestamp-query`), one submit, one `mapAsync` of one pooled staging buffer. The whole call
+ * `timestamp-query`, with a pooled query set), bind groups from the device's cache
+ * (gpu/bind_groups.ts), one submit, one `mapAsync` of one pooled staging buffer and one copy of
+ * each part out of it. The whole call
  * runs inside a validation error scope: a WebGPU validation error (a binding over a limit, a
  * bad dispatch) fails the call with a 500 `gpu_validation_error` instead of answering with
  * data the GPU never computed. An aborted signal before submit cancels the call: nothing is
@@ -13,6 +15,7 @@ import { ClientClosedError, ServiceError } from "../core/errors.ts";
 import type { GpuContext } from "../core/types.ts";
 import type { CompiledKernel } from "./kernel.ts";
 import { poolOf } from "./buffer_pool.ts";
+import { bindGroupsOf } from "./bind_groups.ts";
 
 /** A buffer binding: a whole buffer or a range of one. */
 export type Bound = GPUBuffer | { buffer: GPUBuffer; offset?: number; size?: number };
@@ -50,11 +53,23 @@ export interface LaunchResult {
   parts: Uint8Array[];
   /** Device milliseconds per call name, and `gpu` for first begin to last end. */
   gpu: Record<string, number>;
-  /** Host milliseconds: encode (uploads + encoding + submit), wait (submit to data). */
-  host: { encode: number; wait: number };
+  /**
+   * Host milliseconds: encode (uploads + encoding + submit), wait (submit to data); and their
+   * parts: upload (writeBuffer calls), record (encoding), submit, map (submit to the mapped
+   * readback) and copy (the read-back parts taken out of the mapped range).
+   */
+  host: {
+    encode: number;
+    wait: number;
+    upload: number;
+    record: number;
+    submit: number;
+    map: number;
+    copy: number;
+  };
 }
 
-function entries(call: KernelCall): GPUBindGroupEntry[] {
+function entries(call: KernelCall): { binding: number; resource: GPUBufferBinding }[] {
   return call.kernel.bindings.map((b, i) => {
     const r = call.bind[b.name];
     if (!r) throw new Error(`${call.kernel.key}: binding ${b.name} has no buffer`);
@@ -72,8 +87,9 @@ export async function launch(ctx: GpuContext, spec: LaunchSpec): Promise<LaunchR
   checkSignal(spec.signal);
   const dev = ctx.device;
   const pool = poolOf(ctx);
+  const groups = bindGroupsOf(dev);
   const timed = ctx.features.has("timestamp-query") && spec.calls.length > 0;
-  const qs = timed ? dev.createQuerySet({ type: "timestamp", count: 2 * spec.calls.length }) : null;
+  const qs = timed ? pool.acquireQuerySet(2 * spec.calls.length) : null;
   const offsets: number[] = [];
   let total = 0;
   for (const r of spec.reads) {
@@ -102,6 +118,7 @@ export async function launch(ctx: GpuContext, spec: LaunchSpec): Promise<LaunchR
         dev.queue.writeBuffer(u.buffer, u.offset ?? 0, u.data as Uint8Array<ArrayBuffer>);
       }
     }
+    const tUp = performance.now();
     const enc = dev.createCommandEncoder({ label: spec.label });
     spec.calls.forEach((c, i) => {
       const pass = enc.beginComputePass({
@@ -117,10 +134,7 @@ export async function launch(ctx: GpuContext, spec: LaunchSpec): Promise<LaunchR
           : {}),
       });
       pass.setPipeline(c.kernel.pipeline);
-      pass.setBindGroup(
-        0,
-        dev.createBindGroup({ label: c.name, layout: c.kernel.layout, entries: entries(c) }),
-      );
+      pass.setBindGroup(0, groups.get(c.kernel.layout, entries(c), c.name));
       if (c.grid[0] * c.grid[1] > 0) pass.dispatchWorkgroups(c.grid[0], c.grid[1]);
       pass.end();
     });
@@ -134,6 +148,7 @@ export async function launch(ctx: GpuContext, spec: LaunchSpec): Promise<LaunchR
     }
     const cmd = enc.finish();
     checkSignal(spec.signal);
+    const tRec = performance.now();
     dev.queue.submit([cmd]);
     const t1 = performance.now();
     const errorPromise = dev.popErrorScope();
@@ -147,6 +162,7 @@ export async function launch(ctx: GpuContext, spec: LaunchSpec): Promise<LaunchR
         extra: { call: spec.label },
       });
     }
+    const tMap = performance.now();
     const mapped = staging.getMappedRange();
     const parts = spec.reads.map((r, i) =>
       new Uint8Array(mapped.slice(offsets[i], offsets[i] + r.bytes))
@@ -163,11 +179,24 @@ export async function launch(ctx: GpuContext, spec: LaunchSpec): Promise<LaunchR
       if (t[0] > 0n && t[last] >= t[0]) gpu.gpu = Number(t[last] - t[0]) / 1e6;
     }
     staging.unmap();
-    return { parts, gpu, host: { encode: t1 - t0, wait: performance.now() - t1 } };
+    const t2 = performance.now();
+    return {
+      parts,
+      gpu,
+      host: {
+        encode: t1 - t0,
+        wait: t2 - t1,
+        upload: tUp - t0,
+        record: tRec - tUp,
+        submit: t1 - tRec,
+        map: tMap - t1,
+        copy: t2 - tMap,
+      },
+    };
   } finally {
     if (scoped) await dev.popErrorScope().catch(() => null);
     pool.release(staging);
     if (resolve) pool.release(resolve);
-    qs?.destroy();
+    if (qs) pool.releaseQuerySet(qs);
   }
 }

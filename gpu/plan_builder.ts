@@ -3,7 +3,7 @@
  * fit (each buffer under one storage binding, every grid under the dispatch limit; over a
  * limit is a 422 `binding_limit_exceeded` naming the tensor, its bytes and the limit, never a
  * silent failure), the cache write of the call's new K/V, the poisoning of the output and LSE,
- * the backend's own attention calls, and the one upload of the plan table.
+ * the backend's own attention calls, and the plan table's bytes (each call uploads them).
  * @module
  */
 import { bytesPerElement } from "../core/dtype.ts";
@@ -123,7 +123,7 @@ export async function buildGpuPlan(
   }
   return {
     ctx,
-    table: table.upload(ctx, "plan.table"),
+    table: table.bytes(),
     calls,
     scratch: att.scratch,
     out_bytes: out.words * 4,

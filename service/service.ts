@@ -243,11 +243,13 @@ export class AttentionService {
       held ? { spec: held.cache.spec, storage: held.cache.storage } : null,
       this.limits,
     );
-    const ctx = await this.#ctx();
+    const tValidated = performance.now();
+    const live = this.device.current();
+    const ctx = live ? { gpu: live } : await this.#ctx();
     this.#requireDevice(input.backend);
     const { backend } = this.registry.select(v.selector, { backend: forced(input.backend) });
-    const tValidated = performance.now();
-    let tPlanned = tValidated, planHit = false;
+    const tSelected = performance.now();
+    let tPlanned = tSelected, planHit = false;
     const exec = async (cache: KvCache | null): Promise<ForwardResult> => {
       const batch = attachCache(v.batch, cache);
       const held = await this.plans.get(backend, batch, ctx);
@@ -283,7 +285,8 @@ export class AttentionService {
     const timings = {
       ...result.timings,
       validate: tValidated - t0,
-      plan: tPlanned - tValidated,
+      select: tSelected - tValidated,
+      plan: tPlanned - tSelected,
       plan_cached: planHit ? 1 : 0,
       total: performance.now() - t0,
     };

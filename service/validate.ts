@@ -7,7 +7,7 @@
  * `invalid_batch` (422). Backends, the cache writer and the plan cache trust what it built.
  * @module
  */
-import { firstNonFinite, fromFloats, toFloat32 } from "../core/data.ts";
+import { elementAt, firstNonFinite, fromFloats, toFloat32 } from "../core/data.ts";
 import { ServiceError } from "../core/errors.ts";
 import type { ForwardInput } from "../wire/codec.ts";
 import type { LayerInput } from "../wire/types.ts";
@@ -74,7 +74,7 @@ function dataOf(
   const a = t.dtype === dtype ? t.array : fromFloats(dtype, toFloat32(t.array));
   const bad = firstNonFinite(a);
   if (bad >= 0) {
-    const v = toFloat32(a)[bad];
+    const v = elementAt(a, bad);
     is.add([name, bad], `element ${bad} is ${v} in ${dtype}: tensors must be finite`);
   }
   return a;

@@ -157,3 +157,71 @@ Deno.test("validate: stats count attended keys under the mask; the plan key name
   const other = validateForward(input({ metadata: md }), HELD);
   assert.notEqual(other.batch.plan_key, v.batch.plan_key, "another block table, another key");
 });
+
+Deno.test("validate: repeats are named with their first occurrence, in every call", () => {
+  // One request of 4 blocks (seq_len 13): block 5 three times, block 2 twice.
+  const i = input({
+    metadata: {
+      query_start_loc: ints([0, 1]),
+      seq_lens: ints([13]),
+      block_table: ints([5, 2, 5, 5, 2], [1, 5]),
+      slot_mapping: ints([29]),
+    },
+  });
+  for (let call = 0; call < 2; call++) {
+    const e = rejects(() => validateForward(i, HELD), "invalid_batch");
+    const msgs = e.issues!.map((x) => `${x.path.join(".")}: ${x.message}`);
+    assert.deepEqual(msgs.filter((m) => m.includes("repeats")).map((m) => m.split(":")[0]), [
+      "metadata.block_table.0.2",
+      "metadata.block_table.0.3",
+    ], `call ${call}: ${msgs.join("; ")}`);
+    assert.ok(msgs.every((m) => !m.includes("repeats") || m.includes("block_table[0][0]")));
+  }
+  // Column 4 is beyond what seq_len 13 needs (4 blocks): its repeat of 2 is not looked at.
+  // The same blocks in another call, each once per row: valid, whatever the earlier call saw.
+  const ok = input({
+    metadata: { ...i.metadata, block_table: ints([5, 2, 6, 7, 2], [1, 5]) },
+  });
+  validateForward(ok, HELD);
+  validateForward(ok, HELD);
+});
+
+Deno.test("validate: slot repeats, padding and out-of-range slots, in index order", () => {
+  const q = (n: number) => ({
+    dtype: "float16" as const,
+    shape: [n, 2, 4],
+    array: fromFloats("float16", new Float32Array(n * 8)),
+    encoding: "base64" as const,
+  });
+  const kv = (n: number) => ({
+    ...q(n),
+    shape: [n, 1, 4],
+    array: fromFloats("float16", new Float32Array(n * 4)),
+  });
+  const call = (slots: number[]) =>
+    input({
+      query: q(slots.length),
+      key: kv(slots.length),
+      value: kv(slots.length),
+      metadata: {
+        query_start_loc: ints([0, slots.length]),
+        seq_lens: ints([slots.length]),
+        block_table: ints([1, 2, 3], [1, 3]),
+        slot_mapping: ints(slots),
+      },
+    });
+  // Padding (-1) may repeat; in-range slots may not; out-of-range ones are named once each.
+  validateForward(call([-1, 4, -1, -1, 5, 6]), HELD);
+  const e = rejects(
+    () => validateForward(call([9, 4, 9, 40, 40, -1, 9, -3]), HELD),
+    "invalid_batch",
+  );
+  const msgs = e.issues!.map((x) => `${x.path.join(".")}: ${x.message}`);
+  assert.deepEqual(msgs, [
+    "metadata.slot_mapping.2: slot 9 duplicates slot_mapping[0]",
+    "metadata.slot_mapping.3: slot 40 out of range: -1 or [0, 32) (num_blocks 8 x block_size 4)",
+    "metadata.slot_mapping.4: slot 40 out of range: -1 or [0, 32) (num_blocks 8 x block_size 4)",
+    "metadata.slot_mapping.6: slot 9 duplicates slot_mapping[0]",
+    "metadata.slot_mapping.7: slot -3 out of range: -1 or [0, 32) (num_blocks 8 x block_size 4)",
+  ]);
+});
