@@ -4,8 +4,8 @@
  * (32 requests x 2048 context, 32 q / 8 kv heads, head 128, block 16; bench/http_workload.ts),
  * and times decode steps (every step new seq_lens and slots, so the plan misses, as in an
  * engine's first layer) and 4 x 2048 prefill calls through `AttentionService.forward`, phase
- * by phase as the service reports them: validate, select, plan, bind, encode (upload, record,
- * submit), gpu_and_readback (map, copy), total.
+ * by phase as the service reports them: validate (with the backend's selection), plan, bind,
+ * encode (upload, record, submit), gpu_and_readback (map, copy), total.
  *
  * By default the kernels are not dispatched (every planned call gets a 0 x 0 grid: the
  * backends plan, bind, upload, encode, submit and read back exactly as they would, the GPU
@@ -14,13 +14,19 @@
  *
  * Run: `deno run -A bench/host_profile.ts [--runtime deno|dawn] [--case decode|prefill|all]
  * [--iters N] [--prefill-iters N] [--layers N] [--kernels] [--json]`. On this project's CPU
- * machines Dawn runs in the trixie chroot (see the team guide).
+ * machines Dawn runs in the trixie chroot (see the team guide). `ATTN_UPLOAD_STAGING=0|1`
+ * forces large uploads through writeBuffer or mapped staging (gpu/upload_staging.ts),
+ * `ATTN_GPU_TIMING=calls` times each dispatch in its own pass (gpu/gpu_plan.ts). The last line
+ * says what was reused (bind groups, buffers, staging, plans).
  * @module
  */
 import { parseArgs } from "node:util";
 import { AttentionService, builtinBackends, WebGpuDeviceManager } from "../mod.ts";
 import type { AttentionBackend } from "../core/types.ts";
-import type { GpuPlan } from "../gpu/gpu_plan.ts";
+import { GPU_TIMING, type GpuPlan } from "../gpu/gpu_plan.ts";
+import { bindGroupsOf } from "../gpu/bind_groups.ts";
+import { poolOf } from "../gpu/buffer_pool.ts";
+import { stagedUploads, stagingOf } from "../gpu/upload_staging.ts";
 import { dataArray } from "../core/data.ts";
 import { selectRuntime } from "../gpu/runtime.ts";
 import { resolveRuntimeOptions, runtimeEnv } from "../gpu/runtime_options.ts";
@@ -53,7 +59,6 @@ const { values: a } = parseArgs({
 /** Phases printed, in order (the service's timings keys). */
 const PHASES = [
   "validate",
-  "select",
   "plan",
   "bind",
   "encode_upload",
@@ -76,7 +81,8 @@ function hostOnly(b: AttentionBackend): AttentionBackend {
     ...g,
     plan: async (s, ctx) => {
       const p = await g.plan(s, ctx);
-      return { ...p, calls: p.calls.map((c) => ({ ...c, grid: [0, 0] as const })) };
+      const calls = p.calls.map((c) => ({ ...c, grid: [0, 0] as const, indirect: undefined }));
+      return { ...p, calls };
     },
   } as AttentionBackend;
 }
@@ -235,6 +241,14 @@ try {
     );
     results.prefill = report(`prefill ${n} x ${len}`, s);
   }
+  results.reuse = {
+    bind_groups: bindGroupsOf(gpu.device).stats(),
+    buffers: poolOf(gpu).stats(),
+    upload_staging: { on: stagedUploads(gpu), ...stagingOf(gpu).stats() },
+    plans: service.plans.stats(),
+    gpu_timing: GPU_TIMING,
+  };
+  if (!a.json) console.log(`reuse: ${JSON.stringify(results.reuse)}`);
 } finally {
   await service.close();
   device.close();

@@ -163,7 +163,7 @@ for (const c of small ? SMALL_CASES : GPU_CASES) {
       if (ok && !first) first = out;
       // Warm up for ~0.5 s of device time: the H200 idles at 345 MHz, and a few ms of work
       // do not bring it to its 1980 MHz boost (4 x 1024 read 5-8x slow that way).
-      const once = r.timings?.gpu_prefill_mma ?? NaN;
+      const once = r.timings?.gpu_prefill_mma ?? r.timings?.gpu ?? NaN;
       const warm = Math.min(2000, Math.max(3, Math.ceil(500 / (once > 0 ? once : 1))));
       const times = timed ? await deviceTimes(ctx, plan, data, iters, warm) : [NaN];
       const med = times[Math.floor(times.length / 2)];

@@ -58,7 +58,7 @@ function elementNonFinite(a: DataArray, i: number): boolean {
 }
 
 /** First non-finite element of `a` in [from, to) by testing each one, or -1. */
-function firstNonFiniteIn(a: DataArray, from: number, to: number): number {
+export function firstNonFiniteIn(a: DataArray, from: number, to: number): number {
   for (let i = from; i < to; i++) if (elementNonFinite(a, i)) return i;
   return -1;
 }
@@ -84,6 +84,39 @@ export function firstNonFinite(a: DataArray): number {
     if ((acc & sign) !== 0) return firstNonFiniteIn(a, s * k.per, end * k.per);
   }
   return firstNonFiniteIn(a, words * k.per, a.length);
+}
+
+/** Whole 32-bit words of `n` elements of `dtype` (an odd half-precision tail is not one). */
+export function wordsOf(dtype: DType, n: number): number {
+  return dtype === "float32" ? n : Math.floor(n / 2);
+}
+
+/**
+ * Batches whose query/key/value hold at least this many bytes have their finiteness checked
+ * by the GPU plan that runs them (gpu/finite_check.ts) rather than scanned on the host, when
+ * the plan says it does (`checks_finite`); smaller ones are always scanned on the host.
+ */
+export const DEVICE_FINITE_CHECK_BYTES = 4 << 20;
+
+/** Elements of query, key and value of a batch shape. */
+export function dataElements(s: {
+  layer: { num_heads: number; num_kv_heads: number; head_size: number };
+  num_tokens: number;
+  num_kv_tokens: number;
+}): [number, number, number] {
+  const kv = s.num_kv_tokens * s.layer.num_kv_heads * s.layer.head_size;
+  return [s.num_tokens * s.layer.num_heads * s.layer.head_size, kv, kv];
+}
+
+/** Whether a batch of this shape may leave its finiteness to the device (see above). */
+export function checksFiniteOnDevice(s: {
+  dtype: DType;
+  layer: { num_heads: number; num_kv_heads: number; head_size: number };
+  num_tokens: number;
+  num_kv_tokens: number;
+}): boolean {
+  const [q, k, v] = dataElements(s);
+  return (q + k + v) * bytesPerElement(s.dtype) >= DEVICE_FINITE_CHECK_BYTES;
 }
 
 /** Element `i` of `a` as a number (one element decoded). */

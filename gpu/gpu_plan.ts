@@ -3,15 +3,18 @@
  * metadata, run on tensors, after FlashInfer). A {@link GpuPlan} is built from a batch's shape
  * alone: compiled kernels, one table (every Params block and metadata table, as bytes), the
  * calls in order with their bindings named symbolically, and the sizes of the per-call
- * buffers. A plan owns no GPU memory. {@link runGpuPlan} acquires pooled buffers for the
+ * buffers. A plan owns no GPU memory. A plan for a large batch checks the data's finiteness
+ * on the device first and writes the cache only when it holds (gpu/finite_check.ts); a bad
+ * call then fails with the validator's 422 after the readback, its cache unchanged. {@link runGpuPlan} acquires pooled buffers for the
  * table and the call's tensors, output, LSE and scratch, writes the table and the
  * query/key/value bytes as they came (one write each), poisons the outputs, binds (bind groups
  * are cached by buffer, gpu/bind_groups.ts, so a steady state creates none), dispatches
- * everything in one submission and reads output and LSE back with one `mapAsync`.
+ * everything in one compute pass of one submission (see {@link GPU_TIMING}) and reads output
+ * and LSE back with one `mapAsync`.
  * The output comes back in the batch dtype; nothing is converted on the host.
  * @module
  */
-import { DeviceUnavailableError, ServiceError } from "../core/errors.ts";
+import { DeviceUnavailableError, invalidBatch, ServiceError } from "../core/errors.ts";
 import type { DType, ForwardResult, GpuContext, RunOptions, ValidBatch } from "../core/types.ts";
 import { bytesPerElement } from "../core/dtype.ts";
 import { dataArray } from "../core/data.ts";
@@ -22,11 +25,12 @@ import { type PlanTable, type Section, TABLE_USAGE, uploadTable } from "./plan_t
 import { GpuKvCache } from "./kv_cache.ts";
 import type { FillPlan } from "./fill.ts";
 import { nanWord } from "./wgsl_data.ts";
+import { ARGS_BYTES, CLEAR_FLAGS, finiteIssues, FLAGS_BYTES } from "./finite_check.ts";
 
 /** What a binding of a planned call refers to. */
 export type BindRef =
   | { table: Section }
-  | { io: "query" | "key" | "value" | "out" | "lse" }
+  | { io: "query" | "key" | "value" | "out" | "lse" | "flags" | "args" }
   | { scratch: string };
 
 /** One planned dispatch. */
@@ -37,6 +41,8 @@ export interface PlannedCall {
   /** Also bind the cache's chunk buffers (`k0..`, `v0..`). */
   cache?: boolean;
   grid: readonly [number, number];
+  /** Dispatch the workgroups this buffer holds (at offset 0) instead of `grid`. */
+  indirect?: BindRef;
 }
 
 /** A GPU backend's plan. */
@@ -44,6 +50,12 @@ export interface GpuPlan {
   readonly ctx: GpuContext;
   /** Every Params block and metadata table (gpu/plan_table.ts), written by each call. */
   readonly table: Uint8Array<ArrayBuffer>;
+  /**
+   * The calls check the batch's query/key/value for NaN and infinity first, and write the
+   * cache only when they are finite (gpu/finite_check.ts): a call with one fails with the
+   * validator's 422 and changes nothing. The service leaves large batches' scans to such plans.
+   */
+  readonly checks_finite: boolean;
   readonly calls: PlannedCall[];
   /** Bytes of each scratch buffer by name. */
   readonly scratch: Record<string, number>;
@@ -92,8 +104,23 @@ export function uploadPlanTable(p: GpuPlan): PlanTable {
   return uploadTable(p.ctx, p.table, "plan.table");
 }
 
+/**
+ * How a forward's dispatches are timed (gpu/launch.ts): `total` (the default) runs them all in
+ * one compute pass and reports `gpu` for the whole; `ATTN_GPU_TIMING=calls` gives each its own
+ * timed pass (`gpu_<name>`, for profiling the kernels).
+ */
+export const GPU_TIMING: "calls" | "total" = (() => {
+  try {
+    return Deno.env.get("ATTN_GPU_TIMING") === "calls" ? "calls" : "total";
+  } catch {
+    return "total";
+  }
+})();
+
 const STORAGE_IN = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST;
 const STORAGE_OUT = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC;
+const FLAGS_USAGE = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST | GPUBufferUsage.COPY_SRC;
+const ARGS_USAGE = GPUBufferUsage.STORAGE | GPUBufferUsage.INDIRECT;
 
 /** A plan bound to one batch's buffers (see {@link bindGpuPlan}). */
 export interface BoundGpuPlan {
@@ -101,9 +128,10 @@ export interface BoundGpuPlan {
   uploads: { buffer: GPUBuffer; data: Uint8Array }[];
   /** The plan's calls with every binding resolved. */
   calls: KernelCall[];
-  /** The output and LSE buffers. */
+  /** The output and LSE buffers, and the finiteness flags when the plan checks. */
   out: GPUBuffer;
   lse: GPUBuffer;
+  flags: GPUBuffer | null;
   /** Returns the pooled buffers. */
   release(): void;
 }
@@ -144,6 +172,11 @@ export function bindGpuPlan(p: GpuPlan, b: ValidBatch, gpu: GpuContext): BoundGp
       lse: take(p.lse_bytes, STORAGE_OUT, "lse"),
     };
     const uploads: { buffer: GPUBuffer; data: Uint8Array }[] = [{ buffer: table, data: p.table }];
+    if (p.checks_finite) {
+      io.flags = take(FLAGS_BYTES, FLAGS_USAGE, "flags");
+      io.args = take(ARGS_BYTES, ARGS_USAGE, "args");
+      uploads.push({ buffer: io.flags, data: CLEAR_FLAGS });
+    }
     for (const name of ["query", "key", "value"] as const) {
       const t = b[name];
       if (!t) continue;
@@ -165,9 +198,21 @@ export function bindGpuPlan(p: GpuPlan, b: ValidBatch, gpu: GpuContext): BoundGp
       const bind: Record<string, Bound> = {};
       for (const [k, r] of Object.entries(c.bind)) bind[k] = resolve(r);
       if (c.cache) Object.assign(bind, (cache as GpuKvCache).bindMap());
-      return { name: c.name, kernel: c.kernel, bind, grid: c.grid };
+      const call: KernelCall = { name: c.name, kernel: c.kernel, bind, grid: c.grid };
+      if (c.indirect) {
+        const r = resolve(c.indirect);
+        call.indirect = "usage" in r ? { buffer: r, offset: 0 } : { buffer: r.buffer, offset: 0 };
+      }
+      return call;
     });
-    return { uploads, calls, out: io.out, lse: io.lse, release: () => pool.release(...owned) };
+    return {
+      uploads,
+      calls,
+      out: io.out,
+      lse: io.lse,
+      flags: io.flags ?? null,
+      release: () => pool.release(...owned),
+    };
   } catch (e) {
     pool.release(...owned);
     throw e;
@@ -191,13 +236,19 @@ export async function runGpuPlan(
   try {
     const reads = [{ buffer: bound.out, bytes: p.out_bytes }];
     if (b.return_lse) reads.push({ buffer: bound.lse, bytes: p.lse_bytes });
+    if (bound.flags) reads.push({ buffer: bound.flags, bytes: FLAGS_BYTES });
     const r = await launch(gpu, {
       label: "forward",
       uploads: bound.uploads,
       calls: bound.calls,
       reads,
       signal: opts.signal,
+      timing: GPU_TIMING,
     });
+    if (bound.flags) {
+      const issues = finiteIssues(r.parts[reads.length - 1], b);
+      if (issues.length > 0) throw invalidBatch(issues);
+    }
     const out = r.parts[0];
     return {
       output: dataArray(b.dtype, out),

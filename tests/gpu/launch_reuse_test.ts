@@ -5,7 +5,9 @@
  * dispatch and a query set); a plan owns no GPU buffer (its table is written by each call into
  * a pooled buffer), so new plans in a steady state create no buffer either. Every call's
  * output and cache are checked against CPU_REFERENCE on fresh data, with calls on two caches
- * of different shapes interleaved.
+ * of different shapes interleaved. A launch records its calls in one compute pass each, or
+ * all in one (`timing: "total"`, the forward path's default), and reports device times to
+ * match.
  */
 import assert from "node:assert/strict";
 import { CPU_REFERENCE } from "../../backends/cpu/cpu_reference.ts";
@@ -14,6 +16,9 @@ import { WEBGPU_FLASH } from "../../backends/webgpu_flash.ts";
 import { toFloat32 } from "../../core/data.ts";
 import type { AttentionBackend, ForwardBatch, GpuContext } from "../../core/types.ts";
 import { bindGroupsOf } from "../../gpu/bind_groups.ts";
+import { FILL } from "../../gpu/fill.ts";
+import { getKernel, packUniforms } from "../../gpu/kernel.ts";
+import { launch } from "../../gpu/launch.ts";
 import { poolOf } from "../../gpu/buffer_pool.ts";
 import type { GpuPlan } from "../../gpu/gpu_plan.ts";
 import { GpuKvCache } from "../../gpu/kv_cache.ts";
@@ -109,5 +114,49 @@ Deno.test("reuse: steady-state calls create no bind group, query set or buffer",
     assert.equal(p1.in_use, 0, "every pooled buffer was released");
   } finally {
     for (const h of held) h.gpuCache.destroy();
+  }
+});
+
+Deno.test("launch: one pass for all calls or one each; each call's writes land", opts, async () => {
+  const gpu = GPU!, dev = gpu.device;
+  const kernel = await getKernel(gpu, FILL, { wg: 64 });
+  const usage = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC;
+  const bufs = [dev.createBuffer({ size: 256, usage }), dev.createBuffer({ size: 256, usage })];
+  const params = [7, 9].map((pattern) => {
+    const p = dev.createBuffer({
+      size: 16,
+      usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST,
+    });
+    dev.queue.writeBuffer(p, 0, packUniforms(FILL, { n_words: 64, pattern, nwg_x: 1 }));
+    return p;
+  });
+  const calls = bufs.map((b, i) => ({
+    name: `fill${i}`,
+    kernel,
+    bind: { P: params[i], dst: b },
+    grid: [1, 1] as const,
+  }));
+  try {
+    for (const timing of ["calls", "total"] as const) {
+      const r = await launch(gpu, {
+        label: "modes",
+        uploads: [],
+        calls,
+        reads: bufs.map((b) => ({ buffer: b, bytes: 256 })),
+        timing,
+      });
+      r.parts.forEach((p, i) => {
+        const w = new Uint32Array(p.buffer, p.byteOffset, 64);
+        assert.ok(w.every((x) => x === [7, 9][i]), `${timing}: buffer ${i}`);
+      });
+      if (gpu.features.has("timestamp-query")) {
+        const keys = Object.keys(r.gpu).sort();
+        const want = timing === "calls" ? ["fill0", "fill1", "gpu"] : ["gpu"];
+        // A software adapter may write zero timestamps: then nothing is reported at all.
+        if (keys.length > 0) assert.deepEqual(keys, want, timing);
+      }
+    }
+  } finally {
+    for (const b of [...bufs, ...params]) b.destroy();
   }
 });

@@ -10,7 +10,7 @@ import { dataArray, fromFloats } from "../../core/data.ts";
 import { ServiceError } from "../../core/errors.ts";
 import { rawFromJson, rawFromSafetensors, toDataTensor } from "../../wire/tensors.ts";
 import type { KvCacheSpec } from "../../core/types.ts";
-import { type ForwardInput, validateForward } from "../../service/validate.ts";
+import { checkFiniteOnHost, type ForwardInput, validateForward } from "../../service/validate.ts";
 
 const SPEC: KvCacheSpec = {
   num_blocks: 8,
@@ -223,5 +223,71 @@ Deno.test("validate: slot repeats, padding and out-of-range slots, in index orde
     "metadata.slot_mapping.4: slot 40 out of range: -1 or [0, 32) (num_blocks 8 x block_size 4)",
     "metadata.slot_mapping.6: slot 9 duplicates slot_mapping[0]",
     "metadata.slot_mapping.7: slot -3 out of range: -1 or [0, 32) (num_blocks 8 x block_size 4)",
+  ]);
+});
+
+Deno.test("validate: deferFinite leaves a large batch's scan, unless the call fails anyway", () => {
+  // One 1400-token prefill, f16, 8 q / 2 kv heads of 128: 4.3 MB of query/key/value.
+  const T = 1400;
+  const spec: KvCacheSpec = {
+    ...SPEC,
+    num_blocks: 100,
+    block_size: 16,
+    head_size: 128,
+    num_kv_heads: 2,
+  };
+  const f16 = (n: number, shape: number[]) => {
+    const a = new Float32Array(n).map((_, i) => (i % 13) / 8);
+    return {
+      dtype: "float16" as const,
+      shape,
+      array: fromFloats("float16", a),
+      encoding: "binary" as const,
+    };
+  };
+  const x: ForwardInput = {
+    dtype: "float16",
+    layer: { num_heads: 8, num_kv_heads: 2, head_size: 128 },
+    query: f16(T * 8 * 128, [T, 8, 128]),
+    key: f16(T * 2 * 128, [T, 2, 128]),
+    value: f16(T * 2 * 128, [T, 2, 128]),
+    metadata: {
+      query_start_loc: ints([0, T]),
+      seq_lens: ints([T]),
+      block_table: ints(Array.from({ length: 88 }, (_, i) => i + 1), [1, 88]),
+      slot_mapping: ints(Array.from({ length: T }, (_, t) => 16 + t)),
+    },
+    kv_cache: "c",
+  };
+  const held = { spec, storage: "webgpu" as const };
+  const at = 123457;
+  x.value!.array.bytes.set([0x00, 0x7e], 2 * at); // a float16 NaN
+  // Without deferral the host scan finds it; with it, the batch passes, marked deferred.
+  const e = rejects(() => validateForward(x, held), "invalid_batch");
+  assert.deepEqual(e.issues!.map((i) => i.path), [["value", at]]);
+  const v = validateForward(x, held, undefined, { deferFinite: true });
+  assert.equal(v.finite_deferred, true);
+  assert.equal(
+    validateForward(input(), HELD, undefined, { deferFinite: true }).finite_deferred,
+    false,
+  );
+  // The host scan a plan without the device check gets: the same 422.
+  const h = rejects(() => checkFiniteOnHost(v.batch), "invalid_batch");
+  assert.deepEqual(h.issues, e.issues);
+  // A call that fails anyway lists every problem, the NaN included.
+  const bad = {
+    ...x,
+    metadata: {
+      ...x.metadata,
+      slot_mapping: ints([...x.metadata.slot_mapping!.values.slice(0, T - 1), 99999]),
+    },
+  };
+  const both = rejects(
+    () => validateForward(bad, held, undefined, { deferFinite: true }),
+    "invalid_batch",
+  );
+  assert.deepEqual(both.issues!.map((i) => i.path.join(".")), [
+    `metadata.slot_mapping.${T - 1}`,
+    `value.${at}`,
   ]);
 });
