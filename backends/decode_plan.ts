@@ -132,10 +132,6 @@ export async function planDecodeRows(
     early_v: tuning.early_values,
     prefetch: tuning.prefetch,
   };
-  const [split_k, reduce_k] = await Promise.all([
-    getKernel(ctx, DECODE_SPLIT, consts),
-    getKernel(ctx, DECODE_REDUCE, { d: D, dtype: s.dtype }),
-  ]);
   const params = table.add(packUniforms(DECODE_SPLIT, {
     num_tokens: T,
     num_heads: H,
@@ -162,6 +158,12 @@ export async function planDecodeRows(
     neg_inf: -Infinity,
   }));
   const tabSec = table.add(tab);
+  // Sections are added before the first await: the table's layout then follows the order the
+  // planners were called in, whatever order the kernels resolve in (stable bindings).
+  const [split_k, reduce_k] = await Promise.all([
+    getKernel(ctx, DECODE_SPLIT, consts),
+    getKernel(ctx, DECODE_REDUCE, { d: D, dtype: s.dtype }),
+  ]);
   const calls: PlannedCall[] = [
     {
       name: "decode_split",

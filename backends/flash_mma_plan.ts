@@ -23,7 +23,7 @@ import { getKernel } from "../gpu/kernel.ts";
 import { kvChunkGeometry } from "../gpu/kv_cache.ts";
 import { buildGpuPlan } from "../gpu/plan_builder.ts";
 import type { TableBuilder } from "../gpu/plan_table.ts";
-import { buildFlashMeta, flashTileCall } from "./flash_plan.ts";
+import { buildFlashMeta, flashTileCall, hasRows } from "./flash_plan.ts";
 
 const isEncoder = (s: BatchShape) =>
   s.layer.attn_type === "encoder" || s.layer.attn_type === "encoder_only";
@@ -73,12 +73,14 @@ export async function planMmaRows(
   reqs: (i: number) => boolean,
   table: TableBuilder,
 ): Promise<{ calls: PlannedCall[]; key: string; tiles: number } | null> {
+  if (!hasRows(s, reqs)) return null;
   const lay = mmaLayout(c, c);
   const m = buildFlashMeta(s, { rows: lay.rows }, reqs);
   if (m.numTiles === 0) return null;
-  const kernel = await getKernel(ctx, FLASH_MMA, c);
   const g = c.enc ? null : kvChunkGeometry(ctx, s.cache_spec!);
+  // Sections first, then the kernel (see planDecodeRows): a layout independent of timing.
   const { bind, grid } = flashTileCall(ctx, s, m, FLASH_MMA, g, c.enc, table);
+  const kernel = await getKernel(ctx, FLASH_MMA, c);
   return {
     calls: [{ name: "prefill_mma", kernel, bind, cache: !c.enc, grid }],
     key: kernel.key,

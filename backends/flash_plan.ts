@@ -150,6 +150,13 @@ export function envFlashTile(): FlashTile | null {
 const isEncoder = (s: BatchShape) =>
   s.layer.attn_type === "encoder" || s.layer.attn_type === "encoder_only";
 
+/** Whether a request `reqs` selects has query tokens (else there is no tile to plan). */
+export function hasRows(s: BatchShape, reqs: (i: number) => boolean): boolean {
+  const q = s.metadata.query_start_loc;
+  for (let i = 0; i < s.metadata.num_reqs; i++) if (q[i + 1] > q[i] && reqs(i)) return true;
+  return false;
+}
+
 /**
  * Tiles (4 words each) of the requests `reqs` selects, per-request words, block table, ALiBi
  * slopes and sinks in one array. Tiles are sorted longest first (a shorter tail).
@@ -257,6 +264,7 @@ export async function planPrefillRows(
   table: TableBuilder,
 ): Promise<{ calls: PlannedCall[]; key: string; tiles: number } | null> {
   const L = s.layer, enc = isEncoder(s);
+  if (!hasRows(s, reqs)) return null;
   const m = buildFlashMeta(s, cfg, reqs);
   if (m.numTiles === 0) return null;
   const g = enc ? null : kvChunkGeometry(ctx, s.cache_spec!);
@@ -276,8 +284,9 @@ export async function planPrefillRows(
     alibi: L.alibi_slopes !== null,
     unroll: cfg.unroll,
   };
-  const kernel = await getKernel(ctx, FLASH_ATTENTION, consts);
+  // Sections first, then the kernel (see planDecodeRows): a layout independent of timing.
   const { bind, grid } = flashTileCall(ctx, s, m, FLASH_ATTENTION, g, enc, table);
+  const kernel = await getKernel(ctx, FLASH_ATTENTION, consts);
   return {
     calls: [{ name: "prefill", kernel, bind, cache: !enc, grid }],
     key: kernel.key,

@@ -14,7 +14,7 @@ import { parseArgs } from "node:util";
 import { mmaConstsOf, planFlashMma } from "../backends/flash_mma_plan.ts";
 import { mmaLayout, type MmaShape } from "../gpu/flash_mma_shape.ts";
 import { acquireMmaDevice, type MmaContext } from "../gpu/flash_mma_device.ts";
-import { disposeGpuPlan, type GpuPlan, runGpuPlan } from "../gpu/gpu_plan.ts";
+import { disposeGpuPlan, type GpuPlan, runGpuPlan, uploadPlanTable } from "../gpu/gpu_plan.ts";
 import {
   checkRows,
   compareOutputs,
@@ -70,13 +70,14 @@ async function deviceTimes(
     out: buf(plan.out_bytes, GPUBufferUsage.STORAGE),
     lse: buf(plan.lse_bytes, GPUBufferUsage.STORAGE),
   };
+  const table = uploadPlanTable(plan);
   const chunks = p.cache.bindMap();
   const entries = call.kernel.bindings.map((b, i) => {
     const r = call.bind[b.name];
     const res = !r
       ? { buffer: chunks[b.name] }
       : "table" in r
-      ? plan.table.bind(r.table)
+      ? table.bind(r.table)
       : "io" in r
       ? { buffer: io[r.io] }
       : null;
@@ -109,7 +110,7 @@ async function deviceTimes(
   await read.mapAsync(GPUMapMode.READ);
   const t = new BigUint64Array(read.getMappedRange().slice(0));
   read.unmap();
-  for (const b of [q, io.out, io.lse, resolve, read]) b.destroy();
+  for (const b of [q, io.out, io.lse, resolve, read, table.buffer]) b.destroy();
   qs.destroy();
   return Array.from({ length: n }, (_, i) => Number(t[2 * i + 1] - t[2 * i]) / 1e6).sort((a, b) =>
     a - b
@@ -162,7 +163,7 @@ for (const c of small ? SMALL_CASES : GPU_CASES) {
       if (ok && !first) first = out;
       // Warm up for ~0.5 s of device time: the H200 idles at 345 MHz, and a few ms of work
       // do not bring it to its 1980 MHz boost (4 x 1024 read 5-8x slow that way).
-      const once = r.timings?.gpu_prefill_mma ?? NaN;
+      const once = r.timings?.gpu_prefill_mma ?? r.timings?.gpu ?? NaN;
       const warm = Math.min(2000, Math.max(3, Math.ceil(500 / (once > 0 ? once : 1))));
       const times = timed ? await deviceTimes(ctx, plan, data, iters, warm) : [NaN];
       const med = times[Math.floor(times.length / 2)];

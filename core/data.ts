@@ -5,7 +5,7 @@
  * reference computes on.
  * @module
  */
-import { bytesPerElement, decode, encode } from "./dtype.ts";
+import { bf16BitsToF32, bytesPerElement, decode, encode, f16BitsToF32 } from "./dtype.ts";
 import type { DataArray, DType, ForwardBatch, KvCache, ValidBatch } from "./types.ts";
 
 /** A DataArray over `bytes` (which must hold `bytes.byteLength / size` whole elements). */
@@ -34,21 +34,99 @@ export function nanArray(dtype: DType, length: number): DataArray {
   return fromFloats(dtype, new Float32Array(length).fill(NaN));
 }
 
-/**
- * Index of the first NaN or infinite element, or -1. Reads the exponent bits of each element
- * in place (no decode): float32 0x7f800000, float16 0x7c00, bfloat16 0x7f80.
- */
-export function firstNonFinite(a: DataArray): number {
+/** Exponent masks of the finiteness scan: a field of all ones is NaN or infinite. */
+const SCAN = {
+  /** One element per 32-bit word. */
+  float32: { mask: 0x7f800000, carry: 0x00800000, sign: 0x80000000 | 0, per: 1 },
+  /** Two elements per word, both exponent fields tested at once. */
+  float16: { mask: 0x7c007c00, carry: 0x04000400, sign: 0x80008000 | 0, per: 2 },
+  bfloat16: { mask: 0x7f807f80, carry: 0x00800080, sign: 0x80008000 | 0, per: 2 },
+} as const;
+
+/** Words scanned between two tests of the accumulated flags. */
+const SCAN_BLOCK = 4096;
+
+/** Whether element `i` of `a` is NaN or infinite (its exponent field all ones). */
+function elementNonFinite(a: DataArray, i: number): boolean {
   const b = a.bytes;
   if (a.dtype === "float32") {
-    const w = new Uint32Array(b.buffer, b.byteOffset, a.length);
-    for (let i = 0; i < w.length; i++) if ((w[i] & 0x7f800000) === 0x7f800000) return i;
-    return -1;
+    const w = b[4 * i] | (b[4 * i + 1] << 8) | (b[4 * i + 2] << 16) | (b[4 * i + 3] << 24);
+    return (w & 0x7f800000) === 0x7f800000;
   }
-  const h = new Uint16Array(b.buffer, b.byteOffset, a.length);
-  const e = a.dtype === "float16" ? 0x7c00 : 0x7f80;
-  for (let i = 0; i < h.length; i++) if ((h[i] & e) === e) return i;
+  const h = b[2 * i] | (b[2 * i + 1] << 8), e = a.dtype === "float16" ? 0x7c00 : 0x7f80;
+  return (h & e) === e;
+}
+
+/** First non-finite element of `a` in [from, to) by testing each one, or -1. */
+export function firstNonFiniteIn(a: DataArray, from: number, to: number): number {
+  for (let i = from; i < to; i++) if (elementNonFinite(a, i)) return i;
   return -1;
+}
+
+/**
+ * Index of the first NaN or infinite element, or -1. Reads the exponent bits in place (no
+ * decode), 32 bits at a time: a word's exponent field(s) masked and added one unit of their
+ * lowest bit carry into the field's sign bit exactly when a field is all ones (float32
+ * 0x7f800000; float16 0x7c00 and bfloat16 0x7f80 in each half). The sums are OR-ed over a
+ * block of words and tested once per block; only a block that tests positive is searched
+ * element by element.
+ */
+export function firstNonFinite(a: DataArray): number {
+  const b = a.bytes, k = SCAN[a.dtype];
+  if (b.byteOffset % 4 !== 0) return firstNonFiniteIn(a, 0, a.length);
+  const words = Math.floor(a.length / k.per);
+  const w = new Int32Array(b.buffer, b.byteOffset, words);
+  const mask = k.mask, carry = k.carry, sign = k.sign;
+  for (let s = 0; s < words; s += SCAN_BLOCK) {
+    const end = Math.min(words, s + SCAN_BLOCK);
+    let acc = 0;
+    for (let i = s; i < end; i++) acc |= ((w[i] & mask) + carry) | 0;
+    if ((acc & sign) !== 0) return firstNonFiniteIn(a, s * k.per, end * k.per);
+  }
+  return firstNonFiniteIn(a, words * k.per, a.length);
+}
+
+/** Whole 32-bit words of `n` elements of `dtype` (an odd half-precision tail is not one). */
+export function wordsOf(dtype: DType, n: number): number {
+  return dtype === "float32" ? n : Math.floor(n / 2);
+}
+
+/**
+ * Batches whose query/key/value hold at least this many bytes have their finiteness checked
+ * by the GPU plan that runs them (gpu/finite_check.ts) rather than scanned on the host, when
+ * the plan says it does (`checks_finite`); smaller ones are always scanned on the host.
+ */
+export const DEVICE_FINITE_CHECK_BYTES = 4 << 20;
+
+/** Elements of query, key and value of a batch shape. */
+export function dataElements(s: {
+  layer: { num_heads: number; num_kv_heads: number; head_size: number };
+  num_tokens: number;
+  num_kv_tokens: number;
+}): [number, number, number] {
+  const kv = s.num_kv_tokens * s.layer.num_kv_heads * s.layer.head_size;
+  return [s.num_tokens * s.layer.num_heads * s.layer.head_size, kv, kv];
+}
+
+/** Whether a batch of this shape may leave its finiteness to the device (see above). */
+export function checksFiniteOnDevice(s: {
+  dtype: DType;
+  layer: { num_heads: number; num_kv_heads: number; head_size: number };
+  num_tokens: number;
+  num_kv_tokens: number;
+}): boolean {
+  const [q, k, v] = dataElements(s);
+  return (q + k + v) * bytesPerElement(s.dtype) >= DEVICE_FINITE_CHECK_BYTES;
+}
+
+/** Element `i` of `a` as a number (one element decoded). */
+export function elementAt(a: DataArray, i: number): number {
+  const b = a.bytes;
+  if (a.dtype === "float32") {
+    return new DataView(b.buffer, b.byteOffset, b.byteLength).getFloat32(4 * i, true);
+  }
+  const h = b[2 * i] | (b[2 * i + 1] << 8);
+  return a.dtype === "float16" ? f16BitsToF32(h) : bf16BitsToF32(h);
 }
 
 /** The float32 host form of a validated batch (tensors decoded; metadata shared). */

@@ -3,10 +3,13 @@
  * call acquires what it needs and releases everything once its readback resolved (the GPU is
  * done with the buffers then), so steady-state calls create no buffers. Free buffers beyond
  * `maxFreeBytes` are destroyed, largest classes first; a device loss drops the pool with the
- * device (pools are keyed by device).
+ * device (pools are keyed by device). Timestamp query sets are pooled the same way, by count.
  * @module
  */
 import type { GpuContext } from "../core/types.ts";
+
+/** Free query sets kept per size. */
+const MAX_FREE_QUERY_SETS = 16;
 
 /** Smallest size class, bytes. */
 export const MIN_POOLED_BYTES = 256;
@@ -29,6 +32,8 @@ export interface PoolStats {
   created: number;
   /** Acquires served from the pool. */
   reused: number;
+  /** Timestamp query sets ever created (a steady state stops growing this). */
+  query_sets_created: number;
 }
 
 /** The pool of one device. */
@@ -40,6 +45,9 @@ export class BufferPool {
   #freeBytes = 0;
   #created = 0;
   #reused = 0;
+  #querySets = new Map<number, GPUQuerySet[]>();
+  #querySetsCreated = 0;
+  #queryCounts = new WeakMap<GPUQuerySet, number>();
 
   constructor(device: GPUDevice, maxFreeBytes = 2 ** 30) {
     this.device = device;
@@ -62,9 +70,15 @@ export class BufferPool {
     return b;
   }
 
-  /** Returns buffers to the pool (unknown buffers are ignored; mapped ones must be unmapped). */
+  /**
+   * Returns buffers to the pool (unknown buffers are ignored; mapped ones must be unmapped).
+   * Buffers released together go back in reverse, so that acquiring them again in the order
+   * they were acquired gives each request the buffer it had (bind groups, cached by buffer,
+   * are then reused).
+   */
   release(...buffers: GPUBuffer[]): void {
-    for (const b of buffers) {
+    for (let i = buffers.length - 1; i >= 0; i--) {
+      const b = buffers[i];
       if (!this.#inUse.delete(b)) continue;
       const key = `${b.usage}:${b.size}`;
       let list = this.#free.get(key);
@@ -90,11 +104,33 @@ export class BufferPool {
     }
   }
 
-  /** Destroys every free buffer. */
+  /** A timestamp query set of `count` queries (pooled by count). */
+  acquireQuerySet(count: number): GPUQuerySet {
+    const q = this.#querySets.get(count)?.pop();
+    if (q) return q;
+    this.#querySetsCreated++;
+    const created = this.device.createQuerySet({ type: "timestamp", count });
+    this.#queryCounts.set(created, count);
+    return created;
+  }
+
+  /** Returns a query set of {@link acquireQuerySet} once the call that used it resolved. */
+  releaseQuerySet(q: GPUQuerySet): void {
+    const count = this.#queryCounts.get(q);
+    if (count === undefined) return;
+    let list = this.#querySets.get(count);
+    if (!list) this.#querySets.set(count, list = []);
+    if (list.length < MAX_FREE_QUERY_SETS) list.push(q);
+    else q.destroy();
+  }
+
+  /** Destroys every free buffer and query set. */
   clear(): void {
     for (const list of this.#free.values()) for (const b of list) b.destroy();
     this.#free.clear();
     this.#freeBytes = 0;
+    for (const list of this.#querySets.values()) for (const q of list) q.destroy();
+    this.#querySets.clear();
   }
 
   stats(): PoolStats {
@@ -106,6 +142,7 @@ export class BufferPool {
       free_bytes: this.#freeBytes,
       created: this.#created,
       reused: this.#reused,
+      query_sets_created: this.#querySetsCreated,
     };
   }
 }

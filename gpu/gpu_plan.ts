@@ -1,30 +1,36 @@
 /**
  * The plan format every GPU backend produces, and the one `run` that executes it (plan on
  * metadata, run on tensors, after FlashInfer). A {@link GpuPlan} is built from a batch's shape
- * alone: compiled kernels, one uploaded {@link PlanTable} (every Params block and metadata
- * table), the calls in order with their bindings named symbolically, and the sizes of the
- * per-call buffers. {@link runGpuPlan} acquires pooled buffers for the call's tensors, output,
- * LSE and scratch, uploads the query/key/value bytes as they came, poisons the outputs, binds,
- * dispatches everything in one submission and reads output and LSE back with one `mapAsync`.
+ * alone: compiled kernels, one table (every Params block and metadata table, as bytes), the
+ * calls in order with their bindings named symbolically, and the sizes of the per-call
+ * buffers. A plan owns no GPU memory. A plan for a large batch checks the data's finiteness
+ * on the device first and writes the cache only when it holds (gpu/finite_check.ts); a bad
+ * call then fails with the validator's 422 after the readback, its cache unchanged. {@link runGpuPlan} acquires pooled buffers for the
+ * table and the call's tensors, output, LSE and scratch, writes the table and the
+ * query/key/value bytes as they came (one write each), poisons the outputs, binds (bind groups
+ * are cached by buffer, gpu/bind_groups.ts, so a steady state creates none), dispatches
+ * everything in one compute pass of one submission (see {@link GPU_TIMING}) and reads output
+ * and LSE back with one `mapAsync`.
  * The output comes back in the batch dtype; nothing is converted on the host.
  * @module
  */
-import { DeviceUnavailableError, ServiceError } from "../core/errors.ts";
+import { DeviceUnavailableError, invalidBatch, ServiceError } from "../core/errors.ts";
 import type { DType, ForwardResult, GpuContext, RunOptions, ValidBatch } from "../core/types.ts";
 import { bytesPerElement } from "../core/dtype.ts";
 import { dataArray } from "../core/data.ts";
 import { poolOf } from "./buffer_pool.ts";
 import type { CompiledKernel } from "./kernel.ts";
 import { type Bound, type KernelCall, launch } from "./launch.ts";
-import type { PlanTable, Section } from "./plan_table.ts";
+import { type PlanTable, type Section, TABLE_USAGE, uploadTable } from "./plan_table.ts";
 import { GpuKvCache } from "./kv_cache.ts";
 import type { FillPlan } from "./fill.ts";
 import { nanWord } from "./wgsl_data.ts";
+import { ARGS_BYTES, CLEAR_FLAGS, finiteIssues, FLAGS_BYTES } from "./finite_check.ts";
 
 /** What a binding of a planned call refers to. */
 export type BindRef =
   | { table: Section }
-  | { io: "query" | "key" | "value" | "out" | "lse" }
+  | { io: "query" | "key" | "value" | "out" | "lse" | "flags" | "args" }
   | { scratch: string };
 
 /** One planned dispatch. */
@@ -35,12 +41,21 @@ export interface PlannedCall {
   /** Also bind the cache's chunk buffers (`k0..`, `v0..`). */
   cache?: boolean;
   grid: readonly [number, number];
+  /** Dispatch the workgroups this buffer holds (at offset 0) instead of `grid`. */
+  indirect?: BindRef;
 }
 
 /** A GPU backend's plan. */
 export interface GpuPlan {
   readonly ctx: GpuContext;
-  readonly table: PlanTable;
+  /** Every Params block and metadata table (gpu/plan_table.ts), written by each call. */
+  readonly table: Uint8Array<ArrayBuffer>;
+  /**
+   * The calls check the batch's query/key/value for NaN and infinity first, and write the
+   * cache only when they are finite (gpu/finite_check.ts): a call with one fails with the
+   * validator's 422 and changes nothing. The service leaves large batches' scans to such plans.
+   */
+  readonly checks_finite: boolean;
   readonly calls: PlannedCall[];
   /** Bytes of each scratch buffer by name. */
   readonly scratch: Record<string, number>;
@@ -78,30 +93,53 @@ export function outputWords(dtype: DType, elements: number): { words: number; pa
   return { words: Math.ceil((elements * bytesPerElement(dtype)) / 4), pattern: nanWord(dtype) };
 }
 
-/** Frees what a plan owns (its table); the kernels stay cached per device. */
-export function disposeGpuPlan(p: GpuPlan): void {
-  p.table.buffer.destroy();
+/**
+ * Frees what a plan owns: nothing on the GPU (its table is host bytes; the kernels stay cached
+ * per device), so this only exists for the backends' `disposePlan`.
+ */
+export function disposeGpuPlan(_p: GpuPlan): void {}
+
+/** A buffer of its own holding `p`'s table (benches that bind a plan's calls themselves). */
+export function uploadPlanTable(p: GpuPlan): PlanTable {
+  return uploadTable(p.ctx, p.table, "plan.table");
 }
+
+/**
+ * How a forward's dispatches are timed (gpu/launch.ts): `total` (the default) runs them all in
+ * one compute pass and reports `gpu` for the whole; `ATTN_GPU_TIMING=calls` gives each its own
+ * timed pass (`gpu_<name>`, for profiling the kernels).
+ */
+export const GPU_TIMING: "calls" | "total" = (() => {
+  try {
+    return Deno.env.get("ATTN_GPU_TIMING") === "calls" ? "calls" : "total";
+  } catch {
+    return "total";
+  }
+})();
 
 const STORAGE_IN = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST;
 const STORAGE_OUT = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC;
+const FLAGS_USAGE = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST | GPUBufferUsage.COPY_SRC;
+const ARGS_USAGE = GPUBufferUsage.STORAGE | GPUBufferUsage.INDIRECT;
 
 /** A plan bound to one batch's buffers (see {@link bindGpuPlan}). */
 export interface BoundGpuPlan {
-  /** The query/key/value uploads. */
+  /** The uploads: the plan's table, then query/key/value. */
   uploads: { buffer: GPUBuffer; data: Uint8Array }[];
   /** The plan's calls with every binding resolved. */
   calls: KernelCall[];
-  /** The output and LSE buffers. */
+  /** The output and LSE buffers, and the finiteness flags when the plan checks. */
   out: GPUBuffer;
   lse: GPUBuffer;
+  flags: GPUBuffer | null;
   /** Returns the pooled buffers. */
   release(): void;
 }
 
 /**
- * Binds plan `p` to batch `b` on `gpu`: pooled buffers for the call's tensors, output, LSE and
- * scratch, the uploads of the query/key/value bytes, and every call's bindings. runGpuPlan
+ * Binds plan `p` to batch `b` on `gpu`: pooled buffers for the plan's table and the call's
+ * tensors, output, LSE and scratch, the uploads of the table and of the query/key/value bytes
+ * as they came, and every call's bindings. runGpuPlan
  * launches the result; the bench launches its calls without a readback to time the kernels.
  */
 export function bindGpuPlan(p: GpuPlan, b: ValidBatch, gpu: GpuContext): BoundGpuPlan {
@@ -128,11 +166,17 @@ export function bindGpuPlan(p: GpuPlan, b: ValidBatch, gpu: GpuContext): BoundGp
     return buf;
   };
   try {
+    const table = take(p.table.byteLength, TABLE_USAGE, "plan.table");
     const io: Record<string, GPUBuffer> = {
       out: take(p.out_bytes, STORAGE_OUT, "out"),
       lse: take(p.lse_bytes, STORAGE_OUT, "lse"),
     };
-    const uploads: { buffer: GPUBuffer; data: Uint8Array }[] = [];
+    const uploads: { buffer: GPUBuffer; data: Uint8Array }[] = [{ buffer: table, data: p.table }];
+    if (p.checks_finite) {
+      io.flags = take(FLAGS_BYTES, FLAGS_USAGE, "flags");
+      io.args = take(ARGS_BYTES, ARGS_USAGE, "args");
+      uploads.push({ buffer: io.flags, data: CLEAR_FLAGS });
+    }
     for (const name of ["query", "key", "value"] as const) {
       const t = b[name];
       if (!t) continue;
@@ -144,7 +188,7 @@ export function bindGpuPlan(p: GpuPlan, b: ValidBatch, gpu: GpuContext): BoundGp
       scratch[name] = take(bytes, GPUBufferUsage.STORAGE, name);
     }
     const resolve = (r: BindRef): Bound => {
-      if ("table" in r) return p.table.bind(r.table);
+      if ("table" in r) return { buffer: table, offset: r.table.offset, size: r.table.size };
       if ("scratch" in r) return scratch[r.scratch];
       const buf = io[r.io];
       if (!buf) throw new Error(`the plan binds ${r.io}, which this batch does not carry`);
@@ -154,9 +198,21 @@ export function bindGpuPlan(p: GpuPlan, b: ValidBatch, gpu: GpuContext): BoundGp
       const bind: Record<string, Bound> = {};
       for (const [k, r] of Object.entries(c.bind)) bind[k] = resolve(r);
       if (c.cache) Object.assign(bind, (cache as GpuKvCache).bindMap());
-      return { name: c.name, kernel: c.kernel, bind, grid: c.grid };
+      const call: KernelCall = { name: c.name, kernel: c.kernel, bind, grid: c.grid };
+      if (c.indirect) {
+        const r = resolve(c.indirect);
+        call.indirect = "usage" in r ? { buffer: r, offset: 0 } : { buffer: r.buffer, offset: 0 };
+      }
+      return call;
     });
-    return { uploads, calls, out: io.out, lse: io.lse, release: () => pool.release(...owned) };
+    return {
+      uploads,
+      calls,
+      out: io.out,
+      lse: io.lse,
+      flags: io.flags ?? null,
+      release: () => pool.release(...owned),
+    };
   } catch (e) {
     pool.release(...owned);
     throw e;
@@ -174,25 +230,39 @@ export async function runGpuPlan(
   if (gpu.lost || gpu.device !== p.ctx.device) {
     throw new DeviceUnavailableError("the WebGPU device of this plan was lost");
   }
+  const t0 = performance.now();
   const bound = bindGpuPlan(p, b, gpu);
+  const bind = performance.now() - t0;
   try {
     const reads = [{ buffer: bound.out, bytes: p.out_bytes }];
     if (b.return_lse) reads.push({ buffer: bound.lse, bytes: p.lse_bytes });
+    if (bound.flags) reads.push({ buffer: bound.flags, bytes: FLAGS_BYTES });
     const r = await launch(gpu, {
       label: "forward",
       uploads: bound.uploads,
       calls: bound.calls,
       reads,
       signal: opts.signal,
+      timing: GPU_TIMING,
     });
+    if (bound.flags) {
+      const issues = finiteIssues(r.parts[reads.length - 1], b);
+      if (issues.length > 0) throw invalidBatch(issues);
+    }
     const out = r.parts[0];
     return {
       output: dataArray(b.dtype, out),
       lse: b.return_lse ? new Float32Array(r.parts[1].buffer, 0, p.lse_bytes / 4) : null,
       timings: {
         plan: p.plan_ms,
+        bind,
         encode: r.host.encode,
+        encode_upload: r.host.upload,
+        encode_record: r.host.record,
+        submit: r.host.submit,
         gpu_and_readback: r.host.wait,
+        readback_map: r.host.map,
+        readback_copy: r.host.copy,
         ...Object.fromEntries(
           Object.entries(r.gpu).map(([k, v]) => [k === "gpu" ? "gpu" : `gpu_${k}`, v]),
         ),

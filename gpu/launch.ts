@@ -1,8 +1,11 @@
 /**
  * The one launch path every GPU backend uses (after tinygrad): a call is a list of uploads,
  * a list of kernel dispatches bound by binding name, and a list of buffers to read back. One
- * command encoder, one compute pass per dispatch (each timed when the device has
- * `timestamp-query`), one submit, one `mapAsync` of one pooled staging buffer. The whole call
+ * command encoder, one compute pass per dispatch or one for them all (`timing`; timed when the
+ * device has `timestamp-query`, with a pooled query set), bind groups from the device's cache
+ * (gpu/bind_groups.ts), uploads by `writeBuffer` or, large ones, through mapped staging
+ * buffers kept between calls (gpu/upload_staging.ts), one submit, one `mapAsync` of one pooled
+ * readback buffer and one copy of each part out of it. The whole call
  * runs inside a validation error scope: a WebGPU validation error (a binding over a limit, a
  * bad dispatch) fails the call with a 500 `gpu_validation_error` instead of answering with
  * data the GPU never computed. An aborted signal before submit cancels the call: nothing is
@@ -13,6 +16,8 @@ import { ClientClosedError, ServiceError } from "../core/errors.ts";
 import type { GpuContext } from "../core/types.ts";
 import type { CompiledKernel } from "./kernel.ts";
 import { poolOf } from "./buffer_pool.ts";
+import { type BindGroupCache, bindGroupsOf } from "./bind_groups.ts";
+import { STAGED_UPLOAD_BYTES, stagedUploads, stagingOf } from "./upload_staging.ts";
 
 /** A buffer binding: a whole buffer or a range of one. */
 export type Bound = GPUBuffer | { buffer: GPUBuffer; offset?: number; size?: number };
@@ -26,6 +31,8 @@ export interface KernelCall {
   bind: Record<string, Bound>;
   /** Workgroups (x, y); nothing is dispatched when x * y is 0. */
   grid: readonly [number, number];
+  /** Dispatch indirectly: the workgroup counts are the three u32 at `offset` of `buffer`. */
+  indirect?: { buffer: GPUBuffer; offset: number };
 }
 
 /** One buffer range to read back. */
@@ -43,6 +50,13 @@ export interface LaunchSpec {
   calls: KernelCall[];
   reads: ReadPart[];
   signal?: AbortSignal;
+  /**
+   * `calls` (the default): one compute pass per call, each timed (`gpu.<name>`, and `gpu.gpu`
+   * from the first begin to the last end). `total`: every call in one compute pass (the device
+   * orders the dispatches and makes each one's writes visible to the next), timed as a whole
+   * (`gpu.gpu` only): fewer passes to encode, and no timestamps between the dispatches.
+   */
+  timing?: "calls" | "total";
 }
 
 /** What a launch returns: the parts read back (fresh copies) and device times. */
@@ -50,11 +64,23 @@ export interface LaunchResult {
   parts: Uint8Array[];
   /** Device milliseconds per call name, and `gpu` for first begin to last end. */
   gpu: Record<string, number>;
-  /** Host milliseconds: encode (uploads + encoding + submit), wait (submit to data). */
-  host: { encode: number; wait: number };
+  /**
+   * Host milliseconds: encode (uploads + encoding + submit), wait (submit to data); and their
+   * parts: upload (writeBuffer calls), record (encoding), submit, map (submit to the mapped
+   * readback) and copy (the read-back parts taken out of the mapped range).
+   */
+  host: {
+    encode: number;
+    wait: number;
+    upload: number;
+    record: number;
+    submit: number;
+    map: number;
+    copy: number;
+  };
 }
 
-function entries(call: KernelCall): GPUBindGroupEntry[] {
+function entries(call: KernelCall): { binding: number; resource: GPUBufferBinding }[] {
   return call.kernel.bindings.map((b, i) => {
     const r = call.bind[b.name];
     if (!r) throw new Error(`${call.kernel.key}: binding ${b.name} has no buffer`);
@@ -66,14 +92,116 @@ function checkSignal(signal?: AbortSignal): void {
   if (signal?.aborted) throw new ClientClosedError("the client went away before the call ran");
 }
 
+/** A large upload written into a mapped staging buffer, copied by the call's encoder. */
+interface Staged {
+  from: GPUBuffer;
+  to: GPUBuffer;
+  offset: number;
+  bytes: number;
+}
+
+/**
+ * Writes the uploads: those `staged` says (in order, with the mapped buffers `froms`) into
+ * their staging buffer, which is unmapped for the encoder's copy; the rest by `writeBuffer`.
+ */
+function writeUploads(
+  dev: GPUDevice,
+  uploads: LaunchSpec["uploads"],
+  staged: (u: LaunchSpec["uploads"][number]) => boolean,
+  froms: GPUBuffer[],
+): Staged[] {
+  const out: Staged[] = [];
+  for (const u of uploads) {
+    const n = u.data.byteLength;
+    if (n === 0) continue;
+    if (staged(u)) {
+      const from = froms[out.length];
+      new Uint8Array(from.getMappedRange(0, n)).set(u.data);
+      from.unmap();
+      out.push({ from, to: u.buffer, offset: u.offset ?? 0, bytes: n });
+    } else dev.queue.writeBuffer(u.buffer, u.offset ?? 0, u.data as Uint8Array<ArrayBuffer>);
+  }
+  return out;
+}
+
+/** Records `calls` in `passes` compute passes (one each, or one for all), timed into `qs`. */
+function recordCalls(
+  enc: GPUCommandEncoder,
+  calls: KernelCall[],
+  passes: number,
+  qs: GPUQuerySet | null,
+  groups: BindGroupCache,
+  label: string,
+): void {
+  const dispatch = (pass: GPUComputePassEncoder, c: KernelCall) => {
+    pass.setPipeline(c.kernel.pipeline);
+    pass.setBindGroup(0, groups.get(c.kernel.layout, entries(c), c.name));
+    if (c.indirect) pass.dispatchWorkgroupsIndirect(c.indirect.buffer, c.indirect.offset);
+    else if (c.grid[0] * c.grid[1] > 0) pass.dispatchWorkgroups(c.grid[0], c.grid[1]);
+  };
+  const begin = (i: number, name: string) =>
+    enc.beginComputePass({
+      label: name,
+      ...(qs
+        ? {
+          timestampWrites: {
+            querySet: qs,
+            beginningOfPassWriteIndex: 2 * i,
+            endOfPassWriteIndex: 2 * i + 1,
+          },
+        }
+        : {}),
+    });
+  if (passes === 1 && calls.length > 1) {
+    const pass = begin(0, label);
+    for (const c of calls) dispatch(pass, c);
+    pass.end();
+    return;
+  }
+  calls.forEach((c, i) => {
+    const pass = begin(i, c.name);
+    dispatch(pass, c);
+    pass.end();
+  });
+}
+
+/** Device milliseconds from the resolved timestamps: per call when each had a pass, and `gpu`. */
+function deviceTimes(
+  t: BigUint64Array,
+  calls: KernelCall[],
+  passes: number,
+): Record<string, number> {
+  const gpu: Record<string, number> = {};
+  if (passes === calls.length) {
+    calls.forEach((c, i) => {
+      if (t[2 * i] > 0n && t[2 * i + 1] >= t[2 * i]) {
+        gpu[c.name] = (gpu[c.name] ?? 0) + Number(t[2 * i + 1] - t[2 * i]) / 1e6;
+      }
+    });
+  }
+  const last = 2 * passes - 1;
+  if (t[0] > 0n && t[last] >= t[0]) gpu.gpu = Number(t[last] - t[0]) / 1e6;
+  return gpu;
+}
+
 /** Runs one launch (see the module doc). */
 export async function launch(ctx: GpuContext, spec: LaunchSpec): Promise<LaunchResult> {
   const t0 = performance.now();
   checkSignal(spec.signal);
   const dev = ctx.device;
+  // Staging buffers first: nothing may await between pushing the error scope and popping it
+  // (the scope stack is the device's, shared by concurrent calls).
+  const staging = stagedUploads(ctx) ? stagingOf(ctx) : null;
+  const big = (u: LaunchSpec["uploads"][number]) =>
+    staging !== null && u.data.byteLength >= STAGED_UPLOAD_BYTES;
+  const bigUploads = spec.uploads.filter(big);
+  const froms = bigUploads.length === 0
+    ? []
+    : await Promise.all(bigUploads.map((u) => staging!.acquire(u.data.byteLength)));
   const pool = poolOf(ctx);
   const timed = ctx.features.has("timestamp-query") && spec.calls.length > 0;
-  const qs = timed ? dev.createQuerySet({ type: "timestamp", count: 2 * spec.calls.length }) : null;
+  const passes = spec.timing === "total" ? Math.min(1, spec.calls.length) : spec.calls.length;
+  const qs = timed ? pool.acquireQuerySet(2 * passes) : null;
   const offsets: number[] = [];
   let total = 0;
   for (const r of spec.reads) {
@@ -81,15 +209,15 @@ export async function launch(ctx: GpuContext, spec: LaunchSpec): Promise<LaunchR
     total += Math.ceil(r.bytes / 16) * 16;
   }
   const stampAt = total;
-  if (qs) total += 16 * spec.calls.length;
-  const staging = pool.acquire(
+  if (qs) total += 16 * passes;
+  const readback = pool.acquire(
     Math.max(16, total),
     GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
     `${spec.label}.readback`,
   );
   const resolve = qs
     ? pool.acquire(
-      16 * spec.calls.length,
+      16 * passes,
       GPUBufferUsage.QUERY_RESOLVE | GPUBufferUsage.COPY_SRC,
       `${spec.label}.stamps`,
     )
@@ -97,77 +225,67 @@ export async function launch(ctx: GpuContext, spec: LaunchSpec): Promise<LaunchR
   dev.pushErrorScope("validation");
   let scoped = true;
   try {
-    for (const u of spec.uploads) {
-      if (u.data.byteLength > 0) {
-        dev.queue.writeBuffer(u.buffer, u.offset ?? 0, u.data as Uint8Array<ArrayBuffer>);
-      }
-    }
+    const staged = writeUploads(dev, spec.uploads, big, froms);
+    const tUp = performance.now();
     const enc = dev.createCommandEncoder({ label: spec.label });
-    spec.calls.forEach((c, i) => {
-      const pass = enc.beginComputePass({
-        label: c.name,
-        ...(qs
-          ? {
-            timestampWrites: {
-              querySet: qs,
-              beginningOfPassWriteIndex: 2 * i,
-              endOfPassWriteIndex: 2 * i + 1,
-            },
-          }
-          : {}),
-      });
-      pass.setPipeline(c.kernel.pipeline);
-      pass.setBindGroup(
-        0,
-        dev.createBindGroup({ label: c.name, layout: c.kernel.layout, entries: entries(c) }),
-      );
-      if (c.grid[0] * c.grid[1] > 0) pass.dispatchWorkgroups(c.grid[0], c.grid[1]);
-      pass.end();
-    });
+    for (const c of staged) enc.copyBufferToBuffer(c.from, 0, c.to, c.offset, c.bytes);
+    recordCalls(enc, spec.calls, passes, qs, bindGroupsOf(dev), spec.label);
     spec.reads.forEach((r, i) => {
       const n = Math.ceil(r.bytes / 4) * 4;
-      if (n > 0) enc.copyBufferToBuffer(r.buffer, r.offset ?? 0, staging, offsets[i], n);
+      if (n > 0) enc.copyBufferToBuffer(r.buffer, r.offset ?? 0, readback, offsets[i], n);
     });
     if (qs && resolve) {
-      enc.resolveQuerySet(qs, 0, 2 * spec.calls.length, resolve, 0);
-      enc.copyBufferToBuffer(resolve, 0, staging, stampAt, 16 * spec.calls.length);
+      enc.resolveQuerySet(qs, 0, 2 * passes, resolve, 0);
+      enc.copyBufferToBuffer(resolve, 0, readback, stampAt, 16 * passes);
     }
     const cmd = enc.finish();
     checkSignal(spec.signal);
+    const tRec = performance.now();
     dev.queue.submit([cmd]);
     const t1 = performance.now();
     const errorPromise = dev.popErrorScope();
     scoped = false;
-    const [error] = await Promise.all([errorPromise, staging.mapAsync(GPUMapMode.READ)]);
+    const [error] = await Promise.all([errorPromise, readback.mapAsync(GPUMapMode.READ)]);
     if (error) {
-      staging.unmap();
+      readback.unmap();
       throw new ServiceError(`the GPU rejected the ${spec.label} call: ${error.message}`, {
         status: 500,
         code: "gpu_validation_error",
         extra: { call: spec.label },
       });
     }
-    const mapped = staging.getMappedRange();
+    const tMap = performance.now();
+    const mapped = readback.getMappedRange();
     const parts = spec.reads.map((r, i) =>
       new Uint8Array(mapped.slice(offsets[i], offsets[i] + r.bytes))
     );
-    const gpu: Record<string, number> = {};
-    if (qs) {
-      const t = new BigUint64Array(mapped.slice(stampAt, stampAt + 16 * spec.calls.length));
-      spec.calls.forEach((c, i) => {
-        if (t[2 * i] > 0n && t[2 * i + 1] >= t[2 * i]) {
-          gpu[c.name] = (gpu[c.name] ?? 0) + Number(t[2 * i + 1] - t[2 * i]) / 1e6;
-        }
-      });
-      const last = 2 * spec.calls.length - 1;
-      if (t[0] > 0n && t[last] >= t[0]) gpu.gpu = Number(t[last] - t[0]) / 1e6;
-    }
-    staging.unmap();
-    return { parts, gpu, host: { encode: t1 - t0, wait: performance.now() - t1 } };
+    const gpu = qs
+      ? deviceTimes(
+        new BigUint64Array(mapped.slice(stampAt, stampAt + 16 * passes)),
+        spec.calls,
+        passes,
+      )
+      : {};
+    readback.unmap();
+    const t2 = performance.now();
+    return {
+      parts,
+      gpu,
+      host: {
+        encode: t1 - t0,
+        wait: t2 - t1,
+        upload: tUp - t0,
+        record: tRec - tUp,
+        submit: t1 - tRec,
+        map: tMap - t1,
+        copy: t2 - tMap,
+      },
+    };
   } finally {
     if (scoped) await dev.popErrorScope().catch(() => null);
-    pool.release(staging);
+    for (const from of froms) staging!.recycle(from);
+    pool.release(readback);
     if (resolve) pool.release(resolve);
-    qs?.destroy();
+    if (qs) pool.releaseQuerySet(qs);
   }
 }

@@ -2,14 +2,17 @@
  * What every GPU backend's plan shares ({@link buildGpuPlan}): the device limits a batch must
  * fit (each buffer under one storage binding, every grid under the dispatch limit; over a
  * limit is a 422 `binding_limit_exceeded` naming the tensor, its bytes and the limit, never a
- * silent failure), the cache write of the call's new K/V, the poisoning of the output and LSE,
- * the backend's own attention calls, and the one upload of the plan table.
+ * silent failure), the device's finiteness check of a large call's data, the cache write of the
+ * call's new K/V (gated by that check), the poisoning of the output and LSE,
+ * the backend's own attention calls, and the plan table's bytes (each call uploads them).
  * @module
  */
 import { bytesPerElement } from "../core/dtype.ts";
 import { ServiceError } from "../core/errors.ts";
 import type { BatchShape, GpuContext } from "../core/types.ts";
+import { checksFiniteOnDevice, dataElements } from "../core/data.ts";
 import { planCacheWrite } from "./cache_write.ts";
+import { planFiniteCheck } from "./finite_check.ts";
 import { planFill } from "./fill.ts";
 import { type GpuPlan, outputWords, type PlannedCall, poisonCalls } from "./gpu_plan.ts";
 import { TableBuilder } from "./plan_table.ts";
@@ -64,9 +67,43 @@ export function checkBindingLimits(
   }
 }
 
+/** The check and gate calls of a batch whose data the device checks (gpu/finite_check.ts). */
+async function finiteCheckCalls(
+  ctx: GpuContext,
+  s: BatchShape,
+  writeGrid: readonly [number, number] | null,
+  table: TableBuilder,
+): Promise<PlannedCall[]> {
+  const fc = await planFiniteCheck(ctx, s.dtype, dataElements(s), writeGrid, table);
+  // Without key/value rows the query is bound in their place (their word counts are 0).
+  const kv = s.num_kv_tokens > 0 ? ["key", "value"] as const : ["query", "query"] as const;
+  return [
+    {
+      name: "finite_check",
+      kernel: fc.check,
+      bind: {
+        P: { table: fc.checkParams },
+        q: { io: "query" },
+        k: { io: kv[0] },
+        v: { io: kv[1] },
+        flags: { io: "flags" },
+      },
+      grid: fc.grid,
+    },
+    {
+      name: "finite_gate",
+      kernel: fc.gate,
+      bind: { P: { table: fc.gateParams }, flags: { io: "flags" }, args: { io: "args" } },
+      grid: [1, 1],
+    },
+  ];
+}
+
 /**
- * Builds a backend's plan for `s`: cache write (when the call carries K/V and uses a cache),
- * poison, then `attention(table)`'s calls; checks the limits; uploads the table.
+ * Builds a backend's plan for `s`: the device's finiteness check of the call's data (batches
+ * of at least DEVICE_FINITE_CHECK_BYTES, core/data.ts), cache write (when the call carries
+ * K/V and uses a cache; gated by the check), poison, then `attention(table)`'s calls; checks
+ * the limits; packs the table.
  */
 export async function buildGpuPlan(
   ctx: GpuContext,
@@ -78,26 +115,30 @@ export async function buildGpuPlan(
   const table = new TableBuilder();
   const calls: PlannedCall[] = [];
   const kernels: string[] = [];
-  if (s.cache_spec && s.num_kv_tokens > 0) {
-    const cw = await planCacheWrite(ctx, s.cache_spec, s.dtype, s.metadata.slot_mapping, {
+  const cw = s.cache_spec && s.num_kv_tokens > 0
+    ? await planCacheWrite(ctx, s.cache_spec, s.dtype, s.metadata.slot_mapping, {
       k_scale: L.k_scale,
       v_scale: L.v_scale,
-    }, table);
-    if (cw) {
-      calls.push({
-        name: "cache_write",
-        kernel: cw.kernel,
-        bind: {
-          P: { table: cw.params },
-          key_new: { io: "key" },
-          value_new: { io: "value" },
-          slots: { table: cw.slots },
-        },
-        cache: true,
-        grid: cw.grid,
-      });
-      kernels.push(cw.kernel.key);
-    }
+    }, table)
+    : null;
+  const checks = checksFiniteOnDevice(s);
+  if (checks) calls.push(...await finiteCheckCalls(ctx, s, cw?.grid ?? null, table));
+  if (cw) {
+    calls.push({
+      name: "cache_write",
+      kernel: cw.kernel,
+      bind: {
+        P: { table: cw.params },
+        key_new: { io: "key" },
+        value_new: { io: "value" },
+        slots: { table: cw.slots },
+      },
+      cache: true,
+      grid: cw.grid,
+      // Behind the check, the write dispatches the workgroups the gate allows (none on a NaN).
+      ...(checks ? { indirect: { io: "args" } as const } : {}),
+    });
+    kernels.push(cw.kernel.key);
   }
   const out = outputWords(s.dtype, s.num_tokens * L.num_heads * L.head_size);
   const lseWords = s.num_tokens * L.num_heads;
@@ -123,7 +164,8 @@ export async function buildGpuPlan(
   }
   return {
     ctx,
-    table: table.upload(ctx, "plan.table"),
+    table: table.bytes(),
+    checks_finite: checks,
     calls,
     scratch: att.scratch,
     out_bytes: out.words * 4,

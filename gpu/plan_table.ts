@@ -1,12 +1,17 @@
 /**
- * A plan's immutable GPU data in one buffer, uploaded with one write: every kernel's `Params`
+ * A plan's immutable GPU data in one array, uploaded with one write: every kernel's `Params`
  * block and every metadata table (tiles, block table, slot mapping, slopes, sinks), each
  * section at a 256-byte aligned offset (the offset alignment WebGPU guarantees for uniform and
- * storage bindings). Built once per plan, shared read-only by every call that reuses the plan,
- * destroyed when the plan cache drops the plan.
+ * storage bindings). Built once per plan; a GPU plan keeps the bytes and every call writes them
+ * into a pooled buffer with its other uploads (gpu/gpu_plan.ts); {@link uploadTable} gives a
+ * buffer of its own to those that launch outside a call (the cache writer, benches).
  * @module
  */
 import type { GpuContext } from "../core/types.ts";
+
+/** The usage of a buffer holding a table (uniform and storage sections, written by copy). */
+export const TABLE_USAGE = GPUBufferUsage.UNIFORM | GPUBufferUsage.STORAGE |
+  GPUBufferUsage.COPY_DST;
 
 /** A section of a plan table. */
 export interface Section {
@@ -42,17 +47,26 @@ export class TableBuilder {
     return this.#size;
   }
 
+  /** Every section at its offset, in one array (at least 256 bytes, a multiple of 16). */
+  bytes(): Uint8Array<ArrayBuffer> {
+    const all = new Uint8Array(Math.max(256, Math.ceil(this.#size / 16) * 16));
+    for (const p of this.#parts) all.set(p.bytes, p.offset);
+    return all;
+  }
+
   /** Creates the buffer and writes every section with one `writeBuffer`. */
   upload(ctx: GpuContext, label: string): PlanTable {
-    const size = Math.max(256, Math.ceil(this.#size / 16) * 16);
-    const all = new Uint8Array(size);
-    for (const p of this.#parts) all.set(p.bytes, p.offset);
-    const buffer = ctx.device.createBuffer({
-      label,
-      size,
-      usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST,
-    });
-    ctx.device.queue.writeBuffer(buffer, 0, all);
-    return { buffer, bind: (s) => ({ buffer, offset: s.offset, size: s.size }) };
+    return uploadTable(ctx, this.bytes(), label);
   }
+}
+
+/** A buffer holding `all` (a {@link TableBuilder.bytes} result), written with one `writeBuffer`. */
+export function uploadTable(
+  ctx: GpuContext,
+  all: Uint8Array<ArrayBuffer>,
+  label: string,
+): PlanTable {
+  const buffer = ctx.device.createBuffer({ label, size: all.byteLength, usage: TABLE_USAGE });
+  ctx.device.queue.writeBuffer(buffer, 0, all);
+  return { buffer, bind: (s) => ({ buffer, offset: s.offset, size: s.size }) };
 }

@@ -47,7 +47,7 @@ function sameArrays(a: (ArrayLike<number> | null)[], b: (ArrayLike<number> | nul
 }
 
 const copy = (a: (ArrayLike<number> | null)[]) =>
-  a.map((x) => (x ? Int32Array.from(x as ArrayLike<number>) : null));
+  a.map((x) => (x instanceof Int32Array ? x.slice() : x ? Int32Array.from(x) : null));
 
 /** The plan cache of one service. */
 export class PlanCache {

@@ -22,6 +22,7 @@ import { CacheStore, type StoredCache } from "./cache_store.ts";
 import {
   attachCache,
   type CallLimits,
+  checkFiniteOnHost,
   DEFAULT_CALL_LIMITS,
   type ForwardInput,
   validateForward,
@@ -54,6 +55,10 @@ export type { CacheData, CacheInfo, CreateCacheRequest, ForwardOutcome, SelectRe
 export { cacheShape };
 
 const forced = (b?: string) => (b === undefined || b === "auto" ? undefined : b);
+
+/** Whether a plan checks its batch's data for NaN and infinity before it writes (GpuPlan). */
+const checksFinite = (plan: unknown) =>
+  (plan as { checks_finite?: unknown } | null)?.checks_finite === true;
 
 function cacheLost(id: string): DeviceUnavailableError {
   return new DeviceUnavailableError(
@@ -231,7 +236,8 @@ export class AttentionService {
   /**
    * One batched forward: validate once (nothing is written if this fails), select, wrap an
    * inline cache with the chosen backend (its bytes count against the memory budget while the
-   * call runs), get the plan (cached by shape), run.
+   * call runs), get the plan (cached by shape), run. A large batch's NaN/infinity scan is left
+   * to a plan that checks on the device before writing (`checks_finite`), else done before run.
    * @throws 400/404/422/503 ServiceErrors; 499 when `signal` aborted before the call ran.
    */
   async forward(input: ForwardInput, opts: ForwardOptions = {}): Promise<ForwardOutcome> {
@@ -242,11 +248,13 @@ export class AttentionService {
       input,
       held ? { spec: held.cache.spec, storage: held.cache.storage } : null,
       this.limits,
+      { deferFinite: true },
     );
-    const ctx = await this.#ctx();
+    const live = this.device.current();
+    const ctx = live ? { gpu: live } : await this.#ctx();
     this.#requireDevice(input.backend);
     const { backend } = this.registry.select(v.selector, { backend: forced(input.backend) });
-    const tValidated = performance.now();
+    const tValidated = performance.now(); // validated and selected
     let tPlanned = tValidated, planHit = false;
     const exec = async (cache: KvCache | null): Promise<ForwardResult> => {
       const batch = attachCache(v.batch, cache);
@@ -254,6 +262,8 @@ export class AttentionService {
       tPlanned = performance.now();
       planHit = held.hit;
       try {
+        // A large batch's scan was left to a plan that checks on the device; any other scans now.
+        if (v.finite_deferred && !checksFinite(held.plan)) checkFiniteOnHost(batch);
         return await backend.run(held.plan, batch, ctx, { signal: opts.signal });
       } finally {
         held.release();

@@ -5,9 +5,20 @@
  * layer, bad batch metadata, block ids and slots out of range, a block repeated within a
  * request, non-finite values in query/key/value, per-call limits — and thrown at once as one
  * `invalid_batch` (422). Backends, the cache writer and the plan cache trust what it built.
+ * The one exception, on request (`deferFinite`): a large, otherwise valid batch's NaN/infinity
+ * scan is left to the GPU plan that runs it, which checks before it writes anything
+ * (gpu/finite_check.ts), or to {@link checkFiniteOnHost} for any other plan.
  * @module
  */
-import { firstNonFinite, fromFloats, toFloat32 } from "../core/data.ts";
+import {
+  checksFiniteOnDevice,
+  elementAt,
+  firstNonFinite,
+  firstNonFiniteIn,
+  fromFloats,
+  toFloat32,
+  wordsOf,
+} from "../core/data.ts";
 import { ServiceError } from "../core/errors.ts";
 import type { ForwardInput } from "../wire/codec.ts";
 import type { LayerInput } from "../wire/types.ts";
@@ -42,6 +53,15 @@ export const DEFAULT_CALL_LIMITS: Readonly<CallLimits> = Object.freeze({
 
 export type { ForwardInput, LayerInput };
 
+/** Options of {@link validateForward}. */
+export interface ValidateOptions {
+  /**
+   * Leave the NaN/infinity scan of a large batch's data (core/data.ts checksFiniteOnDevice)
+   * to the device; the result says whether it was left (`finite_deferred`).
+   */
+  deferFinite?: boolean;
+}
+
 /** A server-held cache as validation sees it. */
 export interface HeldCacheInfo {
   spec: KvCacheSpec;
@@ -59,25 +79,48 @@ export interface UnattachedBatch extends BatchShape {
 export interface ValidatedForward {
   batch: UnattachedBatch;
   selector: SelectorConfig;
+  /**
+   * The whole words of query/key/value were not scanned for NaN and infinity: a GPU plan with
+   * `checks_finite` checks them before it writes anything, and any other plan's batch goes
+   * through {@link checkFiniteOnHost} first (the service does both).
+   */
+  finite_deferred: boolean;
   /** The inline cache to import with the chosen backend, or null. */
   inline: { spec: KvCacheSpec; key: Uint8Array; value: Uint8Array } | null;
 }
 
-/** Elements' dtype-cast view of a data tensor, and its first non-finite index checked. */
-function dataOf(
-  t: DataTensor | undefined,
-  dtype: DType,
-  name: string,
-  is: Issues,
-): DataArray | null {
+/** A data tensor's elements in the call's dtype (a view when it came in that dtype). */
+function dataOf(t: DataTensor | undefined, dtype: DType): DataArray | null {
   if (!t) return null;
-  const a = t.dtype === dtype ? t.array : fromFloats(dtype, toFloat32(t.array));
-  const bad = firstNonFinite(a);
+  return t.dtype === dtype ? t.array : fromFloats(dtype, toFloat32(t.array));
+}
+
+/**
+ * Adds an issue for the first NaN or infinity of `a` (from element `from` on: elements before
+ * it are left to the device's check).
+ */
+function checkFinite(a: DataArray | null, name: string, is: Issues, from = 0): void {
+  if (!a) return;
+  const bad = from === 0 ? firstNonFinite(a) : firstNonFiniteIn(a, from, a.length);
   if (bad >= 0) {
-    const v = toFloat32(a)[bad];
-    is.add([name, bad], `element ${bad} is ${v} in ${dtype}: tensors must be finite`);
+    is.add(
+      [name, bad],
+      `element ${bad} is ${elementAt(a, bad)} in ${a.dtype}: tensors must be finite`,
+    );
   }
-  return a;
+}
+
+/**
+ * The host scan of a validated batch's data that {@link validateForward} left to the device
+ * (`finite_deferred`), for a plan that does not check on the device after all.
+ * @throws ServiceError 422 `invalid_batch` naming each tensor's first non-finite element.
+ */
+export function checkFiniteOnHost(b: UnattachedBatch | ValidBatch): void {
+  const is = new Issues();
+  checkFinite(b.query, "query", is);
+  checkFinite(b.key, "key", is);
+  checkFinite(b.value, "value", is);
+  is.throwIfAny();
 }
 
 function checkLimits(T: number, attended: number, limits: CallLimits): void {
@@ -114,6 +157,7 @@ export function validateForward(
   input: ForwardInput,
   held: HeldCacheInfo | null,
   limits: CallLimits = DEFAULT_CALL_LIMITS,
+  opts: ValidateOptions = {},
 ): ValidatedForward {
   const is = new Issues();
   const layer = checkLayer(input, is);
@@ -149,9 +193,22 @@ export function validateForward(
   }
   const { spec, inline } = checkCache(input, layer, held, is);
   const md = checkMetadata(input.metadata, T, Tk, spec, layer.attn_type, is);
-  const query = dataOf(input.query, input.dtype, "query", is)!;
-  const key = dataOf(input.key, input.dtype, "key", is);
-  const value = dataOf(input.value, input.dtype, "value", is);
+  const query = dataOf(input.query, input.dtype)!;
+  const key = dataOf(input.key, input.dtype);
+  const value = dataOf(input.value, input.dtype);
+  // A large batch's scan may be left to the device, unless the call fails anyway (then every
+  // problem is listed now) or part of a tensor fills no whole word (that part is scanned here).
+  const deferred = opts.deferFinite === true && is.list.length === 0 && checksFiniteOnDevice({
+    dtype: input.dtype,
+    layer,
+    num_tokens: T,
+    num_kv_tokens: key ? Tk : 0,
+  });
+  for (const [a, name] of [[query, "query"], [key, "key"], [value, "value"]] as const) {
+    // Deferred: only the elements past the last whole word (an odd half-precision tail).
+    const from = deferred && a ? wordsOf(a.dtype, a.length) * (a.dtype === "float32" ? 1 : 2) : 0;
+    checkFinite(a, name, is, from);
+  }
   is.throwIfAny();
 
   const metadata = {
@@ -175,7 +232,12 @@ export function validateForward(
     stats,
   };
   const batch: UnattachedBatch = { ...shape, plan_key: planKey(shape), query, key, value };
-  return { batch, selector: selectorOf(input, layer, spec, held, batch), inline };
+  return {
+    batch,
+    selector: selectorOf(input, layer, spec, held, batch),
+    inline,
+    finite_deferred: deferred,
+  };
 }
 
 function selectorOf(

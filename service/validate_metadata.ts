@@ -1,7 +1,8 @@
 /**
  * The batch-metadata checks of forward validation (vLLM's CommonAttentionMetadata):
  * `query_start_loc`, `seq_lens`, `block_table` (ids in range, enough columns, no block twice in
- * one request's row) and `slot_mapping` (one per key row, in range or -1, no slot twice).
+ * one request's row) and `slot_mapping` (one per key row, in range or -1, no slot twice),
+ * without a map on the way of a valid batch (a map is built only to name the repeats).
  * @module
  */
 import type { AttnType, KvCacheSpec } from "../core/types.ts";
@@ -26,6 +27,33 @@ export interface CheckedMetadata {
 }
 
 const mp = (k: string, ...rest: (string | number)[]) => ["metadata", k, ...rest];
+
+/**
+ * Marks of block ids seen in the current block-table row: `marks[b] === stamp` means block b
+ * was seen in this row. Every row takes a new stamp, so nothing is cleared between rows or
+ * calls (validation is synchronous, so one array serves every call).
+ */
+class Stamps {
+  marks = new Int32Array(0);
+  #stamp = 0;
+  /** A stamp no entry holds yet. */
+  next(): number {
+    if (this.#stamp >= 0x7fffffff) {
+      this.marks.fill(0);
+      this.#stamp = 0;
+    }
+    return ++this.#stamp;
+  }
+}
+const stamps = new Stamps();
+
+/** The shared marks, with room for block ids [0, n). */
+function blockStamps(n: number): Stamps {
+  if (stamps.marks.length < n) {
+    stamps.marks = new Int32Array(Math.max(n, 2 * stamps.marks.length));
+  }
+  return stamps;
+}
 
 /** query_start_loc and seq_lens; returns the query lengths (empty when malformed). */
 function checkStarts(
@@ -106,7 +134,7 @@ function checkBlockTable(
   }
   const table = bt.values;
   if (!spec || sl.length !== R || table.length !== R * maxBlocks) return { table, maxBlocks };
-  const seen = new Map<number, number>();
+  const seen = blockStamps(spec.num_blocks);
   for (let i = 0; i < R; i++) {
     const need = Math.ceil(Math.max(sl[i], 0) / spec.block_size);
     if (need > maxBlocks) {
@@ -117,20 +145,20 @@ function checkBlockTable(
         }) needs ${need} blocks of ${spec.block_size}, block_table has ${maxBlocks} columns`,
       );
     }
-    seen.clear();
+    const row = i * maxBlocks, stamp = seen.next();
     for (let j = 0; j < Math.min(need, maxBlocks); j++) {
-      const b = table[i * maxBlocks + j];
+      const b = table[row + j];
       if (b < 0 || b >= spec.num_blocks) {
         is.add(mp("block_table", i, j), `block id ${b} out of range [0, ${spec.num_blocks})`);
         continue;
       }
-      const prev = seen.get(b);
-      if (prev !== undefined) {
+      if (seen.marks[b] === stamp) {
+        const prev = table.subarray(row, row + j).indexOf(b);
         is.add(
           mp("block_table", i, j),
           `block id ${b} repeats block_table[${i}][${prev}]: a request maps each logical block to its own physical block`,
         );
-      } else seen.set(b, j);
+      } else seen.marks[b] = stamp;
     }
   }
   return { table, maxBlocks };
@@ -161,6 +189,18 @@ function checkSlots(
   if (!spec) return sm.values;
   const slots = sm.values;
   const nSlots = spec.num_blocks * spec.block_size;
+  // The common case in two passes without a map: every slot -1 or in range, then no equal
+  // neighbours (other than -1) once sorted. Only a batch that fails them is walked again to
+  // name each problem, in order, with the entry a repeat duplicates.
+  let bad = false;
+  for (let t = 0; t < Tk && !bad; t++) {
+    bad = slots[t] !== -1 && (slots[t] < 0 || slots[t] >= nSlots);
+  }
+  if (!bad) {
+    const sorted = Int32Array.from(slots).sort();
+    for (let t = 1; t < Tk && !bad; t++) bad = sorted[t] === sorted[t - 1] && sorted[t] !== -1;
+  }
+  if (!bad) return slots;
   const seen = new Map<number, number>();
   for (let t = 0; t < Tk; t++) {
     const s = slots[t];

@@ -10,7 +10,7 @@ import { dataArray, fromFloats } from "../../core/data.ts";
 import { ServiceError } from "../../core/errors.ts";
 import { rawFromJson, rawFromSafetensors, toDataTensor } from "../../wire/tensors.ts";
 import type { KvCacheSpec } from "../../core/types.ts";
-import { type ForwardInput, validateForward } from "../../service/validate.ts";
+import { checkFiniteOnHost, type ForwardInput, validateForward } from "../../service/validate.ts";
 
 const SPEC: KvCacheSpec = {
   num_blocks: 8,
@@ -156,4 +156,138 @@ Deno.test("validate: stats count attended keys under the mask; the plan key name
   const md = { ...input().metadata, block_table: ints([5, 2, 6], [1, 3]) };
   const other = validateForward(input({ metadata: md }), HELD);
   assert.notEqual(other.batch.plan_key, v.batch.plan_key, "another block table, another key");
+});
+
+Deno.test("validate: repeats are named with their first occurrence, in every call", () => {
+  // One request of 4 blocks (seq_len 13): block 5 three times, block 2 twice.
+  const i = input({
+    metadata: {
+      query_start_loc: ints([0, 1]),
+      seq_lens: ints([13]),
+      block_table: ints([5, 2, 5, 5, 2], [1, 5]),
+      slot_mapping: ints([29]),
+    },
+  });
+  for (let call = 0; call < 2; call++) {
+    const e = rejects(() => validateForward(i, HELD), "invalid_batch");
+    const msgs = e.issues!.map((x) => `${x.path.join(".")}: ${x.message}`);
+    assert.deepEqual(msgs.filter((m) => m.includes("repeats")).map((m) => m.split(":")[0]), [
+      "metadata.block_table.0.2",
+      "metadata.block_table.0.3",
+    ], `call ${call}: ${msgs.join("; ")}`);
+    assert.ok(msgs.every((m) => !m.includes("repeats") || m.includes("block_table[0][0]")));
+  }
+  // Column 4 is beyond what seq_len 13 needs (4 blocks): its repeat of 2 is not looked at.
+  // The same blocks in another call, each once per row: valid, whatever the earlier call saw.
+  const ok = input({
+    metadata: { ...i.metadata, block_table: ints([5, 2, 6, 7, 2], [1, 5]) },
+  });
+  validateForward(ok, HELD);
+  validateForward(ok, HELD);
+});
+
+Deno.test("validate: slot repeats, padding and out-of-range slots, in index order", () => {
+  const q = (n: number) => ({
+    dtype: "float16" as const,
+    shape: [n, 2, 4],
+    array: fromFloats("float16", new Float32Array(n * 8)),
+    encoding: "base64" as const,
+  });
+  const kv = (n: number) => ({
+    ...q(n),
+    shape: [n, 1, 4],
+    array: fromFloats("float16", new Float32Array(n * 4)),
+  });
+  const call = (slots: number[]) =>
+    input({
+      query: q(slots.length),
+      key: kv(slots.length),
+      value: kv(slots.length),
+      metadata: {
+        query_start_loc: ints([0, slots.length]),
+        seq_lens: ints([slots.length]),
+        block_table: ints([1, 2, 3], [1, 3]),
+        slot_mapping: ints(slots),
+      },
+    });
+  // Padding (-1) may repeat; in-range slots may not; out-of-range ones are named once each.
+  validateForward(call([-1, 4, -1, -1, 5, 6]), HELD);
+  const e = rejects(
+    () => validateForward(call([9, 4, 9, 40, 40, -1, 9, -3]), HELD),
+    "invalid_batch",
+  );
+  const msgs = e.issues!.map((x) => `${x.path.join(".")}: ${x.message}`);
+  assert.deepEqual(msgs, [
+    "metadata.slot_mapping.2: slot 9 duplicates slot_mapping[0]",
+    "metadata.slot_mapping.3: slot 40 out of range: -1 or [0, 32) (num_blocks 8 x block_size 4)",
+    "metadata.slot_mapping.4: slot 40 out of range: -1 or [0, 32) (num_blocks 8 x block_size 4)",
+    "metadata.slot_mapping.6: slot 9 duplicates slot_mapping[0]",
+    "metadata.slot_mapping.7: slot -3 out of range: -1 or [0, 32) (num_blocks 8 x block_size 4)",
+  ]);
+});
+
+Deno.test("validate: deferFinite leaves a large batch's scan, unless the call fails anyway", () => {
+  // One 1400-token prefill, f16, 8 q / 2 kv heads of 128: 4.3 MB of query/key/value.
+  const T = 1400;
+  const spec: KvCacheSpec = {
+    ...SPEC,
+    num_blocks: 100,
+    block_size: 16,
+    head_size: 128,
+    num_kv_heads: 2,
+  };
+  const f16 = (n: number, shape: number[]) => {
+    const a = new Float32Array(n).map((_, i) => (i % 13) / 8);
+    return {
+      dtype: "float16" as const,
+      shape,
+      array: fromFloats("float16", a),
+      encoding: "binary" as const,
+    };
+  };
+  const x: ForwardInput = {
+    dtype: "float16",
+    layer: { num_heads: 8, num_kv_heads: 2, head_size: 128 },
+    query: f16(T * 8 * 128, [T, 8, 128]),
+    key: f16(T * 2 * 128, [T, 2, 128]),
+    value: f16(T * 2 * 128, [T, 2, 128]),
+    metadata: {
+      query_start_loc: ints([0, T]),
+      seq_lens: ints([T]),
+      block_table: ints(Array.from({ length: 88 }, (_, i) => i + 1), [1, 88]),
+      slot_mapping: ints(Array.from({ length: T }, (_, t) => 16 + t)),
+    },
+    kv_cache: "c",
+  };
+  const held = { spec, storage: "webgpu" as const };
+  const at = 123457;
+  x.value!.array.bytes.set([0x00, 0x7e], 2 * at); // a float16 NaN
+  // Without deferral the host scan finds it; with it, the batch passes, marked deferred.
+  const e = rejects(() => validateForward(x, held), "invalid_batch");
+  assert.deepEqual(e.issues!.map((i) => i.path), [["value", at]]);
+  const v = validateForward(x, held, undefined, { deferFinite: true });
+  assert.equal(v.finite_deferred, true);
+  assert.equal(
+    validateForward(input(), HELD, undefined, { deferFinite: true }).finite_deferred,
+    false,
+  );
+  // The host scan a plan without the device check gets: the same 422.
+  const h = rejects(() => checkFiniteOnHost(v.batch), "invalid_batch");
+  assert.deepEqual(h.issues, e.issues);
+  // A call that fails anyway lists every problem, the NaN included.
+  const bad = {
+    ...x,
+    metadata: {
+      ...x.metadata,
+      slot_mapping: ints([...x.metadata.slot_mapping!.values.slice(0, T - 1), 99999]),
+    },
+  };
+  const both = rejects(
+    () => validateForward(bad, held, undefined, { deferFinite: true }),
+    "invalid_batch",
+  );
+  assert.deepEqual(both.issues!.map((i) => i.path.join(".")), [
+    `metadata.slot_mapping.${T - 1}`,
+    `value.${at}`,
+  ]);
 });

@@ -1,0 +1,256 @@
+/**
+ * The server-side host cost of one forward call, in process and reproducibly: builds the
+ * service on the chosen WebGPU runtime, creates a server-held f16 cache at the issue-7 shape
+ * (32 requests x 2048 context, 32 q / 8 kv heads, head 128, block 16; bench/http_workload.ts),
+ * and times decode steps (every step new seq_lens and slots, so the plan misses, as in an
+ * engine's first layer) and 4 x 2048 prefill calls through `AttentionService.forward`, phase
+ * by phase as the service reports them: validate (with the backend's selection), plan, bind,
+ * encode (upload, record, submit), gpu_and_readback (map, copy), total.
+ *
+ * By default the kernels are not dispatched (every planned call gets a 0 x 0 grid: the
+ * backends plan, bind, upload, encode, submit and read back exactly as they would, the GPU
+ * only copies), so what is timed is the host's share even on a software adapter. `--kernels`
+ * dispatches them (the GPU's time then shows in `map`, and `gpu` reports it).
+ *
+ * Run: `deno run -A bench/host_profile.ts [--runtime deno|dawn] [--case decode|prefill|all]
+ * [--iters N] [--prefill-iters N] [--layers N] [--kernels] [--json]`. On this project's CPU
+ * machines Dawn runs in the trixie chroot (see the team guide). `ATTN_UPLOAD_STAGING=0|1`
+ * forces large uploads through writeBuffer or mapped staging (gpu/upload_staging.ts),
+ * `ATTN_GPU_TIMING=calls` times each dispatch in its own pass (gpu/gpu_plan.ts). The last line
+ * says what was reused (bind groups, buffers, staging, plans).
+ * @module
+ */
+import { parseArgs } from "node:util";
+import { AttentionService, builtinBackends, WebGpuDeviceManager } from "../mod.ts";
+import type { AttentionBackend } from "../core/types.ts";
+import { GPU_TIMING, type GpuPlan } from "../gpu/gpu_plan.ts";
+import { bindGroupsOf } from "../gpu/bind_groups.ts";
+import { poolOf } from "../gpu/buffer_pool.ts";
+import { stagedUploads, stagingOf } from "../gpu/upload_staging.ts";
+import { dataArray } from "../core/data.ts";
+import { selectRuntime } from "../gpu/runtime.ts";
+import { resolveRuntimeOptions, runtimeEnv } from "../gpu/runtime_options.ts";
+import { deviceSummary } from "../gpu/runtime_report.ts";
+import { completionRoundTrip } from "../gpu/runtime_device.ts";
+import type { ForwardInput } from "../service/validate.ts";
+import {
+  BIG_SHAPE,
+  type HttpShape,
+  KV_EXP,
+  type Layout,
+  layoutOf,
+  Q_EXP,
+  randomF16,
+  slotOf,
+} from "./http_workload.ts";
+
+const { values: a } = parseArgs({
+  options: {
+    runtime: { type: "string" },
+    case: { type: "string", default: "all" },
+    iters: { type: "string", default: "60" },
+    "prefill-iters": { type: "string", default: "6" },
+    layers: { type: "string", default: "1" },
+    kernels: { type: "boolean", default: false },
+    json: { type: "boolean", default: false },
+  },
+});
+
+/** Phases printed, in order (the service's timings keys). */
+const PHASES = [
+  "validate",
+  "plan",
+  "bind",
+  "encode_upload",
+  "encode_record",
+  "submit",
+  "encode",
+  "readback_map",
+  "readback_copy",
+  "gpu_and_readback",
+  "gpu",
+  "total",
+  "wall",
+];
+
+/** A backend whose plans dispatch nothing (each call's grid 0 x 0): host work only. */
+function hostOnly(b: AttentionBackend): AttentionBackend {
+  if (!b.requires.needs_device) return b;
+  const g = b as AttentionBackend<GpuPlan>;
+  return {
+    ...g,
+    plan: async (s, ctx) => {
+      const p = await g.plan(s, ctx);
+      const calls = p.calls.map((c) => ({ ...c, grid: [0, 0] as const, indirect: undefined }));
+      return { ...p, calls };
+    },
+  } as AttentionBackend;
+}
+
+const f16Tensor = (bits: Uint16Array, shape: number[]) => ({
+  dtype: "float16" as const,
+  shape,
+  array: dataArray("float16", new Uint8Array(bits.buffer, bits.byteOffset, bits.byteLength)),
+  encoding: "binary" as const,
+});
+const ints = (v: ArrayLike<number>, shape = [v.length]) => ({ shape, values: Int32Array.from(v) });
+
+/** One call's request: `reqs` requests [r0, r0 + reqs), `len` new tokens at positions p0.. . */
+function callInput(
+  s: HttpShape,
+  l: Layout,
+  cache: string,
+  seed: number,
+  r0: number,
+  reqs: number,
+  p0: number,
+  len: number,
+): ForwardInput {
+  const T = reqs * len, H = s.num_heads, Hkv = s.num_kv_heads, D = s.head_size;
+  const slots: number[] = [];
+  for (let r = r0; r < r0 + reqs; r++) {
+    for (let j = 0; j < len; j++) slots.push(slotOf(s, l, r, p0 + j));
+  }
+  const bt = l.block_table.subarray(r0 * l.max_blocks, (r0 + reqs) * l.max_blocks);
+  return {
+    dtype: "float16",
+    layer: { num_heads: H, num_kv_heads: Hkv, head_size: D },
+    query: f16Tensor(randomF16(seed, T * H * D, Q_EXP), [T, H, D]),
+    key: f16Tensor(randomF16(seed + 1, T * Hkv * D, KV_EXP), [T, Hkv, D]),
+    value: f16Tensor(randomF16(seed + 2, T * Hkv * D, KV_EXP), [T, Hkv, D]),
+    metadata: {
+      query_start_loc: ints(Array.from({ length: reqs + 1 }, (_, i) => i * len)),
+      seq_lens: ints(new Array(reqs).fill(p0 + len)),
+      block_table: ints(bt, [reqs, l.max_blocks]),
+      slot_mapping: ints(slots),
+    },
+    kv_cache: cache,
+  } as ForwardInput;
+}
+
+const median = (x: number[]) => {
+  const s = [...x].sort((p, q) => p - q);
+  return s.length === 0 ? NaN : s[Math.floor(s.length / 2)];
+};
+const pct = (x: number[], p: number) => {
+  const s = [...x].sort((u, v) => u - v);
+  return s[Math.min(s.length - 1, Math.floor(p * s.length))];
+};
+
+type Samples = Record<string, number[]>;
+
+async function timeCalls(
+  service: AttentionService,
+  inputs: () => ForwardInput,
+  n: number,
+  layers: number,
+): Promise<Samples> {
+  const out: Samples = {};
+  for (let i = 0; i < n; i++) {
+    const input = inputs();
+    for (let layer = 0; layer < layers; layer++) {
+      const t0 = performance.now();
+      const r = await service.forward(input);
+      const wall = performance.now() - t0;
+      if (i === 0) continue; // compiles and pools fill on the first call
+      const t: Record<string, number> = { ...r.result.timings, wall };
+      for (const k of PHASES) if (t[k] !== undefined) (out[k] ??= []).push(t[k]);
+    }
+  }
+  return out;
+}
+
+function report(
+  name: string,
+  s: Samples,
+): Record<string, { p50: number; p10: number; p90: number }> {
+  const rows: Record<string, { p50: number; p10: number; p90: number }> = {};
+  for (const k of PHASES) {
+    if (!s[k]) continue;
+    rows[k] = { p50: median(s[k]), p10: pct(s[k], 0.1), p90: pct(s[k], 0.9) };
+  }
+  if (!a.json) {
+    console.log(`== ${name} (${s.total?.length ?? 0} calls; ms p50 [p10, p90])`);
+    for (const [k, v] of Object.entries(rows)) {
+      console.log(
+        `  ${k.padEnd(18)} ${v.p50.toFixed(3).padStart(9)}  [${v.p10.toFixed(3)}, ${
+          v.p90.toFixed(3)
+        }]`,
+      );
+    }
+  }
+  return rows;
+}
+
+const device = new WebGpuDeviceManager({
+  selection: await selectRuntime(
+    resolveRuntimeOptions({ runtime: a.runtime }, runtimeEnv(), "--runtime"),
+  ),
+});
+const gpu = await device.acquire();
+if (!gpu) {
+  console.error(`no WebGPU device: ${device.report().reason}`);
+  Deno.exit(2);
+}
+const shape = BIG_SHAPE;
+const layout = layoutOf(shape, 7);
+const backends = a.kernels ? builtinBackends() : builtinBackends().map(hostOnly);
+const service = new AttentionService({ backends, device, memoryBudgetBytes: 2 ** 32 });
+const rt = median((await completionRoundTrip(gpu.device, 20)).ms);
+const head = {
+  runtime: deviceSummary(device.report()),
+  machine: `${Deno.build.os} ${Deno.build.arch}, ${navigator.hardwareConcurrency} cores`,
+  kernels: a.kernels,
+  completion_round_trip_ms: rt,
+};
+if (!a.json) {
+  console.log(`runtime: ${head.runtime}`);
+  console.log(
+    `machine: ${head.machine}; kernels ${a.kernels ? "dispatched" : "skipped (host only)"}`,
+  );
+  console.log(`completion round trip (empty submit + 16 B mapAsync): ${rt.toFixed(3)} ms`);
+}
+const cache = await service.createCache({
+  num_blocks: layout.num_blocks,
+  block_size: shape.block_size,
+  num_kv_heads: shape.num_kv_heads,
+  head_size: shape.head_size,
+  dtype: "float16",
+});
+const results: Record<string, unknown> = { ...head };
+try {
+  if (a.case === "decode" || a.case === "all") {
+    let step = 0;
+    const n = Number(a.iters);
+    const s = await timeCalls(
+      service,
+      () => callInput(shape, layout, cache.id, 1000 + step, 0, shape.reqs, shape.ctx + step++, 1),
+      Math.min(n, 2 * shape.steps),
+      Number(a.layers),
+    );
+    results.decode = report(`decode ${shape.reqs} x ${shape.ctx}, layers ${a.layers}`, s);
+  }
+  if (a.case === "prefill" || a.case === "all") {
+    const n = shape.prefill_reqs, len = shape.prefill_tokens;
+    let k = 0;
+    const s = await timeCalls(
+      service,
+      () => callInput(shape, layout, cache.id, 5000 + 10 * k++, 0, n, 0, len),
+      Number(a["prefill-iters"]),
+      1,
+    );
+    results.prefill = report(`prefill ${n} x ${len}`, s);
+  }
+  results.reuse = {
+    bind_groups: bindGroupsOf(gpu.device).stats(),
+    buffers: poolOf(gpu).stats(),
+    upload_staging: { on: stagedUploads(gpu), ...stagingOf(gpu).stats() },
+    plans: service.plans.stats(),
+    gpu_timing: GPU_TIMING,
+  };
+  if (!a.json) console.log(`reuse: ${JSON.stringify(results.reuse)}`);
+} finally {
+  await service.close();
+  device.close();
+}
+if (a.json) console.log(JSON.stringify(results));

@@ -1,0 +1,179 @@
+/**
+ * The finiteness check of a call's query/key/value on the device, for batches too large to
+ * scan on the host cheaply (core/data.ts {@link checksFiniteOnDevice}): the host test of
+ * core/data.ts `firstNonFinite` (a word's exponent fields masked, plus one unit of their lowest
+ * bit, carry into the field's sign bit exactly when a field is all ones) runs over every
+ * whole 32-bit word of the three tensors, and the first bad word of each is kept with
+ * `atomicMin` in a flags buffer. A one-invocation gate then writes the cache write's indirect
+ * dispatch arguments: its grid when every flag is clear, zero workgroups otherwise, so a
+ * call with a NaN or infinity writes nothing to the cache. The flags come back with the
+ * output; {@link finiteIssues} turns a set flag into the validator's 422 issue (the tensor,
+ * the first bad element and its value). Elements that do not fill a word (the odd last
+ * element of a half-precision tensor) are checked on the host by the validator.
+ * @module
+ */
+import { elementAt, firstNonFiniteIn, wordsOf } from "../core/data.ts";
+import type { DataArray, DType, GpuContext } from "../core/types.ts";
+import type { Issue } from "../core/errors.ts";
+import { dispatchSize } from "./batch_buffers.ts";
+import { type CompiledKernel, getKernel, type KernelDef, packUniforms } from "./kernel.ts";
+import type { Section, TableBuilder } from "./plan_table.ts";
+
+const WG = 256;
+
+/** The flag of a tensor without a bad word. */
+export const FLAG_CLEAR = 0xffffffff;
+
+/** The tensors checked, in flag order. */
+export const CHECKED = ["query", "key", "value"] as const;
+
+/** Bytes of the flags buffer: one word per tensor, padded. */
+export const FLAGS_BYTES = 16;
+
+/** Bytes of the indirect arguments buffer. */
+export const ARGS_BYTES = 16;
+
+/** Exponent mask, carry and sign bits of a dtype's words (core/data.ts's scan). */
+function bits(dtype: DType): { mask: number; carry: number; sign: number } {
+  if (dtype === "float32") return { mask: 0x7f800000, carry: 0x00800000, sign: 0x80000000 };
+  if (dtype === "float16") return { mask: 0x7c007c00, carry: 0x04000400, sign: 0x80008000 };
+  return { mask: 0x7f807f80, carry: 0x00800080, sign: 0x80008000 };
+}
+
+/** The check kernel, as data. */
+export const FINITE_CHECK: KernelDef<{ wg: number }> = {
+  name: "finite_check",
+  uniforms: [
+    ["n_q", "u32"],
+    ["n_k", "u32"],
+    ["n_v", "u32"],
+    ["mask", "u32"],
+    ["carry", "u32"],
+    ["sign", "u32"],
+    ["nwg_x", "u32"],
+  ],
+  bindings: () => [
+    { name: "P", kind: "uniform" },
+    { name: "q", kind: "read", type: "array<u32>" },
+    { name: "k", kind: "read", type: "array<u32>" },
+    { name: "v", kind: "read", type: "array<u32>" },
+    { name: "flags", kind: "read_write", type: "array<atomic<u32>, 4>" },
+  ],
+  source: (c) =>
+    `fn bad(w: u32) -> bool {
+  return (((w & P.mask) + P.carry) & P.sign) != 0u;
+}
+
+@compute @workgroup_size(${c.wg})
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+  let i = (wg.x + wg.y * P.nwg_x) * ${c.wg}u + lid;
+  if (i < P.n_q && bad(q[i])) {
+    atomicMin(&flags[0], i);
+  }
+  if (i < P.n_k && bad(k[i])) {
+    atomicMin(&flags[1], i);
+  }
+  if (i < P.n_v && bad(v[i])) {
+    atomicMin(&flags[2], i);
+  }
+}
+`,
+};
+
+/** The gate kernel, as data: the cache write's indirect arguments from the flags. */
+export const FINITE_GATE: KernelDef<Record<string, never>> = {
+  name: "finite_gate",
+  uniforms: [["grid_x", "u32"], ["grid_y", "u32"]],
+  bindings: () => [
+    { name: "P", kind: "uniform" },
+    { name: "flags", kind: "read", type: "array<u32, 4>" },
+    { name: "args", kind: "read_write", type: "array<u32, 4>" },
+  ],
+  source: () =>
+    `@compute @workgroup_size(1)
+fn main() {
+  let clear = flags[0] == ${FLAG_CLEAR}u && flags[1] == ${FLAG_CLEAR}u &&
+    flags[2] == ${FLAG_CLEAR}u;
+  args[0] = select(0u, P.grid_x, clear);
+  args[1] = select(0u, P.grid_y, clear);
+  args[2] = select(0u, 1u, clear);
+  args[3] = 0u;
+}
+`,
+};
+
+/** A planned check: its kernels, Params sections and grid. */
+export interface FiniteCheckPlan {
+  check: CompiledKernel;
+  gate: CompiledKernel;
+  checkParams: Section;
+  gateParams: Section;
+  grid: [number, number];
+}
+
+/** Whole words of each checked tensor of a batch with `elements` per tensor. */
+export function checkedWords(dtype: DType, elements: readonly number[]): number[] {
+  return elements.map((n) => wordsOf(dtype, n));
+}
+
+/**
+ * Plans the check of tensors of `elements` (query, key, value; 0 for an absent one) and the
+ * gate of a cache write of grid `writeGrid` (null: nothing to gate), adding their Params to
+ * `table`.
+ */
+export async function planFiniteCheck(
+  ctx: GpuContext,
+  dtype: DType,
+  elements: readonly [number, number, number],
+  writeGrid: readonly [number, number] | null,
+  table: TableBuilder,
+): Promise<FiniteCheckPlan> {
+  const [nq, nk, nv] = checkedWords(dtype, elements);
+  const grid = dispatchSize(ctx, Math.ceil(Math.max(nq, nk, nv, 1) / WG));
+  const b = bits(dtype);
+  const checkParams = table.add(packUniforms(FINITE_CHECK, {
+    n_q: nq,
+    n_k: nk,
+    n_v: nv,
+    ...b,
+    nwg_x: grid[0],
+  }));
+  const gateParams = table.add(packUniforms(FINITE_GATE, {
+    grid_x: writeGrid?.[0] ?? 0,
+    grid_y: writeGrid?.[1] ?? 0,
+  }));
+  const [check, gate] = await Promise.all([
+    getKernel(ctx, FINITE_CHECK, { wg: WG }),
+    getKernel(ctx, FINITE_GATE, {}),
+  ]);
+  return { check, gate, checkParams, gateParams, grid };
+}
+
+/** The initial flags (every tensor clear), uploaded by each call. */
+export const CLEAR_FLAGS: Uint8Array<ArrayBuffer> = new Uint8Array(
+  new Uint32Array([FLAG_CLEAR, FLAG_CLEAR, FLAG_CLEAR, 0]).buffer,
+);
+
+/**
+ * The validator's issues for the flags read back (none when all are clear): each tensor with a
+ * bad word, named with its first non-finite element and that element's value.
+ */
+export function finiteIssues(
+  flags: Uint8Array,
+  tensors: Record<(typeof CHECKED)[number], DataArray | null>,
+): Issue[] {
+  const words = new Uint32Array(flags.buffer, flags.byteOffset, 3);
+  const issues: Issue[] = [];
+  CHECKED.forEach((name, t) => {
+    const a = tensors[name];
+    if (words[t] === FLAG_CLEAR || !a) return;
+    const per = a.dtype === "float32" ? 1 : 2;
+    const i = firstNonFiniteIn(a, words[t] * per, Math.min(a.length, (words[t] + 1) * per));
+    if (i < 0) throw new Error(`finite_check flagged ${name} word ${words[t]}, which is finite`);
+    issues.push({
+      path: [name, i],
+      message: `element ${i} is ${elementAt(a, i)} in ${a.dtype}: tensors must be finite`,
+    });
+  });
+  return issues;
+}

@@ -1,0 +1,198 @@
+/**
+ * The finiteness of a large call's query/key/value checked on the device (gpu/finite_check.ts):
+ * the service leaves the host scan of a batch of at least DEVICE_FINITE_CHECK_BYTES to a GPU
+ * plan that checks before it writes (`checks_finite`). A NaN or infinity anywhere in any of
+ * the three tensors still fails the call with the validator's 422 naming the tensor, the first
+ * bad element and its value, and the held cache is left exactly as it was (the gated cache
+ * write dispatched no workgroup); the same call with finite data matches CPU_REFERENCE. A plan
+ * without the check (a host backend) gets the host scan instead, with the same answer.
+ */
+import assert from "node:assert/strict";
+import { CPU_REFERENCE } from "../../backends/cpu/cpu_reference.ts";
+import { HostKvCache } from "../../backends/cpu/host_cache.ts";
+import { WEBGPU_DECODE } from "../../backends/webgpu_decode.ts";
+import { WEBGPU_FLASH } from "../../backends/webgpu_flash.ts";
+import { checksFiniteOnDevice, DEVICE_FINITE_CHECK_BYTES, toFloat32 } from "../../core/data.ts";
+import { ServiceError } from "../../core/errors.ts";
+import type { AttentionBackend, ForwardBatch } from "../../core/types.ts";
+import type { GpuPlan } from "../../gpu/gpu_plan.ts";
+import { GpuKvCache } from "../../gpu/kv_cache.ts";
+import { AttentionService } from "../../service/service.ts";
+import { hostInput, validHostBatch } from "../../service/host_input.ts";
+import { attachCache, validateForward } from "../../service/validate.ts";
+import { builtinBackends } from "../../backends/index.ts";
+import { type BatchSpec, generateBatch, Rng } from "../support/batches.ts";
+import { assertClose } from "../support/compare.ts";
+import { MANAGER } from "../support/gpu.ts";
+import { freshSeed, GPU, NO_GPU } from "./helpers.ts";
+
+const opts = { ignore: NO_GPU, sanitizeResources: false, sanitizeOps: false };
+
+/**
+ * 1400 decode requests of 1 to 7 keys: 4.2 MB of f16 query/key/value (over the device-check
+ * threshold) that are cheap to attend on a software adapter.
+ */
+const SPEC: BatchSpec = {
+  dtype: "float16",
+  kv_cache_dtype: "auto",
+  layout: "NHD",
+  block_size: 16,
+  head_size: 128,
+  num_heads: 8,
+  num_kv_heads: 2,
+  requests: Array.from({ length: 1400 }, (_, i) => ({ query_len: 1, seq_len: 1 + (i % 7) })),
+  return_lse: false,
+};
+
+type Tensor = "query" | "key" | "value";
+
+/** `b` with a NaN, +inf or -inf at a random element of a random tensor. */
+function poisoned(b: Omit<ForwardBatch, "cache">, rng: Rng): {
+  batch: Omit<ForwardBatch, "cache">;
+  name: Tensor;
+  at: number;
+  value: number;
+} {
+  const name = (["query", "key", "value"] as const)[rng.int(3)];
+  const a = b[name]!.slice();
+  const at = rng.int(a.length), value = [NaN, Infinity, -Infinity][rng.int(3)];
+  a[at] = value;
+  return { batch: { ...b, [name]: a }, name, at, value };
+}
+
+/** Equal bytes, else a failure naming the first difference (no multi-megabyte diff). */
+function assertSameBytes(a: Uint8Array, b: Uint8Array, label: string): void {
+  assert.equal(a.byteLength, b.byteLength, `${label}: length`);
+  const i = a.findIndex((x, j) => x !== b[j]);
+  assert.equal(i, -1, `${label}: byte ${i} is ${a[i]}, expected ${b[i]}`);
+}
+
+function assertNonFinite422(e: unknown, name: Tensor, at: number, value: number): void {
+  assert.ok(e instanceof ServiceError, String(e));
+  assert.equal(e.status, 422);
+  assert.equal(e.code, "invalid_batch");
+  const hit = e.issues?.find((i) => i.path[0] === name);
+  assert.deepEqual(hit?.path, [name, at], JSON.stringify(e.issues));
+  assert.match(hit!.message, new RegExp(`element ${at} is ${value} in float16`));
+}
+
+Deno.test(
+  "finite check: the batch is over the threshold; GPU plans check, and say so",
+  opts,
+  async () => {
+    const g = generateBatch(SPEC, freshSeed());
+    const cache = await GpuKvCache.fromBytes(GPU!, g.cache_spec!, g.key_cache, g.value_cache);
+    try {
+      const batch = validHostBatch(g.batch, cache);
+      assert.ok(checksFiniteOnDevice(batch), `${DEVICE_FINITE_CHECK_BYTES} B threshold`);
+      for (const b of [WEBGPU_FLASH, WEBGPU_DECODE] as AttentionBackend<GpuPlan>[]) {
+        const plan = await b.plan(batch, { gpu: GPU });
+        assert.equal(plan.checks_finite, true, b.name);
+        assert.deepEqual(plan.calls.slice(0, 3).map((c) => c.name), [
+          "finite_check",
+          "finite_gate",
+          "cache_write",
+        ]);
+        assert.ok(plan.calls[2].indirect, "the cache write is dispatched indirectly");
+      }
+      // A small batch keeps the host scan: no check calls.
+      const small = generateBatch({ ...SPEC, requests: SPEC.requests.slice(0, 8) }, freshSeed());
+      const c2 = await GpuKvCache.fromBytes(
+        GPU!,
+        small.cache_spec!,
+        small.key_cache,
+        small.value_cache,
+      );
+      const plan = await WEBGPU_FLASH.plan(validHostBatch(small.batch, c2), { gpu: GPU });
+      assert.equal((plan as GpuPlan).checks_finite, false);
+      assert.ok(!(plan as GpuPlan).calls.some((c) => c.name.startsWith("finite")));
+      c2.destroy();
+    } finally {
+      cache.destroy();
+    }
+  },
+);
+
+Deno.test("finite check: a deferred NaN fails on the device and writes nothing", opts, async () => {
+  const seed = freshSeed(), rng = new Rng(seed);
+  const g = generateBatch(SPEC, seed);
+  const cache = await GpuKvCache.fromBytes(GPU!, g.cache_spec!, g.key_cache, g.value_cache);
+  try {
+    const before = await cache.read();
+    for (const b of [WEBGPU_FLASH, WEBGPU_DECODE] as AttentionBackend<GpuPlan>[]) {
+      const p = poisoned(g.batch, rng);
+      // Validation leaves the scan to the device: no throw, finite_deferred.
+      const v = validateForward(
+        hostInput(p.batch, "c"),
+        {
+          spec: cache.spec,
+          storage: "webgpu",
+        },
+        undefined,
+        { deferFinite: true },
+      );
+      assert.equal(v.finite_deferred, true);
+      const batch = attachCache(v.batch, cache);
+      const plan = await b.plan(batch, { gpu: GPU });
+      await assert.rejects(
+        () => b.run(plan, batch, { gpu: GPU }),
+        (e) => (assertNonFinite422(e, p.name, p.at, p.value), true),
+        `${b.name}, seed ${seed}`,
+      );
+      const after = await cache.read();
+      assertSameBytes(after.key, before.key, `key cache unchanged (${b.name}, seed ${seed})`);
+      assertSameBytes(after.value, before.value, `value cache unchanged (${b.name})`);
+    }
+  } finally {
+    cache.destroy();
+  }
+});
+
+Deno.test(
+  "finite check: through the service, on a GPU cache and on a host cache",
+  opts,
+  async () => {
+    const seed = freshSeed(), rng = new Rng(seed);
+    const g = generateBatch(SPEC, seed);
+    const svc = new AttentionService({
+      backends: builtinBackends(),
+      device: MANAGER,
+      memoryBudgetBytes: 1 << 30,
+    });
+    const spec = g.cache_spec!;
+    const zeros = new Uint8Array(g.key_cache.byteLength);
+    const req = { ...spec, dtype: spec.dtype, kv_cache_dtype: spec.kv_cache_dtype };
+    try {
+      for (const backend of [undefined, "CPU_REFERENCE"]) {
+        const c = await svc.createCache({ ...req, backend });
+        assert.equal(c.storage, backend ? "host" : "webgpu");
+        for (let i = 0; i < 2; i++) {
+          const p = poisoned(g.batch, rng);
+          await assert.rejects(
+            () => svc.forward(hostInput(p.batch, c.id)),
+            (e) => (assertNonFinite422(e, p.name, p.at, p.value), true),
+            `${c.backend}, seed ${seed}`,
+          );
+        }
+        const unchanged = await svc.cacheData(c.id);
+        assertSameBytes(unchanged.key, zeros, `${c.backend}: key cache unchanged`);
+        assertSameBytes(unchanged.value, zeros, `${c.backend}: value cache unchanged`);
+        // The finite call runs and matches the reference on the same (zero) cache.
+        const got = await svc.forward(hostInput(g.batch, c.id));
+        const ref = HostKvCache.fromBytes(spec, zeros, zeros);
+        const want = await CPU_REFERENCE.run({}, validHostBatch(g.batch, ref), { gpu: null });
+        assertClose(toFloat32(got.result.output), toFloat32(want.output), {
+          atol: 1e-2,
+          rtol: 1e-2,
+          label: `${c.backend} output (seed ${seed})`,
+        });
+        const [x, y] = [await svc.cacheData(c.id), await ref.read()];
+        assertSameBytes(x.key, y.key, `${c.backend}: key cache after the call`);
+        assertSameBytes(x.value, y.value, `${c.backend}: value cache after the call`);
+        await svc.deleteCache(c.id);
+      }
+    } finally {
+      await svc.close();
+    }
+  },
+);

@@ -1,0 +1,162 @@
+/**
+ * What the forward path reuses between calls, and that reuse never binds stale data: bind
+ * groups are cached by the buffers they bind and timestamp query sets are pooled, so calls
+ * after the first on a held cache create neither (before, every call created a bind group per
+ * dispatch and a query set); a plan owns no GPU buffer (its table is written by each call into
+ * a pooled buffer), so new plans in a steady state create no buffer either. Every call's
+ * output and cache are checked against CPU_REFERENCE on fresh data, with calls on two caches
+ * of different shapes interleaved. A launch records its calls in one compute pass each, or
+ * all in one (`timing: "total"`, the forward path's default), and reports device times to
+ * match.
+ */
+import assert from "node:assert/strict";
+import { CPU_REFERENCE } from "../../backends/cpu/cpu_reference.ts";
+import { HostKvCache } from "../../backends/cpu/host_cache.ts";
+import { WEBGPU_FLASH } from "../../backends/webgpu_flash.ts";
+import { toFloat32 } from "../../core/data.ts";
+import type { AttentionBackend, ForwardBatch, GpuContext } from "../../core/types.ts";
+import { bindGroupsOf } from "../../gpu/bind_groups.ts";
+import { FILL } from "../../gpu/fill.ts";
+import { getKernel, packUniforms } from "../../gpu/kernel.ts";
+import { launch } from "../../gpu/launch.ts";
+import { poolOf } from "../../gpu/buffer_pool.ts";
+import type { GpuPlan } from "../../gpu/gpu_plan.ts";
+import { GpuKvCache } from "../../gpu/kv_cache.ts";
+import { validHostBatch } from "../../service/host_input.ts";
+import { type BatchSpec, generateBatch, type GeneratedBatch } from "../support/batches.ts";
+import { assertClose } from "../support/compare.ts";
+import { tolerance } from "../support/backend_check.ts";
+import { freshSeed, GPU, NO_GPU, randomArray, rng } from "./helpers.ts";
+
+const opts = { ignore: NO_GPU, sanitizeResources: false, sanitizeOps: false };
+
+const SPECS: BatchSpec[] = [
+  {
+    dtype: "float16",
+    kv_cache_dtype: "auto",
+    layout: "NHD",
+    block_size: 16,
+    head_size: 64,
+    num_heads: 4,
+    num_kv_heads: 2,
+    requests: [{ query_len: 1, seq_len: 40 }, { query_len: 1, seq_len: 17 }],
+    return_lse: true,
+  },
+  {
+    dtype: "float32",
+    kv_cache_dtype: "auto",
+    layout: "HND",
+    block_size: 16,
+    head_size: 128,
+    num_heads: 8,
+    num_kv_heads: 2,
+    requests: [{ query_len: 3, seq_len: 20 }, { query_len: 1, seq_len: 33 }],
+    return_lse: true,
+  },
+];
+
+interface Held {
+  g: GeneratedBatch;
+  gpuCache: GpuKvCache;
+  hostCache: HostKvCache;
+}
+
+/** `g`'s batch with fresh query/key/value values (same metadata). */
+function freshData(g: GeneratedBatch, seed: number): Omit<ForwardBatch, "cache"> {
+  const r = rng(seed), b = g.batch;
+  return {
+    ...b,
+    query: randomArray(r, b.query.length),
+    key: b.key ? randomArray(r, b.key.length) : null,
+    value: b.value ? randomArray(r, b.value.length) : null,
+  };
+}
+
+/** One call on both caches; the GPU's output, LSE and cache must match the reference's. */
+async function checkedCall(gpu: GpuContext, h: Held, seed: number): Promise<void> {
+  const b = WEBGPU_FLASH as AttentionBackend<GpuPlan>;
+  const data = freshData(h.g, seed);
+  const want = await CPU_REFERENCE.run({}, validHostBatch(data, h.hostCache), { gpu: null });
+  const batch = validHostBatch(data, h.gpuCache);
+  const plan = await b.plan(batch, { gpu });
+  const got = await b.run(plan, batch, { gpu });
+  const what = `${h.g.spec.dtype} call, seed ${seed}`;
+  assertClose(toFloat32(got.output), toFloat32(want.output), {
+    ...tolerance(h.g.spec),
+    label: `output (${what})`,
+  });
+  assertClose(got.lse!, want.lse!, { atol: 2e-4, rtol: 1e-5, label: `lse (${what})` });
+  const [x, y] = await Promise.all([h.gpuCache.read(), h.hostCache.read()]);
+  assert.deepEqual(x.key, y.key, `key cache (${what})`);
+  assert.deepEqual(x.value, y.value, `value cache (${what})`);
+}
+
+Deno.test("reuse: steady-state calls create no bind group, query set or buffer", opts, async () => {
+  const gpu = GPU!, pool = poolOf(gpu), groups = bindGroupsOf(gpu.device);
+  const held: Held[] = [];
+  try {
+    for (const s of SPECS) {
+      const g = generateBatch(s, freshSeed());
+      held.push({
+        g,
+        gpuCache: await GpuKvCache.fromBytes(gpu, g.cache_spec!, g.key_cache, g.value_cache),
+        hostCache: HostKvCache.fromBytes(g.cache_spec!, g.key_cache, g.value_cache),
+      });
+    }
+    for (const h of held) await checkedCall(gpu, h, freshSeed()); // warm: compile, fill pools
+    const g0 = groups.stats(), p0 = pool.stats();
+    for (let i = 0; i < 3; i++) for (const h of held) await checkedCall(gpu, h, freshSeed());
+    const g1 = groups.stats(), p1 = pool.stats();
+    assert.equal(g1.created, g0.created, "no bind group created after the warm-up calls");
+    assert.ok(g1.reused >= g0.reused + 6 * 4, `bind groups reused (${g1.reused - g0.reused})`);
+    assert.equal(p1.query_sets_created, p0.query_sets_created, "no query set created");
+    assert.equal(p1.created, p0.created, "no buffer created: plans own none");
+    assert.equal(p1.in_use, 0, "every pooled buffer was released");
+  } finally {
+    for (const h of held) h.gpuCache.destroy();
+  }
+});
+
+Deno.test("launch: one pass for all calls or one each; each call's writes land", opts, async () => {
+  const gpu = GPU!, dev = gpu.device;
+  const kernel = await getKernel(gpu, FILL, { wg: 64 });
+  const usage = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC;
+  const bufs = [dev.createBuffer({ size: 256, usage }), dev.createBuffer({ size: 256, usage })];
+  const params = [7, 9].map((pattern) => {
+    const p = dev.createBuffer({
+      size: 16,
+      usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST,
+    });
+    dev.queue.writeBuffer(p, 0, packUniforms(FILL, { n_words: 64, pattern, nwg_x: 1 }));
+    return p;
+  });
+  const calls = bufs.map((b, i) => ({
+    name: `fill${i}`,
+    kernel,
+    bind: { P: params[i], dst: b },
+    grid: [1, 1] as const,
+  }));
+  try {
+    for (const timing of ["calls", "total"] as const) {
+      const r = await launch(gpu, {
+        label: "modes",
+        uploads: [],
+        calls,
+        reads: bufs.map((b) => ({ buffer: b, bytes: 256 })),
+        timing,
+      });
+      r.parts.forEach((p, i) => {
+        const w = new Uint32Array(p.buffer, p.byteOffset, 64);
+        assert.ok(w.every((x) => x === [7, 9][i]), `${timing}: buffer ${i}`);
+      });
+      if (gpu.features.has("timestamp-query")) {
+        const keys = Object.keys(r.gpu).sort();
+        const want = timing === "calls" ? ["fill0", "fill1", "gpu"] : ["gpu"];
+        // A software adapter may write zero timestamps: then nothing is reported at all.
+        if (keys.length > 0) assert.deepEqual(keys, want, timing);
+      }
+    }
+  } finally {
+    for (const b of [...bufs, ...params]) b.destroy();
+  }
+});
