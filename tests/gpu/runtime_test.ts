@@ -66,7 +66,11 @@ Deno.test("runtime options: Dawn flag lists split on commas, pieces without = co
   const o = resolveRuntimeOptions({
     dawnFlag: ["backend=vulkan", "enable-dawn-features=allow_unsafe_apis"],
   }, {});
-  assert.deepEqual(o.dawnFlags, ["enable-dawn-features=allow_unsafe_apis", "backend=vulkan"]);
+  assert.deepEqual(o.dawnFlags, [
+    "enable-dawn-features=allow_unsafe_apis",
+    "disable-dawn-features=timestamp_quantization",
+    "backend=vulkan",
+  ]);
   assert.throws(
     () => resolveRuntimeOptions({ dawnFlag: ["novalue"] }, {}),
     /--dawn-flag: .*"novalue"/,
