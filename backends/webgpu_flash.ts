@@ -80,7 +80,10 @@ export interface FlashOptions {
   /**
    * Prefill rows that the tensor-core kernel does not take run on the split-KV kernels, each
    * query token a decode row, instead of the portable tiles (decoder layers with a paged
-   * cache). Default: ATTN_PREFILL_SPLIT=1 turns it on, otherwise off.
+   * cache, when one partial result per token and head fits a binding). On the H200 under
+   * Deno's runtime this ran causal prefill 2.2x (4 x 1024) and 2.3x (8 x 4096) faster than
+   * the tiles, on lavapipe 3.2x (2 x 256): bench/NOTES.md. Default: on, unless
+   * ATTN_PREFILL_SPLIT=0.
    */
   prefill_split?: boolean;
 }
@@ -95,9 +98,9 @@ function envMma(): boolean {
 
 function envPrefillSplit(): boolean {
   try {
-    return Deno.env.get("ATTN_PREFILL_SPLIT") === "1";
+    return Deno.env.get("ATTN_PREFILL_SPLIT") !== "0";
   } catch {
-    return false;
+    return true;
   }
 }
 
@@ -140,7 +143,14 @@ async function planFor(
   // Decode rows need the split kernels' head sizes and a cache.
   const decodes = !isEncoder(s) && DECODE_HEAD_SIZES.includes(s.layer.head_size) &&
     s.cache_spec !== null && [16, 32, 64].includes(s.cache_spec.block_size);
-  const allSplit = decodes && (o.prefill_split ?? envPrefillSplit()) && !mmaTakes(ctx, o, s);
+  // Every token a decode row needs one partial result per token and head in one binding.
+  const partLimit = Math.min(
+    ctx.limits.maxStorageBufferBindingSize ?? 2 ** 27,
+    ctx.limits.maxBufferSize ?? 2 ** 28,
+  );
+  const splitFits = s.num_tokens * s.layer.num_heads * (s.layer.head_size + 4) * 4 <= partLimit;
+  const allSplit = decodes && splitFits && (o.prefill_split ?? envPrefillSplit()) &&
+    !mmaTakes(ctx, o, s);
   const isDecode = (i: number) => decodes && (allSplit || qlen(i) <= DECODE_THRESHOLD);
   return await buildGpuPlan(ctx, s, async (table): Promise<AttentionCalls> => {
     const [d, p] = await Promise.all([

@@ -36,8 +36,14 @@ export function flashVariants(text: string | undefined): Variant[] {
     const tile = parseFlashTile(x);
     return {
       label: `WEBGPU_FLASH[${x}]`,
-      // The portable kernel with this tile, also where the tensor-core kernel could run.
-      backend: makeWebGpuFlash({ tile, decode: envDecodeTuning(), mma: false }) as AttentionBackend,
+      // The portable kernel with this tile, also where the tensor-core kernel or the split-KV
+      // kernels would take the prefill rows.
+      backend: makeWebGpuFlash({
+        tile,
+        decode: envDecodeTuning(),
+        mma: false,
+        prefill_split: false,
+      }) as AttentionBackend,
       kind: "prefill" as const,
       unfit: (gpu: GpuContext, d: number) => flashTileUnfit(d, tile, gpu.limits, Infinity),
     };

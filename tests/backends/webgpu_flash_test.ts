@@ -5,7 +5,8 @@
  * the call must hold the same bytes as the reference's. Skipped without a WebGPU adapter.
  */
 import assert from "node:assert/strict";
-import { flashConfig, WEBGPU_FLASH } from "../../backends/webgpu_flash.ts";
+import { flashConfig, makeWebGpuFlash, WEBGPU_FLASH } from "../../backends/webgpu_flash.ts";
+import { DEFAULT_DECODE_TUNING } from "../../backends/webgpu_decode_tuning.ts";
 import { ServiceError } from "../../core/errors.ts";
 import { HostKvCache } from "../../backends/cpu/host_cache.ts";
 import type { AttentionBackend } from "../../core/types.ts";
@@ -228,8 +229,14 @@ Deno.test(
       sinks: true,
     });
     const g = generateBatch(s, freshSeed());
-    const c = await WEBGPU_FLASH.importCache(g.cache_spec!, g.key_cache, g.value_cache, ctx);
-    const plan = await WEBGPU_FLASH.plan(validHostBatch(g.batch, c), ctx);
+    // Prefill rows on tiles (prefill_split off), where the split-KV default would take them.
+    const flash = makeWebGpuFlash({
+      tile: null,
+      decode: { ...DEFAULT_DECODE_TUNING },
+      prefill_split: false,
+    });
+    const c = await flash.importCache(g.cache_spec!, g.key_cache, g.value_cache, ctx);
+    const plan = await flash.plan(validHostBatch(g.batch, c), ctx);
     assert.equal(plan.info.decode_rows, 2, "two decode rows");
     assert.ok(plan.info.prefill_tiles > 0, "prefill tiles for the rest");
     assert.ok(plan.kernels.some((k) => k.startsWith("decode_split(")), plan.kernels.join(", "));
@@ -238,7 +245,7 @@ Deno.test(
       plan.kernels.some((k) => k.startsWith("flash(") || k.startsWith("flash_mma(")),
       plan.kernels.join(", "),
     );
-    WEBGPU_FLASH.disposePlan?.(plan);
+    flash.disposePlan?.(plan);
     c.destroy();
     await check(s, { minItems: 2 });
   },

@@ -69,7 +69,12 @@ TILES.forEach((tile, k) => {
     const d = [64, 32].find((x) => !flashTileUnfit(x, tile, GPU!.limits, Infinity));
     assert.ok(d, `tile ${name} fits no head size here`);
     // The portable kernel, also on devices where the tensor-core one would take f16 prefills.
-    const backend = makeWebGpuFlash({ tile, decode: { ...DEFAULT_DECODE_TUNING }, mma: false });
+    const backend = makeWebGpuFlash({
+      tile,
+      decode: { ...DEFAULT_DECODE_TUNING },
+      mma: false,
+      prefill_split: false,
+    });
     const s = base({
       head_size: d,
       num_heads: 8,
