@@ -9,18 +9,19 @@
  * and goes back to the pool. A call that finds none mapped waits for one being mapped, or
  * creates one mapped at creation.
  *
- * Used for uploads of at least {@link STAGED_UPLOAD_BYTES} when `ATTN_UPLOAD_STAGING=1`; off
- * by default. Measured on lavapipe under Dawn (a 2-core VM), it does not pay: there Dawn's
+ * Used for uploads of at least {@link STAGED_UPLOAD_BYTES} on a hardware adapter under Dawn,
+ * or wherever `ATTN_UPLOAD_STAGING=1` (`=0`: never). Measured on lavapipe under Dawn (a 2-core VM), it does not pay: there Dawn's
  * allocations are malloc'd memory that glibc recycles, so writeBuffer's 100 MB take ~9 ms,
  * and staging adds the wait for the buffers' re-mapping (0.5-7 ms: Dawn settles maps on its
  * event-loop poll). Where a host-visible allocation is costly (pinned memory on a discrete
- * GPU: the H200's prefill spent 61 ms in `encode`), it may; measure with bench/host_profile.ts
- * before turning it on. Deno's own runtime should keep it off (its `mapAsync` waits out a
+ * GPU: the H200's prefill spent 61 ms in `encode`), it does: 36 -> 12.3 ms for 100 MB on the
+ * H200. Deno's own runtime should keep it off (its `mapAsync` waits out a
  * 10 ms poll on the JS thread).
  * @module
  */
 import type { GpuContext } from "../core/types.ts";
 import { sizeClass } from "./buffer_pool.ts";
+import { isSoftwareAdapter } from "./runtime_adapter.ts";
 
 /** Uploads at least this large are staged (Dawn's ring buffer is 4 MiB). */
 export const STAGED_UPLOAD_BYTES = 4 << 20;
@@ -47,8 +48,20 @@ export function forceStagedUploads(on: boolean | null): void {
 }
 
 /** Whether `ctx`'s large uploads are staged (see the module doc; off unless asked for). */
-export function stagedUploads(_ctx: GpuContext): boolean {
-  return forced ?? false;
+export function stagedUploads(ctx: GpuContext): boolean {
+  return forced ?? stagesByDefault(ctx);
+}
+
+/**
+ * On by default for a hardware adapter under Dawn: on the H200 a 4 x 2048 prefill's 100 MB of
+ * q/k/v took 36 ms through writeBuffer and 12.3 ms through kept staging buffers
+ * (bench/host_profile.ts, bench/NOTES.md). Off under Deno's own runtime (its device objects
+ * are Deno's `GPUDevice`; each re-map waits out its 10 ms poll) and on software adapters (no
+ * gain on lavapipe).
+ */
+function stagesByDefault(ctx: GpuContext): boolean {
+  const denoRuntime = typeof GPUDevice !== "undefined" && ctx.device instanceof GPUDevice;
+  return !denoRuntime && !isSoftwareAdapter(ctx.adapter_info);
 }
 
 /** Counters (tests and the profile). */

@@ -17,7 +17,12 @@ import { type BatchSpec, generateBatch } from "../support/batches.ts";
 import { assertClose } from "../support/compare.ts";
 import { poolOf } from "../../gpu/buffer_pool.ts";
 import { launch } from "../../gpu/launch.ts";
-import { forceStagedUploads, STAGED_UPLOAD_BYTES, stagingOf } from "../../gpu/upload_staging.ts";
+import {
+  forceStagedUploads,
+  STAGED_UPLOAD_BYTES,
+  stagedUploads,
+  stagingOf,
+} from "../../gpu/upload_staging.ts";
 import { freshSeed, GPU, NO_GPU, rng } from "./helpers.ts";
 
 const opts = { ignore: NO_GPU, sanitizeResources: false, sanitizeOps: false };
@@ -126,4 +131,24 @@ Deno.test("staging: a forward with a staged query answers as with writeBuffer", 
     }
   }
   assertSameBytes(outs[0], outs[1], "staged and written outputs");
+});
+
+Deno.test("upload staging: on by default for a hardware adapter off Deno's runtime only", () => {
+  forceStagedUploads(null);
+  const hw = {
+    vendor: "nvidia",
+    architecture: "hopper",
+    device: "NVIDIA H200",
+    description: "NVIDIA: 580.159.04",
+  };
+  const soft = { ...hw, vendor: "mesa", architecture: "software", device: "llvmpipe" };
+  const fake = (device: object, adapter_info: GpuContext["adapter_info"]) =>
+    ({ device, adapter_info }) as unknown as GpuContext;
+  assert.equal(stagedUploads(fake({}, hw)), true, "a non-Deno device on a hardware adapter");
+  assert.equal(stagedUploads(fake({}, soft)), false, "a software adapter");
+  const denoDevice = Object.create(GPUDevice.prototype);
+  assert.equal(stagedUploads(fake(denoDevice, hw)), false, "Deno's own GPUDevice");
+  forceStagedUploads(true);
+  assert.equal(stagedUploads(fake(denoDevice, soft)), true, "forced on");
+  forceStagedUploads(null);
 });
