@@ -12,8 +12,8 @@ import type { GpuContext, ValidBatch } from "../core/types.ts";
 import { bindGpuPlan, type GpuPlan } from "../gpu/gpu_plan.ts";
 import { type KernelCall, launch, type LaunchSpec } from "../gpu/launch.ts";
 
-/** Passes that are not attention (the cache write and the output poisoning). */
-const NOT_ATTENTION = new Set(["cache_write", "poison"]);
+/** Passes that are not attention (cache write, output poisoning, the device finiteness check). */
+const NOT_ATTENTION = new Set(["cache_write", "poison", "finite_check", "finite_gate"]);
 
 /** What {@link deviceTime} measured. */
 export interface DeviceTime {

@@ -250,8 +250,10 @@ declare const validBrand: unique symbol;
 /**
  * One forward call that passed validation (service/validate.ts builds them, and nothing else
  * does): shapes agree with the layer, metadata is consistent, every block id and slot is in
- * range, no block repeats within a request, tensors are finite, limits hold. Backends and the
- * cache writer trust it and do not re-check.
+ * range, no block repeats within a request, limits hold, and tensors are finite: checked on the
+ * host, or, for a large batch, by the GPU plan itself before its cache write (gpu/finite_check.ts:
+ * the write is skipped and the call becomes the same 422). Backends and the cache writer trust
+ * it and do not re-check.
  */
 export interface ValidBatch extends BatchShape {
   readonly [validBrand]: true;
