@@ -10,6 +10,7 @@
  * that found its reused connection closed before any answer byte came is sent once more.
  * @module
  */
+import { concatBytes } from "../core/safetensors.ts";
 
 const encoder = new TextEncoder();
 const decoder = new TextDecoder();
@@ -196,7 +197,7 @@ export class HttpConn {
       await this.#line(conn);
     }
     while ((await this.#line(conn)) !== "") { /* trailers */ }
-    return concat(parts);
+    return concatBytes(parts);
   }
 
   async #toEnd(conn: Deno.TcpConn): Promise<Uint8Array> {
@@ -205,14 +206,4 @@ export class HttpConn {
     this.close();
     return out;
   }
-}
-
-function concat(parts: Uint8Array[]): Uint8Array {
-  const out = new Uint8Array(parts.reduce((n, p) => n + p.byteLength, 0));
-  let at = 0;
-  for (const p of parts) {
-    out.set(p, at);
-    at += p.byteLength;
-  }
-  return out;
 }

@@ -223,7 +223,11 @@ export function serializeSafetensors(
   tensors: Record<string, SafetensorsTensor>,
   metadata?: Record<string, string>,
 ): Uint8Array {
-  const parts = safetensorsParts(tensors, metadata);
+  return concatBytes(safetensorsParts(tensors, metadata));
+}
+
+/** The parts one after another in one new array. */
+export function concatBytes(parts: readonly Uint8Array[]): Uint8Array {
   const out = new Uint8Array(parts.reduce((n, p) => n + p.byteLength, 0));
   let at = 0;
   for (const p of parts) {
