@@ -42,6 +42,18 @@ export function keyRange(s: BatchShape, p: number, S: number): [number, number] 
   return [Math.max(0, p - w + 1), Math.min(S, p + w)];
 }
 
+/** Bytes of the split pass's partial results: acc[D] and (m, l, 0, 0) per item and head. */
+export const partialBytes = (items: number, heads: number, headSize: number): number =>
+  items * heads * (headSize + 4) * 4;
+
+/** The most bytes one partial-results buffer may have on `ctx` (one binding, one buffer). */
+export function partialLimit(ctx: GpuContext): number {
+  return Math.min(
+    ctx.limits.maxStorageBufferBindingSize ?? 2 ** 27,
+    ctx.limits.maxBufferSize ?? 2 ** 28,
+  );
+}
+
 /**
  * Plans the decode rows of `s`: every query token of the requests `reqs` selects. The cache
  * spec must be set (decoder or encoder_decoder).
@@ -78,13 +90,10 @@ export async function planDecodeRows(
     Math.ceil(keys / Math.max(1, shape.target / perItem)),
   );
   split = Math.ceil(split / step) * step;
-  const partLimit = Math.min(
-    ctx.limits.maxStorageBufferBindingSize ?? 2 ** 27,
-    ctx.limits.maxBufferSize ?? 2 ** 28,
-  );
+  const partLimit = partialLimit(ctx);
   const countItems = (x: number) =>
     ranges.reduce((n, r) => n + Math.max(1, Math.ceil((r[3] - r[2]) / x)), 0);
-  while (countItems(split) * H * (D + 4) * 4 > partLimit && split < 2 ** 30) split *= 2;
+  while (partialBytes(countItems(split), H, D) > partLimit && split < 2 ** 30) split *= 2;
   const items: number[] = [];
   const rowTable = new Uint32Array(4 * ranges.length);
   // Slices start at multiples of U (a step's keys then share a block); the first one masks
@@ -192,7 +201,7 @@ export async function planDecodeRows(
   ];
   return {
     calls,
-    part_bytes: Math.max(16, n * H * (D + 4) * 4),
+    part_bytes: Math.max(16, partialBytes(n, H, D)),
     rows: ranges.length,
     items: n,
     split_keys: split,

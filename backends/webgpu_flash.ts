@@ -5,8 +5,9 @@
  * through the tensor-core kernel where the device has subgroup matrices (f16/bf16 data), else
  * the FlashAttention-2 style prefill kernel (wgsl/flash_attention.wgsl: GQA-grouped tiles, K/V
  * tiles shared in workgroup memory, f32 online softmax, causal early exit, window skipping) or,
- * with `prefill_split`, the split-KV kernels with each query token a decode row. Encoder types read K/V from the call. The new K/V are written first, and all of
- * it runs in one submission with one readback (gpu/gpu_plan.ts).
+ * with `prefill_split`, the split-KV kernels with each query token a decode row. Encoder types
+ * read K/V from the call. The new K/V are written first, and all of it runs in one submission
+ * with one readback (gpu/gpu_plan.ts).
  * @module
  */
 import { DeviceUnavailableError, invalidBatch } from "../core/errors.ts";
@@ -34,8 +35,9 @@ import {
   type FlashTile,
   planPrefillRows,
 } from "./flash_plan.ts";
-import { planDecodeRows } from "./decode_plan.ts";
+import { partialBytes, partialLimit, planDecodeRows } from "./decode_plan.ts";
 import { mmaConstsOf, planMmaRows } from "./flash_mma_plan.ts";
+import type { MmaConsts } from "../gpu/flash_mma_shape.ts";
 import { mmaSupportOf } from "../gpu/flash_mma_kernel.ts";
 import type { TableBuilder } from "../gpu/plan_table.ts";
 import { isSoftware } from "./decode_shape.ts";
@@ -88,40 +90,32 @@ export interface FlashOptions {
   prefill_split?: boolean;
 }
 
-function envMma(): boolean {
+/** An on-by-default switch: off only where the variable is "0". */
+function envOn(name: string): boolean {
   try {
-    return Deno.env.get("ATTN_PREFILL_MMA") !== "0";
+    return Deno.env.get(name) !== "0";
   } catch {
     return true;
   }
 }
 
-function envPrefillSplit(): boolean {
-  try {
-    return Deno.env.get("ATTN_PREFILL_SPLIT") !== "0";
-  } catch {
-    return true;
-  }
+/** The tensor-core kernel's constants for this batch's prefill rows; null where it runs none. */
+function mmaFor(ctx: GpuContext, o: FlashOptions, s: BatchShape): MmaConsts | null {
+  if (!(o.mma ?? envOn("ATTN_PREFILL_MMA"))) return null;
+  const c = mmaConstsOf(ctx, s, mmaSupportOf(ctx));
+  return typeof c === "string" ? null : c;
 }
 
-/** Whether the tensor-core kernel runs this batch's prefill rows. */
-function mmaTakes(ctx: GpuContext, o: FlashOptions, s: BatchShape): boolean {
-  return (o.mma ?? envMma()) && typeof mmaConstsOf(ctx, s, mmaSupportOf(ctx)) !== "string";
-}
-
-/** The prefill rows on the tensor-core kernel when it can run them, else the portable one. */
+/** The prefill rows on the tensor-core kernel when it runs them (`mma`), else the portable one. */
 async function planPrefill(
   ctx: GpuContext,
-  o: FlashOptions,
+  mma: MmaConsts | null,
   s: BatchShape,
   cfg: FlashConfig,
   reqs: (i: number) => boolean,
   table: TableBuilder,
 ) {
-  if (o.mma ?? envMma()) {
-    const c = mmaConstsOf(ctx, s, mmaSupportOf(ctx));
-    if (typeof c !== "string") return await planMmaRows(ctx, s, c, reqs, table);
-  }
+  if (mma) return await planMmaRows(ctx, s, mma, reqs, table);
   return await planPrefillRows(ctx, s, cfg, reqs, table);
 }
 
@@ -143,19 +137,17 @@ async function planFor(
   // Decode rows need the split kernels' head sizes and a cache.
   const decodes = !isEncoder(s) && DECODE_HEAD_SIZES.includes(s.layer.head_size) &&
     s.cache_spec !== null && [16, 32, 64].includes(s.cache_spec.block_size);
+  const mma = mmaFor(ctx, o, s);
   // Every token a decode row needs one partial result per token and head in one binding.
-  const partLimit = Math.min(
-    ctx.limits.maxStorageBufferBindingSize ?? 2 ** 27,
-    ctx.limits.maxBufferSize ?? 2 ** 28,
-  );
-  const splitFits = s.num_tokens * s.layer.num_heads * (s.layer.head_size + 4) * 4 <= partLimit;
-  const allSplit = decodes && splitFits && (o.prefill_split ?? envPrefillSplit()) &&
-    !mmaTakes(ctx, o, s);
+  const splitFits =
+    partialBytes(s.num_tokens, s.layer.num_heads, s.layer.head_size) <= partialLimit(ctx);
+  const allSplit = decodes && splitFits && (o.prefill_split ?? envOn("ATTN_PREFILL_SPLIT")) &&
+    !mma;
   const isDecode = (i: number) => decodes && (allSplit || qlen(i) <= DECODE_THRESHOLD);
   return await buildGpuPlan(ctx, s, async (table): Promise<AttentionCalls> => {
     const [d, p] = await Promise.all([
       planDecodeRows(ctx, o.decode, s, isDecode, table),
-      planPrefill(ctx, o, s, cfg, (i) => !isDecode(i), table),
+      planPrefill(ctx, mma, s, cfg, (i) => !isDecode(i), table),
     ]);
     return {
       calls: [...(d?.calls ?? []), ...(p?.calls ?? [])],

@@ -3,9 +3,9 @@
  * (gpu/gpu_plan.ts bindGpuPlan) and launched once as a call would run (cache write, poison,
  * attention), then its attention calls are appended `reps` more times to the same submit,
  * back to back after untimed warm-up launches that run until the pass time stops falling (an
- * idle GPU runs at low clocks: an H200 idles at 345 MHz of 1980), each pass timed by timestamp-query
- * (gpu/launch.ts). Reported is the median
- * over the repetitions of each attention call's pass time and their sum per repetition.
+ * idle GPU runs at low clocks: an H200 idles at 345 MHz of 1980), each pass timed by
+ * timestamp-query (gpu/launch.ts). Reported is the median over the repetitions of each
+ * attention call's pass time and their sum per repetition.
  * @module
  */
 import type { GpuContext, ValidBatch } from "../core/types.ts";

@@ -13,7 +13,7 @@ import { numericLimits, WebGpuContext } from "./device.ts";
 import { MMA_FEATURE, type MmaSupport } from "./flash_mma_kernel.ts";
 import { DEFAULT_DAWN_FLAGS } from "./runtime_options.ts";
 
-/** Dawn's flags for the feature: the runtime's defaults (unsafe APIs, f16 on NVIDIA, timestamps). */
+/** Dawn's flags for the feature: the runtime's defaults (unsafe APIs, f16 on NVIDIA, stamps). */
 export const DAWN_MMA_FLAGS = [...DEFAULT_DAWN_FLAGS];
 
 /** The Dawn module specifier (also in the GPU pack's Deno cache). */

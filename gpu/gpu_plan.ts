@@ -5,8 +5,9 @@
  * calls in order with their bindings named symbolically, and the sizes of the per-call
  * buffers. A plan owns no GPU memory. A plan for a large batch checks the data's finiteness
  * on the device first and writes the cache only when it holds (gpu/finite_check.ts); a bad
- * call then fails with the validator's 422 after the readback, its cache unchanged. {@link runGpuPlan} acquires pooled buffers for the
- * table and the call's tensors, output, LSE and scratch, writes the table and the
+ * call then fails with the validator's 422 after the readback, its cache unchanged.
+ * {@link runGpuPlan} acquires pooled buffers for the table and the call's tensors, output, LSE
+ * and scratch, writes the table and the
  * query/key/value bytes as they came (one write each), poisons the outputs, binds (bind groups
  * are cached by buffer, gpu/bind_groups.ts, so a steady state creates none), dispatches
  * everything in one compute pass of one submission (see {@link GPU_TIMING}) and reads output

@@ -10,13 +10,12 @@
  * creates one mapped at creation.
  *
  * Used for uploads of at least {@link STAGED_UPLOAD_BYTES} on a hardware adapter under Dawn,
- * or wherever `ATTN_UPLOAD_STAGING=1` (`=0`: never). Measured on lavapipe under Dawn (a 2-core VM), it does not pay: there Dawn's
- * allocations are malloc'd memory that glibc recycles, so writeBuffer's 100 MB take ~9 ms,
- * and staging adds the wait for the buffers' re-mapping (0.5-7 ms: Dawn settles maps on its
- * event-loop poll). Where a host-visible allocation is costly (pinned memory on a discrete
- * GPU: the H200's prefill spent 61 ms in `encode`), it does: 36 -> 12.3 ms for 100 MB on the
- * H200. Deno's own runtime should keep it off (its `mapAsync` waits out a
- * 10 ms poll on the JS thread).
+ * or wherever `ATTN_UPLOAD_STAGING=1` (`=0`: never). Measured on lavapipe under Dawn (a 2-core
+ * VM), it does not pay: there Dawn's allocations are malloc'd memory that glibc recycles, so
+ * writeBuffer's 100 MB take ~9 ms, and staging adds the wait for the buffers' re-mapping
+ * (0.5-7 ms: Dawn settles maps on its event-loop poll). Where a host-visible allocation is
+ * costly (pinned memory on a discrete GPU) it does: 36 -> 12.3 ms for 100 MB on the H200.
+ * Deno's own runtime keeps it off (its `mapAsync` waits out a 10 ms poll on the JS thread).
  * @module
  */
 import type { GpuContext } from "../core/types.ts";
@@ -47,7 +46,7 @@ export function forceStagedUploads(on: boolean | null): void {
   forced = on;
 }
 
-/** Whether `ctx`'s large uploads are staged (see the module doc; off unless asked for). */
+/** Whether `ctx`'s large uploads are staged (see the module doc). */
 export function stagedUploads(ctx: GpuContext): boolean {
   return forced ?? stagesByDefault(ctx);
 }
