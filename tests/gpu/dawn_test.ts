@@ -12,6 +12,7 @@ import { selectRuntime } from "../../gpu/runtime.ts";
 import { loadDawnRuntime } from "../../gpu/runtime_dawn.ts";
 import { completionRoundTrip } from "../../gpu/runtime_device.ts";
 import { DEFAULT_DAWN_FLAGS } from "../../gpu/runtime_options.ts";
+import { dispatchIntoBuffer } from "../support/dispatch.ts";
 
 const FLAGS = [...DEFAULT_DAWN_FLAGS];
 const DAWN = await loadDawnRuntime(FLAGS);
@@ -113,31 +114,7 @@ Deno.test("dawn: subgroup builtins compile without `enable subgroups;` in the so
       layout: "auto",
       compute: { module, entryPoint: "main" },
     });
-    const out = dev.createBuffer({
-      size: 256,
-      usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC,
-    });
-    const rd = dev.createBuffer({
-      size: 256,
-      usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
-    });
-    const enc = dev.createCommandEncoder();
-    const pass = enc.beginComputePass();
-    pass.setPipeline(pipeline);
-    pass.setBindGroup(
-      0,
-      dev.createBindGroup({
-        layout: pipeline.getBindGroupLayout(0),
-        entries: [{ binding: 0, resource: { buffer: out } }],
-      }),
-    );
-    pass.dispatchWorkgroups(1);
-    pass.end();
-    enc.copyBufferToBuffer(out, 0, rd, 0, 256);
-    dev.queue.submit([enc.finish()]);
-    await rd.mapAsync(GPUMapMode.READ);
-    const got = new Uint32Array(rd.getMappedRange().slice(0));
-    rd.unmap();
+    const got = new Uint32Array(await dispatchIntoBuffer(dev, pipeline, 256));
     // Every lane holds its subgroup's size, which the adapter bounds.
     const min = ctx.adapter_info.subgroup_min_size ?? 1;
     const max = ctx.adapter_info.subgroup_max_size ?? 128;

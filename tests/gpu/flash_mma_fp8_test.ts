@@ -8,6 +8,7 @@ import assert from "node:assert/strict";
 import { FP8_E4M3_TABLE, FP8_E5M2_TABLE } from "../../core/dtype.ts";
 import { acquireMmaDevice } from "../../gpu/flash_mma_device.ts";
 import { FP8_TO_F16 } from "../../gpu/flash_mma_staging.ts";
+import { dispatchIntoBuffer } from "../support/dispatch.ts";
 
 const acquired = await acquireMmaDevice();
 const ctx = acquired.ctx;
@@ -33,32 +34,7 @@ fn main(@builtin(local_invocation_index) x: u32) {
     layout: "auto",
     compute: { module, entryPoint: "main" },
   });
-  const usage = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC;
-  const out = dev.createBuffer({ size: 1024, usage });
-  const read = dev.createBuffer({
-    size: 1024,
-    usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
-  });
-  const e = dev.createCommandEncoder();
-  const pass = e.beginComputePass();
-  pass.setPipeline(pipeline);
-  pass.setBindGroup(
-    0,
-    dev.createBindGroup({
-      layout: pipeline.getBindGroupLayout(0),
-      entries: [{ binding: 0, resource: { buffer: out } }],
-    }),
-  );
-  pass.dispatchWorkgroups(1);
-  pass.end();
-  e.copyBufferToBuffer(out, 0, read, 0, 1024);
-  dev.queue.submit([e.finish()]);
-  await read.mapAsync(GPUMapMode.READ);
-  const got = new Float32Array(read.getMappedRange().slice(0));
-  read.unmap();
-  out.destroy();
-  read.destroy();
-  return got;
+  return new Float32Array(await dispatchIntoBuffer(dev, pipeline, 1024));
 }
 
 Deno.test({
