@@ -13,7 +13,8 @@
  * dispatches them (the GPU's time then shows in `map`, and `gpu` reports it).
  *
  * Run: `deno run -A bench/host_profile.ts [--runtime deno|dawn] [--case decode|prefill|all]
- * [--iters N] [--prefill-iters N] [--layers N] [--kernels] [--json]`. On this project's CPU
+ * [--iters N] [--prefill-iters N] [--layers N] [--kernels] [--gap-ms MS] [--json]`. `--gap-ms`
+ * idles between calls (with `--kernels`: does the GPU's share grow when calls are sparse?). On this project's CPU
  * machines Dawn runs in the trixie chroot (see the team guide). `ATTN_UPLOAD_STAGING=0|1`
  * forces large uploads through writeBuffer or mapped staging (gpu/upload_staging.ts),
  * `ATTN_GPU_TIMING=calls` times each dispatch in its own pass (gpu/gpu_plan.ts). The last line
@@ -52,6 +53,7 @@ const { values: a } = parseArgs({
     "prefill-iters": { type: "string", default: "6" },
     layers: { type: "string", default: "1" },
     kernels: { type: "boolean", default: false },
+    "gap-ms": { type: "string", default: "0" },
     json: { type: "boolean", default: false },
   },
 });
@@ -139,6 +141,9 @@ const pct = (x: number[], p: number) => {
 
 type Samples = Record<string, number[]>;
 
+/** Idle time between calls (`--gap-ms`): sparse calls, as a server between requests sees them. */
+const gapMs = Number(a["gap-ms"]);
+
 async function timeCalls(
   service: AttentionService,
   inputs: () => ForwardInput,
@@ -155,6 +160,7 @@ async function timeCalls(
       if (i === 0) continue; // compiles and pools fill on the first call
       const t: Record<string, number> = { ...r.result.timings, wall };
       for (const k of PHASES) if (t[k] !== undefined) (out[k] ??= []).push(t[k]);
+      if (gapMs > 0) await new Promise((r) => setTimeout(r, gapMs));
     }
   }
   return out;
