@@ -160,6 +160,10 @@ async function timeCalls(
       if (i === 0) continue; // compiles and pools fill on the first call
       const t: Record<string, number> = { ...r.result.timings, wall };
       for (const k of PHASES) if (t[k] !== undefined) (out[k] ??= []).push(t[k]);
+      // ATTN_GPU_TIMING=calls: each dispatch's device time (gpu_<call name>).
+      for (const k in t) {
+        if (k.startsWith("gpu_") && k !== "gpu_and_readback") (out[k] ??= []).push(t[k]);
+      }
       if (gapMs > 0) await new Promise((r) => setTimeout(r, gapMs));
     }
   }
@@ -171,7 +175,7 @@ function report(
   s: Samples,
 ): Record<string, { p50: number; p10: number; p90: number }> {
   const rows: Record<string, { p50: number; p10: number; p90: number }> = {};
-  for (const k of PHASES) {
+  for (const k of [...PHASES, ...Object.keys(s).filter((k) => !PHASES.includes(k))]) {
     if (!s[k]) continue;
     rows[k] = { p50: median(s[k]), p10: pct(s[k], 0.1), p90: pct(s[k], 0.9) };
   }
