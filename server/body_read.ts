@@ -58,6 +58,11 @@ export class BodyBuffer {
       if (this.declared >= 0 && 2 * this.total >= this.declared) this.#gather(this.declared);
       return;
     }
+    if (this.total === 0 && chunk.byteLength === this.declared && chunk.byteOffset % 8 === 0) {
+      this.#buf = chunk; // the whole body in one chunk (as the HTTP workers send it): kept
+      this.total = chunk.byteLength;
+      return;
+    }
     if (this.total + chunk.byteLength > this.#buf.byteLength) this.#grow(chunk.byteLength);
     this.#buf.set(chunk, this.total);
     this.total += chunk.byteLength;

@@ -60,7 +60,7 @@ class Seqs {
 }
 
 Deno.test("forward over HTTP: prefill, decode, chunked prefill on a held float32 cache (JSON)", async () => {
-  const srv = startServer();
+  const srv = await startServer();
   try {
     const info = await srv.client.createCache({
       num_blocks: NB,
@@ -107,7 +107,7 @@ Deno.test("forward over HTTP: prefill, decode, chunked prefill on a held float32
 });
 
 Deno.test("forward over HTTP: float16 through the safetensors transport, HND cache", async () => {
-  const srv = startServer();
+  const srv = await startServer();
   try {
     const info = await srv.client.createCache({
       num_blocks: NB,
@@ -136,7 +136,7 @@ Deno.test("forward over HTTP: float16 through the safetensors transport, HND cac
 });
 
 Deno.test("forward over HTTP: base64 in → base64 out; output_encoding overrides", async () => {
-  const srv = startServer();
+  const srv = await startServer();
   try {
     const info = await srv.client.createCache({
       num_blocks: NB,
@@ -185,7 +185,7 @@ Deno.test("forward over HTTP: base64 in → base64 out; output_encoding override
 });
 
 Deno.test("forward over HTTP: inline caches (HND, float16 storage) leave no trace", async () => {
-  const srv = startServer();
+  const srv = await startServer();
   try {
     // Context of 6 tokens for one request already in an inline cache, plus 2 new tokens.
     const ctxLen = 6, newLen = 2, nb = 3, table = [2, 0];
@@ -243,7 +243,7 @@ Deno.test("forward over HTTP: inline caches (HND, float16 storage) leave no trac
 });
 
 Deno.test("forward over HTTP: encoder_only (no cache, non-causal) and layer options", async () => {
-  const srv = startServer();
+  const srv = await startServer();
   try {
     const lens = [3, 4], T = 7;
     const q = rand(T * H * D).map(Math.fround), k = rand(T * HKV * D).map(Math.fround);
@@ -300,7 +300,7 @@ Deno.test("forward over HTTP: encoder_only (no cache, non-causal) and layer opti
 });
 
 Deno.test("forward over HTTP: the answer's Server-Timing header carries the handler's parse", async () => {
-  const srv = startServer();
+  const srv = await startServer();
   try {
     const T = 6;
     const q = rand(T * H * D).map(Math.fround), k = rand(T * HKV * D).map(Math.fround);
