@@ -103,7 +103,7 @@ function declaresWholeBody(bytes: Uint8Array): boolean {
   const text = new TextDecoder("latin1").decode(bytes.subarray(0, 8192));
   const end = /\r?\n\r?\n/.exec(text);
   if (end === null) return false;
-  const head = text.slice(0, end.index + 1);
+  const head = text.slice(0, end.index + end[0].length);
   const cl = /\ncontent-length:\s*(\d+)\r?\n/i.exec(head);
   if (cl === null) return !/\ntransfer-encoding:/i.test(head);
   return bytes.length - (end.index + end[0].length) >= Number(cl[1]);
