@@ -31,6 +31,7 @@ import { sharedJsonDecoder } from "./json_decoder.ts";
 import { MAX_JSON_VALUES } from "../wire/json_scan.ts";
 import { INSTANCE_HEADER, INSTANCE_NAME_PATTERN } from "../wire/names.ts";
 import { DEFAULT_SHUTDOWN_DEADLINE_MS, Drainer } from "./shutdown.ts";
+import { serveLentBodies } from "./lent_body.ts";
 
 /** Default memory budget for server-held caches: 4 GiB. */
 export const DEFAULT_MEMORY_BUDGET_BYTES = 4 * 1024 ** 3;
@@ -253,7 +254,7 @@ async function main(): Promise<void> {
       const h = hostname.includes(":") ? `[${hostname}]` : hostname;
       console.log(`listening on http://${h}:${port}`);
     },
-  }, named(drainer.track(handler), o.instanceName));
+  }, serveLentBodies(named(drainer.track(handler), o.instanceName)));
   let stopping = false;
   const stop = async (sig: string) => {
     if (stopping) {

@@ -15,6 +15,7 @@ import { AttentionApiError, AttentionClient } from "../../client/client.ts";
 import type { AccessPolicy } from "../../server/auth.ts";
 import { createHandler } from "../../server/handler.ts";
 import { Metrics } from "../../server/metrics.ts";
+import { serveLentBodies } from "../../server/lent_body.ts";
 import { AttentionService } from "../../service/service.ts";
 
 /** A device provider with no device (local fake: no dependency on gpu/). */
@@ -79,7 +80,10 @@ export function startServer(opts: {
     log: (_m, e) => errors.push(e),
     instance: opts.instance,
   });
-  const server = Deno.serve({ port: 0, hostname: "127.0.0.1", onListen: () => {} }, handler);
+  const server = Deno.serve(
+    { port: 0, hostname: "127.0.0.1", onListen: () => {} },
+    serveLentBodies(handler),
+  );
   const url = `http://127.0.0.1:${server.addr.port}`;
   return {
     url,
