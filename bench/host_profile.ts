@@ -16,8 +16,10 @@
  * [--iters N] [--prefill-iters N] [--layers N] [--kernels] [--json]`. On this project's CPU
  * machines Dawn runs in the trixie chroot (see the team guide). `ATTN_UPLOAD_STAGING=0|1`
  * forces large uploads through writeBuffer or mapped staging (gpu/upload_staging.ts),
- * `ATTN_GPU_TIMING=calls` times each dispatch in its own pass (gpu/gpu_plan.ts). The last line
- * says what was reused (bind groups, buffers, staging, plans).
+ * `ATTN_GPU_TIMING=calls` times each dispatch in its own pass (gpu/gpu_plan.ts). Each result is
+ * released after its call, as the server does once an answer was delivered, so read-backs reuse
+ * the host pool's memory (gpu/host_pool.ts). The last line says what was reused (bind groups,
+ * buffers, host memory, staging, plans).
  * @module
  */
 import { parseArgs } from "node:util";
@@ -26,6 +28,7 @@ import type { AttentionBackend } from "../core/types.ts";
 import { GPU_TIMING, type GpuPlan } from "../gpu/gpu_plan.ts";
 import { bindGroupsOf } from "../gpu/bind_groups.ts";
 import { poolOf } from "../gpu/buffer_pool.ts";
+import { hostPool } from "../gpu/host_pool.ts";
 import { stagedUploads, stagingOf } from "../gpu/upload_staging.ts";
 import { dataArray } from "../core/data.ts";
 import { selectRuntime } from "../gpu/runtime.ts";
@@ -152,6 +155,7 @@ async function timeCalls(
       const t0 = performance.now();
       const r = await service.forward(input);
       const wall = performance.now() - t0;
+      r.result.release?.(); // as the server does once the answer was delivered
       if (i === 0) continue; // compiles and pools fill on the first call
       const t: Record<string, number> = { ...r.result.timings, wall };
       for (const k of PHASES) if (t[k] !== undefined) (out[k] ??= []).push(t[k]);
@@ -244,6 +248,7 @@ try {
   results.reuse = {
     bind_groups: bindGroupsOf(gpu.device).stats(),
     buffers: poolOf(gpu).stats(),
+    host_memory: hostPool.stats(),
     upload_staging: { on: stagedUploads(gpu), ...stagingOf(gpu).stats() },
     plans: service.plans.stats(),
     gpu_timing: GPU_TIMING,
