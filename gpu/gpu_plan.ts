@@ -145,6 +145,14 @@ export interface BoundGpuPlan {
   release(): void;
 }
 
+/** Each planned call's bindings as a list, built once per plan (a plan serves many calls). */
+const bindLists = new WeakMap<GpuPlan, [string, BindRef][][]>();
+function bindListsOf(p: GpuPlan): [string, BindRef][][] {
+  let l = bindLists.get(p);
+  if (!l) bindLists.set(p, l = p.calls.map((c) => Object.entries(c.bind)));
+  return l;
+}
+
 /**
  * Binds plan `p` to batch `b` on `gpu`: pooled buffers for the plan's table and the call's
  * tensors, output, LSE and scratch, the uploads of the table and of the query/key/value bytes
@@ -203,9 +211,10 @@ export function bindGpuPlan(p: GpuPlan, b: ValidBatch, gpu: GpuContext): BoundGp
       if (!buf) throw new Error(`the plan binds ${r.io}, which this batch does not carry`);
       return buf;
     };
-    const calls: KernelCall[] = p.calls.map((c) => {
+    const binds = bindListsOf(p);
+    const calls: KernelCall[] = p.calls.map((c, i) => {
       const bind: Record<string, Bound> = {};
-      for (const [k, r] of Object.entries(c.bind)) bind[k] = resolve(r);
+      for (const [k, r] of binds[i]) bind[k] = resolve(r);
       if (c.cache) Object.assign(bind, (cache as GpuKvCache).bindMap());
       const call: KernelCall = { name: c.name, kernel: c.kernel, bind, grid: c.grid };
       if (c.indirect) {
