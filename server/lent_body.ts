@@ -13,7 +13,7 @@
  *   resolves it from `op_http_set_response_body_resource` once the response finished (on
  *   HTTP/1.1, `write_h1_stream_response` awaits each chunk's write and the final flush first;
  *   deno ext/http/http_next.rs, 2.9), or rejects it when the answer could not be sent (nothing
- *   more is written then).
+ *   more is written then). HTTP/2 is not claimed (see {@link serveLentBodies}).
  * - **A consumer that copies** (`await res.arrayBuffer()`, a front that forwards the bytes)
  *   passes the promise of its copy.
  * A Uint8Array body is never used for lent memory: Deno keeps it without saying when it was
@@ -56,13 +56,19 @@ export function releaseWhenDelivered(res: Response, settled: Promise<unknown>): 
   settled.then(release, release);
 }
 
-/** A Deno.serve handler that tells lent answer bodies when Deno delivered them. */
+/**
+ * A Deno.serve handler that tells lent answer bodies when Deno delivered them, on HTTP/1.1.
+ * A request without a Host header (HTTP/2, whose requests carry `:authority` instead, or an
+ * HTTP/1.0 one) is left unclaimed: Deno serves HTTP/2 through hyper, which resolves
+ * `completed` when it drops the body, possibly before the last DATA frames it buffered are
+ * sent, so that memory is never reused (the garbage collector takes it).
+ */
 export function serveLentBodies(
   handler: (req: Request) => Promise<Response>,
 ): (req: Request, info: Deno.ServeHandlerInfo) => Promise<Response> {
   return async (req, info) => {
     const res = await handler(req);
-    if (lent.has(res)) releaseWhenDelivered(res, info.completed);
+    if (lent.has(res) && req.headers.has("host")) releaseWhenDelivered(res, info.completed);
     return res;
   };
 }

@@ -130,3 +130,35 @@ Deno.test("lent body: an answer nobody claims is never released, even once read"
   await new Promise((r) => setTimeout(r, 10));
   assert.equal(released, 0);
 });
+
+Deno.test("lent body: released after an HTTP/1.1 answer, never after an HTTP/2 (h2c) one", async () => {
+  let released = 0;
+  const server = Deno.serve(
+    { port: 0, hostname: "127.0.0.1", onListen() {} },
+    serveLentBodies(() =>
+      Promise.resolve(
+        lentBodyResponse([new Uint8Array([7, 8, 9])], () => released++, { headers: {} }),
+      )
+    ),
+  );
+  const curl = async (http2: boolean) => {
+    const args = ["-s", ...(http2 ? ["--http2-prior-knowledge"] : []), "-o", "-"];
+    const out = await new Deno.Command("curl", {
+      args: [...args, `http://127.0.0.1:${server.addr.port}/`],
+      stdout: "piped",
+    }).output();
+    assert.ok(out.success, "curl failed");
+    assert.deepEqual([...out.stdout], [7, 8, 9]);
+  };
+  const settle = () => new Promise((r) => setTimeout(r, 50));
+  try {
+    await curl(true);
+    await settle();
+    assert.equal(released, 0, "HTTP/2 answer's memory was released for reuse");
+    await curl(false);
+    await settle();
+    assert.equal(released, 1, "HTTP/1.1 answer's memory was not released");
+  } finally {
+    await server.shutdown();
+  }
+});
