@@ -34,6 +34,7 @@ import { MAX_JSON_VALUES } from "../wire/json_scan.ts";
 import { INSTANCE_HEADER, INSTANCE_NAME_PATTERN } from "../wire/names.ts";
 import { DEFAULT_SHUTDOWN_DEADLINE_MS, Drainer } from "./shutdown.ts";
 import { serveWithWorkers } from "./worker_front.ts";
+import { serveLentBodies } from "./lent_body.ts";
 
 /** Default memory budget for server-held caches: 4 GiB. */
 export const DEFAULT_MEMORY_BUDGET_BYTES = 4 * 1024 ** 3;
@@ -295,7 +296,7 @@ async function main(): Promise<void> {
   const serve = named(drainer.track(handler), o.instanceName);
   let server: { shutdown(): Promise<void>; finished: Promise<void> };
   if (o.httpWorkers === 0) {
-    server = Deno.serve({ port: o.port, hostname: o.host, onListen }, serve);
+    server = Deno.serve({ port: o.port, hostname: o.host, onListen }, serveLentBodies(serve));
   } else {
     try {
       server = await serveWithWorkers({

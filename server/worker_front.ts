@@ -14,6 +14,7 @@
  */
 import type { AccessPolicy } from "./auth.ts";
 import { type ErrorLogger, problemResponse, toProblem } from "./problem.ts";
+import { releaseWhenDelivered } from "./lent_body.ts";
 import {
   type BodyMessage,
   checkFromWorker,
@@ -167,7 +168,9 @@ class Lane {
   async #answer(id: number, res: Response): Promise<void> {
     let body: ArrayBuffer | null = null;
     try {
-      body = res.body === null ? null : await res.arrayBuffer();
+      const copy = res.body === null ? Promise.resolve(null) : res.arrayBuffer();
+      releaseWhenDelivered(res, copy); // a lent body's memory goes back once copied
+      body = await copy;
     } catch (e) {
       res = problemResponse(toProblem(e, undefined, this.log));
       body = await res.arrayBuffer();

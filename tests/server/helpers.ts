@@ -17,6 +17,7 @@ import { DEFAULT_MAX_BODY_BYTES } from "../../server/body.ts";
 import { createHandler } from "../../server/handler.ts";
 import { serveWithWorkers } from "../../server/worker_front.ts";
 import { Metrics } from "../../server/metrics.ts";
+import { serveLentBodies } from "../../server/lent_body.ts";
 import { AttentionService } from "../../service/service.ts";
 
 /** A device provider with no device (local fake: no dependency on gpu/). */
@@ -97,7 +98,7 @@ export async function startServer(opts: {
       maxBodyBytes: opts.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES,
       log: (_m, e) => errors.push(e),
     }, handler)
-    : Deno.serve({ port: 0, hostname: "127.0.0.1", onListen: () => {} }, handler);
+    : Deno.serve({ port: 0, hostname: "127.0.0.1", onListen: () => {} }, serveLentBodies(handler));
   const url = `http://127.0.0.1:${server.addr.port}`;
   return {
     url,
