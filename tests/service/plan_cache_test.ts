@@ -69,13 +69,12 @@ Deno.test("plan cache: hits by shape, misses on other metadata, backend or devic
   const host = { gpu: null };
   const a = await cache.get(b, shapeOf(input(9)), host);
   a.release();
-  const t0 = performance.now();
+  // A hit's speed is a bench figure (bench/host_hot.ts), not a timed test: under CI load a
+  // wall-clock bound failed here (5.6 ms) while the hit itself was right.
   const again = await cache.get(b, shapeOf(input(9)), host);
-  const hitMs = performance.now() - t0;
   again.release();
   assert.equal(again.plan, a.plan);
   assert.ok(again.hit && !a.hit);
-  assert.ok(hitMs < 1, `a hit took ${hitMs.toFixed(3)} ms`);
   assert.equal(made.length, 1);
   (await cache.get(b, shapeOf(input(10)), host)).release(); // seq_lens changed
   (await cache.get(b, shapeOf(input(9, [1, 2, 4])), host)).release(); // block table changed
