@@ -17,11 +17,10 @@
  * @module
  */
 import { parseArgs } from "node:util";
-import { builtinBackends, WebGpuDeviceManager } from "../mod.ts";
+import { builtinBackends } from "../mod.ts";
 import type { AttentionBackend } from "../core/types.ts";
 import { BackendRegistry } from "../backends/registry.ts";
-import { selectRuntime } from "../gpu/runtime.ts";
-import { resolveRuntimeOptions, runtimeEnv } from "../gpu/runtime_options.ts";
+import { benchDevice } from "./bench_device.ts";
 import { deviceSummary } from "../gpu/runtime_report.ts";
 import { GpuKvCache } from "../gpu/kv_cache.ts";
 import { bindGpuPlan, type GpuPlan } from "../gpu/gpu_plan.ts";
@@ -58,16 +57,7 @@ function threadCpuClock(): (() => number) | null {
 }
 const cpu = a.wall ? null : threadCpuClock();
 const now = cpu ?? (() => performance.now());
-const device = new WebGpuDeviceManager({
-  selection: await selectRuntime(
-    resolveRuntimeOptions({ runtime: a.runtime }, runtimeEnv(), "--runtime"),
-  ),
-});
-const gpu = await device.acquire();
-if (!gpu) {
-  console.error(`no WebGPU device: ${device.report().reason}`);
-  Deno.exit(2);
-}
+const { device, gpu } = await benchDevice(a.runtime);
 const s = BIG_SHAPE, layout = layoutOf(s, 7);
 const spec = {
   num_blocks: layout.num_blocks,

@@ -24,15 +24,14 @@
  * @module
  */
 import { parseArgs } from "node:util";
-import { AttentionService, builtinBackends, WebGpuDeviceManager } from "../mod.ts";
+import { AttentionService, builtinBackends } from "../mod.ts";
 import type { AttentionBackend } from "../core/types.ts";
 import { GPU_TIMING, type GpuPlan } from "../gpu/gpu_plan.ts";
 import { bindGroupsOf } from "../gpu/bind_groups.ts";
 import { poolOf } from "../gpu/buffer_pool.ts";
 import { hostPool } from "../gpu/host_pool.ts";
 import { stagedUploads, stagingOf } from "../gpu/upload_staging.ts";
-import { selectRuntime } from "../gpu/runtime.ts";
-import { resolveRuntimeOptions, runtimeEnv } from "../gpu/runtime_options.ts";
+import { benchDevice } from "./bench_device.ts";
 import { deviceSummary } from "../gpu/runtime_report.ts";
 import { completionRoundTrip } from "../gpu/runtime_device.ts";
 import type { ForwardInput } from "../service/validate.ts";
@@ -146,16 +145,7 @@ function report(
   return rows;
 }
 
-const device = new WebGpuDeviceManager({
-  selection: await selectRuntime(
-    resolveRuntimeOptions({ runtime: a.runtime }, runtimeEnv(), "--runtime"),
-  ),
-});
-const gpu = await device.acquire();
-if (!gpu) {
-  console.error(`no WebGPU device: ${device.report().reason}`);
-  Deno.exit(2);
-}
+const { device, gpu } = await benchDevice(a.runtime);
 const shape = BIG_SHAPE;
 const layout = layoutOf(shape, 7);
 const backends = a.kernels ? builtinBackends() : builtinBackends().map(hostOnly);

@@ -9,25 +9,14 @@
  * @module
  */
 import { parseArgs } from "node:util";
-import { WebGpuDeviceManager } from "../gpu/device.ts";
-import { selectRuntime } from "../gpu/runtime.ts";
-import { resolveRuntimeOptions, runtimeEnv } from "../gpu/runtime_options.ts";
+import { benchDevice } from "./bench_device.ts";
 import { deviceSummary } from "../gpu/runtime_report.ts";
 
 const median = (a: number[]) => [...a].sort((x, y) => x - y)[Math.floor(a.length / 2)];
 const f = (x: number) => (x >= 100 ? x.toFixed(0) : x.toPrecision(3));
 
 const a = parseArgs({ args: Deno.args, options: { runtime: { type: "string" } } }).values;
-const mgr = new WebGpuDeviceManager({
-  selection: await selectRuntime(
-    resolveRuntimeOptions({ runtime: a.runtime }, runtimeEnv(), "--runtime"),
-  ),
-});
-const gpu = await mgr.acquire();
-if (!gpu) {
-  console.error(`no device: ${mgr.report().reason}`);
-  Deno.exit(2);
-}
+const { device: mgr, gpu } = await benchDevice(a.runtime);
 console.log(`runtime: ${deviceSummary(mgr.report())}`);
 const dev = gpu.device;
 const sizes = [256 << 10, 4 << 20, 64 << 20, 128 << 20]

@@ -12,18 +12,12 @@ import {
   forwardBodyToSafetensors,
 } from "../../wire/client_codec.ts";
 import { maxAbsDiff, rand, refAttention, startServer, to3d } from "./helpers.ts";
-import { BS, D, H, HKV, NB, Seqs, TABLE } from "./seqs.ts";
+import { BS, D, F32_CACHE, H, HKV, NB, Seqs, TABLE } from "./seqs.ts";
 
 Deno.test("forward over HTTP: prefill, decode, chunked prefill on a held float32 cache (JSON)", async () => {
   const srv = await startServer();
   try {
-    const info = await srv.client.createCache({
-      num_blocks: NB,
-      block_size: BS,
-      num_kv_heads: HKV,
-      head_size: D,
-      dtype: "float32",
-    });
+    const info = await srv.client.createCache(F32_CACHE);
     const seqs = new Seqs(Math.fround);
     for (
       const [name, lens] of [["prefill", [5, 3]], ["decode", [1, 1]], ["mixed", [1, 2]]] as const
@@ -93,13 +87,7 @@ Deno.test("forward over HTTP: float16 through the safetensors transport, HND cac
 Deno.test("forward over HTTP: base64 in → base64 out; output_encoding overrides", async () => {
   const srv = await startServer();
   try {
-    const info = await srv.client.createCache({
-      num_blocks: NB,
-      block_size: BS,
-      num_kv_heads: HKV,
-      head_size: D,
-      dtype: "float32",
-    });
+    const info = await srv.client.createCache(F32_CACHE);
     const seqs = new Seqs(Math.fround);
     const { body, refOut } = seqs.step([2, 3], "float32");
     const b64 = (t: { dtype: string; shape: number[]; data?: number[] }) => ({
@@ -223,13 +211,7 @@ Deno.test("forward over HTTP: encoder_only (no cache, non-causal) and layer opti
     assert.ok(maxAbsDiff(ans.output.values, ref) < 2e-5, "encoder_only");
 
     // Decoder with sliding window, soft cap, ALiBi, sinks and a custom scale.
-    const info = await srv.client.createCache({
-      num_blocks: NB,
-      block_size: BS,
-      num_kv_heads: HKV,
-      head_size: D,
-      dtype: "float32",
-    });
+    const info = await srv.client.createCache(F32_CACHE);
     const opts = {
       scale: 0.7,
       sliding_window: 3,

@@ -11,7 +11,7 @@ import { serveWithWorkers } from "../../server/worker_front.ts";
 import { checkFromWorker, checkResponse } from "../../server/worker_protocol.ts";
 import { maxAbsDiff, serverMode, startServer } from "./helpers.ts";
 import { rawExchange, rawRequest } from "./raw_http.ts";
-import { BS, D, HKV, NB, Seqs } from "./seqs.ts";
+import { D, F32_CACHE, Seqs } from "./seqs.ts";
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
@@ -30,13 +30,7 @@ Deno.test("http workers: 8 concurrent clients on their own caches match the refe
   const srv = await withWorkers(2, () => startServer());
   try {
     const client = async (c: number) => {
-      const info = await srv.client.createCache({
-        num_blocks: NB,
-        block_size: BS,
-        num_kv_heads: HKV,
-        head_size: D,
-        dtype: "float32",
-      });
+      const info = await srv.client.createCache(F32_CACHE);
       const seqs = new Seqs(Math.fround);
       for (const [step, lens] of [[0, [5, 3]], [1, [1, 1]], [2, [1, 1]], [3, [1, 2]]] as const) {
         const { body, refOut, T } = seqs.step([...lens], "float32");

@@ -8,6 +8,14 @@ import { rand, refAttention, type RefOptions, to3d } from "./helpers.ts";
 
 /** The layer and cache shape of the forward tests. */
 export const H = 4, HKV = 2, D = 8, BS = 4, NB = 10;
+/** The server-held float32 cache these sequences live in (`createCache`'s request). */
+export const F32_CACHE = {
+  num_blocks: NB,
+  block_size: BS,
+  num_kv_heads: HKV,
+  head_size: D,
+  dtype: "float32",
+} as const;
 /** Logical → physical blocks per request; unused columns hold an out-of-range id on purpose. */
 export const TABLE = [[7, 2, 999], [5, 9, 1]];
 
