@@ -53,7 +53,14 @@ export function makeWebGpuDecode(
         calls: d.calls,
         scratch: { part: d.part_bytes },
         kernels: [d.key],
-        info: { decode_rows: d.rows, decode_items: d.items, split_keys: d.split_keys },
+        info: {
+          decode_rows: d.rows,
+          decode_items: d.items,
+          split_keys: d.split_keys,
+          decode_split_rows: d.split_rows,
+          decode_epilogue: d.epilogue,
+          decode_table_entries: d.table_entries,
+        },
       };
     });
   }

@@ -1,0 +1,173 @@
+/**
+ * WEBGPU_DECODE's issue-8 knobs against CPU_REFERENCE on fresh random hostile batches (permuted
+ * block table, NaN in unread slots, outputs poisoned): `direct_single` (rows cut into one slice
+ * write their output from the split pass), `fused_reduce` (the last workgroup of a row merges
+ * the partials: one dispatch), `stage_table` (block-table entries in workgroup memory), and the
+ * `waves` slice policy. Every knob runs on the GPU kernel shape (several key groups a
+ * workgroup) over batches with window, soft cap, ALiBi, sinks, LSE, fp8 / bf16 / f32 caches,
+ * HND and NHD, and rows of several slices beside rows of one; the plan's counts prove which
+ * path ran. The fused reduce also runs repeatedly, interleaved with other plans and
+ * concurrently: its device-owned partials must be back to zero after every dispatch
+ * (wgsl/decode_fused.wgsl), and a stale word would show as a wrong row in a later call.
+ */
+import assert from "node:assert/strict";
+import {
+  type DecodeTuning,
+  DEFAULT_DECODE_TUNING,
+  makeWebGpuDecode,
+} from "../../backends/webgpu_decode.ts";
+import type { AttentionBackend } from "../../core/types.ts";
+import { type BatchSpec, generateBatch } from "../support/batches.ts";
+import { checkBackend } from "../support/backend_check.ts";
+import { validHostBatch } from "../../service/host_input.ts";
+import { GpuKvCache } from "../../gpu/kv_cache.ts";
+import { freshSeed, GPU, NO_GPU } from "../gpu/helpers.ts";
+
+const GPU_SHAPE = { workgroup_size: 128, keys_per_iter: 4, kv_heads_per_group: 1 };
+const MANY = { target_workgroups: 4096, min_split_keys: 16 };
+
+/** Rows of several slices and of one, an empty request, a padded block table. */
+const REQUESTS = [
+  { query_len: 1, seq_len: 700 },
+  { query_len: 1, seq_len: 90, pad: 1 },
+  { query_len: 0, seq_len: 9 },
+  { query_len: 1, seq_len: 5 },
+  { query_len: 1, seq_len: 1 },
+];
+
+const SPECS: [string, BatchSpec][] = [
+  ["f16, fp8_e4m3 cache, HND, window, sinks, ALiBi, soft cap, LSE", {
+    dtype: "float16",
+    kv_cache_dtype: "fp8_e4m3",
+    k_scale: 0.5,
+    v_scale: 2,
+    layout: "HND",
+    block_size: 16,
+    head_size: 128,
+    num_heads: 8,
+    num_kv_heads: 2,
+    requests: REQUESTS,
+    sliding_window: 300,
+    sinks: true,
+    alibi: true,
+    logits_soft_cap: 6,
+    return_lse: true,
+  }],
+  ["bf16, bf16 cache, NHD, GQA8 hd64 bs32, sinks, soft cap, LSE, 3-token rows", {
+    dtype: "bfloat16",
+    kv_cache_dtype: "bfloat16",
+    layout: "NHD",
+    block_size: 32,
+    head_size: 64,
+    num_heads: 16,
+    num_kv_heads: 2,
+    requests: [{ query_len: 1, seq_len: 1000 }, { query_len: 1, seq_len: 40 }, {
+      query_len: 3,
+      seq_len: 200,
+      pad: 2,
+    }],
+    sinks: true,
+    logits_soft_cap: 4,
+    return_lse: true,
+  }],
+  ["f32, f32 cache, MHA hd128 bs64, ALiBi, window, LSE", {
+    dtype: "float32",
+    kv_cache_dtype: "auto",
+    layout: "NHD",
+    block_size: 64,
+    head_size: 128,
+    num_heads: 4,
+    num_kv_heads: 4,
+    requests: [{ query_len: 1, seq_len: 513 }, { query_len: 1, seq_len: 17 }],
+    alibi: true,
+    sliding_window: 400,
+    return_lse: true,
+  }],
+];
+
+interface Expect {
+  epilogue: number;
+  /** Staged block-table entries > 0. */
+  staged?: boolean;
+  /** Rows of several slices and rows of one both present (default true). */
+  mixed?: boolean;
+}
+
+const KNOBS: [string, Partial<DecodeTuning>, Expect][] = [
+  ["direct_single off (every slice a partial, reduce pass)", { direct_single: false }, {
+    epilogue: 0,
+  }],
+  ["direct_single", { direct_single: true }, { epilogue: 1 }],
+  ["fused_reduce", { fused_reduce: true }, { epilogue: 2 }],
+  ["stage_table", { stage_table: true }, { epilogue: 1, staged: true }],
+  ["fused_reduce + stage_table + prefetch", {
+    fused_reduce: true,
+    stage_table: true,
+    prefetch: true,
+  }, { epilogue: 2, staged: true }],
+  ["waves 2 x 24 workgroups, fused", { waves: 2, wave_workgroups: 24, fused_reduce: true }, {
+    epilogue: 2,
+  }],
+  ["waves 1 x 4 workgroups: the rows fill it, no split", { waves: 1, wave_workgroups: 4 }, {
+    epilogue: 1,
+    mixed: false,
+  }],
+];
+
+const backendOf = (t: Partial<DecodeTuning>) =>
+  makeWebGpuDecode({ ...DEFAULT_DECODE_TUNING, ...GPU_SHAPE, ...MANY, ...t }) as AttentionBackend;
+
+/** The plan's counts for `s` under `b` (what ran: epilogue, staging, split rows). */
+async function planInfo(b: AttentionBackend, s: BatchSpec): Promise<Record<string, number>> {
+  const g = generateBatch(s, freshSeed());
+  const cache = await GpuKvCache.fromBytes(GPU!, g.cache_spec!, g.key_cache, g.value_cache);
+  try {
+    const plan = await b.plan(validHostBatch(g.batch, cache), { gpu: GPU });
+    b.disposePlan?.(plan);
+    return (plan as { info: Record<string, number> }).info;
+  } finally {
+    cache.destroy();
+  }
+}
+
+for (const [kname, tuning, expect] of KNOBS) {
+  for (const [sname, spec] of SPECS) {
+    Deno.test(`decode knob ${kname}: ${sname}`, { ignore: NO_GPU }, async () => {
+      const b = backendOf(tuning);
+      const info = await planInfo(b, spec);
+      const what = JSON.stringify(info);
+      assert.equal(info.decode_epilogue, expect.epilogue, what);
+      assert.equal(info.decode_table_entries > 0, expect.staged ?? false, what);
+      if (!(expect.mixed ?? true)) {
+        assert.equal(info.decode_items, info.decode_rows, `no row cut (${what})`);
+      } else if (expect.epilogue === 0) {
+        assert.ok(info.decode_items > info.decode_rows, `rows of several slices (${what})`);
+        assert.equal(info.decode_split_rows, info.decode_rows, `every row reduced (${what})`);
+      } else {
+        assert.ok(info.decode_split_rows > 0, `rows of several slices (${what})`);
+        assert.ok(info.decode_split_rows < info.decode_rows, `rows of one slice (${what})`);
+      }
+      await checkBackend(b, GPU!, spec);
+    });
+  }
+}
+
+Deno.test(
+  "decode fused_reduce: repeated and interleaved plans leave the partials clean",
+  { ignore: NO_GPU },
+  async () => {
+    const fused = backendOf({ fused_reduce: true });
+    const staged = backendOf({ fused_reduce: true, stage_table: true, waves: 2 });
+    for (let r = 0; r < 2; r++) {
+      for (const [, spec] of SPECS) {
+        await checkBackend(fused, GPU!, spec, { minItems: 4 });
+        await checkBackend(staged, GPU!, spec);
+      }
+    }
+  },
+);
+
+Deno.test("decode fused_reduce: concurrent calls in flight", { ignore: NO_GPU }, async () => {
+  const fused = backendOf({ fused_reduce: true });
+  await Promise.all(SPECS.map(([, spec]) => checkBackend(fused, GPU!, spec, { minItems: 4 })));
+});
