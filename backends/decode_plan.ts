@@ -41,6 +41,9 @@ export interface DecodeRowsPlan {
   key: string;
 }
 
+/** Most bytes of partials the fused reduce keeps in its device-owned buffer (beyond: epi 1). */
+export const FUSED_PART_BYTES = 64 * 2 ** 20;
+
 /** The item / row field of a row cut into one slice that writes its output itself. */
 const NONE = 0xffffffff;
 
@@ -104,7 +107,7 @@ export async function planDecodeRows(
     step: nkg * shape.u,
     target: shape.target,
   });
-  const epi = epilogueMode(ctx, tuning, shape, g.nchunk);
+  let epi = epilogueMode(ctx, tuning, shape, g.nchunk);
   // Partial slots: every item (epi 0), else the items of rows cut into several.
   const slotsAt = (x: number) =>
     spans.reduce((n, sp) => {
@@ -113,6 +116,8 @@ export async function planDecodeRows(
     }, 0);
   const partLimit = partialLimit(ctx);
   while (partialBytes(slotsAt(split), H, D) > partLimit && split < 2 ** 30) split *= 2;
+  // The fused reduce's partials stay allocated on the device: big ones take the reduce pass.
+  if (epi === 2 && partialBytes(slotsAt(split), H, D) > FUSED_PART_BYTES) epi = 1;
   const items: number[] = [];
   const rows: number[] = []; // row table: token, first slot, slot count, first counter
   let slots = 0;

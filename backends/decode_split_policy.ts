@@ -4,9 +4,12 @@
  * - `waves` 0: the total key count over a target workgroup count (`target_workgroups`: 2048 on
  *   GPUs), the original heuristic, whatever the rows look like.
  * - `waves` > 0: from the rows' key counts and the device's wave (`wave_workgroups`, the split
- *   workgroups it runs at once): rows are not cut at all when they alone give `waves` waves of
- *   workgroups (long batches, or short contexts), else the shortest slice whose workgroups stay
- *   within `waves` waves, so the last wave is as full as the lengths allow.
+ *   workgroups it runs at once). A slice of length L costs its workgroup `slice_overhead + L`
+ *   key-times (prologue, merge and partials being the overhead), and W(L) workgroups run in
+ *   ceil(W / wave) waves, so the call takes about ceil(W(L) / wave) x (slice_overhead + L): the
+ *   length minimising that, over the lengths whose waves stay within `waves` (or within what
+ *   the rows need uncut, when that is more). Short contexts and batches whose rows fill the
+ *   waves are not cut; a wave is filled as far as the lengths allow.
  * @module
  */
 import type { DecodeTuning } from "./webgpu_decode_tuning.ts";
@@ -32,21 +35,25 @@ const roundUp = (x: number, m: number) => Math.max(m, Math.ceil(x / m) * m);
 
 /** The slice length for `x` under `t` (see the module doc). */
 export function sliceLength(t: DecodeTuning, x: SliceInput): number {
-  const longest = roundUp(Math.max(1, ...x.spans), x.step);
+  const longest = roundUp(x.spans.reduce((a, b) => Math.max(a, b), 1), x.step);
   if (t.waves <= 0) {
     const keys = x.spans.reduce((a, b) => a + b, 0);
     const len = Math.max(t.min_split_keys, Math.ceil(keys / Math.max(1, x.target / x.perItem)));
     return roundUp(len, x.step);
   }
-  const want = t.waves * Math.max(1, t.wave_workgroups);
+  const wave = Math.max(1, t.wave_workgroups);
+  const wavesOf = (len: number) => Math.ceil((sliceCount(x.spans, len) * x.perItem) / wave);
+  const cap = Math.max(t.waves, wavesOf(longest));
   const least = roundUp(t.min_split_keys, x.step);
-  if (x.spans.length * x.perItem >= want || longest <= least) return longest;
-  // The shortest length in [least, longest] whose slices fit `want` (count falls with length).
-  let lo = least / x.step, hi = longest / x.step;
-  while (lo < hi) {
-    const mid = Math.floor((lo + hi) / 2);
-    if (sliceCount(x.spans, mid * x.step) * x.perItem <= want) hi = mid;
-    else lo = mid + 1;
+  let best = longest, bestCost = wavesOf(longest) * (t.slice_overhead + longest);
+  // Every distinct slice count of the longest row, down to the least slice.
+  for (let c = 2; c <= Math.ceil(longest / least); c++) {
+    const len = roundUp(Math.ceil(longest / c), x.step);
+    if (len < least) break;
+    const w = wavesOf(len);
+    if (w > cap) break;
+    const cost = w * (t.slice_overhead + len);
+    if (cost < bestCost) [best, bestCost] = [len, cost];
   }
-  return lo * x.step;
+  return best;
 }

@@ -27,13 +27,16 @@ export interface DecodeTuning {
    * CPU core on software adapters. */
   target_workgroups: number;
   /** 0: the slice length aims at `target_workgroups`. Otherwise the slices are cut from the
-   * context lengths so that the split pass fills at most this many waves of `wave_workgroups`
-   * (backends/decode_split_policy.ts): no split where the rows alone fill them (long batches,
-   * short contexts), else the shortest slice that keeps within them. */
+   * context lengths and the device's wave (backends/decode_split_policy.ts): the length that
+   * minimises waves x (slice_overhead + length), using at most this many waves of
+   * `wave_workgroups` (or what the uncut rows need); no split where cutting does not pay. */
   waves: number;
   /** Split-pass workgroups the device runs at once (one wave). WebGPU reports no SM count:
    * 528 = 132 SMs x 4 (an H200 at four 128-lane workgroups an SM); a tuning value. */
   wave_workgroups: number;
+  /** What a split workgroup costs beyond its keys (prologue, merge, partial), in keys: the
+   * `waves` policy's price of one more slice. */
+  slice_overhead: number;
   /** Fewest keys per slice. */
   min_split_keys: number;
   /** false: never use subgroup operations (the workgroup-memory fallback). */
@@ -74,6 +77,7 @@ export const DEFAULT_DECODE_TUNING: Readonly<DecodeTuning> = Object.freeze({
   prefetch: false,
   waves: 0,
   wave_workgroups: 528,
+  slice_overhead: 192,
   direct_single: true,
   fused_reduce: false,
   stage_table: false,

@@ -16,7 +16,9 @@ import {
   DEFAULT_DECODE_TUNING,
   makeWebGpuDecode,
 } from "../../backends/webgpu_decode.ts";
-import type { AttentionBackend } from "../../core/types.ts";
+import type { AttentionBackend, GpuContext } from "../../core/types.ts";
+import { sliceCount, sliceLength } from "../../backends/decode_split_policy.ts";
+import { epilogueMode } from "../../backends/decode_shape.ts";
 import { type BatchSpec, generateBatch } from "../support/batches.ts";
 import { checkBackend } from "../support/backend_check.ts";
 import { validHostBatch } from "../../service/host_input.ts";
@@ -108,7 +110,11 @@ const KNOBS: [string, Partial<DecodeTuning>, Expect][] = [
   ["waves 2 x 24 workgroups, fused", { waves: 2, wave_workgroups: 24, fused_reduce: true }, {
     epilogue: 2,
   }],
-  ["waves 1 x 4 workgroups: the rows fill it, no split", { waves: 1, wave_workgroups: 4 }, {
+  ["waves of one workgroup, a slice costing more than any row: no split", {
+    waves: 1,
+    wave_workgroups: 1,
+    slice_overhead: 100000,
+  }, {
     epilogue: 1,
     mixed: false,
   }],
@@ -170,4 +176,58 @@ Deno.test(
 Deno.test("decode fused_reduce: concurrent calls in flight", { ignore: NO_GPU }, async () => {
   const fused = backendOf({ fused_reduce: true });
   await Promise.all(SPECS.map(([, spec]) => checkBackend(fused, GPU!, spec, { minItems: 4 })));
+});
+
+const POLICY = { ...DEFAULT_DECODE_TUNING, min_split_keys: 64 };
+const H200_ROWS = { perItem: 8, step: 32, target: 2048 };
+
+Deno.test("decode slice policy: waves 0 keeps the target heuristic", () => {
+  const len = sliceLength(POLICY, { ...H200_ROWS, spans: Array(32).fill(2048) });
+  assert.equal(len, 256, "65536 keys over 2048 / 8 workgroups, a multiple of 32");
+  assert.equal(sliceLength(POLICY, { ...H200_ROWS, spans: [10, 3] }), 64, "min_split_keys");
+});
+
+Deno.test("decode slice policy: waves fill the device's waves from the lengths", () => {
+  const t = { ...POLICY, waves: 4, wave_workgroups: 396 };
+  // 32 x 2048: 256 uncut workgroups are 0.65 of a wave; 3 slices of 704 fill 1.94 waves.
+  const a = sliceLength(t, { ...H200_ROWS, spans: Array(32).fill(2048) });
+  assert.equal(a, 704);
+  assert.equal(sliceCount(Array(32).fill(2048), a) * 8, 768);
+  // Rows that fill the waves alone (1024 x 512 keys: 8192 workgroups) are not cut.
+  assert.equal(sliceLength(t, { ...H200_ROWS, spans: Array(1024).fill(512) }), 512);
+  // Short contexts are not cut: a slice's overhead buys nothing.
+  assert.equal(sliceLength(t, { ...H200_ROWS, spans: [40, 7, 1] }), 64);
+  // One long row among short ones is cut; lengths stay multiples of the step.
+  const b = sliceLength(t, { ...H200_ROWS, spans: [30000, 40, 7] });
+  assert.ok(b % 32 === 0 && b < 30000 && b >= 64, `${b}`);
+  assert.ok(sliceCount([30000, 40, 7], b) * 8 <= 4 * 396, `within the waves cap (${b})`);
+});
+
+Deno.test("decode epilogue: only GPU shapes with bindings to spare", () => {
+  const fake = (perStage: number) =>
+    ({
+      limits: { maxStorageBuffersPerShaderStage: perStage },
+    }) as unknown as GpuContext;
+  const shape = {
+    sg: true,
+    lpk: 16,
+    hg: 4,
+    tiles: 1,
+    kh: 1,
+    u: 4,
+    wg: 128,
+    target: 2048,
+    shared: 2600,
+    shared_limit: 16384,
+  };
+  const fused = { ...DEFAULT_DECODE_TUNING, fused_reduce: true };
+  assert.equal(epilogueMode(fake(8), fused, shape, 1), 2);
+  assert.equal(epilogueMode(fake(8), DEFAULT_DECODE_TUNING, shape, 1), 1, "direct_single");
+  assert.equal(epilogueMode(fake(8), fused, shape, 2), 0, "5 + 2 x 2 chunks > 8 bindings");
+  assert.equal(epilogueMode(fake(10), fused, shape, 2), 2);
+  assert.equal(epilogueMode(fake(8), fused, { ...shape, wg: 16 }, 1), 0, "one key group");
+  assert.equal(
+    epilogueMode(fake(8), { ...fused, direct_single: false, fused_reduce: false }, shape, 1),
+    0,
+  );
 });
