@@ -118,6 +118,8 @@ export async function planDecodeRows(
   while (partialBytes(slotsAt(split), H, D) > partLimit && split < 2 ** 30) split *= 2;
   // The fused reduce's partials stay allocated on the device: big ones take the reduce pass.
   if (epi === 2 && partialBytes(slotsAt(split), H, D) > FUSED_PART_BYTES) epi = 1;
+  // direct_single changes nothing when every row is cut: keep the plain kernel then.
+  if (epi === 1 && spans.every((sp) => sp > split)) epi = 0;
   const items: number[] = [];
   const rows: number[] = []; // row table: token, first slot, slot count, first counter
   let slots = 0;

@@ -31,15 +31,17 @@
 //                                 k_begin, row: its row-table entry, NONE for a row cut into
 //                                 one slice under EPI > 0); block table at P.bt_off:
 //                                 [num_reqs * max_blocks] i32; ALiBi slopes at P.slope_off:
-//                                 [num_heads] f32 bits; (token table and sinks: reduce pass)
+//                                 [num_heads] f32 bits; row table at P.tok_off and sinks at
+//                                 P.sink_off (the reduce pass's; the epilogue's, EPI > 0)
 //   3 storage  part  : [num_slots * num_heads * D / 4 + num_slots * num_heads] vec4<f32>
 //                      read_write; acc of (slot, head) at (slot * H + h) * D / 4;
 //                      (m, l, 0, 0) at P.ml_off + slot * H + h. Under EPI 2 the same layout
-//                      as array<atomic<u32>> words (wgsl/decode_fused.wgsl)
+//                      as array<atomic<u32>> words, then one counter per (row of several
+//                      slices, kv head block, head tile) at word P.cnt_off (decode_fused.wgsl)
 //   with EPI > 0 (wgsl/decode_epilogue.wgsl), before the cache:
 //     out   : [num_tokens, num_heads, D] in the data dtype (out_put4), rows cut into one slice
+//             (every row under EPI 2)
 //     lse   : [num_heads, num_tokens] f32
-//     cnt   : (EPI 2) [rows of several slices * per_item] atomic<u32>, zero between dispatches
 //   then k0..k{NCHUNK-1}, v0..v{NCHUNK-1} : [blocks_per_chunk * block_words / 4]
 //                      vec4<u32>, the paged cache chunks (storage-dtype bytes; generated
 //                      accessors load_k4/load_v4(block, word), KV)
@@ -52,8 +54,8 @@
 //   (generated), TB / TBN (block-table entries staged in workgroup memory, 0: none; array
 //   size), EPI (0: every slice writes a partial for the reduce pass; 1: a row cut into one
 //   slice writes its output here; 2: also the reduce fused, wgsl/decode_fused.wgsl) and
-//   EPILOGUE (those files). Core WGSL only: the query is read in its dtype's words and decoded; dot
-//   products, the softmax and the accumulators are f32.
+//   EPILOGUE (those files). Core WGSL only: the query is read in its dtype's words and
+//   decoded; dot products, the softmax and the accumulators are f32.
 
 {{KV}}
 
