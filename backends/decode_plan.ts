@@ -1,10 +1,11 @@
 /**
  * Planning split-KV decoding for the rows of a batch (WEBGPU_DECODE runs every row this way;
  * WEBGPU_FLASH its decode rows): {@link planDecodeRows} turns each query token of the chosen
- * requests into work items (slices of the keys that token may see), picks the kernel shape
- * and the slice length from the key counts and a target workgroup count, compiles the split
- * and reduce kernels (cached per device), and adds their Params and the item / block-table /
- * slope / row / sink table to the plan table. A query token at position p sees keys
+ * requests into work items (slices of the keys that token may see), picks the kernel shape,
+ * the slice length (backends/decode_split_policy.ts) and how the split kernel ends (rows of
+ * one slice written directly, the reduce fused or a reduce pass: backends/decode_shape.ts
+ * epilogueMode), compiles the kernels (cached per device), and adds their Params and the item /
+ * block-table / slope / row / sink table to the plan table. A query token at position p sees keys
  * [max(0, p - w + 1), p + 1) under a causal mask (window w), so each token is its own decode
  * row: a request of query length n > 1 is n rows.
  * @module
