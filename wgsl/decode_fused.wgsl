@@ -50,8 +50,49 @@ fn put_word(w: u32, x: f32) {
   atomicStore(&part[w], bitcast<u32>(x) ^ XM);
 }
 
-fn take_word(w: u32) -> u32 {
-  return atomicLoad(&part[w]);
+// Slice s's partial of query head h (accumulator columns 4i .. 4i + 3 of its flat head), or the
+// neutral (NEG, 0, 0) when not `valid` (past the row, or this workgroup's own slice: slot 0's
+// words are read then, and ignored); `seen`: every word read was written in this dispatch.
+struct Part {
+  m: f32,
+  l: f32,
+  acc: vec4<f32>,
+  seen: bool,
+}
+
+fn take_part(s: u32, valid: bool, h: u32, a4: u32) -> Part {
+  let t = select(0u, s, valid);
+  let mw = (P.ml_off + t * P.num_heads + h) * 4u;
+  let aw = ((t * P.num_heads) * D4 + a4) * 4u;
+  let wm = atomicLoad(&part[mw]);
+  let wl = atomicLoad(&part[mw + 1u]);
+  let wa = vec4<u32>(
+    atomicLoad(&part[aw]),
+    atomicLoad(&part[aw + 1u]),
+    atomicLoad(&part[aw + 2u]),
+    atomicLoad(&part[aw + 3u]),
+  );
+  let seen = !valid || (wm != 0u && wl != 0u && all(wa != vec4<u32>(0u)));
+  return Part(
+    select(NEG, bitcast<f32>(wm ^ XM), valid),
+    select(0.0, bitcast<f32>(wl ^ XM), valid),
+    select(vec4<f32>(0.0), bitcast<vec4<f32>>(wa ^ vec4<u32>(XM)), valid),
+    seen,
+  );
+}
+
+// The running (m, l, acc) of a merge after partial p.
+struct Run {
+  m: f32,
+  l: f32,
+  acc: vec4<f32>,
+}
+
+fn merge(r: Run, p: Part) -> Run {
+  let m2 = max(r.m, p.m);
+  let a = exp(r.m - m2);
+  let b = exp(p.m - m2);
+  return Run(m2, r.l * a + p.l * b, r.acc * a + p.acc * b);
 }
 
 fn partial(tok: u32, slot: u32, row: u32, hq0: u32, grp: u32, lid: u32) {
@@ -89,31 +130,19 @@ fn partial(tok: u32, slot: u32, row: u32, hq0: u32, grp: u32, lid: u32) {
   for (var i = lid; i < F * D4; i += WG) {
     let f = i / D4;
     let h = hq0 + f;
-    var m = 0.0;
-    var l = 0.0;
-    var o = vec4<f32>(0.0);
+    let a4 = hq0 * D4 + i; // this lane's accumulator vec4 in slot 0 (slot s: + s * H * D4)
+    var r = Run(wfin[f].x, wfin[f].y, wacc[i]);
     for (var t = 0u; t < SPIN; t++) {
-      m = wfin[f].x;
-      l = wfin[f].y;
-      o = wacc[i];
+      r = Run(wfin[f].x, wfin[f].y, wacc[i]);
       var seen = true;
-      for (var s = first; s < first + n; s++) {
-        if (s == slot) {
-          continue;
-        }
-        let mw = (P.ml_off + s * H + h) * 4u;
-        let aw = ((s * H + hq0) * D4 + i) * 4u;
-        let wm = take_word(mw);
-        let wl = take_word(mw + 1u);
-        let wa = vec4<u32>(take_word(aw), take_word(aw + 1u), take_word(aw + 2u), take_word(aw + 3u));
-        seen = seen && wm != 0u && wl != 0u && all(wa != vec4<u32>(0u));
-        let ms = bitcast<f32>(wm ^ XM);
-        let m2 = max(m, ms);
-        let a = exp(m - m2);
-        let b = exp(ms - m2);
-        l = l * a + bitcast<f32>(wl ^ XM) * b;
-        o = o * a + bitcast<vec4<f32>>(wa ^ vec4<u32>(XM)) * b;
-        m = m2;
+      // Four slices at a time: their 24 loads are issued before any of them is used.
+      for (var s = first; s < first + n; s += 4u) {
+        let p0 = take_part(s, s != slot, h, a4);
+        let p1 = take_part(s + 1u, s + 1u < first + n && s + 1u != slot, h, a4);
+        let p2 = take_part(s + 2u, s + 2u < first + n && s + 2u != slot, h, a4);
+        let p3 = take_part(s + 3u, s + 3u < first + n && s + 3u != slot, h, a4);
+        seen = seen && p0.seen && p1.seen && p2.seen && p3.seen;
+        r = merge(merge(merge(merge(r, p0), p1), p2), p3);
       }
       if (seen) {
         break;
@@ -129,7 +158,7 @@ fn partial(tok: u32, slot: u32, row: u32, hq0: u32, grp: u32, lid: u32) {
         atomicStore(&part[aw + 3u], 0u);
       }
     }
-    finish(tok, h, i % D4, m, l, o);
+    finish(tok, h, i % D4, r.m, r.l, r.acc);
   }
   // The (m, l) words once every lane of their head has read them.
   workgroupBarrier();
