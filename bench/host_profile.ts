@@ -13,11 +13,14 @@
  * dispatches them (the GPU's time then shows in `map`, and `gpu` reports it).
  *
  * Run: `deno run -A bench/host_profile.ts [--runtime deno|dawn] [--case decode|prefill|all]
- * [--iters N] [--prefill-iters N] [--layers N] [--kernels] [--json]`. On this project's CPU
+ * [--iters N] [--prefill-iters N] [--layers N] [--kernels] [--gap-ms MS] [--json]`. `--gap-ms`
+ * idles between calls (with `--kernels`: does the GPU's share grow when calls are sparse?). On this project's CPU
  * machines Dawn runs in the trixie chroot (see the team guide). `ATTN_UPLOAD_STAGING=0|1`
  * forces large uploads through writeBuffer or mapped staging (gpu/upload_staging.ts),
- * `ATTN_GPU_TIMING=calls` times each dispatch in its own pass (gpu/gpu_plan.ts). The last line
- * says what was reused (bind groups, buffers, staging, plans).
+ * `ATTN_GPU_TIMING=calls` times each dispatch in its own pass (gpu/gpu_plan.ts). Each result is
+ * released after its call, as the server does once an answer was delivered, so read-backs reuse
+ * the host pool's memory (gpu/host_pool.ts). The last line says what was reused (bind groups,
+ * buffers, host memory, staging, plans).
  * @module
  */
 import { parseArgs } from "node:util";
@@ -26,23 +29,15 @@ import type { AttentionBackend } from "../core/types.ts";
 import { GPU_TIMING, type GpuPlan } from "../gpu/gpu_plan.ts";
 import { bindGroupsOf } from "../gpu/bind_groups.ts";
 import { poolOf } from "../gpu/buffer_pool.ts";
+import { hostPool } from "../gpu/host_pool.ts";
 import { stagedUploads, stagingOf } from "../gpu/upload_staging.ts";
-import { dataArray } from "../core/data.ts";
 import { selectRuntime } from "../gpu/runtime.ts";
 import { resolveRuntimeOptions, runtimeEnv } from "../gpu/runtime_options.ts";
 import { deviceSummary } from "../gpu/runtime_report.ts";
 import { completionRoundTrip } from "../gpu/runtime_device.ts";
 import type { ForwardInput } from "../service/validate.ts";
-import {
-  BIG_SHAPE,
-  type HttpShape,
-  KV_EXP,
-  type Layout,
-  layoutOf,
-  Q_EXP,
-  randomF16,
-  slotOf,
-} from "./http_workload.ts";
+import { BIG_SHAPE, layoutOf } from "./http_workload.ts";
+import { callInput } from "./host_inputs.ts";
 
 const { values: a } = parseArgs({
   options: {
@@ -52,6 +47,7 @@ const { values: a } = parseArgs({
     "prefill-iters": { type: "string", default: "6" },
     layers: { type: "string", default: "1" },
     kernels: { type: "boolean", default: false },
+    "gap-ms": { type: "string", default: "0" },
     json: { type: "boolean", default: false },
   },
 });
@@ -87,47 +83,6 @@ function hostOnly(b: AttentionBackend): AttentionBackend {
   } as AttentionBackend;
 }
 
-const f16Tensor = (bits: Uint16Array, shape: number[]) => ({
-  dtype: "float16" as const,
-  shape,
-  array: dataArray("float16", new Uint8Array(bits.buffer, bits.byteOffset, bits.byteLength)),
-  encoding: "binary" as const,
-});
-const ints = (v: ArrayLike<number>, shape = [v.length]) => ({ shape, values: Int32Array.from(v) });
-
-/** One call's request: `reqs` requests [r0, r0 + reqs), `len` new tokens at positions p0.. . */
-function callInput(
-  s: HttpShape,
-  l: Layout,
-  cache: string,
-  seed: number,
-  r0: number,
-  reqs: number,
-  p0: number,
-  len: number,
-): ForwardInput {
-  const T = reqs * len, H = s.num_heads, Hkv = s.num_kv_heads, D = s.head_size;
-  const slots: number[] = [];
-  for (let r = r0; r < r0 + reqs; r++) {
-    for (let j = 0; j < len; j++) slots.push(slotOf(s, l, r, p0 + j));
-  }
-  const bt = l.block_table.subarray(r0 * l.max_blocks, (r0 + reqs) * l.max_blocks);
-  return {
-    dtype: "float16",
-    layer: { num_heads: H, num_kv_heads: Hkv, head_size: D },
-    query: f16Tensor(randomF16(seed, T * H * D, Q_EXP), [T, H, D]),
-    key: f16Tensor(randomF16(seed + 1, T * Hkv * D, KV_EXP), [T, Hkv, D]),
-    value: f16Tensor(randomF16(seed + 2, T * Hkv * D, KV_EXP), [T, Hkv, D]),
-    metadata: {
-      query_start_loc: ints(Array.from({ length: reqs + 1 }, (_, i) => i * len)),
-      seq_lens: ints(new Array(reqs).fill(p0 + len)),
-      block_table: ints(bt, [reqs, l.max_blocks]),
-      slot_mapping: ints(slots),
-    },
-    kv_cache: cache,
-  } as ForwardInput;
-}
-
 const median = (x: number[]) => {
   const s = [...x].sort((p, q) => p - q);
   return s.length === 0 ? NaN : s[Math.floor(s.length / 2)];
@@ -138,6 +93,9 @@ const pct = (x: number[], p: number) => {
 };
 
 type Samples = Record<string, number[]>;
+
+/** Idle time between calls (`--gap-ms`): sparse calls, as a server between requests sees them. */
+const gapMs = Number(a["gap-ms"]);
 
 async function timeCalls(
   service: AttentionService,
@@ -152,9 +110,15 @@ async function timeCalls(
       const t0 = performance.now();
       const r = await service.forward(input);
       const wall = performance.now() - t0;
+      r.result.release?.(); // as the server does once the answer was delivered
       if (i === 0) continue; // compiles and pools fill on the first call
       const t: Record<string, number> = { ...r.result.timings, wall };
       for (const k of PHASES) if (t[k] !== undefined) (out[k] ??= []).push(t[k]);
+      // ATTN_GPU_TIMING=calls: each dispatch's device time (gpu_<call name>).
+      for (const k in t) {
+        if (k.startsWith("gpu_") && k !== "gpu_and_readback") (out[k] ??= []).push(t[k]);
+      }
+      if (gapMs > 0) await new Promise((r) => setTimeout(r, gapMs));
     }
   }
   return out;
@@ -165,7 +129,7 @@ function report(
   s: Samples,
 ): Record<string, { p50: number; p10: number; p90: number }> {
   const rows: Record<string, { p50: number; p10: number; p90: number }> = {};
-  for (const k of PHASES) {
+  for (const k of [...PHASES, ...Object.keys(s).filter((k) => !PHASES.includes(k))]) {
     if (!s[k]) continue;
     rows[k] = { p50: median(s[k]), p10: pct(s[k], 0.1), p90: pct(s[k], 0.9) };
   }
@@ -244,6 +208,7 @@ try {
   results.reuse = {
     bind_groups: bindGroupsOf(gpu.device).stats(),
     buffers: poolOf(gpu).stats(),
+    host_memory: hostPool.stats(),
     upload_staging: { on: stagedUploads(gpu), ...stagingOf(gpu).stats() },
     plans: service.plans.stats(),
     gpu_timing: GPU_TIMING,

@@ -38,6 +38,8 @@ export const HELP = `deno task bench:http [options]
   --url URL               bench a running server (no server is started)
   --runtimes A,B          start server/main.ts once per runtime, with --webgpu-runtime A, ...
                           (default: once, with the server's default runtime)
+  --http-workers N,M       start each runtime's server once per count, with --http-workers N
+                          (0: one thread; default: the server's default)
   --server-arg ARG        pass ARG to the started server (repeatable), e.g. --server-arg=--no-gpu
   --token T               bearer token for the server (default: env ATTN_TOKEN)
   --client raw|fetch      the clients' HTTP: raw = the bench's own keep-alive HTTP/1.1
@@ -61,6 +63,8 @@ export const HELP = `deno task bench:http [options]
 export interface HttpBenchArgs {
   url?: string;
   runtimes: string[] | null;
+  /** `--http-workers` counts to start each runtime's server with (null: the server's default). */
+  httpWorkers: number[] | null;
   serverArgs: string[];
   startupTimeoutMs: number;
   json: boolean;
@@ -83,6 +87,7 @@ export function parseHttpBenchArgs(args: string[], env = Deno.env.toObject()): H
   const options: Record<string, { type: "string" | "boolean"; multiple?: boolean }> = {
     url: { type: "string" },
     runtimes: { type: "string" },
+    "http-workers": { type: "string" },
     "server-arg": { type: "string", multiple: true },
     token: { type: "string" },
     client: { type: "string" },
@@ -100,6 +105,9 @@ export function parseHttpBenchArgs(args: string[], env = Deno.env.toObject()): H
   const { values: v } = parseArgs({ args, options, strict: true, allowPositionals: false });
   const str = (k: string) => v[k] as string | undefined;
   if (v.small && v.big) throw new Error("--small and --big exclude each other");
+  if (v.url !== undefined && v["http-workers"] !== undefined) {
+    throw new Error("--url and --http-workers exclude each other (a running server has its own)");
+  }
   if (v.url !== undefined && v.runtimes !== undefined) {
     throw new Error("--url and --runtimes exclude each other (a running server has one runtime)");
   }
@@ -117,6 +125,10 @@ export function parseHttpBenchArgs(args: string[], env = Deno.env.toObject()): H
   return {
     url: str("url")?.replace(/\/+$/, ""),
     runtimes: str("runtimes")?.split(",").map((x) => x.trim()).filter(Boolean) ?? null,
+    httpWorkers: str("http-workers")?.split(",").map((x) => x.trim()).map((x) => {
+      if (!/^\d+$/.test(x)) throw new Error(`--http-workers must be integers >= 0, got ${x}`);
+      return Number(x);
+    }) ?? null,
     serverArgs: (v["server-arg"] as string[] | undefined) ?? [],
     startupTimeoutMs: 1000 * positive("startup-timeout-s", str("startup-timeout-s") ?? "180"),
     json: v.json === true,
@@ -154,10 +166,11 @@ export async function runHttpBench(
 ): Promise<RuntimeReport[]> {
   const opts: RunOptions = { ...a.run, log };
   const out: RuntimeReport[] = [];
-  const finish = (r: RuntimeReport) => {
+  const finishRun = (r: RuntimeReport) => {
     out.push(r);
     done(r);
   };
+  const finish = finishRun;
   const bench = async (runtime: string, url: string): Promise<RuntimeReport> => {
     try {
       return { runtime, available: true, run: await runOnServer(url, opts) };
@@ -169,9 +182,17 @@ export async function runHttpBench(
     finish(await bench("url", a.url));
     return out;
   }
-  for (const runtime of a.runtimes ?? ["default"]) {
+  const servers = (a.runtimes ?? ["default"]).flatMap((runtime) =>
+    (a.httpWorkers ?? [undefined]).map((workers) => ({ runtime, workers }))
+  );
+  for (const { runtime, workers } of servers) {
     const flags = runtime === "default" ? [] : [`--webgpu-runtime=${runtime}`];
+    if (workers !== undefined) flags.push(`--http-workers=${workers}`);
     const args = [...flags, ...budgetArgs(a), ...a.serverArgs];
+    const finish = (r: RuntimeReport) => {
+      if (workers !== undefined) r.http_workers = workers;
+      finishRun(r);
+    };
     log(`starting server/main.ts ${args.join(" ")}`);
     const started = await startServer(args, a.startupTimeoutMs);
     if (!started.ok) {

@@ -1,6 +1,6 @@
 /**
  * `deno run -A bench/http_overhead.ts [--workload decode|small|prefill] [--client raw|fetch]
- * [--calls N] [--clients N] [--floor] [--no-codec] [--url URL]`: what HTTP and the wire codec
+ * [--calls N] [--clients N] [--floor] [--no-codec] [--url URL] [--http-workers N]`: what HTTP and the wire codec
  * cost per forward call, without validation, planning or a GPU. The real handler serves from a
  * worker (bench/http_overhead_server.ts) in front of a service that answers at once; the
  * client sends the workload's calls (default issue 7's decode step: 32 x 2048, 32 q / 8 kv
@@ -12,6 +12,8 @@
  * concurrent client workers. `--floor` serves a bare Deno.serve handler instead (read the
  * body, answer fixed bytes): the floor of the HTTP stack itself. `--url` sends to a stub
  * server run apart (`deno run -A bench/http_overhead_server.ts PORT`) instead of one in-process.
+ * `--http-workers N` serves through N HTTP worker threads (server/worker_front.ts); the
+ * "server thread" CPU is then the handler's thread (the one that would own the GPU).
  * @module
  */
 import { parseArgs } from "node:util";
@@ -100,7 +102,9 @@ async function sequential(srv: Server | null, url: string, o: Options): Promise<
   const q = (k: keyof Split, at = 0.5) => f(p(splits.map((x) => x[k]), at));
   console.log(
     `sequential ${o.calls} ${o.workload} calls, client ${o.client}` +
-      `${o.floor ? " (floor: bare Deno.serve)" : ""}: round trip p50 ${q("total")} ms, ` +
+      `${
+        o.floor ? " (floor: bare Deno.serve)" : ""
+      }, ${o.httpWorkers} http workers: round trip p50 ${q("total")} ms, ` +
       `p90 ${q("total", 0.9)}, p99 ${q("total", 0.99)}, max ${q("total", 1)} (send ${q("send")}, ` +
       `answer parse ${q("parse")}); CPU ms per ` +
       `call: server thread ${f(cpu[0] / o.calls)}, client thread ${f(cpu[1] / o.calls)}`,
@@ -128,7 +132,9 @@ async function concurrent(url: string, o: Options): Promise<void> {
   for (const w of cw) w.w.terminate();
   const all = done.flatMap((d) => d.ms ?? []);
   console.log(
-    `${o.clients} clients (workers) x ${per} calls: ${(all.length / wall * 1000).toFixed(0)} ` +
+    `${o.clients} clients (workers) x ${per} calls, ${o.httpWorkers} http workers: ${
+      (all.length / wall * 1000).toFixed(0)
+    } ` +
       `calls/s, round trip p50 ${f(p(all, 0.5))} ms, p90 ${f(p(all, 0.9))} ms ` +
       `(${navigator.hardwareConcurrency} cores)`,
   );
@@ -141,6 +147,7 @@ interface Options {
   clients: number;
   floor: boolean;
   serverTid: number;
+  httpWorkers: number;
 }
 
 async function main(): Promise<void> {
@@ -154,6 +161,7 @@ async function main(): Promise<void> {
       floor: { type: "boolean", default: false },
       "no-codec": { type: "boolean", default: false },
       url: { type: "string" },
+      "http-workers": { type: "string", default: "0" },
     },
   });
   const workload = v.workload as Workload, client = v.client as ClientKind;
@@ -163,7 +171,11 @@ async function main(): Promise<void> {
   let srv: Server | null = null, url = v.url ?? "", tid = 0;
   if (!url) {
     srv = worker("overhead-server", "./http_overhead_server.ts");
-    srv.w.postMessage({ kind: "start", floor: v.floor });
+    const workers = Number(v["http-workers"]);
+    if (!Number.isInteger(workers) || workers < 0) {
+      throw new Error("--http-workers: an integer >= 0");
+    }
+    srv.w.postMessage({ kind: "start", floor: v.floor, workers });
     const m = await srv.next();
     url = `http://127.0.0.1:${m.port}`;
     tid = m.tid;
@@ -175,6 +187,7 @@ async function main(): Promise<void> {
     clients: workload === "prefill" ? 0 : Number(v.clients),
     floor: v.floor,
     serverTid: tid,
+    httpWorkers: Number(v["http-workers"]),
   };
   try {
     await sequential(srv, url, o);

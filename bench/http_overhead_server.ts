@@ -6,13 +6,15 @@
  * (floor: a bare handler that reads the body and answers fixed bytes instead), then
  * `{kind: "metrics"}` (answered with the handler's `/metrics` text) and `{kind: "stop"}`.
  * Out: `{kind: "listening", port, tid}` (tid: the thread's id), `{kind: "metrics", text}`,
- * `{kind: "stopped"}`. Run as a program it serves the stub on its own (`[PORT] [--floor]`).
+ * `{kind: "stopped"}`. `start` may carry `workers`: HTTP worker threads in front of the handler's
+ * thread (`--http-workers`). Run as a program it serves the stub on its own (`[PORT] [--floor]`).
  * @module
  */
 import type { ForwardInput, ForwardOutcome } from "../wire/codec.ts";
 import type { AttentionService } from "../service/service.ts";
 import { createHandler } from "../server/handler.ts";
 import { Metrics } from "../server/metrics.ts";
+import { serveWithWorkers } from "../server/worker_front.ts";
 import { serializeSafetensors } from "../core/safetensors.ts";
 
 interface Scope {
@@ -64,13 +66,18 @@ export function threadCpuMs(tid: number): number {
   }
 }
 
-/** Serves the stub (or, with `floor`, a bare handler) on a loopback port. */
-export function serveStub(
+/**
+ * Serves the stub (or, with `floor`, a bare handler) on a loopback port; `workers` > 0 puts
+ * that many HTTP worker threads in front (server/worker_front.ts), this thread keeping the
+ * handler.
+ */
+export async function serveStub(
   port: number,
   floor: boolean,
   metrics: Metrics,
   onListen: (port: number) => void,
-): Deno.HttpServer {
+  workers = 0,
+): Promise<{ shutdown(): Promise<void> }> {
   const fixed = serializeSafetensors({
     output: { dtype: "F16", shape: [32, 32, 128], data: new Uint8Array(32 * 32 * 128 * 2) },
   });
@@ -82,20 +89,29 @@ export function serveStub(
       });
     }
     : createHandler(stubService(), { metrics });
-  return Deno.serve({ port, hostname: "127.0.0.1", onListen: (a) => onListen(a.port) }, handler);
+  const listen = {
+    port,
+    hostname: "127.0.0.1",
+    onListen: (a: { port: number }) => onListen(a.port),
+  };
+  if (workers === 0) return Deno.serve(listen, handler);
+  return await serveWithWorkers({ ...listen, workers, access: {}, maxBodyBytes: 1 << 30 }, handler);
 }
 
 const scope = self as unknown as Scope & { name?: string };
 if (scope.name === "overhead-server") {
   const metrics = new Metrics();
-  let server: Deno.HttpServer | undefined;
-  scope.onmessage = async (e: MessageEvent<{ kind: string; floor?: boolean }>) => {
+  let server: { shutdown(): Promise<void> } | undefined;
+  scope.onmessage = async (
+    e: MessageEvent<{ kind: string; floor?: boolean; workers?: number }>,
+  ) => {
     if (e.data.kind === "start") {
-      server = serveStub(
+      server = await serveStub(
         0,
         e.data.floor === true,
         metrics,
         (port) => scope.postMessage({ kind: "listening", port, tid: threadId() }),
+        e.data.workers ?? 0,
       );
     } else if (e.data.kind === "metrics") {
       scope.postMessage({ kind: "metrics", text: metrics.render() });
@@ -105,13 +121,15 @@ if (scope.name === "overhead-server") {
     }
   };
 } else if (import.meta.main) {
-  // Standalone: `deno run -A bench/http_overhead_server.ts [PORT] [--floor]`, for
+  // Standalone: `deno run -A bench/http_overhead_server.ts [PORT] [--floor] [--http-workers=N]`, for
   // `bench/http_overhead.ts --url` from another process (e.g. with other V8 flags).
   const port = Number(Deno.args.find((a) => /^\d+$/.test(a)) ?? 8090);
-  serveStub(
+  const workers = Number(Deno.args.find((a) => a.startsWith("--http-workers="))?.slice(15) ?? 0);
+  await serveStub(
     port,
     Deno.args.includes("--floor"),
     new Metrics(),
     (p) => console.log(`listening on http://127.0.0.1:${p}`),
+    workers,
   );
 }

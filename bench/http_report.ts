@@ -12,6 +12,8 @@ import { BIG_SHAPE, type HttpShape } from "./http_workload.ts";
 export interface RuntimeReport {
   /** The runtime asked for (`--webgpu-runtime`), or "default" / "url". */
   runtime: string;
+  /** The server's `--http-workers` when the bench set it. */
+  http_workers?: number;
   available: boolean;
   /** Why the runtime is unavailable (its server's own words). */
   reason?: string;
@@ -87,9 +89,14 @@ function timingTable(phases: [string, PhaseStats | undefined][]): string[] {
   );
 }
 
+/** A runtime's name, with its HTTP worker count when the bench set one. */
+function label(r: RuntimeReport): string {
+  return r.http_workers === undefined ? r.runtime : `${r.runtime}, ${r.http_workers} http workers`;
+}
+
 /** The report of one runtime, as lines. */
 export function formatRuntime(r: RuntimeReport): string[] {
-  const out = [`== runtime ${r.runtime}`];
+  const out = [`== runtime ${label(r)}`];
   if (r.server) {
     const lines = r.server.stderr.split("\n").filter((l) => /^(webgpu|runtime|dawn)/i.test(l));
     out.push(`server: up in ${f(r.server.startup_ms)} ms; ${lines.join(" | ") || "-"}`);
@@ -178,7 +185,7 @@ export function formatSummary(rs: RuntimeReport[]): string[] {
     const x = r.run;
     if (!r.available || !x) {
       rows.push([
-        r.runtime,
+        label(r),
         r.error ? "error" : "unavailable",
         "",
         "",
@@ -188,7 +195,7 @@ export function formatSummary(rs: RuntimeReport[]): string[] {
       continue;
     }
     rows.push([
-      `${r.runtime} (${x.device.runtime})`,
+      `${label(r)} (${x.device.runtime})`,
       f(x.decode_sequential?.p50_ms),
       f(x.decode_sequential?.p99_ms),
       `${f(x.decode_concurrent?.calls_per_s)} (${x.shape.clients})`,

@@ -274,6 +274,12 @@ export interface ForwardResult {
   lse: Float32Array | null;
   /** Milliseconds by phase, e.g. {plan, write, attend}. */
   timings?: Record<string, number>;
+  /**
+   * Returns the memory `output` and `lse` view to its pool (a GPU backend's results are views
+   * of lent host memory, gpu/host_pool.ts); neither may be read afterwards. Call it once the
+   * answer was delivered; not calling it is safe (the memory is then not reused). Idempotent.
+   */
+  release?(): void;
 }
 
 /** Options of a backend's `run`. */
@@ -314,11 +320,21 @@ export interface BackendContext {
   gpu: GpuContext | null;
 }
 
+/** What the service reads off any backend's plan (the rest of a plan is the backend's own). */
+export interface PlanContract {
+  /**
+   * The plan's run checks the batch's query/key/value for NaN and infinity on the device before
+   * it writes anything, and fails with the validator's 422: the service then leaves a large
+   * batch's host scan to it. Absent means false (the service scans on the host first).
+   */
+  readonly checks_finite?: boolean;
+}
+
 /**
  * A backend: one file in `backends/` exporting one of these. Shared code asks the
  * descriptor; it never branches on `name`.
  */
-export interface AttentionBackend<P = unknown> {
+export interface AttentionBackend<P extends PlanContract = PlanContract> {
   /** UPPER_SNAKE, like vLLM's names. */
   readonly name: string;
   /** Lower runs first in auto selection. */

@@ -11,12 +11,20 @@
  * query/key/value bytes as they came (one write each), poisons the outputs, binds (bind groups
  * are cached by buffer, gpu/bind_groups.ts, so a steady state creates none), dispatches
  * everything in one compute pass of one submission (see {@link GPU_TIMING}) and reads output
- * and LSE back with one `mapAsync`.
+ * and LSE back with one `mapAsync`, into lent host memory: the result's arrays are views of
+ * it until `ForwardResult.release()`.
  * The output comes back in the batch dtype; nothing is converted on the host.
  * @module
  */
 import { DeviceUnavailableError, invalidBatch, ServiceError } from "../core/errors.ts";
-import type { DType, ForwardResult, GpuContext, RunOptions, ValidBatch } from "../core/types.ts";
+import type {
+  DType,
+  ForwardResult,
+  GpuContext,
+  PlanContract,
+  RunOptions,
+  ValidBatch,
+} from "../core/types.ts";
 import { bytesPerElement } from "../core/dtype.ts";
 import { dataArray } from "../core/data.ts";
 import { poolOf } from "./buffer_pool.ts";
@@ -50,7 +58,7 @@ export interface PlannedCall {
 }
 
 /** A GPU backend's plan. */
-export interface GpuPlan {
+export interface GpuPlan extends PlanContract {
   readonly ctx: GpuContext;
   /** Every Params block and metadata table (gpu/plan_table.ts), written by each call. */
   readonly table: Uint8Array<ArrayBuffer>;
@@ -140,6 +148,14 @@ export interface BoundGpuPlan {
   release(): void;
 }
 
+/** Each planned call's bindings as a list, built once per plan (a plan serves many calls). */
+const bindLists = new WeakMap<GpuPlan, [string, BindRef][][]>();
+function bindListsOf(p: GpuPlan): [string, BindRef][][] {
+  let l = bindLists.get(p);
+  if (!l) bindLists.set(p, l = p.calls.map((c) => Object.entries(c.bind)));
+  return l;
+}
+
 /**
  * Binds plan `p` to batch `b` on `gpu`: pooled buffers for the plan's table and the call's
  * tensors, output, LSE and scratch, the uploads of the table and of the query/key/value bytes
@@ -199,9 +215,10 @@ export function bindGpuPlan(p: GpuPlan, b: ValidBatch, gpu: GpuContext): BoundGp
       if (!buf) throw new Error(`the plan binds ${r.io}, which this batch does not carry`);
       return buf;
     };
-    const calls: KernelCall[] = p.calls.map((c) => {
+    const binds = bindListsOf(p);
+    const calls: KernelCall[] = p.calls.map((c, i) => {
       const bind: Record<string, Bound> = {};
-      for (const [k, r] of Object.entries(c.bind)) bind[k] = resolve(r);
+      for (const [k, r] of binds[i]) bind[k] = resolve(r);
       if (c.cache) Object.assign(bind, (cache as GpuKvCache).bindMap());
       const call: KernelCall = { name: c.name, kernel: c.kernel, bind, grid: c.grid };
       if (c.indirect) {
@@ -252,12 +269,17 @@ export async function runGpuPlan(
     });
     if (bound.flags) {
       const issues = finiteIssues(r.parts[reads.length - 1], b);
-      if (issues.length > 0) throw invalidBatch(issues);
+      if (issues.length > 0) {
+        r.release();
+        throw invalidBatch(issues);
+      }
     }
     const out = r.parts[0];
+    const lse = r.parts[1];
     return {
       output: dataArray(b.dtype, out),
-      lse: b.return_lse ? new Float32Array(r.parts[1].buffer, 0, p.lse_bytes / 4) : null,
+      lse: b.return_lse ? new Float32Array(lse.buffer, lse.byteOffset, p.lse_bytes / 4) : null,
+      release: r.release,
       timings: {
         plan: p.plan_ms,
         bind,

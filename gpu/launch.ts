@@ -5,7 +5,9 @@
  * device has `timestamp-query`, with a pooled query set), bind groups from the device's cache
  * (gpu/bind_groups.ts), uploads by `writeBuffer` or, large ones, through mapped staging
  * buffers kept between calls (gpu/upload_staging.ts), one submit, one `mapAsync` of one pooled
- * readback buffer and one copy of each part out of it. The whole call
+ * readback buffer and one copy of what it read into lent host memory (gpu/host_pool.ts:
+ * already-touched pages, no page faults); the parts are views of that memory, valid until the
+ * result's `release()`. The whole call
  * runs inside a validation error scope: a WebGPU validation error (a binding over a limit, a
  * bad dispatch) fails the call with a 500 `gpu_validation_error` instead of answering with
  * data the GPU never computed. An aborted signal before submit cancels the call: nothing is
@@ -18,6 +20,7 @@ import type { CompiledKernel } from "./kernel.ts";
 import { poolOf } from "./buffer_pool.ts";
 import { type BindGroupCache, bindGroupsOf } from "./bind_groups.ts";
 import { STAGED_UPLOAD_BYTES, stagedUploads, stagingOf } from "./upload_staging.ts";
+import { hostPool } from "./host_pool.ts";
 
 /** A buffer binding: a whole buffer or a range of one. */
 export type Bound = GPUBuffer | { buffer: GPUBuffer; offset?: number; size?: number };
@@ -59,9 +62,14 @@ export interface LaunchSpec {
   timing?: "calls" | "total";
 }
 
-/** What a launch returns: the parts read back (fresh copies) and device times. */
+/**
+ * What a launch returns: the parts read back and device times. The parts are views of one
+ * lease of host memory (gpu/host_pool.ts); `release()` returns it once nothing reads them.
+ */
 export interface LaunchResult {
-  parts: Uint8Array[];
+  parts: Uint8Array<ArrayBuffer>[];
+  /** Returns the parts' memory to the host pool (idempotent; not calling it is safe). */
+  release(): void;
   /** Device milliseconds per call name, and `gpu` for first begin to last end. */
   gpu: Record<string, number>;
   /**
@@ -255,21 +263,20 @@ export async function launch(ctx: GpuContext, spec: LaunchSpec): Promise<LaunchR
       });
     }
     const tMap = performance.now();
-    const mapped = readback.getMappedRange();
-    const parts = spec.reads.map((r, i) =>
-      new Uint8Array(mapped.slice(offsets[i], offsets[i] + r.bytes))
-    );
-    const gpu = qs
-      ? deviceTimes(
-        new BigUint64Array(mapped.slice(stampAt, stampAt + 16 * passes)),
-        spec.calls,
-        passes,
-      )
-      : {};
+    const used = qs ? stampAt + 16 * passes : total;
+    const lease = hostPool.acquire(used);
+    lease.bytes.set(new Uint8Array(readback.getMappedRange(0, Math.max(16, used)), 0, used));
     readback.unmap();
+    const mem = lease.bytes.buffer;
+    const parts = spec.reads.map((r, i) => new Uint8Array(mem, offsets[i], r.bytes));
+    const gpu = qs
+      ? deviceTimes(new BigUint64Array(mem, stampAt, 2 * passes), spec.calls, passes)
+      : {};
+    if (parts.length === 0) lease.release(); // only the timestamps were read
     const t2 = performance.now();
     return {
       parts,
+      release: lease.release,
       gpu,
       host: {
         encode: t1 - t0,

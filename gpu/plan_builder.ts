@@ -4,18 +4,17 @@
  * limit is a 422 `binding_limit_exceeded` naming the tensor, its bytes and the limit, never a
  * silent failure), the device's finiteness check of a large call's data, the cache write of the
  * call's new K/V (gated by that check), the poisoning of the output and LSE,
- * the backend's own attention calls, and the plan table's bytes (each call uploads them).
+ * the backend's own attention calls, and the plan table's bytes (each call uploads them). The
+ * part before the attention calls depends on the shape alone and is replayed from its first
+ * build (gpu/plan_prefix.ts).
  * @module
  */
 import { bytesPerElement } from "../core/dtype.ts";
 import { ServiceError } from "../core/errors.ts";
 import type { BatchShape, GpuContext } from "../core/types.ts";
-import { checksFiniteOnDevice, dataElements } from "../core/data.ts";
-import { planCacheWrite } from "./cache_write.ts";
-import { planFiniteCheck } from "./finite_check.ts";
-import { planFill } from "./fill.ts";
-import { type GpuPlan, outputWords, type PlannedCall, poisonCalls } from "./gpu_plan.ts";
+import type { GpuPlan, PlannedCall } from "./gpu_plan.ts";
 import { TableBuilder } from "./plan_table.ts";
+import { planPrefix } from "./plan_prefix.ts";
 import { chunkKeyOf, kvChunkGeometry } from "./kv_cache.ts";
 
 /** The attention part of a plan, from the backend. */
@@ -67,38 +66,6 @@ export function checkBindingLimits(
   }
 }
 
-/** The check and gate calls of a batch whose data the device checks (gpu/finite_check.ts). */
-async function finiteCheckCalls(
-  ctx: GpuContext,
-  s: BatchShape,
-  writeGrid: readonly [number, number] | null,
-  table: TableBuilder,
-): Promise<PlannedCall[]> {
-  const fc = await planFiniteCheck(ctx, s.dtype, dataElements(s), writeGrid, table);
-  // Without key/value rows the query is bound in their place (their word counts are 0).
-  const kv = s.num_kv_tokens > 0 ? ["key", "value"] as const : ["query", "query"] as const;
-  return [
-    {
-      name: "finite_check",
-      kernel: fc.check,
-      bind: {
-        P: { table: fc.checkParams },
-        q: { io: "query" },
-        k: { io: kv[0] },
-        v: { io: kv[1] },
-        flags: { io: "flags" },
-      },
-      grid: fc.grid,
-    },
-    {
-      name: "finite_gate",
-      kernel: fc.gate,
-      bind: { P: { table: fc.gateParams }, flags: { io: "flags" }, args: { io: "args" } },
-      grid: [1, 1],
-    },
-  ];
-}
-
 /**
  * Builds a backend's plan for `s`: the device's finiteness check of the call's data (batches
  * of at least DEVICE_FINITE_CHECK_BYTES, core/data.ts), cache write (when the call carries
@@ -111,42 +78,10 @@ export async function buildGpuPlan(
   attention: (table: TableBuilder) => Promise<AttentionCalls>,
 ): Promise<GpuPlan> {
   const t0 = performance.now();
-  const L = s.layer;
   const table = new TableBuilder();
-  const calls: PlannedCall[] = [];
-  const kernels: string[] = [];
-  const cw = s.cache_spec && s.num_kv_tokens > 0
-    ? await planCacheWrite(ctx, s.cache_spec, s.dtype, s.metadata.slot_mapping, {
-      k_scale: L.k_scale,
-      v_scale: L.v_scale,
-    }, table)
-    : null;
-  const checks = checksFiniteOnDevice(s);
-  if (checks) calls.push(...await finiteCheckCalls(ctx, s, cw?.grid ?? null, table));
-  if (cw) {
-    calls.push({
-      name: "cache_write",
-      kernel: cw.kernel,
-      bind: {
-        P: { table: cw.params },
-        key_new: { io: "key" },
-        value_new: { io: "value" },
-        slots: { table: cw.slots },
-      },
-      cache: true,
-      grid: cw.grid,
-      // Behind the check, the write dispatches the workgroups the gate allows (none on a NaN).
-      ...(checks ? { indirect: { io: "args" } as const } : {}),
-    });
-    kernels.push(cw.kernel.key);
-  }
-  const out = outputWords(s.dtype, s.num_tokens * L.num_heads * L.head_size);
-  const lseWords = s.num_tokens * L.num_heads;
-  const [fo, fl] = await Promise.all([
-    planFill(ctx, out.words, out.pattern, table),
-    planFill(ctx, lseWords, 0x7fc00000, table),
-  ]);
-  calls.push(...poisonCalls(fo, fl));
+  const prefix = await planPrefix(ctx, s, table);
+  const calls: PlannedCall[] = [...prefix.calls];
+  const kernels: string[] = [...prefix.kernels];
   const att = await attention(table);
   calls.push(...att.calls);
   kernels.push(...att.kernels);
@@ -165,11 +100,11 @@ export async function buildGpuPlan(
   return {
     ctx,
     table: table.bytes(),
-    checks_finite: checks,
+    checks_finite: prefix.checks,
     calls,
     scratch: att.scratch,
-    out_bytes: out.words * 4,
-    lse_bytes: lseWords * 4,
+    out_bytes: prefix.out_words * 4,
+    lse_bytes: prefix.lse_words * 4,
     kernels,
     cache_layout: s.cache_spec ? chunkKeyOf(kvChunkGeometry(ctx, s.cache_spec)) : null,
     info: att.info ?? {},

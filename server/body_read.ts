@@ -36,8 +36,9 @@ function incomplete(got: number, declared: number, cause: unknown): ServiceError
 }
 
 /**
- * The bytes of a body as they arrive, into one buffer: up to {@link INITIAL_BODY_BUFFER} of a
- * declared length is reserved at once; beyond that chunks are kept as they came until half
+ * The bytes of a body as they arrive, into one buffer: a first chunk that is the whole declared
+ * body (8-byte aligned) is kept as it is; else up to {@link INITIAL_BODY_BUFFER} of a declared
+ * length is reserved at the first chunk; beyond that chunks are kept as they came until half
  * the declared length (or, without one, the whole body) has arrived, then copied into one
  * buffer of the final size, so every byte is copied once and memory stays within about twice
  * what was received.
@@ -47,11 +48,17 @@ export class BodyBuffer {
   #chunks: Uint8Array[] = [];
   total = 0;
 
-  constructor(readonly declared: number) {
-    if (declared >= 0 && declared <= INITIAL_BODY_BUFFER) this.#buf = new Uint8Array(declared);
-  }
+  constructor(readonly declared: number) {}
 
   add(chunk: Uint8Array): void {
+    if (this.#buf === null && this.total === 0 && this.declared >= 0) {
+      if (chunk.byteLength === this.declared && chunk.byteOffset % 8 === 0) {
+        this.#buf = chunk; // the whole body in one chunk (as the HTTP workers send it): kept
+        this.total = chunk.byteLength;
+        return;
+      }
+      if (this.declared <= INITIAL_BODY_BUFFER) this.#buf = new Uint8Array(this.declared);
+    }
     if (this.#buf === null) {
       this.#chunks.push(chunk);
       this.total += chunk.byteLength;

@@ -15,6 +15,7 @@ import {
   decodeBinaryForward,
   type DecodedForward,
   forwardJson,
+  type ForwardOutcome,
   forwardSafetensors,
 } from "../wire/codec.ts";
 import { showValue } from "../wire/zod_issues.ts";
@@ -22,7 +23,8 @@ import { bodyKind, type BodyLimits, readBody, wantsBinary } from "./body.ts";
 import type { JsonDecoder } from "./json_decoder.ts";
 import { cacheIdParam } from "./cache_routes.ts";
 import type { Metrics } from "./metrics.ts";
-import { binaryResponse, jsonResponse } from "./responses.ts";
+import { jsonResponse, SAFETENSORS } from "./responses.ts";
+import { lentBodyResponse } from "./lent_body.ts";
 import type { RouteContext, Router } from "./routes.ts";
 
 /** Reads and decodes a forward body of either kind. */
@@ -60,6 +62,33 @@ function onCache(d: DecodedForward, id: string, binary: boolean): DecodedForward
   return { ...d, input: { ...d.input, kv_cache: id } };
 }
 
+/**
+ * The answer: safetensors parts streamed from the result's lent memory, released once the body
+ * was delivered (server/lent_body.ts); or JSON, which copies the output, so the memory goes
+ * back at once.
+ */
+function answer(
+  req: Request,
+  outcome: ForwardOutcome,
+  encoding: DecodedForward["encoding"],
+  headers: Record<string, string>,
+): Response {
+  const release = () => outcome.result.release?.();
+  try {
+    if (wantsBinary(req)) {
+      return lentBodyResponse(forwardSafetensors(outcome), release, {
+        headers: { "content-type": SAFETENSORS, ...headers },
+      });
+    }
+    const res = jsonResponse(forwardJson(outcome, encoding), 200, headers);
+    release();
+    return res;
+  } catch (e) {
+    release();
+    throw e;
+  }
+}
+
 /** Adds the forward routes. */
 export function addForwardRoutes(
   router: Router,
@@ -80,9 +109,7 @@ export function addForwardRoutes(
       "x-attention-backend": outcome.backend,
       "server-timing": `parse;dur=${(tParsed - t0).toFixed(3)}`,
     };
-    const res = wantsBinary(req)
-      ? binaryResponse(forwardSafetensors(outcome), headers)
-      : jsonResponse(forwardJson(outcome, decoded.encoding), 200, headers);
+    const res = answer(req, outcome, decoded.encoding, headers);
     const tEncoded = performance.now();
     metrics.recordForward(outcome.backend, (tRan - tParsed) / 1000);
     metrics.recordPhases(outcome.backend, {

@@ -6,7 +6,9 @@
  * a 503 `shutting_down`), finishes the calls it took up to `--shutdown-deadline-ms`, closes the
  * listener and exits (0 when every call finished, 1 when the deadline cut some off; a second
  * signal exits 1 at once). Exits 2 on a bad command line, a refused access configuration or
- * an explicit runtime that cannot start. The only module that calls Deno.serve.
+ * an explicit runtime that cannot start. With `--http-workers N` the HTTP work runs on N worker
+ * threads (worker_front.ts) and this thread keeps the device and the service. The only modules
+ * that call Deno.serve are this one and the HTTP worker (http_worker.ts).
  * @module
  */
 import { parseArgs } from "node:util";
@@ -31,9 +33,20 @@ import { sharedJsonDecoder } from "./json_decoder.ts";
 import { MAX_JSON_VALUES } from "../wire/json_scan.ts";
 import { INSTANCE_HEADER, INSTANCE_NAME_PATTERN } from "../wire/names.ts";
 import { DEFAULT_SHUTDOWN_DEADLINE_MS, Drainer } from "./shutdown.ts";
+import { serveWithWorkers } from "./worker_front.ts";
+import { serveLentBodies } from "./lent_body.ts";
 
 /** Default memory budget for server-held caches: 4 GiB. */
 export const DEFAULT_MEMORY_BUDGET_BYTES = 4 * 1024 ** 3;
+
+/** The environment variable of `--http-workers`. */
+export const HTTP_WORKERS_ENV = "ATTN_HTTP_WORKERS";
+
+/** Default HTTP worker threads. */
+export const DEFAULT_HTTP_WORKERS = 0;
+
+/** Most HTTP worker threads. */
+export const MAX_HTTP_WORKERS = 64;
 
 const HELP = `attention service: batched paged attention over HTTP
 
@@ -60,6 +73,10 @@ usage: deno task serve [options]
                             exit (default ${DEFAULT_SHUTDOWN_DEADLINE_MS}); exit code 0 when all
                             finished, 1 when the deadline cut some off
   --no-gpu                  do not acquire a WebGPU device (host backends only)
+  --http-workers N          HTTP worker threads in front of the thread that owns the GPU:
+                            they read requests and write answers, this thread validates,
+                            plans and runs the calls (default ${DEFAULT_HTTP_WORKERS}; 0 = one thread
+                            does it all; also ${HTTP_WORKERS_ENV}; Linux: they share the port)
   --instance-name NAME      name this instance in every answer's X-Attention-Instance header
                             and in /healthz (1-64 characters of A-Z a-z 0-9 . _ -; default none)
 ${RUNTIME_HELP}
@@ -72,6 +89,28 @@ function intFlag(name: string, v: string | undefined, dflt: number, min: number)
     throw new Error(`--${name} must be an integer >= ${min}, got ${JSON.stringify(v)}`);
   }
   return Number(v);
+}
+
+/** `--http-workers` (over the environment variable, over the default). */
+function httpWorkersOption(flag: string | undefined, env: string | undefined): number {
+  const name = flag !== undefined ? "--http-workers" : HTTP_WORKERS_ENV;
+  const v = flag ?? (env === "" ? undefined : env);
+  if (v === undefined) return DEFAULT_HTTP_WORKERS;
+  if (!/^\d+$/.test(v) || Number(v) > MAX_HTTP_WORKERS) {
+    throw new Error(
+      `${name} must be an integer from 0 to ${MAX_HTTP_WORKERS}, got ${JSON.stringify(v)}`,
+    );
+  }
+  return Number(v);
+}
+
+/** The environment variables serve reads (none without env permission). */
+function serveEnv(): Record<string, string | undefined> {
+  const env = runtimeEnv();
+  try {
+    env[HTTP_WORKERS_ENV] = Deno.env.get(HTTP_WORKERS_ENV);
+  } catch { /* no env permission: as if unset */ }
+  return env;
 }
 
 /** Parsed command-line options. */
@@ -87,6 +126,8 @@ export interface ServeOptions {
   allowedHosts: string[];
   shutdownDeadlineMs: number;
   gpu: boolean;
+  /** HTTP worker threads (0: Deno.serve on this thread). */
+  httpWorkers: number;
   /** This instance's name in answers (`--instance-name`). */
   instanceName?: string;
   /** The WebGPU runtime and Dawn's flags (command line over environment). */
@@ -118,6 +159,7 @@ export function parseServeArgs(
       "shutdown-deadline-ms": { type: "string" },
       "no-gpu": { type: "boolean" },
       "instance-name": { type: "string" },
+      "http-workers": { type: "string" },
       "webgpu-runtime": { type: "string" },
       "dawn-flags": { type: "string" },
       "dawn-flag": { type: "string", multiple: true },
@@ -183,6 +225,7 @@ export function parseServeArgs(
       0,
     ),
     gpu: !values["no-gpu"],
+    httpWorkers: httpWorkersOption(values["http-workers"], env[HTTP_WORKERS_ENV]),
     ...(instanceName !== undefined ? { instanceName } : {}),
     runtime: resolveRuntimeOptions({
       runtime: values["webgpu-runtime"],
@@ -218,7 +261,7 @@ async function main(): Promise<void> {
   let o: ServeOptions;
   let access: ResolvedAccess;
   try {
-    o = parseServeArgs(Deno.args, runtimeEnv());
+    o = parseServeArgs(Deno.args, serveEnv());
     if (o.help) {
       console.log(HELP);
       return;
@@ -246,14 +289,32 @@ async function main(): Promise<void> {
     access: access.policy,
     instance: o.instanceName,
   });
-  const server = Deno.serve({
-    port: o.port,
-    hostname: o.host,
-    onListen: ({ hostname, port }) => {
-      const h = hostname.includes(":") ? `[${hostname}]` : hostname;
-      console.log(`listening on http://${h}:${port}`);
-    },
-  }, named(drainer.track(handler), o.instanceName));
+  const onListen = ({ hostname, port }: { hostname: string; port: number }) => {
+    const h = hostname.includes(":") ? `[${hostname}]` : hostname;
+    console.log(`listening on http://${h}:${port}`);
+  };
+  const serve = named(drainer.track(handler), o.instanceName);
+  let server: { shutdown(): Promise<void>; finished: Promise<void> };
+  if (o.httpWorkers === 0) {
+    server = Deno.serve({ port: o.port, hostname: o.host, onListen }, serveLentBodies(serve));
+  } else {
+    try {
+      server = await serveWithWorkers({
+        workers: o.httpWorkers,
+        port: o.port,
+        hostname: o.host,
+        access: access.policy,
+        maxBodyBytes: o.maxBodyBytes,
+        onListen,
+      }, serve);
+    } catch (e) {
+      console.error(
+        `cannot serve with ${o.httpWorkers} HTTP workers: ${e instanceof Error ? e.message : e}`,
+      );
+      Deno.exit(1);
+    }
+    console.error(`http workers: ${o.httpWorkers}`);
+  }
   let stopping = false;
   const stop = async (sig: string) => {
     if (stopping) {

@@ -8,12 +8,12 @@
  * construction; {@link PlanCache.clear} drops everything (device loss, shutdown).
  * @module
  */
-import type { AttentionBackend, BackendContext, BatchShape } from "../core/types.ts";
+import type { AttentionBackend, BackendContext, BatchShape, PlanContract } from "../core/types.ts";
 import { keyArrays } from "./batch_key.ts";
 
 interface Entry {
   backend: AttentionBackend;
-  plan: Promise<unknown>;
+  plan: Promise<PlanContract>;
   arrays: (ArrayLike<number> | null)[];
   holders: number;
   dropped: boolean;
@@ -62,7 +62,7 @@ export class PlanCache {
   }
 
   /** The plan of `shape` on `backend` (cached), held until `release()`. */
-  async get<P>(
+  async get<P extends PlanContract>(
     backend: AttentionBackend<P>,
     shape: BatchShape,
     ctx: BackendContext,

@@ -56,10 +56,6 @@ export { cacheShape };
 
 const forced = (b?: string) => (b === undefined || b === "auto" ? undefined : b);
 
-/** Whether a plan checks its batch's data for NaN and infinity before it writes (GpuPlan). */
-const checksFinite = (plan: unknown) =>
-  (plan as { checks_finite?: unknown } | null)?.checks_finite === true;
-
 function cacheLost(id: string): DeviceUnavailableError {
   return new DeviceUnavailableError(
     `KV cache ${id} was lost with its device; its contents are gone`,
@@ -263,7 +259,7 @@ export class AttentionService {
       planHit = held.hit;
       try {
         // A large batch's scan was left to a plan that checks on the device; any other scans now.
-        if (v.finite_deferred && !checksFinite(held.plan)) checkFiniteOnHost(batch);
+        if (v.finite_deferred && held.plan.checks_finite !== true) checkFiniteOnHost(batch);
         return await backend.run(held.plan, batch, ctx, { signal: opts.signal });
       } finally {
         held.release();

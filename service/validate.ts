@@ -283,8 +283,13 @@ export function attachCache(b: UnattachedBatch, cache: KvCache | null): ValidBat
   if ((want === null) !== (cache === null)) {
     throw new Error(`attachCache: the batch ${want ? "needs" : "uses no"} cache`);
   }
-  if (want && cache && JSON.stringify(cache.spec) !== JSON.stringify({ ...cache.spec, ...want })) {
-    throw new Error("attachCache: the cache's spec differs from the validated one");
+  if (want && cache) {
+    const have = cache.spec as unknown as Record<string, unknown>;
+    for (const [k, v] of Object.entries(want)) {
+      if (have[k] !== v) {
+        throw new Error(`attachCache: the cache's ${k} is ${have[k]}, the validated spec's ${v}`);
+      }
+    }
   }
   return { ...b, cache } as unknown as ValidBatch;
 }

@@ -65,10 +65,13 @@ export function checkLayer(input: ForwardInput, is: Issues): LayerSpec {
     if (v.length !== l.num_heads) {
       is.add(p(k), `has ${v.length} entries but num_heads is ${l.num_heads}`);
     }
-    v.forEach((x, i) => {
+    const out = new Float32Array(v.length);
+    for (let i = 0; i < v.length; i++) {
+      const x = v[i];
       if (!Number.isFinite(x)) is.add([...p(k), i], `must be finite, got ${x}`);
-    });
-    return Float32Array.from(v);
+      out[i] = x;
+    }
+    return out;
   };
   const alibi_slopes = vec("alibi_slopes");
   const sinks = vec("sinks");

@@ -126,6 +126,9 @@ Deno.test("HTTP bench: a runtime whose server cannot start is reported, with why
 Deno.test("HTTP bench: flags", () => {
   const a = parseHttpBenchArgs(["--runtimes=deno, dawn", "--steps=5", "--big"], {});
   assert.deepEqual(a.runtimes, ["deno", "dawn"]);
+  assert.equal(a.httpWorkers, null);
+  assert.deepEqual(parseHttpBenchArgs(["--http-workers=0, 2"], {}).httpWorkers, [0, 2]);
+  assert.throws(() => parseHttpBenchArgs(["--http-workers=two"], {}), /--http-workers must be/);
   assert.equal(a.run.shape.steps, 5);
   assert.equal(a.run.size, "big");
   assert.deepEqual(a.run.headers, {});

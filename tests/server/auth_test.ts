@@ -81,7 +81,7 @@ Deno.test("access policy: loopback, tokens, refusal of an exposed bind", async (
 
 Deno.test("token: every route but /healthz needs it; 401 problems with WWW-Authenticate", async () => {
   const token = "t0k3n-" + crypto.randomUUID();
-  const srv = startServer({
+  const srv = await startServer({
     access: { token },
     clientHeaders: { authorization: `Bearer ${token}` },
   });
@@ -142,7 +142,9 @@ Deno.test("token: every route but /healthz needs it; 401 problems with WWW-Authe
 });
 
 Deno.test("Host check (loopback, no token): foreign names get 403; loopback names pass", async () => {
-  const srv = startServer({ access: { allowedHosts: [...LOOPBACK_HOST_NAMES, "box.internal"] } });
+  const srv = await startServer({
+    access: { allowedHosts: [...LOOPBACK_HOST_NAMES, "box.internal"] },
+  });
   try {
     const get = (path: string, host: string) =>
       rawExchange(srv.port, rawRequest("GET", path, { host }));
@@ -230,7 +232,7 @@ Deno.test("main: an exposed bind without a token is refused (exit 2) unless allo
 });
 
 Deno.test("OpenAPI documents the access answers: 401/403 everywhere but /healthz", async () => {
-  const srv = startServer();
+  const srv = await startServer();
   try {
     const doc = await (await fetch(`${srv.url}/openapi.json`)).json();
     assert.deepEqual(doc.components.securitySchemes.bearerAuth, { type: "http", scheme: "bearer" });

@@ -18,7 +18,7 @@ const bytesOf = async (srv: TestServer, id: string) => {
 };
 
 Deno.test("PUT .../data: an export imports into another cache; the next step matches float64", async () => {
-  const srv = startServer();
+  const srv = await startServer();
   try {
     const spec = HeldSeq.cacheSpec();
     await srv.client.putCache("src", spec);
@@ -46,7 +46,7 @@ Deno.test("PUT .../data: an export imports into another cache; the next step mat
 });
 
 Deno.test("PUT .../data: storage dtypes and layouts round-trip byte for byte (parsed or as bytes)", async () => {
-  const srv = startServer();
+  const srv = await startServer();
   try {
     const cases: [KvCacheDType, "float16" | "bfloat16" | "float32", KvLayout][] = [
       ["fp8_e4m3", "float16", "HND"],
@@ -83,7 +83,7 @@ Deno.test("PUT .../data: storage dtypes and layouts round-trip byte for byte (pa
 });
 
 Deno.test("PUT .../data: every refusal is a problem naming the field and changes nothing", async () => {
-  const srv = startServer({ maxBodyBytes: 64 * 1024 });
+  const srv = await startServer({ maxBodyBytes: 64 * 1024 });
   try {
     const spec = HeldSeq.cacheSpec();
     await srv.client.putCache("t", spec);
@@ -157,7 +157,7 @@ Deno.test("PUT .../data: every refusal is a problem naming the field and changes
 
 Deno.test("PUT .../data: the import needs room for a second copy while it is built (422, unchanged)", async () => {
   const bytes = 2 * 6 * 4 * 1 * 8 * 4; // K + V of HeldSeq's float32 cache
-  const srv = startServer({ memoryBudgetBytes: bytes + bytes / 2 });
+  const srv = await startServer({ memoryBudgetBytes: bytes + bytes / 2 });
   try {
     await srv.client.putCache("full", HeldSeq.cacheSpec());
     await srv.client.forwardOn("full", new HeldSeq().step(3).body);

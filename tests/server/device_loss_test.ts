@@ -35,7 +35,7 @@ Deno.test({
 }, async () => {
   const device = new WebGpuDeviceManager();
   const gpu = await device.acquire();
-  const srv = startServer({ device, backends: builtinBackends() as AttentionBackend[] });
+  const srv = await startServer({ device, backends: builtinBackends() as AttentionBackend[] });
   try {
     const spec = { num_blocks: 4, block_size: 16, num_kv_heads: Hkv, head_size: D };
     const c = await srv.client.createCache({ ...spec, dtype: "float32" });

@@ -4,7 +4,7 @@ import { parseSafetensors } from "../../core/safetensors.ts";
 import { expectProblem, rand, startServer } from "./helpers.ts";
 
 Deno.test("endpoints: health, device, backends, select", async () => {
-  const srv = startServer();
+  const srv = await startServer();
   try {
     assert.deepEqual(await srv.client.health(), { status: "ok" });
     const dev = await srv.client.device();
@@ -52,7 +52,7 @@ Deno.test("endpoints: health, device, backends, select", async () => {
 });
 
 Deno.test("endpoints: KV cache lifecycle (create 201, get, data, delete 204)", async () => {
-  const srv = startServer();
+  const srv = await startServer();
   try {
     const res = await fetch(`${srv.url}/v1/kv-caches`, {
       method: "POST",
@@ -99,7 +99,7 @@ Deno.test("endpoints: KV cache lifecycle (create 201, get, data, delete 204)", a
 });
 
 Deno.test("endpoints: Accept negotiation on forward", async () => {
-  const srv = startServer();
+  const srv = await startServer();
   try {
     const body = {
       dtype: "float32",
@@ -141,7 +141,7 @@ Deno.test("endpoints: Accept negotiation on forward", async () => {
 });
 
 Deno.test("endpoints: /metrics counts requests, forwards and cache bytes", async () => {
-  const srv = startServer();
+  const srv = await startServer();
   try {
     await srv.client.health();
     await srv.client.health();
@@ -191,7 +191,7 @@ Deno.test("endpoints: /metrics counts requests, forwards and cache bytes", async
 });
 
 Deno.test("endpoints: /openapi.json is OpenAPI 3.1 from the request schemas, refs resolve", async () => {
-  const srv = startServer();
+  const srv = await startServer();
   try {
     const doc = await (await fetch(`${srv.url}/openapi.json`)).json();
     assert.equal(doc.openapi, "3.1.0");

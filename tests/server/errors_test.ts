@@ -54,7 +54,7 @@ async function snapshot(srv: TestServer, id: string): Promise<string> {
 }
 
 Deno.test("errors: every bad input is a problem; nothing changes; server stays up", async (t) => {
-  const srv = startServer({ memoryBudgetBytes: 100_000 });
+  const srv = await startServer({ memoryBudgetBytes: 100_000 });
   try {
     const cache = await srv.client.createCache({
       num_blocks: NB,
@@ -348,7 +348,7 @@ Deno.test("errors: every bad input is a problem; nothing changes; server stays u
 });
 
 Deno.test("errors: bodies over the limit → 413, by Content-Length and while streaming", async () => {
-  const srv = startServer({ maxBodyBytes: 2048 });
+  const srv = await startServer({ maxBodyBytes: 2048 });
   try {
     const big = JSON.stringify(validBody());
     assert.ok(big.length > 2048);
@@ -398,7 +398,7 @@ Deno.test("errors: bodies over the limit → 413, by Content-Length and while st
 Deno.test("errors: an unexpected failure is a generic 500, logged, no stack; server stays up", async () => {
   const be = fakeBackend("EXPLODES");
   be.run = () => Promise.reject(new Error("secret internals at line 42"));
-  const srv = startServer({ backends: [be as AttentionBackend] });
+  const srv = await startServer({ backends: [be as AttentionBackend] });
   try {
     const body = validBody();
     delete body.kv_cache;

@@ -11,56 +11,11 @@ import {
   decodeSafetensorsAnswer,
   forwardBodyToSafetensors,
 } from "../../wire/client_codec.ts";
-import { maxAbsDiff, rand, refAttention, type RefOptions, startServer, to3d } from "./helpers.ts";
-
-const H = 4, HKV = 2, D = 8, BS = 4, NB = 10;
-/** Logical → physical blocks per request; unused columns hold an out-of-range id on purpose. */
-const TABLE = [[7, 2, 999], [5, 9, 1]];
-
-/** The K/V the test wrote, per request and position, and the request's queries per step. */
-class Seqs {
-  k: number[][][][] = TABLE.map(() => []);
-  v: number[][][][] = TABLE.map(() => []);
-  constructor(readonly round: (x: number) => number) {}
-  slot(r: number, p: number): number {
-    return TABLE[r][Math.floor(p / BS)] * BS + (p % BS);
-  }
-  /** A step adding `lens[r]` tokens to request r; returns the body and the reference output. */
-  step(lens: number[], dtype: ForwardBody["dtype"], extra: RefOptions = {}) {
-    const T = lens.reduce((a, b) => a + b, 0);
-    const q = rand(T * H * D).map(this.round), k = rand(T * HKV * D).map(this.round);
-    const v = rand(T * HKV * D).map(this.round);
-    const q3 = to3d(q, T, H, D), k3 = to3d(k, T, HKV, D), v3 = to3d(v, T, HKV, D);
-    const qsl = [0], slots: number[] = [], seq: number[] = [];
-    const refOut: number[] = [], refLse: number[][] = Array.from({ length: H }, () => []);
-    let t = 0;
-    lens.forEach((n, r) => {
-      for (let i = 0; i < n; i++, t++) {
-        slots.push(this.slot(r, this.k[r].length));
-        this.k[r].push(k3[t]);
-        this.v[r].push(v3[t]);
-      }
-      qsl.push(t);
-      seq.push(this.k[r].length);
-      const ref = refAttention({ q: q3.slice(t - n, t), k: this.k[r], v: this.v[r] }, extra);
-      refOut.push(...ref.out.flat(2));
-      ref.lse.forEach((row, h) => refLse[h].push(...row));
-    });
-    const body: ForwardBody = {
-      dtype,
-      layer: { num_heads: H, num_kv_heads: HKV, head_size: D },
-      query: { dtype, shape: [T, H, D], data: q },
-      key: { dtype, shape: [T, HKV, D], data: k },
-      value: { dtype, shape: [T, HKV, D], data: v },
-      metadata: { query_start_loc: qsl, seq_lens: seq, block_table: TABLE, slot_mapping: slots },
-      return_lse: true,
-    };
-    return { body, refOut, refLse: refLse.flat(), T };
-  }
-}
+import { maxAbsDiff, rand, refAttention, startServer, to3d } from "./helpers.ts";
+import { BS, D, H, HKV, NB, Seqs, TABLE } from "./seqs.ts";
 
 Deno.test("forward over HTTP: prefill, decode, chunked prefill on a held float32 cache (JSON)", async () => {
-  const srv = startServer();
+  const srv = await startServer();
   try {
     const info = await srv.client.createCache({
       num_blocks: NB,
@@ -107,7 +62,7 @@ Deno.test("forward over HTTP: prefill, decode, chunked prefill on a held float32
 });
 
 Deno.test("forward over HTTP: float16 through the safetensors transport, HND cache", async () => {
-  const srv = startServer();
+  const srv = await startServer();
   try {
     const info = await srv.client.createCache({
       num_blocks: NB,
@@ -136,7 +91,7 @@ Deno.test("forward over HTTP: float16 through the safetensors transport, HND cac
 });
 
 Deno.test("forward over HTTP: base64 in → base64 out; output_encoding overrides", async () => {
-  const srv = startServer();
+  const srv = await startServer();
   try {
     const info = await srv.client.createCache({
       num_blocks: NB,
@@ -185,7 +140,7 @@ Deno.test("forward over HTTP: base64 in → base64 out; output_encoding override
 });
 
 Deno.test("forward over HTTP: inline caches (HND, float16 storage) leave no trace", async () => {
-  const srv = startServer();
+  const srv = await startServer();
   try {
     // Context of 6 tokens for one request already in an inline cache, plus 2 new tokens.
     const ctxLen = 6, newLen = 2, nb = 3, table = [2, 0];
@@ -243,7 +198,7 @@ Deno.test("forward over HTTP: inline caches (HND, float16 storage) leave no trac
 });
 
 Deno.test("forward over HTTP: encoder_only (no cache, non-causal) and layer options", async () => {
-  const srv = startServer();
+  const srv = await startServer();
   try {
     const lens = [3, 4], T = 7;
     const q = rand(T * H * D).map(Math.fround), k = rand(T * HKV * D).map(Math.fround);
@@ -300,7 +255,7 @@ Deno.test("forward over HTTP: encoder_only (no cache, non-causal) and layer opti
 });
 
 Deno.test("forward over HTTP: the answer's Server-Timing header carries the handler's parse", async () => {
-  const srv = startServer();
+  const srv = await startServer();
   try {
     const T = 6;
     const q = rand(T * H * D).map(Math.fround), k = rand(T * HKV * D).map(Math.fround);

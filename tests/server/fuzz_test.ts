@@ -74,7 +74,7 @@ function checkAnswer(q: ReturnType<typeof hostileRequest>, a: Answer, where: str
 
 Deno.test(`fuzz: ${COUNT} hostile requests (SEED=${SEED}): no 5xx, problems, caches intact`, async () => {
   console.log(`fuzz: SEED=${SEED} FUZZ_COUNT=${COUNT} (set both to reproduce)`);
-  const srv = startServer({
+  const srv = await startServer({
     backends: builtinBackends(),
     device: new NoDeviceProvider(),
     memoryBudgetBytes: 4 * 1024 * 1024,

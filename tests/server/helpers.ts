@@ -13,8 +13,11 @@ import type {
 } from "../../core/types.ts";
 import { AttentionApiError, AttentionClient } from "../../client/client.ts";
 import type { AccessPolicy } from "../../server/auth.ts";
+import { DEFAULT_MAX_BODY_BYTES } from "../../server/body.ts";
 import { createHandler } from "../../server/handler.ts";
+import { serveWithWorkers } from "../../server/worker_front.ts";
 import { Metrics } from "../../server/metrics.ts";
+import { serveLentBodies } from "../../server/lent_body.ts";
 import { AttentionService } from "../../service/service.ts";
 
 /** A device provider with no device (local fake: no dependency on gpu/). */
@@ -48,8 +51,15 @@ export interface TestServer {
   close(): Promise<void>;
 }
 
-/** Starts a real server on 127.0.0.1:0. */
-export function startServer(opts: {
+/**
+ * How {@link startServer} and process.ts's spawnServer serve: `httpWorkers` > 0 puts that many
+ * HTTP worker threads in front (server/worker_front.ts). Set from ATTN_TEST_HTTP_WORKERS; the
+ * worker suites (http_workers_suites_test.ts) set it for the suites they import.
+ */
+export const serverMode = { httpWorkers: Number(Deno.env.get("ATTN_TEST_HTTP_WORKERS") ?? 0) };
+
+/** Starts a real server on 127.0.0.1:0 (with HTTP workers when {@link serverMode} asks). */
+export async function startServer(opts: {
   maxBodyBytes?: number;
   maxJsonBodyBytes?: number;
   memoryBudgetBytes?: number;
@@ -60,7 +70,7 @@ export function startServer(opts: {
   clientHeaders?: Record<string, string>;
   /** The instance name the handler answers with. */
   instance?: string;
-} = {}): TestServer {
+} = {}): Promise<TestServer> {
   const service = new AttentionService({
     backends: opts.backends ?? [CPU_REFERENCE as AttentionBackend],
     device: opts.device ?? new FakeNoDevice(),
@@ -79,7 +89,16 @@ export function startServer(opts: {
     log: (_m, e) => errors.push(e),
     instance: opts.instance,
   });
-  const server = Deno.serve({ port: 0, hostname: "127.0.0.1", onListen: () => {} }, handler);
+  const server = serverMode.httpWorkers > 0
+    ? await serveWithWorkers({
+      workers: serverMode.httpWorkers,
+      port: 0,
+      hostname: "127.0.0.1",
+      access: opts.access ?? {},
+      maxBodyBytes: opts.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES,
+      log: (_m, e) => errors.push(e),
+    }, handler)
+    : Deno.serve({ port: 0, hostname: "127.0.0.1", onListen: () => {} }, serveLentBodies(handler));
   const url = `http://127.0.0.1:${server.addr.port}`;
   return {
     url,

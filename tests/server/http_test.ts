@@ -9,7 +9,7 @@ import { startServer } from "./helpers.ts";
 import { rawExchange, rawRequest } from "./raw_http.ts";
 
 Deno.test("HEAD answers every GET route with its status and headers and no body", async () => {
-  const srv = startServer();
+  const srv = await startServer();
   try {
     const c = await srv.client.createCache({
       num_blocks: 2,
@@ -69,7 +69,7 @@ function requestSeries(metrics: string): string[] {
 }
 
 Deno.test('metrics: invented methods are counted as method="other"; series stay bounded', async () => {
-  const srv = startServer();
+  const srv = await startServer();
   try {
     const before = requestSeries(srv.metrics.render()).length;
     const paths = ["/healthz", "/v1/kv-caches", "/no/such/route"];
@@ -99,7 +99,7 @@ Deno.test('metrics: invented methods are counted as method="other"; series stay 
 
 Deno.test("503 answers carry Retry-After", async () => {
   // Every backend, no device: forcing a GPU backend is a 503 device_unavailable.
-  const srv = startServer({ backends: builtinBackends() });
+  const srv = await startServer({ backends: builtinBackends() });
   try {
     const gpu = (await srv.client.backends()).find((b) => b.available === false);
     assert.ok(gpu, "a backend that needs a device");

@@ -20,6 +20,7 @@ Deno.test("main: flags and defaults", () => {
     allowedHosts: [],
     shutdownDeadlineMs: 30_000,
     gpu: true,
+    httpWorkers: 0,
     runtime: DENO_RUNTIME,
     help: false,
   };
@@ -86,6 +87,12 @@ Deno.test("main: flags and defaults", () => {
   assert.throws(() => parseServeArgs(["--port", "70000"]), /<= 65535/);
   assert.throws(() => parseServeArgs(["--max-body-bytes", "0"]), />= 1/);
   assert.throws(() => parseServeArgs(["--bogus"]), /bogus/);
+  assert.equal(parseServeArgs(["--http-workers", "4"]).httpWorkers, 4);
+  assert.equal(parseServeArgs([], { ATTN_HTTP_WORKERS: "3" }).httpWorkers, 3);
+  assert.equal(parseServeArgs(["--http-workers=0"], { ATTN_HTTP_WORKERS: "3" }).httpWorkers, 0);
+  assert.throws(() => parseServeArgs(["--http-workers=-1"]), /--http-workers must be .*"-1"/);
+  assert.throws(() => parseServeArgs(["--http-workers", "65"]), /from 0 to 64, got "65"/);
+  assert.throws(() => parseServeArgs([], { ATTN_HTTP_WORKERS: "two" }), /ATTN_HTTP_WORKERS must/);
   assert.equal(parseServeArgs(["--instance-name", "gpu-0.a_b"]).instanceName, "gpu-0.a_b");
   assert.equal(parseServeArgs([]).instanceName, undefined);
   for (const bad of ["", "-x", "a b", "x".repeat(65), "é"]) {

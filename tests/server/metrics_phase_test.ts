@@ -64,7 +64,7 @@ Deno.test("metrics: phases by backend, in seconds; unknown keys and bad values n
 });
 
 Deno.test("metrics: every forward route records its phases once per successful call", async () => {
-  const srv = startServer();
+  const srv = await startServer();
   try {
     await srv.client.putCache("m", HeldSeq.cacheSpec());
     const seq = new HeldSeq();

@@ -132,9 +132,9 @@ async function statusesOf(url: string, list: Probe[]): Promise<Map<string, Set<n
 }
 
 Deno.test("openapi: every status a probe of each route draws is documented for it", async () => {
-  const srv = startServer({ backends: builtinBackends(), maxBodyBytes: 64 * 1024 });
-  const guarded = startServer({ access: { token: "t0ken", allowedHosts: null } });
-  const local = startServer({ access: { allowedHosts: ["localhost", "127.0.0.1"] } });
+  const srv = await startServer({ backends: builtinBackends(), maxBodyBytes: 64 * 1024 });
+  const guarded = await startServer({ access: { token: "t0ken", allowedHosts: null } });
+  const local = await startServer({ access: { allowedHosts: ["localhost", "127.0.0.1"] } });
   try {
     const doc = await (await fetch(`${srv.url}/openapi.json`)).json() as Doc;
     const seen = await statusesOf(srv.url, probes());

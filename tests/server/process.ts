@@ -4,6 +4,8 @@
  * @module
  */
 
+import { serverMode } from "./helpers.ts";
+
 const MAIN = new URL("../../server/main.ts", import.meta.url).pathname;
 const CONFIG = new URL("../../deno.json", import.meta.url).pathname;
 
@@ -43,6 +45,7 @@ export async function spawnServer(
       MAIN,
       "--port",
       "0",
+      ...(serverMode.httpWorkers > 0 ? ["--http-workers", String(serverMode.httpWorkers)] : []),
       ...args,
     ],
     env: { XDG_RUNTIME_DIR: "/tmp", ...env },

@@ -51,7 +51,7 @@ export const PROTOCOL_400_CASES: [string, string][] = [
 ];
 
 Deno.test("protocol: Deno's own 400s for malformed HTTP have empty bodies; the handler never runs", async () => {
-  const srv = startServer();
+  const srv = await startServer();
   try {
     for (const [name, req] of PROTOCOL_400_CASES) {
       const r = await rawExchange(srv.port, req, { timeoutMs: 5000 });

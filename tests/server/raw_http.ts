@@ -17,7 +17,11 @@ export interface RawResponse {
 
 /** Options of {@link rawExchange}. */
 export interface RawOptions {
-  /** Half-close after writing (the server sees end of input). Default true. */
+  /**
+   * Half-close after writing (the server sees end of input). Default true unless the bytes hold
+   * a whole request (a head, and all of its Content-Length): Deno's server may drop an answer that is
+   * not ready when it sees the half-close (the HTTP workers' answers take a message round trip).
+   */
   closeWrite?: boolean;
   /** Give up after this long (default 10 s). */
   timeoutMs?: number;
@@ -94,6 +98,17 @@ export function parseResponse(buf: Uint8Array, eof: boolean, isHead = false): Ra
  * Writes `request` to 127.0.0.1:`port` and returns the first response, or null when the server
  * closed the connection without a complete one (a reset or an empty answer).
  */
+/** True when the bytes hold a whole request: a head, and all of the body it declares (if any). */
+function declaresWholeBody(bytes: Uint8Array): boolean {
+  const text = new TextDecoder("latin1").decode(bytes.subarray(0, 8192));
+  const end = /\r?\n\r?\n/.exec(text);
+  if (end === null) return false;
+  const head = text.slice(0, end.index + end[0].length);
+  const cl = /\ncontent-length:\s*(\d+)\r?\n/i.exec(head);
+  if (cl === null) return !/\ntransfer-encoding:/i.test(head);
+  return bytes.length - (end.index + end[0].length) >= Number(cl[1]);
+}
+
 export async function rawExchange(
   port: number,
   request: Uint8Array | string,
@@ -116,7 +131,7 @@ export async function rawExchange(
         let off = 0;
         while (off < bytes.length) off += await conn.write(bytes.subarray(off));
       }
-      if (opts.closeWrite ?? true) await conn.closeWrite();
+      if (opts.closeWrite ?? !declaresWholeBody(bytes)) await conn.closeWrite();
     } catch { /* the server may close first; read what it said */ }
     const buf = new Uint8Array(64 * 1024);
     for (;;) {

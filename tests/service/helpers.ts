@@ -9,6 +9,7 @@ import type {
   Capabilities,
   KvCache,
   KvCacheSpec,
+  PlanContract,
   ValidBatch,
 } from "../../core/types.ts";
 import { cacheBytes } from "../../service/cache_store.ts";
@@ -59,7 +60,7 @@ export const ANY_CAPS: Capabilities = {
 };
 
 /** The fake backend and its instrumentation. */
-export interface FakeBackend extends AttentionBackend<null> {
+export interface FakeBackend extends AttentionBackend<PlanContract> {
   plans: number;
   runs: number;
   /** Runs in flight now, and the most seen at once. */
@@ -102,7 +103,7 @@ export function fakeBackend(name = "FAKE"): FakeBackend {
     },
     plan() {
       b.plans++;
-      return null;
+      return {};
     },
     async run(_p, batch: ValidBatch) {
       b.runs++;

@@ -59,7 +59,7 @@ function counting(name = "COUNT") {
       return { id: n };
     },
     disposePlan: (p: { id: number }) => disposed.push(p.id),
-  } as unknown as AttentionBackend<{ id: number }>;
+  } as unknown as AttentionBackend<{ id: number; checks_finite?: boolean }>;
   return { b, made, disposed };
 }
 

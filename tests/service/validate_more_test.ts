@@ -10,7 +10,13 @@ import { dataArray, fromFloats } from "../../core/data.ts";
 import { ServiceError } from "../../core/errors.ts";
 import { rawFromJson, rawFromSafetensors, toDataTensor } from "../../wire/tensors.ts";
 import type { KvCacheSpec } from "../../core/types.ts";
-import { checkFiniteOnHost, type ForwardInput, validateForward } from "../../service/validate.ts";
+import {
+  attachCache,
+  checkFiniteOnHost,
+  type ForwardInput,
+  validateForward,
+} from "../../service/validate.ts";
+import { HostKvCache } from "../../backends/cpu/host_cache.ts";
 
 const SPEC: KvCacheSpec = {
   num_blocks: 8,
@@ -290,4 +296,15 @@ Deno.test("validate: deferFinite leaves a large batch's scan, unless the call fa
     `metadata.slot_mapping.${T - 1}`,
     `value.${at}`,
   ]);
+});
+
+Deno.test("validate: attachCache takes the validated spec's cache and names a differing field", () => {
+  const v = validateForward(input(), HELD);
+  const ok = attachCache(v.batch, HostKvCache.create(SPEC));
+  assert.equal(ok.cache?.spec.block_size, 4);
+  assert.throws(
+    () => attachCache(v.batch, HostKvCache.create({ ...SPEC, num_blocks: 9 })),
+    /num_blocks is 9, the validated spec's 8/,
+  );
+  assert.throws(() => attachCache(v.batch, null), /needs/);
 });

@@ -10,7 +10,7 @@ import assert from "node:assert/strict";
 import { CPU_REFERENCE } from "../../backends/cpu/cpu_reference.ts";
 import { toFloat32 } from "../../core/data.ts";
 import { HostKvCache } from "../../backends/cpu/host_cache.ts";
-import type { AttentionBackend, GpuContext, KvCache } from "../../core/types.ts";
+import type { AttentionBackend, GpuContext, KvCache, PlanContract } from "../../core/types.ts";
 import { GpuKvCache } from "../../gpu/kv_cache.ts";
 import { validHostBatch } from "../../service/host_input.ts";
 import { type BatchSpec, generateBatch } from "./batches.ts";
@@ -55,7 +55,7 @@ export async function checkBackend(
   try {
     const want = await CPU_REFERENCE.run({}, validHostBatch(g.batch, ref), { gpu: null });
     const batch = validHostBatch(g.batch, cache);
-    const plan = await backend.plan(batch, ctx) as {
+    const plan = await backend.plan(batch, ctx) as PlanContract & {
       kernels?: string[];
       info?: Record<string, number>;
     };

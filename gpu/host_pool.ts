@@ -1,0 +1,136 @@
+/**
+ * A pool of host memory for read-back results, in power-of-two size classes (4 KiB and up),
+ * like the GPU buffer pool (gpu/buffer_pool.ts). Copying a large readback into fresh memory
+ * pays a page fault per 4 KiB page (on the H200 host a 64 MiB copy took 42.5 ms into a fresh
+ * ArrayBuffer and 11.2 ms into memory already touched, bench/io_probe.ts), so a launch copies
+ * its mapped range into a lent, already-touched buffer instead ({@link HostLease}).
+ *
+ * A lease is owned by one result until `release()`: the pool never lends memory that is out on
+ * a lease, so two live results never share bytes. Whoever consumes the result releases it once
+ * nothing reads its bytes any more (the HTTP layer once the body was delivered, the service's
+ * callers when done); a lease that is never released is simply not reused (its memory goes
+ * with the garbage collector; `leaked` counts those the collector found). Free buffers beyond
+ * `maxFreeBytes` are dropped, largest classes first.
+ * @module
+ */
+
+/** Smallest size class, bytes. */
+export const MIN_HOST_CLASS = 4096;
+
+/** The size class a request of `bytes` is served from. */
+export function hostSizeClass(bytes: number): number {
+  let c = MIN_HOST_CLASS;
+  while (c < bytes) c *= 2;
+  return c;
+}
+
+/** Host memory lent to one result. */
+export interface HostLease {
+  /** `bytes` long, at offset 0 of a pooled ArrayBuffer (the class's size). */
+  readonly bytes: Uint8Array<ArrayBuffer>;
+  /** Returns the memory to the pool; nothing may read `bytes` afterwards. Idempotent. */
+  release(): void;
+}
+
+/** Counters of a pool (tests, the bench's reuse line). */
+export interface HostPoolStats {
+  /** Leases out and not yet released (nor collected). */
+  in_use: number;
+  free: number;
+  free_bytes: number;
+  /** Buffers ever allocated (a steady state stops growing this). */
+  created: number;
+  /** Leases served from the pool. */
+  reused: number;
+  /** Leases the garbage collector found unreleased. */
+  leaked: number;
+}
+
+/** A host-memory pool (see the module doc). */
+export class HostPool {
+  readonly maxFreeBytes: number;
+  #free = new Map<number, ArrayBuffer[]>();
+  #freeBytes = 0;
+  #inUse = 0;
+  #created = 0;
+  #reused = 0;
+  #leaked = 0;
+  // Watches each lent buffer: collected while out on a lease means nobody released it.
+  #unreleased = new FinalizationRegistry<{ done: boolean }>((state) => {
+    if (state.done) return;
+    state.done = true;
+    this.#inUse--;
+    this.#leaked++;
+  });
+
+  constructor(maxFreeBytes = 2 ** 30) {
+    this.maxFreeBytes = maxFreeBytes;
+  }
+
+  /** A lease of `bytes` bytes (contents unspecified: stale bytes of an earlier lease). */
+  acquire(bytes: number): HostLease {
+    const size = hostSizeClass(bytes);
+    let buf = this.#free.get(size)?.pop();
+    if (buf) {
+      this.#freeBytes -= size;
+      this.#reused++;
+    } else {
+      buf = new ArrayBuffer(size);
+      this.#created++;
+    }
+    this.#inUse++;
+    const state = { done: false };
+    const owned = buf;
+    const lease: HostLease = {
+      bytes: new Uint8Array(owned, 0, bytes),
+      release: () => {
+        if (state.done) return;
+        state.done = true;
+        this.#inUse--;
+        this.#unreleased.unregister(state);
+        this.#put(owned);
+      },
+    };
+    this.#unreleased.register(owned, state, state);
+    return lease;
+  }
+
+  #put(buf: ArrayBuffer): void {
+    if (buf.detached || buf.byteLength === 0) return; // transferred away: nothing to keep
+    let list = this.#free.get(buf.byteLength);
+    if (!list) this.#free.set(buf.byteLength, list = []);
+    list.push(buf);
+    this.#freeBytes += buf.byteLength;
+    if (this.#freeBytes <= this.maxFreeBytes) return;
+    const sizes = [...this.#free.keys()].sort((a, b) => b - a);
+    for (const s of sizes) {
+      const l = this.#free.get(s)!;
+      while (l.length && this.#freeBytes > this.maxFreeBytes) {
+        l.pop();
+        this.#freeBytes -= s;
+      }
+    }
+  }
+
+  /** Drops every free buffer. */
+  clear(): void {
+    this.#free.clear();
+    this.#freeBytes = 0;
+  }
+
+  stats(): HostPoolStats {
+    let free = 0;
+    for (const l of this.#free.values()) free += l.length;
+    return {
+      in_use: this.#inUse,
+      free,
+      free_bytes: this.#freeBytes,
+      created: this.#created,
+      reused: this.#reused,
+      leaked: this.#leaked,
+    };
+  }
+}
+
+/** The process's pool of read-back memory (host memory is not per device). */
+export const hostPool: HostPool = new HostPool();

@@ -1,0 +1,74 @@
+/**
+ * Answers whose body is lent memory (a forward's output, read back into a pooled host buffer,
+ * gpu/host_pool.ts): the parts go out uncopied through a ReadableStream, and the memory goes
+ * back to its pool only when whoever hands the answer on says the bytes are no longer read
+ * ({@link releaseWhenDelivered}); until then, and if nobody says so, it is not reused (safe by
+ * default: the garbage collector takes it).
+ *
+ * When that is depends on the consumer:
+ * - **Deno.serve** takes a stream body's chunks without copying them (deno_core `JsBuffer` →
+ *   `BufView`) and writes them to the socket after the stream handed them over, so the end of
+ *   the stream is too early. {@link serveLentBodies} wraps a Deno.serve handler so that the
+ *   memory is released when the handler's `info.completed` settles: for a stream body Deno
+ *   resolves it from `op_http_set_response_body_resource` once the response finished (on
+ *   HTTP/1.1, `write_h1_stream_response` awaits each chunk's write and the final flush first;
+ *   deno ext/http/http_next.rs, 2.9), or rejects it when the answer could not be sent (nothing
+ *   more is written then). HTTP/2 is not claimed (see {@link serveLentBodies}).
+ * - **A consumer that copies** (`await res.arrayBuffer()`, a front that forwards the bytes)
+ *   passes the promise of its copy.
+ * A Uint8Array body is never used for lent memory: Deno keeps it without saying when it was
+ * written (`completed` resolves before such a body is sent).
+ * @module
+ */
+
+const lent = new WeakMap<Response, () => void>();
+
+/** An answer streaming `parts` (in order, uncopied), with Content-Length; `release` lent. */
+export function lentBodyResponse(
+  parts: Uint8Array[],
+  release: () => void,
+  init: { status?: number; headers: Record<string, string> },
+): Response {
+  let next = 0;
+  const body = new ReadableStream<Uint8Array>({
+    pull(c) {
+      if (next < parts.length) c.enqueue(parts[next++]);
+      else c.close();
+    },
+  }, { highWaterMark: 0 });
+  const length = parts.reduce((n, p) => n + p.byteLength, 0);
+  const res = new Response(body, {
+    status: init.status ?? 200,
+    headers: { ...init.headers, "content-length": String(length) },
+  });
+  lent.set(res, release);
+  return res;
+}
+
+/**
+ * Releases `res`'s lent body memory (if it has any) once `settled` settles, resolved or
+ * rejected: Deno.serve's `info.completed`, or the consumer's own copy of the body. At most once.
+ */
+export function releaseWhenDelivered(res: Response, settled: Promise<unknown>): void {
+  const release = lent.get(res);
+  if (!release) return;
+  lent.delete(res);
+  settled.then(release, release);
+}
+
+/**
+ * A Deno.serve handler that tells lent answer bodies when Deno delivered them, on HTTP/1.1.
+ * A request without a Host header (HTTP/2, whose requests carry `:authority` instead, or an
+ * HTTP/1.0 one) is left unclaimed: Deno serves HTTP/2 through hyper, which resolves
+ * `completed` when it drops the body, possibly before the last DATA frames it buffered are
+ * sent, so that memory is never reused (the garbage collector takes it).
+ */
+export function serveLentBodies(
+  handler: (req: Request) => Promise<Response>,
+): (req: Request, info: Deno.ServeHandlerInfo) => Promise<Response> {
+  return async (req, info) => {
+    const res = await handler(req);
+    if (lent.has(res) && req.headers.has("host")) releaseWhenDelivered(res, info.completed);
+    return res;
+  };
+}
