@@ -173,6 +173,21 @@ Deno.test(
   },
 );
 
+Deno.test(
+  "decode fused_reduce: many rows of many slices at once, three calls (a race shows on GPUs)",
+  { ignore: NO_GPU },
+  async () => {
+    const spec: BatchSpec = {
+      ...SPECS[1][1],
+      dtype: "float16",
+      kv_cache_dtype: "float16",
+      requests: Array.from({ length: 40 }, (_, i) => ({ query_len: 1, seq_len: 600 + 53 * i })),
+    };
+    const fused = backendOf({ fused_reduce: true });
+    for (let r = 0; r < 3; r++) await checkBackend(fused, GPU!, spec, { minItems: 400 });
+  },
+);
+
 Deno.test("decode fused_reduce: concurrent calls in flight", { ignore: NO_GPU }, async () => {
   const fused = backendOf({ fused_reduce: true });
   await Promise.all(SPECS.map(([, spec]) => checkBackend(fused, GPU!, spec, { minItems: 4 })));
