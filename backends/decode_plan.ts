@@ -1,10 +1,11 @@
 /**
  * Planning split-KV decoding for the rows of a batch (WEBGPU_DECODE runs every row this way;
  * WEBGPU_FLASH its decode rows): {@link planDecodeRows} turns each query token of the chosen
- * requests into work items (slices of the keys that token may see), picks the kernel shape
- * and the slice length from the key counts and a target workgroup count, compiles the split
- * and reduce kernels (cached per device), and adds their Params and the item / block-table /
- * slope / row / sink table to the plan table. A query token at position p sees keys
+ * requests into work items (slices of the keys that token may see), picks the kernel shape,
+ * the slice length (backends/decode_split_policy.ts) and how the split kernel ends (rows of
+ * one slice written directly, the reduce fused or a reduce pass: backends/decode_shape.ts
+ * epilogueMode), compiles the kernels (cached per device), and adds their Params and the item /
+ * block-table / slope / row / sink table to the plan table. A query token at position p sees keys
  * [max(0, p - w + 1), p + 1) under a causal mask (window w), so each token is its own decode
  * row: a request of query length n > 1 is n rows.
  * @module
@@ -13,12 +14,13 @@ import type { BatchShape, GpuContext } from "../core/types.ts";
 import { dispatchSize } from "../gpu/batch_buffers.ts";
 import { DECODE_REDUCE, DECODE_SPLIT, type DecodeSplitConsts } from "../gpu/decode_kernels.ts";
 import { DECODE_SCALE } from "../gpu/decode_codegen.ts";
-import type { PlannedCall } from "../gpu/gpu_plan.ts";
+import type { BindRef, PlannedCall } from "../gpu/gpu_plan.ts";
 import { getKernel, packUniforms } from "../gpu/kernel.ts";
 import { kvChunkGeometry } from "../gpu/kv_cache.ts";
 import type { TableBuilder } from "../gpu/plan_table.ts";
 import { elementsPerWord } from "../gpu/wgsl.ts";
-import { decodeShape } from "./decode_shape.ts";
+import { decodeShape, epilogueMode, stagedEntries } from "./decode_shape.ts";
+import { sliceLength } from "./decode_split_policy.ts";
 import type { DecodeTuning } from "./webgpu_decode_tuning.ts";
 
 /** What {@link planDecodeRows} adds to a plan. */
@@ -30,8 +32,21 @@ export interface DecodeRowsPlan {
   rows: number;
   items: number;
   split_keys: number;
+  /** Rows cut into several slices (the rest write their output from the split pass when
+   * `epilogue` > 0). */
+  split_rows: number;
+  /** How the split kernel ends (gpu/decode_kernels.ts `epi`) and its staged block-table
+   * entries (0: none). */
+  epilogue: number;
+  table_entries: number;
   key: string;
 }
+
+/** Most bytes of partials the fused reduce keeps in its device-owned buffer (beyond: epi 1). */
+export const FUSED_PART_BYTES = 64 * 2 ** 20;
+
+/** The item / row field of a row cut into one slice that writes its output itself. */
+const NONE = 0xffffffff;
 
 /** A token's visible key range [begin, end) at position `p` of a request with `S` keys. */
 export function keyRange(s: BatchShape, p: number, S: number): [number, number] {
@@ -69,7 +84,6 @@ export async function planDecodeRows(
   const H = L.num_heads, Hkv = L.num_kv_heads, D = L.head_size;
   // Rows and their key ranges.
   const ranges: [number, number, number, number, number][] = []; // req, token, begin, end, pos
-  let keys = 0;
   for (let i = 0; i < md.num_reqs; i++) {
     if (!reqs(i)) continue;
     const q0 = md.query_start_loc[i], n = md.query_start_loc[i + 1] - q0, S = md.seq_lens[i];
@@ -77,39 +91,53 @@ export async function planDecodeRows(
     for (let j = 0; j < n; j++) {
       const [b, e] = keyRange(s, base + j, S);
       ranges.push([i, q0 + j, b, Math.max(b, e), base + j]);
-      keys += Math.max(0, e - b);
     }
   }
   if (ranges.length === 0) return null;
   const g = kvChunkGeometry(ctx, spec);
   const shape = decodeShape(ctx, tuning, L, spec, g.storage_dtype);
   const perItem = (Hkv / shape.kh) * shape.tiles;
-  const step = (shape.wg / shape.lpk) * shape.u;
-  let split = Math.max(
-    tuning.min_split_keys,
-    Math.ceil(keys / Math.max(1, shape.target / perItem)),
-  );
-  split = Math.ceil(split / step) * step;
-  const partLimit = partialLimit(ctx);
-  const countItems = (x: number) =>
-    ranges.reduce((n, r) => n + Math.max(1, Math.ceil((r[3] - r[2]) / x)), 0);
-  while (partialBytes(countItems(split), H, D) > partLimit && split < 2 ** 30) split *= 2;
-  const items: number[] = [];
-  const rowTable = new Uint32Array(4 * ranges.length);
+  const nkg = shape.wg / shape.lpk;
   // Slices start at multiples of U (a step's keys then share a block); the first one masks
   // the keys before the range's true begin.
+  const starts = ranges.map(([, , b, e]) => (e > b ? b - (b % shape.u) : b));
+  const spans = ranges.map((r, j) => r[3] - starts[j]);
+  let split = sliceLength(tuning, {
+    spans,
+    perItem,
+    step: nkg * shape.u,
+    target: shape.target,
+  });
+  let epi = epilogueMode(ctx, tuning, shape, g.nchunk);
+  // Partial slots: every item (epi 0), else the items of rows cut into several.
+  const slotsAt = (x: number) =>
+    spans.reduce((n, sp) => {
+      const c = Math.max(1, Math.ceil(sp / x));
+      return n + (epi > 0 && c === 1 ? 0 : c);
+    }, 0);
+  const partLimit = partialLimit(ctx);
+  while (partialBytes(slotsAt(split), H, D) > partLimit && split < 2 ** 30) split *= 2;
+  // The fused reduce's partials stay allocated on the device: big ones take the reduce pass.
+  if (epi === 2 && partialBytes(slotsAt(split), H, D) > FUSED_PART_BYTES) epi = 1;
+  // direct_single changes nothing when every row is cut: keep the plain kernel then.
+  if (epi === 1 && spans.every((sp) => sp > split)) epi = 0;
+  const items: number[] = [];
+  const rows: number[] = []; // row table: token, first slot, slot count, first counter
+  let slots = 0;
   ranges.forEach(([i, t, b, e, p], r) => {
-    const first = items.length / 8;
-    const start = e > b ? b - (b % shape.u) : b;
-    for (let k = start; k < e || k === start; k += split) {
-      items.push(i, t, k, Math.min(e, k + split), items.length / 8, p, b, 0);
-      if (e <= b) break;
+    const start = starts[r], n = Math.max(1, Math.ceil(spans[r] / split));
+    const direct = epi > 0 && n === 1;
+    const row = direct ? NONE : rows.length / 4;
+    if (!direct) rows.push(t, slots, n, row * perItem);
+    for (let j = 0; j < n; j++) {
+      const k = start + j * split;
+      items.push(i, t, k, Math.max(k, Math.min(e, k + split)), direct ? NONE : slots++, p, b, row);
     }
-    rowTable.set([t, first, items.length / 8 - first, 0], 4 * r);
   });
   const n = items.length / 8;
+  const tb = stagedEntries(tuning, shape, epi, items, spec.block_size);
   const btOff = items.length, slopeOff = btOff + md.block_table.length;
-  const tokOff = slopeOff + H, sinkOff = tokOff + rowTable.length;
+  const tokOff = slopeOff + H, sinkOff = tokOff + rows.length;
   const tab = new Uint32Array(sinkOff + H);
   tab.set(items);
   tab.set(
@@ -117,12 +145,13 @@ export async function planDecodeRows(
     btOff,
   );
   if (L.alibi_slopes) tab.set(new Uint32Array(Float32Array.from(L.alibi_slopes).buffer), slopeOff);
-  tab.set(rowTable, tokOff);
+  tab.set(rows, tokOff);
   if (L.sinks) tab.set(new Uint32Array(Float32Array.from(L.sinks).buffer), sinkOff);
+  const numRows = rows.length / 4;
 
   const fp8 = g.storage_dtype === "fp8_e4m3" || g.storage_dtype === "fp8_e5m2";
   const splitGrid = dispatchSize(ctx, n * perItem);
-  const reduceGrid = dispatchSize(ctx, ranges.length * H);
+  const reduceGrid = dispatchSize(ctx, Math.max(1, numRows) * H);
   const consts: DecodeSplitConsts = {
     storage: g.storage_dtype,
     dtype: s.dtype,
@@ -140,6 +169,8 @@ export async function planDecodeRows(
     alibi: L.alibi_slopes !== null,
     early_v: tuning.early_values,
     prefetch: tuning.prefetch,
+    epi,
+    tb,
   };
   const params = table.add(packUniforms(DECODE_SPLIT, {
     num_tokens: T,
@@ -154,8 +185,8 @@ export async function planDecodeRows(
     slope_off: slopeOff,
     tok_off: tokOff,
     sink_off: sinkOff,
-    ml_off: (n * H * D) / 4,
-    num_rows: ranges.length,
+    ml_off: (slots * H * D) / 4,
+    num_rows: numRows,
     nwg_x: splitGrid[0],
     nwg_x_reduce: reduceGrid[0],
     block_words: g.block_words,
@@ -165,28 +196,37 @@ export async function planDecodeRows(
     v_scale: (fp8 ? L.v_scale : 1) * DECODE_SCALE[g.storage_dtype],
     has_sink: L.sinks ? 1 : 0,
     neg_inf: -Infinity,
+    cnt_off: slots * H * (D + 4),
   }));
   const tabSec = table.add(tab);
   // Sections are added before the first await: the table's layout then follows the order the
   // planners were called in, whatever order the kernels resolve in (stable bindings).
+  const reduce = epi < 2 && numRows > 0;
   const [split_k, reduce_k] = await Promise.all([
     getKernel(ctx, DECODE_SPLIT, consts),
-    getKernel(ctx, DECODE_REDUCE, { d: D, dtype: s.dtype }),
+    reduce ? getKernel(ctx, DECODE_REDUCE, { d: D, dtype: s.dtype }) : null,
   ]);
-  const calls: PlannedCall[] = [
-    {
-      name: "decode_split",
-      kernel: split_k,
-      bind: {
-        P: { table: params },
-        q: { io: "query" },
-        tab: { table: tabSec },
-        part: { scratch: "part" },
-      },
-      cache: true,
-      grid: splitGrid,
+  // Partials and counters: pooled scratch, or under the fused reduce the device's own zeroed
+  // buffer (wgsl/decode_fused.wgsl: every word zero between its dispatches).
+  const partBytes = partialBytes(slots, H, D) + (epi === 2 ? numRows * perItem * 4 : 0);
+  const part: BindRef = epi === 2
+    ? { persistent: "decode_fused_part", bytes: partBytes }
+    : { scratch: "part" };
+  const calls: PlannedCall[] = [{
+    name: "decode_split",
+    kernel: split_k,
+    bind: {
+      P: { table: params },
+      q: { io: "query" },
+      tab: { table: tabSec },
+      part,
+      ...(epi > 0 ? { out: { io: "out" }, lse: { io: "lse" } } : {}),
     },
-    {
+    cache: true,
+    grid: splitGrid,
+  }];
+  if (reduce_k) {
+    calls.push({
       name: "decode_reduce",
       kernel: reduce_k,
       bind: {
@@ -197,14 +237,17 @@ export async function planDecodeRows(
         lse: { io: "lse" },
       },
       grid: reduceGrid,
-    },
-  ];
+    });
+  }
   return {
     calls,
-    part_bytes: Math.max(16, partialBytes(n, H, D)),
+    part_bytes: Math.max(16, epi === 2 ? 16 : partBytes),
     rows: ranges.length,
     items: n,
     split_keys: split,
+    split_rows: numRows,
+    epilogue: epi,
+    table_entries: tb,
     key: split_k.key,
   };
 }

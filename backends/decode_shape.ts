@@ -10,6 +10,7 @@ import type { GpuContext, KvCacheSpec, LayerSpec, StorageDType } from "../core/t
 import { elementsPerWord } from "../gpu/wgsl.ts";
 import { isSoftwareAdapter } from "../gpu/runtime_adapter.ts";
 import type { DecodeTuning } from "./webgpu_decode_tuning.ts";
+import { splitStorageBindings } from "../gpu/decode_kernels.ts";
 
 /** A split-kernel shape. */
 export interface DecodeShape {
@@ -22,6 +23,10 @@ export interface DecodeShape {
   wg: number;
   /** Split-pass workgroups the slice length aims for. */
   target: number;
+  /** Bytes of workgroup memory of the kernel body (before an epilogue or staged table). */
+  shared: number;
+  /** Bytes of workgroup memory the device grants. */
+  shared_limit: number;
 }
 
 /** True for CPU (software) adapters (on either runtime: gpu/runtime_adapter.ts). */
@@ -72,5 +77,50 @@ export function decodeShape(
   while (wg > lpk && shared(wg) > wsLimit) wg = Math.max(lpk, (wg / 2 / lpk | 0) * lpk);
   const target = tuning.target_workgroups ||
     (cpu ? 4 * Math.max(1, navigator.hardwareConcurrency ?? 2) : 2048);
-  return { sg, lpk, hg, tiles, kh, u, wg, target };
+  return { sg, lpk, hg, tiles, kh, u, wg, target, shared: shared(wg), shared_limit: wsLimit };
+}
+
+/** Workgroup bytes of the epilogue's (m, l) per flat head and ticket. */
+const epilogueShared = (s: DecodeShape) => s.kh * s.hg * 8 + 16;
+
+/**
+ * How the split kernel ends (gpu/decode_kernels.ts `epi`): 2 with `fused_reduce`, 1 with
+ * `direct_single`, else 0, on GPU shapes only (several key groups a workgroup: the merged state
+ * sits in workgroup memory), while its storage bindings and the cache's `nchunk` chunks fit the
+ * device's per-stage limit and the epilogue's workgroup memory fits.
+ */
+export function epilogueMode(
+  gpu: GpuContext,
+  tuning: DecodeTuning,
+  s: DecodeShape,
+  nchunk: number,
+): number {
+  const want = tuning.fused_reduce ? 2 : tuning.direct_single ? 1 : 0;
+  const perStage = gpu.limits.maxStorageBuffersPerShaderStage ?? 8;
+  if (want === 0 || s.wg <= s.lpk || splitStorageBindings(want) + 2 * nchunk > perStage) return 0;
+  return s.shared + epilogueShared(s) <= s.shared_limit ? want : 0;
+}
+
+/**
+ * Block-table entries a split workgroup stages in workgroup memory (`stage_table`): the most
+ * blocks one of `items` (8 words each: k_begin at 2, k_end at 3) spans, rounded up to a power of
+ * two (few kernel variants); 0 (lookups from storage) when off, over `stage_table_max` or over
+ * the workgroup memory left.
+ */
+export function stagedEntries(
+  tuning: DecodeTuning,
+  s: DecodeShape,
+  epi: number,
+  items: ArrayLike<number>,
+  bs: number,
+): number {
+  if (!tuning.stage_table) return 0;
+  let most = 1;
+  for (let j = 0; j < items.length; j += 8) {
+    const kb = items[j + 2], ke = items[j + 3];
+    if (ke > kb) most = Math.max(most, Math.floor((ke - 1) / bs) - Math.floor(kb / bs) + 1);
+  }
+  const tb = 2 ** Math.ceil(Math.log2(most));
+  const shared = s.shared + (epi > 0 ? epilogueShared(s) : 0) + 4 * tb;
+  return tb <= tuning.stage_table_max && shared <= s.shared_limit ? tb : 0;
 }

@@ -4,7 +4,9 @@
  * its slice once for all query heads of the GQA group (coalesced vec4<u32> loads, f32 online
  * softmax, no barrier per key; wgsl/decode_split.wgsl), and a reduce pass merges the slices
  * by their max and sum, adds the sink and writes the output in the batch dtype
- * (wgsl/decode_reduce.wgsl). A request with n > 1 query tokens is n decode rows: correct for
+ * (wgsl/decode_reduce.wgsl); on GPU shapes a row of one slice writes its output from the split
+ * pass, and with `fused_reduce` the last slice of a row merges the others there too
+ * (wgsl/decode_epilogue.wgsl, decode_fused.wgsl). A request with n > 1 query tokens is n decode rows: correct for
  * any batch, fast where queries are short (decode, speculative decode). WEBGPU_FLASH runs its
  * decode rows through the same kernels. Core WGSL only; uses subgroup shuffles when
  * `subgroups` was granted, else a workgroup-memory reduction.
@@ -53,7 +55,14 @@ export function makeWebGpuDecode(
         calls: d.calls,
         scratch: { part: d.part_bytes },
         kernels: [d.key],
-        info: { decode_rows: d.rows, decode_items: d.items, split_keys: d.split_keys },
+        info: {
+          decode_rows: d.rows,
+          decode_items: d.items,
+          split_keys: d.split_keys,
+          decode_split_rows: d.split_rows,
+          decode_epilogue: d.epilogue,
+          decode_table_entries: d.table_entries,
+        },
       };
     });
   }

@@ -23,9 +23,20 @@ export interface DecodeTuning {
   max_heads: number;
   /** Most query heads (kv heads x group) one key group keeps state for. */
   max_flat_heads: number;
-  /** Split-pass workgroups the split count aims for; 0: 2048 on GPUs, 4 per CPU core on
-   * software adapters. */
+  /** Split-pass workgroups the split count aims for when `waves` is 0; 0: 2048 on GPUs, 4 per
+   * CPU core on software adapters. */
   target_workgroups: number;
+  /** 0: the slice length aims at `target_workgroups`. Otherwise the slices are cut from the
+   * context lengths and the device's wave (backends/decode_split_policy.ts): the length that
+   * minimises waves x (slice_overhead + length), using at most this many waves of
+   * `wave_workgroups` (or what the uncut rows need); no split where cutting does not pay. */
+  waves: number;
+  /** Split-pass workgroups the device runs at once (one wave). WebGPU reports no SM count:
+   * 528 = 132 SMs x 4 (an H200 at four 128-lane workgroups an SM); a tuning value. */
+  wave_workgroups: number;
+  /** What a split workgroup costs beyond its keys (prologue, merge, partial), in keys: the
+   * `waves` policy's price of one more slice. */
+  slice_overhead: number;
   /** Fewest keys per slice. */
   min_split_keys: number;
   /** false: never use subgroup operations (the workgroup-memory fallback). */
@@ -35,6 +46,19 @@ export interface DecodeTuning {
   /** Double-buffer the loads: issue the next step's K and V rows before this step's
    * arithmetic, so a key group keeps loads in flight while it computes. */
   prefetch: boolean;
+  /** Rows cut into one slice write their output from the split pass (no partial, no reduce
+   * workgroup; no reduce pass when every row is one slice). GPU shapes (several key groups a
+   * workgroup) only. */
+  direct_single: boolean;
+  /** Fuse the reduce into the split pass: the last workgroup of a row's slices (an atomic
+   * counter per row) merges the others' partials and writes the output; one dispatch
+   * (wgsl/decode_fused.wgsl). GPU shapes only; implies `direct_single`. */
+  fused_reduce: boolean;
+  /** Copy a slice's block-table entries into workgroup memory once per workgroup instead of a
+   * storage lookup per key step (when they fit in `stage_table_max` entries). */
+  stage_table: boolean;
+  /** Most block-table entries a workgroup stages (4 bytes each). */
+  stage_table_max: number;
 }
 
 /** The defaults; change a copy and pass it to `makeWebGpuDecode` (backends/webgpu_decode.ts). */
@@ -51,6 +75,13 @@ export const DEFAULT_DECODE_TUNING: Readonly<DecodeTuning> = Object.freeze({
   subgroups: true,
   early_values: true,
   prefetch: false,
+  waves: 0,
+  wave_workgroups: 528,
+  slice_overhead: 192,
+  direct_single: true,
+  fused_reduce: false,
+  stage_table: false,
+  stage_table_max: 1024,
 });
 
 /**

@@ -18,7 +18,9 @@ nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm,clocks.mem --fo
   >"$out/gpu.txt" 2>&1
 cat "$out/gpu.txt"
 export BENCH_FLASH_TILES=${BENCH_FLASH_TILES-8x8x4x4,8x8x4x4l,8x8x4x2,4x8x4x4,8x4x4x4,8x16x2x4,4x16x4x4}
-export BENCH_DECODE_TUNINGS=${BENCH_DECODE_TUNINGS-'[{"prefetch":true},{"prefetch":true,"target_workgroups":1024},{"prefetch":true,"workgroup_size":64},{"keys_per_iter":8},{"prefetch":true,"keys_per_iter":8},{"workgroup_size":64},{"target_workgroups":1024},{"max_lanes":8},{"early_values":false}]'}
+# Decode sweep (bench/NOTES.md, "v0.5"): the issue-8 knobs (fused_reduce, stage_table, the waves
+# slice policy and its wave size) beside the best earlier rows (workgroup_size 64, prefetch).
+export BENCH_DECODE_TUNINGS=${BENCH_DECODE_TUNINGS-'[{"workgroup_size":64},{"prefetch":true},{"fused_reduce":true},{"stage_table":true},{"waves":4},{"waves":4,"wave_workgroups":396},{"waves":4,"wave_workgroups":396,"fused_reduce":true},{"waves":4,"wave_workgroups":264,"workgroup_size":256},{"waves":4,"wave_workgroups":1056,"workgroup_size":64,"fused_reduce":true},{"waves":4,"fused_reduce":true,"stage_table":true,"prefetch":true},{"waves":4,"wave_workgroups":396,"fused_reduce":true,"stage_table":true}]'}
 what=${*:-all}
 run() { # name, limit in seconds, command...
   local name=$1 limit=$2

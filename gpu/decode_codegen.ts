@@ -23,6 +23,8 @@ export interface KernelShape {
   early_v: boolean;
   /** Issue the next step's K and V loads before this step's arithmetic (double buffer). */
   prefetch: boolean;
+  /** End in wgsl/decode_epilogue.wgsl (needs nkg > 1) instead of storing the partial here. */
+  epilogue: boolean;
   /** Decoders of a vec4<u32> `w` into EPW vec4<f32>, in element order. */
   dec: string[];
 }
@@ -212,6 +214,17 @@ export function generateDecodeSplit(k: KernelShape): Record<string, string> {
       }
     }
     sto.push("    }", "    workgroupBarrier();", "  }");
+  }
+  if (k.nkg > 1 && k.epilogue) {
+    sto.push(
+      "  if (lid < F) {",
+      "    let mx = wmax(lid);",
+      "    wfin[lid] = vec2<f32>(mx, wsum(lid, mx));",
+      "  }",
+      "  workgroupBarrier();",
+      "  epilogue(tok, slot, tab[ib + 7u], hq0, id % per_item, lid);",
+    );
+  } else if (k.nkg > 1) {
     sto.push(
       "  for (var i = lid; i < F * D4; i += WG) {",
       "    part[ob - lane * EPW + i] = wacc[i];",

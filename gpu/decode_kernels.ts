@@ -36,6 +36,7 @@ export const DECODE_UNIFORMS = [
   ["v_scale", "f32"],
   ["has_sink", "u32"],
   ["neg_inf", "f32"],
+  ["cnt_off", "u32"],
 ] as const;
 
 /** Compile-time values of a split-kernel variant. */
@@ -57,7 +58,15 @@ export interface DecodeSplitConsts {
   alibi: boolean;
   early_v: boolean;
   prefetch: boolean;
+  /** 0: every slice stores a partial; 1: rows of one slice write their output here; 2: and
+   * the reduce is fused (wgsl/decode_epilogue.wgsl, decode_fused.wgsl). Needs wg > lpk. */
+  epi: number;
+  /** Block-table entries staged in workgroup memory (0: none). */
+  tb: number;
 }
+
+/** Storage buffers the split kernel binds besides the cache's chunks, for epilogue `epi`. */
+export const splitStorageBindings = (epi: number): number => (epi > 0 ? 5 : 3);
 
 /** The split pass, as data. */
 export const DECODE_SPLIT: KernelDef<DecodeSplitConsts> = {
@@ -67,13 +76,24 @@ export const DECODE_SPLIT: KernelDef<DecodeSplitConsts> = {
     { name: "P", kind: "uniform" },
     { name: "q", kind: "read", type: dataLoads("q", c.dtype, 4).type },
     { name: "tab", kind: "read", type: "array<u32>" },
-    { name: "part", kind: "read_write", type: "array<vec4<f32>>" },
+    {
+      name: "part",
+      kind: "read_write",
+      type: c.epi === 2 ? "array<atomic<u32>>" : "array<vec4<f32>>",
+    },
+    ...(c.epi > 0
+      ? [
+        { name: "out", kind: "read_write" as const, type: dataStores("out", c.dtype).type },
+        { name: "lse", kind: "read_write" as const, type: "array<f32>" },
+      ]
+      : []),
     ...kvBindingDecls(c.nchunk, "read", true),
   ],
   enables: (c) => (c.sg ? ["subgroups"] : []),
   async source(c) {
     const epw = c.storage === "float32" ? 1 : c.storage.startsWith("fp8") ? 4 : 2;
     const rw = c.d / epw, rv = rw / 4, nkg = c.wg / c.lpk, F = c.kh * c.hg;
+    if (c.epi > 0 && nkg < 2) throw new Error(`decode_split: epilogue ${c.epi} needs wg > lpk`);
     return specialize(await loadWgsl("decode_split.wgsl"), {
       D: c.d,
       BS: c.bs,
@@ -89,6 +109,10 @@ export const DECODE_SPLIT: KernelDef<DecodeSplitConsts> = {
       ALIBI: c.alibi,
       RED: c.sg ? 1 : c.wg * c.u * F,
       WACC: nkg > 1 ? (F * c.d) / 4 : 1,
+      TB: c.tb,
+      TBN: Math.max(1, c.tb),
+      EPI: c.epi,
+      EPILOGUE: await epilogueSource(c),
       QLOAD: dataLoads("q", c.dtype, 4).code,
       WORDS: await loadWgsl("decode_words.wgsl"),
       ...generateDecodeSplit({
@@ -103,6 +127,7 @@ export const DECODE_SPLIT: KernelDef<DecodeSplitConsts> = {
         alibi: c.alibi,
         early_v: c.early_v,
         prefetch: c.prefetch,
+        epilogue: c.epi > 0,
         dec: DECODERS[c.storage],
       }),
       KV: kvAccessorFns({
@@ -114,6 +139,15 @@ export const DECODE_SPLIT: KernelDef<DecodeSplitConsts> = {
     });
   },
 };
+
+/** The epilogue files of a split kernel and its output store (empty for epi 0). */
+async function epilogueSource(c: DecodeSplitConsts): Promise<string> {
+  if (c.epi === 0) return "";
+  const round = c.dtype === "float32" ? "" : await loadWgsl("round.wgsl");
+  const part = await loadWgsl(c.epi === 2 ? "decode_fused.wgsl" : "decode_partial.wgsl");
+  return [round, dataStores("out", c.dtype).code, await loadWgsl("decode_epilogue.wgsl"), part]
+    .join("\n");
+}
 
 /** The reduce pass, as data. */
 export const DECODE_REDUCE: KernelDef<{ d: number; dtype: DType }> = {

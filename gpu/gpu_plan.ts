@@ -34,13 +34,16 @@ import { type PlanTable, type Section, TABLE_USAGE, uploadTable } from "./plan_t
 import { GpuKvCache } from "./kv_cache.ts";
 import type { FillPlan } from "./fill.ts";
 import { nanWord } from "./wgsl_data.ts";
+import { persistentBuffer } from "./persistent_buffers.ts";
 import { ARGS_BYTES, CLEAR_FLAGS, finiteIssues, FLAGS_BYTES } from "./finite_check.ts";
 
 /** What a binding of a planned call refers to. */
 export type BindRef =
   | { table: Section }
   | { io: "query" | "key" | "value" | "out" | "lse" | "flags" | "args" }
-  | { scratch: string };
+  | { scratch: string }
+  /** The device's own buffer of that name (gpu/persistent_buffers.ts), at least `bytes`. */
+  | { persistent: string; bytes: number };
 
 /** One planned dispatch. */
 export interface PlannedCall {
@@ -207,6 +210,7 @@ export function bindGpuPlan(p: GpuPlan, b: ValidBatch, gpu: GpuContext): BoundGp
     const resolve = (r: BindRef): Bound => {
       if ("table" in r) return { buffer: table, offset: r.table.offset, size: r.table.size };
       if ("scratch" in r) return scratch[r.scratch];
+      if ("persistent" in r) return persistentBuffer(gpu, r.persistent, r.bytes);
       const buf = io[r.io];
       if (!buf) throw new Error(`the plan binds ${r.io}, which this batch does not carry`);
       return buf;

@@ -28,13 +28,21 @@
 //                      time by the generated q_4 (QLOAD)
 //   2 storage  tab   : [..] u32   items at 0: [num_items * 8] (req, token, k_begin rounded
 //                                 down to a multiple of U, k_end, slot, query position,
-//                                 k_begin, 0); block table at P.bt_off:
+//                                 k_begin, row: its row-table entry, NONE for a row cut into
+//                                 one slice under EPI > 0); block table at P.bt_off:
 //                                 [num_reqs * max_blocks] i32; ALiBi slopes at P.slope_off:
-//                                 [num_heads] f32 bits; (token table and sinks: reduce pass)
+//                                 [num_heads] f32 bits; row table at P.tok_off and sinks at
+//                                 P.sink_off (the reduce pass's; the epilogue's, EPI > 0)
 //   3 storage  part  : [num_slots * num_heads * D / 4 + num_slots * num_heads] vec4<f32>
 //                      read_write; acc of (slot, head) at (slot * H + h) * D / 4;
-//                      (m, l, 0, 0) at P.ml_off + slot * H + h
-//   4.. k0..k{NCHUNK-1}, then v0..v{NCHUNK-1} : [blocks_per_chunk * block_words / 4]
+//                      (m, l, 0, 0) at P.ml_off + slot * H + h. Under EPI 2 the same layout
+//                      as array<atomic<u32>> words, then one counter per (row of several
+//                      slices, kv head block, head tile) at word P.cnt_off (decode_fused.wgsl)
+//   with EPI > 0 (wgsl/decode_epilogue.wgsl), before the cache:
+//     out   : [num_tokens, num_heads, D] in the data dtype (out_put4), rows cut into one slice
+//             (every row under EPI 2)
+//     lse   : [num_heads, num_tokens] f32
+//   then k0..k{NCHUNK-1}, v0..v{NCHUNK-1} : [blocks_per_chunk * block_words / 4]
 //                      vec4<u32>, the paged cache chunks (storage-dtype bytes; generated
 //                      accessors load_k4/load_v4(block, word), KV)
 // Dispatch: num_items * (num_kv_heads / KH) * head_tiles workgroups of WG, folded into
@@ -43,8 +51,11 @@
 // Compile-time: D (head size), BS (block size), RW (u32 words per row), EPW (elements per
 //   word), QLOAD (the query's loader), LPK, U, WG, HG, KH, NHD (layout), CAP (soft cap),
 //   ALIBI, RED / WACC (workgroup array sizes), KV (accessors), GSUM, INIT / STEP / STORE
-//   (generated). Core WGSL only: the query is read in its dtype's words and decoded; dot
-//   products, the softmax and the accumulators are f32.
+//   (generated), TB / TBN (block-table entries staged in workgroup memory, 0: none; array
+//   size), EPI (0: every slice writes a partial for the reduce pass; 1: a row cut into one
+//   slice writes its output here; 2: also the reduce fused, wgsl/decode_fused.wgsl) and
+//   EPILOGUE (those files). Core WGSL only: the query is read in its dtype's words and
+//   decoded; dot products, the softmax and the accumulators are f32.
 
 {{KV}}
 
@@ -65,6 +76,8 @@ const NHD: bool = {{NHD}};
 const CAP: bool = {{CAP}};
 const ALIBI: bool = {{ALIBI}};
 const NEG: f32 = -1.0e30; // finite "minus infinity" of the running max
+const TB: u32 = {{TB}};
+const EPI: u32 = {{EPI}};
 
 // Storage-dtype word decoders (wgsl/decode_words.wgsl; the generated code applies them to the
 // words of a vec4<u32>).
@@ -73,6 +86,7 @@ const NEG: f32 = -1.0e30; // finite "minus infinity" of the running max
 var<workgroup> red: array<f32, {{RED}}>; // fallback reduction: WG * UF (else 1)
 var<workgroup> wml: array<vec2<f32>, NKG * F>;
 var<workgroup> wacc: array<vec4<f32>, {{WACC}}>; // F * D4 when NKG > 1 (else 1)
+var<workgroup> wbt: array<u32, {{TBN}}>; // the slice's block-table entries (TB > 0)
 
 // With subgroups (SG), GSUM is `fn gsum(x: f32) -> f32`: the sum of x over the LPK lanes of
 // the caller's key group, in every lane, by subgroupShuffleXor; empty otherwise.
@@ -101,8 +115,12 @@ fn logit(dot_qk: f32, k: u32, vis: bool, pos: u32, slope: f32) -> f32 {
   return select(NEG, s, vis);
 }
 
-// Physical block of key k of the request whose block-table row starts at bt.
+// Physical block of key k of the request whose block-table row starts at bt (TB > 0: bt is
+// the slice's first block index, its entries staged in wbt).
 fn block_of(bt: u32, k: u32) -> u32 {
+  if (TB > 0u) {
+    return wbt[k / BS - bt];
+  }
   return u32(bitcast<i32>(tab[bt + k / BS]));
 }
 
@@ -161,7 +179,17 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   let slot = tab[ib + 4u];
   let pos = tab[ib + 5u];
   let kt = tab[ib + 6u]; // the row's first visible key (the first slice starts at kt - kt % U)
-  let bt = P.bt_off + req * P.max_blocks;
+  var bt = P.bt_off + req * P.max_blocks;
+  if (TB > 0u) {
+    // The slice's block-table entries, once per workgroup (the plan keeps them <= TB).
+    let b0 = kb / BS;
+    let nb = (max(ke, kb + 1u) - 1u) / BS - b0 + 1u;
+    for (var j = lid; j < nb; j += WG) {
+      wbt[j] = tab[bt + b0 + j];
+    }
+    workgroupBarrier();
+    bt = b0;
+  }
   let lane = lid % LPK;
   let kg = lid / LPK;
   let lw = lane * 4u; // this lane's first word of a row
@@ -180,6 +208,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   }
   let ob = (slot * P.num_heads + hq0) * D4 + lane * EPW; // this lane's first output vec4
   let mlb = P.ml_off + slot * P.num_heads + hq0;
-  // Generated: merge the key groups (NKG > 1) and write acc and (m, l) of every head.
+  // Generated: merge the key groups (NKG > 1) and write acc and (m, l) of every head (EPI 0),
+  // or leave the merged state in wacc / wfin and end in the epilogue (EPI > 0).
 {{STORE}}
 }
+{{EPILOGUE}}

@@ -1,0 +1,248 @@
+/**
+ * WEBGPU_DECODE's issue-8 knobs against CPU_REFERENCE on fresh random hostile batches (permuted
+ * block table, NaN in unread slots, outputs poisoned): `direct_single` (rows cut into one slice
+ * write their output from the split pass), `fused_reduce` (the last workgroup of a row merges
+ * the partials: one dispatch), `stage_table` (block-table entries in workgroup memory), and the
+ * `waves` slice policy. Every knob runs on the GPU kernel shape (several key groups a
+ * workgroup) over batches with window, soft cap, ALiBi, sinks, LSE, fp8 / bf16 / f32 caches,
+ * HND and NHD, and rows of several slices beside rows of one; the plan's counts prove which
+ * path ran. The fused reduce also runs repeatedly, interleaved with other plans and
+ * concurrently: its device-owned partials must be back to zero after every dispatch
+ * (wgsl/decode_fused.wgsl), and a stale word would show as a wrong row in a later call.
+ */
+import assert from "node:assert/strict";
+import {
+  type DecodeTuning,
+  DEFAULT_DECODE_TUNING,
+  makeWebGpuDecode,
+} from "../../backends/webgpu_decode.ts";
+import type { AttentionBackend, GpuContext } from "../../core/types.ts";
+import { sliceCount, sliceLength } from "../../backends/decode_split_policy.ts";
+import { epilogueMode } from "../../backends/decode_shape.ts";
+import { type BatchSpec, generateBatch } from "../support/batches.ts";
+import { checkBackend } from "../support/backend_check.ts";
+import { validHostBatch } from "../../service/host_input.ts";
+import { GpuKvCache } from "../../gpu/kv_cache.ts";
+import { freshSeed, GPU, NO_GPU } from "../gpu/helpers.ts";
+
+const GPU_SHAPE = { workgroup_size: 128, keys_per_iter: 4, kv_heads_per_group: 1 };
+const MANY = { target_workgroups: 4096, min_split_keys: 16 };
+
+/** Rows of several slices and of one, an empty request, a padded block table. */
+const REQUESTS = [
+  { query_len: 1, seq_len: 700 },
+  { query_len: 1, seq_len: 90, pad: 1 },
+  { query_len: 0, seq_len: 9 },
+  { query_len: 1, seq_len: 5 },
+  { query_len: 1, seq_len: 1 },
+];
+
+const SPECS: [string, BatchSpec][] = [
+  ["f16, fp8_e4m3 cache, HND, window, sinks, ALiBi, soft cap, LSE", {
+    dtype: "float16",
+    kv_cache_dtype: "fp8_e4m3",
+    k_scale: 0.5,
+    v_scale: 2,
+    layout: "HND",
+    block_size: 16,
+    head_size: 128,
+    num_heads: 8,
+    num_kv_heads: 2,
+    requests: REQUESTS,
+    sliding_window: 300,
+    sinks: true,
+    alibi: true,
+    logits_soft_cap: 6,
+    return_lse: true,
+  }],
+  ["bf16, bf16 cache, NHD, GQA8 hd64 bs32, sinks, soft cap, LSE, 3-token rows", {
+    dtype: "bfloat16",
+    kv_cache_dtype: "bfloat16",
+    layout: "NHD",
+    block_size: 32,
+    head_size: 64,
+    num_heads: 16,
+    num_kv_heads: 2,
+    requests: [{ query_len: 1, seq_len: 1000 }, { query_len: 1, seq_len: 40 }, {
+      query_len: 3,
+      seq_len: 200,
+      pad: 2,
+    }],
+    sinks: true,
+    logits_soft_cap: 4,
+    return_lse: true,
+  }],
+  ["f32, f32 cache, MHA hd128 bs64, ALiBi, window, LSE", {
+    dtype: "float32",
+    kv_cache_dtype: "auto",
+    layout: "NHD",
+    block_size: 64,
+    head_size: 128,
+    num_heads: 4,
+    num_kv_heads: 4,
+    requests: [{ query_len: 1, seq_len: 513 }, { query_len: 1, seq_len: 17 }],
+    alibi: true,
+    sliding_window: 400,
+    return_lse: true,
+  }],
+];
+
+interface Expect {
+  epilogue: number;
+  /** Staged block-table entries > 0. */
+  staged?: boolean;
+  /** Rows of several slices and rows of one both present (default true). */
+  mixed?: boolean;
+}
+
+const KNOBS: [string, Partial<DecodeTuning>, Expect][] = [
+  ["direct_single off (every slice a partial, reduce pass)", { direct_single: false }, {
+    epilogue: 0,
+  }],
+  ["direct_single", { direct_single: true }, { epilogue: 1 }],
+  ["fused_reduce", { fused_reduce: true }, { epilogue: 2 }],
+  ["stage_table", { stage_table: true }, { epilogue: 1, staged: true }],
+  ["fused_reduce + stage_table + prefetch", {
+    fused_reduce: true,
+    stage_table: true,
+    prefetch: true,
+  }, { epilogue: 2, staged: true }],
+  ["waves 2 x 24 workgroups, fused", { waves: 2, wave_workgroups: 24, fused_reduce: true }, {
+    epilogue: 2,
+  }],
+  ["waves of one workgroup, a slice costing more than any row: no split", {
+    waves: 1,
+    wave_workgroups: 1,
+    slice_overhead: 100000,
+  }, {
+    epilogue: 1,
+    mixed: false,
+  }],
+];
+
+const backendOf = (t: Partial<DecodeTuning>) =>
+  makeWebGpuDecode({ ...DEFAULT_DECODE_TUNING, ...GPU_SHAPE, ...MANY, ...t }) as AttentionBackend;
+
+/** The plan's counts for `s` under `b` (what ran: epilogue, staging, split rows). */
+async function planInfo(b: AttentionBackend, s: BatchSpec): Promise<Record<string, number>> {
+  const g = generateBatch(s, freshSeed());
+  const cache = await GpuKvCache.fromBytes(GPU!, g.cache_spec!, g.key_cache, g.value_cache);
+  try {
+    const plan = await b.plan(validHostBatch(g.batch, cache), { gpu: GPU });
+    b.disposePlan?.(plan);
+    return (plan as { info: Record<string, number> }).info;
+  } finally {
+    cache.destroy();
+  }
+}
+
+for (const [kname, tuning, expect] of KNOBS) {
+  for (const [sname, spec] of SPECS) {
+    Deno.test(`decode knob ${kname}: ${sname}`, { ignore: NO_GPU }, async () => {
+      const b = backendOf(tuning);
+      const info = await planInfo(b, spec);
+      const what = JSON.stringify(info);
+      assert.equal(info.decode_epilogue, expect.epilogue, what);
+      assert.equal(info.decode_table_entries > 0, expect.staged ?? false, what);
+      if (!(expect.mixed ?? true)) {
+        assert.equal(info.decode_items, info.decode_rows, `no row cut (${what})`);
+      } else if (expect.epilogue === 0) {
+        assert.ok(info.decode_items > info.decode_rows, `rows of several slices (${what})`);
+        assert.equal(info.decode_split_rows, info.decode_rows, `every row reduced (${what})`);
+      } else {
+        assert.ok(info.decode_split_rows > 0, `rows of several slices (${what})`);
+        assert.ok(info.decode_split_rows < info.decode_rows, `rows of one slice (${what})`);
+      }
+      await checkBackend(b, GPU!, spec);
+    });
+  }
+}
+
+Deno.test(
+  "decode fused_reduce: repeated and interleaved plans leave the partials clean",
+  { ignore: NO_GPU },
+  async () => {
+    const fused = backendOf({ fused_reduce: true });
+    const staged = backendOf({ fused_reduce: true, stage_table: true, waves: 2 });
+    for (let r = 0; r < 2; r++) {
+      for (const [, spec] of SPECS) {
+        await checkBackend(fused, GPU!, spec, { minItems: 4 });
+        await checkBackend(staged, GPU!, spec);
+      }
+    }
+  },
+);
+
+Deno.test(
+  "decode fused_reduce: many rows of many slices at once, three calls (a race shows on GPUs)",
+  { ignore: NO_GPU },
+  async () => {
+    const spec: BatchSpec = {
+      ...SPECS[1][1],
+      dtype: "float16",
+      kv_cache_dtype: "float16",
+      requests: Array.from({ length: 40 }, (_, i) => ({ query_len: 1, seq_len: 600 + 53 * i })),
+    };
+    const fused = backendOf({ fused_reduce: true });
+    for (let r = 0; r < 3; r++) await checkBackend(fused, GPU!, spec, { minItems: 400 });
+  },
+);
+
+Deno.test("decode fused_reduce: concurrent calls in flight", { ignore: NO_GPU }, async () => {
+  const fused = backendOf({ fused_reduce: true });
+  await Promise.all(SPECS.map(([, spec]) => checkBackend(fused, GPU!, spec, { minItems: 4 })));
+});
+
+const POLICY = { ...DEFAULT_DECODE_TUNING, min_split_keys: 64 };
+const H200_ROWS = { perItem: 8, step: 32, target: 2048 };
+
+Deno.test("decode slice policy: waves 0 keeps the target heuristic", () => {
+  const len = sliceLength(POLICY, { ...H200_ROWS, spans: Array(32).fill(2048) });
+  assert.equal(len, 256, "65536 keys over 2048 / 8 workgroups, a multiple of 32");
+  assert.equal(sliceLength(POLICY, { ...H200_ROWS, spans: [10, 3] }), 64, "min_split_keys");
+});
+
+Deno.test("decode slice policy: waves fill the device's waves from the lengths", () => {
+  const t = { ...POLICY, waves: 4, wave_workgroups: 396 };
+  // 32 x 2048: 256 uncut workgroups are 0.65 of a wave; 3 slices of 704 fill 1.94 waves.
+  const a = sliceLength(t, { ...H200_ROWS, spans: Array(32).fill(2048) });
+  assert.equal(a, 704);
+  assert.equal(sliceCount(Array(32).fill(2048), a) * 8, 768);
+  // Rows that fill the waves alone (1024 x 512 keys: 8192 workgroups) are not cut.
+  assert.equal(sliceLength(t, { ...H200_ROWS, spans: Array(1024).fill(512) }), 512);
+  // Short contexts are not cut: a slice's overhead buys nothing.
+  assert.equal(sliceLength(t, { ...H200_ROWS, spans: [40, 7, 1] }), 64);
+  // One long row among short ones is cut; lengths stay multiples of the step.
+  const b = sliceLength(t, { ...H200_ROWS, spans: [30000, 40, 7] });
+  assert.ok(b % 32 === 0 && b < 30000 && b >= 64, `${b}`);
+  assert.ok(sliceCount([30000, 40, 7], b) * 8 <= 4 * 396, `within the waves cap (${b})`);
+});
+
+Deno.test("decode epilogue: only GPU shapes with bindings to spare", () => {
+  const fake = (perStage: number) =>
+    ({
+      limits: { maxStorageBuffersPerShaderStage: perStage },
+    }) as unknown as GpuContext;
+  const shape = {
+    sg: true,
+    lpk: 16,
+    hg: 4,
+    tiles: 1,
+    kh: 1,
+    u: 4,
+    wg: 128,
+    target: 2048,
+    shared: 2600,
+    shared_limit: 16384,
+  };
+  const fused = { ...DEFAULT_DECODE_TUNING, fused_reduce: true };
+  assert.equal(epilogueMode(fake(8), fused, shape, 1), 2);
+  assert.equal(epilogueMode(fake(8), DEFAULT_DECODE_TUNING, shape, 1), 1, "direct_single");
+  assert.equal(epilogueMode(fake(8), fused, shape, 2), 0, "5 + 2 x 2 chunks > 8 bindings");
+  assert.equal(epilogueMode(fake(10), fused, shape, 2), 2);
+  assert.equal(epilogueMode(fake(8), fused, { ...shape, wg: 16 }, 1), 0, "one key group");
+  assert.equal(
+    epilogueMode(fake(8), { ...fused, direct_single: false, fused_reduce: false }, shape, 1),
+    0,
+  );
+});

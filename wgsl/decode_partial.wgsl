@@ -1,0 +1,12 @@
+// decode_partial.wgsl (EPI 1, with decode_epilogue.wgsl): a slice of a row cut into several
+// stores its partial (acc and (m, l, 0, 0), decode_split.wgsl's part layout) for
+// decode_reduce.wgsl, from the merged state in wacc / wfin.
+fn partial(tok: u32, slot: u32, row: u32, hq0: u32, grp: u32, lid: u32) {
+  let base = slot * P.num_heads + hq0;
+  for (var i = lid; i < F * D4; i += WG) {
+    part[base * D4 + i] = wacc[i];
+  }
+  if (lid < F) {
+    part[P.ml_off + base + lid] = vec4<f32>(wfin[lid], 0.0, 0.0);
+  }
+}
