@@ -78,7 +78,7 @@ const GPU_CASES: PrefillCase[] = [
   { reqs: 8, len: 4096, heads: 32, kvHeads: 8, headSize: 128, blockSize: 16 },
 ];
 const SMALL_CASES: PrefillCase[] = [
-  { reqs: 2, len: 96, heads: 8, kvHeads: 2, headSize: 128, blockSize: 16 },
+  { reqs: 2, len: 96, heads: 8, kvHeads: 2, headSize: 64, blockSize: 16 },
 ];
 
 /** Sorted device times (ms) of `n` timestamped dispatches of the plan's attention call. */
@@ -171,7 +171,7 @@ for (const c of cases) {
   const gf = (data.flops / 1e9).toFixed(1), ms = (performance.now() - t0).toFixed(0);
   console.log(`\n${label}: ${gf} GFLOP (data ${ms} ms)`);
   console.log(
-    "variant".padEnd(19) + "  rows  wgmem   median ms    min ms   TFLOP/s  check ms" +
+    "variant".padEnd(19) + " rows  wgmem   median ms    min ms   TFLOP/s  check ms" +
       "  rows-vs-cpu  vs-first  verdict",
   );
   let first: Uint16Array | null = null;
