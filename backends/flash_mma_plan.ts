@@ -75,8 +75,8 @@ export function envMmaShape(): MmaShape | undefined {
 }
 
 /**
- * The compile-time values for `s` with `shape` (default: ATTN_PREFILL_MMA_SHAPE's, else the
- * first that fits), or why not. The batch's features are compiled in only by `fast` shapes
+ * The compile-time values for `s` with `shape` (default: ATTN_PREFILL_MMA_SHAPE's where `s`
+ * can take it, else the first that fits), or why not. The batch's features are compiled in only by `fast` shapes
  * (false otherwise: one pipeline serves every feature set).
  */
 export function mmaConstsOf(
@@ -88,7 +88,10 @@ export function mmaConstsOf(
   const t = mmaTargetOf(ctx, s, mma);
   if (typeof t === "string") return t;
   const limit = ctx.limits.maxComputeWorkgroupStorageSize ?? 16384;
-  const sh = shape ?? envMmaShape() ?? chooseMmaShape(t, limit);
+  // A named shape this batch cannot take (a direct shape on a bf16 cache): the default's.
+  const named = shape ? undefined : envMmaShape();
+  const fits = named && mmaShapeProblem(t, named, limit) === null ? named : undefined;
+  const sh = shape ?? fits ?? chooseMmaShape(t, limit);
   if (!sh) return `no kernel shape fits head_size ${t.d} in ${limit} B of workgroup memory`;
   const problem = mmaShapeProblem(t, sh, limit);
   if (problem) return problem;

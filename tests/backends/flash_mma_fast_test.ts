@@ -9,7 +9,10 @@
  * --allow-all.
  */
 import assert from "node:assert/strict";
-import { envMmaShape } from "../../backends/flash_mma_plan.ts";
+import { envMmaShape, mmaConstsOf } from "../../backends/flash_mma_plan.ts";
+import { HostKvCache } from "../../backends/cpu/host_cache.ts";
+import type { GpuContext } from "../../core/types.ts";
+import { validHostBatch } from "../../service/host_input.ts";
 import {
   chooseMmaShape,
   MMA_SHAPES,
@@ -19,7 +22,7 @@ import {
   type MmaTarget,
 } from "../../gpu/flash_mma_shape.ts";
 import { acquireMmaDevice } from "../../gpu/flash_mma_device.ts";
-import type { BatchSpec } from "../support/batches.ts";
+import { type BatchSpec, generateBatch } from "../support/batches.ts";
 import { checkMma } from "../support/mma_case.ts";
 
 const acquired = await acquireMmaDevice();
@@ -176,6 +179,35 @@ Deno.test("flash_mma: ATTN_PREFILL_MMA_SHAPE names a shape, or the error names t
     assert.throws(
       () => envMmaShape(),
       /ATTN_PREFILL_MMA_SHAPE=w9r9 names no shape; known: w8r1k16/,
+    );
+  } finally {
+    if (old === undefined) Deno.env.delete("ATTN_PREFILL_MMA_SHAPE");
+    else Deno.env.set("ATTN_PREFILL_MMA_SHAPE", old);
+  }
+});
+
+Deno.test("flash_mma: a named shape a batch cannot take falls back to the default shape", () => {
+  const fake = {
+    limits: { maxComputeWorkgroupStorageSize: 49152, maxStorageBuffersPerShaderStage: 10 },
+  } as unknown as GpuContext;
+  const mma = { m: 16, n: 16, k: 16, sg: 32 };
+  const batch = (kv_cache_dtype: "auto" | "bfloat16") => {
+    const g = generateBatch(base({ kv_cache_dtype }), 1);
+    return validHostBatch(
+      g.batch,
+      HostKvCache.fromBytes(g.cache_spec!, g.key_cache, g.value_cache),
+    );
+  };
+  const old = Deno.env.get("ATTN_PREFILL_MMA_SHAPE");
+  try {
+    Deno.env.set("ATTN_PREFILL_MMA_SHAPE", "w8r1k16-fd");
+    const f16 = mmaConstsOf(fake, batch("auto"), mma);
+    assert.ok(typeof f16 !== "string" && f16.direct && f16.fast && f16.causal, String(f16));
+    const bf16 = mmaConstsOf(fake, batch("bfloat16"), mma);
+    assert.ok(typeof bf16 !== "string", String(bf16));
+    assert.deepEqual(
+      [bf16.nsg, bf16.rm, bf16.bk, bf16.direct, bf16.fast, bf16.causal],
+      [8, 1, 16, false, false, false],
     );
   } finally {
     if (old === undefined) Deno.env.delete("ATTN_PREFILL_MMA_SHAPE");
