@@ -11,6 +11,8 @@
 import type { BatchShape, GpuContext } from "../core/types.ts";
 import {
   chooseMmaShape,
+  fullShape,
+  MMA_VARIANTS,
   type MmaConsts,
   mmaLayout,
   type MmaShape,
@@ -37,6 +39,7 @@ export function mmaTargetOf(
   if (!mma) return "the device has no f16 -> f32 subgroup matrices";
   if (s.dtype === "float32") return "float32 data keeps the exact f32 path";
   const g = isEncoder(s) ? null : kvChunkGeometry(ctx, s.cache_spec!);
+  const L = s.layer;
   return {
     kv: g ? g.storage_dtype : s.dtype,
     dtype: s.dtype,
@@ -46,10 +49,36 @@ export function mmaTargetOf(
     nhd: g ? s.cache_spec!.layout === "NHD" : true,
     nchunk: g ? g.nchunk : 0,
     ...mma,
+    causal: L.attn_type === "encoder_decoder" ? false : L.causal,
+    window: (L.sliding_window ?? 0) > 0,
+    softcap: (L.logits_soft_cap ?? 0) > 0,
+    alibi: L.alibi_slopes !== null,
+    sinks: L.sinks !== null,
   };
 }
 
-/** The compile-time values for `s` with `shape` (default: the first that fits), or why not. */
+/**
+ * The shape ATTN_PREFILL_MMA_SHAPE names (one of {@link MMA_VARIANTS}), or undefined (unset:
+ * the first of MMA_SHAPES that fits).
+ * @throws Error naming the value and the known names when it names none.
+ */
+export function envMmaShape(): MmaShape | undefined {
+  const name = Deno.env.get("ATTN_PREFILL_MMA_SHAPE");
+  if (!name) return undefined;
+  const shape = MMA_VARIANTS[name];
+  if (!shape) {
+    throw new Error(
+      `ATTN_PREFILL_MMA_SHAPE=${name} names no shape; known: ${Object.keys(MMA_VARIANTS)}`,
+    );
+  }
+  return shape;
+}
+
+/**
+ * The compile-time values for `s` with `shape` (default: ATTN_PREFILL_MMA_SHAPE's where `s`
+ * can take it, else the first that fits), or why not. The batch's features are compiled in only by `fast` shapes
+ * (false otherwise: one pipeline serves every feature set).
+ */
 export function mmaConstsOf(
   ctx: GpuContext,
   s: BatchShape,
@@ -59,10 +88,17 @@ export function mmaConstsOf(
   const t = mmaTargetOf(ctx, s, mma);
   if (typeof t === "string") return t;
   const limit = ctx.limits.maxComputeWorkgroupStorageSize ?? 16384;
-  const sh = shape ?? chooseMmaShape(t, limit);
+  // A named shape this batch cannot take (a direct shape on a bf16 cache): the default's.
+  const named = shape ? undefined : envMmaShape();
+  const fits = named && mmaShapeProblem(t, named, limit) === null ? named : undefined;
+  const sh = shape ?? fits ?? chooseMmaShape(t, limit);
   if (!sh) return `no kernel shape fits head_size ${t.d} in ${limit} B of workgroup memory`;
   const problem = mmaShapeProblem(t, sh, limit);
-  return problem ?? { ...t, ...sh };
+  if (problem) return problem;
+  const full = fullShape(sh);
+  if (full.fast) return { ...t, ...full };
+  const off = { causal: false, window: false, softcap: false, alibi: false, sinks: false };
+  return { ...t, ...off, ...full };
 }
 
 /** Plans the rows of the requests `reqs` selects on the tensor-core kernel. */

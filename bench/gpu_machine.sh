@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
 # One call on the GPU machine (see bench/NOTES.md): GPU tests, the bench with its kernel sweeps,
 # the HTTP bench, the PyTorch anchor. Logs under $OUT; each part's tail is printed.
-# Usage there: bash bench/gpu_machine.sh [tests|dawn-tests|mma|bench|bench-deno|http|anchor|all]...
+# Usage there: bash bench/gpu_machine.sh
+#   [tests|dawn-tests|mma|mma-fast|mma-bench|bench|bench-deno|http|anchor|all]...
+# mma: the tensor-core kernel's tests; mma-fast: those of its fast softmax and direct loads;
+# mma-bench: its variant sweep.
 # Each part is cut at its own limit (seconds, env): TESTS_TIMEOUT 240, MMA_TIMEOUT 150,
+# MMA_BENCH_TIMEOUT 150 (bench/mma_bench.ts's default variants; MMA_BENCH_ARGS adds flags, e.g.
+# "--only w8r1k16,w8r1k16-fd --cases 8x4096"),
 # BENCH_TIMEOUT 150, HTTP_TIMEOUT 170, ANCHOR_TIMEOUT 60; a cut part reports rc=124.
 # bench: sweeps (override by setting them) BENCH_FLASH_TILES (prefill register tiles
 # TXxTYxRMxRN[u|l]) and BENCH_DECODE_TUNINGS (a JSON array of partial WEBGPU_DECODE tunings);
@@ -43,6 +48,12 @@ for w in $what; do
     mma)
       run mma "${MMA_TIMEOUT:-150}" deno test --allow-all tests/backends/flash_mma_test.ts \
         tests/gpu/flash_mma_fp8_test.ts ;;&
+    mma-fast)
+      run mma-fast "${MMA_TIMEOUT:-150}" deno test --allow-all tests/backends/flash_mma_fast_test.ts ;;&
+    mma-bench)
+      # shellcheck disable=SC2086
+      TAIL=${TAIL:-60} run mma-bench "${MMA_BENCH_TIMEOUT:-150}" \
+        deno run -A bench/mma_bench.ts --iters 20 ${MMA_BENCH_ARGS:-} ;;&
     bench | all)
       # shellcheck disable=SC2086
       run bench "${BENCH_TIMEOUT:-150}" deno task bench ${BENCH_ARGS:-} ;;&

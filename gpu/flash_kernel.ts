@@ -110,6 +110,7 @@ export const FLASH_ATTENTION: KernelDef<FlashConsts> = {
     const round = c.dtype === "float32" ? "" : await loadWgsl("round.wgsl");
     const v4r = (c.d * 4) / epw / 16;
     return specialize(await loadWgsl("flash_attention.wgsl"), {
+      TILE: await loadWgsl("flash_tile.wgsl"),
       TX: c.tx,
       TY: c.ty,
       RM: c.rm,

@@ -1,64 +1,40 @@
 /**
- * WGSL generator for the subgroup-matrix prefill kernel (`wgsl/flash_mma.wgsl`): the softmax
- * step and the straight-line matrix code unrolled for one variant (Q fragments, S = Q K^T,
- * O += P V, the O passes through workgroup memory for rescaling and output), and the whole
- * source with every placeholder filled ({@link flashMmaSource}). Shapes and layout live in
- * gpu/flash_mma_shape.ts, K/V staging and decoders in gpu/flash_mma_staging.ts.
+ * WGSL generator for the subgroup-matrix prefill kernel (`wgsl/flash_mma.wgsl`): the
+ * straight-line matrix code unrolled for one variant (Q fragments, S = Q K^T, O += P V, with K
+ * and V from the staged tiles or, `direct`, from the f16 cache; the O passes through workgroup
+ * memory for rescaling and output), and the whole source with every placeholder filled
+ * ({@link flashMmaSource}), a bench ablation leaving its stage out. Shapes and layout live in
+ * gpu/flash_mma_shape.ts, the softmax in gpu/flash_mma_softmax.ts, K/V staging and decoders in
+ * gpu/flash_mma_staging.ts.
  * @module
  */
 import { type MmaConsts, mmaLayout, mmaShapeProblem } from "./flash_mma_shape.ts";
+import { fastSoftmaxCode, softmaxCode } from "./flash_mma_softmax.ts";
 import { roundCode, sourceCode, stagingCode, stagingDecoders } from "./flash_mma_staging.ts";
 import { loadWgsl, specialize } from "./wgsl.ts";
 
 const range = (n: number) => Array.from({ length: n }, (_, i) => i);
 
 /**
- * The softmax step of one lane, unrolled: for each of its RPL rows, KPL scores read from S,
- * capped, biased and masked (`score`), the row max over the LPR lanes, the lazy rescale, and
- * p = exp(s - m) as f16 into P; sets the workgroup's rescale flag when an accumulated row moved.
+ * Direct loads: the request's last, partial tile of V, zero past kv_len, into the P buffer the
+ * tile does not use (two barriers before its PV reads it): p = 0 does not cancel a NaN or an
+ * infinity that a cache slot past the request may hold.
  */
-export function softmaxCode(c: MmaConsts): string {
-  const lay = mmaLayout(c, c), kpl = c.bk / lay.lpr, E = range(kpl);
-  const out = ["var flag = false;"];
-  for (const i of range(lay.rpl)) {
-    const tree = (xs: string[]): string =>
-      xs.length === 1
-        ? xs[0]
-        : `max(${tree(xs.slice(0, xs.length / 2))}, ${tree(xs.slice(xs.length / 2))})`;
-    out.push(
-      "{",
-      `  let rl = ln / LPR + ${i * (c.sg / lay.lpr)}u;`,
-      "  let sb = (sgr + rl) * SSTR + lq * KPL;",
-      "  let pb = (sgr + rl) * PSTR + lq * KPL;",
-      "  let k0 = kt + lq * KPL;",
-      ...E.map((e) =>
-        `  let x${e} = select(MASK, score(s_s[sb + ${e}u], rpos[${i}], rslope[${i}], k0 + ${e}u, kend), rok[${i}]);`
-      ),
-      `  var tmax = ${tree(E.map((e) => `x${e}`))};`,
-      "  for (var o = 1u; o < LPR; o <<= 1u) {",
-      "    tmax = max(tmax, subgroupShuffleXor(tmax, o));",
-      "  }",
-      `  if (tmax > m[${i}] + TAU) {`,
-      `    alpha[${i}] = exp(m[${i}] - tmax);`,
-      `    l[${i}] *= alpha[${i}];`,
-      `    m[${i}] = tmax;`,
-      `    flag = flag || seen[${i}];`,
-      "  }",
-      ...E.map((e) =>
-        `  let p${e} = f16(select(0.0, exp(x${e} - m[${i}]), x${e} > MASK));\n  kt_s[kb + pb + ${e}u] = p${e};`
-      ),
-      `  l[${i}] += ${E.map((e) => `f32(p${e})`).join(" + ")};`,
-      `  seen[${i}] = seen[${i}] || tmax > MASK;`,
-      "}",
-    );
-  }
-  out.push("if (flag) {", "  atomicStore(&s_resc, 1u);", "}");
-  return out.map((x) => x.split("\n").map((y) => "      " + y).join("\n")).join("\n");
-}
+const TAIL_STAGE = `    if (kt + BK > kv_len) {
+      let vtb = (par ^ 1u) * KT_LEN;
+      for (var idx = t; idx < BK * D; idx += WG) {
+        let key = kt + idx / D;
+        var x = f16(0.0);
+        if (key < kv_len) {
+          x = v0[kv_elem(key, kvh, kv_len, rbase) + idx % D];
+        }
+        kt_s[vtb + (idx / D) * KSTR + idx % D] = x;
+      }
+    }`;
 
 /** The unrolled matrix fragments of flash_mma.wgsl for one kernel. */
 export function generateMatrixCode(c: MmaConsts): Record<string, string> {
-  const { m, n, k, d, bk } = c, shape = c;
+  const { m, n, k, d, bk, direct } = c, shape = c;
   const kstr = d + 8;
   const RM = range(shape.rm), KD = range(d / k), NB = range(bk / n), KB = range(bk / k);
   const DN = range(d / n);
@@ -76,14 +52,16 @@ export function generateMatrixCode(c: MmaConsts): Record<string, string> {
   );
   const oDecl = RM.flatMap((r) => DN.map((c) => `var o_${r}_${c} = ${Res}();`));
   const qk = RM.flatMap((r) => NB.map((c) => `var s_${r}_${c} = ${Res}();`));
+  // direct: fragment (keys kt + c n.., dims kk k..) at kv_elem(key) + kk k, keys KVSTR apart.
+  const kAt = (c: number, kk: number) =>
+    direct ? `&k0, ko${c} + ${kk * k}u, kvstr` : `&kt_s, kb + ${c * n * kstr + kk * k}u, KSTR`;
+  if (direct) {
+    qk.push(...NB.map((c) => `let ko${c} = kv_elem(kt + ${c * n}u, kvh, kv_len, rbase);`));
+  }
   for (const c of NB) {
     for (const kk of KD) {
       qk.push(`{`);
-      qk.push(
-        `  let kf = subgroupMatrixLoad<${Rt}, col_major>(&kt_s, kb + ${
-          c * n * kstr + kk * k
-        }u, KSTR);`,
-      );
+      qk.push(`  let kf = subgroupMatrixLoad<${Rt}, col_major>(${kAt(c, kk)});`);
       for (const r of RM) qk.push(`  s_${r}_${c} = ${mma}(q_${r}_${kk}, kf, s_${r}_${c});`);
       qk.push(`}`);
     }
@@ -104,17 +82,26 @@ export function generateMatrixCode(c: MmaConsts): Record<string, string> {
       }u) * PSTR + ${kk * k}u, PSTR);`
     )
   );
-  for (const c of DN) {
-    for (const kk of KB) {
-      pv.push(`{`);
-      pv.push(
-        `  let vf = subgroupMatrixLoad<${Rt}, row_major>(&vt_s, vb + ${
-          kk * k * kstr + c * n
-        }u, KSTR);`,
-      );
-      for (const r of RM) pv.push(`  o_${r}_${c} = ${mma}(p_${r}_${kk}, vf, o_${r}_${c});`);
-      pv.push(`}`);
-    }
+  // V fragment (keys kk k.., dims c n..): the staged tile, the cache (direct), or for the
+  // request's last, partial tile under direct loads the zero-padded copy in kt_s (TAIL_STAGE).
+  const staged = (kk: number, c: number) => `&vt_s, vb + ${kk * k * kstr + c * n}u, KSTR`;
+  const cached = (kk: number, c: number) => `&v0, vo${kk} + ${c * n}u, kvstr`;
+  const tail = (kk: number, c: number) => `&kt_s, vtb + ${kk * k * kstr + c * n}u, KSTR`;
+  const pvFrom = (at: (kk: number, c: number) => string, pad: string) =>
+    DN.flatMap((c) =>
+      KB.flatMap((kk) => [
+        `{`,
+        `  let vf = subgroupMatrixLoad<${Rt}, row_major>(${at(kk, c)});`,
+        ...RM.map((r) => `  o_${r}_${c} = ${mma}(p_${r}_${kk}, vf, o_${r}_${c});`),
+        `}`,
+      ])
+    ).map((x) => pad + x);
+  if (!direct) pv.push(...pvFrom(staged, ""));
+  else {
+    pv.push("if (kt + BK > kv_len) {", "  let vtb = (par ^ 1u) * KT_LEN;");
+    pv.push(...pvFrom(tail, "  "), "} else {");
+    pv.push(...KB.map((kk) => `  let vo${kk} = kv_elem(kt + ${kk * k}u, kvh, kv_len, rbase);`));
+    pv.push(...pvFrom(cached, "  "), "}");
   }
   // O passes: columns [c0, c0 + bk) through s_s.
   const passes = range(Math.ceil(d / bk)).map((p) => {
@@ -158,8 +145,11 @@ export async function flashMmaSource(c: MmaConsts): Promise<string> {
   const problem = mmaShapeProblem(c, c);
   if (problem) throw new Error(`flash_mma: ${problem}`);
   const lay = mmaLayout(c, c);
+  const matrix = generateMatrixCode(c), staging = stagingCode(c);
+  const cut = (stage: string) => c.ablate === stage;
   return specialize(await loadWgsl("flash_mma.wgsl"), {
     HELPERS: await loadWgsl("flash_mma_rows.wgsl"),
+    TILE: await loadWgsl("flash_tile.wgsl"),
     MM: c.m,
     MN: c.n,
     MK: c.k,
@@ -171,6 +161,10 @@ export async function flashMmaSource(c: MmaConsts): Promise<string> {
     BS: c.bs,
     NHD: c.nhd,
     TAU: c.tau,
+    LG: c.fast ? Math.LOG2E : 1,
+    M0: c.fast ? "-1.0e30" : "MASK",
+    VT_DECL: c.direct ? "" : "var<workgroup> vt_s: array<f16, 2u * VT_LEN>;",
+    TAIL_STAGE: c.direct && !cut("pv") ? TAIL_STAGE : "",
     E16: lay.e16,
     KT_LEN: lay.ktLen,
     QPASS: lay.qpass,
@@ -180,8 +174,13 @@ export async function flashMmaSource(c: MmaConsts): Promise<string> {
     DECODE: stagingDecoders(c.kv, c.dtype),
     SOURCE: sourceCode(c),
     ROUND: await roundCode(c.dtype),
-    SOFTMAX: softmaxCode(c),
-    ...stagingCode(c),
-    ...generateMatrixCode(c),
+    ...matrix,
+    SOFTMAX: cut("softmax") ? "" : c.fast ? fastSoftmaxCode(c) : softmaxCode(c),
+    STAGE_LOAD: staging.STAGE_LOAD,
+    STAGE_STORE: staging.STAGE_STORE,
+    LOOP_STAGE_LOAD: cut("stage") ? "" : staging.STAGE_LOAD,
+    LOOP_STAGE_STORE: cut("stage") ? "" : staging.STAGE_STORE,
+    QK: cut("qk") ? "" : matrix.QK,
+    PV: cut("pv") ? "" : matrix.PV,
   });
 }

@@ -31,7 +31,9 @@ export const FLASH_MMA: KernelDef<MmaConsts> = {
         { name: "k_in", kind: "read" as const, type: "array<vec4<u32>>" },
         { name: "v_in", kind: "read" as const, type: "array<vec4<u32>>" },
       ]
-      : kvBindingDecls(c.nchunk, "read", true)),
+      : kvBindingDecls(c.nchunk, "read", true).map((d) =>
+        c.direct ? { ...d, type: "array<f16>" } : d
+      )), // direct: f16 elements for subgroupMatrixLoad
   ],
   enables: () => ["f16", "subgroups", "chromium_experimental_subgroup_matrix"],
   source: flashMmaSource,

@@ -7,6 +7,9 @@
  */
 import type { StorageDType } from "../core/types.ts";
 
+/** What a bench-only ablation leaves out (results wrong by design; never planned by a backend). */
+export type MmaAblation = "softmax" | "stage" | "qk" | "pv";
+
 /** A kernel shape. Rows per workgroup = nsg * rm * m. */
 export interface MmaShape {
   /** Subgroups per workgroup. */
@@ -17,6 +20,37 @@ export interface MmaShape {
   bk: number;
   /** Lazy-rescale threshold (natural log units, 0..11); 0 rescales on every new max. */
   tau: number;
+  /**
+   * The softmax specialized at compile time (only the batch's features: no soft cap, ALiBi,
+   * window or sink code when off), without per-key masks on interior tiles (every key visible
+   * to every row of the subgroup), on exp2 with log2(e) folded into the scale. Default false.
+   */
+  fast?: boolean;
+  /**
+   * K and V fragments loaded by `subgroupMatrixLoad` straight from an f16 cache (no staging, no
+   * K/V tiles): one cache buffer, block size a multiple of the matrix dims. Keys past the
+   * visible range get masked scores and p = 0; the V rows past the request's end (anything,
+   * NaN included) come from a zero-padded copy of its last tile. Default false.
+   */
+  direct?: boolean;
+  /** Bench only: leave one stage out to time the rest (see {@link MmaAblation}); "": none. */
+  ablate?: MmaAblation | "";
+}
+
+/** A shape with every optional field filled in (the pipeline key names them all). */
+export type FullMmaShape = Required<MmaShape>;
+
+/** `s` with the defaults of its optional fields. */
+export function fullShape(s: MmaShape): FullMmaShape {
+  return {
+    nsg: s.nsg,
+    rm: s.rm,
+    bk: s.bk,
+    tau: s.tau,
+    fast: s.fast ?? false,
+    direct: s.direct ?? false,
+    ablate: s.ablate ?? "",
+  };
 }
 
 /** What the batch and the device fix: data and K/V dtypes, layout, matrix dims, subgroup size. */
@@ -38,10 +72,16 @@ export interface MmaTarget {
   k: number;
   /** The device's subgroup size. */
   sg: number;
+  /** The batch's attention features (compiled in by `fast` shapes). */
+  causal: boolean;
+  window: boolean;
+  softcap: boolean;
+  alibi: boolean;
+  sinks: boolean;
 }
 
 /** Every compile-time value of one variant (the pipeline key names them all). */
-export interface MmaConsts extends MmaTarget, MmaShape {
+export interface MmaConsts extends MmaTarget, FullMmaShape {
   [k: string]: string | number | boolean;
 }
 
@@ -79,10 +119,37 @@ export function mmaShapeProblem(
   if (sg % mr && mr % sg) return `subgroup size ${sg} and ${mr} rows per subgroup do not nest`;
   if (shape.bk / Math.max(1, sg / mr) < 2) return `bk ${shape.bk} leaves a lane under 2 keys`;
   if (!(shape.tau >= 0 && shape.tau <= 11)) return `tau ${shape.tau} is outside 0..11`;
+  if (shape.direct) {
+    if (t.kv !== "float16" || t.enc) return `direct loads need an f16 cache, not ${t.kv}`;
+    if (t.nchunk !== 1) return `direct loads need one cache buffer, not ${t.nchunk}`;
+    if (t.bs % n || t.bs % k) {
+      return `direct loads need block_size ${t.bs} a multiple of ${n}, ${k}`;
+    }
+    if (shape.ablate === "stage") return "direct loads stage nothing to leave out";
+  }
   const bytes = mmaLayout(t, shape).shared_bytes;
   if (bytes > maxShared) return `needs ${bytes} B of workgroup memory (limit ${maxShared})`;
   return null;
 }
+
+/**
+ * Named shapes (`w{nsg}r{rm}k{bk}`; `-fa2` tau 0, `-f` fast softmax, `-d` direct K/V loads),
+ * what bench/mma_bench.ts sweeps and ATTN_PREFILL_MMA_SHAPE may name for the backend.
+ */
+export const MMA_VARIANTS: Readonly<Record<string, MmaShape>> = {
+  "w8r1k16": { nsg: 8, rm: 1, bk: 16, tau: 8 },
+  "w4r1k16": { nsg: 4, rm: 1, bk: 16, tau: 8 },
+  "w8r1k16-fa2": { nsg: 8, rm: 1, bk: 16, tau: 0 },
+  "w4r1k32": { nsg: 4, rm: 1, bk: 32, tau: 8 },
+  "w2r1k16": { nsg: 2, rm: 1, bk: 16, tau: 8 },
+  "w4r2k16": { nsg: 4, rm: 2, bk: 16, tau: 8 },
+  "w8r1k16-f": { nsg: 8, rm: 1, bk: 16, tau: 8, fast: true },
+  "w8r1k16-d": { nsg: 8, rm: 1, bk: 16, tau: 8, direct: true },
+  "w8r1k16-fd": { nsg: 8, rm: 1, bk: 16, tau: 8, fast: true, direct: true },
+  "w8r1k32-fd": { nsg: 8, rm: 1, bk: 32, tau: 8, fast: true, direct: true },
+  "w8r2k16-fd": { nsg: 8, rm: 2, bk: 16, tau: 8, fast: true, direct: true },
+  "w4r2k32-fd": { nsg: 4, rm: 2, bk: 32, tau: 8, fast: true, direct: true },
+};
 
 /** Shapes in order of preference: the first that fits the device is the default. */
 export const MMA_SHAPES: readonly MmaShape[] = [
@@ -103,12 +170,13 @@ export function chooseMmaShape(t: MmaTarget, maxShared: number): MmaShape | null
 export function mmaLayout(t: MmaTarget, shape: MmaShape): MmaLayout {
   const { d, sg } = t, mr = t.m * shape.rm;
   const rows = mr * shape.nsg, kstr = d + 8, sstr = shape.bk + 4, pstr = shape.bk + 8;
+  // Direct loads: kt_s holds the Q passes, P and the last tile's V; there is no V tile.
+  const kTile = shape.direct ? 0 : shape.bk * kstr;
   const ktLen = Math.max(shape.bk * kstr, rows * pstr, mr * kstr);
   const qpass = Math.min(rows, Math.floor(ktLen / kstr / mr) * mr);
-  const nbt = t.enc ? 0 : Math.floor((shape.bk - 1) / t.bs) + 2;
+  const nbt = t.enc || shape.direct ? 0 : Math.floor((shape.bk - 1) / t.bs) + 2;
   const e16 = 16 / BYTES[t.kv];
-  const shared_bytes = 2 * (2 * ktLen + 2 * shape.bk * kstr) + 4 * rows * sstr +
-    4 * (2 * nbt + 1) + 12;
+  const shared_bytes = 2 * (2 * ktLen + 2 * kTile) + 4 * rows * sstr + 4 * (2 * nbt + 1) + 12;
   return {
     rows,
     wg: sg * shape.nsg,

@@ -2,7 +2,8 @@
  * The K/V and query side of the subgroup-matrix prefill kernel's WGSL: 16-byte words to f16
  * (per K/V storage dtype and per data dtype; bf16/f32 clamped to f16's range, fp8 exact and
  * branch-free), the K/V sources (paged cache through kvAccessorFns, or the call's K/V), the
- * double-buffered staging code unrolled for one variant, and the output rounding.
+ * double-buffered staging code unrolled for one variant (none for direct loads), and the
+ * output rounding.
  * @module
  */
 import type { StorageDType } from "../core/types.ts";
@@ -79,8 +80,22 @@ fn round_pair(a: f32, b: f32) -> u32 {
 `;
 }
 
-/** src_k / src_v: the 16-byte word c of key `key`'s row for kv head h. */
-export function sourceCode(c: MmaTarget): string {
+/**
+ * src_k / src_v: the 16-byte word c of key `key`'s row for kv head h; for `direct` loads
+ * instead `kv_elem`, the f16 element offset of key `key`'s row in k0 / v0 (rows of one block
+ * `kvstr` elements apart).
+ */
+export function sourceCode(c: MmaTarget & { direct?: boolean }): string {
+  if (c.direct) {
+    return `fn kv_elem(key: u32, h: u32, kv_len: u32, rbase: u32) -> u32 {
+  let at = blk_of(key, 0u, kv_len, rbase) * U.block_words * 2u;
+  if (NHD) {
+    return at + ((key % BS) * U.num_kv_heads + h) * D;
+  }
+  return at + (h * BS + key % BS) * D;
+}
+`;
+  }
   const sig = "key: u32, h: u32, c: u32, kt: u32, par: u32, rbase: u32";
   if (c.enc) {
     return ["k", "v"].map((t) =>
@@ -120,6 +135,7 @@ ${fn("k")}${fn("v")}`;
  * wv_i, STAGE_STORE decodes them to f16 into the buffers at `kbn` / `vbn`.
  */
 export function stagingCode(c: MmaConsts): { STAGE_LOAD: string; STAGE_STORE: string } {
+  if (c.direct) return { STAGE_LOAD: "", STAGE_STORE: "" };
   const lay = mmaLayout(c, c), v4r = c.d / lay.e16, words = c.bk * v4r;
   const N = range(Math.ceil(words / lay.wg)), guard = words % lay.wg !== 0;
   const load: string[] = [], store: string[] = [];

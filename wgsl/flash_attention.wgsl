@@ -35,7 +35,8 @@
 //              words (decoded like a cache of the data dtype)
 // Dispatch: num_tiles * num_kv_heads workgroups of WG = TX * TY, folded into x/y (U.nwg_x).
 // Compile-time: TX, TY, RM, RN (the register tile), D, BS (block size), NHD, V4R (16-byte
-// loads per K/V row), EPW (elements per u32 word), DECODE (the K/V dtype's decoders), SOURCE
+// loads per K/V row), EPW (elements per u32 word), TILE (flash_tile.wgsl: the tile's request,
+// tokens, heads and request words), DECODE (the K/V dtype's decoders), SOURCE
 // (src_k / src_v: cache or call K/V), QLOAD, OUT, and the generated fragments of
 // gpu/flash_codegen.ts (ROWS .. FINISH; CAP and ALIBI are compiled into SCALE).
 // Semantics (core/reference.ts): p = base + j; s = (scale * k_scale) q.k, soft cap, ALiBi
@@ -89,23 +90,7 @@ fn visible(pos: i32, key: u32, kend: u32) -> bool {
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
-  let wid = wg.x + wg.y * U.nwg_x;
-  if (wid >= U.num_tiles * U.num_kv_heads) {
-    return;
-  }
-  let tile = wid / U.num_kv_heads;
-  let kvh = wid % U.num_kv_heads;
-  let req = mdw[tile * 4u];
-  let first = mdw[tile * 4u + 1u];
-  let cnt = mdw[tile * 4u + 2u] & 0xffffu;
-  let hcnt = max(1u, mdw[tile * 4u + 2u] >> 16u);
-  let hfirst = mdw[tile * 4u + 3u];
-  let rb = U.off_reqs + req * 4u;
-  let kv_len = i32(mdw[rb]);
-  let bmq = bitcast<i32>(mdw[rb + 1u]); // position of token `tok` is tok + bmq
-  let rbase = mdw[rb + 3u];
-  let nrows = cnt * hcnt;
-  let w = i32(U.window);
+{{TILE}}
   let sinks = (U.flags & FLAG_SINKS) != 0u;
   let tx = t % TX;
   let ty = t / TX;
@@ -114,14 +99,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
   let p_first = i32(first) + bmq;
   let p_last = p_first + i32(cnt) - 1;
   var ks = 0;
-  var ke = kv_len;
+  var ke = i32(kv_len);
   if (U.window > 0u) {
     ks = max(0, p_first - w + 1);
   }
   if (U.causal != 0u) {
-    ke = min(kv_len, p_last + 1);
+    ke = min(i32(kv_len), p_last + 1);
   } else if (U.window > 0u) {
-    ke = min(kv_len, p_last + w);
+    ke = min(i32(kv_len), p_last + w);
   }
   let kstart = u32(ks);
   let kend = u32(max(ke, ks));

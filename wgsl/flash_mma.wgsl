@@ -14,6 +14,10 @@
 //   lanes per row, RPL rows per lane), P as f16 over this tile's dead K -> the next tile's
 //   words decoded to f16 into the other buffers -> workgroupUniformLoad(rescale flag) ->
 //   [rescale O] -> O += P V -> barrier.
+// Direct variants (f16 cache, one buffer) load K/V fragments with subgroupMatrixLoad straight
+// from the cache (k0/v0 as array<f16>, kv_elem, keys kvstr elements apart): no staging, no
+// vt_s; keys past kend get masked scores and p = 0, and the V rows of keys past kv_len (which
+// may hold anything, NaN included) come from a zero-padded copy of the request's last tile.
 // Three barriers a tile, and every workgroup-memory hand-off sits at least two barriers after
 // the write it reads: with one buffer (a write, one barrier, a subgroup-matrix read of it) the
 // kernel computed wrong results on the H200 (NVIDIA 580 driver, Dawn 0.6.2) and right ones on
@@ -37,15 +41,23 @@
 //   3 storage  out: array<u32>           [num_tokens, num_heads, D] data-dtype bits, 2 per word,
 //                                        rounded to nearest even (round.wgsl); poisoned before
 //   4 storage  lse: array<u32>           [num_heads, num_tokens] f32 bits
-//   5..        cache k0..k{N-1}, v0..v{N-1}: array<vec4<u32>> (kvAccessorFns); ENC: k_in, v_in:
+//   5..        cache k0..k{N-1}, v0..v{N-1}: array<vec4<u32>> (kvAccessorFns; direct: k0, v0:
+//              array<f16>); ENC: k_in, v_in:
 //              array<vec4<u32>> [num_tokens, num_kv_heads, D] in the data dtype
 // Dispatch: num_tiles * num_kv_heads workgroups of WG = NSG * SG, folded into x/y (U.nwg_x).
 // Compile-time: MM, MN, MK (matrix dims), SG (subgroup size), NSG, RM, BK, D, BS, NHD, TAU,
 // E16 (K/V elements per 16 bytes), KT_LEN (K tile array length), QPASS (Q rows staged per
 // pass), LPR/RPL (softmax lanes per row, rows per lane), NBT (block ids per tile); generated:
-// HELPERS (wgsl/flash_mma_rows.wgsl), DECODE (kv16, q16: 16-byte words to f16), SOURCE
-// (src_k/src_v), STAGE_LOAD/STORE, ROUND (round.wgsl and round_pair), SOFTMAX, QFRAG_DECL/LOAD,
-// QK, PV, O_DECL, O_RESCALE, O_OUTPUT (gpu/flash_mma_codegen.ts, gpu/flash_mma_staging.ts).
+// TILE (wgsl/flash_tile.wgsl, shared with flash_attention.wgsl), HELPERS (flash_mma_rows.wgsl),
+// DECODE (kv16, q16: 16-byte words to f16), SOURCE
+// (src_k/src_v, or kv_elem), STAGE_LOAD/STORE (prologue) and LOOP_STAGE_LOAD/STORE (loop;
+// empty for direct loads), VT_DECL (the V tiles, none for direct loads), TAIL_STAGE (direct
+// loads: the request's last, partial V tile, zero-padded, into the unused P buffer), LG and M0
+// (softmax units and the initial running max: 1 and MASK, or log2(e) and -1e30 for the fast
+// softmax),
+// ROUND (round.wgsl and round_pair), SOFTMAX (gpu/flash_mma_softmax.ts), QFRAG_DECL/LOAD, QK,
+// PV, O_DECL, O_RESCALE, O_OUTPUT (gpu/flash_mma_codegen.ts, gpu/flash_mma_staging.ts). A
+// bench ablation empties SOFTMAX, LOOP_STAGE_*, QK or PV (wrong results by design).
 // Enables: f16, chromium_experimental_subgroup_matrix, subgroups (where accepted). Matrix
 // calls sit in subgroup-uniform (not workgroup-uniform) branches: `main` turns the
 // chromium.subgroup_matrix_uniformity diagnostic off.
@@ -69,6 +81,9 @@ const D: u32 = {{D}};
 const BS: u32 = {{BS}};
 const NHD: bool = {{NHD}};
 const TAU: f32 = {{TAU:f32}};
+const LOG2E: f32 = 1.4426950408889634;
+const LG: f32 = {{LG:f32}}; // units of m, slopes and sinks: 1 (natural), LOG2E (fast: exp2)
+const TAUL: f32 = TAU * LG;
 const E16: u32 = {{E16}};
 const V4R: u32 = D / E16; // 16-byte words per K/V row
 const WPR: u32 = D * 4u / E16; // u32 words per K/V row
@@ -83,6 +98,7 @@ const RPL: u32 = {{RPL}}; // rows per lane
 const KPL: u32 = BK / LPR; // keys (or output columns) per lane
 const NBT: u32 = {{NBT}};
 const MASK: f32 = -3.0e38;
+const M0: f32 = {{M0}}; // the running max before any key (fast: above MASK, so exp2(MASK - m) = 0)
 const FLAG_ALIBI: u32 = 1u;
 const FLAG_SINKS: u32 = 2u;
 
@@ -90,7 +106,7 @@ const FLAG_SINKS: u32 = 2u;
 {{SOURCE}}
 
 var<workgroup> kt_s: array<f16, 2u * KT_LEN>; // K tiles; Q staging before the loop; P after S
-var<workgroup> vt_s: array<f16, 2u * VT_LEN>;
+{{VT_DECL}}
 var<workgroup> s_s: array<f32, R * SSTR>; // S; O passes (rescale, output)
 var<workgroup> s_blk: array<u32, 2u * NBT + 1u>; // block ids of two tiles (slots by parity)
 var<workgroup> s_kstart: u32;
@@ -109,23 +125,7 @@ fn main(
   @builtin(subgroup_id) sg: u32,
   @builtin(subgroup_invocation_id) ln: u32,
 ) {
-  let wid = wg.x + wg.y * U.nwg_x;
-  if (wid >= U.num_tiles * U.num_kv_heads) {
-    return;
-  }
-  let tile = wid / U.num_kv_heads;
-  let kvh = wid % U.num_kv_heads;
-  let req = mdw[tile * 4u];
-  let first = mdw[tile * 4u + 1u];
-  let cnt = mdw[tile * 4u + 2u] & 0xffffu;
-  let hcnt = max(1u, mdw[tile * 4u + 2u] >> 16u);
-  let hfirst = mdw[tile * 4u + 3u];
-  let rb = U.off_reqs + req * 4u;
-  let kv_len = mdw[rb];
-  let bmq = bitcast<i32>(mdw[rb + 1u]); // position of token `tok` is tok + bmq
-  let rbase = mdw[rb + 3u];
-  let nrows = cnt * hcnt;
-  let w = i32(U.window);
+{{TILE}}
 
   if (t == 0u) {
     let p_first = i32(first) + bmq;
@@ -172,13 +172,13 @@ fn main(
     tb[i] = select(0xffffffffu, (tok * U.num_heads + h) * D, ok);
     lh[i] = h * U.num_tokens + tok;
     rslope[i] = 0.0;
-    m[i] = MASK;
+    m[i] = M0;
     l[i] = 0.0;
     if (ok && (U.flags & FLAG_ALIBI) != 0u) {
-      rslope[i] = bitcast<f32>(mdw[U.off_alibi + h]);
+      rslope[i] = bitcast<f32>(mdw[U.off_alibi + h]) * LG;
     }
     if (ok && (U.flags & FLAG_SINKS) != 0u) {
-      m[i] = bitcast<f32>(mdw[U.off_sinks + h]);
+      m[i] = bitcast<f32>(mdw[U.off_sinks + h]) * LG;
       l[i] = select(0.0, 1.0, lq == 0u); // partial sums: counted once per row
     }
     seen[i] = false;
@@ -221,6 +221,7 @@ fn main(
   }
   let kstart = workgroupUniformLoad(&s_kstart);
   let kend = workgroupUniformLoad(&s_kend);
+  let kvstr = select(D, U.num_kv_heads * D, NHD); // direct loads: elements between keys
 {{O_DECL}}
   // Prologue: the first tile into buffer 0 (its block ids are in slot 0).
   {
@@ -242,7 +243,8 @@ fn main(
     // The next tile's words into registers now; into the other buffers after the softmax.
     let kn = kt + BK;
     let sn = par ^ 1u;
-{{STAGE_LOAD}}
+{{LOOP_STAGE_LOAD}}
+{{TAIL_STAGE}}
     if (t < NBT) {
       s_blk[par * NBT + t] = blk_of(kt + 2u * BK, t, kv_len, rbase); // slot par: two tiles ahead
     }
@@ -260,7 +262,7 @@ fn main(
     {
       let kbn = (par ^ 1u) * KT_LEN;
       let vbn = (par ^ 1u) * VT_LEN;
-{{STAGE_STORE}}
+{{LOOP_STAGE_STORE}}
     }
     let resc = workgroupUniformLoad(&s_resc);
     if (resc != 0u) {
@@ -282,7 +284,7 @@ fn main(
     }
     inv[i] = select(0.0, U.v_scale / lt, lt > 0.0);
     if (rok[i] && lq == 0u) {
-      lse[lh[i]] = select(0xff800000u, bitcast<u32>(m[i] + log(lt)), lt > 0.0); // -inf: none
+      lse[lh[i]] = select(0xff800000u, bitcast<u32>(m[i] / LG + log(lt)), lt > 0.0); // -inf: none
     }
   }
 {{O_OUTPUT}}

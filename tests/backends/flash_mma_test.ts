@@ -198,7 +198,8 @@ function shapeFor(s: BatchSpec, name: ShapeName): MmaShape | undefined {
   const shape = { ...SHAPES[name] };
   if (shape.bk === 0) {
     const t = { kv: "float16" as const, dtype: "float16" as const, enc: false, d: s.head_size };
-    const target = { ...t, bs: s.block_size, nhd: true, nchunk: 1, ...ctx!.mma };
+    const off = { causal: false, window: false, softcap: false, alibi: false, sinks: false };
+    const target = { ...t, ...off, bs: s.block_size, nhd: true, nchunk: 1, ...ctx!.mma };
     shape.bk = chooseMmaShape(target, ctx!.limits.maxComputeWorkgroupStorageSize)?.bk ?? 16;
   }
   return shape;

@@ -1,0 +1,122 @@
+/**
+ * The softmax step of the subgroup-matrix prefill kernel (wgsl/flash_mma.wgsl), unrolled for
+ * one lane: its RPL rows, KPL scores each, read from S; the row max over the LPR lanes of a row;
+ * the lazy rescale; p as f16 into P; the workgroup's rescale flag. Two forms:
+ * - {@link softmaxCode}: every feature tested at run time (`score` of flash_mma_rows.wgsl),
+ *   every key masked, natural exp;
+ * - {@link fastSoftmaxCode}: only the batch's features (compile time), no mask on interior
+ *   tiles (every key visible to every row of the subgroup), exp2 with log2(e) folded into the
+ *   scale (the kernel keeps m, slopes and sinks in log2 units: LG; the LSE is converted back).
+ * @module
+ */
+import { type MmaConsts, mmaLayout } from "./flash_mma_shape.ts";
+
+const range = (n: number) => Array.from({ length: n }, (_, i) => i);
+
+/** `max(...)` of the names as a balanced tree. */
+function maxTree(xs: string[]): string {
+  if (xs.length === 1) return xs[0];
+  const h = xs.length / 2;
+  return `max(${maxTree(xs.slice(0, h))}, ${maxTree(xs.slice(h))})`;
+}
+
+/** The shared tail of a row: row max, lazy rescale, p into P, running sum. */
+function rowTail(i: number, E: number[], pOf: (e: number) => string, exp: string): string[] {
+  return [
+    `  var tmax = ${maxTree(E.map((e) => `x${e}`))};`,
+    "  for (var o = 1u; o < LPR; o <<= 1u) {",
+    "    tmax = max(tmax, subgroupShuffleXor(tmax, o));",
+    "  }",
+    `  if (tmax > m[${i}] + TAUL) {`,
+    `    alpha[${i}] = ${exp}(m[${i}] - tmax);`,
+    `    l[${i}] *= alpha[${i}];`,
+    `    m[${i}] = tmax;`,
+    `    flag = flag || seen[${i}];`,
+    "  }",
+    ...E.map((e) => `  let p${e} = ${pOf(e)};\n  kt_s[kb + pb + ${e}u] = p${e};`),
+    `  l[${i}] += ${E.map((e) => `f32(p${e})`).join(" + ")};`,
+    `  seen[${i}] = seen[${i}] || tmax > MASK;`,
+  ];
+}
+
+const rowHead = (i: number, sg: number, lpr: number) => [
+  `  let rl = ln / LPR + ${i * (sg / lpr)}u;`,
+  "  let sb = (sgr + rl) * SSTR + lq * KPL;",
+  "  let pb = (sgr + rl) * PSTR + lq * KPL;",
+  "  let key0 = kt + lq * KPL;",
+];
+
+const indent = (out: string[]) =>
+  out.map((x) => x.split("\n").map((y) => "      " + y).join("\n")).join("\n");
+
+/** The generic softmax: run-time features, every key masked (`score`), natural exp. */
+export function softmaxCode(c: MmaConsts): string {
+  const lay = mmaLayout(c, c), E = range(c.bk / lay.lpr);
+  const out = ["var flag = false;"];
+  for (const i of range(lay.rpl)) {
+    out.push(
+      "{",
+      ...rowHead(i, c.sg, lay.lpr),
+      ...E.map((e) => {
+        const score = `score(s_s[sb + ${e}u], rpos[${i}], rslope[${i}], key0 + ${e}u, kend)`;
+        return `  let x${e} = select(MASK, ${score}, rok[${i}]);`;
+      }),
+      ...rowTail(i, E, (e) => `f16(select(0.0, exp(x${e} - m[${i}]), x${e} > MASK))`, "exp"),
+      "}",
+    );
+  }
+  out.push("if (flag) {", "  atomicStore(&s_resc, 1u);", "}");
+  return indent(out);
+}
+
+/** Whether every key of the tile is visible to every row of the subgroup (WGSL, uniform). */
+function interiorTest(c: MmaConsts): string {
+  const t = ["kt + BK <= kend"];
+  if (c.causal) {
+    t.push("i32(kt + BK) - 1 <= p_lo");
+    if (c.window) t.push("p_hi - i32(kt) < w");
+  } else if (c.window) t.push("p_hi - i32(kt) < w", "i32(kt + BK) - 1 - p_lo < w");
+  return t.join(" && ");
+}
+
+/** Whether key `k0 + e` (dk = pos - key) is visible: the mask of a boundary tile (WGSL). */
+function visibleTest(c: MmaConsts, e: number): string {
+  const t = [`key0 + ${e}u < kend`];
+  if (c.causal) {
+    t.push(`dk0 >= ${e}`);
+    if (c.window) t.push(`dk0 - ${e} < w`);
+  } else if (c.window) t.push(`abs(dk0 - ${e}) < w`);
+  return t.join(" && ");
+}
+
+/**
+ * The specialized softmax: scores in log2 units (scale * log2 e, the soft cap's tanh taken in
+ * natural units first, ALiBi slopes pre-multiplied by log2 e in the row set-up), masks only on
+ * tiles some row of the subgroup does not fully see, exp2. Masked scores are MASK and the
+ * running max starts at M0 (-1e30, or the sink) above it, so p = exp2(x - m) is 0 for them
+ * without a select.
+ */
+export function fastSoftmaxCode(c: MmaConsts): string {
+  const lay = mmaLayout(c, c), E = range(c.bk / lay.lpr);
+  const scale = c.softcap ? "U.scale_qk / U.softcap" : "U.scale_qk * LOG2E";
+  const out = [
+    "var flag = false;",
+    `let sc = ${scale};`,
+    ...(c.softcap ? ["let capl = U.softcap * LOG2E;"] : []),
+    `let inner = ${interiorTest(c)};`,
+  ];
+  for (const i of range(lay.rpl)) {
+    out.push("{", ...rowHead(i, c.sg, lay.lpr), `  let dk0 = rpos[${i}] - i32(key0);`);
+    for (const e of E) {
+      out.push(`  var x${e} = s_s[sb + ${e}u] * sc;`);
+      if (c.softcap) out.push(`  x${e} = capl * tanh(clamp(x${e}, -15.0, 15.0));`);
+      if (c.alibi) out.push(`  x${e} -= rslope[${i}] * f32(dk0 - ${e});`);
+    }
+    out.push("  if (!inner) {");
+    for (const e of E) out.push(`    x${e} = select(MASK, x${e}, ${visibleTest(c, e)});`);
+    out.push("  }");
+    out.push(...rowTail(i, E, (e) => `f16(exp2(x${e} - m[${i}]))`, "exp2"), "}");
+  }
+  out.push("if (flag) {", "  atomicStore(&s_resc, 1u);", "}");
+  return indent(out);
+}
