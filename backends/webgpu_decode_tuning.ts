@@ -61,7 +61,13 @@ export interface DecodeTuning {
   stage_table_max: number;
 }
 
-/** The defaults; change a copy and pass it to `makeWebGpuDecode` (backends/webgpu_decode.ts). */
+/**
+ * The defaults; change a copy and pass it to `makeWebGpuDecode` (backends/webgpu_decode.ts).
+ * From the H200 sweeps of 2026-12-03 (bench/NOTES.md v0.5): `waves` 4 was the one knob fast in
+ * every row of two runs (32 x 2048 f16 0.123 -> 0.104 ms, fp8 0.273 -> 0.210 ms, 64 x 8192
+ * unchanged); `direct_single` stays off because its fp8 e4m3 test did not finish compiling in
+ * 80-150 s on the H200 (twice), while the partial + reduce path passed there in 1 s.
+ */
 export const DEFAULT_DECODE_TUNING: Readonly<DecodeTuning> = Object.freeze({
   workgroup_size: 0,
   keys_per_iter: 0,
@@ -75,10 +81,10 @@ export const DEFAULT_DECODE_TUNING: Readonly<DecodeTuning> = Object.freeze({
   subgroups: true,
   early_values: true,
   prefetch: false,
-  waves: 0,
+  waves: 4,
   wave_workgroups: 528,
   slice_overhead: 192,
-  direct_single: true,
+  direct_single: false,
   fused_reduce: false,
   stage_table: false,
   stage_table_max: 1024,
