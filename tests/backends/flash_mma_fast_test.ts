@@ -23,27 +23,11 @@ import {
 } from "../../gpu/flash_mma_shape.ts";
 import { acquireMmaDevice } from "../../gpu/flash_mma_device.ts";
 import { type BatchSpec, generateBatch } from "../support/batches.ts";
-import { checkMma } from "../support/mma_case.ts";
+import { base, checkMma, freshSeed } from "../support/mma_case.ts";
 
 const acquired = await acquireMmaDevice();
 const ctx = acquired.ctx;
 if (!ctx) console.warn(`flash_mma fast/direct tests skipped: ${acquired.reason}`);
-
-/** A fresh random seed (each failure names it). */
-const freshSeed = () => (Math.random() * 2 ** 32) >>> 0;
-
-const base = (o: Partial<BatchSpec>): BatchSpec => ({
-  dtype: "float16",
-  kv_cache_dtype: "auto",
-  layout: "NHD",
-  block_size: 16,
-  head_size: 64,
-  num_heads: 8,
-  num_kv_heads: 2,
-  requests: [{ query_len: 29, seq_len: 29 }],
-  return_lse: true,
-  ...o,
-});
 
 const SHAPES = {
   fast: { nsg: 4, rm: 1, bk: 16, tau: 8, fast: true },

@@ -17,28 +17,12 @@ import { MMA_FEATURE, mmaSupportOf } from "../../gpu/flash_mma_kernel.ts";
 import type { GpuContext } from "../../core/types.ts";
 import { validHostBatch } from "../../service/host_input.ts";
 import { type BatchSpec, generateBatch } from "../support/batches.ts";
-import { checkMma, type MmaCaseOptions } from "../support/mma_case.ts";
-
-/** A fresh random seed (each failure names it). */
-const freshSeed = () => (Math.random() * 2 ** 32) >>> 0;
+import { base, checkMma, freshSeed, type MmaCaseOptions } from "../support/mma_case.ts";
 
 const acquired = await acquireMmaDevice();
 const ctx = acquired.ctx;
 const SKIP = ctx === null;
 if (SKIP) console.warn(`flash_mma tests skipped: ${acquired.reason}`);
-
-const base = (o: Partial<BatchSpec>): BatchSpec => ({
-  dtype: "float16",
-  kv_cache_dtype: "auto",
-  layout: "NHD",
-  block_size: 16,
-  head_size: 64,
-  num_heads: 8,
-  num_kv_heads: 2,
-  requests: [{ query_len: 29, seq_len: 29 }],
-  return_lse: true,
-  ...o,
-});
 
 /** Kernel shapes by name (bk 0: the default shape's); `default` is the first that fits. */
 type ShapeName = "default" | "wide" | "rm2" | "fa2" | "bk32";

@@ -24,6 +24,23 @@ import { validHostBatch } from "../../service/host_input.ts";
 import { type BatchSpec, cacheIndex, generateBatch } from "./batches.ts";
 import { assertClose, firstNonFinite } from "./compare.ts";
 
+/** A fresh random seed (each failure names it). */
+export const freshSeed = (): number => (Math.random() * 2 ** 32) >>> 0;
+
+/** The tensor-core tests' batch: f16, hd64, 8 q / 2 kv heads, one 29-token prefill, with LSE. */
+export const base = (o: Partial<BatchSpec>): BatchSpec => ({
+  dtype: "float16",
+  kv_cache_dtype: "auto",
+  layout: "NHD",
+  block_size: 16,
+  head_size: 64,
+  num_heads: 8,
+  num_kv_heads: 2,
+  requests: [{ query_len: 29, seq_len: 29 }],
+  return_lse: true,
+  ...o,
+});
+
 /** Options of {@link checkMma}. */
 export interface MmaCaseOptions {
   /** Kernel shape (default: the first that fits). */
