@@ -23,9 +23,10 @@ nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm,clocks.mem --fo
   >"$out/gpu.txt" 2>&1
 cat "$out/gpu.txt"
 export BENCH_FLASH_TILES=${BENCH_FLASH_TILES-8x8x4x4,8x8x4x4l,8x8x4x2,4x8x4x4,8x4x4x4,8x16x2x4,4x16x4x4}
-# Decode sweep (bench/NOTES.md, "v0.5"): the issue-8 knobs (fused_reduce, stage_table, the waves
-# slice policy and its wave size) beside the best earlier rows (workgroup_size 64, prefetch).
-export BENCH_DECODE_TUNINGS=${BENCH_DECODE_TUNINGS-'[{"workgroup_size":64},{"prefetch":true},{"fused_reduce":true},{"stage_table":true},{"waves":4},{"waves":4,"wave_workgroups":396},{"waves":4,"wave_workgroups":396,"fused_reduce":true},{"waves":4,"wave_workgroups":264,"workgroup_size":256},{"waves":4,"wave_workgroups":1056,"workgroup_size":64,"fused_reduce":true},{"waves":4,"fused_reduce":true,"stage_table":true,"prefetch":true},{"waves":4,"wave_workgroups":396,"fused_reduce":true,"stage_table":true}]'}
+# Decode sweep (bench/NOTES.md, "v0.5 on the H200"): beside the default (waves 4, no direct
+# single-slice rows), the v0.4 policy (waves 0) and the rows that were fastest in some run but not
+# in all (wave sizes 264/1056, fused_reduce, prefetch).
+export BENCH_DECODE_TUNINGS=${BENCH_DECODE_TUNINGS-'[{"waves":0},{"wave_workgroups":264,"workgroup_size":256},{"wave_workgroups":1056,"workgroup_size":64},{"wave_workgroups":1056,"workgroup_size":64,"fused_reduce":true},{"fused_reduce":true},{"prefetch":true}]'}
 what=${*:-all}
 run() { # name, limit in seconds, command...
   local name=$1 limit=$2
