@@ -22,6 +22,23 @@ source gpupack/env.sh
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm,clocks.mem --format=csv \
   >"$out/gpu.txt" 2>&1
 cat "$out/gpu.txt"
+# The SM clock through the call (100 ms samples): the H200 served at 345-420 MHz of 1980 while the
+# bench's own warm-up ran at 1980 (bench/NOTES.md v0.5), so each part says what it ran at.
+clk="$out/clocks.csv"
+if command -v nvidia-smi >/dev/null; then
+  nvidia-smi --query-gpu=clocks.sm,utilization.gpu --format=csv,noheader,nounits -lms 100 \
+    >"$clk" 2>/dev/null &
+  clk_pid=$!
+  trap 'kill "$clk_pid" 2>/dev/null' EXIT
+fi
+lines() { if [ -f "$clk" ]; then wc -l <"$clk"; else echo 0; fi; }
+clock_summary() { # first line, last line of $clk
+  [ "$2" -ge "$1" ] || return 0
+  sed -n "$1,$2p" "$clk" | cut -d, -f1 | sort -n | awk '
+    { v[NR] = $1; if ($1 >= 1900) hi++ }
+    END { if (NR) printf "   SM clock: median %d MHz, %d%% of %d samples at >= 1900 MHz\n",
+      v[int((NR + 1) / 2)], 100 * hi / NR, NR }'
+}
 export BENCH_FLASH_TILES=${BENCH_FLASH_TILES-8x8x4x4,8x8x4x4l,8x8x4x2,4x8x4x4,8x4x4x4,8x16x2x4,4x16x4x4}
 # Decode sweep (bench/NOTES.md, "v0.5 on the H200"): beside the default (waves 4, no direct
 # single-slice rows), the v0.4 policy (waves 0) and the rows that were fastest in some run but not
@@ -32,10 +49,12 @@ run() { # name, limit in seconds, command...
   local name=$1 limit=$2
   shift 2
   echo "== $name"
-  local t0=$SECONDS
+  local t0=$SECONDS l0
+  l0=$(lines)
   timeout -k 5 "$limit" "$@" >"$out/$name.log" 2>&1
   local rc=$?
   echo "   rc=$rc in $((SECONDS - t0))s"
+  clock_summary $((l0 + 1)) "$(lines)"
   tail -n "${TAIL:-40}" "$out/$name.log" | sed 's/\x1b\[[0-9;]*m//g'
 }
 for w in $what; do
