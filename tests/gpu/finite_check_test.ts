@@ -24,9 +24,9 @@ import { builtinBackends } from "../../backends/index.ts";
 import { type BatchSpec, generateBatch, Rng } from "../support/batches.ts";
 import { assertClose } from "../support/compare.ts";
 import { MANAGER } from "../support/gpu.ts";
-import { freshSeed, GPU, NO_GPU } from "./helpers.ts";
+import { freshSeed, GPU, GPU_TEST } from "./helpers.ts";
 
-const opts = { ignore: NO_GPU, sanitizeResources: false, sanitizeOps: false };
+const opts = GPU_TEST;
 
 /**
  * 1400 decode requests of 1 to 7 keys: 4.2 MB of f16 query/key/value (over the device-check

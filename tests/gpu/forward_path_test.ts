@@ -17,9 +17,9 @@ import { launch } from "../../gpu/launch.ts";
 import { GpuKvCache } from "../../gpu/kv_cache.ts";
 import { validHostBatch } from "../../service/host_input.ts";
 import { type BatchSpec, generateBatch } from "../support/batches.ts";
-import { freshSeed, GPU, NO_GPU } from "./helpers.ts";
+import { freshSeed, GPU, GPU_TEST } from "./helpers.ts";
 
-const opts = { ignore: NO_GPU, sanitizeResources: false, sanitizeOps: false };
+const opts = GPU_TEST;
 const spec = (o: Partial<BatchSpec> = {}): BatchSpec => ({
   dtype: "float16",
   kv_cache_dtype: "auto",

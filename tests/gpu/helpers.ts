@@ -7,6 +7,10 @@
 import type { GpuContext } from "../../core/types.ts";
 import { MAX_KV_CHUNK_BYTES } from "../../gpu/kv_cache.ts";
 export { GPU, gpu, NO_GPU, NO_GPU_REASON } from "../support/gpu.ts";
+import { NO_GPU } from "../support/gpu.ts";
+
+/** Deno.test options of a GPU test: skipped without a device; the device outlives the test. */
+export const GPU_TEST = { ignore: NO_GPU, sanitizeResources: false, sanitizeOps: false };
 
 /** A seeded PRNG (mulberry32) in [0, 1). */
 export function rng(seed: number): () => number {

@@ -12,10 +12,10 @@ import type { AttentionBackend } from "../../core/types.ts";
 import { WEBGPU_DECODE } from "../../backends/webgpu_decode.ts";
 import { hostPool } from "../../gpu/host_pool.ts";
 import { MANAGER } from "../support/gpu.ts";
-import { freshSeed, NO_GPU, rng } from "./helpers.ts";
+import { freshSeed, GPU_TEST, rng } from "./helpers.ts";
 import { maxAbsDiff, refAttention, startServer, to3d } from "../server/helpers.ts";
 
-const opts = { ignore: NO_GPU, sanitizeResources: false, sanitizeOps: false };
+const opts = GPU_TEST;
 
 interface Shape {
   dtype: "float16" | "float32";

@@ -16,9 +16,9 @@ import { validHostBatch } from "../../service/host_input.ts";
 import { type BatchSpec, generateBatch } from "../support/batches.ts";
 import { assertClose } from "../support/compare.ts";
 import { tolerance } from "../support/backend_check.ts";
-import { freshSeed, GPU, NO_GPU } from "./helpers.ts";
+import { freshSeed, GPU, GPU_TEST } from "./helpers.ts";
 
-const opts = { ignore: NO_GPU, sanitizeResources: false, sanitizeOps: false };
+const opts = GPU_TEST;
 
 const SPEC: BatchSpec = {
   dtype: "float16",

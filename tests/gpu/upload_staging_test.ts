@@ -23,9 +23,9 @@ import {
   stagedUploads,
   stagingOf,
 } from "../../gpu/upload_staging.ts";
-import { freshSeed, GPU, NO_GPU, rng } from "./helpers.ts";
+import { freshSeed, GPU, GPU_TEST, rng } from "./helpers.ts";
 
-const opts = { ignore: NO_GPU, sanitizeResources: false, sanitizeOps: false };
+const opts = GPU_TEST;
 
 function randomBytes(seed: number, n: number): Uint8Array {
   const r = rng(seed), a = new Uint8Array(n);
