@@ -1,0 +1,221 @@
+/**
+ * The serve command line: `deno task serve [options]` parsed with the environment's defaults
+ * (`ATTN_*` variables) into {@link ServeOptions}; `--help`'s text. Used by main.ts only (and
+ * its tests).
+ * @module
+ */
+import { parseArgs } from "node:util";
+import {
+  resolveRuntimeOptions,
+  RUNTIME_HELP,
+  runtimeEnv,
+  type RuntimeOptions,
+} from "../gpu/runtime_options.ts";
+import { type CallLimits, DEFAULT_CALL_LIMITS } from "../service/validate.ts";
+import {
+  DEFAULT_MAX_BODY_BYTES,
+  DEFAULT_MAX_JSON_BODY_BYTES,
+  MAX_JSON_BODY_BYTES_CEILING,
+} from "./body.ts";
+import { MAX_JSON_VALUES } from "../wire/json_scan.ts";
+import { INSTANCE_NAME_PATTERN } from "../wire/names.ts";
+import { DEFAULT_SHUTDOWN_DEADLINE_MS } from "./shutdown.ts";
+/** Default memory budget for server-held caches: 4 GiB. */
+export const DEFAULT_MEMORY_BUDGET_BYTES = 4 * 1024 ** 3;
+
+/** The environment variable of `--http-workers`. */
+export const HTTP_WORKERS_ENV = "ATTN_HTTP_WORKERS";
+
+/** Default HTTP worker threads. */
+export const DEFAULT_HTTP_WORKERS = 0;
+
+/** Most HTTP worker threads. */
+export const MAX_HTTP_WORKERS = 64;
+
+export const HELP = `attention service: batched paged attention over HTTP
+
+usage: deno task serve [options]
+
+  --port N                  port to listen on (default 8000; 0 = any free port)
+  --host H                  address to bind (default 127.0.0.1); any address that is not
+                            loopback needs a token (or --allow-unauthenticated)
+  --max-body-bytes B        largest request body in bytes (default ${DEFAULT_MAX_BODY_BYTES} = 512 MiB)
+  --max-json-body-bytes B   largest JSON body in bytes (default ${DEFAULT_MAX_JSON_BODY_BYTES} = 64 MiB,
+                            at most ${MAX_JSON_BODY_BYTES_CEILING}); a JSON body also holds at most
+                            ${MAX_JSON_VALUES} values: big tensors belong in safetensors bodies
+  --memory-budget-bytes B   total bytes of server-held KV caches (default ${DEFAULT_MEMORY_BUDGET_BYTES} = 4 GiB)
+  --max-tokens-per-call N   most query tokens in one forward call (default ${DEFAULT_CALL_LIMITS.max_tokens}); over: 422
+  --max-attended-keys N     most attended keys in one forward call: the sum over query tokens of
+                            the keys each may see (default ${DEFAULT_CALL_LIMITS.max_attended_keys}); over: 422
+  --token-file PATH         bearer token (the file's content) required on every route but
+                            /healthz; without it the ATTN_TOKEN environment variable is used
+  --allow-unauthenticated   serve a non-loopback address without a token (prints a warning)
+  --allowed-host NAME       a loopback bind without a token answers only requests whose Host is
+                            localhost, 127.0.0.1 or [::1] (any port), else 403; this adds a
+                            name (repeatable)
+  --shutdown-deadline-ms N  on SIGTERM/SIGINT, wait this long for calls in flight, then
+                            exit (default ${DEFAULT_SHUTDOWN_DEADLINE_MS}); exit code 0 when all
+                            finished, 1 when the deadline cut some off
+  --no-gpu                  do not acquire a WebGPU device (host backends only)
+  --http-workers N          HTTP worker threads in front of the thread that owns the GPU:
+                            they read requests and write answers, this thread validates,
+                            plans and runs the calls (default ${DEFAULT_HTTP_WORKERS}; 0 = one thread
+                            does it all; also ${HTTP_WORKERS_ENV}; Linux: they share the port)
+  --instance-name NAME      name this instance in every answer's X-Attention-Instance header
+                            and in /healthz (1-64 characters of A-Z a-z 0-9 . _ -; default none)
+${RUNTIME_HELP}
+  -h, --help                show this help
+`;
+
+function intFlag(name: string, v: string | undefined, dflt: number, min: number): number {
+  if (v === undefined) return dflt;
+  if (!/^\d+$/.test(v) || Number(v) < min || !Number.isSafeInteger(Number(v))) {
+    throw new Error(`--${name} must be an integer >= ${min}, got ${JSON.stringify(v)}`);
+  }
+  return Number(v);
+}
+
+/** `--http-workers` (over the environment variable, over the default). */
+function httpWorkersOption(flag: string | undefined, env: string | undefined): number {
+  const name = flag !== undefined ? "--http-workers" : HTTP_WORKERS_ENV;
+  const v = flag ?? (env === "" ? undefined : env);
+  if (v === undefined) return DEFAULT_HTTP_WORKERS;
+  if (!/^\d+$/.test(v) || Number(v) > MAX_HTTP_WORKERS) {
+    throw new Error(
+      `${name} must be an integer from 0 to ${MAX_HTTP_WORKERS}, got ${JSON.stringify(v)}`,
+    );
+  }
+  return Number(v);
+}
+
+/** The environment variables serve reads (none without env permission). */
+export function serveEnv(): Record<string, string | undefined> {
+  const env = runtimeEnv();
+  try {
+    env[HTTP_WORKERS_ENV] = Deno.env.get(HTTP_WORKERS_ENV);
+  } catch { /* no env permission: as if unset */ }
+  return env;
+}
+
+/** Parsed command-line options. */
+export interface ServeOptions {
+  port: number;
+  host: string;
+  maxBodyBytes: number;
+  maxJsonBodyBytes: number;
+  memoryBudgetBytes: number;
+  limits: CallLimits;
+  tokenFile?: string;
+  allowUnauthenticated: boolean;
+  allowedHosts: string[];
+  shutdownDeadlineMs: number;
+  gpu: boolean;
+  /** HTTP worker threads (0: Deno.serve on this thread). */
+  httpWorkers: number;
+  /** This instance's name in answers (`--instance-name`). */
+  instanceName?: string;
+  /** The WebGPU runtime and Dawn's flags (command line over environment). */
+  runtime: RuntimeOptions;
+  help: boolean;
+}
+
+/**
+ * Parses the command line; `env` supplies ATTN_WEBGPU_RUNTIME / ATTN_DAWN_FLAGS.
+ * @throws Error with a usage message on bad flags.
+ */
+export function parseServeArgs(
+  args: string[],
+  env: Record<string, string | undefined> = {},
+): ServeOptions {
+  const { values } = parseArgs({
+    args,
+    options: {
+      port: { type: "string" },
+      host: { type: "string" },
+      "max-body-bytes": { type: "string" },
+      "max-json-body-bytes": { type: "string" },
+      "memory-budget-bytes": { type: "string" },
+      "max-tokens-per-call": { type: "string" },
+      "max-attended-keys": { type: "string" },
+      "token-file": { type: "string" },
+      "allow-unauthenticated": { type: "boolean" },
+      "allowed-host": { type: "string", multiple: true },
+      "shutdown-deadline-ms": { type: "string" },
+      "no-gpu": { type: "boolean" },
+      "instance-name": { type: "string" },
+      "http-workers": { type: "string" },
+      "webgpu-runtime": { type: "string" },
+      "dawn-flags": { type: "string" },
+      "dawn-flag": { type: "string", multiple: true },
+      help: { type: "boolean", short: "h" },
+    },
+    strict: true,
+    allowPositionals: false,
+  });
+  const port = intFlag("port", values.port, 8000, 0);
+  if (port > 65535) throw new Error(`--port must be <= 65535, got ${port}`);
+  const maxJson = intFlag(
+    "max-json-body-bytes",
+    values["max-json-body-bytes"],
+    DEFAULT_MAX_JSON_BODY_BYTES,
+    1,
+  );
+  if (maxJson > MAX_JSON_BODY_BYTES_CEILING) {
+    throw new Error(
+      `--max-json-body-bytes must be <= ${MAX_JSON_BODY_BYTES_CEILING}, got ${maxJson}; ` +
+        "send bigger calls as safetensors (--max-body-bytes)",
+    );
+  }
+  const tokenFile = values["token-file"];
+  const instanceName = values["instance-name"];
+  if (instanceName !== undefined && !INSTANCE_NAME_PATTERN.test(instanceName)) {
+    throw new Error(
+      `--instance-name must be 1-64 characters of A-Z a-z 0-9 . _ - starting with a letter or ` +
+        `digit, got ${JSON.stringify(instanceName)}`,
+    );
+  }
+  return {
+    port,
+    host: values.host ?? "127.0.0.1",
+    maxBodyBytes: intFlag("max-body-bytes", values["max-body-bytes"], DEFAULT_MAX_BODY_BYTES, 1),
+    maxJsonBodyBytes: maxJson,
+    memoryBudgetBytes: intFlag(
+      "memory-budget-bytes",
+      values["memory-budget-bytes"],
+      DEFAULT_MEMORY_BUDGET_BYTES,
+      0,
+    ),
+    limits: {
+      max_tokens: intFlag(
+        "max-tokens-per-call",
+        values["max-tokens-per-call"],
+        DEFAULT_CALL_LIMITS.max_tokens,
+        1,
+      ),
+      max_attended_keys: intFlag(
+        "max-attended-keys",
+        values["max-attended-keys"],
+        DEFAULT_CALL_LIMITS.max_attended_keys,
+        1,
+      ),
+    },
+    ...(tokenFile !== undefined ? { tokenFile } : {}),
+    allowUnauthenticated: values["allow-unauthenticated"] ?? false,
+    allowedHosts: values["allowed-host"] ?? [],
+    shutdownDeadlineMs: intFlag(
+      "shutdown-deadline-ms",
+      values["shutdown-deadline-ms"],
+      DEFAULT_SHUTDOWN_DEADLINE_MS,
+      0,
+    ),
+    gpu: !values["no-gpu"],
+    httpWorkers: httpWorkersOption(values["http-workers"], env[HTTP_WORKERS_ENV]),
+    ...(instanceName !== undefined ? { instanceName } : {}),
+    runtime: resolveRuntimeOptions({
+      runtime: values["webgpu-runtime"],
+      dawnFlags: values["dawn-flags"],
+      dawnFlag: values["dawn-flag"],
+    }, env),
+    help: values.help ?? false,
+  };
+}
