@@ -2,7 +2,7 @@
 # One call on the GPU machine (see bench/NOTES.md): GPU tests, the bench with its kernel sweeps,
 # the HTTP bench, the PyTorch anchor. Logs under $OUT; each part's tail is printed.
 # Usage there: bash bench/gpu_machine.sh
-#   [tests|dawn-tests|mma|mma-fast|mma-bench|bench|bench-deno|http|anchor|all]...
+#   [tests|dawn-tests|mma|mma-fast|mma-bench|bench|bench-deno|http|anchor|clock-probe|all]...
 # mma: the tensor-core kernel's tests; mma-fast: those of its fast softmax and direct loads;
 # mma-bench: its variant sweep.
 # Each part is cut at its own limit (seconds, env): TESTS_TIMEOUT 240, MMA_TIMEOUT 150,
@@ -68,6 +68,14 @@ for w in $what; do
     mma)
       run mma "${MMA_TIMEOUT:-150}" deno test --allow-all tests/backends/flash_mma_test.ts \
         tests/gpu/flash_mma_fp8_test.ts ;;&
+    clock-probe)
+      # A decode step every ~1, 3, 6 and 21 ms for ~10 s each after 5 s idle: the server's GPU
+      # time and the SM clock against the call rate (NOTES v0.5: served at 345-420 MHz).
+      for gap in 0 2 5 20; do
+        sleep 5
+        TAIL=4 run "clock-probe-gap$gap" 60 deno run -A bench/host_profile.ts --runtime dawn \
+          --case decode --kernels --gap-ms "$gap" --iters $((10000 / (gap + 2)))
+      done ;;&
     mma-fast)
       run mma-fast "${MMA_TIMEOUT:-150}" deno test --allow-all tests/backends/flash_mma_fast_test.ts ;;&
     mma-bench)
