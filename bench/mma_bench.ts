@@ -22,7 +22,7 @@ import {
   type MmaShape,
 } from "../gpu/flash_mma_shape.ts";
 import { acquireMmaDevice, type MmaContext } from "../gpu/flash_mma_device.ts";
-import { disposeGpuPlan, type GpuPlan, runGpuPlan, uploadPlanTable } from "../gpu/gpu_plan.ts";
+import { type GpuPlan, runGpuPlan, uploadPlanTable } from "../gpu/gpu_plan.ts";
 import {
   checkRows,
   compareOutputs,
@@ -232,8 +232,6 @@ for (const c of cases) {
       console.log(
         `${name.padEnd(19)} failed: ${err instanceof Error ? err.message.split("\n")[0] : err}`,
       );
-    } finally {
-      if (plan) disposeGpuPlan(plan);
     }
   }
   data.cache.destroy();

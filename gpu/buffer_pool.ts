@@ -14,9 +14,9 @@ const MAX_FREE_QUERY_SETS = 16;
 /** Smallest size class, bytes. */
 export const MIN_POOLED_BYTES = 256;
 
-/** The size class a request of `bytes` is served from. */
-export function sizeClass(bytes: number): number {
-  let c = MIN_POOLED_BYTES;
+/** The size class (a power of two, at least `min`) a request of `bytes` is served from. */
+export function sizeClass(bytes: number, min = MIN_POOLED_BYTES): number {
+  let c = min;
   while (c < bytes) c *= 2;
   return c;
 }

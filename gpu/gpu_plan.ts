@@ -105,12 +105,6 @@ export function outputWords(dtype: DType, elements: number): { words: number; pa
   return { words: Math.ceil((elements * bytesPerElement(dtype)) / 4), pattern: nanWord(dtype) };
 }
 
-/**
- * Frees what a plan owns: nothing on the GPU (its table is host bytes; the kernels stay cached
- * per device), so this only exists for the backends' `disposePlan`.
- */
-export function disposeGpuPlan(_p: GpuPlan): void {}
-
 /** A buffer of its own holding `p`'s table (benches that bind a plan's calls themselves). */
 export function uploadPlanTable(p: GpuPlan): PlanTable {
   return uploadTable(p.ctx, p.table, "plan.table");

@@ -13,16 +13,10 @@
  * `maxFreeBytes` are dropped, largest classes first.
  * @module
  */
+import { sizeClass } from "./buffer_pool.ts";
 
 /** Smallest size class, bytes. */
 export const MIN_HOST_CLASS = 4096;
-
-/** The size class a request of `bytes` is served from. */
-export function hostSizeClass(bytes: number): number {
-  let c = MIN_HOST_CLASS;
-  while (c < bytes) c *= 2;
-  return c;
-}
 
 /** Host memory lent to one result. */
 export interface HostLease {
@@ -69,7 +63,7 @@ export class HostPool {
 
   /** A lease of `bytes` bytes (contents unspecified: stale bytes of an earlier lease). */
   acquire(bytes: number): HostLease {
-    const size = hostSizeClass(bytes);
+    const size = sizeClass(bytes, MIN_HOST_CLASS);
     let buf = this.#free.get(size)?.pop();
     if (buf) {
       this.#freeBytes -= size;

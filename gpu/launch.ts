@@ -199,9 +199,10 @@ export async function launch(ctx: GpuContext, spec: LaunchSpec): Promise<LaunchR
   const dev = ctx.device;
   // Staging buffers first: nothing may await between pushing the error scope and popping it
   // (the scope stack is the device's, shared by concurrent calls).
-  const staging = stagedUploads(ctx) ? stagingOf(ctx) : null;
-  const big = (u: LaunchSpec["uploads"][number]) =>
-    staging !== null && u.data.byteLength >= STAGED_UPLOAD_BYTES;
+  // (Whether this device stages is asked only when an upload is large enough to be staged.)
+  const large = (u: LaunchSpec["uploads"][number]) => u.data.byteLength >= STAGED_UPLOAD_BYTES;
+  const staging = spec.uploads.some(large) && stagedUploads(ctx) ? stagingOf(ctx) : null;
+  const big = (u: LaunchSpec["uploads"][number]) => staging !== null && large(u);
   const bigUploads = spec.uploads.filter(big);
   const froms = bigUploads.length === 0
     ? []
@@ -263,9 +264,8 @@ export async function launch(ctx: GpuContext, spec: LaunchSpec): Promise<LaunchR
       });
     }
     const tMap = performance.now();
-    const used = qs ? stampAt + 16 * passes : total;
-    const lease = hostPool.acquire(used);
-    lease.bytes.set(new Uint8Array(readback.getMappedRange(0, Math.max(16, used)), 0, used));
+    const lease = hostPool.acquire(total);
+    lease.bytes.set(new Uint8Array(readback.getMappedRange(0, Math.max(16, total)), 0, total));
     readback.unmap();
     const mem = lease.bytes.buffer;
     const parts = spec.reads.map((r, i) => new Uint8Array(mem, offsets[i], r.bytes));

@@ -4,7 +4,10 @@
  * stats that return to zero in use (no leak).
  */
 import assert from "node:assert/strict";
-import { HostPool, hostSizeClass, MIN_HOST_CLASS } from "../../gpu/host_pool.ts";
+import { HostPool, MIN_HOST_CLASS } from "../../gpu/host_pool.ts";
+import { sizeClass } from "../../gpu/buffer_pool.ts";
+
+const hostSizeClass = (n: number) => sizeClass(n, MIN_HOST_CLASS);
 
 Deno.test("host pool: power-of-two classes from 4 KiB", () => {
   assert.equal(hostSizeClass(0), MIN_HOST_CLASS);

@@ -18,7 +18,7 @@ import { HostKvCache } from "../../backends/cpu/host_cache.ts";
 import type { GpuContext, KvCache } from "../../core/types.ts";
 import type { MmaShape } from "../../gpu/flash_mma_shape.ts";
 import type { MmaContext } from "../../gpu/flash_mma_device.ts";
-import { disposeGpuPlan, runGpuPlan } from "../../gpu/gpu_plan.ts";
+import { runGpuPlan } from "../../gpu/gpu_plan.ts";
 import { GpuKvCache, MAX_KV_CHUNK_BYTES } from "../../gpu/kv_cache.ts";
 import { validHostBatch } from "../../service/host_input.ts";
 import { type BatchSpec, cacheIndex, generateBatch } from "./batches.ts";
@@ -107,12 +107,7 @@ export async function checkMma(
     const plan = await planFlashMma(gctx, batch, ctx.mma, o.shape);
     const what = `${plan.kernels.join(" + ")}, seed ${seed}`;
     assert.ok(plan.kernels.some((k) => k.startsWith("flash_mma(")), `planned ${what}`);
-    let got;
-    try {
-      got = await runGpuPlan(plan, batch, gctx);
-    } finally {
-      disposeGpuPlan(plan);
-    }
+    const got = await runGpuPlan(plan, batch, gctx);
     assert.equal(got.output.dtype, s.dtype, `output dtype (${what})`);
     const out = toFloat32(got.output);
     assert.equal(firstNonFinite(out), -1, `output has a non-finite element (${what})`);
