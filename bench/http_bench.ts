@@ -166,11 +166,11 @@ export async function runHttpBench(
 ): Promise<RuntimeReport[]> {
   const opts: RunOptions = { ...a.run, log };
   const out: RuntimeReport[] = [];
-  const finishRun = (r: RuntimeReport) => {
+  const finish = (r: RuntimeReport, workers?: number) => {
+    if (workers !== undefined) r.http_workers = workers;
     out.push(r);
     done(r);
   };
-  const finish = finishRun;
   const bench = async (runtime: string, url: string): Promise<RuntimeReport> => {
     try {
       return { runtime, available: true, run: await runOnServer(url, opts) };
@@ -189,22 +189,18 @@ export async function runHttpBench(
     const flags = runtime === "default" ? [] : [`--webgpu-runtime=${runtime}`];
     if (workers !== undefined) flags.push(`--http-workers=${workers}`);
     const args = [...flags, ...budgetArgs(a), ...a.serverArgs];
-    const finish = (r: RuntimeReport) => {
-      if (workers !== undefined) r.http_workers = workers;
-      finishRun(r);
-    };
     log(`starting server/main.ts ${args.join(" ")}`);
     const started = await startServer(args, a.startupTimeoutMs);
     if (!started.ok) {
       log(`runtime ${runtime}: unavailable: ${started.reason}`);
-      finish({ runtime, available: false, reason: started.reason });
+      finish({ runtime, available: false, reason: started.reason }, workers);
       continue;
     }
     const srv = started.server;
     const report = await bench(runtime, srv.url);
     const exit_code = await srv.stop();
     report.server = { startup_ms: srv.startup_ms, stderr: srv.stderr(), exit_code };
-    finish(report);
+    finish(report, workers);
   }
   return out;
 }

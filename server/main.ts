@@ -24,15 +24,6 @@ import { serveLentBodies } from "./lent_body.ts";
 
 import { HELP, parseServeArgs, serveEnv, type ServeOptions } from "./serve_options.ts";
 
-export {
-  DEFAULT_HTTP_WORKERS,
-  DEFAULT_MEMORY_BUDGET_BYTES,
-  HTTP_WORKERS_ENV,
-  MAX_HTTP_WORKERS,
-  parseServeArgs,
-  type ServeOptions,
-} from "./serve_options.ts";
-
 /** Adds `X-Attention-Instance` to every answer, the drainer's own 503s included. */
 function named(
   handler: (req: Request) => Promise<Response>,

@@ -98,10 +98,11 @@ export class AttentionService {
     return { backend: r.backend.name, block_size: r.block_size, rejected: r.rejected };
   }
 
-  async #ctx(): Promise<BackendContext> {
-    let gpu = this.device.current();
-    if (!gpu && this.device.report().generation > 0) gpu = await this.device.acquire();
-    return { gpu };
+  /** The live device at once; a new one acquired (awaited) only when the last one was lost. */
+  #ctx(): BackendContext | Promise<BackendContext> {
+    const gpu = this.device.current();
+    if (gpu || this.device.report().generation === 0) return { gpu };
+    return this.device.acquire().then((g) => ({ gpu: g }));
   }
 
   /** A forced backend that needs a device while there is none: 503 (not a 422 config problem). */
@@ -246,8 +247,7 @@ export class AttentionService {
       this.limits,
       { deferFinite: true },
     );
-    const live = this.device.current();
-    const ctx = live ? { gpu: live } : await this.#ctx();
+    const ctx = await this.#ctx();
     this.#requireDevice(input.backend);
     const { backend } = this.registry.select(v.selector, { backend: forced(input.backend) });
     const tValidated = performance.now(); // validated and selected

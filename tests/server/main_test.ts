@@ -1,7 +1,7 @@
 /** server/main.ts: flag parsing, --help, a real start with --no-gpu on a free port, --instance-name. */
 import assert from "node:assert/strict";
 import { DEFAULT_DAWN_FLAGS } from "../../gpu/runtime_options.ts";
-import { parseServeArgs } from "../../server/main.ts";
+import { parseServeArgs } from "../../server/serve_options.ts";
 import { spawnServer } from "./process.ts";
 
 const DENO_RUNTIME = { choice: "deno", dawnFlags: [...DEFAULT_DAWN_FLAGS] };
