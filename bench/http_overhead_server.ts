@@ -14,7 +14,7 @@ import type { ForwardInput, ForwardOutcome } from "../wire/codec.ts";
 import type { AttentionService } from "../service/service.ts";
 import { createHandler } from "../server/handler.ts";
 import { Metrics } from "../server/metrics.ts";
-import { serveWithWorkers } from "../server/worker_front.ts";
+import { serveHttp } from "../server/worker_front.ts";
 import { serializeSafetensors } from "../core/safetensors.ts";
 
 interface Scope {
@@ -94,8 +94,7 @@ export async function serveStub(
     hostname: "127.0.0.1",
     onListen: (a: { port: number }) => onListen(a.port),
   };
-  if (workers === 0) return Deno.serve(listen, handler);
-  return await serveWithWorkers({ ...listen, workers, access: {}, maxBodyBytes: 1 << 30 }, handler);
+  return await serveHttp({ ...listen, workers, access: {}, maxBodyBytes: 1 << 30 }, handler);
 }
 
 const scope = self as unknown as Scope & { name?: string };

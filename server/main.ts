@@ -19,8 +19,7 @@ import { createHandler } from "./handler.ts";
 import { sharedJsonDecoder } from "./json_decoder.ts";
 import { INSTANCE_HEADER } from "../wire/names.ts";
 import { Drainer } from "./shutdown.ts";
-import { serveWithWorkers } from "./worker_front.ts";
-import { serveLentBodies } from "./lent_body.ts";
+import { type HttpServer, serveHttp } from "./worker_front.ts";
 
 import { HELP, parseServeArgs, serveEnv, type ServeOptions } from "./serve_options.ts";
 
@@ -82,27 +81,24 @@ async function main(): Promise<void> {
     console.log(`listening on http://${h}:${port}`);
   };
   const serve = named(drainer.track(handler), o.instanceName);
-  let server: { shutdown(): Promise<void>; finished: Promise<void> };
-  if (o.httpWorkers === 0) {
-    server = Deno.serve({ port: o.port, hostname: o.host, onListen }, serveLentBodies(serve));
-  } else {
-    try {
-      server = await serveWithWorkers({
-        workers: o.httpWorkers,
-        port: o.port,
-        hostname: o.host,
-        access: access.policy,
-        maxBodyBytes: o.maxBodyBytes,
-        onListen,
-      }, serve);
-    } catch (e) {
-      console.error(
-        `cannot serve with ${o.httpWorkers} HTTP workers: ${e instanceof Error ? e.message : e}`,
-      );
-      Deno.exit(1);
-    }
-    console.error(`http workers: ${o.httpWorkers}`);
+  let server: HttpServer;
+  try {
+    server = await serveHttp({
+      workers: o.httpWorkers,
+      port: o.port,
+      hostname: o.host,
+      access: access.policy,
+      maxBodyBytes: o.maxBodyBytes,
+      onListen,
+    }, serve);
+  } catch (e) {
+    if (o.httpWorkers === 0) throw e;
+    console.error(
+      `cannot serve with ${o.httpWorkers} HTTP workers: ${e instanceof Error ? e.message : e}`,
+    );
+    Deno.exit(1);
   }
+  if (o.httpWorkers > 0) console.error(`http workers: ${o.httpWorkers}`);
   let stopping = false;
   const stop = async (sig: string) => {
     if (stopping) {

@@ -14,7 +14,7 @@
  */
 import type { AccessPolicy } from "./auth.ts";
 import { type ErrorLogger, problemResponse, toProblem } from "./problem.ts";
-import { releaseWhenDelivered } from "./lent_body.ts";
+import { releaseWhenDelivered, serveLentBodies } from "./lent_body.ts";
 import {
   type BodyMessage,
   checkFromWorker,
@@ -268,4 +268,20 @@ export async function serveWithWorkers(
       return shut;
     },
   };
+}
+
+/** A server of either kind, as main.ts, the tests' servers and the benches use it. */
+export type HttpServer = Pick<WorkerFront, "addr" | "shutdown" | "finished">;
+
+/**
+ * Serves `handler` on this thread when `opts.workers` is 0 (Deno.serve; lent answer bodies
+ * are released once Deno delivered them), else through that many HTTP worker threads.
+ */
+export async function serveHttp(opts: WorkerFrontOptions, handler: Handler): Promise<HttpServer> {
+  if (opts.workers > 0) return await serveWithWorkers(opts, handler);
+  const s = Deno.serve(
+    { port: opts.port, hostname: opts.hostname, onListen: opts.onListen ?? (() => {}) },
+    serveLentBodies(handler),
+  );
+  return { addr: s.addr as Deno.NetAddr, shutdown: () => s.shutdown(), finished: s.finished };
 }

@@ -15,9 +15,8 @@ import { AttentionApiError, AttentionClient } from "../../client/client.ts";
 import type { AccessPolicy } from "../../server/auth.ts";
 import { DEFAULT_MAX_BODY_BYTES } from "../../server/body.ts";
 import { createHandler } from "../../server/handler.ts";
-import { serveWithWorkers } from "../../server/worker_front.ts";
+import { serveHttp } from "../../server/worker_front.ts";
 import { Metrics } from "../../server/metrics.ts";
-import { serveLentBodies } from "../../server/lent_body.ts";
 import { AttentionService } from "../../service/service.ts";
 
 /** A device provider with no device (local fake: no dependency on gpu/). */
@@ -89,16 +88,14 @@ export async function startServer(opts: {
     log: (_m, e) => errors.push(e),
     instance: opts.instance,
   });
-  const server = serverMode.httpWorkers > 0
-    ? await serveWithWorkers({
-      workers: serverMode.httpWorkers,
-      port: 0,
-      hostname: "127.0.0.1",
-      access: opts.access ?? {},
-      maxBodyBytes: opts.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES,
-      log: (_m, e) => errors.push(e),
-    }, handler)
-    : Deno.serve({ port: 0, hostname: "127.0.0.1", onListen: () => {} }, serveLentBodies(handler));
+  const server = await serveHttp({
+    workers: serverMode.httpWorkers,
+    port: 0,
+    hostname: "127.0.0.1",
+    access: opts.access ?? {},
+    maxBodyBytes: opts.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES,
+    log: (_m, e) => errors.push(e),
+  }, handler);
   const url = `http://127.0.0.1:${server.addr.port}`;
   return {
     url,
