@@ -63,7 +63,10 @@ export function mmaTargetOf(
  * @throws Error naming the value and the known names when it names none.
  */
 export function envMmaShape(): MmaShape | undefined {
-  const name = Deno.env.get("ATTN_PREFILL_MMA_SHAPE");
+  let name: string | undefined;
+  try {
+    name = Deno.env.get("ATTN_PREFILL_MMA_SHAPE");
+  } catch { /* no --allow-env */ }
   if (!name) return undefined;
   const shape = MMA_VARIANTS[name];
   if (!shape) {
@@ -75,8 +78,8 @@ export function envMmaShape(): MmaShape | undefined {
 }
 
 /**
- * The compile-time values for `s` with `shape` (default: ATTN_PREFILL_MMA_SHAPE's where `s`
- * can take it, else the first that fits), or why not. The batch's features are compiled in only by `fast` shapes
+ * The compile-time values for `s` with `shape` (default: `preferred` where `s` can take it,
+ * else the first that fits), or why not. The batch's features are compiled in only by `fast` shapes
  * (false otherwise: one pipeline serves every feature set).
  */
 export function mmaConstsOf(
@@ -84,12 +87,13 @@ export function mmaConstsOf(
   s: BatchShape,
   mma: MmaSupport | null,
   shape?: MmaShape,
+  preferred?: MmaShape,
 ): MmaConsts | string {
   const t = mmaTargetOf(ctx, s, mma);
   if (typeof t === "string") return t;
   const limit = ctx.limits.maxComputeWorkgroupStorageSize ?? 16384;
   // A named shape this batch cannot take (a direct shape on a bf16 cache): the default's.
-  const named = shape ? undefined : envMmaShape();
+  const named = shape ? undefined : preferred;
   const fits = named && mmaShapeProblem(t, named, limit) === null ? named : undefined;
   const sh = shape ?? fits ?? chooseMmaShape(t, limit);
   if (!sh) return `no kernel shape fits head_size ${t.d} in ${limit} B of workgroup memory`;

@@ -36,8 +36,8 @@ import {
   planPrefillRows,
 } from "./flash_plan.ts";
 import { partialBytes, partialLimit, planDecodeRows } from "./decode_plan.ts";
-import { mmaConstsOf, planMmaRows } from "./flash_mma_plan.ts";
-import type { MmaConsts } from "../gpu/flash_mma_shape.ts";
+import { envMmaShape, mmaConstsOf, planMmaRows } from "./flash_mma_plan.ts";
+import type { MmaConsts, MmaShape } from "../gpu/flash_mma_shape.ts";
 import { mmaSupportOf } from "../gpu/flash_mma_kernel.ts";
 import type { TableBuilder } from "../gpu/plan_table.ts";
 import { isSoftware } from "./decode_shape.ts";
@@ -79,6 +79,8 @@ export interface FlashOptions {
    * device has them; false keeps the portable kernel. Default: on, unless ATTN_PREFILL_MMA=0.
    */
   mma?: boolean;
+  /** The tensor-core kernel's shape where a batch can take it (else the default shape). */
+  mma_shape?: MmaShape;
   /**
    * Prefill rows that the tensor-core kernel does not take run on the split-KV kernels, each
    * query token a decode row, instead of the portable tiles (decoder layers with a paged
@@ -102,7 +104,7 @@ function envOn(name: string): boolean {
 /** The tensor-core kernel's constants for this batch's prefill rows; null where it runs none. */
 function mmaFor(ctx: GpuContext, o: FlashOptions, s: BatchShape): MmaConsts | null {
   if (!(o.mma ?? envOn("ATTN_PREFILL_MMA"))) return null;
-  const c = mmaConstsOf(ctx, s, mmaSupportOf(ctx));
+  const c = mmaConstsOf(ctx, s, mmaSupportOf(ctx), undefined, o.mma_shape);
   return typeof c === "string" ? null : c;
 }
 
@@ -216,9 +218,11 @@ export function makeWebGpuFlash(
 
 /**
  * The registered WEBGPU_FLASH: the prefill tile from `ATTN_FLASH_TILE` (else automatic), the
- * decode rows' tuning from `ATTN_DECODE_TUNING`.
+ * tensor-core shape from `ATTN_PREFILL_MMA_SHAPE`, the decode rows' tuning from
+ * `ATTN_DECODE_TUNING`, all read once here.
  */
 export const WEBGPU_FLASH: AttentionBackend<GpuPlan> = makeWebGpuFlash({
   tile: envFlashTile(),
+  mma_shape: envMmaShape(),
   decode: envDecodeTuning(),
 });

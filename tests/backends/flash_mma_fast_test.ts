@@ -182,19 +182,13 @@ Deno.test("flash_mma: a named shape a batch cannot take falls back to the defaul
       HostKvCache.fromBytes(g.cache_spec!, g.key_cache, g.value_cache),
     );
   };
-  const old = Deno.env.get("ATTN_PREFILL_MMA_SHAPE");
-  try {
-    Deno.env.set("ATTN_PREFILL_MMA_SHAPE", "w8r1k16-fd");
-    const f16 = mmaConstsOf(fake, batch("auto"), mma);
-    assert.ok(typeof f16 !== "string" && f16.direct && f16.fast && f16.causal, String(f16));
-    const bf16 = mmaConstsOf(fake, batch("bfloat16"), mma);
-    assert.ok(typeof bf16 !== "string", String(bf16));
-    assert.deepEqual(
-      [bf16.nsg, bf16.rm, bf16.bk, bf16.direct, bf16.fast, bf16.causal],
-      [8, 1, 16, false, false, false],
-    );
-  } finally {
-    if (old === undefined) Deno.env.delete("ATTN_PREFILL_MMA_SHAPE");
-    else Deno.env.set("ATTN_PREFILL_MMA_SHAPE", old);
-  }
+  const named = MMA_VARIANTS["w8r1k16-fd"];
+  const f16 = mmaConstsOf(fake, batch("auto"), mma, undefined, named);
+  assert.ok(typeof f16 !== "string" && f16.direct && f16.fast && f16.causal, String(f16));
+  const bf16 = mmaConstsOf(fake, batch("bfloat16"), mma, undefined, named);
+  assert.ok(typeof bf16 !== "string", String(bf16));
+  assert.deepEqual(
+    [bf16.nsg, bf16.rm, bf16.bk, bf16.direct, bf16.fast, bf16.causal],
+    [8, 1, 16, false, false, false],
+  );
 });
