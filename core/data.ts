@@ -43,6 +43,23 @@ const SCAN = {
   bfloat16: { mask: 0x7f807f80, carry: 0x00800080, sign: 0x80008000 | 0, per: 2 },
 } as const;
 
+/**
+ * A dtype's finiteness-scan bits: exponent masks, carry and sign of the elements of one 32-bit
+ * word, and elements per word. The host scan here and the device's (gpu/finite_check.ts) share
+ * them.
+ */
+export function finiteScanBits(
+  dtype: DType,
+): { mask: number; carry: number; sign: number; per: number } {
+  const k = SCAN[dtype];
+  return { mask: k.mask, carry: k.carry, sign: k.sign >>> 0, per: k.per };
+}
+
+/** How a NaN or infinite element is reported, by the host's check and the device's alike. */
+export function nonFiniteMessage(a: DataArray, i: number): string {
+  return `element ${i} is ${elementAt(a, i)} in ${a.dtype}: tensors must be finite`;
+}
+
 /** Words scanned between two tests of the accumulated flags. */
 const SCAN_BLOCK = 4096;
 

@@ -12,7 +12,7 @@
  * element of a half-precision tensor) are checked on the host by the validator.
  * @module
  */
-import { elementAt, firstNonFiniteIn, wordsOf } from "../core/data.ts";
+import { finiteScanBits, firstNonFiniteIn, nonFiniteMessage, wordsOf } from "../core/data.ts";
 import type { DataArray, DType, GpuContext } from "../core/types.ts";
 import type { Issue } from "../core/errors.ts";
 import { dispatchSize } from "./batch_buffers.ts";
@@ -32,13 +32,6 @@ export const FLAGS_BYTES = 16;
 
 /** Bytes of the indirect arguments buffer. */
 export const ARGS_BYTES = 16;
-
-/** Exponent mask, carry and sign bits of a dtype's words (core/data.ts's scan). */
-function bits(dtype: DType): { mask: number; carry: number; sign: number } {
-  if (dtype === "float32") return { mask: 0x7f800000, carry: 0x00800000, sign: 0x80000000 };
-  if (dtype === "float16") return { mask: 0x7c007c00, carry: 0x04000400, sign: 0x80008000 };
-  return { mask: 0x7f807f80, carry: 0x00800080, sign: 0x80008000 };
-}
 
 /** The check kernel, as data. */
 export const FINITE_CHECK: KernelDef<{ wg: number }> = {
@@ -130,12 +123,14 @@ export async function planFiniteCheck(
 ): Promise<FiniteCheckPlan> {
   const [nq, nk, nv] = checkedWords(dtype, elements);
   const grid = dispatchSize(ctx, Math.ceil(Math.max(nq, nk, nv, 1) / WG));
-  const b = bits(dtype);
+  const { mask, carry, sign } = finiteScanBits(dtype);
   const checkParams = table.add(packUniforms(FINITE_CHECK, {
     n_q: nq,
     n_k: nk,
     n_v: nv,
-    ...b,
+    mask,
+    carry,
+    sign,
     nwg_x: grid[0],
   }));
   const gateParams = table.add(packUniforms(FINITE_GATE, {
@@ -167,13 +162,10 @@ export function finiteIssues(
   CHECKED.forEach((name, t) => {
     const a = tensors[name];
     if (words[t] === FLAG_CLEAR || !a) return;
-    const per = a.dtype === "float32" ? 1 : 2;
+    const { per } = finiteScanBits(a.dtype);
     const i = firstNonFiniteIn(a, words[t] * per, Math.min(a.length, (words[t] + 1) * per));
     if (i < 0) throw new Error(`finite_check flagged ${name} word ${words[t]}, which is finite`);
-    issues.push({
-      path: [name, i],
-      message: `element ${i} is ${elementAt(a, i)} in ${a.dtype}: tensors must be finite`,
-    });
+    issues.push({ path: [name, i], message: nonFiniteMessage(a, i) });
   });
   return issues;
 }

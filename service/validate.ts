@@ -12,10 +12,11 @@
  */
 import {
   checksFiniteOnDevice,
-  elementAt,
+  finiteScanBits,
   firstNonFinite,
   firstNonFiniteIn,
   fromFloats,
+  nonFiniteMessage,
   toFloat32,
   wordsOf,
 } from "../core/data.ts";
@@ -103,10 +104,7 @@ function checkFinite(a: DataArray | null, name: string, is: Issues, from = 0): v
   if (!a) return;
   const bad = from === 0 ? firstNonFinite(a) : firstNonFiniteIn(a, from, a.length);
   if (bad >= 0) {
-    is.add(
-      [name, bad],
-      `element ${bad} is ${elementAt(a, bad)} in ${a.dtype}: tensors must be finite`,
-    );
+    is.add([name, bad], nonFiniteMessage(a, bad));
   }
 }
 
@@ -206,7 +204,7 @@ export function validateForward(
   });
   for (const [a, name] of [[query, "query"], [key, "key"], [value, "value"]] as const) {
     // Deferred: only the elements past the last whole word (an odd half-precision tail).
-    const from = deferred && a ? wordsOf(a.dtype, a.length) * (a.dtype === "float32" ? 1 : 2) : 0;
+    const from = deferred && a ? wordsOf(a.dtype, a.length) * finiteScanBits(a.dtype).per : 0;
     checkFinite(a, name, is, from);
   }
   is.throwIfAny();
