@@ -116,7 +116,6 @@ export async function planMmaRows(
   if (!hasRows(s, reqs)) return null;
   const lay = mmaLayout(c, c);
   const m = buildFlashMeta(s, { rows: lay.rows }, reqs);
-  if (m.numTiles === 0) return null;
   const g = c.enc ? null : kvChunkGeometry(ctx, s.cache_spec!);
   // Sections first, then the kernel (see planDecodeRows): a layout independent of timing.
   const { bind, grid } = flashTileCall(ctx, s, m, FLASH_MMA, g, c.enc, table);

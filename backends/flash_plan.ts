@@ -150,7 +150,10 @@ export function envFlashTile(): FlashTile | null {
 const isEncoder = (s: BatchShape) =>
   s.layer.attn_type === "encoder" || s.layer.attn_type === "encoder_only";
 
-/** Whether a request `reqs` selects has query tokens (else there is no tile to plan). */
+/**
+ * Whether a request `reqs` selects has query tokens: else there is no tile to plan, and where
+ * there is one, {@link buildFlashMeta} makes at least one tile.
+ */
 export function hasRows(s: BatchShape, reqs: (i: number) => boolean): boolean {
   const q = s.metadata.query_start_loc;
   for (let i = 0; i < s.metadata.num_reqs; i++) if (q[i + 1] > q[i] && reqs(i)) return true;
@@ -266,7 +269,6 @@ export async function planPrefillRows(
   const L = s.layer, enc = isEncoder(s);
   if (!hasRows(s, reqs)) return null;
   const m = buildFlashMeta(s, cfg, reqs);
-  if (m.numTiles === 0) return null;
   const g = enc ? null : kvChunkGeometry(ctx, s.cache_spec!);
   const consts: FlashConsts = {
     kv: g ? g.storage_dtype : s.dtype,
