@@ -22,7 +22,7 @@ import { hostInput, validHostBatch } from "../../service/host_input.ts";
 import { attachCache, validateForward } from "../../service/validate.ts";
 import { builtinBackends } from "../../backends/index.ts";
 import { type BatchSpec, generateBatch, Rng } from "../support/batches.ts";
-import { assertClose } from "../support/compare.ts";
+import { assertClose, assertSameBytes } from "../support/compare.ts";
 import { MANAGER } from "../support/gpu.ts";
 import { freshSeed, GPU, GPU_TEST } from "./helpers.ts";
 
@@ -61,12 +61,6 @@ function poisoned(b: Omit<ForwardBatch, "cache">, rng: Rng): {
 }
 
 /** Equal bytes, else a failure naming the first difference (no multi-megabyte diff). */
-function assertSameBytes(a: Uint8Array, b: Uint8Array, label: string): void {
-  assert.equal(a.byteLength, b.byteLength, `${label}: length`);
-  const i = a.findIndex((x, j) => x !== b[j]);
-  assert.equal(i, -1, `${label}: byte ${i} is ${a[i]}, expected ${b[i]}`);
-}
-
 function assertNonFinite422(e: unknown, name: Tensor, at: number, value: number): void {
   assert.ok(e instanceof ServiceError, String(e));
   assert.equal(e.status, 422);

@@ -7,6 +7,7 @@
 import type { GpuContext } from "../../core/types.ts";
 import { MAX_KV_CHUNK_BYTES } from "../../gpu/kv_cache.ts";
 export { GPU, gpu, NO_GPU, NO_GPU_REASON } from "../support/gpu.ts";
+export { freshSeed } from "../support/rng.ts";
 import { NO_GPU } from "../support/gpu.ts";
 
 /** Deno.test options of a GPU test: skipped without a device; the device outlives the test. */
@@ -22,11 +23,6 @@ export function rng(seed: number): () => number {
     t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
     return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
   };
-}
-
-/** A fresh random seed (printed by the caller on failure). */
-export function freshSeed(): number {
-  return (Math.random() * 2 ** 32) >>> 0;
 }
 
 /** `n` values uniform in [-scale, scale). */

@@ -14,7 +14,7 @@ import type { GpuPlan } from "../../gpu/gpu_plan.ts";
 import { GpuKvCache } from "../../gpu/kv_cache.ts";
 import { validHostBatch } from "../../service/host_input.ts";
 import { type BatchSpec, generateBatch } from "../support/batches.ts";
-import { assertClose } from "../support/compare.ts";
+import { assertClose, assertSameBytes } from "../support/compare.ts";
 import { poolOf } from "../../gpu/buffer_pool.ts";
 import { launch } from "../../gpu/launch.ts";
 import {
@@ -49,12 +49,6 @@ async function roundTrip(gpu: GpuContext, data: Uint8Array, offset: number): Pro
   } finally {
     pool.release(buf);
   }
-}
-
-function assertSameBytes(a: Uint8Array, b: Uint8Array, label: string): void {
-  assert.equal(a.byteLength, b.byteLength, `${label}: length`);
-  const i = a.findIndex((x, j) => x !== b[j]);
-  assert.equal(i, -1, `${label}: byte ${i} is ${a[i]}, expected ${b[i]}`);
 }
 
 Deno.test("staging: large uploads land exactly, and reuse their buffers", opts, async () => {

@@ -6,7 +6,7 @@
  * match). A length mismatch is a failure, not an exception.
  * @module
  */
-import { AssertionError } from "node:assert";
+import assert, { AssertionError } from "node:assert/strict";
 
 /** Tolerances and labels for {@link allclose}. */
 export interface CloseOptions {
@@ -133,4 +133,11 @@ export function firstNonFinite(a: ArrayLike<number>): number {
     if (typeof x !== "number" || !Number.isFinite(x)) return i;
   }
   return -1;
+}
+
+/** Asserts `a` and `b` hold the same bytes, naming the first that differs. */
+export function assertSameBytes(a: Uint8Array, b: Uint8Array, label: string): void {
+  assert.equal(a.byteLength, b.byteLength, `${label}: length`);
+  const i = a.findIndex((x, j) => x !== b[j]);
+  assert.equal(i, -1, `${label}: byte ${i} is ${a[i]}, expected ${b[i]}`);
 }

@@ -24,8 +24,7 @@ import { validHostBatch } from "../../service/host_input.ts";
 import { type BatchSpec, cacheIndex, generateBatch } from "./batches.ts";
 import { assertClose, firstNonFinite } from "./compare.ts";
 
-/** A fresh random seed (each failure names it). */
-export const freshSeed = (): number => (Math.random() * 2 ** 32) >>> 0;
+export { freshSeed } from "./rng.ts";
 
 /** The tensor-core tests' batch: f16, hd64, 8 q / 2 kv heads, one 29-token prefill, with LSE. */
 export const base = (o: Partial<BatchSpec>): BatchSpec => ({

@@ -97,3 +97,8 @@ export function deriveSeed(seed: number, label: string): number {
   for (let i = 0; i < label.length; i++) h = Math.imul(h ^ label.charCodeAt(i), 0x01000193) >>> 0;
   return h;
 }
+
+/** A fresh random seed (printed by the caller on failure). */
+export function freshSeed(): number {
+  return (Math.random() * 2 ** 32) >>> 0;
+}
