@@ -21,7 +21,7 @@ import { AttentionService } from "../../service/service.ts";
 import { hostInput, validHostBatch } from "../../service/host_input.ts";
 import { attachCache, validateForward } from "../../service/validate.ts";
 import { builtinBackends } from "../../backends/index.ts";
-import { type BatchSpec, generateBatch, Rng } from "../support/batches.ts";
+import { generateBatch, Rng, smallSpec } from "../support/batches.ts";
 import { assertClose, assertSameBytes } from "../support/compare.ts";
 import { MANAGER } from "../support/gpu.ts";
 import { freshSeed, GPU, GPU_TEST } from "./helpers.ts";
@@ -32,17 +32,12 @@ const opts = GPU_TEST;
  * 1400 decode requests of 1 to 7 keys: 4.2 MB of f16 query/key/value (over the device-check
  * threshold) that are cheap to attend on a software adapter.
  */
-const SPEC: BatchSpec = {
-  dtype: "float16",
-  kv_cache_dtype: "auto",
-  layout: "NHD",
-  block_size: 16,
+const SPEC = smallSpec({
   head_size: 128,
   num_heads: 8,
-  num_kv_heads: 2,
   requests: Array.from({ length: 1400 }, (_, i) => ({ query_len: 1, seq_len: 1 + (i % 7) })),
   return_lse: false,
-};
+});
 
 type Tensor = "query" | "key" | "value";
 

@@ -16,22 +16,11 @@ import { getKernel, packUniforms } from "../../gpu/kernel.ts";
 import { launch } from "../../gpu/launch.ts";
 import { GpuKvCache } from "../../gpu/kv_cache.ts";
 import { validHostBatch } from "../../service/host_input.ts";
-import { type BatchSpec, generateBatch } from "../support/batches.ts";
+import { type BatchSpec, generateBatch, smallSpec } from "../support/batches.ts";
 import { freshSeed, GPU, GPU_TEST } from "./helpers.ts";
 
 const opts = GPU_TEST;
-const spec = (o: Partial<BatchSpec> = {}): BatchSpec => ({
-  dtype: "float16",
-  kv_cache_dtype: "auto",
-  layout: "NHD",
-  block_size: 16,
-  head_size: 64,
-  num_heads: 4,
-  num_kv_heads: 2,
-  requests: [{ query_len: 1, seq_len: 30 }, { query_len: 5, seq_len: 12 }],
-  return_lse: true,
-  ...o,
-});
+const spec = smallSpec;
 
 async function runOnce(b: AttentionBackend, gpu: GpuContext, s: BatchSpec, seed: number) {
   const g = generateBatch(s, seed);

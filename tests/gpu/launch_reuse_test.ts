@@ -23,7 +23,12 @@ import { poolOf } from "../../gpu/buffer_pool.ts";
 import type { GpuPlan } from "../../gpu/gpu_plan.ts";
 import { GpuKvCache } from "../../gpu/kv_cache.ts";
 import { validHostBatch } from "../../service/host_input.ts";
-import { type BatchSpec, generateBatch, type GeneratedBatch } from "../support/batches.ts";
+import {
+  type BatchSpec,
+  generateBatch,
+  type GeneratedBatch,
+  smallSpec,
+} from "../support/batches.ts";
 import { assertClose } from "../support/compare.ts";
 import { tolerance } from "../support/backend_check.ts";
 import { freshSeed, GPU, GPU_TEST, randomArray, rng } from "./helpers.ts";
@@ -31,28 +36,14 @@ import { freshSeed, GPU, GPU_TEST, randomArray, rng } from "./helpers.ts";
 const opts = GPU_TEST;
 
 const SPECS: BatchSpec[] = [
-  {
-    dtype: "float16",
-    kv_cache_dtype: "auto",
-    layout: "NHD",
-    block_size: 16,
-    head_size: 64,
-    num_heads: 4,
-    num_kv_heads: 2,
-    requests: [{ query_len: 1, seq_len: 40 }, { query_len: 1, seq_len: 17 }],
-    return_lse: true,
-  },
-  {
+  smallSpec({ requests: [{ query_len: 1, seq_len: 40 }, { query_len: 1, seq_len: 17 }] }),
+  smallSpec({
     dtype: "float32",
-    kv_cache_dtype: "auto",
     layout: "HND",
-    block_size: 16,
     head_size: 128,
     num_heads: 8,
-    num_kv_heads: 2,
     requests: [{ query_len: 3, seq_len: 20 }, { query_len: 1, seq_len: 33 }],
-    return_lse: true,
-  },
+  }),
 ];
 
 interface Held {

@@ -13,24 +13,16 @@ import type { AttentionBackend } from "../../core/types.ts";
 import type { GpuPlan } from "../../gpu/gpu_plan.ts";
 import { GpuKvCache } from "../../gpu/kv_cache.ts";
 import { validHostBatch } from "../../service/host_input.ts";
-import { type BatchSpec, generateBatch } from "../support/batches.ts";
+import { generateBatch, smallSpec } from "../support/batches.ts";
 import { assertClose } from "../support/compare.ts";
 import { tolerance } from "../support/backend_check.ts";
 import { freshSeed, GPU, GPU_TEST } from "./helpers.ts";
 
 const opts = GPU_TEST;
 
-const SPEC: BatchSpec = {
-  dtype: "float16",
-  kv_cache_dtype: "auto",
-  layout: "NHD",
-  block_size: 16,
-  head_size: 64,
-  num_heads: 4,
-  num_kv_heads: 2,
+const SPEC = smallSpec({
   requests: [{ query_len: 1, seq_len: 37 }, { query_len: 2, seq_len: 20 }],
-  return_lse: true,
-};
+});
 
 Deno.test(
   "plan prefix: a second plan of a shape replays the first's, with its own slots",

@@ -13,7 +13,7 @@ import type { AttentionBackend, GpuContext } from "../../core/types.ts";
 import type { GpuPlan } from "../../gpu/gpu_plan.ts";
 import { GpuKvCache } from "../../gpu/kv_cache.ts";
 import { validHostBatch } from "../../service/host_input.ts";
-import { type BatchSpec, generateBatch } from "../support/batches.ts";
+import { generateBatch, smallSpec } from "../support/batches.ts";
 import { assertClose, assertSameBytes } from "../support/compare.ts";
 import { poolOf } from "../../gpu/buffer_pool.ts";
 import { launch } from "../../gpu/launch.ts";
@@ -85,17 +85,11 @@ Deno.test("staging: large uploads land exactly, and reuse their buffers", opts, 
 Deno.test("staging: a forward with a staged query answers as with writeBuffer", opts, async () => {
   const gpu = GPU!;
   // 2100 decode requests: a 4.3 MB f16 query (staged), cheap to attend.
-  const spec: BatchSpec = {
-    dtype: "float16",
-    kv_cache_dtype: "auto",
-    layout: "NHD",
-    block_size: 16,
+  const spec = smallSpec({
     head_size: 128,
     num_heads: 8,
-    num_kv_heads: 2,
     requests: Array.from({ length: 2100 }, (_, i) => ({ query_len: 1, seq_len: 1 + (i % 5) })),
-    return_lse: true,
-  };
+  });
   const seed = freshSeed();
   const g = generateBatch(spec, seed);
   const ref = HostKvCache.fromBytes(g.cache_spec!, g.key_cache, g.value_cache);

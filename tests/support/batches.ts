@@ -115,6 +115,25 @@ function randn(rng: Rng, n: number, std: number): Float32Array {
   return a;
 }
 
+/**
+ * A small f16 decoder batch (NHD, block 16, head 64, 4 q / 2 kv heads, a decode row beside a
+ * 5-token prefill, with LSE) with `o`'s fields instead.
+ */
+export function smallSpec(o: Partial<BatchSpec> = {}): BatchSpec {
+  return {
+    dtype: "float16",
+    kv_cache_dtype: "auto",
+    layout: "NHD",
+    block_size: 16,
+    head_size: 64,
+    num_heads: 4,
+    num_kv_heads: 2,
+    requests: [{ query_len: 1, seq_len: 30 }, { query_len: 5, seq_len: 12 }],
+    return_lse: true,
+    ...o,
+  };
+}
+
 /** Builds a batch with fresh random data from `seed`. */
 export function generateBatch(spec: BatchSpec, seed: number): GeneratedBatch {
   const rng = new Rng(seed);
