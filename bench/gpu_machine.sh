@@ -2,7 +2,7 @@
 # One call on the GPU machine (see bench/NOTES.md): GPU tests, the bench with its kernel sweeps,
 # the HTTP bench, the PyTorch anchor. Logs under $OUT; each part's tail is printed.
 # Usage there: bash bench/gpu_machine.sh
-#   [tests|dawn-tests|mma|mma-fast|mma-bench|bench|bench-deno|http|anchor|clock-probe|all]...
+#   [tests|dawn-tests|mma|mma-fast|mma-bench|bench|bench-deno|http|http-warm|anchor|clock-probe|all]...
 # mma: the tensor-core kernel's tests; mma-fast: those of its fast softmax and direct loads;
 # mma-bench: its variant sweep.
 # Each part is cut at its own limit (seconds, env): TESTS_TIMEOUT 240, MMA_TIMEOUT 150,
@@ -93,6 +93,19 @@ for w in $what; do
         deno run --allow-net --allow-read --allow-env --allow-run --allow-write \
         bench/http_bench.ts --runtimes "${HTTP_RUNTIMES:-dawn,deno}" \
         --json-out "$out/http.json" ${HTTP_ARGS:-} ;;&
+    http-warm)
+      # Dawn's HTTP bench once per keep-warm setting (gpu/keep_warm.ts): KEEP_WARM_VARIANTS lists
+      # HOLD_MS:SPIN_ITERS:WORKGROUPS:DEPTH (0: off), each a server of its own.
+      for kw in ${KEEP_WARM_VARIANTS:-0 3000:10000:1:1 3000:10000:1:2 3000:40000:8:1}; do
+        IFS=: read -r hold iters wgs depth <<<"$kw"
+        # shellcheck disable=SC2086
+        TAIL=${TAIL:-30} run "http-warm-$kw" "${HTTP_TIMEOUT:-170}" \
+          deno run --allow-net --allow-read --allow-env --allow-run --allow-write \
+          bench/http_bench.ts --runtimes dawn --server-arg="--keep-warm-ms=$hold" \
+          ${iters:+--server-arg="--keep-warm-spin-iters=$iters"} \
+          ${wgs:+--server-arg="--keep-warm-workgroups=$wgs"} \
+          ${depth:+--server-arg="--keep-warm-depth=$depth"} ${HTTP_ARGS:-}
+      done ;;&
     anchor | all)
       run anchor "${ANCHOR_TIMEOUT:-60}" python3 bench/torch_anchor.py ;;
   esac

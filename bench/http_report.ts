@@ -155,6 +155,16 @@ export function formatRuntime(r: RuntimeReport): string[] {
     );
   }
   out.push(...timingTable([["prefill", p], ["decode seq", d], [`decode x${s.clients}`, c]]));
+  const kw = x.keep_warm;
+  if (kw) {
+    const o = kw.options;
+    out.push(
+      kw.enabled
+        ? `keep-warm: on, hold ${o.hold_ms} ms, spins ${o.spin_iters} x ${o.workgroups} ` +
+          `workgroups, depth ${o.depth}: ${kw.dispatches} spin dispatches`
+        : `keep-warm: off: ${kw.reason}`,
+    );
+  }
   for (const [name, t] of Object.entries(x.checks)) {
     out.push(
       `checks ${name}: ${t.calls} answers (${t.full_calls} in full), ` +

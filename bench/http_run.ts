@@ -86,6 +86,8 @@ export interface RunReport {
   decode_sequential?: PhaseStats;
   decode_concurrent?: PhaseStats;
   checks: { prefill: CheckTally; decode: CheckTally };
+  /** The server's keep-warm state after the run (`/v1/device`), when it was asked for. */
+  keep_warm?: DeviceReport["keep_warm"];
   errors: string[];
   ok: boolean;
 }
@@ -159,6 +161,8 @@ export async function runOnServer(url: string, o: RunOptions): Promise<RunReport
   } finally {
     for (const id of ids) await api.deleteCache(id).catch(() => {});
   }
+  const kw = (await api.device().catch(() => null))?.keep_warm;
+  if (kw) report.keep_warm = kw;
   const c = report.checks;
   report.ok = report.errors.length === 0 && c.prefill.failed_calls + c.decode.failed_calls === 0 &&
     c.prefill.calls + c.decode.calls > 0;

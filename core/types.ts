@@ -423,6 +423,18 @@ export interface DeviceReport {
   warnings?: string[];
   /** The runtimes not chosen: whether they could start here, and why not (once probed). */
   other_runtimes?: Record<string, RuntimeProbeReport>;
+  /** Keep-warm spins between calls, when asked for (gpu/keep_warm.ts). */
+  keep_warm?: KeepWarmReport;
+}
+
+/** What keep-warm does (`--keep-warm-ms`): whether it is on, why not, its knobs, its count. */
+export interface KeepWarmReport {
+  enabled: boolean;
+  reason?: string;
+  options: { hold_ms: number; spin_iters: number; workgroups: number; depth: number };
+  round_trip_ms?: number;
+  dispatches: number;
+  spinning: boolean;
 }
 
 /** Owns the WebGPU device: acquires it, re-acquires after loss, reports it. */

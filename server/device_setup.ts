@@ -3,7 +3,8 @@
  * (`--webgpu-runtime deno|dawn|auto`) and its device, with one start-up line naming runtime,
  * version, backend API and adapter; an explicit `dawn` that cannot start exits 2 with Dawn's
  * own reason. The runtime not chosen is probed once in the background (no device) so
- * `/v1/device` can say why it was not used.
+ * `/v1/device` can say why it was not used. With `--keep-warm-ms N` the provider is wrapped in
+ * gpu/keep_warm.ts's KeepWarmProvider (one start-up line says whether it is on, or why not).
  * @module
  */
 import type { DeviceProvider } from "../core/types.ts";
@@ -11,11 +12,13 @@ import { NoDeviceProvider, WebGpuDeviceManager } from "../gpu/device.ts";
 import { selectRuntime } from "../gpu/runtime.ts";
 import type { RuntimeOptions } from "../gpu/runtime_options.ts";
 import { deviceSummary, otherRuntimesSummary } from "../gpu/runtime_report.ts";
+import { type KeepWarmOptions, KeepWarmProvider } from "../gpu/keep_warm.ts";
 
 /** The device provider and how to release it at shutdown. */
 export async function acquireDevice(
   gpu: boolean,
   runtime: RuntimeOptions,
+  keepWarm?: KeepWarmOptions,
 ): Promise<{ device: DeviceProvider; close: () => void }> {
   if (!gpu) {
     console.error("webgpu: disabled (--no-gpu)");
@@ -31,5 +34,16 @@ export async function acquireDevice(
   mgr.probeOtherRuntimes().then(() => {
     for (const line of otherRuntimesSummary(mgr.report())) console.error(`webgpu: ${line}`);
   });
-  return { device: mgr, close: () => mgr.close() };
+  if (!keepWarm || keepWarm.hold_ms === 0) return { device: mgr, close: () => mgr.close() };
+  const warm = new KeepWarmProvider(mgr, keepWarm);
+  const st = await warm.start();
+  const o = st.options;
+  console.error(
+    st.enabled
+      ? `keep-warm: on: hold ${o.hold_ms} ms, spins of ${o.spin_iters} iterations x ` +
+        `${o.workgroups} workgroups, depth ${o.depth} (completion round trip ` +
+        `${st.round_trip_ms?.toFixed(3)} ms)`
+      : `keep-warm: off: ${st.reason}`,
+  );
+  return { device: warm, close: () => warm.close().finally(() => mgr.close()) };
 }

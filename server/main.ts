@@ -62,7 +62,7 @@ async function main(): Promise<void> {
   if (access.warning) console.error(access.warning);
   console.error(describeAccess(access));
   if (o.instanceName !== undefined) console.error(`instance: ${o.instanceName}`);
-  const { device, close: closeDevice } = await acquireDevice(o.gpu, o.runtime);
+  const { device, close: closeDevice } = await acquireDevice(o.gpu, o.runtime, o.keepWarm);
   const service = new AttentionService({
     backends: builtinBackends(),
     device,

@@ -20,11 +20,19 @@ import {
 import { MAX_JSON_VALUES } from "../wire/json_scan.ts";
 import { INSTANCE_NAME_PATTERN } from "../wire/names.ts";
 import { DEFAULT_SHUTDOWN_DEADLINE_MS } from "./shutdown.ts";
+import {
+  checkKeepWarmOptions,
+  KEEP_WARM_DEFAULTS,
+  type KeepWarmOptions,
+} from "../gpu/keep_warm.ts";
 /** Default memory budget for server-held caches: 4 GiB. */
 export const DEFAULT_MEMORY_BUDGET_BYTES = 4 * 1024 ** 3;
 
 /** The environment variable of `--http-workers`. */
 export const HTTP_WORKERS_ENV = "ATTN_HTTP_WORKERS";
+
+/** The environment variable of `--keep-warm-ms`. */
+export const KEEP_WARM_ENV = "ATTN_KEEP_WARM_MS";
 
 /** Default HTTP worker threads. */
 export const DEFAULT_HTTP_WORKERS = 0;
@@ -61,6 +69,13 @@ usage: deno task serve [options]
                             they read requests and write answers, this thread validates,
                             plans and runs the calls (default ${DEFAULT_HTTP_WORKERS}; 0 = one thread
                             does it all; also ${HTTP_WORKERS_ENV}; Linux: they share the port)
+  --keep-warm-ms N          keep the GPU busy for N ms after each call with short spin
+                            dispatches, so its clock stays up between calls (default 0 = off;
+                            also ${KEEP_WARM_ENV}); draws power. Needs a runtime whose completion
+                            wait does not block (Dawn); elsewhere it stays off and says why
+  --keep-warm-spin-iters N  dependent FMA pairs per spin dispatch (default ${KEEP_WARM_DEFAULTS.spin_iters})
+  --keep-warm-workgroups N  workgroups of 64 lanes per spin dispatch (default ${KEEP_WARM_DEFAULTS.workgroups})
+  --keep-warm-depth N       spin dispatches kept queued, 1-8 (default ${KEEP_WARM_DEFAULTS.depth})
   --instance-name NAME      name this instance in every answer's X-Attention-Instance header
                             and in /healthz (1-64 characters of A-Z a-z 0-9 . _ -; default none)
 ${RUNTIME_HELP}
@@ -88,11 +103,33 @@ function httpWorkersOption(flag: string | undefined, env: string | undefined): n
   return Number(v);
 }
 
+/** `--keep-warm-*` (the hold also from the environment variable). */
+function keepWarmOptions(
+  values: Record<string, string | boolean | string[] | undefined>,
+  env: string | undefined,
+): KeepWarmOptions {
+  const flag = (k: string) => values[k] as string | undefined;
+  const d = KEEP_WARM_DEFAULTS;
+  const hold = flag("keep-warm-ms") ?? (env === "" ? undefined : env);
+  if (hold !== undefined && !/^\d+$/.test(hold)) {
+    const name = flag("keep-warm-ms") !== undefined ? "--keep-warm-ms" : KEEP_WARM_ENV;
+    throw new Error(`${name} must be an integer >= 0, got ${JSON.stringify(hold)}`);
+  }
+  const o = {
+    hold_ms: hold === undefined ? d.hold_ms : Number(hold),
+    spin_iters: intFlag("keep-warm-spin-iters", flag("keep-warm-spin-iters"), d.spin_iters, 1),
+    workgroups: intFlag("keep-warm-workgroups", flag("keep-warm-workgroups"), d.workgroups, 1),
+    depth: intFlag("keep-warm-depth", flag("keep-warm-depth"), d.depth, 1),
+  };
+  return checkKeepWarmOptions(o);
+}
+
 /** The environment variables serve reads (none without env permission). */
 export function serveEnv(): Record<string, string | undefined> {
   const env = runtimeEnv();
   try {
     env[HTTP_WORKERS_ENV] = Deno.env.get(HTTP_WORKERS_ENV);
+    env[KEEP_WARM_ENV] = Deno.env.get(KEEP_WARM_ENV);
   } catch { /* no env permission: as if unset */ }
   return env;
 }
@@ -112,6 +149,8 @@ export interface ServeOptions {
   gpu: boolean;
   /** HTTP worker threads (0: Deno.serve on this thread). */
   httpWorkers: number;
+  /** Keep-warm spins between calls (gpu/keep_warm.ts; `hold_ms` 0: off). */
+  keepWarm: KeepWarmOptions;
   /** This instance's name in answers (`--instance-name`). */
   instanceName?: string;
   /** The WebGPU runtime and Dawn's flags (command line over environment). */
@@ -144,6 +183,10 @@ export function parseServeArgs(
       "no-gpu": { type: "boolean" },
       "instance-name": { type: "string" },
       "http-workers": { type: "string" },
+      "keep-warm-ms": { type: "string" },
+      "keep-warm-spin-iters": { type: "string" },
+      "keep-warm-workgroups": { type: "string" },
+      "keep-warm-depth": { type: "string" },
       "webgpu-runtime": { type: "string" },
       "dawn-flags": { type: "string" },
       "dawn-flag": { type: "string", multiple: true },
@@ -210,6 +253,7 @@ export function parseServeArgs(
     ),
     gpu: !values["no-gpu"],
     httpWorkers: httpWorkersOption(values["http-workers"], env[HTTP_WORKERS_ENV]),
+    keepWarm: keepWarmOptions(values, env[KEEP_WARM_ENV]),
     ...(instanceName !== undefined ? { instanceName } : {}),
     runtime: resolveRuntimeOptions({
       runtime: values["webgpu-runtime"],

@@ -243,6 +243,19 @@ export const DeviceReportSchema = z.object({
   other_runtimes: z.record(z.string(), RuntimeProbeSchema).optional().describe(
     "the runtimes not chosen, probed for an adapter (never a device)",
   ),
+  keep_warm: z.object({
+    enabled: z.boolean(),
+    reason: z.string().optional().describe("why it is off although it was asked for"),
+    options: z.object({
+      hold_ms: z.int(),
+      spin_iters: z.int(),
+      workgroups: z.int(),
+      depth: z.int(),
+    }),
+    round_trip_ms: z.number().optional().describe("the completion round trip measured at start"),
+    dispatches: z.int().describe("spin dispatches submitted so far"),
+    spinning: z.boolean(),
+  }).optional().describe("keep-warm spins between calls (--keep-warm-ms), when asked for"),
 }).meta({ id: "DeviceReport" });
 
 /** One backend in `GET /v1/backends`. */

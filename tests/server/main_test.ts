@@ -2,6 +2,7 @@
 import assert from "node:assert/strict";
 import { DEFAULT_DAWN_FLAGS } from "../../gpu/runtime_options.ts";
 import { parseServeArgs } from "../../server/serve_options.ts";
+import { KEEP_WARM_DEFAULTS } from "../../gpu/keep_warm.ts";
 import { spawnServer } from "./process.ts";
 
 const DENO_RUNTIME = { choice: "deno", dawnFlags: [...DEFAULT_DAWN_FLAGS] };
@@ -21,6 +22,7 @@ Deno.test("main: flags and defaults", () => {
     shutdownDeadlineMs: 30_000,
     gpu: true,
     httpWorkers: 0,
+    keepWarm: { ...KEEP_WARM_DEFAULTS },
     runtime: DENO_RUNTIME,
     help: false,
   };
@@ -93,6 +95,23 @@ Deno.test("main: flags and defaults", () => {
   assert.throws(() => parseServeArgs(["--http-workers=-1"]), /--http-workers must be .*"-1"/);
   assert.throws(() => parseServeArgs(["--http-workers", "65"]), /from 0 to 64, got "65"/);
   assert.throws(() => parseServeArgs([], { ATTN_HTTP_WORKERS: "two" }), /ATTN_HTTP_WORKERS must/);
+  assert.deepEqual(parseServeArgs([]).keepWarm, KEEP_WARM_DEFAULTS);
+  assert.deepEqual(
+    parseServeArgs(["--keep-warm-ms=2000", "--keep-warm-spin-iters", "500", "--keep-warm-depth=2"])
+      .keepWarm,
+    { hold_ms: 2000, spin_iters: 500, workgroups: KEEP_WARM_DEFAULTS.workgroups, depth: 2 },
+  );
+  assert.equal(parseServeArgs([], { ATTN_KEEP_WARM_MS: "300" }).keepWarm.hold_ms, 300);
+  assert.equal(
+    parseServeArgs(["--keep-warm-ms=0"], { ATTN_KEEP_WARM_MS: "300" }).keepWarm.hold_ms,
+    0,
+  );
+  assert.throws(() => parseServeArgs(["--keep-warm-ms=x"]), /--keep-warm-ms must be .*"x"/);
+  assert.throws(
+    () => parseServeArgs([], { ATTN_KEEP_WARM_MS: "-5" }),
+    /ATTN_KEEP_WARM_MS must .*"-5"/,
+  );
+  assert.throws(() => parseServeArgs(["--keep-warm-depth=9"]), /depth must be .*\[1, 8\], got 9/);
   assert.equal(parseServeArgs(["--instance-name", "gpu-0.a_b"]).instanceName, "gpu-0.a_b");
   assert.equal(parseServeArgs([]).instanceName, undefined);
   for (const bad of ["", "-x", "a b", "x".repeat(65), "é"]) {
