@@ -8,6 +8,9 @@
 # Each part is cut at its own limit (seconds, env): TESTS_TIMEOUT 240, MMA_TIMEOUT 150,
 # MMA_BENCH_TIMEOUT 150 (bench/mma_bench.ts's default variants; MMA_BENCH_ARGS adds flags, e.g.
 # "--only w8r1k16,w8r1k16-fd --cases 8x4096"),
+# tests/dawn-tests: TEST_PATHS (default tests/gpu tests/backends tests/conformance) and TEST_ARGS
+# (e.g. "--no-check --filter fp8"); each pipeline compile is logged with its time
+# (ATTN_COMPILE_LOG, gpu/pipelines.ts; ATTN_WGSL_DUMP=$OUT/wgsl also keeps the sources).
 # BENCH_TIMEOUT 150, HTTP_TIMEOUT 170, ANCHOR_TIMEOUT 60; a cut part reports rc=124.
 # bench: sweeps (override by setting them) BENCH_FLASH_TILES (prefill register tiles
 # TXxTYxRMxRN[u|l]) and BENCH_DECODE_TUNINGS (a JSON array of partial WEBGPU_DECODE tunings);
@@ -60,11 +63,13 @@ run() { # name, limit in seconds, command...
 for w in $what; do
   case $w in
     tests | all)
-      run gpu-tests "${TESTS_TIMEOUT:-240}" \
-        deno test --allow-all tests/gpu tests/backends tests/conformance ;;&
+      # shellcheck disable=SC2086
+      ATTN_COMPILE_LOG=1 run gpu-tests "${TESTS_TIMEOUT:-240}" \
+        deno test --allow-all ${TEST_ARGS:-} ${TEST_PATHS:-tests/gpu tests/backends tests/conformance} ;;&
     dawn-tests)
-      ATTN_WEBGPU_RUNTIME=dawn run dawn-tests "${TESTS_TIMEOUT:-240}" \
-        deno test --allow-all tests/gpu tests/backends tests/conformance ;;&
+      # shellcheck disable=SC2086
+      ATTN_COMPILE_LOG=1 ATTN_WEBGPU_RUNTIME=dawn run dawn-tests "${TESTS_TIMEOUT:-240}" \
+        deno test --allow-all ${TEST_ARGS:-} ${TEST_PATHS:-tests/gpu tests/backends tests/conformance} ;;&
     mma)
       run mma "${MMA_TIMEOUT:-150}" deno test --allow-all tests/backends/flash_mma_test.ts \
         tests/gpu/flash_mma_fp8_test.ts ;;&
@@ -99,7 +104,7 @@ for w in $what; do
       for kw in ${KEEP_WARM_VARIANTS:-0 3000:10000:1:1 3000:10000:1:2 3000:40000:8:1}; do
         IFS=: read -r hold iters wgs depth <<<"$kw"
         # shellcheck disable=SC2086
-        TAIL=${TAIL:-30} run "http-warm-$kw" "${HTTP_TIMEOUT:-170}" \
+        TAIL=${TAIL:-30} run "http-warm-${kw//:/-}" "${HTTP_TIMEOUT:-170}" \
           deno run --allow-net --allow-read --allow-env --allow-run --allow-write \
           bench/http_bench.ts --runtimes dawn --server-arg="--keep-warm-ms=$hold" \
           ${iters:+--server-arg="--keep-warm-spin-iters=$iters"} \

@@ -44,6 +44,53 @@ export async function compilePipeline(
   layout: GPUBindGroupLayout | "auto" = "auto",
   entryPoint = "main",
 ): Promise<GPUComputePipeline> {
+  const t0 = compileTrace(key, code);
+  try {
+    return await compileOnce(ctx, key, code, layout, entryPoint);
+  } finally {
+    if (t0 !== null) {
+      console.error(`wgsl: compiled ${key} in ${(performance.now() - t0).toFixed(0)} ms`);
+    }
+  }
+}
+
+const envOf = (name: string) => {
+  try {
+    return Deno.env.get(name) || undefined;
+  } catch {
+    return undefined;
+  }
+};
+
+/**
+ * Diagnostics of slow or hanging driver compiles (the H200's compiler took minutes on some
+ * shaders, bench/NOTES.md): with `ATTN_WGSL_DUMP=DIR` each pipeline's source is written to
+ * DIR before it compiles (so a hang leaves it behind), and that or `ATTN_COMPILE_LOG=1` logs
+ * the start and the time of each compile to stderr. Returns the start time, or null when off.
+ */
+function compileTrace(key: string, code: string): number | null {
+  const dir = envOf("ATTN_WGSL_DUMP");
+  if (!dir && !envOf("ATTN_COMPILE_LOG")) return null;
+  if (dir) {
+    const name = key.replace(/[^A-Za-z0-9._-]+/g, "_").slice(0, 180);
+    try {
+      Deno.mkdirSync(dir, { recursive: true });
+      Deno.writeTextFileSync(`${dir}/${name}.wgsl`, `// ${key}\n${code}`);
+    } catch (e) {
+      console.error(`wgsl: cannot dump ${key}: ${e instanceof Error ? e.message : e}`);
+    }
+  }
+  console.error(`wgsl: compiling ${key} (${code.length} chars)`);
+  return performance.now();
+}
+
+async function compileOnce(
+  ctx: GpuContext,
+  key: string,
+  code: string,
+  layout: GPUBindGroupLayout | "auto",
+  entryPoint: string,
+): Promise<GPUComputePipeline> {
   const device = ctx.device;
   device.pushErrorScope("internal");
   device.pushErrorScope("validation");
