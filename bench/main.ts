@@ -20,7 +20,13 @@ import { parseArgs } from "node:util";
 import { plotSvg } from "./plot.ts";
 import { validateConfiguration } from "../backends/capabilities.ts";
 import { builtinBackends } from "../backends/index.ts";
-import type { AttentionBackend, BackendContext, KvCache, ValidBatch } from "../core/types.ts";
+import type {
+  AttentionBackend,
+  BackendContext,
+  GpuContext,
+  KvCache,
+  ValidBatch,
+} from "../core/types.ts";
 import { validHostBatch } from "../service/host_input.ts";
 import { WebGpuDeviceManager } from "../gpu/device.ts";
 import { selectRuntime } from "../gpu/runtime.ts";
@@ -33,10 +39,12 @@ import { fmaBench } from "./fma.ts";
 import { type BackendRow, measureBackend } from "./measure.ts";
 import { benchShapes, makeBatch, shapeName } from "./shapes.ts";
 import { decodeVariants, flashVariants, type Variant } from "./variants.ts";
+import { KEEP_WARM_DEFAULTS, KeepWarmProvider } from "../gpu/keep_warm.ts";
 
 const USAGE = "deno task bench [--runtime deno|dawn|auto] [--dawn-flags L] [--dawn-flag K=V] " +
   "[--case decode|prefill|all] [--small|--big] [--iters N] [--reps N] " +
-  "[--flash-tiles 8x8x4x4,...] [--decode-tunings JSON-array] [--json] [--plot FILE.svg]";
+  "[--flash-tiles 8x8x4x4,...] [--decode-tunings JSON-array] [--json] [--plot FILE.svg] " +
+  "[--no-keep-warm]";
 
 const median = (a: number[]) => [...a].sort((x, y) => x - y)[Math.floor(a.length / 2)];
 
@@ -75,6 +83,118 @@ function table(rows: BackendRow[]): string[] {
   return [line(head), ...body.map(line)];
 }
 
+/** Every backend and variant on every shape of `kind`: one row each (skips say why). */
+async function measureShapes(
+  o: {
+    gpu: GpuContext;
+    small: boolean;
+    iters: number;
+    reps: number;
+    copyGbps: number;
+    fmaTflops: number;
+  },
+  variants: Variant[],
+  kind: string,
+  log: (s: string) => void,
+): Promise<BackendRow[]> {
+  const { gpu, small, iters, reps } = o;
+  const ctx: BackendContext = { gpu };
+  const rows: BackendRow[] = [];
+  const shapes = benchShapes(small).filter((x) => kind === "all" || x.kind === kind);
+  for (const s of shapes) {
+    const name = shapeName(s);
+    log(`== ${name}`);
+    const data = makeBatch(s);
+    const caches = new Map<string, { cache: KvCache; batch: ValidBatch }>();
+    const candidates: { label: string; backend: AttentionBackend; unfit?: string | null }[] = [
+      ...builtinBackends().map((b) => ({ label: b.name, backend: b })),
+      ...variants.filter((v) => v.kind === s.kind).map((v) => ({
+        label: v.label,
+        backend: v.backend,
+        unfit: v.unfit(gpu, s.head_size),
+      })),
+    ];
+    let reference: Float32Array | null = null;
+    try {
+      for (const c of candidates) {
+        const b = c.backend;
+        const why = [
+          ...validateConfiguration(b, data.selector, ctx),
+          ...(c.unfit ? [c.unfit] : []),
+        ];
+        if (!b.requires.needs_device && !small) why.push("host backend skipped on big shapes");
+        if (why.length) {
+          rows.push({ case: name, backend: c.label, skipped: why.join("; ") });
+          log(`skip ${c.label}: ${why.join("; ")}`);
+          continue;
+        }
+        let held = caches.get(b.cache_storage);
+        if (!held) {
+          const cache = await b.importCache(data.spec, data.key, data.value, ctx);
+          held = { cache, batch: validHostBatch(data.batch, cache) };
+          caches.set(b.cache_storage, held);
+        }
+        const { row, output } = await measureBackend(c.label, name, b, s, {
+          gpu,
+          batch: held.batch,
+          // A 268 MB output takes ~0.7 s to read back in Deno: one awaited call is enough.
+          iters: !b.requires.needs_device
+            ? 1
+            : held.batch.query.bytes.byteLength > 2 ** 26
+            ? 1
+            : iters,
+          reps,
+          fmaTflops: o.fmaTflops,
+          copyGbps: o.copyGbps,
+          reference,
+        });
+        reference ??= output;
+        rows.push(row);
+        const kern = Object.entries(row.device_kernels ?? {}).map(([k, v]) => `${k} ${f(v)}`);
+        log(
+          `${c.label}: device ${f(row.device_ms)} ms (${kern.join(", ")}), ${
+            s.kind === "prefill"
+              ? `${f(row.tflops)} TFLOP/s = ${f(row.x_fma)} x FMA`
+              : `${f(row.kv_gbps)} GB/s = ${f(row.x_copy)} x copy`
+          }, e2e ${f(row.e2e_ms)} ms, max diff ${row.max_diff ?? "ref"}; ${
+            (row.kernels ?? []).filter((k) => !/^(fill|cache_write)/.test(k)).join(" + ")
+          } ${JSON.stringify(row.info ?? {})}`,
+        );
+      }
+    } finally {
+      for (const c of caches.values()) c.cache.destroy();
+    }
+  }
+  return rows;
+}
+
+/**
+ * Keep-warm spins (gpu/keep_warm.ts: one workgroup, two spins queued) for the whole run, so
+ * the GPU's clock does not drop while a variant's pipelines compile (the H200 fell to 345 MHz
+ * of 1,980 within seconds, and rows measured after a compile read 3.5-5x slow: bench/NOTES.md
+ * v0.6). Off on software adapters, with `--no-keep-warm`, and where the runtime's completion
+ * wait blocks (gpu/keep_warm.ts).
+ */
+async function holdClock(
+  mgr: WebGpuDeviceManager,
+  on: boolean,
+  log: (s: string) => void,
+): Promise<KeepWarmProvider | null> {
+  if (!on) return null;
+  const warm = new KeepWarmProvider(mgr, { ...KEEP_WARM_DEFAULTS, hold_ms: 3_600_000, depth: 2 });
+  const st = await warm.start();
+  if (!st.enabled) {
+    log(`keep-warm: off: ${st.reason}`);
+    return null;
+  }
+  warm.current(); // opens the window for the whole run
+  log(
+    `keep-warm: spins of ${st.options.spin_iters} iterations x ${st.options.workgroups} ` +
+      `workgroup, ${st.options.depth} queued, through the run (--no-keep-warm: off)`,
+  );
+  return warm;
+}
+
 async function main(): Promise<void> {
   const { values: a } = parseArgs({
     args: Deno.args,
@@ -91,6 +211,7 @@ async function main(): Promise<void> {
       "decode-tunings": { type: "string" },
       json: { type: "boolean", default: false },
       plot: { type: "string" },
+      "no-keep-warm": { type: "boolean", default: false },
       help: { type: "boolean", default: false },
     },
   });
@@ -150,72 +271,13 @@ async function main(): Promise<void> {
       `iterations, ${fma.reps} dispatches, ${fma.timed_by})`,
   );
 
-  const ctx: BackendContext = { gpu };
-  const rows: BackendRow[] = [];
-  const shapes = benchShapes(small).filter((x) => a.case === "all" || x.kind === a.case);
-  for (const s of shapes) {
-    const name = shapeName(s);
-    log(`== ${name}`);
-    const data = makeBatch(s);
-    const caches = new Map<string, { cache: KvCache; batch: ValidBatch }>();
-    const candidates: { label: string; backend: AttentionBackend; unfit?: string | null }[] = [
-      ...builtinBackends().map((b) => ({ label: b.name, backend: b })),
-      ...variants.filter((v) => v.kind === s.kind).map((v) => ({
-        label: v.label,
-        backend: v.backend,
-        unfit: v.unfit(gpu, s.head_size),
-      })),
-    ];
-    let reference: Float32Array | null = null;
-    try {
-      for (const c of candidates) {
-        const b = c.backend;
-        const why = [
-          ...validateConfiguration(b, data.selector, ctx),
-          ...(c.unfit ? [c.unfit] : []),
-        ];
-        if (!b.requires.needs_device && !small) why.push("host backend skipped on big shapes");
-        if (why.length) {
-          rows.push({ case: name, backend: c.label, skipped: why.join("; ") });
-          log(`skip ${c.label}: ${why.join("; ")}`);
-          continue;
-        }
-        let held = caches.get(b.cache_storage);
-        if (!held) {
-          const cache = await b.importCache(data.spec, data.key, data.value, ctx);
-          held = { cache, batch: validHostBatch(data.batch, cache) };
-          caches.set(b.cache_storage, held);
-        }
-        const { row, output } = await measureBackend(c.label, name, b, s, {
-          gpu,
-          batch: held.batch,
-          // A 268 MB output takes ~0.7 s to read back in Deno: one awaited call is enough.
-          iters: !b.requires.needs_device
-            ? 1
-            : held.batch.query.bytes.byteLength > 2 ** 26
-            ? 1
-            : iters,
-          reps,
-          fmaTflops: fma.tflops,
-          copyGbps: copy.gbps,
-          reference,
-        });
-        reference ??= output;
-        rows.push(row);
-        const kern = Object.entries(row.device_kernels ?? {}).map(([k, v]) => `${k} ${f(v)}`);
-        log(
-          `${c.label}: device ${f(row.device_ms)} ms (${kern.join(", ")}), ${
-            s.kind === "prefill"
-              ? `${f(row.tflops)} TFLOP/s = ${f(row.x_fma)} x FMA`
-              : `${f(row.kv_gbps)} GB/s = ${f(row.x_copy)} x copy`
-          }, e2e ${f(row.e2e_ms)} ms, max diff ${row.max_diff ?? "ref"}; ${
-            (row.kernels ?? []).filter((k) => !/^(fill|cache_write)/.test(k)).join(" + ")
-          } ${JSON.stringify(row.info ?? {})}`,
-        );
-      }
-    } finally {
-      for (const c of caches.values()) c.cache.destroy();
-    }
+  const warm = await holdClock(mgr, !a["no-keep-warm"] && !software, log);
+  let rows: BackendRow[];
+  try {
+    const o = { gpu, small, iters, reps, copyGbps: copy.gbps, fmaTflops: fma.tflops };
+    rows = await measureShapes(o, variants, a.case!, log);
+  } finally {
+    await warm?.close();
   }
   if (a.plot) {
     const r = mgr.report();
