@@ -327,7 +327,8 @@ function stagingCode(
         load.push("}");
         store.push(`if (${guard}) {`);
         store.push(
-          `  subgroupMatrixStore<${major}>(&${tl.s}_s, ${base} + (${R}) * ${tl.ld}u + ${C}, ${tl.s}f${w}, ${tl.ld}u);`,
+          `  subgroupMatrixStore<${major}>(&${tl.s}_s, ${base} + (${R}) * ${tl.ld}u + ${C}, ` +
+            `${tl.s}f${w}, ${tl.ld}u);`,
         );
         store.push("}");
       }
