@@ -3,7 +3,8 @@
 # the HTTP bench, the PyTorch anchor. Logs under $OUT; each part's tail is printed.
 # Usage there: bash bench/gpu_machine.sh
 #   [tests|dawn-tests|mma|mma-fast|mma-bench|mma-ceiling|bench|bench-deno|http|anchor|clock-probe|all]...
-# mma: the tensor-core kernel's tests; mma-fast: those of its fast softmax and direct loads;
+# mma: the tensor-core kernel's tests; mma-fast: those of its fast softmax, direct loads, matrix-move
+# staging and split S chains;
 # mma-bench: its variant sweep; mma-ceiling: bench/mma_ceiling.ts, what subgroup-matrix loops reach
 # (MMA_CEILING_ARGS adds flags, e.g. "--only gemm-st-2x4-w2x2,flash-wg-1x4-w8x1"; MMA_CEILING_TIMEOUT
 # 240).
@@ -79,7 +80,8 @@ for w in $what; do
           --case decode --kernels --gap-ms "$gap" --iters $((10000 / (gap + 2)))
       done ;;&
     mma-fast)
-      run mma-fast "${MMA_TIMEOUT:-150}" deno test --allow-all tests/backends/flash_mma_fast_test.ts ;;&
+      run mma-fast "${MMA_TIMEOUT:-150}" deno test --allow-all \
+        tests/backends/flash_mma_mstage_test.ts tests/backends/flash_mma_fast_test.ts ;;&
     mma-bench)
       # shellcheck disable=SC2086
       TAIL=${TAIL:-60} run mma-bench "${MMA_BENCH_TIMEOUT:-150}" \
