@@ -2,9 +2,12 @@
 # One call on the GPU machine (see bench/NOTES.md): GPU tests, the bench with its kernel sweeps,
 # the HTTP bench, the PyTorch anchor. Logs under $OUT; each part's tail is printed.
 # Usage there: bash bench/gpu_machine.sh
-#   [tests|dawn-tests|mma|mma-fast|mma-bench|bench|bench-deno|http|http-warm|anchor|clock-probe|all]...
-# mma: the tensor-core kernel's tests; mma-fast: those of its fast softmax and direct loads;
-# mma-bench: its variant sweep.
+#   [tests|dawn-tests|mma|mma-fast|mma-bench|mma-ceiling|bench|bench-deno|http|http-warm|anchor|clock-probe|all]...
+# mma: the tensor-core kernel's tests; mma-fast: those of its fast softmax, direct loads, matrix-move
+# staging and split S chains;
+# mma-bench: its variant sweep; mma-ceiling: bench/mma_ceiling.ts, what subgroup-matrix loops reach
+# (MMA_CEILING_ARGS adds flags, e.g. "--only gemm-st-2x4-w2x2,flash-wg-1x4-w8x1"; MMA_CEILING_TIMEOUT
+# 240).
 # Each part is cut at its own limit (seconds, env): TESTS_TIMEOUT 240, MMA_TIMEOUT 150,
 # MMA_BENCH_TIMEOUT 150 (bench/mma_bench.ts's default variants; MMA_BENCH_ARGS adds flags, e.g.
 # "--only w8r1k16,w8r1k16-fd --cases 8x4096"),
@@ -82,11 +85,16 @@ for w in $what; do
           --case decode --kernels --gap-ms "$gap" --iters $((10000 / (gap + 2)))
       done ;;&
     mma-fast)
-      run mma-fast "${MMA_TIMEOUT:-150}" deno test --allow-all tests/backends/flash_mma_fast_test.ts ;;&
+      run mma-fast "${MMA_TIMEOUT:-150}" deno test --allow-all \
+        tests/backends/flash_mma_mstage_test.ts tests/backends/flash_mma_fast_test.ts ;;&
     mma-bench)
       # shellcheck disable=SC2086
       TAIL=${TAIL:-60} run mma-bench "${MMA_BENCH_TIMEOUT:-150}" \
         deno run -A bench/mma_bench.ts --iters 20 ${MMA_BENCH_ARGS:-} ;;&
+    mma-ceiling)
+      # shellcheck disable=SC2086
+      TAIL=${TAIL:-60} run mma-ceiling "${MMA_CEILING_TIMEOUT:-240}" \
+        deno run -A bench/mma_ceiling.ts --iters 20 ${MMA_CEILING_ARGS:-} ;;&
     bench | all)
       # shellcheck disable=SC2086
       run bench "${BENCH_TIMEOUT:-150}" deno task bench ${BENCH_ARGS:-} ;;&

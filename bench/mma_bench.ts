@@ -32,19 +32,22 @@ import {
 } from "./mma_bench_data.ts";
 
 /**
- * The variants run without --only: the current default, each new idea alone and combined,
- * longer tiles and more rows on direct loads, and the default's ablations (bench/NOTES.md).
+ * The variants run without --only: the default and the fast softmax (the baselines), then
+ * v0.6's matrix-move staging (`-x`) and split S chains (`-s2`), alone and combined, on 8
+ * subgroups, 2 row blocks and 32-key tiles, and the best guess's ablations (bench/NOTES.md,
+ * "v0.6 tensor-core variants").
  */
 export const DEFAULT_VARIANTS = [
   "w8r1k16",
   "w8r1k16-f",
-  "w8r1k16-d",
-  "w8r1k16-fd",
-  "w8r1k32-fd",
-  "w8r2k16-fd",
-  "w8r1k16~nosoftmax",
-  "w8r1k16~nostage",
-  "w8r1k16~nopv",
+  "w8r1k16-fx",
+  "w8r1k16-fs2",
+  "w8r1k16-fxs2",
+  "w4r2k16-fx",
+  "w4r2k16-fxs2",
+  "w4r1k32-fx",
+  "w8r1k16-fx~nosoftmax",
+  "w8r1k16-fx~nopv",
 ];
 
 const ABLATIONS: readonly MmaAblation[] = ["softmax", "stage", "qk", "pv"];

@@ -51,28 +51,35 @@ export function generateMatrixCode(c: MmaConsts): Record<string, string> {
     )
   );
   const oDecl = RM.flatMap((r) => DN.map((c) => `var o_${r}_${c} = ${Res}();`));
-  const qk = RM.flatMap((r) => NB.map((c) => `var s_${r}_${c} = ${Res}();`));
+  // S = Q K^T: QS independent chains per (row block, key block); chain j takes k-steps
+  // j, j + QS, ... and is stored to its own S array (at j * R * SSTR), the softmax adds them.
+  const QS = range(c.qsplit), sv = (r: number, c: number, j: number) => `s_${r}_${c}_${j}`;
+  const qk = RM.flatMap((r) => NB.flatMap((c) => QS.map((j) => `var ${sv(r, c, j)} = ${Res}();`)));
   // direct: fragment (keys kt + c n.., dims kk k..) at kv_elem(key) + kk k, keys KVSTR apart.
   const kAt = (c: number, kk: number) =>
     direct ? `&k0, ko${c} + ${kk * k}u, kvstr` : `&kt_s, kb + ${c * n * kstr + kk * k}u, KSTR`;
   if (direct) {
     qk.push(...NB.map((c) => `let ko${c} = kv_elem(kt + ${c * n}u, kvh, kv_len, rbase);`));
   }
-  for (const c of NB) {
-    for (const kk of KD) {
+  // k-step outer, key block inner: the NB x QS chains advance together.
+  for (const kk of KD) {
+    for (const c of NB) {
+      const j = kk % QS.length;
       qk.push(`{`);
       qk.push(`  let kf = subgroupMatrixLoad<${Rt}, col_major>(${kAt(c, kk)});`);
-      for (const r of RM) qk.push(`  s_${r}_${c} = ${mma}(q_${r}_${kk}, kf, s_${r}_${c});`);
+      for (const r of RM) qk.push(`  ${sv(r, c, j)} = ${mma}(q_${r}_${kk}, kf, ${sv(r, c, j)});`);
       qk.push(`}`);
     }
   }
   for (const r of RM) {
     for (const c of NB) {
-      qk.push(
-        `subgroupMatrixStore<row_major>(&s_s, (sgr + ${r * m}u) * SSTR + ${
-          c * n
-        }u, s_${r}_${c}, SSTR);`,
-      );
+      for (const j of QS) {
+        qk.push(
+          `subgroupMatrixStore<row_major>(&s_s, ${j ? `${j}u * R * SSTR + ` : ""}(sgr + ${
+            r * m
+          }u) * SSTR + ${c * n}u, ${sv(r, c, j)}, SSTR);`,
+        );
+      }
     }
   }
   const pv = RM.flatMap((r) =>
@@ -163,6 +170,7 @@ export async function flashMmaSource(c: MmaConsts): Promise<string> {
     TAU: c.tau,
     LG: c.fast ? Math.LOG2E : 1,
     M0: c.fast ? "-1.0e30" : "MASK",
+    QSPLIT: c.qsplit,
     VT_DECL: c.direct ? "" : "var<workgroup> vt_s: array<f16, 2u * VT_LEN>;",
     TAIL_STAGE: c.direct && !cut("pv") ? TAIL_STAGE : "",
     E16: lay.e16,

@@ -32,8 +32,8 @@ export const FLASH_MMA: KernelDef<MmaConsts> = {
         { name: "v_in", kind: "read" as const, type: "array<vec4<u32>>" },
       ]
       : kvBindingDecls(c.nchunk, "read", true).map((d) =>
-        c.direct ? { ...d, type: "array<f16>" } : d
-      )), // direct: f16 elements for subgroupMatrixLoad
+        c.direct || c.mstage ? { ...d, type: "array<f16>" } : d
+      )), // direct, mstage: f16 elements for subgroupMatrixLoad
   ],
   enables: () => ["f16", "subgroups", "chromium_experimental_subgroup_matrix"],
   source: flashMmaSource,

@@ -33,6 +33,21 @@ export interface MmaShape {
    * NaN included) come from a zero-padded copy of its last tile. Default false.
    */
   direct?: boolean;
+  /**
+   * K/V tiles staged by matrix moves: each subgroup `subgroupMatrixLoad`s fragments of the
+   * tile from an f16 cache (one buffer, block size a multiple of the matrix rows: a fragment's
+   * rows lie in one block)
+   * and `subgroupMatrixStore`s them into the workgroup tiles, instead of 16-byte loads and f16
+   * stores by every lane; the request's last, partial tile is copied element by element,
+   * zero past the visible keys. Default false.
+   */
+  mstage?: boolean;
+  /**
+   * Independent accumulator chains of S = Q K^T per key block (1, 2 or 4): chain j sums head
+   * dims k-steps j, j + qsplit, ..., each is stored to its own S array, the softmax adds them;
+   * D / MK dependent multiply-accumulates become D / MK / qsplit. Default 1.
+   */
+  qsplit?: number;
   /** Bench only: leave one stage out to time the rest (see {@link MmaAblation}); "": none. */
   ablate?: MmaAblation | "";
 }
@@ -49,6 +64,8 @@ export function fullShape(s: MmaShape): FullMmaShape {
     tau: s.tau,
     fast: s.fast ?? false,
     direct: s.direct ?? false,
+    mstage: s.mstage ?? false,
+    qsplit: s.qsplit ?? 1,
     ablate: s.ablate ?? "",
   };
 }
@@ -127,13 +144,24 @@ export function mmaShapeProblem(
     }
     if (shape.ablate === "stage") return "direct loads stage nothing to leave out";
   }
+  const qs = shape.qsplit ?? 1;
+  if (![1, 2, 4].includes(qs) || (d / k) % qs) {
+    return `qsplit ${qs} is not 1, 2 or 4 dividing ${d / k} k-steps`;
+  }
+  if (shape.mstage) {
+    if (shape.direct) return "matrix staging and direct loads exclude each other";
+    if (t.kv !== "float16" || t.enc) return `matrix staging needs an f16 cache, not ${t.kv}`;
+    if (t.nchunk !== 1) return `matrix staging needs one cache buffer, not ${t.nchunk}`;
+    if (t.bs % t.m) return `matrix staging needs block_size ${t.bs} a multiple of ${t.m}`;
+  }
   const bytes = mmaLayout(t, shape).shared_bytes;
   if (bytes > maxShared) return `needs ${bytes} B of workgroup memory (limit ${maxShared})`;
   return null;
 }
 
 /**
- * Named shapes (`w{nsg}r{rm}k{bk}`; `-fa2` tau 0, `-f` fast softmax, `-d` direct K/V loads),
+ * Named shapes (`w{nsg}r{rm}k{bk}`; `-fa2` tau 0, `-f` fast softmax, `-d` direct K/V loads,
+ * `-x` K/V staged by matrix moves, `-s{n}` n chains of S = Q K^T),
  * what bench/mma_bench.ts sweeps and ATTN_PREFILL_MMA_SHAPE may name for the backend.
  */
 export const MMA_VARIANTS: Readonly<Record<string, MmaShape>> = {
@@ -149,6 +177,13 @@ export const MMA_VARIANTS: Readonly<Record<string, MmaShape>> = {
   "w8r1k32-fd": { nsg: 8, rm: 1, bk: 32, tau: 8, fast: true, direct: true },
   "w8r2k16-fd": { nsg: 8, rm: 2, bk: 16, tau: 8, fast: true, direct: true },
   "w4r2k32-fd": { nsg: 4, rm: 2, bk: 32, tau: 8, fast: true, direct: true },
+  "w8r1k16-x": { nsg: 8, rm: 1, bk: 16, tau: 8, mstage: true },
+  "w8r1k16-fx": { nsg: 8, rm: 1, bk: 16, tau: 8, fast: true, mstage: true },
+  "w4r2k16-fx": { nsg: 4, rm: 2, bk: 16, tau: 8, fast: true, mstage: true },
+  "w4r1k32-fx": { nsg: 4, rm: 1, bk: 32, tau: 8, fast: true, mstage: true },
+  "w8r1k16-fxs2": { nsg: 8, rm: 1, bk: 16, tau: 8, fast: true, mstage: true, qsplit: 2 },
+  "w4r2k16-fxs2": { nsg: 4, rm: 2, bk: 16, tau: 8, fast: true, mstage: true, qsplit: 2 },
+  "w8r1k16-fs2": { nsg: 8, rm: 1, bk: 16, tau: 8, fast: true, qsplit: 2 },
 };
 
 /** Shapes in order of preference: the first that fits the device is the default. */
@@ -174,9 +209,10 @@ export function mmaLayout(t: MmaTarget, shape: MmaShape): MmaLayout {
   const kTile = shape.direct ? 0 : shape.bk * kstr;
   const ktLen = Math.max(shape.bk * kstr, rows * pstr, mr * kstr);
   const qpass = Math.min(rows, Math.floor(ktLen / kstr / mr) * mr);
-  const nbt = t.enc || shape.direct ? 0 : Math.floor((shape.bk - 1) / t.bs) + 2;
+  const nbt = t.enc || shape.direct || shape.mstage ? 0 : Math.floor((shape.bk - 1) / t.bs) + 2;
   const e16 = 16 / BYTES[t.kv];
-  const shared_bytes = 2 * (2 * ktLen + 2 * kTile) + 4 * rows * sstr + 4 * (2 * nbt + 1) + 12;
+  const sLen = rows * sstr * (shape.qsplit ?? 1);
+  const shared_bytes = 2 * (2 * ktLen + 2 * kTile) + 4 * sLen + 4 * (2 * nbt + 1) + 12;
   return {
     rows,
     wg: sg * shape.nsg,

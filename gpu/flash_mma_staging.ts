@@ -88,8 +88,8 @@ fn round_pair(a: f32, b: f32) -> u32 {
  * instead `kv_elem`, the f16 element offset of key `key`'s row in k0 / v0 (rows of one block
  * `kvstr` elements apart).
  */
-export function sourceCode(c: MmaTarget & { direct?: boolean }): string {
-  if (c.direct) {
+export function sourceCode(c: MmaTarget & { direct?: boolean; mstage?: boolean }): string {
+  if (c.direct || c.mstage) {
     return `fn kv_elem(key: u32, h: u32, kv_len: u32, rbase: u32) -> u32 {
   let at = blk_of(key, 0u, kv_len, rbase) * U.block_words * 2u;
   if (NHD) {
@@ -139,6 +139,7 @@ ${fn("k")}${fn("v")}`;
  */
 export function stagingCode(c: MmaConsts): { STAGE_LOAD: string; STAGE_STORE: string } {
   if (c.direct) return { STAGE_LOAD: "", STAGE_STORE: "" };
+  if (c.mstage) return matrixStagingCode(c);
   const lay = mmaLayout(c, c), v4r = c.d / lay.e16, words = c.bk * v4r;
   const N = range(Math.ceil(words / lay.wg)), guard = words % lay.wg !== 0;
   const load: string[] = [], store: string[] = [];
@@ -168,6 +169,64 @@ export function stagingCode(c: MmaConsts): { STAGE_LOAD: string; STAGE_STORE: st
     if (guard) store.push("  }");
     store.push("}");
   }
+  const ind = (xs: string[]) => xs.map((x) => "    " + x).join("\n");
+  return { STAGE_LOAD: ind(load), STAGE_STORE: ind(store) };
+}
+
+/**
+ * `mstage` staging: tile `kn`'s (BK / MM) x (D / MK) fragments of K and V, fragment f moved by
+ * subgroup f % NSG: STAGE_LOAD `subgroupMatrixLoad`s them from the f16 cache (a fragment's MM
+ * rows lie in one block, kvstr apart) when the tile ends within the request (`mxn`), STAGE_STORE
+ * `subgroupMatrixStore`s them; a tile that crosses kv_len is copied element by element in
+ * STAGE_STORE, zero past kend (a cache slot past the request may hold NaN).
+ */
+function matrixStagingCode(c: MmaConsts): { STAGE_LOAD: string; STAGE_STORE: string } {
+  const fc = c.d / c.k, count = (c.bk / c.m) * fc, L = "subgroup_matrix_left<f16, MK, MM>";
+  const slots = range(Math.ceil(count / c.nsg));
+  const guard = (i: number) => (count % c.nsg ? `sg + ${i * c.nsg}u < ${count}u` : "true");
+  const R = (i: number) => `((sg + ${i * c.nsg}u) / ${fc}u) * MM`;
+  const C = (i: number) => `((sg + ${i * c.nsg}u) % ${fc}u) * MK`;
+  const load = ["let mxn = kn + BK <= kv_len;"];
+  for (const i of slots) load.push(`var mk${i}: ${L};`, `var mv${i}: ${L};`);
+  load.push("if (mxn && kn < kend) {");
+  for (const i of slots) {
+    load.push(
+      `  if (${guard(i)}) {`,
+      `    let at = kv_elem(kn + ${R(i)}, kvh, kv_len, rbase) + ${C(i)};`,
+      `    mk${i} = subgroupMatrixLoad<${L}, row_major>(&k0, at, kvstr);`,
+      `    mv${i} = subgroupMatrixLoad<${L}, row_major>(&v0, at, kvstr);`,
+      "  }",
+    );
+  }
+  load.push("}");
+  const store = ["if (mxn) {", "  if (kn < kend) {"];
+  for (const i of slots) {
+    store.push(
+      `    if (${guard(i)}) {`,
+      `      let o = ${R(i)} * KSTR + ${C(i)};`,
+      `      subgroupMatrixStore<row_major>(&kt_s, kbn + o, mk${i}, KSTR);`,
+      `      subgroupMatrixStore<row_major>(&vt_s, vbn + o, mv${i}, KSTR);`,
+      "    }",
+    );
+  }
+  store.push(
+    "  }",
+    "} else {",
+    "  for (var idx = t; idx < BK * D; idx += WG) {",
+    "    let key = kn + idx / D;",
+    "    var xk = f16(0.0);",
+    "    var xv = f16(0.0);",
+    "    if (key < kend) {",
+    "      let at = kv_elem(key, kvh, kv_len, rbase) + idx % D;",
+    "      xk = k0[at];",
+    "      xv = v0[at];",
+    "    }",
+    "    let o = (idx / D) * KSTR + idx % D;",
+    "    kt_s[kbn + o] = xk;",
+    "    vt_s[vbn + o] = xv;",
+    "  }",
+    "}",
+  );
   const ind = (xs: string[]) => xs.map((x) => "    " + x).join("\n");
   return { STAGE_LOAD: ind(load), STAGE_STORE: ind(store) };
 }

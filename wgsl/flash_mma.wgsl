@@ -18,6 +18,11 @@
 // from the cache (k0/v0 as array<f16>, kv_elem, keys kvstr elements apart): no staging, no
 // vt_s; keys past kend get masked scores and p = 0, and the V rows of keys past kv_len (which
 // may hold anything, NaN included) come from a zero-padded copy of the request's last tile.
+// Matrix-staged variants (mstage: f16 cache, one buffer) move each tile into kt_s/vt_s as
+// fragments (subgroupMatrixLoad from the cache, subgroupMatrixStore to the tile; the request's
+// last, partial tile element by element, zero past kend) instead of 16-byte words. QSPLIT > 1
+// computes S = Q K^T in that many independent accumulator chains, each stored to its own S
+// array (s_s at j * R * SSTR); the softmax adds them.
 // Three barriers a tile, and every workgroup-memory hand-off sits at least two barriers after
 // the write it reads: with one buffer (a write, one barrier, a subgroup-matrix read of it) the
 // kernel computed wrong results on the H200 (NVIDIA 580 driver, Dawn 0.6.2) and right ones on
@@ -46,11 +51,12 @@
 //              array<vec4<u32>> [num_tokens, num_kv_heads, D] in the data dtype
 // Dispatch: num_tiles * num_kv_heads workgroups of WG = NSG * SG, folded into x/y (U.nwg_x).
 // Compile-time: MM, MN, MK (matrix dims), SG (subgroup size), NSG, RM, BK, D, BS, NHD, TAU,
-// E16 (K/V elements per 16 bytes), KT_LEN (K tile array length), QPASS (Q rows staged per
-// pass), LPR/RPL (softmax lanes per row, rows per lane), NBT (block ids per tile); generated:
-// TILE (wgsl/flash_tile.wgsl, shared with flash_attention.wgsl), HELPERS (flash_mma_rows.wgsl),
-// DECODE (kv16, q16: 16-byte words to f16), SOURCE
-// (src_k/src_v, or kv_elem), STAGE_LOAD/STORE (prologue) and LOOP_STAGE_LOAD/STORE (loop;
+// QSPLIT (chains of S = Q K^T), E16 (K/V elements per 16 bytes), KT_LEN (K tile array
+// length), QPASS (Q rows staged per pass), LPR/RPL (softmax lanes per row, rows per lane), NBT
+// (block ids per tile); generated: TILE (wgsl/flash_tile.wgsl, shared with
+// flash_attention.wgsl), HELPERS (flash_mma_rows.wgsl), DECODE (kv16, q16: 16-byte words to
+// f16), SOURCE (src_k/src_v, or kv_elem for direct and matrix-staged variants),
+// STAGE_LOAD/STORE (prologue) and LOOP_STAGE_LOAD/STORE (loop; fragment moves for mstage;
 // empty for direct loads), VT_DECL (the V tiles, none for direct loads), TAIL_STAGE (direct
 // loads: the request's last, partial V tile, zero-padded, into the unused P buffer), LG and M0
 // (softmax units and the initial running max: 1 and MASK, or log2(e) and -1e30 for the fast
@@ -97,6 +103,7 @@ const LPR: u32 = {{LPR}}; // lanes per row in the softmax step
 const RPL: u32 = {{RPL}}; // rows per lane
 const KPL: u32 = BK / LPR; // keys (or output columns) per lane
 const NBT: u32 = {{NBT}};
+const QSPLIT: u32 = {{QSPLIT}}; // chains of S = Q K^T, each its own S array
 const MASK: f32 = -3.0e38;
 const M0: f32 = {{M0}}; // the running max before any key (fast: above MASK, so exp2(MASK - m) = 0)
 const FLAG_ALIBI: u32 = 1u;
@@ -107,7 +114,7 @@ const FLAG_SINKS: u32 = 2u;
 
 var<workgroup> kt_s: array<f16, 2u * KT_LEN>; // K tiles; Q staging before the loop; P after S
 {{VT_DECL}}
-var<workgroup> s_s: array<f32, R * SSTR>; // S; O passes (rescale, output)
+var<workgroup> s_s: array<f32, QSPLIT * R * SSTR>; // S (QSPLIT chains); O passes
 var<workgroup> s_blk: array<u32, 2u * NBT + 1u>; // block ids of two tiles (slots by parity)
 var<workgroup> s_kstart: u32;
 var<workgroup> s_kend: u32;
