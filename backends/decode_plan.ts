@@ -169,6 +169,7 @@ export async function planDecodeRows(
     alibi: L.alibi_slopes !== null,
     early_v: tuning.early_values,
     prefetch: tuning.prefetch,
+    scatter: tuning.scatter_sums && shape.sg,
     epi,
     tb,
   };

@@ -59,6 +59,10 @@ export interface DecodeTuning {
   stage_table: boolean;
   /** Most block-table entries a workgroup stages (4 bytes each). */
   stage_table_max: number;
+  /** Sum a step's U x F partial dot products over the lanes of a key row by a transposed
+   * reduction (reduce-scatter by recursive halving, all-gather by recursive doubling: ~2N
+   * shuffles for N sums instead of N log2(lanes)); with subgroups only. */
+  scatter_sums: boolean;
 }
 
 /**
@@ -88,6 +92,7 @@ export const DEFAULT_DECODE_TUNING: Readonly<DecodeTuning> = Object.freeze({
   fused_reduce: false,
   stage_table: false,
   stage_table_max: 1024,
+  scatter_sums: false,
 });
 
 /**

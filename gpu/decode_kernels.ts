@@ -58,6 +58,8 @@ export interface DecodeSplitConsts {
   alibi: boolean;
   early_v: boolean;
   prefetch: boolean;
+  /** Transposed sums of the partial dots (gpu/decode_codegen.ts transposedSums). */
+  scatter: boolean;
   /** 0: every slice stores a partial; 1: rows of one slice write their output here; 2: and
    * the reduce is fused (wgsl/decode_epilogue.wgsl, decode_fused.wgsl). Needs wg > lpk. */
   epi: number;
@@ -127,6 +129,7 @@ export const DECODE_SPLIT: KernelDef<DecodeSplitConsts> = {
         alibi: c.alibi,
         early_v: c.early_v,
         prefetch: c.prefetch,
+        scatter: c.scatter,
         epilogue: c.epi > 0,
         dec: DECODERS[c.storage],
       }),

@@ -107,6 +107,12 @@ const KNOBS: [string, Partial<DecodeTuning>, Expect][] = [
     stage_table: true,
     prefetch: true,
   }, { epilogue: 2, staged: true }],
+  ["scatter_sums", { scatter_sums: true }, { epilogue: 1 }],
+  ["scatter_sums, 8 keys a step, fused_reduce", {
+    scatter_sums: true,
+    keys_per_iter: 8,
+    fused_reduce: true,
+  }, { epilogue: 2 }],
   ["waves 2 x 24 workgroups, fused", { waves: 2, wave_workgroups: 24, fused_reduce: true }, {
     epilogue: 2,
   }],
