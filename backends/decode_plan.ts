@@ -170,6 +170,7 @@ export async function planDecodeRows(
     early_v: tuning.early_values,
     prefetch: tuning.prefetch,
     scatter: tuning.scatter_sums && shape.sg,
+    scatter_softmax: tuning.scatter_softmax && shape.sg && shape.lpk > 1,
     epi,
     tb,
   };

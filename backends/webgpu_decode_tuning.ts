@@ -63,6 +63,10 @@ export interface DecodeTuning {
    * reduction (reduce-scatter by recursive halving, all-gather by recursive doubling: ~2N
    * shuffles for N sums instead of N log2(lanes)); with subgroups only. */
   scatter_sums: boolean;
+  /** The step's online softmax on the scattered sums (gpu/decode_scatter.ts): each lane takes
+   * the logit and exp of its own scores only (not all U x F of them), the heads' maxima meet by a
+   * few shuffles and the probabilities are gathered for the values; with subgroups only. */
+  scatter_softmax: boolean;
 }
 
 /**
@@ -93,6 +97,7 @@ export const DEFAULT_DECODE_TUNING: Readonly<DecodeTuning> = Object.freeze({
   stage_table: false,
   stage_table_max: 1024,
   scatter_sums: false,
+  scatter_softmax: false,
 });
 
 /**

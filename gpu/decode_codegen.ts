@@ -5,6 +5,13 @@
  * @module
  */
 import type { StorageDType } from "../core/types.ts";
+import {
+  laneBits,
+  scatterDenominators,
+  scatterInit,
+  scatterSoftmax,
+  transposedSums,
+} from "./decode_scatter.ts";
 
 /** The compile-time shape of one split kernel. */
 export interface KernelShape {
@@ -29,6 +36,9 @@ export interface KernelShape {
    * recursive halving, then all-gather by recursive doubling: about 2 N shuffles for N values
    * instead of N log2 LPK); subgroups only. */
   scatter: boolean;
+  /** The step's softmax on the scattered sums (gpu/decode_scatter.ts scatterSoftmax): each lane
+   * takes the exp of its own scores only; subgroups only. */
+  scatter_softmax: boolean;
   /** Decoders of a vec4<u32> `w` into EPW vec4<f32>, in element order. */
   dec: string[];
 }
@@ -75,9 +85,10 @@ export function generateDecodeSplit(k: KernelShape): Record<string, string> {
   const off = (f: number, i: number) =>
     `${f}u * D4 + ${Math.floor(i / k.epw) * k.lpk * k.epw + (i % k.epw)}u`;
   const init: string[] = [];
-  if (k.scatter && k.sg) {
-    for (let m = 1; m < k.lpk; m *= 2) init.push(`  let hb${m} = (lane & ${m}u) != 0u;`);
-  }
+  // The scattered paths need subgroups and several lanes a row.
+  const scatterSm = k.scatter_softmax && k.sg && k.lpk > 1;
+  if (scatterSm) init.push(...scatterInit(F.length, k.u, k.lpk, k.alibi));
+  else if (k.scatter && k.sg) init.push(...laneBits(k.lpk));
   for (const f of F) {
     init.push(`  var m${f} = NEG;`, `  var l${f} = 0.0;`);
     init.push(
@@ -168,15 +179,16 @@ export function generateDecodeSplit(k: KernelShape): Record<string, string> {
     for (const kh of KH) rows("k", u, kh, (f, i, e) => `s${u}_${f} += dot(q${f}_${i}, x${e});`);
   }
   const S = Us.flatMap((u) => F.map((f) => `s${u}_${f}`));
-  if (k.lpk > 1 && k.sg && k.scatter) st.push(...transposedSums(S, k.lpk));
-  if (k.lpk > 1 && k.sg && !k.scatter) st.push(...S.map((v) => `    ${v} = gsum(${v});`));
+  if (scatterSm) st.push(...scatterSoftmax(F.length, k.u, k.lpk, NV.length));
+  else if (k.lpk > 1 && k.sg && k.scatter) st.push(...transposedSums(S, k.lpk));
+  else if (k.lpk > 1 && k.sg) st.push(...S.map((v) => `    ${v} = gsum(${v});`));
   if (k.lpk > 1 && !k.sg) {
     st.push(...S.map((v, i) => `    red[lid * UF + ${i}u] = ${v};`), "    workgroupBarrier();");
     st.push(...S.map((v, i) => `    ${v} = rsum(lid, ${i}u);`), "    workgroupBarrier();");
   }
   // Online softmax: rescale only when the running max grows (rare after the first keys;
   // the condition is the same in every lane of a key group).
-  for (const f of F) {
+  for (const f of scatterSm ? [] : F) {
     const mx = Us.map((u) => `s${u}_${f}`).reduce((a, b) => `max(${a}, ${b})`);
     for (const u of Us) {
       st.push(`    s${u}_${f} = logit(s${u}_${f}, k0 + ${u}u, vis${u}, pos, sl${f});`);
@@ -198,7 +210,7 @@ export function generateDecodeSplit(k: KernelShape): Record<string, string> {
       rows("v", u, kh, (f, i, e) => `a${f}_${i} += p${u}_${f} * x${e};`);
     }
   }
-  const sto: string[] = [];
+  const sto: string[] = scatterSm ? scatterDenominators(F.length, k.u, k.lpk) : [];
   if (k.nkg === 1) {
     for (const f of F) {
       for (const i of NV) sto.push(`  part[ob + ${off(f, i)}] = a${f}_${i};`);
@@ -261,59 +273,4 @@ export function generateDecodeSplit(k: KernelShape): Record<string, string> {
     STORE: sto.join("\n"),
     GSUM: gsum,
   };
-}
-
-/**
- * The sums over a key group's LPK lanes of the values `vs` (variable names, each lane's partial),
- * left in the same variables in every lane, by a transposed reduction: recursive halving (at
- * mask m, a lane keeps the half of its block that its lane bit m selects and adds the partner's
- * copy of that half: one shuffle per value kept) until each lane holds its share of the sums
- * (lane l: values (l >> r) * c .. + c - 1, c = max(1, N / LPK)), plain butterfly steps over the
- * lane bits left when N < LPK, then recursive doubling back (one shuffle per value held).
- * Shuffles: 2 (N - c) + c log2(LPK / N) against N log2(LPK) for a butterfly per value. Needs
- * `hb{m}` = lane bit m (INIT) and N, LPK powers of two.
- */
-export function transposedSums(vs: string[], lpk: number): string[] {
-  const out: string[] = [];
-  let block = vs.slice();
-  const halved: number[] = [];
-  let t = 0;
-  for (let m = lpk / 2; m >= 1; m /= 2) {
-    const next: string[] = [];
-    if (block.length >= 2) {
-      const h = block.length / 2;
-      for (let j = 0; j < h; j++) {
-        const lo = block[j], hi = block[j + h], name = `rs${t}_${j}`;
-        out.push(
-          `    let ${name} = select(${lo}, ${hi}, hb${m}) + ` +
-            `subgroupShuffleXor(select(${hi}, ${lo}, hb${m}), ${m}u);`,
-        );
-        next.push(name);
-      }
-      halved.push(m);
-    } else {
-      const name = `rs${t}_0`;
-      out.push(`    let ${name} = ${block[0]} + subgroupShuffleXor(${block[0]}, ${m}u);`);
-      next.push(name);
-    }
-    block = next;
-    t++;
-  }
-  for (const m of halved.reverse()) {
-    const recv = block.map((b, j) => {
-      const name = `rg${t}_${j}`;
-      out.push(`    let ${name} = subgroupShuffleXor(${b}, ${m}u);`);
-      return name;
-    });
-    const lo = block.map((b, j) => `select(${b}, ${recv[j]}, hb${m})`);
-    const hi = block.map((b, j) => `select(${recv[j]}, ${b}, hb${m})`);
-    block = [...lo, ...hi].map((e, j) => {
-      const name = `rg${t}_${block.length * 2 + j}`;
-      out.push(`    let ${name} = ${e};`);
-      return name;
-    });
-    t++;
-  }
-  vs.forEach((v, i) => out.push(`    ${v} = ${block[i]};`));
-  return out;
 }

@@ -60,6 +60,8 @@ export interface DecodeSplitConsts {
   prefetch: boolean;
   /** Transposed sums of the partial dots (gpu/decode_codegen.ts transposedSums). */
   scatter: boolean;
+  /** The softmax on the scattered sums (gpu/decode_scatter.ts scatterSoftmax). */
+  scatter_softmax: boolean;
   /** 0: every slice stores a partial; 1: rows of one slice write their output here; 2: and
    * the reduce is fused (wgsl/decode_epilogue.wgsl, decode_fused.wgsl). Needs wg > lpk. */
   epi: number;
@@ -130,6 +132,7 @@ export const DECODE_SPLIT: KernelDef<DecodeSplitConsts> = {
         early_v: c.early_v,
         prefetch: c.prefetch,
         scatter: c.scatter,
+        scatter_softmax: c.scatter_softmax,
         epilogue: c.epi > 0,
         dec: DECODERS[c.storage],
       }),

@@ -27,6 +27,8 @@ import { freshSeed, GPU, NO_GPU } from "../gpu/helpers.ts";
 
 const GPU_SHAPE = { workgroup_size: 128, keys_per_iter: 4, kv_heads_per_group: 1 };
 const MANY = { target_workgroups: 4096, min_split_keys: 16 };
+/** Slices of >= 256 keys: a key group runs several steps (MANY gives it one). */
+const LONG = { target_workgroups: 8, min_split_keys: 256 };
 
 /** Rows of several slices and of one, an empty request, a padded block table. */
 const REQUESTS = [
@@ -113,6 +115,28 @@ const KNOBS: [string, Partial<DecodeTuning>, Expect][] = [
     keys_per_iter: 8,
     fused_reduce: true,
   }, { epilogue: 2 }],
+  ["scatter_softmax", { scatter_softmax: true }, { epilogue: 1 }],
+  ["scatter_softmax, long slices (many steps a key group: the running max grows)", {
+    scatter_softmax: true,
+    ...LONG,
+  }, { epilogue: 1 }],
+  ["scatter_sums, long slices, prefetch", { scatter_sums: true, prefetch: true, ...LONG }, {
+    epilogue: 1,
+  }],
+  ["scatter_softmax, 4 lanes a row (2 heads a lane), 2 keys a step, prefetch, reduce pass", {
+    scatter_softmax: true,
+    max_lanes: 4,
+    keys_per_iter: 2,
+    prefetch: true,
+    direct_single: false,
+    ...LONG,
+  }, { epilogue: 0 }],
+  ["scatter_softmax, 8 keys a step, fused_reduce, stage_table", {
+    scatter_softmax: true,
+    keys_per_iter: 8,
+    fused_reduce: true,
+    stage_table: true,
+  }, { epilogue: 2, staged: true }],
   ["waves 2 x 24 workgroups, fused", { waves: 2, wave_workgroups: 24, fused_reduce: true }, {
     epilogue: 2,
   }],

@@ -5,7 +5,7 @@
  * and above the lane count. Also counts the shuffles (the point of the transposed reduction).
  */
 import assert from "node:assert/strict";
-import { transposedSums } from "../../gpu/decode_codegen.ts";
+import { transposedSums } from "../../gpu/decode_scatter.ts";
 import { freshSeed } from "../support/rng.ts";
 
 type Env = Record<string, number | boolean>;
