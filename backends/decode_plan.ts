@@ -171,6 +171,7 @@ export async function planDecodeRows(
     prefetch: tuning.prefetch,
     scatter: tuning.scatter_sums && shape.sg,
     scatter_softmax: tuning.scatter_softmax && shape.sg && shape.lpk > 1,
+    fp8_pairs: tuning.fp8_pairs && fp8,
     epi,
     tb,
   };

@@ -39,8 +39,12 @@ export interface KernelShape {
   /** The step's softmax on the scattered sums (gpu/decode_scatter.ts scatterSoftmax): each lane
    * takes the exp of its own scores only; subgroups only. */
   scatter_softmax: boolean;
-  /** Decoders of a vec4<u32> `w` into EPW vec4<f32>, in element order. */
+  /** Decoders of a vec4<u32> `w` into EPW vec4<f32>, in element order, or under `swz` in the
+   * order (0, 2, 1, 3) of each word ({@link PAIR_DECODERS}). */
   dec: string[];
+  /** The decoders' vec4s hold (0, 2, 1, 3): the query is loaded and the accumulators stored
+   * through the same swizzle (.xzyw, its own inverse). */
+  swz: boolean;
 }
 
 /** Decoders of a vec4<u32> word `w` into vec4<f32> values, per storage dtype. */
@@ -53,6 +57,15 @@ export const DECODERS: Record<StorageDType, string[]> = {
   bfloat16: ["vec4<f32>(bf2(w.x), bf2(w.y))", "vec4<f32>(bf2(w.z), bf2(w.w))"],
   fp8_e4m3: ["e4m3x4(w.x)", "e4m3x4(w.y)", "e4m3x4(w.z)", "e4m3x4(w.w)"],
   fp8_e5m2: ["e5m2x4(w.x)", "e5m2x4(w.y)", "e5m2x4(w.z)", "e5m2x4(w.w)"],
+};
+
+/**
+ * fp8 decoders in even / odd byte pairs (wgsl/decode_words.wgsl e4m3x4s, e5m2x4s): fewer integer
+ * ops a word, each vec4 in the order (0, 2, 1, 3) of its word's elements (tuning `fp8_pairs`).
+ */
+export const PAIR_DECODERS: Partial<Record<StorageDType, string[]>> = {
+  fp8_e4m3: ["e4m3x4s(w.x)", "e4m3x4s(w.y)", "e4m3x4s(w.z)", "e4m3x4s(w.w)"],
+  fp8_e5m2: ["e5m2x4s(w.x)", "e5m2x4s(w.y)", "e5m2x4s(w.z)", "e5m2x4s(w.w)"],
 };
 
 /**
@@ -82,6 +95,7 @@ export function generateDecodeSplit(k: KernelShape): Record<string, string> {
     J = range(k.cpl),
     E = range(k.epw);
   const NV = range(k.cpl * k.epw);
+  const sw = k.swz ? ".xzyw" : "";
   const off = (f: number, i: number) =>
     `${f}u * D4 + ${Math.floor(i / k.epw) * k.lpk * k.epw + (i % k.epw)}u`;
   const init: string[] = [];
@@ -95,7 +109,10 @@ export function generateDecodeSplit(k: KernelShape): Record<string, string> {
       `  let sl${f} = ${k.alibi ? `bitcast<f32>(tab[P.slope_off + hq0 + ${f}u])` : "0.0"};`,
     );
     for (const i of NV) {
-      init.push(`  let q${f}_${i} = qv(qb + ${off(f, i)});`, `  var a${f}_${i} = vec4<f32>(0.0);`);
+      init.push(
+        `  let q${f}_${i} = qv(qb + ${off(f, i)})${sw};`,
+        `  var a${f}_${i} = vec4<f32>(0.0);`,
+      );
     }
   }
   const st: string[] = [];
@@ -213,7 +230,7 @@ export function generateDecodeSplit(k: KernelShape): Record<string, string> {
   const sto: string[] = scatterSm ? scatterDenominators(F.length, k.u, k.lpk) : [];
   if (k.nkg === 1) {
     for (const f of F) {
-      for (const i of NV) sto.push(`  part[ob + ${off(f, i)}] = a${f}_${i};`);
+      for (const i of NV) sto.push(`  part[ob + ${off(f, i)}] = a${f}_${i}${sw};`);
       sto.push(
         "  if (lane == 0u) {",
         `    part[mlb + ${f}u] = vec4<f32>(m${f}, l${f}, 0.0, 0.0);`,
@@ -230,31 +247,21 @@ export function generateDecodeSplit(k: KernelShape): Record<string, string> {
     sto.push("  for (var r = 0u; r < NKG; r++) {", "    if (kg == r) {");
     for (const f of F) {
       for (const i of NV) {
-        sto.push(`      wput(r, ${off(f, i)} + lane * EPW, a${f}_${i} * c${f});`);
+        sto.push(`      wput(r, ${off(f, i)} + lane * EPW, (a${f}_${i} * c${f})${sw});`);
       }
     }
     sto.push("    }", "    workgroupBarrier();", "  }");
   }
-  if (k.nkg > 1 && k.epilogue) {
+  if (k.nkg > 1) {
     sto.push(
       "  if (lid < F) {",
       "    let mx = wmax(lid);",
       "    wfin[lid] = vec2<f32>(mx, wsum(lid, mx));",
       "  }",
       "  workgroupBarrier();",
-      "  epilogue(tok, slot, tab[ib + 7u], hq0, id % per_item, lid);",
-    );
-  } else if (k.nkg > 1) {
-    sto.push(
-      "  for (var i = lid; i < F * D4; i += WG) {",
-      "    part[ob - lane * EPW + i] = wacc[i];",
-      "  }",
-    );
-    sto.push(
-      "  if (lid < F) {",
-      "    let mx = wmax(lid);",
-      "    part[mlb + lid] = vec4<f32>(mx, wsum(lid, mx), 0.0, 0.0);",
-      "  }",
+      k.epilogue
+        ? "  epilogue(tok, slot, tab[ib + 7u], hq0, id % per_item, lid);"
+        : "  partial(tok, slot, 0u, hq0, 0u, lid);",
     );
   }
   // Butterfly over the lanes of a key group, unrolled: constant masks become permutes.

@@ -54,7 +54,8 @@
 //   (generated), TB / TBN (block-table entries staged in workgroup memory, 0: none; array
 //   size), EPI (0: every slice writes a partial for the reduce pass; 1: a row cut into one
 //   slice writes its output here; 2: also the reduce fused, wgsl/decode_fused.wgsl) and
-//   EPILOGUE (those files). Core WGSL only: the query is read in its dtype's words and
+//   EPILOGUE (those files; under EPI 0 with NKG > 1 decode_partial.wgsl alone), WFIN (F when
+//   NKG > 1, else 1). Core WGSL only: the query is read in its dtype's words and
 //   decoded; dot products, the softmax and the accumulators are f32.
 
 {{KV}}
@@ -86,6 +87,7 @@ const EPI: u32 = {{EPI}};
 var<workgroup> red: array<f32, {{RED}}>; // fallback reduction: WG * UF (else 1)
 var<workgroup> wml: array<vec2<f32>, NKG * F>;
 var<workgroup> wacc: array<vec4<f32>, {{WACC}}>; // F * D4 when NKG > 1 (else 1)
+var<workgroup> wfin: array<vec2<f32>, {{WFIN}}>; // merged (m, l) per flat head: F when NKG > 1
 var<workgroup> wbt: array<u32, {{TBN}}>; // the slice's block-table entries (TB > 0)
 
 // With subgroups (SG), GSUM is `fn gsum(x: f32) -> f32`: the sum of x over the LPK lanes of
@@ -208,8 +210,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   }
   let ob = (slot * P.num_heads + hq0) * D4 + lane * EPW; // this lane's first output vec4
   let mlb = P.ml_off + slot * P.num_heads + hq0;
-  // Generated: merge the key groups (NKG > 1) and write acc and (m, l) of every head (EPI 0),
-  // or leave the merged state in wacc / wfin and end in the epilogue (EPI > 0).
+  // Generated: write acc and (m, l) of every head (NKG == 1), or merge the key groups into wacc /
+  // wfin and store them with decode_partial.wgsl's `partial` (EPI 0) or end in the epilogue.
 {{STORE}}
 }
 {{EPILOGUE}}

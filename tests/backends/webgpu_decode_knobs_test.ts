@@ -137,6 +137,16 @@ const KNOBS: [string, Partial<DecodeTuning>, Expect][] = [
     fused_reduce: true,
     stage_table: true,
   }, { epilogue: 2, staged: true }],
+  ["fp8_pairs with scatter_softmax, long slices", {
+    fp8_pairs: true,
+    scatter_softmax: true,
+    ...LONG,
+  }, { epilogue: 1 }],
+  ["fp8_pairs, one slice a row (no merge: the partial stored by each lane)", {
+    fp8_pairs: true,
+    workgroup_size: 8,
+    direct_single: false,
+  }, { epilogue: 0 }],
   ["waves 2 x 24 workgroups, fused", { waves: 2, wave_workgroups: 24, fused_reduce: true }, {
     epilogue: 2,
   }],
