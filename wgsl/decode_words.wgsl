@@ -44,13 +44,13 @@ fn e4m3x4(x: u32) -> vec4<f32> {
 
 // The same values in the order (0, 2, 1, 3) (tuning `fp8_pairs`): the even bytes and the odd
 // bytes each move into f16 positions with one mask and shift per field, no byte gathering.
-// e4m3fn: the f16-position decoder (2^-8 of the value); a NaN byte takes the exact decoder.
+// e4m3fn: the f16-position decoder (2^-8 of the value), branch-free: a NaN byte (S.1111.111,
+// found by the carry of its low 7 bits + 1) gets the f16 exponent all ones (a NaN) OR-ed in.
 fn e4m3x4s(x: u32) -> vec4<f32> {
-  if ((((x & 0x7f7f7f7fu) + 0x01010101u) & 0x80808080u) != 0u) {
-    return e4m3x4_exact(x).xzyw * 0.00390625;
-  }
-  let ev = ((x & 0x007f007fu) << 7u) | ((x & 0x00800080u) << 8u);
-  let od = ((x & 0x7f007f00u) >> 1u) | (x & 0x80008000u);
+  let n = ((x & 0x7f7f7f7fu) + 0x01010101u) & 0x80808080u;
+  let ev = ((x & 0x007f007fu) << 7u) | ((x & 0x00800080u) << 8u) |
+    (((n & 0x00800080u) >> 7u) * 0x7c00u);
+  let od = ((x & 0x7f007f00u) >> 1u) | (x & 0x80008000u) | (((n & 0x80008000u) >> 15u) * 0x7c00u);
   return vec4<f32>(unpack2x16float(ev), unpack2x16float(od));
 }
 // e5m2: each byte is the high byte of an f16.
