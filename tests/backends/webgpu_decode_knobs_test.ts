@@ -142,6 +142,12 @@ const KNOBS: [string, Partial<DecodeTuning>, Expect][] = [
     scatter_softmax: true,
     ...LONG,
   }, { epilogue: 1 }],
+  ["fp8_pairs + scatter_softmax, GQA group tiled by 2 heads, long slices", {
+    fp8_pairs: true,
+    scatter_softmax: true,
+    max_heads: 2,
+    ...LONG,
+  }, { epilogue: 1 }],
   ["fp8_pairs, one slice a row (no merge: the partial stored by each lane)", {
     fp8_pairs: true,
     workgroup_size: 8,
