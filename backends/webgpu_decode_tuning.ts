@@ -72,6 +72,10 @@ export interface DecodeTuning {
    * e5m2: 3 instead of 8; wgsl/decode_words.wgsl e4m3x4s, e5m2x4s), the query and the
    * accumulators in the matching (0, 2, 1, 3) order. */
   fp8_pairs: boolean;
+  /** With `scatter_sums` or `scatter_softmax`: the all-gather after the halving by one indexed
+   * subgroupShuffle per value from the lane holding it (N shuffles, no selects) instead of
+   * recursive doubling (N - c shuffles, 2 (N - c) selects). */
+  indexed_gather: boolean;
 }
 
 /**
@@ -104,6 +108,7 @@ export const DEFAULT_DECODE_TUNING: Readonly<DecodeTuning> = Object.freeze({
   scatter_sums: false,
   scatter_softmax: false,
   fp8_pairs: false,
+  indexed_gather: false,
 });
 
 /**

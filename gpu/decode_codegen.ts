@@ -39,6 +39,8 @@ export interface KernelShape {
   /** The step's softmax on the scattered sums (gpu/decode_scatter.ts scatterSoftmax): each lane
    * takes the exp of its own scores only; subgroups only. */
   scatter_softmax: boolean;
+  /** The scattered paths' final all-gather by indexed shuffles (needs `sgb`: SGID). */
+  indexed: boolean;
   /** Decoders of a vec4<u32> `w` into EPW vec4<f32>, in element order, or under `swz` in the
    * order (0, 2, 1, 3) of each word ({@link PAIR_DECODERS}). */
   dec: string[];
@@ -103,6 +105,7 @@ export function generateDecodeSplit(k: KernelShape): Record<string, string> {
   const scatterSm = k.scatter_softmax && k.sg && k.lpk > 1;
   if (scatterSm) init.push(...scatterInit(F.length, k.u, k.lpk, k.alibi));
   else if (k.scatter && k.sg) init.push(...laneBits(k.lpk));
+  if (k.indexed) init.push(`  let sgb = sgid & ~${k.lpk - 1}u;`);
   for (const f of F) {
     init.push(`  var m${f} = NEG;`, `  var l${f} = 0.0;`);
     init.push(
@@ -196,8 +199,8 @@ export function generateDecodeSplit(k: KernelShape): Record<string, string> {
     for (const kh of KH) rows("k", u, kh, (f, i, e) => `s${u}_${f} += dot(q${f}_${i}, x${e});`);
   }
   const S = Us.flatMap((u) => F.map((f) => `s${u}_${f}`));
-  if (scatterSm) st.push(...scatterSoftmax(F.length, k.u, k.lpk, NV.length));
-  else if (k.lpk > 1 && k.sg && k.scatter) st.push(...transposedSums(S, k.lpk));
+  if (scatterSm) st.push(...scatterSoftmax(F.length, k.u, k.lpk, NV.length, k.indexed));
+  else if (k.lpk > 1 && k.sg && k.scatter) st.push(...transposedSums(S, k.lpk, k.indexed));
   else if (k.lpk > 1 && k.sg) st.push(...S.map((v) => `    ${v} = gsum(${v});`));
   if (k.lpk > 1 && !k.sg) {
     st.push(...S.map((v, i) => `    red[lid * UF + ${i}u] = ${v};`), "    workgroupBarrier();");

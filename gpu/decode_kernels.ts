@@ -64,6 +64,8 @@ export interface DecodeSplitConsts {
   scatter_softmax: boolean;
   /** fp8 words decoded in byte pairs (PAIR_DECODERS); other storage dtypes ignore it. */
   fp8_pairs: boolean;
+  /** The scattered paths gather by indexed shuffles (gpu/decode_scatter.ts gatherIndexed). */
+  indexed_gather: boolean;
   /** 0: every slice stores a partial; 1: rows of one slice write their output here; 2: and
    * the reduce is fused (wgsl/decode_epilogue.wgsl, decode_fused.wgsl). Needs wg > lpk. */
   epi: number;
@@ -117,6 +119,7 @@ export const DECODE_SPLIT: KernelDef<DecodeSplitConsts> = {
       RED: c.sg ? 1 : c.wg * c.u * F,
       WACC: nkg > 1 ? (F * c.d) / 4 : 1,
       WFIN: nkg > 1 ? F : 1,
+      SGID: c.indexed_gather ? ", @builtin(subgroup_invocation_id) sgid: u32" : "",
       TB: c.tb,
       TBN: Math.max(1, c.tb),
       EPI: c.epi,
@@ -137,6 +140,7 @@ export const DECODE_SPLIT: KernelDef<DecodeSplitConsts> = {
         prefetch: c.prefetch,
         scatter: c.scatter,
         scatter_softmax: c.scatter_softmax,
+        indexed: c.indexed_gather,
         epilogue: c.epi > 0,
         dec: pairs ?? DECODERS[c.storage],
         swz: pairs !== undefined,

@@ -15,7 +15,10 @@
  *   the value accumulation; each lane keeps the softmax denominator of its own scores, summed
  *   over the key group once, at the end ({@link scatterDenominators}).
  * All need `hb{m}` = (lane & m) != 0 for every mask m < LPK ({@link laneBits}); N, LPK, U
- * powers of two.
+ * powers of two. With `indexed` the final all-gather is instead one subgroupShuffle per value
+ * from the lane holding it ({@link gatherIndexed}: N shuffles and no selects, against N - c
+ * shuffles and 2 (N - c) selects); it needs `sgb`, the subgroup invocation id of the key group's
+ * first lane.
  * @module
  */
 
@@ -79,13 +82,39 @@ export function double(out: string[], block: string[], masks: number[], tag: str
 }
 
 /**
+ * All-gather of the `n` values that halving over `lpk` lanes left as `block` (value i in lane
+ * (i / c) << r of the key group, name block[i % c]): one indexed shuffle per value.
+ */
+export function gatherIndexed(
+  out: string[],
+  block: string[],
+  n: number,
+  lpk: number,
+  tag: string,
+): string[] {
+  const c = Math.max(1, n / lpk), r = Math.log2(Math.max(1, lpk / n));
+  return Array.from({ length: n }, (_, i) => {
+    const name = `${tag}${i}`;
+    const from = Math.floor(i / c) * 2 ** r;
+    out.push(`    let ${name} = subgroupShuffle(${block[i % c]}, sgb + ${from}u);`);
+    return name;
+  });
+}
+
+/** The gather after halving: indexed shuffles, or recursive doubling over the halved masks. */
+const gatherAll = (out: string[], h: Halved, n: number, lpk: number, tag: string, ix: boolean) =>
+  ix
+    ? gatherIndexed(out, h.block, n, lpk, tag)
+    : double(out, h.block, h.masks.slice().reverse(), tag);
+
+/**
  * The sums over a key group's `lpk` lanes of the values `vs` (variable names, each lane's
  * partial), left in the same variables in every lane (see the module doc).
  */
-export function transposedSums(vs: string[], lpk: number): string[] {
+export function transposedSums(vs: string[], lpk: number, indexed = false): string[] {
   const out: string[] = [];
   const h = halve(out, vs, lpk, "rs");
-  const all = double(out, h.block, h.masks.slice().reverse(), "rg");
+  const all = gatherAll(out, h, vs.length, lpk, "rg", indexed);
   vs.forEach((v, i) => out.push(`    ${v} = ${all[i]};`));
   return out;
 }
@@ -141,7 +170,13 @@ export function scatterInit(f: number, u: number, lpk: number, alibi: boolean): 
  * running maxima `m{f}` and rescales the accumulators `a{f}_{i}` (i < nv) of every head, and
  * defines `p{u}_{f}` in every lane for the value accumulation.
  */
-export function scatterSoftmax(f: number, u: number, lpk: number, nv: number): string[] {
+export function scatterSoftmax(
+  f: number,
+  u: number,
+  lpk: number,
+  nv: number,
+  indexed = false,
+): string[] {
   const L = scatterLayout(f, u, lpk), out: string[] = [];
   const S: string[] = [];
   for (let h = 0; h < f; h++) for (let k = 0; k < u; k++) S.push(`s${k}_${h}`);
@@ -185,7 +220,7 @@ export function scatterSoftmax(f: number, u: number, lpk: number, nv: number): s
   for (let g = 0; g < L.hpl; g++) {
     out.push(`    lo${g} += ${po.slice(g * L.ug, (g + 1) * L.ug).join(" + ")};`);
   }
-  const all = double(out, po, held.masks.slice().reverse(), "pg");
+  const all = gatherAll(out, { block: po, masks: held.masks }, S.length, lpk, "pg", indexed);
   S.forEach((s, i) => out.push(`    let p${s.slice(1)} = ${all[i]};`));
   return out;
 }

@@ -55,7 +55,8 @@
 //   size), EPI (0: every slice writes a partial for the reduce pass; 1: a row cut into one
 //   slice writes its output here; 2: also the reduce fused, wgsl/decode_fused.wgsl) and
 //   EPILOGUE (those files; under EPI 0 with NKG > 1 decode_partial.wgsl alone), WFIN (F when
-//   NKG > 1, else 1). Core WGSL only: the query is read in its dtype's words and
+//   NKG > 1, else 1), SGID (`, @builtin(subgroup_invocation_id) sgid: u32` for the indexed
+//   gathers of gpu/decode_scatter.ts, else empty). Core WGSL only: the query is read in its dtype's words and
 //   decoded; dot products, the softmax and the accumulators are f32.
 
 {{KV}}
@@ -164,7 +165,10 @@ fn wput(r: u32, i: u32, v: vec4<f32>) {
 }
 
 @compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn main(
+  @builtin(workgroup_id) wg: vec3<u32>,
+  @builtin(local_invocation_index) lid: u32{{SGID}}
+) {
   let id = wg.x + wg.y * P.nwg_x;
   let per_item = (P.num_kv_heads / KH) * P.head_tiles;
   let item = id / per_item;

@@ -148,6 +148,18 @@ const KNOBS: [string, Partial<DecodeTuning>, Expect][] = [
     max_heads: 2,
     ...LONG,
   }, { epilogue: 1 }],
+  ["indexed_gather + scatter_softmax, long slices", {
+    indexed_gather: true,
+    scatter_softmax: true,
+    ...LONG,
+  }, { epilogue: 1 }],
+  ["indexed_gather + scatter_sums, 4 lanes a row, 2 keys a step, long slices", {
+    indexed_gather: true,
+    scatter_sums: true,
+    max_lanes: 4,
+    keys_per_iter: 2,
+    ...LONG,
+  }, { epilogue: 1 }],
   ["fp8_pairs, one slice a row (no merge: the partial stored by each lane)", {
     fp8_pairs: true,
     workgroup_size: 8,
