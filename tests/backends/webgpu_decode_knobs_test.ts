@@ -28,7 +28,7 @@ import { freshSeed, GPU, NO_GPU } from "../gpu/helpers.ts";
 const GPU_SHAPE = { workgroup_size: 128, keys_per_iter: 4, kv_heads_per_group: 1 };
 const MANY = { target_workgroups: 4096, min_split_keys: 16 };
 /** Slices of >= 256 keys: a key group runs several steps (MANY gives it one). */
-const LONG = { target_workgroups: 8, min_split_keys: 256 };
+const LONG = { target_workgroups: 4096, min_split_keys: 256 };
 
 /** Rows of several slices and of one, an empty request, a padded block table. */
 const REQUESTS = [
