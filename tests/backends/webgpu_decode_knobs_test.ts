@@ -250,6 +250,17 @@ Deno.test(
   },
 );
 
+Deno.test(
+  "decode fp8_pairs: fp8_e5m2 cache (its pair decoder), with and without scatter_softmax",
+  { ignore: NO_GPU },
+  async () => {
+    const spec: BatchSpec = { ...SPECS[0][1], kv_cache_dtype: "fp8_e5m2" };
+    for (const t of [{ fp8_pairs: true }, { fp8_pairs: true, scatter_softmax: true, ...LONG }]) {
+      await checkBackend(backendOf(t), GPU!, spec, { minItems: 4 });
+    }
+  },
+);
+
 Deno.test("decode fused_reduce: concurrent calls in flight", { ignore: NO_GPU }, async () => {
   const fused = backendOf({ fused_reduce: true });
   await Promise.all(SPECS.map(([, spec]) => checkBackend(fused, GPU!, spec, { minItems: 4 })));
