@@ -16,6 +16,8 @@ import { splitStorageBindings } from "../gpu/decode_kernels.ts";
 export interface DecodeShape {
   sg: boolean;
   lpk: number;
+  /** Each lane takes half a vec4 column (2 words) of a row (tuning `half_columns`). */
+  half: boolean;
   hg: number;
   tiles: number;
   kh: number;
@@ -52,12 +54,17 @@ export function decodeShape(
   const rv = D / elementsPerWord(st) / 4;
   const sg = tuning.subgroups && gpu.features.has("subgroups") &&
     (gpu.adapter_info.subgroup_min_size ?? 0) >= 4;
-  // Lanes per row: a power of two dividing the row's vec4 count (butterfly sums).
-  const lpk = Math.min(
-    rv & -rv,
-    tuning.max_lanes,
-    sg ? gpu.adapter_info.subgroup_min_size! : tuning.fallback_lanes,
-  );
+  // Lanes per row: a power of two dividing the row's vec4 count (butterfly sums), or its half-vec4
+  // count under `half_columns` (2-byte and 1-byte storage: each lane takes 2 words of a vec4).
+  const halfOk = tuning.half_columns && elementsPerWord(st) >= 2;
+  const lpkOf = (cols: number) =>
+    Math.min(
+      cols,
+      tuning.max_lanes,
+      sg ? gpu.adapter_info.subgroup_min_size! : tuning.fallback_lanes,
+    );
+  const half = halfOk && lpkOf(2 * (rv & -rv)) >= 2;
+  const lpk = lpkOf(half ? 2 * (rv & -rv) : rv & -rv);
   const group = H / Hkv, hg = headTile(group, tuning.max_heads), tiles = group / hg;
   const cpu = isSoftware(gpu);
   // Flat heads of a workgroup are hq0 + f only when the GQA group is not tiled.
@@ -77,7 +84,19 @@ export function decodeShape(
   while (wg > lpk && shared(wg) > wsLimit) wg = Math.max(lpk, (wg / 2 / lpk | 0) * lpk);
   const target = tuning.target_workgroups ||
     (cpu ? 4 * Math.max(1, navigator.hardwareConcurrency ?? 2) : 2048);
-  return { sg, lpk, hg, tiles, kh, u, wg, target, shared: shared(wg), shared_limit: wsLimit };
+  return {
+    sg,
+    lpk,
+    half,
+    hg,
+    tiles,
+    kh,
+    u,
+    wg,
+    target,
+    shared: shared(wg),
+    shared_limit: wsLimit,
+  };
 }
 
 /** Workgroup bytes of the epilogue beyond the body's (its ticket). */

@@ -76,6 +76,12 @@ export interface DecodeTuning {
    * subgroupShuffle per value from the lane holding it (N shuffles, no selects) instead of
    * recursive doubling (N - c shuffles, 2 (N - c) selects). */
   indexed_gather: boolean;
+  /** 2-byte and 1-byte caches: each lane of a key row takes 2 words (half a vec4 column) instead
+   * of 4, so twice the lanes share a row (up to the subgroup size): half the query and accumulator
+   * registers a lane (fp8 at head size 128: 16 lanes of 8 elements instead of 8 of 16) for one more
+   * shuffle level. Each lane still issues a 16-byte load (two lanes the same address) and keeps
+   * its half. */
+  half_columns: boolean;
 }
 
 /**
@@ -109,6 +115,7 @@ export const DEFAULT_DECODE_TUNING: Readonly<DecodeTuning> = Object.freeze({
   scatter_softmax: false,
   fp8_pairs: false,
   indexed_gather: false,
+  half_columns: false,
 });
 
 /**

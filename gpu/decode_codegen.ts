@@ -20,11 +20,16 @@ export interface KernelShape {
   kh: number;
   u: number;
   lpk: number;
-  /** vec4<u32> columns per lane per row; elements per word; key groups per workgroup. */
+  /** vec4<u32> columns per lane per row (halves under `half`); value vec4s per vec4 column;
+   * key groups per workgroup. */
   cpl: number;
   epw: number;
   nkg: number;
   sg: boolean;
+  /** Each lane takes half a vec4 column (words 0-1 or 2-3 by lane parity) of a row: `cpl` counts
+   * half columns, the key group spans lpk / 2 vec4 columns at a time, a lane decodes epw / 2
+   * value vec4s of each. */
+  half: boolean;
   alibi: boolean;
   /** Issue the value rows' loads together with the keys' (before the softmax). */
   early_v: boolean;
@@ -87,25 +92,29 @@ const range = (n: number) => Array.from({ length: n }, (_, i) => i);
 
 /**
  * The straight-line fragments of decode_split.wgsl (INIT, STEP, STORE, GSUM), unrolled over
- * flat heads f = kh * hg + h, keys u < U, lane columns j < cpl and words e < epw; the value
- * vec4 i = j * epw + e of a lane sits at vec4 (lane + j * lpk) * epw + e of its head's row.
+ * flat heads f = kh * hg + h, keys u < U, lane columns j < cpl and value vec4s e < ev (epw, or
+ * epw / 2 under half columns); the value vec4 i = j * ev + e of a lane sits at vec4
+ * lane * ev + j * lpk * ev + e of its head's row.
  */
 export function generateDecodeSplit(k: KernelShape): Record<string, string> {
   const F = range(k.kh * k.hg),
     KH = range(k.kh),
     Us = range(k.u),
     J = range(k.cpl),
-    E = range(k.epw);
-  const NV = range(k.cpl * k.epw);
+    ev = k.half ? k.epw / 2 : k.epw, // value vec4s a lane decodes of each (half) column
+    cols = k.half ? k.lpk / 2 : k.lpk, // vec4 columns a key group covers at a time
+    E = range(ev);
+  const NV = range(k.cpl * ev);
   const sw = k.swz ? ".xzyw" : "";
   const off = (f: number, i: number) =>
-    `${f}u * D4 + ${Math.floor(i / k.epw) * k.lpk * k.epw + (i % k.epw)}u`;
+    `${f}u * D4 + ${Math.floor(i / ev) * k.lpk * ev + (i % ev)}u`;
   const init: string[] = [];
   // The scattered paths need subgroups and several lanes a row.
   const scatterSm = k.scatter_softmax && k.sg && k.lpk > 1;
   if (scatterSm) init.push(...scatterInit(F.length, k.u, k.lpk, k.alibi));
   else if (k.scatter && k.sg) init.push(...laneBits(k.lpk));
   if (k.indexed) init.push(`  let sgb = sgid & ~${k.lpk - 1}u;`);
+  if (k.half) init.push("  let hodd = (lane & 1u) != 0u;");
   for (const f of F) {
     init.push(`  var m${f} = NEG;`, `  var l${f} = 0.0;`);
     init.push(
@@ -138,9 +147,7 @@ export function generateDecodeSplit(k: KernelShape): Record<string, string> {
         for (const kh of KH) {
           for (const j of J) {
             out.push(
-              `${ind}${decl}${word(t, u, kh, j)} = load_${t}4(bq, r${u}_${kh} + ${
-                j * k.lpk * 4
-              }u);`,
+              `${ind}${decl}${word(t, u, kh, j)} = load_${t}4(bq, r${u}_${kh} + ${j * cols * 4}u);`,
             );
           }
         }
@@ -154,7 +161,7 @@ export function generateDecodeSplit(k: KernelShape): Record<string, string> {
       ? `c${word(t, u, kh, j)}`
       : t === "k" || k.early_v
       ? word(t, u, kh, j)
-      : `load_v4(bq, r${u}_${kh} + ${j * k.lpk * 4}u)`;
+      : `load_v4(bq, r${u}_${kh} + ${j * cols * 4}u)`;
   if (k.prefetch) {
     for (const t of ["k", "v"] as const) {
       for (const u of Us) {
@@ -185,10 +192,18 @@ export function generateDecodeSplit(k: KernelShape): Record<string, string> {
     body: (f: number, i: number, e: number) => string,
   ) => {
     for (const j of J) {
-      st.push("    {", `      let w = ${src(t, u, kh, j)};`);
+      if (k.half) {
+        st.push(
+          "    {",
+          `      let w4 = ${src(t, u, kh, j)};`,
+          "      let w = select(w4, w4.zwxy, hodd);",
+        );
+      } else {
+        st.push("    {", `      let w = ${src(t, u, kh, j)};`);
+      }
       for (const e of E) st.push(`      let x${e} = ${k.dec[e]};`);
       for (const e of E) {
-        for (const h of range(k.hg)) st.push(`      ${body(kh * k.hg + h, j * k.epw + e, e)}`);
+        for (const h of range(k.hg)) st.push(`      ${body(kh * k.hg + h, j * ev + e, e)}`);
       }
       st.push("    }");
     }
@@ -250,7 +265,7 @@ export function generateDecodeSplit(k: KernelShape): Record<string, string> {
     sto.push("  for (var r = 0u; r < NKG; r++) {", "    if (kg == r) {");
     for (const f of F) {
       for (const i of NV) {
-        sto.push(`      wput(r, ${off(f, i)} + lane * EPW, (a${f}_${i} * c${f})${sw});`);
+        sto.push(`      wput(r, ${off(f, i)} + lane * LEV, (a${f}_${i} * c${f})${sw});`);
       }
     }
     sto.push("    }", "    workgroupBarrier();", "  }");

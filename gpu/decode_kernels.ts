@@ -66,6 +66,8 @@ export interface DecodeSplitConsts {
   fp8_pairs: boolean;
   /** The scattered paths gather by indexed shuffles (gpu/decode_scatter.ts gatherIndexed). */
   indexed_gather: boolean;
+  /** Half vec4 columns a lane (backends/decode_shape.ts `half`). */
+  half: boolean;
   /** 0: every slice stores a partial; 1: rows of one slice write their output here; 2: and
    * the reduce is fused (wgsl/decode_epilogue.wgsl, decode_fused.wgsl). Needs wg > lpk. */
   epi: number;
@@ -119,6 +121,8 @@ export const DECODE_SPLIT: KernelDef<DecodeSplitConsts> = {
       RED: c.sg ? 1 : c.wg * c.u * F,
       WACC: nkg > 1 ? (F * c.d) / 4 : 1,
       WFIN: nkg > 1 ? F : 1,
+      LW: c.half ? "(lane >> 1u) * 4u" : "lane * 4u",
+      LEV: c.half ? epw / 2 : epw,
       SGID: c.indexed_gather ? ", @builtin(subgroup_invocation_id) sgid: u32" : "",
       TB: c.tb,
       TBN: Math.max(1, c.tb),
@@ -131,7 +135,8 @@ export const DECODE_SPLIT: KernelDef<DecodeSplitConsts> = {
         kh: c.kh,
         u: c.u,
         lpk: c.lpk,
-        cpl: rv / c.lpk,
+        cpl: (c.half ? 2 * rv : rv) / c.lpk,
+        half: c.half,
         epw,
         nkg,
         sg: c.sg,

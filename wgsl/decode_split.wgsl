@@ -55,7 +55,8 @@
 //   size), EPI (0: every slice writes a partial for the reduce pass; 1: a row cut into one
 //   slice writes its output here; 2: also the reduce fused, wgsl/decode_fused.wgsl) and
 //   EPILOGUE (those files; under EPI 0 with NKG > 1 decode_partial.wgsl alone), WFIN (F when
-//   NKG > 1, else 1), SGID (`, @builtin(subgroup_invocation_id) sgid: u32` for the indexed
+//   NKG > 1, else 1), LW / LEV (a lane's first word of a row / value vec4s of a column it takes:
+//   lane * 4 / EPW, or under half columns (lane >> 1) * 4 / EPW / 2), SGID (`, @builtin(subgroup_invocation_id) sgid: u32` for the indexed
 //   gathers of gpu/decode_scatter.ts, else empty). Core WGSL only: the query is read in its dtype's words and
 //   decoded; dot products, the softmax and the accumulators are f32.
 
@@ -65,6 +66,7 @@ const D: u32 = {{D}};
 const BS: u32 = {{BS}};
 const RW: u32 = {{RW}};
 const EPW: u32 = {{EPW}};
+const LEV: u32 = {{LEV}}; // value vec4s a lane takes of each vec4 column: EPW, or EPW / 2 (half)
 const LPK: u32 = {{LPK}};
 const U: u32 = {{U}};
 const WG: u32 = {{WG}};
@@ -198,8 +200,8 @@ fn main(
   }
   let lane = lid % LPK;
   let kg = lid / LPK;
-  let lw = lane * 4u; // this lane's first word of a row
-  let qb = (tok * P.num_heads + hq0) * D4 + lane * EPW; // this lane's first query vec4
+  let lw = {{LW}}; // this lane's first word of a row
+  let qb = (tok * P.num_heads + hq0) * D4 + lane * LEV; // this lane's first query vec4
   // Generated: q{f}_{i} = query slice, sl{f} = ALiBi slope, m{f} / l{f} / a{f}_{i} = state.
 {{INIT}}
   // Key group kg walks its own contiguous run of the slice, U keys per step.
@@ -212,7 +214,7 @@ fn main(
     // Generated: U keys x KH rows: scores, group sums, online softmax, value accumulation.
 {{STEP}}
   }
-  let ob = (slot * P.num_heads + hq0) * D4 + lane * EPW; // this lane's first output vec4
+  let ob = (slot * P.num_heads + hq0) * D4 + lane * LEV; // this lane's first output vec4
   let mlb = P.ml_off + slot * P.num_heads + hq0;
   // Generated: write acc and (m, l) of every head (NKG == 1), or merge the key groups into wacc /
   // wfin and store them with decode_partial.wgsl's `partial` (EPI 0) or end in the epilogue.

@@ -160,6 +160,25 @@ const KNOBS: [string, Partial<DecodeTuning>, Expect][] = [
     keys_per_iter: 2,
     ...LONG,
   }, { epilogue: 1 }],
+  ["half_columns + scatter_softmax + fp8_pairs, long slices", {
+    half_columns: true,
+    scatter_softmax: true,
+    fp8_pairs: true,
+    ...LONG,
+  }, { epilogue: 1 }],
+  ["half_columns + prefetch, 4 lanes a row (several half columns a lane), fused_reduce", {
+    half_columns: true,
+    prefetch: true,
+    max_lanes: 4,
+    fused_reduce: true,
+  }, { epilogue: 2 }],
+  ["half_columns, one key group a workgroup (partial stored by each lane), indexed sums", {
+    half_columns: true,
+    workgroup_size: 8,
+    scatter_sums: true,
+    indexed_gather: true,
+    direct_single: false,
+  }, { epilogue: 0 }],
   ["fp8_pairs, one slice a row (no merge: the partial stored by each lane)", {
     fp8_pairs: true,
     workgroup_size: 8,
@@ -299,6 +318,7 @@ Deno.test("decode epilogue: only GPU shapes with bindings to spare", () => {
   const shape = {
     sg: true,
     lpk: 16,
+    half: false,
     hg: 4,
     tiles: 1,
     kh: 1,
