@@ -1,7 +1,9 @@
 /**
  * WGSL generator for the WEBGPU_DECODE split kernel (wgsl/decode_split.wgsl): the
  * straight-line INIT, STEP, STORE and GSUM fragments, unrolled for one compile-time
- * {@link KernelShape}, and the per-storage-dtype word decoders.
+ * {@link KernelShape}, and the per-storage-dtype word decoders (fp8 also in byte pairs). A step's
+ * partial dots are summed by a butterfly per value (GSUM) or, under the tunings `scatter_sums` /
+ * `scatter_softmax`, by the transposed reductions of gpu/decode_scatter.ts.
  * @module
  */
 import type { StorageDType } from "../core/types.ts";

@@ -11,8 +11,11 @@
 // one after another (in NHD the KH rows of a token are adjacent), and runs its own online
 // softmax, so there is no barrier per key: the LPK lanes add their partial dot products
 // with subgroupShuffleXor (GSUM, when subgroups were granted) or else through workgroup
-// memory (two barriers per step). The NKG = WG / LPK key groups of a workgroup walk
-// consecutive runs of the slice and are merged once, at the end, in workgroup memory.
+// memory (two barriers per step); or by a transposed reduction (tunings `scatter_sums`,
+// `scatter_softmax`: gpu/decode_scatter.ts, the latter also taking each exp in one lane only).
+// The NKG = WG / LPK key groups of a workgroup walk consecutive runs of the slice and are
+// merged once, at the end, in workgroup memory. Under `half_columns` lane l takes words
+// 2 (l & 1), +1 of vec4 column l >> 1 (LW, LEV).
 // GPUs use KH = 1 and many key groups; software adapters one key group with KH = all kv
 // heads, so that each SIMD batch streams whole token slots.
 //
