@@ -169,6 +169,12 @@ export async function planDecodeRows(
     alibi: L.alibi_slopes !== null,
     early_v: tuning.early_values,
     prefetch: tuning.prefetch,
+    scatter: tuning.scatter_sums && shape.sg,
+    scatter_softmax: tuning.scatter_softmax && shape.sg && shape.lpk > 1,
+    fp8_pairs: tuning.fp8_pairs && fp8,
+    half: shape.half,
+    indexed_gather: tuning.indexed_gather && shape.sg && shape.lpk > 1 &&
+      (tuning.scatter_sums || tuning.scatter_softmax),
     epi,
     tb,
   };

@@ -16,6 +16,8 @@ import { splitStorageBindings } from "../gpu/decode_kernels.ts";
 export interface DecodeShape {
   sg: boolean;
   lpk: number;
+  /** Each lane takes half a vec4 column (2 words) of a row (tuning `half_columns`). */
+  half: boolean;
   hg: number;
   tiles: number;
   kh: number;
@@ -52,12 +54,17 @@ export function decodeShape(
   const rv = D / elementsPerWord(st) / 4;
   const sg = tuning.subgroups && gpu.features.has("subgroups") &&
     (gpu.adapter_info.subgroup_min_size ?? 0) >= 4;
-  // Lanes per row: a power of two dividing the row's vec4 count (butterfly sums).
-  const lpk = Math.min(
-    rv & -rv,
-    tuning.max_lanes,
-    sg ? gpu.adapter_info.subgroup_min_size! : tuning.fallback_lanes,
-  );
+  // Lanes per row: a power of two dividing the row's vec4 count (butterfly sums), or its half-vec4
+  // count under `half_columns` (2-byte and 1-byte storage: each lane takes 2 words of a vec4).
+  const halfOk = tuning.half_columns && elementsPerWord(st) >= 2;
+  const lpkOf = (cols: number) =>
+    Math.min(
+      cols,
+      tuning.max_lanes,
+      sg ? gpu.adapter_info.subgroup_min_size! : tuning.fallback_lanes,
+    );
+  const half = halfOk && lpkOf(2 * (rv & -rv)) >= 2;
+  const lpk = lpkOf(half ? 2 * (rv & -rv) : rv & -rv);
   const group = H / Hkv, hg = headTile(group, tuning.max_heads), tiles = group / hg;
   const cpu = isSoftware(gpu);
   // Flat heads of a workgroup are hq0 + f only when the GQA group is not tiled.
@@ -73,15 +80,27 @@ export function decodeShape(
     Math.floor((tuning.workgroup_size || (cpu ? Math.max(8, lpk) : 128)) / lpk) * lpk,
   );
   const shared = (w: number) =>
-    (sg ? 4 : w * u * F * 4) + (w / lpk) * F * 8 + (w > lpk ? F * D * 4 : 16);
+    (sg ? 4 : w * u * F * 4) + (w / lpk) * F * 8 + (w > lpk ? F * D * 4 + F * 8 : 24);
   while (wg > lpk && shared(wg) > wsLimit) wg = Math.max(lpk, (wg / 2 / lpk | 0) * lpk);
   const target = tuning.target_workgroups ||
     (cpu ? 4 * Math.max(1, navigator.hardwareConcurrency ?? 2) : 2048);
-  return { sg, lpk, hg, tiles, kh, u, wg, target, shared: shared(wg), shared_limit: wsLimit };
+  return {
+    sg,
+    lpk,
+    half,
+    hg,
+    tiles,
+    kh,
+    u,
+    wg,
+    target,
+    shared: shared(wg),
+    shared_limit: wsLimit,
+  };
 }
 
-/** Workgroup bytes of the epilogue's (m, l) per flat head and ticket. */
-const epilogueShared = (s: DecodeShape) => s.kh * s.hg * 8 + 16;
+/** Workgroup bytes of the epilogue beyond the body's (its ticket). */
+const EPILOGUE_SHARED = 16;
 
 /**
  * How the split kernel ends (gpu/decode_kernels.ts `epi`): 2 with `fused_reduce`, 1 with
@@ -98,7 +117,7 @@ export function epilogueMode(
   const want = tuning.fused_reduce ? 2 : tuning.direct_single ? 1 : 0;
   const perStage = gpu.limits.maxStorageBuffersPerShaderStage ?? 8;
   if (want === 0 || s.wg <= s.lpk || splitStorageBindings(want) + 2 * nchunk > perStage) return 0;
-  return s.shared + epilogueShared(s) <= s.shared_limit ? want : 0;
+  return s.shared + EPILOGUE_SHARED <= s.shared_limit ? want : 0;
 }
 
 /**
@@ -121,6 +140,6 @@ export function stagedEntries(
     if (ke > kb) most = Math.max(most, Math.floor((ke - 1) / bs) - Math.floor(kb / bs) + 1);
   }
   const tb = 2 ** Math.ceil(Math.log2(most));
-  const shared = s.shared + (epi > 0 ? epilogueShared(s) : 0) + 4 * tb;
+  const shared = s.shared + (epi > 0 ? EPILOGUE_SHARED : 0) + 4 * tb;
   return tb <= tuning.stage_table_max && shared <= s.shared_limit ? tb : 0;
 }

@@ -59,6 +59,29 @@ export interface DecodeTuning {
   stage_table: boolean;
   /** Most block-table entries a workgroup stages (4 bytes each). */
   stage_table_max: number;
+  /** Sum a step's U x F partial dot products over the lanes of a key row by a transposed
+   * reduction (reduce-scatter by recursive halving, all-gather by recursive doubling: ~2N
+   * shuffles for N sums instead of N log2(lanes)); with subgroups only. */
+  scatter_sums: boolean;
+  /** The step's online softmax on the scattered sums (gpu/decode_scatter.ts): each lane takes
+   * the logit and exp of its own scores only (not all U x F of them), the heads' maxima meet by a
+   * few shuffles and the probabilities are gathered for the values; with subgroups only. */
+  scatter_softmax: boolean;
+  /** fp8 caches: decode each word's bytes in even / odd pairs into f16 bit positions, branch-free
+   * (e4m3: about 15 integer ops a word and no inlined exact decoder, instead of 19 and a branch;
+   * e5m2: 3 instead of 8; wgsl/decode_words.wgsl e4m3x4s, e5m2x4s), the query and the
+   * accumulators in the matching (0, 2, 1, 3) order. */
+  fp8_pairs: boolean;
+  /** With `scatter_sums` or `scatter_softmax`: the all-gather after the halving by one indexed
+   * subgroupShuffle per value from the lane holding it (N shuffles, no selects) instead of
+   * recursive doubling (N - c shuffles, 2 (N - c) selects). */
+  indexed_gather: boolean;
+  /** 2-byte and 1-byte caches: each lane of a key row takes 2 words (half a vec4 column) instead
+   * of 4, so twice the lanes share a row (up to the subgroup size): half the query and accumulator
+   * registers a lane (fp8 at head size 128: 16 lanes of 8 elements instead of 8 of 16) for one more
+   * shuffle level. Each lane still issues a 16-byte load (two lanes the same address) and keeps
+   * its half. */
+  half_columns: boolean;
 }
 
 /**
@@ -88,6 +111,11 @@ export const DEFAULT_DECODE_TUNING: Readonly<DecodeTuning> = Object.freeze({
   fused_reduce: false,
   stage_table: false,
   stage_table_max: 1024,
+  scatter_sums: false,
+  scatter_softmax: false,
+  fp8_pairs: false,
+  indexed_gather: false,
+  half_columns: false,
 });
 
 /**

@@ -46,10 +46,12 @@ clock_summary() { # first line, last line of $clk
       v[int((NR + 1) / 2)], 100 * hi / NR, NR }'
 }
 export BENCH_FLASH_TILES=${BENCH_FLASH_TILES-8x8x4x4,8x8x4x4l,8x8x4x2,4x8x4x4,8x4x4x4,8x16x2x4,4x16x4x4}
-# Decode sweep (bench/NOTES.md, "v0.5 on the H200"): beside the default (waves 4, no direct
-# single-slice rows), the v0.4 policy (waves 0) and the rows that were fastest in some run but not
-# in all (wave sizes 264/1056, fused_reduce, prefetch).
-export BENCH_DECODE_TUNINGS=${BENCH_DECODE_TUNINGS-'[{"waves":0},{"wave_workgroups":264,"workgroup_size":256},{"wave_workgroups":1056,"workgroup_size":64},{"wave_workgroups":1056,"workgroup_size":64,"fused_reduce":true},{"fused_reduce":true},{"prefetch":true}]'}
+# Decode sweep (bench/NOTES.md, "v0.6 decode variants"): beside the default (waves 4), the
+# transposed sums; the scattered softmax alone, with prefetch, with indexed gathers, 8 keys a step,
+# 8 lanes a row; the fp8 pair decoders with it, with half columns (also prefetched: half the
+# registers a lane) or half the GQA group a workgroup; two other wave guesses (occupancy may
+# change); fp8 pairs alone; prefetch alone (the v0.5 reference).
+export BENCH_DECODE_TUNINGS=${BENCH_DECODE_TUNINGS-'[{"scatter_sums":true},{"scatter_softmax":true},{"scatter_softmax":true,"prefetch":true},{"scatter_softmax":true,"indexed_gather":true},{"scatter_softmax":true,"indexed_gather":true,"prefetch":true},{"scatter_softmax":true,"keys_per_iter":8},{"scatter_softmax":true,"max_lanes":8},{"scatter_softmax":true,"fp8_pairs":true},{"scatter_softmax":true,"fp8_pairs":true,"half_columns":true},{"scatter_softmax":true,"fp8_pairs":true,"half_columns":true,"prefetch":true},{"scatter_softmax":true,"fp8_pairs":true,"max_heads":2},{"scatter_softmax":true,"wave_workgroups":396},{"scatter_softmax":true,"wave_workgroups":1056,"workgroup_size":64,"fused_reduce":true},{"fp8_pairs":true},{"prefetch":true}]'}
 what=${*:-all}
 run() { # name, limit in seconds, command...
   local name=$1 limit=$2

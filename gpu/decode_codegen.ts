@@ -1,10 +1,19 @@
 /**
  * WGSL generator for the WEBGPU_DECODE split kernel (wgsl/decode_split.wgsl): the
  * straight-line INIT, STEP, STORE and GSUM fragments, unrolled for one compile-time
- * {@link KernelShape}, and the per-storage-dtype word decoders.
+ * {@link KernelShape}, and the per-storage-dtype word decoders (fp8 also in byte pairs). A step's
+ * partial dots are summed by a butterfly per value (GSUM) or, under the tunings `scatter_sums` /
+ * `scatter_softmax`, by the transposed reductions of gpu/decode_scatter.ts.
  * @module
  */
 import type { StorageDType } from "../core/types.ts";
+import {
+  laneBits,
+  scatterDenominators,
+  scatterInit,
+  scatterSoftmax,
+  transposedSums,
+} from "./decode_scatter.ts";
 
 /** The compile-time shape of one split kernel. */
 export interface KernelShape {
@@ -13,11 +22,16 @@ export interface KernelShape {
   kh: number;
   u: number;
   lpk: number;
-  /** vec4<u32> columns per lane per row; elements per word; key groups per workgroup. */
+  /** vec4<u32> columns per lane per row (halves under `half`); value vec4s per vec4 column;
+   * key groups per workgroup. */
   cpl: number;
   epw: number;
   nkg: number;
   sg: boolean;
+  /** Each lane takes half a vec4 column (words 0-1 or 2-3 by lane parity) of a row: `cpl` counts
+   * half columns, the key group spans lpk / 2 vec4 columns at a time, a lane decodes epw / 2
+   * value vec4s of each. */
+  half: boolean;
   alibi: boolean;
   /** Issue the value rows' loads together with the keys' (before the softmax). */
   early_v: boolean;
@@ -25,8 +39,21 @@ export interface KernelShape {
   prefetch: boolean;
   /** End in wgsl/decode_epilogue.wgsl (needs nkg > 1) instead of storing the partial here. */
   epilogue: boolean;
-  /** Decoders of a vec4<u32> `w` into EPW vec4<f32>, in element order. */
+  /** Sum the U x F partial dots of a step by a transposed reduction (reduce-scatter by
+   * recursive halving, then all-gather by recursive doubling: about 2 N shuffles for N values
+   * instead of N log2 LPK); subgroups only. */
+  scatter: boolean;
+  /** The step's softmax on the scattered sums (gpu/decode_scatter.ts scatterSoftmax): each lane
+   * takes the exp of its own scores only; subgroups only. */
+  scatter_softmax: boolean;
+  /** The scattered paths' final all-gather by indexed shuffles (needs `sgb`: SGID). */
+  indexed: boolean;
+  /** Decoders of a vec4<u32> `w` into EPW vec4<f32>, in element order, or under `swz` in the
+   * order (0, 2, 1, 3) of each word ({@link PAIR_DECODERS}). */
   dec: string[];
+  /** The decoders' vec4s hold (0, 2, 1, 3): the query is loaded and the accumulators stored
+   * through the same swizzle (.xzyw, its own inverse). */
+  swz: boolean;
 }
 
 /** Decoders of a vec4<u32> word `w` into vec4<f32> values, per storage dtype. */
@@ -39,6 +66,15 @@ export const DECODERS: Record<StorageDType, string[]> = {
   bfloat16: ["vec4<f32>(bf2(w.x), bf2(w.y))", "vec4<f32>(bf2(w.z), bf2(w.w))"],
   fp8_e4m3: ["e4m3x4(w.x)", "e4m3x4(w.y)", "e4m3x4(w.z)", "e4m3x4(w.w)"],
   fp8_e5m2: ["e5m2x4(w.x)", "e5m2x4(w.y)", "e5m2x4(w.z)", "e5m2x4(w.w)"],
+};
+
+/**
+ * fp8 decoders in even / odd byte pairs (wgsl/decode_words.wgsl e4m3x4s, e5m2x4s): fewer integer
+ * ops a word, each vec4 in the order (0, 2, 1, 3) of its word's elements (tuning `fp8_pairs`).
+ */
+export const PAIR_DECODERS: Partial<Record<StorageDType, string[]>> = {
+  fp8_e4m3: ["e4m3x4s(w.x)", "e4m3x4s(w.y)", "e4m3x4s(w.z)", "e4m3x4s(w.w)"],
+  fp8_e5m2: ["e5m2x4s(w.x)", "e5m2x4s(w.y)", "e5m2x4s(w.z)", "e5m2x4s(w.w)"],
 };
 
 /**
@@ -58,26 +94,39 @@ const range = (n: number) => Array.from({ length: n }, (_, i) => i);
 
 /**
  * The straight-line fragments of decode_split.wgsl (INIT, STEP, STORE, GSUM), unrolled over
- * flat heads f = kh * hg + h, keys u < U, lane columns j < cpl and words e < epw; the value
- * vec4 i = j * epw + e of a lane sits at vec4 (lane + j * lpk) * epw + e of its head's row.
+ * flat heads f = kh * hg + h, keys u < U, lane columns j < cpl and value vec4s e < ev (epw, or
+ * epw / 2 under half columns); the value vec4 i = j * ev + e of a lane sits at vec4
+ * lane * ev + j * lpk * ev + e of its head's row.
  */
 export function generateDecodeSplit(k: KernelShape): Record<string, string> {
   const F = range(k.kh * k.hg),
     KH = range(k.kh),
     Us = range(k.u),
     J = range(k.cpl),
-    E = range(k.epw);
-  const NV = range(k.cpl * k.epw);
+    ev = k.half ? k.epw / 2 : k.epw, // value vec4s a lane decodes of each (half) column
+    cols = k.half ? k.lpk / 2 : k.lpk, // vec4 columns a key group covers at a time
+    E = range(ev);
+  const NV = range(k.cpl * ev);
+  const sw = k.swz ? ".xzyw" : "";
   const off = (f: number, i: number) =>
-    `${f}u * D4 + ${Math.floor(i / k.epw) * k.lpk * k.epw + (i % k.epw)}u`;
+    `${f}u * D4 + ${Math.floor(i / ev) * k.lpk * ev + (i % ev)}u`;
   const init: string[] = [];
+  // The scattered paths need subgroups and several lanes a row.
+  const scatterSm = k.scatter_softmax && k.sg && k.lpk > 1;
+  if (scatterSm) init.push(...scatterInit(F.length, k.u, k.lpk, k.alibi));
+  else if (k.scatter && k.sg) init.push(...laneBits(k.lpk));
+  if (k.indexed) init.push(`  let sgb = sgid & ~${k.lpk - 1}u;`);
+  if (k.half) init.push("  let hodd = (lane & 1u) != 0u;");
   for (const f of F) {
     init.push(`  var m${f} = NEG;`, `  var l${f} = 0.0;`);
     init.push(
       `  let sl${f} = ${k.alibi ? `bitcast<f32>(tab[P.slope_off + hq0 + ${f}u])` : "0.0"};`,
     );
     for (const i of NV) {
-      init.push(`  let q${f}_${i} = qv(qb + ${off(f, i)});`, `  var a${f}_${i} = vec4<f32>(0.0);`);
+      init.push(
+        `  let q${f}_${i} = qv(qb + ${off(f, i)})${sw};`,
+        `  var a${f}_${i} = vec4<f32>(0.0);`,
+      );
     }
   }
   const st: string[] = [];
@@ -100,9 +149,7 @@ export function generateDecodeSplit(k: KernelShape): Record<string, string> {
         for (const kh of KH) {
           for (const j of J) {
             out.push(
-              `${ind}${decl}${word(t, u, kh, j)} = load_${t}4(bq, r${u}_${kh} + ${
-                j * k.lpk * 4
-              }u);`,
+              `${ind}${decl}${word(t, u, kh, j)} = load_${t}4(bq, r${u}_${kh} + ${j * cols * 4}u);`,
             );
           }
         }
@@ -116,7 +163,7 @@ export function generateDecodeSplit(k: KernelShape): Record<string, string> {
       ? `c${word(t, u, kh, j)}`
       : t === "k" || k.early_v
       ? word(t, u, kh, j)
-      : `load_v4(bq, r${u}_${kh} + ${j * k.lpk * 4}u)`;
+      : `load_v4(bq, r${u}_${kh} + ${j * cols * 4}u)`;
   if (k.prefetch) {
     for (const t of ["k", "v"] as const) {
       for (const u of Us) {
@@ -147,10 +194,18 @@ export function generateDecodeSplit(k: KernelShape): Record<string, string> {
     body: (f: number, i: number, e: number) => string,
   ) => {
     for (const j of J) {
-      st.push("    {", `      let w = ${src(t, u, kh, j)};`);
+      if (k.half) {
+        st.push(
+          "    {",
+          `      let w4 = ${src(t, u, kh, j)};`,
+          "      let w = select(w4, w4.zwxy, hodd);",
+        );
+      } else {
+        st.push("    {", `      let w = ${src(t, u, kh, j)};`);
+      }
       for (const e of E) st.push(`      let x${e} = ${k.dec[e]};`);
       for (const e of E) {
-        for (const h of range(k.hg)) st.push(`      ${body(kh * k.hg + h, j * k.epw + e, e)}`);
+        for (const h of range(k.hg)) st.push(`      ${body(kh * k.hg + h, j * ev + e, e)}`);
       }
       st.push("    }");
     }
@@ -161,14 +216,16 @@ export function generateDecodeSplit(k: KernelShape): Record<string, string> {
     for (const kh of KH) rows("k", u, kh, (f, i, e) => `s${u}_${f} += dot(q${f}_${i}, x${e});`);
   }
   const S = Us.flatMap((u) => F.map((f) => `s${u}_${f}`));
-  if (k.lpk > 1 && k.sg) st.push(...S.map((v) => `    ${v} = gsum(${v});`));
+  if (scatterSm) st.push(...scatterSoftmax(F.length, k.u, k.lpk, NV.length, k.indexed));
+  else if (k.lpk > 1 && k.sg && k.scatter) st.push(...transposedSums(S, k.lpk, k.indexed));
+  else if (k.lpk > 1 && k.sg) st.push(...S.map((v) => `    ${v} = gsum(${v});`));
   if (k.lpk > 1 && !k.sg) {
     st.push(...S.map((v, i) => `    red[lid * UF + ${i}u] = ${v};`), "    workgroupBarrier();");
     st.push(...S.map((v, i) => `    ${v} = rsum(lid, ${i}u);`), "    workgroupBarrier();");
   }
   // Online softmax: rescale only when the running max grows (rare after the first keys;
   // the condition is the same in every lane of a key group).
-  for (const f of F) {
+  for (const f of scatterSm ? [] : F) {
     const mx = Us.map((u) => `s${u}_${f}`).reduce((a, b) => `max(${a}, ${b})`);
     for (const u of Us) {
       st.push(`    s${u}_${f} = logit(s${u}_${f}, k0 + ${u}u, vis${u}, pos, sl${f});`);
@@ -190,10 +247,10 @@ export function generateDecodeSplit(k: KernelShape): Record<string, string> {
       rows("v", u, kh, (f, i, e) => `a${f}_${i} += p${u}_${f} * x${e};`);
     }
   }
-  const sto: string[] = [];
+  const sto: string[] = scatterSm ? scatterDenominators(F.length, k.u, k.lpk) : [];
   if (k.nkg === 1) {
     for (const f of F) {
-      for (const i of NV) sto.push(`  part[ob + ${off(f, i)}] = a${f}_${i};`);
+      for (const i of NV) sto.push(`  part[ob + ${off(f, i)}] = a${f}_${i}${sw};`);
       sto.push(
         "  if (lane == 0u) {",
         `    part[mlb + ${f}u] = vec4<f32>(m${f}, l${f}, 0.0, 0.0);`,
@@ -210,31 +267,21 @@ export function generateDecodeSplit(k: KernelShape): Record<string, string> {
     sto.push("  for (var r = 0u; r < NKG; r++) {", "    if (kg == r) {");
     for (const f of F) {
       for (const i of NV) {
-        sto.push(`      wput(r, ${off(f, i)} + lane * EPW, a${f}_${i} * c${f});`);
+        sto.push(`      wput(r, ${off(f, i)} + lane * LEV, (a${f}_${i} * c${f})${sw});`);
       }
     }
     sto.push("    }", "    workgroupBarrier();", "  }");
   }
-  if (k.nkg > 1 && k.epilogue) {
+  if (k.nkg > 1) {
     sto.push(
       "  if (lid < F) {",
       "    let mx = wmax(lid);",
       "    wfin[lid] = vec2<f32>(mx, wsum(lid, mx));",
       "  }",
       "  workgroupBarrier();",
-      "  epilogue(tok, slot, tab[ib + 7u], hq0, id % per_item, lid);",
-    );
-  } else if (k.nkg > 1) {
-    sto.push(
-      "  for (var i = lid; i < F * D4; i += WG) {",
-      "    part[ob - lane * EPW + i] = wacc[i];",
-      "  }",
-    );
-    sto.push(
-      "  if (lid < F) {",
-      "    let mx = wmax(lid);",
-      "    part[mlb + lid] = vec4<f32>(mx, wsum(lid, mx), 0.0, 0.0);",
-      "  }",
+      k.epilogue
+        ? "  epilogue(tok, slot, tab[ib + 7u], hq0, id % per_item, lid);"
+        : "  partial(tok, slot, 0u, hq0, 0u, lid);",
     );
   }
   // Butterfly over the lanes of a key group, unrolled: constant masks become permutes.

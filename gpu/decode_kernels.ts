@@ -6,7 +6,7 @@
  * @module
  */
 import type { DType, StorageDType } from "../core/types.ts";
-import { DECODERS, generateDecodeSplit } from "./decode_codegen.ts";
+import { DECODERS, generateDecodeSplit, PAIR_DECODERS } from "./decode_codegen.ts";
 import type { KernelDef } from "./kernel.ts";
 import { kvAccessorFns, kvBindingDecls, loadWgsl, specialize } from "./wgsl.ts";
 import { dataLoads, dataStores } from "./wgsl_data.ts";
@@ -58,6 +58,16 @@ export interface DecodeSplitConsts {
   alibi: boolean;
   early_v: boolean;
   prefetch: boolean;
+  /** Transposed sums of the partial dots (gpu/decode_codegen.ts transposedSums). */
+  scatter: boolean;
+  /** The softmax on the scattered sums (gpu/decode_scatter.ts scatterSoftmax). */
+  scatter_softmax: boolean;
+  /** fp8 words decoded in byte pairs (PAIR_DECODERS); other storage dtypes ignore it. */
+  fp8_pairs: boolean;
+  /** The scattered paths gather by indexed shuffles (gpu/decode_scatter.ts gatherIndexed). */
+  indexed_gather: boolean;
+  /** Half vec4 columns a lane (backends/decode_shape.ts `half`). */
+  half: boolean;
   /** 0: every slice stores a partial; 1: rows of one slice write their output here; 2: and
    * the reduce is fused (wgsl/decode_epilogue.wgsl, decode_fused.wgsl). Needs wg > lpk. */
   epi: number;
@@ -93,6 +103,7 @@ export const DECODE_SPLIT: KernelDef<DecodeSplitConsts> = {
   async source(c) {
     const epw = c.storage === "float32" ? 1 : c.storage.startsWith("fp8") ? 4 : 2;
     const rw = c.d / epw, rv = rw / 4, nkg = c.wg / c.lpk, F = c.kh * c.hg;
+    const pairs = c.fp8_pairs ? PAIR_DECODERS[c.storage] : undefined;
     if (c.epi > 0 && nkg < 2) throw new Error(`decode_split: epilogue ${c.epi} needs wg > lpk`);
     return specialize(await loadWgsl("decode_split.wgsl"), {
       D: c.d,
@@ -109,10 +120,14 @@ export const DECODE_SPLIT: KernelDef<DecodeSplitConsts> = {
       ALIBI: c.alibi,
       RED: c.sg ? 1 : c.wg * c.u * F,
       WACC: nkg > 1 ? (F * c.d) / 4 : 1,
+      WFIN: nkg > 1 ? F : 1,
+      LW: c.half ? "(lane >> 1u) * 4u" : "lane * 4u",
+      LEV: c.half ? epw / 2 : epw,
+      SGID: c.indexed_gather ? ", @builtin(subgroup_invocation_id) sgid: u32" : "",
       TB: c.tb,
       TBN: Math.max(1, c.tb),
       EPI: c.epi,
-      EPILOGUE: await epilogueSource(c),
+      EPILOGUE: await epilogueSource(c, nkg),
       QLOAD: dataLoads("q", c.dtype, 4).code,
       WORDS: await loadWgsl("decode_words.wgsl"),
       ...generateDecodeSplit({
@@ -120,15 +135,20 @@ export const DECODE_SPLIT: KernelDef<DecodeSplitConsts> = {
         kh: c.kh,
         u: c.u,
         lpk: c.lpk,
-        cpl: rv / c.lpk,
+        cpl: (c.half ? 2 * rv : rv) / c.lpk,
+        half: c.half,
         epw,
         nkg,
         sg: c.sg,
         alibi: c.alibi,
         early_v: c.early_v,
         prefetch: c.prefetch,
+        scatter: c.scatter,
+        scatter_softmax: c.scatter_softmax,
+        indexed: c.indexed_gather,
         epilogue: c.epi > 0,
-        dec: DECODERS[c.storage],
+        dec: pairs ?? DECODERS[c.storage],
+        swz: pairs !== undefined,
       }),
       KV: kvAccessorFns({
         nchunk: c.nchunk,
@@ -140,13 +160,19 @@ export const DECODE_SPLIT: KernelDef<DecodeSplitConsts> = {
   },
 };
 
-/** The epilogue files of a split kernel and its output store (empty for epi 0). */
-async function epilogueSource(c: DecodeSplitConsts): Promise<string> {
-  if (c.epi === 0) return "";
+/** The epilogue files of a split kernel and its output store (epi 0: the partial's store when
+ * the workgroup has several key groups, else nothing). */
+async function epilogueSource(c: DecodeSplitConsts, nkg: number): Promise<string> {
+  if (c.epi === 0) return nkg > 1 ? await loadWgsl("decode_partial.wgsl") : "";
   const round = c.dtype === "float32" ? "" : await loadWgsl("round.wgsl");
   const part = await loadWgsl(c.epi === 2 ? "decode_fused.wgsl" : "decode_partial.wgsl");
-  return [round, dataStores("out", c.dtype).code, await loadWgsl("decode_epilogue.wgsl"), part]
-    .join("\n");
+  return [
+    round,
+    dataStores("out", c.dtype).code,
+    await loadWgsl("decode_finish.wgsl"),
+    await loadWgsl("decode_epilogue.wgsl"),
+    part,
+  ].join("\n");
 }
 
 /** The reduce pass, as data. */
@@ -164,7 +190,9 @@ export const DECODE_REDUCE: KernelDef<{ d: number; dtype: DType }> = {
     const round = c.dtype === "float32" ? "" : await loadWgsl("round.wgsl");
     return specialize(await loadWgsl("decode_reduce.wgsl"), {
       D: c.d,
-      OUT: `${round}\n${dataStores("out", c.dtype).code}`,
+      OUT: [round, dataStores("out", c.dtype).code, await loadWgsl("decode_finish.wgsl")].join(
+        "\n",
+      ),
     });
   },
 };

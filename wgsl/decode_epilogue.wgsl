@@ -5,37 +5,13 @@
 // once the key groups are merged, in workgroup-uniform control flow:
 //   wacc[f * D4 + i] = the merged accumulator of flat head f (columns 4i .. 4i + 3), relative to
 //   wfin[f] = (m, l): the running max and the sum of e^(s - m) over the slice's keys.
-// A row cut into one slice (its item's row field NONE) is complete here: the same arithmetic as
-// decode_reduce.wgsl on one partial, output and LSE written by this workgroup.
+// A row cut into one slice (its item's row field NONE) is complete here: decode_finish.wgsl's
+// `finish` (the reduce pass's last step) on its one partial, output and LSE written here.
 // Bindings used (decode_split.wgsl's header): P, tab (sinks at P.sink_off, the row table at
 // P.tok_off: [rows * 4] (token, first slot, slot count, first counter)), out (out_put4,
 // generated), lse; decode_partial / decode_fused add part and cnt.
 
 const NONE: u32 = 0xffffffffu;
-var<workgroup> wfin: array<vec2<f32>, F>; // merged (m, l) of every flat head
-
-// Output columns 4i .. 4i + 3 of query head h of token tok from the complete (m, l, acc) of its
-// row: the sink joins the denominator here,
-//   M = max(sink, m), L = l e^(m - M) + e^(sink - M), out = v_scale acc e^(m - M) / L,
-//   lse = M + log(L); nothing to attend (L == 0): out = 0, lse = -inf (P.neg_inf).
-fn finish(tok: u32, h: u32, i: u32, m: f32, l: f32, acc: vec4<f32>) {
-  var mx = m;
-  var den = l;
-  var o = acc;
-  if (P.has_sink != 0u) {
-    let sink = bitcast<f32>(tab[P.sink_off + h]);
-    let m2 = max(mx, sink);
-    let a = exp(mx - m2);
-    den = den * a + exp(sink - m2);
-    o *= a;
-    mx = m2;
-  }
-  let empty = !(den > 0.0);
-  out_put4((tok * P.num_heads + h) * D4 + i, select(o * (P.v_scale / den), vec4<f32>(0.0), empty));
-  if (i == 0u) {
-    lse[h * P.num_tokens + tok] = select(mx + log(den), P.neg_inf, empty);
-  }
-}
 
 // The end of the workgroup of item `slot` / `row` (row-table entry, NONE: one slice), query
 // heads hq0 .. hq0 + F - 1, `grp` = its (kv head block, head tile) index among per_item.

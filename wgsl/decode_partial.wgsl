@@ -1,6 +1,7 @@
-// decode_partial.wgsl (EPI 1, with decode_epilogue.wgsl): a slice of a row cut into several
-// stores its partial (acc and (m, l, 0, 0), decode_split.wgsl's part layout) for
-// decode_reduce.wgsl, from the merged state in wacc / wfin.
+// decode_partial.wgsl: a split workgroup of several key groups stores its slice's partial (acc and
+// (m, l, 0, 0), decode_split.wgsl's part layout) for decode_reduce.wgsl, from the merged state in
+// wacc / wfin: every slice under EPI 0 (appended alone), a slice of a row cut into several under
+// EPI 1 (with decode_epilogue.wgsl, whose `epilogue` calls it).
 fn partial(tok: u32, slot: u32, row: u32, hq0: u32, grp: u32, lid: u32) {
   let base = slot * P.num_heads + hq0;
   for (var i = lid; i < F * D4; i += WG) {

@@ -1,9 +1,8 @@
 // decode_reduce.wgsl: the reduce pass of flash decoding for WEBGPU_DECODE. Combines the
-// split partials of one (token, head) by their max and sum, adds the sink to the
-// denominator (once, here), normalises and writes the output row and the LSE:
-//   M = max(sink, m_s),  L = e^(sink - M) + sum_s l_s e^(m_s - M),
-//   out = v_scale * sum_s acc_s e^(m_s - M) / L,  lse = M + log(L).
-// Nothing to attend (L == 0): out = 0, lse = -inf (P.neg_inf).
+// split partials of one (token, head) by their max and sum,
+//   m = max_s m_s,  l = sum_s l_s e^(m_s - m),  acc = sum_s acc_s e^(m_s - m),
+// then decode_finish.wgsl's `finish` adds the sink to the denominator (once, here), normalises
+// and writes the output row and the LSE (nothing to attend: out = 0, lse = -inf).
 //
 // Bindings (group 0; the Params struct and declarations are generated from
 // gpu/decode_kernels.ts's DECODE_REDUCE entry):
@@ -18,7 +17,8 @@
 // Dispatch: num_rows * num_heads workgroups of D / 4 invocations, folded into (x, y):
 //   id = wg.x + wg.y * P.nwg_x_reduce; row = id / num_heads, head = id % num_heads;
 //   invocation i writes output elements 4i .. 4i + 3.
-// Compile-time: D (head size), OUT (the output dtype's store and rounding helpers).
+// Compile-time: D (head size), OUT (the output dtype's store and rounding helpers, then
+// decode_finish.wgsl).
 
 {{OUT}}
 const D: u32 = {{D}};
@@ -37,13 +37,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) i
   let tok = tab[P.tok_off + 4u * row];
   let first = tab[P.tok_off + 4u * row + 1u];
   let n = tab[P.tok_off + 4u * row + 2u];
-  let has_sink = P.has_sink != 0u;
-  let sink = bitcast<f32>(tab[P.sink_off + h]);
-  var mx = select(NEG, sink, has_sink);
+  var mx = NEG;
   for (var s = 0u; s < n; s++) {
     mx = max(mx, part[P.ml_off + (first + s) * H + h].x);
   }
-  var den = select(0.0, exp(sink - mx), has_sink);
+  var den = 0.0;
   var o = vec4<f32>(0.0);
   for (var s = 0u; s < n; s++) {
     let slot = first + s;
@@ -52,10 +50,5 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) i
     den += ml.y * w;
     o += part[(slot * H + h) * D4 + i] * w;
   }
-  let empty = !(den > 0.0);
-  let r = select(o * (P.v_scale / den), vec4<f32>(0.0), empty);
-  out_put4((tok * H + h) * D4 + i, r);
-  if (i == 0u) {
-    lse[h * P.num_tokens + tok] = select(mx + log(den), P.neg_inf, empty);
-  }
+  finish(tok, h, i, mx, den, o);
 }

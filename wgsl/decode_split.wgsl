@@ -11,8 +11,11 @@
 // one after another (in NHD the KH rows of a token are adjacent), and runs its own online
 // softmax, so there is no barrier per key: the LPK lanes add their partial dot products
 // with subgroupShuffleXor (GSUM, when subgroups were granted) or else through workgroup
-// memory (two barriers per step). The NKG = WG / LPK key groups of a workgroup walk
-// consecutive runs of the slice and are merged once, at the end, in workgroup memory.
+// memory (two barriers per step); or by a transposed reduction (tunings `scatter_sums`,
+// `scatter_softmax`: gpu/decode_scatter.ts, the latter also taking each exp in one lane only).
+// The NKG = WG / LPK key groups of a workgroup walk consecutive runs of the slice and are
+// merged once, at the end, in workgroup memory. Under `half_columns` lane l takes words
+// 2 (l & 1), +1 of vec4 column l >> 1 (LW, LEV).
 // GPUs use KH = 1 and many key groups; software adapters one key group with KH = all kv
 // heads, so that each SIMD batch streams whole token slots.
 //
@@ -54,7 +57,10 @@
 //   (generated), TB / TBN (block-table entries staged in workgroup memory, 0: none; array
 //   size), EPI (0: every slice writes a partial for the reduce pass; 1: a row cut into one
 //   slice writes its output here; 2: also the reduce fused, wgsl/decode_fused.wgsl) and
-//   EPILOGUE (those files). Core WGSL only: the query is read in its dtype's words and
+//   EPILOGUE (those files; under EPI 0 with NKG > 1 decode_partial.wgsl alone), WFIN (F when
+//   NKG > 1, else 1), LW / LEV (a lane's first word of a row / value vec4s of a column it takes:
+//   lane * 4 / EPW, or under half columns (lane >> 1) * 4 / EPW / 2), SGID (`, @builtin(subgroup_invocation_id) sgid: u32` for the indexed
+//   gathers of gpu/decode_scatter.ts, else empty). Core WGSL only: the query is read in its dtype's words and
 //   decoded; dot products, the softmax and the accumulators are f32.
 
 {{KV}}
@@ -63,6 +69,7 @@ const D: u32 = {{D}};
 const BS: u32 = {{BS}};
 const RW: u32 = {{RW}};
 const EPW: u32 = {{EPW}};
+const LEV: u32 = {{LEV}}; // value vec4s a lane takes of each vec4 column: EPW, or EPW / 2 (half)
 const LPK: u32 = {{LPK}};
 const U: u32 = {{U}};
 const WG: u32 = {{WG}};
@@ -86,6 +93,7 @@ const EPI: u32 = {{EPI}};
 var<workgroup> red: array<f32, {{RED}}>; // fallback reduction: WG * UF (else 1)
 var<workgroup> wml: array<vec2<f32>, NKG * F>;
 var<workgroup> wacc: array<vec4<f32>, {{WACC}}>; // F * D4 when NKG > 1 (else 1)
+var<workgroup> wfin: array<vec2<f32>, {{WFIN}}>; // merged (m, l) per flat head: F when NKG > 1
 var<workgroup> wbt: array<u32, {{TBN}}>; // the slice's block-table entries (TB > 0)
 
 // With subgroups (SG), GSUM is `fn gsum(x: f32) -> f32`: the sum of x over the LPK lanes of
@@ -162,7 +170,10 @@ fn wput(r: u32, i: u32, v: vec4<f32>) {
 }
 
 @compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn main(
+  @builtin(workgroup_id) wg: vec3<u32>,
+  @builtin(local_invocation_index) lid: u32{{SGID}}
+) {
   let id = wg.x + wg.y * P.nwg_x;
   let per_item = (P.num_kv_heads / KH) * P.head_tiles;
   let item = id / per_item;
@@ -192,8 +203,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   }
   let lane = lid % LPK;
   let kg = lid / LPK;
-  let lw = lane * 4u; // this lane's first word of a row
-  let qb = (tok * P.num_heads + hq0) * D4 + lane * EPW; // this lane's first query vec4
+  let lw = {{LW}}; // this lane's first word of a row
+  let qb = (tok * P.num_heads + hq0) * D4 + lane * LEV; // this lane's first query vec4
   // Generated: q{f}_{i} = query slice, sl{f} = ALiBi slope, m{f} / l{f} / a{f}_{i} = state.
 {{INIT}}
   // Key group kg walks its own contiguous run of the slice, U keys per step.
@@ -206,10 +217,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     // Generated: U keys x KH rows: scores, group sums, online softmax, value accumulation.
 {{STEP}}
   }
-  let ob = (slot * P.num_heads + hq0) * D4 + lane * EPW; // this lane's first output vec4
+  let ob = (slot * P.num_heads + hq0) * D4 + lane * LEV; // this lane's first output vec4
   let mlb = P.ml_off + slot * P.num_heads + hq0;
-  // Generated: merge the key groups (NKG > 1) and write acc and (m, l) of every head (EPI 0),
-  // or leave the merged state in wacc / wfin and end in the epilogue (EPI > 0).
+  // Generated: write acc and (m, l) of every head (NKG == 1), or merge the key groups into wacc /
+  // wfin and store them with decode_partial.wgsl's `partial` (EPI 0) or end in the epilogue.
 {{STORE}}
 }
 {{EPILOGUE}}

@@ -1,7 +1,8 @@
 // decode_words.wgsl: the split-KV decode kernel's storage-dtype word decoders (included by
 // decode_split.wgsl as WORDS; gpu/decode_codegen.ts DECODERS applies them to the words of a
 // vec4<u32>). Core WGSL only. Each returns the elements of one u32 word as f32, in element
-// order, divided by DECODE_SCALE of its dtype (fp8 e4m3: 2^8; the others: 1).
+// order (the pair decoders e4m3x4s / e5m2x4s at the end: (0, 2, 1, 3)), divided by DECODE_SCALE
+// of its dtype (fp8 e4m3: 2^8; the others: 1).
 //
 // Half words go through unpack2x16float: naga mistypes bitcast<vec2<f16>>(u32).
 fn bf2(x: u32) -> vec2<f32> {
@@ -40,3 +41,19 @@ fn e4m3x4(x: u32) -> vec4<f32> {
   return vec4<f32>(unpack2x16float(l), unpack2x16float(h));
 }
 
+
+// The same values in the order (0, 2, 1, 3) (tuning `fp8_pairs`): the even bytes and the odd
+// bytes each move into f16 positions with one mask and shift per field, no byte gathering.
+// e4m3fn: the f16-position decoder (2^-8 of the value), branch-free: a NaN byte (S.1111.111,
+// found by the carry of its low 7 bits + 1) gets the f16 exponent all ones (a NaN) OR-ed in.
+fn e4m3x4s(x: u32) -> vec4<f32> {
+  let n = ((x & 0x7f7f7f7fu) + 0x01010101u) & 0x80808080u;
+  let ev = ((x & 0x007f007fu) << 7u) | ((x & 0x00800080u) << 8u) |
+    (((n & 0x00800080u) >> 7u) * 0x7c00u);
+  let od = ((x & 0x7f007f00u) >> 1u) | (x & 0x80008000u) | (((n & 0x80008000u) >> 15u) * 0x7c00u);
+  return vec4<f32>(unpack2x16float(ev), unpack2x16float(od));
+}
+// e5m2: each byte is the high byte of an f16.
+fn e5m2x4s(x: u32) -> vec4<f32> {
+  return vec4<f32>(unpack2x16float((x & 0x00ff00ffu) << 8u), unpack2x16float(x & 0xff00ff00u));
+}

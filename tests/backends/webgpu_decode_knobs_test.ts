@@ -27,6 +27,8 @@ import { freshSeed, GPU, NO_GPU } from "../gpu/helpers.ts";
 
 const GPU_SHAPE = { workgroup_size: 128, keys_per_iter: 4, kv_heads_per_group: 1 };
 const MANY = { target_workgroups: 4096, min_split_keys: 16 };
+/** Slices of >= 256 keys: a key group runs several steps (MANY gives it one). */
+const LONG = { target_workgroups: 4096, min_split_keys: 256 };
 
 /** Rows of several slices and of one, an empty request, a padded block table. */
 const REQUESTS = [
@@ -107,6 +109,81 @@ const KNOBS: [string, Partial<DecodeTuning>, Expect][] = [
     stage_table: true,
     prefetch: true,
   }, { epilogue: 2, staged: true }],
+  ["scatter_sums", { scatter_sums: true }, { epilogue: 1 }],
+  ["scatter_sums, 8 keys a step, fused_reduce", {
+    scatter_sums: true,
+    keys_per_iter: 8,
+    fused_reduce: true,
+  }, { epilogue: 2 }],
+  ["scatter_softmax", { scatter_softmax: true }, { epilogue: 1 }],
+  ["scatter_softmax, long slices (many steps a key group: the running max grows)", {
+    scatter_softmax: true,
+    ...LONG,
+  }, { epilogue: 1 }],
+  ["scatter_sums, long slices, prefetch", { scatter_sums: true, prefetch: true, ...LONG }, {
+    epilogue: 1,
+  }],
+  ["scatter_softmax, 4 lanes a row (2 heads a lane), 2 keys a step, prefetch, reduce pass", {
+    scatter_softmax: true,
+    max_lanes: 4,
+    keys_per_iter: 2,
+    prefetch: true,
+    direct_single: false,
+    ...LONG,
+  }, { epilogue: 0 }],
+  ["scatter_softmax, 8 keys a step, fused_reduce, stage_table", {
+    scatter_softmax: true,
+    keys_per_iter: 8,
+    fused_reduce: true,
+    stage_table: true,
+  }, { epilogue: 2, staged: true }],
+  ["fp8_pairs with scatter_softmax, long slices", {
+    fp8_pairs: true,
+    scatter_softmax: true,
+    ...LONG,
+  }, { epilogue: 1 }],
+  ["fp8_pairs + scatter_softmax, GQA group tiled by 2 heads, long slices", {
+    fp8_pairs: true,
+    scatter_softmax: true,
+    max_heads: 2,
+    ...LONG,
+  }, { epilogue: 1 }],
+  ["indexed_gather + scatter_softmax, long slices", {
+    indexed_gather: true,
+    scatter_softmax: true,
+    ...LONG,
+  }, { epilogue: 1 }],
+  ["indexed_gather + scatter_sums, 4 lanes a row, 2 keys a step, long slices", {
+    indexed_gather: true,
+    scatter_sums: true,
+    max_lanes: 4,
+    keys_per_iter: 2,
+    ...LONG,
+  }, { epilogue: 1 }],
+  ["half_columns + scatter_softmax + fp8_pairs, long slices", {
+    half_columns: true,
+    scatter_softmax: true,
+    fp8_pairs: true,
+    ...LONG,
+  }, { epilogue: 1 }],
+  ["half_columns + prefetch, 4 lanes a row (several half columns a lane), fused_reduce", {
+    half_columns: true,
+    prefetch: true,
+    max_lanes: 4,
+    fused_reduce: true,
+  }, { epilogue: 2 }],
+  ["half_columns, one key group a workgroup (partial stored by each lane), indexed sums", {
+    half_columns: true,
+    workgroup_size: 8,
+    scatter_sums: true,
+    indexed_gather: true,
+    direct_single: false,
+  }, { epilogue: 0 }],
+  ["fp8_pairs, one slice a row (no merge: the partial stored by each lane)", {
+    fp8_pairs: true,
+    workgroup_size: 8,
+    direct_single: false,
+  }, { epilogue: 0 }],
   ["waves 2 x 24 workgroups, fused", { waves: 2, wave_workgroups: 24, fused_reduce: true }, {
     epilogue: 2,
   }],
@@ -192,6 +269,17 @@ Deno.test(
   },
 );
 
+Deno.test(
+  "decode fp8_pairs: fp8_e5m2 cache (its pair decoder), with and without scatter_softmax",
+  { ignore: NO_GPU },
+  async () => {
+    const spec: BatchSpec = { ...SPECS[0][1], kv_cache_dtype: "fp8_e5m2" };
+    for (const t of [{ fp8_pairs: true }, { fp8_pairs: true, scatter_softmax: true, ...LONG }]) {
+      await checkBackend(backendOf(t), GPU!, spec, { minItems: 4 });
+    }
+  },
+);
+
 Deno.test("decode fused_reduce: concurrent calls in flight", { ignore: NO_GPU }, async () => {
   const fused = backendOf({ fused_reduce: true });
   await Promise.all(SPECS.map(([, spec]) => checkBackend(fused, GPU!, spec, { minItems: 4 })));
@@ -230,6 +318,7 @@ Deno.test("decode epilogue: only GPU shapes with bindings to spare", () => {
   const shape = {
     sg: true,
     lpk: 16,
+    half: false,
     hg: 4,
     tiles: 1,
     kh: 1,

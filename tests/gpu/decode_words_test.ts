@@ -2,13 +2,14 @@
  * The split-KV decode kernel's word decoders (gpu/decode_codegen.ts DECODERS over
  * wgsl/decode_words.wgsl) against core/dtype decode: every fp8 byte (both formats, NaN codes
  * included), f16 and bf16 special and random patterns, f32 words; each decoded value times the
- * dtype's DECODE_SCALE must be the reference value exactly. Core WGSL: runs on GL too.
+ * dtype's DECODE_SCALE must be the reference value exactly; the fp8 pair decoders (tuning
+ * `fp8_pairs`) too, once put back in element order. Core WGSL: runs on GL too.
  */
 import assert from "node:assert/strict";
 import { bytesPerElement, decode } from "../../core/dtype.ts";
 import type { StorageDType } from "../../core/types.ts";
 import { BatchBuffers } from "../../gpu/batch_buffers.ts";
-import { DECODE_SCALE, DECODERS } from "../../gpu/decode_codegen.ts";
+import { DECODE_SCALE, DECODERS, PAIR_DECODERS } from "../../gpu/decode_codegen.ts";
 import { getComputePipeline } from "../../gpu/pipelines.ts";
 import { elementsPerWord, loadWgsl } from "../../gpu/wgsl.ts";
 import { freshSeed, gpu, NO_GPU, rng } from "./helpers.ts";
@@ -37,8 +38,16 @@ function patterns(d: StorageDType, seed: number): Uint8Array {
   return b;
 }
 
-for (const d of DTYPES) {
-  Deno.test(`decode words: ${d} decoders times DECODE_SCALE are exact`, {
+/** The decoders under test: each dtype's, and the fp8 pair decoders put back in order. */
+const CASES: [string, StorageDType, string[]][] = [
+  ...DTYPES.map((d): [string, StorageDType, string[]] => [d, d, DECODERS[d]]),
+  ...(Object.entries(PAIR_DECODERS) as [StorageDType, string[]][]).map((
+    [d, dec],
+  ): [string, StorageDType, string[]] => [`${d} pairs`, d, dec.map((x) => `(${x}).xzyw`)]),
+];
+
+for (const [name, d, decoders] of CASES) {
+  Deno.test(`decode words: ${name} decoders times DECODE_SCALE are exact`, {
     ignore: NO_GPU,
   }, async () => {
     const ctx = gpu();
@@ -52,12 +61,12 @@ for (const d of DTYPES) {
   if (g.x >= ${quads}u) { return; }
   let w = src[g.x];
 ${
-      DECODERS[d].map((x, e) => `  dst[g.x * ${epw}u + ${e}u] = ${x} * ${DECODE_SCALE[d]}.0;`).join(
+      decoders.map((x, e) => `  dst[g.x * ${epw}u + ${e}u] = ${x} * ${DECODE_SCALE[d]}.0;`).join(
         "\n",
       )
     }
 }`;
-    const p = await getComputePipeline(ctx, `test.decode_words[${d}]`, code);
+    const p = await getComputePipeline(ctx, `test.decode_words[${name}]`, code);
     const bb = new BatchBuffers(ctx, "t");
     const out = bb.poisoned(quads * 4 * epw);
     const enc = ctx.device.createCommandEncoder();
