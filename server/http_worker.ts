@@ -10,7 +10,7 @@
  * @module
  */
 import { accessCheck } from "./auth.ts";
-import { BodyBuffer } from "./body_read.ts";
+import { contentLength, streamBody } from "./body_read.ts";
 import { problemResponse, toProblem } from "./problem.ts";
 import {
   type BodyMessage,
@@ -30,12 +30,6 @@ const waiting = new Map<number, (m: ResponseMessage | string) => void>();
 let nextId = 0;
 let server: Deno.HttpServer | null = null;
 
-/** The declared Content-Length, or -1 when absent or not a number (the owner then says so). */
-function declaredLength(req: Request): number {
-  const cl = req.headers.get("content-length");
-  return cl !== null && /^\d+$/.test(cl.trim()) ? Number(cl) : -1;
-}
-
 /** The bytes as one ArrayBuffer of their exact length (copied only when they are a view). */
 function ownBuffer(b: Uint8Array): ArrayBuffer {
   const whole = b.byteOffset === 0 && b.byteLength === b.buffer.byteLength;
@@ -43,8 +37,8 @@ function ownBuffer(b: Uint8Array): ArrayBuffer {
 }
 
 /**
- * Reads the body (as server/body_read.ts's readBody does, the limit counted per chunk; the
- * chunk that runs over is kept, so the owner sees more than any route's limit) and posts it.
+ * Reads the body (server/body_read.ts's streamBody: the limit counted per chunk; the chunk
+ * that runs over is kept, so the owner sees more than any route's limit) and posts it.
  */
 async function postBody(
   id: number,
@@ -52,30 +46,16 @@ async function postBody(
   declared: number,
   limit: number,
 ) {
-  const reader = body.getReader();
-  const buf = new BodyBuffer(declared);
-  let end: BodyMessage["end"] = "complete";
-  let message: string | undefined;
-  try {
-    while (declared < 0 || buf.total < declared) {
-      const chunk = await reader.read();
-      if (chunk.done) break;
-      buf.add(chunk.value);
-      if (buf.total > limit) {
-        end = "too_large";
-        await reader.cancel().catch(() => {});
-        break;
-      }
-    }
-    if (end === "complete" && declared >= 0 && buf.total >= declared) {
-      await reader.read().catch(() => {});
-    }
-  } catch (e) {
-    end = "error";
-    if (e instanceof Error) message = e.message;
-  }
-  const bytes = ownBuffer(buf.bytes());
-  const m: BodyMessage = { type: "body", id, bytes, end, ...(message ? { message } : {}) };
+  const read = await streamBody(body, declared, limit);
+  const bytes = ownBuffer(read.bytes);
+  const message = read.cause instanceof Error ? read.cause.message : undefined;
+  const m: BodyMessage = {
+    type: "body",
+    id,
+    bytes,
+    end: read.end,
+    ...(message ? { message } : {}),
+  };
   scope.postMessage(m, [bytes]);
 }
 
@@ -96,7 +76,8 @@ async function serve(req: Request, init: WorkerInit, allowed: (req: Request) => 
   const onAbort = () => scope.postMessage({ type: "abort", id });
   req.signal.addEventListener("abort", onAbort, { once: true });
   if (hasBody) {
-    const declared = declaredLength(req);
+    const length = contentLength(req.headers.get("content-length"));
+    const declared = Number.isNaN(length) ? -1 : length; // the owner names a bad one
     if (declared > init.maxBodyBytes || !allowed(req)) {
       const bytes = new ArrayBuffer(0);
       scope.postMessage({ type: "body", id, bytes, end: "skipped" }, [bytes]);
