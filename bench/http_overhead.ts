@@ -30,11 +30,9 @@ import {
   WORKLOADS,
 } from "./http_overhead_calls.ts";
 import { stubService, threadCpuMs, threadId } from "./http_overhead_server.ts";
+import { quantile } from "./http_stats.ts";
 
-const p = (xs: number[], q: number) => {
-  const a = xs.toSorted((x, y) => x - y);
-  return a[Math.min(a.length - 1, Math.floor(q * a.length))];
-};
+const p = quantile;
 const f = (ms: number) => ms.toFixed(3);
 
 function timeIt(label: string, n: number, fn: (i: number) => unknown): void {
