@@ -135,6 +135,21 @@ export interface StreamedBody {
    * limit arrived (the chunk that ran over is kept); `error`: the stream failed (`cause`). */
   end: "complete" | "too_large" | "error";
   cause?: unknown;
+  /** A whole read ({@link wholeBody}) failed: how many bytes came is not known. */
+  uncounted?: boolean;
+}
+
+/**
+ * Reads a body of declared length in one piece (Deno's `req.bytes()`: one op, where a stream
+ * read takes one op and one promise per 64 KB chunk). A failed read is an `error` end with
+ * nothing kept (`uncounted`: Deno does not say how much came).
+ */
+export async function wholeBody(req: Request): Promise<StreamedBody> {
+  try {
+    return { bytes: aligned(await req.bytes()), end: "complete" };
+  } catch (e) {
+    return { bytes: new Uint8Array(0), end: "error", cause: e, uncounted: true };
+  }
 }
 
 /**
@@ -225,16 +240,11 @@ export async function readBody(
   if (!req.body && pre === undefined) return new Uint8Array(0);
   let read: StreamedBody;
   if (pre !== undefined) read = await pre;
-  else if (opts.whole && declared >= 0) {
-    try {
-      read = { bytes: aligned(await req.bytes()), end: "complete" };
-    } catch (e) {
-      throw incomplete(-1, declared, e);
-    }
-  } else read = await streamBody(req.body!, declared, lim.bytes);
+  else if (opts.whole && declared >= 0) read = await wholeBody(req);
+  else read = await streamBody(req.body!, declared, lim.bytes);
   const got = read.bytes.byteLength;
   if (read.end === "too_large" || got > lim.bytes) throw tooLarge(lim, `more than ${lim.bytes}`);
-  if (read.end === "error") throw incomplete(got, declared, read.cause);
+  if (read.end === "error") throw incomplete(read.uncounted ? -1 : got, declared, read.cause);
   if (declared >= 0 && got < declared) throw incomplete(got, declared, undefined);
   return read.bytes;
 }

@@ -2,7 +2,7 @@
  * One HTTP worker thread of the worker front (worker_front.ts): it serves the port with
  * `Deno.serve` (`reusePort`: the kernel spreads connections over the workers), posts each
  * request's head to the thread that owns the service at once, reads the body into one buffer
- * and posts it, transferred, then answers with the status, headers and body the owner posts
+ * (a safetensors body of declared length in one piece) and posts it, transferred, then answers with the status, headers and body the owner posts
  * back (transferred too). It reads no body past the general limit (`maxBodyBytes`): a declared
  * length over it, or a request the access check refuses, is not read at all (no route would
  * read it); a stream that runs over stops there. A client that goes away is passed on (its
@@ -10,7 +10,9 @@
  * @module
  */
 import { accessCheck } from "./auth.ts";
-import { contentLength, streamBody } from "./body_read.ts";
+import { contentLength, streamBody, wholeBody } from "./body_read.ts";
+import { mediaType } from "./body.ts";
+import { SAFETENSORS } from "./responses.ts";
 import { problemResponse, toProblem } from "./problem.ts";
 import {
   type BodyMessage,
@@ -37,16 +39,14 @@ function ownBuffer(b: Uint8Array): ArrayBuffer {
 }
 
 /**
- * Reads the body (server/body_read.ts's streamBody: the limit counted per chunk; the chunk
- * that runs over is kept, so the owner sees more than any route's limit) and posts it.
+ * Reads the body and posts it: a safetensors body of declared length in one piece
+ * (body_read.ts's wholeBody, as the forward route reads it without workers), any other with
+ * streamBody (the limit counted per chunk; the chunk that runs over is kept, so the owner sees
+ * more than any route's limit).
  */
-async function postBody(
-  id: number,
-  body: ReadableStream<Uint8Array>,
-  declared: number,
-  limit: number,
-) {
-  const read = await streamBody(body, declared, limit);
+async function postBody(req: Request, id: number, declared: number, limit: number) {
+  const whole = declared >= 0 && mediaType(req.headers.get("content-type")) === SAFETENSORS;
+  const read = whole ? await wholeBody(req) : await streamBody(req.body!, declared, limit);
   const bytes = ownBuffer(read.bytes);
   const message = read.cause instanceof Error ? read.cause.message : undefined;
   const m: BodyMessage = {
@@ -55,6 +55,7 @@ async function postBody(
     bytes,
     end: read.end,
     ...(message ? { message } : {}),
+    ...(read.uncounted ? { uncounted: true } : {}),
   };
   scope.postMessage(m, [bytes]);
 }
@@ -82,7 +83,7 @@ async function serve(req: Request, init: WorkerInit, allowed: (req: Request) => 
       const bytes = new ArrayBuffer(0);
       scope.postMessage({ type: "body", id, bytes, end: "skipped" }, [bytes]);
     } else {
-      void postBody(id, req.body!, declared, init.maxBodyBytes);
+      void postBody(req, id, declared, init.maxBodyBytes);
     }
   }
   const r = await answer;

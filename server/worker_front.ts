@@ -98,7 +98,7 @@ function rebuild(m: HeadMessage, p: Pending): Request {
 function preRead(m: BodyMessage): StreamedBody {
   const cause = m.message !== undefined ? new Error(m.message) : undefined;
   const end = m.end === "skipped" ? "error" : m.end;
-  return { bytes: new Uint8Array(m.bytes), end, cause };
+  return { bytes: new Uint8Array(m.bytes), end, cause, uncounted: m.uncounted };
 }
 
 /** One worker thread and the requests it carries. */
