@@ -109,18 +109,7 @@ export class BodyBuffer {
 export function contentLength(header: string | null): number {
   if (header === null) return -1;
   const v = header.trim();
-  if (v.length === 0 || v.length > 15) return v.length === 0 ? NaN : bigDigits(v);
-  let n = 0;
-  for (let i = 0; i < v.length; i++) {
-    const d = v.charCodeAt(i) - 48;
-    if (d < 0 || d > 9) return NaN;
-    n = n * 10 + d;
-  }
-  return n;
-}
-
-/** A long Content-Length: a number when all digits (past 2^53 it is over every limit anyway). */
-function bigDigits(v: string): number {
+  if (v.length === 0) return NaN;
   for (let i = 0; i < v.length; i++) {
     const c = v.charCodeAt(i);
     if (c < 48 || c > 57) return NaN;
