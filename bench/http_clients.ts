@@ -7,6 +7,38 @@
  */
 import type { DecodeJob, DecodeResult } from "./http_client.ts";
 
+/**
+ * The start barrier of concurrent client workers: posts each worker its job message, waits
+ * until every one answers `{kind: "ready"}` (its requests built), then posts `{kind: "go"}` to
+ * all at once and collects each one's next message. `wall_ms` runs from the go to the last
+ * answer. A worker that fails answers `failed(its error message)`, ready or not. The workers
+ * are the caller's to terminate.
+ */
+export async function startTogether<D>(
+  workers: Worker[],
+  jobs: unknown[],
+  failed: (message: string) => D,
+): Promise<{ done: D[]; wall_ms: number }> {
+  const ready: Promise<void>[] = [], done: Promise<D>[] = [];
+  for (const w of workers) {
+    let onReady = () => {}, onDone = (_: D) => {};
+    ready.push(new Promise<void>((resolve) => onReady = resolve));
+    done.push(new Promise<D>((resolve) => onDone = resolve));
+    w.onmessage = (e) => e.data?.kind === "ready" ? onReady() : onDone(e.data);
+    w.onerror = (e) => {
+      e.preventDefault();
+      onReady();
+      onDone(failed(`client worker failed: ${e.message}`));
+    };
+  }
+  workers.forEach((w, i) => w.postMessage(jobs[i]));
+  await Promise.all(ready);
+  const t0 = performance.now();
+  for (const w of workers) w.postMessage({ kind: "go" });
+  const answers = await Promise.all(done);
+  return { done: answers, wall_ms: performance.now() - t0 };
+}
+
 /** Runs each job in its own worker: all build their bodies, then start together. */
 export async function concurrently(
   jobs: DecodeJob[],
@@ -15,24 +47,12 @@ export async function concurrently(
     new Worker(new URL("./http_client_worker.ts", import.meta.url).href, { type: "module" })
   );
   try {
-    const ready: Promise<void>[] = [], done: Promise<DecodeResult>[] = [];
-    for (const w of workers) {
-      let onReady = () => {}, onDone = (_: DecodeResult) => {};
-      ready.push(new Promise<void>((resolve) => onReady = resolve));
-      done.push(new Promise<DecodeResult>((resolve) => onDone = resolve));
-      w.onmessage = (e) => e.data.kind === "ready" ? onReady() : onDone(e.data.result);
-      w.onerror = (e) => {
-        e.preventDefault();
-        onReady();
-        onDone({ calls: [], error: `client worker failed: ${e.message}` });
-      };
-    }
-    workers.forEach((w, i) => w.postMessage({ kind: "job", job: jobs[i] }));
-    await Promise.all(ready);
-    const t0 = performance.now();
-    for (const w of workers) w.postMessage({ kind: "go" });
-    const results = await Promise.all(done);
-    return { results, wall_ms: performance.now() - t0 };
+    const { done, wall_ms } = await startTogether<{ result: DecodeResult }>(
+      workers,
+      jobs.map((job) => ({ kind: "job", job })),
+      (error) => ({ result: { calls: [], error } }),
+    );
+    return { results: done.map((d) => d.result), wall_ms };
   } finally {
     for (const w of workers) w.terminate();
   }

@@ -30,11 +30,10 @@ import {
   WORKLOADS,
 } from "./http_overhead_calls.ts";
 import { stubService, threadCpuMs, threadId } from "./http_overhead_server.ts";
+import { quantile } from "./http_stats.ts";
+import { startTogether } from "./http_clients.ts";
 
-const p = (xs: number[], q: number) => {
-  const a = xs.toSorted((x, y) => x - y);
-  return a[Math.min(a.length - 1, Math.floor(q * a.length))];
-};
+const p = quantile;
 const f = (ms: number) => ms.toFixed(3);
 
 function timeIt(label: string, n: number, fn: (i: number) => unknown): void {
@@ -118,18 +117,27 @@ async function sequential(srv: Server | null, url: string, o: Options): Promise<
 /** Every client worker's calls at once. */
 async function concurrent(url: string, o: Options): Promise<void> {
   const per = Math.ceil(o.calls / o.clients);
-  const cw = Array.from(
+  const workers = Array.from(
     { length: o.clients },
-    () => worker<{ kind: string; ms?: number[] }>("overhead-client", "./http_overhead_client.ts"),
+    () =>
+      new Worker(new URL("./http_overhead_client.ts", import.meta.url).href, {
+        type: "module",
+        name: "overhead-client",
+      }),
   );
   const job = { kind: "job", url, calls: per, client: o.client, w: o.workload };
-  for (const w of cw) w.w.postMessage(job);
-  await Promise.all(cw.map((w) => w.next()));
-  const t0 = performance.now();
-  for (const w of cw) w.w.postMessage({ kind: "go" });
-  const done = await Promise.all(cw.map((w) => w.next()));
-  const wall = performance.now() - t0;
-  for (const w of cw) w.w.terminate();
+  let done: { ms?: number[]; error?: string }[], wall: number;
+  try {
+    ({ done, wall_ms: wall } = await startTogether<{ ms?: number[]; error?: string }>(
+      workers,
+      workers.map(() => job),
+      (error) => ({ error }),
+    ));
+  } finally {
+    for (const w of workers) w.terminate();
+  }
+  const failed = done.find((d) => d.error !== undefined);
+  if (failed) throw new Error(failed.error);
   const all = done.flatMap((d) => d.ms ?? []);
   console.log(
     `${o.clients} clients (workers) x ${per} calls, ${o.httpWorkers} http workers: ${

@@ -76,11 +76,49 @@ export function numel(shape: readonly number[]): number {
   return n;
 }
 
+/** Options of {@link parseSafetensors}. */
+export interface ParseOptions {
+  /**
+   * Called with the header's bytes before they are parsed as JSON, for a header not seen
+   * before (e.g. a depth and size pre-scan that throws).
+   */
+  scanHeader?: (header: Uint8Array) => void;
+}
+
+/** One tensor's place in a parsed header, in offset order. */
+interface Span {
+  name: string;
+  dtype: SafetensorsDType;
+  shape: readonly number[];
+  begin: number;
+  end: number;
+}
+
+/** A header that parsed without a defect, for a data section of its length. */
+interface Layout {
+  spans: Span[];
+  metadata: Readonly<Record<string, string>>;
+}
+
 /**
- * Parses a safetensors file. Tensor `data` are zero-copy views into `bytes`.
+ * Headers parsed before, by their text and data length (every check depends on nothing
+ * else): an engine sends the same header for every call of a shape, so its JSON is parsed
+ * and checked once. Only headers that parsed without a defect are kept, at most
+ * {@link LAYOUT_MEMO_SIZE} of them (the oldest goes first), each at most
+ * {@link LAYOUT_MEMO_TEXT} characters.
+ */
+const layouts = new Map<string, Layout>();
+const LAYOUT_MEMO_SIZE = 64;
+const LAYOUT_MEMO_TEXT = 64 * 1024;
+const utf8 = new TextDecoder("utf-8", { fatal: true });
+
+/**
+ * Parses a safetensors file. Tensor `data` are zero-copy views into `bytes`; a header seen
+ * before (same text, same data length) is not parsed again. The tensors' `shape` arrays and
+ * the metadata map may be shared between calls: they are frozen.
  * @throws ServiceError 400 `bad_safetensors` on any structural defect.
  */
-export function parseSafetensors(bytes: Uint8Array): SafetensorsFile {
+export function parseSafetensors(bytes: Uint8Array, opts: ParseOptions = {}): SafetensorsFile {
   if (bytes.byteLength < 8) {
     throw bad(`file is ${bytes.byteLength} bytes, shorter than the 8-byte header length`);
   }
@@ -93,21 +131,53 @@ export function parseSafetensors(bytes: Uint8Array): SafetensorsFile {
   if (8 + hl > bytes.byteLength) {
     throw bad(`header length ${hl} runs past the end of the ${bytes.byteLength}-byte body`);
   }
+  const headerBytes = bytes.subarray(8, 8 + hl);
+  let text: string;
+  try {
+    text = utf8.decode(headerBytes);
+  } catch (e) {
+    opts.scanHeader?.(headerBytes); // its problem first, as for any header not seen before
+    throw bad(`header is not valid UTF-8 JSON (${e instanceof Error ? e.message : String(e)})`);
+  }
+  const data = bytes.subarray(8 + hl);
+  const key = text.length <= LAYOUT_MEMO_TEXT ? `${data.byteLength}:${text}` : null;
+  const known = key === null ? undefined : layouts.get(key);
+  if (known !== undefined) return viewsOf(known, data);
+  opts.scanHeader?.(headerBytes);
+  const layout = parseLayout(text, data.byteLength);
+  if (key !== null) {
+    if (layouts.size >= LAYOUT_MEMO_SIZE) layouts.delete(layouts.keys().next().value!);
+    layouts.set(key, layout);
+  }
+  return viewsOf(layout, data);
+}
+
+/** The file's tensors as views of `data` at a layout's offsets. */
+function viewsOf(layout: Layout, data: Uint8Array): SafetensorsFile {
+  const tensors: Record<string, SafetensorsTensor> = {};
+  for (const s of layout.spans) {
+    tensors[s.name] = {
+      dtype: s.dtype,
+      shape: s.shape as number[],
+      data: data.subarray(s.begin, s.end),
+    };
+  }
+  return { tensors, metadata: layout.metadata as Record<string, string> };
+}
+
+/** A header's JSON text, checked against a data section of `dataBytes`. */
+function parseLayout(text: string, dataBytes: number): Layout {
   let header: unknown;
   try {
-    header = JSON.parse(
-      new TextDecoder("utf-8", { fatal: true }).decode(bytes.subarray(8, 8 + hl)),
-    );
+    header = JSON.parse(text);
   } catch (e) {
     throw bad(`header is not valid UTF-8 JSON (${e instanceof Error ? e.message : String(e)})`);
   }
   if (typeof header !== "object" || header === null || Array.isArray(header)) {
     throw bad(`header must be a JSON object, got ${show(header)}`);
   }
-  const data = bytes.subarray(8 + hl);
   const metadata: Record<string, string> = {};
-  const spans: { name: string; begin: number; end: number }[] = [];
-  const entries: Record<string, SafetensorsTensor> = {};
+  const spans: Span[] = [];
   for (const [name, entry] of Object.entries(header as Record<string, unknown>)) {
     if (name === "__metadata__") {
       if (typeof entry !== "object" || entry === null || Array.isArray(entry)) {
@@ -146,11 +216,11 @@ export function parseSafetensors(bytes: Uint8Array): SafetensorsFile {
       );
     }
     const [begin, end] = data_offsets as [number, number];
-    if (end > data.byteLength) {
+    if (end > dataBytes) {
       throw bad(
         `tensor ${name}: data_offsets ${
           show(data_offsets)
-        } out of range of the ${data.byteLength}-byte data section`,
+        } out of range of the ${dataBytes}-byte data section`,
       );
     }
     const want = numel(shape) * SAFETENSORS_DTYPE_BYTES[dtype];
@@ -159,8 +229,7 @@ export function parseSafetensors(bytes: Uint8Array): SafetensorsFile {
         `tensor ${name}: ${end - begin} bytes but ${dtype} x ${show(shape)} needs ${want}`,
       );
     }
-    spans.push({ name, begin, end });
-    entries[name] = { dtype, shape: shape as number[], data: data.subarray(begin, end) };
+    spans.push({ name, dtype, shape: Object.freeze([...shape]) as number[], begin, end });
   }
   spans.sort((a, b) => a.begin - b.begin || a.end - b.end);
   let cursor = 0;
@@ -172,12 +241,10 @@ export function parseSafetensors(bytes: Uint8Array): SafetensorsFile {
     if (s.begin > cursor) throw bad(`data bytes [${cursor}, ${s.begin}) belong to no tensor`);
     cursor = s.end;
   }
-  if (cursor !== data.byteLength) {
-    throw bad(`data bytes [${cursor}, ${data.byteLength}) belong to no tensor`);
+  if (cursor !== dataBytes) {
+    throw bad(`data bytes [${cursor}, ${dataBytes}) belong to no tensor`);
   }
-  const tensors: Record<string, SafetensorsTensor> = {};
-  for (const s of spans) tensors[s.name] = entries[s.name];
-  return { tensors, metadata };
+  return { spans, metadata: Object.freeze(metadata) };
 }
 
 /**

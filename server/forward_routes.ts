@@ -34,7 +34,7 @@ async function decode(
   json: JsonDecoder,
 ): Promise<{ decoded: DecodedForward; binary: boolean }> {
   const kind = bodyKind(req, ["json", "binary"]);
-  const bytes = await readBody(req, limits[kind]);
+  const bytes = await readBody(req, limits[kind], { whole: kind === "binary" });
   return kind === "json"
     ? { decoded: await json.decode(bytes), binary: false }
     : { decoded: decodeBinaryForward(bytes), binary: true };

@@ -2,7 +2,7 @@
  * One HTTP worker thread of the worker front (worker_front.ts): it serves the port with
  * `Deno.serve` (`reusePort`: the kernel spreads connections over the workers), posts each
  * request's head to the thread that owns the service at once, reads the body into one buffer
- * and posts it, transferred, then answers with the status, headers and body the owner posts
+ * (a safetensors body of declared length in one piece) and posts it, transferred, then answers with the status, headers and body the owner posts
  * back (transferred too). It reads no body past the general limit (`maxBodyBytes`): a declared
  * length over it, or a request the access check refuses, is not read at all (no route would
  * read it); a stream that runs over stops there. A client that goes away is passed on (its
@@ -10,7 +10,9 @@
  * @module
  */
 import { accessCheck } from "./auth.ts";
-import { BodyBuffer } from "./body_read.ts";
+import { contentLength, streamBody, wholeBody } from "./body_read.ts";
+import { mediaType } from "./body.ts";
+import { SAFETENSORS } from "./responses.ts";
 import { problemResponse, toProblem } from "./problem.ts";
 import {
   type BodyMessage,
@@ -30,12 +32,6 @@ const waiting = new Map<number, (m: ResponseMessage | string) => void>();
 let nextId = 0;
 let server: Deno.HttpServer | null = null;
 
-/** The declared Content-Length, or -1 when absent or not a number (the owner then says so). */
-function declaredLength(req: Request): number {
-  const cl = req.headers.get("content-length");
-  return cl !== null && /^\d+$/.test(cl.trim()) ? Number(cl) : -1;
-}
-
 /** The bytes as one ArrayBuffer of their exact length (copied only when they are a view). */
 function ownBuffer(b: Uint8Array): ArrayBuffer {
   const whole = b.byteOffset === 0 && b.byteLength === b.buffer.byteLength;
@@ -43,39 +39,24 @@ function ownBuffer(b: Uint8Array): ArrayBuffer {
 }
 
 /**
- * Reads the body (as server/body_read.ts's readBody does, the limit counted per chunk; the
- * chunk that runs over is kept, so the owner sees more than any route's limit) and posts it.
+ * Reads the body and posts it: a safetensors body of declared length in one piece
+ * (body_read.ts's wholeBody, as the forward route reads it without workers), any other with
+ * streamBody (the limit counted per chunk; the chunk that runs over is kept, so the owner sees
+ * more than any route's limit).
  */
-async function postBody(
-  id: number,
-  body: ReadableStream<Uint8Array>,
-  declared: number,
-  limit: number,
-) {
-  const reader = body.getReader();
-  const buf = new BodyBuffer(declared);
-  let end: BodyMessage["end"] = "complete";
-  let message: string | undefined;
-  try {
-    while (declared < 0 || buf.total < declared) {
-      const chunk = await reader.read();
-      if (chunk.done) break;
-      buf.add(chunk.value);
-      if (buf.total > limit) {
-        end = "too_large";
-        await reader.cancel().catch(() => {});
-        break;
-      }
-    }
-    if (end === "complete" && declared >= 0 && buf.total >= declared) {
-      await reader.read().catch(() => {});
-    }
-  } catch (e) {
-    end = "error";
-    if (e instanceof Error) message = e.message;
-  }
-  const bytes = ownBuffer(buf.bytes());
-  const m: BodyMessage = { type: "body", id, bytes, end, ...(message ? { message } : {}) };
+async function postBody(req: Request, id: number, declared: number, limit: number) {
+  const whole = declared >= 0 && mediaType(req.headers.get("content-type")) === SAFETENSORS;
+  const read = whole ? await wholeBody(req) : await streamBody(req.body!, declared, limit);
+  const bytes = ownBuffer(read.bytes);
+  const message = read.cause instanceof Error ? read.cause.message : undefined;
+  const m: BodyMessage = {
+    type: "body",
+    id,
+    bytes,
+    end: read.end,
+    ...(message ? { message } : {}),
+    ...(read.uncounted ? { uncounted: true } : {}),
+  };
   scope.postMessage(m, [bytes]);
 }
 
@@ -96,12 +77,13 @@ async function serve(req: Request, init: WorkerInit, allowed: (req: Request) => 
   const onAbort = () => scope.postMessage({ type: "abort", id });
   req.signal.addEventListener("abort", onAbort, { once: true });
   if (hasBody) {
-    const declared = declaredLength(req);
+    const length = contentLength(req.headers.get("content-length"));
+    const declared = Number.isNaN(length) ? -1 : length; // the owner names a bad one
     if (declared > init.maxBodyBytes || !allowed(req)) {
       const bytes = new ArrayBuffer(0);
       scope.postMessage({ type: "body", id, bytes, end: "skipped" }, [bytes]);
     } else {
-      void postBody(id, req.body!, declared, init.maxBodyBytes);
+      void postBody(req, id, declared, init.maxBodyBytes);
     }
   }
   const r = await answer;

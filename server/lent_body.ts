@@ -20,6 +20,7 @@
  * written (`completed` resolves before such a body is sent).
  * @module
  */
+import { partsResponse } from "./responses.ts";
 
 const lent = new WeakMap<Response, () => void>();
 
@@ -29,18 +30,7 @@ export function lentBodyResponse(
   release: () => void,
   init: { status?: number; headers: Record<string, string> },
 ): Response {
-  let next = 0;
-  const body = new ReadableStream<Uint8Array>({
-    pull(c) {
-      if (next < parts.length) c.enqueue(parts[next++]);
-      else c.close();
-    },
-  }, { highWaterMark: 0 });
-  const length = parts.reduce((n, p) => n + p.byteLength, 0);
-  const res = new Response(body, {
-    status: init.status ?? 200,
-    headers: { ...init.headers, "content-length": String(length) },
-  });
+  const res = partsResponse(parts, init);
   lent.set(res, release);
   return res;
 }

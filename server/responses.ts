@@ -19,22 +19,39 @@ export function jsonResponse(
   });
 }
 
-/** A safetensors answer from one buffer or several parts (sent in order, uncopied). */
+/**
+ * An answer streaming `parts` in order, uncopied, one part per pull (nothing is pulled ahead),
+ * with their total as Content-Length.
+ */
+export function partsResponse(
+  parts: Uint8Array[],
+  init: { status?: number; headers?: Record<string, string> },
+): Response {
+  let next = 0;
+  const body = new ReadableStream<Uint8Array>({
+    pull(c) {
+      if (next < parts.length) c.enqueue(parts[next++]);
+      else c.close();
+    },
+  }, { highWaterMark: 0 });
+  const length = parts.reduce((n, p) => n + p.byteLength, 0);
+  return new Response(body, {
+    status: init.status ?? 200,
+    headers: { ...init.headers, "content-length": String(length) },
+  });
+}
+
+/** A safetensors answer from one buffer (sent as it is) or several parts (streamed, uncopied). */
 export function binaryResponse(
   bytes: Uint8Array | Uint8Array[],
   headers?: Record<string, string>,
 ): Response {
-  const parts = Array.isArray(bytes) ? bytes : [bytes];
-  const length = parts.reduce((n, p) => n + p.byteLength, 0);
-  const body = parts.length === 1 ? parts[0] as Uint8Array<ArrayBuffer> : new ReadableStream({
-    start(c) {
-      for (const p of parts) c.enqueue(p);
-      c.close();
-    },
-  });
-  return new Response(body, {
+  const all = { "content-type": SAFETENSORS, ...headers };
+  if (Array.isArray(bytes) && bytes.length !== 1) return partsResponse(bytes, { headers: all });
+  const one = (Array.isArray(bytes) ? bytes[0] : bytes) as Uint8Array<ArrayBuffer>;
+  return new Response(one, {
     status: 200,
-    headers: { "content-type": SAFETENSORS, "content-length": String(length), ...headers },
+    headers: { ...all, "content-length": String(one.byteLength) },
   });
 }
 

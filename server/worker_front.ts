@@ -15,6 +15,7 @@
 import type { AccessPolicy } from "./auth.ts";
 import { type ErrorLogger, problemResponse, toProblem } from "./problem.ts";
 import { releaseWhenDelivered, serveLentBodies } from "./lent_body.ts";
+import { setPreReadBody, type StreamedBody } from "./body_read.ts";
 import {
   type BodyMessage,
   checkFromWorker,
@@ -81,14 +82,23 @@ function bodyStream(p: Pending): ReadableStream<Uint8Array> {
 function rebuild(m: HeadMessage, p: Pending): Request {
   const body = m.hasBody && !BODYLESS.has(m.method.toUpperCase()) ? bodyStream(p) : null;
   const init = { headers: m.headers, body, signal: p.abort.signal };
+  let req: Request;
   try {
-    return new Request(m.url, { ...init, method: m.method });
+    req = new Request(m.url, { ...init, method: m.method });
   } catch (e) {
     if (!(e instanceof TypeError) || !/forbidden/i.test(e.message)) throw e;
-    const req = new Request(m.url, { ...init, method: "POST" });
+    req = new Request(m.url, { ...init, method: "POST" });
     Object.defineProperty(req, "method", { value: m.method });
-    return req;
   }
+  if (body !== null) setPreReadBody(req, p.body.then(preRead));
+  return req;
+}
+
+/** The worker's read as readBody takes it: the transferred bytes as they are, no stream. */
+function preRead(m: BodyMessage): StreamedBody {
+  const cause = m.message !== undefined ? new Error(m.message) : undefined;
+  const end = m.end === "skipped" ? "error" : m.end;
+  return { bytes: new Uint8Array(m.bytes), end, cause, uncounted: m.uncounted };
 }
 
 /** One worker thread and the requests it carries. */

@@ -43,6 +43,8 @@ export interface BodyMessage {
   bytes: ArrayBuffer;
   end: "complete" | "too_large" | "error" | "skipped";
   message?: string;
+  /** An `error` end of a body read in one piece: how many bytes came is not known. */
+  uncounted?: boolean;
 }
 
 /** The client went away before its answer. */
@@ -115,6 +117,7 @@ export function checkFromWorker(m: unknown): FromWorker | string {
       if (!isId(o.id)) return `body: bad id ${String(o.id)}`;
       if (!(o.bytes instanceof ArrayBuffer)) return "body: bytes is not an ArrayBuffer";
       if (!BODY_ENDS.includes(o.end as string)) return `body: bad end ${String(o.end)}`;
+      if (o.uncounted !== undefined && typeof o.uncounted !== "boolean") return "body: uncounted";
       return o as unknown as BodyMessage;
     case "abort":
       return isId(o.id) ? o as unknown as AbortMessage : `abort: bad id ${String(o.id)}`;

@@ -55,6 +55,39 @@ function blockStamps(n: number): Stamps {
   return stamps;
 }
 
+/** Marks of slots seen in this call (as {@link blockStamps}, a separate array). */
+const slotStamps = new Stamps();
+
+/** Caches with more slots than this are checked for repeated slots by sorting a copy. */
+const SLOT_STAMPS_MAX = 1 << 22;
+
+/** Whether a slot is out of range (-1 or [0, nSlots) are in) or repeated (-1 may repeat). */
+function slotsBadByStamps(slots: Int32Array, nSlots: number): boolean {
+  if (slotStamps.marks.length < nSlots) {
+    slotStamps.marks = new Int32Array(Math.max(nSlots, 2 * slotStamps.marks.length));
+  }
+  const marks = slotStamps.marks, stamp = slotStamps.next();
+  for (let t = 0; t < slots.length; t++) {
+    const s = slots[t];
+    if (s === -1) continue;
+    if (s < 0 || s >= nSlots || marks[s] === stamp) return true;
+    marks[s] = stamp;
+  }
+  return false;
+}
+
+/** {@link slotsBadByStamps} for huge caches: the range in one pass, repeats on a sorted copy. */
+function slotsBadBySort(slots: Int32Array, nSlots: number): boolean {
+  for (let t = 0; t < slots.length; t++) {
+    if (slots[t] !== -1 && (slots[t] < 0 || slots[t] >= nSlots)) return true;
+  }
+  const sorted = Int32Array.from(slots).sort();
+  for (let t = 1; t < sorted.length; t++) {
+    if (sorted[t] === sorted[t - 1] && sorted[t] !== -1) return true;
+  }
+  return false;
+}
+
 /** query_start_loc and seq_lens; returns the query lengths (empty when malformed). */
 function checkStarts(
   md: MetadataInput,
@@ -189,17 +222,13 @@ function checkSlots(
   if (!spec) return sm.values;
   const slots = sm.values;
   const nSlots = spec.num_blocks * spec.block_size;
-  // The common case in two passes without a map: every slot -1 or in range, then no equal
-  // neighbours (other than -1) once sorted. Only a batch that fails them is walked again to
-  // name each problem, in order, with the entry a repeat duplicates.
-  let bad = false;
-  for (let t = 0; t < Tk && !bad; t++) {
-    bad = slots[t] !== -1 && (slots[t] < 0 || slots[t] >= nSlots);
-  }
-  if (!bad) {
-    const sorted = Int32Array.from(slots).sort();
-    for (let t = 1; t < Tk && !bad; t++) bad = sorted[t] === sorted[t - 1] && sorted[t] !== -1;
-  }
+  // The common case in one pass without a map or a sorted copy: each slot is -1 or in range
+  // and not marked yet in this call's stamp (a cache of more than SLOT_STAMPS_MAX slots sorts a
+  // copy instead). Only a batch that fails is walked again to name each problem, in order, with
+  // the entry a repeat duplicates.
+  const bad = nSlots <= SLOT_STAMPS_MAX
+    ? slotsBadByStamps(slots, nSlots)
+    : slotsBadBySort(slots, nSlots);
   if (!bad) return slots;
   const seen = new Map<number, number>();
   for (let t = 0; t < Tk; t++) {

@@ -24,7 +24,8 @@ import {
   toIntTensor,
   toJsonTensor,
 } from "./tensors.ts";
-import { scanJsonText, scanSafetensorsHeader } from "./json_scan.ts";
+import type { z } from "zod";
+import { scanJson, scanJsonText } from "./json_scan.ts";
 import { fromZod } from "./zod_issues.ts";
 import {
   BINARY_FORWARD_TENSORS,
@@ -121,27 +122,38 @@ export function decodeJsonForward(body: unknown): DecodedForward {
   return { input, encoding: output_encoding ?? (query.base64 !== undefined ? "base64" : "data") };
 }
 
-function badRequest(message: string, issues?: Issue[]): ServiceError {
-  return new ServiceError(message, { status: 400, code: "invalid_request", issues });
+/** The depth and size pre-scan of a safetensors header's JSON (400 / 413 from json_scan). */
+function scanHeaderJson(header: Uint8Array): void {
+  scanJson(header, { what: "safetensors header" });
+}
+
+type BinaryRequest = z.output<typeof BinaryForwardRequestSchema>;
+
+/**
+ * `__metadata__.request` texts validated before, and what the schema made of them (frozen:
+ * calls share them). An engine sends the same text on every call of a layer, so its JSON is
+ * parsed and checked once; at most {@link REQUEST_MEMO_SIZE} texts of at most
+ * {@link REQUEST_MEMO_TEXT} characters are kept (the oldest goes first), valid ones only.
+ */
+const requests = new Map<string, BinaryRequest>();
+const REQUEST_MEMO_SIZE = 256;
+const REQUEST_MEMO_TEXT = 16 * 1024;
+
+function deepFreeze<T>(x: T): T {
+  if (typeof x === "object" && x !== null && !Object.isFrozen(x)) {
+    for (const v of Object.values(x)) deepFreeze(v);
+    Object.freeze(x);
+  }
+  return x;
 }
 
 /**
- * A safetensors forward body → ForwardInput. The tensors go by name; `__metadata__.request`
- * holds the rest of the body as JSON.
- * @throws ServiceError 400 `bad_safetensors` / `invalid_request`, 422 for int64 overflow.
+ * `__metadata__.request` parsed and validated (400 naming the field and value when not).
+ * @throws ServiceError 400 `invalid_request` (or json_scan's problems).
  */
-export function decodeBinaryForward(bytes: Uint8Array): DecodedForward {
-  scanSafetensorsHeader(bytes);
-  const file = parseSafetensors(bytes);
-  const text = file.metadata.request;
-  if (text === undefined) {
-    throw badRequest(
-      "safetensors body needs __metadata__.request: the JSON of backend, dtype, layer, ...",
-      [
-        { path: ["__metadata__", "request"], message: "missing" },
-      ],
-    );
-  }
+function binaryRequest(text: string): BinaryRequest {
+  const known = requests.get(text);
+  if (known !== undefined) return known;
   scanJsonText(text, { what: "__metadata__.request" });
   let json: unknown;
   try {
@@ -161,6 +173,34 @@ export function decodeBinaryForward(bytes: Uint8Array): DecodedForward {
       what: "__metadata__.request",
     });
   }
+  if (text.length <= REQUEST_MEMO_TEXT) {
+    if (requests.size >= REQUEST_MEMO_SIZE) requests.delete(requests.keys().next().value!);
+    requests.set(text, deepFreeze(r.data));
+  }
+  return r.data;
+}
+
+function badRequest(message: string, issues?: Issue[]): ServiceError {
+  return new ServiceError(message, { status: 400, code: "invalid_request", issues });
+}
+
+/**
+ * A safetensors forward body → ForwardInput. The tensors go by name; `__metadata__.request`
+ * holds the rest of the body as JSON.
+ * @throws ServiceError 400 `bad_safetensors` / `invalid_request`, 422 for int64 overflow.
+ */
+export function decodeBinaryForward(bytes: Uint8Array): DecodedForward {
+  const file = parseSafetensors(bytes, { scanHeader: scanHeaderJson });
+  const text = file.metadata.request;
+  if (text === undefined) {
+    throw badRequest(
+      "safetensors body needs __metadata__.request: the JSON of backend, dtype, layer, ...",
+      [
+        { path: ["__metadata__", "request"], message: "missing" },
+      ],
+    );
+  }
+  const request = binaryRequest(text);
   const unknown = Object.keys(file.tensors).filter((n) =>
     !(BINARY_FORWARD_TENSORS as readonly string[]).includes(n)
   );
@@ -183,7 +223,7 @@ export function decodeBinaryForward(bytes: Uint8Array): DecodedForward {
   for (const [name, t] of Object.entries(file.tensors)) {
     raws[name as keyof Raws] = rawFromSafetensors(t);
   }
-  const { output_encoding, ...rest } = r.data;
+  const { output_encoding, ...rest } = request;
   return { input: build(rest, raws, {}), encoding: output_encoding ?? "base64" };
 }
 

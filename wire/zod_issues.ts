@@ -48,16 +48,18 @@ function bestBranch(errors: ZIssue[][], depth: number): ZIssue[] {
   return best;
 }
 
+/** `root` is the value the issues' paths start from, past the first `skip` entries of `base`. */
 function flattenIssues(
   issues: readonly ZIssue[],
   base: PropertyKey[],
   root: unknown,
   out: Issue[],
+  skip: number,
 ): void {
   for (const i of issues) {
     const path = [...base, ...i.path];
     if (i.code === "invalid_union" && i.errors.length > 0) {
-      flattenIssues(bestBranch(i.errors, 0), path, root, out);
+      flattenIssues(bestBranch(i.errors, 0), path, root, out, skip);
       continue;
     }
     if (i.code === "unrecognized_keys") {
@@ -65,7 +67,7 @@ function flattenIssues(
         out.push({
           path: [...path, k].map(String),
           message: `unknown field ${JSON.stringify(k)}; got ${
-            showValue(valueAt(root, [...path, k]))
+            showValue(valueAt(root, [...path, k].slice(skip)))
           }`,
         });
       }
@@ -73,7 +75,7 @@ function flattenIssues(
     }
     out.push({
       path: path.map((p) => (typeof p === "number" ? p : String(p))),
-      message: `${i.message}; got ${showValue(valueAt(root, path))}`,
+      message: `${i.message}; got ${showValue(valueAt(root, path.slice(skip)))}`,
     });
   }
 }
@@ -85,7 +87,7 @@ export function zodIssues(
   prefix: (string | number)[] = [],
 ): Issue[] {
   const out: Issue[] = [];
-  flattenIssues(error.issues, prefix, input, out);
+  flattenIssues(error.issues, prefix, input, out, prefix.length);
   return out;
 }
 

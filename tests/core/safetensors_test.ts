@@ -124,3 +124,38 @@ Deno.test("safetensors: strict validation", async (t) => {
     rejects(build({ __metadata__: { a: 1 }, x: ok }, new Uint8Array(8)), /__metadata__.a/);
   });
 });
+
+Deno.test("safetensors: a header seen before is not parsed again; views and problems are as fresh", () => {
+  const header = {
+    __metadata__: { k: "v" },
+    a: { dtype: "F32", shape: [2], data_offsets: [0, 8] },
+  };
+  let scans = 0;
+  const scanHeader = () => void scans++;
+  const one = build(header, new Uint8Array(new Float32Array([1, 2]).buffer));
+  const two = build(header, new Uint8Array(new Float32Array([3, 4]).buffer));
+  const f1 = parseSafetensors(one, { scanHeader });
+  const f2 = parseSafetensors(two, { scanHeader });
+  assert.equal(scans, 1, "the second, same header was not scanned or parsed again");
+  // Each call's tensors are views of its own bytes.
+  assert.deepEqual(Array.from(new Float32Array(f1.tensors.a.data.slice().buffer)), [1, 2]);
+  assert.deepEqual(Array.from(new Float32Array(f2.tensors.a.data.slice().buffer)), [3, 4]);
+  assert.equal(f2.tensors.a.data.buffer, two.buffer);
+  assert.deepEqual(f2.metadata, { k: "v" });
+  // What calls share cannot be changed by one of them.
+  assert.throws(() => (f2.tensors.a.shape as number[]).push(3), TypeError);
+  assert.throws(() => (f2.metadata as Record<string, string>).k = "w", TypeError);
+  assert.deepEqual(parseSafetensors(one).tensors.a.shape, [2]);
+  // The same header with another data length is checked again, with its own problem.
+  rejects(build(header, new Uint8Array(12)), /data bytes \[8, 12\) belong to no tensor/);
+  rejects(build(header, new Uint8Array(4)), /out of range of the 4-byte data section/);
+  // A rejected header is never remembered: the same bad header fails again.
+  rejects(
+    build({ a: { dtype: "F64", shape: [1], data_offsets: [0, 8] } }, new Uint8Array(8)),
+    /F64/,
+  );
+  rejects(
+    build({ a: { dtype: "F64", shape: [1], data_offsets: [0, 8] } }, new Uint8Array(8)),
+    /F64/,
+  );
+});

@@ -6,7 +6,7 @@
  * within 1 MiB or twice what arrived; cut-short and oversized bodies keep their problems.
  */
 import assert from "node:assert/strict";
-import { BodyBuffer, readBody } from "../../server/body_read.ts";
+import { BodyBuffer, contentLength, readBody } from "../../server/body_read.ts";
 import { ServiceError } from "../../core/errors.ts";
 import { Rng } from "../support/rng.ts";
 
@@ -151,4 +151,28 @@ Deno.test("body read: memory within 1 MiB at the first chunk or twice what arriv
     }
     assert.equal(b.bytes().byteLength, total);
   }
+});
+
+Deno.test("body read: Content-Length is a decimal count or nothing", () => {
+  assert.equal(contentLength(null), -1);
+  assert.equal(contentLength("0"), 0);
+  assert.equal(contentLength(" 412345 "), 412345);
+  assert.equal(contentLength("99999999999999999999"), 1e20, "huge: over every limit, not NaN");
+  for (const bad of ["", " ", "-1", "1e3", "0x10", "12 34", "+5", "1.0"]) {
+    assert.ok(Number.isNaN(contentLength(bad)), JSON.stringify(bad));
+  }
+});
+
+Deno.test("body read: a bad Content-Length is a 400 naming it", async () => {
+  const req = new Request("http://x/", {
+    method: "POST",
+    body: "abc",
+    headers: { "content-length": "3x" },
+  });
+  await assert.rejects(readBody(req, 100), (e: unknown) => {
+    assert.ok(e instanceof ServiceError);
+    assert.equal(e.status, 400);
+    assert.match(e.message, /invalid Content-Length "3x"/);
+    return true;
+  });
 });

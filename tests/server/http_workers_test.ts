@@ -165,6 +165,10 @@ Deno.test("http workers: message checks name what is wrong", () => {
     String(checkFromWorker({ type: "body", id: 1, bytes: "x", end: "complete" })),
     /ArrayBuffer/,
   );
+  const ab = new ArrayBuffer(0);
+  const body = { type: "body", id: 1, bytes: ab, end: "error" };
+  assert.match(String(checkFromWorker({ ...body, uncounted: "yes" })), /uncounted/);
+  assert.equal(typeof checkFromWorker({ ...body, uncounted: true }), "object");
   assert.match(String(checkFromWorker({ type: "nope" })), /unknown message type/);
   const head = {
     type: "head",

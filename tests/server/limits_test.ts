@@ -250,3 +250,43 @@ Deno.test("limits: a body that stops halfway is a 400 body_incomplete, not a log
     await srv.close();
   }
 });
+
+Deno.test("limits: a safetensors forward body cut short is a 400 body_incomplete naming its declared length", async () => {
+  // Safetensors forward bodies are read in one piece (readBody's `whole`): a cut one must
+  // still be a 400 naming the declared length, not a 500, and leave the server serving.
+  const srv = await startServer();
+  try {
+    const { body, ref } = encoderBody(4);
+    const bytes = forwardBodyToSafetensors(body);
+    const half = bytes.subarray(0, bytes.byteLength >> 1);
+    const req = rawRequest("POST", "/v1/attention/forward", {
+      "content-type": "application/octet-stream",
+      "content-length": String(bytes.byteLength),
+    }, half);
+    const r = await rawExchange(srv.port, req, {
+      timeoutMs: serverMode.httpWorkers ? 2000 : 10000,
+    });
+    if (r !== null || serverMode.httpWorkers === 0) {
+      const doc = assertProblem(r, 400, "body_incomplete");
+      const named = doc.received_bytes ?? doc.declared_bytes;
+      assert.ok(
+        named === half.byteLength || named === bytes.byteLength,
+        `names what came or what was declared: ${JSON.stringify(doc)}`,
+      );
+      assert.match(String(doc.detail), new RegExp(`${bytes.byteLength} declared`));
+    }
+    assert.deepEqual(srv.errors, [], "not logged as unexpected");
+    // The whole body, read in one piece, is computed right.
+    const ok = await rawExchange(
+      srv.port,
+      post("/v1/attention/forward", bytes, "application/octet-stream"),
+    );
+    assert.ok(ok, "an answer");
+    assert.equal(ok.status, 200, ok.text);
+    const out = JSON.parse(ok.text).output;
+    const got = Array.from(new Float32Array(Uint8Array.fromBase64(out.base64).buffer));
+    assert.ok(maxAbsDiff(got, ref) < 1e-5, `max diff ${maxAbsDiff(got, ref)}`);
+  } finally {
+    await srv.close();
+  }
+});

@@ -230,6 +230,16 @@ Deno.test("validate: slot repeats, padding and out-of-range slots, in index orde
     "metadata.slot_mapping.6: slot 9 duplicates slot_mapping[0]",
     "metadata.slot_mapping.7: slot -3 out of range: -1 or [0, 32) (num_blocks 8 x block_size 4)",
   ]);
+  // The marks of one call do not leak into the next: the same slots again are no repeats.
+  for (let i = 0; i < 3; i++) validateForward(call([3, 7, 11, -1]), HELD);
+  // A cache of more slots than the marks cover (2^24 here) takes the sorted path: same answers.
+  const huge = { ...HELD, spec: { ...SPEC, num_blocks: 1 << 22 } };
+  validateForward(call([-1, 4, -1, (1 << 24) - 1]), huge);
+  const big = rejects(() => validateForward(call([9, 1 << 24, 9]), huge), "invalid_batch");
+  assert.deepEqual(big.issues!.map((x) => `${x.path.join(".")}: ${x.message}`), [
+    "metadata.slot_mapping.1: slot 16777216 out of range: -1 or [0, 16777216) (num_blocks 4194304 x block_size 4)",
+    "metadata.slot_mapping.2: slot 9 duplicates slot_mapping[0]",
+  ]);
 });
 
 Deno.test("validate: deferFinite leaves a large batch's scan, unless the call fails anyway", () => {
