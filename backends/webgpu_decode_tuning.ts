@@ -89,7 +89,10 @@ export interface DecodeTuning {
  * From the H200 sweeps of 2026-12-03 (bench/NOTES.md v0.5): `waves` 4 was the one knob fast in
  * every row of two runs (32 x 2048 f16 0.123 -> 0.104 ms, fp8 0.273 -> 0.210 ms, 64 x 8192
  * unchanged); `direct_single` stays off because its fp8 e4m3 test did not finish compiling in
- * 80-150 s on the H200 (twice), while the partial + reduce path passed there in 1 s.
+ * 80-150 s on the H200 (twice), while the partial + reduce path passed there in 1 s. From the
+ * v0.6 sweep (NOTES "v0.6 on the H200", call 3): `fp8_pairs` on, fp8 e4m3 32 x 2048 0.211 ->
+ * 0.151-0.153 ms in both rows that had it, f16 and bf16 caches unchanged (0.103-0.104); the other
+ * v0.6 knobs moved nothing that the run's slow rows did not also move, and stay off.
  */
 export const DEFAULT_DECODE_TUNING: Readonly<DecodeTuning> = Object.freeze({
   workgroup_size: 0,
@@ -113,7 +116,7 @@ export const DEFAULT_DECODE_TUNING: Readonly<DecodeTuning> = Object.freeze({
   stage_table_max: 1024,
   scatter_sums: false,
   scatter_softmax: false,
-  fp8_pairs: false,
+  fp8_pairs: true,
   indexed_gather: false,
   half_columns: false,
 });

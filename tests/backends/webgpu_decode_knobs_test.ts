@@ -197,9 +197,15 @@ const KNOBS: [string, Partial<DecodeTuning>, Expect][] = [
   }],
 ];
 
-/** What the knobs are tested against: the fixed split target and direct one-slice rows (the
- * defaults when these tests were written; the registered defaults may differ). */
-const KNOB_BASE: DecodeTuning = { ...DEFAULT_DECODE_TUNING, waves: 0, direct_single: true };
+/** What the knobs are tested against: the fixed split target, direct one-slice rows and the
+ * word-at-a-time fp8 decoder (the defaults when these tests were written; the registered
+ * defaults may differ: `fp8_pairs` is on there, and its own cases turn it on here). */
+const KNOB_BASE: DecodeTuning = {
+  ...DEFAULT_DECODE_TUNING,
+  waves: 0,
+  direct_single: true,
+  fp8_pairs: false,
+};
 
 const backendOf = (t: Partial<DecodeTuning>) =>
   makeWebGpuDecode({ ...KNOB_BASE, ...GPU_SHAPE, ...MANY, ...t }) as AttentionBackend;
