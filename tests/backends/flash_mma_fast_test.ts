@@ -23,7 +23,7 @@ import {
 } from "../../gpu/flash_mma_shape.ts";
 import { acquireMmaDevice } from "../../gpu/flash_mma_device.ts";
 import { type BatchSpec, generateBatch } from "../support/batches.ts";
-import { base, checkMma, freshSeed } from "../support/mma_case.ts";
+import { base, H200_F16_TARGET, mmaCaseTests } from "../support/mma_case.ts";
 
 const acquired = await acquireMmaDevice();
 const ctx = acquired.ctx;
@@ -108,35 +108,10 @@ const CASES: [string, BatchSpec, MmaShape][] = [
   ],
 ];
 
-for (const [name, spec, shape] of CASES) {
-  Deno.test({
-    name: `flash_mma vs reference: ${name}`,
-    ignore: ctx === null,
-    sanitizeOps: false,
-    sanitizeResources: false,
-    fn: () => checkMma(ctx!, spec, freshSeed(), { shape }),
-  });
-}
+mmaCaseTests(ctx, CASES);
 
 Deno.test("flash_mma: direct loads and ablations say why a target cannot take them", () => {
-  const t: MmaTarget = {
-    kv: "float16",
-    dtype: "float16",
-    enc: false,
-    d: 128,
-    bs: 16,
-    nhd: true,
-    nchunk: 1,
-    m: 16,
-    n: 16,
-    k: 16,
-    sg: 32,
-    causal: true,
-    window: false,
-    softcap: false,
-    alibi: false,
-    sinks: false,
-  };
+  const t: MmaTarget = { ...H200_F16_TARGET };
   const fd = MMA_VARIANTS["w8r1k16-fd"];
   assert.equal(mmaShapeProblem(t, fd, 49152), null);
   assert.match(String(mmaShapeProblem({ ...t, kv: "bfloat16" }, fd)), /f16 cache, not bfloat16/);

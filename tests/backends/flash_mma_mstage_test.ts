@@ -18,7 +18,7 @@ import {
 } from "../../gpu/flash_mma_shape.ts";
 import { acquireMmaDevice } from "../../gpu/flash_mma_device.ts";
 import type { BatchSpec } from "../support/batches.ts";
-import { base, checkMma, freshSeed } from "../support/mma_case.ts";
+import { base, H200_F16_TARGET, mmaCaseTests } from "../support/mma_case.ts";
 
 const acquired = await acquireMmaDevice();
 const ctx = acquired.ctx;
@@ -60,35 +60,10 @@ const CASES: [string, BatchSpec, MmaShape][] = [
   ],
 ];
 
-for (const [name, spec, shape] of CASES) {
-  Deno.test({
-    name: `flash_mma vs reference: ${name}`,
-    ignore: ctx === null,
-    sanitizeOps: false,
-    sanitizeResources: false,
-    fn: () => checkMma(ctx!, spec, freshSeed(), { shape }),
-  });
-}
+mmaCaseTests(ctx, CASES);
 
 Deno.test("flash_mma: matrix staging says why a target cannot take it", () => {
-  const t: MmaTarget = {
-    kv: "float16",
-    dtype: "float16",
-    enc: false,
-    d: 128,
-    bs: 16,
-    nhd: true,
-    nchunk: 1,
-    m: 16,
-    n: 16,
-    k: 16,
-    sg: 32,
-    causal: true,
-    window: false,
-    softcap: false,
-    alibi: false,
-    sinks: false,
-  };
+  const t: MmaTarget = { ...H200_F16_TARGET };
   const fx = MMA_VARIANTS["w8r1k16-fx"];
   assert.equal(mmaShapeProblem(t, fx, 49152), null);
   assert.match(String(mmaShapeProblem({ ...t, kv: "fp8_e4m3" }, fx)), /f16 cache, not fp8_e4m3/);

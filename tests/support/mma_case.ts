@@ -16,7 +16,7 @@ import { toFloat32 } from "../../core/data.ts";
 import { decode, encode } from "../../core/dtype.ts";
 import { HostKvCache } from "../../backends/cpu/host_cache.ts";
 import type { GpuContext, KvCache } from "../../core/types.ts";
-import type { MmaShape } from "../../gpu/flash_mma_shape.ts";
+import type { MmaShape, MmaTarget } from "../../gpu/flash_mma_shape.ts";
 import type { MmaContext } from "../../gpu/flash_mma_device.ts";
 import { runGpuPlan } from "../../gpu/gpu_plan.ts";
 import { GpuKvCache, MAX_KV_CHUNK_BYTES } from "../../gpu/kv_cache.ts";
@@ -25,6 +25,7 @@ import { type BatchSpec, cacheIndex, generateBatch } from "./batches.ts";
 import { assertClose, firstNonFinite } from "./compare.ts";
 
 export { freshSeed } from "./rng.ts";
+import { freshSeed } from "./rng.ts";
 
 /** The tensor-core tests' batch: f16, hd64, 8 q / 2 kv heads, one 29-token prefill, with LSE. */
 export const base = (o: Partial<BatchSpec>): BatchSpec => ({
@@ -124,5 +125,42 @@ export async function checkMma(
     }
   } finally {
     cache?.destroy();
+  }
+}
+
+/** An H200-like target (f16 cache and data, head 128, NHD, 16x16x16 matrices, subgroup 32):
+ * what the shape-refusal tests start from. */
+export const H200_F16_TARGET: Readonly<MmaTarget> = Object.freeze({
+  kv: "float16",
+  dtype: "float16",
+  enc: false,
+  d: 128,
+  bs: 16,
+  nhd: true,
+  nchunk: 1,
+  m: 16,
+  n: 16,
+  k: 16,
+  sg: 32,
+  causal: true,
+  window: false,
+  softcap: false,
+  alibi: false,
+  sinks: false,
+});
+
+/** One Deno.test per named case against CPU_REFERENCE (skipped without a device). */
+export function mmaCaseTests(
+  ctx: MmaContext | null,
+  cases: readonly (readonly [string, BatchSpec, MmaShape])[],
+): void {
+  for (const [name, spec, shape] of cases) {
+    Deno.test({
+      name: `flash_mma vs reference: ${name}`,
+      ignore: ctx === null,
+      sanitizeOps: false,
+      sanitizeResources: false,
+      fn: () => checkMma(ctx!, spec, freshSeed(), { shape }),
+    });
   }
 }
