@@ -24,7 +24,7 @@ import {
 } from "../core/types.ts";
 import { capabilities } from "./capabilities_base.ts";
 import { type GpuPlan, runGpuPlan } from "../gpu/gpu_plan.ts";
-import { type AttentionCalls, buildGpuPlan } from "../gpu/plan_builder.ts";
+import { type AttentionCalls, buildGpuPlan, disposeGpuPlan } from "../gpu/plan_builder.ts";
 import { GpuKvCache } from "../gpu/kv_cache.ts";
 import {
   envFlashTile,
@@ -213,6 +213,7 @@ export function makeWebGpuFlash(
     importCache: (spec, key, value, ctx) => GpuKvCache.fromBytes(requireGpu(ctx), spec, key, value),
     plan: (s, ctx) => planFor(o, s, ctx),
     run: (p, batch, ctx, opts) => runGpuPlan(p, batch, ctx.gpu, opts),
+    disposePlan: disposeGpuPlan,
   };
 }
 

@@ -62,6 +62,8 @@ export interface GpuPlan extends PlanContract {
   readonly ctx: GpuContext;
   /** Every Params block and metadata table (gpu/plan_table.ts), written by each call. */
   readonly table: Uint8Array<ArrayBuffer>;
+  /** Returns the table's lent memory (gpu/plan_builder.ts disposeGpuPlan); idempotent. */
+  readonly dispose?: () => void;
   /**
    * The calls check the batch's query/key/value for NaN and infinity first, and write the
    * cache only when they are finite (gpu/finite_check.ts): a call with one fails with the

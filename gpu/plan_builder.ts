@@ -4,7 +4,8 @@
  * limit is a 422 `binding_limit_exceeded` naming the tensor, its bytes and the limit, never a
  * silent failure), the device's finiteness check of a large call's data, the cache write of the
  * call's new K/V (gated by that check), the poisoning of the output and LSE,
- * the backend's own attention calls, and the plan table's bytes (each call uploads them). The
+ * the backend's own attention calls, and the plan table's bytes (each call uploads them; lent
+ * memory, returned by {@link disposeGpuPlan} when the plan cache drops the plan). The
  * part before the attention calls depends on the shape alone and is replayed from its first
  * build (gpu/plan_prefix.ts).
  * @module
@@ -13,7 +14,7 @@ import { bytesPerElement } from "../core/dtype.ts";
 import { ServiceError } from "../core/errors.ts";
 import type { BatchShape, GpuContext } from "../core/types.ts";
 import type { GpuPlan, PlannedCall } from "./gpu_plan.ts";
-import { TableBuilder } from "./plan_table.ts";
+import { TABLE_MEMORY, TableBuilder } from "./plan_table.ts";
 import { planPrefix } from "./plan_prefix.ts";
 import { chunkKeyOf, kvChunkGeometry } from "./kv_cache.ts";
 
@@ -97,9 +98,11 @@ export async function buildGpuPlan(
       );
     }
   }
+  const lease = TABLE_MEMORY.acquire(table.byteLength);
   return {
     ctx,
-    table: table.bytes(),
+    table: table.bytes(lease.bytes),
+    dispose: lease.release,
     checks_finite: prefix.checks,
     calls,
     scratch: att.scratch,
@@ -110,4 +113,12 @@ export async function buildGpuPlan(
     info: att.info ?? {},
     plan_ms: performance.now() - t0,
   };
+}
+
+/**
+ * Returns a plan's table memory (a backend's `disposePlan`: the plan cache calls it once the
+ * plan was dropped and no call holds it); the plan must not run afterwards.
+ */
+export function disposeGpuPlan(p: GpuPlan): void {
+  p.dispose?.();
 }

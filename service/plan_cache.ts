@@ -15,6 +15,7 @@
  */
 import type { AttentionBackend, BackendContext, BatchShape, PlanContract } from "../core/types.ts";
 import { keyArrays } from "./batch_key.ts";
+import { TABLE_MEMORY, type TableLease } from "../gpu/plan_table.ts";
 
 /** Plans kept under one plan key (metadata variants of one shape). */
 export const PLAN_VARIANTS = 4;
@@ -24,6 +25,8 @@ interface Entry {
   backend: AttentionBackend;
   plan: Promise<PlanContract>;
   arrays: (ArrayLike<number> | null)[];
+  /** The memory of `arrays`. */
+  lease: TableLease;
   holders: number;
   dropped: boolean;
 }
@@ -56,8 +59,27 @@ function sameArrays(a: (ArrayLike<number> | null)[], b: (ArrayLike<number> | nul
   return true;
 }
 
-const copy = (a: (ArrayLike<number> | null)[]) =>
-  a.map((x) => (x instanceof Int32Array ? x.slice() : x ? Int32Array.from(x) : null));
+/**
+ * A copy of `a` in lent memory (one lease for every array; a fresh 16 KiB block-table copy per
+ * decode step cost more than comparing it), returned when the entry leaves the cache.
+ */
+function copy(
+  a: (ArrayLike<number> | null)[],
+): { arrays: (Int32Array | null)[]; lease: TableLease } {
+  let words = 0;
+  for (const x of a) words += x?.length ?? 0;
+  const lease = TABLE_MEMORY.acquire(4 * words);
+  const all = new Int32Array(lease.bytes.buffer, 0, words);
+  let at = 0;
+  const arrays = a.map((x) => {
+    if (!x) return null;
+    const view = all.subarray(at, at + x.length);
+    view.set(x);
+    at += x.length;
+    return view;
+  });
+  return { arrays, lease };
+}
 
 /** The plan cache of one service. */
 export class PlanCache {
@@ -91,7 +113,7 @@ export class PlanCache {
         key,
         backend: backend as AttentionBackend,
         plan: Promise.resolve().then(() => backend.plan(shape, ctx)),
-        arrays: copy(arrays),
+        ...copy(arrays),
         holders: 0,
         dropped: false,
       };
@@ -142,6 +164,7 @@ export class PlanCache {
     const bucket = this.#buckets.get(e.key);
     const i = bucket?.indexOf(e) ?? -1;
     if (i < 0) return;
+    e.lease.release(); // nothing compares against it any more
     bucket!.splice(i, 1);
     if (bucket!.length === 0) this.#buckets.delete(e.key);
   }

@@ -1,0 +1,147 @@
+/**
+ * A decode step plans anew, cheaply: plan tables live in lent memory (gpu/plan_table.ts
+ * TABLE_MEMORY) returned when a plan is disposed, large sections are written in place
+ * (TableBuilder.addWords), Params are packed from a per-kernel field map and compiled kernels
+ * are found without an await (gpu/kernel.ts). None of it may change a byte: a plan built on
+ * reused memory, after other steps of the same shape, equals the plan first built for its
+ * metadata and still matches CPU_REFERENCE.
+ */
+import assert from "node:assert/strict";
+import { CPU_REFERENCE } from "../../backends/cpu/cpu_reference.ts";
+import { HostKvCache } from "../../backends/cpu/host_cache.ts";
+import { WEBGPU_DECODE } from "../../backends/webgpu_decode.ts";
+import { WEBGPU_FLASH } from "../../backends/webgpu_flash.ts";
+import { toFloat32 } from "../../core/data.ts";
+import type { AttentionBackend } from "../../core/types.ts";
+import type { GpuPlan } from "../../gpu/gpu_plan.ts";
+import { FILL } from "../../gpu/fill.ts";
+import { compiledKernel, getKernel, packUniforms } from "../../gpu/kernel.ts";
+import { GpuKvCache } from "../../gpu/kv_cache.ts";
+import { TableBuilder, TableMemory } from "../../gpu/plan_table.ts";
+import { validHostBatch } from "../../service/host_input.ts";
+import { generateBatch, smallSpec } from "../support/batches.ts";
+import { assertClose } from "../support/compare.ts";
+import { tolerance } from "../support/backend_check.ts";
+import { freshSeed, GPU, GPU_TEST } from "./helpers.ts";
+
+Deno.test("table memory: a reused lease is zeroed; a returned lease is lent once", () => {
+  const mem = new TableMemory();
+  const a = mem.acquire(5000);
+  a.bytes.fill(0xab);
+  a.release();
+  a.release(); // idempotent: the buffer is not listed twice
+  const b = mem.acquire(6000), c = mem.acquire(6000);
+  assert.notEqual(b.bytes.buffer, c.bytes.buffer, "two live leases never share memory");
+  assert.ok(b.bytes.every((x) => x === 0), "stale bytes of an earlier table are cleared");
+  assert.deepEqual(mem.stats(), { created: 2, reused: 1 });
+});
+
+Deno.test("table builder: sections written in place equal copied ones, into lent memory", () => {
+  const words = Uint32Array.from({ length: 70 }, (_, i) => i * 2654435761);
+  const copied = new TableBuilder(), inPlace = new TableBuilder();
+  const head = Float32Array.of(1.5, -2, 3);
+  copied.add(head);
+  inPlace.add(head);
+  const s1 = copied.add(words);
+  const s2 = inPlace.addWords(words.length, (dst) => dst.set(words));
+  assert.deepEqual(s2, s1, "the same offset and bound size");
+  const into = new Uint8Array(8192).fill(0); // a zeroed lease, larger than the table
+  const got = inPlace.bytes(into);
+  assert.equal(got.buffer, into.buffer, "made in the given memory");
+  assert.deepEqual(got, copied.bytes());
+});
+
+Deno.test("packUniforms: the def's order and types; a missing or unknown field is named", () => {
+  const def = {
+    name: "k",
+    uniforms: [["a", "u32"], ["b", "f32"], ["c", "i32"], ["d", "u32"], ["e", "u32"]] as const,
+  };
+  const got = packUniforms(def, { e: 7, c: -3, b: 0.5, a: 2 ** 32 - 1, d: 1 });
+  const dv = new DataView(got.buffer);
+  assert.equal(got.byteLength, 32, "padded to 16 bytes");
+  assert.deepEqual(
+    [dv.getUint32(0, true), dv.getFloat32(4, true), dv.getInt32(8, true), dv.getUint32(12, true)],
+    [2 ** 32 - 1, 0.5, -3, 1],
+  );
+  assert.equal(dv.getUint32(16, true), 7);
+  assert.throws(() => packUniforms(def, { a: 1, b: 1, c: 1, d: 1 }), /k: uniform e has no value/);
+  assert.throws(
+    () => packUniforms(def, { a: 1, b: 1, c: 1, d: 1, e: 1, f: 2 }),
+    /k: unknown uniform f/,
+  );
+});
+
+Deno.test(
+  "kernels: a compiled variant is found again without an await",
+  GPU_TEST,
+  async () => {
+    const gpu = GPU!;
+    const wg = 32 + 8 * (freshSeed() % 8); // a variant this process has likely not compiled
+    const before = compiledKernel(gpu, FILL, { wg });
+    const k = await getKernel(gpu, FILL, { wg });
+    assert.ok(before === null || before === k);
+    assert.equal(compiledKernel(gpu, FILL, { wg }), k);
+    assert.equal(await getKernel(gpu, FILL, { wg }), k);
+  },
+);
+
+const STEP = (seq: number) =>
+  smallSpec({
+    requests: [{ query_len: 1, seq_len: seq }, { query_len: 1, seq_len: 70 - seq }, {
+      query_len: 3,
+      seq_len: 40,
+    }],
+  });
+
+for (const backend of [WEBGPU_DECODE, WEBGPU_FLASH] as AttentionBackend<GpuPlan>[]) {
+  Deno.test(
+    `${backend.name}: a step re-planned on reused memory equals its first plan and the reference`,
+    GPU_TEST,
+    async () => {
+      const gpu = GPU!;
+      const seed = freshSeed();
+      const first = generateBatch(STEP(33), seed);
+      const cache = await GpuKvCache.fromBytes(
+        gpu,
+        first.cache_spec!,
+        first.key_cache,
+        first.value_cache,
+      );
+      const host = HostKvCache.fromBytes(first.cache_spec!, first.key_cache, first.value_cache);
+      try {
+        const batch = validHostBatch(first.batch, cache);
+        const p1 = await backend.plan(batch, { gpu });
+        const bytes1 = p1.table.slice();
+        const calls1 = JSON.stringify(p1.calls.map((c) => [c.name, c.kernel.key, c.grid, c.bind]));
+        backend.disposePlan!(p1); // its memory goes back, dirty
+        // Other steps of the same shape: their plans take (and leave) that memory.
+        for (const seq of [35, 31, 37]) {
+          const other = generateBatch(STEP(seq), seed + seq);
+          const p = await backend.plan(validHostBatch(other.batch, cache), { gpu });
+          assert.notDeepEqual(p.table, bytes1, `step ${seq} plans its own items`);
+          backend.disposePlan!(p);
+        }
+        const p2 = await backend.plan(batch, { gpu });
+        assert.deepEqual(p2.table, bytes1, "the same bytes as the first plan");
+        assert.equal(
+          JSON.stringify(p2.calls.map((c) => [c.name, c.kernel.key, c.grid, c.bind])),
+          calls1,
+        );
+        const want = await CPU_REFERENCE.run({}, validHostBatch(first.batch, host), { gpu: null });
+        const got = await backend.run(p2, batch, { gpu });
+        try {
+          assertClose(toFloat32(got.output), toFloat32(want.output), {
+            ...tolerance(first.spec),
+            label: `output (seed ${seed})`,
+          });
+          assertClose(got.lse!, want.lse!, { atol: 2e-4, rtol: 1e-5, label: `lse (seed ${seed})` });
+        } finally {
+          got.release?.();
+          backend.disposePlan!(p2);
+        }
+      } finally {
+        cache.destroy();
+      }
+    },
+  );
+}
