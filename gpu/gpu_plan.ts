@@ -29,7 +29,8 @@ import { bytesPerElement } from "../core/dtype.ts";
 import { dataArray } from "../core/data.ts";
 import { poolOf } from "./buffer_pool.ts";
 import type { CompiledKernel } from "./kernel.ts";
-import { type Bound, type KernelCall, launch } from "./launch.ts";
+import { type Bound, entries, type KernelCall, launch } from "./launch.ts";
+import { bindGroupsOf } from "./bind_groups.ts";
 import { type PlanTable, type Section, TABLE_USAGE, uploadTable } from "./plan_table.ts";
 import { GpuKvCache } from "./kv_cache.ts";
 import type { FillPlan } from "./fill.ts";
@@ -144,6 +145,22 @@ export interface BoundGpuPlan {
   release(): void;
 }
 
+/** The device-owned buffers a plan binds (gpu/persistent_buffers.ts), found once per plan. */
+const persistentRefs = new WeakMap<GpuPlan, { persistent: string; bytes: number }[]>();
+function persistentRefsOf(p: GpuPlan): { persistent: string; bytes: number }[] {
+  let l = persistentRefs.get(p);
+  if (!l) {
+    l = [];
+    for (const c of p.calls) {
+      for (const r of [...Object.values(c.bind), ...(c.indirect ? [c.indirect] : [])]) {
+        if ("persistent" in r) l.push(r);
+      }
+    }
+    persistentRefs.set(p, l);
+  }
+  return l;
+}
+
 /** Each planned call's bindings as a list, built once per plan (a plan serves many calls). */
 const bindLists = new WeakMap<GpuPlan, [string, BindRef][][]>();
 function bindListsOf(p: GpuPlan): [string, BindRef][][] {
@@ -152,10 +169,68 @@ function bindListsOf(p: GpuPlan): [string, BindRef][][] {
   return l;
 }
 
+/** The buffers a plan's symbolic bindings name, for one call. */
+interface CallBuffers {
+  table: GPUBuffer;
+  io: Record<string, GPUBuffer>;
+  scratch: Record<string, GPUBuffer>;
+  persistent: Map<string, GPUBuffer>;
+}
+
+/** `p`'s calls with every binding resolved to `bufs` and each call's bind group. */
+function bindCalls(
+  p: GpuPlan,
+  gpu: GpuContext,
+  cache: GpuKvCache | null,
+  bufs: CallBuffers,
+): KernelCall[] {
+  const resolve = (r: BindRef): Bound => {
+    if ("table" in r) return { buffer: bufs.table, offset: r.table.offset, size: r.table.size };
+    if ("scratch" in r) return bufs.scratch[r.scratch];
+    if ("persistent" in r) return bufs.persistent.get(r.persistent)!;
+    const buf = bufs.io[r.io];
+    if (!buf) throw new Error(`the plan binds ${r.io}, which this batch does not carry`);
+    return buf;
+  };
+  const groups = bindGroupsOf(gpu.device);
+  const binds = bindListsOf(p);
+  return p.calls.map((c, i) => {
+    const bind: Record<string, Bound> = {};
+    for (const [k, r] of binds[i]) bind[k] = resolve(r);
+    if (c.cache) Object.assign(bind, cache!.bindMap());
+    const call: KernelCall = { name: c.name, kernel: c.kernel, bind, grid: c.grid };
+    if (c.indirect) {
+      const r = resolve(c.indirect);
+      call.indirect = "usage" in r ? { buffer: r, offset: 0 } : { buffer: r.buffer, offset: 0 };
+    }
+    call.group = groups.get(c.kernel.layout, entries(call), c.name);
+    return call;
+  });
+}
+
+/**
+ * The calls a plan was last bound to, with their bind groups, and every buffer they bind in a
+ * fixed order: a call of the same plan that gets the same buffers (the pool hands them back in
+ * steady state; the layers of an engine step share one plan) reuses them as they are, without
+ * resolving a binding or building a bind-group key.
+ */
+interface BoundCalls {
+  buffers: GPUBuffer[];
+  calls: KernelCall[];
+}
+const lastBound = new WeakMap<GpuPlan, BoundCalls>();
+
+function sameBuffers(a: GPUBuffer[], b: GPUBuffer[]): boolean {
+  if (a.length !== b.length) return false;
+  for (let i = 0; i < a.length; i++) if (a[i] !== b[i]) return false;
+  return true;
+}
+
 /**
  * Binds plan `p` to batch `b` on `gpu`: pooled buffers for the plan's table and the call's
  * tensors, output, LSE and scratch, the uploads of the table and of the query/key/value bytes
- * as they came, and every call's bindings. runGpuPlan
+ * as they came, and every call's bindings with its bind group (the last binding's calls when
+ * every buffer is the same, {@link BoundCalls}). runGpuPlan
  * launches the result; the bench launches its calls without a readback to time the kernels.
  */
 export function bindGpuPlan(p: GpuPlan, b: ValidBatch, gpu: GpuContext): BoundGpuPlan {
@@ -203,26 +278,21 @@ export function bindGpuPlan(p: GpuPlan, b: ValidBatch, gpu: GpuContext): BoundGp
     for (const [name, bytes] of Object.entries(p.scratch)) {
       scratch[name] = take(bytes, GPUBufferUsage.STORAGE, name);
     }
-    const resolve = (r: BindRef): Bound => {
-      if ("table" in r) return { buffer: table, offset: r.table.offset, size: r.table.size };
-      if ("scratch" in r) return scratch[r.scratch];
-      if ("persistent" in r) return persistentBuffer(gpu, r.persistent, r.bytes);
-      const buf = io[r.io];
-      if (!buf) throw new Error(`the plan binds ${r.io}, which this batch does not carry`);
-      return buf;
-    };
-    const binds = bindListsOf(p);
-    const calls: KernelCall[] = p.calls.map((c, i) => {
-      const bind: Record<string, Bound> = {};
-      for (const [k, r] of binds[i]) bind[k] = resolve(r);
-      if (c.cache) Object.assign(bind, (cache as GpuKvCache).bindMap());
-      const call: KernelCall = { name: c.name, kernel: c.kernel, bind, grid: c.grid };
-      if (c.indirect) {
-        const r = resolve(c.indirect);
-        call.indirect = "usage" in r ? { buffer: r, offset: 0 } : { buffer: r.buffer, offset: 0 };
-      }
-      return call;
-    });
+    const persistent = new Map<string, GPUBuffer>();
+    for (const r of persistentRefsOf(p)) {
+      persistent.set(r.persistent, persistentBuffer(gpu, r.persistent, r.bytes));
+    }
+    // Every buffer a call may bind, in a fixed order (the same plan binds the same names).
+    const buffers = [...owned, ...persistent.values()];
+    if (cache !== null) {
+      const c = cache as GpuKvCache;
+      buffers.push(...c.keyBuffers, ...c.valueBuffers);
+    }
+    const last = lastBound.get(p);
+    const calls = last && sameBuffers(last.buffers, buffers)
+      ? last.calls
+      : bindCalls(p, gpu, cache as GpuKvCache | null, { table, io, scratch, persistent });
+    if (calls !== last?.calls) lastBound.set(p, { buffers, calls });
     return {
       uploads,
       calls,

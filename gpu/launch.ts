@@ -36,6 +36,8 @@ export interface KernelCall {
   grid: readonly [number, number];
   /** Dispatch indirectly: the workgroup counts are the three u32 at `offset` of `buffer`. */
   indirect?: { buffer: GPUBuffer; offset: number };
+  /** The bind group of `bind`, when the caller resolved it already (gpu/gpu_plan.ts). */
+  group?: GPUBindGroup;
 }
 
 /** One buffer range to read back. */
@@ -88,7 +90,8 @@ export interface LaunchResult {
   };
 }
 
-function entries(call: KernelCall): { binding: number; resource: GPUBufferBinding }[] {
+/** The bind-group entries of a call, in the kernel's binding order. */
+export function entries(call: KernelCall): { binding: number; resource: GPUBufferBinding }[] {
   return call.kernel.bindings.map((b, i) => {
     const r = call.bind[b.name];
     if (!r) throw new Error(`${call.kernel.key}: binding ${b.name} has no buffer`);
@@ -143,7 +146,7 @@ function recordCalls(
 ): void {
   const dispatch = (pass: GPUComputePassEncoder, c: KernelCall) => {
     pass.setPipeline(c.kernel.pipeline);
-    pass.setBindGroup(0, groups.get(c.kernel.layout, entries(c), c.name));
+    pass.setBindGroup(0, c.group ?? groups.get(c.kernel.layout, entries(c), c.name));
     if (c.indirect) pass.dispatchWorkgroupsIndirect(c.indirect.buffer, c.indirect.offset);
     else if (c.grid[0] * c.grid[1] > 0) pass.dispatchWorkgroups(c.grid[0], c.grid[1]);
   };

@@ -13,7 +13,7 @@ import { WEBGPU_DECODE } from "../../backends/webgpu_decode.ts";
 import { WEBGPU_FLASH } from "../../backends/webgpu_flash.ts";
 import { toFloat32 } from "../../core/data.ts";
 import type { AttentionBackend } from "../../core/types.ts";
-import type { GpuPlan } from "../../gpu/gpu_plan.ts";
+import { bindGpuPlan, type GpuPlan } from "../../gpu/gpu_plan.ts";
 import { FILL } from "../../gpu/fill.ts";
 import { compiledKernel, getKernel, packUniforms } from "../../gpu/kernel.ts";
 import { GpuKvCache } from "../../gpu/kv_cache.ts";
@@ -145,3 +145,44 @@ for (const backend of [WEBGPU_DECODE, WEBGPU_FLASH] as AttentionBackend<GpuPlan>
     },
   );
 }
+
+Deno.test(
+  "bind: a plan bound again to the same buffers reuses its calls; concurrent calls get their own",
+  GPU_TEST,
+  async () => {
+    const gpu = GPU!, backend = WEBGPU_DECODE as AttentionBackend<GpuPlan>;
+    const seed = freshSeed();
+    const g = generateBatch(STEP(33), seed);
+    const cache = await GpuKvCache.fromBytes(gpu, g.cache_spec!, g.key_cache, g.value_cache);
+    const host = HostKvCache.fromBytes(g.cache_spec!, g.key_cache, g.value_cache);
+    try {
+      const batch = validHostBatch(g.batch, cache);
+      const plan = await backend.plan(batch, { gpu });
+      const a = bindGpuPlan(plan, batch, gpu);
+      a.release();
+      const b = bindGpuPlan(plan, batch, gpu);
+      assert.equal(b.calls, a.calls, "the same buffers: the last binding's calls, groups and all");
+      assert.ok(b.calls.every((c) => c.group !== undefined), "bind groups resolved at bind time");
+      // While b holds its buffers, another binding of the plan gets others, and its own calls.
+      const c = bindGpuPlan(plan, batch, gpu);
+      assert.notEqual(c.calls, b.calls);
+      assert.notEqual(c.out, b.out);
+      b.release();
+      c.release();
+      // Two calls of one plan in flight at once (the layers of one step) answer like one.
+      const want = await CPU_REFERENCE.run({}, validHostBatch(g.batch, host), { gpu: null });
+      // The cache write of a repeated call rewrites the same rows: the reference is unchanged.
+      const runs = await Promise.all([0, 1, 2].map(() => backend.run(plan, batch, { gpu })));
+      for (const [i, r] of runs.entries()) {
+        assertClose(toFloat32(r.output), toFloat32(want.output), {
+          ...tolerance(g.spec),
+          label: `concurrent call ${i} (seed ${seed})`,
+        });
+        r.release?.();
+      }
+      backend.disposePlan!(plan);
+    } finally {
+      cache.destroy();
+    }
+  },
+);
