@@ -26,7 +26,7 @@
 import { parseArgs } from "node:util";
 import { AttentionService, builtinBackends } from "../mod.ts";
 import type { AttentionBackend } from "../core/types.ts";
-import { GPU_TIMING, type GpuPlan } from "../gpu/gpu_plan.ts";
+import { bindStats, GPU_TIMING, type GpuPlan } from "../gpu/gpu_plan.ts";
 import { bindGroupsOf } from "../gpu/bind_groups.ts";
 import { poolOf } from "../gpu/buffer_pool.ts";
 import { hostPool } from "../gpu/host_pool.ts";
@@ -68,15 +68,23 @@ const PHASES = [
   "wall",
 ];
 
-/** A backend whose plans dispatch nothing (each call's grid 0 x 0): host work only. */
+/**
+ * A backend whose plans dispatch nothing (each call's grid 0 x 0): host work only. Plans that
+ * share a call list (gpu/plan_builder.ts) share its host-only copy too, as they would the list.
+ */
 function hostOnly(b: AttentionBackend): AttentionBackend {
   if (!b.requires.needs_device) return b;
   const g = b as AttentionBackend<GpuPlan>;
+  const copies = new WeakMap<GpuPlan["calls"], GpuPlan["calls"]>();
   return {
     ...g,
     plan: async (s, ctx) => {
       const p = await g.plan(s, ctx);
-      const calls = p.calls.map((c) => ({ ...c, grid: [0, 0] as const, indirect: undefined }));
+      let calls = copies.get(p.calls);
+      if (!calls) {
+        calls = p.calls.map((c) => ({ ...c, grid: [0, 0] as const, indirect: undefined }));
+        copies.set(p.calls, calls);
+      }
       return { ...p, calls };
     },
   } as AttentionBackend;
@@ -198,6 +206,7 @@ try {
   }
   results.reuse = {
     bind_groups: bindGroupsOf(gpu.device).stats(),
+    bound_calls: bindStats(),
     buffers: poolOf(gpu).stats(),
     host_memory: hostPool.stats(),
     upload_staging: { on: stagedUploads(gpu), ...stagingOf(gpu).stats() },

@@ -146,9 +146,9 @@ export interface BoundGpuPlan {
 }
 
 /** The device-owned buffers a plan binds (gpu/persistent_buffers.ts), found once per plan. */
-const persistentRefs = new WeakMap<GpuPlan, { persistent: string; bytes: number }[]>();
+const persistentRefs = new WeakMap<PlannedCall[], { persistent: string; bytes: number }[]>();
 function persistentRefsOf(p: GpuPlan): { persistent: string; bytes: number }[] {
-  let l = persistentRefs.get(p);
+  let l = persistentRefs.get(p.calls);
   if (!l) {
     l = [];
     for (const c of p.calls) {
@@ -156,16 +156,16 @@ function persistentRefsOf(p: GpuPlan): { persistent: string; bytes: number }[] {
         if ("persistent" in r) l.push(r);
       }
     }
-    persistentRefs.set(p, l);
+    persistentRefs.set(p.calls, l);
   }
   return l;
 }
 
 /** Each planned call's bindings as a list, built once per plan (a plan serves many calls). */
-const bindLists = new WeakMap<GpuPlan, [string, BindRef][][]>();
+const bindLists = new WeakMap<PlannedCall[], [string, BindRef][][]>();
 function bindListsOf(p: GpuPlan): [string, BindRef][][] {
-  let l = bindLists.get(p);
-  if (!l) bindLists.set(p, l = p.calls.map((c) => Object.entries(c.bind)));
+  let l = bindLists.get(p.calls);
+  if (!l) bindLists.set(p.calls, l = p.calls.map((c) => Object.entries(c.bind)));
   return l;
 }
 
@@ -209,16 +209,27 @@ function bindCalls(
 }
 
 /**
- * The calls a plan was last bound to, with their bind groups, and every buffer they bind in a
- * fixed order: a call of the same plan that gets the same buffers (the pool hands them back in
- * steady state; the layers of an engine step share one plan) reuses them as they are, without
- * resolving a binding or building a bind-group key.
+ * The calls a plan's call list was last bound to, with their bind groups, and every buffer
+ * they bind in a fixed order: a call of the same plan, or of a later plan sharing its list
+ * (gpu/plan_builder.ts: a decode step whose decomposition did not change), that gets the same
+ * buffers (the pool hands them back in steady state; the layers of an engine step share one
+ * plan) reuses them as they are, without resolving a binding or building a bind-group key.
+ * The table's bytes are the plan's own; only where they go is shared.
  */
 interface BoundCalls {
   buffers: GPUBuffer[];
   calls: KernelCall[];
 }
-const lastBound = new WeakMap<GpuPlan, BoundCalls>();
+const lastBound = new WeakMap<PlannedCall[], BoundCalls>();
+const boundStats = { bound: 0, reused: 0, reused_groups: 0 };
+
+/**
+ * Counters of {@link bindGpuPlan} (tests, the profile): bindings resolved anew, bindings that
+ * reused a plan's last calls as they were, and the bind groups those carried.
+ */
+export function bindStats(): { bound: number; reused: number; reused_groups: number } {
+  return { ...boundStats };
+}
 
 function sameBuffers(a: GPUBuffer[], b: GPUBuffer[]): boolean {
   if (a.length !== b.length) return false;
@@ -288,11 +299,17 @@ export function bindGpuPlan(p: GpuPlan, b: ValidBatch, gpu: GpuContext): BoundGp
       const c = cache as GpuKvCache;
       buffers.push(...c.keyBuffers, ...c.valueBuffers);
     }
-    const last = lastBound.get(p);
+    const last = lastBound.get(p.calls);
     const calls = last && sameBuffers(last.buffers, buffers)
       ? last.calls
       : bindCalls(p, gpu, cache as GpuKvCache | null, { table, io, scratch, persistent });
-    if (calls !== last?.calls) lastBound.set(p, { buffers, calls });
+    if (calls !== last?.calls) {
+      lastBound.set(p.calls, { buffers, calls });
+      boundStats.bound++;
+    } else {
+      boundStats.reused++;
+      boundStats.reused_groups += calls.length;
+    }
     return {
       uploads,
       calls,

@@ -13,10 +13,55 @@
 import { bytesPerElement } from "../core/dtype.ts";
 import { ServiceError } from "../core/errors.ts";
 import type { BatchShape, GpuContext } from "../core/types.ts";
-import type { GpuPlan, PlannedCall } from "./gpu_plan.ts";
+import type { BindRef, GpuPlan, PlannedCall } from "./gpu_plan.ts";
 import { TABLE_MEMORY, TableBuilder } from "./plan_table.ts";
 import { planPrefix } from "./plan_prefix.ts";
 import { chunkKeyOf, kvChunkGeometry } from "./kv_cache.ts";
+
+/** The last plan's calls per device and shape key (see {@link sharedCalls}). */
+const lastCalls = new WeakMap<GPUDevice, Map<string, PlannedCall[]>>();
+const LAST_CALLS_LIMIT = 64;
+
+function sameRef(a: BindRef | undefined, b: BindRef | undefined): boolean {
+  if (a === b) return true;
+  if (!a || !b) return false;
+  if ("table" in a) {
+    return "table" in b && a.table.offset === b.table.offset && a.table.size === b.table.size;
+  }
+  if ("io" in a) return "io" in b && a.io === b.io;
+  if ("scratch" in a) return "scratch" in b && a.scratch === b.scratch;
+  return "persistent" in b && a.persistent === b.persistent && a.bytes === b.bytes;
+}
+
+function sameCall(a: PlannedCall, b: PlannedCall): boolean {
+  if (
+    a.name !== b.name || a.kernel !== b.kernel || a.cache !== b.cache ||
+    a.grid[0] !== b.grid[0] || a.grid[1] !== b.grid[1] || !sameRef(a.indirect, b.indirect)
+  ) return false;
+  const ka = Object.keys(a.bind), kb = Object.keys(b.bind);
+  if (ka.length !== kb.length) return false;
+  for (const k of ka) if (!sameRef(a.bind[k], b.bind[k])) return false;
+  return true;
+}
+
+/**
+ * `calls`, or the previous plan's call list of this shape when it is the same in every field
+ * (kernels, grids, table sections, bindings): a decode step's plan whose work decomposition did
+ * not change then shares its predecessor's list, and with it the bindings and bind groups the
+ * list was last bound to (gpu/gpu_plan.ts), so the first layer of a step binds nothing anew.
+ */
+function sharedCalls(ctx: GpuContext, key: string, calls: PlannedCall[]): PlannedCall[] {
+  let m = lastCalls.get(ctx.device);
+  if (!m) lastCalls.set(ctx.device, m = new Map());
+  const prev = m.get(key);
+  if (prev && prev.length === calls.length && prev.every((c, i) => sameCall(c, calls[i]))) {
+    return prev;
+  }
+  m.delete(key);
+  m.set(key, calls);
+  if (m.size > LAST_CALLS_LIMIT) m.delete(m.keys().next().value!);
+  return calls;
+}
 
 /** The attention part of a plan, from the backend. */
 export interface AttentionCalls {
@@ -104,7 +149,7 @@ export async function buildGpuPlan(
     table: table.bytes(lease.bytes),
     dispose: lease.release,
     checks_finite: prefix.checks,
-    calls,
+    calls: sharedCalls(ctx, s.plan_key, calls),
     scratch: att.scratch,
     out_bytes: prefix.out_words * 4,
     lse_bytes: prefix.lse_words * 4,

@@ -186,3 +186,35 @@ Deno.test(
     }
   },
 );
+
+Deno.test(
+  "plans: a step whose calls equal the last step's shares its call list, else gets its own",
+  GPU_TEST,
+  async () => {
+    const gpu = GPU!, backend = WEBGPU_DECODE as AttentionBackend<GpuPlan>;
+    const seed = freshSeed();
+    const g = generateBatch(STEP(33), seed);
+    const cache = await GpuKvCache.fromBytes(gpu, g.cache_spec!, g.key_cache, g.value_cache);
+    const shape = (c: GpuPlan) =>
+      JSON.stringify(c.calls.map((x) => [x.name, x.kernel.key, x.grid, x.bind, x.indirect]));
+    try {
+      const batch = validHostBatch(g.batch, cache);
+      const a = await backend.plan(batch, { gpu });
+      const b = await backend.plan(batch, { gpu });
+      assert.notEqual(b, a);
+      assert.equal(b.calls, a.calls, "the same metadata: the same calls, shared");
+      let prev = b, own = 0;
+      for (const seq of [34, 20, 50, 21, 35]) {
+        const other = generateBatch(STEP(seq), seed + seq);
+        const p = await backend.plan(validHostBatch(other.batch, cache), { gpu });
+        const same = shape(p) === shape(prev);
+        assert.equal(p.calls === prev.calls, same, `step ${seq}: shared exactly when equal`);
+        if (!same) own++;
+        prev = p;
+      }
+      assert.ok(own > 0, "the steps cover another decomposition");
+    } finally {
+      cache.destroy();
+    }
+  },
+);
