@@ -85,22 +85,25 @@ export interface GpuPlan extends PlanContract {
   readonly plan_ms: number;
 }
 
-/** The fill calls that poison the output and LSE buffers of a plan. */
-export function poisonCalls(fillOut: FillPlan, fillLse: FillPlan): PlannedCall[] {
-  return [
+/** The fill calls that poison the output and (unless null) the LSE buffers of a plan. */
+export function poisonCalls(fillOut: FillPlan, fillLse: FillPlan | null): PlannedCall[] {
+  const calls: PlannedCall[] = [
     {
       name: "poison",
       kernel: fillOut.kernel,
       bind: { P: { table: fillOut.params }, dst: { io: "out" } },
       grid: fillOut.grid,
     },
-    {
+  ];
+  if (fillLse) {
+    calls.push({
       name: "poison",
       kernel: fillLse.kernel,
       bind: { P: { table: fillLse.params }, dst: { io: "lse" } },
       grid: fillLse.grid,
-    },
-  ];
+    });
+  }
+  return calls;
 }
 
 /** Words of a dtype's output and their NaN pattern. */
@@ -114,17 +117,34 @@ export function uploadPlanTable(p: GpuPlan): PlanTable {
 }
 
 /**
- * How a forward's dispatches are timed (gpu/launch.ts): `total` (the default) runs them all in
- * one compute pass and reports `gpu` for the whole; `ATTN_GPU_TIMING=calls` gives each its own
- * timed pass (`gpu_<name>`, for profiling the kernels).
+ * How a forward's dispatches are timed (gpu/launch.ts), by `ATTN_GPU_TIMING`: every call runs
+ * them all in one compute pass; `sampled` (the default) times the first call of a plan's call
+ * list and then one in {@link GPU_TIMING_SAMPLE} (`gpu`; the others carry no `gpu` timing:
+ * timestamp writes, their resolve and copy cost about 35 us of host time a call on Dawn over
+ * lavapipe), `total` times every call, `off` none; `calls` gives each dispatch its own timed
+ * pass (`gpu_<name>`, for profiling the kernels).
  */
-export const GPU_TIMING: "calls" | "total" = (() => {
+export const GPU_TIMING: "calls" | "total" | "sampled" | "off" = (() => {
+  let v: string | undefined;
   try {
-    return Deno.env.get("ATTN_GPU_TIMING") === "calls" ? "calls" : "total";
-  } catch {
-    return "total";
-  }
+    v = Deno.env.get("ATTN_GPU_TIMING");
+  } catch { /* no --allow-env: the default */ }
+  return v === "calls" || v === "total" || v === "off" ? v : "sampled";
 })();
+
+/** Under `sampled` timing, one forward call in this many is timed on the device. */
+export const GPU_TIMING_SAMPLE = 16;
+/** Forward calls per call list (plans of a decode step's shape share one: gpu/plan_builder.ts). */
+const callCounts = new WeakMap<PlannedCall[], number>();
+
+/** The launch timing of the next call of `p` (see {@link GPU_TIMING}). */
+function nextTiming(p: GpuPlan): "calls" | "total" | "none" {
+  if (GPU_TIMING === "calls" || GPU_TIMING === "total") return GPU_TIMING;
+  if (GPU_TIMING === "off") return "none";
+  const n = callCounts.get(p.calls) ?? 0;
+  callCounts.set(p.calls, n + 1);
+  return n % GPU_TIMING_SAMPLE === 0 ? "total" : "none";
+}
 
 const STORAGE_IN = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST;
 const STORAGE_OUT = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC;
@@ -348,7 +368,7 @@ export async function runGpuPlan(
       calls: bound.calls,
       reads,
       signal: opts.signal,
-      timing: GPU_TIMING,
+      timing: nextTiming(p),
     });
     if (bound.flags) {
       const issues = finiteIssues(r.parts[reads.length - 1], b);

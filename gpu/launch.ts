@@ -60,8 +60,10 @@ export interface LaunchSpec {
    * from the first begin to the last end). `total`: every call in one compute pass (the device
    * orders the dispatches and makes each one's writes visible to the next), timed as a whole
    * (`gpu.gpu` only): fewer passes to encode, and no timestamps between the dispatches.
+   * `none`: one pass, untimed (no query set, resolve or copy of timestamps: on Dawn over
+   * lavapipe those cost about 35 us of host time a call).
    */
-  timing?: "calls" | "total";
+  timing?: "calls" | "total" | "none";
 }
 
 /**
@@ -211,8 +213,11 @@ export async function launch(ctx: GpuContext, spec: LaunchSpec): Promise<LaunchR
     ? []
     : await Promise.all(bigUploads.map((u) => staging!.acquire(u.data.byteLength)));
   const pool = poolOf(ctx);
-  const timed = ctx.features.has("timestamp-query") && spec.calls.length > 0;
-  const passes = spec.timing === "total" ? Math.min(1, spec.calls.length) : spec.calls.length;
+  const timed = ctx.features.has("timestamp-query") && spec.calls.length > 0 &&
+    spec.timing !== "none";
+  const passes = spec.timing === "total" || spec.timing === "none"
+    ? Math.min(1, spec.calls.length)
+    : spec.calls.length;
   const qs = timed ? pool.acquireQuerySet(2 * passes) : null;
   const offsets: number[] = [];
   let total = 0;

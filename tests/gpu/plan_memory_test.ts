@@ -13,7 +13,7 @@ import { WEBGPU_DECODE } from "../../backends/webgpu_decode.ts";
 import { WEBGPU_FLASH } from "../../backends/webgpu_flash.ts";
 import { toFloat32 } from "../../core/data.ts";
 import type { AttentionBackend } from "../../core/types.ts";
-import { bindGpuPlan, type GpuPlan } from "../../gpu/gpu_plan.ts";
+import { bindGpuPlan, GPU_TIMING, GPU_TIMING_SAMPLE, type GpuPlan } from "../../gpu/gpu_plan.ts";
 import { FILL } from "../../gpu/fill.ts";
 import { compiledKernel, getKernel, packUniforms } from "../../gpu/kernel.ts";
 import { GpuKvCache } from "../../gpu/kv_cache.ts";
@@ -213,6 +213,50 @@ Deno.test(
         prev = p;
       }
       assert.ok(own > 0, "the steps cover another decomposition");
+    } finally {
+      cache.destroy();
+    }
+  },
+);
+
+Deno.test(
+  "encode: the LSE is poisoned only when returned; device timing samples a call list's calls",
+  GPU_TEST,
+  async () => {
+    const gpu = GPU!, backend = WEBGPU_DECODE as AttentionBackend<GpuPlan>;
+    const seed = freshSeed();
+    const g = generateBatch({ ...STEP(33), return_lse: false }, seed);
+    const cache = await GpuKvCache.fromBytes(gpu, g.cache_spec!, g.key_cache, g.value_cache);
+    const host = HostKvCache.fromBytes(g.cache_spec!, g.key_cache, g.value_cache);
+    try {
+      const batch = validHostBatch(g.batch, cache);
+      const plan = await backend.plan(batch, { gpu });
+      const poisoned = plan.calls.filter((c) => c.name === "poison").map((c) => c.bind.dst);
+      assert.deepEqual(poisoned, [{ io: "out" }], "no LSE read back: only the output poisoned");
+      const withLse = await backend.plan(
+        validHostBatch(generateBatch(STEP(33), seed).batch, cache),
+        { gpu },
+      );
+      assert.deepEqual(
+        withLse.calls.filter((c) => c.name === "poison").map((c) => c.bind.dst),
+        [{ io: "out" }, { io: "lse" }],
+      );
+      const want = await CPU_REFERENCE.run({}, validHostBatch(g.batch, host), { gpu: null });
+      const timed: boolean[] = [];
+      for (let i = 0; i <= GPU_TIMING_SAMPLE; i++) {
+        const r = await backend.run(plan, batch, { gpu });
+        assertClose(toFloat32(r.output), toFloat32(want.output), {
+          ...tolerance(g.spec),
+          label: `call ${i} (seed ${seed})`,
+        });
+        assert.equal(r.lse, null);
+        timed.push(r.timings?.gpu !== undefined);
+        r.release?.();
+      }
+      if (gpu.features.has("timestamp-query") && GPU_TIMING === "sampled") {
+        const want = timed.map((_, i) => i % GPU_TIMING_SAMPLE === 0);
+        assert.deepEqual(timed, want, "the first call and every GPU_TIMING_SAMPLE-th timed");
+      }
     } finally {
       cache.destroy();
     }
