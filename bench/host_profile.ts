@@ -17,7 +17,8 @@
  * idles between calls (with `--kernels`: does the GPU's share grow when calls are sparse?). On this project's CPU
  * machines Dawn runs in the trixie chroot (see the team guide). `ATTN_UPLOAD_STAGING=0|1`
  * forces large uploads through writeBuffer or mapped staging (gpu/upload_staging.ts),
- * `ATTN_GPU_TIMING=calls` times each dispatch in its own pass (gpu/gpu_plan.ts). Each result is
+ * `ATTN_GPU_TIMING=calls` times each dispatch in its own pass, `total` every call, the default
+ * `sampled` a call list's first call and one in 16 (gpu/gpu_plan.ts). Each result is
  * released after its call, as the server does once an answer was delivered, so read-backs reuse
  * the host pool's memory (gpu/host_pool.ts). The last line says what was reused (bind groups,
  * buffers, host memory, staging, plans).
