@@ -153,8 +153,17 @@ const ARGS_USAGE = GPUBufferUsage.STORAGE | GPUBufferUsage.INDIRECT;
 
 /** A plan bound to one batch's buffers (see {@link bindGpuPlan}). */
 export interface BoundGpuPlan {
-  /** The uploads: the plan's table, then query/key/value. */
+  /**
+   * The uploads: the plan's table (unless its buffer holds it already, see
+   * {@link BoundGpuPlan.tableWritten}), then query/key/value.
+   */
   uploads: { buffer: GPUBuffer; data: Uint8Array }[];
+  /**
+   * Records that the table's buffer now holds the plan's table: call it once the launch that
+   * wrote it went through, and a later call of the plan that gets the same pooled buffer (the
+   * layers of an engine step) skips the table's upload.
+   */
+  tableWritten(): void;
   /** The plan's calls with every binding resolved. */
   calls: KernelCall[];
   /** The output and LSE buffers, and the finiteness flags when the plan checks. */
@@ -241,13 +250,26 @@ interface BoundCalls {
   calls: KernelCall[];
 }
 const lastBound = new WeakMap<PlannedCall[], BoundCalls>();
-const boundStats = { bound: 0, reused: 0, reused_groups: 0 };
+const boundStats = { bound: 0, reused: 0, reused_groups: 0, tables_kept: 0 };
+
+/**
+ * The plan table a pooled table buffer holds, as recorded by {@link BoundGpuPlan.tableWritten}
+ * (tables are immutable, and no kernel writes one; a binding that uploads another table into
+ * the buffer forgets the record first, so a launch that does not report back leaves none).
+ */
+const tableHolds = new WeakMap<GPUBuffer, Uint8Array>();
 
 /**
  * Counters of {@link bindGpuPlan} (tests, the profile): bindings resolved anew, bindings that
- * reused a plan's last calls as they were, and the bind groups those carried.
+ * reused a plan's last calls as they were, the bind groups those carried, and table uploads
+ * skipped because the buffer held the plan's table.
  */
-export function bindStats(): { bound: number; reused: number; reused_groups: number } {
+export function bindStats(): {
+  bound: number;
+  reused: number;
+  reused_groups: number;
+  tables_kept: number;
+} {
   return { ...boundStats };
 }
 
@@ -293,7 +315,12 @@ export function bindGpuPlan(p: GpuPlan, b: ValidBatch, gpu: GpuContext): BoundGp
       out: take(p.out_bytes, STORAGE_OUT, "out"),
       lse: take(p.lse_bytes, STORAGE_OUT, "lse"),
     };
-    const uploads: { buffer: GPUBuffer; data: Uint8Array }[] = [{ buffer: table, data: p.table }];
+    const uploads: { buffer: GPUBuffer; data: Uint8Array }[] = [];
+    if (tableHolds.get(table) === p.table) boundStats.tables_kept++;
+    else {
+      tableHolds.delete(table);
+      uploads.push({ buffer: table, data: p.table });
+    }
     if (p.checks_finite) {
       io.flags = take(FLAGS_BYTES, FLAGS_USAGE, "flags");
       io.args = take(ARGS_BYTES, ARGS_USAGE, "args");
@@ -336,6 +363,7 @@ export function bindGpuPlan(p: GpuPlan, b: ValidBatch, gpu: GpuContext): BoundGp
       out: io.out,
       lse: io.lse,
       flags: io.flags ?? null,
+      tableWritten: () => tableHolds.set(table, p.table),
       release: () => pool.release(...owned),
     };
   } catch (e) {
@@ -370,6 +398,7 @@ export async function runGpuPlan(
       signal: opts.signal,
       timing: nextTiming(p),
     });
+    bound.tableWritten();
     if (bound.flags) {
       const issues = finiteIssues(r.parts[reads.length - 1], b);
       if (issues.length > 0) {

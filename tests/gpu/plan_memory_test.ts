@@ -13,7 +13,13 @@ import { WEBGPU_DECODE } from "../../backends/webgpu_decode.ts";
 import { WEBGPU_FLASH } from "../../backends/webgpu_flash.ts";
 import { toFloat32 } from "../../core/data.ts";
 import type { AttentionBackend } from "../../core/types.ts";
-import { bindGpuPlan, GPU_TIMING, GPU_TIMING_SAMPLE, type GpuPlan } from "../../gpu/gpu_plan.ts";
+import {
+  bindGpuPlan,
+  bindStats,
+  GPU_TIMING,
+  GPU_TIMING_SAMPLE,
+  type GpuPlan,
+} from "../../gpu/gpu_plan.ts";
 import { FILL } from "../../gpu/fill.ts";
 import { compiledKernel, getKernel, packUniforms } from "../../gpu/kernel.ts";
 import { GpuKvCache } from "../../gpu/kv_cache.ts";
@@ -257,6 +263,48 @@ Deno.test(
         const want = timed.map((_, i) => i % GPU_TIMING_SAMPLE === 0);
         assert.deepEqual(timed, want, "the first call and every GPU_TIMING_SAMPLE-th timed");
       }
+    } finally {
+      cache.destroy();
+    }
+  },
+);
+
+Deno.test(
+  "encode: a plan's table is uploaded once per pooled buffer; another table there forgets it",
+  GPU_TEST,
+  async () => {
+    const gpu = GPU!, backend = WEBGPU_DECODE as AttentionBackend<GpuPlan>;
+    const seed = freshSeed();
+    const g = generateBatch(STEP(41), seed), h = generateBatch(STEP(29), seed + 1);
+    const cache = await GpuKvCache.fromBytes(gpu, g.cache_spec!, g.key_cache, g.value_cache);
+    const host = HostKvCache.fromBytes(g.cache_spec!, g.key_cache, g.value_cache);
+    try {
+      const batch = validHostBatch(g.batch, cache);
+      const plan = await backend.plan(batch, { gpu });
+      const other = await backend.plan(validHostBatch(h.batch, cache), { gpu });
+      const want = await CPU_REFERENCE.run({}, validHostBatch(g.batch, host), { gpu: null });
+      const check = async (what: string) => {
+        const r = await backend.run(plan, batch, { gpu });
+        assertClose(toFloat32(r.output), toFloat32(want.output), {
+          ...tolerance(g.spec),
+          label: `${what} (seed ${seed})`,
+        });
+        r.release?.();
+      };
+      await check("first call");
+      const kept0 = bindStats().tables_kept;
+      await check("second call");
+      assert.equal(bindStats().tables_kept, kept0 + 1, "the second call kept the table");
+      // A binding that writes another plan's table into that buffer (as a bench launching
+      // bound calls itself does) and never reports back: the next call uploads again.
+      const b = bindGpuPlan(other, validHostBatch(h.batch, cache), gpu);
+      assert.equal(b.uploads[0].data, other.table);
+      gpu.device.queue.writeBuffer(b.uploads[0].buffer, 0, other.table);
+      b.release();
+      await check("after another table");
+      assert.equal(bindStats().tables_kept, kept0 + 1, "the buffer's record was forgotten");
+      await check("then kept again");
+      assert.equal(bindStats().tables_kept, kept0 + 2);
     } finally {
       cache.destroy();
     }
