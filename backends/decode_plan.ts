@@ -15,7 +15,7 @@ import { dispatchSize } from "../gpu/batch_buffers.ts";
 import { DECODE_REDUCE, DECODE_SPLIT, type DecodeSplitConsts } from "../gpu/decode_kernels.ts";
 import { DECODE_SCALE } from "../gpu/decode_codegen.ts";
 import type { BindRef, PlannedCall } from "../gpu/gpu_plan.ts";
-import { getKernel, packUniforms } from "../gpu/kernel.ts";
+import { compiledKernel, getKernel, packUniforms } from "../gpu/kernel.ts";
 import { kvChunkGeometry } from "../gpu/kv_cache.ts";
 import type { TableBuilder } from "../gpu/plan_table.ts";
 import { elementsPerWord } from "../gpu/wgsl.ts";
@@ -69,6 +69,38 @@ export function partialLimit(ctx: GpuContext): number {
   );
 }
 
+/** The decode rows of a batch: request, token, visible key range and position of each. */
+interface RowRanges {
+  count: number;
+  req: number[];
+  token: number[];
+  begin: number[];
+  end: number[];
+  pos: number[];
+}
+
+/** Every query token of the requests `reqs` selects, as a decode row (see the module doc). */
+function decodeRowRanges(s: BatchShape, reqs: (i: number) => boolean): RowRanges {
+  const md = s.metadata, qsl = md.query_start_loc;
+  const req: number[] = [], token: number[] = [], begin: number[] = [], end: number[] = [];
+  const pos: number[] = [];
+  let r = 0;
+  for (let i = 0; i < md.num_reqs; i++) {
+    if (!reqs(i)) continue;
+    const q0 = qsl[i], n = qsl[i + 1] - q0, S = md.seq_lens[i];
+    const base = S - n; // position of the request's first query (reference semantics)
+    for (let j = 0; j < n; j++, r++) {
+      const [b, e] = keyRange(s, base + j, S);
+      req.push(i);
+      token.push(q0 + j);
+      begin.push(b);
+      end.push(Math.max(b, e));
+      pos.push(base + j);
+    }
+  }
+  return { count: r, req, token, begin, end, pos };
+}
+
 /**
  * Plans the decode rows of `s`: every query token of the requests `reqs` selects. The cache
  * spec must be set (decoder or encoder_decoder).
@@ -82,26 +114,21 @@ export async function planDecodeRows(
 ): Promise<DecodeRowsPlan | null> {
   const L = s.layer, md = s.metadata, T = s.num_tokens, spec = s.cache_spec!;
   const H = L.num_heads, Hkv = L.num_kv_heads, D = L.head_size;
-  // Rows and their key ranges.
-  const ranges: [number, number, number, number, number][] = []; // req, token, begin, end, pos
-  for (let i = 0; i < md.num_reqs; i++) {
-    if (!reqs(i)) continue;
-    const q0 = md.query_start_loc[i], n = md.query_start_loc[i + 1] - q0, S = md.seq_lens[i];
-    const base = S - n; // position of the request's first query (reference semantics)
-    for (let j = 0; j < n; j++) {
-      const [b, e] = keyRange(s, base + j, S);
-      ranges.push([i, q0 + j, b, Math.max(b, e), base + j]);
-    }
-  }
-  if (ranges.length === 0) return null;
+  const rows = decodeRowRanges(s, reqs);
+  const R = rows.count;
+  if (R === 0) return null;
   const g = kvChunkGeometry(ctx, spec);
   const shape = decodeShape(ctx, tuning, L, spec, g.storage_dtype);
   const perItem = (Hkv / shape.kh) * shape.tiles;
   const nkg = shape.wg / shape.lpk;
   // Slices start at multiples of U (a step's keys then share a block); the first one masks
   // the keys before the range's true begin.
-  const starts = ranges.map(([, , b, e]) => (e > b ? b - (b % shape.u) : b));
-  const spans = ranges.map((r, j) => r[3] - starts[j]);
+  const starts: number[] = [], spans: number[] = [];
+  for (let r = 0; r < R; r++) {
+    const b = rows.begin[r], e = rows.end[r];
+    starts.push(e > b ? b - (b % shape.u) : b);
+    spans.push(e - starts[r]);
+  }
   let split = sliceLength(tuning, {
     spans,
     perItem,
@@ -110,45 +137,74 @@ export async function planDecodeRows(
   });
   let epi = epilogueMode(ctx, tuning, shape, g.nchunk);
   // Partial slots: every item (epi 0), else the items of rows cut into several.
-  const slotsAt = (x: number) =>
-    spans.reduce((n, sp) => {
-      const c = Math.max(1, Math.ceil(sp / x));
-      return n + (epi > 0 && c === 1 ? 0 : c);
-    }, 0);
+  const slotsAt = (x: number) => {
+    let n = 0;
+    for (let r = 0; r < R; r++) {
+      const c = Math.max(1, Math.ceil(spans[r] / x));
+      n += epi > 0 && c === 1 ? 0 : c;
+    }
+    return n;
+  };
   const partLimit = partialLimit(ctx);
   while (partialBytes(slotsAt(split), H, D) > partLimit && split < 2 ** 30) split *= 2;
   // The fused reduce's partials stay allocated on the device: big ones take the reduce pass.
   if (epi === 2 && partialBytes(slotsAt(split), H, D) > FUSED_PART_BYTES) epi = 1;
   // direct_single changes nothing when every row is cut: keep the plain kernel then.
   if (epi === 1 && spans.every((sp) => sp > split)) epi = 0;
-  const items: number[] = [];
-  const rows: number[] = []; // row table: token, first slot, slot count, first counter
-  let slots = 0;
-  ranges.forEach(([i, t, b, e, p], r) => {
-    const start = starts[r], n = Math.max(1, Math.ceil(spans[r] / split));
-    const direct = epi > 0 && n === 1;
-    const row = direct ? NONE : rows.length / 4;
-    if (!direct) rows.push(t, slots, n, row * perItem);
-    for (let j = 0; j < n; j++) {
-      const k = start + j * split;
-      items.push(i, t, k, Math.max(k, Math.min(e, k + split)), direct ? NONE : slots++, p, b, row);
+  // Item and row counts (and the most blocks an item spans) first; the table is written in
+  // place when the plan's bytes are made: items (8 words each), block table, slopes, row table
+  // (token, first slot, slot count, first counter), sinks.
+  const bs = spec.block_size;
+  let n = 0, numRows = 0, slots = 0, most = 1;
+  for (let r = 0; r < R; r++) {
+    const c = Math.max(1, Math.ceil(spans[r] / split));
+    n += c;
+    if (!(epi > 0 && c === 1)) {
+      numRows++;
+      slots += c;
     }
-  });
-  const n = items.length / 8;
-  const tb = stagedEntries(tuning, shape, epi, items, spec.block_size);
-  const btOff = items.length, slopeOff = btOff + md.block_table.length;
-  const tokOff = slopeOff + H, sinkOff = tokOff + rows.length;
-  const tab = new Uint32Array(sinkOff + H);
-  tab.set(items);
-  tab.set(
-    new Uint32Array(md.block_table.buffer, md.block_table.byteOffset, md.block_table.length),
-    btOff,
-  );
-  if (L.alibi_slopes) tab.set(new Uint32Array(Float32Array.from(L.alibi_slopes).buffer), slopeOff);
-  tab.set(rows, tokOff);
-  if (L.sinks) tab.set(new Uint32Array(Float32Array.from(L.sinks).buffer), sinkOff);
-  const numRows = rows.length / 4;
-
+    if (!tuning.stage_table) continue;
+    const e = rows.end[r];
+    for (let j = 0; j < c; j++) {
+      const k = starts[r] + j * split, ke = Math.max(k, Math.min(e, k + split));
+      if (ke > k) most = Math.max(most, Math.floor((ke - 1) / bs) - Math.floor(k / bs) + 1);
+    }
+  }
+  const btOff = 8 * n, slopeOff = btOff + md.block_table.length;
+  const tokOff = slopeOff + H, sinkOff = tokOff + 4 * numRows;
+  const tb = stagedEntries(tuning, shape, epi, most);
+  const bt = md.block_table, slopes = L.alibi_slopes, sinks = L.sinks;
+  const writeTable = (tab: Uint32Array) => {
+    let slot = 0, it = 0, row = 0;
+    for (let r = 0; r < R; r++) {
+      const i = rows.req[r], t = rows.token[r], b = rows.begin[r], e = rows.end[r];
+      const p = rows.pos[r], start = starts[r], c = Math.max(1, Math.ceil(spans[r] / split));
+      const direct = epi > 0 && c === 1;
+      const rowId = direct ? NONE : row;
+      if (!direct) {
+        const o = tokOff + 4 * row++;
+        tab[o] = t;
+        tab[o + 1] = slot;
+        tab[o + 2] = c;
+        tab[o + 3] = rowId * perItem;
+      }
+      for (let j = 0; j < c; j++, it += 8) {
+        const k = start + j * split;
+        tab[it] = i;
+        tab[it + 1] = t;
+        tab[it + 2] = k;
+        tab[it + 3] = Math.max(k, Math.min(e, k + split));
+        tab[it + 4] = direct ? NONE : slot++;
+        tab[it + 5] = p;
+        tab[it + 6] = b;
+        tab[it + 7] = rowId;
+      }
+    }
+    tab.set(new Uint32Array(bt.buffer, bt.byteOffset, bt.length), btOff);
+    const f = new Float32Array(tab.buffer, tab.byteOffset, tab.length);
+    if (slopes) f.set(slopes, slopeOff);
+    if (sinks) f.set(sinks, sinkOff);
+  };
   const fp8 = g.storage_dtype === "fp8_e4m3" || g.storage_dtype === "fp8_e5m2";
   const splitGrid = dispatchSize(ctx, n * perItem);
   const reduceGrid = dispatchSize(ctx, Math.max(1, numRows) * H);
@@ -204,14 +260,20 @@ export async function planDecodeRows(
     neg_inf: -Infinity,
     cnt_off: slots * H * (D + 4),
   }));
-  const tabSec = table.add(tab);
+  const tabSec = table.addWords(sinkOff + H, writeTable);
   // Sections are added before the first await: the table's layout then follows the order the
   // planners were called in, whatever order the kernels resolve in (stable bindings).
   const reduce = epi < 2 && numRows > 0;
-  const [split_k, reduce_k] = await Promise.all([
-    getKernel(ctx, DECODE_SPLIT, consts),
-    reduce ? getKernel(ctx, DECODE_REDUCE, { d: D, dtype: s.dtype }) : null,
-  ]);
+  // Compiled already (every step after the first): no await.
+  const reduceConsts = { d: D, dtype: s.dtype };
+  let split_k = compiledKernel(ctx, DECODE_SPLIT, consts);
+  let reduce_k = reduce ? compiledKernel(ctx, DECODE_REDUCE, reduceConsts) : null;
+  if (!split_k || (reduce && !reduce_k)) {
+    [split_k, reduce_k] = await Promise.all([
+      getKernel(ctx, DECODE_SPLIT, consts),
+      reduce ? getKernel(ctx, DECODE_REDUCE, reduceConsts) : null,
+    ]);
+  }
   // Partials and counters: pooled scratch, or under the fused reduce the device's own zeroed
   // buffer (wgsl/decode_fused.wgsl: every word zero between its dispatches).
   const partBytes = partialBytes(slots, H, D) + (epi === 2 ? numRows * perItem * 4 : 0);
@@ -248,7 +310,7 @@ export async function planDecodeRows(
   return {
     calls,
     part_bytes: Math.max(16, epi === 2 ? 16 : partBytes),
-    rows: ranges.length,
+    rows: R,
     items: n,
     split_keys: split,
     split_rows: numRows,

@@ -121,25 +121,18 @@ export function epilogueMode(
 }
 
 /**
- * Block-table entries a split workgroup stages in workgroup memory (`stage_table`): the most
- * blocks one of `items` (8 words each: k_begin at 2, k_end at 3) spans, rounded up to a power of
- * two (few kernel variants); 0 (lookups from storage) when off, over `stage_table_max` or over
- * the workgroup memory left.
+ * Block-table entries a split workgroup stages in workgroup memory (`stage_table`): `most`, the
+ * most blocks one work item spans, rounded up to a power of two (few kernel variants); 0
+ * (lookups from storage) when off, over `stage_table_max` or over the workgroup memory left.
  */
 export function stagedEntries(
   tuning: DecodeTuning,
   s: DecodeShape,
   epi: number,
-  items: ArrayLike<number>,
-  bs: number,
+  most: number,
 ): number {
   if (!tuning.stage_table) return 0;
-  let most = 1;
-  for (let j = 0; j < items.length; j += 8) {
-    const kb = items[j + 2], ke = items[j + 3];
-    if (ke > kb) most = Math.max(most, Math.floor((ke - 1) / bs) - Math.floor(kb / bs) + 1);
-  }
-  const tb = 2 ** Math.ceil(Math.log2(most));
+  const tb = 2 ** Math.ceil(Math.log2(Math.max(1, most)));
   const shared = s.shared + (epi > 0 ? EPILOGUE_SHARED : 0) + 4 * tb;
   return tb <= tuning.stage_table_max && shared <= s.shared_limit ? tb : 0;
 }

@@ -17,7 +17,7 @@ import type { DecodeTuning } from "./webgpu_decode_tuning.ts";
 /** What the slice length depends on. */
 export interface SliceInput {
   /** Keys each row's slices span (from its first key rounded down to the step's key count). */
-  spans: number[];
+  spans: ArrayLike<number>;
   /** Split workgroups per slice (kv head blocks x head tiles). */
   perItem: number;
   /** Keys per workgroup step; the length is a multiple of it. */
@@ -27,17 +27,23 @@ export interface SliceInput {
 }
 
 /** Slices of the rows at length `len` (a row of no keys is one slice). */
-export function sliceCount(spans: number[], len: number): number {
-  return spans.reduce((n, s) => n + Math.max(1, Math.ceil(s / len)), 0);
+export function sliceCount(spans: ArrayLike<number>, len: number): number {
+  let n = 0;
+  for (let i = 0; i < spans.length; i++) n += Math.max(1, Math.ceil(spans[i] / len));
+  return n;
 }
 
 const roundUp = (x: number, m: number) => Math.max(m, Math.ceil(x / m) * m);
 
 /** The slice length for `x` under `t` (see the module doc). */
 export function sliceLength(t: DecodeTuning, x: SliceInput): number {
-  const longest = roundUp(x.spans.reduce((a, b) => Math.max(a, b), 1), x.step);
+  let most = 1, keys = 0;
+  for (let i = 0; i < x.spans.length; i++) {
+    most = Math.max(most, x.spans[i]);
+    keys += x.spans[i];
+  }
+  const longest = roundUp(most, x.step);
   if (t.waves <= 0) {
-    const keys = x.spans.reduce((a, b) => a + b, 0);
     const len = Math.max(t.min_split_keys, Math.ceil(keys / Math.max(1, x.target / x.perItem)));
     return roundUp(len, x.step);
   }

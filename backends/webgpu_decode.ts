@@ -16,7 +16,7 @@ import { DeviceUnavailableError } from "../core/errors.ts";
 import type { AttentionBackend, BackendContext, BatchShape, GpuContext } from "../core/types.ts";
 import { capabilities } from "./capabilities_base.ts";
 import { type GpuPlan, runGpuPlan } from "../gpu/gpu_plan.ts";
-import { type AttentionCalls, buildGpuPlan } from "../gpu/plan_builder.ts";
+import { type AttentionCalls, buildGpuPlan, disposeGpuPlan } from "../gpu/plan_builder.ts";
 import { GpuKvCache } from "../gpu/kv_cache.ts";
 import { planDecodeRows } from "./decode_plan.ts";
 import {
@@ -93,6 +93,7 @@ export function makeWebGpuDecode(
     importCache: (spec, key, value, ctx) => GpuKvCache.fromBytes(requireGpu(ctx), spec, key, value),
     plan,
     run: (p, batch, ctx, opts) => runGpuPlan(p, batch, ctx.gpu, opts),
+    disposePlan: disposeGpuPlan,
   };
 }
 

@@ -24,7 +24,7 @@ import {
 } from "../core/types.ts";
 import { capabilities } from "./capabilities_base.ts";
 import { type GpuPlan, runGpuPlan } from "../gpu/gpu_plan.ts";
-import { type AttentionCalls, buildGpuPlan } from "../gpu/plan_builder.ts";
+import { type AttentionCalls, buildGpuPlan, disposeGpuPlan } from "../gpu/plan_builder.ts";
 import { GpuKvCache } from "../gpu/kv_cache.ts";
 import {
   envFlashTile,
@@ -76,7 +76,8 @@ export interface FlashOptions {
   decode: DecodeTuning;
   /**
    * Run f16/bf16 prefill rows on the tensor-core kernel (subgroup matrices, Dawn) where the
-   * device has them; false keeps the portable kernel. Default: on, unless ATTN_PREFILL_MMA=0.
+   * device has them; false keeps the portable kernel. Default: on, unless ATTN_PREFILL_MMA=0 when the backend
+   * is built.
    */
   mma?: boolean;
   /** The tensor-core kernel's shape where a batch can take it (else the default shape). */
@@ -87,7 +88,7 @@ export interface FlashOptions {
    * cache, when one partial result per token and head fits a binding). On the H200 under
    * Deno's runtime this ran causal prefill 2.2x (4 x 1024) and 2.3x (8 x 4096) faster than
    * the tiles, on lavapipe 3.2x (2 x 256): bench/NOTES.md. Default: on, unless
-   * ATTN_PREFILL_SPLIT=0.
+   * ATTN_PREFILL_SPLIT=0 when the backend is built.
    */
   prefill_split?: boolean;
 }
@@ -103,7 +104,7 @@ function envOn(name: string): boolean {
 
 /** The tensor-core kernel's constants for this batch's prefill rows; null where it runs none. */
 function mmaFor(ctx: GpuContext, o: FlashOptions, s: BatchShape): MmaConsts | null {
-  if (!(o.mma ?? envOn("ATTN_PREFILL_MMA"))) return null;
+  if (!o.mma) return null;
   const c = mmaConstsOf(ctx, s, mmaSupportOf(ctx), undefined, o.mma_shape);
   return typeof c === "string" ? null : c;
 }
@@ -143,8 +144,7 @@ async function planFor(
   // Every token a decode row needs one partial result per token and head in one binding.
   const splitFits =
     partialBytes(s.num_tokens, s.layer.num_heads, s.layer.head_size) <= partialLimit(ctx);
-  const allSplit = decodes && splitFits && (o.prefill_split ?? envOn("ATTN_PREFILL_SPLIT")) &&
-    !mma;
+  const allSplit = decodes && splitFits && o.prefill_split && !mma;
   const isDecode = (i: number) => decodes && (allSplit || qlen(i) <= DECODE_THRESHOLD);
   return await buildGpuPlan(ctx, s, async (table): Promise<AttentionCalls> => {
     const [d, p] = await Promise.all([
@@ -178,6 +178,12 @@ function supportsCombination(cfg: SelectorConfig, ctx: BackendContext): string |
 export function makeWebGpuFlash(
   o: FlashOptions = { tile: null, decode: { ...DEFAULT_DECODE_TUNING } },
 ): AttentionBackend<GpuPlan> {
+  // The switches' environment variables are read here, once, not on every plan.
+  const opts: FlashOptions = {
+    ...o,
+    mma: o.mma ?? envOn("ATTN_PREFILL_MMA"),
+    prefill_split: o.prefill_split ?? envOn("ATTN_PREFILL_SPLIT"),
+  };
   return {
     name: NAME,
     priority: 10,
@@ -211,8 +217,9 @@ export function makeWebGpuFlash(
     supportsCombination,
     createCache: (spec, ctx) => GpuKvCache.create(requireGpu(ctx), spec),
     importCache: (spec, key, value, ctx) => GpuKvCache.fromBytes(requireGpu(ctx), spec, key, value),
-    plan: (s, ctx) => planFor(o, s, ctx),
+    plan: (s, ctx) => planFor(opts, s, ctx),
     run: (p, batch, ctx, opts) => runGpuPlan(p, batch, ctx.gpu, opts),
+    disposePlan: disposeGpuPlan,
   };
 }
 

@@ -17,7 +17,8 @@
  * idles between calls (with `--kernels`: does the GPU's share grow when calls are sparse?). On this project's CPU
  * machines Dawn runs in the trixie chroot (see the team guide). `ATTN_UPLOAD_STAGING=0|1`
  * forces large uploads through writeBuffer or mapped staging (gpu/upload_staging.ts),
- * `ATTN_GPU_TIMING=calls` times each dispatch in its own pass (gpu/gpu_plan.ts). Each result is
+ * `ATTN_GPU_TIMING=calls` times each dispatch in its own pass, `total` every call, the default
+ * `sampled` a call list's first call and one in 16 (gpu/gpu_plan.ts). Each result is
  * released after its call, as the server does once an answer was delivered, so read-backs reuse
  * the host pool's memory (gpu/host_pool.ts). The last line says what was reused (bind groups,
  * buffers, host memory, staging, plans).
@@ -26,7 +27,7 @@
 import { parseArgs } from "node:util";
 import { AttentionService, builtinBackends } from "../mod.ts";
 import type { AttentionBackend } from "../core/types.ts";
-import { GPU_TIMING, type GpuPlan } from "../gpu/gpu_plan.ts";
+import { bindStats, GPU_TIMING, type GpuPlan } from "../gpu/gpu_plan.ts";
 import { bindGroupsOf } from "../gpu/bind_groups.ts";
 import { poolOf } from "../gpu/buffer_pool.ts";
 import { hostPool } from "../gpu/host_pool.ts";
@@ -68,15 +69,23 @@ const PHASES = [
   "wall",
 ];
 
-/** A backend whose plans dispatch nothing (each call's grid 0 x 0): host work only. */
+/**
+ * A backend whose plans dispatch nothing (each call's grid 0 x 0): host work only. Plans that
+ * share a call list (gpu/plan_builder.ts) share its host-only copy too, as they would the list.
+ */
 function hostOnly(b: AttentionBackend): AttentionBackend {
   if (!b.requires.needs_device) return b;
   const g = b as AttentionBackend<GpuPlan>;
+  const copies = new WeakMap<GpuPlan["calls"], GpuPlan["calls"]>();
   return {
     ...g,
     plan: async (s, ctx) => {
       const p = await g.plan(s, ctx);
-      const calls = p.calls.map((c) => ({ ...c, grid: [0, 0] as const, indirect: undefined }));
+      let calls = copies.get(p.calls);
+      if (!calls) {
+        calls = p.calls.map((c) => ({ ...c, grid: [0, 0] as const, indirect: undefined }));
+        copies.set(p.calls, calls);
+      }
       return { ...p, calls };
     },
   } as AttentionBackend;
@@ -198,6 +207,7 @@ try {
   }
   results.reuse = {
     bind_groups: bindGroupsOf(gpu.device).stats(),
+    bound_calls: bindStats(),
     buffers: poolOf(gpu).stats(),
     host_memory: hostPool.stats(),
     upload_staging: { on: stagedUploads(gpu), ...stagingOf(gpu).stats() },

@@ -41,7 +41,8 @@ export class BufferPool {
   readonly device: GPUDevice;
   readonly maxFreeBytes: number;
   #free = new Map<string, GPUBuffer[]>();
-  #inUse = new Set<GPUBuffer>();
+  /** Buffers out, with their free-list key and size (no native property read on release). */
+  #inUse = new Map<GPUBuffer, { key: string; size: number }>();
   #freeBytes = 0;
   #created = 0;
   #reused = 0;
@@ -56,8 +57,8 @@ export class BufferPool {
 
   /** A buffer of at least `bytes` (its size is the class) with exactly `usage`. */
   acquire(bytes: number, usage: number, label = "pooled"): GPUBuffer {
-    const size = sizeClass(bytes);
-    const list = this.#free.get(`${usage}:${size}`);
+    const size = sizeClass(bytes), key = `${usage}:${size}`;
+    const list = this.#free.get(key);
     let b = list?.pop();
     if (b) {
       this.#freeBytes -= size;
@@ -66,7 +67,7 @@ export class BufferPool {
       b = this.device.createBuffer({ label, size, usage });
       this.#created++;
     }
-    this.#inUse.add(b);
+    this.#inUse.set(b, { key, size });
     return b;
   }
 
@@ -78,13 +79,13 @@ export class BufferPool {
    */
   release(...buffers: GPUBuffer[]): void {
     for (let i = buffers.length - 1; i >= 0; i--) {
-      const b = buffers[i];
-      if (!this.#inUse.delete(b)) continue;
-      const key = `${b.usage}:${b.size}`;
-      let list = this.#free.get(key);
-      if (!list) this.#free.set(key, list = []);
+      const b = buffers[i], out = this.#inUse.get(b);
+      if (!out) continue;
+      this.#inUse.delete(b);
+      let list = this.#free.get(out.key);
+      if (!list) this.#free.set(out.key, list = []);
       list.push(b);
-      this.#freeBytes += b.size;
+      this.#freeBytes += out.size;
     }
     this.#trim();
   }

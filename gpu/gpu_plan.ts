@@ -6,17 +6,17 @@
  * buffers. A plan owns no GPU memory. A plan for a large batch checks the data's finiteness
  * on the device first and writes the cache only when it holds (gpu/finite_check.ts); a bad
  * call then fails with the validator's 422 after the readback, its cache unchanged.
- * {@link runGpuPlan} acquires pooled buffers for the table and the call's tensors, output, LSE
- * and scratch, writes the table and the
- * query/key/value bytes as they came (one write each), poisons the outputs, binds (bind groups
- * are cached by buffer, gpu/bind_groups.ts, so a steady state creates none), dispatches
+ * {@link runGpuPlan} binds the plan to pooled buffers (gpu/plan_bind.ts: a steady state reuses
+ * its resolved calls and bind groups, and skips a table its buffer holds already), writes the
+ * table and the query/key/value bytes as they came (one write each), poisons the outputs,
+ * dispatches
  * everything in one compute pass of one submission (see {@link GPU_TIMING}) and reads output
  * and LSE back with one `mapAsync`, into lent host memory: the result's arrays are views of
  * it until `ForwardResult.release()`.
  * The output comes back in the batch dtype; nothing is converted on the host.
  * @module
  */
-import { DeviceUnavailableError, invalidBatch, ServiceError } from "../core/errors.ts";
+import { DeviceUnavailableError, invalidBatch } from "../core/errors.ts";
 import type {
   DType,
   ForwardResult,
@@ -27,15 +27,15 @@ import type {
 } from "../core/types.ts";
 import { bytesPerElement } from "../core/dtype.ts";
 import { dataArray } from "../core/data.ts";
-import { poolOf } from "./buffer_pool.ts";
 import type { CompiledKernel } from "./kernel.ts";
-import { type Bound, type KernelCall, launch } from "./launch.ts";
-import { type PlanTable, type Section, TABLE_USAGE, uploadTable } from "./plan_table.ts";
-import { GpuKvCache } from "./kv_cache.ts";
+import { launch } from "./launch.ts";
+import { type PlanTable, type Section, uploadTable } from "./plan_table.ts";
 import type { FillPlan } from "./fill.ts";
 import { nanWord } from "./wgsl_data.ts";
-import { persistentBuffer } from "./persistent_buffers.ts";
-import { ARGS_BYTES, CLEAR_FLAGS, finiteIssues, FLAGS_BYTES } from "./finite_check.ts";
+import { finiteIssues, FLAGS_BYTES } from "./finite_check.ts";
+import { bindGpuPlan } from "./plan_bind.ts";
+
+export { bindGpuPlan, bindStats, type BoundGpuPlan } from "./plan_bind.ts";
 
 /** What a binding of a planned call refers to. */
 export type BindRef =
@@ -62,6 +62,8 @@ export interface GpuPlan extends PlanContract {
   readonly ctx: GpuContext;
   /** Every Params block and metadata table (gpu/plan_table.ts), written by each call. */
   readonly table: Uint8Array<ArrayBuffer>;
+  /** Returns the table's lent memory (gpu/plan_builder.ts disposeGpuPlan); idempotent. */
+  readonly dispose?: () => void;
   /**
    * The calls check the batch's query/key/value for NaN and infinity first, and write the
    * cache only when they are finite (gpu/finite_check.ts): a call with one fails with the
@@ -82,22 +84,25 @@ export interface GpuPlan extends PlanContract {
   readonly plan_ms: number;
 }
 
-/** The fill calls that poison the output and LSE buffers of a plan. */
-export function poisonCalls(fillOut: FillPlan, fillLse: FillPlan): PlannedCall[] {
-  return [
+/** The fill calls that poison the output and (unless null) the LSE buffers of a plan. */
+export function poisonCalls(fillOut: FillPlan, fillLse: FillPlan | null): PlannedCall[] {
+  const calls: PlannedCall[] = [
     {
       name: "poison",
       kernel: fillOut.kernel,
       bind: { P: { table: fillOut.params }, dst: { io: "out" } },
       grid: fillOut.grid,
     },
-    {
+  ];
+  if (fillLse) {
+    calls.push({
       name: "poison",
       kernel: fillLse.kernel,
       bind: { P: { table: fillLse.params }, dst: { io: "lse" } },
       grid: fillLse.grid,
-    },
-  ];
+    });
+  }
+  return calls;
 }
 
 /** Words of a dtype's output and their NaN pattern. */
@@ -111,128 +116,33 @@ export function uploadPlanTable(p: GpuPlan): PlanTable {
 }
 
 /**
- * How a forward's dispatches are timed (gpu/launch.ts): `total` (the default) runs them all in
- * one compute pass and reports `gpu` for the whole; `ATTN_GPU_TIMING=calls` gives each its own
- * timed pass (`gpu_<name>`, for profiling the kernels).
+ * How a forward's dispatches are timed (gpu/launch.ts), by `ATTN_GPU_TIMING`: every call runs
+ * them all in one compute pass; `sampled` (the default) times the first call of a plan's call
+ * list and then one in {@link GPU_TIMING_SAMPLE} (`gpu`; the others carry no `gpu` timing:
+ * timestamp writes, their resolve and copy cost about 35 us of host time a call on Dawn over
+ * lavapipe), `total` times every call, `off` none; `calls` gives each dispatch its own timed
+ * pass (`gpu_<name>`, for profiling the kernels).
  */
-export const GPU_TIMING: "calls" | "total" = (() => {
+export const GPU_TIMING: "calls" | "total" | "sampled" | "off" = (() => {
+  let v: string | undefined;
   try {
-    return Deno.env.get("ATTN_GPU_TIMING") === "calls" ? "calls" : "total";
-  } catch {
-    return "total";
-  }
+    v = Deno.env.get("ATTN_GPU_TIMING");
+  } catch { /* no --allow-env: the default */ }
+  return v === "calls" || v === "total" || v === "off" ? v : "sampled";
 })();
 
-const STORAGE_IN = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST;
-const STORAGE_OUT = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC;
-const FLAGS_USAGE = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST | GPUBufferUsage.COPY_SRC;
-const ARGS_USAGE = GPUBufferUsage.STORAGE | GPUBufferUsage.INDIRECT;
+/** Under `sampled` timing, one forward call in this many is timed on the device. */
+export const GPU_TIMING_SAMPLE = 16;
+/** Forward calls per call list (plans of a decode step's shape share one: gpu/plan_builder.ts). */
+const callCounts = new WeakMap<PlannedCall[], number>();
 
-/** A plan bound to one batch's buffers (see {@link bindGpuPlan}). */
-export interface BoundGpuPlan {
-  /** The uploads: the plan's table, then query/key/value. */
-  uploads: { buffer: GPUBuffer; data: Uint8Array }[];
-  /** The plan's calls with every binding resolved. */
-  calls: KernelCall[];
-  /** The output and LSE buffers, and the finiteness flags when the plan checks. */
-  out: GPUBuffer;
-  lse: GPUBuffer;
-  flags: GPUBuffer | null;
-  /** Returns the pooled buffers. */
-  release(): void;
-}
-
-/** Each planned call's bindings as a list, built once per plan (a plan serves many calls). */
-const bindLists = new WeakMap<GpuPlan, [string, BindRef][][]>();
-function bindListsOf(p: GpuPlan): [string, BindRef][][] {
-  let l = bindLists.get(p);
-  if (!l) bindLists.set(p, l = p.calls.map((c) => Object.entries(c.bind)));
-  return l;
-}
-
-/**
- * Binds plan `p` to batch `b` on `gpu`: pooled buffers for the plan's table and the call's
- * tensors, output, LSE and scratch, the uploads of the table and of the query/key/value bytes
- * as they came, and every call's bindings. runGpuPlan
- * launches the result; the bench launches its calls without a readback to time the kernels.
- */
-export function bindGpuPlan(p: GpuPlan, b: ValidBatch, gpu: GpuContext): BoundGpuPlan {
-  const cache = b.cache;
-  if (cache !== null) {
-    if (!(cache instanceof GpuKvCache)) {
-      throw new ServiceError(
-        `a WebGPU backend needs a webgpu KV cache, got storage "${cache.storage}"`,
-        { status: 422, code: "cache_storage_mismatch", extra: { storage: cache.storage } },
-      );
-    }
-    cache.assertUsable(gpu);
-    if (cache.chunkKey !== p.cache_layout) {
-      throw new Error(
-        `the cache is laid out as ${cache.chunkKey} but the plan was built for ${p.cache_layout}`,
-      );
-    }
-  }
-  const pool = poolOf(gpu);
-  const owned: GPUBuffer[] = [];
-  const take = (bytes: number, usage: number, label: string) => {
-    const buf = pool.acquire(Math.max(16, bytes), usage, label);
-    owned.push(buf);
-    return buf;
-  };
-  try {
-    const table = take(p.table.byteLength, TABLE_USAGE, "plan.table");
-    const io: Record<string, GPUBuffer> = {
-      out: take(p.out_bytes, STORAGE_OUT, "out"),
-      lse: take(p.lse_bytes, STORAGE_OUT, "lse"),
-    };
-    const uploads: { buffer: GPUBuffer; data: Uint8Array }[] = [{ buffer: table, data: p.table }];
-    if (p.checks_finite) {
-      io.flags = take(FLAGS_BYTES, FLAGS_USAGE, "flags");
-      io.args = take(ARGS_BYTES, ARGS_USAGE, "args");
-      uploads.push({ buffer: io.flags, data: CLEAR_FLAGS });
-    }
-    for (const name of ["query", "key", "value"] as const) {
-      const t = b[name];
-      if (!t) continue;
-      io[name] = take(t.bytes.byteLength, STORAGE_IN, name);
-      uploads.push({ buffer: io[name], data: t.bytes });
-    }
-    const scratch: Record<string, GPUBuffer> = {};
-    for (const [name, bytes] of Object.entries(p.scratch)) {
-      scratch[name] = take(bytes, GPUBufferUsage.STORAGE, name);
-    }
-    const resolve = (r: BindRef): Bound => {
-      if ("table" in r) return { buffer: table, offset: r.table.offset, size: r.table.size };
-      if ("scratch" in r) return scratch[r.scratch];
-      if ("persistent" in r) return persistentBuffer(gpu, r.persistent, r.bytes);
-      const buf = io[r.io];
-      if (!buf) throw new Error(`the plan binds ${r.io}, which this batch does not carry`);
-      return buf;
-    };
-    const binds = bindListsOf(p);
-    const calls: KernelCall[] = p.calls.map((c, i) => {
-      const bind: Record<string, Bound> = {};
-      for (const [k, r] of binds[i]) bind[k] = resolve(r);
-      if (c.cache) Object.assign(bind, (cache as GpuKvCache).bindMap());
-      const call: KernelCall = { name: c.name, kernel: c.kernel, bind, grid: c.grid };
-      if (c.indirect) {
-        const r = resolve(c.indirect);
-        call.indirect = "usage" in r ? { buffer: r, offset: 0 } : { buffer: r.buffer, offset: 0 };
-      }
-      return call;
-    });
-    return {
-      uploads,
-      calls,
-      out: io.out,
-      lse: io.lse,
-      flags: io.flags ?? null,
-      release: () => pool.release(...owned),
-    };
-  } catch (e) {
-    pool.release(...owned);
-    throw e;
-  }
+/** The launch timing of the next call of `p` (see {@link GPU_TIMING}). */
+function nextTiming(p: GpuPlan): "calls" | "total" | "none" {
+  if (GPU_TIMING === "calls" || GPU_TIMING === "total") return GPU_TIMING;
+  if (GPU_TIMING === "off") return "none";
+  const n = callCounts.get(p.calls) ?? 0;
+  callCounts.set(p.calls, n + 1);
+  return n % GPU_TIMING_SAMPLE === 0 ? "total" : "none";
 }
 
 /** Runs a plan on a batch's tensors (see the module doc). */
@@ -259,8 +169,9 @@ export async function runGpuPlan(
       calls: bound.calls,
       reads,
       signal: opts.signal,
-      timing: GPU_TIMING,
+      timing: nextTiming(p),
     });
+    bound.tableWritten();
     if (bound.flags) {
       const issues = finiteIssues(r.parts[reads.length - 1], b);
       if (issues.length > 0) {

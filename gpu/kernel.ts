@@ -76,6 +76,16 @@ export function bindingDecls(bindings: readonly BindingDecl[]): string {
   ).join("\n") + "\n";
 }
 
+/** Each def's uniform fields: index and type by name (built once per def). */
+const fieldMaps = new WeakMap<object, Map<string, [number, UniformType]>>();
+function fieldsOf(def: Pick<KernelDef<never>, "uniforms">): Map<string, [number, UniformType]> {
+  let m = fieldMaps.get(def);
+  if (!m) {
+    fieldMaps.set(def, m = new Map(def.uniforms.map(([n, t], i) => [n, [i, t]])));
+  }
+  return m;
+}
+
 /**
  * Packs uniform values in the def's field order (4 bytes each, padded to 16).
  * @throws Error naming a missing or unknown field.
@@ -85,21 +95,22 @@ export function packUniforms(
   values: Record<string, number>,
 ): Uint8Array<ArrayBuffer> {
   const n = Math.max(4, Math.ceil(def.uniforms.length / 4) * 4);
-  const buf = new ArrayBuffer(n * 4);
-  const dv = new DataView(buf);
-  const known = new Set<string>();
-  def.uniforms.forEach(([name, type], i) => {
-    known.add(name);
-    const v = values[name];
-    if (v === undefined) throw new Error(`${def.name}: uniform ${name} has no value`);
-    if (type === "f32") dv.setFloat32(4 * i, v, true);
-    else if (type === "i32") dv.setInt32(4 * i, v, true);
-    else dv.setUint32(4 * i, v >>> 0, true);
-  });
-  for (const k of Object.keys(values)) {
-    if (!known.has(k)) throw new Error(`${def.name}: unknown uniform ${k}`);
+  const u = new Uint32Array(n), f = new Float32Array(u.buffer), fields = fieldsOf(def);
+  let given = 0;
+  for (const k in values) {
+    const field = fields.get(k);
+    if (!field) throw new Error(`${def.name}: unknown uniform ${k}`);
+    const v = values[k];
+    if (v === undefined) continue;
+    given++;
+    if (field[1] === "f32") f[field[0]] = v;
+    else u[field[0]] = field[1] === "i32" ? v | 0 : v >>> 0;
   }
-  return new Uint8Array(buf);
+  if (given !== def.uniforms.length) {
+    const missing = def.uniforms.find(([name]) => values[name] === undefined)!;
+    throw new Error(`${def.name}: uniform ${missing[0]} has no value`);
+  }
+  return new Uint8Array(u.buffer);
 }
 
 function layoutEntry(b: BindingDecl, i: number): GPUBindGroupLayoutEntry {
@@ -113,6 +124,8 @@ function layoutEntry(b: BindingDecl, i: number): GPUBindGroupLayoutEntry {
 
 interface Entry {
   promise: Promise<CompiledKernel>;
+  /** The kernel, once compiled. */
+  done?: CompiledKernel;
 }
 
 const enableProbes = new WeakMap<GPUDevice, Map<string, Promise<boolean>>>();
@@ -147,6 +160,19 @@ export function acceptsEnable(ctx: GpuContext, ext: string): Promise<boolean> {
   return p;
 }
 const kernels = new WeakMap<GPUDevice, Map<string, Entry>>();
+/**
+ * The same entries by a key that is cheaper to build: the def's name and every value in the
+ * order the call site wrote them (`k=v,`; a different order only misses here, then finds the
+ * canonical key). A decode step plans every call: sorting the values per lookup cost
+ * microseconds.
+ */
+const byOrder = new WeakMap<GPUDevice, Map<string, Entry>>();
+
+function orderKey(name: string, c: KernelConsts): string {
+  let k = name;
+  for (const f in c) k += `,${f}=${c[f]}`;
+  return k;
+}
 
 /**
  * The compiled variant `c` of `def` on `ctx`'s device. The key is looked up first; the source
@@ -158,11 +184,32 @@ export function getKernel<C extends KernelConsts>(
   def: KernelDef<C>,
   c: C,
 ): Promise<CompiledKernel> {
+  return entryOf(ctx, def, c).promise;
+}
+
+/** The compiled variant when it was compiled already (no await), else null. */
+export function compiledKernel<C extends KernelConsts>(
+  ctx: GpuContext,
+  def: KernelDef<C>,
+  c: C,
+): CompiledKernel | null {
+  return entryOf(ctx, def, c).done ?? null;
+}
+
+function entryOf<C extends KernelConsts>(ctx: GpuContext, def: KernelDef<C>, c: C): Entry {
+  let fast = byOrder.get(ctx.device);
+  if (!fast) byOrder.set(ctx.device, fast = new Map());
+  const quick = orderKey(def.name, c);
+  const known = fast.get(quick);
+  if (known) return known;
   let m = kernels.get(ctx.device);
   if (!m) kernels.set(ctx.device, m = new Map());
   const key = kernelKey(def.name, c);
   const hit = m.get(key);
-  if (hit) return hit.promise;
+  if (hit) {
+    fast.set(quick, hit);
+    return hit;
+  }
   const promise = (async () => {
     const bindings = def.bindings(c);
     const enables: string[] = [];
@@ -177,11 +224,16 @@ export function getKernel<C extends KernelConsts>(
     const pipeline = await compilePipeline(ctx, key, code, layout);
     return { key, pipeline, layout, bindings, def: def as unknown as KernelDef<never> };
   })();
-  m.set(key, { promise });
-  promise.catch(() => {
-    if (m.get(key)?.promise === promise) m.delete(key);
+  const entry: Entry = { promise };
+  m.set(key, entry);
+  fast.set(quick, entry);
+  promise.then((k) => {
+    entry.done = k;
+  }, () => {
+    if (m.get(key) === entry) m.delete(key);
+    for (const [q, e] of fast) if (e === entry) fast.delete(q);
   });
-  return promise;
+  return entry;
 }
 
 /** Keys of the variants compiled (or compiling) on `ctx`'s device, sorted. */

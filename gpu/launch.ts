@@ -36,6 +36,8 @@ export interface KernelCall {
   grid: readonly [number, number];
   /** Dispatch indirectly: the workgroup counts are the three u32 at `offset` of `buffer`. */
   indirect?: { buffer: GPUBuffer; offset: number };
+  /** The bind group of `bind`, when the caller resolved it already (gpu/gpu_plan.ts). */
+  group?: GPUBindGroup;
 }
 
 /** One buffer range to read back. */
@@ -58,8 +60,10 @@ export interface LaunchSpec {
    * from the first begin to the last end). `total`: every call in one compute pass (the device
    * orders the dispatches and makes each one's writes visible to the next), timed as a whole
    * (`gpu.gpu` only): fewer passes to encode, and no timestamps between the dispatches.
+   * `none`: one pass, untimed (no query set, resolve or copy of timestamps: on Dawn over
+   * lavapipe those cost about 35 us of host time a call).
    */
-  timing?: "calls" | "total";
+  timing?: "calls" | "total" | "none";
 }
 
 /**
@@ -88,7 +92,8 @@ export interface LaunchResult {
   };
 }
 
-function entries(call: KernelCall): { binding: number; resource: GPUBufferBinding }[] {
+/** The bind-group entries of a call, in the kernel's binding order. */
+export function entries(call: KernelCall): { binding: number; resource: GPUBufferBinding }[] {
   return call.kernel.bindings.map((b, i) => {
     const r = call.bind[b.name];
     if (!r) throw new Error(`${call.kernel.key}: binding ${b.name} has no buffer`);
@@ -143,7 +148,7 @@ function recordCalls(
 ): void {
   const dispatch = (pass: GPUComputePassEncoder, c: KernelCall) => {
     pass.setPipeline(c.kernel.pipeline);
-    pass.setBindGroup(0, groups.get(c.kernel.layout, entries(c), c.name));
+    pass.setBindGroup(0, c.group ?? groups.get(c.kernel.layout, entries(c), c.name));
     if (c.indirect) pass.dispatchWorkgroupsIndirect(c.indirect.buffer, c.indirect.offset);
     else if (c.grid[0] * c.grid[1] > 0) pass.dispatchWorkgroups(c.grid[0], c.grid[1]);
   };
@@ -208,8 +213,11 @@ export async function launch(ctx: GpuContext, spec: LaunchSpec): Promise<LaunchR
     ? []
     : await Promise.all(bigUploads.map((u) => staging!.acquire(u.data.byteLength)));
   const pool = poolOf(ctx);
-  const timed = ctx.features.has("timestamp-query") && spec.calls.length > 0;
-  const passes = spec.timing === "total" ? Math.min(1, spec.calls.length) : spec.calls.length;
+  const timed = ctx.features.has("timestamp-query") && spec.calls.length > 0 &&
+    spec.timing !== "none";
+  const passes = spec.timing === "total" || spec.timing === "none"
+    ? Math.min(1, spec.calls.length)
+    : spec.calls.length;
   const qs = timed ? pool.acquireQuerySet(2 * passes) : null;
   const offsets: number[] = [];
   let total = 0;

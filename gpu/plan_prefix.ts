@@ -2,7 +2,7 @@
  * The part of every GPU plan that comes before the backend's attention calls and depends on
  * the batch's shape alone, not on its metadata values: the device's finiteness check of a
  * large call's data, the cache write of the call's new K/V (its slot table is the one
- * metadata section), the poisoning of the output and LSE. {@link planPrefix} builds it once
+ * metadata section), the poisoning of the output and, when the call returns it, the LSE. {@link planPrefix} builds it once
  * per shape and device and replays it for every later plan of that shape: the same sections
  * in the same order (so the same offsets), the call's own `slot_mapping` in the slot
  * section. A decode step's plan misses the plan cache every step (new seq_lens and slots);
@@ -66,6 +66,7 @@ function shapeKey(s: BatchShape): string {
     s.num_tokens,
     s.num_kv_tokens,
     s.metadata.slot_mapping.length,
+    s.return_lse,
     c ? `${c.num_blocks}x${c.block_size}:${c.kv_cache_dtype}:${c.layout}:${c.dtype}` : "-",
   ].join("|");
 }
@@ -138,9 +139,10 @@ async function buildPrefix(
   }
   const out = outputWords(s.dtype, s.num_tokens * L.num_heads * L.head_size);
   const lseWords = s.num_tokens * L.num_heads;
+  // The LSE is poisoned only when the call reads it back (nothing else reads it).
   const [fo, fl] = await Promise.all([
     planFill(ctx, out.words, out.pattern, table),
-    planFill(ctx, lseWords, 0x7fc00000, table),
+    s.return_lse ? planFill(ctx, lseWords, 0x7fc00000, table) : null,
   ]);
   calls.push(...poisonCalls(fo, fl));
   return { calls, kernels, checks, out_words: out.words, lse_words: lseWords };

@@ -1,20 +1,32 @@
 /**
  * Plans cached by batch shape (FlashInfer's plan/run split): a backend's plan depends only on
- * a {@link BatchShape}, so calls whose shape keys agree (the layers of one engine step share
- * their metadata) reuse one plan. The key is the backend, the device generation and the
- * shape's `plan_key`; on a hit the metadata arrays are compared by value as well, so a hash
- * collision can never hand out a wrong plan. Least recently used plans are dropped past the
- * limit; a dropped plan is disposed once no call holds it. A new device generation misses by
- * construction; {@link PlanCache.clear} drops everything (device loss, shutdown).
+ * a {@link BatchShape}, so calls with the same shape and metadata (the layers of one engine
+ * step) reuse one plan. The key is the backend, the device generation and the shape's
+ * `plan_key` (its scalars, service/batch_key.ts); under one key the cache keeps up to
+ * {@link PLAN_VARIANTS} plans, most recently used first, each with a copy of the metadata it
+ * was built for, and hands out the one whose metadata equals the call's by value: two batches
+ * share a plan only when their metadata is equal, never through a hash. A decode step's new
+ * seq_lens and slots miss (the backend plans them again, cheaply: backends/decode_plan.ts) and
+ * push the oldest variant out; several engines stepping the same shape keep a variant each.
+ * Least recently used plans are dropped past the limit; a dropped plan is disposed once no
+ * call holds it. A new device generation misses by construction; {@link PlanCache.clear} drops
+ * everything (device loss, shutdown).
  * @module
  */
 import type { AttentionBackend, BackendContext, BatchShape, PlanContract } from "../core/types.ts";
 import { keyArrays } from "./batch_key.ts";
+import { TABLE_MEMORY, type TableLease } from "../gpu/plan_table.ts";
+
+/** Plans kept under one plan key (metadata variants of one shape). */
+export const PLAN_VARIANTS = 4;
 
 interface Entry {
+  key: string;
   backend: AttentionBackend;
   plan: Promise<PlanContract>;
   arrays: (ArrayLike<number> | null)[];
+  /** The memory of `arrays`. */
+  lease: TableLease;
   holders: number;
   dropped: boolean;
 }
@@ -35,6 +47,7 @@ export interface PlanCacheStats {
   disposed: number;
 }
 
+/** Whether `a` and `b` hold equal arrays (in order: keyArrays puts the block table last). */
 function sameArrays(a: (ArrayLike<number> | null)[], b: (ArrayLike<number> | null)[]): boolean {
   if (a.length !== b.length) return false;
   for (let i = 0; i < a.length; i++) {
@@ -46,13 +59,35 @@ function sameArrays(a: (ArrayLike<number> | null)[], b: (ArrayLike<number> | nul
   return true;
 }
 
-const copy = (a: (ArrayLike<number> | null)[]) =>
-  a.map((x) => (x instanceof Int32Array ? x.slice() : x ? Int32Array.from(x) : null));
+/**
+ * A copy of `a` in lent memory (one lease for every array; a fresh 16 KiB block-table copy per
+ * decode step cost more than comparing it), returned when the entry leaves the cache.
+ */
+function copy(
+  a: (ArrayLike<number> | null)[],
+): { arrays: (Int32Array | null)[]; lease: TableLease } {
+  let words = 0;
+  for (const x of a) words += x?.length ?? 0;
+  const lease = TABLE_MEMORY.acquire(4 * words);
+  const all = new Int32Array(lease.bytes.buffer, 0, words);
+  let at = 0;
+  const arrays = a.map((x) => {
+    if (!x) return null;
+    const view = all.subarray(at, at + x.length);
+    view.set(x);
+    at += x.length;
+    return view;
+  });
+  return { arrays, lease };
+}
 
 /** The plan cache of one service. */
 export class PlanCache {
   readonly limit: number;
-  #entries = new Map<string, Entry>();
+  /** Variants by key, most recently used first. */
+  #buckets = new Map<string, Entry[]>();
+  /** Every entry, least recently used first. */
+  #lru = new Set<Entry>();
   #hits = 0;
   #misses = 0;
   #disposed = 0;
@@ -69,29 +104,34 @@ export class PlanCache {
   ): Promise<HeldPlan<P>> {
     const key = `${backend.name}|${ctx.gpu ? ctx.gpu.generation : "host"}|${shape.plan_key}`;
     const arrays = keyArrays(shape.layer, shape.metadata);
-    let e = this.#entries.get(key);
-    let hit = true;
-    if (!e || e.backend !== backend || !sameArrays(e.arrays, arrays)) {
-      hit = false;
+    let bucket = this.#buckets.get(key);
+    let e = bucket?.find((x) => x.backend === backend && sameArrays(x.arrays, arrays));
+    const hit = e !== undefined;
+    if (!e) {
       this.#misses++;
-      if (e) this.#drop(key, e);
       e = {
+        key,
         backend: backend as AttentionBackend,
         plan: Promise.resolve().then(() => backend.plan(shape, ctx)),
-        arrays: copy(arrays),
+        ...copy(arrays),
         holders: 0,
         dropped: false,
       };
-      this.#entries.set(key, e);
+      if (!bucket) this.#buckets.set(key, bucket = []);
+      bucket.unshift(e);
+      this.#lru.add(e);
       const entry = e;
-      entry.plan.catch(() => {
-        if (this.#entries.get(key) === entry) this.#entries.delete(key);
-      });
+      entry.plan.catch(() => this.#remove(entry));
+      while (bucket.length > PLAN_VARIANTS) this.#drop(bucket[bucket.length - 1]);
       this.#evict();
     } else {
       this.#hits++;
-      this.#entries.delete(key); // most recently used goes last
-      this.#entries.set(key, e);
+      this.#lru.delete(e); // most recently used goes last
+      this.#lru.add(e);
+      if (bucket![0] !== e) {
+        bucket!.splice(bucket!.indexOf(e), 1);
+        bucket!.unshift(e);
+      }
     }
     const entry = e;
     entry.holders++;
@@ -115,14 +155,22 @@ export class PlanCache {
   }
 
   #evict(): void {
-    while (this.#entries.size > this.limit) {
-      const [key, e] = this.#entries.entries().next().value!;
-      this.#drop(key, e);
-    }
+    while (this.#lru.size > this.limit) this.#drop(this.#lru.values().next().value!);
   }
 
-  #drop(key: string, e: Entry): void {
-    if (this.#entries.get(key) === e) this.#entries.delete(key);
+  /** Takes `e` out of the cache (it is no longer handed out). */
+  #remove(e: Entry): void {
+    this.#lru.delete(e);
+    const bucket = this.#buckets.get(e.key);
+    const i = bucket?.indexOf(e) ?? -1;
+    if (i < 0) return;
+    e.lease.release(); // nothing compares against it any more
+    bucket!.splice(i, 1);
+    if (bucket!.length === 0) this.#buckets.delete(e.key);
+  }
+
+  #drop(e: Entry): void {
+    this.#remove(e);
     e.dropped = true;
     if (e.holders === 0) this.#dispose(e);
   }
@@ -136,12 +184,12 @@ export class PlanCache {
 
   /** Drops every plan (each disposed once no call holds it). */
   clear(): void {
-    for (const [k, e] of [...this.#entries]) this.#drop(k, e);
+    for (const e of [...this.#lru]) this.#drop(e);
   }
 
   stats(): PlanCacheStats {
     return {
-      size: this.#entries.size,
+      size: this.#lru.size,
       hits: this.#hits,
       misses: this.#misses,
       disposed: this.#disposed,

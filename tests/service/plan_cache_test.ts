@@ -90,6 +90,32 @@ Deno.test("plan cache: hits by shape, misses on other metadata, backend or devic
   assert.deepEqual(cache.stats().hits, 2);
 });
 
+Deno.test("plan cache: a decode step's new seq_lens keep the key; variants alternate as hits", async () => {
+  const cache = new PlanCache(16);
+  const { b, made, disposed } = counting();
+  const host = { gpu: null };
+  const shapes = [5, 6, 7, 8, 9].map((seq) => shapeOf(input(seq)));
+  assert.equal(new Set(shapes.map((s) => s.plan_key)).size, 1, "the key names the shape only");
+  const ids: number[] = [];
+  const get = async (i: number) => {
+    const h = await cache.get(b, shapes[i], host);
+    ids.push((h.plan as { id: number }).id);
+    h.release();
+    return h.hit;
+  };
+  for (const i of [0, 1, 2, 3]) assert.equal(await get(i), false);
+  // The layers of four interleaved steps: each finds its own plan, compared by value.
+  for (const i of [3, 0, 2, 1, 0]) assert.equal(await get(i), true);
+  assert.deepEqual(ids.slice(4), [4, 1, 3, 2, 1]);
+  assert.equal(await get(4), false, "a fifth variant plans");
+  await new Promise((r) => setTimeout(r, 0));
+  assert.deepEqual(disposed, [4], "and pushes out the least recently used of the key");
+  assert.equal(await get(1), true);
+  assert.equal(made.length, 5);
+  // Equal values in new arrays (a new request body) are still a hit.
+  assert.equal(await cache.get(b, shapeOf(input(9)), host).then((h) => (h.release(), h.hit)), true);
+});
+
 Deno.test("plan cache: an equal key with other metadata never gets the cached plan", async () => {
   const cache = new PlanCache(8);
   const { b, made } = counting();

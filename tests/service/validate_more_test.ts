@@ -144,7 +144,7 @@ Deno.test("validate: per-call limits are 422 limit_exceeded naming the limit and
   assert.equal(t.extra?.limit, "max_tokens");
 });
 
-Deno.test("validate: stats count attended keys under the mask; the plan key names the metadata", () => {
+Deno.test("validate: stats count attended keys under the mask; the plan key names the shape", () => {
   const v = validateForward(input(), HELD);
   assert.deepEqual(v.batch.stats, {
     max_query_len: 1,
@@ -161,7 +161,10 @@ Deno.test("validate: stats count attended keys under the mask; the plan key name
   assert.equal(again.batch.plan_key, v.batch.plan_key, "same metadata, same key");
   const md = { ...input().metadata, block_table: ints([5, 2, 6], [1, 3]) };
   const other = validateForward(input({ metadata: md }), HELD);
-  assert.notEqual(other.batch.plan_key, v.batch.plan_key, "another block table, another key");
+  // The key names the shape, not the metadata's values (the plan cache compares those).
+  assert.equal(other.batch.plan_key, v.batch.plan_key, "another block table, the same key");
+  const lse = validateForward(input({ return_lse: true }), HELD);
+  assert.notEqual(lse.batch.plan_key, v.batch.plan_key, "another shape, another key");
 });
 
 Deno.test("validate: repeats are named with their first occurrence, in every call", () => {

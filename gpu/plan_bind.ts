@@ -1,0 +1,245 @@
+/**
+ * Binding a GPU plan to one call's buffers ({@link bindGpuPlan}): pooled buffers for the plan's
+ * table and the call's tensors, output, LSE and scratch, the uploads, and every planned call
+ * with its bindings resolved and its bind group. What a steady state reuses: a call list bound
+ * again to the same buffers keeps its resolved calls and bind groups ({@link BoundCalls}), and a
+ * pooled table buffer that holds the plan's table is not written again
+ * ({@link BoundGpuPlan.tableWritten}). gpu/gpu_plan.ts runs the result.
+ * @module
+ */
+import { ServiceError } from "../core/errors.ts";
+import type { GpuContext, ValidBatch } from "../core/types.ts";
+import { poolOf } from "./buffer_pool.ts";
+import { type Bound, entries, type KernelCall } from "./launch.ts";
+import { bindGroupsOf } from "./bind_groups.ts";
+import { TABLE_USAGE } from "./plan_table.ts";
+import { GpuKvCache } from "./kv_cache.ts";
+import { persistentBuffer } from "./persistent_buffers.ts";
+import { ARGS_BYTES, CLEAR_FLAGS, FLAGS_BYTES } from "./finite_check.ts";
+import type { BindRef, GpuPlan, PlannedCall } from "./gpu_plan.ts";
+
+const STORAGE_IN = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST;
+const STORAGE_OUT = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC;
+const FLAGS_USAGE = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST | GPUBufferUsage.COPY_SRC;
+const ARGS_USAGE = GPUBufferUsage.STORAGE | GPUBufferUsage.INDIRECT;
+
+/** A plan bound to one batch's buffers (see {@link bindGpuPlan}). */
+export interface BoundGpuPlan {
+  /**
+   * The uploads: the plan's table (unless its buffer holds it already, see
+   * {@link BoundGpuPlan.tableWritten}), then query/key/value.
+   */
+  uploads: { buffer: GPUBuffer; data: Uint8Array }[];
+  /**
+   * Records that the table's buffer now holds the plan's table: call it once the launch that
+   * wrote it went through, and a later call of the plan that gets the same pooled buffer (the
+   * layers of an engine step) skips the table's upload.
+   */
+  tableWritten(): void;
+  /** The plan's calls with every binding resolved. */
+  calls: KernelCall[];
+  /** The output and LSE buffers, and the finiteness flags when the plan checks. */
+  out: GPUBuffer;
+  lse: GPUBuffer;
+  flags: GPUBuffer | null;
+  /** Returns the pooled buffers. */
+  release(): void;
+}
+
+/** The device-owned buffers a plan binds (gpu/persistent_buffers.ts), found once per plan. */
+const persistentRefs = new WeakMap<PlannedCall[], { persistent: string; bytes: number }[]>();
+function persistentRefsOf(p: GpuPlan): { persistent: string; bytes: number }[] {
+  let l = persistentRefs.get(p.calls);
+  if (!l) {
+    l = [];
+    for (const c of p.calls) {
+      for (const r of [...Object.values(c.bind), ...(c.indirect ? [c.indirect] : [])]) {
+        if ("persistent" in r) l.push(r);
+      }
+    }
+    persistentRefs.set(p.calls, l);
+  }
+  return l;
+}
+
+/** Each planned call's bindings as a list, built once per plan (a plan serves many calls). */
+const bindLists = new WeakMap<PlannedCall[], [string, BindRef][][]>();
+function bindListsOf(p: GpuPlan): [string, BindRef][][] {
+  let l = bindLists.get(p.calls);
+  if (!l) bindLists.set(p.calls, l = p.calls.map((c) => Object.entries(c.bind)));
+  return l;
+}
+
+/** The buffers a plan's symbolic bindings name, for one call. */
+interface CallBuffers {
+  table: GPUBuffer;
+  io: Record<string, GPUBuffer>;
+  scratch: Record<string, GPUBuffer>;
+  persistent: Map<string, GPUBuffer>;
+}
+
+/** `p`'s calls with every binding resolved to `bufs` and each call's bind group. */
+function bindCalls(
+  p: GpuPlan,
+  gpu: GpuContext,
+  cache: GpuKvCache | null,
+  bufs: CallBuffers,
+): KernelCall[] {
+  const resolve = (r: BindRef): Bound => {
+    if ("table" in r) return { buffer: bufs.table, offset: r.table.offset, size: r.table.size };
+    if ("scratch" in r) return bufs.scratch[r.scratch];
+    if ("persistent" in r) return bufs.persistent.get(r.persistent)!;
+    const buf = bufs.io[r.io];
+    if (!buf) throw new Error(`the plan binds ${r.io}, which this batch does not carry`);
+    return buf;
+  };
+  const groups = bindGroupsOf(gpu.device);
+  const binds = bindListsOf(p);
+  return p.calls.map((c, i) => {
+    const bind: Record<string, Bound> = {};
+    for (const [k, r] of binds[i]) bind[k] = resolve(r);
+    if (c.cache) Object.assign(bind, cache!.bindMap());
+    const call: KernelCall = { name: c.name, kernel: c.kernel, bind, grid: c.grid };
+    if (c.indirect) {
+      const r = resolve(c.indirect);
+      call.indirect = "usage" in r ? { buffer: r, offset: 0 } : { buffer: r.buffer, offset: 0 };
+    }
+    call.group = groups.get(c.kernel.layout, entries(call), c.name);
+    return call;
+  });
+}
+
+/**
+ * The calls a plan's call list was last bound to, with their bind groups, and every buffer
+ * they bind in a fixed order: a call of the same plan, or of a later plan sharing its list
+ * (gpu/plan_builder.ts: a decode step whose decomposition did not change), that gets the same
+ * buffers (the pool hands them back in steady state; the layers of an engine step share one
+ * plan) reuses them as they are, without resolving a binding or building a bind-group key.
+ * The table's bytes are the plan's own; only where they go is shared.
+ */
+interface BoundCalls {
+  buffers: GPUBuffer[];
+  calls: KernelCall[];
+}
+const lastBound = new WeakMap<PlannedCall[], BoundCalls>();
+const boundStats = { bound: 0, reused: 0, reused_groups: 0, tables_kept: 0 };
+
+/**
+ * The plan table a pooled table buffer holds, as recorded by {@link BoundGpuPlan.tableWritten}
+ * (tables are immutable, and no kernel writes one; a binding that uploads another table into
+ * the buffer forgets the record first, so a launch that does not report back leaves none).
+ */
+const tableHolds = new WeakMap<GPUBuffer, Uint8Array>();
+
+/**
+ * Counters of {@link bindGpuPlan} (tests, the profile): bindings resolved anew, bindings that
+ * reused a plan's last calls as they were, the bind groups those carried, and table uploads
+ * skipped because the buffer held the plan's table.
+ */
+export function bindStats(): {
+  bound: number;
+  reused: number;
+  reused_groups: number;
+  tables_kept: number;
+} {
+  return { ...boundStats };
+}
+
+function sameBuffers(a: GPUBuffer[], b: GPUBuffer[]): boolean {
+  if (a.length !== b.length) return false;
+  for (let i = 0; i < a.length; i++) if (a[i] !== b[i]) return false;
+  return true;
+}
+
+/**
+ * Binds plan `p` to batch `b` on `gpu`: pooled buffers for the plan's table and the call's
+ * tensors, output, LSE and scratch, the uploads of the table and of the query/key/value bytes
+ * as they came, and every call's bindings with its bind group (the last binding's calls when
+ * every buffer is the same, {@link BoundCalls}). runGpuPlan
+ * launches the result; the bench launches its calls without a readback to time the kernels.
+ */
+export function bindGpuPlan(p: GpuPlan, b: ValidBatch, gpu: GpuContext): BoundGpuPlan {
+  const cache = b.cache;
+  if (cache !== null) {
+    if (!(cache instanceof GpuKvCache)) {
+      throw new ServiceError(
+        `a WebGPU backend needs a webgpu KV cache, got storage "${cache.storage}"`,
+        { status: 422, code: "cache_storage_mismatch", extra: { storage: cache.storage } },
+      );
+    }
+    cache.assertUsable(gpu);
+    if (cache.chunkKey !== p.cache_layout) {
+      throw new Error(
+        `the cache is laid out as ${cache.chunkKey} but the plan was built for ${p.cache_layout}`,
+      );
+    }
+  }
+  const pool = poolOf(gpu);
+  const owned: GPUBuffer[] = [];
+  const take = (bytes: number, usage: number, label: string) => {
+    const buf = pool.acquire(Math.max(16, bytes), usage, label);
+    owned.push(buf);
+    return buf;
+  };
+  try {
+    const table = take(p.table.byteLength, TABLE_USAGE, "plan.table");
+    const io: Record<string, GPUBuffer> = {
+      out: take(p.out_bytes, STORAGE_OUT, "out"),
+      lse: take(p.lse_bytes, STORAGE_OUT, "lse"),
+    };
+    const uploads: { buffer: GPUBuffer; data: Uint8Array }[] = [];
+    if (tableHolds.get(table) === p.table) boundStats.tables_kept++;
+    else {
+      tableHolds.delete(table);
+      uploads.push({ buffer: table, data: p.table });
+    }
+    if (p.checks_finite) {
+      io.flags = take(FLAGS_BYTES, FLAGS_USAGE, "flags");
+      io.args = take(ARGS_BYTES, ARGS_USAGE, "args");
+      uploads.push({ buffer: io.flags, data: CLEAR_FLAGS });
+    }
+    for (const name of ["query", "key", "value"] as const) {
+      const t = b[name];
+      if (!t) continue;
+      io[name] = take(t.bytes.byteLength, STORAGE_IN, name);
+      uploads.push({ buffer: io[name], data: t.bytes });
+    }
+    const scratch: Record<string, GPUBuffer> = {};
+    for (const [name, bytes] of Object.entries(p.scratch)) {
+      scratch[name] = take(bytes, GPUBufferUsage.STORAGE, name);
+    }
+    const persistent = new Map<string, GPUBuffer>();
+    for (const r of persistentRefsOf(p)) {
+      persistent.set(r.persistent, persistentBuffer(gpu, r.persistent, r.bytes));
+    }
+    // Every buffer a call may bind, in a fixed order (the same plan binds the same names).
+    const buffers = [...owned, ...persistent.values()];
+    if (cache !== null) {
+      const c = cache as GpuKvCache;
+      buffers.push(...c.keyBuffers, ...c.valueBuffers);
+    }
+    const last = lastBound.get(p.calls);
+    const calls = last && sameBuffers(last.buffers, buffers)
+      ? last.calls
+      : bindCalls(p, gpu, cache as GpuKvCache | null, { table, io, scratch, persistent });
+    if (calls !== last?.calls) {
+      lastBound.set(p.calls, { buffers, calls });
+      boundStats.bound++;
+    } else {
+      boundStats.reused++;
+      boundStats.reused_groups += calls.length;
+    }
+    return {
+      uploads,
+      calls,
+      out: io.out,
+      lse: io.lse,
+      flags: io.flags ?? null,
+      tableWritten: () => tableHolds.set(table, p.table),
+      release: () => pool.release(...owned),
+    };
+  } catch (e) {
+    pool.release(...owned);
+    throw e;
+  }
+}
