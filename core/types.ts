@@ -226,9 +226,10 @@ export interface BatchStats {
 
 /**
  * Everything a plan may depend on: a validated forward call without its tensors. Plans are
- * built from this alone and cached under `plan_key` (it names the layer, dtypes, cache spec and
- * a fingerprint of the metadata), so every call with the same metadata, such as the layers of
- * one engine step, reuses one plan.
+ * built from this alone and cached under `plan_key` (it names the shape: the layer, dtypes, token
+ * and request counts, blocks per request, cache spec and LSE; the plan cache tells calls of one
+ * key apart by comparing their metadata arrays by value), so every call with the same metadata,
+ * such as the layers of one engine step, reuses one plan.
  */
 export interface BatchShape {
   readonly dtype: DType;
@@ -241,7 +242,7 @@ export interface BatchShape {
   readonly cache_spec: KvCacheSpec | null;
   readonly return_lse: boolean;
   readonly stats: BatchStats;
-  /** Canonical key of all of the above. */
+  /** The shape's key (not the metadata's values: see above). */
   readonly plan_key: string;
 }
 
