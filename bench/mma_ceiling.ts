@@ -9,6 +9,9 @@
  * against a float64 product of the same f16 inputs (|diff| <= 1e-3 sum|a b| + 1e-3), so a fast
  * but wrong arrangement says WRONG.
  *
+ * The ladder (`ladder-qk`, `-s`, `-pv`, `-sm`: bench/mma_ladder_wgsl.ts) grows the QK^T loop into
+ * attention step by step; its outputs are checked the same way against its own float64 reference.
+ *
  * Usage: deno run -A bench/mma_ceiling.ts [--small] [--iters N] [--only name,name] [--json]
  * @module
  */
@@ -25,6 +28,14 @@ import {
   type MatrixDims,
   parseCeiling,
 } from "./mma_ceiling_wgsl.ts";
+import {
+  ladderBytes,
+  ladderExpected,
+  ladderExtents,
+  ladderFlops,
+  ladderSource,
+  parseLadder,
+} from "./mma_ladder_wgsl.ts";
 
 /** The arrangements run without --only (bench/NOTES.md, "v0.6 tensor-core variants"). */
 export const CEILING_DEFAULTS = [
@@ -195,7 +206,8 @@ async function compile(dev: GPUDevice, code: string, layout: GPUBindGroupLayout)
 
 /** Compiles, runs, checks and times one arrangement; a table row (and its JSON). */
 async function probe(ctx: MmaContext, v: Ceiling, s: CeilingSize, iters: number) {
-  const dev = ctx.device, d: MatrixDims = ctx.mma, ext = extents(v, d, s);
+  const dev = ctx.device, d: MatrixDims = ctx.mma, lad = (v.step ?? 0) > 1;
+  const ext = lad ? ladderExtents(v, d, s) : extents(v, d, s);
   const a = randomF16(ext.a), b = randomF16(ext.b);
   const buf = (bytes: number, usage: number) =>
     dev.createBuffer({ size: Math.ceil(bytes / 16) * 16, usage });
@@ -222,7 +234,8 @@ async function probe(ctx: MmaContext, v: Ceiling, s: CeilingSize, iters: number)
       ],
     });
     const t0 = performance.now();
-    const pipe = await compile(dev, ceilingSource(v, d, s), layout);
+    const code = v.step ? ladderSource(v, d, s) : ceilingSource(v, d, s);
+    const pipe = await compile(dev, code, layout);
     const compileMs = performance.now() - t0;
     const bg = dev.createBindGroup({
       layout,
@@ -241,11 +254,15 @@ async function probe(ctx: MmaContext, v: Ceiling, s: CeilingSize, iters: number)
     const c = new Float32Array(rb.getMappedRange().slice(0));
     rb.unmap();
     let worst = 0;
-    const rows = ext.c / ext.ldc;
+    const rows = lad ? s.m : ext.c / ext.ldc, sums = v.step === 4 ? 1 : 0; // L4: + row sums
     for (let i = 0; i < 48; i++) {
-      const r = Math.floor(Math.random() * rows), col = Math.floor(Math.random() * ext.ldc);
-      const [want, mag] = expected(v, d, s, a, b, r, col);
-      const err = Math.abs(c[r * ext.ldc + col] - want) / (1e-3 * mag + 1e-3);
+      const r = Math.floor(Math.random() * rows);
+      const col = Math.floor(Math.random() * (ext.ldc + sums));
+      const [want, mag] = lad
+        ? ladderExpected(v, d, s, a, b, r, col)
+        : expected(v, d, s, a, b, r, col);
+      const got = col < ext.ldc ? c[r * ext.ldc + col] : c[rows * ext.ldc + r];
+      const err = Math.abs(got - want) / (1e-3 * mag + 1e-3);
       worst = Number.isNaN(err) ? Infinity : Math.max(worst, err);
     }
     const timed = ctx.features.has("timestamp-query");
@@ -254,7 +271,8 @@ async function probe(ctx: MmaContext, v: Ceiling, s: CeilingSize, iters: number)
     const warm = Math.min(2000, Math.max(3, Math.ceil(500 / (once > 0 ? once : 1))));
     const times = timed ? await passTimes(dev, pipe, bg, grid, iters, warm) : [NaN];
     const med = times[Math.floor(times.length / 2)];
-    const tflops = ceilingFlops(v, d, s) / (med * 1e-3) / 1e12;
+    const flops = lad ? ladderFlops(v, s) : ceilingFlops(v, d, s);
+    const tflops = flops / (med * 1e-3) / 1e12;
     return { compileMs, med, min: times[0], tflops, worst, ok: worst <= 1 };
   } finally {
     for (const x of [ab, bb, cb, rb]) x.destroy();
@@ -281,11 +299,12 @@ const iters = Math.max(1, Number(args.values.iters));
 const names = args.values.only ? args.values.only.split(",") : CEILING_DEFAULTS;
 const results: Record<string, unknown>[] = [];
 for (const name of names) {
-  const v = parseCeiling(name);
+  const v = parseLadder(name) ?? parseCeiling(name);
   if (!v) throw new Error(`unknown arrangement ${name} (bench/mma_ceiling_wgsl.ts's grammar)`);
   const s = SIZES[small ? "small" : "gpu"][v.loop], lay = ceilingLayout(v, ctx.mma, s);
+  const bytes = (v.step ?? 0) > 1 ? ladderBytes(v, ctx.mma, s) : lay.bytes;
   const problem = ceilingProblem(v, ctx.mma, s) ??
-    (lay.bytes > limit ? `needs ${lay.bytes} B of workgroup memory` : null);
+    (bytes > limit ? `needs ${bytes} B of workgroup memory` : null);
   if (problem) {
     console.log(`${name.padEnd(24)} skipped: ${problem}`);
     continue;
@@ -293,12 +312,12 @@ for (const name of names) {
   try {
     const r = await probe(ctx, v, s, iters);
     console.log(
-      name.padEnd(24) + String(v.tm * v.tn).padStart(4) + String(lay.bytes).padStart(7) +
+      name.padEnd(24) + String(v.tm * v.tn).padStart(4) + String(bytes).padStart(7) +
         r.compileMs.toFixed(0).padStart(12) + r.med.toFixed(3).padStart(11) +
         r.min.toFixed(3).padStart(10) + (" " + r.tflops.toPrecision(4)).padStart(10) +
         `  ${r.ok ? "ok" : "WRONG"} (${r.worst.toFixed(3)})`,
     );
-    results.push({ ...v, wgmem: lay.bytes, ...r });
+    results.push({ ...v, wgmem: bytes, ...r });
   } catch (err) {
     console.log(`${name.padEnd(24)} failed: ${err instanceof Error ? err.message : err}`);
   }

@@ -30,6 +30,8 @@ export interface Ceiling {
   ku: number;
   bufs: 2 | 3;
   bn: boolean;
+  /** A ladder step (bench/mma_ladder_wgsl.ts), 1 .. 4; absent for the arrangements here. */
+  step?: number;
 }
 
 /** Problem sizes: gemm M x N x K; flash M rows, N keys, head K; reg L iterations, M subgroups. */
@@ -245,7 +247,7 @@ function storeC(v: Ceiling, d: MatrixDims, r: string, c: string, ldc: number): s
  * Staging of the tile at step start `kn` into buffer `nb`: `load` fetches into registers (moved
  * before the step's matrix work), `store` writes workgroup memory (after it; under `more`).
  */
-function stagingCode(
+export function stagingCode(
   v: Ceiling,
   d: MatrixDims,
   size: CeilingSize,
