@@ -9,8 +9,9 @@
  * against a float64 product of the same f16 inputs (|diff| <= 1e-3 sum|a b| + 1e-3), so a fast
  * but wrong arrangement says WRONG.
  *
- * The ladder (`ladder-qk`, `-s`, `-pv`, `-sm`: bench/mma_ladder_wgsl.ts) grows the QK^T loop into
- * attention step by step; its outputs are checked the same way against its own float64 reference.
+ * The ladder (`ladder-qk`, `-s`, `-pv`, `-sm`, `-pg`: bench/mma_ladder_wgsl.ts) grows the QK^T
+ * loop into attention step by step; its outputs are checked the same way against its own float64
+ * reference (TFLOP/s count QK^T, + PV from `ladder-pv` on).
  *
  * Usage: deno run -A bench/mma_ceiling.ts [--small] [--iters N] [--only name,name] [--json]
  * @module
@@ -29,6 +30,7 @@ import {
   parseCeiling,
 } from "./mma_ceiling_wgsl.ts";
 import {
+  fillBlockTable,
   ladderBytes,
   ladderExpected,
   ladderExtents,
@@ -209,6 +211,7 @@ async function probe(ctx: MmaContext, v: Ceiling, s: CeilingSize, iters: number)
   const dev = ctx.device, d: MatrixDims = ctx.mma, lad = (v.step ?? 0) > 1;
   const ext = lad ? ladderExtents(v, d, s) : extents(v, d, s);
   const a = randomF16(ext.a), b = randomF16(ext.b);
+  fillBlockTable(v, s, b);
   const buf = (bytes: number, usage: number) =>
     dev.createBuffer({ size: Math.ceil(bytes / 16) * 16, usage });
   const st = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST;
@@ -254,7 +257,7 @@ async function probe(ctx: MmaContext, v: Ceiling, s: CeilingSize, iters: number)
     const c = new Float32Array(rb.getMappedRange().slice(0));
     rb.unmap();
     let worst = 0;
-    const rows = lad ? s.m : ext.c / ext.ldc, sums = v.step === 4 ? 1 : 0; // L4: + row sums
+    const rows = lad ? s.m : ext.c / ext.ldc, sums = (v.step ?? 0) >= 4 ? 1 : 0; // L4: + row sums
     for (let i = 0; i < 48; i++) {
       const r = Math.floor(Math.random() * rows);
       const col = Math.floor(Math.random() * (ext.ldc + sums));

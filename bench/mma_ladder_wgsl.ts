@@ -12,7 +12,10 @@
  *   softmax (QK^T + PV FLOPs, as for L4);
  * - `ladder-sm` (L4): the lane pass becomes a per-row softmax (lane i < M owns row i: max, exp,
  *   row sum): P_t = exp(S_t - rowmax_t), C = sum_t P_t V_t unnormalized, plus the row sums
- *   l = sum exp after the rows x D outputs.
+ *   l = sum exp after the rows x D outputs;
+ * - `ladder-pg` (L5): + paged K/V: key `k` is row table[k / 16] * 16 + k % 16 of K and of V;
+ *   the block table (N / 16 u32 pages drawn from the N / 16, with a repeat) after V in binding 1;
+ *   each staging load reads its table entry first (a dependent load, as the kernel's table walk).
  * Each tile has three workgroup barriers (after S's store, after the pass, after staging).
  * K and V share binding 1 (V after the N x D K rows). Bindings as bench/mma_ceiling_wgsl.ts's.
  * @module
@@ -33,7 +36,11 @@ export const LADDER_STEPS: Record<string, number> = {
   "ladder-s": 2,
   "ladder-pv": 3,
   "ladder-sm": 4,
+  "ladder-pg": 5,
 };
+
+/** Rows per page of `ladder-pg`'s block table. */
+export const LADDER_PAGE = 16;
 
 /** The arrangement of a ladder name (`step` set), or null. */
 export function parseLadder(name: string): Ceiling | null {
@@ -71,8 +78,10 @@ export function ladderSource(v: Ceiling, d: MatrixDims, s: CeilingSize): string 
   const Res = `subgroup_matrix_result<f32, ${d.n}, ${d.m}>`;
   const U = range(D / d.k), J = range(step >= 3 ? D / d.n : 1), ldc = ladderColumns(v, d, s);
   const st = stagingCode(v, d, s, lay);
+  const paged = (x: string) => step >= 5 ? x.replaceAll("b4[((kn + ", "b4[(page(kn + ") : x;
   const vst = (x: string) => x.replaceAll("bs", "vs").replaceAll("b4[(", `b4[(${N * D}u + `);
-  const load = step >= 3 ? [...st.load, ...st.load.map(vst)] : st.load;
+  const load0 = st.load.map(paged);
+  const load = step >= 3 ? [...load0, ...load0.map(vst)] : load0;
   const store = step >= 3 ? [...st.store, ...st.store.map(vst)] : st.store;
   const pass = step >= 4
     ? [
@@ -101,6 +110,7 @@ export function ladderSource(v: Ceiling, d: MatrixDims, s: CeilingSize): string 
     ...(step >= 3 ? [`var<workgroup> vs_s: array<f16, ${2 * lay.bTile}>;`] : []),
     `var<workgroup> s_s: array<f32, ${nsg * SP}>;`,
     `var<workgroup> p_s: array<f16, ${nsg * SP}>;`,
+    ...(step >= 5 ? pageFn(N * D) : []),
     `@compute @workgroup_size(${nsg * d.sg})`,
     "@diagnostic(off, chromium.subgroup_matrix_uniformity)",
     "fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(subgroup_id) sg: u32,",
@@ -167,10 +177,26 @@ export function ladderSource(v: Ceiling, d: MatrixDims, s: CeilingSize): string 
   return out.join("\n");
 }
 
+/** WGSL `page(key)`: the cache row of a key, through the u32 block table at u32 index `at`. */
+function pageFn(at: number): string[] {
+  return [
+    "fn page(key: u32) -> u32 {",
+    `  let i = ${at}u + key / ${LADDER_PAGE}u;`,
+    `  return b4[i / 4u][i % 4u] * ${LADDER_PAGE}u + key % ${LADDER_PAGE}u;`,
+    "}",
+  ];
+}
+
 /** Element counts of Q, K + V and C of a step >= 2 (C: rows x columns, + row sums for L4). */
 export function ladderExtents(v: Ceiling, d: MatrixDims, s: CeilingSize) {
   const ldc = ladderColumns(v, d, s);
-  return { a: s.m * s.k, b: 2 * s.n * s.k, c: s.m * ldc + ((v.step ?? 0) >= 4 ? s.m : 0), ldc };
+  const table = (v.step ?? 0) >= 5 ? 2 * (s.n / LADDER_PAGE) : 0; // u32s, in f16 units
+  return {
+    a: s.m * s.k,
+    b: 2 * s.n * s.k + table,
+    c: s.m * ldc + ((v.step ?? 0) >= 4 ? s.m : 0),
+    ldc,
+  };
 }
 
 /**
@@ -188,12 +214,15 @@ export function ladderExpected(
 ): [number, number] {
   const step = v.step ?? 0, D = s.k, bn = ceilingLayout(v, d, s).bn, vBase = s.n * D;
   const p16 = new Float16Array(bn), e = new Float64Array(bn);
+  const table = new Uint32Array(kv.buffer, 2 * vBase * 2, step >= 5 ? s.n / LADDER_PAGE : 0);
+  const row = (key: number) =>
+    step >= 5 ? table[Math.floor(key / LADDER_PAGE)] * LADDER_PAGE + key % LADDER_PAGE : key;
   let sum = 0, mag = 0;
   for (let t = 0; t < s.n; t += bn) {
     let mx = -Infinity;
     for (let j = 0; j < bn; j++) {
       let dot = 0;
-      for (let k = 0; k < D; k++) dot += q[r * D + k] * kv[(t + j) * D + k];
+      for (let k = 0; k < D; k++) dot += q[r * D + k] * kv[row(t + j) * D + k];
       e[j] = dot;
       mx = Math.max(mx, dot);
     }
@@ -207,10 +236,20 @@ export function ladderExpected(
         mag += e[j];
         continue;
       }
-      const x = p16[j] * kv[vBase + (step === 2 ? j : t + j) * D + col];
+      const x = p16[j] * kv[vBase + (step === 2 ? j : row(t + j)) * D + col];
       sum += x;
       mag += Math.abs(x);
     }
   }
   return [sum, mag];
+}
+
+/** Writes `ladder-pg`'s block table (random pages, with repeats) after K and V in `kv`. */
+export function fillBlockTable(v: Ceiling, s: CeilingSize, kv: Float16Array): void {
+  if ((v.step ?? 0) < 5) return;
+  const pages = s.n / LADDER_PAGE, table = new Uint32Array(kv.buffer, 4 * s.n * s.k, pages);
+  // Drawn with repeats, and page 1 always repeats page 0: attention is blind to a permutation of
+  // keys, so a permutation would let a shader that ignores the table pass the check.
+  for (let i = 0; i < pages; i++) table[i] = Math.floor(Math.random() * pages);
+  if (pages > 1) table[1] = table[0];
 }
