@@ -1,14 +1,18 @@
 /**
  * gpu/keep_warm.ts: knob checks, the start-up decision from the measured completion round trip,
- * the spin window (spins while used, stops after `hold_ms`, never after close) and the report.
+ * the spin window in both modes (spins while used, stops after `hold_ms`, never after close), the
+ * timer mode's lack of pending waits and its queue bound, and the report.
  * @module
  */
 import assert from "node:assert/strict";
 import {
   checkKeepWarmOptions,
   KEEP_WARM_DEFAULTS,
+  type KeepWarmMode,
   KeepWarmProvider,
   MAX_ROUND_TRIP_MS,
+  MAX_TICKS_QUEUED,
+  SLOW_CLOCK_FACTOR,
 } from "../../gpu/keep_warm.ts";
 import { GPU_TEST } from "./helpers.ts";
 import { MANAGER } from "../support/gpu.ts";
@@ -29,6 +33,15 @@ Deno.test("keep-warm knobs out of range are refused, naming the knob and value",
     /keep-warm spin_iters must be an integer in \[1, 10000000\], got 0/,
   );
   assert.throws(() => checkKeepWarmOptions({ ...KEEP_WARM_DEFAULTS, hold_ms: 1.5 }), /got 1\.5/);
+  assert.throws(
+    () => checkKeepWarmOptions({ ...KEEP_WARM_DEFAULTS, period_ms: 0 }),
+    { message: "keep-warm period_ms must be an integer in [1, 1000], got 0" },
+  );
+  assert.throws(
+    () => checkKeepWarmOptions({ ...KEEP_WARM_DEFAULTS, mode: "busy" as KeepWarmMode }),
+    { message: "keep-warm mode must be one of timer, await, got busy" },
+  );
+  assert.deepEqual([KEEP_WARM_DEFAULTS.mode, KEEP_WARM_DEFAULTS.period_ms], ["timer", 2]);
 });
 
 Deno.test("keep-warm with hold 0 stays off and never spins", GPU_TEST, async () => {
@@ -54,38 +67,91 @@ Deno.test(
   },
 );
 
+for (const mode of ["timer", "await"] as const) {
+  Deno.test(
+    `keep-warm (${mode}) spins while the device is used, stops after the hold, never after close`,
+    GPU_TEST,
+    async () => {
+      const o = { hold_ms: 150, spin_iters: 64, workgroups: 2, depth: 2, mode, period_ms: 3 };
+      const w = new KeepWarmProvider(MANAGER, o, { max_round_trip_ms: Infinity });
+      assert((await w.start()).enabled);
+      assert.deepEqual(w.stats().dispatches, 0);
+      const ctx = w.current(); // a use of the device opens the window
+      assert(ctx !== null && ctx === MANAGER.current());
+      assert(
+        await until(() => w.stats().dispatches >= 4, 3000),
+        `dispatches ${w.stats().dispatches}`,
+      );
+      assert(await until(() => !w.stats().spinning, 10_000), "still spinning after the hold");
+      const n = w.stats().dispatches;
+      await new Promise((r) => setTimeout(r, 60));
+      assert.deepEqual(w.stats().dispatches, n, "spun after the hold");
+      const rep = w.report();
+      assert.deepEqual(rep.runtime, MANAGER.report().runtime);
+      assert.deepEqual(rep.keep_warm?.options, o);
+      await w.close();
+      assert.deepEqual(w.stats().pending_waits, 0, "a wait left pending after close");
+      w.current();
+      await new Promise((r) => setTimeout(r, 60));
+      assert.deepEqual(w.stats().dispatches, n, "spun after close");
+    },
+  );
+}
+
 Deno.test(
-  "keep-warm spins while the device is used, stops after the hold, never after close",
+  "keep-warm's timer mode leaves no completion wait pending while it spins; await mode does",
   GPU_TEST,
   async () => {
-    const w = new KeepWarmProvider(
-      MANAGER,
-      { hold_ms: 150, spin_iters: 64, workgroups: 2, depth: 2 },
-      { max_round_trip_ms: Infinity },
-    );
-    assert((await w.start()).enabled);
-    assert.deepEqual(w.stats().dispatches, 0);
-    const ctx = w.current(); // a use of the device opens the window
-    assert(ctx !== null && ctx === MANAGER.current());
-    assert(
-      await until(() => w.stats().dispatches >= 2, 3000),
-      `dispatches ${w.stats().dispatches}`,
-    );
-    assert(await until(() => !w.stats().spinning, 10_000), "still spinning after the hold");
-    const n = w.stats().dispatches;
-    await new Promise((r) => setTimeout(r, 60));
-    assert.deepEqual(w.stats().dispatches, n, "spun after the hold");
-    const rep = w.report();
-    assert.deepEqual(rep.runtime, MANAGER.report().runtime);
-    assert.deepEqual(rep.keep_warm?.options, {
-      hold_ms: 150,
-      spin_iters: 64,
-      workgroups: 2,
-      depth: 2,
+    const base = { hold_ms: 400, spin_iters: 64, workgroups: 1, depth: 1, period_ms: 2 };
+    const pendingWhileSpinning = async (mode: KeepWarmMode) => {
+      const w = new KeepWarmProvider(MANAGER, { ...base, mode }, { max_round_trip_ms: Infinity });
+      await w.start();
+      w.current();
+      const seen: number[] = [];
+      for (let i = 0; i < 20; i++) {
+        await new Promise((r) => setTimeout(r, 5));
+        w.current();
+        seen.push(w.stats().pending_waits);
+      }
+      const dispatches = w.stats().dispatches;
+      await w.close();
+      return { seen, dispatches };
+    };
+    const timer = await pendingWhileSpinning("timer");
+    assert(timer.dispatches >= 10, `timer dispatches ${timer.dispatches} in ~100 ms`);
+    assert.deepEqual(timer.seen, timer.seen.map(() => 0), `timer pending ${timer.seen}`);
+    const awaited = await pendingWhileSpinning("await");
+    assert(awaited.dispatches >= 10, `await dispatches ${awaited.dispatches}`);
+    assert(awaited.seen.some((p) => p > 0), `await pending ${awaited.seen}`);
+  },
+);
+
+Deno.test(
+  "keep-warm's timer mode skips ticks while more than its bound is believed queued",
+  GPU_TEST,
+  async () => {
+    // spins long enough that depth 8 at the slow-clock factor exceed MAX_TICKS_QUEUED periods
+    const o = { hold_ms: 300, spin_iters: 20_000, workgroups: 1, depth: 8, period_ms: 1 };
+    const w = new KeepWarmProvider(MANAGER, { ...o, mode: "timer" }, {
+      max_round_trip_ms: Infinity,
     });
-    await w.close();
+    const st = await w.start();
+    const spin = st.spin_ms!;
+    assert(spin > 0, `spin_ms ${spin}`);
+    const perTick = o.depth * spin * SLOW_CLOCK_FACTOR;
     w.current();
-    await new Promise((r) => setTimeout(r, 60));
-    assert.deepEqual(w.stats().dispatches, n, "spun after close");
+    assert(await until(() => !w.stats().spinning, 10_000), "still spinning after the hold");
+    const { dispatches, skipped_ticks } = w.stats();
+    await w.close();
+    assert(dispatches >= o.depth && dispatches % o.depth === 0, `dispatches ${dispatches}`);
+    // believed queue: each submitting tick adds perTick ms; it never starts above the bound
+    const maxTicks = Math.ceil(o.hold_ms / (perTick - MAX_TICKS_QUEUED * o.period_ms)) + 2;
+    if (perTick > MAX_TICKS_QUEUED * o.period_ms) {
+      assert(skipped_ticks > 0, `no tick skipped (spin ${spin} ms, ${perTick} ms a tick)`);
+      assert(
+        dispatches / o.depth <= Math.max(maxTicks, 3),
+        `${dispatches / o.depth} submitting ticks over ${o.hold_ms} ms at ${perTick} ms a tick`,
+      );
+    }
   },
 );
