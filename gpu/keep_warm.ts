@@ -14,10 +14,10 @@
  * Two modes. `timer` (the default) submits `depth` spins every `period_ms` from a timer and
  * awaits nothing: while any Dawn promise is pending, Dawn's node binding re-queues its event
  * processing with `setImmediate` without pause, and on the H200 that slowed the server's reads of
- * request bodies ~10x (bench/NOTES.md v0.6, call 3). The queue is bounded without waits: the
- * spin's device time is measured once at start (one awaited round), and a tick submits only while
- * the work it believes outstanding, at {@link SLOW_CLOCK_FACTOR} times that time (the idle clock),
- * is under {@link MAX_TICKS_QUEUED} periods. `await` (the v0.6 loop) keeps `depth` spins queued,
+ * request bodies ~10x (bench/NOTES.md v0.6, call 3). The queue is bounded without per-spin waits
+ * (gpu/keep_warm_pace.ts): from one spin's time measured once at start, scaled for the idle clock,
+ * and recalibrated by one completion wait every `sync_ms` (500). `await` (the v0.6 loop) keeps
+ * `depth` spins queued,
  * awaiting `onSubmittedWorkDone` for each: a spin always pending, so Dawn's loop never rests.
  *
  * It needs a runtime whose completion wait does not block the JS thread: Deno's own WebGPU blocks
@@ -28,6 +28,7 @@
 import type { DeviceProvider, DeviceReport, GpuContext, KeepWarmReport } from "../core/types.ts";
 import { getKernel, type KernelDef } from "./kernel.ts";
 import { completionRoundTrip } from "./runtime_device.ts";
+import { DEFAULT_SYNC_MS, SpinPacer } from "./keep_warm_pace.ts";
 
 /** Keep-warm knobs (`deno task serve --keep-warm-ms N ...`). */
 export interface KeepWarmOptions {
@@ -64,19 +65,17 @@ export const KEEP_WARM_DEFAULTS: Readonly<KeepWarmOptions> = Object.freeze({
 /** Completion round trips (median ms) above this leave keep-warm off. */
 export const MAX_ROUND_TRIP_MS = 1;
 
-/** `timer`: the spin's measured time is scaled by this (1,980 / 345 MHz on the H200, rounded up). */
-export const SLOW_CLOCK_FACTOR = 6;
-
-/** `timer`: a tick submits only while less than this many periods of spins are believed queued. */
-export const MAX_TICKS_QUEUED = 2;
-
 /** What keep-warm did (`/v1/device`'s `keep_warm`, the bench). */
 export interface KeepWarmStats extends KeepWarmReport {
   options: KeepWarmOptions;
   /** `timer`: one spin's device time measured at start, in ms. */
   spin_ms?: number;
+  /** `timer`: the ms of work one spin is believed to add now (gpu/keep_warm_pace.ts). */
+  spin_unit_ms?: number;
   /** `timer`: ticks that submitted nothing because enough was believed queued. */
   skipped_ticks: number;
+  /** `timer`: calibrating completion waits done. */
+  syncs: number;
   /** Keep-warm's `onSubmittedWorkDone` promises pending now (`timer`: 0 between ticks). */
   pending_waits: number;
 }
@@ -130,27 +129,31 @@ export class KeepWarmProvider implements DeviceProvider {
   #last = -Infinity;
   #loop: Promise<void> | null = null;
   #timer: ReturnType<typeof setInterval> | null = null;
-  #busyUntil = 0;
+  #pacer: SpinPacer | null = null;
   #closed = false;
   #dispatches = 0;
-  #skipped = 0;
   #pending = 0;
   #sink = new WeakMap<GPUDevice, { buffer: GPUBuffer; group: GPUBindGroup }>();
 
   readonly #maxRoundTrip: number;
+  readonly #syncMs: number;
 
   /**
    * Knobs left out take {@link KEEP_WARM_DEFAULTS}. `max_round_trip_ms`: the slowest completion
-   * round trip it runs with (tests raise it).
+   * round trip it runs with; `sync_ms`: `timer`'s ms between calibrating waits (tests set them).
    */
   constructor(
     inner: DeviceProvider,
     options: Partial<KeepWarmOptions>,
-    { max_round_trip_ms = MAX_ROUND_TRIP_MS }: { max_round_trip_ms?: number } = {},
+    { max_round_trip_ms = MAX_ROUND_TRIP_MS, sync_ms = DEFAULT_SYNC_MS }: {
+      max_round_trip_ms?: number;
+      sync_ms?: number;
+    } = {},
   ) {
     this.#inner = inner;
     this.#o = checkKeepWarmOptions({ ...KEEP_WARM_DEFAULTS, ...options });
     this.#maxRoundTrip = max_round_trip_ms;
+    this.#syncMs = sync_ms;
   }
 
   /** Measures the completion round trip (and `timer`: the spin); turns on where it is short. */
@@ -166,7 +169,11 @@ export class KeepWarmProvider implements DeviceProvider {
         this.#reason = `the runtime's completion round trip is ${this.#roundTrip.toFixed(2)} ms ` +
           `(over ${this.#maxRoundTrip} ms: its waits would block the JS thread)`;
       } else {
-        if (this.#o.mode === "timer") this.#spinMs = await this.#measureSpin(ctx);
+        if (this.#o.mode === "timer") {
+          this.#spinMs = await this.#measureSpin(ctx);
+          const o = this.#o;
+          this.#pacer = new SpinPacer(this.#spinMs, o.period_ms, o.depth, this.#syncMs);
+        }
         this.#enabled = true;
       }
     }
@@ -196,8 +203,10 @@ export class KeepWarmProvider implements DeviceProvider {
       options: { ...this.#o },
       ...(this.#roundTrip !== undefined ? { round_trip_ms: this.#roundTrip } : {}),
       ...(this.#spinMs !== undefined ? { spin_ms: this.#spinMs } : {}),
+      ...(this.#pacer ? { spin_unit_ms: this.#pacer.unit } : {}),
       dispatches: this.#dispatches,
-      skipped_ticks: this.#skipped,
+      skipped_ticks: this.#pacer?.skipped ?? 0,
+      syncs: this.#pacer?.syncs ?? 0,
       pending_waits: this.#pending,
       spinning: this.#loop !== null || this.#timer !== null,
     };
@@ -233,23 +242,22 @@ export class KeepWarmProvider implements DeviceProvider {
     this.#timer = null;
   }
 
-  /** `timer`: `depth` spins, unless enough is believed queued; awaits nothing. */
+  /** `timer`: `depth` spins, unless enough is believed queued; awaits nothing but a sync. */
   #tick(g: GpuContext): void {
-    if (!this.#open(g)) return this.#stopTimer();
-    const now = performance.now();
-    const queued = Math.max(0, this.#busyUntil - now);
-    if (queued >= MAX_TICKS_QUEUED * this.#o.period_ms) {
-      this.#skipped++;
-      return;
-    }
+    const pacer = this.#pacer;
+    if (!pacer || !this.#open(g)) return this.#stopTimer();
     const k = this.#kernel(g);
     if (!k) return; // compiled at start; a re-acquired device compiles it on its first tick
+    const now = performance.now();
     try {
-      this.#submit(g, k, this.#o.depth);
+      if (pacer.tick(now)) this.#submit(g, k, this.#o.depth);
     } catch {
       return this.#stopTimer();
     }
-    this.#busyUntil = now + queued + this.#o.depth * (this.#spinMs ?? 0) * SLOW_CLOCK_FACTOR;
+    if (pacer.wantSync(now)) {
+      pacer.syncIssued(now);
+      this.#wait(g).then(() => pacer.syncDone(performance.now()), () => {});
+    }
   }
 
   #kernels = new WeakMap<GPUDevice, { pipeline: GPUComputePipeline; group: GPUBindGroup }>();

@@ -11,9 +11,13 @@ import {
   type KeepWarmMode,
   KeepWarmProvider,
   MAX_ROUND_TRIP_MS,
+} from "../../gpu/keep_warm.ts";
+import {
+  CALIBRATION_MARGIN,
   MAX_TICKS_QUEUED,
   SLOW_CLOCK_FACTOR,
-} from "../../gpu/keep_warm.ts";
+  SpinPacer,
+} from "../../gpu/keep_warm_pace.ts";
 import { GPU_TEST } from "./helpers.ts";
 import { MANAGER } from "../support/gpu.ts";
 
@@ -43,6 +47,75 @@ Deno.test("keep-warm knobs out of range are refused, naming the knob and value",
   );
   assert.deepEqual([KEEP_WARM_DEFAULTS.mode, KEEP_WARM_DEFAULTS.period_ms], ["timer", 2]);
 });
+
+Deno.test("keep-warm's pacer submits while under 2 periods are believed queued", () => {
+  // spin 0.1 ms, believed 0.6 until calibrated; depth 2: 1.2 ms a tick; bound 2 x 2 ms
+  const p = new SpinPacer(0.1, 2, 2, 100);
+  assert.equal(p.unit, 0.1 * SLOW_CLOCK_FACTOR);
+  assert.deepEqual([0, 0, 0, 0, 0].map(() => p.tick(0)), [true, true, true, true, false]);
+  assert.equal(p.skipped, 1);
+  assert(Math.abs(p.queued(0) - 4.8) < 1e-9, `queued ${p.queued(0)}`);
+  assert.equal(p.tick(0.7), false); // 4.1 ms believed
+  assert.equal(p.tick(1), true); // 3.8
+  assert.equal(MAX_TICKS_QUEUED, 2);
+});
+
+Deno.test("keep-warm's pacer calibrates from one wait a sync_ms, within its clamp", () => {
+  const p = new SpinPacer(0.1, 2, 2, 100);
+  assert.equal(p.wantSync(0), false); // the first a sync_ms after the start
+  assert.equal(p.wantSync(99), false);
+  p.tick(100);
+  p.tick(100); // 2.4 ms believed
+  assert.equal(p.wantSync(100), true);
+  p.syncIssued(100);
+  assert.equal(p.wantSync(300), false, "a second wait while one is pending");
+  p.tick(101); // after the wait: 2 spins
+  p.syncDone(100.4); // the 2.4 believed took 0.4: spins 6x faster than believed
+  assert.equal(p.syncs, 1);
+  const unit = 0.6 * (0.4 / 2.4) * CALIBRATION_MARGIN;
+  assert(Math.abs(p.unit - unit) < 1e-9, `unit ${p.unit}, want ${unit}`);
+  assert(Math.abs(p.queued(100.4) - 2 * unit) < 1e-9, `queued ${p.queued(100.4)}`);
+  // a slow wait raises it, never over spin x factor
+  for (let i = 0; i < 4; i++) p.tick(200); // 1.2 ms believed
+  p.syncIssued(200);
+  p.syncDone(300);
+  assert(Math.abs(p.unit - 0.1 * SLOW_CLOCK_FACTOR) < 1e-9, `unit ${p.unit}`);
+  // a wait issued with under 1 ms believed queued says only the round trip: no change
+  const q = new SpinPacer(0.1, 2, 1, 100);
+  q.wantSync(0);
+  q.syncIssued(100);
+  q.syncDone(100.5);
+  assert.deepEqual([q.unit, q.syncs], [0.1 * SLOW_CLOCK_FACTOR, 1]);
+});
+
+Deno.test(
+  "keep-warm's timer mode calibrates with one short wait a sync_ms, and keeps spinning",
+  GPU_TEST,
+  async () => {
+    const o = { hold_ms: 500, spin_iters: 256, workgroups: 1, depth: 2, period_ms: 2 };
+    const w = new KeepWarmProvider(MANAGER, { ...o, mode: "timer" }, {
+      max_round_trip_ms: Infinity,
+      sync_ms: 40,
+    });
+    const spin = (await w.start()).spin_ms!;
+    w.current();
+    const seen: number[] = [];
+    while (w.stats().spinning || seen.length === 0) {
+      seen.push(w.stats().pending_waits);
+      await new Promise((r) => setTimeout(r, 3));
+    }
+    const st = w.stats();
+    await w.close();
+    assert(st.syncs >= 3, `syncs ${st.syncs} over ${o.hold_ms} ms at 40`);
+    assert(Math.max(...seen) <= 1, `pending ${seen}`);
+    assert(st.dispatches >= 20, `dispatches ${st.dispatches}`);
+    const unit = st.spin_unit_ms!;
+    assert(
+      unit >= spin / SLOW_CLOCK_FACTOR - 1e-9 && unit <= spin * SLOW_CLOCK_FACTOR + 1e-9,
+      `unit ${unit} outside [${spin} / 6, ${spin} x 6]`,
+    );
+  },
+);
 
 Deno.test("keep-warm with hold 0 stays off and never spins", GPU_TEST, async () => {
   const w = new KeepWarmProvider(MANAGER, { ...KEEP_WARM_DEFAULTS, hold_ms: 0 });
@@ -104,7 +177,10 @@ Deno.test(
   async () => {
     const base = { hold_ms: 400, spin_iters: 64, workgroups: 1, depth: 1, period_ms: 2 };
     const pendingWhileSpinning = async (mode: KeepWarmMode) => {
-      const w = new KeepWarmProvider(MANAGER, { ...base, mode }, { max_round_trip_ms: Infinity });
+      const w = new KeepWarmProvider(MANAGER, { ...base, mode }, {
+        max_round_trip_ms: Infinity,
+        sync_ms: Infinity, // no calibrating wait: the test below has them
+      });
       await w.start();
       w.current();
       const seen: number[] = [];
@@ -134,6 +210,7 @@ Deno.test(
     const o = { hold_ms: 300, spin_iters: 20_000, workgroups: 1, depth: 8, period_ms: 1 };
     const w = new KeepWarmProvider(MANAGER, { ...o, mode: "timer" }, {
       max_round_trip_ms: Infinity,
+      sync_ms: Infinity, // the start-up belief throughout
     });
     const st = await w.start();
     const spin = st.spin_ms!;
