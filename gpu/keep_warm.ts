@@ -16,9 +16,9 @@
  * processing with `setImmediate` without pause, and on the H200 that slowed the server's reads of
  * request bodies ~10x (bench/NOTES.md v0.6, call 3). The queue is bounded without per-spin waits
  * (gpu/keep_warm_pace.ts): from one spin's time measured once at start, scaled for the idle clock,
- * and recalibrated by one completion wait every `sync_ms` (500). `await` (the v0.6 loop) keeps
- * `depth` spins queued,
- * awaiting `onSubmittedWorkDone` for each: a spin always pending, so Dawn's loop never rests.
+ * and recalibrated by one completion wait every `sync_ms` (500), pending only until the queue
+ * drains. `await` (the v0.6 loop) keeps `depth` spins queued, awaiting `onSubmittedWorkDone` for
+ * each: a wait always pending, so Dawn's loop never rests (the in-process bench uses it: no HTTP).
  *
  * It needs a runtime whose completion wait does not block the JS thread: Deno's own WebGPU blocks
  * ~11 ms per `onSubmittedWorkDone`. {@link KeepWarmProvider.start} measures the completion round
