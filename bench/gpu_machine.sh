@@ -110,16 +110,20 @@ for w in $what; do
         --json-out "$out/http.json" ${HTTP_ARGS:-} ;;&
     http-warm)
       # Dawn's HTTP bench once per keep-warm setting (gpu/keep_warm.ts): KEEP_WARM_VARIANTS lists
-      # HOLD_MS:SPIN_ITERS:WORKGROUPS:DEPTH (0: off), each a server of its own.
-      for kw in ${KEEP_WARM_VARIANTS:-0 3000:10000:1:1 3000:10000:1:2 3000:40000:8:1}; do
-        IFS=: read -r hold iters wgs depth <<<"$kw"
+      # HOLD_MS[:SPIN_ITERS[:WORKGROUPS[:DEPTH[:MODE[:PERIOD_MS]]]]] (0: off; MODE timer, the
+      # default, or await, v0.6's loop; an empty field keeps the server's default), each a server
+      # of its own, e.g. "0 3000:10000:1:2:await" (default: bench/NOTES.md's two timer variants).
+      for kw in ${KEEP_WARM_VARIANTS:-3000:10000:1:8:timer:1 3000:40000:1:8:timer:1}; do
+        IFS=: read -r hold iters wgs depth mode period <<<"$kw"
         # shellcheck disable=SC2086
         TAIL=${TAIL:-30} run "http-warm-${kw//:/-}" "${HTTP_TIMEOUT:-170}" \
           deno run --allow-net --allow-read --allow-env --allow-run --allow-write \
           bench/http_bench.ts --runtimes dawn --server-arg="--keep-warm-ms=$hold" \
           ${iters:+--server-arg="--keep-warm-spin-iters=$iters"} \
           ${wgs:+--server-arg="--keep-warm-workgroups=$wgs"} \
-          ${depth:+--server-arg="--keep-warm-depth=$depth"} ${HTTP_ARGS:-}
+          ${depth:+--server-arg="--keep-warm-depth=$depth"} \
+          ${mode:+--server-arg="--keep-warm-mode=$mode"} \
+          ${period:+--server-arg="--keep-warm-period-ms=$period"} ${HTTP_ARGS:-}
       done ;;&
     anchor | all)
       run anchor "${ANCHOR_TIMEOUT:-60}" python3 bench/torch_anchor.py ;;

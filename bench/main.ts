@@ -181,7 +181,12 @@ async function holdClock(
   log: (s: string) => void,
 ): Promise<KeepWarmProvider | null> {
   if (!on) return null;
-  const warm = new KeepWarmProvider(mgr, { ...KEEP_WARM_DEFAULTS, hold_ms: 3_600_000, depth: 2 });
+  const warm = new KeepWarmProvider(mgr, {
+    ...KEEP_WARM_DEFAULTS,
+    hold_ms: 3_600_000,
+    depth: 2,
+    mode: "await", // no HTTP here; call 3 measured this loop at 1,980 MHz
+  });
   const st = await warm.start();
   if (!st.enabled) {
     log(`keep-warm: off: ${st.reason}`);

@@ -5,12 +5,20 @@
  * not raise it again; the same call's GPU time was 0.11 ms at full clock and 0.44-0.50 ms served.
  *
  * {@link KeepWarmProvider} wraps the server's {@link DeviceProvider}: each use of the device (a
- * forward call, a cache write) re-arms a window of `hold_ms`, and while it is open a loop keeps
- * `depth` short spin dispatches queued (`workgroups` workgroups of 64 lanes, `spin_iters`
- * dependent FMA pairs each: about 8 cycles an iteration). A real call's work queues behind at most
- * `depth` spins, and shares the GPU with one while it runs (the spin touches only its own buffer,
- * so no barrier orders them). Spinning draws power: it is off by default (`hold_ms` 0), the
+ * forward call, a cache write) re-arms a window of `hold_ms`, and while it is open it submits
+ * short spin dispatches (`workgroups` workgroups of 64 lanes, `spin_iters` dependent FMA pairs
+ * each: about 8 cycles an iteration). The spin touches only its own buffer, so no barrier orders
+ * it against a real call's work. Spinning draws power: it is off by default (`hold_ms` 0), the
  * operator's alternative being locked clocks (`nvidia-smi --lock-gpu-clocks`, root).
+ *
+ * Two modes. `timer` (the default) submits `depth` spins every `period_ms` from a timer and
+ * awaits nothing: while any Dawn promise is pending, Dawn's node binding re-queues its event
+ * processing with `setImmediate` without pause, and on the H200 that slowed the server's reads of
+ * request bodies ~10x (bench/NOTES.md v0.6, call 3). The queue is bounded without per-spin waits
+ * (gpu/keep_warm_pace.ts): from one spin's time measured once at start, scaled for the idle clock,
+ * and recalibrated by one completion wait every `sync_ms` (500), pending only until the queue
+ * drains. `await` (the v0.6 loop) keeps `depth` spins queued, awaiting `onSubmittedWorkDone` for
+ * each: a wait always pending, so Dawn's loop never rests (the in-process bench uses it: no HTTP).
  *
  * It needs a runtime whose completion wait does not block the JS thread: Deno's own WebGPU blocks
  * ~11 ms per `onSubmittedWorkDone`. {@link KeepWarmProvider.start} measures the completion round
@@ -20,6 +28,7 @@
 import type { DeviceProvider, DeviceReport, GpuContext, KeepWarmReport } from "../core/types.ts";
 import { getKernel, type KernelDef } from "./kernel.ts";
 import { completionRoundTrip } from "./runtime_device.ts";
+import { DEFAULT_SYNC_MS, SpinPacer } from "./keep_warm_pace.ts";
 
 /** Keep-warm knobs (`deno task serve --keep-warm-ms N ...`). */
 export interface KeepWarmOptions {
@@ -29,9 +38,19 @@ export interface KeepWarmOptions {
   spin_iters: number;
   /** Workgroups (64 lanes) per spin dispatch. */
   workgroups: number;
-  /** Spin dispatches kept queued (1: submit the next when the last completed). */
+  /** Spin dispatches per tick (`timer`), or kept queued (`await`; 1: the next when one is done). */
   depth: number;
+  /** `timer`: spins from a timer, nothing awaited; `await`: a loop awaiting each spin. */
+  mode: KeepWarmMode;
+  /** `timer`: ms between ticks. */
+  period_ms: number;
 }
+
+/** How spins are paced (module doc). */
+export type KeepWarmMode = "timer" | "await";
+
+/** The modes, for the flag's check. */
+export const KEEP_WARM_MODES: readonly KeepWarmMode[] = ["timer", "await"];
 
 /** The defaults: off; when on, ~40 µs spins on one workgroup at the H200's full clock. */
 export const KEEP_WARM_DEFAULTS: Readonly<KeepWarmOptions> = Object.freeze({
@@ -39,13 +58,27 @@ export const KEEP_WARM_DEFAULTS: Readonly<KeepWarmOptions> = Object.freeze({
   spin_iters: 10_000,
   workgroups: 1,
   depth: 1,
+  mode: "timer",
+  period_ms: 2,
 });
 
 /** Completion round trips (median ms) above this leave keep-warm off. */
 export const MAX_ROUND_TRIP_MS = 1;
 
 /** What keep-warm did (`/v1/device`'s `keep_warm`, the bench). */
-export type KeepWarmStats = KeepWarmReport;
+export interface KeepWarmStats extends KeepWarmReport {
+  options: KeepWarmOptions;
+  /** `timer`: one spin's device time measured at start, in ms. */
+  spin_ms?: number;
+  /** `timer`: the ms of work one spin is believed to add now (gpu/keep_warm_pace.ts). */
+  spin_unit_ms?: number;
+  /** `timer`: ticks that submitted nothing because enough was believed queued. */
+  skipped_ticks: number;
+  /** `timer`: calibrating completion waits done. */
+  syncs: number;
+  /** Keep-warm's `onSubmittedWorkDone` promises pending now (`timer`: 0 between ticks). */
+  pending_waits: number;
+}
 
 /** The spin kernel, as data. */
 export const KEEP_WARM: KernelDef<{ iters: number }> = {
@@ -68,7 +101,7 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>) {
 
 /** @throws Error naming a knob that is out of range and its value. */
 export function checkKeepWarmOptions(o: KeepWarmOptions): KeepWarmOptions {
-  const bad = (k: keyof KeepWarmOptions, min: number, max: number) => {
+  const bad = (k: Exclude<keyof KeepWarmOptions, "mode">, min: number, max: number) => {
     const v = o[k];
     if (!Number.isSafeInteger(v) || v < min || v > max) {
       throw new Error(`keep-warm ${k} must be an integer in [${min}, ${max}], got ${v}`);
@@ -78,6 +111,10 @@ export function checkKeepWarmOptions(o: KeepWarmOptions): KeepWarmOptions {
   bad("spin_iters", 1, 10_000_000);
   bad("workgroups", 1, 65_535);
   bad("depth", 1, 8);
+  bad("period_ms", 1, 1000);
+  if (!KEEP_WARM_MODES.includes(o.mode)) {
+    throw new Error(`keep-warm mode must be one of ${KEEP_WARM_MODES.join(", ")}, got ${o.mode}`);
+  }
   return o;
 }
 
@@ -88,26 +125,38 @@ export class KeepWarmProvider implements DeviceProvider {
   #enabled = false;
   #reason?: string;
   #roundTrip?: number;
+  #spinMs?: number;
   #last = -Infinity;
   #loop: Promise<void> | null = null;
+  #timer: ReturnType<typeof setInterval> | null = null;
+  #pacer: SpinPacer | null = null;
   #closed = false;
   #dispatches = 0;
+  #pending = 0;
   #sink = new WeakMap<GPUDevice, { buffer: GPUBuffer; group: GPUBindGroup }>();
 
   readonly #maxRoundTrip: number;
+  readonly #syncMs: number;
 
-  /** `max_round_trip_ms`: the slowest completion round trip it runs with (tests raise it). */
+  /**
+   * Knobs left out take {@link KEEP_WARM_DEFAULTS}. `max_round_trip_ms`: the slowest completion
+   * round trip it runs with; `sync_ms`: `timer`'s ms between calibrating waits (tests set them).
+   */
   constructor(
     inner: DeviceProvider,
-    options: KeepWarmOptions,
-    { max_round_trip_ms = MAX_ROUND_TRIP_MS }: { max_round_trip_ms?: number } = {},
+    options: Partial<KeepWarmOptions>,
+    { max_round_trip_ms = MAX_ROUND_TRIP_MS, sync_ms = DEFAULT_SYNC_MS }: {
+      max_round_trip_ms?: number;
+      sync_ms?: number;
+    } = {},
   ) {
     this.#inner = inner;
-    this.#o = checkKeepWarmOptions({ ...options });
+    this.#o = checkKeepWarmOptions({ ...KEEP_WARM_DEFAULTS, ...options });
     this.#maxRoundTrip = max_round_trip_ms;
+    this.#syncMs = sync_ms;
   }
 
-  /** Measures the completion round trip; turns on where it is short. Resolves to the stats. */
+  /** Measures the completion round trip (and `timer`: the spin); turns on where it is short. */
   async start(): Promise<KeepWarmStats> {
     const ctx = this.#inner.current();
     if (this.#o.hold_ms === 0) this.#reason = "hold_ms is 0";
@@ -119,7 +168,14 @@ export class KeepWarmProvider implements DeviceProvider {
       if (this.#roundTrip > this.#maxRoundTrip) {
         this.#reason = `the runtime's completion round trip is ${this.#roundTrip.toFixed(2)} ms ` +
           `(over ${this.#maxRoundTrip} ms: its waits would block the JS thread)`;
-      } else this.#enabled = true;
+      } else {
+        if (this.#o.mode === "timer") {
+          this.#spinMs = await this.#measureSpin(ctx);
+          const o = this.#o;
+          this.#pacer = new SpinPacer(this.#spinMs, o.period_ms, o.depth, this.#syncMs);
+        }
+        this.#enabled = true;
+      }
     }
     return this.stats();
   }
@@ -146,22 +202,113 @@ export class KeepWarmProvider implements DeviceProvider {
       ...(this.#reason ? { reason: this.#reason } : {}),
       options: { ...this.#o },
       ...(this.#roundTrip !== undefined ? { round_trip_ms: this.#roundTrip } : {}),
+      ...(this.#spinMs !== undefined ? { spin_ms: this.#spinMs } : {}),
+      ...(this.#pacer ? { spin_unit_ms: this.#pacer.unit } : {}),
       dispatches: this.#dispatches,
-      spinning: this.#loop !== null,
+      skipped_ticks: this.#pacer?.skipped ?? 0,
+      syncs: this.#pacer?.syncs ?? 0,
+      pending_waits: this.#pending,
+      spinning: this.#loop !== null || this.#timer !== null,
     };
   }
 
   /** Stops spinning; resolves once the last spin completed. */
   async close(): Promise<void> {
     this.#closed = true;
+    this.#stopTimer();
     await this.#loop;
+    const g = this.#inner.current();
+    if (g && !g.lost && this.#dispatches > 0) await this.#wait(g);
   }
 
   #touch(g: GpuContext): void {
     if (!this.#enabled || this.#closed) return;
     this.#last = performance.now();
-    if (this.#loop) return;
-    this.#loop = this.#spin(g).catch(() => {}).finally(() => this.#loop = null);
+    if (this.#loop || this.#timer !== null) return;
+    if (this.#o.mode === "await") {
+      this.#loop = this.#spin(g).catch(() => {}).finally(() => this.#loop = null);
+      return;
+    }
+    this.#timer = setInterval(() => this.#tick(g), this.#o.period_ms);
+    this.#tick(g);
+  }
+
+  #open(g: GpuContext): boolean {
+    return !this.#closed && !g.lost && performance.now() - this.#last < this.#o.hold_ms;
+  }
+
+  #stopTimer(): void {
+    if (this.#timer !== null) clearInterval(this.#timer);
+    this.#timer = null;
+  }
+
+  /** `timer`: `depth` spins, unless enough is believed queued; awaits nothing but a sync. */
+  #tick(g: GpuContext): void {
+    const pacer = this.#pacer;
+    if (!pacer || !this.#open(g)) return this.#stopTimer();
+    const k = this.#kernel(g);
+    if (!k) return; // compiled at start; a re-acquired device compiles it on its first tick
+    const now = performance.now();
+    try {
+      if (pacer.tick(now)) this.#submit(g, k, this.#o.depth);
+    } catch {
+      return this.#stopTimer();
+    }
+    if (pacer.wantSync(now)) {
+      pacer.syncIssued(now);
+      this.#wait(g).then(() => pacer.syncDone(performance.now()), () => {});
+    }
+  }
+
+  #kernels = new WeakMap<GPUDevice, { pipeline: GPUComputePipeline; group: GPUBindGroup }>();
+  #compiling = new WeakSet<GPUDevice>();
+
+  /** The spin pipeline and bind group of `g`'s device, or null while it compiles. */
+  #kernel(g: GpuContext): { pipeline: GPUComputePipeline; group: GPUBindGroup } | null {
+    const have = this.#kernels.get(g.device);
+    if (have || this.#compiling.has(g.device)) return have ?? null;
+    this.#compiling.add(g.device);
+    getKernel(g, KEEP_WARM, { iters: this.#o.spin_iters }).then((k) => {
+      this.#kernels.set(g.device, { pipeline: k.pipeline, group: this.#bound(g, k.layout) });
+    }).catch(() => {});
+    return null;
+  }
+
+  #submit(g: GpuContext, k: { pipeline: GPUComputePipeline; group: GPUBindGroup }, n: number) {
+    const enc = g.device.createCommandEncoder({ label: "keep-warm" });
+    for (let i = 0; i < n; i++) {
+      const pass = enc.beginComputePass();
+      pass.setPipeline(k.pipeline);
+      pass.setBindGroup(0, k.group);
+      pass.dispatchWorkgroups(this.#o.workgroups);
+      pass.end();
+    }
+    g.device.queue.submit([enc.finish()]);
+    this.#dispatches += n;
+  }
+
+  async #wait(g: GpuContext): Promise<void> {
+    this.#pending++;
+    try {
+      await g.device.queue.onSubmittedWorkDone();
+    } finally {
+      this.#pending--;
+    }
+  }
+
+  /** One spin's device time: 8 spins in one submit, less the round trip, over 8 (ms). */
+  async #measureSpin(g: GpuContext): Promise<number> {
+    const k = await getKernel(g, KEEP_WARM, { iters: this.#o.spin_iters });
+    const bound = { pipeline: k.pipeline, group: this.#bound(g, k.layout) };
+    this.#kernels.set(g.device, bound);
+    this.#submit(g, bound, 1); // first use off the clock
+    await this.#wait(g);
+    const reps = 8;
+    const t = performance.now();
+    this.#submit(g, bound, reps);
+    await this.#wait(g);
+    this.#dispatches = 0;
+    return Math.max(0, performance.now() - t - (this.#roundTrip ?? 0)) / reps;
   }
 
   #bound(g: GpuContext, layout: GPUBindGroupLayout): GPUBindGroup {
@@ -182,21 +329,14 @@ export class KeepWarmProvider implements DeviceProvider {
     return s.group;
   }
 
+  /** `await`: keeps `depth` spins queued, awaiting each (module doc). */
   async #spin(g: GpuContext): Promise<void> {
     const k = await getKernel(g, KEEP_WARM, { iters: this.#o.spin_iters });
-    const group = this.#bound(g, k.layout);
+    const bound = { pipeline: k.pipeline, group: this.#bound(g, k.layout) };
     const queued: Promise<unknown>[] = [];
-    const open = () => !this.#closed && !g.lost && performance.now() - this.#last < this.#o.hold_ms;
-    while (open()) {
-      const enc = g.device.createCommandEncoder({ label: "keep-warm" });
-      const pass = enc.beginComputePass();
-      pass.setPipeline(k.pipeline);
-      pass.setBindGroup(0, group);
-      pass.dispatchWorkgroups(this.#o.workgroups);
-      pass.end();
-      g.device.queue.submit([enc.finish()]);
-      this.#dispatches++;
-      queued.push(g.device.queue.onSubmittedWorkDone());
+    while (this.#open(g)) {
+      this.#submit(g, bound, 1);
+      queued.push(this.#wait(g));
       if (queued.length >= this.#o.depth) await queued.shift();
     }
     await Promise.all(queued);

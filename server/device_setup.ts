@@ -41,8 +41,9 @@ export async function acquireDevice(
   console.error(
     st.enabled
       ? `keep-warm: on: hold ${o.hold_ms} ms, spins of ${o.spin_iters} iterations x ` +
-        `${o.workgroups} workgroups, depth ${o.depth} (completion round trip ` +
-        `${st.round_trip_ms?.toFixed(3)} ms)`
+        `${o.workgroups} workgroups, depth ${o.depth}, mode ${o.mode}` +
+        (o.mode === "timer" ? ` every ${o.period_ms} ms (spin ${st.spin_ms?.toFixed(3)} ms)` : "") +
+        ` (completion round trip ${st.round_trip_ms?.toFixed(3)} ms)`
       : `keep-warm: off: ${st.reason}`,
   );
   return { device: warm, close: () => warm.close().finally(() => mgr.close()) };

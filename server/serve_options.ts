@@ -23,6 +23,8 @@ import { DEFAULT_SHUTDOWN_DEADLINE_MS } from "./shutdown.ts";
 import {
   checkKeepWarmOptions,
   KEEP_WARM_DEFAULTS,
+  KEEP_WARM_MODES,
+  type KeepWarmMode,
   type KeepWarmOptions,
 } from "../gpu/keep_warm.ts";
 /** Default memory budget for server-held caches: 4 GiB. */
@@ -75,7 +77,11 @@ usage: deno task serve [options]
                             wait does not block (Dawn); elsewhere it stays off and says why
   --keep-warm-spin-iters N  dependent FMA pairs per spin dispatch (default ${KEEP_WARM_DEFAULTS.spin_iters})
   --keep-warm-workgroups N  workgroups of 64 lanes per spin dispatch (default ${KEEP_WARM_DEFAULTS.workgroups})
-  --keep-warm-depth N       spin dispatches kept queued, 1-8 (default ${KEEP_WARM_DEFAULTS.depth})
+  --keep-warm-depth N       spin dispatches per tick (timer) or kept queued (await), 1-8
+                            (default ${KEEP_WARM_DEFAULTS.depth})
+  --keep-warm-mode M        timer: spins submitted from a timer, nothing awaited (default);
+                            await: a loop awaiting each spin (keeps Dawn's event loop busy)
+  --keep-warm-period-ms N   timer: ms between ticks, 1-1000 (default ${KEEP_WARM_DEFAULTS.period_ms})
   --instance-name NAME      name this instance in every answer's X-Attention-Instance header
                             and in /healthz (1-64 characters of A-Z a-z 0-9 . _ -; default none)
 ${RUNTIME_HELP}
@@ -103,6 +109,18 @@ function httpWorkersOption(flag: string | undefined, env: string | undefined): n
   return Number(v);
 }
 
+/** `--keep-warm-mode`. */
+function keepWarmMode(v: string | undefined): KeepWarmMode {
+  if (v === undefined) return KEEP_WARM_DEFAULTS.mode;
+  const mode = KEEP_WARM_MODES.find((m) => m === v);
+  if (!mode) {
+    throw new Error(
+      `--keep-warm-mode must be one of ${KEEP_WARM_MODES.join(", ")}, got ${JSON.stringify(v)}`,
+    );
+  }
+  return mode;
+}
+
 /** `--keep-warm-*` (the hold also from the environment variable). */
 function keepWarmOptions(
   values: Record<string, string | boolean | string[] | undefined>,
@@ -120,6 +138,8 @@ function keepWarmOptions(
     spin_iters: intFlag("keep-warm-spin-iters", flag("keep-warm-spin-iters"), d.spin_iters, 1),
     workgroups: intFlag("keep-warm-workgroups", flag("keep-warm-workgroups"), d.workgroups, 1),
     depth: intFlag("keep-warm-depth", flag("keep-warm-depth"), d.depth, 1),
+    mode: keepWarmMode(flag("keep-warm-mode")),
+    period_ms: intFlag("keep-warm-period-ms", flag("keep-warm-period-ms"), d.period_ms, 1),
   };
   return checkKeepWarmOptions(o);
 }
@@ -187,6 +207,8 @@ export function parseServeArgs(
       "keep-warm-spin-iters": { type: "string" },
       "keep-warm-workgroups": { type: "string" },
       "keep-warm-depth": { type: "string" },
+      "keep-warm-mode": { type: "string" },
+      "keep-warm-period-ms": { type: "string" },
       "webgpu-runtime": { type: "string" },
       "dawn-flags": { type: "string" },
       "dawn-flag": { type: "string", multiple: true },

@@ -99,7 +99,25 @@ Deno.test("main: flags and defaults", () => {
   assert.deepEqual(
     parseServeArgs(["--keep-warm-ms=2000", "--keep-warm-spin-iters", "500", "--keep-warm-depth=2"])
       .keepWarm,
-    { hold_ms: 2000, spin_iters: 500, workgroups: KEEP_WARM_DEFAULTS.workgroups, depth: 2 },
+    { ...KEEP_WARM_DEFAULTS, hold_ms: 2000, spin_iters: 500, depth: 2 },
+  );
+  assert.deepEqual(
+    parseServeArgs(["--keep-warm-ms=50", "--keep-warm-mode", "await", "--keep-warm-period-ms=7"])
+      .keepWarm,
+    { ...KEEP_WARM_DEFAULTS, hold_ms: 50, mode: "await", period_ms: 7 },
+  );
+  assert.equal(parseServeArgs([]).keepWarm.mode, "timer");
+  assert.throws(
+    () => parseServeArgs(["--keep-warm-mode=spin"]),
+    { message: '--keep-warm-mode must be one of timer, await, got "spin"' },
+  );
+  assert.throws(
+    () => parseServeArgs(["--keep-warm-period-ms=0"]),
+    { message: '--keep-warm-period-ms must be an integer >= 1, got "0"' },
+  );
+  assert.throws(
+    () => parseServeArgs(["--keep-warm-period-ms=1001"]),
+    { message: "keep-warm period_ms must be an integer in [1, 1000], got 1001" },
   );
   assert.equal(parseServeArgs([], { ATTN_KEEP_WARM_MS: "300" }).keepWarm.hold_ms, 300);
   assert.equal(
