@@ -14,7 +14,9 @@
 // memory (two barriers per step); or by a transposed reduction (tunings `scatter_sums`,
 // `scatter_softmax`: gpu/decode_scatter.ts, the latter also taking each exp in one lane only).
 // The NKG = WG / LPK key groups of a workgroup walk consecutive runs of the slice and are
-// merged once, at the end, in workgroup memory. Under `half_columns` lane l takes words
+// merged once, at the end, in workgroup memory. Under STAGE (tuning `stage_kv`) the workgroup
+// walks tiles of NKG * U keys instead (key group kg takes U keys of each), loaded by all WG
+// invocations into registers a tile ahead and read from workgroup memory (gpu/decode_stage.ts). Under `half_columns` lane l takes words
 // 2 (l & 1), +1 of vec4 column l >> 1 (LW, LEV).
 // GPUs use KH = 1 and many key groups; software adapters one key group with KH = all kv
 // heads, so that each SIMD batch streams whole token slots.

@@ -2,8 +2,9 @@
  * WEBGPU_DECODE's issue-8 knobs against CPU_REFERENCE on fresh random hostile batches (permuted
  * block table, NaN in unread slots, outputs poisoned): `direct_single` (rows cut into one slice
  * write their output from the split pass), `fused_reduce` (the last workgroup of a row merges
- * the partials: one dispatch), `stage_table` (block-table entries in workgroup memory), and the
- * `waves` slice policy. Every knob runs on the GPU kernel shape (several key groups a
+ * the partials: one dispatch), `stage_table` (block-table entries in workgroup memory),
+ * `stage_kv` (K/V tiles streamed through workgroup memory), the v0.6 ALU knobs, and the `waves`
+ * slice policy. Every knob runs on the GPU kernel shape (several key groups a
  * workgroup) over batches with window, soft cap, ALiBi, sinks, LSE, fp8 / bf16 / f32 caches,
  * HND and NHD, and rows of several slices beside rows of one; the plan's counts prove which
  * path ran. The fused reduce also runs repeatedly, interleaved with other plans and
