@@ -39,6 +39,8 @@ export interface DecodeRowsPlan {
    * entries (0: none). */
   epilogue: number;
   table_entries: number;
+  /** vec4<u32>s of the staged K + V tile (`stage_kv`; 0: plain loads). */
+  staged_kv: number;
   key: string;
 }
 
@@ -224,7 +226,8 @@ export async function planDecodeRows(
     cap: L.logits_soft_cap !== null,
     alibi: L.alibi_slopes !== null,
     early_v: tuning.early_values,
-    prefetch: tuning.prefetch,
+    prefetch: tuning.prefetch && shape.skv === 0,
+    skv: shape.skv,
     scatter: tuning.scatter_sums && shape.sg,
     scatter_softmax: tuning.scatter_softmax && shape.sg && shape.lpk > 1,
     fp8_pairs: tuning.fp8_pairs && fp8,
@@ -316,6 +319,7 @@ export async function planDecodeRows(
     split_rows: numRows,
     epilogue: epi,
     table_entries: tb,
+    staged_kv: shape.skv,
     key: split_k.key,
   };
 }

@@ -25,7 +25,10 @@ export interface DecodeShape {
   wg: number;
   /** Split-pass workgroups the slice length aims for. */
   target: number;
-  /** Bytes of workgroup memory of the kernel body (before an epilogue or staged table). */
+  /** vec4<u32>s of the staged K + V tile (`stage_kv`; 0: plain loads). */
+  skv: number;
+  /** Bytes of workgroup memory of the kernel body, staged tile included (before an epilogue or
+   * staged table). */
   shared: number;
   /** Bytes of workgroup memory the device grants. */
   shared_limit: number;
@@ -82,6 +85,12 @@ export function decodeShape(
   const shared = (w: number) =>
     (sg ? 4 : w * u * F * 4) + (w / lpk) * F * 8 + (w > lpk ? F * D * 4 + F * 8 : 24);
   while (wg > lpk && shared(wg) > wsLimit) wg = Math.max(lpk, (wg / 2 / lpk | 0) * lpk);
+  // The staged tile: (wg / lpk) key groups x u keys x kh rows of rv vec4s, for K and for V.
+  const tile = 2 * (wg / lpk) * u * kh * rv, tileBytes = 16 * tile;
+  const skv = tuning.stage_kv && tileBytes <= tuning.stage_kv_bytes &&
+      shared(wg) + tileBytes <= wsLimit
+    ? tile
+    : 0;
   const target = tuning.target_workgroups ||
     (cpu ? 4 * Math.max(1, navigator.hardwareConcurrency ?? 2) : 2048);
   return {
@@ -94,7 +103,8 @@ export function decodeShape(
     u,
     wg,
     target,
-    shared: shared(wg),
+    skv,
+    shared: shared(wg) + 16 * skv,
     shared_limit: wsLimit,
   };
 }

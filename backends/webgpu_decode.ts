@@ -62,6 +62,7 @@ export function makeWebGpuDecode(
           decode_split_rows: d.split_rows,
           decode_epilogue: d.epilogue,
           decode_table_entries: d.table_entries,
+          decode_staged_kv: d.staged_kv,
         },
       };
     });

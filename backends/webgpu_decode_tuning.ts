@@ -82,6 +82,14 @@ export interface DecodeTuning {
    * shuffle level. Each lane still issues a 16-byte load (two lanes the same address) and keeps
    * its half. */
   half_columns: boolean;
+  /** Stream K/V tiles through workgroup memory: every invocation issues several independent
+   * vec4<u32> loads of the next tile (the key groups' U keys each, K and V) into registers while
+   * the key groups compute the current tile from workgroup memory (two barriers a tile). GPU and
+   * software shapes; off (plain loads) where the tile is over `stage_kv_bytes` or the workgroup
+   * memory left. Replaces `prefetch`. */
+  stage_kv: boolean;
+  /** Most workgroup-memory bytes of a staged K + V tile. */
+  stage_kv_bytes: number;
 }
 
 /**
@@ -119,6 +127,8 @@ export const DEFAULT_DECODE_TUNING: Readonly<DecodeTuning> = Object.freeze({
   fp8_pairs: true,
   indexed_gather: false,
   half_columns: false,
+  stage_kv: false,
+  stage_kv_bytes: 32768,
 });
 
 /**

@@ -7,6 +7,7 @@
  * @module
  */
 import type { StorageDType } from "../core/types.ts";
+import { stagedLoads, stagedStep } from "./decode_stage.ts";
 import {
   laneBits,
   scatterDenominators,
@@ -37,6 +38,11 @@ export interface KernelShape {
   early_v: boolean;
   /** Issue the next step's K and V loads before this step's arithmetic (double buffer). */
   prefetch: boolean;
+  /** vec4<u32>s of the K + V tile staged in workgroup memory `skv` (0: plain loads; replaces
+   * `prefetch`): gpu/decode_stage.ts. */
+  stage: number;
+  /** vec4<u32>s of one key row. */
+  rv: number;
   /** End in wgsl/decode_epilogue.wgsl (needs nkg > 1) instead of storing the partial here. */
   epilogue: boolean;
   /** Sum the U x F partial dots of a step by a transposed reduction (reduce-scatter by
@@ -159,12 +165,21 @@ export function generateDecodeSplit(k: KernelShape): Record<string, string> {
   // Where the arithmetic takes a word from: the current buffer (prefetch), the early loads, or
   // a load right there.
   const src = (t: "k" | "v", u: number, kh: number, j: number) =>
-    k.prefetch
+    k.stage
+      ? `skv[${t === "v" ? k.stage / 2 : 0}u + sbase + ${(u * k.kh + kh) * k.rv + j * cols}u]`
+      : k.prefetch
       ? `c${word(t, u, kh, j)}`
       : t === "k" || k.early_v
       ? word(t, u, kh, j)
       : `load_v4(bq, r${u}_${kh} + ${j * cols * 4}u)`;
-  if (k.prefetch) {
+  if (k.stage) {
+    const wg = k.nkg * k.lpk;
+    init.push(
+      `  let sbase = kg * ${k.u * k.kh * k.rv}u + lw / 4u; // this lane's first staged vec4`,
+    );
+    pre.push(...stagedLoads(k.stage, wg, k.kh, k.rv, true));
+    st.push(...stagedStep(k.stage, wg, k.kh, k.rv));
+  } else if (k.prefetch) {
     for (const t of ["k", "v"] as const) {
       for (const u of Us) {
         for (const kh of KH) for (const j of J) pre.push(`  var ${word(t, u, kh, j)}: vec4<u32>;`);

@@ -73,6 +73,8 @@ export interface DecodeSplitConsts {
   epi: number;
   /** Block-table entries staged in workgroup memory (0: none). */
   tb: number;
+  /** vec4<u32>s of the K + V tile staged in workgroup memory (`stage_kv`; 0: plain loads). */
+  skv: number;
 }
 
 /** Storage buffers the split kernel binds besides the cache's chunks, for epilogue `epi`. */
@@ -126,6 +128,8 @@ export const DECODE_SPLIT: KernelDef<DecodeSplitConsts> = {
       SGID: c.indexed_gather ? ", @builtin(subgroup_invocation_id) sgid: u32" : "",
       TB: c.tb,
       TBN: Math.max(1, c.tb),
+      STAGE: c.skv > 0,
+      SKN: Math.max(1, c.skv),
       EPI: c.epi,
       EPILOGUE: await epilogueSource(c, nkg),
       QLOAD: dataLoads("q", c.dtype, 4).code,
@@ -142,7 +146,9 @@ export const DECODE_SPLIT: KernelDef<DecodeSplitConsts> = {
         sg: c.sg,
         alibi: c.alibi,
         early_v: c.early_v,
-        prefetch: c.prefetch,
+        prefetch: c.prefetch && c.skv === 0,
+        stage: c.skv,
+        rv,
         scatter: c.scatter,
         scatter_softmax: c.scatter_softmax,
         indexed: c.indexed_gather,

@@ -14,7 +14,9 @@
 // memory (two barriers per step); or by a transposed reduction (tunings `scatter_sums`,
 // `scatter_softmax`: gpu/decode_scatter.ts, the latter also taking each exp in one lane only).
 // The NKG = WG / LPK key groups of a workgroup walk consecutive runs of the slice and are
-// merged once, at the end, in workgroup memory. Under `half_columns` lane l takes words
+// merged once, at the end, in workgroup memory. Under STAGE (tuning `stage_kv`) the workgroup
+// walks tiles of NKG * U keys instead (key group kg takes U keys of each), loaded by all WG
+// invocations into registers a tile ahead and read from workgroup memory (gpu/decode_stage.ts). Under `half_columns` lane l takes words
 // 2 (l & 1), +1 of vec4 column l >> 1 (LW, LEV).
 // GPUs use KH = 1 and many key groups; software adapters one key group with KH = all kv
 // heads, so that each SIMD batch streams whole token slots.
@@ -60,7 +62,8 @@
 //   EPILOGUE (those files; under EPI 0 with NKG > 1 decode_partial.wgsl alone), WFIN (F when
 //   NKG > 1, else 1), LW / LEV (a lane's first word of a row / value vec4s of a column it takes:
 //   lane * 4 / EPW, or under half columns (lane >> 1) * 4 / EPW / 2), SGID (`, @builtin(subgroup_invocation_id) sgid: u32` for the indexed
-//   gathers of gpu/decode_scatter.ts, else empty). Core WGSL only: the query is read in its dtype's words and
+//   gathers of gpu/decode_scatter.ts, else empty), STAGE / SKN (tuning `stage_kv`: K/V tiles of
+//   NKG * U keys staged in workgroup memory, gpu/decode_stage.ts; skv's size). Core WGSL only: the query is read in its dtype's words and
 //   decoded; dot products, the softmax and the accumulators are f32.
 
 {{KV}}
@@ -85,6 +88,7 @@ const ALIBI: bool = {{ALIBI}};
 const NEG: f32 = -1.0e30; // finite "minus infinity" of the running max
 const TB: u32 = {{TB}};
 const EPI: u32 = {{EPI}};
+const STAGE: bool = {{STAGE}}; // K/V tiles staged in skv (gpu/decode_stage.ts)
 
 // Storage-dtype word decoders (wgsl/decode_words.wgsl; the generated code applies them to the
 // words of a vec4<u32>).
@@ -95,6 +99,7 @@ var<workgroup> wml: array<vec2<f32>, NKG * F>;
 var<workgroup> wacc: array<vec4<f32>, {{WACC}}>; // F * D4 when NKG > 1 (else 1)
 var<workgroup> wfin: array<vec2<f32>, {{WFIN}}>; // merged (m, l) per flat head: F when NKG > 1
 var<workgroup> wbt: array<u32, {{TBN}}>; // the slice's block-table entries (TB > 0)
+var<workgroup> skv: array<vec4<u32>, {{SKN}}>; // the staged K + V tile (STAGE, else 1)
 
 // With subgroups (SG), GSUM is `fn gsum(x: f32) -> f32`: the sum of x over the LPK lanes of
 // the caller's key group, in every lane, by subgroupShuffleXor; empty otherwise.
@@ -207,13 +212,14 @@ fn main(
   let qb = (tok * P.num_heads + hq0) * D4 + lane * LEV; // this lane's first query vec4
   // Generated: q{f}_{i} = query slice, sl{f} = ALiBi slope, m{f} / l{f} / a{f}_{i} = state.
 {{INIT}}
-  // Key group kg walks its own contiguous run of the slice, U keys per step.
+  // Key group kg walks its own contiguous run of the slice, U keys per step; under STAGE the
+  // workgroup walks tiles of NKG * U keys, key group kg taking U keys of each.
   let n_it = (ke - kb + NKG * U - 1u) / (NKG * U);
-  let kg0 = kb + kg * n_it * U;
-  // Generated (prefetch): the first step's loads.
+  let kg0 = select(kb + kg * n_it * U, kb + kg * U, STAGE);
+  // Generated (prefetch, STAGE): the first step's loads.
 {{PRE}}
   for (var it = 0u; it < n_it; it++) {
-    let k0 = kg0 + it * U; // this key group's first key of the step
+    let k0 = kg0 + it * select(U, NKG * U, STAGE); // this key group's first key of the step
     // Generated: U keys x KH rows: scores, group sums, online softmax, value accumulation.
 {{STEP}}
   }

@@ -2,8 +2,9 @@
  * WEBGPU_DECODE's issue-8 knobs against CPU_REFERENCE on fresh random hostile batches (permuted
  * block table, NaN in unread slots, outputs poisoned): `direct_single` (rows cut into one slice
  * write their output from the split pass), `fused_reduce` (the last workgroup of a row merges
- * the partials: one dispatch), `stage_table` (block-table entries in workgroup memory), and the
- * `waves` slice policy. Every knob runs on the GPU kernel shape (several key groups a
+ * the partials: one dispatch), `stage_table` (block-table entries in workgroup memory),
+ * `stage_kv` (K/V tiles streamed through workgroup memory), the v0.6 ALU knobs, and the `waves`
+ * slice policy. Every knob runs on the GPU kernel shape (several key groups a
  * workgroup) over batches with window, soft cap, ALiBi, sinks, LSE, fp8 / bf16 / f32 caches,
  * HND and NHD, and rows of several slices beside rows of one; the plan's counts prove which
  * path ran. The fused reduce also runs repeatedly, interleaved with other plans and
@@ -93,6 +94,10 @@ interface Expect {
   epilogue: number;
   /** Staged block-table entries > 0. */
   staged?: boolean;
+  /** The K/V tiles staged in workgroup memory (`stage_kv`): always, or "fits": not for the f32
+   * cache, whose tile of 16 key groups x 4 keys x 512-byte K and V rows (64 KB) is over
+   * `stage_kv_bytes` (plain loads then). */
+  stagedKv?: boolean | "fits";
   /** Rows of several slices and rows of one both present (default true). */
   mixed?: boolean;
 }
@@ -184,6 +189,38 @@ const KNOBS: [string, Partial<DecodeTuning>, Expect][] = [
     workgroup_size: 8,
     direct_single: false,
   }, { epilogue: 0 }],
+  ["stage_kv", { stage_kv: true }, { epilogue: 1, stagedKv: "fits" }],
+  ["stage_kv, long slices (many tiles a workgroup), stage_table, fused_reduce", {
+    stage_kv: true,
+    stage_table: true,
+    fused_reduce: true,
+    ...LONG,
+  }, { epilogue: 2, staged: true, stagedKv: "fits" }],
+  ["stage_kv + prefetch (ignored), 256 invocations, 2 keys a step, long slices, reduce pass", {
+    stage_kv: true,
+    prefetch: true,
+    workgroup_size: 256,
+    keys_per_iter: 2,
+    direct_single: false,
+    ...LONG,
+  }, { epilogue: 0, stagedKv: "fits" }],
+  ["stage_kv + half_columns + scatter_softmax, 1 key a step, 4 lanes a row, long slices", {
+    stage_kv: true,
+    half_columns: true,
+    scatter_softmax: true,
+    keys_per_iter: 1,
+    max_lanes: 4,
+    ...LONG,
+  }, { epilogue: 1, stagedKv: "fits" }],
+  ["stage_kv, one key group a workgroup, long slices", {
+    stage_kv: true,
+    workgroup_size: 8,
+    direct_single: false,
+    ...LONG,
+  }, { epilogue: 0, stagedKv: true }],
+  ["stage_kv over its byte limit: plain loads", { stage_kv: true, stage_kv_bytes: 16 }, {
+    epilogue: 1,
+  }],
   ["waves 2 x 24 workgroups, fused", { waves: 2, wave_workgroups: 24, fused_reduce: true }, {
     epilogue: 2,
   }],
@@ -231,6 +268,10 @@ for (const [kname, tuning, expect] of KNOBS) {
       const what = JSON.stringify(info);
       assert.equal(info.decode_epilogue, expect.epilogue, what);
       assert.equal(info.decode_table_entries > 0, expect.staged ?? false, what);
+      const stagedKv = expect.stagedKv === "fits"
+        ? spec.kv_cache_dtype !== "auto"
+        : expect.stagedKv ?? false;
+      assert.equal(info.decode_staged_kv > 0, stagedKv, what);
       if (!(expect.mixed ?? true)) {
         assert.equal(info.decode_items, info.decode_rows, `no row cut (${what})`);
       } else if (expect.epilogue === 0) {
@@ -243,6 +284,47 @@ for (const [kname, tuning, expect] of KNOBS) {
       await checkBackend(b, GPU!, spec);
     });
   }
+}
+
+/** Head size 80 under half columns and 1 key a step: a tile of 2.5 vec4s a invocation (K and V
+ * each), so the last loads are clamped and their stores guarded (gpu/decode_stage.ts). */
+const UNEVEN_TILES: [string, BatchSpec][] = [
+  ["bf16 cache, NHD, hd80, window, soft cap, LSE", {
+    dtype: "bfloat16",
+    kv_cache_dtype: "bfloat16",
+    layout: "NHD",
+    block_size: 16,
+    head_size: 80,
+    num_heads: 4,
+    num_kv_heads: 2,
+    requests: REQUESTS,
+    sliding_window: 500,
+    logits_soft_cap: 5,
+    return_lse: true,
+  }],
+  ["fp8_e5m2 cache, HND, hd80, ALiBi, sinks", {
+    dtype: "float16",
+    kv_cache_dtype: "fp8_e5m2",
+    k_scale: 0.25,
+    v_scale: 4,
+    layout: "HND",
+    block_size: 32,
+    head_size: 80,
+    num_heads: 6,
+    num_kv_heads: 2,
+    requests: REQUESTS,
+    alibi: true,
+    sinks: true,
+  }],
+];
+
+for (const [sname, spec] of UNEVEN_TILES) {
+  Deno.test(`decode knob stage_kv, uneven tiles: ${sname}`, { ignore: NO_GPU }, async () => {
+    const b = backendOf({ stage_kv: true, half_columns: true, keys_per_iter: 1, ...LONG });
+    const info = await planInfo(b, spec);
+    assert.ok(info.decode_staged_kv > 0, JSON.stringify(info));
+    await checkBackend(b, GPU!, spec);
+  });
 }
 
 Deno.test(
@@ -331,6 +413,7 @@ Deno.test("decode epilogue: only GPU shapes with bindings to spare", () => {
     u: 4,
     wg: 128,
     target: 2048,
+    skv: 0,
     shared: 2600,
     shared_limit: 16384,
   };
