@@ -52,14 +52,16 @@ export type KeepWarmMode = "timer" | "await";
 /** The modes, for the flag's check. */
 export const KEEP_WARM_MODES: readonly KeepWarmMode[] = ["timer", "await"];
 
-/** The defaults: off; when on, ~40 µs spins on one workgroup at the H200's full clock. */
+/** The defaults: off; when on, eight ~40 µs spins on one workgroup every 1 ms (about a third of
+ * the time busy at the H200's full clock): what held it at a median 1,455 MHz in v0.6's HTTP run
+ * (bench/NOTES.md, call 4). */
 export const KEEP_WARM_DEFAULTS: Readonly<KeepWarmOptions> = Object.freeze({
   hold_ms: 0,
   spin_iters: 10_000,
   workgroups: 1,
-  depth: 1,
+  depth: 8,
   mode: "timer",
-  period_ms: 2,
+  period_ms: 1,
 });
 
 /** Completion round trips (median ms) above this leave keep-warm off. */

@@ -45,7 +45,10 @@ Deno.test("keep-warm knobs out of range are refused, naming the knob and value",
     () => checkKeepWarmOptions({ ...KEEP_WARM_DEFAULTS, mode: "busy" as KeepWarmMode }),
     { message: "keep-warm mode must be one of timer, await, got busy" },
   );
-  assert.deepEqual([KEEP_WARM_DEFAULTS.mode, KEEP_WARM_DEFAULTS.period_ms], ["timer", 2]);
+  assert.deepEqual(
+    [KEEP_WARM_DEFAULTS.mode, KEEP_WARM_DEFAULTS.period_ms, KEEP_WARM_DEFAULTS.depth],
+    ["timer", 1, 8],
+  );
 });
 
 Deno.test("keep-warm's pacer submits while under 2 periods are believed queued", () => {
