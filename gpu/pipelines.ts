@@ -3,7 +3,8 @@
  * `decode[f16]:hd128:bs16:wg64`. Compilation runs inside validation and internal error
  * scopes; compiler messages (from `getCompilationInfo`) and scope errors become a
  * {@link ShaderCompileError}. A failed compilation is not cached, so a fixed kernel can be
- * retried.
+ * retried. The driver's compile is bounded ({@link compileTimeoutMs}): on the H200 two pipelines
+ * never finished compiling (bench/NOTES.md v0.6), and a call must not wait on one forever.
  * @module
  */
 import { ShaderCompileError } from "../core/errors.ts";
@@ -96,6 +97,7 @@ async function compileOnce(
   device.pushErrorScope("validation");
   const messages: string[] = [];
   let pipeline: GPUComputePipeline | null = null;
+  let timedOut = "";
   try {
     const module = device.createShaderModule({ label: key, code });
     try {
@@ -104,29 +106,67 @@ async function compileOnce(
     } catch { /* getCompilationInfo unsupported: rely on the error scopes */ }
     if (messages.length === 0) {
       try {
-        pipeline = await device.createComputePipelineAsync({
-          label: key,
-          layout: layout === "auto"
-            ? "auto"
-            : device.createPipelineLayout({ label: key, bindGroupLayouts: [layout] }),
-          compute: { module, entryPoint },
-        });
+        pipeline = await withTimeout(
+          device.createComputePipelineAsync({
+            label: key,
+            layout: layout === "auto"
+              ? "auto"
+              : device.createPipelineLayout({ label: key, bindGroupLayouts: [layout] }),
+            compute: { module, entryPoint },
+          }),
+          compileTimeoutMs(),
+        );
       } catch (e) {
-        messages.push(`pipeline: ${e instanceof Error ? e.message.trim() : String(e)}`);
+        if (e instanceof CompileTimeout) timedOut = e.message;
+        else messages.push(`pipeline: ${e instanceof Error ? e.message.trim() : String(e)}`);
       }
     }
   } finally {
-    const validation = await device.popErrorScope();
-    const internal = await device.popErrorScope();
-    for (const err of [validation, internal]) {
-      const msg = err?.message?.trim();
-      if (msg && !messages.some((m) => m.includes(msg.slice(0, 60)))) messages.push(msg);
+    if (timedOut) {
+      // The scopes resolve once the device is done with their work, which may be never: let go.
+      device.popErrorScope().catch(() => {});
+      device.popErrorScope().catch(() => {});
+    } else {
+      const validation = await device.popErrorScope();
+      const internal = await device.popErrorScope();
+      for (const err of [validation, internal]) {
+        const msg = err?.message?.trim();
+        if (msg && !messages.some((m) => m.includes(msg.slice(0, 60)))) messages.push(msg);
+      }
     }
   }
+  if (timedOut) throw new ShaderCompileError(key, [timedOut]);
   if (messages.length > 0 || !pipeline) {
     throw new ShaderCompileError(key, messages.length ? messages : ["unknown compile failure"]);
   }
   return pipeline;
+}
+
+/** Default bound on one driver compile (lavapipe took up to 6 minutes on tensor-core kernels). */
+export const DEFAULT_COMPILE_TIMEOUT_MS = 600_000;
+
+/** The bound on one driver compile: `ATTN_COMPILE_TIMEOUT_MS`, else the default. */
+export function compileTimeoutMs(): number {
+  const v = Number(envOf("ATTN_COMPILE_TIMEOUT_MS"));
+  return Number.isFinite(v) && v > 0 ? v : DEFAULT_COMPILE_TIMEOUT_MS;
+}
+
+class CompileTimeout extends Error {}
+
+/** `p`, or a CompileTimeout after `ms` (the timer cleared either way). */
+export async function withTimeout<T>(p: Promise<T>, ms: number): Promise<T> {
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const late = new Promise<never>((_, reject) => {
+    timer = setTimeout(
+      () => reject(new CompileTimeout(`the driver did not finish compiling it within ${ms} ms`)),
+      ms,
+    );
+  });
+  try {
+    return await Promise.race([p, late]);
+  } finally {
+    clearTimeout(timer);
+  }
 }
 
 /**

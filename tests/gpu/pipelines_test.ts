@@ -1,6 +1,7 @@
 import assert from "node:assert/strict";
 import { ShaderCompileError } from "../../core/errors.ts";
-import { cachedPipelineKeys, getComputePipeline } from "../../gpu/pipelines.ts";
+import { cachedPipelineKeys, compilePipeline, getComputePipeline } from "../../gpu/pipelines.ts";
+import type { GpuContext } from "../../core/types.ts";
 import { gpu, NO_GPU } from "./helpers.ts";
 
 const GOOD = `@group(0) @binding(0) var<storage, read_write> o: array<u32>;
@@ -67,4 +68,36 @@ Deno.test("pipelines: bad WGSL throws ShaderCompileError with the compiler's mes
   assert.ok(e2.messages.length > 0);
   // The device is still usable afterwards.
   assert.ok(await getComputePipeline(ctx, `${key}.ok`, GOOD));
+});
+
+Deno.test("a driver compile that never finishes fails the call after ATTN_COMPILE_TIMEOUT_MS", async () => {
+  // A stub device: the shader parses, the pipeline never comes, and the error scopes never
+  // resolve either (as when the device is stuck in the compile): nothing may wait on them.
+  const never = new Promise<never>(() => {});
+  const device = {
+    pushErrorScope() {},
+    popErrorScope: () => never,
+    createShaderModule: () => ({ getCompilationInfo: () => Promise.resolve({ messages: [] }) }),
+    createPipelineLayout: () => ({}),
+    createComputePipelineAsync: () => never,
+  } as unknown as GPUDevice;
+  const ctx = { device } as unknown as GpuContext;
+  const before = Deno.env.get("ATTN_COMPILE_TIMEOUT_MS");
+  Deno.env.set("ATTN_COMPILE_TIMEOUT_MS", "50");
+  try {
+    let timer = 0;
+    const hung = new Promise((r) => timer = setTimeout(() => r("still waiting after 3 s"), 3000));
+    const outcome = await Promise.race([
+      compilePipeline(ctx, "stuck(k=1)", "@compute @workgroup_size(1) fn main() {}", "auto")
+        .then(() => "compiled", (e) => e),
+      hung,
+    ]);
+    clearTimeout(timer);
+    assert.ok(outcome instanceof ShaderCompileError, String(outcome));
+    assert.equal(outcome.key, "stuck(k=1)");
+    assert.match(outcome.message, /did not finish compiling it within 50 ms/);
+  } finally {
+    if (before === undefined) Deno.env.delete("ATTN_COMPILE_TIMEOUT_MS");
+    else Deno.env.set("ATTN_COMPILE_TIMEOUT_MS", before);
+  }
 });
