@@ -85,7 +85,7 @@ Deno.test("a driver compile that never finishes fails the call after ATTN_COMPIL
   const before = Deno.env.get("ATTN_COMPILE_TIMEOUT_MS");
   Deno.env.set("ATTN_COMPILE_TIMEOUT_MS", "50");
   try {
-    let timer = 0;
+    let timer: ReturnType<typeof setTimeout> | undefined;
     const hung = new Promise((r) => timer = setTimeout(() => r("still waiting after 3 s"), 3000));
     const outcome = await Promise.race([
       compilePipeline(ctx, "stuck(k=1)", "@compute @workgroup_size(1) fn main() {}", "auto")
