@@ -25,7 +25,7 @@ import { compiledKernel, getKernel, packUniforms } from "../../gpu/kernel.ts";
 import { GpuKvCache } from "../../gpu/kv_cache.ts";
 import { TableBuilder, TableMemory } from "../../gpu/plan_table.ts";
 import { validHostBatch } from "../../service/host_input.ts";
-import { generateBatch, smallSpec } from "../support/batches.ts";
+import { type BatchSpec, generateBatch, smallSpec } from "../support/batches.ts";
 import { assertClose } from "../support/compare.ts";
 import { tolerance } from "../support/backend_check.ts";
 import { freshSeed, GPU, GPU_TEST } from "./helpers.ts";
@@ -99,6 +99,13 @@ const STEP = (seq: number) =>
     }],
   });
 
+/** A generated batch with its GPU cache and the host copy CPU_REFERENCE reads. */
+async function stepOf(spec: BatchSpec, seed: number) {
+  const g = generateBatch(spec, seed);
+  const cache = await GpuKvCache.fromBytes(GPU!, g.cache_spec!, g.key_cache, g.value_cache);
+  return { g, cache, host: HostKvCache.fromBytes(g.cache_spec!, g.key_cache, g.value_cache) };
+}
+
 for (const backend of [WEBGPU_DECODE, WEBGPU_FLASH] as AttentionBackend<GpuPlan>[]) {
   Deno.test(
     `${backend.name}: a step re-planned on reused memory equals its first plan and the reference`,
@@ -106,14 +113,7 @@ for (const backend of [WEBGPU_DECODE, WEBGPU_FLASH] as AttentionBackend<GpuPlan>
     async () => {
       const gpu = GPU!;
       const seed = freshSeed();
-      const first = generateBatch(STEP(33), seed);
-      const cache = await GpuKvCache.fromBytes(
-        gpu,
-        first.cache_spec!,
-        first.key_cache,
-        first.value_cache,
-      );
-      const host = HostKvCache.fromBytes(first.cache_spec!, first.key_cache, first.value_cache);
+      const { g: first, cache, host } = await stepOf(STEP(33), seed);
       try {
         const batch = validHostBatch(first.batch, cache);
         const p1 = await backend.plan(batch, { gpu });
@@ -158,9 +158,7 @@ Deno.test(
   async () => {
     const gpu = GPU!, backend = WEBGPU_DECODE as AttentionBackend<GpuPlan>;
     const seed = freshSeed();
-    const g = generateBatch(STEP(33), seed);
-    const cache = await GpuKvCache.fromBytes(gpu, g.cache_spec!, g.key_cache, g.value_cache);
-    const host = HostKvCache.fromBytes(g.cache_spec!, g.key_cache, g.value_cache);
+    const { g, cache, host } = await stepOf(STEP(33), seed);
     try {
       const batch = validHostBatch(g.batch, cache);
       const plan = await backend.plan(batch, { gpu });
@@ -199,8 +197,7 @@ Deno.test(
   async () => {
     const gpu = GPU!, backend = WEBGPU_DECODE as AttentionBackend<GpuPlan>;
     const seed = freshSeed();
-    const g = generateBatch(STEP(33), seed);
-    const cache = await GpuKvCache.fromBytes(gpu, g.cache_spec!, g.key_cache, g.value_cache);
+    const { g, cache } = await stepOf(STEP(33), seed);
     const shape = (c: GpuPlan) =>
       JSON.stringify(c.calls.map((x) => [x.name, x.kernel.key, x.grid, x.bind, x.indirect]));
     try {
@@ -231,9 +228,7 @@ Deno.test(
   async () => {
     const gpu = GPU!, backend = WEBGPU_DECODE as AttentionBackend<GpuPlan>;
     const seed = freshSeed();
-    const g = generateBatch({ ...STEP(33), return_lse: false }, seed);
-    const cache = await GpuKvCache.fromBytes(gpu, g.cache_spec!, g.key_cache, g.value_cache);
-    const host = HostKvCache.fromBytes(g.cache_spec!, g.key_cache, g.value_cache);
+    const { g, cache, host } = await stepOf({ ...STEP(33), return_lse: false }, seed);
     try {
       const batch = validHostBatch(g.batch, cache);
       const plan = await backend.plan(batch, { gpu });
@@ -275,9 +270,7 @@ Deno.test(
   async () => {
     const gpu = GPU!, backend = WEBGPU_DECODE as AttentionBackend<GpuPlan>;
     const seed = freshSeed();
-    const g = generateBatch(STEP(41), seed), h = generateBatch(STEP(29), seed + 1);
-    const cache = await GpuKvCache.fromBytes(gpu, g.cache_spec!, g.key_cache, g.value_cache);
-    const host = HostKvCache.fromBytes(g.cache_spec!, g.key_cache, g.value_cache);
+    const { g, cache, host } = await stepOf(STEP(41), seed), h = generateBatch(STEP(29), seed + 1);
     try {
       const batch = validHostBatch(g.batch, cache);
       const plan = await backend.plan(batch, { gpu });
