@@ -109,6 +109,18 @@ export function ceilingFlops(v: Ceiling, d: MatrixDims, size: CeilingSize): numb
   return 2 * size.m * size.n * size.k;
 }
 
+/** The enables and bindings every probe shares (A, B, C; A and B again as 16-byte words). */
+export const PROBE_HEADER: readonly string[] = [
+  "enable f16;",
+  "enable subgroups;",
+  "enable chromium_experimental_subgroup_matrix;",
+  "@group(0) @binding(0) var<storage, read> a: array<f16>;",
+  "@group(0) @binding(1) var<storage, read> b: array<f16>;",
+  "@group(0) @binding(2) var<storage, read_write> c: array<f32>;",
+  "@group(0) @binding(3) var<storage, read> a4: array<vec4<u32>>;",
+  "@group(0) @binding(4) var<storage, read> b4: array<vec4<u32>>;",
+];
+
 /** The shader module source of one arrangement. */
 export function ceilingSource(v: Ceiling, d: MatrixDims, size: CeilingSize): string {
   const lay = ceilingLayout(v, d, size), nsg = v.wm * v.wn;
@@ -131,14 +143,7 @@ export function ceilingSource(v: Ceiling, d: MatrixDims, size: CeilingSize): str
   const mma = (i: number, j: number, u: number) =>
     `acc_${i}_${j} = subgroupMatrixMultiplyAccumulate(a_${u}_${i}, b_${u}_${j}, acc_${i}_${j});`;
   out.push(
-    "enable f16;",
-    "enable subgroups;",
-    "enable chromium_experimental_subgroup_matrix;",
-    "@group(0) @binding(0) var<storage, read> a: array<f16>;",
-    "@group(0) @binding(1) var<storage, read> b: array<f16>;",
-    "@group(0) @binding(2) var<storage, read_write> c: array<f32>;",
-    "@group(0) @binding(3) var<storage, read> a4: array<vec4<u32>>;",
-    "@group(0) @binding(4) var<storage, read> b4: array<vec4<u32>>;",
+    ...PROBE_HEADER,
   );
   if (lay.aTile) out.push(`var<workgroup> as_s: array<f16, ${v.bufs * lay.aTile}>;`);
   if (lay.bTile) out.push(`var<workgroup> bs_s: array<f16, ${v.bufs * lay.bTile}>;`);

@@ -27,6 +27,7 @@ import {
   ceilingSource,
   type MatrixDims,
   parseCeiling,
+  PROBE_HEADER,
   stagingCode,
 } from "./mma_ceiling_wgsl.ts";
 
@@ -98,14 +99,7 @@ export function ladderSource(v: Ceiling, d: MatrixDims, s: CeilingSize): string 
     ]
     : [`for (var e = lane; e < ${SP}u; e += ${d.sg}u) { p_s[sp + e] = f16(s_s[sp + e]); }`];
   const out = [
-    "enable f16;",
-    "enable subgroups;",
-    "enable chromium_experimental_subgroup_matrix;",
-    "@group(0) @binding(0) var<storage, read> a: array<f16>;",
-    "@group(0) @binding(1) var<storage, read> b: array<f16>;",
-    "@group(0) @binding(2) var<storage, read_write> c: array<f32>;",
-    "@group(0) @binding(3) var<storage, read> a4: array<vec4<u32>>;",
-    "@group(0) @binding(4) var<storage, read> b4: array<vec4<u32>>;",
+    ...PROBE_HEADER,
     `var<workgroup> bs_s: array<f16, ${2 * lay.bTile}>;`,
     ...(step >= 3 ? [`var<workgroup> vs_s: array<f16, ${2 * lay.bTile}>;`] : []),
     `var<workgroup> s_s: array<f32, ${nsg * SP}>;`,
