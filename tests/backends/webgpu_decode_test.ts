@@ -26,7 +26,7 @@ import { HostKvCache } from "../../backends/cpu/host_cache.ts";
 import type { AttentionBackend, GpuContext, KvCache } from "../../core/types.ts";
 import { toFloat32 } from "../../core/data.ts";
 import { validHostBatch } from "../../service/host_input.ts";
-import { type BatchSpec, generateBatch } from "../support/batches.ts";
+import { type BatchSpec, generateBatch, smallSpec } from "../support/batches.ts";
 import { checkBackend, type CheckOptions, tolerance } from "../support/backend_check.ts";
 import { assertClose } from "../support/compare.ts";
 import { freshSeed, GPU, NO_GPU } from "../gpu/helpers.ts";
@@ -45,23 +45,18 @@ function check(s: BatchSpec, o: Opts = {}): Promise<void> {
   return checkBackend(backend as AttentionBackend, GPU!, s, o);
 }
 
-const base = (o: Partial<BatchSpec>): BatchSpec => ({
-  dtype: "float32",
-  kv_cache_dtype: "auto",
-  layout: "NHD",
-  block_size: 16,
-  head_size: 64,
-  num_heads: 8,
-  num_kv_heads: 2,
-  requests: [
-    { query_len: 1, seq_len: 37 },
-    { query_len: 1, seq_len: 130, pad: 1 },
-    { query_len: 0, seq_len: 9 },
-    { query_len: 1, seq_len: 1 },
-  ],
-  return_lse: true,
-  ...o,
-});
+const base = (o: Partial<BatchSpec>): BatchSpec =>
+  smallSpec({
+    dtype: "float32",
+    num_heads: 8,
+    requests: [
+      { query_len: 1, seq_len: 37 },
+      { query_len: 1, seq_len: 130, pad: 1 },
+      { query_len: 0, seq_len: 9 },
+      { query_len: 1, seq_len: 1 },
+    ],
+    ...o,
+  });
 const GPU_SHAPE = { workgroup_size: 128, keys_per_iter: 4, kv_heads_per_group: 1 };
 const MANY = { target_workgroups: 4096, min_split_keys: 16 };
 

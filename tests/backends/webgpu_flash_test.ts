@@ -10,7 +10,7 @@ import { DEFAULT_DECODE_TUNING } from "../../backends/webgpu_decode_tuning.ts";
 import { ServiceError } from "../../core/errors.ts";
 import { HostKvCache } from "../../backends/cpu/host_cache.ts";
 import type { AttentionBackend } from "../../core/types.ts";
-import { type BatchSpec, generateBatch } from "../support/batches.ts";
+import { type BatchSpec, generateBatch, smallSpec } from "../support/batches.ts";
 import { checkBackend, type CheckOptions } from "../support/backend_check.ts";
 import { validHostBatch } from "../../service/host_input.ts";
 import { freshSeed, GPU, NO_GPU } from "../gpu/helpers.ts";
@@ -21,18 +21,8 @@ function check(s: BatchSpec, o: CheckOptions = {}): Promise<void> {
   return checkBackend(WEBGPU_FLASH as AttentionBackend, GPU!, s, o);
 }
 
-const base = (o: Partial<BatchSpec>): BatchSpec => ({
-  dtype: "float32",
-  kv_cache_dtype: "auto",
-  layout: "NHD",
-  block_size: 16,
-  head_size: 64,
-  num_heads: 4,
-  num_kv_heads: 2,
-  requests: [{ query_len: 1, seq_len: 20 }],
-  return_lse: true,
-  ...o,
-});
+const base = (o: Partial<BatchSpec>): BatchSpec =>
+  smallSpec({ dtype: "float32", requests: [{ query_len: 1, seq_len: 20 }], ...o });
 
 const CASES: [string, BatchSpec, CheckOptions?][] = [
   [

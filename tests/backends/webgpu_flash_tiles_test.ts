@@ -16,25 +16,15 @@ import {
 import { DEFAULT_DECODE_TUNING } from "../../backends/webgpu_decode_tuning.ts";
 import { isSoftware } from "../../backends/decode_shape.ts";
 import type { AttentionBackend } from "../../core/types.ts";
-import { type BatchSpec, generateBatch } from "../support/batches.ts";
+import { type BatchSpec, generateBatch, smallSpec } from "../support/batches.ts";
 import { checkBackend } from "../support/backend_check.ts";
 import { validHostBatch } from "../../service/host_input.ts";
 import { GPU, NO_GPU } from "../gpu/helpers.ts";
 
 const ctx = { gpu: GPU };
 
-const base = (o: Partial<BatchSpec>): BatchSpec => ({
-  dtype: "float32",
-  kv_cache_dtype: "auto",
-  layout: "NHD",
-  block_size: 16,
-  head_size: 64,
-  num_heads: 4,
-  num_kv_heads: 2,
-  requests: [{ query_len: 1, seq_len: 20 }],
-  return_lse: true,
-  ...o,
-});
+const base = (o: Partial<BatchSpec>): BatchSpec =>
+  smallSpec({ dtype: "float32", requests: [{ query_len: 1, seq_len: 20 }], ...o });
 
 // Every prefill tile against the reference on a hostile batch: rows not a multiple of the
 // tile's rows, keys not a multiple of its keys, features rotating over the tiles.

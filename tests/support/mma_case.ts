@@ -21,25 +21,15 @@ import type { MmaContext } from "../../gpu/flash_mma_device.ts";
 import { runGpuPlan } from "../../gpu/gpu_plan.ts";
 import { GpuKvCache, MAX_KV_CHUNK_BYTES } from "../../gpu/kv_cache.ts";
 import { validHostBatch } from "../../service/host_input.ts";
-import { type BatchSpec, cacheIndex, generateBatch } from "./batches.ts";
+import { type BatchSpec, cacheIndex, generateBatch, smallSpec } from "./batches.ts";
 import { assertClose, firstNonFinite } from "./compare.ts";
 
 export { freshSeed } from "./rng.ts";
 import { freshSeed } from "./rng.ts";
 
 /** The tensor-core tests' batch: f16, hd64, 8 q / 2 kv heads, one 29-token prefill, with LSE. */
-export const base = (o: Partial<BatchSpec>): BatchSpec => ({
-  dtype: "float16",
-  kv_cache_dtype: "auto",
-  layout: "NHD",
-  block_size: 16,
-  head_size: 64,
-  num_heads: 8,
-  num_kv_heads: 2,
-  requests: [{ query_len: 29, seq_len: 29 }],
-  return_lse: true,
-  ...o,
-});
+export const base = (o: Partial<BatchSpec>): BatchSpec =>
+  smallSpec({ num_heads: 8, requests: [{ query_len: 29, seq_len: 29 }], ...o });
 
 /** Options of {@link checkMma}. */
 export interface MmaCaseOptions {
