@@ -120,6 +120,12 @@ export function checkKeepWarmOptions(o: KeepWarmOptions): KeepWarmOptions {
   return o;
 }
 
+/** A compiled spin kernel with its sink buffer bound. */
+interface SpinKernel {
+  pipeline: GPUComputePipeline;
+  group: GPUBindGroup;
+}
+
 /** A {@link DeviceProvider} that keeps the GPU busy for `hold_ms` after each use (module doc). */
 export class KeepWarmProvider implements DeviceProvider {
   readonly #inner: DeviceProvider;
@@ -135,7 +141,6 @@ export class KeepWarmProvider implements DeviceProvider {
   #closed = false;
   #dispatches = 0;
   #pending = 0;
-  #sink = new WeakMap<GPUDevice, { buffer: GPUBuffer; group: GPUBindGroup }>();
 
   readonly #maxRoundTrip: number;
   readonly #syncMs: number;
@@ -262,21 +267,38 @@ export class KeepWarmProvider implements DeviceProvider {
     }
   }
 
-  #kernels = new WeakMap<GPUDevice, { pipeline: GPUComputePipeline; group: GPUBindGroup }>();
+  #kernels = new WeakMap<GPUDevice, SpinKernel>();
   #compiling = new WeakSet<GPUDevice>();
 
   /** The spin pipeline and bind group of `g`'s device, or null while it compiles. */
-  #kernel(g: GpuContext): { pipeline: GPUComputePipeline; group: GPUBindGroup } | null {
+  #kernel(g: GpuContext): SpinKernel | null {
     const have = this.#kernels.get(g.device);
     if (have || this.#compiling.has(g.device)) return have ?? null;
     this.#compiling.add(g.device);
-    getKernel(g, KEEP_WARM, { iters: this.#o.spin_iters }).then((k) => {
-      this.#kernels.set(g.device, { pipeline: k.pipeline, group: this.#bound(g, k.layout) });
-    }).catch(() => {});
+    this.#spinKernel(g).catch(() => {});
     return null;
   }
 
-  #submit(g: GpuContext, k: { pipeline: GPUComputePipeline; group: GPUBindGroup }, n: number) {
+  /** The spin pipeline with its sink bound, compiled and bound once per device. */
+  async #spinKernel(g: GpuContext): Promise<SpinKernel> {
+    const have = this.#kernels.get(g.device);
+    if (have) return have;
+    const k = await getKernel(g, KEEP_WARM, { iters: this.#o.spin_iters });
+    const buffer = g.device.createBuffer({
+      size: this.#o.workgroups * 64 * 4,
+      usage: GPUBufferUsage.STORAGE,
+      label: "keep-warm",
+    });
+    const group = g.device.createBindGroup({
+      layout: k.layout,
+      entries: [{ binding: 0, resource: { buffer } }],
+    });
+    const spin = { pipeline: k.pipeline, group };
+    this.#kernels.set(g.device, spin);
+    return spin;
+  }
+
+  #submit(g: GpuContext, k: SpinKernel, n: number) {
     const enc = g.device.createCommandEncoder({ label: "keep-warm" });
     for (let i = 0; i < n; i++) {
       const pass = enc.beginComputePass();
@@ -300,9 +322,7 @@ export class KeepWarmProvider implements DeviceProvider {
 
   /** One spin's device time: 8 spins in one submit, less the round trip, over 8 (ms). */
   async #measureSpin(g: GpuContext): Promise<number> {
-    const k = await getKernel(g, KEEP_WARM, { iters: this.#o.spin_iters });
-    const bound = { pipeline: k.pipeline, group: this.#bound(g, k.layout) };
-    this.#kernels.set(g.device, bound);
+    const bound = await this.#spinKernel(g);
     this.#submit(g, bound, 1); // first use off the clock
     await this.#wait(g);
     const reps = 8;
@@ -313,28 +333,9 @@ export class KeepWarmProvider implements DeviceProvider {
     return Math.max(0, performance.now() - t - (this.#roundTrip ?? 0)) / reps;
   }
 
-  #bound(g: GpuContext, layout: GPUBindGroupLayout): GPUBindGroup {
-    let s = this.#sink.get(g.device);
-    if (!s) {
-      const size = this.#o.workgroups * 64 * 4;
-      const buffer = g.device.createBuffer({
-        size,
-        usage: GPUBufferUsage.STORAGE,
-        label: "keep-warm",
-      });
-      const group = g.device.createBindGroup({
-        layout,
-        entries: [{ binding: 0, resource: { buffer } }],
-      });
-      this.#sink.set(g.device, s = { buffer, group });
-    }
-    return s.group;
-  }
-
   /** `await`: keeps `depth` spins queued, awaiting each (module doc). */
   async #spin(g: GpuContext): Promise<void> {
-    const k = await getKernel(g, KEEP_WARM, { iters: this.#o.spin_iters });
-    const bound = { pipeline: k.pipeline, group: this.#bound(g, k.layout) };
+    const bound = await this.#spinKernel(g);
     const queued: Promise<unknown>[] = [];
     while (this.#open(g)) {
       this.#submit(g, bound, 1);
