@@ -26,6 +26,7 @@ import { kvChunkGeometry } from "../gpu/kv_cache.ts";
 import { buildGpuPlan } from "../gpu/plan_builder.ts";
 import type { TableBuilder } from "../gpu/plan_table.ts";
 import { buildFlashMeta, flashTileCall, hasRows } from "./flash_plan.ts";
+import { envVar } from "../core/env.ts";
 
 const isEncoder = (s: BatchShape) =>
   s.layer.attn_type === "encoder" || s.layer.attn_type === "encoder_only";
@@ -63,10 +64,7 @@ export function mmaTargetOf(
  * @throws Error naming the value and the known names when it names none.
  */
 export function envMmaShape(): MmaShape | undefined {
-  let name: string | undefined;
-  try {
-    name = Deno.env.get("ATTN_PREFILL_MMA_SHAPE");
-  } catch { /* no --allow-env */ }
+  const name = envVar("ATTN_PREFILL_MMA_SHAPE");
   if (!name) return undefined;
   const shape = MMA_VARIANTS[name];
   if (!shape) {

@@ -12,6 +12,7 @@ import type { PlannedCall } from "../gpu/gpu_plan.ts";
 import { getKernel, type KernelDef, packUniforms } from "../gpu/kernel.ts";
 import { type KvChunkGeometry, kvChunkGeometry } from "../gpu/kv_cache.ts";
 import type { TableBuilder } from "../gpu/plan_table.ts";
+import { envVar } from "../core/env.ts";
 
 /** A kernel shape: the register tile (see gpu/flash_codegen.ts) and what follows from it. */
 export interface FlashConfig {
@@ -140,10 +141,7 @@ export function flashConfig(
 
 /** The tile named by `ATTN_FLASH_TILE` (`TXxTYxRMxRN`), or null when unset. */
 export function envFlashTile(): FlashTile | null {
-  let raw: string | undefined;
-  try {
-    raw = Deno.env.get("ATTN_FLASH_TILE");
-  } catch { /* no --allow-env */ }
+  const raw = envVar("ATTN_FLASH_TILE");
   return raw ? parseFlashTile(raw) : null;
 }
 

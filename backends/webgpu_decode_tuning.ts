@@ -3,6 +3,7 @@
  * `ATTN_DECODE_TUNING` environment override used by the registered backend.
  * @module
  */
+import { envVar } from "../core/env.ts";
 
 /** Knobs of the kernel shape and the split heuristic (exported for benchmarks and tests). */
 export interface DecodeTuning {
@@ -139,10 +140,7 @@ export const DEFAULT_DECODE_TUNING: Readonly<DecodeTuning> = Object.freeze({
  *   boolean fields.
  */
 export function envDecodeTuning(): DecodeTuning {
-  let raw: string | undefined;
-  try {
-    raw = Deno.env.get("ATTN_DECODE_TUNING");
-  } catch { /* no --allow-env: defaults */ }
+  const raw = envVar("ATTN_DECODE_TUNING");
   const t: DecodeTuning = { ...DEFAULT_DECODE_TUNING };
   if (!raw) return t;
   const o = JSON.parse(raw);

@@ -47,6 +47,7 @@ import {
   DEFAULT_DECODE_TUNING,
   envDecodeTuning,
 } from "./webgpu_decode_tuning.ts";
+import { envVar } from "../core/env.ts";
 
 export { type FlashConfig, flashConfig, type FlashTile } from "./flash_plan.ts";
 
@@ -95,11 +96,7 @@ export interface FlashOptions {
 
 /** An on-by-default switch: off only where the variable is "0". */
 function envOn(name: string): boolean {
-  try {
-    return Deno.env.get(name) !== "0";
-  } catch {
-    return true;
-  }
+  return envVar(name) !== "0";
 }
 
 /** The tensor-core kernel's constants for this batch's prefill rows; null where it runs none. */

@@ -34,6 +34,7 @@ import type { FillPlan } from "./fill.ts";
 import { nanWord } from "./wgsl_data.ts";
 import { finiteIssues, FLAGS_BYTES } from "./finite_check.ts";
 import { bindGpuPlan } from "./plan_bind.ts";
+import { envVar } from "../core/env.ts";
 
 export { bindGpuPlan, bindStats, type BoundGpuPlan } from "./plan_bind.ts";
 
@@ -124,10 +125,7 @@ export function uploadPlanTable(p: GpuPlan): PlanTable {
  * pass (`gpu_<name>`, for profiling the kernels).
  */
 export const GPU_TIMING: "calls" | "total" | "sampled" | "off" = (() => {
-  let v: string | undefined;
-  try {
-    v = Deno.env.get("ATTN_GPU_TIMING");
-  } catch { /* no --allow-env: the default */ }
+  const v = envVar("ATTN_GPU_TIMING");
   return v === "calls" || v === "total" || v === "off" ? v : "sampled";
 })();
 

@@ -9,6 +9,7 @@
  */
 import { ShaderCompileError } from "../core/errors.ts";
 import type { GpuContext } from "../core/types.ts";
+import { envVar } from "../core/env.ts";
 
 interface Entry {
   code: string;
@@ -55,14 +56,6 @@ export async function compilePipeline(
   }
 }
 
-const envOf = (name: string) => {
-  try {
-    return Deno.env.get(name) || undefined;
-  } catch {
-    return undefined;
-  }
-};
-
 /**
  * Diagnostics of slow or hanging driver compiles (the H200's compiler took minutes on some
  * shaders, bench/NOTES.md): with `ATTN_WGSL_DUMP=DIR` each pipeline's source is written to
@@ -70,8 +63,8 @@ const envOf = (name: string) => {
  * the start and the time of each compile to stderr. Returns the start time, or null when off.
  */
 function compileTrace(key: string, code: string): number | null {
-  const dir = envOf("ATTN_WGSL_DUMP");
-  if (!dir && !envOf("ATTN_COMPILE_LOG")) return null;
+  const dir = envVar("ATTN_WGSL_DUMP");
+  if (!dir && !envVar("ATTN_COMPILE_LOG")) return null;
   if (dir) {
     const name = key.replace(/[^A-Za-z0-9._-]+/g, "_").slice(0, 180);
     try {
@@ -147,7 +140,7 @@ export const DEFAULT_COMPILE_TIMEOUT_MS = 600_000;
 
 /** The bound on one driver compile: `ATTN_COMPILE_TIMEOUT_MS`, else the default. */
 export function compileTimeoutMs(): number {
-  const v = Number(envOf("ATTN_COMPILE_TIMEOUT_MS"));
+  const v = Number(envVar("ATTN_COMPILE_TIMEOUT_MS"));
   return Number.isFinite(v) && v > 0 ? v : DEFAULT_COMPILE_TIMEOUT_MS;
 }
 

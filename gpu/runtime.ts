@@ -13,6 +13,7 @@ import { describeAdapter } from "./runtime_adapter.ts";
 import { loadDawnRuntime } from "./runtime_dawn.ts";
 import { probeRuntime } from "./runtime_probe.ts";
 import type { RuntimeChoice, RuntimeName, RuntimeOptions } from "./runtime_options.ts";
+import { envVar } from "../core/env.ts";
 
 /** An adapter, or why there is none. */
 export interface AdapterResult {
@@ -88,10 +89,7 @@ export function runtimeFromGpu(
  * Windows. WebGPU does not report it, so `source` says how it was inferred.
  */
 export function denoBackendApi(): { api: string; source: string } {
-  let env: string | undefined;
-  try {
-    env = Deno.env.get("DENO_WEBGPU_BACKEND");
-  } catch { /* no env permission */ }
+  const env = envVar("DENO_WEBGPU_BACKEND");
   if (env && env.trim() !== "") {
     const names = env.split(",").map((s) => s.trim().toLowerCase()).filter(Boolean);
     const norm = names.map((n) => (n === "dx12" ? "d3d12" : n === "vk" ? "vulkan" : n));

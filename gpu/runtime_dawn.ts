@@ -26,6 +26,7 @@
 import type { AdapterResult, WebGpuRuntime } from "./runtime.ts";
 import { captureStderr } from "./runtime_stderr.ts";
 import { requireEnables } from "./runtime_wgsl.ts";
+import { envVar } from "../core/env.ts";
 
 /** The package this runtime loads (also in deno.json `imports`). */
 export const DAWN_PACKAGE = "npm:webgpu@0.6.2";
@@ -48,10 +49,7 @@ export function dawnBackendApi(flags: readonly string[]): { api: string; source:
   const norm = (s: string) => BACKEND_ALIASES[s.toLowerCase()] ?? s.toLowerCase();
   const flag = [...flags].reverse().find((f) => f.startsWith("backend="));
   if (flag) return { api: norm(flag.slice("backend=".length)), source: "Dawn flag backend=" };
-  let env: string | undefined;
-  try {
-    env = Deno.env.get("DAWNNODE_BACKEND");
-  } catch { /* no env permission */ }
+  const env = envVar("DAWNNODE_BACKEND");
   if (env) return { api: norm(env), source: "DAWNNODE_BACKEND" };
   const os = Deno.build.os;
   const api = os === "windows" ? "d3d12" : os === "darwin" ? "metal" : "vulkan";

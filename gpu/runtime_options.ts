@@ -13,6 +13,7 @@
  * `backend=vulkan` (Dawn's flags are all `key=value`; its toggle names hold no `=`).
  * @module
  */
+import { envVar } from "../core/env.ts";
 
 /** The runtimes: Deno's own `navigator.gpu`, and Dawn from npm `webgpu`. */
 export const RUNTIME_NAMES = ["deno", "dawn"] as const;
@@ -130,11 +131,7 @@ export function resolveRuntimeOptions(
 /** Reads the variables {@link resolveRuntimeOptions} looks at (needs env permission for them). */
 export function runtimeEnv(): Record<string, string | undefined> {
   const out: Record<string, string | undefined> = {};
-  for (const k of [RUNTIME_ENV, DAWN_FLAGS_ENV]) {
-    try {
-      out[k] = Deno.env.get(k);
-    } catch { /* no env permission: as if unset */ }
-  }
+  for (const k of [RUNTIME_ENV, DAWN_FLAGS_ENV]) out[k] = envVar(k);
   return out;
 }
 

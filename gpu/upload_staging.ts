@@ -21,6 +21,7 @@
 import type { GpuContext } from "../core/types.ts";
 import { sizeClass } from "./buffer_pool.ts";
 import { isSoftwareAdapter } from "./runtime_adapter.ts";
+import { envVar } from "../core/env.ts";
 
 /** Uploads at least this large are staged (Dawn's ring buffer is 4 MiB). */
 export const STAGED_UPLOAD_BYTES = 4 << 20;
@@ -31,12 +32,8 @@ const USAGE = GPUBufferUsage.MAP_WRITE | GPUBufferUsage.COPY_SRC;
 const MAX_KEPT_BYTES = 1 << 30;
 
 function envChoice(): boolean | null {
-  try {
-    const v = Deno.env.get("ATTN_UPLOAD_STAGING");
-    return v === "1" ? true : v === "0" ? false : null;
-  } catch {
-    return null;
-  }
+  const v = envVar("ATTN_UPLOAD_STAGING");
+  return v === "1" ? true : v === "0" ? false : null;
 }
 
 let forced = envChoice();

@@ -27,6 +27,7 @@ import {
   type KeepWarmMode,
   type KeepWarmOptions,
 } from "../gpu/keep_warm.ts";
+import { envVar } from "../core/env.ts";
 /** Default memory budget for server-held caches: 4 GiB. */
 export const DEFAULT_MEMORY_BUDGET_BYTES = 4 * 1024 ** 3;
 
@@ -147,10 +148,8 @@ function keepWarmOptions(
 /** The environment variables serve reads (none without env permission). */
 export function serveEnv(): Record<string, string | undefined> {
   const env = runtimeEnv();
-  try {
-    env[HTTP_WORKERS_ENV] = Deno.env.get(HTTP_WORKERS_ENV);
-    env[KEEP_WARM_ENV] = Deno.env.get(KEEP_WARM_ENV);
-  } catch { /* no env permission: as if unset */ }
+  env[HTTP_WORKERS_ENV] = envVar(HTTP_WORKERS_ENV);
+  env[KEEP_WARM_ENV] = envVar(KEEP_WARM_ENV);
   return env;
 }
 
