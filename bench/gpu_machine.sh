@@ -2,7 +2,7 @@
 # One call on the GPU machine (see bench/NOTES.md): GPU tests, the bench with its kernel sweeps,
 # the HTTP bench, the PyTorch anchor. Logs under $OUT; each part's tail is printed.
 # Usage there: bash bench/gpu_machine.sh
-#   [tests|dawn-tests|mma|mma-fast|mma-bench|mma-ceiling|bench|bench-deno|http|http-warm|anchor|clock-probe|all]...
+#   [tests|dawn-tests|compile-probe|mma|mma-fast|mma-bench|mma-ceiling|bench|bench-deno|http|http-warm|anchor|clock-probe|all]...
 # mma: the tensor-core kernel's tests; mma-fast: those of its fast softmax, direct loads, matrix-move
 # staging and split S chains;
 # mma-bench: its variant sweep; mma-ceiling: bench/mma_ceiling.ts, what subgroup-matrix loops reach
@@ -86,6 +86,31 @@ for w in $what; do
         TAIL=4 run "clock-probe-gap$gap" 60 deno run -A bench/host_profile.ts --runtime dawn \
           --case decode --kernels --gap-ms "$gap" --iters $((10000 / (gap + 2)))
       done ;;&
+    compile-probe)
+      # bench/compile_probe.ts on Dawn: each WGSL file of COMPILE_PROBE_FILES (default: the
+      # untracked hang/*.wgsl a bisect puts there) alone in its own process, all at once, each cut
+      # at COMPILE_PROBE_TIMEOUT (40) seconds, into one log (compile-probe.log); then
+      # COMPILE_PROBE_TOGETHER (files started together in one process, --repeat 20 --salt), e.g. a
+      # split kernel and its reduce.
+      mkdir -p "$out/probe"
+      pids=()
+      for f in ${COMPILE_PROBE_FILES:-hang/*.wgsl}; do
+        n=$(basename "$f" .wgsl)
+        (timeout -k 2 "${COMPILE_PROBE_TIMEOUT:-40}" deno run -A bench/compile_probe.ts \
+          --runtime dawn "$f" >"$out/probe/$n" 2>&1; echo "rc=$?" >>"$out/probe/$n") &
+        pids+=($!)
+      done
+      wait "${pids[@]}" # not a bare wait: the clock sampler runs in the background too
+      for f in ${COMPILE_PROBE_FILES:-hang/*.wgsl}; do
+        n=$(basename "$f" .wgsl)
+        echo "   $n: $(grep -h 'round 0\|rc=' "$out/probe/$n" | tr '\n' ' ' | cut -c1-220)"
+      done | tee "$out/compile-probe.log"
+      rm -rf "$out/probe"
+      if [ -n "${COMPILE_PROBE_TOGETHER:-}" ]; then
+        # shellcheck disable=SC2086
+        TAIL=12 run compile-together "${COMPILE_PROBE_TIMEOUT:-40}" deno run -A \
+          bench/compile_probe.ts --runtime dawn --together --repeat 20 --salt $COMPILE_PROBE_TOGETHER
+      fi ;;&
     mma-fast)
       run mma-fast "${MMA_TIMEOUT:-150}" deno test --allow-all \
         tests/backends/flash_mma_mstage_test.ts tests/backends/flash_mma_fast_test.ts ;;&

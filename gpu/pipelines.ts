@@ -39,12 +39,36 @@ function formatMessage(m: GPUCompilationMessage): string {
  * `layout`: an explicit bind-group layout, or "auto".
  * @throws ShaderCompileError with the compiler's messages.
  */
-export async function compilePipeline(
+export function compilePipeline(
   ctx: GpuContext,
   key: string,
   code: string,
   layout: GPUBindGroupLayout | "auto" = "auto",
   entryPoint = "main",
+): Promise<GPUComputePipeline> {
+  if (serialCompiles()) {
+    // One compile at a time per device (ATTN_COMPILE_SERIAL=1): each waits for the one before.
+    const before = serialTails.get(ctx.device) ?? Promise.resolve();
+    const mine = before.then(() => compilePipelineNow(ctx, key, code, layout, entryPoint));
+    serialTails.set(ctx.device, mine.then(() => {}, () => {}));
+    return mine;
+  }
+  return compilePipelineNow(ctx, key, code, layout, entryPoint);
+}
+
+const serialTails = new WeakMap<GPUDevice, Promise<void>>();
+
+/** Whether compiles run one at a time per device: `ATTN_COMPILE_SERIAL=1`. */
+export function serialCompiles(): boolean {
+  return envVar("ATTN_COMPILE_SERIAL") === "1";
+}
+
+async function compilePipelineNow(
+  ctx: GpuContext,
+  key: string,
+  code: string,
+  layout: GPUBindGroupLayout | "auto",
+  entryPoint: string,
 ): Promise<GPUComputePipeline> {
   const t0 = compileTrace(key, code);
   try {
@@ -86,6 +110,12 @@ async function compileOnce(
   entryPoint: string,
 ): Promise<GPUComputePipeline> {
   const device = ctx.device;
+  // One deadline for every wait of the compile: the compiler's messages, the pipeline and the
+  // error scopes (on the H200 a compile stalled with the GPU idle; the stage it stalled in is
+  // named in the error).
+  const deadline = performance.now() + compileTimeoutMs();
+  const bounded = <T>(p: Promise<T>, stage: string) =>
+    withTimeout(p, Math.max(1, deadline - performance.now()), stage);
   device.pushErrorScope("internal");
   device.pushErrorScope("validation");
   const messages: string[] = [];
@@ -94,12 +124,15 @@ async function compileOnce(
   try {
     const module = device.createShaderModule({ label: key, code });
     try {
-      const info = await module.getCompilationInfo();
+      const info = await bounded(module.getCompilationInfo(), "compilation info");
       for (const m of info.messages) if (m.type === "error") messages.push(formatMessage(m));
-    } catch { /* getCompilationInfo unsupported: rely on the error scopes */ }
-    if (messages.length === 0) {
+    } catch (e) {
+      if (e instanceof CompileTimeout) timedOut = e.message;
+      // else getCompilationInfo unsupported: rely on the error scopes
+    }
+    if (messages.length === 0 && !timedOut) {
       try {
-        pipeline = await withTimeout(
+        pipeline = await bounded(
           device.createComputePipelineAsync({
             label: key,
             layout: layout === "auto"
@@ -107,7 +140,7 @@ async function compileOnce(
               : device.createPipelineLayout({ label: key, bindGroupLayouts: [layout] }),
             compute: { module, entryPoint },
           }),
-          compileTimeoutMs(),
+          "pipeline",
         );
       } catch (e) {
         if (e instanceof CompileTimeout) timedOut = e.message;
@@ -120,11 +153,16 @@ async function compileOnce(
       device.popErrorScope().catch(() => {});
       device.popErrorScope().catch(() => {});
     } else {
-      const validation = await device.popErrorScope();
-      const internal = await device.popErrorScope();
-      for (const err of [validation, internal]) {
-        const msg = err?.message?.trim();
-        if (msg && !messages.some((m) => m.includes(msg.slice(0, 60)))) messages.push(msg);
+      try {
+        const validation = await bounded(device.popErrorScope(), "validation error scope");
+        const internal = await bounded(device.popErrorScope(), "internal error scope");
+        for (const err of [validation, internal]) {
+          const msg = err?.message?.trim();
+          if (msg && !messages.some((m) => m.includes(msg.slice(0, 60)))) messages.push(msg);
+        }
+      } catch (e) {
+        // only a CompileTimeout can come from these waits (a pop never rejects)
+        timedOut = e instanceof Error ? e.message : String(e);
       }
     }
   }
@@ -147,11 +185,17 @@ export function compileTimeoutMs(): number {
 class CompileTimeout extends Error {}
 
 /** `p`, or a CompileTimeout after `ms` (the timer cleared either way). */
-export async function withTimeout<T>(p: Promise<T>, ms: number): Promise<T> {
+export async function withTimeout<T>(p: Promise<T>, ms: number, stage = "pipeline"): Promise<T> {
   let timer: ReturnType<typeof setTimeout> | undefined;
   const late = new Promise<never>((_, reject) => {
     timer = setTimeout(
-      () => reject(new CompileTimeout(`the driver did not finish compiling it within ${ms} ms`)),
+      () =>
+        reject(
+          new CompileTimeout(
+            `the driver did not finish compiling it within ${compileTimeoutMs()} ms ` +
+              `(waiting for its ${stage})`,
+          ),
+        ),
       ms,
     );
   });

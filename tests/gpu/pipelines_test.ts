@@ -95,9 +95,92 @@ Deno.test("a driver compile that never finishes fails the call after ATTN_COMPIL
     clearTimeout(timer);
     assert.ok(outcome instanceof ShaderCompileError, String(outcome));
     assert.equal(outcome.key, "stuck(k=1)");
-    assert.match(outcome.message, /did not finish compiling it within 50 ms/);
+    assert.match(
+      outcome.message,
+      /did not finish compiling it within 50 ms \(waiting for its pipeline\)/,
+    );
   } finally {
     if (before === undefined) Deno.env.delete("ATTN_COMPILE_TIMEOUT_MS");
     else Deno.env.set("ATTN_COMPILE_TIMEOUT_MS", before);
   }
+});
+
+/** A stub device whose pieces resolve as `parts` say (default: at once, no messages). */
+function stubContext(parts: {
+  info?: () => Promise<unknown>;
+  pipeline?: () => Promise<unknown>;
+  pop?: () => Promise<unknown>;
+}): GpuContext {
+  const device = {
+    pushErrorScope() {},
+    popErrorScope: parts.pop ?? (() => Promise.resolve(null)),
+    createShaderModule: () => ({
+      getCompilationInfo: parts.info ?? (() => Promise.resolve({ messages: [] })),
+    }),
+    createPipelineLayout: () => ({}),
+    createComputePipelineAsync: parts.pipeline ?? (() => Promise.resolve({})),
+  } as unknown as GPUDevice;
+  return { device } as unknown as GpuContext;
+}
+
+async function withEnv<T>(vars: Record<string, string>, f: () => Promise<T>): Promise<T> {
+  const before = Object.fromEntries(Object.keys(vars).map((k) => [k, Deno.env.get(k)]));
+  for (const [k, v] of Object.entries(vars)) Deno.env.set(k, v);
+  try {
+    return await f();
+  } finally {
+    for (const [k, v] of Object.entries(before)) {
+      if (v === undefined) Deno.env.delete(k);
+      else Deno.env.set(k, v);
+    }
+  }
+}
+
+const NEVER = () => new Promise<never>(() => {});
+const TRIVIAL = "@compute @workgroup_size(1) fn main() {}";
+
+Deno.test("a compile stalled in its compilation info or its error scopes fails, naming where", async () => {
+  await withEnv({ ATTN_COMPILE_TIMEOUT_MS: "40" }, async () => {
+    for (
+      const [parts, stage] of [
+        [{ info: NEVER }, "compilation info"],
+        [{ pop: NEVER }, "validation error scope"],
+      ] as const
+    ) {
+      const err = await compilePipeline(stubContext(parts), "stall(k=2)", TRIVIAL, "auto")
+        .then(() => null, (e) => e);
+      assert.ok(err instanceof ShaderCompileError, `${stage}: got ${err}`);
+      assert.match(err.message, new RegExp(`within 40 ms \\(waiting for its ${stage}\\)`));
+    }
+  });
+});
+
+Deno.test("ATTN_COMPILE_SERIAL=1 runs one compile at a time per device", async () => {
+  let running = 0;
+  let most = 0;
+  const order: number[] = [];
+  let n = 0;
+  const ctx = stubContext({
+    pipeline: async () => {
+      const me = n++;
+      running++;
+      most = Math.max(most, running);
+      await new Promise((r) => setTimeout(r, 5 * (3 - me)));
+      order.push(me);
+      running--;
+      return {};
+    },
+  });
+  const compileAll = () =>
+    Promise.all([0, 1, 2].map((i) => compilePipeline(ctx, `serial(k=${i})`, TRIVIAL, "auto")));
+  await withEnv({ ATTN_COMPILE_SERIAL: "1" }, compileAll);
+  assert.equal(most, 1);
+  assert.deepEqual(order, [0, 1, 2]);
+  // Without it they overlap (the shortest finishes first).
+  most = 0;
+  n = 0;
+  order.length = 0;
+  await withEnv({ ATTN_COMPILE_SERIAL: "0" }, compileAll);
+  assert.equal(most, 3);
+  assert.deepEqual(order, [2, 1, 0]);
 });
