@@ -10,7 +10,11 @@
  * `ATTN_COMPILE_TIMEOUT_MS`). `--together` starts all of a round's compiles at once, as the
  * service does for a split kernel and its reduce. `--repeat N` runs N rounds; `--salt` adds a
  * comment naming the round to each source, so no cache of the runtime or the driver answers.
- * `--raw` compiles without error scopes and compilation info (only the pipeline call). Prints
+ * `--raw` compiles without error scopes and compilation info (only the pipeline call).
+ * `--dispatch` also runs each compiled pipeline once on zeroed buffers (one workgroup, bound
+ * through an explicit layout read from the source's `@binding` lines) and prints how long
+ * `queue.submit` itself took (a driver that compiles at first use blocks there) and the wait
+ * for the work. Prints
  * one line per compile, `ok` with ms or `FAILED` with the reason, and a summary; exits 1 if any
  * failed. A compile that never returns leaves the process waiting: run it under `timeout`.
  * @module
@@ -24,17 +28,26 @@ interface ProbeArgs {
   repeat: number;
   salt: boolean;
   raw: boolean;
+  dispatch: boolean;
   files: string[];
 }
 
 function parseArgs(argv: string[]): ProbeArgs {
-  const a: ProbeArgs = { together: false, repeat: 1, salt: false, raw: false, files: [] };
+  const a: ProbeArgs = {
+    together: false,
+    repeat: 1,
+    salt: false,
+    raw: false,
+    dispatch: false,
+    files: [],
+  };
   for (let i = 0; i < argv.length; i++) {
     const v = argv[i];
     if (v === "--runtime") a.runtime = argv[++i];
     else if (v === "--together") a.together = true;
     else if (v === "--salt") a.salt = true;
     else if (v === "--raw") a.raw = true;
+    else if (v === "--dispatch") a.dispatch = true;
     else if (v === "--repeat") a.repeat = Math.max(1, Number(argv[++i]) || 1);
     else a.files.push(v);
   }
@@ -52,20 +65,82 @@ const sources = args.files.map((f) => ({
   code: Deno.readTextFileSync(f),
 }));
 
+/** The group-0 bindings declared in `code`: index and buffer binding type. */
+function declaredBindings(code: string): { binding: number; type: GPUBufferBindingType }[] {
+  const re = /@group\(0\)\s*@binding\((\d+)\)\s*var<([\w, ]+)>/g;
+  return [...code.matchAll(re)].map((m) => ({
+    binding: Number(m[1]),
+    type: m[2] === "uniform"
+      ? "uniform"
+      : m[2].includes("read_write")
+      ? "storage"
+      : "read-only-storage",
+  }));
+}
+
+function explicitLayout(code: string): GPUBindGroupLayout {
+  return gpu.device.createBindGroupLayout({
+    entries: declaredBindings(code).map(({ binding, type }) => ({
+      binding,
+      visibility: GPUShaderStage.COMPUTE,
+      buffer: { type },
+    })),
+  });
+}
+
+/** Runs `pipeline` once on zeroed buffers; returns "submit X ms, wait Y ms". */
+async function dispatchOnce(
+  pipeline: GPUComputePipeline,
+  layout: GPUBindGroupLayout,
+  code: string,
+): Promise<string> {
+  const dev = gpu.device;
+  const buffers = declaredBindings(code).map(({ binding, type }) => ({
+    binding,
+    buffer: dev.createBuffer({
+      size: type === "uniform" ? 256 : 1 << 16,
+      usage: type === "uniform" ? GPUBufferUsage.UNIFORM : GPUBufferUsage.STORAGE,
+    }),
+  }));
+  const group = dev.createBindGroup({
+    layout,
+    entries: buffers.map(({ binding, buffer }) => ({ binding, resource: { buffer } })),
+  });
+  const enc = dev.createCommandEncoder();
+  const pass = enc.beginComputePass();
+  pass.setPipeline(pipeline);
+  pass.setBindGroup(0, group);
+  pass.dispatchWorkgroups(1);
+  pass.end();
+  const t0 = performance.now();
+  dev.queue.submit([enc.finish()]);
+  const t1 = performance.now();
+  await dev.queue.onSubmittedWorkDone();
+  const t2 = performance.now();
+  for (const b of buffers) b.buffer.destroy();
+  return `submit ${(t1 - t0).toFixed(0)} ms, wait ${(t2 - t1).toFixed(0)} ms`;
+}
+
 async function compileOne(name: string, code: string): Promise<string> {
   const t0 = performance.now();
   try {
+    const layout = args.dispatch ? explicitLayout(code) : "auto";
+    let pipeline: GPUComputePipeline;
     if (args.raw) {
       const module = gpu.device.createShaderModule({ label: name, code });
-      await gpu.device.createComputePipelineAsync({
+      pipeline = await gpu.device.createComputePipelineAsync({
         label: name,
-        layout: "auto",
+        layout: layout === "auto"
+          ? "auto"
+          : gpu.device.createPipelineLayout({ bindGroupLayouts: [layout] }),
         compute: { module, entryPoint: "main" },
       });
     } else {
-      await compilePipeline(gpu, name, code);
+      pipeline = await compilePipeline(gpu, name, code, layout);
     }
-    return `ok ${(performance.now() - t0).toFixed(0)} ms`;
+    const compiled = `ok ${(performance.now() - t0).toFixed(0)} ms`;
+    if (layout === "auto") return compiled;
+    return `${compiled}; run once: ${await dispatchOnce(pipeline, layout, code)}`;
   } catch (e) {
     failures++;
     const msg = e instanceof Error ? e.message : String(e);

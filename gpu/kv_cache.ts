@@ -7,6 +7,7 @@
  * bindings ({@link KV_RESERVED_STORAGE_BINDINGS}), at most {@link MAX_KV_CHUNKS}.
  * @module
  */
+import { trace } from "../core/trace.ts";
 import { bytesPerElement, resolveStorage } from "../core/dtype.ts";
 import { DeviceUnavailableError, ServiceError } from "../core/errors.ts";
 import type { GpuContext, KvCache, KvCacheSpec, StorageDType } from "../core/types.ts";
@@ -340,7 +341,9 @@ export class GpuKvCache implements KvCache {
         for (const [b, n, , , so] of g.parts) enc.copyBufferToBuffer(b, 0, staging[i], so, n);
       });
       dev.queue.submit([enc.finish()]);
+      trace("kv cache read: submitted");
       await Promise.all(staging.map((s) => s.mapAsync(GPUMapMode.READ)));
+      trace("kv cache read: mapped");
       groups.forEach((g, i) => {
         const bytes = new Uint8Array(staging[i].getMappedRange());
         for (const [, n, dst, doff, so] of g.parts) dst.set(bytes.subarray(so, so + n), doff);

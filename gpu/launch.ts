@@ -14,6 +14,7 @@
  * submitted, so nothing is written.
  * @module
  */
+import { trace } from "../core/trace.ts";
 import { ClientClosedError, ServiceError } from "../core/errors.ts";
 import type { GpuContext } from "../core/types.ts";
 import type { CompiledKernel } from "./kernel.ts";
@@ -258,11 +259,14 @@ export async function launch(ctx: GpuContext, spec: LaunchSpec): Promise<LaunchR
     const cmd = enc.finish();
     checkSignal(spec.signal);
     const tRec = performance.now();
+    trace(`launch ${spec.label}: submit`);
     dev.queue.submit([cmd]);
     const t1 = performance.now();
+    trace(`launch ${spec.label}: submitted`);
     const errorPromise = dev.popErrorScope();
     scoped = false;
     const [error] = await Promise.all([errorPromise, readback.mapAsync(GPUMapMode.READ)]);
+    trace(`launch ${spec.label}: read back`);
     if (error) {
       readback.unmap();
       throw new ServiceError(`the GPU rejected the ${spec.label} call: ${error.message}`, {

@@ -10,6 +10,7 @@
 import { ShaderCompileError } from "../core/errors.ts";
 import type { GpuContext } from "../core/types.ts";
 import { envVar } from "../core/env.ts";
+import { trace } from "../core/trace.ts";
 
 interface Entry {
   code: string;
@@ -76,6 +77,7 @@ async function compilePipelineNow(
   } finally {
     if (t0 !== null) {
       console.error(`wgsl: compiled ${key} in ${(performance.now() - t0).toFixed(0)} ms`);
+      trace(`wgsl: compiled ${key}`);
     }
   }
 }
@@ -88,7 +90,7 @@ async function compilePipelineNow(
  */
 function compileTrace(key: string, code: string): number | null {
   const dir = envVar("ATTN_WGSL_DUMP");
-  if (!dir && !envVar("ATTN_COMPILE_LOG")) return null;
+  if (!dir && !envVar("ATTN_COMPILE_LOG") && !envVar("ATTN_TRACE_FILE")) return null;
   if (dir) {
     const name = key.replace(/[^A-Za-z0-9._-]+/g, "_").slice(0, 180);
     try {
@@ -99,6 +101,7 @@ function compileTrace(key: string, code: string): number | null {
     }
   }
   console.error(`wgsl: compiling ${key} (${code.length} chars)`);
+  trace(`wgsl: compiling ${key}`);
   return performance.now();
 }
 

@@ -9,6 +9,7 @@
  * +-65504, which is what the kernel's staging does.
  * @module
  */
+import { trace } from "../../core/trace.ts";
 import assert from "node:assert/strict";
 import { CPU_REFERENCE } from "../../backends/cpu/cpu_reference.ts";
 import { planFlashMma } from "../../backends/flash_mma_plan.ts";
@@ -88,16 +89,21 @@ export async function checkMma(
       ref = HostKvCache.fromBytes(spec, clamped(kv), clamped(vv));
       refBatch = { ...g.batch, dtype: "float32" };
     } else ref = HostKvCache.fromBytes(g.cache_spec, key, value);
+    trace(`checkMma seed ${seed}: cache upload`);
     cache = await GpuKvCache.fromBytes(gctx, g.cache_spec, key, value);
     if (o.maxBlocksPerChunk) assert.ok(cache.geometry.nchunk > 1, "a multi-chunk cache");
   }
   try {
+    trace(`checkMma seed ${seed}: reference`);
     const want = await CPU_REFERENCE.run({}, validHostBatch(refBatch, ref), { gpu: null });
     const batch = validHostBatch(g.batch, cache);
+    trace(`checkMma seed ${seed}: plan`);
     const plan = await planFlashMma(gctx, batch, ctx.mma, o.shape);
     const what = `${plan.kernels.join(" + ")}, seed ${seed}`;
     assert.ok(plan.kernels.some((k) => k.startsWith("flash_mma(")), `planned ${what}`);
+    trace(`checkMma seed ${seed}: run ${what}`);
     const got = await runGpuPlan(plan, batch, gctx);
+    trace(`checkMma seed ${seed}: checks`);
     assert.equal(got.output.dtype, s.dtype, `output dtype (${what})`);
     const out = toFloat32(got.output);
     assert.equal(firstNonFinite(out), -1, `output has a non-finite element (${what})`);
@@ -109,7 +115,9 @@ export async function checkMma(
     // The denominator sums f16-rounded p (as PV uses them): within 2^-11 relative.
     assertClose(got.lse!, want.lse!, { atol: 1e-3, rtol: 1e-4, label: `lse (${what})` });
     if (cache && o.plant === undefined) {
+      trace(`checkMma seed ${seed}: cache read`);
       const [a, b] = await Promise.all([cache.read(), ref!.read()]);
+      trace(`checkMma seed ${seed}: done`);
       assert.deepEqual(a.key, b.key, `key cache after the call (${what})`);
       assert.deepEqual(a.value, b.value, `value cache after the call (${what})`);
     }
