@@ -91,13 +91,15 @@ for w in $what; do
       # untracked hang/*.wgsl a bisect puts there) alone in its own process, all at once, each cut
       # at COMPILE_PROBE_TIMEOUT (40) seconds, into one log (compile-probe.log); then
       # COMPILE_PROBE_TOGETHER (files started together in one process, --repeat 20 --salt), e.g. a
-      # split kernel and its reduce.
+      # split kernel and its reduce. COMPILE_PROBE_ARGS adds flags (e.g. --dispatch).
       mkdir -p "$out/probe"
       pids=()
       for f in ${COMPILE_PROBE_FILES:-hang/*.wgsl}; do
         n=$(basename "$f" .wgsl)
+        # shellcheck disable=SC2086
         (timeout -k 2 "${COMPILE_PROBE_TIMEOUT:-40}" deno run -A bench/compile_probe.ts \
-          --runtime dawn "$f" >"$out/probe/$n" 2>&1; echo "rc=$?" >>"$out/probe/$n") &
+          --runtime dawn ${COMPILE_PROBE_ARGS:-} "$f" >"$out/probe/$n" 2>&1
+          echo "rc=$?" >>"$out/probe/$n") &
         pids+=($!)
       done
       wait "${pids[@]}" # not a bare wait: the clock sampler runs in the background too
