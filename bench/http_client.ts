@@ -154,8 +154,12 @@ export interface DecodeJob {
   caches: { index: number; id: string }[];
   first_step: number;
   steps: number;
-  /** Send the first step once more before the timed ones (it rewrites the same K/V). */
-  warmup: boolean;
+  /**
+   * Untimed calls before the timed ones: the timed requests from the first, in order and
+   * cycling (each rewrites the same K/V its timed twin writes; a step's early write of a later
+   * position is beyond every earlier step's seq_len, so nothing reads it early). 0: none.
+   */
+  warmup: number;
   /** Output rows (token, head) kept per answer for the sampled check. */
   check_rows: number;
   /** Steps whose whole output is kept (fully checked). */
@@ -177,7 +181,7 @@ export interface DecodeCall {
   full?: Uint16Array;
 }
 
-/** A client's calls, the untimed warm-up's round trip, and the error that stopped it. */
+/** A client's calls, the first untimed warm-up call's round trip, and the error that stopped it. */
 export interface DecodeResult {
   calls: DecodeCall[];
   warmup_ms?: number;
@@ -222,7 +226,10 @@ export async function runDecode(
   const result: DecodeResult = { calls: [] };
   const where = (t: { cache: number; step: number }) => `cache ${t.cache} step ${t.step}`;
   try {
-    if (job.warmup && todo.length) result.warmup_ms = (await forward(api, todo[0].request)).ms;
+    if (job.warmup > 0 && todo.length) {
+      result.warmup_ms = (await forward(api, todo[0].request)).ms;
+      for (let i = 1; i < job.warmup; i++) await forward(api, todo[i % todo.length].request);
+    }
     for (const t of todo) {
       let a: Answer;
       try {
