@@ -53,7 +53,9 @@ export const HELP = `deno task bench:http [options]
                           same metadata, as an engine does (default 1)
   --warmup-calls N        untimed decode calls before the sequential timed ones, the first the
                           cold call (default 256: the server's JIT warm, as an engine's is;
-                          1: one cold call, the protocol before v0.7)
+                          1: one cold call, the protocol before v0.7); they repeat the
+                          timed requests and end on the last, so with --steps over 4 no timed
+                          step finds a plan they left
   --check-rows N          (token, head) rows checked per decode answer (default 8)
   --prefill-check-rows N  rows checked per prefill answer (default 32)
   --seed N                data seed, >= 1 (default 1)

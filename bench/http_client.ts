@@ -155,9 +155,10 @@ export interface DecodeJob {
   first_step: number;
   steps: number;
   /**
-   * Untimed calls before the timed ones: the timed requests from the first, in order and
-   * cycling (each rewrites the same K/V its timed twin writes; a step's early write of a later
-   * position is beyond every earlier step's seq_len, so nothing reads it early). 0: none.
+   * Untimed calls before the timed ones: the timed requests in order and cycling, ending on
+   * the last (each rewrites the same K/V its timed twin writes; a step's early write of a later
+   * position is beyond every earlier step's seq_len, so nothing reads it early). 0: none. With
+   * more than PLAN_VARIANTS (4) steps, no timed step finds a plan the warm-up left.
    */
   warmup: number;
   /** Output rows (token, head) kept per answer for the sampled check. */
@@ -227,8 +228,11 @@ export async function runDecode(
   const where = (t: { cache: number; step: number }) => `cache ${t.cache} step ${t.step}`;
   try {
     if (job.warmup > 0 && todo.length) {
-      result.warmup_ms = (await forward(api, todo[0].request)).ms;
-      for (let i = 1; i < job.warmup; i++) await forward(api, todo[i % todo.length].request);
+      // Ends on the last timed request, so the plans it leaves cached are the last steps'
+      // (an engine's steps never repeat: the first timed steps plan anew).
+      const n = todo.length, off = (n - (job.warmup % n)) % n;
+      result.warmup_ms = (await forward(api, todo[off].request)).ms;
+      for (let i = 1; i < job.warmup; i++) await forward(api, todo[(off + i) % n].request);
     }
     for (const t of todo) {
       let a: Answer;

@@ -85,8 +85,9 @@ Deno.test("HTTP bench: every answer checked; corrupted answers are flagged", asy
     });
     await t.step("corrupted answers: each one flagged, naming its call", async () => {
       // Forward calls in order: prefill warm-up, prefill cache 0, prefill cache 1, 4 decode
-      // warm-ups (steps 0, 1, 2, 0), decode steps 0, 1, 2 of client 0 (0 and 2 kept whole),
-      // then the clients. A corrupted warm-up answer is not checked (4: step 1's twin).
+      // warm-ups (steps 2, 0, 1, 2: they end on the last step), decode steps 0, 1, 2 of client 0
+      // (0 and 2 kept whole), then the clients. A corrupted warm-up answer is not checked (4:
+      // step 0's twin).
       const plan = new Map([[2, "all"], [4, "all"], [8, "all"], [9, "last"]] as const);
       const proxy = corruptingProxy(srv.url, new Map(plan));
       try {
