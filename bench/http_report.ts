@@ -143,7 +143,8 @@ export function formatRuntime(r: RuntimeReport): string[] {
   if (d) {
     const t = target("decode_p50_ms", rt, d.p50_ms, s);
     out.push(
-      `decode step, sequential (${d.calls} calls): p50 ${f(d.p50_ms)} ms, p99 ${f(d.p99_ms)} ms ` +
+      `decode step, sequential (${d.calls} calls after ${x.decode_warmup_calls ?? 1} untimed): ` +
+        `p50 ${f(d.p50_ms)} ms, p99 ${f(d.p99_ms)} ms ` +
         `${t}; first (cold) call ${f(x.decode_cold_ms)} ms`,
     );
   }

@@ -58,6 +58,13 @@ export interface RunOptions {
   prefill_check_rows: number;
   /** Check a prefill chunk's whole answer when it costs at most this many multiply-adds. */
   full_prefill_limit: number;
+  /**
+   * Untimed decode calls before the sequential timed ones (at least 1: the cold call): the
+   * server's JavaScript reaches its optimized tiers only after some hundred calls, which an
+   * engine's server is past (in process on the dev VM, a decode step's validate 0.13 ms in the
+   * first 200 calls, 0.05 in 1,500). 1 is the protocol before v0.7.
+   */
+  warmup_calls: number;
   /** Extra request headers (e.g. authorization). */
   headers: Record<string, string>;
   /** How the clients talk HTTP (default "raw": the bench's own keep-alive connection). */
@@ -80,6 +87,8 @@ export interface RunReport {
   /** Round trip of the first call of each kind (untimed otherwise: cold pipelines). */
   prefill_cold_ms?: number;
   decode_cold_ms?: number;
+  /** Untimed decode calls before the sequential timed ones (the first: the cold call). */
+  decode_warmup_calls?: number;
   prefill?: PhaseStats;
   /** The same prefill calls on the other clients' caches, sent together. */
   prefill_fill?: PhaseStats;
@@ -265,8 +274,9 @@ async function prefillChunk(
 }
 
 /**
- * Decode: client 0 alone on its caches (steps 0..steps-1 after one untimed repeat of step 0),
- * then every client at once (client 0 continuing from step `steps`), each from its own worker.
+ * Decode: client 0 alone on its caches (steps 0..steps-1 after `warmup_calls` untimed calls,
+ * the first of them step 0's: the cold call), then every client at once (client 0 continuing
+ * from step `steps`), each from its own worker.
  */
 async function decode(
   url: string,
@@ -277,7 +287,7 @@ async function decode(
   ids: string[],
 ): Promise<void> {
   const s = report.shape;
-  const job = (client: number, first: number, warmup: boolean, full: number[]): DecodeJob => ({
+  const job = (client: number, first: number, warmup: number, full: number[]): DecodeJob => ({
     url,
     headers: o.headers,
     client: report.client,
@@ -292,7 +302,8 @@ async function decode(
     check_rows: o.check_rows,
     full_steps: full,
   });
-  const seq = await runDecode(job(0, 0, true, [0, s.steps - 1]));
+  report.decode_warmup_calls = Math.max(1, o.warmup_calls);
+  const seq = await runDecode(job(0, 0, report.decode_warmup_calls, [0, s.steps - 1]));
   report.decode_cold_ms = seq.warmup_ms;
   if (seq.calls.length) report.decode_sequential = phaseStats(seq.calls);
   if (seq.error) report.errors.push(seq.error);
@@ -302,7 +313,7 @@ async function decode(
     const last = s.clients - 1;
     const jobs = Array.from(
       { length: s.clients },
-      (_, c) => job(c, c === 0 ? s.steps : 0, false, c === last && c > 0 ? [s.steps - 1] : []),
+      (_, c) => job(c, c === 0 ? s.steps : 0, 0, c === last && c > 0 ? [s.steps - 1] : []),
     );
     const { results, wall_ms } = await concurrently(jobs);
     conc = results.flatMap((r) => r.calls);

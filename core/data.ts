@@ -7,6 +7,7 @@
  */
 import { bf16BitsToF32, bytesPerElement, decode, encode, f16BitsToF32 } from "./dtype.ts";
 import type { DataArray, DType, ForwardBatch, KvCache, ValidBatch } from "./types.ts";
+import { envVar } from "./env.ts";
 
 /** A DataArray over `bytes` (which must hold `bytes.byteLength / size` whole elements). */
 export function dataArray(dtype: DType, bytes: Uint8Array): DataArray {
@@ -112,8 +113,17 @@ export function wordsOf(dtype: DType, n: number): number {
  * Batches whose query/key/value hold at least this many bytes have their finiteness checked
  * by the GPU plan that runs them (gpu/finite_check.ts) rather than scanned on the host, when
  * the plan says it does (`checks_finite`); smaller ones are always scanned on the host.
+ * 64 KiB by default (`ATTN_DEVICE_FINITE_BYTES` sets it): the host scans ~6 GB/s (2-core dev
+ * VM), so 64 KiB is ~10 us, about what the check's two dispatches add to a call's encoding on
+ * Dawn; issue 7's decode step (393 KB) is checked on the device (validate 0.16-0.19 -> 0.09 ms
+ * there, host_profile).
  */
-export const DEVICE_FINITE_CHECK_BYTES = 4 << 20;
+export const DEVICE_FINITE_CHECK_BYTES = finiteThreshold(envVar("ATTN_DEVICE_FINITE_BYTES"));
+
+function finiteThreshold(v: string | undefined): number {
+  const n = v === undefined ? NaN : Number(v);
+  return Number.isSafeInteger(n) && n >= 0 ? n : 64 << 10;
+}
 
 /** Elements of query, key and value of a batch shape. */
 export function dataElements(s: {

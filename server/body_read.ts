@@ -226,11 +226,13 @@ export async function readBody(
   }
   if (declared > lim.bytes) throw tooLarge(lim, declared);
   const pre = preRead.get(req);
-  if (!req.body && pre === undefined) return new Uint8Array(0);
   let read: StreamedBody;
   if (pre !== undefined) read = await pre;
+  // Not `req.body` first: that getter builds a ReadableStream, and `req.bytes()` then collects
+  // the body through it, chunk by chunk, instead of in one op.
   else if (opts.whole && declared >= 0) read = await wholeBody(req);
-  else read = await streamBody(req.body!, declared, lim.bytes);
+  else if (!req.body) return new Uint8Array(0);
+  else read = await streamBody(req.body, declared, lim.bytes);
   const got = read.bytes.byteLength;
   if (read.end === "too_large" || got > lim.bytes) throw tooLarge(lim, `more than ${lim.bytes}`);
   if (read.end === "error") throw incomplete(read.uncounted ? -1 : got, declared, read.cause);

@@ -65,7 +65,10 @@ async function serve(req: Request, init: WorkerInit, allowed: (req: Request) => 
   const id = nextId++;
   const answer = new Promise<ResponseMessage | string>((r) => waiting.set(id, r));
   const method = req.method.toUpperCase();
-  const hasBody = req.body !== null && method !== "GET" && method !== "HEAD";
+  // A declared length says so without `req.body`, whose stream would make `req.bytes()` read
+  // chunk by chunk (body_read.ts wholeBody).
+  const hasBody = method !== "GET" && method !== "HEAD" &&
+    (contentLength(req.headers.get("content-length")) > 0 || req.body !== null);
   scope.postMessage({
     type: "head",
     id,

@@ -26,6 +26,7 @@ const TINY = [
   "--clients=2",
   "--check-rows=2",
   "--prefill-check-rows=4",
+  "--warmup-calls=4",
 ];
 
 /** f16 100.0: far outside any output of the bench's data (|output| < 2). */
@@ -76,15 +77,19 @@ Deno.test("HTTP bench: every answer checked; corrupted answers are flagged", asy
       assert.equal(x.checks.prefill.failed_calls + x.checks.decode.failed_calls, 0);
       assert.ok(x.ok);
       assert.equal(x.decode_sequential?.calls, 3);
+      assert.equal(x.decode_warmup_calls, 4);
       assert.equal(x.decode_concurrent?.calls, 6);
       assert.ok(x.decode_concurrent!.calls_per_s! > 0);
       assert.ok(typeof x.decode_sequential?.server.total === "number", "server timings came back");
       assert.match(formatRuntime(r).join("\n"), /result: ok/);
     });
     await t.step("corrupted answers: each one flagged, naming its call", async () => {
-      // Forward calls in order: prefill warm-up, prefill cache 0, prefill cache 1, decode
-      // warm-up, decode steps 0, 1, 2 of client 0 (0 and 2 kept whole), then the clients.
-      const proxy = corruptingProxy(srv.url, new Map([[2, "all"], [5, "all"], [6, "last"]]));
+      // Forward calls in order: prefill warm-up, prefill cache 0, prefill cache 1, 4 decode
+      // warm-ups (steps 2, 0, 1, 2: they end on the last step), decode steps 0, 1, 2 of client 0
+      // (0 and 2 kept whole), then the clients. A corrupted warm-up answer is not checked (4:
+      // step 0's twin).
+      const plan = new Map([[2, "all"], [4, "all"], [8, "all"], [9, "last"]] as const);
+      const proxy = corruptingProxy(srv.url, new Map(plan));
       try {
         const [r] = await runHttpBench(parseHttpBenchArgs([...TINY, `--url=${proxy.url}`]));
         const x = r.run!;
@@ -130,6 +135,9 @@ Deno.test("HTTP bench: flags", () => {
   assert.deepEqual(parseHttpBenchArgs(["--http-workers=0, 2"], {}).httpWorkers, [0, 2]);
   assert.throws(() => parseHttpBenchArgs(["--http-workers=two"], {}), /--http-workers must be/);
   assert.equal(a.run.shape.steps, 5);
+  assert.equal(a.run.warmup_calls, 256, "the server's JIT warm before the clock");
+  assert.equal(parseHttpBenchArgs(["--warmup-calls=1"], {}).run.warmup_calls, 1);
+  assert.throws(() => parseHttpBenchArgs(["--warmup-calls=0"], {}), /--warmup-calls must be/);
   assert.equal(a.run.size, "big");
   assert.deepEqual(a.run.headers, {});
   assert.deepEqual(parseHttpBenchArgs([], { ATTN_TOKEN: "t" }).run.headers, {

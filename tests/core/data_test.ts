@@ -7,7 +7,14 @@
  * negative zero, every sign) as finite. `elementAt` decodes the element it names.
  */
 import assert from "node:assert/strict";
-import { dataArray, elementAt, firstNonFinite, fromFloats } from "../../core/data.ts";
+import {
+  checksFiniteOnDevice,
+  dataArray,
+  DEVICE_FINITE_CHECK_BYTES,
+  elementAt,
+  firstNonFinite,
+  fromFloats,
+} from "../../core/data.ts";
 import { roundTo } from "../../core/dtype.ts";
 import type { DataArray, DType } from "../../core/types.ts";
 import { Rng } from "../support/rng.ts";
@@ -116,4 +123,13 @@ Deno.test("elementAt: decodes one element of each dtype", () => {
     }
   }
   assert.equal(elementAt(fromFloats("float16", [Infinity]), 0), Infinity);
+});
+
+Deno.test("data: issue 7's decode step is checked for NaN on the device, one token on the host", () => {
+  // 32 requests x 1 token, 32 q / 8 kv heads, head 128, f16: 393 KB the host would scan.
+  const step = { dtype: "float16" as const, num_tokens: 32, num_kv_tokens: 32 };
+  const layer = { num_heads: 32, num_kv_heads: 8, head_size: 128 };
+  assert.ok(DEVICE_FINITE_CHECK_BYTES <= 393_216, `${DEVICE_FINITE_CHECK_BYTES} B threshold`);
+  assert.equal(checksFiniteOnDevice({ ...step, layer }), true);
+  assert.equal(checksFiniteOnDevice({ ...step, num_tokens: 1, num_kv_tokens: 1, layer }), false);
 });

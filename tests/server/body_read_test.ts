@@ -176,3 +176,25 @@ Deno.test("body read: a bad Content-Length is a 400 naming it", async () => {
     return true;
   });
 });
+
+Deno.test("body read: a whole read takes the body in one piece, never through req.body", async () => {
+  // `req.body` builds a ReadableStream; `req.bytes()` then collects through it chunk by chunk
+  // (garbage per chunk) instead of Deno's one-op read. The whole read must not touch it.
+  const rng = new Rng(7);
+  for (const total of [0, 1, 4096, 70_000]) {
+    const { whole, parts } = chunked(rng, total, 9000);
+    const { req } = request(parts, total);
+    let bodyReads = 0;
+    const watched = new Proxy(req, {
+      get(target, key) {
+        if (key === "body") bodyReads++;
+        const v = Reflect.get(target, key, target);
+        return typeof v === "function" ? v.bind(target) : v;
+      },
+    });
+    const got = await readBody(watched, 1 << 20, { whole: true });
+    assert.deepEqual(got, whole, `${total} bytes`);
+    assert.equal(got.byteOffset % 8, 0);
+    assert.equal(bodyReads, 0, `req.body read ${bodyReads} times for ${total} bytes`);
+  }
+});
