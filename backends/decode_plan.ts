@@ -21,6 +21,7 @@ import type { TableBuilder } from "../gpu/plan_table.ts";
 import { elementsPerWord } from "../gpu/wgsl.ts";
 import { decodeShape, epilogueMode, stagedEntries } from "./decode_shape.ts";
 import { sliceLength } from "./decode_split_policy.ts";
+import { RESIDENCY_BUFFER, RESIDENCY_INFO } from "../gpu/decode_residency.ts";
 import type { DecodeTuning } from "./webgpu_decode_tuning.ts";
 
 /** What {@link planDecodeRows} adds to a plan. */
@@ -41,6 +42,10 @@ export interface DecodeRowsPlan {
   table_entries: number;
   /** vec4<u32>s of the staged K + V tile (`stage_kv`; 0: plain loads). */
   staged_kv: number;
+  /** Plan-info counts of the launch geometry: split and reduce workgroups, key-group steps of
+   * a full slice, waves of `wave_workgroups` the split grid makes (x 1000), and 1 under
+   * `probe_residency` (RESIDENCY_INFO). */
+  geometry: Record<string, number>;
   key: string;
 }
 
@@ -236,6 +241,7 @@ export async function planDecodeRows(
       (tuning.scatter_sums || tuning.scatter_softmax),
     epi,
     tb,
+    probe: tuning.probe_residency,
   };
   const params = table.add(packUniforms(DECODE_SPLIT, {
     num_tokens: T,
@@ -292,6 +298,7 @@ export async function planDecodeRows(
       tab: { table: tabSec },
       part,
       ...(epi > 0 ? { out: { io: "out" }, lse: { io: "lse" } } : {}),
+      ...(tuning.probe_residency ? { res: { persistent: RESIDENCY_BUFFER, bytes: 16 } } : {}),
     },
     cache: true,
     grid: splitGrid,
@@ -320,6 +327,14 @@ export async function planDecodeRows(
     epilogue: epi,
     table_entries: tb,
     staged_kv: shape.skv,
+    geometry: {
+      decode_workgroups: n * perItem,
+      decode_reduce_workgroups: reduce_k ? numRows * H : 0,
+      decode_steps: Math.ceil(split / (nkg * shape.u)),
+      decode_waves_x1000: Math.round((1000 * n * perItem) / Math.max(1, tuning.wave_workgroups)),
+      decode_wg_invocations: shape.wg,
+      [RESIDENCY_INFO]: tuning.probe_residency ? 1 : 0,
+    },
     key: split_k.key,
   };
 }

@@ -126,7 +126,8 @@ export function epilogueMode(
 ): number {
   const want = tuning.fused_reduce ? 2 : tuning.direct_single ? 1 : 0;
   const perStage = gpu.limits.maxStorageBuffersPerShaderStage ?? 8;
-  if (want === 0 || s.wg <= s.lpk || splitStorageBindings(want) + 2 * nchunk > perStage) return 0;
+  const bindings = splitStorageBindings(want, tuning.probe_residency) + 2 * nchunk;
+  if (want === 0 || s.wg <= s.lpk || bindings > perStage) return 0;
   return s.shared + EPILOGUE_SHARED <= s.shared_limit ? want : 0;
 }
 

@@ -91,6 +91,9 @@ export interface DecodeTuning {
   stage_kv: boolean;
   /** Most workgroup-memory bytes of a staged K + V tile. */
   stage_kv_bytes: number;
+  /** Bench instrument: every split workgroup counts itself in and out of atomic counters, so
+   * the bench reads how many were resident at once (gpu/decode_residency.ts). */
+  probe_residency: boolean;
 }
 
 /**
@@ -130,6 +133,7 @@ export const DEFAULT_DECODE_TUNING: Readonly<DecodeTuning> = Object.freeze({
   half_columns: false,
   stage_kv: false,
   stage_kv_bytes: 32768,
+  probe_residency: false,
 });
 
 /**

@@ -1,7 +1,9 @@
 /**
  * `deno task bench [--runtime deno|dawn|auto] [--dawn-flags L] [--dawn-flag K=V]
  * [--case decode|prefill|all] [--small|--big] [--iters N] [--reps N] [--flash-tiles LIST]
- * [--decode-tunings JSON] [--json]`: kernel device time beside same-run yardsticks.
+ * [--decode-tunings JSON] [--shapes REGEX] [--hnd] [--json]`: kernel device time beside
+ * same-run yardsticks. `--shapes` (or BENCH_SHAPES) keeps the shapes whose name matches;
+ * `--hnd` (or BENCH_HND=1) adds the f16 decode shapes over an HND cache.
  *
  * 1. Selects the WebGPU runtime (`--runtime`, else ATTN_WEBGPU_RUNTIME, else deno), acquires
  *    the device through {@link WebGpuDeviceManager}, prints runtime and adapter and the
@@ -43,7 +45,8 @@ import { KEEP_WARM_DEFAULTS, KeepWarmProvider } from "../gpu/keep_warm.ts";
 
 const USAGE = "deno task bench [--runtime deno|dawn|auto] [--dawn-flags L] [--dawn-flag K=V] " +
   "[--case decode|prefill|all] [--small|--big] [--iters N] [--reps N] " +
-  "[--flash-tiles 8x8x4x4,...] [--decode-tunings JSON-array] [--json] [--plot FILE.svg] " +
+  "[--flash-tiles 8x8x4x4,...] [--decode-tunings JSON-array] [--shapes REGEX] [--hnd] " +
+  "[--json] [--plot FILE.svg] " +
   "[--no-keep-warm]";
 
 const median = (a: number[]) => [...a].sort((x, y) => x - y)[Math.floor(a.length / 2)];
@@ -83,6 +86,17 @@ function table(rows: BackendRow[]): string[] {
   return [line(head), ...body.map(line)];
 }
 
+/** The device-time breakdown of a row (bench/device_time.ts), for its log line. */
+function breakdownText(row: BackendRow): string {
+  const b = row.device_breakdown;
+  if (!b) return "no breakdown";
+  const res = b.resident_peak === undefined
+    ? ""
+    : `, resident peak ${b.resident_peak} of ${b.resident_total} split workgroups`;
+  return `one pass ${f(b.one_pass)}, first call one pass ${f(b.first_one_pass)}, ` +
+    `poison pass ${f(b.poison_pass)}${res}`;
+}
+
 /** Every backend and variant on every shape of `kind`: one row each (skips say why). */
 async function measureShapes(
   o: {
@@ -92,6 +106,8 @@ async function measureShapes(
     reps: number;
     copyGbps: number;
     fmaTflops: number;
+    only: RegExp | null;
+    hnd: boolean;
   },
   variants: Variant[],
   kind: string,
@@ -100,7 +116,9 @@ async function measureShapes(
   const { gpu, small, iters, reps } = o;
   const ctx: BackendContext = { gpu };
   const rows: BackendRow[] = [];
-  const shapes = benchShapes(small).filter((x) => kind === "all" || x.kind === kind);
+  const shapes = benchShapes(small, o.hnd).filter((x) =>
+    (kind === "all" || x.kind === kind) && (!o.only || o.only.test(shapeName(x)))
+  );
   for (const s of shapes) {
     const name = shapeName(s);
     log(`== ${name}`);
@@ -152,7 +170,7 @@ async function measureShapes(
         rows.push(row);
         const kern = Object.entries(row.device_kernels ?? {}).map(([k, v]) => `${k} ${f(v)}`);
         log(
-          `${c.label}: device ${f(row.device_ms)} ms (${kern.join(", ")}), ${
+          `${c.label}: device ${f(row.device_ms)} ms (${kern.join(", ")}; ${breakdownText(row)}), ${
             s.kind === "prefill"
               ? `${f(row.tflops)} TFLOP/s = ${f(row.x_fma)} x FMA`
               : `${f(row.kv_gbps)} GB/s = ${f(row.x_copy)} x copy`
@@ -214,6 +232,8 @@ async function main(): Promise<void> {
       big: { type: "boolean" },
       "flash-tiles": { type: "string" },
       "decode-tunings": { type: "string" },
+      shapes: { type: "string" },
+      hnd: { type: "boolean", default: false },
       json: { type: "boolean", default: false },
       plot: { type: "string" },
       "no-keep-warm": { type: "boolean", default: false },
@@ -279,7 +299,17 @@ async function main(): Promise<void> {
   const warm = await holdClock(mgr, !a["no-keep-warm"] && !software, log);
   let rows: BackendRow[];
   try {
-    const o = { gpu, small, iters, reps, copyGbps: copy.gbps, fmaTflops: fma.tflops };
+    const only = a.shapes ?? Deno.env.get("BENCH_SHAPES");
+    const o = {
+      gpu,
+      small,
+      iters,
+      reps,
+      copyGbps: copy.gbps,
+      fmaTflops: fma.tflops,
+      only: only ? new RegExp(only) : null,
+      hnd: a.hnd || Deno.env.get("BENCH_HND") === "1",
+    };
     rows = await measureShapes(o, variants, a.case!, log);
   } finally {
     await warm?.close();

@@ -10,6 +10,7 @@ import { DECODERS, generateDecodeSplit, PAIR_DECODERS } from "./decode_codegen.t
 import type { KernelDef } from "./kernel.ts";
 import { kvAccessorFns, kvBindingDecls, loadWgsl, specialize } from "./wgsl.ts";
 import { dataLoads, dataStores } from "./wgsl_data.ts";
+import { PROBE_ENTER, PROBE_LEAVE } from "./decode_residency.ts";
 
 /** The Params fields both decode kernels declare. */
 export const DECODE_UNIFORMS = [
@@ -75,10 +76,15 @@ export interface DecodeSplitConsts {
   tb: number;
   /** vec4<u32>s of the K + V tile staged in workgroup memory (`stage_kv`; 0: plain loads). */
   skv: number;
+  /** The residency probe's counters bound as `res` (tuning `probe_residency`,
+   * gpu/decode_residency.ts). */
+  probe: boolean;
 }
 
-/** Storage buffers the split kernel binds besides the cache's chunks, for epilogue `epi`. */
-export const splitStorageBindings = (epi: number): number => (epi > 0 ? 5 : 3);
+/** Storage buffers the split kernel binds besides the cache's chunks, for epilogue `epi` (and
+ * the residency probe's counters). */
+export const splitStorageBindings = (epi: number, probe = false): number =>
+  (epi > 0 ? 5 : 3) + (probe ? 1 : 0);
 
 /** The split pass, as data. */
 export const DECODE_SPLIT: KernelDef<DecodeSplitConsts> = {
@@ -99,6 +105,7 @@ export const DECODE_SPLIT: KernelDef<DecodeSplitConsts> = {
         { name: "lse", kind: "read_write" as const, type: "array<f32>" },
       ]
       : []),
+    ...(c.probe ? [{ name: "res", kind: "read_write" as const, type: "array<atomic<u32>>" }] : []),
     ...kvBindingDecls(c.nchunk, "read", true),
   ],
   enables: (c) => (c.sg ? ["subgroups"] : []),
@@ -131,6 +138,8 @@ export const DECODE_SPLIT: KernelDef<DecodeSplitConsts> = {
       STAGE: c.skv > 0,
       SKN: Math.max(1, c.skv),
       EPI: c.epi,
+      PROBE_ENTER: c.probe ? PROBE_ENTER : "",
+      PROBE_LEAVE: c.probe ? PROBE_LEAVE : "",
       EPILOGUE: await epilogueSource(c, nkg),
       QLOAD: dataLoads("q", c.dtype, 4).code,
       WORDS: await loadWgsl("decode_words.wgsl"),

@@ -47,6 +47,7 @@
 //     out   : [num_tokens, num_heads, D] in the data dtype (out_put4), rows cut into one slice
 //             (every row under EPI 2)
 //     lse   : [num_heads, num_tokens] f32
+//   with the residency probe: res : array<atomic<u32>>, 3 counters (gpu/decode_residency.ts)
 //   then k0..k{NCHUNK-1}, v0..v{NCHUNK-1} : [blocks_per_chunk * block_words / 4]
 //                      vec4<u32>, the paged cache chunks (storage-dtype bytes; generated
 //                      accessors load_k4/load_v4(block, word), KV)
@@ -185,6 +186,8 @@ fn main(
   if (item >= P.num_items) {
     return;
   }
+  // Residency probe (tuning `probe_residency`, gpu/decode_residency.ts; else empty).
+{{PROBE_ENTER}}
   let kvh0 = ((id % per_item) / P.head_tiles) * KH; // first kv head of the block
   let hq0 = kvh0 * P.group + (id % P.head_tiles) * HG; // query head of flat head 0
   let ib = item * 8u;
@@ -228,5 +231,6 @@ fn main(
   // Generated: write acc and (m, l) of every head (NKG == 1), or merge the key groups into wacc /
   // wfin and store them with decode_partial.wgsl's `partial` (EPI 0) or end in the epilogue.
 {{STORE}}
+{{PROBE_LEAVE}}
 }
 {{EPILOGUE}}
