@@ -126,7 +126,7 @@ export async function planDecodeRows(
   if (R === 0) return null;
   const g = kvChunkGeometry(ctx, spec);
   const shape = decodeShape(ctx, tuning, L, spec, g.storage_dtype);
-  const perItem = (Hkv / shape.kh) * shape.tiles;
+  const perItem = (Hkv / shape.kh / shape.wh) * shape.tiles;
   const nkg = shape.wg / shape.lpk;
   // Slices start at multiples of U (a step's keys then share a block); the first one masks
   // the keys before the range's true begin.
@@ -242,6 +242,7 @@ export async function planDecodeRows(
     epi,
     tb,
     probe: tuning.probe_residency,
+    wh: shape.wh,
   };
   const params = table.add(packUniforms(DECODE_SPLIT, {
     num_tokens: T,
@@ -330,9 +331,10 @@ export async function planDecodeRows(
     geometry: {
       decode_workgroups: n * perItem,
       decode_reduce_workgroups: reduce_k ? numRows * H : 0,
-      decode_steps: Math.ceil(split / (nkg * shape.u)),
+      decode_steps: Math.ceil(split / ((nkg / shape.wh) * shape.u)),
       decode_waves_x1000: Math.round((1000 * n * perItem) / Math.max(1, tuning.wave_workgroups)),
       decode_wg_invocations: shape.wg,
+      decode_wg_kv_heads: shape.wh,
       [RESIDENCY_INFO]: tuning.probe_residency ? 1 : 0,
     },
     key: split_k.key,

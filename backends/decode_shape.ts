@@ -27,6 +27,8 @@ export interface DecodeShape {
   target: number;
   /** vec4<u32>s of the staged K + V tile (`stage_kv`; 0: plain loads). */
   skv: number;
+  /** Kv head blocks of KH a workgroup spans (`wg_kv_heads`; 1: one). */
+  wh: number;
   /** Bytes of workgroup memory of the kernel body, staged tile included (before an epilogue or
    * staged table). */
   shared: number;
@@ -82,13 +84,18 @@ export function decodeShape(
     lpk,
     Math.floor((tuning.workgroup_size || (cpu ? Math.max(8, lpk) : 128)) / lpk) * lpk,
   );
-  const shared = (w: number) =>
-    (sg ? 4 : w * u * F * 4) + (w / lpk) * F * 8 + (w > lpk ? F * D * 4 + F * 8 : 24);
+  // Kv head blocks a workgroup may span: the GQA group untiled (its heads then contiguous).
+  const blocks = Hkv / kh, whMax = tiles > 1 ? 1 : Math.min(tuning.wg_kv_heads || 1, blocks);
+  const shared = (w: number, wh = whMax) =>
+    (sg ? 4 : w * u * F * 4) + (w / lpk) * F * 8 +
+    (w > lpk ? wh * (F * D * 4 + F * 8) : 24);
   while (wg > lpk && shared(wg) > wsLimit) wg = Math.max(lpk, (wg / 2 / lpk | 0) * lpk);
+  let wh = Math.min(whMax, wg / lpk);
+  while (wh > 1 && (blocks % wh !== 0 || (wg / lpk) % wh !== 0)) wh--;
   // The staged tile: (wg / lpk) key groups x u keys x kh rows of rv vec4s, for K and for V.
   const tile = 2 * (wg / lpk) * u * kh * rv, tileBytes = 16 * tile;
-  const skv = tuning.stage_kv && tileBytes <= tuning.stage_kv_bytes &&
-      shared(wg) + tileBytes <= wsLimit
+  const skv = tuning.stage_kv && wh === 1 && tileBytes <= tuning.stage_kv_bytes &&
+      shared(wg, 1) + tileBytes <= wsLimit
     ? tile
     : 0;
   const target = tuning.target_workgroups ||
@@ -104,7 +111,8 @@ export function decodeShape(
     wg,
     target,
     skv,
-    shared: shared(wg) + 16 * skv,
+    wh,
+    shared: shared(wg, wh) + 16 * skv,
     shared_limit: wsLimit,
   };
 }
