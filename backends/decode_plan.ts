@@ -141,6 +141,7 @@ export async function planDecodeRows(
     perItem,
     step: nkg * shape.u,
     target: shape.target,
+    weight: shape.wh,
   });
   let epi = epilogueMode(ctx, tuning, shape, g.nchunk);
   // Partial slots: every item (epi 0), else the items of rows cut into several.
