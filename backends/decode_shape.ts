@@ -91,7 +91,8 @@ export function decodeShape(
     (w > lpk ? wh * (F * D * 4 + F * 8) : 24);
   while (wg > lpk && shared(wg) > wsLimit) wg = Math.max(lpk, (wg / 2 / lpk | 0) * lpk);
   let wh = Math.min(whMax, wg / lpk);
-  while (wh > 1 && (blocks % wh !== 0 || (wg / lpk) % wh !== 0)) wh--;
+  // (The merge's last step takes one invocation a flat head of the workgroup: F wh <= wg.)
+  while (wh > 1 && (blocks % wh !== 0 || (wg / lpk) % wh !== 0 || F * wh > wg)) wh--;
   // The staged tile: (wg / lpk) key groups x u keys x kh rows of rv vec4s, for K and for V.
   const tile = 2 * (wg / lpk) * u * kh * rv, tileBytes = 16 * tile;
   const skv = tuning.stage_kv && wh === 1 && tileBytes <= tuning.stage_kv_bytes &&
