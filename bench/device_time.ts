@@ -35,7 +35,8 @@ export interface DeviceTime {
 export interface DeviceBreakdown {
   /** Every attention call of a repetition, all repetitions back to back in one timed pass. */
   one_pass: number;
-  /** The first attention call alone (decode: the split kernel), repetitions in one pass. */
+  /** The first attention call alone (decode: the split kernel), repetitions in one pass; NaN
+   * when it is the only one (then `one_pass`). */
   first_one_pass: number;
   /** Mean time of one `poison` pass (a fill of the output): a timed pass's floor. */
   poison_pass?: number;
@@ -77,7 +78,9 @@ export async function deviceTime(
     const poisons = bound.calls.filter((c) => c.name === "poison").length;
     const breakdown: DeviceBreakdown = {
       one_pass: await onePass(gpu, bound.uploads, att, reps),
-      first_one_pass: await onePass(gpu, bound.uploads, att.slice(0, 1), reps),
+      first_one_pass: att.length > 1
+        ? await onePass(gpu, bound.uploads, att.slice(0, 1), reps)
+        : NaN,
       ...(poisons > 0 && res.gpu.poison ? { poison_pass: res.gpu.poison / poisons } : {}),
       ...(p.info?.[RESIDENCY_INFO] ? await residency(gpu, att) : {}),
     };
@@ -87,7 +90,7 @@ export async function deviceTime(
   }
 }
 
-/** Milliseconds per repetition of `att`, `reps` repetitions in one timed pass (best of 3). */
+/** Milliseconds per repetition of `att`, `reps` repetitions in one timed pass (best of 2). */
 async function onePass(
   gpu: GpuContext,
   uploads: LaunchSpec["uploads"],
@@ -96,7 +99,7 @@ async function onePass(
 ): Promise<number> {
   const calls = Array.from({ length: reps }, () => att).flat();
   let best = Infinity;
-  for (let k = 0; k < 3; k++) {
+  for (let k = 0; k < 2; k++) {
     const spec = { label: "bench.one-pass", uploads, calls, reads: [], timing: "total" as const };
     const res = await launch(gpu, spec);
     best = Math.min(best, (res.gpu.gpu ?? NaN) / reps);
