@@ -20,6 +20,10 @@
 // 2 (l & 1), +1 of vec4 column l >> 1 (LW, LEV).
 // GPUs use KH = 1 and many key groups; software adapters one key group with KH = all kv
 // heads, so that each SIMD batch streams whole token slots.
+// Under WH > 1 (tuning `wg_kv_heads`) a workgroup spans WH blocks of KH kv heads (FW = WH x F
+// query heads, the GQA group untiled): key group kg serves block kg % WH and the (kg / WH)-th of
+// the NKGH = NKG / WH runs of the slice, so the workgroup reads WH adjacent rows of each token
+// slot; the merge combines the key groups of each block, and the epilogue stores FW heads.
 //
 // The per-lane state (query slice q{f}_{i}, accumulators a{f}_{i}, running max m{f} and sum
 // l{f} of flat head f = kh * HG + h, scores s{u}_{f}) lives in named variables: INIT, STEP
