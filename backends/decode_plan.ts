@@ -21,6 +21,7 @@ import type { TableBuilder } from "../gpu/plan_table.ts";
 import { elementsPerWord } from "../gpu/wgsl.ts";
 import { decodeShape, epilogueMode, stagedEntries } from "./decode_shape.ts";
 import { sliceLength } from "./decode_split_policy.ts";
+import { RESIDENCY_BUFFER, RESIDENCY_INFO } from "../gpu/decode_residency.ts";
 import type { DecodeTuning } from "./webgpu_decode_tuning.ts";
 
 /** What {@link planDecodeRows} adds to a plan. */
@@ -41,6 +42,10 @@ export interface DecodeRowsPlan {
   table_entries: number;
   /** vec4<u32>s of the staged K + V tile (`stage_kv`; 0: plain loads). */
   staged_kv: number;
+  /** Plan-info counts of the launch geometry: split and reduce workgroups, key-group steps of
+   * a full slice, waves of `wave_workgroups` the split grid makes (x 1000), and 1 under
+   * `probe_residency` (RESIDENCY_INFO). */
+  geometry: Record<string, number>;
   key: string;
 }
 
@@ -121,7 +126,7 @@ export async function planDecodeRows(
   if (R === 0) return null;
   const g = kvChunkGeometry(ctx, spec);
   const shape = decodeShape(ctx, tuning, L, spec, g.storage_dtype);
-  const perItem = (Hkv / shape.kh) * shape.tiles;
+  const perItem = (Hkv / shape.kh / shape.wh) * shape.tiles;
   const nkg = shape.wg / shape.lpk;
   // Slices start at multiples of U (a step's keys then share a block); the first one masks
   // the keys before the range's true begin.
@@ -136,6 +141,7 @@ export async function planDecodeRows(
     perItem,
     step: nkg * shape.u,
     target: shape.target,
+    weight: shape.wh,
   });
   let epi = epilogueMode(ctx, tuning, shape, g.nchunk);
   // Partial slots: every item (epi 0), else the items of rows cut into several.
@@ -236,6 +242,8 @@ export async function planDecodeRows(
       (tuning.scatter_sums || tuning.scatter_softmax),
     epi,
     tb,
+    probe: tuning.probe_residency,
+    wh: shape.wh,
   };
   const params = table.add(packUniforms(DECODE_SPLIT, {
     num_tokens: T,
@@ -292,6 +300,7 @@ export async function planDecodeRows(
       tab: { table: tabSec },
       part,
       ...(epi > 0 ? { out: { io: "out" }, lse: { io: "lse" } } : {}),
+      ...(tuning.probe_residency ? { res: { persistent: RESIDENCY_BUFFER, bytes: 16 } } : {}),
     },
     cache: true,
     grid: splitGrid,
@@ -320,6 +329,15 @@ export async function planDecodeRows(
     epilogue: epi,
     table_entries: tb,
     staged_kv: shape.skv,
+    geometry: {
+      decode_workgroups: n * perItem,
+      decode_reduce_workgroups: reduce_k ? numRows * H : 0,
+      decode_steps: Math.ceil(split / ((nkg / shape.wh) * shape.u)),
+      decode_waves_x1000: Math.round((1000 * n * perItem) / Math.max(1, tuning.wave_workgroups)),
+      decode_wg_invocations: shape.wg,
+      decode_wg_kv_heads: shape.wh,
+      [RESIDENCY_INFO]: tuning.probe_residency ? 1 : 0,
+    },
     key: split_k.key,
   };
 }

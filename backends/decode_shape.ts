@@ -27,6 +27,8 @@ export interface DecodeShape {
   target: number;
   /** vec4<u32>s of the staged K + V tile (`stage_kv`; 0: plain loads). */
   skv: number;
+  /** Kv head blocks of KH a workgroup spans (`wg_kv_heads`; 1: one). */
+  wh: number;
   /** Bytes of workgroup memory of the kernel body, staged tile included (before an epilogue or
    * staged table). */
   shared: number;
@@ -82,13 +84,19 @@ export function decodeShape(
     lpk,
     Math.floor((tuning.workgroup_size || (cpu ? Math.max(8, lpk) : 128)) / lpk) * lpk,
   );
-  const shared = (w: number) =>
-    (sg ? 4 : w * u * F * 4) + (w / lpk) * F * 8 + (w > lpk ? F * D * 4 + F * 8 : 24);
+  // Kv head blocks a workgroup may span: the GQA group untiled (its heads then contiguous).
+  const blocks = Hkv / kh, whMax = tiles > 1 ? 1 : Math.min(tuning.wg_kv_heads || 1, blocks);
+  const shared = (w: number, wh = whMax) =>
+    (sg ? 4 : w * u * F * 4) + (w / lpk) * F * 8 +
+    (w > lpk ? wh * (F * D * 4 + F * 8) : 24);
   while (wg > lpk && shared(wg) > wsLimit) wg = Math.max(lpk, (wg / 2 / lpk | 0) * lpk);
+  let wh = Math.min(whMax, wg / lpk);
+  // (The merge's last step takes one invocation a flat head of the workgroup: F wh <= wg.)
+  while (wh > 1 && (blocks % wh !== 0 || (wg / lpk) % wh !== 0 || F * wh > wg)) wh--;
   // The staged tile: (wg / lpk) key groups x u keys x kh rows of rv vec4s, for K and for V.
   const tile = 2 * (wg / lpk) * u * kh * rv, tileBytes = 16 * tile;
-  const skv = tuning.stage_kv && tileBytes <= tuning.stage_kv_bytes &&
-      shared(wg) + tileBytes <= wsLimit
+  const skv = tuning.stage_kv && wh === 1 && tileBytes <= tuning.stage_kv_bytes &&
+      shared(wg, 1) + tileBytes <= wsLimit
     ? tile
     : 0;
   const target = tuning.target_workgroups ||
@@ -104,7 +112,8 @@ export function decodeShape(
     wg,
     target,
     skv,
-    shared: shared(wg) + 16 * skv,
+    wh,
+    shared: shared(wg, wh) + 16 * skv,
     shared_limit: wsLimit,
   };
 }
@@ -126,7 +135,8 @@ export function epilogueMode(
 ): number {
   const want = tuning.fused_reduce ? 2 : tuning.direct_single ? 1 : 0;
   const perStage = gpu.limits.maxStorageBuffersPerShaderStage ?? 8;
-  if (want === 0 || s.wg <= s.lpk || splitStorageBindings(want) + 2 * nchunk > perStage) return 0;
+  const bindings = splitStorageBindings(want, tuning.probe_residency) + 2 * nchunk;
+  if (want === 0 || s.wg <= s.lpk || bindings > perStage) return 0;
   return s.shared + EPILOGUE_SHARED <= s.shared_limit ? want : 0;
 }
 

@@ -7,7 +7,8 @@
  *   workgroups it runs at once). A slice of length L costs its workgroup `slice_overhead + L`
  *   key-times (prologue, merge and partials being the overhead), and W(L) workgroups run in
  *   ceil(W / wave) waves, so the call takes about ceil(W(L) / wave) x (slice_overhead + L): the
- *   length minimising that, over the lengths whose waves stay within `waves` (or within what
+ *   length minimising that (a workgroup spanning n kv head blocks, `wg_kv_heads`, costs
+ *   `slice_overhead + n L`), over the lengths whose waves stay within `waves` (or within what
  *   the rows need uncut, when that is more). Short contexts and batches whose rows fill the
  *   waves are not cut; a wave is filled as far as the lengths allow.
  * @module
@@ -24,6 +25,9 @@ export interface SliceInput {
   step: number;
   /** The workgroup target of the `waves` 0 policy. */
   target: number;
+  /** Key rows a workgroup streams per key of its slice, relative to one kv head block over all
+   * its key groups (`wg_kv_heads`: its blocks share the key groups; default 1). */
+  weight?: number;
 }
 
 /** Slices of the rows at length `len` (a row of no keys is one slice). */
@@ -51,14 +55,15 @@ export function sliceLength(t: DecodeTuning, x: SliceInput): number {
   const wavesOf = (len: number) => Math.ceil((sliceCount(x.spans, len) * x.perItem) / wave);
   const cap = Math.max(t.waves, wavesOf(longest));
   const least = roundUp(t.min_split_keys, x.step);
-  let best = longest, bestCost = wavesOf(longest) * (t.slice_overhead + longest);
+  const k = x.weight ?? 1;
+  let best = longest, bestCost = wavesOf(longest) * (t.slice_overhead + k * longest);
   // Every distinct slice count of the longest row, down to the least slice.
   for (let c = 2; c <= Math.ceil(longest / least); c++) {
     const len = roundUp(Math.ceil(longest / c), x.step);
     if (len < least) break;
     const w = wavesOf(len);
     if (w > cap) break;
-    const cost = w * (t.slice_overhead + len);
+    const cost = w * (t.slice_overhead + k * len);
     if (cost < bestCost) [best, bestCost] = [len, cost];
   }
   return best;

@@ -63,6 +63,7 @@ export function makeWebGpuDecode(
           decode_epilogue: d.epilogue,
           decode_table_entries: d.table_entries,
           decode_staged_kv: d.staged_kv,
+          ...d.geometry,
         },
       };
     });

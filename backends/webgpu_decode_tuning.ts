@@ -91,6 +91,17 @@ export interface DecodeTuning {
   stage_kv: boolean;
   /** Most workgroup-memory bytes of a staged K + V tile. */
   stage_kv_bytes: number;
+  /** Kv head blocks (of `kv_heads_per_group`) one workgroup spans, its key groups spread over
+   * them (key group kg serves block kg % n and the (kg / n)-th run of the slice): the
+   * workgroup reads n adjacent rows of each token slot (NHD: n x 256 bytes of 2 KB at 8 kv heads
+   * of head size 128 f16, instead of one row), and the dispatch has n times fewer workgroups of
+   * n times the keys a key group. 1: one block (the v0.6 kernel). GPU shapes with an untiled
+   * GQA group; the largest divisor of the blocks and key groups not above it; `stage_kv` is off
+   * (plain loads) when it is over 1. */
+  wg_kv_heads: number;
+  /** Bench instrument: every split workgroup counts itself in and out of atomic counters, so
+   * the bench reads how many were resident at once (gpu/decode_residency.ts). */
+  probe_residency: boolean;
 }
 
 /**
@@ -130,6 +141,8 @@ export const DEFAULT_DECODE_TUNING: Readonly<DecodeTuning> = Object.freeze({
   half_columns: false,
   stage_kv: false,
   stage_kv_bytes: 32768,
+  wg_kv_heads: 1,
+  probe_residency: false,
 });
 
 /**

@@ -5,12 +5,18 @@
  * back to back after untimed warm-up launches that run until the pass time stops falling (an
  * idle GPU runs at low clocks: an H200 idles at 345 MHz of 1980), each pass timed by
  * timestamp-query (gpu/launch.ts). Reported is the median over the repetitions of each
- * attention call's pass time and their sum per repetition.
+ * attention call's pass time and their sum per repetition. The breakdown beside it
+ * ({@link DeviceBreakdown}): the same repetitions in ONE timed pass (no timestamps between the
+ * dispatches: what a CUDA-event loop around SDPA measures), the first call alone that way, the
+ * time of the plan's `poison` passes (a fill of the output: about the fixed cost of one timed
+ * pass) and, for decode variants built with `probe_residency`, the most split workgroups that
+ * were resident at once (gpu/decode_residency.ts).
  * @module
  */
 import type { GpuContext, ValidBatch } from "../core/types.ts";
 import { bindGpuPlan, type GpuPlan } from "../gpu/gpu_plan.ts";
 import { type KernelCall, launch, type LaunchSpec } from "../gpu/launch.ts";
+import { RESIDENCY_INFO, residencyReads, residencyUploads } from "../gpu/decode_residency.ts";
 
 /** Passes that are not attention (cache write, output poisoning, the device finiteness check). */
 const NOT_ATTENTION = new Set(["cache_write", "poison", "finite_check", "finite_gate"]);
@@ -22,6 +28,21 @@ export interface DeviceTime {
   /** Milliseconds per attention pass name (median). */
   per_kernel: Record<string, number>;
   reps: number;
+  breakdown: DeviceBreakdown;
+}
+
+/** Where a repetition's time goes besides the per-pass sum (milliseconds, per repetition). */
+export interface DeviceBreakdown {
+  /** Every attention call of a repetition, all repetitions back to back in one timed pass. */
+  one_pass: number;
+  /** The first attention call alone (decode: the split kernel), repetitions in one pass; NaN
+   * when it is the only one (then `one_pass`). */
+  first_one_pass: number;
+  /** Mean time of one `poison` pass (a fill of the output): a timed pass's floor. */
+  poison_pass?: number;
+  /** Most split workgroups resident at once, and how many ran (`probe_residency` plans). */
+  resident_peak?: number;
+  resident_total?: number;
 }
 
 /**
@@ -54,10 +75,53 @@ export async function deviceTime(
     for (const n of names) {
       per_kernel[n] = median(Array.from({ length: reps }, (_, r) => res.gpu[`rep${r}:${n}`] ?? 0));
     }
-    return { ms: median(totals), per_kernel, reps };
+    const poisons = bound.calls.filter((c) => c.name === "poison").length;
+    const breakdown: DeviceBreakdown = {
+      one_pass: await onePass(gpu, bound.uploads, att, reps),
+      first_one_pass: att.length > 1
+        ? await onePass(gpu, bound.uploads, att.slice(0, 1), reps)
+        : NaN,
+      ...(poisons > 0 && res.gpu.poison ? { poison_pass: res.gpu.poison / poisons } : {}),
+      ...(p.info?.[RESIDENCY_INFO] ? await residency(gpu, att) : {}),
+    };
+    return { ms: median(totals), per_kernel, reps, breakdown };
   } finally {
     bound.release();
   }
+}
+
+/** Milliseconds per repetition of `att`, `reps` repetitions in one timed pass (best of 2). */
+async function onePass(
+  gpu: GpuContext,
+  uploads: LaunchSpec["uploads"],
+  att: KernelCall[],
+  reps: number,
+): Promise<number> {
+  const calls = Array.from({ length: reps }, () => att).flat();
+  let best = Infinity;
+  for (let k = 0; k < 2; k++) {
+    const spec = { label: "bench.one-pass", uploads, calls, reads: [], timing: "total" as const };
+    const res = await launch(gpu, spec);
+    best = Math.min(best, (res.gpu.gpu ?? NaN) / reps);
+  }
+  return best;
+}
+
+/** The residency probe's counters after one dispatch of the plan's attention calls. */
+async function residency(
+  gpu: GpuContext,
+  att: KernelCall[],
+): Promise<Pick<DeviceBreakdown, "resident_peak" | "resident_total">> {
+  const res = await launch(gpu, {
+    label: "bench.residency",
+    uploads: residencyUploads(gpu),
+    calls: att,
+    reads: residencyReads(gpu),
+    timing: "none",
+  });
+  const w = new Uint32Array(res.parts[0].slice().buffer);
+  res.release();
+  return { resident_peak: w[1], resident_total: w[2] };
 }
 
 /** Device time of each warm-up launch, and the most warm-up launches. */

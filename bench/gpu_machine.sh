@@ -17,7 +17,9 @@
 # BENCH_TIMEOUT 150, HTTP_TIMEOUT 170, ANCHOR_TIMEOUT 60; a cut part reports rc=124.
 # bench: sweeps (override by setting them) BENCH_FLASH_TILES (prefill register tiles
 # TXxTYxRMxRN[u|l]) and BENCH_DECODE_TUNINGS (a JSON array of partial WEBGPU_DECODE tunings);
-# BENCH_ARGS go to the bench as they are (e.g. "--case decode" or "--runtime dawn").
+# BENCH_ARGS go to the bench as they are (e.g. "--case decode" or "--runtime dawn");
+# BENCH_SHAPES (a regex over the shape names) and BENCH_HND=1 (the f16 decode shapes over an HND
+# cache too) are read by the bench itself.
 # http: bench/http_bench.ts (deno task bench:http) on both WebGPU runtimes (HTTP_RUNTIMES,
 # default dawn,deno: Dawn first, each runtime's report printed when done), cut at HTTP_TIMEOUT
 # seconds (default 170); HTTP_ARGS adds flags (e.g. "--steps 32"); JSON in $OUT/http.json.
@@ -46,12 +48,11 @@ clock_summary() { # first line, last line of $clk
       v[int((NR + 1) / 2)], 100 * hi / NR, NR }'
 }
 export BENCH_FLASH_TILES=${BENCH_FLASH_TILES-8x8x4x4,8x8x4x4l,8x8x4x2,4x8x4x4,8x4x4x4,8x16x2x4,4x16x4x4}
-# Decode sweep (bench/NOTES.md, "v0.6 decode variants"): beside the default (waves 4), the
-# transposed sums; the scattered softmax alone, with prefetch, with indexed gathers, 8 keys a step,
-# 8 lanes a row; the fp8 pair decoders with it, with half columns (also prefetched: half the
-# registers a lane) or half the GQA group a workgroup; two other wave guesses (occupancy may
-# change); fp8 pairs alone; prefetch alone (the v0.5 reference).
-export BENCH_DECODE_TUNINGS=${BENCH_DECODE_TUNINGS-'[{"scatter_sums":true},{"scatter_softmax":true},{"scatter_softmax":true,"prefetch":true},{"scatter_softmax":true,"indexed_gather":true},{"scatter_softmax":true,"indexed_gather":true,"prefetch":true},{"scatter_softmax":true,"keys_per_iter":8},{"scatter_softmax":true,"max_lanes":8},{"scatter_softmax":true,"fp8_pairs":true},{"scatter_softmax":true,"fp8_pairs":true,"half_columns":true},{"scatter_softmax":true,"fp8_pairs":true,"half_columns":true,"prefetch":true},{"scatter_softmax":true,"fp8_pairs":true,"max_heads":2},{"scatter_softmax":true,"wave_workgroups":396},{"scatter_softmax":true,"wave_workgroups":1056,"workgroup_size":64,"fused_reduce":true},{"fp8_pairs":true},{"prefetch":true}]'}
+# Decode sweep (bench/NOTES.md, "v0.7 decode (branch decode4)"): the residency probe over 8192
+# workgroups (the real wave), the fused reduce, kv heads a workgroup 2 / 4 / 8, prefetch's wave and
+# prefetch at 528 and 396, 8 keys a step, half the GQA group, 64 invocations at wave 1056. Run it
+# with BENCH_SHAPES='f16$|2048.*HND' BENCH_HND=1 (3 shapes) to stay within BENCH_TIMEOUT.
+export BENCH_DECODE_TUNINGS=${BENCH_DECODE_TUNINGS-'[{"probe_residency":true,"waves":0,"target_workgroups":8192},{"fused_reduce":true},{"wg_kv_heads":2,"fused_reduce":true},{"wg_kv_heads":4},{"wg_kv_heads":8},{"prefetch":true,"probe_residency":true,"waves":0,"target_workgroups":8192},{"prefetch":true,"fused_reduce":true},{"prefetch":true,"fused_reduce":true,"wave_workgroups":396},{"keys_per_iter":8,"fused_reduce":true},{"max_heads":2,"fused_reduce":true},{"workgroup_size":64,"wave_workgroups":1056,"fused_reduce":true,"probe_residency":true}]'}
 what=${*:-all}
 run() { # name, limit in seconds, command...
   local name=$1 limit=$2

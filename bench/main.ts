@@ -1,7 +1,9 @@
 /**
  * `deno task bench [--runtime deno|dawn|auto] [--dawn-flags L] [--dawn-flag K=V]
  * [--case decode|prefill|all] [--small|--big] [--iters N] [--reps N] [--flash-tiles LIST]
- * [--decode-tunings JSON] [--json]`: kernel device time beside same-run yardsticks.
+ * [--decode-tunings JSON] [--shapes REGEX] [--hnd] [--json]`: kernel device time beside
+ * same-run yardsticks. `--shapes` (or BENCH_SHAPES) keeps the shapes whose name matches;
+ * `--hnd` (or BENCH_HND=1) adds the f16 decode shapes over an HND cache.
  *
  * 1. Selects the WebGPU runtime (`--runtime`, else ATTN_WEBGPU_RUNTIME, else deno), acquires
  *    the device through {@link WebGpuDeviceManager}, prints runtime and adapter and the
@@ -37,51 +39,18 @@ import { deviceSummary } from "../gpu/runtime_report.ts";
 import { copyBench } from "./copy.ts";
 import { fmaBench } from "./fma.ts";
 import { type BackendRow, measureBackend } from "./measure.ts";
+import { breakdownText, f, table } from "./report_text.ts";
 import { benchShapes, makeBatch, shapeName } from "./shapes.ts";
 import { decodeVariants, flashVariants, type Variant } from "./variants.ts";
 import { KEEP_WARM_DEFAULTS, KeepWarmProvider } from "../gpu/keep_warm.ts";
 
 const USAGE = "deno task bench [--runtime deno|dawn|auto] [--dawn-flags L] [--dawn-flag K=V] " +
   "[--case decode|prefill|all] [--small|--big] [--iters N] [--reps N] " +
-  "[--flash-tiles 8x8x4x4,...] [--decode-tunings JSON-array] [--json] [--plot FILE.svg] " +
+  "[--flash-tiles 8x8x4x4,...] [--decode-tunings JSON-array] [--shapes REGEX] [--hnd] " +
+  "[--json] [--plot FILE.svg] " +
   "[--no-keep-warm]";
 
 const median = (a: number[]) => [...a].sort((x, y) => x - y)[Math.floor(a.length / 2)];
-
-/** Three significant digits (more for big numbers), "-" for none. */
-const f = (x: number | null | undefined) =>
-  x === undefined || x === null ? "-" : Math.abs(x) >= 100 ? x.toFixed(0) : x.toPrecision(3);
-
-function table(rows: BackendRow[]): string[] {
-  const head = [
-    "case",
-    "backend",
-    "device ms",
-    "TFLOP/s",
-    "xFMA",
-    "KV GB/s",
-    "xcopy",
-    "e2e ms",
-    "max diff",
-    "cold plan/run ms",
-  ];
-  const body = rows.filter((r) => !r.skipped).map((r) => [
-    r.case,
-    r.backend,
-    f(r.device_ms),
-    f(r.tflops),
-    f(r.x_fma),
-    f(r.kv_gbps),
-    f(r.x_copy),
-    f(r.e2e_ms),
-    r.max_diff === undefined ? "ref" : f(r.max_diff),
-    `${f(r.plan_cold_ms)}/${f(r.first_run_ms)}`,
-  ]);
-  const widths = head.map((h, i) => Math.max(h.length, ...body.map((r) => r[i].length)));
-  const line = (r: string[]) =>
-    r.map((c, i) => i < 2 ? c.padEnd(widths[i]) : c.padStart(widths[i])).join("  ");
-  return [line(head), ...body.map(line)];
-}
 
 /** Every backend and variant on every shape of `kind`: one row each (skips say why). */
 async function measureShapes(
@@ -92,6 +61,8 @@ async function measureShapes(
     reps: number;
     copyGbps: number;
     fmaTflops: number;
+    only: RegExp | null;
+    hnd: boolean;
   },
   variants: Variant[],
   kind: string,
@@ -100,7 +71,9 @@ async function measureShapes(
   const { gpu, small, iters, reps } = o;
   const ctx: BackendContext = { gpu };
   const rows: BackendRow[] = [];
-  const shapes = benchShapes(small).filter((x) => kind === "all" || x.kind === kind);
+  const shapes = benchShapes(small, o.hnd).filter((x) =>
+    (kind === "all" || x.kind === kind) && (!o.only || o.only.test(shapeName(x)))
+  );
   for (const s of shapes) {
     const name = shapeName(s);
     log(`== ${name}`);
@@ -152,7 +125,7 @@ async function measureShapes(
         rows.push(row);
         const kern = Object.entries(row.device_kernels ?? {}).map(([k, v]) => `${k} ${f(v)}`);
         log(
-          `${c.label}: device ${f(row.device_ms)} ms (${kern.join(", ")}), ${
+          `${c.label}: device ${f(row.device_ms)} ms (${kern.join(", ")}; ${breakdownText(row)}), ${
             s.kind === "prefill"
               ? `${f(row.tflops)} TFLOP/s = ${f(row.x_fma)} x FMA`
               : `${f(row.kv_gbps)} GB/s = ${f(row.x_copy)} x copy`
@@ -214,6 +187,8 @@ async function main(): Promise<void> {
       big: { type: "boolean" },
       "flash-tiles": { type: "string" },
       "decode-tunings": { type: "string" },
+      shapes: { type: "string" },
+      hnd: { type: "boolean", default: false },
       json: { type: "boolean", default: false },
       plot: { type: "string" },
       "no-keep-warm": { type: "boolean", default: false },
@@ -279,7 +254,17 @@ async function main(): Promise<void> {
   const warm = await holdClock(mgr, !a["no-keep-warm"] && !software, log);
   let rows: BackendRow[];
   try {
-    const o = { gpu, small, iters, reps, copyGbps: copy.gbps, fmaTflops: fma.tflops };
+    const only = a.shapes ?? Deno.env.get("BENCH_SHAPES");
+    const o = {
+      gpu,
+      small,
+      iters,
+      reps,
+      copyGbps: copy.gbps,
+      fmaTflops: fma.tflops,
+      only: only ? new RegExp(only) : null,
+      hnd: a.hnd || Deno.env.get("BENCH_HND") === "1",
+    };
     rows = await measureShapes(o, variants, a.case!, log);
   } finally {
     await warm?.close();

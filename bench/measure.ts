@@ -9,7 +9,7 @@
 import { toFloat32 } from "../core/data.ts";
 import type { AttentionBackend, GpuContext, ValidBatch } from "../core/types.ts";
 import type { GpuPlan } from "../gpu/gpu_plan.ts";
-import { deviceTime } from "./device_time.ts";
+import { type DeviceBreakdown, deviceTime } from "./device_time.ts";
 import { type BenchShape, work } from "./shapes.ts";
 
 /** One backend (or variant) on one shape. */
@@ -23,6 +23,8 @@ export interface BackendRow {
   /** Device ms of the attention kernels per call (median of repetitions), per kernel. */
   device_ms?: number;
   device_kernels?: Record<string, number>;
+  /** One-pass times, a timed pass's floor, residency (bench/device_time.ts). */
+  device_breakdown?: DeviceBreakdown;
   /** Median of awaited run() calls: the end-to-end per-call time. */
   e2e_ms?: number;
   tflops?: number;
@@ -100,6 +102,7 @@ export async function measureBackend(
       first_run_ms,
       device_ms: device?.ms,
       device_kernels: device?.per_kernel,
+      device_breakdown: device?.breakdown,
       e2e_ms,
       max_diff,
       kernels: p.kernels,

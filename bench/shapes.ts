@@ -28,6 +28,8 @@ export interface BenchShape {
   block_size: number;
   /** The cache's dtype (the data is float16). */
   kv_cache_dtype: KvCacheDType;
+  /** The cache layout (default NHD). */
+  layout?: "NHD" | "HND";
 }
 
 const CACHE_BYTES: Record<string, number> = { auto: 2, float16: 2, bfloat16: 2, fp8_e4m3: 1 };
@@ -36,15 +38,26 @@ const CACHE_BYTES: Record<string, number> = { auto: 2, float16: 2, bfloat16: 2, 
 export function shapeName(s: BenchShape): string {
   const kv = s.kv_cache_dtype === "auto" ? "f16" : `f16 data, ${s.kv_cache_dtype} cache`;
   return `${s.kind} ${s.reqs}x${s.ctx}${s.kind === "prefill" ? " causal" : ""} ` +
-    `${s.num_heads}q/${s.num_kv_heads}kv d${s.head_size} bs${s.block_size} ${kv}`;
+    `${s.num_heads}q/${s.num_kv_heads}kv d${s.head_size} bs${s.block_size} ${kv}` +
+    (s.layout === "HND" ? " HND" : "");
 }
 
 /**
  * Shapes: on GPUs decode 32 x 2048 and 64 x 8192 (f16 cache, then bf16 and fp8 e4m3 caches at
  * 32 x 2048) and prefill 4 x 1024 and 8 x 4096 causal, 32 q / 8 kv heads; on software adapters
- * decode 16 x 1024 (f16, bf16, fp8) and prefill 2 x 256 with 16 q / 4 kv heads.
+ * decode 16 x 1024 (f16, bf16, fp8) and prefill 2 x 256 with 16 q / 4 kv heads. With `hnd`,
+ * the f16 decode shapes again over an HND cache (each kv head's block rows contiguous: whether
+ * the NHD rows' 2 KB stride costs bandwidth), after the NHD ones.
  */
-export function benchShapes(small: boolean): BenchShape[] {
+export function benchShapes(small: boolean, hnd = false): BenchShape[] {
+  const all = nhdShapes(small);
+  const f16 = all.filter((s) => s.kind === "decode" && s.kv_cache_dtype === "auto");
+  const alt = hnd ? f16.map((s) => ({ ...s, layout: "HND" as const })) : [];
+  const at = all.findIndex((s) => s.kind === "prefill");
+  return [...all.slice(0, at), ...alt, ...all.slice(at)];
+}
+
+function nhdShapes(small: boolean): BenchShape[] {
   const h = small ? { num_heads: 16, num_kv_heads: 4 } : { num_heads: 32, num_kv_heads: 8 };
   const base = { ...h, head_size: 128, block_size: 16, kv_cache_dtype: "auto" as KvCacheDType };
   const dec = (reqs: number, ctx: number, kv: KvCacheDType = "auto"): BenchShape => ({
@@ -149,7 +162,7 @@ export function makeBatch(s: BenchShape): {
     head_size: D,
     dtype: "float16",
     kv_cache_dtype: s.kv_cache_dtype === "auto" ? "float16" : s.kv_cache_dtype,
-    layout: "NHD",
+    layout: s.layout ?? "NHD",
   };
   const selector: SelectorConfig = {
     head_size: D,
@@ -165,7 +178,7 @@ export function makeBatch(s: BenchShape): {
     use_non_causal: false,
     use_batch_invariant: false,
     use_per_head_quant_scales: false,
-    kv_cache_layout: "NHD",
+    kv_cache_layout: s.layout ?? "NHD",
     max_query_len: qlen,
   };
   const batch: Omit<ForwardBatch, "cache"> = {

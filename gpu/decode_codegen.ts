@@ -278,25 +278,31 @@ export function generateDecodeSplit(k: KernelShape): Record<string, string> {
       ...F.map((f) => `    wml[kg * F + ${f}u] = vec2<f32>(m${f}, l${f});`),
       "  }",
     );
-    sto.push("  workgroupBarrier();", ...F.map((f) => `  let c${f} = exp(m${f} - wmax(${f}u));`));
-    sto.push("  for (var r = 0u; r < NKG; r++) {", "    if (kg == r) {");
+    sto.push(
+      "  workgroupBarrier();",
+      ...F.map((f) => `  let c${f} = exp(m${f} - wmax(hw + ${f}u));`),
+    );
+    // Round r: the r-th key group of every kv head block (disjoint heads) adds its state.
+    sto.push("  for (var r = 0u; r < NKGH; r++) {", "    if (kgh == r) {");
     for (const f of F) {
       for (const i of NV) {
-        sto.push(`      wput(r, ${off(f, i)} + lane * LEV, (a${f}_${i} * c${f})${sw});`);
+        sto.push(
+          `      wput(r, hw * D4 + ${off(f, i)} + lane * LEV, (a${f}_${i} * c${f})${sw});`,
+        );
       }
     }
     sto.push("    }", "    workgroupBarrier();", "  }");
   }
   if (k.nkg > 1) {
     sto.push(
-      "  if (lid < F) {",
+      "  if (lid < FW) {",
       "    let mx = wmax(lid);",
       "    wfin[lid] = vec2<f32>(mx, wsum(lid, mx));",
       "  }",
       "  workgroupBarrier();",
       k.epilogue
-        ? "  epilogue(tok, slot, tab[ib + 7u], hq0, id % per_item, lid);"
-        : "  partial(tok, slot, 0u, hq0, 0u, lid);",
+        ? "  epilogue(tok, slot, tab[ib + 7u], hqw, id % per_item, lid);"
+        : "  partial(tok, slot, 0u, hqw, 0u, lid);",
     );
   }
   // Butterfly over the lanes of a key group, unrolled: constant masks become permutes.

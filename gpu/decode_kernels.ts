@@ -10,6 +10,7 @@ import { DECODERS, generateDecodeSplit, PAIR_DECODERS } from "./decode_codegen.t
 import type { KernelDef } from "./kernel.ts";
 import { kvAccessorFns, kvBindingDecls, loadWgsl, specialize } from "./wgsl.ts";
 import { dataLoads, dataStores } from "./wgsl_data.ts";
+import { PROBE_ENTER, PROBE_LEAVE } from "./decode_residency.ts";
 
 /** The Params fields both decode kernels declare. */
 export const DECODE_UNIFORMS = [
@@ -75,10 +76,17 @@ export interface DecodeSplitConsts {
   tb: number;
   /** vec4<u32>s of the K + V tile staged in workgroup memory (`stage_kv`; 0: plain loads). */
   skv: number;
+  /** Kv head blocks a workgroup spans, its key groups spread over them (`wg_kv_heads`). */
+  wh: number;
+  /** The residency probe's counters bound as `res` (tuning `probe_residency`,
+   * gpu/decode_residency.ts). */
+  probe: boolean;
 }
 
-/** Storage buffers the split kernel binds besides the cache's chunks, for epilogue `epi`. */
-export const splitStorageBindings = (epi: number): number => (epi > 0 ? 5 : 3);
+/** Storage buffers the split kernel binds besides the cache's chunks, for epilogue `epi` (and
+ * the residency probe's counters). */
+export const splitStorageBindings = (epi: number, probe = false): number =>
+  (epi > 0 ? 5 : 3) + (probe ? 1 : 0);
 
 /** The split pass, as data. */
 export const DECODE_SPLIT: KernelDef<DecodeSplitConsts> = {
@@ -99,14 +107,18 @@ export const DECODE_SPLIT: KernelDef<DecodeSplitConsts> = {
         { name: "lse", kind: "read_write" as const, type: "array<f32>" },
       ]
       : []),
+    ...(c.probe ? [{ name: "res", kind: "read_write" as const, type: "array<atomic<u32>>" }] : []),
     ...kvBindingDecls(c.nchunk, "read", true),
   ],
   enables: (c) => (c.sg ? ["subgroups"] : []),
   async source(c) {
     const epw = c.storage === "float32" ? 1 : c.storage.startsWith("fp8") ? 4 : 2;
-    const rw = c.d / epw, rv = rw / 4, nkg = c.wg / c.lpk, F = c.kh * c.hg;
+    const rw = c.d / epw, rv = rw / 4, nkg = c.wg / c.lpk, F = c.kh * c.hg, FW = F * c.wh;
     const pairs = c.fp8_pairs ? PAIR_DECODERS[c.storage] : undefined;
     if (c.epi > 0 && nkg < 2) throw new Error(`decode_split: epilogue ${c.epi} needs wg > lpk`);
+    if (nkg % c.wh !== 0 || (c.wh > 1 && c.skv > 0)) {
+      throw new Error(`decode_split: ${c.wh} kv head blocks need NKG a multiple, no staged tile`);
+    }
     return specialize(await loadWgsl("decode_split.wgsl"), {
       D: c.d,
       BS: c.bs,
@@ -121,8 +133,9 @@ export const DECODE_SPLIT: KernelDef<DecodeSplitConsts> = {
       CAP: c.cap,
       ALIBI: c.alibi,
       RED: c.sg ? 1 : c.wg * c.u * F,
-      WACC: nkg > 1 ? (F * c.d) / 4 : 1,
-      WFIN: nkg > 1 ? F : 1,
+      WACC: nkg > 1 ? (FW * c.d) / 4 : 1,
+      WFIN: nkg > 1 ? FW : 1,
+      WH: c.wh,
       LW: c.half ? "(lane >> 1u) * 4u" : "lane * 4u",
       LEV: c.half ? epw / 2 : epw,
       SGID: c.indexed_gather ? ", @builtin(subgroup_invocation_id) sgid: u32" : "",
@@ -131,6 +144,8 @@ export const DECODE_SPLIT: KernelDef<DecodeSplitConsts> = {
       STAGE: c.skv > 0,
       SKN: Math.max(1, c.skv),
       EPI: c.epi,
+      PROBE_ENTER: c.probe ? PROBE_ENTER : "",
+      PROBE_LEAVE: c.probe ? PROBE_LEAVE : "",
       EPILOGUE: await epilogueSource(c, nkg),
       QLOAD: dataLoads("q", c.dtype, 4).code,
       WORDS: await loadWgsl("decode_words.wgsl"),

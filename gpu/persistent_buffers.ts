@@ -3,7 +3,8 @@
  * state when a dispatch starts: the fused decode reduce's partials and counters, all zero
  * between its dispatches (wgsl/decode_fused.wgsl restores the zeros it consumed). Pooled
  * scratch (gpu/buffer_pool.ts) holds whatever its last user left, so these never come from the
- * pool: one buffer per device and name, created by WebGPU zero-filled, replaced by a larger
+ * pool: one buffer per device and name (copyable: the bench reads and zeroes the residency
+ * probe's counters, gpu/decode_residency.ts), created by WebGPU zero-filled, replaced by a larger
  * (again zero) one when a call needs more. A replaced buffer is dropped, not destroyed: a call
  * bound to it may not have been submitted yet.
  * @module
@@ -25,7 +26,11 @@ export function persistentBuffer(ctx: GpuContext, name: string, bytes: number): 
   );
   // Grow geometrically (few replacements), never past one binding.
   const size = Math.max(need, Math.min(limit - (limit % 256), 2 * (have?.size ?? 0)));
-  const buf = ctx.device.createBuffer({ label: name, size, usage: GPUBufferUsage.STORAGE });
+  const buf = ctx.device.createBuffer({
+    label: name,
+    size,
+    usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST,
+  });
   m.set(name, buf);
   return buf;
 }

@@ -17,7 +17,7 @@ const NONE: u32 = 0xffffffffu;
 // heads hq0 .. hq0 + F - 1, `grp` = its (kv head block, head tile) index among per_item.
 fn epilogue(tok: u32, slot: u32, row: u32, hq0: u32, grp: u32, lid: u32) {
   if (row == NONE) {
-    for (var i = lid; i < F * D4; i += WG) {
+    for (var i = lid; i < FW * D4; i += WG) {
       let f = i / D4;
       finish(tok, hq0 + f, i % D4, wfin[f].x, wfin[f].y, wacc[i]);
     }

@@ -107,7 +107,7 @@ fn partial(tok: u32, slot: u32, row: u32, hq0: u32, grp: u32, lid: u32) {
   if (ticket + 1u < n) {
     // Not last: store this slice's partial.
     let base = slot * H + hq0;
-    for (var i = lid; i < F * D4; i += WG) {
+    for (var i = lid; i < FW * D4; i += WG) {
       let w = (base * D4 + i) * 4u;
       let v = wacc[i];
       put_word(w, v.x);
@@ -115,7 +115,7 @@ fn partial(tok: u32, slot: u32, row: u32, hq0: u32, grp: u32, lid: u32) {
       put_word(w + 2u, v.z);
       put_word(w + 3u, v.w);
     }
-    if (lid < F) {
+    if (lid < FW) {
       let w = (P.ml_off + base + lid) * 4u;
       put_word(w, wfin[lid].x);
       put_word(w + 1u, wfin[lid].y);
@@ -127,7 +127,7 @@ fn partial(tok: u32, slot: u32, row: u32, hq0: u32, grp: u32, lid: u32) {
     atomicStore(&part[c], 0u);
   }
   let first = tab[rt + 1u];
-  for (var i = lid; i < F * D4; i += WG) {
+  for (var i = lid; i < FW * D4; i += WG) {
     let f = i / D4;
     let h = hq0 + f;
     let a4 = hq0 * D4 + i; // this lane's accumulator vec4 in slot 0 (slot s: + s * H * D4)
@@ -162,10 +162,10 @@ fn partial(tok: u32, slot: u32, row: u32, hq0: u32, grp: u32, lid: u32) {
   }
   // The (m, l) words once every lane of their head has read them.
   workgroupBarrier();
-  for (var j = lid; j < n * F; j += WG) {
-    let s = first + j / F;
+  for (var j = lid; j < n * FW; j += WG) {
+    let s = first + j / FW;
     if (s != slot) {
-      let mw = (P.ml_off + s * H + hq0 + j % F) * 4u;
+      let mw = (P.ml_off + s * H + hq0 + j % FW) * 4u;
       atomicStore(&part[mw], 0u);
       atomicStore(&part[mw + 1u], 0u);
     }

@@ -4,10 +4,10 @@
 // EPI 1 (with decode_epilogue.wgsl, whose `epilogue` calls it).
 fn partial(tok: u32, slot: u32, row: u32, hq0: u32, grp: u32, lid: u32) {
   let base = slot * P.num_heads + hq0;
-  for (var i = lid; i < F * D4; i += WG) {
+  for (var i = lid; i < FW * D4; i += WG) {
     part[base * D4 + i] = wacc[i];
   }
-  if (lid < F) {
+  if (lid < FW) {
     part[P.ml_off + base + lid] = vec4<f32>(wfin[lid], 0.0, 0.0);
   }
 }

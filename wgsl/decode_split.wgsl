@@ -20,6 +20,10 @@
 // 2 (l & 1), +1 of vec4 column l >> 1 (LW, LEV).
 // GPUs use KH = 1 and many key groups; software adapters one key group with KH = all kv
 // heads, so that each SIMD batch streams whole token slots.
+// Under WH > 1 (tuning `wg_kv_heads`) a workgroup spans WH blocks of KH kv heads (FW = WH x F
+// query heads, the GQA group untiled): key group kg serves block kg % WH and the (kg / WH)-th of
+// the NKGH = NKG / WH runs of the slice, so the workgroup reads WH adjacent rows of each token
+// slot; the merge combines the key groups of each block, and the epilogue stores FW heads.
 //
 // The per-lane state (query slice q{f}_{i}, accumulators a{f}_{i}, running max m{f} and sum
 // l{f} of flat head f = kh * HG + h, scores s{u}_{f}) lives in named variables: INIT, STEP
@@ -47,6 +51,7 @@
 //     out   : [num_tokens, num_heads, D] in the data dtype (out_put4), rows cut into one slice
 //             (every row under EPI 2)
 //     lse   : [num_heads, num_tokens] f32
+//   with the residency probe: res : array<atomic<u32>>, 3 counters (gpu/decode_residency.ts)
 //   then k0..k{NCHUNK-1}, v0..v{NCHUNK-1} : [blocks_per_chunk * block_words / 4]
 //                      vec4<u32>, the paged cache chunks (storage-dtype bytes; generated
 //                      accessors load_k4/load_v4(block, word), KV)
@@ -79,7 +84,10 @@ const WG: u32 = {{WG}};
 const NKG: u32 = WG / LPK; // key groups per workgroup
 const HG: u32 = {{HG}};
 const KH: u32 = {{KH}};
-const F: u32 = KH * HG; // query heads per workgroup
+const F: u32 = KH * HG; // query heads per key group
+const WH: u32 = {{WH}}; // kv head blocks per workgroup (tuning `wg_kv_heads`; 1: one)
+const FW: u32 = F * WH; // query heads per workgroup
+const NKGH: u32 = NKG / WH; // key groups per kv head block
 const UF: u32 = U * F;
 const D4: u32 = D / 4u;
 const NHD: bool = {{NHD}};
@@ -96,8 +104,8 @@ const STAGE: bool = {{STAGE}}; // K/V tiles staged in skv (gpu/decode_stage.ts)
 
 var<workgroup> red: array<f32, {{RED}}>; // fallback reduction: WG * UF (else 1)
 var<workgroup> wml: array<vec2<f32>, NKG * F>;
-var<workgroup> wacc: array<vec4<f32>, {{WACC}}>; // F * D4 when NKG > 1 (else 1)
-var<workgroup> wfin: array<vec2<f32>, {{WFIN}}>; // merged (m, l) per flat head: F when NKG > 1
+var<workgroup> wacc: array<vec4<f32>, {{WACC}}>; // FW * D4 when NKG > 1 (else 1)
+var<workgroup> wfin: array<vec2<f32>, {{WFIN}}>; // merged (m, l) per flat head: FW when NKG > 1
 var<workgroup> wbt: array<u32, {{TBN}}>; // the slice's block-table entries (TB > 0)
 var<workgroup> skv: array<vec4<u32>, {{SKN}}>; // the staged K + V tile (STAGE, else 1)
 
@@ -153,15 +161,15 @@ fn qv(i: u32) -> vec4<f32> {
 // Merge helpers: the max and rescaled sum of (m, l) over the key groups, for flat head h.
 fn wmax(h: u32) -> f32 {
   var mx = NEG;
-  for (var g = 0u; g < NKG; g++) {
-    mx = max(mx, wml[g * F + h].x);
+  for (var g = 0u; g < NKGH; g++) {
+    mx = max(mx, wml[(g * WH + h / F) * F + h % F].x);
   }
   return mx;
 }
 fn wsum(h: u32, mx: f32) -> f32 {
   var t = 0.0;
-  for (var g = 0u; g < NKG; g++) {
-    let x = wml[g * F + h];
+  for (var g = 0u; g < NKGH; g++) {
+    let x = wml[(g * WH + h / F) * F + h % F];
     t += x.y * exp(x.x - mx);
   }
   return t;
@@ -180,13 +188,15 @@ fn main(
   @builtin(local_invocation_index) lid: u32{{SGID}}
 ) {
   let id = wg.x + wg.y * P.nwg_x;
-  let per_item = (P.num_kv_heads / KH) * P.head_tiles;
+  let per_item = (P.num_kv_heads / (KH * WH)) * P.head_tiles;
   let item = id / per_item;
   if (item >= P.num_items) {
     return;
   }
-  let kvh0 = ((id % per_item) / P.head_tiles) * KH; // first kv head of the block
-  let hq0 = kvh0 * P.group + (id % P.head_tiles) * HG; // query head of flat head 0
+  // Residency probe (tuning `probe_residency`, gpu/decode_residency.ts; else empty).
+{{PROBE_ENTER}}
+  let kvw = ((id % per_item) / P.head_tiles) * KH * WH; // the workgroup's first kv head
+  let hqw = kvw * P.group + (id % P.head_tiles) * HG; // its first query head (WH > 1: 1 tile)
   let ib = item * 8u;
   let req = tab[ib];
   let tok = tab[ib + 1u];
@@ -208,18 +218,24 @@ fn main(
   }
   let lane = lid % LPK;
   let kg = lid / LPK;
+  // Key group kg serves kv head block kg % WH (flat heads hw .. hw + F - 1 of the workgroup)
+  // and the (kg / WH)-th of the NKGH runs of the slice.
+  let hw = (kg % WH) * F;
+  let kgh = kg / WH;
+  let kvh0 = kvw + (kg % WH) * KH; // first kv head of the key group's block
+  let hq0 = hqw + hw; // query head of its flat head 0
   let lw = {{LW}}; // this lane's first word of a row
   let qb = (tok * P.num_heads + hq0) * D4 + lane * LEV; // this lane's first query vec4
   // Generated: q{f}_{i} = query slice, sl{f} = ALiBi slope, m{f} / l{f} / a{f}_{i} = state.
 {{INIT}}
   // Key group kg walks its own contiguous run of the slice, U keys per step; under STAGE the
   // workgroup walks tiles of NKG * U keys, key group kg taking U keys of each.
-  let n_it = (ke - kb + NKG * U - 1u) / (NKG * U);
-  let kg0 = select(kb + kg * n_it * U, kb + kg * U, STAGE);
+  let n_it = (ke - kb + NKGH * U - 1u) / (NKGH * U);
+  let kg0 = select(kb + kgh * n_it * U, kb + kg * U, STAGE);
   // Generated (prefetch, STAGE): the first step's loads.
 {{PRE}}
   for (var it = 0u; it < n_it; it++) {
-    let k0 = kg0 + it * select(U, NKG * U, STAGE); // this key group's first key of the step
+    let k0 = kg0 + it * select(U, NKGH * U, STAGE); // this key group's first key of the step
     // Generated: U keys x KH rows: scores, group sums, online softmax, value accumulation.
 {{STEP}}
   }
@@ -228,5 +244,6 @@ fn main(
   // Generated: write acc and (m, l) of every head (NKG == 1), or merge the key groups into wacc /
   // wfin and store them with decode_partial.wgsl's `partial` (EPI 0) or end in the epilogue.
 {{STORE}}
+{{PROBE_LEAVE}}
 }
 {{EPILOGUE}}

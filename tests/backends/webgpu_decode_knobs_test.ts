@@ -414,6 +414,7 @@ Deno.test("decode epilogue: only GPU shapes with bindings to spare", () => {
     wg: 128,
     target: 2048,
     skv: 0,
+    wh: 1,
     shared: 2600,
     shared_limit: 16384,
   };

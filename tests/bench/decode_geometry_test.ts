@@ -1,0 +1,33 @@
+/**
+ * bench/decode_geometry.ts: the split-KV launch the bench's decode shapes get on an H200-like
+ * adapter (the numbers bench/NOTES.md "v0.7 decode" quotes), and `wg_kv_heads`' grid.
+ */
+import assert from "node:assert/strict";
+import { decodeGeometry } from "../../bench/decode_geometry.ts";
+import { benchShapes } from "../../bench/shapes.ts";
+import { type DecodeTuning, DEFAULT_DECODE_TUNING } from "../../backends/webgpu_decode_tuning.ts";
+
+const [short, long] = benchShapes(false).filter((s) => s.kind === "decode");
+const at = (t: Partial<DecodeTuning>, s = short) =>
+  decodeGeometry({ ...DEFAULT_DECODE_TUNING, ...t }, s);
+
+Deno.test("decode geometry: the default at 32 x 2048 and 64 x 8192", () => {
+  assert.equal(short.ctx, 2048);
+  const a = at({});
+  assert.deepEqual(
+    [a.lpk, a.wg, a.u, a.split_keys, a.slices_per_row, a.workgroups, a.steps, a.epilogue],
+    [16, 128, 4, 1024, 2, 512, 32, 0],
+  );
+  assert.deepEqual([a.per_sm_max, a.sms_at_max, a.reduce_workgroups], [4, 116, 1024]);
+  const b = at({}, long);
+  assert.deepEqual([b.split_keys, b.slices_per_row, b.workgroups, b.steps], [8192, 1, 512, 256]);
+  assert.equal(at({ fused_reduce: true }, long).reduce_workgroups, 0, "uncut rows, fused");
+});
+
+Deno.test("decode geometry: wg_kv_heads keeps the grid, cuts rows n times finer", () => {
+  for (const n of [2, 4, 8]) {
+    const g = at({ wg_kv_heads: n });
+    assert.deepEqual([g.wh, g.workgroups, g.split_keys, g.steps], [n, 512, 1024 / n, 32]);
+  }
+  assert.equal(at({ wg_kv_heads: 4, max_heads: 2 }).wh, 1, "a tiled GQA group");
+});
