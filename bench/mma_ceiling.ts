@@ -266,7 +266,7 @@ for (const name of names) {
     ? ladderBytes(v, ctx.mma, s)
     : lay.bytes;
   const problem = ceilingProblem(v, ctx.mma, s) ??
-    (isLadder2(v) ? ladder2Problem(v, ctx.mma, s) : null) ??
+    (isLadder2(v) ? ladder2Problem(v, ctx.mma) : null) ??
     (bytes > limit ? `needs ${bytes} B of workgroup memory` : null);
   if (problem) {
     console.log(`${name.padEnd(24)} skipped: ${problem}`);

@@ -5,7 +5,7 @@
  */
 
 /** The schedules. */
-export type Schedule = "3b" | "sb" | "2b" | "nb";
+export type Schedule = "3b" | "sb" | "sl" | "2b" | "nb";
 
 /** What a schedule is built from (WGSL line lists and builders). */
 export interface Parts {
@@ -46,6 +46,28 @@ export function scheduleBody(sched: Schedule, p: Parts): string[] {
         bar,
         ...p.guard("more", p.kStore), // K of the next tile: read two barriers on
         ...vFetch,
+        ...p.pass,
+        bar,
+        ...p.pv("0u"),
+        bar,
+      ].map((x) => "  " + x),
+      "}",
+    ];
+  }
+  if (sched === "sl") {
+    // Late loads: each tile's words fetched where they are stored (no registers held).
+    return [
+      ...p.block("0u", "0u", "true", [...p.kLoad, ...p.kStore, ...p.vLoad, ...p.vStore]),
+      bar,
+      `for (var it = 0u; it < ${steps}u; it++) {`,
+      ...[
+        ...p.guard("it > 0u", p.block(`it * ${BK}u`, "0u", "true", [...p.vLoad, ...p.vStore])),
+        ...p.qk("0u"),
+        bar,
+        ...p.block(`(it + 1u) * ${BK}u`, "0u", `it + 1u < ${steps}u`, [
+          ...p.kLoad,
+          ...p.guard("more", p.kStore),
+        ]),
         ...p.pass,
         bar,
         ...p.pv("0u"),

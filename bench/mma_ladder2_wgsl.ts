@@ -2,7 +2,7 @@
  * The v0.7 ladder (bench/NOTES.md, "v0.7 ladder (branch mma4)"): `ladder-sm` / `ladder-pg`
  * (bench/mma_ladder_wgsl.ts's L4 / L5: QK^T, S through workgroup memory, a per-row softmax pass,
  * P V; L5 through a block table) reshaped along the ways out of the kernel's 44-54 TFLOP/s,
- * named `ladder-{sm|pg}-k{BK}-w{NSG}[-r1][-sb|-2b|-nb]` ({@link parseLadder2}):
+ * named `ladder-{sm|pg}-k{BK}-w{NSG}[-r1][-sb|-sl|-2b|-nb]` ({@link parseLadder2}):
  * - `k{BK}`: keys per tile (a multiple of the matrix's N): BK / N S fragments per subgroup per
  *   tile, so the same barriers cover BK / N times the MMAs (the old ladder: one fragment);
  * - `w{NSG}`: subgroups (of one fragment row, M rows) per workgroup;
@@ -11,7 +11,9 @@
  * - schedule: by default (`3b`) double-buffered K/V tiles, three barriers a tile (after S's
  *   store, after the pass, after staging: the old ladder's); `-sb` single-buffered K/V (half
  *   the tile memory) in the same three barriers, every K/V write two barriers before its read
- *   (K stored after the S barrier, V at the top of the next tile); `-2b` software-pipelined:
+ *   (K stored after the S barrier, V at the top of the next tile); `-sl` the same with late
+ *   loads (each tile's words fetched where they are stored: no staging registers held across
+ *   the matrix work, the loads' latency exposed); `-2b` software-pipelined:
  *   QK^T of the next tile and PV of this one between the same two barriers (S, then P, K and V
  *   after them), two barriers a tile; `-nb`: `3b` without the two barriers around the
  *   subgroup's own S and P (one barrier a tile; a data race by WGSL's rules: only the float64
@@ -44,7 +46,7 @@ export interface Ladder2 extends Ceiling {
   bk: number;
 }
 
-const NAME = /^ladder-(sm|pg)-k(\d+)-w(\d+)(-r1)?(?:-(sb|2b|nb))?$/;
+const NAME = /^ladder-(sm|pg)-k(\d+)-w(\d+)(-r1)?(?:-(sb|sl|2b|nb))?$/;
 
 /** The probe a v0.7 ladder name stands for on matrices `d`, or null. */
 export function parseLadder2(name: string, d: MatrixDims): Ladder2 | null {
@@ -80,19 +82,23 @@ function lanesOf(v: Ladder2, d: MatrixDims) {
   return { lpr: d.sg / d.m, rpl: 1, all: true };
 }
 
-/** Why `v` cannot run on `d` at `s` (beside bench/mma_ceiling_wgsl.ts's checks), or null. */
-export function ladder2Problem(v: Ladder2, d: MatrixDims, s: CeilingSize): string | null {
+/** Why `v` cannot run on `d` (beside bench/mma_ceiling_wgsl.ts's checks), or null. */
+export function ladder2Problem(v: Ladder2, d: MatrixDims): string | null {
   const ln = lanesOf(v, d);
   if (v.bk % d.n || v.bk % d.k) return `k${v.bk} is not a multiple of ${d.n} and ${d.k}`;
   if (d.sg % d.m && d.m % d.sg) return `subgroup ${d.sg} and ${d.m} rows do not nest`;
   if (v.bk % ln.lpr) return `k${v.bk} keys over ${ln.lpr} lanes a row`;
-  if (v.sched === "sb" && s.n / v.bk < 1) return "no tile";
   return null;
+}
+
+/** K/V tile buffers: 1 for the single-buffered schedules, else 2. */
+function ladder2Buffers(v: Ladder2): number {
+  return v.sched === "sb" || v.sched === "sl" ? 1 : 2;
 }
 
 /** Workgroup bytes: K and V tiles (one or two buffers), S (f32) and P (f16) per subgroup. */
 export function ladder2Bytes(v: Ladder2, d: MatrixDims, s: CeilingSize): number {
-  const nbuf = v.sched === "sb" ? 1 : 2, tile = v.bk * (s.k + 8);
+  const nbuf = ladder2Buffers(v), tile = v.bk * (s.k + 8);
   return 2 * 2 * nbuf * tile + v.wm * d.m * ((v.bk + 4) * 4 + (v.bk + 8) * 2);
 }
 
@@ -187,8 +193,8 @@ export function ladder2Source(v: Ladder2, d: MatrixDims, s: CeilingSize): string
   });
   const out = [
     ...PROBE_HEADER,
-    `var<workgroup> bs_s: array<f16, ${(v.sched === "sb" ? 1 : 2) * tile}>;`,
-    `var<workgroup> vs_s: array<f16, ${(v.sched === "sb" ? 1 : 2) * tile}>;`,
+    `var<workgroup> bs_s: array<f16, ${ladder2Buffers(v) * tile}>;`,
+    `var<workgroup> vs_s: array<f16, ${ladder2Buffers(v) * tile}>;`,
     `var<workgroup> s_s: array<f32, ${nsg * M * SSTR}>;`,
     `var<workgroup> p_s: array<f16, ${nsg * M * PSTR}>;`,
     ...(v.step === 5 ? pageFn(N * D) : []),
