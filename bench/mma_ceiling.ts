@@ -12,7 +12,7 @@
  * The ladder (`ladder-qk`, `-s`, `-pv`, `-sm`, `-pg`: bench/mma_ladder_wgsl.ts) grows the QK^T
  * loop into attention step by step; its outputs are checked the same way against its own float64
  * reference (TFLOP/s count QK^T, + PV from `ladder-pv` on). The v0.7 ladder
- * (`ladder-{sm|pg}-k{BK}-w{NSG}[-r1][-sb|-2b|-nb]`: bench/mma_ladder2_wgsl.ts) reshapes L4 / L5:
+ * (`ladder-{sm|pg}-k{BK}-w{NSG}[-r1][-sb|-sl|-2b|-nb]`: bench/mma_ladder2_wgsl.ts) reshapes L4 / L5:
  * longer key tiles, fewer subgroups, the softmax over every lane, other barrier schedules.
  *
  * Usage: deno run -A bench/mma_ceiling.ts [--small] [--iters N] [--only name,name] [--json]

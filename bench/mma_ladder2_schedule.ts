@@ -1,6 +1,6 @@
 /**
  * The key loops of the v0.7 ladder (bench/mma_ladder2_wgsl.ts): the prologue and loop of each
- * schedule (`3b`, `sb`, `2b`, `nb`; see that module's comment) from the probe's WGSL pieces.
+ * schedule (`3b`, `sb`, `sl`, `2b`, `nb`; see that module's comment) from the probe's WGSL pieces.
  * @module
  */
 
