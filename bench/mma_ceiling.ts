@@ -11,7 +11,9 @@
  *
  * The ladder (`ladder-qk`, `-s`, `-pv`, `-sm`, `-pg`: bench/mma_ladder_wgsl.ts) grows the QK^T
  * loop into attention step by step; its outputs are checked the same way against its own float64
- * reference (TFLOP/s count QK^T, + PV from `ladder-pv` on).
+ * reference (TFLOP/s count QK^T, + PV from `ladder-pv` on). The v0.7 ladder
+ * (`ladder-{sm|pg}-k{BK}-w{NSG}[-r1][-sb|-sl|-2b|-nb]`: bench/mma_ladder2_wgsl.ts) reshapes L4 / L5:
+ * longer key tiles, fewer subgroups, the softmax over every lane, other barrier schedules.
  *
  * Usage: deno run -A bench/mma_ceiling.ts [--small] [--iters N] [--only name,name] [--json]
  * @module
@@ -38,6 +40,14 @@ import {
   ladderSource,
   parseLadder,
 } from "./mma_ladder_wgsl.ts";
+import {
+  isLadder2,
+  ladder2Bytes,
+  ladder2Problem,
+  ladder2Source,
+  parseLadder2,
+} from "./mma_ladder2_wgsl.ts";
+import { compile, passTimes } from "./mma_probe_gpu.ts";
 
 /** The arrangements run without --only (bench/NOTES.md, "v0.6 tensor-core variants"). */
 export const CEILING_DEFAULTS = [
@@ -95,7 +105,7 @@ const SIZES: Record<"gpu" | "small", Record<Ceiling["loop"], CeilingSize>> = {
   },
   small: {
     gemm: { m: 64, n: 64, k: 64 },
-    flash: { m: 64, n: 64, k: 32 },
+    flash: { m: 64, n: 128, k: 32 }, // 128 keys: the v0.7 ladder's k64 still loops
     reg: { m: 8, n: 16, k: 0 },
   },
 };
@@ -147,65 +157,6 @@ function randomF16(n: number): Float16Array {
   return x;
 }
 
-/** Sorted ms of `n` timestamped passes after `warm` untimed ones. */
-async function passTimes(
-  dev: GPUDevice,
-  pipe: GPUComputePipeline,
-  bg: GPUBindGroup,
-  grid: [number, number],
-  n: number,
-  warm: number,
-): Promise<number[]> {
-  const qs = dev.createQuerySet({ type: "timestamp", count: 2 * n });
-  const resolve = dev.createBuffer({
-    size: 16 * n,
-    usage: GPUBufferUsage.QUERY_RESOLVE | GPUBufferUsage.COPY_SRC,
-  });
-  const read = dev.createBuffer({
-    size: 16 * n,
-    usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
-  });
-  const e = dev.createCommandEncoder();
-  for (let i = -warm; i < n; i++) {
-    const ps = e.beginComputePass(
-      i < 0 ? {} : {
-        timestampWrites: {
-          querySet: qs,
-          beginningOfPassWriteIndex: 2 * i,
-          endOfPassWriteIndex: 2 * i + 1,
-        },
-      },
-    );
-    ps.setPipeline(pipe);
-    ps.setBindGroup(0, bg);
-    ps.dispatchWorkgroups(grid[0], grid[1]);
-    ps.end();
-  }
-  e.resolveQuerySet(qs, 0, 2 * n, resolve, 0);
-  e.copyBufferToBuffer(resolve, 0, read, 0, 16 * n);
-  dev.queue.submit([e.finish()]);
-  await read.mapAsync(GPUMapMode.READ);
-  const t = new BigUint64Array(read.getMappedRange().slice(0));
-  read.unmap();
-  resolve.destroy();
-  read.destroy();
-  qs.destroy();
-  return Array.from({ length: n }, (_, i) => Number(t[2 * i + 1] - t[2 * i]) / 1e6)
-    .sort((x, y) => x - y);
-}
-
-/** Compiles `code`, or throws the first compilation error. */
-async function compile(dev: GPUDevice, code: string, layout: GPUBindGroupLayout) {
-  const module = dev.createShaderModule({ code });
-  const info = await module.getCompilationInfo();
-  const err = info.messages.find((m) => m.type === "error");
-  if (err) throw new Error(`line ${err.lineNum}: ${err.message}`);
-  return await dev.createComputePipelineAsync({
-    layout: dev.createPipelineLayout({ bindGroupLayouts: [layout] }),
-    compute: { module, entryPoint: "main" },
-  });
-}
-
 /** Compiles, runs, checks and times one arrangement; a table row (and its JSON). */
 async function probe(ctx: MmaContext, v: Ceiling, s: CeilingSize, iters: number) {
   const dev = ctx.device, d: MatrixDims = ctx.mma, lad = (v.step ?? 0) > 1;
@@ -237,7 +188,11 @@ async function probe(ctx: MmaContext, v: Ceiling, s: CeilingSize, iters: number)
       ],
     });
     const t0 = performance.now();
-    const code = v.step ? ladderSource(v, d, s) : ceilingSource(v, d, s);
+    const code = isLadder2(v)
+      ? ladder2Source(v, d, s)
+      : v.step
+      ? ladderSource(v, d, s)
+      : ceilingSource(v, d, s);
     const pipe = await compile(dev, code, layout);
     const compileMs = performance.now() - t0;
     const bg = dev.createBindGroup({
@@ -302,11 +257,16 @@ const iters = Math.max(1, Number(args.values.iters));
 const names = args.values.only ? args.values.only.split(",") : CEILING_DEFAULTS;
 const results: Record<string, unknown>[] = [];
 for (const name of names) {
-  const v = parseLadder(name) ?? parseCeiling(name);
+  const v = parseLadder(name) ?? parseLadder2(name, ctx.mma) ?? parseCeiling(name);
   if (!v) throw new Error(`unknown arrangement ${name} (bench/mma_ceiling_wgsl.ts's grammar)`);
   const s = SIZES[small ? "small" : "gpu"][v.loop], lay = ceilingLayout(v, ctx.mma, s);
-  const bytes = (v.step ?? 0) > 1 ? ladderBytes(v, ctx.mma, s) : lay.bytes;
+  const bytes = isLadder2(v)
+    ? ladder2Bytes(v, ctx.mma, s)
+    : (v.step ?? 0) > 1
+    ? ladderBytes(v, ctx.mma, s)
+    : lay.bytes;
   const problem = ceilingProblem(v, ctx.mma, s) ??
+    (isLadder2(v) ? ladder2Problem(v, ctx.mma) : null) ??
     (bytes > limit ? `needs ${bytes} B of workgroup memory` : null);
   if (problem) {
     console.log(`${name.padEnd(24)} skipped: ${problem}`);

@@ -172,7 +172,7 @@ export function ladderSource(v: Ceiling, d: MatrixDims, s: CeilingSize): string 
 }
 
 /** WGSL `page(key)`: the cache row of a key, through the u32 block table at u32 index `at`. */
-function pageFn(at: number): string[] {
+export function pageFn(at: number): string[] {
   return [
     "fn page(key: u32) -> u32 {",
     `  let i = ${at}u + key / ${LADDER_PAGE}u;`,

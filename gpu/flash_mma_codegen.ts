@@ -82,11 +82,12 @@ export function generateMatrixCode(c: MmaConsts): Record<string, string> {
       }
     }
   }
+  const pAt = c.single ? "&p_s, " : "&kt_s, kb + "; // P: its own array, or over the dead K
   const pv = RM.flatMap((r) =>
     KB.map((kk) =>
-      `let p_${r}_${kk} = subgroupMatrixLoad<${L}, row_major>(&kt_s, kb + (sgr + ${
-        r * m
-      }u) * PSTR + ${kk * k}u, PSTR);`
+      `let p_${r}_${kk} = subgroupMatrixLoad<${L}, row_major>(${pAt}(sgr + ${r * m}u) * PSTR + ${
+        kk * k
+      }u, PSTR);`
     )
   );
   // V fragment (keys kk k.., dims c n..): the staged tile, the cache (direct), or for the
@@ -171,7 +172,10 @@ export async function flashMmaSource(c: MmaConsts): Promise<string> {
     LG: c.fast ? Math.LOG2E : 1,
     M0: c.fast ? "-1.0e30" : "MASK",
     QSPLIT: c.qsplit,
-    VT_DECL: c.direct ? "" : "var<workgroup> vt_s: array<f16, 2u * VT_LEN>;",
+    VT_DECL: c.direct ? "" : "var<workgroup> vt_s: array<f16, NBUF * VT_LEN>;",
+    NBUF: lay.nbuf,
+    P_DECL: c.single ? "var<workgroup> p_s: array<f16, R * PSTR>; // P (single)" : "",
+    WV_DECL: staging.WV_DECL,
     TAIL_STAGE: c.direct && !cut("pv") ? TAIL_STAGE : "",
     E16: lay.e16,
     KT_LEN: lay.ktLen,
@@ -186,8 +190,9 @@ export async function flashMmaSource(c: MmaConsts): Promise<string> {
     SOFTMAX: cut("softmax") ? "" : c.fast ? fastSoftmaxCode(c) : softmaxCode(c),
     STAGE_LOAD: staging.STAGE_LOAD,
     STAGE_STORE: staging.STAGE_STORE,
-    LOOP_STAGE_LOAD: cut("stage") ? "" : staging.STAGE_LOAD,
-    LOOP_STAGE_STORE: cut("stage") ? "" : staging.STAGE_STORE,
+    LOOP_STAGE_LOAD: cut("stage") ? "" : staging.LOOP_STAGE_LOAD,
+    LOOP_STAGE_STORE: cut("stage") ? "" : staging.LOOP_STAGE_STORE,
+    LOOP_V_STORE: cut("stage") ? "" : staging.LOOP_V_STORE,
     QK: cut("qk") ? "" : matrix.QK,
     PV: cut("pv") ? "" : matrix.PV,
   });

@@ -30,7 +30,14 @@ function maxTree(xs: string[]): string {
 }
 
 /** The shared tail of a row: row max, lazy rescale, p into P, running sum. */
-function rowTail(i: number, E: number[], pOf: (e: number) => string, exp: string): string[] {
+function rowTail(
+  c: MmaConsts,
+  i: number,
+  E: number[],
+  pOf: (e: number) => string,
+  exp: string,
+): string[] {
+  const p = c.single ? "p_s[pb + " : "kt_s[kb + pb + "; // P: its own array, or over the dead K
   return [
     `  var tmax = ${maxTree(E.map((e) => `x${e}`))};`,
     "  for (var o = 1u; o < LPR; o <<= 1u) {",
@@ -42,7 +49,7 @@ function rowTail(i: number, E: number[], pOf: (e: number) => string, exp: string
     `    m[${i}] = tmax;`,
     `    flag = flag || seen[${i}];`,
     "  }",
-    ...E.map((e) => `  let p${e} = ${pOf(e)};\n  kt_s[kb + pb + ${e}u] = p${e};`),
+    ...E.map((e) => `  let p${e} = ${pOf(e)};\n  ${p}${e}u] = p${e};`),
     `  l[${i}] += ${E.map((e) => `f32(p${e})`).join(" + ")};`,
     `  seen[${i}] = seen[${i}] || tmax > MASK;`,
   ];
@@ -70,7 +77,7 @@ export function softmaxCode(c: MmaConsts): string {
         const score = `score(${scoreAt(c, e)}, rpos[${i}], rslope[${i}], key0 + ${e}u, kend)`;
         return `  let x${e} = select(MASK, ${score}, rok[${i}]);`;
       }),
-      ...rowTail(i, E, (e) => `f16(select(0.0, exp(x${e} - m[${i}]), x${e} > MASK))`, "exp"),
+      ...rowTail(c, i, E, (e) => `f16(select(0.0, exp(x${e} - m[${i}]), x${e} > MASK))`, "exp"),
       "}",
     );
   }
@@ -132,7 +139,7 @@ export function fastSoftmaxCode(c: MmaConsts): string {
     if (!kendOnly) out.push("  if (!inner) {");
     for (const e of E) out.push(`${pad}x${e} = select(MASK, x${e}, ${visibleTest(c, e)});`);
     if (!kendOnly) out.push("  }");
-    out.push(...rowTail(i, E, (e) => `f16(exp2(x${e} - m[${i}]))`, "exp2"), "}");
+    out.push(...rowTail(c, i, E, (e) => `f16(exp2(x${e} - m[${i}]))`, "exp2"), "}");
   }
   out.push("if (flag) {", "  atomicStore(&s_resc, 1u);", "}");
   return indent(out);

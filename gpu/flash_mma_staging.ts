@@ -132,21 +132,41 @@ fn kv_row(key: u32, h: u32, kt: u32, par: u32) -> vec2<u32> {
 ${fn("k")}${fn("v")}`;
 }
 
+/** The staging placeholders of flash_mma.wgsl (see {@link stagingCode}). */
+export interface StagingCode {
+  STAGE_LOAD: string;
+  STAGE_STORE: string;
+  /** The loop's: the same, or for `single` assignments to the V words declared in WV_DECL. */
+  LOOP_STAGE_LOAD: string;
+  /** The loop's (after the S barrier): K and V, or for `single` K only. */
+  LOOP_STAGE_STORE: string;
+  /** `single`: the V words, declared before the loop; "" otherwise. */
+  WV_DECL: string;
+  /** `single`: the V store at the top of a tile (of the words loaded a tile before). */
+  LOOP_V_STORE: string;
+}
+
 /**
  * K/V staging, unrolled over the NLD 16-byte words each invocation moves per tile:
  * STAGE_LOAD loads tile `kn`'s words (block ids in slot `sn`; zero past `kend`) into wk_i /
- * wv_i, STAGE_STORE decodes them to f16 into the buffers at `kbn` / `vbn`.
+ * wv_i, STAGE_STORE decodes them to f16 into the buffers at `kbn` / `vbn`; `single` splits the
+ * loop's stores (K after the S barrier, V at the top of the next tile).
  */
-export function stagingCode(c: MmaConsts): { STAGE_LOAD: string; STAGE_STORE: string } {
-  if (c.direct) return { STAGE_LOAD: "", STAGE_STORE: "" };
-  if (c.mstage) return matrixStagingCode(c);
+export function stagingCode(c: MmaConsts): StagingCode {
+  const none = { WV_DECL: "", LOOP_V_STORE: "" };
+  if (c.direct) {
+    return { STAGE_LOAD: "", STAGE_STORE: "", LOOP_STAGE_LOAD: "", LOOP_STAGE_STORE: "", ...none };
+  }
+  if (c.mstage) {
+    const m = matrixStagingCode(c);
+    return { ...m, LOOP_STAGE_LOAD: m.STAGE_LOAD, LOOP_STAGE_STORE: m.STAGE_STORE, ...none };
+  }
   const lay = mmaLayout(c, c), v4r = c.d / lay.e16, words = c.bk * v4r;
   const N = range(Math.ceil(words / lay.wg)), guard = words % lay.wg !== 0;
-  const load: string[] = [], store: string[] = [];
-  for (const i of N) {
-    load.push(
+  const load = (declareV: boolean) =>
+    N.flatMap((i) => [
       `var wk${i} = vec4<u32>(0u);`,
-      `var wv${i} = vec4<u32>(0u);`,
+      declareV ? `var wv${i} = vec4<u32>(0u);` : `wv${i} = vec4<u32>(0u);`,
       "{",
       `  let idx = t + ${i * lay.wg}u;`,
       "  let key = kn + idx / V4R;",
@@ -155,22 +175,46 @@ export function stagingCode(c: MmaConsts): { STAGE_LOAD: string; STAGE_STORE: st
       `    wv${i} = src_v(key, kvh, idx % V4R, kn, sn, rbase);`,
       "  }",
       "}",
-    );
-    store.push("{", `  let idx = t + ${i * lay.wg}u;`);
-    if (guard) store.push("  if (idx < BK * V4R) {");
-    store.push("  let o = (idx / V4R) * KSTR + (idx % V4R) * E16;");
-    for (const j of range(lay.e16 / 4)) {
-      store.push(`  let a${j} = kv16(wk${i}, ${j}u);`, `  let b${j} = kv16(wv${i}, ${j}u);`);
-      for (const [e, f] of ["x", "y", "z", "w"].entries()) {
-        store.push(`  kt_s[kbn + o + ${4 * j + e}u] = a${j}.${f};`);
-        store.push(`  vt_s[vbn + o + ${4 * j + e}u] = b${j}.${f};`);
+    ]);
+  const store = (k: boolean, v: boolean) =>
+    N.flatMap((i) => {
+      const out = ["{", `  let idx = t + ${i * lay.wg}u;`];
+      if (guard) out.push("  if (idx < BK * V4R) {");
+      out.push("  let o = (idx / V4R) * KSTR + (idx % V4R) * E16;");
+      for (const j of range(lay.e16 / 4)) {
+        if (k) out.push(`  let a${j} = kv16(wk${i}, ${j}u);`);
+        if (v) out.push(`  let b${j} = kv16(wv${i}, ${j}u);`);
+        for (const [e, f] of ["x", "y", "z", "w"].entries()) {
+          if (k) out.push(`  kt_s[kbn + o + ${4 * j + e}u] = a${j}.${f};`);
+          if (v) out.push(`  vt_s[vbn + o + ${4 * j + e}u] = b${j}.${f};`);
+        }
       }
-    }
-    if (guard) store.push("  }");
-    store.push("}");
+      if (guard) out.push("  }");
+      out.push("}");
+      return out;
+    });
+  const ind = (xs: string[], pad = "    ") => xs.map((x) => pad + x).join("\n");
+  const whole = { STAGE_LOAD: ind(load(true)), STAGE_STORE: ind(store(true, true)) };
+  if (!c.single) {
+    return {
+      ...whole,
+      LOOP_STAGE_LOAD: whole.STAGE_LOAD,
+      LOOP_STAGE_STORE: whole.STAGE_STORE,
+      ...none,
+    };
   }
-  const ind = (xs: string[]) => xs.map((x) => "    " + x).join("\n");
-  return { STAGE_LOAD: ind(load), STAGE_STORE: ind(store) };
+  return {
+    ...whole,
+    LOOP_STAGE_LOAD: ind(load(false)),
+    LOOP_STAGE_STORE: ind(store(true, false), "      "),
+    WV_DECL: ind(N.map((i) => `var wv${i} = vec4<u32>(0u);`), "  "),
+    LOOP_V_STORE: ind([
+      "if (kt > kstart) {",
+      "  let vbn = 0u;",
+      ...store(false, true).map((x) => "  " + x),
+      "}",
+    ]),
+  };
 }
 
 /**

@@ -22,7 +22,10 @@
 // fragments (subgroupMatrixLoad from the cache, subgroupMatrixStore to the tile; the request's
 // last, partial tile element by element, zero past kend) instead of 16-byte words. QSPLIT > 1
 // computes S = Q K^T in that many independent accumulator chains, each stored to its own S
-// array (s_s at j * R * SSTR); the softmax adds them.
+// array (s_s at j * R * SSTR); the softmax adds them. Single-buffered variants (NBUF 1: one
+// K and one V tile, P in its own p_s) store the next tile's K after the S barrier (QK^T has
+// read this one) and its V at the top of the next tile (LOOP_V_STORE: PV has read this one),
+// from words loaded at the top of this tile (the V words, WV_DECL, live across the loop).
 // Three barriers a tile, and every workgroup-memory hand-off sits at least two barriers after
 // the write it reads: with one buffer (a write, one barrier, a subgroup-matrix read of it) the
 // kernel computed wrong results on the H200 (NVIDIA 580 driver, Dawn 0.6.2) and right ones on
@@ -103,6 +106,7 @@ const LPR: u32 = {{LPR}}; // lanes per row in the softmax step
 const RPL: u32 = {{RPL}}; // rows per lane
 const KPL: u32 = BK / LPR; // keys (or output columns) per lane
 const NBT: u32 = {{NBT}};
+const NBUF: u32 = {{NBUF}}; // K/V tile buffers: 2, or 1 (single: P in p_s)
 const QSPLIT: u32 = {{QSPLIT}}; // chains of S = Q K^T, each its own S array
 const MASK: f32 = -3.0e38;
 const M0: f32 = {{M0}}; // the running max before any key (fast: above MASK, so exp2(MASK - m) = 0)
@@ -112,8 +116,9 @@ const FLAG_SINKS: u32 = 2u;
 {{DECODE}}
 {{SOURCE}}
 
-var<workgroup> kt_s: array<f16, 2u * KT_LEN>; // K tiles; Q staging before the loop; P after S
+var<workgroup> kt_s: array<f16, NBUF * KT_LEN>; // K tiles; Q staging before the loop; P after S
 {{VT_DECL}}
+{{P_DECL}}
 var<workgroup> s_s: array<f32, QSPLIT * R * SSTR>; // S (QSPLIT chains); O passes
 var<workgroup> s_blk: array<u32, 2u * NBT + 1u>; // block ids of two tiles (slots by parity)
 var<workgroup> s_kstart: u32;
@@ -241,12 +246,14 @@ fn main(
   }
   workgroupBarrier();
   var par = 0u;
+{{WV_DECL}}
   for (var kt = kstart; kt < kend; kt += BK) {
     if (t == 0u) {
       atomicStore(&s_resc, 0u);
     }
-    let kb = par * KT_LEN; // this tile's K (then P) and V buffers
-    let vb = par * VT_LEN;
+    let kb = (par % NBUF) * KT_LEN; // this tile's K (then P) and V buffers
+    let vb = (par % NBUF) * VT_LEN;
+{{LOOP_V_STORE}}
     // The next tile's words into registers now; into the other buffers after the softmax.
     let kn = kt + BK;
     let sn = par ^ 1u;
@@ -267,8 +274,8 @@ fn main(
 {{SOFTMAX}}
     }
     {
-      let kbn = (par ^ 1u) * KT_LEN;
-      let vbn = (par ^ 1u) * VT_LEN;
+      let kbn = ((par ^ 1u) % NBUF) * KT_LEN;
+      let vbn = ((par ^ 1u) % NBUF) * VT_LEN;
 {{LOOP_STAGE_STORE}}
     }
     let resc = workgroupUniformLoad(&s_resc);
