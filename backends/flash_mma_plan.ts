@@ -61,7 +61,8 @@ export function mmaTargetOf(
 /**
  * The shape ATTN_PREFILL_MMA_SHAPE names (one of {@link MMA_VARIANTS}), or undefined (unset:
  * the first of MMA_SHAPES that fits).
- * @throws Error naming the value and the known names when it names none.
+ * @throws Error naming the value and the known names when it names none, or when it names a
+ *   bench-only (single-buffered) shape.
  */
 export function envMmaShape(): MmaShape | undefined {
   const name = envVar("ATTN_PREFILL_MMA_SHAPE");
@@ -70,6 +71,13 @@ export function envMmaShape(): MmaShape | undefined {
   if (!shape) {
     throw new Error(
       `ATTN_PREFILL_MMA_SHAPE=${name} names no shape; known: ${Object.keys(MMA_VARIANTS)}`,
+    );
+  }
+  if (shape.single) {
+    // bench/NOTES.md v0.7: every single-buffered shape computed wrong results on the H200.
+    throw new Error(
+      `ATTN_PREFILL_MMA_SHAPE=${name} is a bench-only shape (single-buffered tiles, wrong ` +
+        "results on the H200 in v0.7): bench/mma_bench.ts --only names it",
     );
   }
   return shape;

@@ -172,8 +172,12 @@ export async function flashMmaSource(c: MmaConsts): Promise<string> {
     LG: c.fast ? Math.LOG2E : 1,
     M0: c.fast ? "-1.0e30" : "MASK",
     QSPLIT: c.qsplit,
-    VT_DECL: c.direct ? "" : "var<workgroup> vt_s: array<f16, NBUF * VT_LEN>;",
+    VT_DECL: c.direct ? "" : `var<workgroup> vt_s: array<f16, ${lay.nbuf}u * VT_LEN>;`,
+    // The double-buffered shapes keep the v0.6 text (`par * KT_LEN`): on the H200 (NVIDIA 580)
+    // the same kernel written with `(par % NBUF)` computed wrong results (bench/NOTES.md v0.7).
     NBUF: lay.nbuf,
+    BUF_THIS: lay.nbuf === 2 ? "par" : "0u",
+    BUF_NEXT: lay.nbuf === 2 ? "(par ^ 1u)" : "0u",
     P_DECL: c.single ? "var<workgroup> p_s: array<f16, R * PSTR>; // P (single)" : "",
     WV_DECL: staging.WV_DECL,
     TAIL_STAGE: c.direct && !cut("pv") ? TAIL_STAGE : "",

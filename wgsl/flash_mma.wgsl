@@ -106,7 +106,6 @@ const LPR: u32 = {{LPR}}; // lanes per row in the softmax step
 const RPL: u32 = {{RPL}}; // rows per lane
 const KPL: u32 = BK / LPR; // keys (or output columns) per lane
 const NBT: u32 = {{NBT}};
-const NBUF: u32 = {{NBUF}}; // K/V tile buffers: 2, or 1 (single: P in p_s)
 const QSPLIT: u32 = {{QSPLIT}}; // chains of S = Q K^T, each its own S array
 const MASK: f32 = -3.0e38;
 const M0: f32 = {{M0}}; // the running max before any key (fast: above MASK, so exp2(MASK - m) = 0)
@@ -116,7 +115,7 @@ const FLAG_SINKS: u32 = 2u;
 {{DECODE}}
 {{SOURCE}}
 
-var<workgroup> kt_s: array<f16, NBUF * KT_LEN>; // K tiles; Q staging before the loop; P after S
+var<workgroup> kt_s: array<f16, {{NBUF}} * KT_LEN>; // K tiles; Q staging before the loop; P after S
 {{VT_DECL}}
 {{P_DECL}}
 var<workgroup> s_s: array<f32, QSPLIT * R * SSTR>; // S (QSPLIT chains); O passes
@@ -251,8 +250,8 @@ fn main(
     if (t == 0u) {
       atomicStore(&s_resc, 0u);
     }
-    let kb = (par % NBUF) * KT_LEN; // this tile's K (then P) and V buffers
-    let vb = (par % NBUF) * VT_LEN;
+    let kb = {{BUF_THIS}} * KT_LEN; // this tile's K (then P) and V buffers
+    let vb = {{BUF_THIS}} * VT_LEN;
 {{LOOP_V_STORE}}
     // The next tile's words into registers now; into the other buffers after the softmax.
     let kn = kt + BK;
@@ -274,8 +273,8 @@ fn main(
 {{SOFTMAX}}
     }
     {
-      let kbn = ((par ^ 1u) % NBUF) * KT_LEN;
-      let vbn = ((par ^ 1u) % NBUF) * VT_LEN;
+      let kbn = {{BUF_NEXT}} * KT_LEN;
+      let vbn = {{BUF_NEXT}} * VT_LEN;
 {{LOOP_STAGE_STORE}}
     }
     let resc = workgroupUniformLoad(&s_resc);

@@ -139,6 +139,8 @@ Deno.test("flash_mma: ATTN_PREFILL_MMA_SHAPE names a shape, or the error names t
       () => envMmaShape(),
       /ATTN_PREFILL_MMA_SHAPE=w9r9 names no shape; known: w8r1k16/,
     );
+    Deno.env.set("ATTN_PREFILL_MMA_SHAPE", "w8r1k32-fb");
+    assert.throws(() => envMmaShape(), /ATTN_PREFILL_MMA_SHAPE=w8r1k32-fb is a bench-only shape/);
   } finally {
     if (old === undefined) Deno.env.delete("ATTN_PREFILL_MMA_SHAPE");
     else Deno.env.set("ATTN_PREFILL_MMA_SHAPE", old);
