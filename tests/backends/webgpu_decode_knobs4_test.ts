@@ -17,6 +17,7 @@ import {
 import type { AttentionBackend } from "../../core/types.ts";
 import { type BatchSpec, generateBatch } from "../support/batches.ts";
 import { checkBackend } from "../support/backend_check.ts";
+import { BF16_NHD_SPEC, F32_MHA_SPEC, FP8_HND_SPEC } from "../support/decode_knob_specs.ts";
 import { validHostBatch } from "../../service/host_input.ts";
 import { GpuKvCache } from "../../gpu/kv_cache.ts";
 import { launch } from "../../gpu/launch.ts";
@@ -41,67 +42,16 @@ const backendOf = (t: Partial<DecodeTuning>) =>
   makeWebGpuDecode({ ...BASE, ...t }) as AttentionBackend;
 
 /** Rows of several slices and of one, an empty request, a padded block table. */
-const REQUESTS = [
-  { query_len: 1, seq_len: 700 },
-  { query_len: 1, seq_len: 90, pad: 1 },
-  { query_len: 0, seq_len: 9 },
-  { query_len: 1, seq_len: 5 },
-  { query_len: 1, seq_len: 1 },
-];
-
+/** The shared fp8 batch with an f16 cache, NHD and 4 kv heads. */
 const F16: BatchSpec = {
-  dtype: "float16",
+  ...FP8_HND_SPEC,
   kv_cache_dtype: "float16",
+  k_scale: undefined,
+  v_scale: undefined,
   layout: "NHD",
-  block_size: 16,
-  head_size: 128,
-  num_heads: 8,
   num_kv_heads: 4,
-  requests: REQUESTS,
-  sliding_window: 300,
-  sinks: true,
-  alibi: true,
-  logits_soft_cap: 6,
-  return_lse: true,
 };
-const FP8: BatchSpec = {
-  ...F16,
-  kv_cache_dtype: "fp8_e4m3",
-  k_scale: 0.5,
-  v_scale: 2,
-  layout: "HND",
-  num_kv_heads: 2,
-};
-const BF16: BatchSpec = {
-  dtype: "bfloat16",
-  kv_cache_dtype: "bfloat16",
-  layout: "NHD",
-  block_size: 32,
-  head_size: 64,
-  num_heads: 16,
-  num_kv_heads: 2,
-  requests: [{ query_len: 1, seq_len: 1000 }, { query_len: 1, seq_len: 40 }, {
-    query_len: 3,
-    seq_len: 200,
-    pad: 2,
-  }],
-  sinks: true,
-  logits_soft_cap: 4,
-  return_lse: true,
-};
-const F32: BatchSpec = {
-  dtype: "float32",
-  kv_cache_dtype: "auto",
-  layout: "NHD",
-  block_size: 64,
-  head_size: 128,
-  num_heads: 4,
-  num_kv_heads: 4,
-  requests: [{ query_len: 1, seq_len: 513 }, { query_len: 1, seq_len: 17 }],
-  alibi: true,
-  sliding_window: 400,
-  return_lse: true,
-};
+const FP8 = FP8_HND_SPEC, BF16 = BF16_NHD_SPEC, F32 = F32_MHA_SPEC;
 
 /** The plan's counts for `s` under `b`. */
 async function planInfo(b: AttentionBackend, s: BatchSpec): Promise<Record<string, number>> {

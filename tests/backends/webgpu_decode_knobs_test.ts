@@ -22,6 +22,12 @@ import { sliceCount, sliceLength } from "../../backends/decode_split_policy.ts";
 import { epilogueMode } from "../../backends/decode_shape.ts";
 import { type BatchSpec, generateBatch } from "../support/batches.ts";
 import { checkBackend } from "../support/backend_check.ts";
+import {
+  BF16_NHD_SPEC,
+  F32_MHA_SPEC,
+  FP8_HND_SPEC,
+  KNOB_REQUESTS,
+} from "../support/decode_knob_specs.ts";
 import { validHostBatch } from "../../service/host_input.ts";
 import { GpuKvCache } from "../../gpu/kv_cache.ts";
 import { freshSeed, GPU, NO_GPU } from "../gpu/helpers.ts";
@@ -31,63 +37,10 @@ const MANY = { target_workgroups: 4096, min_split_keys: 16 };
 /** Slices of >= 256 keys: a key group runs several steps (MANY gives it one). */
 const LONG = { target_workgroups: 4096, min_split_keys: 256 };
 
-/** Rows of several slices and of one, an empty request, a padded block table. */
-const REQUESTS = [
-  { query_len: 1, seq_len: 700 },
-  { query_len: 1, seq_len: 90, pad: 1 },
-  { query_len: 0, seq_len: 9 },
-  { query_len: 1, seq_len: 5 },
-  { query_len: 1, seq_len: 1 },
-];
-
 const SPECS: [string, BatchSpec][] = [
-  ["f16, fp8_e4m3 cache, HND, window, sinks, ALiBi, soft cap, LSE", {
-    dtype: "float16",
-    kv_cache_dtype: "fp8_e4m3",
-    k_scale: 0.5,
-    v_scale: 2,
-    layout: "HND",
-    block_size: 16,
-    head_size: 128,
-    num_heads: 8,
-    num_kv_heads: 2,
-    requests: REQUESTS,
-    sliding_window: 300,
-    sinks: true,
-    alibi: true,
-    logits_soft_cap: 6,
-    return_lse: true,
-  }],
-  ["bf16, bf16 cache, NHD, GQA8 hd64 bs32, sinks, soft cap, LSE, 3-token rows", {
-    dtype: "bfloat16",
-    kv_cache_dtype: "bfloat16",
-    layout: "NHD",
-    block_size: 32,
-    head_size: 64,
-    num_heads: 16,
-    num_kv_heads: 2,
-    requests: [{ query_len: 1, seq_len: 1000 }, { query_len: 1, seq_len: 40 }, {
-      query_len: 3,
-      seq_len: 200,
-      pad: 2,
-    }],
-    sinks: true,
-    logits_soft_cap: 4,
-    return_lse: true,
-  }],
-  ["f32, f32 cache, MHA hd128 bs64, ALiBi, window, LSE", {
-    dtype: "float32",
-    kv_cache_dtype: "auto",
-    layout: "NHD",
-    block_size: 64,
-    head_size: 128,
-    num_heads: 4,
-    num_kv_heads: 4,
-    requests: [{ query_len: 1, seq_len: 513 }, { query_len: 1, seq_len: 17 }],
-    alibi: true,
-    sliding_window: 400,
-    return_lse: true,
-  }],
+  ["f16, fp8_e4m3 cache, HND, window, sinks, ALiBi, soft cap, LSE", FP8_HND_SPEC],
+  ["bf16, bf16 cache, NHD, GQA8 hd64 bs32, sinks, soft cap, LSE, 3-token rows", BF16_NHD_SPEC],
+  ["f32, f32 cache, MHA hd128 bs64, ALiBi, window, LSE", F32_MHA_SPEC],
 ];
 
 interface Expect {
@@ -297,7 +250,7 @@ const UNEVEN_TILES: [string, BatchSpec][] = [
     head_size: 80,
     num_heads: 4,
     num_kv_heads: 2,
-    requests: REQUESTS,
+    requests: KNOB_REQUESTS,
     sliding_window: 500,
     logits_soft_cap: 5,
     return_lse: true,
@@ -312,7 +265,7 @@ const UNEVEN_TILES: [string, BatchSpec][] = [
     head_size: 80,
     num_heads: 6,
     num_kv_heads: 2,
-    requests: REQUESTS,
+    requests: KNOB_REQUESTS,
     alibi: true,
     sinks: true,
   }],

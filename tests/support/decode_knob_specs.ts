@@ -1,0 +1,70 @@
+/**
+ * The hostile decode batches the WEBGPU_DECODE knob tests share (webgpu_decode_knobs_test.ts,
+ * webgpu_decode_knobs4_test.ts): rows of several slices beside rows of one, an empty request, a
+ * padded block table; window, sinks, ALiBi, soft cap and LSE; fp8 / bf16 / f32 caches, HND and
+ * NHD.
+ * @module
+ */
+import type { BatchSpec } from "./batches.ts";
+
+/** Rows of several slices and of one, an empty request, a padded block table. */
+export const KNOB_REQUESTS = [
+  { query_len: 1, seq_len: 700 },
+  { query_len: 1, seq_len: 90, pad: 1 },
+  { query_len: 0, seq_len: 9 },
+  { query_len: 1, seq_len: 5 },
+  { query_len: 1, seq_len: 1 },
+];
+
+/** f16 data, fp8 e4m3 cache (scaled), HND, window, sinks, ALiBi, soft cap, LSE. */
+export const FP8_HND_SPEC: BatchSpec = {
+  dtype: "float16",
+  kv_cache_dtype: "fp8_e4m3",
+  k_scale: 0.5,
+  v_scale: 2,
+  layout: "HND",
+  block_size: 16,
+  head_size: 128,
+  num_heads: 8,
+  num_kv_heads: 2,
+  requests: KNOB_REQUESTS,
+  sliding_window: 300,
+  sinks: true,
+  alibi: true,
+  logits_soft_cap: 6,
+  return_lse: true,
+};
+
+/** bf16 data and cache, NHD, GQA 8, head 64, block 32, sinks, soft cap, LSE, 3-token rows. */
+export const BF16_NHD_SPEC: BatchSpec = {
+  dtype: "bfloat16",
+  kv_cache_dtype: "bfloat16",
+  layout: "NHD",
+  block_size: 32,
+  head_size: 64,
+  num_heads: 16,
+  num_kv_heads: 2,
+  requests: [{ query_len: 1, seq_len: 1000 }, { query_len: 1, seq_len: 40 }, {
+    query_len: 3,
+    seq_len: 200,
+    pad: 2,
+  }],
+  sinks: true,
+  logits_soft_cap: 4,
+  return_lse: true,
+};
+
+/** f32 data and cache, MHA, head 128, block 64, ALiBi, window, LSE. */
+export const F32_MHA_SPEC: BatchSpec = {
+  dtype: "float32",
+  kv_cache_dtype: "auto",
+  layout: "NHD",
+  block_size: 64,
+  head_size: 128,
+  num_heads: 4,
+  num_kv_heads: 4,
+  requests: [{ query_len: 1, seq_len: 513 }, { query_len: 1, seq_len: 17 }],
+  alibi: true,
+  sliding_window: 400,
+  return_lse: true,
+};
