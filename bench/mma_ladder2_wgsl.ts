@@ -17,7 +17,12 @@
  *   QK^T of the next tile and PV of this one between the same two barriers (S, then P, K and V
  *   after them), two barriers a tile; `-nb`: `3b` without the two barriers around the
  *   subgroup's own S and P (one barrier a tile; a data race by WGSL's rules: only the float64
- *   check says whether the device orders a subgroup's own workgroup-memory hand-offs).
+ *   check says whether the device orders a subgroup's own workgroup-memory hand-offs);
+ * - `-h{N}` (after the schedule): N extra f32 values held live across the key loop (loaded from
+ *   Q before it, loop-carried through a branch the device never takes, written only by a
+ *   workgroup that does not exist): the kernel's row state (positions, output offsets, running
+ *   max and sum, flags) in registers, without its arithmetic: whether registers, through
+ *   occupancy, cost what the kernel loses against this probe.
  * S is f32 (row stride BK + 4), P f16 (BK + 8), one region each per subgroup; K/V tiles f16,
  * row stride D + 8, staged by 16-byte loads and f16 stores (bench/mma_ceiling_wgsl.ts's
  * `stagingCode`). The outputs and their float64 reference are the old ladder's
@@ -44,9 +49,11 @@ export interface Ladder2 extends Ceiling {
   rowLane: boolean;
   /** Keys per tile. */
   bk: number;
+  /** Extra f32 values held live across the key loop (`-h{N}`; 0: none). */
+  hold: number;
 }
 
-const NAME = /^ladder-(sm|pg)-k(\d+)-w(\d+)(-r1)?(?:-(sb|sl|2b|nb))?$/;
+const NAME = /^ladder-(sm|pg)-k(\d+)-w(\d+)(-r1)?(?:-(sb|sl|2b|nb))?(?:-h(\d+))?$/;
 
 /** The probe a v0.7 ladder name stands for on matrices `d`, or null. */
 export function parseLadder2(name: string, d: MatrixDims): Ladder2 | null {
@@ -64,6 +71,7 @@ export function parseLadder2(name: string, d: MatrixDims): Ladder2 | null {
     bk,
     rowLane: Boolean(x[4]),
     sched: (x[5] ?? "3b") as Ladder2["sched"],
+    hold: Number(x[6] ?? 0),
   };
 }
 
@@ -191,6 +199,7 @@ export function ladder2Source(v: Ladder2, d: MatrixDims, s: CeilingSize): string
     block,
     guard,
   });
+  const H = range(v.hold), held = holdCode(H, "wg.x + 1000000u");
   const out = [
     ...PROBE_HEADER,
     `var<workgroup> bs_s: array<f16, ${ladder2Buffers(v) * tile}>;`,
@@ -214,7 +223,12 @@ export function ladder2Source(v: Ladder2, d: MatrixDims, s: CeilingSize): string
     ),
     ...J.map((j) => `  var o_${j} = ${Res}();`),
     ...RPL.map((i) => `  var l_${i} = 0.0;`),
-    ...loopBody.map((x) => "  " + x),
+    ...held.before.map((x) => "  " + x),
+    ...loopBody.flatMap((x) => [
+      "  " + x,
+      ...(x.startsWith("for (var it") ? held.inLoop.map((y) => "    " + y) : []),
+    ]),
+    ...held.after.map((x) => "  " + x),
     ...J.map((j) =>
       `  subgroupMatrixStore<row_major>(&c, (r0 + sr) * ${ldc}u + ${j * d.n}u, o_${j}, ${ldc}u);`
     ),
@@ -227,6 +241,19 @@ export function ladder2Source(v: Ladder2, d: MatrixDims, s: CeilingSize): string
     "}",
   ];
   return out.join("\n");
+}
+
+/**
+ * `-h{N}`: N f32 values from Q held across the loop: loaded before it, updated in the loop only
+ * when `never` holds (no workgroup id does), written after it only then (c[0]).
+ */
+function holdCode(H: number[], never: string) {
+  if (!H.length) return { before: [], inLoop: [], after: [] };
+  return {
+    before: H.map((h) => `var h${h} = f32(a[wg.x * 7u + ${h}u]);`),
+    inLoop: [`if (it == ${never}) {`, ...H.map((h) => `  h${h} = h${h} * 1.5 + f32(it);`), "}"],
+    after: [`if (0u == ${never}) {`, `  c[0] = ${sumTree(H.map((h) => `h${h}`))};`, "}"],
+  };
 }
 
 /** `max(...)` of the names as a balanced tree. */

@@ -125,15 +125,17 @@ export function generateMatrixCode(c: MmaConsts): Record<string, string> {
   const store = (fs: { name: string; at: string }[]) =>
     fs.map((f) => `subgroupMatrixStore<row_major>(&s_s, ${f.at}, ${f.name}, SSTR);`);
   const rescale: string[] = [], output: string[] = [];
+  // sgresc: the subgroup's own rows only, no workgroup barrier (see RESC_APPLY).
+  const bar = c.sgresc ? [] : ["workgroupBarrier();"];
   passes.forEach(({ c0, frags }, i) => {
-    rescale.push(...store(frags), "workgroupBarrier();", "scale_rows(sgr, ln, alpha);");
-    rescale.push("workgroupBarrier();");
+    rescale.push(...store(frags), ...bar, "scale_rows(sgr, ln, alpha);");
+    rescale.push(...bar);
     rescale.push(
       ...frags.map((f) =>
         `${f.name} = subgroupMatrixLoad<${Res}, row_major>(&s_s, ${f.at}, SSTR);`
       ),
     );
-    rescale.push("workgroupBarrier();");
+    rescale.push(...bar);
     output.push(...store(frags), "workgroupBarrier();", `write_rows(sgr, ln, ${c0}u, tb, inv);`);
     if (i < passes.length - 1) output.push("workgroupBarrier();");
   });
@@ -145,6 +147,33 @@ export function generateMatrixCode(c: MmaConsts): Record<string, string> {
     PV: ind(pv, "      "),
     O_RESCALE: ind(rescale, "      "),
     O_OUTPUT: ind(output, "  "),
+  };
+}
+
+/**
+ * The lazy rescale's protocol around O_RESCALE: by default the workgroup's atomic flag
+ * (cleared at the top of a tile, read by workgroupUniformLoad before PV); `sgresc`: the lanes'
+ * flags (`resc_lane`, set by the softmax) and the subgroup's own decision after a plain barrier.
+ */
+function rescaleProtocol(
+  c: MmaConsts,
+  rescale: string,
+): { RESC_RESET: string; RESC_APPLY: string } {
+  if (!c.sgresc) {
+    return {
+      RESC_RESET: "    if (t == 0u) {\n      atomicStore(&s_resc, 0u);\n    }",
+      RESC_APPLY:
+        `    let resc = workgroupUniformLoad(&s_resc);\n    if (resc != 0u) {\n${rescale}\n    }`,
+    };
+  }
+  return {
+    RESC_RESET: "    var resc_lane = false; // this lane's rows need an O rescale this tile",
+    RESC_APPLY: [
+      "    workgroupBarrier(); // P (and the softmax's reads of S) before PV",
+      "    if (subgroupAny(resc_lane)) {",
+      rescale,
+      "    }",
+    ].join("\n"),
   };
 }
 
@@ -191,6 +220,7 @@ export async function flashMmaSource(c: MmaConsts): Promise<string> {
     SOURCE: sourceCode(c),
     ROUND: await roundCode(c.dtype),
     ...matrix,
+    ...rescaleProtocol(c, matrix.O_RESCALE),
     SOFTMAX: cut("softmax") ? "" : c.fast ? fastSoftmaxCode(c) : softmaxCode(c),
     STAGE_LOAD: staging.STAGE_LOAD,
     STAGE_STORE: staging.STAGE_STORE,

@@ -55,6 +55,14 @@ export interface MmaShape {
    * ladder's `-sb`). Not with `direct` or `mstage`. Default false.
    */
   single?: boolean;
+  /**
+   * The lazy rescale decided per subgroup: the lanes' flags reduced by subgroupAny after a
+   * plain P barrier, the O round trip through the subgroup's own rows of s_s with no workgroup
+   * barrier inside, instead of the workgroup's atomic flag read by workgroupUniformLoad (a
+   * barrier more a tile, two atomics). Relies on the device ordering a subgroup's own
+   * workgroup-memory hand-offs, as the v0.7 ladder's `-nb` did on the H200. Default false.
+   */
+  sgresc?: boolean;
   /** Bench only: leave one stage out to time the rest (see {@link MmaAblation}); "": none. */
   ablate?: MmaAblation | "";
 }
@@ -74,6 +82,7 @@ export function fullShape(s: MmaShape): FullMmaShape {
     mstage: s.mstage ?? false,
     qsplit: s.qsplit ?? 1,
     single: s.single ?? false,
+    sgresc: s.sgresc ?? false,
     ablate: s.ablate ?? "",
   };
 }
@@ -175,7 +184,7 @@ export function mmaShapeProblem(
 /**
  * Named shapes (`w{nsg}r{rm}k{bk}`; `-fa2` tau 0, `-f` fast softmax, `-d` direct K/V loads,
  * `-x` K/V staged by matrix moves, `-s{n}` n chains of S = Q K^T, `-b` single-buffered K/V
- * tiles with P in its own array),
+ * tiles with P in its own array, `-u` the lazy rescale decided per subgroup: `sgresc`),
  * what bench/mma_bench.ts sweeps and ATTN_PREFILL_MMA_SHAPE may name for the backend.
  */
 export const MMA_VARIANTS: Readonly<Record<string, MmaShape>> = {
@@ -202,6 +211,8 @@ export const MMA_VARIANTS: Readonly<Record<string, MmaShape>> = {
   "w8r1k32-fb": { nsg: 8, rm: 1, bk: 32, tau: 8, fast: true, single: true },
   "w4r1k32-fb": { nsg: 4, rm: 1, bk: 32, tau: 8, fast: true, single: true },
   "w2r1k64-fb": { nsg: 2, rm: 1, bk: 64, tau: 8, fast: true, single: true },
+  "w8r1k16-u": { nsg: 8, rm: 1, bk: 16, tau: 8, sgresc: true },
+  "w8r1k16-fu": { nsg: 8, rm: 1, bk: 16, tau: 8, fast: true, sgresc: true },
 };
 
 /** Shapes in order of preference: the first that fits the device is the default. */

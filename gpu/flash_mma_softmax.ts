@@ -62,6 +62,10 @@ const rowHead = (i: number, sg: number, lpr: number) => [
   "  let key0 = kt + lq * KPL;",
 ];
 
+/** The rows' rescale flag out of the step: the workgroup's atomic, or (`sgresc`) the lane's. */
+const flagCode = (c: MmaConsts) =>
+  c.sgresc ? ["resc_lane = flag;"] : ["if (flag) {", "  atomicStore(&s_resc, 1u);", "}"];
+
 const indent = (out: string[]) =>
   out.map((x) => x.split("\n").map((y) => "      " + y).join("\n")).join("\n");
 
@@ -81,7 +85,7 @@ export function softmaxCode(c: MmaConsts): string {
       "}",
     );
   }
-  out.push("if (flag) {", "  atomicStore(&s_resc, 1u);", "}");
+  out.push(...flagCode(c));
   return indent(out);
 }
 
@@ -141,6 +145,6 @@ export function fastSoftmaxCode(c: MmaConsts): string {
     if (!kendOnly) out.push("  }");
     out.push(...rowTail(c, i, E, (e) => `f16(exp2(x${e} - m[${i}]))`, "exp2"), "}");
   }
-  out.push("if (flag) {", "  atomicStore(&s_resc, 1u);", "}");
+  out.push(...flagCode(c));
   return indent(out);
 }

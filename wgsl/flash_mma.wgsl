@@ -13,7 +13,7 @@
 //   f32 to workgroup memory -> barrier -> online softmax by the subgroup's own lanes (LPR
 //   lanes per row, RPL rows per lane), P as f16 over this tile's dead K -> the next tile's
 //   words decoded to f16 into the other buffers -> workgroupUniformLoad(rescale flag) ->
-//   [rescale O] -> O += P V -> barrier.
+//   [rescale O] -> O += P V -> barrier (RESC_RESET / RESC_APPLY, see lazy rescaling below).
 // Direct variants (f16 cache, one buffer) load K/V fragments with subgroupMatrixLoad straight
 // from the cache (k0/v0 as array<f16>, kv_elem, keys kvstr elements apart): no staging, no
 // vt_s; keys past kend get masked scores and p = 0, and the V rows of keys past kv_len (which
@@ -34,6 +34,12 @@
 // p = exp(s - m) <= e^TAU (f16 holds up to 65504: TAU <= 11) and O is rescaled (a round trip
 // through workgroup memory, every subgroup, all rows at once) only on such rare tiles
 // after a row has accumulated something. TAU = 0 is plain FA2 (rescale on every new max).
+// RESC_RESET / RESC_APPLY (gpu/flash_mma_codegen.ts) hold that protocol: by default the
+// workgroup's atomic flag s_resc, cleared at the top of a tile and read by workgroupUniformLoad
+// (a barrier, the load, a barrier) before PV; `sgresc` shapes instead decide per subgroup
+// (subgroupAny of its lanes' flags, after a plain barrier) and rescale only that subgroup's own
+// rows of s_s with no workgroup barrier inside (a subgroup's own hand-offs, as the v0.7 ladder's
+// `-nb`: not ordered by WGSL's rules; the float64 checks say whether the device orders them).
 // Subgroups whose rows cannot see any key of a tile (causal, window, padding rows) skip its
 // matrix work; the workgroup's key range is cut to what its rows can see.
 //
@@ -247,9 +253,7 @@ fn main(
   var par = 0u;
 {{WV_DECL}}
   for (var kt = kstart; kt < kend; kt += BK) {
-    if (t == 0u) {
-      atomicStore(&s_resc, 0u);
-    }
+{{RESC_RESET}}
     let kb = {{BUF_THIS}} * KT_LEN; // this tile's K (then P) and V buffers
     let vb = {{BUF_THIS}} * VT_LEN;
 {{LOOP_V_STORE}}
@@ -277,10 +281,7 @@ fn main(
       let vbn = {{BUF_NEXT}} * VT_LEN;
 {{LOOP_STAGE_STORE}}
     }
-    let resc = workgroupUniformLoad(&s_resc);
-    if (resc != 0u) {
-{{O_RESCALE}}
-    }
+{{RESC_APPLY}}
     if (live) {
 {{PV}}
     }
