@@ -141,6 +141,8 @@ Deno.test("flash_mma: ATTN_PREFILL_MMA_SHAPE names a shape, or the error names t
     );
     Deno.env.set("ATTN_PREFILL_MMA_SHAPE", "w8r1k32-fb");
     assert.throws(() => envMmaShape(), /ATTN_PREFILL_MMA_SHAPE=w8r1k32-fb is a bench-only shape/);
+    Deno.env.set("ATTN_PREFILL_MMA_SHAPE", "w8r1k16-fu");
+    assert.throws(() => envMmaShape(), /w8r1k16-fu is a bench-only shape \(per-subgroup rescale/);
   } finally {
     if (old === undefined) Deno.env.delete("ATTN_PREFILL_MMA_SHAPE");
     else Deno.env.set("ATTN_PREFILL_MMA_SHAPE", old);
