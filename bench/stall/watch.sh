@@ -16,9 +16,8 @@ for i in $(seq 1 "$n"); do
   dumped=0
   while kill -0 $job 2>/dev/null; do
     sleep 5
-    pid=$(pgrep -P "$(pgrep -P $job | head -1)" deno 2>/dev/null | head -1)
-    [ -z "$pid" ] && pid=$(pgrep -P $job deno | head -1)
-    [ -z "$pid" ] && continue
+    pid=$job # chroot and bash exec deno: the job is deno itself
+    [ "$(cat /proc/$pid/comm 2>/dev/null)" = deno ] || continue
     f=/opt/trixie$tr
     [ -f "$f" ] || continue
     age=$(( $(date +%s) - $(stat -c %Y "$f") ))
