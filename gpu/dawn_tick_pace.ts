@@ -58,9 +58,21 @@ interface Host {
 interface Installed {
   stats: TickPaceStats;
   pace: TickPace;
+  wake(): void;
 }
 
 const installed = new WeakMap<object, Installed>();
+let globalPacer: Installed | null = null;
+
+/**
+ * A new wait begins (a launch's submit): Dawn's poll runs unpaced for `spin_ms` again, and a
+ * paced tick already queued runs now, so a long wait in flight (a compile, a keep-warm wait)
+ * does not add its delay to a short one. A no-op when the pacer is not installed (`host`:
+ * the one it was installed on, globalThis by default).
+ */
+export function wakeDawnPoll(host?: object): void {
+  (host ? installed.get(host) : globalPacer)?.wake();
+}
 
 /**
  * Wraps `host.setImmediate` (once per host; a later call only updates the knobs). Returns the
@@ -76,11 +88,26 @@ export function installDawnTickPacing(
     return had.stats;
   }
   const real = host.setImmediate;
-  const state: Installed = { stats: { immediate: 0, paced: 0 }, pace: { ...pace } };
+  let chainStart = 0;
+  let timer: ReturnType<typeof setTimeout> | undefined; // the paced tick queued, if any
+  let queued: (() => void) | undefined; // its callback
+  const state: Installed = {
+    stats: { immediate: 0, paced: 0 },
+    pace: { ...pace },
+    wake() {
+      chainStart = performance.now();
+      if (timer === undefined || !queued || typeof real !== "function") return;
+      clearTimeout(timer);
+      const run = queued;
+      timer = queued = undefined;
+      state.stats.immediate++;
+      real.call(host, run);
+    },
+  };
   installed.set(host, state);
+  if (host === (globalThis as unknown)) globalPacer = state;
   if (typeof real !== "function") return state.stats;
   let inTick = false; // true while a callback queued through this wrapper runs
-  let chainStart = 0;
   host.setImmediate = function pacedImmediate(cb, ...args) {
     const now = performance.now();
     if (!inTick) chainStart = now; // queued from outside a tick: a new chain
@@ -98,7 +125,12 @@ export function installDawnTickPacing(
       return real.call(host, run);
     }
     state.stats.paced++;
-    return setTimeout(run, Math.min(state.pace.max_delay_ms, Math.max(1, elapsed / 16)));
+    queued = run;
+    timer = setTimeout(() => {
+      timer = queued = undefined;
+      run();
+    }, Math.min(state.pace.max_delay_ms, Math.max(1, elapsed / 16)));
+    return timer;
   };
   return state.stats;
 }

@@ -9,6 +9,7 @@ import {
   DEFAULT_TICK_PACE,
   installDawnTickPacing,
   tickPaceFromEnv,
+  wakeDawnPoll,
 } from "../../gpu/dawn_tick_pace.ts";
 import { WebGpuDeviceManager } from "../../gpu/device.ts";
 import { loadDawnRuntime } from "../../gpu/runtime_dawn.ts";
@@ -63,6 +64,20 @@ Deno.test("tick pace: a new chain starts unpaced again; arguments pass through",
   const got = await new Promise((r) => host.setImmediate((a: unknown) => r(a), "x"));
   assert.equal(got, "x");
   assert.equal(stats.immediate, before.immediate + 1); // from outside a tick: unpaced
+});
+
+Deno.test("tick pace: a wake runs the paced tick now, once", async () => {
+  const host = fakeHost();
+  const stats = installDawnTickPacing({ spin_ms: 0, max_delay_ms: 1000 }, host);
+  let ran = 0;
+  host.setImmediate(() => ran++); // spin_ms 0: paced, a timer
+  assert.deepEqual([stats.paced, host.calls], [1, 0]);
+  wakeDawnPoll(host);
+  assert.equal(host.calls, 1); // handed to the host's setImmediate
+  await new Promise((r) => setTimeout(r, 10));
+  assert.equal(ran, 1); // and its timer cleared
+  wakeDawnPoll(host); // nothing queued: nothing happens
+  assert.equal(host.calls, 1);
 });
 
 Deno.test("tick pace: ATTN_DAWN_TICK_SPIN_MS sets spin_ms, off disables", () => {
