@@ -17,6 +17,7 @@
  * @module
  */
 import { envVar } from "../core/env.ts";
+import { trace } from "../core/trace.ts";
 
 /** The pacing knobs. */
 export interface TickPace {
@@ -108,6 +109,7 @@ export function installDawnTickPacing(
   if (host === (globalThis as unknown)) globalPacer = state;
   if (typeof real !== "function") return state.stats;
   let inTick = false; // true while a callback queued through this wrapper runs
+  let pacedSince = -1; // the chain's start when its pacing was traced, else -1
   host.setImmediate = function pacedImmediate(cb, ...args) {
     const now = performance.now();
     if (!inTick) chainStart = now; // queued from outside a tick: a new chain
@@ -125,6 +127,10 @@ export function installDawnTickPacing(
       return real.call(host, run);
     }
     state.stats.paced++;
+    if (pacedSince !== chainStart) {
+      pacedSince = chainStart;
+      trace(`dawn poll: a wait past ${state.pace.spin_ms} ms, paced`);
+    }
     queued = run;
     timer = setTimeout(() => {
       timer = queued = undefined;
