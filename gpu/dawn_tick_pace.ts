@@ -14,6 +14,9 @@
  * ms makes about spin_ms x (ticks per ms) + 16 ln(T) + T / max_delay_ms functions instead of
  * T x (ticks per ms), for at most 1/16 of T (capped at max_delay_ms) of added latency. Waits
  * shorter than `spin_ms` (the H200's 0.06 ms round trip, a decode call) are untouched.
+ * {@link wakeDawnPoll} (each launch's submit) starts a new unpaced `spin_ms`. A paced tick's
+ * handle is a timer's: `clearImmediate` does not cancel it (nothing of ours clears immediates;
+ * dawn.node ignores the handle).
  * @module
  */
 import { envVar } from "../core/env.ts";
