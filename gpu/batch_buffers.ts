@@ -8,6 +8,7 @@
  * @module
  */
 import type { GpuContext } from "../core/types.ts";
+import { wakeDawnPoll } from "./dawn_tick_pace.ts";
 
 /** The quiet-NaN f32 bit pattern outputs are poisoned with. */
 export const POISON_BITS = 0x7fc00000;
@@ -183,6 +184,7 @@ export class BatchBuffers {
       if (n > 0) encoder.copyBufferToBuffer(p.buffer, 0, staging, offsets[i], n);
     });
     return async () => {
+      wakeDawnPoll();
       await staging.mapAsync(GPUMapMode.READ);
       const all = staging.getMappedRange();
       const out = parts.map((p, i) =>

@@ -12,6 +12,7 @@ import { bytesPerElement, resolveStorage } from "../core/dtype.ts";
 import { DeviceUnavailableError, ServiceError } from "../core/errors.ts";
 import type { GpuContext, KvCache, KvCacheSpec, StorageDType } from "../core/types.ts";
 import { onDeviceLost } from "./device.ts";
+import { wakeDawnPoll } from "./dawn_tick_pace.ts";
 import { type KvAccessorOptions, kvAccessors } from "./wgsl.ts";
 
 /** Storage buffers a kernel that binds the cache may use besides the K/V chunks. */
@@ -342,6 +343,7 @@ export class GpuKvCache implements KvCache {
       });
       dev.queue.submit([enc.finish()]);
       trace("kv cache read: submitted");
+      wakeDawnPoll();
       await Promise.all(staging.map((s) => s.mapAsync(GPUMapMode.READ)));
       trace("kv cache read: mapped");
       groups.forEach((g, i) => {

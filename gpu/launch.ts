@@ -22,6 +22,7 @@ import { poolOf } from "./buffer_pool.ts";
 import { type BindGroupCache, bindGroupsOf } from "./bind_groups.ts";
 import { STAGED_UPLOAD_BYTES, stagedUploads, stagingOf } from "./upload_staging.ts";
 import { hostPool } from "./host_pool.ts";
+import { wakeDawnPoll } from "./dawn_tick_pace.ts";
 
 /** A buffer binding: a whole buffer or a range of one. */
 export type Bound = GPUBuffer | { buffer: GPUBuffer; offset?: number; size?: number };
@@ -265,6 +266,7 @@ export async function launch(ctx: GpuContext, spec: LaunchSpec): Promise<LaunchR
     trace(`launch ${spec.label}: submitted`);
     const errorPromise = dev.popErrorScope();
     scoped = false;
+    wakeDawnPoll(); // a short wait: Dawn's poll unpaced again (gpu/dawn_tick_pace.ts)
     const [error] = await Promise.all([errorPromise, readback.mapAsync(GPUMapMode.READ)]);
     trace(`launch ${spec.label}: read back`);
     if (error) {

@@ -11,7 +11,8 @@
  * Behaviour seen with Deno 2.9.6 (Mesa 25.0 lavapipe, Debian trixie):
  * - While any Dawn promise is pending, dawn.node (its AsyncRunner) polls the instance from a
  *   `setImmediate` chain, so the JS thread spins until it settles (and the round trip is
- *   microseconds).
+ *   microseconds). Each tick makes a native function whose release costs Deno O(n) (n² in
+ *   all): gpu/dawn_tick_pace.ts paces the loop after its first 2 ms.
  *   Nothing keeps the process alive once the promises settle; `device.lost` does not.
  * - Tint enforces WGSL rules naga does not: a const-expression that is NaN or infinite
  *   (`bitcast<f32>(0x7fc00000u)`) is a shader-creation error, and subgroup builtins need
@@ -27,6 +28,7 @@ import type { AdapterResult, WebGpuRuntime } from "./runtime.ts";
 import { captureStderr } from "./runtime_stderr.ts";
 import { requireEnables } from "./runtime_wgsl.ts";
 import { envVar } from "../core/env.ts";
+import { installDawnTickPacing } from "./dawn_tick_pace.ts";
 
 /** The package this runtime loads (also in deno.json `imports`). */
 export const DAWN_PACKAGE = "npm:webgpu@0.6.2";
@@ -100,6 +102,9 @@ export async function loadDawnRuntime(flags: readonly string[]): Promise<WebGpuR
     return unavailableDawn(meta, `cannot load ${DAWN_PACKAGE}: ${message(e)}`);
   }
   const version = await packageVersion();
+  // Dawn's poll loop makes one native function per tick; unpaced, a long wait (a compile, a
+  // long kernel) left ~400k of them and freeing them stalled the JS thread for minutes.
+  installDawnTickPacing();
   let gpu: GPU;
   try {
     gpu = mod.create([...flags]);

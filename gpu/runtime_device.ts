@@ -3,6 +3,7 @@
  * the optional features the kernels can use when the adapter offers them.
  * @module
  */
+import { wakeDawnPoll } from "./dawn_tick_pace.ts";
 
 /** Optional features requested when the adapter offers them. */
 export const WANTED_FEATURES = [
@@ -95,6 +96,7 @@ export async function completionRoundTrip(
     for (let i = 0; i < iters; i++) {
       const t = performance.now();
       device.queue.submit([]);
+      wakeDawnPoll();
       await staging.mapAsync(GPUMapMode.READ);
       ms.push(performance.now() - t);
       if (i === 0) words = [...new Uint32Array(staging.getMappedRange().slice(0))];

@@ -1,0 +1,145 @@
+/**
+ * Paces Dawn's event polling. While any Dawn promise is pending, dawn.node (npm `webgpu`
+ * 0.6.2, `AsyncRunner::ScheduleProcessEvents`) re-queues its poll with
+ * `globalThis.setImmediate(Napi::Function::New(lambda))`: a new native function every tick,
+ * each with a Node-API finalizer. Under Deno 2.9.6 those finalizers sit in one list that is
+ * searched and shifted for each one freed, so freeing n of them costs n² (bench/NOTES.md
+ * "v0.7 Dawn stalls"): one 15 s wait on lavapipe left ~400k of them, and freeing them held the
+ * JS thread for minutes with the device idle (gdb: the test thread inside Deno's napi code,
+ * every entry `default_finalizer<CallbackData<AsyncRunner::ScheduleProcessEvents...>>`).
+ *
+ * {@link installDawnTickPacing} wraps `globalThis.setImmediate` so that a chain of immediates
+ * (each one queued from the callback of the one before: Dawn's poll loop) runs unpaced for
+ * `spin_ms`, then as timers `delay = clamp(elapsed / 16, 1, max_delay_ms)` apart: a wait of T
+ * ms makes about spin_ms x (ticks per ms) + 16 ln(T) + T / max_delay_ms functions instead of
+ * T x (ticks per ms), for at most 1/16 of T (capped at max_delay_ms) of added latency. Waits
+ * shorter than `spin_ms` (the H200's 0.06 ms round trip, a decode call) are untouched.
+ * {@link wakeDawnPoll} (each launch's submit) starts a new unpaced `spin_ms`. A paced tick's
+ * handle is a timer's: `clearImmediate` does not cancel it (nothing of ours clears immediates;
+ * dawn.node ignores the handle).
+ * @module
+ */
+import { envVar } from "../core/env.ts";
+import { trace } from "../core/trace.ts";
+
+/** The pacing knobs. */
+export interface TickPace {
+  /** A chain of immediates runs unpaced this long, in ms (Infinity: never paced). */
+  spin_ms: number;
+  /** The longest delay between two paced ticks, in ms. */
+  max_delay_ms: number;
+}
+
+/** Defaults: 2 ms unpaced, then at most 16 ms apart. */
+export const DEFAULT_TICK_PACE: Readonly<TickPace> = Object.freeze({
+  spin_ms: 2,
+  max_delay_ms: 16,
+});
+
+/** The pacing from `ATTN_DAWN_TICK_SPIN_MS` (`off`: never paced) and the defaults. */
+export function tickPaceFromEnv(): TickPace {
+  const v = envVar("ATTN_DAWN_TICK_SPIN_MS");
+  if (v === "off") return { ...DEFAULT_TICK_PACE, spin_ms: Infinity };
+  const n = Number(v);
+  return v && Number.isFinite(n) && n >= 0 ? { ...DEFAULT_TICK_PACE, spin_ms: n } : {
+    ...DEFAULT_TICK_PACE,
+  };
+}
+
+/** Counts of what the pacer did since it was installed. */
+export interface TickPaceStats {
+  /** Immediates run as immediates (unpaced). */
+  immediate: number;
+  /** Immediates run as timers (paced). */
+  paced: number;
+}
+
+type SetImmediate = (cb: (...a: unknown[]) => void, ...args: unknown[]) => unknown;
+interface Host {
+  setImmediate?: SetImmediate;
+}
+
+interface Installed {
+  stats: TickPaceStats;
+  pace: TickPace;
+  wake(): void;
+}
+
+const installed = new WeakMap<object, Installed>();
+let globalPacer: Installed | null = null;
+
+/**
+ * A new wait begins (a launch's submit): Dawn's poll runs unpaced for `spin_ms` again, and a
+ * paced tick already queued runs now, so a long wait in flight (a compile, a keep-warm wait)
+ * does not add its delay to a short one. A no-op when the pacer is not installed (`host`:
+ * the one it was installed on, globalThis by default).
+ */
+export function wakeDawnPoll(host?: object): void {
+  (host ? installed.get(host) : globalPacer)?.wake();
+}
+
+/**
+ * Wraps `host.setImmediate` (once per host; a later call only updates the knobs). Returns the
+ * live counts. A host without `setImmediate` is left alone (Dawn then cannot poll anyway).
+ */
+export function installDawnTickPacing(
+  pace: TickPace = tickPaceFromEnv(),
+  host: Host = globalThis as unknown as Host,
+): TickPaceStats {
+  const had = installed.get(host);
+  if (had) {
+    had.pace = { ...pace };
+    return had.stats;
+  }
+  const real = host.setImmediate;
+  let chainStart = 0;
+  let timer: ReturnType<typeof setTimeout> | undefined; // the paced tick queued, if any
+  let queued: (() => void) | undefined; // its callback
+  const state: Installed = {
+    stats: { immediate: 0, paced: 0 },
+    pace: { ...pace },
+    wake() {
+      chainStart = performance.now();
+      if (timer === undefined || !queued || typeof real !== "function") return;
+      clearTimeout(timer);
+      const run = queued;
+      timer = queued = undefined;
+      state.stats.immediate++;
+      real.call(host, run);
+    },
+  };
+  installed.set(host, state);
+  if (host === (globalThis as unknown)) globalPacer = state;
+  if (typeof real !== "function") return state.stats;
+  let inTick = false; // true while a callback queued through this wrapper runs
+  let pacedSince = -1; // the chain's start when its pacing was traced, else -1
+  host.setImmediate = function pacedImmediate(cb, ...args) {
+    const now = performance.now();
+    if (!inTick) chainStart = now; // queued from outside a tick: a new chain
+    const elapsed = now - chainStart;
+    const run = () => {
+      inTick = true;
+      try {
+        cb(...args);
+      } finally {
+        inTick = false;
+      }
+    };
+    if (!(elapsed >= state.pace.spin_ms)) {
+      state.stats.immediate++;
+      return real.call(host, run);
+    }
+    state.stats.paced++;
+    if (pacedSince !== chainStart) {
+      pacedSince = chainStart;
+      trace(`dawn poll: a wait past ${state.pace.spin_ms} ms, paced`);
+    }
+    queued = run;
+    timer = setTimeout(() => {
+      timer = queued = undefined;
+      run();
+    }, Math.min(state.pace.max_delay_ms, Math.max(1, elapsed / 16)));
+    return timer;
+  };
+  return state.stats;
+}

@@ -1,0 +1,184 @@
+/**
+ * Dawn's poll loop paced (gpu/dawn_tick_pace.ts; bench/NOTES.md "v0.7 Dawn stalls"): the
+ * pacer on a fake host (no GPU), and on Dawn where it has an adapter a wait of about a second
+ * (one long dispatch) makes a bounded number of poll ticks: unpaced, lavapipe made ~12 per ms
+ * of wait (the H200 many more), each a native function whose release costs Deno O(n).
+ */
+import assert from "node:assert/strict";
+import {
+  DEFAULT_TICK_PACE,
+  installDawnTickPacing,
+  tickPaceFromEnv,
+  wakeDawnPoll,
+} from "../../gpu/dawn_tick_pace.ts";
+import { WebGpuDeviceManager } from "../../gpu/device.ts";
+import { loadDawnRuntime } from "../../gpu/runtime_dawn.ts";
+import { DEFAULT_DAWN_FLAGS } from "../../gpu/runtime_options.ts";
+
+type Cb = (...a: unknown[]) => void;
+
+/** A host whose setImmediate runs callbacks as macrotasks (setTimeout 0) and counts them. */
+function fakeHost() {
+  const host = {
+    calls: 0,
+    setImmediate(cb: Cb, ...args: unknown[]) {
+      host.calls++;
+      return setTimeout(() => cb(...args), 0);
+    },
+  };
+  return host;
+}
+
+/** Runs a chain of `n` immediates, each queued from the one before; resolves with its ms. */
+function chain(host: { setImmediate?: (cb: Cb) => unknown }, n: number): Promise<number> {
+  const t0 = performance.now();
+  return new Promise((done) => {
+    let left = n;
+    const tick = () => (--left > 0 ? host.setImmediate!(tick) : done(performance.now() - t0));
+    host.setImmediate!(tick);
+  });
+}
+
+Deno.test("tick pace: a chain runs unpaced for spin_ms, then as timers", async () => {
+  const host = fakeHost();
+  const stats = installDawnTickPacing({ spin_ms: 0, max_delay_ms: 4 }, host);
+  await chain(host, 20);
+  // spin_ms 0: every tick is a timer (none reaches the host's setImmediate)
+  assert.deepEqual(stats, { immediate: 0, paced: 20 });
+  assert.equal(host.calls, 0);
+  // a later install updates the knobs of the same wrapper
+  assert.equal(installDawnTickPacing({ spin_ms: Infinity, max_delay_ms: 4 }, host), stats);
+  await chain(host, 10);
+  assert.deepEqual(stats, { immediate: 10, paced: 20 });
+  assert.equal(host.calls, 10);
+});
+
+Deno.test("tick pace: a new chain starts unpaced again; arguments pass through", async () => {
+  const host = fakeHost();
+  const stats = installDawnTickPacing({ spin_ms: 20, max_delay_ms: 4 }, host);
+  const ms = await chain(host, 100);
+  assert.ok(stats.paced > 0 && stats.immediate > 0, JSON.stringify(stats));
+  // paced ticks are at most max_delay_ms apart
+  assert.ok(ms < 20 + stats.paced * 4 + 500, `${ms} ms`);
+  const before = { ...stats };
+  const got = await new Promise((r) => host.setImmediate((a: unknown) => r(a), "x"));
+  assert.equal(got, "x");
+  assert.equal(stats.immediate, before.immediate + 1); // from outside a tick: unpaced
+});
+
+Deno.test("tick pace: a wake runs the paced tick now, once", async () => {
+  const host = fakeHost();
+  const stats = installDawnTickPacing({ spin_ms: 0, max_delay_ms: 1000 }, host);
+  let ran = 0;
+  host.setImmediate(() => ran++); // spin_ms 0: paced, a timer
+  assert.deepEqual([stats.paced, host.calls], [1, 0]);
+  wakeDawnPoll(host);
+  assert.equal(host.calls, 1); // handed to the host's setImmediate
+  await new Promise((r) => setTimeout(r, 10));
+  assert.equal(ran, 1); // and its timer cleared
+  wakeDawnPoll(host); // nothing queued: nothing happens
+  assert.equal(host.calls, 1);
+});
+
+Deno.test("tick pace: ATTN_DAWN_TICK_SPIN_MS sets spin_ms, off disables", () => {
+  const old = Deno.env.get("ATTN_DAWN_TICK_SPIN_MS");
+  try {
+    Deno.env.set("ATTN_DAWN_TICK_SPIN_MS", "off");
+    assert.equal(tickPaceFromEnv().spin_ms, Infinity);
+    Deno.env.set("ATTN_DAWN_TICK_SPIN_MS", "5");
+    assert.deepEqual(tickPaceFromEnv(), { ...DEFAULT_TICK_PACE, spin_ms: 5 });
+    Deno.env.set("ATTN_DAWN_TICK_SPIN_MS", "nonsense");
+    assert.deepEqual(tickPaceFromEnv(), { ...DEFAULT_TICK_PACE });
+  } finally {
+    if (old === undefined) Deno.env.delete("ATTN_DAWN_TICK_SPIN_MS");
+    else Deno.env.set("ATTN_DAWN_TICK_SPIN_MS", old);
+  }
+});
+
+const FLAGS = [...DEFAULT_DAWN_FLAGS];
+const DAWN = await loadDawnRuntime(FLAGS);
+const NO_DAWN =
+  (await DAWN.requestAdapter({ powerPreference: "high-performance" })).adapter === null;
+const selection = { runtime: DAWN, requested: "dawn" as const, because: "test", others: {} };
+
+const SPIN_WGSL = `@group(0) @binding(0) var<storage, read_write> out: array<u32>;
+@group(0) @binding(1) var<uniform> n: vec4u;
+@compute @workgroup_size(1) fn main() {
+  var x = 1u;
+  for (var i = 0u; i < n.x; i++) { x = x * 1664525u + 1013904223u; }
+  out[0] = x;
+}`;
+
+/** One dispatch of `iters` dependent steps, then mapAsync; the wait's ms and the LCG result. */
+async function longWait(device: GPUDevice, pipeline: GPUComputePipeline, iters: number) {
+  const use = GPUBufferUsage;
+  const out = device.createBuffer({ size: 16, usage: use.STORAGE | use.COPY_SRC });
+  const uni = device.createBuffer({ size: 16, usage: use.UNIFORM | use.COPY_DST });
+  const rb = device.createBuffer({ size: 16, usage: use.MAP_READ | use.COPY_DST });
+  device.queue.writeBuffer(uni, 0, new Uint32Array([iters, 0, 0, 0]));
+  const enc = device.createCommandEncoder();
+  const pass = enc.beginComputePass();
+  pass.setPipeline(pipeline);
+  pass.setBindGroup(
+    0,
+    device.createBindGroup({
+      layout: pipeline.getBindGroupLayout(0),
+      entries: [{ binding: 0, resource: { buffer: out } }, {
+        binding: 1,
+        resource: { buffer: uni },
+      }],
+    }),
+  );
+  pass.dispatchWorkgroups(1);
+  pass.end();
+  enc.copyBufferToBuffer(out, 0, rb, 0, 16);
+  const t0 = performance.now();
+  device.queue.submit([enc.finish()]);
+  await rb.mapAsync(GPUMapMode.READ);
+  const ms = performance.now() - t0;
+  const word = new Uint32Array(rb.getMappedRange())[0];
+  for (const b of [out, uni, rb]) b.destroy();
+  return { ms, word };
+}
+
+function lcg(iters: number): number {
+  let x = 1;
+  for (let i = 0; i < iters; i++) x = (Math.imul(x, 1664525) + 1013904223) >>> 0;
+  return x;
+}
+
+Deno.test({
+  name: "tick pace: a one-second Dawn wait makes a bounded number of poll ticks",
+  ignore: NO_DAWN,
+  sanitizeOps: false,
+  sanitizeResources: false,
+  fn: async () => {
+    const mgr = new WebGpuDeviceManager({ selection: { ...selection, dawnFlags: FLAGS } });
+    const device = (await mgr.acquire())!.device;
+    try {
+      const pipeline = await device.createComputePipelineAsync({
+        layout: "auto",
+        compute: { module: device.createShaderModule({ code: SPIN_WGSL }), entryPoint: "main" },
+      });
+      let iters = 1 << 20, wait = await longWait(device, pipeline, iters);
+      while (wait.ms < 250 && iters < 2 ** 31) wait = await longWait(device, pipeline, iters *= 2);
+      iters = Math.min(2 ** 32 - 1, Math.ceil(iters * Math.max(1, 1000 / wait.ms)));
+      const g = globalThis as unknown as { setImmediate: (cb: Cb) => unknown };
+      const paced = g.setImmediate;
+      let ticks = 0;
+      g.setImmediate = (cb: Cb) => (ticks++, paced(cb));
+      try {
+        wait = await longWait(device, pipeline, iters);
+      } finally {
+        g.setImmediate = paced;
+      }
+      if (iters <= 2 ** 27) assert.equal(wait.word, lcg(iters)); // the kernel really ran
+      // paced: the 2 ms spin, then >= 1 ms apart (~T/16 apart, at most 16 ms): ~100 a second
+      const bound = 2000 + wait.ms;
+      console.log(`${ticks} poll ticks in a ${wait.ms.toFixed(0)} ms wait (${iters} steps)`);
+      assert.ok(ticks < bound, `${ticks} ticks in a ${wait.ms.toFixed(0)} ms wait (< ${bound})`);
+    } finally {
+      mgr.close();
+    }
+  },
+});
