@@ -30,7 +30,9 @@
 //    writer's store visible eventually; the writer drew its ticket before storing, so it is
 //    running and waits for nothing: no deadlock. The retry is bounded (SPIN passes); past it
 //    the merge uses what it read, a 0 word decodes to NaN, and the output shows NaN instead of
-//    the device hanging.
+//    the device hanging. SPIN is sized for software adapters, where the writer is a CPU thread
+//    the OS may deschedule for a time slice (~10 ms) after its ticket: 4096 passes (~0.4 ms on
+//    lavapipe) ran out under load and showed NaN (tests, 2-core VM, v0.7).
 //  - The counter: atomicAdd is a read-modify-write, so the n tickets of a group are 0 .. n - 1
 //    in some order; exactly one workgroup is last, and its reset to 0 comes after all n
 //    increments in the counter's modification order.
@@ -43,7 +45,7 @@
 //                  first at the row table's 4th field.
 
 const XM: u32 = 0x7fa5a5a5u;
-const SPIN: u32 = 4096u;
+const SPIN: u32 = 262144u;
 var<workgroup> wtk: u32;
 
 fn put_word(w: u32, x: f32) {
