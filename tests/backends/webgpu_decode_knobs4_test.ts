@@ -15,14 +15,17 @@ import {
   makeWebGpuDecode,
 } from "../../backends/webgpu_decode.ts";
 import type { AttentionBackend } from "../../core/types.ts";
-import { type BatchSpec, generateBatch } from "../support/batches.ts";
+import type { BatchSpec } from "../support/batches.ts";
 import { checkBackend } from "../support/backend_check.ts";
-import { BF16_NHD_SPEC, F32_MHA_SPEC, FP8_HND_SPEC } from "../support/decode_knob_specs.ts";
-import { validHostBatch } from "../../service/host_input.ts";
-import { GpuKvCache } from "../../gpu/kv_cache.ts";
+import {
+  BF16_NHD_SPEC,
+  decodePlanInfo,
+  F32_MHA_SPEC,
+  FP8_HND_SPEC,
+} from "../support/decode_knob_specs.ts";
 import { launch } from "../../gpu/launch.ts";
 import { residencyReads, residencyUploads } from "../../gpu/decode_residency.ts";
-import { freshSeed, GPU, NO_GPU } from "../gpu/helpers.ts";
+import { GPU, NO_GPU } from "../gpu/helpers.ts";
 
 /** The GPU kernel shape (8 or 16 key groups a workgroup on lavapipe), fixed slices. */
 const BASE: DecodeTuning = {
@@ -53,18 +56,7 @@ const F16: BatchSpec = {
 };
 const FP8 = FP8_HND_SPEC, BF16 = BF16_NHD_SPEC, F32 = F32_MHA_SPEC;
 
-/** The plan's counts for `s` under `b`. */
-async function planInfo(b: AttentionBackend, s: BatchSpec): Promise<Record<string, number>> {
-  const g = generateBatch(s, freshSeed());
-  const cache = await GpuKvCache.fromBytes(GPU!, g.cache_spec!, g.key_cache, g.value_cache);
-  try {
-    const plan = await b.plan(validHostBatch(g.batch, cache), { gpu: GPU });
-    b.disposePlan?.(plan);
-    return (plan as { info: Record<string, number> }).info;
-  } finally {
-    cache.destroy();
-  }
-}
+const planInfo = (b: AttentionBackend, s: BatchSpec) => decodePlanInfo(GPU!, b, s);
 
 /** Name, tuning, batch, kv head blocks a workgroup expected, epilogue expected. */
 const CASES: [string, Partial<DecodeTuning>, BatchSpec, number, number][] = [

@@ -20,17 +20,16 @@ import {
 import type { AttentionBackend, GpuContext } from "../../core/types.ts";
 import { sliceCount, sliceLength } from "../../backends/decode_split_policy.ts";
 import { epilogueMode } from "../../backends/decode_shape.ts";
-import { type BatchSpec, generateBatch } from "../support/batches.ts";
+import type { BatchSpec } from "../support/batches.ts";
 import { checkBackend } from "../support/backend_check.ts";
 import {
   BF16_NHD_SPEC,
+  decodePlanInfo,
   F32_MHA_SPEC,
   FP8_HND_SPEC,
   KNOB_REQUESTS,
 } from "../support/decode_knob_specs.ts";
-import { validHostBatch } from "../../service/host_input.ts";
-import { GpuKvCache } from "../../gpu/kv_cache.ts";
-import { freshSeed, GPU, NO_GPU } from "../gpu/helpers.ts";
+import { GPU, NO_GPU } from "../gpu/helpers.ts";
 
 const GPU_SHAPE = { workgroup_size: 128, keys_per_iter: 4, kv_heads_per_group: 1 };
 const MANY = { target_workgroups: 4096, min_split_keys: 16 };
@@ -200,18 +199,7 @@ const KNOB_BASE: DecodeTuning = {
 const backendOf = (t: Partial<DecodeTuning>) =>
   makeWebGpuDecode({ ...KNOB_BASE, ...GPU_SHAPE, ...MANY, ...t }) as AttentionBackend;
 
-/** The plan's counts for `s` under `b` (what ran: epilogue, staging, split rows). */
-async function planInfo(b: AttentionBackend, s: BatchSpec): Promise<Record<string, number>> {
-  const g = generateBatch(s, freshSeed());
-  const cache = await GpuKvCache.fromBytes(GPU!, g.cache_spec!, g.key_cache, g.value_cache);
-  try {
-    const plan = await b.plan(validHostBatch(g.batch, cache), { gpu: GPU });
-    b.disposePlan?.(plan);
-    return (plan as { info: Record<string, number> }).info;
-  } finally {
-    cache.destroy();
-  }
-}
+const planInfo = (b: AttentionBackend, s: BatchSpec) => decodePlanInfo(GPU!, b, s);
 
 for (const [kname, tuning, expect] of KNOBS) {
   for (const [sname, spec] of SPECS) {

@@ -1,11 +1,33 @@
 /**
- * The hostile decode batches the WEBGPU_DECODE knob tests share (webgpu_decode_knobs_test.ts,
- * webgpu_decode_knobs4_test.ts): rows of several slices beside rows of one, an empty request, a
- * padded block table; window, sinks, ALiBi, soft cap and LSE; fp8 / bf16 / f32 caches, HND and
- * NHD.
+ * What the WEBGPU_DECODE knob tests share (webgpu_decode_knobs_test.ts,
+ * webgpu_decode_knobs4_test.ts): their hostile batches (rows of several slices beside rows of
+ * one, an empty request, a padded block table; window, sinks, ALiBi, soft cap and LSE; fp8 /
+ * bf16 / f32 caches, HND and NHD) and {@link decodePlanInfo}, the counts of what a plan runs.
  * @module
  */
-import type { BatchSpec } from "./batches.ts";
+import type { AttentionBackend, GpuContext } from "../../core/types.ts";
+import { GpuKvCache } from "../../gpu/kv_cache.ts";
+import { validHostBatch } from "../../service/host_input.ts";
+import { type BatchSpec, generateBatch } from "./batches.ts";
+import { freshSeed } from "../gpu/helpers.ts";
+
+/** The plan's counts for a fresh batch of `s` under `b` (what ran: epilogue, staging, split
+ * rows); the plan is disposed, nothing runs. */
+export async function decodePlanInfo(
+  gpu: GpuContext,
+  b: AttentionBackend,
+  s: BatchSpec,
+): Promise<Record<string, number>> {
+  const g = generateBatch(s, freshSeed());
+  const cache = await GpuKvCache.fromBytes(gpu, g.cache_spec!, g.key_cache, g.value_cache);
+  try {
+    const plan = await b.plan(validHostBatch(g.batch, cache), { gpu });
+    b.disposePlan?.(plan);
+    return (plan as { info: Record<string, number> }).info;
+  } finally {
+    cache.destroy();
+  }
+}
 
 /** Rows of several slices and of one, an empty request, a padded block table. */
 export const KNOB_REQUESTS = [
