@@ -66,7 +66,6 @@ interface Installed {
 }
 
 const installed = new WeakMap<object, Installed>();
-let globalPacer: Installed | null = null;
 
 /**
  * A new wait begins (a launch's submit): Dawn's poll runs unpaced for `spin_ms` again, and a
@@ -75,7 +74,7 @@ let globalPacer: Installed | null = null;
  * the one it was installed on, globalThis by default).
  */
 export function wakeDawnPoll(host?: object): void {
-  (host ? installed.get(host) : globalPacer)?.wake();
+  installed.get(host ?? globalThis)?.wake();
 }
 
 /**
@@ -109,7 +108,6 @@ export function installDawnTickPacing(
     },
   };
   installed.set(host, state);
-  if (host === (globalThis as unknown)) globalPacer = state;
   if (typeof real !== "function") return state.stats;
   let inTick = false; // true while a callback queued through this wrapper runs
   let pacedSince = -1; // the chain's start when its pacing was traced, else -1
