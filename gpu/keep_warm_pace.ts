@@ -29,6 +29,9 @@ export const MIN_CALIBRATION_MS = 1;
 /** The default ms between calibrating waits. */
 export const DEFAULT_SYNC_MS = 500;
 
+/** The least spin time (ms) the pacer works from: a coarse clock can measure a spin as 0. */
+export const MIN_SPIN_MS = 1e-3;
+
 /** The belief of queued spin work (module doc). All times in ms, `now` from the caller. */
 export class SpinPacer {
   readonly #spin: number;
@@ -44,7 +47,7 @@ export class SpinPacer {
 
   /** `spin_ms`: one spin's time measured at start. */
   constructor(spin_ms: number, period_ms: number, depth: number, sync_ms = DEFAULT_SYNC_MS) {
-    this.#spin = Math.max(spin_ms, 1e-3);
+    this.#spin = Math.max(spin_ms, MIN_SPIN_MS);
     this.#period = period_ms;
     this.#depth = depth;
     this.#syncMs = sync_ms;
