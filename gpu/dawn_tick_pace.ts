@@ -77,6 +77,11 @@ export function wakeDawnPoll(host?: object): void {
   installed.get(host ?? globalThis)?.wake();
 }
 
+/** The counts of the pacer installed on `host` (globalThis by default), or undefined. */
+export function dawnTickPacing(host?: object): Readonly<TickPaceStats> | undefined {
+  return installed.get(host ?? globalThis)?.stats;
+}
+
 /**
  * Wraps `host.setImmediate` (once per host; a later call only updates the knobs). Returns the
  * live counts. A host without `setImmediate` is left alone (Dawn then cannot poll anyway).

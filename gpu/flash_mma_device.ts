@@ -12,12 +12,13 @@ import type { GpuContext } from "../core/types.ts";
 import { numericLimits, WebGpuContext } from "./device.ts";
 import { MMA_FEATURE, type MmaSupport } from "./flash_mma_kernel.ts";
 import { DEFAULT_DAWN_FLAGS } from "./runtime_options.ts";
+import { DAWN_PACKAGE, importDawn } from "./runtime_dawn.ts";
 
 /** Dawn's flags for the feature: the runtime's defaults (unsafe APIs, f16 on NVIDIA, stamps). */
 export const DAWN_MMA_FLAGS = [...DEFAULT_DAWN_FLAGS];
 
 /** The Dawn module specifier (also in the GPU pack's Deno cache). */
-export const DAWN_MODULE = "npm:webgpu@0.6.2";
+export const DAWN_MODULE = DAWN_PACKAGE;
 
 /** A GPU context whose device may run the subgroup-matrix kernel. */
 export interface MmaContext extends GpuContext {
@@ -53,7 +54,7 @@ export function pickMatrixConfig(
 export async function acquireMmaDevice(flags = DAWN_MMA_FLAGS): Promise<MmaAcquired> {
   let create: (f: string[]) => GPU;
   try {
-    ({ create } = await import(DAWN_MODULE));
+    ({ create } = await importDawn()); // with the poll pacer: v0.7's stalls were these tests
   } catch (e) {
     return { ctx: null, reason: `Dawn (${DAWN_MODULE}) did not load: ${why(e)}` };
   }

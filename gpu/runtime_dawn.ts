@@ -73,8 +73,22 @@ export function dawnMessages(text: string): string[] {
   return out;
 }
 
-interface DawnModule {
+/** What this project uses of npm `webgpu`. */
+export interface DawnModule {
   create(flags: string[]): GPU;
+}
+
+/**
+ * The one way this project loads Dawn: imports npm `webgpu` and installs the poll pacer
+ * (gpu/dawn_tick_pace.ts) before any of its promises can exist. Dawn's poll loop makes one
+ * native function per tick; unpaced, a long wait (a compile, a long kernel) left ~400k of them
+ * and freeing them stalled the JS thread for minutes (bench/NOTES.md "v0.7 Dawn stalls").
+ * @throws what the import throws (the addon did not load).
+ */
+export async function importDawn(): Promise<DawnModule> {
+  const mod = (await import("webgpu")) as unknown as DawnModule;
+  installDawnTickPacing();
+  return mod;
 }
 
 async function packageVersion(): Promise<string> {
@@ -97,14 +111,11 @@ export async function loadDawnRuntime(flags: readonly string[]): Promise<WebGpuR
   };
   let mod: DawnModule;
   try {
-    mod = (await import("webgpu")) as unknown as DawnModule;
+    mod = await importDawn();
   } catch (e) {
     return unavailableDawn(meta, `cannot load ${DAWN_PACKAGE}: ${message(e)}`);
   }
   const version = await packageVersion();
-  // Dawn's poll loop makes one native function per tick; unpaced, a long wait (a compile, a
-  // long kernel) left ~400k of them and freeing them stalled the JS thread for minutes.
-  installDawnTickPacing();
   let gpu: GPU;
   try {
     gpu = mod.create([...flags]);

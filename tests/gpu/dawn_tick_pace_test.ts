@@ -182,3 +182,35 @@ Deno.test({
     }
   },
 });
+
+/** Runs `code` (a module importing from the repository root) in a fresh Deno; its stdout. */
+async function freshDeno(code: string): Promise<string> {
+  const root = new URL("../../", import.meta.url).href;
+  const out = await new Deno.Command(Deno.execPath(), {
+    args: ["eval", "--ext=ts", code.replaceAll("ROOT/", root)],
+    stdout: "piped",
+    stderr: "piped",
+    env: { DENO_NO_UPDATE_CHECK: "1" },
+  }).output();
+  const err = new TextDecoder().decode(out.stderr);
+  assert.ok(out.success, `fresh Deno failed: ${err}`);
+  return new TextDecoder().decode(out.stdout).trim();
+}
+
+// Session 16 on the H200: the tensor-core tests still stalled (a compile's wait sat 190 s with
+// no "paced" line in the trace), because acquireMmaDevice loaded Dawn without the pacer.
+Deno.test("tick pace: every way of loading Dawn installs the pacer (the mma device too)", async () => {
+  const said = await freshDeno(`
+    import { acquireMmaDevice } from "ROOT/gpu/flash_mma_device.ts";
+    import { dawnTickPacing } from "ROOT/gpu/dawn_tick_pace.ts";
+    const before = dawnTickPacing() !== undefined;
+    const got = await acquireMmaDevice();
+    const loaded = !/did not load/.test(got.reason ?? "");
+    got.ctx?.device.destroy();
+    console.log(JSON.stringify({ before, loaded, after: dawnTickPacing() !== undefined }));
+  `);
+  const r = JSON.parse(said.split("\n").at(-1)!);
+  assert.equal(r.before, false);
+  assert.equal(r.loaded, true, "npm:webgpu did not load in the fresh process");
+  assert.equal(r.after, true, "acquireMmaDevice loaded Dawn without the poll pacer");
+});
