@@ -10,7 +10,7 @@
  * design, marked "ablation, not checked", never a failure.
  *
  * Usage: deno run -A bench/mma_bench.ts [--small] [--iters N] [--only name,name]
- *   [--cases 4x1024,8x4096] [--json]
+ *   [--cases 4x1024,8x4096,4x4096n] [--json] (`4x4096n`: non-causal, only when named)
  * @module
  */
 import { parseArgs } from "node:util";
@@ -24,6 +24,7 @@ import {
 import { acquireMmaDevice, type MmaContext } from "../gpu/flash_mma_device.ts";
 import { type GpuPlan, runGpuPlan, uploadPlanTable } from "../gpu/gpu_plan.ts";
 import {
+  caseName,
   checkRows,
   compareOutputs,
   type PrefillCase,
@@ -50,7 +51,16 @@ export const DEFAULT_VARIANTS = [
   "w8r1k16-fx~nopv",
 ];
 
-const ABLATIONS: readonly MmaAblation[] = ["softmax", "stage", "qk", "pv"];
+const ABLATIONS: readonly MmaAblation[] = [
+  "softmax",
+  "stage",
+  "qk",
+  "pv",
+  "rescale",
+  "live",
+  "bt",
+  "loop",
+];
 
 /** The shape a variant name stands for (`base` or `base~no<stage>`), or null. */
 export function variantShape(name: string): MmaShape | null {
@@ -79,6 +89,13 @@ const caseNames = args.values.cases ? args.values.cases.split(",") : null;
 const GPU_CASES: PrefillCase[] = [
   { reqs: 4, len: 1024, heads: 32, kvHeads: 8, headSize: 128, blockSize: 16 },
   { reqs: 8, len: 4096, heads: 32, kvHeads: 8, headSize: 128, blockSize: 16 },
+];
+/**
+ * Run only when `--cases` names them: non-causal, every workgroup 256 key tiles, as the v0.7
+ * ladder's probes (bench/mma_ceiling.ts), so the two compare tile for tile.
+ */
+const EXTRA_GPU_CASES: PrefillCase[] = [
+  { causal: false, reqs: 4, len: 4096, heads: 32, kvHeads: 8, headSize: 128, blockSize: 16 },
 ];
 const SMALL_CASES: PrefillCase[] = [
   { reqs: 2, len: 96, heads: 8, kvHeads: 2, headSize: 64, blockSize: 16 },
@@ -164,13 +181,17 @@ console.log(
 const small = args.values.small || info.vendor === "mesa" || /llvmpipe/.test(info.description);
 const results: Record<string, unknown>[] = [];
 const timed = ctx.features.has("timestamp-query");
-const cases = (small ? SMALL_CASES : GPU_CASES).filter((c) =>
-  !caseNames || caseNames.includes(`${c.reqs}x${c.len}`)
-);
+const [baseCases, extraCases] = small
+  ? [SMALL_CASES, SMALL_CASES.map((c) => ({ ...c, causal: false }))]
+  : [GPU_CASES, EXTRA_GPU_CASES];
+const cases = caseNames
+  ? [...baseCases, ...extraCases].filter((c) => caseNames.includes(caseName(c)))
+  : baseCases;
 for (const c of cases) {
   const t0 = performance.now();
   const data = await prefillData(ctx, c);
-  const label = `prefill ${c.reqs}x${c.len} causal f16 ${c.heads}q/${c.kvHeads}kv hd${c.headSize}`;
+  const label = `prefill ${c.reqs}x${c.len} ${c.causal === false ? "non-causal" : "causal"} f16 ` +
+    `${c.heads}q/${c.kvHeads}kv hd${c.headSize}`;
   const gf = (data.flops / 1e9).toFixed(1), ms = (performance.now() - t0).toFixed(0);
   console.log(`\n${label}: ${gf} GFLOP (data ${ms} ms)`);
   console.log(

@@ -12,8 +12,13 @@ import { GpuKvCache } from "../gpu/kv_cache.ts";
 import type { MmaContext } from "../gpu/flash_mma_device.ts";
 import { attachCache, type ForwardInput, validateForward } from "../service/validate.ts";
 
-/** A prefill case: `reqs` requests of `len` new tokens each, no context before them. */
+/**
+ * A prefill case: `reqs` requests of `len` new tokens each, no context before them; causal
+ * unless `causal` is false (every token then sees all `len` keys of its request: the v0.7
+ * ladder's problem, 256 key tiles for every workgroup at len 4096).
+ */
 export interface PrefillCase {
+  causal?: boolean;
   reqs: number;
   len: number;
   heads: number;
@@ -59,7 +64,10 @@ const tensor = (bits: Uint16Array, shape: number[]) => ({
   encoding: "binary" as const,
 });
 
-/** Builds and validates a causal f16 prefill over an empty NHD cache (blocks permuted). */
+/** Its name in `--cases`: `4x1024`, or `4x4096n` when not causal. */
+export const caseName = (c: PrefillCase) => `${c.reqs}x${c.len}${c.causal === false ? "n" : ""}`;
+
+/** Builds and validates an f16 prefill over an empty NHD cache (blocks permuted). */
 export async function prefillData(ctx: MmaContext, c: PrefillCase, seed = 1): Promise<PrefillData> {
   const { reqs, len, heads: H, kvHeads: Hkv, headSize: D, blockSize: bs } = c;
   const T = reqs * len, per = Math.ceil(len / bs), numBlocks = 1 + reqs * per;
@@ -86,7 +94,13 @@ export async function prefillData(ctx: MmaContext, c: PrefillCase, seed = 1): Pr
   };
   const input: ForwardInput = {
     dtype: "float16",
-    layer: { num_heads: H, num_kv_heads: Hkv, head_size: D, attn_type: "decoder", causal: true },
+    layer: {
+      num_heads: H,
+      num_kv_heads: Hkv,
+      head_size: D,
+      attn_type: "decoder",
+      causal: c.causal !== false,
+    },
     query: tensor(query, [T, H, D]),
     key: tensor(key, [T, Hkv, D]),
     value: tensor(value, [T, Hkv, D]),
@@ -104,7 +118,8 @@ export async function prefillData(ctx: MmaContext, c: PrefillCase, seed = 1): Pr
   };
   const v = validateForward(input, { spec, storage: "webgpu" });
   const cache = await GpuKvCache.create(ctx, spec);
-  const flops = 4 * reqs * (len * (len + 1) / 2) * H * D;
+  const pairs = c.causal === false ? len * len : len * (len + 1) / 2; // (query, visible key)
+  const flops = 4 * reqs * pairs * H * D;
   return { c, batch: attachCache(v.batch, cache), cache, query, key, value, flops };
 }
 
@@ -114,7 +129,8 @@ export function referenceRow(p: PrefillData, tok: number, h: number) {
   const t0 = tok - (tok % len), kvh = Math.floor(h / (H / Hkv));
   const q = Array.from({ length: D }, (_, d) => F16[p.query[(tok * H + h) * D + d]]);
   const s: number[] = [];
-  for (let t = t0; t <= tok; t++) {
+  const last = p.c.causal === false ? t0 + len - 1 : tok;
+  for (let t = t0; t <= last; t++) {
     let dot = 0;
     for (let d = 0; d < D; d++) dot += q[d] * F16[p.key[(t * Hkv + kvh) * D + d]];
     s.push(dot / Math.sqrt(D));

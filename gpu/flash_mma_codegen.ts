@@ -177,13 +177,23 @@ function rescaleProtocol(
   };
 }
 
+/** The loop's block-table refresh (slot par: the tile two ahead), as v0.6 wrote it. */
+const BLK_REFRESH = [
+  "    if (t < NBT) {",
+  "      s_blk[par * NBT + t] = blk_of(kt + 2u * BK, t, kv_len, rbase); // slot par: two tiles ahead",
+  "    }",
+].join("\n");
+
+const LIVE = "live_rows && tile_live(kt, p_lo, p_hi)";
+
 /** The kernel source after the generated header (gpu/kernel.ts adds enables and bindings). */
 export async function flashMmaSource(c: MmaConsts): Promise<string> {
   const problem = mmaShapeProblem(c, c);
   if (problem) throw new Error(`flash_mma: ${problem}`);
   const lay = mmaLayout(c, c);
   const matrix = generateMatrixCode(c), staging = stagingCode(c);
-  const cut = (stage: string) => c.ablate === stage;
+  const cut = (stage: string) =>
+    c.ablate === stage || (c.ablate === "loop" && ["rescale", "live", "bt"].includes(stage));
   return specialize(await loadWgsl("flash_mma.wgsl"), {
     HELPERS: await loadWgsl("flash_mma_rows.wgsl"),
     TILE: await loadWgsl("flash_tile.wgsl"),
@@ -220,7 +230,9 @@ export async function flashMmaSource(c: MmaConsts): Promise<string> {
     SOURCE: sourceCode(c),
     ROUND: await roundCode(c.dtype),
     ...matrix,
-    ...rescaleProtocol(c, matrix.O_RESCALE),
+    BLK_REFRESH: cut("bt") ? "" : BLK_REFRESH,
+    LIVE: cut("live") ? "true" : LIVE,
+    ...(cut("rescale") ? { RESC_RESET: "", RESC_APPLY: "" } : rescaleProtocol(c, matrix.O_RESCALE)),
     SOFTMAX: cut("softmax") ? "" : c.fast ? fastSoftmaxCode(c) : softmaxCode(c),
     STAGE_LOAD: staging.STAGE_LOAD,
     STAGE_STORE: staging.STAGE_STORE,

@@ -8,7 +8,15 @@
 import type { StorageDType } from "../core/types.ts";
 
 /** What a bench-only ablation leaves out (results wrong by design; never planned by a backend). */
-export type MmaAblation = "softmax" | "stage" | "qk" | "pv";
+export type MmaAblation =
+  | "softmax"
+  | "stage"
+  | "qk"
+  | "pv"
+  | "rescale" // the O rescale and its flag (right on data that never rescales after tile 0)
+  | "live" // the causal / window tile-liveness test: every subgroup runs every tile
+  | "bt" // the block table's refresh two tiles ahead (stale block ids: wrong)
+  | "loop"; // rescale, live and bt together: the loop's bookkeeping the v0.7 ladder lacks
 
 /** A kernel shape. Rows per workgroup = nsg * rm * m. */
 export interface MmaShape {

@@ -262,10 +262,8 @@ fn main(
     let sn = par ^ 1u;
 {{LOOP_STAGE_LOAD}}
 {{TAIL_STAGE}}
-    if (t < NBT) {
-      s_blk[par * NBT + t] = blk_of(kt + 2u * BK, t, kv_len, rbase); // slot par: two tiles ahead
-    }
-    let live = live_rows && tile_live(kt, p_lo, p_hi);
+{{BLK_REFRESH}}
+    let live = {{LIVE}};
     if (live) {
 {{QK}}
     }
