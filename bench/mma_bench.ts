@@ -60,6 +60,7 @@ const ABLATIONS: readonly MmaAblation[] = [
   "live",
   "bt",
   "loop",
+  "qglobal",
 ];
 
 /** The shape a variant name stands for (`base` or `base~no<stage>`), or null. */
