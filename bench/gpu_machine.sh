@@ -4,7 +4,7 @@
 # Usage there: bash bench/gpu_machine.sh
 #   [tests|dawn-tests|compile-probe|mma|mma-fast|mma-bench|mma-ceiling|bench|bench-deno|http|http-warm|anchor|clock-probe|all]...
 # mma: the tensor-core kernel's tests; mma-fast: those of its fast softmax, direct loads, matrix-move
-# staging, split S chains, single-buffered tiles and per-subgroup rescale;
+# staging, split S chains and per-subgroup rescale;
 # mma-bench: its variant sweep; mma-ceiling: bench/mma_ceiling.ts, what subgroup-matrix loops reach
 # (MMA_CEILING_ARGS adds flags, e.g. "--only gemm-st-2x4-w2x2,flash-wg-1x4-w8x1"; MMA_CEILING_TIMEOUT
 # 240).
@@ -117,7 +117,7 @@ for w in $what; do
     mma-fast)
       run mma-fast "${MMA_TIMEOUT:-150}" deno test --allow-all \
         tests/backends/flash_mma_mstage_test.ts tests/backends/flash_mma_fast_test.ts \
-        tests/backends/flash_mma_single_test.ts tests/backends/flash_mma_sgresc_test.ts ;;&
+        tests/backends/flash_mma_sgresc_test.ts ;;&
     mma-bench)
       # shellcheck disable=SC2086
       TAIL=${TAIL:-60} run mma-bench "${MMA_BENCH_TIMEOUT:-150}" \

@@ -82,12 +82,11 @@ export function generateMatrixCode(c: MmaConsts): Record<string, string> {
       }
     }
   }
-  const pAt = c.single ? "&p_s, " : "&kt_s, kb + "; // P: its own array, or over the dead K
   const pv = RM.flatMap((r) =>
     KB.map((kk) =>
-      `let p_${r}_${kk} = subgroupMatrixLoad<${L}, row_major>(${pAt}(sgr + ${r * m}u) * PSTR + ${
-        kk * k
-      }u, PSTR);`
+      `let p_${r}_${kk} = subgroupMatrixLoad<${L}, row_major>(&kt_s, kb + (sgr + ${
+        r * m
+      }u) * PSTR + ${kk * k}u, PSTR);`
     )
   );
   // V fragment (keys kk k.., dims c n..): the staged tile, the cache (direct), or for the
@@ -259,14 +258,7 @@ export async function flashMmaSource(c: MmaConsts): Promise<string> {
     LG: c.fast ? Math.LOG2E : 1,
     M0: c.fast ? "-1.0e30" : "MASK",
     QSPLIT: c.qsplit,
-    VT_DECL: c.direct ? "" : `var<workgroup> vt_s: array<f16, ${lay.nbuf}u * VT_LEN>;`,
-    // The double-buffered shapes keep the v0.6 text (`par * KT_LEN`): on the H200 (NVIDIA 580)
-    // the same kernel written with `(par % NBUF)` computed wrong results (bench/NOTES.md v0.7).
-    NBUF: lay.nbuf,
-    BUF_THIS: lay.nbuf === 2 ? "par" : "0u",
-    BUF_NEXT: lay.nbuf === 2 ? "(par ^ 1u)" : "0u",
-    P_DECL: c.single ? "var<workgroup> p_s: array<f16, R * PSTR>; // P (single)" : "",
-    WV_DECL: staging.WV_DECL,
+    VT_DECL: c.direct ? "" : "var<workgroup> vt_s: array<f16, 2u * VT_LEN>;",
     TAIL_STAGE: c.direct && !cut("pv") ? TAIL_STAGE : "",
     E16: lay.e16,
     KT_LEN: lay.ktLen,
@@ -289,7 +281,6 @@ export async function flashMmaSource(c: MmaConsts): Promise<string> {
     STAGE_STORE: staging.STAGE_STORE,
     LOOP_STAGE_LOAD: cut("stage") ? "" : staging.LOOP_STAGE_LOAD,
     LOOP_STAGE_STORE: cut("stage") ? "" : staging.LOOP_STAGE_STORE,
-    LOOP_V_STORE: cut("stage") ? "" : staging.LOOP_V_STORE,
     QK: cut("qk") ? "" : matrix.QK,
     PV: cut("pv") ? "" : matrix.PV,
   });

@@ -58,13 +58,6 @@ export interface MmaShape {
    */
   qsplit?: number;
   /**
-   * K/V tiles single-buffered, P in its own array (not over the tile's dead K): half the tile
-   * memory, so 32-key tiles fit 8 subgroups; K of the next tile is stored after the S barrier,
-   * V at the top of the next tile, every K/V write two barriers before its read (the v0.7
-   * ladder's `-sb`). Not with `direct` or `mstage`. Default false.
-   */
-  single?: boolean;
-  /**
    * The lazy rescale decided per subgroup: the lanes' flags reduced by subgroupAny after a
    * plain P barrier, the O round trip through the subgroup's own rows of s_s with no workgroup
    * barrier inside, instead of the workgroup's atomic flag read by workgroupUniformLoad (a
@@ -90,7 +83,6 @@ export function fullShape(s: MmaShape): FullMmaShape {
     direct: s.direct ?? false,
     mstage: s.mstage ?? false,
     qsplit: s.qsplit ?? 1,
-    single: s.single ?? false,
     sgresc: s.sgresc ?? false,
     ablate: s.ablate ?? "",
   };
@@ -138,8 +130,6 @@ export interface MmaLayout {
   rpl: number;
   nbt: number;
   e16: number;
-  /** K/V tile buffers (2, or 1 for `single`). */
-  nbuf: number;
   /** Workgroup memory in bytes. */
   shared_bytes: number;
 }
@@ -185,9 +175,6 @@ export function mmaShapeProblem(
     if (t.nchunk !== 1) return `matrix staging needs one cache buffer, not ${t.nchunk}`;
     if (t.bs % t.m) return `matrix staging needs block_size ${t.bs} a multiple of ${t.m}`;
   }
-  if (shape.single && (shape.direct || shape.mstage)) {
-    return "single-buffered tiles are staged by 16-byte words: not with direct or mstage";
-  }
   const bytes = mmaLayout(t, shape).shared_bytes;
   if (bytes > maxShared) return `needs ${bytes} B of workgroup memory (limit ${maxShared})`;
   return null;
@@ -195,8 +182,7 @@ export function mmaShapeProblem(
 
 /**
  * Named shapes (`w{nsg}r{rm}k{bk}`; `-fa2` tau 0, `-f` fast softmax, `-d` direct K/V loads,
- * `-x` K/V staged by matrix moves, `-s{n}` n chains of S = Q K^T, `-b` single-buffered K/V
- * tiles with P in its own array, `-u` the lazy rescale decided per subgroup: `sgresc`),
+ * `-x` K/V staged by matrix moves, `-s{n}` n chains of S = Q K^T, `-u` the lazy rescale decided per subgroup: `sgresc`),
  * what bench/mma_bench.ts sweeps and ATTN_PREFILL_MMA_SHAPE may name for the backend.
  */
 export const MMA_VARIANTS: Readonly<Record<string, MmaShape>> = {
@@ -219,10 +205,6 @@ export const MMA_VARIANTS: Readonly<Record<string, MmaShape>> = {
   "w8r1k16-fxs2": { nsg: 8, rm: 1, bk: 16, tau: 8, fast: true, mstage: true, qsplit: 2 },
   "w4r2k16-fxs2": { nsg: 4, rm: 2, bk: 16, tau: 8, fast: true, mstage: true, qsplit: 2 },
   "w8r1k16-fs2": { nsg: 8, rm: 1, bk: 16, tau: 8, fast: true, qsplit: 2 },
-  "w8r1k16-fb": { nsg: 8, rm: 1, bk: 16, tau: 8, fast: true, single: true },
-  "w8r1k32-fb": { nsg: 8, rm: 1, bk: 32, tau: 8, fast: true, single: true },
-  "w4r1k32-fb": { nsg: 4, rm: 1, bk: 32, tau: 8, fast: true, single: true },
-  "w2r1k64-fb": { nsg: 2, rm: 1, bk: 64, tau: 8, fast: true, single: true },
   "w8r1k16-u": { nsg: 8, rm: 1, bk: 16, tau: 8, sgresc: true },
   "w8r1k16-fu": { nsg: 8, rm: 1, bk: 16, tau: 8, fast: true, sgresc: true },
 };
@@ -247,15 +229,13 @@ export function mmaLayout(t: MmaTarget, shape: MmaShape): MmaLayout {
   const { d, sg } = t, mr = t.m * shape.rm;
   const rows = mr * shape.nsg, kstr = d + 8, sstr = shape.bk + 4, pstr = shape.bk + 8;
   // Direct loads: kt_s holds the Q passes, P and the last tile's V; there is no V tile.
-  // Single-buffered tiles: P in its own array (rows * pstr f16), not over K.
-  const kTile = shape.direct ? 0 : shape.bk * kstr, nbuf = shape.single ? 1 : 2;
-  const pLen = shape.single ? rows * pstr : 0;
-  const ktLen = Math.max(shape.bk * kstr, shape.single ? 0 : rows * pstr, mr * kstr);
+  const kTile = shape.direct ? 0 : shape.bk * kstr;
+  const ktLen = Math.max(shape.bk * kstr, rows * pstr, mr * kstr);
   const qpass = Math.min(rows, Math.floor(ktLen / kstr / mr) * mr);
   const nbt = t.enc || shape.direct || shape.mstage ? 0 : Math.floor((shape.bk - 1) / t.bs) + 2;
   const e16 = 16 / BYTES[t.kv];
   const sLen = rows * sstr * (shape.qsplit ?? 1);
-  const shared_bytes = 2 * (nbuf * (ktLen + kTile) + pLen) + 4 * sLen + 4 * (2 * nbt + 1) + 12;
+  const shared_bytes = 2 * (2 * ktLen + 2 * kTile) + 4 * sLen + 4 * (2 * nbt + 1) + 12;
   return {
     rows,
     wg: sg * shape.nsg,
@@ -265,7 +245,6 @@ export function mmaLayout(t: MmaTarget, shape: MmaShape): MmaLayout {
     rpl: Math.max(1, mr / sg),
     nbt,
     e16,
-    nbuf,
     shared_bytes,
   };
 }

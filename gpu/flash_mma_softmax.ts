@@ -37,7 +37,7 @@ function rowTail(
   pOf: (e: number) => string,
   exp: string,
 ): string[] {
-  const p = c.single ? "p_s[pb + " : "kt_s[kb + pb + "; // P: its own array, or over the dead K
+  const p = "kt_s[kb + pb + "; // P over this tile's dead K
   return [
     `  var tmax = ${maxTree(E.map((e) => `x${e}`))};`,
     "  for (var o = 1u; o < LPR; o <<= 1u) {",

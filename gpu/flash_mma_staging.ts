@@ -136,37 +136,31 @@ ${fn("k")}${fn("v")}`;
 export interface StagingCode {
   STAGE_LOAD: string;
   STAGE_STORE: string;
-  /** The loop's: the same, or for `single` assignments to the V words declared in WV_DECL. */
+  /** The loop's load of the next tile (the same as STAGE_LOAD, or the fragment moves). */
   LOOP_STAGE_LOAD: string;
-  /** The loop's (after the S barrier): K and V, or for `single` K only. */
+  /** The loop's store of the next tile into the other buffers (after the softmax). */
   LOOP_STAGE_STORE: string;
-  /** `single`: the V words, declared before the loop; "" otherwise. */
-  WV_DECL: string;
-  /** `single`: the V store at the top of a tile (of the words loaded a tile before). */
-  LOOP_V_STORE: string;
 }
 
 /**
  * K/V staging, unrolled over the NLD 16-byte words each invocation moves per tile:
  * STAGE_LOAD loads tile `kn`'s words (block ids in slot `sn`; zero past `kend`) into wk_i /
- * wv_i, STAGE_STORE decodes them to f16 into the buffers at `kbn` / `vbn`; `single` splits the
- * loop's stores (K after the S barrier, V at the top of the next tile).
+ * wv_i, STAGE_STORE decodes them to f16 into the buffers at `kbn` / `vbn`.
  */
 export function stagingCode(c: MmaConsts): StagingCode {
-  const none = { WV_DECL: "", LOOP_V_STORE: "" };
   if (c.direct) {
-    return { STAGE_LOAD: "", STAGE_STORE: "", LOOP_STAGE_LOAD: "", LOOP_STAGE_STORE: "", ...none };
+    return { STAGE_LOAD: "", STAGE_STORE: "", LOOP_STAGE_LOAD: "", LOOP_STAGE_STORE: "" };
   }
   if (c.mstage) {
     const m = matrixStagingCode(c);
-    return { ...m, LOOP_STAGE_LOAD: m.STAGE_LOAD, LOOP_STAGE_STORE: m.STAGE_STORE, ...none };
+    return { ...m, LOOP_STAGE_LOAD: m.STAGE_LOAD, LOOP_STAGE_STORE: m.STAGE_STORE };
   }
   const lay = mmaLayout(c, c), v4r = c.d / lay.e16, words = c.bk * v4r;
   const N = range(Math.ceil(words / lay.wg)), guard = words % lay.wg !== 0;
-  const load = (declareV: boolean) =>
+  const load = () =>
     N.flatMap((i) => [
       `var wk${i} = vec4<u32>(0u);`,
-      declareV ? `var wv${i} = vec4<u32>(0u);` : `wv${i} = vec4<u32>(0u);`,
+      `var wv${i} = vec4<u32>(0u);`,
       "{",
       `  let idx = t + ${i * lay.wg}u;`,
       "  let key = kn + idx / V4R;",
@@ -176,17 +170,16 @@ export function stagingCode(c: MmaConsts): StagingCode {
       "  }",
       "}",
     ]);
-  const store = (k: boolean, v: boolean) =>
+  const store = () =>
     N.flatMap((i) => {
       const out = ["{", `  let idx = t + ${i * lay.wg}u;`];
       if (guard) out.push("  if (idx < BK * V4R) {");
       out.push("  let o = (idx / V4R) * KSTR + (idx % V4R) * E16;");
       for (const j of range(lay.e16 / 4)) {
-        if (k) out.push(`  let a${j} = kv16(wk${i}, ${j}u);`);
-        if (v) out.push(`  let b${j} = kv16(wv${i}, ${j}u);`);
+        out.push(`  let a${j} = kv16(wk${i}, ${j}u);`, `  let b${j} = kv16(wv${i}, ${j}u);`);
         for (const [e, f] of ["x", "y", "z", "w"].entries()) {
-          if (k) out.push(`  kt_s[kbn + o + ${4 * j + e}u] = a${j}.${f};`);
-          if (v) out.push(`  vt_s[vbn + o + ${4 * j + e}u] = b${j}.${f};`);
+          out.push(`  kt_s[kbn + o + ${4 * j + e}u] = a${j}.${f};`);
+          out.push(`  vt_s[vbn + o + ${4 * j + e}u] = b${j}.${f};`);
         }
       }
       if (guard) out.push("  }");
@@ -194,27 +187,8 @@ export function stagingCode(c: MmaConsts): StagingCode {
       return out;
     });
   const ind = (xs: string[], pad = "    ") => xs.map((x) => pad + x).join("\n");
-  const whole = { STAGE_LOAD: ind(load(true)), STAGE_STORE: ind(store(true, true)) };
-  if (!c.single) {
-    return {
-      ...whole,
-      LOOP_STAGE_LOAD: whole.STAGE_LOAD,
-      LOOP_STAGE_STORE: whole.STAGE_STORE,
-      ...none,
-    };
-  }
-  return {
-    ...whole,
-    LOOP_STAGE_LOAD: ind(load(false)),
-    LOOP_STAGE_STORE: ind(store(true, false), "      "),
-    WV_DECL: ind(N.map((i) => `var wv${i} = vec4<u32>(0u);`), "  "),
-    LOOP_V_STORE: ind([
-      "if (kt > kstart) {",
-      "  let vbn = 0u;",
-      ...store(false, true).map((x) => "  " + x),
-      "}",
-    ]),
-  };
+  const STAGE_LOAD = ind(load()), STAGE_STORE = ind(store());
+  return { STAGE_LOAD, STAGE_STORE, LOOP_STAGE_LOAD: STAGE_LOAD, LOOP_STAGE_STORE: STAGE_STORE };
 }
 
 /**

@@ -22,14 +22,9 @@
 // fragments (subgroupMatrixLoad from the cache, subgroupMatrixStore to the tile; the request's
 // last, partial tile element by element, zero past kend) instead of 16-byte words. QSPLIT > 1
 // computes S = Q K^T in that many independent accumulator chains, each stored to its own S
-// array (s_s at j * R * SSTR); the softmax adds them. Single-buffered variants (NBUF 1: one
-// K and one V tile, P in its own p_s) store the next tile's K after the S barrier (QK^T has
-// read this one) and its V at the top of the next tile (LOOP_V_STORE: PV has read this one),
-// from words loaded at the top of this tile (the V words, WV_DECL, live across the loop).
-// Three barriers a tile, and every workgroup-memory hand-off sits at least two barriers after
-// the write it reads: with one buffer (a write, one barrier, a subgroup-matrix read of it) the
-// kernel computed wrong results on the H200 (NVIDIA 580 driver, Dawn 0.6.2) and right ones on
-// lavapipe; see bench/NOTES.md.
+// array (s_s at j * R * SSTR); the softmax adds them. (v0.7's single-buffered variants, one K
+// and one V tile, computed wrong results on the H200 and right ones on lavapipe: removed, see
+// bench/NOTES.md.)
 // Lazy rescaling: a row's reference max m only moves when the tile max exceeds m + TAU, so
 // p = exp(s - m) <= e^TAU (f16 holds up to 65504: TAU <= 11) and O is rescaled (a round trip
 // through workgroup memory, every subgroup, all rows at once) only on such rare tiles
@@ -121,9 +116,8 @@ const FLAG_SINKS: u32 = 2u;
 {{DECODE}}
 {{SOURCE}}
 
-var<workgroup> kt_s: array<f16, {{NBUF}} * KT_LEN>; // K tiles; Q staging before the loop; P after S
+var<workgroup> kt_s: array<f16, 2u * KT_LEN>; // K tiles; Q staging before the loop; P after S
 {{VT_DECL}}
-{{P_DECL}}
 var<workgroup> s_s: array<f32, QSPLIT * R * SSTR>; // S (QSPLIT chains); O passes
 var<workgroup> s_blk: array<u32, 2u * NBT + 1u>; // block ids of two tiles (slots by parity)
 var<workgroup> s_kstart: u32;
@@ -223,12 +217,10 @@ fn main(
   }
   workgroupBarrier();
   var par = 0u;
-{{WV_DECL}}
   for (var kt = kstart; kt < kend; kt += BK) {
 {{RESC_RESET}}
-    let kb = {{BUF_THIS}} * KT_LEN; // this tile's K (then P) and V buffers
-    let vb = {{BUF_THIS}} * VT_LEN;
-{{LOOP_V_STORE}}
+    let kb = par * KT_LEN; // this tile's K (then P) and V buffers
+    let vb = par * VT_LEN;
     // The next tile's words into registers now; into the other buffers after the softmax.
     let kn = kt + BK;
     let sn = par ^ 1u;
@@ -247,8 +239,8 @@ fn main(
 {{SOFTMAX}}
     }
     {
-      let kbn = {{BUF_NEXT}} * KT_LEN;
-      let vbn = {{BUF_NEXT}} * VT_LEN;
+      let kbn = (par ^ 1u) * KT_LEN;
+      let vbn = (par ^ 1u) * VT_LEN;
 {{LOOP_STAGE_STORE}}
     }
 {{RESC_APPLY}}

@@ -31,7 +31,13 @@ import {
 } from "../support/decode_knob_specs.ts";
 import { GPU, NO_GPU } from "../gpu/helpers.ts";
 
-const GPU_SHAPE = { workgroup_size: 128, keys_per_iter: 4, kv_heads_per_group: 1 };
+/**
+ * The GPU kernel shape the expectations below were worked out for: 8 lanes a key row (the
+ * subgroup size of lavapipe, where they were written). Unpinned, the H200's 32-lane rows made
+ * other slices and tiles (a 17-key row split in two, an f32 tile under stage_kv_bytes) and 11
+ * plan-count assertions failed there although every output was right.
+ */
+const GPU_SHAPE = { workgroup_size: 128, keys_per_iter: 4, kv_heads_per_group: 1, max_lanes: 8 };
 const MANY = { target_workgroups: 4096, min_split_keys: 16 };
 /** Slices of >= 256 keys: a key group runs several steps (MANY gives it one). */
 const LONG = { target_workgroups: 4096, min_split_keys: 256 };
