@@ -186,6 +186,29 @@ const BLK_REFRESH = [
 const LIVE = "live_rows && tile_live(kt, p_lo, p_hi)";
 
 /**
+ * `late`: the block ids two tiles ahead loaded at the top of the tile (BLK_REFRESH) into
+ * `nblk`, and with the next tile's K/V words stored just before the closing barrier
+ * (LATE_STORES): slot `par` and the other buffers are read by nothing in this tile.
+ */
+const BLK_LOAD_LATE = [
+  "    var nblk = 0u; // the block id of slot par two tiles ahead, stored before the barrier",
+  "    if (t < NBT) {",
+  "      nblk = blk_of(kt + 2u * BK, t, kv_len, rbase);",
+  "    }",
+].join("\n");
+
+function lateStores(stageStore: string, bt: boolean): string {
+  return [
+    "    {",
+    "      let kbn = (par ^ 1u) * KT_LEN;",
+    "      let vbn = (par ^ 1u) * VT_LEN;",
+    stageStore,
+    "    }",
+    ...(bt ? ["    if (t < NBT) {", "      s_blk[par * NBT + t] = nblk;", "    }"] : []),
+  ].join("\n");
+}
+
+/**
  * Q into the subgroups' left fragments: QPASS rows a pass through kt_s (a pass's barrier, then
  * its subgroups' loads of QFRAG_LOAD from the staged rows).
  */
@@ -273,14 +296,15 @@ export async function flashMmaSource(c: MmaConsts): Promise<string> {
     Q_STAGE: cut("qglobal")
       ? Q_GLOBAL(matrix.QFRAG_LOAD)
       : Q_STAGE.replace("{{QFRAG_LOAD}}", matrix.QFRAG_LOAD),
-    BLK_REFRESH: cut("bt") ? "" : BLK_REFRESH,
+    BLK_REFRESH: cut("bt") ? "" : c.late ? BLK_LOAD_LATE : BLK_REFRESH,
+    LATE_STORES: c.late ? lateStores(cut("stage") ? "" : staging.LOOP_STAGE_STORE, !cut("bt")) : "",
     LIVE: cut("live") ? "true" : LIVE,
     ...(cut("rescale") ? { RESC_RESET: "", RESC_APPLY: "" } : rescaleProtocol(c, matrix.O_RESCALE)),
     SOFTMAX: cut("softmax") ? "" : c.fast ? fastSoftmaxCode(c) : softmaxCode(c),
     STAGE_LOAD: staging.STAGE_LOAD,
     STAGE_STORE: staging.STAGE_STORE,
     LOOP_STAGE_LOAD: cut("stage") ? "" : staging.LOOP_STAGE_LOAD,
-    LOOP_STAGE_STORE: cut("stage") ? "" : staging.LOOP_STAGE_STORE,
+    LOOP_STAGE_STORE: cut("stage") || c.late ? "" : staging.LOOP_STAGE_STORE,
     QK: cut("qk") ? "" : matrix.QK,
     PV: cut("pv") ? "" : matrix.PV,
   });

@@ -65,6 +65,14 @@ export interface MmaShape {
    * workgroup-memory hand-offs, as the v0.7 ladder's `-nb` did on the H200. Default false.
    */
   sgresc?: boolean;
+  /**
+   * The loop's workgroup-memory stores of the next tiles moved late: the next tile's K/V words
+   * and the block ids two tiles ahead are loaded at the top of a tile as before but stored just
+   * before its closing barrier (after PV, not before it), so their global loads have the whole
+   * tile to land instead of stalling subgroup 0 (the block ids) or every lane (the words)
+   * before PV. Default false.
+   */
+  late?: boolean;
   /** Bench only: leave one stage out to time the rest (see {@link MmaAblation}); "": none. */
   ablate?: MmaAblation | "";
 }
@@ -84,6 +92,7 @@ export function fullShape(s: MmaShape): FullMmaShape {
     mstage: s.mstage ?? false,
     qsplit: s.qsplit ?? 1,
     sgresc: s.sgresc ?? false,
+    late: s.late ?? false,
     ablate: s.ablate ?? "",
   };
 }
@@ -182,7 +191,8 @@ export function mmaShapeProblem(
 
 /**
  * Named shapes (`w{nsg}r{rm}k{bk}`; `-fa2` tau 0, `-f` fast softmax, `-d` direct K/V loads,
- * `-x` K/V staged by matrix moves, `-s{n}` n chains of S = Q K^T, `-u` the lazy rescale decided per subgroup: `sgresc`),
+ * `-x` K/V staged by matrix moves, `-s{n}` n chains of S = Q K^T, `-u` the lazy rescale decided per subgroup: `sgresc`, `-l` next-tile
+ * stores after PV: `late`),
  * what bench/mma_bench.ts sweeps and ATTN_PREFILL_MMA_SHAPE may name for the backend.
  */
 export const MMA_VARIANTS: Readonly<Record<string, MmaShape>> = {
@@ -207,16 +217,23 @@ export const MMA_VARIANTS: Readonly<Record<string, MmaShape>> = {
   "w8r1k16-fs2": { nsg: 8, rm: 1, bk: 16, tau: 8, fast: true, qsplit: 2 },
   "w8r1k16-u": { nsg: 8, rm: 1, bk: 16, tau: 8, sgresc: true },
   "w8r1k16-fu": { nsg: 8, rm: 1, bk: 16, tau: 8, fast: true, sgresc: true },
+  "w8r1k16-l": { nsg: 8, rm: 1, bk: 16, tau: 8, late: true },
+  "w8r1k16-fl": { nsg: 8, rm: 1, bk: 16, tau: 8, fast: true, late: true },
+  "w8r1k16-fxl": { nsg: 8, rm: 1, bk: 16, tau: 8, fast: true, mstage: true, late: true },
 };
 
-/** Shapes in order of preference: the first that fits the device is the default. */
+/**
+ * Shapes in order of preference: the first that fits the device is the default. All with the
+ * fast softmax (v0.8: +21% on the H200 at 8 x 4096, opt-in until its tests could finish there:
+ * the v0.7 Dawn stalls) and the late next-tile stores.
+ */
 export const MMA_SHAPES: readonly MmaShape[] = [
-  { nsg: 8, rm: 1, bk: 16, tau: 8 },
-  { nsg: 4, rm: 1, bk: 16, tau: 8 },
-  { nsg: 4, rm: 1, bk: 32, tau: 8 },
-  { nsg: 2, rm: 1, bk: 16, tau: 8 },
-  { nsg: 2, rm: 1, bk: 8, tau: 8 },
-  { nsg: 1, rm: 1, bk: 8, tau: 8 },
+  { nsg: 8, rm: 1, bk: 16, tau: 8, fast: true, late: true },
+  { nsg: 4, rm: 1, bk: 16, tau: 8, fast: true, late: true },
+  { nsg: 4, rm: 1, bk: 32, tau: 8, fast: true, late: true },
+  { nsg: 2, rm: 1, bk: 16, tau: 8, fast: true, late: true },
+  { nsg: 2, rm: 1, bk: 8, tau: 8, fast: true, late: true },
+  { nsg: 1, rm: 1, bk: 8, tau: 8, fast: true, late: true },
 ];
 
 /** The first of {@link MMA_SHAPES} that compiles for `t` within `maxShared` bytes. */

@@ -247,6 +247,7 @@ fn main(
     if (live) {
 {{PV}}
     }
+{{LATE_STORES}}
     workgroupBarrier();
     par ^= 1u;
   }

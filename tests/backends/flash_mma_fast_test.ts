@@ -119,12 +119,12 @@ Deno.test("flash_mma: direct loads and ablations say why a target cannot take th
   assert.match(String(mmaShapeProblem({ ...t, nchunk: 2 }, fd)), /one cache buffer, not 2/);
   assert.match(String(mmaShapeProblem({ ...t, bs: 8 }, fd)), /block_size 8 a multiple of 16/);
   assert.match(String(mmaShapeProblem(t, { ...fd, ablate: "stage" })), /stage nothing/);
-  // Every named shape fits an H200's 48 KB; the default order still starts at w8r1k16.
+  // Every named shape fits an H200's 48 KB; the default order starts at w8r1k16-fl.
   for (const [name, shape] of Object.entries(MMA_VARIANTS)) {
     assert.equal(mmaShapeProblem(t, shape, 49152), null, name);
   }
   assert.deepEqual(chooseMmaShape(t, 49152), MMA_SHAPES[0]);
-  assert.deepEqual(MMA_SHAPES[0], MMA_VARIANTS["w8r1k16"]);
+  assert.deepEqual(MMA_SHAPES[0], MMA_VARIANTS["w8r1k16-fl"]);
 });
 
 Deno.test("flash_mma: ATTN_PREFILL_MMA_SHAPE names a shape, or the error names the value", () => {
@@ -166,8 +166,9 @@ Deno.test("flash_mma: a named shape a batch cannot take falls back to the defaul
   assert.ok(typeof f16 !== "string" && f16.direct && f16.fast && f16.causal, String(f16));
   const bf16 = mmaConstsOf(fake, batch("bfloat16"), mma, undefined, named);
   assert.ok(typeof bf16 !== "string", String(bf16));
+  // the default shape (fast, late: the batch's features compiled in, so causal)
   assert.deepEqual(
-    [bf16.nsg, bf16.rm, bf16.bk, bf16.direct, bf16.fast, bf16.causal],
-    [8, 1, 16, false, false, false],
+    [bf16.nsg, bf16.rm, bf16.bk, bf16.direct, bf16.fast, bf16.late, bf16.causal],
+    [8, 1, 16, false, true, true, true],
   );
 });

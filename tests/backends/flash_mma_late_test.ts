@@ -1,0 +1,88 @@
+/**
+ * The subgroup-matrix prefill kernel with its next-tile stores late (gpu/flash_mma_shape.ts
+ * `late`, variants `-l`: the next tile's K/V words and the block ids two tiles ahead loaded at
+ * the top of a tile, stored just before its closing barrier) against CPU_REFERENCE on fresh
+ * random batches whose cache holds NaN in every slot no request may read: long contexts over
+ * many small blocks (every tile's block ids come from the late store), partial last tiles,
+ * padding, bf16 HND and fp8 caches, matrix-move staging; and what the shape changes in the
+ * source. The GPU cases need a Dawn device with `chromium-experimental-subgroup-matrix`
+ * (skipped with the reason elsewhere). Run with --allow-all.
+ * @module
+ */
+import assert from "node:assert/strict";
+import { flashMmaSource } from "../../gpu/flash_mma_codegen.ts";
+import { fullShape, MMA_VARIANTS, type MmaShape } from "../../gpu/flash_mma_shape.ts";
+import { acquireMmaDevice } from "../../gpu/flash_mma_device.ts";
+import type { BatchSpec } from "../support/batches.ts";
+import { base, H200_F16_TARGET, mmaCaseTests } from "../support/mma_case.ts";
+
+const acquired = await acquireMmaDevice();
+const ctx = acquired.ctx;
+if (!ctx) console.warn(`flash_mma late tests skipped: ${acquired.reason}`);
+
+const CASES: [string, BatchSpec, MmaShape][] = [
+  [
+    "late + fast: causal f16 GQA4, long context over 8-slot blocks, padding, partial tiles",
+    base({
+      block_size: 8,
+      requests: [
+        { query_len: 40, seq_len: 230 },
+        { query_len: 1, seq_len: 33 },
+        { query_len: 17, seq_len: 17, pad: 2 },
+      ],
+    }),
+    { nsg: 4, rm: 1, bk: 16, tau: 8, fast: true, late: true },
+  ],
+  [
+    "late, generic softmax, tau 0: HND bs32 bf16 cache, window, soft cap, sinks, ALiBi",
+    base({
+      dtype: "bfloat16",
+      kv_cache_dtype: "bfloat16",
+      layout: "HND",
+      block_size: 32,
+      sliding_window: 70,
+      logits_soft_cap: 5,
+      sinks: true,
+      alibi: true,
+      requests: [{ query_len: 20, seq_len: 150 }, { query_len: 3, seq_len: 40 }],
+    }),
+    { nsg: 2, rm: 1, bk: 16, tau: 0, late: true },
+  ],
+  [
+    "late + fast: non-causal fp8 e4m3 cache, 32-key tiles",
+    base({
+      kv_cache_dtype: "fp8_e4m3",
+      k_scale: 0.5,
+      v_scale: 2,
+      causal: false,
+      requests: [{ query_len: 24, seq_len: 120 }],
+    }),
+    { nsg: 2, rm: 1, bk: 32, tau: 8, fast: true, late: true },
+  ],
+  [
+    "late + fast + matrix staging: causal f16, context",
+    base({ requests: [{ query_len: 30, seq_len: 100 }, { query_len: 5, seq_len: 21 }] }),
+    { nsg: 4, rm: 1, bk: 16, tau: 8, fast: true, mstage: true, late: true },
+  ],
+];
+
+mmaCaseTests(ctx, CASES);
+
+Deno.test("flash_mma: late moves the next tile's stores after PV, loads stay at the top", async () => {
+  const t = { ...H200_F16_TARGET, causal: true, window: false };
+  const src = async (name: string) =>
+    (await flashMmaSource({ ...t, ...fullShape(MMA_VARIANTS[name]) } as never))
+      .split("\n").filter((x) => !x.trimStart().startsWith("//")).join("\n");
+  const [dflt, late] = await Promise.all([src("w8r1k16-f"), src("w8r1k16-fl")]);
+  const loop = (s: string) => s.slice(s.indexOf("for (var kt = kstart"), s.indexOf("var inv:"));
+  const pv = (s: string) => loop(s).indexOf("o_0_0 = subgroupMatrixMultiplyAccumulate(");
+  const at = (s: string, what: string) => loop(s).indexOf(what);
+  for (const s of [dflt, late]) {
+    assert.ok(at(s, "wk0 = src_k(") < at(s, "s_0_0_0 = subgroupMatrixMultiplyAccumulate("));
+  }
+  assert.ok(at(dflt, "kt_s[kbn + o + 0u]") < pv(dflt));
+  assert.ok(at(late, "kt_s[kbn + o + 0u]") > pv(late));
+  assert.ok(at(late, "nblk = blk_of(") < at(late, "s_0_0_0 = subgroupMatrixMultiplyAccumulate("));
+  assert.ok(at(late, "s_blk[par * NBT + t] = nblk;") > pv(late));
+  assert.equal(at(late, "s_blk[par * NBT + t] = blk_of("), -1);
+});
