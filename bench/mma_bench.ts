@@ -60,7 +60,6 @@ const ABLATIONS: readonly MmaAblation[] = [
   "live",
   "bt",
   "loop",
-  "qglobal",
 ];
 
 /** The shape a variant name stands for (`base` or `base~no<stage>`), or null. */

@@ -208,54 +208,6 @@ function lateStores(stageStore: string, bt: boolean): string {
   ].join("\n");
 }
 
-/**
- * Q into the subgroups' left fragments: QPASS rows a pass through kt_s (a pass's barrier, then
- * its subgroups' loads of QFRAG_LOAD from the staged rows).
- */
-const Q_STAGE = `  for (var r0 = 0u; r0 < R; r0 += QPASS) {
-    for (var idx = t; idx < QPASS * (D / 8u); idx += WG) {
-      let r = r0 + idx / (D / 8u);
-      let c = idx % (D / 8u);
-      var wq = vec4<u32>(0u);
-      if (r < nrows) {
-        let tok = first + r / hcnt;
-        let h = kvh * U.group + hfirst + r % hcnt;
-        wq = q[(tok * U.num_heads + h) * (D / 8u) + c];
-      }
-      let a = q16(wq, 0u);
-      let b = q16(wq, 1u);
-      let o = (r - r0) * KSTR + c * 8u;
-      kt_s[o] = a.x;
-      kt_s[o + 1u] = a.y;
-      kt_s[o + 2u] = a.z;
-      kt_s[o + 3u] = a.w;
-      kt_s[o + 4u] = b.x;
-      kt_s[o + 5u] = b.y;
-      kt_s[o + 6u] = b.z;
-      kt_s[o + 7u] = b.w;
-    }
-    workgroupBarrier();
-    if (sgr >= r0 && sgr < r0 + QPASS) {
-      let qb = (sgr - r0) * KSTR;
-{{QFRAG_LOAD}}
-    }
-    workgroupBarrier();
-  }`;
-
-/**
- * Bench ablation `qglobal` (f16 data): every subgroup loads its Q fragments straight from `q`
- * (bound as f16) as 16 rows H * D apart from its first row's token and the tile's first head:
- * the wrong rows for GQA (timing only), no pass loop and no conditional fragment loads.
- */
-const Q_GLOBAL = (qLoad: string) =>
-  [
-    "  {",
-    "    let qtok = min(first + sgr / hcnt, max(U.num_tokens, MM) - MM);",
-    "    let qb = (qtok * U.num_heads + kvh * U.group + hfirst) * D;",
-    qLoad.replaceAll("(&kt_s, qb + ", "(&q, qb + ").replaceAll(", KSTR);", ", U.num_heads * D);"),
-    "  }",
-  ].join("\n");
-
 /** The kernel source after the generated header (gpu/kernel.ts adds enables and bindings). */
 export async function flashMmaSource(c: MmaConsts): Promise<string> {
   const problem = mmaShapeProblem(c, c);
@@ -293,9 +245,6 @@ export async function flashMmaSource(c: MmaConsts): Promise<string> {
     SOURCE: sourceCode(c),
     ROUND: await roundCode(c.dtype),
     ...matrix,
-    Q_STAGE: cut("qglobal")
-      ? Q_GLOBAL(matrix.QFRAG_LOAD)
-      : Q_STAGE.replace("{{QFRAG_LOAD}}", matrix.QFRAG_LOAD),
     BLK_REFRESH: cut("bt") ? "" : c.late ? BLK_LOAD_LATE : BLK_REFRESH,
     LATE_STORES: c.late ? lateStores(cut("stage") ? "" : staging.LOOP_STAGE_STORE, !cut("bt")) : "",
     LIVE: cut("live") ? "true" : LIVE,

@@ -22,8 +22,7 @@ export const FLASH_MMA: KernelDef<MmaConsts> = {
   uniforms: FLASH_ATTENTION.uniforms,
   bindings: (c) => [
     { name: "U", kind: "uniform" },
-    // bench ablation qglobal: f16 elements for subgroupMatrixLoad
-    { name: "q", kind: "read", type: c.ablate === "qglobal" ? "array<f16>" : "array<vec4<u32>>" },
+    { name: "q", kind: "read", type: "array<vec4<u32>>" },
     { name: "mdw", kind: "read", type: "array<u32>" },
     { name: "out", kind: "read_write", type: "array<u32>" },
     { name: "lse", kind: "read_write", type: "array<u32>" },

@@ -16,8 +16,7 @@ export type MmaAblation =
   | "rescale" // the O rescale and its flag (right on data that never rescales after tile 0)
   | "live" // the causal / window tile-liveness test: every subgroup runs every tile
   | "bt" // the block table's refresh two tiles ahead (stale block ids: wrong)
-  | "loop" // rescale, live and bt together: the loop's bookkeeping the v0.7 ladder lacks
-  | "qglobal"; // Q fragments loaded from `q` directly, the wrong rows for GQA (f16 data only)
+  | "loop"; // rescale, live and bt together: the loop's bookkeeping the v0.7 ladder lacks
 
 /** A kernel shape. Rows per workgroup = nsg * rm * m. */
 export interface MmaShape {
@@ -170,9 +169,6 @@ export function mmaShapeProblem(
       return `direct loads need block_size ${t.bs} a multiple of ${n}, ${k}`;
     }
     if (shape.ablate === "stage") return "direct loads stage nothing to leave out";
-  }
-  if (shape.ablate === "qglobal" && t.dtype !== "float16") {
-    return `the qglobal ablation loads f16 queries, not ${t.dtype}`;
   }
   const qs = shape.qsplit ?? 1;
   if (![1, 2, 4].includes(qs) || (d / k) % qs) {

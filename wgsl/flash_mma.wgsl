@@ -201,7 +201,35 @@ fn main(
 
   // Q -> f16 rows in kt_s (QPASS rows a pass) -> this subgroup's left fragments.
 {{QFRAG_DECL}}
-{{Q_STAGE}}
+  for (var r0 = 0u; r0 < R; r0 += QPASS) {
+    for (var idx = t; idx < QPASS * (D / 8u); idx += WG) {
+      let r = r0 + idx / (D / 8u);
+      let c = idx % (D / 8u);
+      var wq = vec4<u32>(0u);
+      if (r < nrows) {
+        let tok = first + r / hcnt;
+        let h = kvh * U.group + hfirst + r % hcnt;
+        wq = q[(tok * U.num_heads + h) * (D / 8u) + c];
+      }
+      let a = q16(wq, 0u);
+      let b = q16(wq, 1u);
+      let o = (r - r0) * KSTR + c * 8u;
+      kt_s[o] = a.x;
+      kt_s[o + 1u] = a.y;
+      kt_s[o + 2u] = a.z;
+      kt_s[o + 3u] = a.w;
+      kt_s[o + 4u] = b.x;
+      kt_s[o + 5u] = b.y;
+      kt_s[o + 6u] = b.z;
+      kt_s[o + 7u] = b.w;
+    }
+    workgroupBarrier();
+    if (sgr >= r0 && sgr < r0 + QPASS) {
+      let qb = (sgr - r0) * KSTR;
+{{QFRAG_LOAD}}
+    }
+    workgroupBarrier();
+  }
   let kstart = workgroupUniformLoad(&s_kstart);
   let kend = workgroupUniformLoad(&s_kend);
   let kvstr = select(D, U.num_kv_heads * D, NHD); // direct loads: elements between keys
