@@ -33,7 +33,8 @@ import {
 } from "./mma_bench_data.ts";
 
 /**
- * The variants run without --only: the default and the fast softmax (the baselines), then
+ * The variants run without --only: v0.7's default, the fast softmax and the default shape
+ * since v0.8 (fast softmax, late next-tile stores) as the baselines, then
  * v0.6's matrix-move staging (`-x`) and split S chains (`-s2`), alone and combined, on 8
  * subgroups, 2 row blocks and 32-key tiles, and the best guess's ablations (bench/NOTES.md,
  * "v0.6 tensor-core variants").
@@ -41,6 +42,7 @@ import {
 export const DEFAULT_VARIANTS = [
   "w8r1k16",
   "w8r1k16-f",
+  "w8r1k16-fl",
   "w8r1k16-fx",
   "w8r1k16-fs2",
   "w8r1k16-fxs2",

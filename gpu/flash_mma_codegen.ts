@@ -187,8 +187,8 @@ const LIVE = "live_rows && tile_live(kt, p_lo, p_hi)";
 
 /**
  * `late`: the block ids two tiles ahead loaded at the top of the tile (BLK_REFRESH) into
- * `nblk`, and with the next tile's K/V words stored just before the closing barrier
- * (LATE_STORES): slot `par` and the other buffers are read by nothing in this tile.
+ * `nblk`, stored with the next tile's K/V words just before the closing barrier (LATE_STORES):
+ * slot `par` and the other buffers are read by nothing in this tile.
  */
 const BLK_LOAD_LATE = [
   "    var nblk = 0u; // the block id of slot par two tiles ahead, stored before the barrier",
@@ -197,15 +197,30 @@ const BLK_LOAD_LATE = [
   "    }",
 ].join("\n");
 
-function lateStores(stageStore: string, bt: boolean): string {
-  return [
+/**
+ * The loop's stores of the next tile into the other buffers: after the softmax (EARLY_STORES,
+ * the block ids stored at the top by BLK_REFRESH) or, for `late`, after PV with the block ids
+ * loaded by BLK_LOAD_LATE (LATE_STORES). `bt`: the block-table refresh is not cut.
+ */
+function nextTileStores(
+  c: MmaConsts,
+  stageStore: string,
+  bt: boolean,
+): { BLK_REFRESH: string; EARLY_STORES: string; LATE_STORES: string } {
+  const stores = [
     "    {",
     "      let kbn = (par ^ 1u) * KT_LEN;",
     "      let vbn = (par ^ 1u) * VT_LEN;",
     stageStore,
     "    }",
-    ...(bt ? ["    if (t < NBT) {", "      s_blk[par * NBT + t] = nblk;", "    }"] : []),
   ].join("\n");
+  if (!c.late) return { BLK_REFRESH: bt ? BLK_REFRESH : "", EARLY_STORES: stores, LATE_STORES: "" };
+  const blk = ["    if (t < NBT) {", "      s_blk[par * NBT + t] = nblk;", "    }"].join("\n");
+  return {
+    BLK_REFRESH: bt ? BLK_LOAD_LATE : "",
+    EARLY_STORES: "",
+    LATE_STORES: bt ? `${stores}\n${blk}` : stores,
+  };
 }
 
 /** The kernel source after the generated header (gpu/kernel.ts adds enables and bindings). */
@@ -245,15 +260,13 @@ export async function flashMmaSource(c: MmaConsts): Promise<string> {
     SOURCE: sourceCode(c),
     ROUND: await roundCode(c.dtype),
     ...matrix,
-    BLK_REFRESH: cut("bt") ? "" : c.late ? BLK_LOAD_LATE : BLK_REFRESH,
-    LATE_STORES: c.late ? lateStores(cut("stage") ? "" : staging.LOOP_STAGE_STORE, !cut("bt")) : "",
+    ...nextTileStores(c, cut("stage") ? "" : staging.LOOP_STAGE_STORE, !cut("bt")),
     LIVE: cut("live") ? "true" : LIVE,
     ...(cut("rescale") ? { RESC_RESET: "", RESC_APPLY: "" } : rescaleProtocol(c, matrix.O_RESCALE)),
     SOFTMAX: cut("softmax") ? "" : c.fast ? fastSoftmaxCode(c) : softmaxCode(c),
     STAGE_LOAD: staging.STAGE_LOAD,
     STAGE_STORE: staging.STAGE_STORE,
     LOOP_STAGE_LOAD: cut("stage") ? "" : staging.LOOP_STAGE_LOAD,
-    LOOP_STAGE_STORE: cut("stage") || c.late ? "" : staging.LOOP_STAGE_STORE,
     QK: cut("qk") ? "" : matrix.QK,
     PV: cut("pv") ? "" : matrix.PV,
   });

@@ -17,9 +17,6 @@ import { DAWN_PACKAGE, importDawn } from "./runtime_dawn.ts";
 /** Dawn's flags for the feature: the runtime's defaults (unsafe APIs, f16 on NVIDIA, stamps). */
 export const DAWN_MMA_FLAGS = [...DEFAULT_DAWN_FLAGS];
 
-/** The Dawn module specifier (also in the GPU pack's Deno cache). */
-export const DAWN_MODULE = DAWN_PACKAGE;
-
 /** A GPU context whose device may run the subgroup-matrix kernel. */
 export interface MmaContext extends GpuContext {
   /** The f16 x f16 -> f32 subgroup-matrix dims used, and the one subgroup size. */
@@ -56,7 +53,7 @@ export async function acquireMmaDevice(flags = DAWN_MMA_FLAGS): Promise<MmaAcqui
   try {
     ({ create } = await importDawn()); // with the poll pacer: v0.7's stalls were these tests
   } catch (e) {
-    return { ctx: null, reason: `Dawn (${DAWN_MODULE}) did not load: ${why(e)}` };
+    return { ctx: null, reason: `Dawn (${DAWN_PACKAGE}) did not load: ${why(e)}` };
   }
   let adapter: GPUAdapter | null;
   try {

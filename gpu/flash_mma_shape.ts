@@ -13,7 +13,7 @@ export type MmaAblation =
   | "stage"
   | "qk"
   | "pv"
-  | "rescale" // the O rescale and its flag (right on data that never rescales after tile 0)
+  | "rescale" // the O rescale, its flag and the uniform load's barriers (timing only)
   | "live" // the causal / window tile-liveness test: every subgroup runs every tile
   | "bt" // the block table's refresh two tiles ahead (stale block ids: wrong)
   | "loop"; // rescale, live and bt together: the loop's bookkeeping the v0.7 ladder lacks
@@ -180,6 +180,9 @@ export function mmaShapeProblem(
     if (t.nchunk !== 1) return `matrix staging needs one cache buffer, not ${t.nchunk}`;
     if (t.bs % t.m) return `matrix staging needs block_size ${t.bs} a multiple of ${t.m}`;
   }
+  if (shape.sgresc && (shape.ablate === "rescale" || shape.ablate === "loop")) {
+    return `the ${shape.ablate} ablation cuts the per-subgroup rescale's lane flags`;
+  }
   const bytes = mmaLayout(t, shape).shared_bytes;
   if (bytes > maxShared) return `needs ${bytes} B of workgroup memory (limit ${maxShared})`;
   return null;
@@ -187,8 +190,8 @@ export function mmaShapeProblem(
 
 /**
  * Named shapes (`w{nsg}r{rm}k{bk}`; `-fa2` tau 0, `-f` fast softmax, `-d` direct K/V loads,
- * `-x` K/V staged by matrix moves, `-s{n}` n chains of S = Q K^T, `-u` the lazy rescale decided per subgroup: `sgresc`, `-l` next-tile
- * stores after PV: `late`),
+ * `-x` K/V staged by matrix moves, `-s{n}` n chains of S = Q K^T, `-u` the lazy rescale decided
+ * per subgroup: `sgresc`, `-l` next-tile stores after PV: `late`),
  * what bench/mma_bench.ts sweeps and ATTN_PREFILL_MMA_SHAPE may name for the backend.
  */
 export const MMA_VARIANTS: Readonly<Record<string, MmaShape>> = {

@@ -31,7 +31,6 @@ function maxTree(xs: string[]): string {
 
 /** The shared tail of a row: row max, lazy rescale, p into P, running sum. */
 function rowTail(
-  c: MmaConsts,
   i: number,
   E: number[],
   pOf: (e: number) => string,
@@ -81,7 +80,7 @@ export function softmaxCode(c: MmaConsts): string {
         const score = `score(${scoreAt(c, e)}, rpos[${i}], rslope[${i}], key0 + ${e}u, kend)`;
         return `  let x${e} = select(MASK, ${score}, rok[${i}]);`;
       }),
-      ...rowTail(c, i, E, (e) => `f16(select(0.0, exp(x${e} - m[${i}]), x${e} > MASK))`, "exp"),
+      ...rowTail(i, E, (e) => `f16(select(0.0, exp(x${e} - m[${i}]), x${e} > MASK))`, "exp"),
       "}",
     );
   }
@@ -143,7 +142,7 @@ export function fastSoftmaxCode(c: MmaConsts): string {
     if (!kendOnly) out.push("  if (!inner) {");
     for (const e of E) out.push(`${pad}x${e} = select(MASK, x${e}, ${visibleTest(c, e)});`);
     if (!kendOnly) out.push("  }");
-    out.push(...rowTail(c, i, E, (e) => `f16(exp2(x${e} - m[${i}]))`, "exp2"), "}");
+    out.push(...rowTail(i, E, (e) => `f16(exp2(x${e} - m[${i}]))`, "exp2"), "}");
   }
   out.push(...flagCode(c));
   return indent(out);

@@ -9,11 +9,13 @@
 // used by every row. Subgroup s owns rows s*MR .. s*MR + MR - 1 (RM row blocks of MM rows):
 // its Q fragments and its f32 output accumulators (RM x D/MN result matrices) stay in
 // registers for the whole key loop. K/V tiles are double-buffered; per key tile of BK keys:
-//   load the next tile's K/V words into registers -> S = Q K^T (this tile's buffer), stored
-//   f32 to workgroup memory -> barrier -> online softmax by the subgroup's own lanes (LPR
-//   lanes per row, RPL rows per lane), P as f16 over this tile's dead K -> the next tile's
-//   words decoded to f16 into the other buffers -> workgroupUniformLoad(rescale flag) ->
-//   [rescale O] -> O += P V -> barrier (RESC_RESET / RESC_APPLY, see lazy rescaling below).
+//   load the next tile's K/V words (and, `late`, the block ids two tiles ahead) into
+//   registers -> S = Q K^T (this tile's buffer), stored f32 to workgroup memory -> barrier ->
+//   online softmax by the subgroup's own lanes (LPR lanes per row, RPL rows per lane), P as
+//   f16 over this tile's dead K -> [EARLY_STORES: the next tile's words decoded to f16 into
+//   the other buffers] -> workgroupUniformLoad(rescale flag) -> [rescale O] -> O += P V ->
+//   [LATE_STORES (`late`, the default shapes): those stores, and the block ids into slot par,
+//   here instead] -> barrier (RESC_RESET / RESC_APPLY, see lazy rescaling below).
 // Direct variants (f16 cache, one buffer) load K/V fragments with subgroupMatrixLoad straight
 // from the cache (k0/v0 as array<f16>, kv_elem, keys kvstr elements apart): no staging, no
 // vt_s; keys past kend get masked scores and p = 0, and the V rows of keys past kv_len (which
@@ -60,14 +62,16 @@
 // (block ids per tile); generated: TILE (wgsl/flash_tile.wgsl, shared with
 // flash_attention.wgsl), HELPERS (flash_mma_rows.wgsl), DECODE (kv16, q16: 16-byte words to
 // f16), SOURCE (src_k/src_v, or kv_elem for direct and matrix-staged variants),
-// STAGE_LOAD/STORE (prologue) and LOOP_STAGE_LOAD/STORE (loop; fragment moves for mstage;
-// empty for direct loads), VT_DECL (the V tiles, none for direct loads), TAIL_STAGE (direct
+// STAGE_LOAD/STORE (prologue), LOOP_STAGE_LOAD (loop; fragment moves for mstage; empty for
+// direct loads), BLK_REFRESH, EARLY_STORES and LATE_STORES (the next tiles' block ids and
+// words, see above), LIVE (the subgroup's tile-liveness test), VT_DECL (the V tiles, none for direct loads), TAIL_STAGE (direct
 // loads: the request's last, partial V tile, zero-padded, into the unused P buffer), LG and M0
 // (softmax units and the initial running max: 1 and MASK, or log2(e) and -1e30 for the fast
 // softmax),
 // ROUND (round.wgsl and round_pair), SOFTMAX (gpu/flash_mma_softmax.ts), QFRAG_DECL/LOAD, QK,
 // PV, O_DECL, O_RESCALE, O_OUTPUT (gpu/flash_mma_codegen.ts, gpu/flash_mma_staging.ts). A
-// bench ablation empties SOFTMAX, LOOP_STAGE_*, QK or PV (wrong results by design).
+// bench ablation (gpu/flash_mma_shape.ts MmaAblation) empties one of them or of the loop's
+// bookkeeping (timing only: results wrong or unordered by design).
 // Enables: f16, chromium_experimental_subgroup_matrix, subgroups (where accepted). Matrix
 // calls sit in subgroup-uniform (not workgroup-uniform) branches: `main` turns the
 // chromium.subgroup_matrix_uniformity diagnostic off.
@@ -249,7 +253,8 @@ fn main(
 {{RESC_RESET}}
     let kb = par * KT_LEN; // this tile's K (then P) and V buffers
     let vb = par * VT_LEN;
-    // The next tile's words into registers now; into the other buffers after the softmax.
+    // The next tile's words into registers now; into the other buffers after the softmax
+    // (EARLY_STORES) or, `late`, after PV (LATE_STORES).
     let kn = kt + BK;
     let sn = par ^ 1u;
 {{LOOP_STAGE_LOAD}}
@@ -266,11 +271,7 @@ fn main(
     if (live) {
 {{SOFTMAX}}
     }
-    {
-      let kbn = (par ^ 1u) * KT_LEN;
-      let vbn = (par ^ 1u) * VT_LEN;
-{{LOOP_STAGE_STORE}}
-    }
+{{EARLY_STORES}}
 {{RESC_APPLY}}
     if (live) {
 {{PV}}

@@ -76,7 +76,11 @@ Deno.test("flash_mma: late moves the next tile's stores after PV, loads stay at 
   const [dflt, late] = await Promise.all([src("w8r1k16-f"), src("w8r1k16-fl")]);
   const loop = (s: string) => s.slice(s.indexOf("for (var kt = kstart"), s.indexOf("var inv:"));
   const pv = (s: string) => loop(s).indexOf("o_0_0 = subgroupMatrixMultiplyAccumulate(");
-  const at = (s: string, what: string) => loop(s).indexOf(what);
+  const at = (s: string, what: string) => {
+    const i = loop(s).indexOf(what);
+    assert.ok(i >= 0, `the loop holds ${what}`);
+    return i;
+  };
   for (const s of [dflt, late]) {
     assert.ok(at(s, "wk0 = src_k(") < at(s, "s_0_0_0 = subgroupMatrixMultiplyAccumulate("));
   }
@@ -84,5 +88,5 @@ Deno.test("flash_mma: late moves the next tile's stores after PV, loads stay at 
   assert.ok(at(late, "kt_s[kbn + o + 0u]") > pv(late));
   assert.ok(at(late, "nblk = blk_of(") < at(late, "s_0_0_0 = subgroupMatrixMultiplyAccumulate("));
   assert.ok(at(late, "s_blk[par * NBT + t] = nblk;") > pv(late));
-  assert.equal(at(late, "s_blk[par * NBT + t] = blk_of("), -1);
+  assert.equal(loop(late).indexOf("s_blk[par * NBT + t] = blk_of("), -1);
 });

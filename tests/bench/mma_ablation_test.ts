@@ -1,36 +1,54 @@
 /**
  * bench/mma_bench.ts's loop ablations of the tensor-core kernel (gpu/flash_mma_shape.ts
- * MmaAblation `rescale`, `live`, `bt`, `loop`): each leaves out exactly its part of the key
- * loop and nothing else, and no ablation touches the default source.
+ * MmaAblation `rescale`, `live`, `bt`, `loop`): on v0.7's fast shape and on the default (late
+ * next-tile stores), each leaves out exactly its part of the key loop and nothing else; and the
+ * per-subgroup rescale refuses the two that would cut its lane flags.
  */
 import assert from "node:assert/strict";
 import { flashMmaSource } from "../../gpu/flash_mma_codegen.ts";
-import { fullShape, MMA_VARIANTS, type MmaAblation } from "../../gpu/flash_mma_shape.ts";
+import {
+  fullShape,
+  MMA_VARIANTS,
+  type MmaAblation,
+  mmaShapeProblem,
+} from "../../gpu/flash_mma_shape.ts";
 import { H200_F16_TARGET } from "../support/mma_case.ts";
 
 const t = { ...H200_F16_TARGET, causal: true, window: false };
-const loopOf = async (ablate: MmaAblation | "") => {
-  const src = await flashMmaSource({
-    ...t,
-    ...fullShape({ ...MMA_VARIANTS["w8r1k16-f"], ablate }),
-  });
+const loopOf = async (variant: string, ablate: MmaAblation | "") => {
+  const src = await flashMmaSource({ ...t, ...fullShape({ ...MMA_VARIANTS[variant], ablate }) });
   return src.slice(src.indexOf("for (var kt = kstart"), src.indexOf("var inv:"));
 };
 
-Deno.test("mma ablations: rescale, live, bt and loop leave out their part of the key loop", async () => {
-  const base = await loopOf("");
-  const has = {
-    rescale: /scale_rows\(|workgroupUniformLoad\(&s_resc\)/,
-    live: /tile_live\(/,
-    bt: /s_blk\[par \* NBT \+ t\] = blk_of/,
-  };
-  for (const re of Object.values(has)) assert.match(base, re);
-  for (const [cut, re] of Object.entries(has)) {
-    const src = await loopOf(cut as MmaAblation);
-    assert.doesNotMatch(src, re, cut);
-    for (const [other, keep] of Object.entries(has)) if (other !== cut) assert.match(src, keep);
+for (const variant of ["w8r1k16-f", "w8r1k16-fl"]) {
+  Deno.test(`mma ablations of ${variant}: each leaves out its part of the key loop`, async () => {
+    const has: Record<string, RegExp> = {
+      rescale: /scale_rows\(|workgroupUniformLoad\(&s_resc\)/,
+      live: /tile_live\(/,
+      bt: variant.endsWith("l")
+        ? /nblk = blk_of\([^]*s_blk\[par \* NBT \+ t\] = nblk/
+        : /s_blk\[par \* NBT \+ t\] = blk_of/,
+    };
+    const base = await loopOf(variant, "");
+    for (const re of Object.values(has)) assert.match(base, re);
+    for (const [cut, re] of Object.entries(has)) {
+      const src = await loopOf(variant, cut as MmaAblation);
+      assert.doesNotMatch(src, re, cut);
+      if (cut === "bt") assert.doesNotMatch(src, /nblk|s_blk\[par/);
+      for (const [other, keep] of Object.entries(has)) if (other !== cut) assert.match(src, keep);
+    }
+    const loop = await loopOf(variant, "loop");
+    for (const re of Object.values(has)) assert.doesNotMatch(loop, re);
+    assert.match(loop, /subgroupMatrixMultiplyAccumulate/);
+  });
+}
+
+Deno.test("mma ablations: sgresc refuses rescale and loop, takes the others", () => {
+  const fu = MMA_VARIANTS["w8r1k16-fu"];
+  for (const ablate of ["rescale", "loop"] as const) {
+    assert.match(String(mmaShapeProblem(t, { ...fu, ablate })), /lane flags/);
   }
-  const loop = await loopOf("loop");
-  for (const re of Object.values(has)) assert.doesNotMatch(loop, re);
-  assert.match(loop, /subgroupMatrixMultiplyAccumulate/);
+  for (const ablate of ["live", "bt", "softmax"] as const) {
+    assert.equal(mmaShapeProblem(t, { ...fu, ablate }, 49152), null);
+  }
 });

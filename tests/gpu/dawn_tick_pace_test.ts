@@ -190,6 +190,7 @@ async function freshDeno(code: string): Promise<string> {
     args: ["eval", "--ext=ts", code.replaceAll("ROOT/", root)],
     stdout: "piped",
     stderr: "piped",
+    cwd: new URL("../../", import.meta.url).pathname, // deno.json maps the bare "webgpu"
     env: { DENO_NO_UPDATE_CHECK: "1" },
   }).output();
   const err = new TextDecoder().decode(out.stderr);
