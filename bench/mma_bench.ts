@@ -10,7 +10,8 @@
  * design, marked "ablation, not checked", never a failure.
  *
  * Usage: deno run -A bench/mma_bench.ts [--small] [--iters N] [--only name,name]
- *   [--cases 4x1024,8x4096,4x4096n] [--json] (`4x4096n`: non-causal, only when named)
+ *   [--cases 4x1024,8x4096,4x4096n,2x1056n-h16k4] [--json] (see parseCase: `n` non-causal,
+ *   `-h{heads}k{kv}` other head counts)
  * @module
  */
 import { parseArgs } from "node:util";
@@ -24,9 +25,9 @@ import {
 import { acquireMmaDevice, type MmaContext } from "../gpu/flash_mma_device.ts";
 import { type GpuPlan, runGpuPlan, uploadPlanTable } from "../gpu/gpu_plan.ts";
 import {
-  caseName,
   checkRows,
   compareOutputs,
+  parseCase,
   type PrefillCase,
   type PrefillData,
   prefillData,
@@ -91,13 +92,6 @@ const caseNames = args.values.cases ? args.values.cases.split(",") : null;
 const GPU_CASES: PrefillCase[] = [
   { reqs: 4, len: 1024, heads: 32, kvHeads: 8, headSize: 128, blockSize: 16 },
   { reqs: 8, len: 4096, heads: 32, kvHeads: 8, headSize: 128, blockSize: 16 },
-];
-/**
- * Run only when `--cases` names them: non-causal, every workgroup 256 key tiles, as the v0.7
- * ladder's probes (bench/mma_ceiling.ts), so the two compare tile for tile.
- */
-const EXTRA_GPU_CASES: PrefillCase[] = [
-  { causal: false, reqs: 4, len: 4096, heads: 32, kvHeads: 8, headSize: 128, blockSize: 16 },
 ];
 const SMALL_CASES: PrefillCase[] = [
   { reqs: 2, len: 96, heads: 8, kvHeads: 2, headSize: 64, blockSize: 16 },
@@ -183,12 +177,12 @@ console.log(
 const small = args.values.small || info.vendor === "mesa" || /llvmpipe/.test(info.description);
 const results: Record<string, unknown>[] = [];
 const timed = ctx.features.has("timestamp-query");
-const [baseCases, extraCases] = small
-  ? [SMALL_CASES, SMALL_CASES.map((c) => ({ ...c, causal: false }))]
-  : [GPU_CASES, EXTRA_GPU_CASES];
-const cases = caseNames
-  ? [...baseCases, ...extraCases].filter((c) => caseNames.includes(caseName(c)))
-  : baseCases;
+const baseCases = small ? SMALL_CASES : GPU_CASES;
+const cases = caseNames?.map((n) => {
+  const c = parseCase(n, baseCases[0]);
+  if (!c) throw new Error(`--cases: ${n} is not {reqs}x{len}[n][-h{heads}k{kv}]`);
+  return c;
+}) ?? baseCases;
 for (const c of cases) {
   const t0 = performance.now();
   const data = await prefillData(ctx, c);
@@ -197,7 +191,7 @@ for (const c of cases) {
   const gf = (data.flops / 1e9).toFixed(1), ms = (performance.now() - t0).toFixed(0);
   console.log(`\n${label}: ${gf} GFLOP (data ${ms} ms)`);
   console.log(
-    "variant".padEnd(19) + " rows  wgmem   median ms    min ms   TFLOP/s  check ms" +
+    "variant".padEnd(19) + " rows  wgmem    wgs   median ms    min ms   TFLOP/s  check ms" +
       "  rows-vs-cpu  vs-first  verdict",
   );
   let first: Uint16Array | null = null;
@@ -234,9 +228,10 @@ for (const c of cases) {
       const times = timed ? await deviceTimes(ctx, plan, data, iters, warm) : [NaN];
       const med = times[Math.floor(times.length / 2)];
       const tflops = data.flops / (med * 1e-3) / 1e12;
+      const wgs = (plan.info.prefill_tiles ?? 0) * c.kvHeads; // workgroups: (tile, kv head)
       console.log(
         name.padEnd(19) + String(lay.rows).padStart(5) + String(lay.shared_bytes).padStart(7) +
-          med.toFixed(3).padStart(12) + times[0].toFixed(3).padStart(10) +
+          String(wgs).padStart(7) + med.toFixed(3).padStart(12) + times[0].toFixed(3).padStart(10) +
           tflops.toPrecision(4).padStart(10) + once.toPrecision(4).padStart(10) +
           (rows ? rows.worst.toFixed(3) : "-").padStart(13) +
           (agree ? `${agree.bad} bad` : "-").padStart(10) + `  ${verdict}`,
@@ -246,6 +241,7 @@ for (const c of cases) {
         variant: name,
         shape,
         layout: lay,
+        workgroups: wgs,
         median_ms: med,
         times,
         tflops,

@@ -64,8 +64,20 @@ const tensor = (bits: Uint16Array, shape: number[]) => ({
   encoding: "binary" as const,
 });
 
-/** Its name in `--cases`: `4x1024`, or `4x4096n` when not causal. */
-export const caseName = (c: PrefillCase) => `${c.reqs}x${c.len}${c.causal === false ? "n" : ""}`;
+/**
+ * A `--cases` name as a case: `{reqs}x{len}`, `n` after it for non-causal, `-h{heads}k{kv}`
+ * for other head counts than `base`'s (whose head size and block size it keeps), e.g. `8x4096`,
+ * `4x4096n` (the v0.7 ladder's per-workgroup problem), `2x1056n-h16k4` (264 workgroups of 66
+ * key tiles: with `1x...` and `3x...` a residency probe by timing). Null when it is not one.
+ */
+export function parseCase(name: string, base: PrefillCase): PrefillCase | null {
+  const m = /^(\d+)x(\d+)(n?)(?:-h(\d+)k(\d+))?$/.exec(name);
+  if (!m) return null;
+  const c: PrefillCase = { ...base, reqs: +m[1], len: +m[2], causal: m[3] !== "n" };
+  if (m[4]) [c.heads, c.kvHeads] = [+m[4], +m[5]];
+  const ok = c.reqs > 0 && c.len > 0 && c.kvHeads > 0 && c.heads % c.kvHeads === 0;
+  return ok ? c : null;
+}
 
 /** Builds and validates an f16 prefill over an empty NHD cache (blocks permuted). */
 export async function prefillData(ctx: MmaContext, c: PrefillCase, seed = 1): Promise<PrefillData> {

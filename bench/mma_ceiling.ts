@@ -16,6 +16,7 @@
  * longer key tiles, fewer subgroups, the softmax over every lane, other barrier schedules.
  *
  * Usage: deno run -A bench/mma_ceiling.ts [--small] [--iters N] [--only name,name] [--json]
+ *   [--flash-rows N] [--flash-keys N]
  * @module
  */
 import { parseArgs } from "node:util";
@@ -93,6 +94,8 @@ const args = parseArgs({
     iters: { type: "string", default: "20" },
     only: { type: "string", default: "" },
     json: { type: "boolean", default: false },
+    "flash-rows": { type: "string", default: "" },
+    "flash-keys": { type: "string", default: "" },
   },
 });
 
@@ -109,6 +112,17 @@ const SIZES: Record<"gpu" | "small", Record<Ceiling["loop"], CeilingSize>> = {
     reg: { m: 8, n: 16, k: 0 },
   },
 };
+
+// `--flash-rows` / `--flash-keys` resize the flash loops' problem (both size classes): with rows a
+// multiple of 128, e.g. 132, 264 and 396 workgroups of 128 rows at equal keys, the time says how
+// many workgroups an SM keeps resident (flat while they all fit at once).
+for (const [flag, key] of [["flash-rows", "m"], ["flash-keys", "n"]] as const) {
+  const v = args.values[flag];
+  if (!v) continue;
+  const n = Number(v);
+  if (!Number.isSafeInteger(n) || n < 1) throw new Error(`--${flag} must be a positive integer`);
+  for (const size of Object.values(SIZES)) size.flash[key] = n;
+}
 
 /** Element counts of A, B and C for one arrangement. */
 function extents(v: Ceiling, d: MatrixDims, s: CeilingSize) {
