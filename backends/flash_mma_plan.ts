@@ -107,6 +107,12 @@ export function mmaConstsOf(
   if (!sh) return `no kernel shape fits head_size ${t.d} in ${limit} B of workgroup memory`;
   const problem = mmaShapeProblem(t, sh, limit);
   if (problem) return problem;
+  const lanes = sh.nsg * t.sg;
+  const maxLanes = Math.min(
+    ctx.limits.maxComputeInvocationsPerWorkgroup ?? 256,
+    ctx.limits.maxComputeWorkgroupSizeX ?? 256,
+  );
+  if (lanes > maxLanes) return `${lanes} invocations a workgroup (limit ${maxLanes})`;
   const full = fullShape(sh);
   if (full.fast) return { ...t, ...full };
   const off = { causal: false, window: false, softcap: false, alibi: false, sinks: false };

@@ -5,7 +5,7 @@
 #   [tests|dawn-tests|compile-probe|mma|mma-fast|mma-bench|mma-ceiling|residency|bench|bench-deno|http|
 #    http-warm|anchor|clock-probe|all]...
 # mma: the tensor-core kernel's tests; mma-fast: those of its fast softmax, direct loads, matrix-move
-# staging, split S chains, per-subgroup rescale and late next-tile stores;
+# staging, split S chains, per-subgroup rescale, late next-tile stores and D split over subgroups;
 # mma-bench: its variant sweep; mma-ceiling: bench/mma_ceiling.ts, what subgroup-matrix loops reach
 # (MMA_CEILING_ARGS adds flags, e.g. "--only gemm-st-2x4-w2x2,flash-wg-1x4-w8x1"; MMA_CEILING_TIMEOUT
 # 240).
@@ -118,7 +118,8 @@ for w in $what; do
     mma-fast)
       run mma-fast "${MMA_TIMEOUT:-150}" deno test --allow-all \
         tests/backends/flash_mma_mstage_test.ts tests/backends/flash_mma_fast_test.ts \
-        tests/backends/flash_mma_sgresc_test.ts tests/backends/flash_mma_late_test.ts ;;&
+        tests/backends/flash_mma_sgresc_test.ts tests/backends/flash_mma_late_test.ts \
+        tests/backends/flash_mma_dsplit_test.ts ;;&
     mma-bench)
       # shellcheck disable=SC2086
       TAIL=${TAIL:-60} run mma-bench "${MMA_BENCH_TIMEOUT:-150}" \
@@ -128,7 +129,7 @@ for w in $what; do
       # kernel at 132 / 264 / 396 / 528 workgroups of equal work, then the ladder likewise; the
       # time stays flat while they all fit at once.
       TAIL=${TAIL:-24} run residency-kernel "${MMA_BENCH_TIMEOUT:-150}" \
-        deno run -A bench/mma_bench.ts --iters 10 --only "${RESIDENCY_VARIANTS:-w8r1k16-fl}" \
+        deno run -A bench/mma_bench.ts --iters 10 --only "${RESIDENCY_VARIANTS:-w8r1k16-fl,w8r1k16-fld,w16r1k16-fld}" \
         --cases 1x1056n-h16k4,2x1056n-h16k4,3x1056n-h16k4,4x1056n-h16k4
       for r in 16896 33792 50688 67584; do
         TAIL=3 run "residency-ladder-$r" 60 deno run -A bench/mma_ceiling.ts --iters 10 \

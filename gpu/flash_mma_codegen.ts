@@ -35,9 +35,11 @@ const TAIL_STAGE = `    if (kt + BK > kv_len) {
 /** The unrolled matrix fragments of flash_mma.wgsl for one kernel. */
 export function generateMatrixCode(c: MmaConsts): Record<string, string> {
   const { m, n, k, d, bk, direct } = c, shape = c;
-  const kstr = d + 8;
-  const RM = range(shape.rm), KD = range(d / k), NB = range(bk / n), KB = range(bk / k);
-  const DN = range(d / n);
+  const kstr = d + 8, ds = c.dsplit;
+  // dsplit: this subgroup's half of D (columns dq..) and its own S / O rows of s_s (chain dh).
+  const dqp = ds > 1 ? "dq + " : "", srow = ds > 1 ? "sgr + dh * R" : "sgr";
+  const RM = range(shape.rm), KD = range(d / k / ds), NB = range(bk / n), KB = range(bk / k);
+  const DN = range(d / n / ds);
   const L = `subgroup_matrix_left<f16, MK, MM>`, Rt = `subgroup_matrix_right<f16, MN, MK>`;
   const Res = `subgroup_matrix_result<f32, MN, MM>`;
   const mma = "subgroupMatrixMultiplyAccumulate";
@@ -45,7 +47,7 @@ export function generateMatrixCode(c: MmaConsts): Record<string, string> {
   const qDecl = RM.flatMap((r) => KD.map((c) => `var q_${r}_${c}: ${L};`));
   const qLoad = RM.flatMap((r) =>
     KD.map((c) =>
-      `q_${r}_${c} = subgroupMatrixLoad<${L}, row_major>(&kt_s, qb + ${
+      `q_${r}_${c} = subgroupMatrixLoad<${L}, row_major>(&kt_s, qb + ${dqp}${
         r * m * kstr + c * k
       }u, KSTR);`
     )
@@ -57,7 +59,9 @@ export function generateMatrixCode(c: MmaConsts): Record<string, string> {
   const qk = RM.flatMap((r) => NB.flatMap((c) => QS.map((j) => `var ${sv(r, c, j)} = ${Res}();`)));
   // direct: fragment (keys kt + c n.., dims kk k..) at kv_elem(key) + kk k, keys KVSTR apart.
   const kAt = (c: number, kk: number) =>
-    direct ? `&k0, ko${c} + ${kk * k}u, kvstr` : `&kt_s, kb + ${c * n * kstr + kk * k}u, KSTR`;
+    direct
+      ? `&k0, ko${c} + ${kk * k}u, kvstr`
+      : `&kt_s, kb + ${dqp}${c * n * kstr + kk * k}u, KSTR`;
   if (direct) {
     qk.push(...NB.map((c) => `let ko${c} = kv_elem(kt + ${c * n}u, kvh, kv_len, rbase);`));
   }
@@ -75,7 +79,7 @@ export function generateMatrixCode(c: MmaConsts): Record<string, string> {
     for (const c of NB) {
       for (const j of QS) {
         qk.push(
-          `subgroupMatrixStore<row_major>(&s_s, ${j ? `${j}u * R * SSTR + ` : ""}(sgr + ${
+          `subgroupMatrixStore<row_major>(&s_s, ${j ? `${j}u * R * SSTR + ` : ""}(${srow} + ${
             r * m
           }u) * SSTR + ${c * n}u, ${sv(r, c, j)}, SSTR);`,
         );
@@ -91,7 +95,7 @@ export function generateMatrixCode(c: MmaConsts): Record<string, string> {
   );
   // V fragment (keys kk k.., dims c n..): the staged tile, the cache (direct), or for the
   // request's last, partial tile under direct loads the zero-padded copy in kt_s (TAIL_STAGE).
-  const staged = (kk: number, c: number) => `&vt_s, vb + ${kk * k * kstr + c * n}u, KSTR`;
+  const staged = (kk: number, c: number) => `&vt_s, vb + ${dqp}${kk * k * kstr + c * n}u, KSTR`;
   const cached = (kk: number, c: number) => `&v0, vo${kk} + ${c * n}u, kvstr`;
   const tail = (kk: number, c: number) => `&kt_s, vtb + ${kk * k * kstr + c * n}u, KSTR`;
   const pvFrom = (at: (kk: number, c: number) => string, pad: string) =>
@@ -111,12 +115,12 @@ export function generateMatrixCode(c: MmaConsts): Record<string, string> {
     pv.push(...pvFrom(cached, "  "), "}");
   }
   // O passes: columns [c0, c0 + bk) through s_s.
-  const passes = range(Math.ceil(d / bk)).map((p) => {
+  const passes = range(Math.ceil(d / ds / bk)).map((p) => {
     const c0 = p * bk;
     const frags = RM.flatMap((r) =>
       DN.filter((c) => c * n >= c0 && c * n < c0 + bk).map((c) => ({
         name: `o_${r}_${c}`,
-        at: `(sgr + ${r * m}u) * SSTR + ${c * n - c0}u`,
+        at: `(${srow} + ${r * m}u) * SSTR + ${c * n - c0}u`,
       }))
     );
     return { c0, frags };
@@ -127,7 +131,7 @@ export function generateMatrixCode(c: MmaConsts): Record<string, string> {
   // sgresc: the subgroup's own rows only, no workgroup barrier (see RESC_APPLY).
   const bar = c.sgresc ? [] : ["workgroupBarrier();"];
   passes.forEach(({ c0, frags }, i) => {
-    rescale.push(...store(frags), ...bar, "scale_rows(sgr, ln, alpha);");
+    rescale.push(...store(frags), ...bar, `scale_rows(${srow}, ln, alpha);`);
     rescale.push(...bar);
     rescale.push(
       ...frags.map((f) =>
@@ -135,7 +139,11 @@ export function generateMatrixCode(c: MmaConsts): Record<string, string> {
       ),
     );
     rescale.push(...bar);
-    output.push(...store(frags), "workgroupBarrier();", `write_rows(sgr, ln, ${c0}u, tb, inv);`);
+    output.push(
+      ...store(frags),
+      "workgroupBarrier();",
+      `write_rows(${srow}, ln, ${dqp}${c0}u, tb, inv);`,
+    );
     if (i < passes.length - 1) output.push("workgroupBarrier();");
   });
   return {
@@ -247,7 +255,16 @@ export async function flashMmaSource(c: MmaConsts): Promise<string> {
     TAU: c.tau,
     LG: c.fast ? Math.LOG2E : 1,
     M0: c.fast ? "-1.0e30" : "MASK",
-    QSPLIT: c.qsplit,
+    QSPLIT: c.qsplit * c.dsplit, // S arrays: a chain's, or a D half's
+    R_DIV: c.dsplit > 1 ? ` / ${c.dsplit}u` : "",
+    SG_ROWS: c.dsplit > 1
+      ? [
+        "  let sgr = (sg / 2u) * MR; // a pair of subgroups a row block (dsplit)",
+        "  let dh = sg % 2u; // which half of D",
+        "  let dq = dh * (D / 2u);",
+      ].join("\n")
+      : "  let sgr = sg * MR;",
+    LSE_OWNER: c.dsplit > 1 ? " && dh == 0u" : "",
     VT_DECL: c.direct ? "" : "var<workgroup> vt_s: array<f16, 2u * VT_LEN>;",
     TAIL_STAGE: c.direct && !cut("pv") ? TAIL_STAGE : "",
     E16: lay.e16,

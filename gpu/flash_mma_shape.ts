@@ -72,6 +72,13 @@ export interface MmaShape {
    * before PV. Default false.
    */
   late?: boolean;
+  /**
+   * Subgroups per 16-row block (1 or 2): with 2, a pair of subgroups shares each block of rows,
+   * each holding half of D in its Q fragments and O accumulators (half the registers a lane:
+   * more workgroups resident), S as two partial products (chains, added by the softmax, which
+   * both run; the first writes P). Rows per workgroup halve. Default 1.
+   */
+  dsplit?: number;
   /** Bench only: leave one stage out to time the rest (see {@link MmaAblation}); "": none. */
   ablate?: MmaAblation | "";
 }
@@ -92,6 +99,7 @@ export function fullShape(s: MmaShape): FullMmaShape {
     qsplit: s.qsplit ?? 1,
     sgresc: s.sgresc ?? false,
     late: s.late ?? false,
+    dsplit: s.dsplit ?? 1,
     ablate: s.ablate ?? "",
   };
 }
@@ -180,6 +188,14 @@ export function mmaShapeProblem(
     if (t.nchunk !== 1) return `matrix staging needs one cache buffer, not ${t.nchunk}`;
     if (t.bs % t.m) return `matrix staging needs block_size ${t.bs} a multiple of ${t.m}`;
   }
+  const ds = shape.dsplit ?? 1;
+  if (ds !== 1) {
+    if (ds !== 2 || shape.nsg % 2) return `dsplit ${ds} is not 1, or 2 with an even nsg`;
+    if (shape.direct || shape.mstage || shape.sgresc || (shape.qsplit ?? 1) !== 1) {
+      return "dsplit needs staged tiles, the workgroup's rescale flag and one S chain";
+    }
+    if ((d / 2) % Math.max(n, k, shape.bk)) return `dsplit 2 halves head_size ${d} unevenly`;
+  }
   if (shape.sgresc && (shape.ablate === "rescale" || shape.ablate === "loop")) {
     return `the ${shape.ablate} ablation cuts the per-subgroup rescale's lane flags`;
   }
@@ -191,7 +207,8 @@ export function mmaShapeProblem(
 /**
  * Named shapes (`w{nsg}r{rm}k{bk}`; `-fa2` tau 0, `-f` fast softmax, `-d` direct K/V loads,
  * `-x` K/V staged by matrix moves, `-s{n}` n chains of S = Q K^T, `-u` the lazy rescale decided
- * per subgroup: `sgresc`, `-l` next-tile stores after PV: `late`),
+ * per subgroup: `sgresc`, `-l` next-tile stores after PV: `late`, `-d` D split over a pair of
+ * subgroups: `dsplit` 2),
  * what bench/mma_bench.ts sweeps and ATTN_PREFILL_MMA_SHAPE may name for the backend.
  */
 export const MMA_VARIANTS: Readonly<Record<string, MmaShape>> = {
@@ -219,6 +236,8 @@ export const MMA_VARIANTS: Readonly<Record<string, MmaShape>> = {
   "w8r1k16-l": { nsg: 8, rm: 1, bk: 16, tau: 8, late: true },
   "w8r1k16-fl": { nsg: 8, rm: 1, bk: 16, tau: 8, fast: true, late: true },
   "w8r1k16-fxl": { nsg: 8, rm: 1, bk: 16, tau: 8, fast: true, mstage: true, late: true },
+  "w8r1k16-fld": { nsg: 8, rm: 1, bk: 16, tau: 8, fast: true, late: true, dsplit: 2 },
+  "w16r1k16-fld": { nsg: 16, rm: 1, bk: 16, tau: 8, fast: true, late: true, dsplit: 2 },
 };
 
 /**
@@ -243,14 +262,15 @@ export function chooseMmaShape(t: MmaTarget, maxShared: number): MmaShape | null
 /** Sizes of the kernel's arrays (see wgsl/flash_mma.wgsl). */
 export function mmaLayout(t: MmaTarget, shape: MmaShape): MmaLayout {
   const { d, sg } = t, mr = t.m * shape.rm;
-  const rows = mr * shape.nsg, kstr = d + 8, sstr = shape.bk + 4, pstr = shape.bk + 8;
+  const ds = shape.dsplit ?? 1;
+  const rows = mr * shape.nsg / ds, kstr = d + 8, sstr = shape.bk + 4, pstr = shape.bk + 8;
   // Direct loads: kt_s holds the Q passes, P and the last tile's V; there is no V tile.
   const kTile = shape.direct ? 0 : shape.bk * kstr;
   const ktLen = Math.max(shape.bk * kstr, rows * pstr, mr * kstr);
   const qpass = Math.min(rows, Math.floor(ktLen / kstr / mr) * mr);
   const nbt = t.enc || shape.direct || shape.mstage ? 0 : Math.floor((shape.bk - 1) / t.bs) + 2;
   const e16 = 16 / BYTES[t.kv];
-  const sLen = rows * sstr * (shape.qsplit ?? 1);
+  const sLen = rows * sstr * (shape.qsplit ?? 1) * ds; // one S array a chain
   const shared_bytes = 2 * (2 * ktLen + 2 * kTile) + 4 * sLen + 4 * (2 * nbt + 1) + 12;
   return {
     rows,

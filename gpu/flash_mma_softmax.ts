@@ -18,7 +18,9 @@ const range = (n: number) => Array.from({ length: n }, (_, i) => i);
  * products (chain j's S at j * R * SSTR).
  */
 function scoreAt(c: MmaConsts, e: number): string {
-  const parts = range(c.qsplit).map((j) => `s_s[sb + ${j ? `${j}u * R * SSTR + ` : ""}${e}u]`);
+  const parts = range(c.qsplit * c.dsplit).map((j) =>
+    `s_s[sb + ${j ? `${j}u * R * SSTR + ` : ""}${e}u]`
+  );
   return parts.length > 1 ? `(${parts.join(" + ")})` : parts[0];
 }
 
@@ -31,12 +33,23 @@ function maxTree(xs: string[]): string {
 
 /** The shared tail of a row: row max, lazy rescale, p into P, running sum. */
 function rowTail(
+  c: MmaConsts,
   i: number,
   E: number[],
   pOf: (e: number) => string,
   exp: string,
 ): string[] {
   const p = "kt_s[kb + pb + "; // P over this tile's dead K
+  // dsplit: both subgroups of a pair run the softmax (each needs the rows' state), the first
+  // writes P.
+  const pStores = c.dsplit > 1
+    ? [
+      ...E.map((e) => `  let p${e} = ${pOf(e)};`),
+      "  if (dh == 0u) {",
+      ...E.map((e) => `    ${p}${e}u] = p${e};`),
+      "  }",
+    ]
+    : E.map((e) => `  let p${e} = ${pOf(e)};\n  ${p}${e}u] = p${e};`);
   return [
     `  var tmax = ${maxTree(E.map((e) => `x${e}`))};`,
     "  for (var o = 1u; o < LPR; o <<= 1u) {",
@@ -48,7 +61,7 @@ function rowTail(
     `    m[${i}] = tmax;`,
     `    flag = flag || seen[${i}];`,
     "  }",
-    ...E.map((e) => `  let p${e} = ${pOf(e)};\n  ${p}${e}u] = p${e};`),
+    ...pStores,
     `  l[${i}] += ${E.map((e) => `f32(p${e})`).join(" + ")};`,
     `  seen[${i}] = seen[${i}] || tmax > MASK;`,
   ];
@@ -80,7 +93,7 @@ export function softmaxCode(c: MmaConsts): string {
         const score = `score(${scoreAt(c, e)}, rpos[${i}], rslope[${i}], key0 + ${e}u, kend)`;
         return `  let x${e} = select(MASK, ${score}, rok[${i}]);`;
       }),
-      ...rowTail(i, E, (e) => `f16(select(0.0, exp(x${e} - m[${i}]), x${e} > MASK))`, "exp"),
+      ...rowTail(c, i, E, (e) => `f16(select(0.0, exp(x${e} - m[${i}]), x${e} > MASK))`, "exp"),
       "}",
     );
   }
@@ -142,7 +155,7 @@ export function fastSoftmaxCode(c: MmaConsts): string {
     if (!kendOnly) out.push("  if (!inner) {");
     for (const e of E) out.push(`${pad}x${e} = select(MASK, x${e}, ${visibleTest(c, e)});`);
     if (!kendOnly) out.push("  }");
-    out.push(...rowTail(i, E, (e) => `f16(exp2(x${e} - m[${i}]))`, "exp2"), "}");
+    out.push(...rowTail(c, i, E, (e) => `f16(exp2(x${e} - m[${i}]))`, "exp2"), "}");
   }
   out.push(...flagCode(c));
   return indent(out);

@@ -89,7 +89,7 @@ const NSG: u32 = {{NSG}};
 const WG: u32 = SG * NSG;
 const RM: u32 = {{RM}};
 const MR: u32 = MM * RM; // rows per subgroup
-const R: u32 = MR * NSG; // rows per workgroup
+const R: u32 = MR * NSG{{R_DIV}}; // rows per workgroup
 const BK: u32 = {{BK}};
 const D: u32 = {{D}};
 const BS: u32 = {{BS}};
@@ -166,7 +166,7 @@ fn main(
   }
 
   // This lane's rows (RPL of them) and its part (lq) of their keys in the softmax step.
-  let sgr = sg * MR;
+{{SG_ROWS}}
   let lq = ln % LPR;
   var rpos: array<i32, RPL>;
   var rslope: array<f32, RPL>;
@@ -289,7 +289,7 @@ fn main(
       lt += subgroupShuffleXor(lt, o);
     }
     inv[i] = select(0.0, U.v_scale / lt, lt > 0.0);
-    if (rok[i] && lq == 0u) {
+    if (rok[i] && lq == 0u{{LSE_OWNER}}) {
       lse[lh[i]] = select(0xff800000u, bitcast<u32>(m[i] / LG + log(lt)), lt > 0.0); // -inf: none
     }
   }
