@@ -129,7 +129,7 @@ for w in $what; do
       # kernel at 132 / 264 / 396 / 528 workgroups of equal work, then the ladder likewise; the
       # time stays flat while they all fit at once.
       TAIL=${TAIL:-24} run residency-kernel "${MMA_BENCH_TIMEOUT:-150}" \
-        deno run -A bench/mma_bench.ts --iters 10 --only "${RESIDENCY_VARIANTS:-w8r1k16-fl,w8r1k16-fld,w16r1k16-fld}" \
+        deno run -A bench/mma_bench.ts --iters 10 --only "${RESIDENCY_VARIANTS:-w8r1k16-fl,w8r1k16-fld,w16r1k16-fld,w8r2k16-fld}" \
         --cases 1x1056n-h16k4,2x1056n-h16k4,3x1056n-h16k4,4x1056n-h16k4
       for r in 16896 33792 50688 67584; do
         TAIL=3 run "residency-ladder-$r" 60 deno run -A bench/mma_ceiling.ts --iters 10 \

@@ -36,7 +36,7 @@ import {
 /**
  * The variants run without --only: v0.7's default, the fast softmax and the default shape
  * since v0.8 (fast softmax, late next-tile stores) as the baselines, that shape with D split
- * over pairs of subgroups (8 and 16 subgroups: 64 and 128 rows), then
+ * over pairs of subgroups (8 and 16 subgroups: 64 and 128 rows; 2 row blocks a subgroup: 128), then
  * v0.6's matrix-move staging (`-x`) and split S chains (`-s2`), alone and combined, on 8
  * subgroups, 2 row blocks and 32-key tiles, and the best guess's ablations (bench/NOTES.md,
  * "v0.6 tensor-core variants").
@@ -47,6 +47,7 @@ export const DEFAULT_VARIANTS = [
   "w8r1k16-fl",
   "w8r1k16-fld",
   "w16r1k16-fld",
+  "w8r2k16-fld",
   "w8r1k16-fx",
   "w8r1k16-fs2",
   "w8r1k16-fxs2",

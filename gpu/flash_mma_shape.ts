@@ -238,6 +238,7 @@ export const MMA_VARIANTS: Readonly<Record<string, MmaShape>> = {
   "w8r1k16-fxl": { nsg: 8, rm: 1, bk: 16, tau: 8, fast: true, mstage: true, late: true },
   "w8r1k16-fld": { nsg: 8, rm: 1, bk: 16, tau: 8, fast: true, late: true, dsplit: 2 },
   "w16r1k16-fld": { nsg: 16, rm: 1, bk: 16, tau: 8, fast: true, late: true, dsplit: 2 },
+  "w8r2k16-fld": { nsg: 8, rm: 2, bk: 16, tau: 8, fast: true, late: true, dsplit: 2 },
 };
 
 /**

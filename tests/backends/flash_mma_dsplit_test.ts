@@ -64,6 +64,11 @@ const CASES: [string, BatchSpec, MmaShape][] = [
     }),
     { nsg: 16, rm: 1, bk: 16, tau: 8, fast: true, late: true, dsplit: 2 },
   ],
+  [
+    "dsplit + fast + late, 2 row blocks a subgroup, tau 0: causal f16 GQA4 with context",
+    base({ requests: [{ query_len: 37, seq_len: 90 }, { query_len: 5, seq_len: 5 }] }),
+    { nsg: 4, rm: 2, bk: 16, tau: 0, fast: true, late: true, dsplit: 2 },
+  ],
 ];
 
 mmaCaseTests(ctx, CASES);
