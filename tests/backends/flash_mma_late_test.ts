@@ -14,7 +14,13 @@ import { flashMmaSource } from "../../gpu/flash_mma_codegen.ts";
 import { fullShape, MMA_VARIANTS, type MmaShape } from "../../gpu/flash_mma_shape.ts";
 import { acquireMmaDevice } from "../../gpu/flash_mma_device.ts";
 import type { BatchSpec } from "../support/batches.ts";
-import { base, H200_F16_TARGET, mmaCaseTests } from "../support/mma_case.ts";
+import {
+  base,
+  BF16_HND_ALL,
+  FP8_NON_CAUSAL,
+  H200_F16_TARGET,
+  mmaCaseTests,
+} from "../support/mma_case.ts";
 
 const acquired = await acquireMmaDevice();
 const ctx = acquired.ctx;
@@ -35,28 +41,12 @@ const CASES: [string, BatchSpec, MmaShape][] = [
   ],
   [
     "late, generic softmax, tau 0: HND bs32 bf16 cache, window, soft cap, sinks, ALiBi",
-    base({
-      dtype: "bfloat16",
-      kv_cache_dtype: "bfloat16",
-      layout: "HND",
-      block_size: 32,
-      sliding_window: 70,
-      logits_soft_cap: 5,
-      sinks: true,
-      alibi: true,
-      requests: [{ query_len: 20, seq_len: 150 }, { query_len: 3, seq_len: 40 }],
-    }),
+    BF16_HND_ALL,
     { nsg: 2, rm: 1, bk: 16, tau: 0, late: true },
   ],
   [
     "late + fast: non-causal fp8 e4m3 cache, 32-key tiles",
-    base({
-      kv_cache_dtype: "fp8_e4m3",
-      k_scale: 0.5,
-      v_scale: 2,
-      causal: false,
-      requests: [{ query_len: 24, seq_len: 120 }],
-    }),
+    FP8_NON_CAUSAL,
     { nsg: 2, rm: 1, bk: 32, tau: 8, fast: true, late: true },
   ],
   [

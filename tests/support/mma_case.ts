@@ -32,6 +32,28 @@ import { freshSeed } from "./rng.ts";
 export const base = (o: Partial<BatchSpec>): BatchSpec =>
   smallSpec({ num_heads: 8, requests: [{ query_len: 29, seq_len: 29 }], ...o });
 
+/** Hostile bf16 batch: bf16 data and cache, HND, block 32, window, soft cap, sinks, ALiBi. */
+export const BF16_HND_ALL: BatchSpec = base({
+  dtype: "bfloat16",
+  kv_cache_dtype: "bfloat16",
+  layout: "HND",
+  block_size: 32,
+  sliding_window: 70,
+  logits_soft_cap: 5,
+  sinks: true,
+  alibi: true,
+  requests: [{ query_len: 20, seq_len: 150 }, { query_len: 3, seq_len: 40 }],
+});
+
+/** Non-causal prefill over a scaled fp8 e4m3 cache. */
+export const FP8_NON_CAUSAL: BatchSpec = base({
+  kv_cache_dtype: "fp8_e4m3",
+  k_scale: 0.5,
+  v_scale: 2,
+  causal: false,
+  requests: [{ query_len: 24, seq_len: 120 }],
+});
+
 /** Options of {@link checkMma}. */
 export interface MmaCaseOptions {
   /** Kernel shape (default: the first that fits). */
