@@ -18,7 +18,6 @@ import {
   type MmaShape,
   mmaShapeProblem,
 } from "../../gpu/flash_mma_shape.ts";
-import { acquireMmaDevice } from "../../gpu/flash_mma_device.ts";
 import type { BatchSpec } from "../support/batches.ts";
 import {
   base,
@@ -26,11 +25,10 @@ import {
   FP8_NON_CAUSAL,
   H200_F16_TARGET,
   mmaCaseTests,
+  mmaTestDevice,
 } from "../support/mma_case.ts";
 
-const acquired = await acquireMmaDevice();
-const ctx = acquired.ctx;
-if (!ctx) console.warn(`flash_mma dsplit tests skipped: ${acquired.reason}`);
+const ctx = await mmaTestDevice("flash_mma dsplit tests");
 
 const CASES: [string, BatchSpec, MmaShape][] = [
   [

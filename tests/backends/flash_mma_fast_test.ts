@@ -21,13 +21,10 @@ import {
   mmaShapeProblem,
   type MmaTarget,
 } from "../../gpu/flash_mma_shape.ts";
-import { acquireMmaDevice } from "../../gpu/flash_mma_device.ts";
 import { type BatchSpec, generateBatch } from "../support/batches.ts";
-import { base, H200_F16_TARGET, mmaCaseTests } from "../support/mma_case.ts";
+import { base, H200_F16_TARGET, mmaCaseTests, mmaTestDevice } from "../support/mma_case.ts";
 
-const acquired = await acquireMmaDevice();
-const ctx = acquired.ctx;
-if (!ctx) console.warn(`flash_mma fast/direct tests skipped: ${acquired.reason}`);
+const ctx = await mmaTestDevice("flash_mma fast/direct tests");
 
 const SHAPES = {
   fast: { nsg: 4, rm: 1, bk: 16, tau: 8, fast: true },

@@ -16,13 +16,10 @@ import {
   mmaShapeProblem,
   type MmaTarget,
 } from "../../gpu/flash_mma_shape.ts";
-import { acquireMmaDevice } from "../../gpu/flash_mma_device.ts";
 import type { BatchSpec } from "../support/batches.ts";
-import { base, H200_F16_TARGET, mmaCaseTests } from "../support/mma_case.ts";
+import { base, H200_F16_TARGET, mmaCaseTests, mmaTestDevice } from "../support/mma_case.ts";
 
-const acquired = await acquireMmaDevice();
-const ctx = acquired.ctx;
-if (!ctx) console.warn(`flash_mma matrix-staging tests skipped: ${acquired.reason}`);
+const ctx = await mmaTestDevice("flash_mma matrix-staging tests");
 
 const CASES: [string, BatchSpec, MmaShape][] = [
   [

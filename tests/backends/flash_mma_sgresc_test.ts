@@ -14,13 +14,10 @@
 import assert from "node:assert/strict";
 import { flashMmaSource } from "../../gpu/flash_mma_codegen.ts";
 import { fullShape, MMA_VARIANTS, type MmaShape } from "../../gpu/flash_mma_shape.ts";
-import { acquireMmaDevice } from "../../gpu/flash_mma_device.ts";
 import type { BatchSpec } from "../support/batches.ts";
-import { base, H200_F16_TARGET, mmaCaseTests } from "../support/mma_case.ts";
+import { base, H200_F16_TARGET, mmaCaseTests, mmaTestDevice } from "../support/mma_case.ts";
 
-const acquired = await acquireMmaDevice();
-const ctx = acquired.ctx;
-if (!ctx) console.warn(`flash_mma sgresc tests skipped: ${acquired.reason}`);
+const ctx = await mmaTestDevice("flash_mma sgresc tests");
 
 const CASES: [string, BatchSpec, MmaShape][] = [
   [

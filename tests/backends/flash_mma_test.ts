@@ -12,17 +12,20 @@
 import assert from "node:assert/strict";
 import { mmaConstsOf, mmaTargetOf } from "../../backends/flash_mma_plan.ts";
 import { chooseMmaShape, type MmaShape } from "../../gpu/flash_mma_shape.ts";
-import { acquireMmaDevice } from "../../gpu/flash_mma_device.ts";
 import { MMA_FEATURE, mmaSupportOf } from "../../gpu/flash_mma_kernel.ts";
 import type { GpuContext } from "../../core/types.ts";
 import { validHostBatch } from "../../service/host_input.ts";
 import { type BatchSpec, generateBatch } from "../support/batches.ts";
-import { base, checkMma, freshSeed, type MmaCaseOptions } from "../support/mma_case.ts";
+import {
+  base,
+  checkMma,
+  freshSeed,
+  type MmaCaseOptions,
+  mmaTestDevice,
+} from "../support/mma_case.ts";
 
-const acquired = await acquireMmaDevice();
-const ctx = acquired.ctx;
+const ctx = await mmaTestDevice("flash_mma tests");
 const SKIP = ctx === null;
-if (SKIP) console.warn(`flash_mma tests skipped: ${acquired.reason}`);
 
 /** Kernel shapes by name (bk 0: the default shape's); `default` is the first that fits. */
 type ShapeName = "default" | "wide" | "rm2" | "fa2" | "bk32";

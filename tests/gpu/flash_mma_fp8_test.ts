@@ -5,14 +5,12 @@
  * device of gpu/flash_mma_device.ts); skipped with the reason elsewhere.
  */
 import assert from "node:assert/strict";
+import { mmaTestDevice } from "../support/mma_case.ts";
 import { FP8_E4M3_TABLE, FP8_E5M2_TABLE } from "../../core/dtype.ts";
-import { acquireMmaDevice } from "../../gpu/flash_mma_device.ts";
 import { FP8_TO_F16 } from "../../gpu/flash_mma_staging.ts";
 import { dispatchIntoBuffer } from "../support/dispatch.ts";
 
-const acquired = await acquireMmaDevice();
-const ctx = acquired.ctx;
-if (!ctx) console.warn(`flash_mma fp8 staging test skipped: ${acquired.reason}`);
+const ctx = await mmaTestDevice("flash_mma fp8 staging test");
 
 async function decodeAll(code: string): Promise<Float32Array> {
   const dev = ctx!.device;

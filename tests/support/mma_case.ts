@@ -18,7 +18,7 @@ import { decode, encode } from "../../core/dtype.ts";
 import { HostKvCache } from "../../backends/cpu/host_cache.ts";
 import type { GpuContext, KvCache } from "../../core/types.ts";
 import type { MmaShape, MmaTarget } from "../../gpu/flash_mma_shape.ts";
-import type { MmaContext } from "../../gpu/flash_mma_device.ts";
+import { acquireMmaDevice, type MmaContext } from "../../gpu/flash_mma_device.ts";
 import { runGpuPlan } from "../../gpu/gpu_plan.ts";
 import { GpuKvCache, MAX_KV_CHUNK_BYTES } from "../../gpu/kv_cache.ts";
 import { validHostBatch } from "../../service/host_input.ts";
@@ -53,6 +53,13 @@ export const FP8_NON_CAUSAL: BatchSpec = base({
   causal: false,
   requests: [{ query_len: 24, seq_len: 120 }],
 });
+
+/** The Dawn subgroup-matrix device for a test file, or null with why `what` is skipped. */
+export async function mmaTestDevice(what: string): Promise<MmaContext | null> {
+  const acquired = await acquireMmaDevice();
+  if (!acquired.ctx) console.warn(`${what} skipped: ${acquired.reason}`);
+  return acquired.ctx;
+}
 
 /** Options of {@link checkMma}. */
 export interface MmaCaseOptions {
