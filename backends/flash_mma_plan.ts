@@ -25,7 +25,7 @@ import { getKernel } from "../gpu/kernel.ts";
 import { kvChunkGeometry } from "../gpu/kv_cache.ts";
 import { buildGpuPlan } from "../gpu/plan_builder.ts";
 import type { TableBuilder } from "../gpu/plan_table.ts";
-import { buildFlashMeta, flashTileCall, hasRows } from "./flash_plan.ts";
+import { buildFlashMeta, flashTileCall, hasRows, maxWorkgroupInvocations } from "./flash_plan.ts";
 import { envVar } from "../core/env.ts";
 
 const isEncoder = (s: BatchShape) =>
@@ -107,11 +107,7 @@ export function mmaConstsOf(
   if (!sh) return `no kernel shape fits head_size ${t.d} in ${limit} B of workgroup memory`;
   const problem = mmaShapeProblem(t, sh, limit);
   if (problem) return problem;
-  const lanes = sh.nsg * t.sg;
-  const maxLanes = Math.min(
-    ctx.limits.maxComputeInvocationsPerWorkgroup ?? 256,
-    ctx.limits.maxComputeWorkgroupSizeX ?? 256,
-  );
+  const lanes = sh.nsg * t.sg, maxLanes = maxWorkgroupInvocations(ctx.limits);
   if (lanes > maxLanes) return `${lanes} invocations a workgroup (limit ${maxLanes})`;
   const full = fullShape(sh);
   if (full.fast) return { ...t, ...full };

@@ -86,6 +86,14 @@ export function parseFlashTile(text: string): FlashTile {
   return suffix ? [...t, suffix === "u"] : t;
 }
 
+/** The most invocations one workgroup may have on a device with `limits` (WebGPU's 256 default). */
+export function maxWorkgroupInvocations(limits: Readonly<Record<string, number>>): number {
+  return Math.min(
+    limits.maxComputeInvocationsPerWorkgroup ?? 256,
+    limits.maxComputeWorkgroupSizeX ?? 256,
+  );
+}
+
 /** Why tile `t` cannot run head size `d` on a device with `limits`, or null when it can. */
 export function flashTileUnfit(
   d: number,
@@ -97,10 +105,7 @@ export function flashTileUnfit(
   if (d % 16 !== 0 || d < 16) return `head size ${d} is not a multiple of 16`;
   if (d4 % tx !== 0) return `TX ${tx} does not divide the ${d4} vec4 columns of head size ${d}`;
   if (rm * (d4 / tx) > maxAcc) return `${rm * (d4 / tx)} vec4 accumulators > ${maxAcc}`;
-  const maxInv = Math.min(
-    limits.maxComputeInvocationsPerWorkgroup ?? 256,
-    limits.maxComputeWorkgroupSizeX ?? 256,
-  );
+  const maxInv = maxWorkgroupInvocations(limits);
   if (tx * ty > maxInv) return `${tx * ty} invocations > ${maxInv}`;
   const shared = flashSharedBytes(d, t), max = limits.maxComputeWorkgroupStorageSize ?? 16384;
   if (shared > max) return `${shared} B of workgroup memory > ${max}`;

@@ -259,9 +259,9 @@ export async function flashMmaSource(c: MmaConsts): Promise<string> {
     R_DIV: c.dsplit > 1 ? ` / ${c.dsplit}u` : "",
     SG_ROWS: c.dsplit > 1
       ? [
-        "  let sgr = (sg / 2u) * MR; // a pair of subgroups a row block (dsplit)",
-        "  let dh = sg % 2u; // which half of D",
-        "  let dq = dh * (D / 2u);",
+        `  let sgr = (sg / ${c.dsplit}u) * MR; // dsplit subgroups a row block`,
+        `  let dh = sg % ${c.dsplit}u; // which part of D`,
+        `  let dq = dh * (D / ${c.dsplit}u);`,
       ].join("\n")
       : "  let sgr = sg * MR;",
     LSE_OWNER: c.dsplit > 1 ? " && dh == 0u" : "",
@@ -277,13 +277,13 @@ export async function flashMmaSource(c: MmaConsts): Promise<string> {
     SOURCE: sourceCode(c),
     ROUND: await roundCode(c.dtype),
     ...matrix,
-    ...nextTileStores(c, cut("stage") ? "" : staging.LOOP_STAGE_STORE, !cut("bt")),
+    ...nextTileStores(c, cut("stage") ? "" : staging.STAGE_STORE, !cut("bt")),
     LIVE: cut("live") ? "true" : LIVE,
     ...(cut("rescale") ? { RESC_RESET: "", RESC_APPLY: "" } : rescaleProtocol(c, matrix.O_RESCALE)),
     SOFTMAX: cut("softmax") ? "" : c.fast ? fastSoftmaxCode(c) : softmaxCode(c),
     STAGE_LOAD: staging.STAGE_LOAD,
     STAGE_STORE: staging.STAGE_STORE,
-    LOOP_STAGE_LOAD: cut("stage") ? "" : staging.LOOP_STAGE_LOAD,
+    LOOP_STAGE_LOAD: cut("stage") ? "" : staging.STAGE_LOAD,
     QK: cut("qk") ? "" : matrix.QK,
     PV: cut("pv") ? "" : matrix.PV,
   });

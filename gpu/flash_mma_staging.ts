@@ -134,12 +134,10 @@ ${fn("k")}${fn("v")}`;
 
 /** The staging placeholders of flash_mma.wgsl (see {@link stagingCode}). */
 export interface StagingCode {
+  /** Loads tile `kn` (the prologue's first, the loop's next) into registers. */
   STAGE_LOAD: string;
+  /** Stores those registers into the buffers at `kbn` / `vbn`. */
   STAGE_STORE: string;
-  /** The loop's load of the next tile (the same as STAGE_LOAD, or the fragment moves). */
-  LOOP_STAGE_LOAD: string;
-  /** The loop's store of the next tile into the other buffers (after the softmax). */
-  LOOP_STAGE_STORE: string;
 }
 
 /**
@@ -148,13 +146,8 @@ export interface StagingCode {
  * wv_i, STAGE_STORE decodes them to f16 into the buffers at `kbn` / `vbn`.
  */
 export function stagingCode(c: MmaConsts): StagingCode {
-  if (c.direct) {
-    return { STAGE_LOAD: "", STAGE_STORE: "", LOOP_STAGE_LOAD: "", LOOP_STAGE_STORE: "" };
-  }
-  if (c.mstage) {
-    const m = matrixStagingCode(c);
-    return { ...m, LOOP_STAGE_LOAD: m.STAGE_LOAD, LOOP_STAGE_STORE: m.STAGE_STORE };
-  }
+  if (c.direct) return { STAGE_LOAD: "", STAGE_STORE: "" };
+  if (c.mstage) return matrixStagingCode(c);
   const lay = mmaLayout(c, c), v4r = c.d / lay.e16, words = c.bk * v4r;
   const N = range(Math.ceil(words / lay.wg)), guard = words % lay.wg !== 0;
   const load = () =>
@@ -187,8 +180,7 @@ export function stagingCode(c: MmaConsts): StagingCode {
       return out;
     });
   const ind = (xs: string[], pad = "    ") => xs.map((x) => pad + x).join("\n");
-  const STAGE_LOAD = ind(load()), STAGE_STORE = ind(store());
-  return { STAGE_LOAD, STAGE_STORE, LOOP_STAGE_LOAD: STAGE_LOAD, LOOP_STAGE_STORE: STAGE_STORE };
+  return { STAGE_LOAD: ind(load()), STAGE_STORE: ind(store()) };
 }
 
 /**

@@ -64,8 +64,10 @@
 // f16), SOURCE (src_k/src_v, or kv_elem for direct and matrix-staged variants),
 // STAGE_LOAD/STORE (prologue), LOOP_STAGE_LOAD (loop; fragment moves for mstage; empty for
 // direct loads), BLK_REFRESH, EARLY_STORES and LATE_STORES (the next tiles' block ids and
-// words, see above), LIVE (the subgroup's tile-liveness test), VT_DECL (the V tiles, none for direct loads), TAIL_STAGE (direct
-// loads: the request's last, partial V tile, zero-padded, into the unused P buffer), LG and M0
+// words, see above), LIVE (the subgroup's tile-liveness test), VT_DECL (the V tiles, none for
+// direct loads), TAIL_STAGE (direct loads: the request's last, partial V tile, zero-padded,
+// into the unused P buffer), R_DIV, SG_ROWS and LSE_OWNER (dsplit's rows, halves of D and
+// the pair's LSE writer), LG and M0
 // (softmax units and the initial running max: 1 and MASK, or log2(e) and -1e30 for the fast
 // softmax),
 // ROUND (round.wgsl and round_pair), SOFTMAX (gpu/flash_mma_softmax.ts), QFRAG_DECL/LOAD, QK,

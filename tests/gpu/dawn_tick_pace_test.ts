@@ -185,12 +185,12 @@ Deno.test({
 
 /** Runs `code` (a module importing from the repository root) in a fresh Deno; its stdout. */
 async function freshDeno(code: string): Promise<string> {
-  const root = new URL("../../", import.meta.url).href;
+  const root = new URL("../../", import.meta.url);
   const out = await new Deno.Command(Deno.execPath(), {
-    args: ["eval", "--ext=ts", code.replaceAll("ROOT/", root)],
+    args: ["eval", "--ext=ts", code.replaceAll("ROOT/", root.href)],
     stdout: "piped",
     stderr: "piped",
-    cwd: new URL("../../", import.meta.url).pathname, // deno.json maps the bare "webgpu"
+    cwd: root.pathname, // deno.json maps the bare "webgpu"
     env: { DENO_NO_UPDATE_CHECK: "1" },
   }).output();
   const err = new TextDecoder().decode(out.stderr);
