@@ -19,7 +19,7 @@ import { type KernelCall, launch, type LaunchSpec } from "../gpu/launch.ts";
 import { RESIDENCY_INFO, residencyReads, residencyUploads } from "../gpu/decode_residency.ts";
 
 /** Passes that are not attention (cache write, output poisoning, the device finiteness check). */
-const NOT_ATTENTION = new Set(["cache_write", "poison", "finite_check", "finite_gate"]);
+const NOT_ATTENTION = new Set(["cache_write", "poison", "finite_check"]);
 
 /** What {@link deviceTime} measured. */
 export interface DeviceTime {

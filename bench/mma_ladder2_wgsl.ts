@@ -51,9 +51,16 @@ export interface Ladder2 extends Ceiling {
   bk: number;
   /** Extra f32 values held live across the key loop (`-h{N}`; 0: none). */
   hold: number;
+  /**
+   * `-x{letters}`, the kernel's loop forms, results unchanged: `d` the trip count known only at
+   * run time (as the kernel's kstart..kend), `g` each lane's staging load guarded by its key
+   * against a run-time key count (as the kernel's `key < kend`), `p` P written over the tile's
+   * dead K (the kernel's kt_s; 3b schedule only) instead of its own array.
+   */
+  kernelForms: string;
 }
 
-const NAME = /^ladder-(sm|pg)-k(\d+)-w(\d+)(-r1)?(?:-(sb|sl|2b|nb))?(?:-h(\d+))?$/;
+const NAME = /^ladder-(sm|pg)-k(\d+)-w(\d+)(-r1)?(?:-(sb|sl|2b|nb))?(?:-h(\d+))?(?:-x([dgp]+))?$/;
 
 /** The probe a v0.7 ladder name stands for on matrices `d`, or null. */
 export function parseLadder2(name: string, d: MatrixDims): Ladder2 | null {
@@ -72,6 +79,7 @@ export function parseLadder2(name: string, d: MatrixDims): Ladder2 | null {
     rowLane: Boolean(x[4]),
     sched: (x[5] ?? "3b") as Ladder2["sched"],
     hold: Number(x[6] ?? 0),
+    kernelForms: x[7] ?? "",
   };
 }
 
@@ -96,6 +104,7 @@ export function ladder2Problem(v: Ladder2, d: MatrixDims): string | null {
   if (v.bk % d.n || v.bk % d.k) return `k${v.bk} is not a multiple of ${d.n} and ${d.k}`;
   if (d.sg % d.m && d.m % d.sg) return `subgroup ${d.sg} and ${d.m} rows do not nest`;
   if (v.bk % ln.lpr) return `k${v.bk} keys over ${ln.lpr} lanes a row`;
+  if (v.kernelForms.includes("p") && v.sched !== "3b") return "-xp needs the 3b schedule";
   return null;
 }
 
@@ -106,7 +115,10 @@ function ladder2Buffers(v: Ladder2): number {
 
 /** Workgroup bytes: K and V tiles (one or two buffers), S (f32) and P (f16) per subgroup. */
 export function ladder2Bytes(v: Ladder2, d: MatrixDims, s: CeilingSize): number {
-  const nbuf = ladder2Buffers(v), tile = v.bk * (s.k + 8);
+  const nbuf = ladder2Buffers(v), tile = v.bk * (s.k + 8), p = v.wm * d.m * (v.bk + 8);
+  if (v.kernelForms.includes("p")) {
+    return 2 * nbuf * (Math.max(tile, p) + tile) + v.wm * d.m * (v.bk + 4) * 4;
+  }
   return 2 * 2 * nbuf * tile + v.wm * d.m * ((v.bk + 4) * 4 + (v.bk + 8) * 2);
 }
 
@@ -118,14 +130,20 @@ export function ladder2Source(v: Ladder2, d: MatrixDims, s: CeilingSize): string
   const R = `subgroup_matrix_right<f16, ${d.n}, ${d.k}>`;
   const Res = `subgroup_matrix_result<f32, ${d.n}, ${d.m}>`;
   const mma = "subgroupMatrixMultiplyAccumulate";
+  // -xp: P over the dead K tile (bs_s buffers of KT elements, `bk` this tile's).
+  const pk = v.kernelForms.includes("p"), KT = pk ? Math.max(tile, nsg * M * PSTR) : tile;
+  const pAt = pk ? "&bs_s, bk + pp" : "&p_s, pp", pIdx = pk ? "bs_s[bk + " : "p_s[";
   const U = range(D / d.k), NB = range(BK / d.n), KB = range(BK / d.k), J = range(D / d.n);
   const ldc = ladderColumns(v, d, s), ln = lanesOf(v, d), KPL = BK / ln.lpr;
   const RPL = range(ln.rpl), E = range(KPL);
   const st = stagingCode(v, d, s, ceilingLayout(v, d, s));
   const paged = (x: string) => v.step === 5 ? x.replaceAll("b4[((kn + ", "b4[(page(kn + ") : x;
   const vst = (x: string) => x.replaceAll("bs", "vs").replaceAll("b4[(", `b4[(${N * D}u + `);
-  const kLoad = st.load.map(paged), vLoad = kLoad.map(vst);
-  const kStore = st.store, vStore = st.store.map(vst);
+  const guarded = (x: string) =>
+    v.kernelForms.includes("g") ? x.replaceAll("more && true", "kn + t / 16u < nkeys") : x;
+  const kLoad = st.load.map(paged).map(guarded), vLoad = kLoad.map(vst);
+  const kStore = pk ? st.store.map((x) => x.replaceAll(`nb * ${tile}u`, `nb * ${KT}u`)) : st.store;
+  const vStore = st.store.map(vst);
   const qk = (kb: string) => [
     "{",
     ...NB.map((c) => `  var s_${c} = ${Res}();`),
@@ -143,7 +161,7 @@ export function ladder2Source(v: Ladder2, d: MatrixDims, s: CeilingSize): string
   const pv = (vb: string) => [
     "{",
     ...KB.map((kk) =>
-      `  let p_${kk} = subgroupMatrixLoad<${L}, row_major>(&p_s, pp + ${kk * d.k}u, ${PSTR}u);`
+      `  let p_${kk} = subgroupMatrixLoad<${L}, row_major>(${pAt} + ${kk * d.k}u, ${PSTR}u);`
     ),
     ...KB.flatMap((kk) =>
       J.flatMap((j) => [
@@ -164,7 +182,7 @@ export function ladder2Source(v: Ladder2, d: MatrixDims, s: CeilingSize): string
       ...E.map((e) => `  let x${e} = s_s[o + ${e}u];`),
       `  var mx = ${maxTree(E.map((e) => `x${e}`))};`,
       ...range(Math.log2(ln.lpr)).map((b) => `  mx = max(mx, subgroupShuffleXor(mx, ${1 << b}u));`),
-      ...E.flatMap((e) => [`  let e${e} = exp(x${e} - mx);`, `  p_s[q + ${e}u] = f16(e${e});`]),
+      ...E.flatMap((e) => [`  let e${e} = exp(x${e} - mx);`, `  ${pIdx}q + ${e}u] = f16(e${e});`]),
       `  l_${i} += ${sumTree(E.map((e) => `e${e}`))};`,
       "}",
     ];
@@ -202,10 +220,10 @@ export function ladder2Source(v: Ladder2, d: MatrixDims, s: CeilingSize): string
   const H = range(v.hold), held = holdCode(H, "wg.x + 1000000u");
   const out = [
     ...PROBE_HEADER,
-    `var<workgroup> bs_s: array<f16, ${ladder2Buffers(v) * tile}>;`,
+    `var<workgroup> bs_s: array<f16, ${ladder2Buffers(v) * KT}>;`,
     `var<workgroup> vs_s: array<f16, ${ladder2Buffers(v) * tile}>;`,
     `var<workgroup> s_s: array<f32, ${nsg * M * SSTR}>;`,
-    `var<workgroup> p_s: array<f16, ${nsg * M * PSTR}>;`,
+    ...(pk ? [] : [`var<workgroup> p_s: array<f16, ${nsg * M * PSTR}>;`]),
     ...(v.step === 5 ? pageFn(N * D) : []),
     `@compute @workgroup_size(${nsg * d.sg})`,
     "@diagnostic(off, chromium.subgroup_matrix_uniformity)",
@@ -224,10 +242,21 @@ export function ladder2Source(v: Ladder2, d: MatrixDims, s: CeilingSize): string
     ...J.map((j) => `  var o_${j} = ${Res}();`),
     ...RPL.map((i) => `  var l_${i} = 0.0;`),
     ...held.before.map((x) => "  " + x),
-    ...loopBody.flatMap((x) => [
-      "  " + x,
-      ...(x.startsWith("for (var it") ? held.inLoop.map((y) => "    " + y) : []),
-    ]),
+    // -xd / -xg: counts the compiler cannot see (arrayLength(&b4) is far above both).
+    ...(v.kernelForms ? [`  let nsteps = min(${steps}u, arrayLength(&b4));`] : []),
+    ...(v.kernelForms ? [`  let nkeys = min(${N}u, arrayLength(&b4));`] : []),
+    ...(v.kernelForms.includes("d")
+      ? loopBody.map((x) => x.replaceAll(`< ${steps}u`, "< nsteps"))
+      : loopBody).flatMap((x) =>
+        pk && x.includes("let bb = ")
+          ? [x, `  let bk = (it % 2u) * ${KT}u;`]
+          : pk && x.includes("(&bs_s, bb + ")
+          ? [x.replace("(&bs_s, bb + ", "(&bs_s, bk + ")]
+          : [x]
+      ).flatMap((x) => [
+        "  " + x,
+        ...(x.startsWith("for (var it") ? held.inLoop.map((y) => "    " + y) : []),
+      ]),
     ...held.after.map((x) => "  " + x),
     ...J.map((j) =>
       `  subgroupMatrixStore<row_major>(&c, (r0 + sr) * ${ldc}u + ${j * d.n}u, o_${j}, ${ldc}u);`

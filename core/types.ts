@@ -291,6 +291,13 @@ export interface RunOptions {
    * completes (the write happens entirely or not at all).
    */
   signal?: AbortSignal;
+  /**
+   * Called once everything the call does to the cache and its own buffers is submitted to the
+   * device queue (WebGPU runs later submissions after it), before the read-back: the service
+   * lets the next call on the same cache start then. A backend that never calls it keeps the
+   * cache until `run` settles.
+   */
+  onSubmitted?: () => void;
 }
 
 /** The WebGPU device as the backends see it (null anywhere there is none). */

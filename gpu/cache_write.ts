@@ -18,6 +18,7 @@ import { elementsPerWord, kvAccessorFns, kvBindingDecls, loadWgsl, specialize } 
 import { dataLoads } from "./wgsl_data.ts";
 import { type Section, TableBuilder } from "./plan_table.ts";
 import type { StorageDType } from "../core/types.ts";
+import { FLAG_CLEAR } from "./finite_check.ts";
 
 /** Workgroup size of the cache-write kernel. */
 export const CACHE_WRITE_WG = 64;
@@ -30,6 +31,12 @@ export interface CacheWriteConsts {
   head: number;
   nhd: boolean;
   nchunk: number;
+  /**
+   * Binds the finiteness flags of the call (gpu/finite_check.ts) and writes nothing unless
+   * every one is clear: a direct dispatch behind the check (an indirect one costs Dawn a
+   * validation pass and ~0.1-0.3 ms of host time a call: bench/NOTES.md v0.9).
+   */
+  gated: boolean;
 }
 
 function packFn(d: StorageDType): string {
@@ -76,6 +83,7 @@ export const CACHE_WRITE: KernelDef<CacheWriteConsts> = {
     { name: "key_new", kind: "read", type: "array<u32>" },
     { name: "value_new", kind: "read", type: "array<u32>" },
     { name: "slots", kind: "read", type: "array<i32>" },
+    ...(c.gated ? [{ name: "flags", kind: "read" as const, type: "array<u32, 4>" }] : []),
     ...kvBindingDecls(c.nchunk, "read_write"),
   ],
   async source(c) {
@@ -85,6 +93,11 @@ export const CACHE_WRITE: KernelDef<CacheWriteConsts> = {
       HEAD: c.head,
       EPW: elementsPerWord(c.storage),
       NHD: c.nhd,
+      GATE: c.gated
+        ? `if (flags[0] != ${FLAG_CLEAR}u || flags[1] != ${FLAG_CLEAR}u || flags[2] != ${FLAG_CLEAR}u) {
+    return; // a NaN or infinity in the call: the cache stays as it was
+  }`
+        : "",
       ROUND: await loadWgsl("round.wgsl"),
       SRC: `${k.code}${v.code}fn src_bits(is_v: bool, i: u32) -> u32 {
   if (is_v) {
@@ -109,8 +122,10 @@ export function cacheWriteConsts(
   spec: KvCacheSpec,
   g: KvChunkGeometry,
   dtype: DType,
+  gated = false,
 ): CacheWriteConsts {
   return {
+    gated,
     storage: g.storage_dtype,
     dtype,
     head: spec.head_size,
@@ -130,6 +145,7 @@ export interface CacheWritePlan {
 /**
  * Plans the write of key/value rows (one per slot_mapping entry `slots`) into a cache of
  * `spec` on `ctx`'s device, adding its sections to `table`. null when there is nothing to write.
+ * `gated`: the write binds the call's finiteness flags and writes only when they are clear.
  */
 export async function planCacheWrite(
   ctx: GpuContext,
@@ -139,10 +155,11 @@ export async function planCacheWrite(
   scales: { k_scale: number; v_scale: number },
   table: TableBuilder,
   g: KvChunkGeometry = kvChunkGeometry(ctx, spec),
+  gated = false,
 ): Promise<CacheWritePlan | null> {
   const rows = slots.length;
   if (rows === 0) return null;
-  const kernel = await getKernel(ctx, CACHE_WRITE, cacheWriteConsts(spec, g, dtype));
+  const kernel = await getKernel(ctx, CACHE_WRITE, cacheWriteConsts(spec, g, dtype, gated));
   const wpr = spec.head_size / elementsPerWord(g.storage_dtype);
   const grid = dispatchSize(ctx, Math.ceil((2 * rows * spec.num_kv_heads * wpr) / CACHE_WRITE_WG));
   const fp8 = g.storage_dtype === "fp8_e4m3" || g.storage_dtype === "fp8_e5m2";

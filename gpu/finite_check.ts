@@ -4,9 +4,11 @@
  * core/data.ts `firstNonFinite` (a word's exponent fields masked, plus one unit of their lowest
  * bit, carry into the field's sign bit exactly when a field is all ones) runs over every
  * whole 32-bit word of the three tensors, and the first bad word of each is kept with
- * `atomicMin` in a flags buffer. A one-invocation gate then writes the cache write's indirect
- * dispatch arguments: its grid when every flag is clear, zero workgroups otherwise, so a
- * call with a NaN or infinity writes nothing to the cache. The flags come back with the
+ * `atomicMin` in a flags buffer. The cache write that follows binds the flags and writes
+ * nothing unless every one is clear (gpu/cache_write.ts `gated`), so a call with a NaN or
+ * infinity leaves the cache as it was. (A gate kernel writing an indirect dispatch's
+ * arguments did this until v0.9: Dawn validates indirect dispatches with a pass of its own,
+ * which cost more host time than the rest of a decode call's recording.) The flags come back with the
  * output; {@link finiteIssues} turns a set flag into the validator's 422 issue (the tensor,
  * the first bad element and its value). Elements that do not fill a word (the odd last
  * element of a half-precision tensor) are checked on the host by the validator.
@@ -29,9 +31,6 @@ export const CHECKED = ["query", "key", "value"] as const;
 
 /** Bytes of the flags buffer: one word per tensor, padded. */
 export const FLAGS_BYTES = 16;
-
-/** Bytes of the indirect arguments buffer. */
-export const ARGS_BYTES = 16;
 
 /** The check kernel, as data. */
 export const FINITE_CHECK: KernelDef<{ wg: number }> = {
@@ -73,34 +72,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
 `,
 };
 
-/** The gate kernel, as data: the cache write's indirect arguments from the flags. */
-export const FINITE_GATE: KernelDef<Record<string, never>> = {
-  name: "finite_gate",
-  uniforms: [["grid_x", "u32"], ["grid_y", "u32"]],
-  bindings: () => [
-    { name: "P", kind: "uniform" },
-    { name: "flags", kind: "read", type: "array<u32, 4>" },
-    { name: "args", kind: "read_write", type: "array<u32, 4>" },
-  ],
-  source: () =>
-    `@compute @workgroup_size(1)
-fn main() {
-  let clear = flags[0] == ${FLAG_CLEAR}u && flags[1] == ${FLAG_CLEAR}u &&
-    flags[2] == ${FLAG_CLEAR}u;
-  args[0] = select(0u, P.grid_x, clear);
-  args[1] = select(0u, P.grid_y, clear);
-  args[2] = select(0u, 1u, clear);
-  args[3] = 0u;
-}
-`,
-};
-
-/** A planned check: its kernels, Params sections and grid. */
+/** A planned check: its kernel, Params section and grid. */
 export interface FiniteCheckPlan {
   check: CompiledKernel;
-  gate: CompiledKernel;
   checkParams: Section;
-  gateParams: Section;
   grid: [number, number];
 }
 
@@ -110,15 +85,13 @@ export function checkedWords(dtype: DType, elements: readonly number[]): number[
 }
 
 /**
- * Plans the check of tensors of `elements` (query, key, value; 0 for an absent one) and the
- * gate of a cache write of grid `writeGrid` (null: nothing to gate), adding their Params to
- * `table`.
+ * Plans the check of tensors of `elements` (query, key, value; 0 for an absent one), adding
+ * its Params to `table`.
  */
 export async function planFiniteCheck(
   ctx: GpuContext,
   dtype: DType,
   elements: readonly [number, number, number],
-  writeGrid: readonly [number, number] | null,
   table: TableBuilder,
 ): Promise<FiniteCheckPlan> {
   const [nq, nk, nv] = checkedWords(dtype, elements);
@@ -133,15 +106,8 @@ export async function planFiniteCheck(
     sign,
     nwg_x: grid[0],
   }));
-  const gateParams = table.add(packUniforms(FINITE_GATE, {
-    grid_x: writeGrid?.[0] ?? 0,
-    grid_y: writeGrid?.[1] ?? 0,
-  }));
-  const [check, gate] = await Promise.all([
-    getKernel(ctx, FINITE_CHECK, { wg: WG }),
-    getKernel(ctx, FINITE_GATE, {}),
-  ]);
-  return { check, gate, checkParams, gateParams, grid };
+  const check = await getKernel(ctx, FINITE_CHECK, { wg: WG });
+  return { check, checkParams, grid };
 }
 
 /** The initial flags (every tensor clear), uploaded by each call. */

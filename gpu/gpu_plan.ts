@@ -41,7 +41,7 @@ export { bindGpuPlan, bindStats, type BoundGpuPlan } from "./plan_bind.ts";
 /** What a binding of a planned call refers to. */
 export type BindRef =
   | { table: Section }
-  | { io: "query" | "key" | "value" | "out" | "lse" | "flags" | "args" }
+  | { io: "query" | "key" | "value" | "out" | "lse" | "flags" }
   | { scratch: string }
   /** The device's own buffer of that name (gpu/persistent_buffers.ts), at least `bytes`. */
   | { persistent: string; bytes: number };
@@ -167,6 +167,7 @@ export async function runGpuPlan(
       calls: bound.calls,
       reads,
       signal: opts.signal,
+      onSubmitted: opts.onSubmitted,
       timing: nextTiming(p),
     });
     bound.tableWritten();

@@ -57,6 +57,8 @@ export interface LaunchSpec {
   calls: KernelCall[];
   reads: ReadPart[];
   signal?: AbortSignal;
+  /** Called right after the submit (see core/types.ts RunOptions). */
+  onSubmitted?: () => void;
   /**
    * `calls` (the default): one compute pass per call, each timed (`gpu.<name>`, and `gpu.gpu`
    * from the first begin to the last end). `total`: every call in one compute pass (the device
@@ -262,6 +264,7 @@ export async function launch(ctx: GpuContext, spec: LaunchSpec): Promise<LaunchR
     const tRec = performance.now();
     trace(`launch ${spec.label}: submit`);
     dev.queue.submit([cmd]);
+    spec.onSubmitted?.();
     const t1 = performance.now();
     trace(`launch ${spec.label}: submitted`);
     const errorPromise = dev.popErrorScope();

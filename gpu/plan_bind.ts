@@ -15,13 +15,12 @@ import { bindGroupsOf } from "./bind_groups.ts";
 import { TABLE_USAGE } from "./plan_table.ts";
 import { GpuKvCache } from "./kv_cache.ts";
 import { persistentBuffer } from "./persistent_buffers.ts";
-import { ARGS_BYTES, CLEAR_FLAGS, FLAGS_BYTES } from "./finite_check.ts";
+import { CLEAR_FLAGS, FLAGS_BYTES } from "./finite_check.ts";
 import type { BindRef, GpuPlan, PlannedCall } from "./gpu_plan.ts";
 
 const STORAGE_IN = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST;
 const STORAGE_OUT = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC;
 const FLAGS_USAGE = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST | GPUBufferUsage.COPY_SRC;
-const ARGS_USAGE = GPUBufferUsage.STORAGE | GPUBufferUsage.INDIRECT;
 
 /** A plan bound to one batch's buffers (see {@link bindGpuPlan}). */
 export interface BoundGpuPlan {
@@ -195,7 +194,6 @@ export function bindGpuPlan(p: GpuPlan, b: ValidBatch, gpu: GpuContext): BoundGp
     }
     if (p.checks_finite) {
       io.flags = take(FLAGS_BYTES, FLAGS_USAGE, "flags");
-      io.args = take(ARGS_BYTES, ARGS_USAGE, "args");
       uploads.push({ buffer: io.flags, data: CLEAR_FLAGS });
     }
     for (const name of ["query", "key", "value"] as const) {

@@ -71,14 +71,13 @@ function shapeKey(s: BatchShape): string {
   ].join("|");
 }
 
-/** The check and gate calls of a batch whose data the device checks (gpu/finite_check.ts). */
+/** The check call of a batch whose data the device checks (gpu/finite_check.ts). */
 async function finiteCheckCalls(
   ctx: GpuContext,
   s: BatchShape,
-  writeGrid: readonly [number, number] | null,
   table: TableBuilder,
 ): Promise<PlannedCall[]> {
-  const fc = await planFiniteCheck(ctx, s.dtype, dataElements(s), writeGrid, table);
+  const fc = await planFiniteCheck(ctx, s.dtype, dataElements(s), table);
   // Without key/value rows the query is bound in their place (their word counts are 0).
   const kv = s.num_kv_tokens > 0 ? ["key", "value"] as const : ["query", "query"] as const;
   return [
@@ -94,12 +93,6 @@ async function finiteCheckCalls(
       },
       grid: fc.grid,
     },
-    {
-      name: "finite_gate",
-      kernel: fc.gate,
-      bind: { P: { table: fc.gateParams }, flags: { io: "flags" }, args: { io: "args" } },
-      grid: [1, 1],
-    },
   ];
 }
 
@@ -112,14 +105,23 @@ async function buildPrefix(
   const L = s.layer;
   const calls: PlannedCall[] = [];
   const kernels: string[] = [];
-  const cw = s.cache_spec && s.num_kv_tokens > 0
-    ? await planCacheWrite(ctx, s.cache_spec, s.dtype, s.metadata.slot_mapping, {
-      k_scale: L.k_scale,
-      v_scale: L.v_scale,
-    }, table)
-    : null;
   const checks = checksFiniteOnDevice(s);
-  if (checks) calls.push(...await finiteCheckCalls(ctx, s, cw?.grid ?? null, table));
+  const cw = s.cache_spec && s.num_kv_tokens > 0
+    ? await planCacheWrite(
+      ctx,
+      s.cache_spec,
+      s.dtype,
+      s.metadata.slot_mapping,
+      {
+        k_scale: L.k_scale,
+        v_scale: L.v_scale,
+      },
+      table,
+      undefined,
+      checks,
+    )
+    : null;
+  if (checks) calls.push(...await finiteCheckCalls(ctx, s, table));
   if (cw) {
     calls.push({
       name: "cache_write",
@@ -129,11 +131,11 @@ async function buildPrefix(
         key_new: { io: "key" },
         value_new: { io: "value" },
         slots: { table: cw.slots },
+        // Behind the check, the write reads its flags and writes nothing on a NaN.
+        ...(checks ? { flags: { io: "flags" } as const } : {}),
       },
       cache: true,
       grid: cw.grid,
-      // Behind the check, the write dispatches the workgroups the gate allows (none on a NaN).
-      ...(checks ? { indirect: { io: "args" } as const } : {}),
     });
     kernels.push(cw.kernel.key);
   }

@@ -2,8 +2,10 @@
  * Server-held KV caches: created through a backend's `createCache`, named by random UUIDs or
  * by the client's id, bounded by a total memory budget, and serialised per cache — work on one
  * cache runs under that cache's async mutex (so a forward never interleaves with another write
- * to it), while different caches run concurrently. Deleting a cache waits for its in-flight
- * work; {@link CacheStore.busy} tells when an id is being created or deleted, so a create with
+ * to it), while different caches run concurrently; a forward hands the mutex on once its GPU
+ * work is submitted (the device queue orders what follows), so calls on one cache keep their
+ * order while their read-backs overlap. Deleting a cache waits for its work in flight to be
+ * submitted; {@link CacheStore.busy} tells when an id is being created or deleted, so a create with
  * the client's id can wait for it. {@link CacheStore.replace} swaps a cache's storage for a
  * new one (an import) under its mutex.
  * @module
@@ -27,20 +29,27 @@ export function cacheBytes(spec: KvCacheSpec): number {
   return 2 * elems * bytesPerElement(resolveStorage(spec.kv_cache_dtype, spec.dtype));
 }
 
-/** A minimal FIFO async mutex. */
+/**
+ * A minimal FIFO async mutex whose holder may hand the turn on before it finishes: `fn` gets
+ * `unlock`, and the next holder starts once `fn` settles or calls it, whichever comes first. A
+ * forward unlocks once its GPU work is submitted: the device queue keeps later work on the
+ * cache after it, so only the host side had to wait, and the read-back need not.
+ */
 class Mutex {
   #tail: Promise<void> = Promise.resolve();
   #pending = 0;
-  /** Runs `fn` once every earlier holder has finished. */
-  run<T>(fn: () => Promise<T> | T): Promise<T> {
+  /** Runs `fn` once every earlier holder has finished or unlocked. */
+  run<T>(fn: (unlock: () => void) => Promise<T> | T): Promise<T> {
     this.#pending++;
-    const result = this.#tail.then(fn);
-    this.#tail = result.then(() => {}, () => {}).finally(() => {
-      this.#pending--;
-    });
+    let unlock!: () => void;
+    const turn = new Promise<void>((resolve) => unlock = resolve);
+    const result = this.#tail.then(() => fn(unlock));
+    result.then(unlock, unlock);
+    result.then(() => this.#pending--, () => this.#pending--);
+    this.#tail = turn;
     return result;
   }
-  /** Holders running or queued. */
+  /** Holders running (read-backs included) or queued. */
   get pending(): number {
     return this.#pending;
   }
@@ -225,15 +234,20 @@ export class CacheStore {
   }
 
   /**
-   * Runs `fn` holding the cache's mutex. Work on other caches is not blocked.
+   * Runs `fn` holding the cache's mutex. Work on other caches is not blocked. `fn` may call
+   * `unlock` once what it does to the cache is ordered on the device (its commands submitted):
+   * the next holder then starts while `fn` still reads its results back.
    * @throws ServiceError 404 when the cache is unknown or was deleted while waiting.
    */
-  withCache<T>(id: string, fn: (c: StoredCache) => Promise<T> | T): Promise<T> {
+  withCache<T>(
+    id: string,
+    fn: (c: StoredCache, unlock: () => void) => Promise<T> | T,
+  ): Promise<T> {
     const e = this.#entries.get(id);
     if (!e || e.deleting) return Promise.reject(notFound(id));
-    return e.mutex.run(() => {
+    return e.mutex.run((unlock) => {
       if (e.deleting && this.#entries.get(id) !== e) throw notFound(id);
-      return fn(e.stored);
+      return fn(e.stored, unlock);
     });
   }
 

@@ -252,7 +252,10 @@ export class AttentionService {
     const { backend } = this.registry.select(v.selector, { backend: forced(input.backend) });
     const tValidated = performance.now(); // validated and selected
     let tPlanned = tValidated, planHit = false;
-    const exec = async (cache: KvCache | null): Promise<ForwardResult> => {
+    const exec = async (
+      cache: KvCache | null,
+      onSubmitted?: () => void,
+    ): Promise<ForwardResult> => {
       const batch = attachCache(v.batch, cache);
       const held = await this.plans.get(backend, batch, ctx);
       tPlanned = performance.now();
@@ -260,16 +263,17 @@ export class AttentionService {
       try {
         // A large batch's scan was left to a plan that checks on the device; any other scans now.
         if (v.finite_deferred && held.plan.checks_finite !== true) checkFiniteOnHost(batch);
-        return await backend.run(held.plan, batch, ctx, { signal: opts.signal });
+        return await backend.run(held.plan, batch, ctx, { signal: opts.signal, onSubmitted });
       } finally {
         held.release();
       }
     };
     let result: ForwardResult;
     if (held) {
-      result = await this.caches.withCache(held.id, (s) => {
+      // The next call on this cache starts once this one's GPU work is submitted.
+      result = await this.caches.withCache(held.id, (s, unlock) => {
         if (s.cache.lost) throw cacheLost(s.id);
-        return exec(s.cache);
+        return exec(s.cache, unlock);
       });
     } else if (v.inline) {
       const release = this.caches.reserve(v.inline.key.byteLength + v.inline.value.byteLength);

@@ -7,11 +7,12 @@
 //   1 storage  key_new: array<u32>    [num_rows, num_kv_heads, HEAD] data-dtype words
 //   2 storage  value_new: array<u32>  same shape
 //   3 storage  slots: array<i32>      [num_rows]
+//   (4 storage flags: array<u32, 4>   the call's finiteness flags, when gated)
 //   4.. k0..k{N-1}, then v0..v{N-1}  (read_write array<u32>, accessors from kvAccessorFns)
 // Dispatch: ceil(2 * num_rows * num_kv_heads * WPR / WG) workgroups of WG, folded into x/y;
 // invocation g writes one whole u32 word (EPW elements) of one row of K (g < half) or V,
 // so no two invocations share a word and no atomics are needed.
-// Compile-time: WG, HEAD (head size), EPW (elements per word), NHD (layout), SRC (the data
+// Compile-time: WG, HEAD (head size), GATE (gated: return unless every flag is clear), EPW (elements per word), NHD (layout), SRC (the data
 // dtype's `fn src_bits(is_v: bool, i: u32) -> u32`: element i's f32 bits), PACK (the
 // storage dtype's `fn pack_word(x: vec4<u32>, scale: f32) -> u32` over EPW f32 bit patterns),
 // KV (chunk accessors using P.block_words / P.blocks_per_chunk).
@@ -31,6 +32,7 @@ const NHD: bool = {{NHD}};
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+  {{GATE}}
   let g = (wg.x + wg.y * P.nwg_x) * WG + lid;
   let per_tensor = P.num_rows * P.num_kv_heads * WPR;
   if (g >= 2u * per_tensor) {

@@ -83,6 +83,44 @@ Deno.test("cache store: work on one cache is serialised, other caches run concur
   assert.equal(await store.withCache(a.id, () => 7), 7);
 });
 
+Deno.test("cache store: a holder that unlocks lets the next one start, in order", async () => {
+  const store = new CacheStore(1 << 20);
+  const be = fakeBackend();
+  const a = await store.create(be, spec(1), ctx);
+  const log: string[] = [];
+  const gate = deferred();
+  const first = store.withCache(a.id, async (_c, unlock) => {
+    log.push("a1 submit");
+    unlock();
+    unlock(); // idempotent
+    await gate.promise;
+    log.push("a1 read back");
+  });
+  const second = store.withCache(a.id, async (_c, unlock) => {
+    log.push("a2 submit");
+    await gate.promise;
+    unlock(); // after its own wait: the third waits for it
+    log.push("a2 read back");
+  });
+  const third = store.withCache(a.id, () => {
+    log.push("a3");
+  });
+  await new Promise((r) => setTimeout(r, 10));
+  assert.deepEqual(log, ["a1 submit", "a2 submit"]);
+  gate.resolve();
+  await Promise.all([first, second, third]);
+  assert.deepEqual(log, ["a1 submit", "a2 submit", "a1 read back", "a2 read back", "a3"]);
+  // A holder that fails after unlocking does not wedge the mutex either.
+  await assert.rejects(
+    store.withCache(a.id, (_c, unlock) => {
+      unlock();
+      return Promise.reject(new Error("y"));
+    }),
+    /y/,
+  );
+  assert.equal(await store.withCache(a.id, () => 8), 8);
+});
+
 Deno.test("cache store: delete waits for in-flight work and refuses new work", async () => {
   const store = new CacheStore(1 << 20);
   const be = fakeBackend();

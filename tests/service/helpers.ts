@@ -72,6 +72,11 @@ export interface FakeBackend extends AttentionBackend<PlanContract> {
   gate: Promise<void> | null;
   /** Resolves each time a run starts. */
   onRunStart: (() => void) | null;
+  /**
+   * When set, `run` writes the cache and calls `onSubmitted` before it waits for `gate` (a GPU
+   * backend's submit, then its read-back); otherwise it waits first and never calls it.
+   */
+  submitsEarly: boolean;
 }
 
 /** A fake host backend (priority 0: preferred). Its run writes 1 into the first K byte of each slot. */
@@ -91,6 +96,7 @@ export function fakeBackend(name = "FAKE"): FakeBackend {
     imported: [],
     gate: null,
     onRunStart: null,
+    submitsEarly: false,
     createCache(spec) {
       const c = new FakeCache(spec);
       b.created.push(c);
@@ -105,17 +111,25 @@ export function fakeBackend(name = "FAKE"): FakeBackend {
       b.plans++;
       return {};
     },
-    async run(_p, batch: ValidBatch) {
+    async run(_p, batch: ValidBatch, _ctx, opts = {}) {
       b.runs++;
       b.active++;
       b.maxActive = Math.max(b.maxActive, b.active);
       b.onRunStart?.();
-      try {
-        if (b.gate) await b.gate;
+      const write = () => {
         const c = batch.cache as FakeCache | null;
-        if (c) {
-          const per = c.bytes / 2 / (c.spec.num_blocks * c.spec.block_size);
-          for (const s of batch.metadata.slot_mapping) if (s >= 0) c.key[s * per] += 1;
+        if (!c) return;
+        const per = c.bytes / 2 / (c.spec.num_blocks * c.spec.block_size);
+        for (const s of batch.metadata.slot_mapping) if (s >= 0) c.key[s * per] += 1;
+      };
+      try {
+        if (b.submitsEarly) {
+          write();
+          opts.onSubmitted?.();
+          if (b.gate) await b.gate;
+        } else {
+          if (b.gate) await b.gate;
+          write();
         }
         const n = batch.num_tokens * batch.layer.num_heads * batch.layer.head_size;
         return {

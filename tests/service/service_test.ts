@@ -76,6 +76,28 @@ Deno.test("service: forwards on different caches run concurrently, same cache se
   assert.ok(typeof ra.result.timings?.total === "number");
 });
 
+Deno.test("service: a call that submitted hands its cache on before its read-back", async () => {
+  const { svc, be } = setup();
+  const a = await svc.createCache(CACHE);
+  be.submitsEarly = true;
+  const gate = deferred();
+  be.gate = gate.promise; // every read-back waits here
+  const order: number[] = [];
+  const slots = [4, 6, 9];
+  const calls = slots.map((s) => svc.forward(decode(a.id, s)).then(() => order.push(s)));
+  await new Promise((r) => setTimeout(r, 10));
+  // All three ran their submit half while the first read-back still waits: before, the second
+  // call on a cache waited for the first call's whole run.
+  assert.equal(be.runs, 3);
+  assert.equal(be.maxActive, 3);
+  const cache = be.created[0];
+  const per = cache.bytes / 2 / (CACHE.num_blocks * CACHE.block_size);
+  for (const s of slots) assert.equal(cache.key[s * per], 1, `slot ${s} written once`);
+  gate.resolve();
+  await Promise.all(calls);
+  assert.deepEqual(order, slots);
+});
+
 Deno.test("service: a rejected call reaches no backend and changes no cache", async () => {
   const { svc, be } = setup();
   const a = await svc.createCache(CACHE);
