@@ -67,6 +67,8 @@ const ABLATIONS: readonly MmaAblation[] = [
   "live",
   "bt",
   "loop",
+  "count",
+  "epilogue",
 ];
 
 /** The shape a variant name stands for (`base` or `base~no<stage>`), or null. */

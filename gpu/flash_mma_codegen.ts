@@ -231,6 +231,12 @@ function nextTileStores(
   };
 }
 
+/** The `count` ablation's trip count (bench only). */
+function ablatedTiles(): number {
+  const v = Number(Deno.env.get("ATTN_MMA_ABLATE_TILES") ?? 264);
+  return Number.isInteger(v) && v > 0 ? v : 264;
+}
+
 /** The kernel source after the generated header (gpu/kernel.ts adds enables and bindings). */
 export async function flashMmaSource(c: MmaConsts): Promise<string> {
   const problem = mmaShapeProblem(c, c);
@@ -284,6 +290,10 @@ export async function flashMmaSource(c: MmaConsts): Promise<string> {
     STAGE_LOAD: staging.STAGE_LOAD,
     STAGE_STORE: staging.STAGE_STORE,
     LOOP_STAGE_LOAD: cut("stage") ? "" : staging.STAGE_LOAD,
+    LOOP_HEAD: cut("count")
+      ? `for (var it = 0u; it < ${ablatedTiles()}u; it++) {\n    let kt = kstart + it * BK;`
+      : "for (var kt = kstart; kt < kend; kt += BK) {",
+    O_OUTPUT: cut("epilogue") ? "" : matrix.O_OUTPUT,
     QK: cut("qk") ? "" : matrix.QK,
     PV: cut("pv") ? "" : matrix.PV,
   });

@@ -16,7 +16,11 @@ export type MmaAblation =
   | "rescale" // the O rescale, its flag and the uniform load's barriers (timing only)
   | "live" // the causal / window tile-liveness test: every subgroup runs every tile
   | "bt" // the block table's refresh two tiles ahead (stale block ids: wrong)
-  | "loop"; // rescale, live and bt together: the loop's bookkeeping the v0.7 ladder lacks
+  | "loop" // rescale, live and bt together: the loop's bookkeeping the v0.7 ladder lacks
+  | "count" // the key loop's trip count a compile-time constant (ATTN_MMA_ABLATE_TILES, default
+  // 264: the `1x4224n-h4k1` bench case's tiles; other shapes read wrong keys): what the
+  // run-time count costs (the ladder's -xd: 16%)
+  | "epilogue"; // the O passes and output writes after the loop (the fixed per-workgroup cost)
 
 /** A kernel shape. Rows per workgroup = nsg * rm * m. */
 export interface MmaShape {

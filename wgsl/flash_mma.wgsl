@@ -71,7 +71,8 @@
 // (softmax units and the initial running max: 1 and MASK, or log2(e) and -1e30 for the fast
 // softmax),
 // ROUND (round.wgsl and round_pair), SOFTMAX (gpu/flash_mma_softmax.ts), QFRAG_DECL/LOAD, QK,
-// PV, O_DECL, O_RESCALE, O_OUTPUT (gpu/flash_mma_codegen.ts, gpu/flash_mma_staging.ts). A
+// PV, O_DECL, O_RESCALE, O_OUTPUT (gpu/flash_mma_codegen.ts, gpu/flash_mma_staging.ts),
+// LOOP_HEAD (the key loop's `for` over kstart..kend). A
 // bench ablation (gpu/flash_mma_shape.ts MmaAblation) empties one of them or of the loop's
 // bookkeeping (timing only: results wrong or unordered by design).
 // Enables: f16, chromium_experimental_subgroup_matrix, subgroups (where accepted). Matrix
@@ -251,7 +252,7 @@ fn main(
   }
   workgroupBarrier();
   var par = 0u;
-  for (var kt = kstart; kt < kend; kt += BK) {
+  {{LOOP_HEAD}}
 {{RESC_RESET}}
     let kb = par * KT_LEN; // this tile's K (then P) and V buffers
     let vb = par * VT_LEN;
