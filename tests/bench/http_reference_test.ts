@@ -16,6 +16,7 @@ import { attendRow, Reference } from "../../bench/http_reference.ts";
 import { chunkQuery, chunksOf, type HttpShape, layoutOf } from "../../bench/http_workload.ts";
 import { naiveAttention } from "../support/naive.ts";
 import { assertClose } from "../support/compare.ts";
+import { plainLayer } from "../support/layer.ts";
 
 const SHAPE: HttpShape = {
   reqs: 2,
@@ -43,18 +44,7 @@ function batchOf(body: Uint8Array): Omit<ForwardBatch, "cache"> {
   const qsl = ints("query_start_loc");
   return {
     dtype: "float16",
-    layer: {
-      ...req.layer,
-      scale: 1 / Math.sqrt(req.layer.head_size),
-      sliding_window: null,
-      logits_soft_cap: null,
-      alibi_slopes: null,
-      sinks: null,
-      attn_type: "decoder",
-      causal: true,
-      k_scale: 1,
-      v_scale: 1,
-    },
+    layer: plainLayer(req.layer),
     num_tokens: qsl[qsl.length - 1],
     query: floats("query"),
     key: floats("key"),

@@ -13,6 +13,7 @@ import { toFloat32 } from "../../core/data.ts";
 import type { ForwardBatch, KvCacheSpec } from "../../core/types.ts";
 import { AttentionService } from "../../service/service.ts";
 import { hostInput, validHostBatch } from "../../service/host_input.ts";
+import { plainLayer } from "../support/layer.ts";
 import { Rng } from "../support/rng.ts";
 import { assertClose, assertSameBytes } from "../support/compare.ts";
 import { MANAGER } from "../support/gpu.ts";
@@ -40,20 +41,7 @@ function step(t: number, tables: number[][], rng: Rng): Omit<ForwardBatch, "cach
   const maxBlocks = tables[0].length;
   return {
     dtype: "float16",
-    layer: {
-      num_heads: H,
-      num_kv_heads: KVH,
-      head_size: D,
-      scale: 1 / Math.sqrt(D),
-      sliding_window: null,
-      logits_soft_cap: null,
-      alibi_slopes: null,
-      sinks: null,
-      attn_type: "decoder",
-      causal: true,
-      k_scale: 1,
-      v_scale: 1,
-    },
+    layer: plainLayer({ num_heads: H, num_kv_heads: KVH, head_size: D }),
     num_tokens: REQS,
     query: randoms(rng, REQS * H * D),
     key: randoms(rng, REQS * KVH * D),
