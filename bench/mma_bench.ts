@@ -5,9 +5,10 @@
  * timestamp-query (median of `--iters` dispatches after a warm-up), TFLOP/s =
  * 4 * sum_i(q_i * visible_i) * H * D / time. Every variant is checked: sampled rows against a
  * float64 CPU reference, and every element against the first variant that passed that check,
- * so a fast-but-wrong variant is flagged, not ranked. A name `base~no<stage>` (stage softmax,
- * stage, qk or pv) is an ablation of `base` that leaves that stage out: timed, wrong by
- * design, marked "ablation, not checked", never a failure.
+ * so a fast-but-wrong variant is flagged, not ranked. A name `base~no<stage>` or
+ * `base~no<stage>+<stage>` (ABLATIONS below; gpu/flash_mma_shape.ts MmaAblation) is an ablation of
+ * `base` that leaves those stages out: timed, wrong by design, marked "ablation, not checked",
+ * never a failure.
  *
  * Usage: deno run -A bench/mma_bench.ts [--small] [--iters N] [--only name,name]
  *   [--cases 4x1024,8x4096,4x4096n,2x1056n-h16k4] [--json] (see parseCase: `n` non-causal,
@@ -69,16 +70,20 @@ const ABLATIONS: readonly MmaAblation[] = [
   "loop",
   "count",
   "epilogue",
+  "bare",
 ];
 
-/** The shape a variant name stands for (`base` or `base~no<stage>`), or null. */
+/** The shape a variant name stands for (`base`, `base~no<stage>[+<stage>]`), or null. */
 export function variantShape(name: string): MmaShape | null {
   const [base, cut, more] = name.split("~");
   const shape = MMA_VARIANTS[base];
   if (!shape || more !== undefined) return null;
   if (cut === undefined) return shape;
-  const stage = ABLATIONS.find((a) => `no${a}` === cut);
-  return stage ? { ...shape, ablate: stage } : null;
+  // `~no<a>` or `~no<a>+<b>` (two stages at once)
+  const stages = cut.startsWith("no") ? cut.slice(2).split("+") : [];
+  if (stages.length < 1 || stages.length > 2) return null;
+  if (!stages.every((x) => (ABLATIONS as readonly string[]).includes(x))) return null;
+  return { ...shape, ablate: stages.join("+") as MmaShape["ablate"] };
 }
 
 const args = parseArgs({

@@ -243,8 +243,17 @@ export async function flashMmaSource(c: MmaConsts): Promise<string> {
   if (problem) throw new Error(`flash_mma: ${problem}`);
   const lay = mmaLayout(c, c);
   const matrix = generateMatrixCode(c), staging = stagingCode(c);
-  const cut = (stage: string) =>
-    c.ablate === stage || (c.ablate === "loop" && ["rescale", "live", "bt"].includes(stage));
+  // Bench ablations, `+`-joined; `loop` and `bare` stand for several.
+  const cuts = new Set(
+    String(c.ablate).split("+").flatMap((a) =>
+      a === "loop"
+        ? ["rescale", "live", "bt"]
+        : a === "bare"
+        ? ["rescale", "live", "bt", "softmax", "epilogue"]
+        : [a]
+    ),
+  );
+  const cut = (stage: string) => cuts.has(stage);
   return specialize(await loadWgsl("flash_mma.wgsl"), {
     HELPERS: await loadWgsl("flash_mma_rows.wgsl"),
     TILE: await loadWgsl("flash_tile.wgsl"),

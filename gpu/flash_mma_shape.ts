@@ -20,7 +20,8 @@ export type MmaAblation =
   | "count" // the key loop's trip count a compile-time constant (ATTN_MMA_ABLATE_TILES, default
   // 264: the `1x4224n-h4k1` bench case's tiles; other shapes read wrong keys): what the
   // run-time count costs (the ladder's -xd: 16%)
-  | "epilogue"; // the O passes and output writes after the loop (the fixed per-workgroup cost)
+  | "epilogue" // the O passes and output writes after the loop (the fixed per-workgroup cost)
+  | "bare"; // loop, softmax and epilogue together: QK, staging and PV in the kernel's frame
 
 /** A kernel shape. Rows per workgroup = nsg * rm * m. */
 export interface MmaShape {
@@ -84,7 +85,7 @@ export interface MmaShape {
    */
   dsplit?: number;
   /** Bench only: leave one stage out to time the rest (see {@link MmaAblation}); "": none. */
-  ablate?: MmaAblation | "";
+  ablate?: MmaAblation | `${MmaAblation}+${MmaAblation}` | "";
 }
 
 /** A shape with every optional field filled in (the pipeline key names them all). */
@@ -180,7 +181,9 @@ export function mmaShapeProblem(
     if (t.bs % n || t.bs % k) {
       return `direct loads need block_size ${t.bs} a multiple of ${n}, ${k}`;
     }
-    if (shape.ablate === "stage") return "direct loads stage nothing to leave out";
+    if ((shape.ablate ?? "").split("+").includes("stage")) {
+      return "direct loads stage nothing to leave out";
+    }
   }
   const qs = shape.qsplit ?? 1;
   if (![1, 2, 4].includes(qs) || (d / k) % qs) {
@@ -200,7 +203,8 @@ export function mmaShapeProblem(
     }
     if ((d / 2) % Math.max(n, k, shape.bk)) return `dsplit 2 halves head_size ${d} unevenly`;
   }
-  if (shape.sgresc && (shape.ablate === "rescale" || shape.ablate === "loop")) {
+  const cuts = (shape.ablate ?? "").split("+");
+  if (shape.sgresc && ["rescale", "loop", "bare"].some((a) => cuts.includes(a))) {
     return `the ${shape.ablate} ablation cuts the per-subgroup rescale's lane flags`;
   }
   const bytes = mmaLayout(t, shape).shared_bytes;
