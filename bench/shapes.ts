@@ -6,6 +6,7 @@
  * @module
  */
 import { encode } from "../core/dtype.ts";
+import { plainLayer } from "../core/layer.ts";
 import type {
   ForwardBatch,
   KvCacheDType,
@@ -183,20 +184,7 @@ export function makeBatch(s: BenchShape): {
   };
   const batch: Omit<ForwardBatch, "cache"> = {
     dtype: "float16",
-    layer: {
-      num_heads: H,
-      num_kv_heads: Hkv,
-      head_size: D,
-      scale: 1 / Math.sqrt(D),
-      sliding_window: null,
-      logits_soft_cap: null,
-      alibi_slopes: null,
-      sinks: null,
-      attn_type: "decoder",
-      causal: true,
-      k_scale: 1,
-      v_scale: 1,
-    },
+    layer: plainLayer({ num_heads: H, num_kv_heads: Hkv, head_size: D }),
     num_tokens: T,
     query: vals(T * H * D),
     key: vals(T * Hkv * D),

@@ -16,7 +16,7 @@ import { attendRow, Reference } from "../../bench/http_reference.ts";
 import { chunkQuery, chunksOf, type HttpShape, layoutOf } from "../../bench/http_workload.ts";
 import { naiveAttention } from "../support/naive.ts";
 import { assertClose } from "../support/compare.ts";
-import { plainLayer } from "../support/layer.ts";
+import { plainLayer } from "../../core/layer.ts";
 
 const SHAPE: HttpShape = {
   reqs: 2,

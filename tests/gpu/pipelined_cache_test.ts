@@ -13,7 +13,7 @@ import { toFloat32 } from "../../core/data.ts";
 import type { ForwardBatch, KvCacheSpec } from "../../core/types.ts";
 import { AttentionService } from "../../service/service.ts";
 import { hostInput, validHostBatch } from "../../service/host_input.ts";
-import { plainLayer } from "../support/layer.ts";
+import { plainLayer } from "../../core/layer.ts";
 import { Rng } from "../support/rng.ts";
 import { assertClose, assertSameBytes } from "../support/compare.ts";
 import { MANAGER } from "../support/gpu.ts";

@@ -1,9 +1,9 @@
 /**
- * The plain decoder layer of a test: causal, no window, soft cap, ALiBi or sinks, scale
+ * A plain decoder layer (tests, benches): causal, no window, soft cap, ALiBi or sinks, scale
  * 1 / sqrt(head_size), unit fp8 scales.
  * @module
  */
-import type { LayerSpec } from "../../core/types.ts";
+import type { LayerSpec } from "./types.ts";
 
 /** A plain causal decoder layer of the given heads and head size. */
 export function plainLayer(
