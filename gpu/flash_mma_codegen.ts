@@ -231,28 +231,6 @@ function nextTileStores(
   };
 }
 
-/** The rows' output offset, LSE index and validity, in the row set-up loop (`ok`, `tok`, `h`). */
-const ROW_OUT = `    rok[i] = ok;
-    tb[i] = select(0xffffffffu, (tok * U.num_heads + h) * D, ok);
-    lh[i] = h * U.num_tokens + tok;`;
-
-/** `relive`: the same re-derived after the key loop from the tile table (see MmaShape). */
-const ROW_OUT_AFTER = `  {
-    let wid2 = wg.x + wg.y * U.nwg_x;
-    let tile2 = wid2 / U.num_kv_heads;
-    let first2 = mdw[tile2 * 4u + 1u];
-    let hcnt2 = max(1u, mdw[tile2 * 4u + 2u] >> 16u);
-    let nrows2 = (mdw[tile2 * 4u + 2u] & 0xffffu) * hcnt2;
-    let hfirst2 = mdw[tile2 * 4u + 3u];
-    for (var i = 0u; i < RPL; i++) {
-      let r = sgr + ln / LPR + i * (SG / LPR);
-      let ok = r < nrows2;
-      let tok = first2 + r / hcnt2;
-      let h = (wid2 % U.num_kv_heads) * U.group + hfirst2 + r % hcnt2;
-${ROW_OUT.replaceAll("\n    ", "\n      ").replace(/^ {4}/, "      ")}
-    }
-  }`;
-
 /** The `count` ablation's trip count (bench only). */
 function ablatedTiles(): number {
   const v = Number(Deno.env.get("ATTN_MMA_ABLATE_TILES") ?? 264);
@@ -321,8 +299,6 @@ export async function flashMmaSource(c: MmaConsts): Promise<string> {
     STAGE_LOAD: staging.STAGE_LOAD,
     STAGE_STORE: staging.STAGE_STORE,
     LOOP_STAGE_LOAD: cut("stage") ? "" : staging.STAGE_LOAD,
-    ROW_OUT: c.relive ? "" : ROW_OUT,
-    ROW_OUT_AFTER: c.relive ? ROW_OUT_AFTER : "",
     LOOP_HEAD: cut("count")
       ? `for (var it = 0u; it < ${ablatedTiles()}u; it++) {\n    let kt = kstart + it * BK;`
       : "for (var kt = kstart; kt < kend; kt += BK) {",

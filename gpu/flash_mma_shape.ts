@@ -84,13 +84,6 @@ export interface MmaShape {
    * both run; the first writes P). Rows per workgroup halve. Default 1.
    */
   dsplit?: number;
-  /**
-   * The rows' output offsets, LSE indices and validity re-derived from the tile table after the
-   * key loop instead of computed before it and held across it: fewer registers live in the loop
-   * (bench/NOTES.md v0.9: the kernel's scalar state, not its matrix path, is what it loses to
-   * the ladder). Default false.
-   */
-  relive?: boolean;
   /** Bench only: leave one stage out to time the rest (see {@link MmaAblation}); "": none. */
   ablate?: MmaAblation | `${MmaAblation}+${MmaAblation}` | "";
 }
@@ -112,7 +105,6 @@ export function fullShape(s: MmaShape): FullMmaShape {
     sgresc: s.sgresc ?? false,
     late: s.late ?? false,
     dsplit: s.dsplit ?? 1,
-    relive: s.relive ?? false,
     ablate: s.ablate ?? "",
   };
 }
@@ -224,7 +216,7 @@ export function mmaShapeProblem(
  * Named shapes (`w{nsg}r{rm}k{bk}`; `-fa2` tau 0, `-f` fast softmax, `-d` direct K/V loads,
  * `-x` K/V staged by matrix moves, `-s{n}` n chains of S = Q K^T, `-u` the lazy rescale decided
  * per subgroup: `sgresc`, `-l` next-tile stores after PV: `late`, `-d` D split over a pair of
- * subgroups: `dsplit` 2, `-r` row offsets re-derived after the loop: `relive`),
+ * subgroups: `dsplit` 2),
  * what bench/mma_bench.ts sweeps and ATTN_PREFILL_MMA_SHAPE may name for the backend.
  */
 export const MMA_VARIANTS: Readonly<Record<string, MmaShape>> = {
@@ -251,7 +243,6 @@ export const MMA_VARIANTS: Readonly<Record<string, MmaShape>> = {
   "w8r1k16-fu": { nsg: 8, rm: 1, bk: 16, tau: 8, fast: true, sgresc: true },
   "w8r1k16-l": { nsg: 8, rm: 1, bk: 16, tau: 8, late: true },
   "w8r1k16-fl": { nsg: 8, rm: 1, bk: 16, tau: 8, fast: true, late: true },
-  "w8r1k16-flr": { nsg: 8, rm: 1, bk: 16, tau: 8, fast: true, late: true, relive: true },
   "w8r1k16-fxl": { nsg: 8, rm: 1, bk: 16, tau: 8, fast: true, mstage: true, late: true },
   "w8r1k16-fld": { nsg: 8, rm: 1, bk: 16, tau: 8, fast: true, late: true, dsplit: 2 },
   "w16r1k16-fld": { nsg: 16, rm: 1, bk: 16, tau: 8, fast: true, late: true, dsplit: 2 },

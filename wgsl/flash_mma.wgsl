@@ -72,9 +72,7 @@
 // softmax),
 // ROUND (round.wgsl and round_pair), SOFTMAX (gpu/flash_mma_softmax.ts), QFRAG_DECL/LOAD, QK,
 // PV, O_DECL, O_RESCALE, O_OUTPUT (gpu/flash_mma_codegen.ts, gpu/flash_mma_staging.ts),
-// LOOP_HEAD (the key loop's `for` over kstart..kend), ROW_OUT / ROW_OUT_AFTER (the rows' output
-// offsets, LSE indices and validity: set up before the loop, or, `relive`, re-derived from the
-// tile table after it, so they are not live across it). A
+// LOOP_HEAD (the key loop's `for` over kstart..kend). A
 // bench ablation (gpu/flash_mma_shape.ts MmaAblation) empties one of them or of the loop's
 // bookkeeping (timing only: results wrong or unordered by design).
 // Enables: f16, chromium_experimental_subgroup_matrix, subgroups (where accepted). Matrix
@@ -187,8 +185,10 @@ fn main(
     let ok = r < nrows;
     let tok = first + r / hcnt;
     let h = kvh * U.group + hfirst + r % hcnt;
+    rok[i] = ok;
     rpos[i] = i32(tok) + bmq;
-{{ROW_OUT}}
+    tb[i] = select(0xffffffffu, (tok * U.num_heads + h) * D, ok);
+    lh[i] = h * U.num_tokens + tok;
     rslope[i] = 0.0;
     m[i] = M0;
     l[i] = 0.0;
@@ -284,7 +284,6 @@ fn main(
     par ^= 1u;
   }
 
-{{ROW_OUT_AFTER}}
   // Normalise and write: O passes of BK columns through s_s.
   var inv: array<f32, RPL>;
   for (var i = 0u; i < RPL; i++) {

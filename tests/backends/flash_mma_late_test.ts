@@ -4,8 +4,7 @@
  * the top of a tile, stored just before its closing barrier) against CPU_REFERENCE on fresh
  * random batches whose cache holds NaN in every slot no request may read: long contexts over
  * many small blocks (every tile's block ids come from the late store), partial last tiles,
- * padding, bf16 HND and fp8 caches, matrix-move staging, the rows' output offsets re-derived
- * after the loop (`relive`); and what the shape changes in the
+ * padding, bf16 HND and fp8 caches, matrix-move staging; and what the shape changes in the
  * source. The GPU cases need a Dawn device with `chromium-experimental-subgroup-matrix`
  * (skipped with the reason elsewhere). Run with --allow-all.
  * @module
@@ -52,14 +51,6 @@ const CASES: [string, BatchSpec, MmaShape][] = [
     "late + fast + matrix staging: causal f16, context",
     base({ requests: [{ query_len: 30, seq_len: 100 }, { query_len: 5, seq_len: 21 }] }),
     { nsg: 4, rm: 1, bk: 16, tau: 8, fast: true, mstage: true, late: true },
-  ],
-  [
-    "late + fast + relive (row offsets after the loop): GQA4 with padding, bf16 HND, LSE",
-    {
-      ...BF16_HND_ALL,
-      requests: [{ query_len: 19, seq_len: 70 }, { query_len: 3, seq_len: 9, pad: 1 }],
-    },
-    { nsg: 4, rm: 1, bk: 16, tau: 8, fast: true, late: true, relive: true },
   ],
 ];
 
