@@ -33,8 +33,8 @@ export interface CacheWriteConsts {
   nchunk: number;
   /**
    * Binds the finiteness flags of the call (gpu/finite_check.ts) and writes nothing unless
-   * every one is clear: a direct dispatch behind the check (an indirect one costs Dawn a
-   * validation pass and ~0.1-0.3 ms of host time a call: bench/NOTES.md v0.9).
+   * every one is clear: a direct dispatch behind the check (an indirect one cost Dawn 72 us to
+   * record and 383 us more submit on the H200: bench/NOTES.md v0.9).
    */
   gated: boolean;
 }
@@ -94,7 +94,7 @@ export const CACHE_WRITE: KernelDef<CacheWriteConsts> = {
       EPW: elementsPerWord(c.storage),
       NHD: c.nhd,
       GATE: c.gated
-        ? `if (flags[0] != ${FLAG_CLEAR}u || flags[1] != ${FLAG_CLEAR}u || flags[2] != ${FLAG_CLEAR}u) {
+        ? `if (${[0, 1, 2].map((i) => `flags[${i}] != ${FLAG_CLEAR}u`).join(" || ")}) {
     return; // a NaN or infinity in the call: the cache stays as it was
   }`
         : "",

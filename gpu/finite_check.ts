@@ -6,11 +6,11 @@
  * whole 32-bit word of the three tensors, and the first bad word of each is kept with
  * `atomicMin` in a flags buffer. The cache write that follows binds the flags and writes
  * nothing unless every one is clear (gpu/cache_write.ts `gated`), so a call with a NaN or
- * infinity leaves the cache as it was. (A gate kernel writing an indirect dispatch's
- * arguments did this until v0.9: Dawn validates indirect dispatches with a pass of its own,
- * which cost more host time than the rest of a decode call's recording.) The flags come back with the
- * output; {@link finiteIssues} turns a set flag into the validator's 422 issue (the tensor,
- * the first bad element and its value). Elements that do not fill a word (the odd last
+ * infinity leaves the cache as it was. (Until v0.9 a gate kernel wrote an indirect dispatch's
+ * arguments instead; on the H200 a Dawn indirect dispatch cost more host time than the rest of
+ * a decode call's recording: bench/NOTES.md v0.9.) The flags come back with the output;
+ * {@link finiteIssues} turns a set flag into the validator's 422 issue (the tensor, the first
+ * bad element and its value). Elements that do not fill a word (the odd last
  * element of a half-precision tensor) are checked on the host by the validator.
  * @module
  */

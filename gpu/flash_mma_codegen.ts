@@ -8,10 +8,11 @@
  * gpu/flash_mma_staging.ts.
  * @module
  */
-import { type MmaConsts, mmaLayout, mmaShapeProblem } from "./flash_mma_shape.ts";
+import { ablatedStages, type MmaConsts, mmaLayout, mmaShapeProblem } from "./flash_mma_shape.ts";
 import { fastSoftmaxCode, softmaxCode } from "./flash_mma_softmax.ts";
 import { roundCode, sourceCode, stagingCode, stagingDecoders } from "./flash_mma_staging.ts";
 import { loadWgsl, specialize } from "./wgsl.ts";
+import { envVar } from "../core/env.ts";
 
 const range = (n: number) => Array.from({ length: n }, (_, i) => i);
 
@@ -233,7 +234,7 @@ function nextTileStores(
 
 /** The `count` ablation's trip count (bench only). */
 function ablatedTiles(): number {
-  const v = Number(Deno.env.get("ATTN_MMA_ABLATE_TILES") ?? 264);
+  const v = Number(envVar("ATTN_MMA_ABLATE_TILES") ?? 264);
   return Number.isInteger(v) && v > 0 ? v : 264;
 }
 
@@ -243,16 +244,7 @@ export async function flashMmaSource(c: MmaConsts): Promise<string> {
   if (problem) throw new Error(`flash_mma: ${problem}`);
   const lay = mmaLayout(c, c);
   const matrix = generateMatrixCode(c), staging = stagingCode(c);
-  // Bench ablations, `+`-joined; `loop` and `bare` stand for several.
-  const cuts = new Set(
-    String(c.ablate).split("+").flatMap((a) =>
-      a === "loop"
-        ? ["rescale", "live", "bt"]
-        : a === "bare"
-        ? ["rescale", "live", "bt", "softmax", "epilogue"]
-        : [a]
-    ),
-  );
+  const cuts = ablatedStages(c);
   const cut = (stage: string) => cuts.has(stage);
   return specialize(await loadWgsl("flash_mma.wgsl"), {
     HELPERS: await loadWgsl("flash_mma_rows.wgsl"),

@@ -23,6 +23,19 @@ export type MmaAblation =
   | "epilogue" // the O passes and output writes after the loop (the fixed per-workgroup cost)
   | "bare"; // loop, softmax and epilogue together: QK, staging and PV in the kernel's frame
 
+/**
+ * The stages a shape's `ablate` leaves out (`+`-joined names; `loop` and `bare` stand for
+ * several); empty for a real shape.
+ */
+export function ablatedStages(shape: MmaShape): Set<string> {
+  const groups: Record<string, string[]> = {
+    loop: ["rescale", "live", "bt"],
+    bare: ["rescale", "live", "bt", "softmax", "epilogue"],
+  };
+  const names = shape.ablate ? shape.ablate.split("+") : [];
+  return new Set(names.flatMap((a) => groups[a] ?? [a]));
+}
+
 /** A kernel shape. Rows per workgroup = nsg * rm * m. */
 export interface MmaShape {
   /** Subgroups per workgroup. */
@@ -181,9 +194,7 @@ export function mmaShapeProblem(
     if (t.bs % n || t.bs % k) {
       return `direct loads need block_size ${t.bs} a multiple of ${n}, ${k}`;
     }
-    if ((shape.ablate ?? "").split("+").includes("stage")) {
-      return "direct loads stage nothing to leave out";
-    }
+    if (ablatedStages(shape).has("stage")) return "direct loads stage nothing to leave out";
   }
   const qs = shape.qsplit ?? 1;
   if (![1, 2, 4].includes(qs) || (d / k) % qs) {
@@ -203,8 +214,7 @@ export function mmaShapeProblem(
     }
     if ((d / 2) % Math.max(n, k, shape.bk)) return `dsplit 2 halves head_size ${d} unevenly`;
   }
-  const cuts = (shape.ablate ?? "").split("+");
-  if (shape.sgresc && ["rescale", "loop", "bare"].some((a) => cuts.includes(a))) {
+  if (shape.sgresc && ablatedStages(shape).has("rescale")) {
     return `the ${shape.ablate} ablation cuts the per-subgroup rescale's lane flags`;
   }
   const bytes = mmaLayout(t, shape).shared_bytes;

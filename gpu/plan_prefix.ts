@@ -12,6 +12,7 @@
 import type { BatchShape, GpuContext } from "../core/types.ts";
 import { checksFiniteOnDevice, dataElements } from "../core/data.ts";
 import { planCacheWrite } from "./cache_write.ts";
+import { kvChunkGeometry } from "./kv_cache.ts";
 import { planFiniteCheck } from "./finite_check.ts";
 import { planFill } from "./fill.ts";
 import { outputWords, type PlannedCall, poisonCalls } from "./gpu_plan.ts";
@@ -112,12 +113,9 @@ async function buildPrefix(
       s.cache_spec,
       s.dtype,
       s.metadata.slot_mapping,
-      {
-        k_scale: L.k_scale,
-        v_scale: L.v_scale,
-      },
+      { k_scale: L.k_scale, v_scale: L.v_scale },
       table,
-      undefined,
+      kvChunkGeometry(ctx, s.cache_spec),
       checks,
     )
     : null;

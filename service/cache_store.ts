@@ -5,8 +5,8 @@
  * to it), while different caches run concurrently; a forward hands the mutex on once its GPU
  * work is submitted (the device queue orders what follows), so calls on one cache keep their
  * order while their read-backs overlap. Deleting a cache waits for its work in flight to be
- * submitted; {@link CacheStore.busy} tells when an id is being created or deleted, so a create with
- * the client's id can wait for it. {@link CacheStore.replace} swaps a cache's storage for a
+ * submitted; {@link CacheStore.busy} tells when an id is being created or deleted, so a create
+ * with the client's id can wait for it. {@link CacheStore.replace} swaps a cache's storage for a
  * new one (an import) under its mutex.
  * @module
  */

@@ -12,10 +12,11 @@
 // Dispatch: ceil(2 * num_rows * num_kv_heads * WPR / WG) workgroups of WG, folded into x/y;
 // invocation g writes one whole u32 word (EPW elements) of one row of K (g < half) or V,
 // so no two invocations share a word and no atomics are needed.
-// Compile-time: WG, HEAD (head size), GATE (gated: return unless every flag is clear), EPW (elements per word), NHD (layout), SRC (the data
-// dtype's `fn src_bits(is_v: bool, i: u32) -> u32`: element i's f32 bits), PACK (the
-// storage dtype's `fn pack_word(x: vec4<u32>, scale: f32) -> u32` over EPW f32 bit patterns),
-// KV (chunk accessors using P.block_words / P.blocks_per_chunk).
+// Compile-time: WG, HEAD (head size), GATE (gated: return unless every flag is clear), EPW
+// (elements per word), NHD (layout), SRC (the data dtype's `fn src_bits(is_v: bool, i: u32) ->
+// u32`: element i's f32 bits), PACK (the storage dtype's `fn pack_word(x: vec4<u32>, scale:
+// f32) -> u32` over EPW f32 bit patterns), KV (chunk accessors using P.block_words /
+// P.blocks_per_chunk).
 // Rounding is done on the f32 bits in integer arithmetic, round-to-nearest-even, so it
 // matches core/dtype.ts exactly (fp8 saturates to +-448 / +-57344, NaN -> 0x7f).
 
