@@ -66,10 +66,10 @@ const ABLATIONS: readonly MmaAblation[] = [
   "pv",
   "rescale",
   "live",
-  "bt",
   "loop",
   "count",
   "epilogue",
+  "qpass",
   "bare",
 ];
 
@@ -79,9 +79,9 @@ export function variantShape(name: string): MmaShape | null {
   const shape = MMA_VARIANTS[base];
   if (!shape || more !== undefined) return null;
   if (cut === undefined) return shape;
-  // `~no<a>` or `~no<a>+<b>` (two stages at once)
+  // `~no<a>`, `~no<a>+<b>` or `~no<a>+<b>+<c>` (stages cut together)
   const stages = cut.startsWith("no") ? cut.slice(2).split("+") : [];
-  if (stages.length < 1 || stages.length > 2) return null;
+  if (stages.length < 1 || stages.length > 3) return null;
   if (!stages.every((x) => (ABLATIONS as readonly string[]).includes(x))) return null;
   return { ...shape, ablate: stages.join("+") as MmaShape["ablate"] };
 }

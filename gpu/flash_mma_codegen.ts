@@ -128,7 +128,7 @@ export function generateMatrixCode(c: MmaConsts): Record<string, string> {
   });
   const store = (fs: { name: string; at: string }[]) =>
     fs.map((f) => `subgroupMatrixStore<row_major>(&s_s, ${f.at}, ${f.name}, SSTR);`);
-  const rescale: string[] = [], output: string[] = [];
+  const rescale: string[] = [], output: string[] = [], sink: string[] = [];
   // sgresc: the subgroup's own rows only, no workgroup barrier (see RESC_APPLY).
   const bar = c.sgresc ? [] : ["workgroupBarrier();"];
   passes.forEach(({ c0, frags }, i) => {
@@ -146,15 +146,28 @@ export function generateMatrixCode(c: MmaConsts): Record<string, string> {
       `write_rows(${srow}, ln, ${dqp}${c0}u, tb, inv);`,
     );
     if (i < passes.length - 1) output.push("workgroupBarrier();");
+    sink.push(...store(frags));
   });
   return {
     QFRAG_DECL: ind(qDecl, "  "),
     QFRAG_LOAD: ind(qLoad, "      "),
+    // `qpass` ablation: the fragments as `let`s loaded once, unconditionally (wrong data).
+    QFRAG_LET: ind(
+      RM.flatMap((r) =>
+        KD.map((c) =>
+          `let q_${r}_${c} = subgroupMatrixLoad<${L}, row_major>(&kt_s, ${dqp}${
+            r * m * kstr + c * k
+          }u, KSTR);`
+        )
+      ),
+      "  ",
+    ),
     O_DECL: ind(oDecl, "  "),
     QK: ind(qk, "      "),
     PV: ind(pv, "      "),
     O_RESCALE: ind(rescale, "      "),
     O_OUTPUT: ind(output, "  "),
+    O_SINK: ind(sink, "  "),
   };
 }
 
@@ -185,37 +198,16 @@ function rescaleProtocol(
   };
 }
 
-/** The loop's block-table refresh (slot par: the tile two ahead), as v0.6 wrote it. */
-const BLK_REFRESH = [
-  "    if (t < NBT) {",
-  "      s_blk[par * NBT + t] = blk_of(kt + 2u * BK, t, kv_len, rbase); // slot par: two tiles ahead",
-  "    }",
-].join("\n");
-
 const LIVE = "live_rows && tile_live(kt, p_lo, p_hi)";
 
 /**
- * `late`: the block ids two tiles ahead loaded at the top of the tile (BLK_REFRESH) into
- * `nblk`, stored with the next tile's K/V words just before the closing barrier (LATE_STORES):
- * slot `par` and the other buffers are read by nothing in this tile.
- */
-const BLK_LOAD_LATE = [
-  "    var nblk = 0u; // the block id of slot par two tiles ahead, stored before the barrier",
-  "    if (t < NBT) {",
-  "      nblk = blk_of(kt + 2u * BK, t, kv_len, rbase);",
-  "    }",
-].join("\n");
-
-/**
- * The loop's stores of the next tile into the other buffers: after the softmax (EARLY_STORES,
- * the block ids stored at the top by BLK_REFRESH) or, for `late`, after PV with the block ids
- * loaded by BLK_LOAD_LATE (LATE_STORES). `bt`: the block-table refresh is not cut.
+ * The loop's stores of the next tile into the other buffers: after the softmax (EARLY_STORES)
+ * or, for `late`, after PV (LATE_STORES).
  */
 function nextTileStores(
   c: MmaConsts,
   stageStore: string,
-  bt: boolean,
-): { BLK_REFRESH: string; EARLY_STORES: string; LATE_STORES: string } {
+): { EARLY_STORES: string; LATE_STORES: string } {
   const stores = [
     "    {",
     "      let kbn = (par ^ 1u) * KT_LEN;",
@@ -223,13 +215,9 @@ function nextTileStores(
     stageStore,
     "    }",
   ].join("\n");
-  if (!c.late) return { BLK_REFRESH: bt ? BLK_REFRESH : "", EARLY_STORES: stores, LATE_STORES: "" };
-  const blk = ["    if (t < NBT) {", "      s_blk[par * NBT + t] = nblk;", "    }"].join("\n");
-  return {
-    BLK_REFRESH: bt ? BLK_LOAD_LATE : "",
-    EARLY_STORES: "",
-    LATE_STORES: bt ? `${stores}\n${blk}` : stores,
-  };
+  return c.late
+    ? { EARLY_STORES: "", LATE_STORES: stores }
+    : { EARLY_STORES: stores, LATE_STORES: "" };
 }
 
 /** The `count` ablation's trip count (bench only). */
@@ -279,12 +267,11 @@ export async function flashMmaSource(c: MmaConsts): Promise<string> {
     QPASS: lay.qpass,
     LPR: lay.lpr,
     RPL: lay.rpl,
-    NBT: lay.nbt,
     DECODE: stagingDecoders(c.kv, c.dtype),
     SOURCE: sourceCode(c),
     ROUND: await roundCode(c.dtype),
     ...matrix,
-    ...nextTileStores(c, cut("stage") ? "" : staging.STAGE_STORE, !cut("bt")),
+    ...nextTileStores(c, cut("stage") ? "" : staging.STAGE_STORE),
     LIVE: cut("live") ? "true" : LIVE,
     ...(cut("rescale") ? { RESC_RESET: "", RESC_APPLY: "" } : rescaleProtocol(c, matrix.O_RESCALE)),
     SOFTMAX: cut("softmax") ? "" : c.fast ? fastSoftmaxCode(c) : softmaxCode(c),
@@ -294,7 +281,11 @@ export async function flashMmaSource(c: MmaConsts): Promise<string> {
     LOOP_HEAD: cut("count")
       ? `for (var it = 0u; it < ${ablatedTiles()}u; it++) {\n    let kt = kstart + it * BK;`
       : "for (var kt = kstart; kt < kend; kt += BK) {",
-    O_OUTPUT: cut("epilogue") ? "" : matrix.O_OUTPUT,
+    // The epilogue's cut keeps O's stores (no barriers, no output writes): without a reader of O
+    // the compiler drops PV with it (v0.9's `~norescale+epilogue` and `~nobare` timed no PV).
+    O_OUTPUT: cut("epilogue") ? matrix.O_SINK : matrix.O_OUTPUT,
+    QFRAG_DECL: cut("qpass") ? matrix.QFRAG_LET : matrix.QFRAG_DECL,
+    QFRAG_LOAD: cut("qpass") ? "" : matrix.QFRAG_LOAD,
     QK: cut("qk") ? "" : matrix.QK,
     PV: cut("pv") ? "" : matrix.PV,
   });

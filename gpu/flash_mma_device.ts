@@ -11,11 +11,16 @@
 import type { GpuContext } from "../core/types.ts";
 import { numericLimits, WebGpuContext } from "./device.ts";
 import { MMA_FEATURE, type MmaSupport } from "./flash_mma_kernel.ts";
-import { DEFAULT_DAWN_FLAGS } from "./runtime_options.ts";
+import { resolveRuntimeOptions, runtimeEnv } from "./runtime_options.ts";
 import { DAWN_PACKAGE, importDawn } from "./runtime_dawn.ts";
 
-/** Dawn's flags for the feature: the runtime's defaults (unsafe APIs, f16 on NVIDIA, stamps). */
-export const DAWN_MMA_FLAGS = [...DEFAULT_DAWN_FLAGS];
+/**
+ * Dawn's flags for the feature: the runtime's (unsafe APIs, f16 on NVIDIA, stamps), or
+ * ATTN_DAWN_FLAGS where set, as the server reads them (gpu/runtime_options.ts).
+ */
+export function dawnMmaFlags(): string[] {
+  return resolveRuntimeOptions({}, runtimeEnv()).dawnFlags;
+}
 
 /** A GPU context whose device may run the subgroup-matrix kernel. */
 export interface MmaContext extends GpuContext {
@@ -48,7 +53,7 @@ export function pickMatrixConfig(
 }
 
 /** Acquires a Dawn device with subgroup matrices, or says why it cannot. */
-export async function acquireMmaDevice(flags = DAWN_MMA_FLAGS): Promise<MmaAcquired> {
+export async function acquireMmaDevice(flags = dawnMmaFlags()): Promise<MmaAcquired> {
   let create: (f: string[]) => GPU;
   try {
     ({ create } = await importDawn()); // with the poll pacer: v0.7's stalls were these tests

@@ -15,12 +15,14 @@ export type MmaAblation =
   | "pv"
   | "rescale" // the O rescale, its flag and the uniform load's barriers (timing only)
   | "live" // the causal / window tile-liveness test: every subgroup runs every tile
-  | "bt" // the block table's refresh two tiles ahead (stale block ids: wrong)
-  | "loop" // rescale, live and bt together: the loop's bookkeeping the v0.7 ladder lacks
+  | "loop" // rescale and live together: the loop's bookkeeping the v0.7 ladder lacks
   | "count" // the key loop's trip count a compile-time constant (ATTN_MMA_ABLATE_TILES, default
   // 264: the `1x4224n-h4k1` bench case's tiles; other shapes read wrong keys): what the
   // run-time count costs (the ladder's -xd: 16%)
-  | "epilogue" // the O passes and output writes after the loop (the fixed per-workgroup cost)
+  | "qpass" // Q's fragments loaded once, unconditionally, as `let`s (wrong data): what the
+  // passes' conditional assignments to the fragment `var`s cost in the loop
+  | "epilogue" // the O passes' barriers and output writes after the loop (the fixed
+  // per-workgroup cost); O is still stored to workgroup memory, so PV stays live
   | "bare"; // loop, softmax and epilogue together: QK, staging and PV in the kernel's frame
 
 /**
@@ -29,8 +31,8 @@ export type MmaAblation =
  */
 export function ablatedStages(shape: MmaShape): Set<string> {
   const groups: Record<string, string[]> = {
-    loop: ["rescale", "live", "bt"],
-    bare: ["rescale", "live", "bt", "softmax", "epilogue"],
+    loop: ["rescale", "live"],
+    bare: ["rescale", "live", "softmax", "epilogue"],
   };
   const names = shape.ablate ? shape.ablate.split("+") : [];
   return new Set(names.flatMap((a) => groups[a] ?? [a]));
@@ -97,8 +99,12 @@ export interface MmaShape {
    * both run; the first writes P). Rows per workgroup halve. Default 1.
    */
   dsplit?: number;
-  /** Bench only: leave one stage out to time the rest (see {@link MmaAblation}); "": none. */
-  ablate?: MmaAblation | `${MmaAblation}+${MmaAblation}` | "";
+  /** Bench only: leave stages out to time the rest (see {@link MmaAblation}); "": none. */
+  ablate?:
+    | MmaAblation
+    | `${MmaAblation}+${MmaAblation}`
+    | `${MmaAblation}+${MmaAblation}+${MmaAblation}`
+    | "";
 }
 
 /** A shape with every optional field filled in (the pipeline key names them all). */
@@ -162,7 +168,6 @@ export interface MmaLayout {
   qpass: number;
   lpr: number;
   rpl: number;
-  nbt: number;
   e16: number;
   /** Workgroup memory in bytes. */
   shared_bytes: number;
@@ -232,6 +237,9 @@ export function mmaShapeProblem(
 export const MMA_VARIANTS: Readonly<Record<string, MmaShape>> = {
   "w8r1k16": { nsg: 8, rm: 1, bk: 16, tau: 8 },
   "w4r1k16": { nsg: 4, rm: 1, bk: 16, tau: 8 },
+  "w4r1k16-fl": { nsg: 4, rm: 1, bk: 16, tau: 8, fast: true, late: true },
+  "w2r1k16-fl": { nsg: 2, rm: 1, bk: 16, tau: 8, fast: true, late: true },
+  "w4r1k32-fl": { nsg: 4, rm: 1, bk: 32, tau: 8, fast: true, late: true },
   "w8r1k16-fa2": { nsg: 8, rm: 1, bk: 16, tau: 0 },
   "w4r1k32": { nsg: 4, rm: 1, bk: 32, tau: 8 },
   "w2r1k16": { nsg: 2, rm: 1, bk: 16, tau: 8 },
@@ -287,10 +295,9 @@ export function mmaLayout(t: MmaTarget, shape: MmaShape): MmaLayout {
   const kTile = shape.direct ? 0 : shape.bk * kstr;
   const ktLen = Math.max(shape.bk * kstr, rows * pstr, mr * kstr);
   const qpass = Math.min(rows, Math.floor(ktLen / kstr / mr) * mr);
-  const nbt = t.enc || shape.direct || shape.mstage ? 0 : Math.floor((shape.bk - 1) / t.bs) + 2;
   const e16 = 16 / BYTES[t.kv];
   const sLen = rows * sstr * (shape.qsplit ?? 1) * ds; // one S array a chain
-  const shared_bytes = 2 * (2 * ktLen + 2 * kTile) + 4 * sLen + 4 * (2 * nbt + 1) + 12;
+  const shared_bytes = 2 * (2 * ktLen + 2 * kTile) + 4 * sLen + 12;
   return {
     rows,
     wg: sg * shape.nsg,
@@ -298,7 +305,6 @@ export function mmaLayout(t: MmaTarget, shape: MmaShape): MmaLayout {
     qpass,
     lpr: Math.max(1, sg / mr),
     rpl: Math.max(1, mr / sg),
-    nbt,
     e16,
     shared_bytes,
   };

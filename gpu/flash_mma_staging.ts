@@ -99,7 +99,7 @@ export function sourceCode(c: MmaTarget & { direct?: boolean; mstage?: boolean }
 }
 `;
   }
-  const sig = "key: u32, h: u32, c: u32, kt: u32, par: u32, rbase: u32";
+  const sig = "key: u32, h: u32, c: u32, rbase: u32";
   if (c.enc) {
     return ["k", "v"].map((t) =>
       `fn src_${t}(${sig}) -> vec4<u32> {
@@ -116,13 +116,13 @@ export function sourceCode(c: MmaTarget & { direct?: boolean; mstage?: boolean }
   });
   const fn = (t: string) =>
     `fn src_${t}(${sig}) -> vec4<u32> {
-  let br = kv_row(key, h, kt, par);
+  let br = kv_row(key, h, rbase);
   return load_${t}4(br.x, br.y + 4u * c);
 }
 `;
   return `${acc}
-fn kv_row(key: u32, h: u32, kt: u32, par: u32) -> vec2<u32> {
-  let block = s_blk[par * NBT + key / BS - kt / BS];
+fn kv_row(key: u32, h: u32, rbase: u32) -> vec2<u32> {
+  let block = mdw[U.off_bt + rbase + key / BS]; // key < kend <= kv_len: within the row
   let off = key % BS;
   if (NHD) {
     return vec2<u32>(block, (off * U.num_kv_heads + h) * WPR);
@@ -142,7 +142,7 @@ export interface StagingCode {
 
 /**
  * K/V staging, unrolled over the NLD 16-byte words each invocation moves per tile:
- * STAGE_LOAD loads tile `kn`'s words (block ids in slot `sn`; zero past `kend`) into wk_i /
+ * STAGE_LOAD loads tile `kn`'s words (block ids from the table; zero past `kend`) into wk_i /
  * wv_i, STAGE_STORE decodes them to f16 into the buffers at `kbn` / `vbn`.
  */
 export function stagingCode(c: MmaConsts): StagingCode {
@@ -158,8 +158,8 @@ export function stagingCode(c: MmaConsts): StagingCode {
       `  let idx = t + ${i * lay.wg}u;`,
       "  let key = kn + idx / V4R;",
       `  if (${guard ? "idx < BK * V4R && " : ""}key < kend) {`,
-      `    wk${i} = src_k(key, kvh, idx % V4R, kn, sn, rbase);`,
-      `    wv${i} = src_v(key, kvh, idx % V4R, kn, sn, rbase);`,
+      `    wk${i} = src_k(key, kvh, idx % V4R, rbase);`,
+      `    wv${i} = src_v(key, kvh, idx % V4R, rbase);`,
       "  }",
       "}",
     ]);

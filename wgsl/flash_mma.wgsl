@@ -9,13 +9,15 @@
 // used by every row. Subgroup s owns rows s*MR .. s*MR + MR - 1 (RM row blocks of MM rows):
 // its Q fragments and its f32 output accumulators (RM x D/MN result matrices) stay in
 // registers for the whole key loop. K/V tiles are double-buffered; per key tile of BK keys:
-//   load the next tile's K/V words (and, `late`, the block ids two tiles ahead) into
-//   registers -> S = Q K^T (this tile's buffer), stored f32 to workgroup memory -> barrier ->
+//   load the next tile's K/V words (block ids read from the table by each loading lane)
+//   into registers -> S = Q K^T (this tile's buffer), stored f32 to workgroup memory -> barrier ->
 //   online softmax by the subgroup's own lanes (LPR lanes per row, RPL rows per lane), P as
 //   f16 over this tile's dead K -> [EARLY_STORES: the next tile's words decoded to f16 into
 //   the other buffers] -> workgroupUniformLoad(rescale flag) -> [rescale O] -> O += P V ->
-//   [LATE_STORES (`late`, the default shapes): those stores, and the block ids into slot par,
-//   here instead] -> barrier (RESC_RESET / RESC_APPLY, see lazy rescaling below).
+//   [LATE_STORES (`late`, the default shapes): those stores here instead] -> barrier
+//   (RESC_RESET / RESC_APPLY, see lazy rescaling below). Each loading lane reads its key's
+//   block id from the table (v0.9 kept the next two tiles' ids in a workgroup array refreshed
+//   every tile: more code, no faster on the H200; bench/NOTES.md v0.10).
 // Direct variants (f16 cache, one buffer) load K/V fragments with subgroupMatrixLoad straight
 // from the cache (k0/v0 as array<f16>, kv_elem, keys kvstr elements apart): no staging, no
 // vt_s; keys past kend get masked scores and p = 0, and the V rows of keys past kv_len (which
@@ -58,13 +60,13 @@
 // Dispatch: num_tiles * num_kv_heads workgroups of WG = NSG * SG, folded into x/y (U.nwg_x).
 // Compile-time: MM, MN, MK (matrix dims), SG (subgroup size), NSG, RM, BK, D, BS, NHD, TAU,
 // QSPLIT (chains of S = Q K^T), E16 (K/V elements per 16 bytes), KT_LEN (K tile array
-// length), QPASS (Q rows staged per pass), LPR/RPL (softmax lanes per row, rows per lane), NBT
-// (block ids per tile); generated: TILE (wgsl/flash_tile.wgsl, shared with
+// length), QPASS (Q rows staged per pass), LPR/RPL (softmax lanes per row, rows per lane);
+// generated: TILE (wgsl/flash_tile.wgsl, shared with
 // flash_attention.wgsl), HELPERS (flash_mma_rows.wgsl), DECODE (kv16, q16: 16-byte words to
 // f16), SOURCE (src_k/src_v, or kv_elem for direct and matrix-staged variants),
 // STAGE_LOAD/STORE (prologue), LOOP_STAGE_LOAD (loop; fragment moves for mstage; empty for
-// direct loads), BLK_REFRESH, EARLY_STORES and LATE_STORES (the next tiles' block ids and
-// words, see above), LIVE (the subgroup's tile-liveness test), VT_DECL (the V tiles, none for
+// direct loads), EARLY_STORES and LATE_STORES (the next tile's words, see above), LIVE (the
+// subgroup's tile-liveness test), VT_DECL (the V tiles, none for
 // direct loads), TAIL_STAGE (direct loads: the request's last, partial V tile, zero-padded,
 // into the unused P buffer), R_DIV, SG_ROWS and LSE_OWNER (dsplit's rows, halves of D and
 // the pair's LSE writer), LG and M0
@@ -113,7 +115,6 @@ const QPASS: u32 = {{QPASS}};
 const LPR: u32 = {{LPR}}; // lanes per row in the softmax step
 const RPL: u32 = {{RPL}}; // rows per lane
 const KPL: u32 = BK / LPR; // keys (or output columns) per lane
-const NBT: u32 = {{NBT}};
 const QSPLIT: u32 = {{QSPLIT}}; // chains of S = Q K^T, each its own S array
 const MASK: f32 = -3.0e38;
 const M0: f32 = {{M0}}; // the running max before any key (fast: above MASK, so exp2(MASK - m) = 0)
@@ -126,7 +127,6 @@ const FLAG_SINKS: u32 = 2u;
 var<workgroup> kt_s: array<f16, 2u * KT_LEN>; // K tiles; Q staging before the loop; P after S
 {{VT_DECL}}
 var<workgroup> s_s: array<f32, QSPLIT * R * SSTR>; // S (QSPLIT chains); O passes
-var<workgroup> s_blk: array<u32, 2u * NBT + 1u>; // block ids of two tiles (slots by parity)
 var<workgroup> s_kstart: u32;
 var<workgroup> s_kend: u32;
 var<workgroup> s_resc: atomic<u32>; // any row needs an O rescale this tile (atomic: many writers)
@@ -161,11 +161,6 @@ fn main(
     ks -= ks % i32(BK); // tiles aligned to BK; the keys before the window are masked
     s_kstart = u32(ks);
     s_kend = u32(max(ke, ks));
-    for (var i = 0u; i < NBT; i++) {
-      // the first two tiles' ids (slots 0, 1); the Q passes' barriers order them
-      s_blk[i] = blk_of(u32(ks), i, kv_len, rbase);
-      s_blk[NBT + i] = blk_of(u32(ks) + BK, i, kv_len, rbase);
-    }
   }
 
   // This lane's rows (RPL of them) and its part (lq) of their keys in the softmax step.
@@ -241,10 +236,9 @@ fn main(
   let kend = workgroupUniformLoad(&s_kend);
   let kvstr = select(D, U.num_kv_heads * D, NHD); // direct loads: elements between keys
 {{O_DECL}}
-  // Prologue: the first tile into buffer 0 (its block ids are in slot 0).
+  // Prologue: the first tile into buffer 0.
   {
     let kn = kstart;
-    let sn = 0u;
 {{STAGE_LOAD}}
     let kbn = 0u;
     let vbn = 0u;
@@ -259,10 +253,8 @@ fn main(
     // The next tile's words into registers now; into the other buffers after the softmax
     // (EARLY_STORES) or, `late`, after PV (LATE_STORES).
     let kn = kt + BK;
-    let sn = par ^ 1u;
 {{LOOP_STAGE_LOAD}}
 {{TAIL_STAGE}}
-{{BLK_REFRESH}}
     let live = {{LIVE}};
     if (live) {
 {{QK}}

@@ -74,7 +74,6 @@ Deno.test("flash_mma: late moves the next tile's stores after PV, loads stay at 
   }
   assert.ok(at(dflt, "kt_s[kbn + o + 0u]") < pv(dflt));
   assert.ok(at(late, "kt_s[kbn + o + 0u]") > pv(late));
-  assert.ok(at(late, "nblk = blk_of(") < at(late, "s_0_0_0 = subgroupMatrixMultiplyAccumulate("));
-  assert.ok(at(late, "s_blk[par * NBT + t] = nblk;") > pv(late));
-  assert.equal(loop(late).indexOf("s_blk[par * NBT + t] = blk_of("), -1);
+  // Block ids come from the table in each staging lane's load (no workgroup copy of them).
+  for (const s of [dflt, late]) assert.equal(s.indexOf("s_blk"), -1);
 });

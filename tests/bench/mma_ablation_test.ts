@@ -1,6 +1,6 @@
 /**
  * bench/mma_bench.ts's loop ablations of the tensor-core kernel (gpu/flash_mma_shape.ts
- * MmaAblation `rescale`, `live`, `bt`, `loop`): on v0.7's fast shape and on the default (late
+ * MmaAblation `rescale`, `live`, `loop`): on v0.7's fast shape and on the default (late
  * next-tile stores), each leaves out exactly its part of the key loop and nothing else; and the
  * per-subgroup rescale refuses the two that would cut its lane flags.
  */
@@ -25,16 +25,12 @@ for (const variant of ["w8r1k16-f", "w8r1k16-fl"]) {
     const has: Record<string, RegExp> = {
       rescale: /scale_rows\(|workgroupUniformLoad\(&s_resc\)/,
       live: /tile_live\(/,
-      bt: variant.endsWith("l")
-        ? /nblk = blk_of\([^]*s_blk\[par \* NBT \+ t\] = nblk/
-        : /s_blk\[par \* NBT \+ t\] = blk_of/,
     };
     const base = await loopOf(variant, "");
     for (const re of Object.values(has)) assert.match(base, re);
     for (const [cut, re] of Object.entries(has)) {
       const src = await loopOf(variant, cut as MmaAblation);
       assert.doesNotMatch(src, re, cut);
-      if (cut === "bt") assert.doesNotMatch(src, /nblk|s_blk\[par/);
       for (const [other, keep] of Object.entries(has)) if (other !== cut) assert.match(src, keep);
     }
     const loop = await loopOf(variant, "loop");
@@ -48,7 +44,7 @@ Deno.test("mma ablations: sgresc refuses rescale and loop, takes the others", ()
   for (const ablate of ["rescale", "loop"] as const) {
     assert.match(String(mmaShapeProblem(t, { ...fu, ablate })), /lane flags/);
   }
-  for (const ablate of ["live", "bt", "softmax"] as const) {
+  for (const ablate of ["live", "softmax"] as const) {
     assert.equal(mmaShapeProblem(t, { ...fu, ablate }, 49152), null);
   }
 });
