@@ -48,3 +48,22 @@ Deno.test("mma ablations: sgresc refuses rescale and loop, takes the others", ()
     assert.equal(mmaShapeProblem(t, { ...fu, ablate }, 49152), null);
   }
 });
+
+// v0.9's epilogue cut left O without a reader when the rescale was cut too, and the compiler
+// dropped PV (bench/NOTES.md v0.10): every cut that keeps PV must keep a store of each O
+// accumulator after the loop.
+Deno.test("mma ablations: cuts that keep PV keep a reader of every O accumulator", async () => {
+  const shape = MMA_VARIANTS["w8r1k16-fl"];
+  for (const ablate of ["epilogue", "rescale+epilogue", "bare", "loop+softmax+epilogue"]) {
+    const src = await flashMmaSource({ ...t, ...fullShape({ ...shape, ablate } as never) });
+    const tail = src.slice(src.indexOf("var inv:"));
+    assert.match(src, /o_0_0 = subgroupMatrixMultiplyAccumulate\(/, ablate);
+    for (let c = 0; c < t.d / t.n; c++) {
+      assert.match(
+        tail,
+        new RegExp(`subgroupMatrixStore<row_major>\\(&s_s, [^;]*, o_0_${c}, SSTR\\)`),
+        `${ablate}: o_0_${c}`,
+      );
+    }
+  }
+});
