@@ -19,36 +19,50 @@
  * and recalibrated by one completion wait every `sync_ms` (500), pending only until the queue
  * drains. `await` (the v0.6 loop) keeps `depth` spins queued, awaiting `onSubmittedWorkDone` for
  * each: a wait always pending, so Dawn's loop never rests (the in-process bench uses it: no HTTP).
- * `worker` spins on a Dawn device of its own in a worker thread (gpu/keep_warm_thread.ts): the
- * serving thread only stamps its uses into shared memory, and its runtime may be either.
  *
- * `timer` and `await` need a runtime whose completion wait does not block the JS thread: Deno's
- * own WebGPU blocks ~11 ms per `onSubmittedWorkDone`. {@link KeepWarmProvider.start} measures the
- * completion round trip and stays off, saying why, where it is over {@link MAX_ROUND_TRIP_MS};
- * `worker` stays off, saying why, where its thread gets no Dawn device.
+ * It needs a runtime whose completion wait does not block the JS thread: Deno's own WebGPU blocks
+ * ~11 ms per `onSubmittedWorkDone`. {@link KeepWarmProvider.start} measures the completion round
+ * trip and stays off, saying why, where it is over {@link MAX_ROUND_TRIP_MS}.
  * @module
  */
 import type { DeviceProvider, DeviceReport, GpuContext, KeepWarmReport } from "../core/types.ts";
-import { getKernel } from "./kernel.ts";
+import { getKernel, type KernelDef } from "./kernel.ts";
 import { completionRoundTrip } from "./runtime_device.ts";
 import { DEFAULT_SYNC_MS, SpinPacer } from "./keep_warm_pace.ts";
-import {
-  checkKeepWarmOptions,
-  KEEP_WARM,
-  KEEP_WARM_DEFAULTS,
-  type KeepWarmOptions,
-} from "./keep_warm_options.ts";
-import { WarmThread } from "./keep_warm_thread.ts";
-import { DEFAULT_DAWN_FLAGS } from "./runtime_options.ts";
 
-export {
-  checkKeepWarmOptions,
-  KEEP_WARM,
-  KEEP_WARM_DEFAULTS,
-  KEEP_WARM_MODES,
-  type KeepWarmMode,
-  type KeepWarmOptions,
-} from "./keep_warm_options.ts";
+/** Keep-warm knobs (`deno task serve --keep-warm-ms N ...`). */
+export interface KeepWarmOptions {
+  /** Keep the GPU busy this long after the last use of the device, in ms; 0: off. */
+  hold_ms: number;
+  /** Dependent FMA pairs per lane of one spin dispatch (its length). */
+  spin_iters: number;
+  /** Workgroups (64 lanes) per spin dispatch. */
+  workgroups: number;
+  /** Spin dispatches per tick (`timer`), or kept queued (`await`; 1: the next when one is done). */
+  depth: number;
+  /** `timer`: spins from a timer, nothing awaited; `await`: a loop awaiting each spin. */
+  mode: KeepWarmMode;
+  /** `timer`: ms between ticks. */
+  period_ms: number;
+}
+
+/** How spins are paced (module doc). */
+export type KeepWarmMode = "timer" | "await";
+
+/** The modes, for the flag's check. */
+export const KEEP_WARM_MODES: readonly KeepWarmMode[] = ["timer", "await"];
+
+/** The defaults: off; when on, eight ~40 µs spins on one workgroup every 1 ms (about a third of
+ * the time busy at the H200's full clock): what held it at a median 1,455 MHz in v0.6's HTTP run
+ * (bench/NOTES.md, call 4). */
+export const KEEP_WARM_DEFAULTS: Readonly<KeepWarmOptions> = Object.freeze({
+  hold_ms: 0,
+  spin_iters: 10_000,
+  workgroups: 1,
+  depth: 8,
+  mode: "timer",
+  period_ms: 1,
+});
 
 /** Completion round trips (median ms) above this leave keep-warm off. */
 export const MAX_ROUND_TRIP_MS = 1;
@@ -66,6 +80,44 @@ export interface KeepWarmStats extends KeepWarmReport {
   syncs: number;
   /** Keep-warm's `onSubmittedWorkDone` promises pending now (`timer`: 0 between ticks). */
   pending_waits: number;
+}
+
+/** The spin kernel, as data. */
+export const KEEP_WARM: KernelDef<{ iters: number }> = {
+  name: "keep_warm",
+  uniforms: [],
+  bindings: () => [{ name: "sink", kind: "read_write", type: "array<f32>" }],
+  source: (c) =>
+    `@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) g: vec3<u32>) {
+  var x = 1.0 + f32(g.x) * 1e-3;
+  var y = 0.5;
+  for (var i = 0u; i < ${c.iters}u; i++) {
+    x = fma(x, 0.99993, y * 1e-4);
+    y = fma(y, 1.00007, -x * 1e-4);
+  }
+  sink[g.x] = x + y;
+}
+`,
+};
+
+/** @throws Error naming a knob that is out of range and its value. */
+export function checkKeepWarmOptions(o: KeepWarmOptions): KeepWarmOptions {
+  const bad = (k: Exclude<keyof KeepWarmOptions, "mode">, min: number, max: number) => {
+    const v = o[k];
+    if (!Number.isSafeInteger(v) || v < min || v > max) {
+      throw new Error(`keep-warm ${k} must be an integer in [${min}, ${max}], got ${v}`);
+    }
+  };
+  bad("hold_ms", 0, 3_600_000);
+  bad("spin_iters", 1, 10_000_000);
+  bad("workgroups", 1, 65_535);
+  bad("depth", 1, 8);
+  bad("period_ms", 1, 1000);
+  if (!KEEP_WARM_MODES.includes(o.mode)) {
+    throw new Error(`keep-warm mode must be one of ${KEEP_WARM_MODES.join(", ")}, got ${o.mode}`);
+  }
+  return o;
 }
 
 /** A compiled spin kernel with its sink buffer bound. */
@@ -89,35 +141,26 @@ export class KeepWarmProvider implements DeviceProvider {
   #closed = false;
   #dispatches = 0;
   #pending = 0;
-  #thread: WarmThread | null = null;
 
   readonly #maxRoundTrip: number;
   readonly #syncMs: number;
-  readonly #dawnFlags: readonly string[];
 
   /**
    * Knobs left out take {@link KEEP_WARM_DEFAULTS}. `max_round_trip_ms`: the slowest completion
-   * round trip it runs with; `sync_ms`: `timer`'s ms between calibrating waits (tests set them);
-   * `dawn_flags`: the `worker` thread's Dawn flags (the server's).
+   * round trip it runs with; `sync_ms`: `timer`'s ms between calibrating waits (tests set them).
    */
   constructor(
     inner: DeviceProvider,
     options: Partial<KeepWarmOptions>,
-    {
-      max_round_trip_ms = MAX_ROUND_TRIP_MS,
-      sync_ms = DEFAULT_SYNC_MS,
-      dawn_flags = DEFAULT_DAWN_FLAGS,
-    }: {
+    { max_round_trip_ms = MAX_ROUND_TRIP_MS, sync_ms = DEFAULT_SYNC_MS }: {
       max_round_trip_ms?: number;
       sync_ms?: number;
-      dawn_flags?: readonly string[];
     } = {},
   ) {
     this.#inner = inner;
     this.#o = checkKeepWarmOptions({ ...KEEP_WARM_DEFAULTS, ...options });
     this.#maxRoundTrip = max_round_trip_ms;
     this.#syncMs = sync_ms;
-    this.#dawnFlags = dawn_flags;
   }
 
   /** Measures the completion round trip (and `timer`: the spin); turns on where it is short. */
@@ -125,15 +168,7 @@ export class KeepWarmProvider implements DeviceProvider {
     const ctx = this.#inner.current();
     if (this.#o.hold_ms === 0) this.#reason = "hold_ms is 0";
     else if (!ctx) this.#reason = "no device";
-    else if (this.#o.mode === "worker") {
-      const t = await WarmThread.start({ ...this.#o, flags: this.#dawnFlags });
-      if (typeof t === "string") this.#reason = t;
-      else {
-        this.#thread = t;
-        this.#spinMs = t.spin_ms;
-        this.#enabled = true;
-      }
-    } else {
+    else {
       const { ms } = await completionRoundTrip(ctx.device, 5);
       const sorted = [...ms].sort((a, b) => a - b);
       this.#roundTrip = sorted[sorted.length >> 1];
@@ -176,11 +211,11 @@ export class KeepWarmProvider implements DeviceProvider {
       ...(this.#roundTrip !== undefined ? { round_trip_ms: this.#roundTrip } : {}),
       ...(this.#spinMs !== undefined ? { spin_ms: this.#spinMs } : {}),
       ...(this.#pacer ? { spin_unit_ms: this.#pacer.unit } : {}),
-      dispatches: this.#thread?.dispatches ?? this.#dispatches,
+      dispatches: this.#dispatches,
       skipped_ticks: this.#pacer?.skipped ?? 0,
       syncs: this.#pacer?.syncs ?? 0,
       pending_waits: this.#pending,
-      spinning: this.#thread?.spinning ?? (this.#loop !== null || this.#timer !== null),
+      spinning: this.#loop !== null || this.#timer !== null,
     };
   }
 
@@ -188,7 +223,6 @@ export class KeepWarmProvider implements DeviceProvider {
   async close(): Promise<void> {
     this.#closed = true;
     this.#stopTimer();
-    await this.#thread?.close();
     await this.#loop;
     const g = this.#inner.current();
     if (g && !g.lost && this.#dispatches > 0) await this.#wait(g);
@@ -196,7 +230,6 @@ export class KeepWarmProvider implements DeviceProvider {
 
   #touch(g: GpuContext): void {
     if (!this.#enabled || this.#closed) return;
-    if (this.#thread) return this.#thread.touch();
     this.#last = performance.now();
     if (this.#loop || this.#timer !== null) return;
     if (this.#o.mode === "await") {

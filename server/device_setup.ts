@@ -35,7 +35,7 @@ export async function acquireDevice(
     for (const line of otherRuntimesSummary(mgr.report())) console.error(`webgpu: ${line}`);
   });
   if (!keepWarm || keepWarm.hold_ms === 0) return { device: mgr, close: () => mgr.close() };
-  const warm = new KeepWarmProvider(mgr, keepWarm, { dawn_flags: runtime.dawnFlags });
+  const warm = new KeepWarmProvider(mgr, keepWarm);
   const st = await warm.start();
   const o = st.options;
   console.error(
@@ -43,10 +43,7 @@ export async function acquireDevice(
       ? `keep-warm: on: hold ${o.hold_ms} ms, spins of ${o.spin_iters} iterations x ` +
         `${o.workgroups} workgroups, depth ${o.depth}, mode ${o.mode}` +
         (o.mode === "timer" ? ` every ${o.period_ms} ms (spin ${st.spin_ms?.toFixed(3)} ms)` : "") +
-        (o.mode === "worker"
-          ? ` every ${o.period_ms} ms on a Dawn device of its own in a worker thread ` +
-            `(first spin ${st.spin_ms?.toFixed(3)} ms)`
-          : ` (completion round trip ${st.round_trip_ms?.toFixed(3)} ms)`)
+        ` (completion round trip ${st.round_trip_ms?.toFixed(3)} ms)`
       : `keep-warm: off: ${st.reason}`,
   );
   return { device: warm, close: () => warm.close().finally(() => mgr.close()) };

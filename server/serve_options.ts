@@ -74,19 +74,15 @@ usage: deno task serve [options]
                             does it all; also ${HTTP_WORKERS_ENV}; Linux: they share the port)
   --keep-warm-ms N          keep the GPU busy for N ms after each call with short spin
                             dispatches, so its clock stays up between calls (default 0 = off;
-                            also ${KEEP_WARM_ENV}); draws power. timer and await need a runtime
-                            whose completion wait does not block (Dawn); worker needs Dawn to
-                            load; elsewhere it stays off and says why
+                            also ${KEEP_WARM_ENV}); draws power. Needs a runtime whose completion
+                            wait does not block (Dawn); elsewhere it stays off and says why
   --keep-warm-spin-iters N  dependent FMA pairs per spin dispatch (default ${KEEP_WARM_DEFAULTS.spin_iters})
   --keep-warm-workgroups N  workgroups of 64 lanes per spin dispatch (default ${KEEP_WARM_DEFAULTS.workgroups})
   --keep-warm-depth N       spin dispatches per tick (timer) or kept queued (await), 1-8
                             (default ${KEEP_WARM_DEFAULTS.depth})
   --keep-warm-mode M        timer: spins submitted from a timer, nothing awaited (default);
-                            await: a loop awaiting each spin (keeps Dawn's event loop busy);
-                            worker: a Dawn device of its own spins in a worker thread (the
-                            serving thread only stamps its uses; any serving runtime)
-  --keep-warm-period-ms N   timer: ms between ticks; worker: between submits of depth spins;
-                            1-1000 (default ${KEEP_WARM_DEFAULTS.period_ms})
+                            await: a loop awaiting each spin (keeps Dawn's event loop busy)
+  --keep-warm-period-ms N   timer: ms between ticks, 1-1000 (default ${KEEP_WARM_DEFAULTS.period_ms})
   --instance-name NAME      name this instance in every answer's X-Attention-Instance header
                             and in /healthz (1-64 characters of A-Z a-z 0-9 . _ -; default none)
 ${RUNTIME_HELP}

@@ -107,13 +107,9 @@ Deno.test("main: flags and defaults", () => {
     { ...KEEP_WARM_DEFAULTS, hold_ms: 50, mode: "await", period_ms: 7 },
   );
   assert.equal(parseServeArgs([]).keepWarm.mode, "timer");
-  assert.equal(
-    parseServeArgs(["--keep-warm-ms=50", "--keep-warm-mode=worker"]).keepWarm.mode,
-    "worker",
-  );
   assert.throws(
     () => parseServeArgs(["--keep-warm-mode=spin"]),
-    { message: '--keep-warm-mode must be one of timer, await, worker, got "spin"' },
+    { message: '--keep-warm-mode must be one of timer, await, got "spin"' },
   );
   assert.throws(
     () => parseServeArgs(["--keep-warm-period-ms=0"]),
