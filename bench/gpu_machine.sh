@@ -153,8 +153,7 @@ for w in $what; do
     http-warm)
       # Dawn's HTTP bench once per keep-warm setting (gpu/keep_warm.ts): KEEP_WARM_VARIANTS lists
       # HOLD_MS[:SPIN_ITERS[:WORKGROUPS[:DEPTH[:MODE[:PERIOD_MS]]]]] (0: off; MODE timer, the
-      # default, await, v0.6's loop, or worker, a Dawn device of its own in a worker thread; an
-      # empty field keeps the server's default), each a server
+      # default, or await, v0.6's loop; an empty field keeps the server's default), each a server
       # of its own, e.g. "0 3000:10000:1:2:await" (default: bench/NOTES.md's two timer variants).
       for kw in ${KEEP_WARM_VARIANTS:-3000:10000:1:8:timer:1 3000:40000:1:8:timer:1}; do
         IFS=: read -r hold iters wgs depth mode period <<<"$kw"
