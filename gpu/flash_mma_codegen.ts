@@ -46,13 +46,10 @@ export function generateMatrixCode(c: MmaConsts): Record<string, string> {
   const mma = "subgroupMatrixMultiplyAccumulate";
   const ind = (s: string[], pad: string) => s.map((x) => pad + x).join("\n");
   const qDecl = RM.flatMap((r) => KD.map((c) => `var q_${r}_${c}: ${L};`));
-  const qLoad = RM.flatMap((r) =>
-    KD.map((c) =>
-      `q_${r}_${c} = subgroupMatrixLoad<${L}, row_major>(&kt_s, qb + ${dqp}${
-        r * m * kstr + c * k
-      }u, KSTR);`
-    )
-  );
+  // Q fragment (r, c) from the staged rows at `base` (the pass's `qb + `, or "" for `qpass`).
+  const qFrag = (r: number, c: number, base: string) =>
+    `subgroupMatrixLoad<${L}, row_major>(&kt_s, ${base}${dqp}${r * m * kstr + c * k}u, KSTR)`;
+  const qLoad = RM.flatMap((r) => KD.map((c) => `q_${r}_${c} = ${qFrag(r, c, "qb + ")};`));
   const oDecl = RM.flatMap((r) => DN.map((c) => `var o_${r}_${c} = ${Res}();`));
   // S = Q K^T: QS independent chains per (row block, key block); chain j takes k-steps
   // j, j + QS, ... and is stored to its own S array (at j * R * SSTR), the softmax adds them.
@@ -152,16 +149,7 @@ export function generateMatrixCode(c: MmaConsts): Record<string, string> {
     QFRAG_DECL: ind(qDecl, "  "),
     QFRAG_LOAD: ind(qLoad, "      "),
     // `qpass` ablation: the fragments as `let`s loaded once, unconditionally (wrong data).
-    QFRAG_LET: ind(
-      RM.flatMap((r) =>
-        KD.map((c) =>
-          `let q_${r}_${c} = subgroupMatrixLoad<${L}, row_major>(&kt_s, ${dqp}${
-            r * m * kstr + c * k
-          }u, KSTR);`
-        )
-      ),
-      "  ",
-    ),
+    QFRAG_LET: ind(RM.flatMap((r) => KD.map((c) => `let q_${r}_${c} = ${qFrag(r, c, "")};`)), "  "),
     O_DECL: ind(oDecl, "  "),
     QK: ind(qk, "      "),
     PV: ind(pv, "      "),
@@ -220,10 +208,13 @@ function nextTileStores(
     : { EARLY_STORES: stores, LATE_STORES: "" };
 }
 
-/** The `count` ablation's trip count (bench only). */
+/** The `count` ablation's default trip count: the `1x4224n-h4k1` bench case's tiles. */
+const ABLATED_TILES = 264;
+
+/** The `count` ablation's trip count (bench only): ATTN_MMA_ABLATE_TILES, else the default. */
 function ablatedTiles(): number {
-  const v = Number(envVar("ATTN_MMA_ABLATE_TILES") ?? 264);
-  return Number.isInteger(v) && v > 0 ? v : 264;
+  const v = Number(envVar("ATTN_MMA_ABLATE_TILES") ?? ABLATED_TILES);
+  return Number.isInteger(v) && v > 0 ? v : ABLATED_TILES;
 }
 
 /** The kernel source after the generated header (gpu/kernel.ts adds enables and bindings). */
