@@ -128,7 +128,8 @@ export async function planMmaRows(
   const m = buildFlashMeta(s, { rows: lay.rows }, reqs);
   const g = c.enc ? null : kvChunkGeometry(ctx, s.cache_spec!);
   // Sections first, then the kernel (see planDecodeRows): a layout independent of timing.
-  const { bind, grid } = flashTileCall(ctx, s, m, FLASH_MMA, g, c.enc, table);
+  const strides = { kstr: lay.kstr, pstr: lay.pstr, sstr: lay.sstr };
+  const { bind, grid } = flashTileCall(ctx, s, m, FLASH_MMA, g, c.enc, table, strides);
   const kernel = await getKernel(ctx, FLASH_MMA, c);
   return {
     calls: [{ name: "prefill_mma", kernel, bind, cache: !c.enc, grid }],

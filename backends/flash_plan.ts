@@ -215,7 +215,8 @@ export function buildFlashMeta(
 
 /**
  * The Params, metadata sections, bindings and grid of a tiled prefill kernel (the portable and
- * the tensor-core kernels share them): one workgroup per (tile, kv head).
+ * the tensor-core kernels share them): one workgroup per (tile, kv head). `extra`: the def's
+ * own further Params words.
  */
 export function flashTileCall(
   ctx: GpuContext,
@@ -225,6 +226,7 @@ export function flashTileCall(
   g: KvChunkGeometry | null,
   enc: boolean,
   table: TableBuilder,
+  extra: Record<string, number> = {},
 ): { bind: PlannedCall["bind"]; grid: [number, number] } {
   const L = s.layer;
   const fp8 = g !== null && (g.storage_dtype === "fp8_e4m3" || g.storage_dtype === "fp8_e5m2");
@@ -248,6 +250,7 @@ export function flashTileCall(
     off_sinks: m.offSinks,
     block_words: g?.block_words ?? 0,
     blocks_per_chunk: g?.blocks_per_chunk ?? 0,
+    ...extra,
   }));
   const meta = table.add(m.meta);
   const bind: PlannedCall["bind"] = {

@@ -48,7 +48,7 @@ export function generateMatrixCode(c: MmaConsts): Record<string, string> {
   const qDecl = RM.flatMap((r) => KD.map((c) => `var q_${r}_${c}: ${L};`));
   // Q fragment (r, c) from the staged rows at `base` (the pass's `qb + `, or "" for `qpass`).
   const qFrag = (r: number, c: number, base: string) =>
-    `subgroupMatrixLoad<${L}, row_major>(&kt_s, ${base}${dqp}${r * m * kstr + c * k}u, KSTR)`;
+    `subgroupMatrixLoad<${L}, row_major>(&kt_s, ${base}${dqp}${r * m * kstr + c * k}u, U.kstr)`;
   const qLoad = RM.flatMap((r) => KD.map((c) => `q_${r}_${c} = ${qFrag(r, c, "qb + ")};`));
   const oDecl = RM.flatMap((r) => DN.map((c) => `var o_${r}_${c} = ${Res}();`));
   // S = Q K^T: QS independent chains per (row block, key block); chain j takes k-steps
@@ -59,7 +59,7 @@ export function generateMatrixCode(c: MmaConsts): Record<string, string> {
   const kAt = (c: number, kk: number) =>
     direct
       ? `&k0, ko${c} + ${kk * k}u, kvstr`
-      : `&kt_s, kb + ${dqp}${c * n * kstr + kk * k}u, KSTR`;
+      : `&kt_s, kb + ${dqp}${c * n * kstr + kk * k}u, U.kstr`;
   if (direct) {
     qk.push(...NB.map((c) => `let ko${c} = kv_elem(kt + ${c * n}u, kvh, kv_len, rbase);`));
   }
@@ -79,7 +79,7 @@ export function generateMatrixCode(c: MmaConsts): Record<string, string> {
         qk.push(
           `subgroupMatrixStore<row_major>(&s_s, ${j ? `${j}u * R * SSTR + ` : ""}(${srow} + ${
             r * m
-          }u) * SSTR + ${c * n}u, ${sv(r, c, j)}, SSTR);`,
+          }u) * SSTR + ${c * n}u, ${sv(r, c, j)}, U.sstr);`,
         );
       }
     }
@@ -88,14 +88,14 @@ export function generateMatrixCode(c: MmaConsts): Record<string, string> {
     KB.map((kk) =>
       `let p_${r}_${kk} = subgroupMatrixLoad<${L}, row_major>(&kt_s, kb + (sgr + ${
         r * m
-      }u) * PSTR + ${kk * k}u, PSTR);`
+      }u) * PSTR + ${kk * k}u, U.pstr);`
     )
   );
   // V fragment (keys kk k.., dims c n..): the staged tile, the cache (direct), or for the
   // request's last, partial tile under direct loads the zero-padded copy in kt_s (TAIL_STAGE).
-  const staged = (kk: number, c: number) => `&vt_s, vb + ${dqp}${kk * k * kstr + c * n}u, KSTR`;
+  const staged = (kk: number, c: number) => `&vt_s, vb + ${dqp}${kk * k * kstr + c * n}u, U.kstr`;
   const cached = (kk: number, c: number) => `&v0, vo${kk} + ${c * n}u, kvstr`;
-  const tail = (kk: number, c: number) => `&kt_s, vtb + ${kk * k * kstr + c * n}u, KSTR`;
+  const tail = (kk: number, c: number) => `&kt_s, vtb + ${kk * k * kstr + c * n}u, U.kstr`;
   const pvFrom = (at: (kk: number, c: number) => string, pad: string) =>
     DN.flatMap((c) =>
       KB.flatMap((kk) => [
@@ -124,7 +124,7 @@ export function generateMatrixCode(c: MmaConsts): Record<string, string> {
     return { c0, frags };
   });
   const store = (fs: { name: string; at: string }[]) =>
-    fs.map((f) => `subgroupMatrixStore<row_major>(&s_s, ${f.at}, ${f.name}, SSTR);`);
+    fs.map((f) => `subgroupMatrixStore<row_major>(&s_s, ${f.at}, ${f.name}, U.sstr);`);
   const rescale: string[] = [], output: string[] = [], sink: string[] = [];
   // sgresc: the subgroup's own rows only, no workgroup barrier (see RESC_APPLY).
   const bar = c.sgresc ? [] : ["workgroupBarrier();"];
@@ -133,7 +133,7 @@ export function generateMatrixCode(c: MmaConsts): Record<string, string> {
     rescale.push(...bar);
     rescale.push(
       ...frags.map((f) =>
-        `${f.name} = subgroupMatrixLoad<${Res}, row_major>(&s_s, ${f.at}, SSTR);`
+        `${f.name} = subgroupMatrixLoad<${Res}, row_major>(&s_s, ${f.at}, U.sstr);`
       ),
     );
     rescale.push(...bar);
@@ -255,6 +255,9 @@ export async function flashMmaSource(c: MmaConsts): Promise<string> {
     TAIL_STAGE: c.direct && !cut("pv") ? TAIL_STAGE : "",
     E16: lay.e16,
     KT_LEN: lay.ktLen,
+    KSTR: lay.kstr,
+    SSTR: lay.sstr,
+    PSTR: lay.pstr,
     QPASS: lay.qpass,
     LPR: lay.lpr,
     RPL: lay.rpl,

@@ -16,10 +16,17 @@ import { kvBindingDecls } from "./wgsl.ts";
 /** The WebGPU feature the kernel needs (with `shader-f16` and `subgroups`). */
 export const MMA_FEATURE = "chromium-experimental-subgroup-matrix";
 
-/** The tensor-core prefill kernel, as data. */
+/**
+ * The tensor-core prefill kernel, as data. Its Params are the portable kernel's and the
+ * workgroup tiles' row strides (gpu/flash_mma_shape.ts `MmaLayout`; equal to the kernel's
+ * KSTR, PSTR and SSTR): every `subgroupMatrixLoad` / `Store` on workgroup memory takes its
+ * stride from them. With a constant stride there (and Dawn's robustness off, which otherwise
+ * makes the stride a `select`), NVIDIA's driver 580.159 on the H200 computed wrong results
+ * (zeros) for every staged shape; with run-time strides they are right (bench/NOTES.md v0.11).
+ */
 export const FLASH_MMA: KernelDef<MmaConsts> = {
   name: "flash_mma",
-  uniforms: FLASH_ATTENTION.uniforms,
+  uniforms: [...FLASH_ATTENTION.uniforms, ["kstr", "u32"], ["pstr", "u32"], ["sstr", "u32"]],
   bindings: (c) => [
     { name: "U", kind: "uniform" },
     { name: "q", kind: "read", type: "array<vec4<u32>>" },

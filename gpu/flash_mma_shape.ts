@@ -169,6 +169,14 @@ export interface MmaLayout {
   lpr: number;
   rpl: number;
   e16: number;
+  /**
+   * Row strides (elements) of the workgroup tiles: K, V and Q (f16), P (f16), S and O (f32).
+   * Compile-time in the kernel's index math, and also Params words that the matrix calls take
+   * as their stride (see `FLASH_MMA`).
+   */
+  kstr: number;
+  pstr: number;
+  sstr: number;
   /** Workgroup memory in bytes. */
   shared_bytes: number;
 }
@@ -306,6 +314,9 @@ export function mmaLayout(t: MmaTarget, shape: MmaShape): MmaLayout {
     lpr: Math.max(1, sg / mr),
     rpl: Math.max(1, mr / sg),
     e16,
+    kstr,
+    pstr,
+    sstr,
     shared_bytes,
   };
 }

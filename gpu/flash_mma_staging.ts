@@ -214,8 +214,8 @@ function matrixStagingCode(c: MmaConsts): { STAGE_LOAD: string; STAGE_STORE: str
     store.push(
       `    if (${guard(i)}) {`,
       `      let o = ${R(i)} * KSTR + ${C(i)};`,
-      `      subgroupMatrixStore<row_major>(&kt_s, kbn + o, mk${i}, KSTR);`,
-      `      subgroupMatrixStore<row_major>(&vt_s, vbn + o, mv${i}, KSTR);`,
+      `      subgroupMatrixStore<row_major>(&kt_s, kbn + o, mk${i}, U.kstr);`,
+      `      subgroupMatrixStore<row_major>(&vt_s, vbn + o, mv${i}, U.kstr);`,
       "    }",
     );
   }

@@ -31,11 +31,23 @@ export const DAWN_FLAGS_ENV = "ATTN_DAWN_FLAGS";
 
 /**
  * Dawn's default flags: unsafe APIs (the experimental subgroup-matrix feature needs them), f16
- * on NVIDIA's Vulkan driver, and timestamps at full resolution (Dawn rounds them to 65.5 us
- * by default, a browser's defence against timing attacks: every sub-0.1 ms pass then read
- * as 0 or 0.0655 ms on the H200).
+ * on NVIDIA's Vulkan driver, no robustness transform, and timestamps at full resolution (Dawn
+ * rounds them to 65.5 us by default, a browser's defence against timing attacks: every
+ * sub-0.1 ms pass then read as 0 or 0.0655 ms on the H200).
+ *
+ * Robustness (Tint clamping every buffer index and guarding every subgroup-matrix call) is a
+ * browser's defence against hostile shaders; this service runs only its own kernels, whose
+ * indices come from validated batches. On the H200 it cost the tensor-core prefill kernel a
+ * quarter of its time and decode ~9% (bench/NOTES.md v0.10, v0.11). {@link SAFE_DAWN_FLAGS}
+ * keeps it (`--dawn-flags` with that list).
  */
 export const DEFAULT_DAWN_FLAGS: readonly string[] = Object.freeze([
+  "enable-dawn-features=allow_unsafe_apis,vulkan_enable_f16_on_nvidia,disable_robustness",
+  "disable-dawn-features=timestamp_quantization",
+]);
+
+/** The default flags with Dawn's robustness transform kept (index clamps, guarded matrix calls). */
+export const SAFE_DAWN_FLAGS: readonly string[] = Object.freeze([
   "enable-dawn-features=allow_unsafe_apis,vulkan_enable_f16_on_nvidia",
   "disable-dawn-features=timestamp_quantization",
 ]);

@@ -11,6 +11,7 @@ import { isSoftwareAdapter, vendorName } from "../../gpu/runtime_adapter.ts";
 import { dawnBackendApi, dawnMessages } from "../../gpu/runtime_dawn.ts";
 import {
   DEFAULT_DAWN_FLAGS,
+  SAFE_DAWN_FLAGS,
   mergeDawnFlags,
   resolveRuntimeOptions,
   splitDawnFlags,
@@ -25,10 +26,16 @@ Deno.test("runtime options: defaults, environment, command line over environment
   assert.deepEqual(
     DEFAULT,
     [
-      "enable-dawn-features=allow_unsafe_apis,vulkan_enable_f16_on_nvidia",
+      "enable-dawn-features=allow_unsafe_apis,vulkan_enable_f16_on_nvidia,disable_robustness",
       "disable-dawn-features=timestamp_quantization",
     ],
   );
+  // The safe list is the default with the robustness transform kept, nothing else changed.
+  assert.deepEqual(
+    [...SAFE_DAWN_FLAGS],
+    DEFAULT.map((f) => f.replace(",disable_robustness", "")),
+  );
+  assert.notDeepEqual([...SAFE_DAWN_FLAGS], DEFAULT);
   const env = { ATTN_WEBGPU_RUNTIME: "auto", ATTN_DAWN_FLAGS: "backend=vulkan" };
   assert.deepEqual(resolveRuntimeOptions({}, env), {
     choice: "auto",

@@ -1,0 +1,95 @@
+/**
+ * Every subgroup-matrix load and store of the tensor-core kernel takes a run-time stride: the
+ * workgroup tiles' strides from Params (`U.kstr`, `U.pstr`, `U.sstr`), the cache's `kvstr`. On
+ * the H200 (NVIDIA driver 580.159, Dawn's robustness off) a constant stride on any of them made
+ * every staged shape compute zeros (bench/NOTES.md v0.11); the GPU suite finds that only there,
+ * so this checks the generated source of every variant and configuration. Also: the Params words
+ * the plan writes equal the kernel's compile-time strides.
+ */
+import assert from "node:assert/strict";
+import { flashMmaSource } from "../../gpu/flash_mma_codegen.ts";
+import { FLASH_MMA } from "../../gpu/flash_mma_kernel.ts";
+import {
+  fullShape,
+  MMA_VARIANTS,
+  type MmaConsts,
+  mmaLayout,
+  mmaShapeProblem,
+  type MmaTarget,
+} from "../../gpu/flash_mma_shape.ts";
+import { H200_F16_TARGET } from "../support/mma_case.ts";
+
+/** Each `subgroupMatrixLoad<...>(...)` / `subgroupMatrixStore<...>(...)` call's arguments. */
+function matrixCalls(src: string): { call: string; args: string[] }[] {
+  const out: { call: string; args: string[] }[] = [];
+  const re = /subgroupMatrix(Load|Store)</g;
+  for (let m = re.exec(src); m; m = re.exec(src)) {
+    let i = m.index + m[0].length, depth = 1;
+    for (; depth > 0; i++) depth += src[i] === "<" ? 1 : src[i] === ">" ? -1 : 0;
+    assert.equal(src[i], "(", `a call at ${m.index}`);
+    const args: string[] = [];
+    let start = ++i;
+    for (depth = 1; depth > 0; i++) {
+      const ch = src[i];
+      if (ch === "(") depth++;
+      else if (ch === ")" && --depth === 0) args.push(src.slice(start, i).trim());
+      else if (ch === "," && depth === 1) {
+        args.push(src.slice(start, i).trim());
+        start = i + 1;
+      }
+    }
+    out.push({ call: src.slice(m.index, i), args });
+  }
+  return out;
+}
+
+const LAVAPIPE: Partial<MmaTarget> = { m: 8, n: 8, k: 8, sg: 8, d: 64 };
+const targets: [string, MmaTarget][] = [
+  ["H200 f16", H200_F16_TARGET],
+  ["H200 bf16 HND window sinks", {
+    ...H200_F16_TARGET,
+    kv: "bfloat16",
+    dtype: "bfloat16",
+    nhd: false,
+    window: true,
+    sinks: true,
+  }],
+  ["H200 fp8 non-causal", { ...H200_F16_TARGET, kv: "fp8_e4m3", causal: false }],
+  ["H200 encoder", { ...H200_F16_TARGET, enc: true, causal: false }],
+  ["lavapipe f16", { ...H200_F16_TARGET, ...LAVAPIPE }],
+];
+
+Deno.test("flash_mma: every matrix call of every variant takes a run-time stride", async () => {
+  let checked = 0;
+  for (const [label, t] of targets) {
+    for (const [name, shape] of Object.entries(MMA_VARIANTS)) {
+      if (mmaShapeProblem(t, shape, 1 << 20) !== null) continue;
+      const c = { ...t, ...fullShape(shape) } as MmaConsts;
+      const calls = matrixCalls(await flashMmaSource(c));
+      assert.ok(calls.length > 0, `${label} ${name}: no matrix calls found`);
+      for (const { call, args } of calls) {
+        const stride = args[args.length - 1];
+        assert.match(stride, /^(U\.kstr|U\.pstr|U\.sstr|kvstr)$/, `${label} ${name}: ${call}`);
+        checked++;
+      }
+    }
+  }
+  assert.ok(checked > 500, `only ${checked} calls checked`);
+});
+
+Deno.test("flash_mma: the stride Params are the kernel's compile-time strides", async () => {
+  const names = FLASH_MMA.uniforms.map(([n]) => n);
+  for (const u of ["kstr", "pstr", "sstr"]) assert.ok(names.includes(u), u);
+  for (const [label, t] of targets) {
+    const shape = MMA_VARIANTS["w8r1k16-fl"];
+    const lay = mmaLayout(t, shape);
+    const src = await flashMmaSource({ ...t, ...fullShape(shape) } as MmaConsts);
+    const konst = (n: string) => Number(new RegExp(`const ${n}: u32 = (\\d+)u?;`).exec(src)?.[1]);
+    assert.deepEqual(
+      [konst("KSTR"), konst("PSTR"), konst("SSTR")],
+      [lay.kstr, lay.pstr, lay.sstr],
+      label,
+    );
+    assert.deepEqual([lay.kstr, lay.pstr, lay.sstr], [t.d + 8, 24, 20], label);
+  }
+});
