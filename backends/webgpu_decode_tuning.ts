@@ -112,7 +112,11 @@ export interface DecodeTuning {
  * 80-150 s on the H200 (twice), while the partial + reduce path passed there in 1 s. From the
  * v0.6 sweep (NOTES "v0.6 on the H200", call 3): `fp8_pairs` on, fp8 e4m3 32 x 2048 0.211 ->
  * 0.151-0.153 ms in both rows that had it, f16 and bf16 caches unchanged (0.103-0.104); the other
- * v0.6 knobs moved nothing that the run's slow rows did not also move, and stay off.
+ * v0.6 knobs moved nothing that the run's slow rows did not also move, and stay off. From the
+ * v0.11 runs (NOTES "v0.11 on the H200", calls 5 and 6, Dawn without robustness): `fused_reduce`
+ * on (one dispatch, no reduce pass), 32 x 2048 f16 0.0978-0.0985 -> 0.0870-0.0876 ms and 64 x 8192
+ * 0.579-0.587 -> 0.558-0.565 ms in both runs; the GPU suite on Dawn passed with it (371), fp8
+ * e4m3's compile included (v0.5's stall was Dawn's tick loop, paced since v0.7).
  */
 export const DEFAULT_DECODE_TUNING: Readonly<DecodeTuning> = Object.freeze({
   workgroup_size: 0,
@@ -131,7 +135,7 @@ export const DEFAULT_DECODE_TUNING: Readonly<DecodeTuning> = Object.freeze({
   wave_workgroups: 528,
   slice_overhead: 192,
   direct_single: false,
-  fused_reduce: false,
+  fused_reduce: true,
   stage_table: false,
   stage_table_max: 1024,
   scatter_sums: false,

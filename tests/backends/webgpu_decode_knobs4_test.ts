@@ -37,6 +37,7 @@ const BASE: DecodeTuning = {
   target_workgroups: 4096,
   min_split_keys: 16,
   direct_single: true,
+  fused_reduce: false, // the cases that want it say so
 };
 /** Slices of >= 256 keys: a key group runs several steps. */
 const LONG = { min_split_keys: 256 };

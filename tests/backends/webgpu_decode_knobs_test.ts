@@ -196,13 +196,15 @@ const KNOBS: [string, Partial<DecodeTuning>, Expect][] = [
   }],
 ];
 
-/** What the knobs are tested against: the fixed split target, direct one-slice rows and the
- * word-at-a-time fp8 decoder (the defaults when these tests were written; the registered
- * defaults may differ: `fp8_pairs` is on there, and its own cases turn it on here). */
+/** What the knobs are tested against: the fixed split target, direct one-slice rows, the
+ * separate reduce pass and the word-at-a-time fp8 decoder (the defaults when these tests were
+ * written; the registered defaults may differ: `fp8_pairs` and `fused_reduce` are on there, and
+ * their own cases turn them on here). */
 const KNOB_BASE: DecodeTuning = {
   ...DEFAULT_DECODE_TUNING,
   waves: 0,
   direct_single: true,
+  fused_reduce: false,
   fp8_pairs: false,
 };
 

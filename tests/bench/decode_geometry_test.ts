@@ -13,15 +13,22 @@ const at = (t: Partial<DecodeTuning>, s = short) =>
 
 Deno.test("decode geometry: the default at 32 x 2048 and 64 x 8192", () => {
   assert.equal(short.ctx, 2048);
-  const a = at({});
+  const a = at({}); // the fused reduce (epilogue 2): no reduce pass
   assert.deepEqual(
     [a.lpk, a.wg, a.u, a.split_keys, a.slices_per_row, a.workgroups, a.steps, a.epilogue],
-    [16, 128, 4, 1024, 2, 512, 32, 0],
+    [16, 128, 4, 1024, 2, 512, 32, 2],
   );
-  assert.deepEqual([a.per_sm_max, a.sms_at_max, a.reduce_workgroups], [4, 116, 1024]);
+  assert.deepEqual([a.per_sm_max, a.sms_at_max, a.reduce_workgroups], [4, 116, 0]);
+  const r = at({ fused_reduce: false }); // v0.10's default: a reduce pass
+  assert.deepEqual([r.split_keys, r.workgroups, r.epilogue, r.reduce_workgroups], [
+    1024,
+    512,
+    0,
+    1024,
+  ]);
   const b = at({}, long);
   assert.deepEqual([b.split_keys, b.slices_per_row, b.workgroups, b.steps], [8192, 1, 512, 256]);
-  assert.equal(at({ fused_reduce: true }, long).reduce_workgroups, 0, "uncut rows, fused");
+  assert.equal(b.reduce_workgroups, 0, "uncut rows, fused");
 });
 
 Deno.test("decode geometry: wg_kv_heads keeps the grid, cuts rows n times finer", () => {
