@@ -61,7 +61,7 @@ Deno.test("mma ablations: cuts that keep PV keep a reader of every O accumulator
     for (let c = 0; c < t.d / t.n; c++) {
       assert.match(
         tail,
-        new RegExp(`subgroupMatrixStore<row_major>\\(&s_s, [^;]*, o_0_${c}, SSTR\\)`),
+        new RegExp(`subgroupMatrixStore<row_major>\\(&s_s, [^;]*, o_0_${c}, U\\.sstr\\)`),
         `${ablate}: o_0_${c}`,
       );
     }
