@@ -1,7 +1,7 @@
 /**
  * Starts the real server (`deno run ... server/main.ts --port 0 [flags]`) as a subprocess for
- * the HTTP bench, with the permissions `deno task serve` grants (plus `--allow-ffi`, which
- * Dawn's Node-API addon needs), and reads its "listening on http://HOST:PORT" line. Its stderr
+ * the HTTP bench, with the permissions `deno task serve` grants (`--allow-ffi` for Dawn's
+ * Node-API addon, `--allow-run` for `--keep-warm-mode process`), and reads its "listening on http://HOST:PORT" line. Its stderr
  * is drained all along (a full pipe would stall the server) and its tail kept, so a server
  * that exits before listening (e.g. a WebGPU runtime that cannot start) is reported with its
  * own reason.
@@ -64,6 +64,7 @@ export async function startServer(args: string[], timeoutMs = 180_000): Promise<
       "--allow-read",
       "--allow-env",
       "--allow-ffi",
+      "--allow-run",
       fromFileUrl(new URL("../server/main.ts", import.meta.url)),
       "--port",
       "0",

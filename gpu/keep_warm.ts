@@ -11,7 +11,7 @@
  * it against a real call's work. Spinning draws power: it is off by default (`hold_ms` 0), the
  * operator's alternative being locked clocks (`nvidia-smi --lock-gpu-clocks`, root).
  *
- * Two modes. `timer` (the default) submits `depth` spins every `period_ms` from a timer and
+ * Three modes. `timer` (the default) submits `depth` spins every `period_ms` from a timer and
  * awaits nothing: while any Dawn promise is pending, Dawn's node binding re-queues its event
  * processing with `setImmediate` without pause, and on the H200 that slowed the server's reads of
  * request bodies ~10x (bench/NOTES.md v0.6, call 3). The queue is bounded without per-spin waits
@@ -19,16 +19,21 @@
  * and recalibrated by one completion wait every `sync_ms` (500), pending only until the queue
  * drains. `await` (the v0.6 loop) keeps `depth` spins queued, awaiting `onSubmittedWorkDone` for
  * each: a wait always pending, so Dawn's loop never rests (the in-process bench uses it: no HTTP).
+ * `process` runs the spins in a Deno process of its own with its own Dawn device
+ * (gpu/keep_warm_child.ts): the clock is the card's, and the serving thread only writes a byte to
+ * the child's stdin now and then (every use re-arms the child's window; gpu/keep_warm_process.ts).
+ * It needs `--allow-run` and an adapter Dawn can use.
  *
- * It needs a runtime whose completion wait does not block the JS thread: Deno's own WebGPU blocks
- * ~11 ms per `onSubmittedWorkDone`. {@link KeepWarmProvider.start} measures the completion round
- * trip and stays off, saying why, where it is over {@link MAX_ROUND_TRIP_MS}.
+ * `timer` and `await` need a runtime whose completion wait does not block the JS thread: Deno's
+ * own WebGPU blocks ~11 ms per `onSubmittedWorkDone`. {@link KeepWarmProvider.start} measures the
+ * completion round trip and stays off, saying why, where it is over {@link MAX_ROUND_TRIP_MS}.
  * @module
  */
 import type { DeviceProvider, DeviceReport, GpuContext, KeepWarmReport } from "../core/types.ts";
 import { getKernel, type KernelDef } from "./kernel.ts";
 import { completionRoundTrip } from "./runtime_device.ts";
 import { DEFAULT_SYNC_MS, SpinPacer } from "./keep_warm_pace.ts";
+import { KeepWarmChild } from "./keep_warm_process.ts";
 
 /** Keep-warm knobs (`deno task serve --keep-warm-ms N ...`). */
 export interface KeepWarmOptions {
@@ -38,19 +43,20 @@ export interface KeepWarmOptions {
   spin_iters: number;
   /** Workgroups (64 lanes) per spin dispatch. */
   workgroups: number;
-  /** Spin dispatches per tick (`timer`), or kept queued (`await`; 1: the next when one is done). */
+  /** Spin dispatches per tick (`timer`, `process`), or kept queued (`await`; 1: the next when one
+   * is done). */
   depth: number;
   /** `timer`: spins from a timer, nothing awaited; `await`: a loop awaiting each spin. */
   mode: KeepWarmMode;
-  /** `timer`: ms between ticks. */
+  /** `timer`, `process`: ms between ticks. */
   period_ms: number;
 }
 
 /** How spins are paced (module doc). */
-export type KeepWarmMode = "timer" | "await";
+export type KeepWarmMode = "timer" | "await" | "process";
 
 /** The modes, for the flag's check. */
-export const KEEP_WARM_MODES: readonly KeepWarmMode[] = ["timer", "await"];
+export const KEEP_WARM_MODES: readonly KeepWarmMode[] = ["timer", "await", "process"];
 
 /** The defaults: off; when on, eight ~40 µs spins on one workgroup every 1 ms (about a third of
  * the time busy at the H200's full clock): what held it at a median 1,455 MHz in v0.6's HTTP run
@@ -70,8 +76,10 @@ export const MAX_ROUND_TRIP_MS = 1;
 /** What keep-warm did (`/v1/device`'s `keep_warm`, the bench). */
 export interface KeepWarmStats extends KeepWarmReport {
   options: KeepWarmOptions;
-  /** `timer`: one spin's device time measured at start, in ms. */
+  /** `timer`, `process`: one spin's device time measured at start, in ms. */
   spin_ms?: number;
+  /** `process`: the adapter the spinner process found. */
+  process_adapter?: string;
   /** `timer`: the ms of work one spin is believed to add now (gpu/keep_warm_pace.ts). */
   spin_unit_ms?: number;
   /** `timer`: ticks that submitted nothing because enough was believed queued. */
@@ -141,26 +149,31 @@ export class KeepWarmProvider implements DeviceProvider {
   #closed = false;
   #dispatches = 0;
   #pending = 0;
+  #child: KeepWarmChild | null = null;
 
   readonly #maxRoundTrip: number;
   readonly #syncMs: number;
+  readonly #dawnFlags: readonly string[];
 
   /**
    * Knobs left out take {@link KEEP_WARM_DEFAULTS}. `max_round_trip_ms`: the slowest completion
-   * round trip it runs with; `sync_ms`: `timer`'s ms between calibrating waits (tests set them).
+   * round trip it runs with; `sync_ms`: `timer`'s ms between calibrating waits (tests set them);
+   * `dawn_flags`: `process`'s Dawn flags (the runtime's).
    */
   constructor(
     inner: DeviceProvider,
     options: Partial<KeepWarmOptions>,
-    { max_round_trip_ms = MAX_ROUND_TRIP_MS, sync_ms = DEFAULT_SYNC_MS }: {
+    { max_round_trip_ms = MAX_ROUND_TRIP_MS, sync_ms = DEFAULT_SYNC_MS, dawn_flags = [] }: {
       max_round_trip_ms?: number;
       sync_ms?: number;
+      dawn_flags?: readonly string[];
     } = {},
   ) {
     this.#inner = inner;
     this.#o = checkKeepWarmOptions({ ...KEEP_WARM_DEFAULTS, ...options });
     this.#maxRoundTrip = max_round_trip_ms;
     this.#syncMs = sync_ms;
+    this.#dawnFlags = dawn_flags;
   }
 
   /** Measures the completion round trip (and `timer`: the spin); turns on where it is short. */
@@ -168,7 +181,11 @@ export class KeepWarmProvider implements DeviceProvider {
     const ctx = this.#inner.current();
     if (this.#o.hold_ms === 0) this.#reason = "hold_ms is 0";
     else if (!ctx) this.#reason = "no device";
-    else {
+    else if (this.#o.mode === "process") {
+      const child = await KeepWarmChild.start({ ...this.#o, flags: [...this.#dawnFlags] });
+      if (typeof child === "string") this.#reason = child;
+      else [this.#child, this.#enabled] = [child, true];
+    } else {
       const { ms } = await completionRoundTrip(ctx.device, 5);
       const sorted = [...ms].sort((a, b) => a - b);
       this.#roundTrip = sorted[sorted.length >> 1];
@@ -204,6 +221,20 @@ export class KeepWarmProvider implements DeviceProvider {
   }
 
   stats(): KeepWarmStats {
+    const child = this.#child?.stats();
+    if (child) {
+      return {
+        enabled: this.#enabled,
+        options: { ...this.#o },
+        spin_ms: child.spin_ms,
+        process_adapter: child.adapter,
+        dispatches: child.dispatches,
+        skipped_ticks: 0,
+        syncs: 0,
+        pending_waits: 0,
+        spinning: child.spinning,
+      };
+    }
     return {
       enabled: this.#enabled,
       ...(this.#reason ? { reason: this.#reason } : {}),
@@ -222,6 +253,7 @@ export class KeepWarmProvider implements DeviceProvider {
   /** Stops spinning; resolves once the last spin completed. */
   async close(): Promise<void> {
     this.#closed = true;
+    await this.#child?.close();
     this.#stopTimer();
     await this.#loop;
     const g = this.#inner.current();
@@ -230,6 +262,7 @@ export class KeepWarmProvider implements DeviceProvider {
 
   #touch(g: GpuContext): void {
     if (!this.#enabled || this.#closed) return;
+    if (this.#child) return this.#child.ping();
     this.#last = performance.now();
     if (this.#loop || this.#timer !== null) return;
     if (this.#o.mode === "await") {

@@ -35,15 +35,17 @@ export async function acquireDevice(
     for (const line of otherRuntimesSummary(mgr.report())) console.error(`webgpu: ${line}`);
   });
   if (!keepWarm || keepWarm.hold_ms === 0) return { device: mgr, close: () => mgr.close() };
-  const warm = new KeepWarmProvider(mgr, keepWarm);
+  const warm = new KeepWarmProvider(mgr, keepWarm, { dawn_flags: runtime.dawnFlags });
   const st = await warm.start();
   const o = st.options;
   console.error(
     st.enabled
       ? `keep-warm: on: hold ${o.hold_ms} ms, spins of ${o.spin_iters} iterations x ` +
         `${o.workgroups} workgroups, depth ${o.depth}, mode ${o.mode}` +
-        (o.mode === "timer" ? ` every ${o.period_ms} ms (spin ${st.spin_ms?.toFixed(3)} ms)` : "") +
-        ` (completion round trip ${st.round_trip_ms?.toFixed(3)} ms)`
+        (o.mode !== "await" ? ` every ${o.period_ms} ms (spin ${st.spin_ms?.toFixed(3)} ms)` : "") +
+        (o.mode === "process"
+          ? ` in a process of its own on ${st.process_adapter}`
+          : ` (completion round trip ${st.round_trip_ms?.toFixed(3)} ms)`)
       : `keep-warm: off: ${st.reason}`,
   );
   return { device: warm, close: () => warm.close().finally(() => mgr.close()) };

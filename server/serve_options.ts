@@ -81,8 +81,10 @@ usage: deno task serve [options]
   --keep-warm-depth N       spin dispatches per tick (timer) or kept queued (await), 1-8
                             (default ${KEEP_WARM_DEFAULTS.depth})
   --keep-warm-mode M        timer: spins submitted from a timer, nothing awaited (default);
-                            await: a loop awaiting each spin (keeps Dawn's event loop busy)
-  --keep-warm-period-ms N   timer: ms between ticks, 1-1000 (default ${KEEP_WARM_DEFAULTS.period_ms})
+                            await: a loop awaiting each spin (keeps Dawn's event loop busy);
+                            process: the spins in a Deno process of its own, with its own Dawn
+                            device (needs --allow-run; the serving thread only signals use)
+  --keep-warm-period-ms N   timer, process: ms between ticks, 1-1000 (default ${KEEP_WARM_DEFAULTS.period_ms})
   --instance-name NAME      name this instance in every answer's X-Attention-Instance header
                             and in /healthz (1-64 characters of A-Z a-z 0-9 . _ -; default none)
 ${RUNTIME_HELP}

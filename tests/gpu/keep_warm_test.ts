@@ -44,7 +44,7 @@ Deno.test("keep-warm knobs out of range are refused, naming the knob and value",
   );
   assert.throws(
     () => checkKeepWarmOptions({ ...KEEP_WARM_DEFAULTS, mode: "busy" as KeepWarmMode }),
-    { message: "keep-warm mode must be one of timer, await, got busy" },
+    { message: "keep-warm mode must be one of timer, await, process, got busy" },
   );
   assert.deepEqual(
     [KEEP_WARM_DEFAULTS.mode, KEEP_WARM_DEFAULTS.period_ms, KEEP_WARM_DEFAULTS.depth],

@@ -11,7 +11,7 @@ import { loadDawnRuntime } from "../../gpu/runtime_dawn.ts";
 import { DEFAULT_DAWN_FLAGS } from "../../gpu/runtime_options.ts";
 
 const MAIN = new URL("../../server/main.ts", import.meta.url).pathname;
-const PERMS = ["--allow-net", "--allow-read", "--allow-env", "--allow-ffi"];
+const PERMS = ["--allow-net", "--allow-read", "--allow-env", "--allow-ffi", "--allow-run"];
 
 const dawnProbe = await (await loadDawnRuntime([...DEFAULT_DAWN_FLAGS])).requestAdapter({
   powerPreference: "high-performance",

@@ -11,9 +11,9 @@ import { isSoftwareAdapter, vendorName } from "../../gpu/runtime_adapter.ts";
 import { dawnBackendApi, dawnMessages } from "../../gpu/runtime_dawn.ts";
 import {
   DEFAULT_DAWN_FLAGS,
-  SAFE_DAWN_FLAGS,
   mergeDawnFlags,
   resolveRuntimeOptions,
+  SAFE_DAWN_FLAGS,
   splitDawnFlags,
 } from "../../gpu/runtime_options.ts";
 import { captureStderr } from "../../gpu/runtime_stderr.ts";

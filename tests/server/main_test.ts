@@ -109,7 +109,7 @@ Deno.test("main: flags and defaults", () => {
   assert.equal(parseServeArgs([]).keepWarm.mode, "timer");
   assert.throws(
     () => parseServeArgs(["--keep-warm-mode=spin"]),
-    { message: '--keep-warm-mode must be one of timer, await, got "spin"' },
+    { message: '--keep-warm-mode must be one of timer, await, process, got "spin"' },
   );
   assert.throws(
     () => parseServeArgs(["--keep-warm-period-ms=0"]),
