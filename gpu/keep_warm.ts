@@ -224,7 +224,8 @@ export class KeepWarmProvider implements DeviceProvider {
     const child = this.#child?.stats();
     if (child) {
       return {
-        enabled: this.#enabled,
+        enabled: this.#enabled && !child.ended,
+        ...(child.ended ? { reason: child.ended } : {}),
         options: { ...this.#o },
         spin_ms: child.spin_ms,
         process_adapter: child.adapter,

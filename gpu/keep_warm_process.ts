@@ -17,6 +17,8 @@ export interface ChildStats {
   spin_ms: number;
   spinning: boolean;
   dispatches: number;
+  /** Set when the child ended before {@link KeepWarmChild.close}: how. */
+  ended?: string;
 }
 
 const CHILD = new URL("./keep_warm_child.ts", import.meta.url);
@@ -108,6 +110,11 @@ export class KeepWarmChild {
     this.#stdin.write(Uint8Array.of(1)).catch(() => {}).finally(() => this.#writing = false);
   }
 
+  /** The child's process id. */
+  get pid(): number {
+    return this.#proc.pid;
+  }
+
   /** What the child said last. */
   stats(): ChildStats {
     return { ...this.#stats };
@@ -131,6 +138,13 @@ export class KeepWarmChild {
         }
       }
     } catch { /* the child ended */ }
+    if (!this.#closed) {
+      const st = await this.#proc.status;
+      this.#stats.spinning = false;
+      this.#stats.ended = `the spinner process ended (${
+        st.signal ? `signal ${st.signal}` : `status ${st.code}`
+      })`;
+    }
   }
 }
 

@@ -55,6 +55,17 @@ Deno.test("keep-warm process: spins while pinged, stops after the hold, ends wit
   assert.ok(performance.now() - c0 < 4000, "ended on its stdin, not killed after 5 s");
 });
 
+Deno.test("keep-warm process: a child that dies says so, and close still returns", async () => {
+  const child = await KeepWarmChild.start({ ...KNOBS, flags: FLAGS });
+  if (typeof child === "string") return; // no adapter: the first test checked the reason
+  Deno.kill(child.pid, "SIGKILL");
+  const t = performance.now();
+  while (!child.stats().ended && performance.now() - t < 3000) await sleep(20);
+  assert.match(String(child.stats().ended), /the spinner process ended \(signal SIGKILL\)/);
+  child.ping(); // a write to a dead child: nothing thrown
+  await child.close();
+});
+
 Deno.test("keep-warm process: the provider reports the process mode, on or why off", async () => {
   const warm = new KeepWarmProvider(new StubProvider(), { ...KNOBS, mode: "process" }, {
     dawn_flags: FLAGS,
