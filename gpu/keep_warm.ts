@@ -30,45 +30,25 @@
  * @module
  */
 import type { DeviceProvider, DeviceReport, GpuContext, KeepWarmReport } from "../core/types.ts";
-import { getKernel, type KernelDef } from "./kernel.ts";
+import { getKernel } from "./kernel.ts";
 import { completionRoundTrip } from "./runtime_device.ts";
 import { DEFAULT_SYNC_MS, SpinPacer } from "./keep_warm_pace.ts";
 import { KeepWarmChild } from "./keep_warm_process.ts";
+import {
+  checkKeepWarmOptions,
+  KEEP_WARM,
+  KEEP_WARM_DEFAULTS,
+  type KeepWarmOptions,
+} from "./keep_warm_options.ts";
 
-/** Keep-warm knobs (`deno task serve --keep-warm-ms N ...`). */
-export interface KeepWarmOptions {
-  /** Keep the GPU busy this long after the last use of the device, in ms; 0: off. */
-  hold_ms: number;
-  /** Dependent FMA pairs per lane of one spin dispatch (its length). */
-  spin_iters: number;
-  /** Workgroups (64 lanes) per spin dispatch. */
-  workgroups: number;
-  /** Spin dispatches per tick (`timer`, `process`), or kept queued (`await`; 1: the next when one
-   * is done). */
-  depth: number;
-  /** `timer`: spins from a timer, nothing awaited; `await`: a loop awaiting each spin. */
-  mode: KeepWarmMode;
-  /** `timer`, `process`: ms between ticks. */
-  period_ms: number;
-}
-
-/** How spins are paced (module doc). */
-export type KeepWarmMode = "timer" | "await" | "process";
-
-/** The modes, for the flag's check. */
-export const KEEP_WARM_MODES: readonly KeepWarmMode[] = ["timer", "await", "process"];
-
-/** The defaults: off; when on, eight ~40 µs spins on one workgroup every 1 ms (about a third of
- * the time busy at the H200's full clock): what held it at a median 1,455 MHz in v0.6's HTTP run
- * (bench/NOTES.md, call 4). */
-export const KEEP_WARM_DEFAULTS: Readonly<KeepWarmOptions> = Object.freeze({
-  hold_ms: 0,
-  spin_iters: 10_000,
-  workgroups: 1,
-  depth: 8,
-  mode: "timer",
-  period_ms: 1,
-});
+export {
+  checkKeepWarmOptions,
+  KEEP_WARM,
+  KEEP_WARM_DEFAULTS,
+  KEEP_WARM_MODES,
+  type KeepWarmMode,
+  type KeepWarmOptions,
+} from "./keep_warm_options.ts";
 
 /** Completion round trips (median ms) above this leave keep-warm off. */
 export const MAX_ROUND_TRIP_MS = 1;
@@ -88,44 +68,6 @@ export interface KeepWarmStats extends KeepWarmReport {
   syncs: number;
   /** Keep-warm's `onSubmittedWorkDone` promises pending now (`timer`: 0 between ticks). */
   pending_waits: number;
-}
-
-/** The spin kernel, as data. */
-export const KEEP_WARM: KernelDef<{ iters: number }> = {
-  name: "keep_warm",
-  uniforms: [],
-  bindings: () => [{ name: "sink", kind: "read_write", type: "array<f32>" }],
-  source: (c) =>
-    `@compute @workgroup_size(64)
-fn main(@builtin(global_invocation_id) g: vec3<u32>) {
-  var x = 1.0 + f32(g.x) * 1e-3;
-  var y = 0.5;
-  for (var i = 0u; i < ${c.iters}u; i++) {
-    x = fma(x, 0.99993, y * 1e-4);
-    y = fma(y, 1.00007, -x * 1e-4);
-  }
-  sink[g.x] = x + y;
-}
-`,
-};
-
-/** @throws Error naming a knob that is out of range and its value. */
-export function checkKeepWarmOptions(o: KeepWarmOptions): KeepWarmOptions {
-  const bad = (k: Exclude<keyof KeepWarmOptions, "mode">, min: number, max: number) => {
-    const v = o[k];
-    if (!Number.isSafeInteger(v) || v < min || v > max) {
-      throw new Error(`keep-warm ${k} must be an integer in [${min}, ${max}], got ${v}`);
-    }
-  };
-  bad("hold_ms", 0, 3_600_000);
-  bad("spin_iters", 1, 10_000_000);
-  bad("workgroups", 1, 65_535);
-  bad("depth", 1, 8);
-  bad("period_ms", 1, 1000);
-  if (!KEEP_WARM_MODES.includes(o.mode)) {
-    throw new Error(`keep-warm mode must be one of ${KEEP_WARM_MODES.join(", ")}, got ${o.mode}`);
-  }
-  return o;
 }
 
 /** A compiled spin kernel with its sink buffer bound. */

@@ -14,7 +14,7 @@
  * @module
  */
 import { importDawn } from "./runtime_dawn.ts";
-import { KEEP_WARM } from "./keep_warm.ts";
+import { KEEP_WARM } from "./keep_warm_options.ts";
 import { bindingDecls } from "./kernel.ts";
 
 /** What the parent passes (the keep-warm knobs the child uses, and Dawn's flags). */

@@ -1,0 +1,80 @@
+/**
+ * Keep-warm's knobs, their defaults and range check, and the spin kernel as data: what the
+ * server's flags, the in-thread provider (gpu/keep_warm.ts) and the spinner process
+ * (gpu/keep_warm_child.ts) share.
+ * @module
+ */
+import type { KernelDef } from "./kernel.ts";
+
+/** Keep-warm knobs (`deno task serve --keep-warm-ms N ...`). */
+export interface KeepWarmOptions {
+  /** Keep the GPU busy this long after the last use of the device, in ms; 0: off. */
+  hold_ms: number;
+  /** Dependent FMA pairs per lane of one spin dispatch (its length). */
+  spin_iters: number;
+  /** Workgroups (64 lanes) per spin dispatch. */
+  workgroups: number;
+  /** Spin dispatches per tick (`timer`, `process`), or kept queued (`await`; 1: the next when one
+   * is done). */
+  depth: number;
+  /** `timer`: spins from a timer, nothing awaited; `await`: a loop awaiting each spin. */
+  mode: KeepWarmMode;
+  /** `timer`, `process`: ms between ticks. */
+  period_ms: number;
+}
+
+/** How spins are paced (module doc). */
+export type KeepWarmMode = "timer" | "await" | "process";
+
+/** The modes, for the flag's check. */
+export const KEEP_WARM_MODES: readonly KeepWarmMode[] = ["timer", "await", "process"];
+
+/** The defaults: off; when on, eight ~40 µs spins on one workgroup every 1 ms (about a third of
+ * the time busy at the H200's full clock): what held it at a median 1,455 MHz in v0.6's HTTP run
+ * (bench/NOTES.md, call 4). */
+export const KEEP_WARM_DEFAULTS: Readonly<KeepWarmOptions> = Object.freeze({
+  hold_ms: 0,
+  spin_iters: 10_000,
+  workgroups: 1,
+  depth: 8,
+  mode: "timer",
+  period_ms: 1,
+});
+
+/** The spin kernel, as data. */
+export const KEEP_WARM: KernelDef<{ iters: number }> = {
+  name: "keep_warm",
+  uniforms: [],
+  bindings: () => [{ name: "sink", kind: "read_write", type: "array<f32>" }],
+  source: (c) =>
+    `@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) g: vec3<u32>) {
+  var x = 1.0 + f32(g.x) * 1e-3;
+  var y = 0.5;
+  for (var i = 0u; i < ${c.iters}u; i++) {
+    x = fma(x, 0.99993, y * 1e-4);
+    y = fma(y, 1.00007, -x * 1e-4);
+  }
+  sink[g.x] = x + y;
+}
+`,
+};
+
+/** @throws Error naming a knob that is out of range and its value. */
+export function checkKeepWarmOptions(o: KeepWarmOptions): KeepWarmOptions {
+  const bad = (k: Exclude<keyof KeepWarmOptions, "mode">, min: number, max: number) => {
+    const v = o[k];
+    if (!Number.isSafeInteger(v) || v < min || v > max) {
+      throw new Error(`keep-warm ${k} must be an integer in [${min}, ${max}], got ${v}`);
+    }
+  };
+  bad("hold_ms", 0, 3_600_000);
+  bad("spin_iters", 1, 10_000_000);
+  bad("workgroups", 1, 65_535);
+  bad("depth", 1, 8);
+  bad("period_ms", 1, 1000);
+  if (!KEEP_WARM_MODES.includes(o.mode)) {
+    throw new Error(`keep-warm mode must be one of ${KEEP_WARM_MODES.join(", ")}, got ${o.mode}`);
+  }
+  return o;
+}
