@@ -43,7 +43,9 @@
 // matrix work; the workgroup's key range is cut to what its rows can see.
 //
 // Bindings (group 0; the Params struct and declarations are generated from
-// gpu/flash_mma_kernel.ts's FLASH_MMA entry; the Params words are flash_attention.wgsl's):
+// gpu/flash_mma_kernel.ts's FLASH_MMA entry; the Params words are flash_attention.wgsl's, then
+// kstr, pstr, sstr: KSTR, PSTR and SSTR again, the stride of every workgroup matrix call, which
+// must not be a constant on the H200 without robustness; bench/NOTES.md v0.11):
 //   0 uniform  U                         runtime sizes and options
 //   1 storage  q: array<vec4<u32>>       [num_tokens, num_heads, D] in the data dtype (f16 or
 //                                        bf16 bits, 8 per vec4)
