@@ -30,15 +30,17 @@
  * @module
  */
 import type { DeviceProvider, DeviceReport, GpuContext, KeepWarmReport } from "../core/types.ts";
-import { getKernel } from "./kernel.ts";
 import { completionRoundTrip } from "./runtime_device.ts";
 import { DEFAULT_SYNC_MS, SpinPacer } from "./keep_warm_pace.ts";
 import { KeepWarmChild } from "./keep_warm_process.ts";
 import {
+  bindSpinKernel,
   checkKeepWarmOptions,
-  KEEP_WARM,
   KEEP_WARM_DEFAULTS,
   type KeepWarmOptions,
+  measureSpin,
+  type SpinKernel,
+  submitSpins,
 } from "./keep_warm_options.ts";
 
 export {
@@ -68,12 +70,6 @@ export interface KeepWarmStats extends KeepWarmReport {
   syncs: number;
   /** Keep-warm's `onSubmittedWorkDone` promises pending now (`timer`: 0 between ticks). */
   pending_waits: number;
-}
-
-/** A compiled spin kernel with its sink buffer bound. */
-interface SpinKernel {
-  pipeline: GPUComputePipeline;
-  group: GPUBindGroup;
 }
 
 /** A {@link DeviceProvider} that keeps the GPU busy for `hold_ms` after each use (module doc). */
@@ -136,7 +132,11 @@ export class KeepWarmProvider implements DeviceProvider {
           `(over ${this.#maxRoundTrip} ms: its waits would block the JS thread)`;
       } else {
         if (this.#o.mode === "timer") {
-          this.#spinMs = await this.#measureSpin(ctx);
+          this.#spinMs = await measureSpin(
+            ctx.device,
+            await this.#spinKernel(ctx),
+            this.#roundTrip,
+          );
           const o = this.#o;
           this.#pacer = new SpinPacer(this.#spinMs, o.period_ms, o.depth, this.#syncMs);
         }
@@ -259,31 +259,13 @@ export class KeepWarmProvider implements DeviceProvider {
   async #spinKernel(g: GpuContext): Promise<SpinKernel> {
     const have = this.#kernels.get(g.device);
     if (have) return have;
-    const k = await getKernel(g, KEEP_WARM, { iters: this.#o.spin_iters });
-    const buffer = g.device.createBuffer({
-      size: this.#o.workgroups * 64 * 4,
-      usage: GPUBufferUsage.STORAGE,
-      label: "keep-warm",
-    });
-    const group = g.device.createBindGroup({
-      layout: k.layout,
-      entries: [{ binding: 0, resource: { buffer } }],
-    });
-    const spin = { pipeline: k.pipeline, group };
+    const spin = await bindSpinKernel(g, this.#o.spin_iters, this.#o.workgroups);
     this.#kernels.set(g.device, spin);
     return spin;
   }
 
   #submit(g: GpuContext, k: SpinKernel, n: number) {
-    const enc = g.device.createCommandEncoder({ label: "keep-warm" });
-    for (let i = 0; i < n; i++) {
-      const pass = enc.beginComputePass();
-      pass.setPipeline(k.pipeline);
-      pass.setBindGroup(0, k.group);
-      pass.dispatchWorkgroups(this.#o.workgroups);
-      pass.end();
-    }
-    g.device.queue.submit([enc.finish()]);
+    submitSpins(g.device, k, n);
     this.#dispatches += n;
   }
 
@@ -294,19 +276,6 @@ export class KeepWarmProvider implements DeviceProvider {
     } finally {
       this.#pending--;
     }
-  }
-
-  /** One spin's device time: 8 spins in one submit, less the round trip, over 8 (ms). */
-  async #measureSpin(g: GpuContext): Promise<number> {
-    const bound = await this.#spinKernel(g);
-    this.#submit(g, bound, 1); // first use off the clock
-    await this.#wait(g);
-    const reps = 8;
-    const t = performance.now();
-    this.#submit(g, bound, reps);
-    await this.#wait(g);
-    this.#dispatches = 0;
-    return Math.max(0, performance.now() - t - (this.#roundTrip ?? 0)) / reps;
   }
 
   /** `await`: keeps `depth` spins queued, awaiting each (module doc). */

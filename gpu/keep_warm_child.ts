@@ -14,8 +14,8 @@
  * @module
  */
 import { importDawn } from "./runtime_dawn.ts";
-import { KEEP_WARM } from "./keep_warm_options.ts";
-import { bindingDecls } from "./kernel.ts";
+import { WebGpuContext } from "./device.ts";
+import { bindSpinKernel, measureSpin, type SpinKernel, submitSpins } from "./keep_warm_options.ts";
 
 /** What the parent passes (the keep-warm knobs the child uses, and Dawn's flags). */
 export interface ChildConfig {
@@ -36,75 +36,54 @@ const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 /** Dawn's GPU object: it must outlive the device (collected, it took the process down). */
 const keep: GPU[] = [];
 
-async function device(flags: string[]): Promise<{ device: GPUDevice; adapter: string } | string> {
+const why = (e: unknown) => (e instanceof Error ? e.message.split("\n")[0] : String(e));
+
+/** A Dawn device as a context for the shared kernel cache, or why there is none. */
+async function context(flags: string[]): Promise<WebGpuContext | string> {
   try {
     const gpu = (await importDawn()).create(flags);
     keep.push(gpu);
     const adapter = await gpu.requestAdapter({ powerPreference: "high-performance" });
     if (!adapter) return "Dawn found no adapter";
     const i = adapter.info;
-    return {
-      device: await adapter.requestDevice(),
-      adapter: `${i.vendor} ${i.description}`.trim(),
-    };
+    return new WebGpuContext(await adapter.requestDevice(), {
+      vendor: String(i.vendor ?? ""),
+      architecture: String(i.architecture ?? ""),
+      device: String(i.device ?? ""),
+      description: String(i.description ?? ""),
+    }, 1);
   } catch (e) {
-    return `Dawn: ${e instanceof Error ? e.message.split("\n")[0] : e}`;
+    return `Dawn: ${why(e)}`;
   }
 }
 
-/** Submits `n` spins in one command buffer. */
-/** Submits `n` spins in one command buffer; or why the kernel did not compile. */
-async function spinner(dev: GPUDevice, c: ChildConfig): Promise<((n: number) => void) | string> {
-  const consts = { iters: c.spin_iters };
-  const code = bindingDecls(KEEP_WARM.bindings(consts)) + "\n" + await KEEP_WARM.source(consts);
-  dev.pushErrorScope("validation");
-  const module = dev.createShaderModule({ code });
-  const pipeline = dev.createComputePipeline({ layout: "auto", compute: { module } });
-  const sink = dev.createBuffer({ size: c.workgroups * 256, usage: GPUBufferUsage.STORAGE });
-  const group = dev.createBindGroup({
-    layout: pipeline.getBindGroupLayout(0),
-    entries: [{ binding: 0, resource: { buffer: sink } }],
-  });
-  const err = await dev.popErrorScope();
-  if (err) return `the spin kernel: ${err.message.split("\n")[0]}`;
-  return (n) => {
-    const enc = dev.createCommandEncoder();
-    for (let i = 0; i < n; i++) {
-      const pass = enc.beginComputePass();
-      pass.setPipeline(pipeline);
-      pass.setBindGroup(0, group);
-      pass.dispatchWorkgroups(c.workgroups);
-      pass.end();
-    }
-    dev.queue.submit([enc.finish()]);
-  };
-}
-
-/** One spin's device time (ms): 8 in one submit after a first, less an empty round trip. */
-async function spinMs(dev: GPUDevice, spin: (n: number) => void): Promise<number> {
-  spin(1);
-  await dev.queue.onSubmittedWorkDone();
-  let t = performance.now();
-  await dev.queue.onSubmittedWorkDone();
-  const rt = performance.now() - t;
-  t = performance.now();
-  spin(8);
-  await dev.queue.onSubmittedWorkDone();
-  return Math.max(0, performance.now() - t - rt) / 8;
+/** The spin kernel bound on `ctx` and one spin's time (an empty wait's round trip taken off). */
+async function spinner(ctx: WebGpuContext, c: ChildConfig): Promise<[SpinKernel, number] | string> {
+  let k: SpinKernel;
+  try {
+    k = await bindSpinKernel(ctx, c.spin_iters, c.workgroups);
+  } catch (e) {
+    return `the spin kernel: ${why(e)}`;
+  }
+  const t = performance.now();
+  await ctx.device.queue.onSubmittedWorkDone();
+  return [k, await measureSpin(ctx.device, k, performance.now() - t)];
 }
 
 async function main(c: ChildConfig): Promise<void> {
-  const got = await device(c.flags);
-  if (typeof got === "string") {
-    say({ ok: false, reason: got });
+  const ctx = await context(c.flags);
+  if (typeof ctx === "string") {
+    say({ ok: false, reason: ctx });
     return;
   }
-  const dev = got.device, spin = await spinner(dev, c);
-  if (typeof spin === "string") {
-    say({ ok: false, reason: spin });
+  const dev = ctx.device, got = await spinner(ctx, c);
+  if (typeof got === "string") {
+    say({ ok: false, reason: got });
     return dev.destroy();
   }
-  say({ ok: true, adapter: got.adapter, spin_ms: await spinMs(dev, spin) });
+  const [kernel, spinMs] = got, i = ctx.adapter_info;
+  const spin = (n: number) => submitSpins(dev, kernel, n);
+  say({ ok: true, adapter: `${i.vendor} ${i.description}`.trim(), spin_ms: spinMs });
   let last = -Infinity, open = true, dispatches = 0;
   let wake: (() => void) | null = null;
   const rouse = () => {

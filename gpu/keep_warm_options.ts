@@ -1,10 +1,11 @@
 /**
- * Keep-warm's knobs, their defaults and range check, and the spin kernel as data: what the
- * server's flags, the in-thread provider (gpu/keep_warm.ts) and the spinner process
- * (gpu/keep_warm_child.ts) share.
+ * Keep-warm's knobs, their defaults and range check, the spin kernel as data, and binding,
+ * submitting and timing it: what the server's flags, the in-thread provider (gpu/keep_warm.ts)
+ * and the spinner process (gpu/keep_warm_child.ts) share.
  * @module
  */
-import type { KernelDef } from "./kernel.ts";
+import type { GpuContext } from "../core/types.ts";
+import { getKernel, type KernelDef } from "./kernel.ts";
 
 /** Keep-warm knobs (`deno task serve --keep-warm-ms N ...`). */
 export interface KeepWarmOptions {
@@ -77,4 +78,61 @@ export function checkKeepWarmOptions(o: KeepWarmOptions): KeepWarmOptions {
     throw new Error(`keep-warm mode must be one of ${KEEP_WARM_MODES.join(", ")}, got ${o.mode}`);
   }
   return o;
+}
+
+/** A compiled spin kernel with its sink buffer bound. */
+export interface SpinKernel {
+  pipeline: GPUComputePipeline;
+  group: GPUBindGroup;
+  workgroups: number;
+}
+
+/**
+ * The spin kernel of `iters` iterations compiled on `ctx` (the shared kernel cache) and bound to
+ * a sink for `workgroups` workgroups.
+ * @throws ShaderCompileError with the compiler's messages.
+ */
+export async function bindSpinKernel(
+  ctx: GpuContext,
+  iters: number,
+  workgroups: number,
+): Promise<SpinKernel> {
+  const k = await getKernel(ctx, KEEP_WARM, { iters });
+  const buffer = ctx.device.createBuffer({
+    size: workgroups * 64 * 4,
+    usage: GPUBufferUsage.STORAGE,
+    label: "keep-warm",
+  });
+  const group = ctx.device.createBindGroup({
+    layout: k.layout,
+    entries: [{ binding: 0, resource: { buffer } }],
+  });
+  return { pipeline: k.pipeline, group, workgroups };
+}
+
+/** Submits `n` spin dispatches in one command buffer. */
+export function submitSpins(device: GPUDevice, k: SpinKernel, n: number): void {
+  const enc = device.createCommandEncoder({ label: "keep-warm" });
+  for (let i = 0; i < n; i++) {
+    const pass = enc.beginComputePass();
+    pass.setPipeline(k.pipeline);
+    pass.setBindGroup(0, k.group);
+    pass.dispatchWorkgroups(k.workgroups);
+    pass.end();
+  }
+  device.queue.submit([enc.finish()]);
+}
+
+/** One spin's device time (ms): 8 in one submit after a first, less `roundTripMs`, over 8. */
+export async function measureSpin(
+  device: GPUDevice,
+  k: SpinKernel,
+  roundTripMs: number,
+): Promise<number> {
+  submitSpins(device, k, 1); // first use off the clock
+  await device.queue.onSubmittedWorkDone();
+  const reps = 8, t = performance.now();
+  submitSpins(device, k, reps);
+  await device.queue.onSubmittedWorkDone();
+  return Math.max(0, performance.now() - t - roundTripMs) / reps;
 }
