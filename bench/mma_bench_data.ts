@@ -135,8 +135,16 @@ export async function prefillData(ctx: MmaContext, c: PrefillCase, seed = 1): Pr
   return { c, batch: attachCache(v.batch, cache), cache, query, key, value, flops };
 }
 
-/** Float64 attention of one (token, head) row: output and lse. */
-export function referenceRow(p: PrefillData, tok: number, h: number) {
+/**
+ * Float64 attention of one (token, head) row: output and lse. `source(t, kv)` (bench/mma_diag.ts)
+ * names the token whose K (`kv` "k") or V ("v") stands at key position `t`; by default `t`'s own.
+ */
+export function referenceRow(
+  p: PrefillData,
+  tok: number,
+  h: number,
+  source: (t: number, kv: "k" | "v") => number = (t) => t,
+) {
   const { len, heads: H, kvHeads: Hkv, headSize: D } = p.c;
   const t0 = tok - (tok % len), kvh = Math.floor(h / (H / Hkv));
   const q = Array.from({ length: D }, (_, d) => F16[p.query[(tok * H + h) * D + d]]);
@@ -144,18 +152,32 @@ export function referenceRow(p: PrefillData, tok: number, h: number) {
   const last = p.c.causal === false ? t0 + len - 1 : tok;
   for (let t = t0; t <= last; t++) {
     let dot = 0;
-    for (let d = 0; d < D; d++) dot += q[d] * F16[p.key[(t * Hkv + kvh) * D + d]];
+    const at = (source(t, "k") * Hkv + kvh) * D;
+    for (let d = 0; d < D; d++) dot += q[d] * F16[p.key[at + d]];
     s.push(dot / Math.sqrt(D));
   }
   const m = Math.max(...s);
   let l = 0;
   const out = new Float64Array(D);
   s.forEach((x, i) => {
-    const e = Math.exp(x - m), at = ((t0 + i) * Hkv + kvh) * D;
+    const e = Math.exp(x - m), at = (source(t0 + i, "v") * Hkv + kvh) * D;
     l += e;
     for (let d = 0; d < D; d++) out[d] += e * F16[p.value[at + d]];
   });
   return { out: out.map((x) => x / l), lse: m + Math.log(l) };
+}
+
+/** Worst |a - e| / (1e-2 + 1e-2 |e|) of `want.length` f16 values of `got` from `at` (NaN: Infinity). */
+export function rowError(got: Uint16Array, at: number, want: ArrayLike<number>): number {
+  let worst = 0;
+  for (let d = 0; d < want.length; d++) {
+    const a = F16[got[at + d]], e = want[d];
+    worst = Math.max(
+      worst,
+      Number.isNaN(a) ? Infinity : Math.abs(a - e) / (1e-2 + 1e-2 * Math.abs(e)),
+    );
+  }
+  return worst;
 }
 
 /** Worst |a - e| / (1e-2 + 1e-2 |e|) over sampled rows (over 1 fails), and the worst lse error. */
@@ -165,13 +187,7 @@ export function checkRows(p: PrefillData, out: Uint16Array, lse: Float32Array, s
   for (let i = 0; i < samples; i++) {
     const tok = (Math.imul(i + 1, 2654435761) >>> 0) % T, h = (Math.imul(i + 7, 40503) >>> 0) % H;
     const want = referenceRow(p, tok, h);
-    for (let d = 0; d < D; d++) {
-      const a = F16[out[(tok * H + h) * D + d]], e = want.out[d];
-      worst = Math.max(
-        worst,
-        Number.isNaN(a) ? Infinity : Math.abs(a - e) / (1e-2 + 1e-2 * Math.abs(e)),
-      );
-    }
+    worst = Math.max(worst, rowError(out, (tok * H + h) * D, want.out));
     lseErr = Math.max(lseErr, Math.abs(lse[h * T + tok] - want.lse));
   }
   return { worst, lseErr };

@@ -13,7 +13,13 @@ import { MMA_VARIANTS, mmaLayout } from "../gpu/flash_mma_shape.ts";
 import { acquireMmaDevice } from "../gpu/flash_mma_device.ts";
 import { runGpuPlan } from "../gpu/gpu_plan.ts";
 import { f16BitsToF32 } from "../core/dtype.ts";
-import { parseCase, type PrefillData, prefillData } from "./mma_bench_data.ts";
+import {
+  parseCase,
+  type PrefillData,
+  prefillData,
+  referenceRow,
+  rowError,
+} from "./mma_bench_data.ts";
 
 const F16 = Float32Array.from({ length: 65536 }, (_, h) => f16BitsToF32(h));
 const args = parseArgs({
@@ -32,45 +38,13 @@ function refRow(
   h: number,
   swap?: { kv: "k" | "v"; j: number; src: number },
 ) {
-  const { len, heads: H, kvHeads: Hkv, headSize: D } = p.c;
-  const t0 = tok - (tok % len), kvh = Math.floor(h / (H / Hkv));
-  const last = p.c.causal === false ? t0 + len - 1 : tok;
-  const at = (t: number, kv: "k" | "v") => {
-    let i = t - t0;
-    if (swap && swap.kv === kv && Math.floor(i / BK) === swap.j) i = swap.src * BK + (i % BK);
-    return i >= 0 && i < len ? ((t0 + i) * Hkv + kvh) * D : -1;
-  };
-  const s: number[] = [];
-  for (let t = t0; t <= last; t++) {
-    const ka = at(t, "k");
-    let dot = 0;
-    for (let d = 0; d < D && ka >= 0; d++) {
-      dot += F16[p.query[(tok * H + h) * D + d]] * F16[p.key[ka + d]];
-    }
-    s.push(dot / Math.sqrt(D));
-  }
-  const m = Math.max(...s);
-  let l = 0;
-  const out = new Float64Array(D);
-  s.forEach((x, i) => {
-    const e = Math.exp(x - m), va = at(t0 + i, "v");
-    l += e;
-    for (let d = 0; d < D && va >= 0; d++) out[d] += e * F16[p.value[va + d]];
+  const t0 = tok - (tok % p.c.len);
+  return referenceRow(p, tok, h, (t, kv) => {
+    const i = t - t0;
+    const moved = swap && swap.kv === kv && Math.floor(i / BK) === swap.j;
+    return moved ? t0 + swap.src * BK + (i % BK) : t;
   });
-  return { out: out.map((x) => x / l), lse: m + Math.log(l) };
 }
-
-const errOf = (got: Uint16Array, o: number, want: Float64Array) => {
-  let w = 0;
-  for (let d = 0; d < want.length; d++) {
-    const a = F16[got[o + d]];
-    w = Math.max(
-      w,
-      Number.isNaN(a) ? Infinity : Math.abs(a - want[d]) / (1e-2 + 1e-2 * Math.abs(want[d])),
-    );
-  }
-  return w;
-};
 
 const acquired = await acquireMmaDevice();
 if (!acquired.ctx) {
@@ -98,7 +72,7 @@ for (const name of args.values.cases!.split(",")) {
   for (let tok = 0; tok < T; tok++) {
     for (let h = 0; h < H; h++) {
       const want = refRow(p, tok, h), o = (tok * H + h) * D;
-      const e = errOf(out, o, want.out), le = Math.abs(lse[h * T + tok] - want.lse);
+      const e = rowError(out, o, want.out), le = Math.abs(lse[h * T + tok] - want.lse);
       if (le > 1e-3) lseWrong++;
       if (e <= 1) continue;
       wrong++;
@@ -107,7 +81,7 @@ for (const name of args.values.cases!.split(",")) {
       byRb.set(`rb${Math.floor(r / MM)}`, (byRb.get(`rb${Math.floor(r / MM)}`) ?? 0) + 1);
       byRb.set(`row%MM=${r % MM}`, (byRb.get(`row%MM=${r % MM}`) ?? 0) + 1);
       for (let cb = 0; cb < D / 16; cb++) {
-        const sub = errOf(out, o + cb * 16, want.out.slice(cb * 16, cb * 16 + 16));
+        const sub = rowError(out, o + cb * 16, want.out.slice(cb * 16, cb * 16 + 16));
         if (sub > 1) byCol.set(cb, (byCol.get(cb) ?? 0) + 1);
       }
       const vis = c.causal === false ? len : (tok % len) + 1;
@@ -119,7 +93,7 @@ for (const name of args.values.cases!.split(",")) {
           for (const src of [j - 1, j + 1, 0, nt - 1]) {
             if (src === j || src < 0 || src * BK >= len) continue;
             const alt = refRow(p, tok, h, { kv, j, src });
-            const ae = errOf(out, o, alt.out);
+            const ae = rowError(out, o, alt.out);
             if (ae < bestE) [best, bestE] = [`${kv}${j}<-${src}`, ae];
           }
         }
