@@ -8,7 +8,13 @@
  * gpu/flash_mma_staging.ts.
  * @module
  */
-import { ablatedStages, type MmaConsts, mmaLayout, mmaShapeProblem } from "./flash_mma_shape.ts";
+import {
+  ablatedStages,
+  type MmaConsts,
+  mmaLayout,
+  mmaShapeProblem,
+  strideArg,
+} from "./flash_mma_shape.ts";
 import { fastSoftmaxCode, softmaxCode } from "./flash_mma_softmax.ts";
 import { roundCode, sourceCode, stagingCode, stagingDecoders } from "./flash_mma_staging.ts";
 import { loadWgsl, specialize } from "./wgsl.ts";
@@ -48,7 +54,9 @@ export function generateMatrixCode(c: MmaConsts): Record<string, string> {
   const qDecl = RM.flatMap((r) => KD.map((c) => `var q_${r}_${c}: ${L};`));
   // Q fragment (r, c) from the staged rows at `base` (the pass's `qb + `, or "" for `qpass`).
   const qFrag = (r: number, c: number, base: string) =>
-    `subgroupMatrixLoad<${L}, row_major>(&kt_s, ${base}${dqp}${r * m * kstr + c * k}u, U.kstr)`;
+    `subgroupMatrixLoad<${L}, row_major>(&kt_s, ${base}${dqp}${r * m * kstr + c * k}u, ${
+      strideArg("q", "kstr")
+    })`;
   const qLoad = RM.flatMap((r) => KD.map((c) => `q_${r}_${c} = ${qFrag(r, c, "qb + ")};`));
   const oDecl = RM.flatMap((r) => DN.map((c) => `var o_${r}_${c} = ${Res}();`));
   // S = Q K^T: QS independent chains per (row block, key block); chain j takes k-steps
@@ -59,7 +67,7 @@ export function generateMatrixCode(c: MmaConsts): Record<string, string> {
   const kAt = (c: number, kk: number) =>
     direct
       ? `&k0, ko${c} + ${kk * k}u, kvstr`
-      : `&kt_s, kb + ${dqp}${c * n * kstr + kk * k}u, U.kstr`;
+      : `&kt_s, kb + ${dqp}${c * n * kstr + kk * k}u, ${strideArg("k", "kstr")}`;
   if (direct) {
     qk.push(...NB.map((c) => `let ko${c} = kv_elem(kt + ${c * n}u, kvh, kv_len, rbase);`));
   }
@@ -79,7 +87,7 @@ export function generateMatrixCode(c: MmaConsts): Record<string, string> {
         qk.push(
           `subgroupMatrixStore<row_major>(&s_s, ${j ? `${j}u * R * SSTR + ` : ""}(${srow} + ${
             r * m
-          }u) * SSTR + ${c * n}u, ${sv(r, c, j)}, U.sstr);`,
+          }u) * SSTR + ${c * n}u, ${sv(r, c, j)}, ${strideArg("s", "sstr")});`,
         );
       }
     }
@@ -88,14 +96,16 @@ export function generateMatrixCode(c: MmaConsts): Record<string, string> {
     KB.map((kk) =>
       `let p_${r}_${kk} = subgroupMatrixLoad<${L}, row_major>(&kt_s, kb + (sgr + ${
         r * m
-      }u) * PSTR + ${kk * k}u, U.pstr);`
+      }u) * PSTR + ${kk * k}u, ${strideArg("p", "pstr")});`
     )
   );
   // V fragment (keys kk k.., dims c n..): the staged tile, the cache (direct), or for the
   // request's last, partial tile under direct loads the zero-padded copy in kt_s (TAIL_STAGE).
-  const staged = (kk: number, c: number) => `&vt_s, vb + ${dqp}${kk * k * kstr + c * n}u, U.kstr`;
+  const staged = (kk: number, c: number) =>
+    `&vt_s, vb + ${dqp}${kk * k * kstr + c * n}u, ${strideArg("v", "kstr")}`;
   const cached = (kk: number, c: number) => `&v0, vo${kk} + ${c * n}u, kvstr`;
-  const tail = (kk: number, c: number) => `&kt_s, vtb + ${kk * k * kstr + c * n}u, U.kstr`;
+  const tail = (kk: number, c: number) =>
+    `&kt_s, vtb + ${kk * k * kstr + c * n}u, ${strideArg("v", "kstr")}`;
   const pvFrom = (at: (kk: number, c: number) => string, pad: string) =>
     DN.flatMap((c) =>
       KB.flatMap((kk) => [
@@ -124,7 +134,9 @@ export function generateMatrixCode(c: MmaConsts): Record<string, string> {
     return { c0, frags };
   });
   const store = (fs: { name: string; at: string }[]) =>
-    fs.map((f) => `subgroupMatrixStore<row_major>(&s_s, ${f.at}, ${f.name}, U.sstr);`);
+    fs.map((f) =>
+      `subgroupMatrixStore<row_major>(&s_s, ${f.at}, ${f.name}, ${strideArg("o", "sstr")});`
+    );
   const rescale: string[] = [], output: string[] = [], sink: string[] = [];
   // sgresc: the subgroup's own rows only, no workgroup barrier (see RESC_APPLY).
   const bar = c.sgresc ? [] : ["workgroupBarrier();"];
@@ -133,7 +145,9 @@ export function generateMatrixCode(c: MmaConsts): Record<string, string> {
     rescale.push(...bar);
     rescale.push(
       ...frags.map((f) =>
-        `${f.name} = subgroupMatrixLoad<${Res}, row_major>(&s_s, ${f.at}, U.sstr);`
+        `${f.name} = subgroupMatrixLoad<${Res}, row_major>(&s_s, ${f.at}, ${
+          strideArg("o", "sstr")
+        });`
       ),
     );
     rescale.push(...bar);

@@ -6,6 +6,7 @@
  * @module
  */
 import type { StorageDType } from "../core/types.ts";
+import { envVar } from "../core/env.ts";
 
 /** What a bench-only ablation leaves out (results wrong by design; never planned by a backend). */
 export type MmaAblation =
@@ -319,4 +320,23 @@ export function mmaLayout(t: MmaTarget, shape: MmaShape): MmaLayout {
     sstr,
     shared_bytes,
   };
+}
+
+/** Kinds of workgroup matrix call, for the bench-only constant-stride probe. */
+const STRIDE_KINDS = ["q", "k", "v", "p", "s", "o", "m"] as const;
+
+/**
+ * The stride argument of one kind of workgroup matrix call: the Params word `U.<word>` (right
+ * on the H200 without robustness; bench/NOTES.md v0.11), or, for the kinds named in the bench-only
+ * `ATTN_MMA_CONST_STRIDES` (comma list of q, k, v, p, s, o, m (mstage stores), or `all`), the WGSL
+ * constant: faster there (8 x 4096: 96.6 against 80.9 TFLOP/s) but wrong in every shape tried,
+ * staged, matrix-staged and direct alike (bench/NOTES.md v0.12); kept to probe it. The kernel is
+ * compiled with the variable's value of the process's start.
+ */
+export function strideArg(
+  kind: (typeof STRIDE_KINDS)[number],
+  word: "kstr" | "pstr" | "sstr",
+): string {
+  const set = (envVar("ATTN_MMA_CONST_STRIDES") ?? "").split(",");
+  return set.includes(kind) || set.includes("all") ? word.toUpperCase() : `U.${word}`;
 }

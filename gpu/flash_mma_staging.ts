@@ -7,7 +7,7 @@
  * @module
  */
 import type { StorageDType } from "../core/types.ts";
-import { type MmaConsts, mmaLayout, type MmaTarget } from "./flash_mma_shape.ts";
+import { type MmaConsts, mmaLayout, type MmaTarget, strideArg } from "./flash_mma_shape.ts";
 import { kvAccessorFns, loadWgsl } from "./wgsl.ts";
 
 const range = (n: number) => Array.from({ length: n }, (_, i) => i);
@@ -214,8 +214,8 @@ function matrixStagingCode(c: MmaConsts): { STAGE_LOAD: string; STAGE_STORE: str
     store.push(
       `    if (${guard(i)}) {`,
       `      let o = ${R(i)} * KSTR + ${C(i)};`,
-      `      subgroupMatrixStore<row_major>(&kt_s, kbn + o, mk${i}, U.kstr);`,
-      `      subgroupMatrixStore<row_major>(&vt_s, vbn + o, mv${i}, U.kstr);`,
+      `      subgroupMatrixStore<row_major>(&kt_s, kbn + o, mk${i}, ${strideArg("m", "kstr")});`,
+      `      subgroupMatrixStore<row_major>(&vt_s, vbn + o, mv${i}, ${strideArg("m", "kstr")});`,
       "    }",
     );
   }

@@ -93,3 +93,30 @@ Deno.test("flash_mma: the stride Params are the kernel's compile-time strides", 
     assert.deepEqual([lay.kstr, lay.pstr, lay.sstr], [t.d + 8, 24, 20], label);
   }
 });
+
+Deno.test("flash_mma: ATTN_MMA_CONST_STRIDES (bench probe) makes only the named kinds constant", async () => {
+  const c = { ...H200_F16_TARGET, ...fullShape(MMA_VARIANTS["w8r1k16-fl"]) } as MmaConsts;
+  const strides = async (v: string | undefined) => {
+    const had = Deno.env.get("ATTN_MMA_CONST_STRIDES");
+    try {
+      if (v === undefined) Deno.env.delete("ATTN_MMA_CONST_STRIDES");
+      else Deno.env.set("ATTN_MMA_CONST_STRIDES", v);
+      return matrixCalls(await flashMmaSource(c)).map(({ args }) => args[args.length - 1]);
+    } finally {
+      if (had === undefined) Deno.env.delete("ATTN_MMA_CONST_STRIDES");
+      else Deno.env.set("ATTN_MMA_CONST_STRIDES", had);
+    }
+  };
+  const base = await strides(undefined);
+  const sOnly = await strides("s");
+  const all = await strides("all");
+  assert.equal(sOnly.length, base.length);
+  const changed = sOnly.filter((x, i) => x !== base[i]);
+  assert.ok(changed.length > 0 && changed.every((x) => x === "SSTR"), `s: ${changed}`);
+  assert.ok(base.some((x, i) => x === "U.sstr" && sOnly[i] === "U.sstr"), "O's strides changed");
+  assert.deepEqual(
+    [...new Set(all)].sort(),
+    ["KSTR", "PSTR", "SSTR"],
+    "all: every workgroup call constant",
+  );
+});
