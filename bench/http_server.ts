@@ -1,8 +1,8 @@
 /**
  * Starts the real server (`deno run ... server/main.ts --port 0 [flags]`) as a subprocess for
  * the HTTP bench, with the permissions `deno task serve` grants (`--allow-ffi` for Dawn's
- * Node-API addon, `--allow-run` for `--keep-warm-mode process`), and reads its "listening on http://HOST:PORT" line. Its stderr
- * is drained all along (a full pipe would stall the server) and its tail kept, so a server
+ * Node-API addon, `--allow-run` for `--keep-warm-mode process`), and reads its "listening on
+ * http://HOST:PORT" line. Its stderr is drained all along (a full pipe would stall the server) and its tail kept, so a server
  * that exits before listening (e.g. a WebGPU runtime that cannot start) is reported with its
  * own reason.
  * @module

@@ -38,7 +38,8 @@ export interface PrefillData {
   flops: number;
 }
 
-const F16 = Float32Array.from({ length: 65536 }, (_, h) => f16BitsToF32(h));
+/** f32 value of every f16 bit pattern. */
+export const F16 = Float32Array.from({ length: 65536 }, (_, h) => f16BitsToF32(h));
 
 function normalF16(n: number, seed: number): Uint16Array {
   const pool = new Uint16Array(65536), a = new Uint16Array(n);

@@ -12,8 +12,8 @@ import { mmaConstsOf, planFlashMma } from "../backends/flash_mma_plan.ts";
 import { MMA_VARIANTS, mmaLayout } from "../gpu/flash_mma_shape.ts";
 import { acquireMmaDevice } from "../gpu/flash_mma_device.ts";
 import { runGpuPlan } from "../gpu/gpu_plan.ts";
-import { f16BitsToF32 } from "../core/dtype.ts";
 import {
+  F16,
   parseCase,
   type PrefillData,
   prefillData,
@@ -21,7 +21,6 @@ import {
   rowError,
 } from "./mma_bench_data.ts";
 
-const F16 = Float32Array.from({ length: 65536 }, (_, h) => f16BitsToF32(h));
 const args = parseArgs({
   args: Deno.args,
   options: {

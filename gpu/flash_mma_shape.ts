@@ -330,8 +330,8 @@ const STRIDE_KINDS = ["q", "k", "v", "p", "s", "o", "m"] as const;
  * on the H200 without robustness; bench/NOTES.md v0.11), or, for the kinds named in the bench-only
  * `ATTN_MMA_CONST_STRIDES` (comma list of q, k, v, p, s, o, m (mstage stores), or `all`), the WGSL
  * constant: faster there (8 x 4096: 96.6 against 80.9 TFLOP/s) but wrong in every shape tried,
- * staged, matrix-staged and direct alike (bench/NOTES.md v0.12); kept to probe it. The kernel is
- * compiled with the variable's value of the process's start.
+ * staged, matrix-staged and direct alike (bench/NOTES.md v0.12); kept to probe it. Read when a
+ * kernel's source is generated: a pipeline already cached keeps the strides it was built with.
  */
 export function strideArg(
   kind: (typeof STRIDE_KINDS)[number],

@@ -15,6 +15,7 @@
  */
 import { importDawn } from "./runtime_dawn.ts";
 import { WebGpuContext } from "./device.ts";
+import { adapterInfoOf } from "./runtime_adapter.ts";
 import { bindSpinKernel, measureSpin, type SpinKernel, submitSpins } from "./keep_warm_options.ts";
 
 /** What the parent passes (the keep-warm knobs the child uses, and Dawn's flags). */
@@ -45,13 +46,7 @@ async function context(flags: string[]): Promise<WebGpuContext | string> {
     keep.push(gpu);
     const adapter = await gpu.requestAdapter({ powerPreference: "high-performance" });
     if (!adapter) return "Dawn found no adapter";
-    const i = adapter.info;
-    return new WebGpuContext(await adapter.requestDevice(), {
-      vendor: String(i.vendor ?? ""),
-      architecture: String(i.architecture ?? ""),
-      device: String(i.device ?? ""),
-      description: String(i.description ?? ""),
-    }, 1);
+    return new WebGpuContext(await adapter.requestDevice(), adapterInfoOf(adapter), 1);
   } catch (e) {
     return `Dawn: ${why(e)}`;
   }

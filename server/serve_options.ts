@@ -78,8 +78,8 @@ usage: deno task serve [options]
                             wait does not block (Dawn); elsewhere it stays off and says why
   --keep-warm-spin-iters N  dependent FMA pairs per spin dispatch (default ${KEEP_WARM_DEFAULTS.spin_iters})
   --keep-warm-workgroups N  workgroups of 64 lanes per spin dispatch (default ${KEEP_WARM_DEFAULTS.workgroups})
-  --keep-warm-depth N       spin dispatches per tick (timer) or kept queued (await), 1-8
-                            (default ${KEEP_WARM_DEFAULTS.depth})
+  --keep-warm-depth N       spin dispatches per tick (timer, process) or kept queued (await),
+                            1-8 (default ${KEEP_WARM_DEFAULTS.depth})
   --keep-warm-mode M        timer: spins submitted from a timer, nothing awaited (default);
                             await: a loop awaiting each spin (keeps Dawn's event loop busy);
                             process: the spins in a Deno process of its own, with its own Dawn
