@@ -60,8 +60,12 @@ export function decodeShape(
   const sg = tuning.subgroups && gpu.features.has("subgroups") &&
     (gpu.adapter_info.subgroup_min_size ?? 0) >= 4;
   // Lanes per row: a power of two dividing the row's vec4 count (butterfly sums), or its half-vec4
-  // count under `half_columns` (2-byte and 1-byte storage: each lane takes 2 words of a vec4).
-  const halfOk = tuning.half_columns && elementsPerWord(st) >= 2;
+  // count under `half_columns` (2-byte and 1-byte storage: each lane takes 2 words of a vec4;
+  // 1-byte storage on GPUs also under `fp8_half_columns`).
+  const cpu = isSoftware(gpu);
+  const epw = elementsPerWord(st);
+  const halfOk = epw >= 2 &&
+    (tuning.half_columns || (tuning.fp8_half_columns && epw === 4 && !cpu));
   const lpkOf = (cols: number) =>
     Math.min(
       cols,
@@ -71,7 +75,6 @@ export function decodeShape(
   const half = halfOk && lpkOf(2 * (rv & -rv)) >= 2;
   const lpk = lpkOf(half ? 2 * (rv & -rv) : rv & -rv);
   const group = H / Hkv, hg = headTile(group, tuning.max_heads), tiles = group / hg;
-  const cpu = isSoftware(gpu);
   // Flat heads of a workgroup are hq0 + f only when the GQA group is not tiled.
   const kh = tiles > 1 ? 1 : headTile(
     Hkv,

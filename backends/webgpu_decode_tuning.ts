@@ -83,6 +83,10 @@ export interface DecodeTuning {
    * shuffle level. Each lane still issues a 16-byte load (two lanes the same address) and keeps
    * its half. */
   half_columns: boolean;
+  /** `half_columns` for 1-byte (fp8) caches on GPU adapters only, whatever `half_columns` says:
+   * at 16 elements a lane (8 lanes a row of head size 128) the query and accumulators of a GQA
+   * group of 4 take 128 registers a lane; half columns halve that. */
+  fp8_half_columns: boolean;
   /** Stream K/V tiles through workgroup memory: every invocation issues several independent
    * vec4<u32> loads of the next tile (the key groups' U keys each, K and V) into registers while
    * the key groups compute the current tile from workgroup memory (two barriers a tile). GPU and
@@ -116,7 +120,9 @@ export interface DecodeTuning {
  * v0.11 runs (NOTES "v0.11 on the H200", calls 5 and 6, Dawn without robustness): `fused_reduce`
  * on (one dispatch, no reduce pass), 32 x 2048 f16 0.0978-0.0985 -> 0.0870-0.0876 ms and 64 x 8192
  * 0.579-0.587 -> 0.558-0.565 ms in both runs; the GPU suite on Dawn passed with it (371), fp8
- * e4m3's compile included (v0.5's stall was Dawn's tick loop, paced since v0.7).
+ * e4m3's compile included (v0.5's stall was Dawn's tick loop, paced since v0.7). From the v0.13
+ * sweep (NOTES "v0.13 on the H200", call 2): `fp8_half_columns` on, fp8 e4m3 32 x 2048 0.125 ->
+ * 0.110 ms (half columns on f16 and bf16 caches: 0.087 -> 0.202, so those stay off).
  */
 export const DEFAULT_DECODE_TUNING: Readonly<DecodeTuning> = Object.freeze({
   workgroup_size: 0,
@@ -143,6 +149,7 @@ export const DEFAULT_DECODE_TUNING: Readonly<DecodeTuning> = Object.freeze({
   fp8_pairs: true,
   indexed_gather: false,
   half_columns: false,
+  fp8_half_columns: true,
   stage_kv: false,
   stage_kv_bytes: 32768,
   wg_kv_heads: 1,
