@@ -4,7 +4,8 @@
  * the H200 (NVIDIA driver 580.159, Dawn's robustness off) a constant stride on any of them made
  * every staged shape compute zeros (bench/NOTES.md v0.11); the GPU suite finds that only there,
  * so this checks the generated source of every variant and configuration. Also: the Params words
- * the plan writes equal the kernel's compile-time strides.
+ * the plan writes equal the kernel's compile-time strides, and the two bench probes rewrite what
+ * they name (constant strides; the scalar workgroup variables packed into one 16-byte array).
  */
 import assert from "node:assert/strict";
 import { flashMmaSource } from "../../gpu/flash_mma_codegen.ts";
@@ -119,4 +120,37 @@ Deno.test("flash_mma: ATTN_MMA_CONST_STRIDES (bench probe) makes only the named 
     ["KSTR", "PSTR", "SSTR"],
     "all: every workgroup call constant",
   );
+});
+
+Deno.test("flash_mma: ATTN_MMA_WG_SCALARS=packed (bench probe) leaves no scalar workgroup variable", async () => {
+  const had = Deno.env.get("ATTN_MMA_WG_SCALARS");
+  const scalar = /var<workgroup> \w+: (u32|i32|f32|atomic<u32>);/;
+  let checked = 0;
+  try {
+    for (const [label, t] of targets) {
+      for (const [name, shape] of Object.entries(MMA_VARIANTS)) {
+        if (mmaShapeProblem(t, shape, 1 << 20) !== null) continue;
+        const c = { ...t, ...fullShape(shape) } as MmaConsts;
+        Deno.env.delete("ATTN_MMA_WG_SCALARS");
+        const base = await flashMmaSource(c);
+        Deno.env.set("ATTN_MMA_WG_SCALARS", "packed");
+        const packed = await flashMmaSource(c);
+        assert.match(base, scalar, `${label} ${name}: the default keeps its scalars`);
+        assert.doesNotMatch(packed, scalar, `${label} ${name}`);
+        const code = packed.split("\n").filter((l) => !l.trim().startsWith("//")).join("\n");
+        assert.doesNotMatch(code, /s_kstart|s_kend|s_resc/, `${label} ${name}: a use left`);
+        // Each word: kstart and kend stored once and loaded once; the rescale flag at least reset.
+        for (const i of [0, 1]) {
+          assert.equal(code.split(`atomicStore(&s_u[${i}]`).length, 2, `${label} ${name}: ${i}`);
+          assert.equal(code.split(`workgroupUniformLoad(&s_u[${i}])`).length, 2);
+        }
+        assert.ok(code.includes("&s_u[2]") || c.sgresc, `${label} ${name}: the rescale flag`);
+        checked++;
+      }
+    }
+  } finally {
+    if (had === undefined) Deno.env.delete("ATTN_MMA_WG_SCALARS");
+    else Deno.env.set("ATTN_MMA_WG_SCALARS", had);
+  }
+  assert.ok(checked > 50, `only ${checked} sources checked`);
 });
