@@ -1,9 +1,9 @@
 /**
  * The forward route frees a safetensors body's memory once the call is answered
  * (server/forward_routes.ts releaseBody): the tensors the service saw were views into the body,
- * and after the answer their buffer is detached. The answers of a prefill and then decode steps
- * that hit the plan of the step before (same metadata) still match float64, so nothing the
- * service keeps (plans, plan tables, the cache) pointed into a released body.
+ * and after the answer their buffer is detached. A prefill and two decode steps on a held cache,
+ * each sent after the one before had its body released, still match float64: what the cache
+ * kept of the earlier steps' K/V was copied, not a view into a released body.
  */
 import assert from "node:assert/strict";
 import type { ForwardInput } from "../../wire/codec.ts";
