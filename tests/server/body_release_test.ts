@@ -8,7 +8,12 @@
 import assert from "node:assert/strict";
 import type { ForwardInput } from "../../wire/codec.ts";
 import { releaseBody } from "../../server/forward_routes.ts";
-import { maxAbsDiff, startServer } from "./helpers.ts";
+import { maxAbsDiff, rand, refAttention, startServer, to3d } from "./helpers.ts";
+import { builtinBackends } from "../../backends/index.ts";
+import type { AttentionBackend } from "../../core/types.ts";
+import { WebGpuDeviceManager } from "../../gpu/device.ts";
+import type { ForwardBody } from "../../client/client.ts";
+import { NO_GPU } from "../gpu/helpers.ts";
 import { F32_CACHE, Seqs } from "./seqs.ts";
 
 Deno.test("forward over HTTP: a safetensors body's memory is released once answered", async () => {
@@ -49,4 +54,67 @@ Deno.test("releaseBody: detaches once, leaves a detached or empty buffer alone",
   const moved = new Uint8Array(16);
   structuredClone(moved.buffer, { transfer: [moved.buffer] });
   releaseBody(moved);
+});
+
+Deno.test({
+  name: "forward over HTTP (WebGPU): calls that reuse a plan after the bodies before were released",
+  ignore: NO_GPU,
+  sanitizeOps: false,
+  sanitizeResources: false,
+}, async () => {
+  const H = 4, Hkv = 2, D = 64, S = 20;
+  const device = new WebGpuDeviceManager();
+  await device.acquire();
+  const srv = await startServer({ device, backends: builtinBackends() as AttentionBackend[] });
+  try {
+    const c = await srv.client.createCache({
+      num_blocks: 4,
+      block_size: 16,
+      num_kv_heads: Hkv,
+      head_size: D,
+      dtype: "float32",
+    });
+    const k = Array.from({ length: S }, () => rand(Hkv * D));
+    const v = Array.from({ length: S }, () => rand(Hkv * D));
+    const body = (q: number[], n: number): ForwardBody => ({
+      backend: "WEBGPU_FLASH",
+      dtype: "float32",
+      layer: { num_heads: H, num_kv_heads: Hkv, head_size: D },
+      query: { dtype: "float32", shape: [n, H, D], data: q },
+      key: { dtype: "float32", shape: [n, Hkv, D], data: k.slice(S - n).flat() },
+      value: { dtype: "float32", shape: [n, Hkv, D], data: v.slice(S - n).flat() },
+      metadata: {
+        query_start_loc: [0, n],
+        seq_lens: [S],
+        block_table: [[2, 0]],
+        // Position p sits in logical block p / 16 of the table [2, 0].
+        slot_mapping: Array.from({ length: n }, (_, i) => S - n + i)
+          .map((p) => [2, 0][Math.floor(p / 16)] * 16 + (p % 16)),
+      },
+      kv_cache: c.id,
+    });
+    // The first call writes all S keys; the next ones rewrite the last key with the same values
+    // and the same metadata each time (a plan-cache hit), with a new query.
+    const calls: [number[], number][] = [[rand(S * H * D), S], [rand(H * D), 1], [rand(H * D), 1]];
+    const hits0 = srv.service.plans.stats().hits;
+    for (const [q, n] of calls) {
+      const ans = await srv.client.forward(body(q, n), { binary: true });
+      assert.equal(ans.backend, "WEBGPU_FLASH");
+      const want = refAttention({
+        q: to3d(q, n, H, D),
+        k: to3d(k.flat(), S, Hkv, D),
+        v: to3d(v.flat(), S, Hkv, D),
+      });
+      const err = maxAbsDiff(ans.output.values, want.out.flat(2));
+      assert.ok(err < 1e-4, `n ${n}: output max abs err ${err}`);
+    }
+    assert.equal(
+      srv.service.plans.stats().hits - hits0,
+      1,
+      "the third call reused the second's plan",
+    );
+  } finally {
+    await srv.close();
+    device.current()?.device.destroy();
+  }
 });
