@@ -2,8 +2,8 @@
 # One call on the GPU machine (see bench/NOTES.md): GPU tests, the bench with its kernel sweeps,
 # the HTTP bench, the PyTorch anchor. Logs under $OUT; each part's tail is printed.
 # Usage there: bash bench/gpu_machine.sh
-#   [tests|dawn-tests|compile-probe|mma|mma-fast|mma-bench|mma-ceiling|residency|bench|bench-deno|http|
-#    http-warm|anchor|clock-probe|all]...
+#   [tests|dawn-tests|compile-probe|mma|mma-fast|mma-bench|mma-ceiling|mma-packed|residency|bench|
+#    bench-deno|http|http-warm|anchor|clock-probe|all]...
 # mma: the tensor-core kernel's tests; mma-fast: those of its fast softmax, direct loads, matrix-move
 # staging, split S chains, per-subgroup rescale, late next-tile stores and D split over subgroups;
 # mma-bench: its variant sweep; mma-ceiling: bench/mma_ceiling.ts, what subgroup-matrix loops reach
@@ -134,6 +134,14 @@ for w in $what; do
       for r in 16896 33792 50688 67584; do
         TAIL=3 run "residency-ladder-$r" 60 deno run -A bench/mma_ceiling.ts --iters 10 \
           --flash-rows "$r" --only ladder-pg-k16-w8,ladder-sm-k16-w8
+      done ;;&
+    mma-packed)
+      # Constant matrix strides with the scalar workgroup variables packed (bench/NOTES.md v0.13,
+      # "Constant strides: a probe"): w8r1k16-fl as it is, with constant strides, packed, both.
+      for v in base:: const::all packed:packed: both:packed:all; do
+        IFS=: read -r name packed strides <<<"$v"
+        TAIL=8 ATTN_MMA_WG_SCALARS=$packed ATTN_MMA_CONST_STRIDES=$strides run "mma-$name" 90 \
+          deno run -A bench/mma_bench.ts --iters 10 --only w8r1k16-fl --cases 4x1024,8x4096
       done ;;&
     mma-ceiling)
       # shellcheck disable=SC2086
