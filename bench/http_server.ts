@@ -8,6 +8,7 @@
  * @module
  */
 import { fileURLToPath as fromFileUrl } from "node:url";
+import { raceTimeout } from "../core/timeout.ts";
 
 /** A running server. */
 export interface ServerProcess {
@@ -87,12 +88,7 @@ export async function startServer(args: string[], timeoutMs = 180_000): Promise<
     const m = out.match(/listening on (http:\/\/\S+?)\s/);
     if (m) listening(m[1]);
   });
-  let timer: ReturnType<typeof setTimeout> | undefined;
-  const timeout = new Promise<"timeout">((resolve) =>
-    timer = setTimeout(() => resolve("timeout"), timeoutMs)
-  );
-  const first = await Promise.race([url, child.status, timeout]);
-  clearTimeout(timer);
+  const first = await raceTimeout(Promise.race([url, child.status]), timeoutMs);
   if (typeof first === "string" && first !== "timeout") {
     const server: ServerProcess = {
       url: first.replace(/\/+$/, ""),

@@ -9,6 +9,7 @@
  */
 import { fileURLToPath } from "node:url";
 import type { ChildConfig } from "./keep_warm_child.ts";
+import { raceTimeout } from "../core/timeout.ts";
 
 /** The child's state as its last status lines said. */
 export interface ChildStats {
@@ -77,11 +78,7 @@ export class KeepWarmChild {
     const lines = proc.stdout.pipeThrough(new TextDecoderStream()).pipeThrough(splitLines());
     const reader = lines.getReader();
     const stdin = proc.stdin.getWriter();
-    let timer: ReturnType<typeof setTimeout> | undefined;
-    const first = await Promise.race([
-      reader.read().then((r) => r.done ? null : r.value),
-      new Promise<"timeout">((r) => timer = setTimeout(() => r("timeout"), timeoutMs)),
-    ]).finally(() => clearTimeout(timer));
+    const first = await raceTimeout(reader.read().then((r) => r.done ? null : r.value), timeoutMs);
     const hello = first === "timeout" || first === null ? null : parse(first);
     if (!hello || hello.ok !== true) {
       await endChild(proc, stdin);
