@@ -3,7 +3,9 @@
  * (server/forward_routes.ts releaseBody): the tensors the service saw were views into the body,
  * and after the answer their buffer is detached. A prefill and two decode steps on a held cache,
  * each sent after the one before had its body released, still match float64: what the cache
- * kept of the earlier steps' K/V was copied, not a view into a released body.
+ * kept of the earlier steps' K/V was copied, not a view into a released body. On WebGPU (skipped
+ * without an adapter), a call whose plan comes from the plan cache after the bodies of the calls
+ * before were released matches float64 too: the cached plan's tables were copies.
  */
 import assert from "node:assert/strict";
 import type { ForwardInput } from "../../wire/codec.ts";
