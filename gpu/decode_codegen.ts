@@ -295,9 +295,11 @@ export function generateDecodeSplit(k: KernelShape): Record<string, string> {
   }
   if (k.nkg > 1) {
     sto.push(
-      "  if (lid < FW) {",
-      "    let mx = wmax(lid);",
-      "    wfin[lid] = vec2<f32>(mx, wsum(lid, mx));",
+      // Every flat head of the workgroup: FW may exceed WG (a software shape's key groups of
+      // few lanes over many kv heads).
+      "  for (var h = lid; h < FW; h += WG) {",
+      "    let mx = wmax(h);",
+      "    wfin[h] = vec2<f32>(mx, wsum(h, mx));",
       "  }",
       "  workgroupBarrier();",
       k.epilogue

@@ -117,10 +117,10 @@ fn partial(tok: u32, slot: u32, row: u32, hq0: u32, grp: u32, lid: u32) {
       put_word(w + 2u, v.z);
       put_word(w + 3u, v.w);
     }
-    if (lid < FW) {
-      let w = (P.ml_off + base + lid) * 4u;
-      put_word(w, wfin[lid].x);
-      put_word(w + 1u, wfin[lid].y);
+    for (var f = lid; f < FW; f += WG) {
+      let w = (P.ml_off + base + f) * 4u;
+      put_word(w, wfin[f].x);
+      put_word(w + 1u, wfin[f].y);
     }
     return;
   }

@@ -7,7 +7,7 @@ fn partial(tok: u32, slot: u32, row: u32, hq0: u32, grp: u32, lid: u32) {
   for (var i = lid; i < FW * D4; i += WG) {
     part[base * D4 + i] = wacc[i];
   }
-  if (lid < FW) {
-    part[P.ml_off + base + lid] = vec4<f32>(wfin[lid], 0.0, 0.0);
+  for (var f = lid; f < FW; f += WG) {
+    part[P.ml_off + base + f] = vec4<f32>(wfin[f], 0.0, 0.0);
   }
 }
