@@ -7,16 +7,18 @@
  * calls/s per runtime beside issue 7's H200 targets and the server's own per-phase timings.
  *
  * Without `--url` it starts `server/main.ts --port 0` once per runtime of `--runtimes`
- * (passing `--webgpu-runtime NAME`; none given: one server with its default runtime). A server
- * that exits before listening (a runtime that cannot start) is reported unavailable with its
- * own stderr, and the next runtime runs. `--help` lists every flag.
+ * (passing `--webgpu-runtime NAME`; none given: one server with its default runtime), or
+ * `--instances N` servers at once (each its own process and device; client c on instance c mod
+ * N, as deploy/'s nginx front pins caches to instances). A server that exits before listening
+ * (a runtime that cannot start) is reported unavailable with its own stderr, and the next
+ * runtime runs. `--help` lists every flag.
  * @module
  */
 import { parseArgs } from "node:util";
 import { formatRuntime, formatSummary, type RuntimeReport, TARGETS } from "./http_report.ts";
 import { runOnServer, type RunOptions } from "./http_run.ts";
 import { CLIENT_KINDS, type ClientKind } from "./http_client.ts";
-import { killStarted, startServer } from "./http_server.ts";
+import { killStarted, type ServerProcess, startServer } from "./http_server.ts";
 import { BIG_SHAPE, cacheBytes, type HttpShape, layoutOf } from "./http_workload.ts";
 
 const SHAPE_FLAGS: Record<string, keyof HttpShape> = {
@@ -35,7 +37,11 @@ const SHAPE_FLAGS: Record<string, keyof HttpShape> = {
 
 export const HELP = `deno task bench:http [options]
 
-  --url URL               bench a running server (no server is started)
+  --url URL[,URL...]      bench a running server (no server is started), or several instances
+                          of one (client c's caches and calls on instance c mod N)
+  --instances N,M         start N servers at once per runtime (each its own process and
+                          device; then M), the clients spread over them as with several
+                          --url (default 1)
   --runtimes A,B          start server/main.ts once per runtime, with --webgpu-runtime A, ...
                           (default: once, with the server's default runtime)
   --http-workers N,M       start each runtime's server once per count, with --http-workers N
@@ -66,7 +72,10 @@ export const HELP = `deno task bench:http [options]
 
 /** Parsed command line. */
 export interface HttpBenchArgs {
-  url?: string;
+  /** Running instances to bench (no server started). */
+  url?: string[];
+  /** Servers started at once per runtime and worker count, one run per count (default [1]). */
+  instances: number[];
   runtimes: string[] | null;
   /** `--http-workers` counts to start each runtime's server with (null: the server's default). */
   httpWorkers: number[] | null;
@@ -93,6 +102,7 @@ export function parseHttpBenchArgs(args: string[], env = Deno.env.toObject()): H
     url: { type: "string" },
     runtimes: { type: "string" },
     "http-workers": { type: "string" },
+    instances: { type: "string" },
     "server-arg": { type: "string", multiple: true },
     token: { type: "string" },
     client: { type: "string" },
@@ -117,6 +127,9 @@ export function parseHttpBenchArgs(args: string[], env = Deno.env.toObject()): H
   if (v.url !== undefined && v.runtimes !== undefined) {
     throw new Error("--url and --runtimes exclude each other (a running server has one runtime)");
   }
+  if (v.url !== undefined && v.instances !== undefined) {
+    throw new Error("--url and --instances exclude each other (give each instance's URL)");
+  }
   const shape: Partial<HttpShape> = {};
   for (const [flag, key] of Object.entries(SHAPE_FLAGS)) {
     if (str(flag) !== undefined) shape[key] = positive(flag, str(flag)!);
@@ -129,7 +142,8 @@ export function parseHttpBenchArgs(args: string[], env = Deno.env.toObject()): H
     );
   }
   return {
-    url: str("url")?.replace(/\/+$/, ""),
+    url: str("url")?.split(",").map((x) => x.trim().replace(/\/+$/, "")).filter(Boolean),
+    instances: (str("instances") ?? "1").split(",").map((x) => positive("instances", x.trim())),
     runtimes: str("runtimes")?.split(",").map((x) => x.trim()).filter(Boolean) ?? null,
     httpWorkers: str("http-workers")?.split(",").map((x) => x.trim()).map((x) => {
       if (!/^\d+$/.test(x)) throw new Error(`--http-workers must be integers >= 0, got ${x}`);
@@ -173,12 +187,13 @@ export async function runHttpBench(
 ): Promise<RuntimeReport[]> {
   const opts: RunOptions = { ...a.run, log };
   const out: RuntimeReport[] = [];
-  const finish = (r: RuntimeReport, workers?: number) => {
+  const finish = (r: RuntimeReport, workers?: number, instances = 1) => {
     if (workers !== undefined) r.http_workers = workers;
+    if (instances > 1) r.instances = instances;
     out.push(r);
     done(r);
   };
-  const bench = async (runtime: string, url: string): Promise<RuntimeReport> => {
+  const bench = async (runtime: string, url: string[]): Promise<RuntimeReport> => {
     try {
       return { runtime, available: true, run: await runOnServer(url, opts) };
     } catch (e) {
@@ -190,26 +205,53 @@ export async function runHttpBench(
     return out;
   }
   const servers = (a.runtimes ?? ["default"]).flatMap((runtime) =>
-    (a.httpWorkers ?? [undefined]).map((workers) => ({ runtime, workers }))
+    (a.httpWorkers ?? [undefined]).flatMap((workers) =>
+      a.instances.map((instances) => ({ runtime, workers, instances }))
+    )
   );
-  for (const { runtime, workers } of servers) {
+  for (const { runtime, workers, instances } of servers) {
     const flags = runtime === "default" ? [] : [`--webgpu-runtime=${runtime}`];
     if (workers !== undefined) flags.push(`--http-workers=${workers}`);
     const args = [...flags, ...budgetArgs(a), ...a.serverArgs];
     log(`starting server/main.ts ${args.join(" ")}`);
-    const started = await startServer(args, a.startupTimeoutMs);
+    const started = await startServers(args, instances, a.startupTimeoutMs);
     if (!started.ok) {
       log(`runtime ${runtime}: unavailable: ${started.reason}`);
-      finish({ runtime, available: false, reason: started.reason }, workers);
+      finish({ runtime, available: false, reason: started.reason }, workers, instances);
       continue;
     }
-    const srv = started.server;
-    const report = await bench(runtime, srv.url);
-    const exit_code = await srv.stop();
-    report.server = { startup_ms: srv.startup_ms, stderr: srv.stderr(), exit_code };
-    finish(report, workers);
+    const srvs = started.servers;
+    const report = await bench(runtime, srvs.map((s) => s.url));
+    const exit_codes = await Promise.all(srvs.map((s) => s.stop()));
+    report.server = {
+      startup_ms: Math.max(...srvs.map((s) => s.startup_ms)),
+      stderr: srvs[0].stderr(),
+      exit_code: exit_codes.find((c) => c !== 0) ?? exit_codes[0],
+    };
+    finish(report, workers, instances);
   }
   return out;
+}
+
+/**
+ * Starts `n` servers with `args`, one after another (each compiles its own pipelines); if one
+ * cannot start, those started are stopped and its reason is the outcome.
+ */
+async function startServers(
+  args: string[],
+  n: number,
+  timeoutMs: number,
+): Promise<{ ok: true; servers: ServerProcess[] } | { ok: false; reason: string }> {
+  const servers: ServerProcess[] = [];
+  for (let i = 0; i < n; i++) {
+    const started = await startServer(args, timeoutMs);
+    if (!started.ok) {
+      await Promise.all(servers.map((s) => s.stop()));
+      return { ok: false, reason: n > 1 ? `instance ${i}: ${started.reason}` : started.reason };
+    }
+    servers.push(started.server);
+  }
+  return { ok: true, servers };
 }
 
 /** Did a runtime fail (or none run at all)? One unavailable beside others is no failure. */

@@ -14,6 +14,8 @@ export interface RuntimeReport {
   runtime: string;
   /** The server's `--http-workers` when the bench set it. */
   http_workers?: number;
+  /** Servers started (`--instances`), when more than one. */
+  instances?: number;
   available: boolean;
   /** Why the runtime is unavailable (its server's own words). */
   reason?: string;
@@ -89,9 +91,11 @@ function timingTable(phases: [string, PhaseStats | undefined][]): string[] {
   );
 }
 
-/** A runtime's name, with its HTTP worker count when the bench set one. */
+/** A runtime's name, with its HTTP worker and instance counts when the bench set them. */
 function label(r: RuntimeReport): string {
-  return r.http_workers === undefined ? r.runtime : `${r.runtime}, ${r.http_workers} http workers`;
+  const workers = r.http_workers === undefined ? "" : `, ${r.http_workers} http workers`;
+  const instances = r.instances === undefined ? "" : `, ${r.instances} instances`;
+  return r.runtime + workers + instances;
 }
 
 /** The report of one runtime, as lines. */

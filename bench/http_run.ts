@@ -1,10 +1,13 @@
 /**
- * One HTTP bench run against one server (at `url`), like a model runner: read `/v1/device`
- * (software adapter → small shapes unless told otherwise), create one server-held f16 cache
- * per client and layer, fill them by prefill calls (cache 0's calls one at a time and timed
- * alone; the same call on the other caches sent together), then timed decode steps: client 0
- * alone (sequential: p50/p99), then every client at once from its own worker on its own caches
- * (calls/s). Every answer is checked after the clock stops (bench/http_checks.ts).
+ * One HTTP bench run against one server (at `url`), or against several instances of it (each
+ * its own process and device, as behind the nginx front of deploy/: client c's caches and
+ * calls all go to instance c mod N, the way `X-Attention-Instance` pins a cache to its
+ * instance), like a model runner: read `/v1/device` of the first (software adapter → small
+ * shapes unless told otherwise), create one server-held f16 cache per client and layer, fill
+ * them by prefill calls (cache 0's calls one at a time and timed alone; the same call on the
+ * other caches sent together), then timed decode steps: client 0 alone (sequential: p50/p99),
+ * then every client at once from its own worker on its own caches (calls/s). Every answer is
+ * checked after the clock stops (bench/http_checks.ts).
  * @module
  */
 import { AttentionClient } from "../client/client.ts";
@@ -75,6 +78,8 @@ export interface RunOptions {
 /** What one run measured and checked. */
 export interface RunReport {
   url: string;
+  /** Every instance's URL (`url` is the first); client c uses instance c mod N. */
+  urls: string[];
   /** The bench's HTTP client (bench/http_client.ts). */
   client: ClientKind;
   device: DeviceReport;
@@ -123,16 +128,23 @@ export function checkShape(s: HttpShape): void {
 
 const uniq = (xs: string[]) => [...new Set(xs)];
 
-/** Runs the bench against the server at `url`. */
-export async function runOnServer(url: string, o: RunOptions): Promise<RunReport> {
-  const api = new AttentionClient(url, { headers: o.headers });
+/**
+ * Runs the bench against the server at `url`, or against the instances at `url[0..N-1]` (client
+ * c's caches and calls on instance c mod N).
+ */
+export async function runOnServer(url: string | string[], o: RunOptions): Promise<RunReport> {
+  const urls = typeof url === "string" ? [url] : url;
+  if (urls.length === 0) throw new Error("runOnServer: no server URL");
+  const apis = urls.map((u) => new AttentionClient(u, { headers: o.headers }));
+  const api = apis[0];
   const device = await api.device();
   const software = isSoftware(device);
   const small = o.size === "small" || (o.size === "auto" && software);
   const shape = { ...(small ? SMALL_SHAPE : BIG_SHAPE), ...o.shape };
   checkShape(shape);
   const report: RunReport = {
-    url,
+    url: urls[0],
+    urls,
     client: o.client ?? "raw",
     device,
     software,
@@ -145,9 +157,11 @@ export async function runOnServer(url: string, o: RunOptions): Promise<RunReport
   };
   const layout = layoutOf(shape, o.seed);
   const ids: string[] = [];
+  /** Cache c's instance: its client's. */
+  const instance = (cache: number) => Math.floor(cache / shape.layers) % urls.length;
   try {
     for (let c = 0; c < shape.clients * shape.layers; c++) {
-      const info = await api.createCache({
+      const info = await apis[instance(c)].createCache({
         num_blocks: layout.num_blocks,
         block_size: shape.block_size,
         num_kv_heads: shape.num_kv_heads,
@@ -163,12 +177,13 @@ export async function runOnServer(url: string, o: RunOptions): Promise<RunReport
         `(${report.cache?.backend}, ${report.cache?.storage})`,
     );
     const ref = new Reference(shape, o.seed);
-    await prefill(url, o, report, ref, layout, ids);
-    if (report.errors.length === 0) await decode(url, o, report, ref, layout, ids);
+    const urlOf = (cache: number) => urls[instance(cache)];
+    await prefill(urlOf, o, report, ref, layout, ids);
+    if (report.errors.length === 0) await decode(urlOf, o, report, ref, layout, ids);
   } catch (e) {
     report.errors.push(e instanceof Error ? e.message : String(e));
   } finally {
-    for (const id of ids) await api.deleteCache(id).catch(() => {});
+    for (const [c, id] of ids.entries()) await apis[instance(c)].deleteCache(id).catch(() => {});
   }
   const kw = (await api.device().catch(() => null))?.keep_warm;
   if (kw) report.keep_warm = kw;
@@ -187,10 +202,10 @@ const pick = (i: { backend: string; storage: string; bytes: number }) => ({
 /**
  * Fills every cache by prefill calls. Cache 0 gets each chunk alone and timed (chunk 0 once
  * more before, untimed: the cold call); the other caches get the same chunk `clients` at a time
- * (one caller each: a raw connection carries one call at a time).
+ * (one caller a cache, to its instance: a raw connection carries one call at a time).
  */
 async function prefill(
-  url: string,
+  urlOf: (cache: number) => string,
   o: RunOptions,
   report: RunReport,
   ref: Reference,
@@ -198,7 +213,7 @@ async function prefill(
   ids: string[],
 ): Promise<void> {
   const s = report.shape;
-  const callers = Array.from({ length: s.clients }, () => caller(report.client, url, o.headers));
+  const callers = ids.map((_, c) => caller(report.client, urlOf(c), o.headers));
   const acc: PrefillAcc = { seq: [], fill: [], backends: [], fillWall: 0 };
   try {
     for (const c of chunksOf(s)) {
@@ -229,6 +244,7 @@ async function prefillChunk(
     ref: Reference;
     layout: Layout;
     ids: string[];
+    /** One a cache. */
     callers: Caller[];
   },
   acc: PrefillAcc,
@@ -255,9 +271,9 @@ async function prefillChunk(
   const answers = [keep(0, a0.output, full0)];
   for (let first = 1; first < ids.length; first += s.clients) {
     const group = ids.slice(first, first + s.clients).map((_, i) => first + i);
-    const requests = group.map((cache, i) => body(cache, callers[i]));
+    const requests = group.map((cache) => body(cache, callers[cache]));
     const t0 = performance.now();
-    const got = await Promise.all(requests.map((r, i) => forward(callers[i], r)));
+    const got = await Promise.all(requests.map((r, i) => forward(callers[group[i]], r)));
     acc.fillWall += performance.now() - t0;
     got.forEach((a, i) => {
       acc.fill.push(a);
@@ -279,7 +295,7 @@ async function prefillChunk(
  * from step `steps`), each from its own worker.
  */
 async function decode(
-  url: string,
+  urlOf: (cache: number) => string,
   o: RunOptions,
   report: RunReport,
   ref: Reference,
@@ -288,7 +304,7 @@ async function decode(
 ): Promise<void> {
   const s = report.shape;
   const job = (client: number, first: number, warmup: number, full: number[]): DecodeJob => ({
-    url,
+    url: urlOf(client * s.layers),
     headers: o.headers,
     client: report.client,
     shape: s,

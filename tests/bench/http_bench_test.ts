@@ -4,7 +4,9 @@
  * CPU_REFERENCE otherwise): a clean run checks every answer and passes; through a proxy that
  * corrupts chosen answers, exactly those answers are flagged (a sampled prefill answer, a
  * sampled decode answer, and one element of a fully checked decode answer); a runtime whose
- * server cannot start is reported unavailable with the server's own words.
+ * server cannot start is reported unavailable with the server's own words; over several
+ * instances (started by `--instances`, or given by `--url A,B` through counting proxies) each
+ * client's caches and calls stay on its own instance.
  * @module
  */
 import assert from "node:assert/strict";
@@ -58,7 +60,12 @@ function corruptingProxy(target: string, plan: Map<number, "all" | "last">) {
     const body = res.status === 204 ? null : bytes;
     return new Response(body, { status: res.status, headers: res.headers });
   });
-  return { url: `http://127.0.0.1:${server.addr.port}`, close: () => server.shutdown() };
+  return {
+    url: `http://127.0.0.1:${server.addr.port}`,
+    /** Forward calls seen. */
+    forwards: () => n,
+    close: () => server.shutdown(),
+  };
 }
 
 Deno.test("HTTP bench: every answer checked; corrupted answers are flagged", async (t) => {
@@ -149,4 +156,50 @@ Deno.test("HTTP bench: flags", () => {
   );
   assert.throws(() => parseHttpBenchArgs(["--small", "--big"], {}), /exclude each other/);
   assert.throws(() => parseHttpBenchArgs(["--url=x", "--runtimes=deno"], {}), /exclude each other/);
+  assert.deepEqual(parseHttpBenchArgs(["--url=http://a/, http://b"], {}).url, [
+    "http://a",
+    "http://b",
+  ]);
+  assert.deepEqual(parseHttpBenchArgs([], {}).instances, [1]);
+  assert.deepEqual(parseHttpBenchArgs(["--instances=1, 4"], {}).instances, [1, 4]);
+  assert.throws(() => parseHttpBenchArgs(["--instances=0"], {}), /--instances must be/);
+  assert.throws(() => parseHttpBenchArgs(["--url=x", "--instances=2"], {}), /exclude each other/);
+});
+
+Deno.test("HTTP bench: several instances, each client on its own", async (t) => {
+  const started = await Promise.all([startServer([], 60_000), startServer([], 60_000)]);
+  const srvs = started.map((s) => {
+    assert.ok(s.ok, s.ok ? "" : s.reason);
+    return s.server;
+  });
+  try {
+    await t.step("--url A,B: client c's caches and calls on instance c mod 2", async () => {
+      const proxies = srvs.map((s) => corruptingProxy(s.url, new Map()));
+      try {
+        const urls = proxies.map((p) => p.url).join(",");
+        const [r] = await runHttpBench(parseHttpBenchArgs([...TINY, `--url=${urls}`]));
+        const x = r.run!;
+        assert.equal(x.errors.length, 0, x.errors.join("; "));
+        assert.ok(x.ok);
+        assert.deepEqual(x.urls, proxies.map((p) => p.url));
+        // Client 0 (instance 0): the prefill warm-up and call, 4 decode warm-ups, 3 sequential
+        // and 3 concurrent steps; client 1 (instance 1): its prefill call and 3 steps. A call on
+        // the other instance would have found no such cache (404).
+        assert.deepEqual(proxies.map((p) => p.forwards()), [12, 4]);
+      } finally {
+        await Promise.all(proxies.map((p) => p.close()));
+      }
+    });
+  } finally {
+    await Promise.all(srvs.map((s) => s.stop()));
+  }
+  await t.step("--instances 2 starts two servers and stops them", async () => {
+    const [r] = await runHttpBench(parseHttpBenchArgs([...TINY, "--instances=2"]));
+    assert.equal(r.instances, 2);
+    assert.equal(r.run?.urls.length, 2);
+    assert.notEqual(r.run!.urls[0], r.run!.urls[1]);
+    assert.ok(r.run!.ok, r.run!.errors.join("; "));
+    assert.equal(r.server?.exit_code, 0);
+    assert.match(formatRuntime(r).join("\n"), /2 instances/);
+  });
 });
