@@ -3,7 +3,7 @@
 # the HTTP bench, the PyTorch anchor. Logs under $OUT; each part's tail is printed.
 # Usage there: bash bench/gpu_machine.sh
 #   [tests|dawn-tests|compile-probe|mma|mma-fast|mma-bench|mma-ceiling|mma-packed|residency|bench|
-#    bench-deno|http|http-warm|anchor|clock-probe|all]...
+#    bench-deno|http|http-warm|threads|anchor|clock-probe|all]...
 # mma: the tensor-core kernel's tests; mma-fast: those of its fast softmax, direct loads, matrix-move
 # staging, split S chains, per-subgroup rescale, late next-tile stores and D split over subgroups;
 # mma-bench: its variant sweep; mma-ceiling: bench/mma_ceiling.ts, what subgroup-matrix loops reach
@@ -23,7 +23,11 @@
 # cache too) are read by the bench itself.
 # http: bench/http_bench.ts (deno task bench:http) on both WebGPU runtimes (HTTP_RUNTIMES,
 # default dawn,deno: Dawn first, each runtime's report printed when done), cut at HTTP_TIMEOUT
-# seconds (default 170); HTTP_ARGS adds flags (e.g. "--steps 32"); JSON in $OUT/http.json.
+# seconds (default 170); HTTP_ARGS adds flags (e.g. "--steps 32", "--instances 1,4"); JSON in
+# $OUT/http.json.
+# threads: bench/device_threads_probe.ts, several threads of one process each with its own device
+# (Dawn, then Deno's runtime; THREADS_ARGS, default "--threads 1,2,4,8 --seconds 3"), each in its
+# own step (an abort of Dawn in several isolates ends only that step); THREADS_TIMEOUT 60.
 set -uo pipefail
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
@@ -174,6 +178,12 @@ for w in $what; do
           ${depth:+--server-arg="--keep-warm-depth=$depth"} \
           ${mode:+--server-arg="--keep-warm-mode=$mode"} \
           ${period:+--server-arg="--keep-warm-period-ms=$period"} ${HTTP_ARGS:-}
+      done ;;&
+    threads)
+      for rt in dawn deno; do
+        # shellcheck disable=SC2086
+        run "threads-$rt" "${THREADS_TIMEOUT:-60}" deno run -A bench/device_threads_probe.ts \
+          --runtime "$rt" ${THREADS_ARGS:---threads 1,2,4,8 --seconds 3}
       done ;;&
     anchor | all)
       run anchor "${ANCHOR_TIMEOUT:-60}" python3 bench/torch_anchor.py ;;
