@@ -13,17 +13,10 @@
  * @module
  */
 import type { AccessPolicy } from "./auth.ts";
-import { type ErrorLogger, problemResponse, toProblem } from "./problem.ts";
-import { releaseWhenDelivered, serveLentBodies } from "./lent_body.ts";
-import { setPreReadBody, type StreamedBody } from "./body_read.ts";
-import {
-  type BodyMessage,
-  checkFromWorker,
-  type HeadMessage,
-  type ResponseMessage,
-  type ToWorker,
-  type WorkerInit,
-} from "./worker_protocol.ts";
+import type { ErrorLogger } from "./problem.ts";
+import { serveLentBodies } from "./lent_body.ts";
+import { RequestOwner } from "./request_owner.ts";
+import { checkFromWorker, type ToWorker, type WorkerInit } from "./worker_protocol.ts";
 
 /** Options of {@link serveWithWorkers}. */
 export interface WorkerFrontOptions {
@@ -57,70 +50,27 @@ export interface WorkerFront {
 
 type Handler = (req: Request) => Promise<Response>;
 
-const BODYLESS = new Set(["GET", "HEAD"]);
-
-/** One in-flight request on this side. */
-interface Pending {
-  abort: AbortController;
-  body: Promise<BodyMessage>;
-  gotBody: (m: BodyMessage) => void;
-}
-
-/** A body stream of one chunk that ends as the worker's read did. */
-function bodyStream(p: Pending): ReadableStream<Uint8Array> {
-  return new ReadableStream<Uint8Array>({
-    async pull(c) {
-      const m = await p.body;
-      if (m.bytes.byteLength > 0) c.enqueue(new Uint8Array(m.bytes));
-      if (m.end === "error") c.error(m.message !== undefined ? new Error(m.message) : undefined);
-      else c.close();
-    },
-  });
-}
-
-/** The Request the handler gets (a method `new Request` refuses, e.g. TRACE, is kept as sent). */
-function rebuild(m: HeadMessage, p: Pending): Request {
-  const body = m.hasBody && !BODYLESS.has(m.method.toUpperCase()) ? bodyStream(p) : null;
-  const init = { headers: m.headers, body, signal: p.abort.signal };
-  let req: Request;
-  try {
-    req = new Request(m.url, { ...init, method: m.method });
-  } catch (e) {
-    if (!(e instanceof TypeError) || !/forbidden/i.test(e.message)) throw e;
-    req = new Request(m.url, { ...init, method: "POST" });
-    Object.defineProperty(req, "method", { value: m.method });
-  }
-  if (body !== null) setPreReadBody(req, p.body.then(preRead));
-  return req;
-}
-
-/** The worker's read as readBody takes it: the transferred bytes as they are, no stream. */
-function preRead(m: BodyMessage): StreamedBody {
-  const cause = m.message !== undefined ? new Error(m.message) : undefined;
-  const end = m.end === "skipped" ? "error" : m.end;
-  return { bytes: new Uint8Array(m.bytes), end, cause, uncounted: m.uncounted };
-}
-
 /** One worker thread and the requests it carries. */
 class Lane {
   readonly worker: Worker;
-  readonly pending = new Map<number, Pending>();
+  readonly owner: RequestOwner;
   closed = Promise.withResolvers<void>();
   listening = Promise.withResolvers<{ hostname: string; port: number }>();
 
   constructor(
     init: WorkerInit,
-    private handler: Handler,
+    handler: Handler,
     private log: ErrorLogger,
     private onCrash: (lane: Lane, e: ErrorEvent) => void,
   ) {
     this.worker = new Worker(new URL("./http_worker.ts", import.meta.url), { type: "module" });
+    this.owner = new RequestOwner((m, t) => this.post(m, t), handler, log);
     this.worker.onmessage = (e) => this.#receive(e.data);
     this.worker.onerror = (e) => {
       e.preventDefault();
       this.listening.reject(new Error(e.message));
       this.closed.resolve();
-      this.#failAll();
+      this.owner.failAll("the http worker stopped");
       this.onCrash(this, e);
     };
     this.post(init);
@@ -136,79 +86,22 @@ class Lane {
       this.log("http worker sent a malformed message", new Error(m));
       const id = (data as { id?: unknown } | null)?.id;
       if (typeof id === "number" && (data as { type?: unknown }).type === "head") {
-        this.pending.set(id, {
-          abort: new AbortController(),
-          body: new Promise(() => {}),
-          gotBody() {},
-        });
-        this.#answer(id, problemResponse(toProblem(new Error(m), undefined, () => {})));
+        this.owner.malformed(id, m);
       }
       return;
     }
     switch (m.type) {
       case "head":
-        return this.#head(m);
+        return this.owner.head(m);
       case "body":
-        return this.pending.get(m.id)?.gotBody(m);
+        return this.owner.body(m);
       case "abort":
-        return this.pending.get(m.id)?.abort.abort();
+        return this.owner.abort(m.id);
       case "listening":
         return this.listening.resolve({ hostname: m.hostname, port: m.port });
       case "closed":
         return this.closed.resolve();
     }
-  }
-
-  #head(m: HeadMessage): void {
-    const body = Promise.withResolvers<BodyMessage>();
-    const p: Pending = { abort: new AbortController(), body: body.promise, gotBody: body.resolve };
-    this.pending.set(m.id, p);
-    let req: Request;
-    try {
-      req = rebuild(m, p);
-    } catch (e) {
-      return void this.#answer(m.id, problemResponse(toProblem(e, undefined, this.log)));
-    }
-    this.handler(req).then(
-      (res) => this.#answer(m.id, res),
-      (e) => this.#answer(m.id, problemResponse(toProblem(e, undefined, this.log))),
-    );
-  }
-
-  async #answer(id: number, res: Response): Promise<void> {
-    let body: ArrayBuffer | null = null;
-    try {
-      const copy = res.body === null ? Promise.resolve(null) : res.arrayBuffer();
-      releaseWhenDelivered(res, copy); // a lent body's memory goes back once copied
-      body = await copy;
-    } catch (e) {
-      res = problemResponse(toProblem(e, undefined, this.log));
-      body = await res.arrayBuffer();
-    }
-    if (!this.pending.delete(id)) return;
-    const m: ResponseMessage = {
-      type: "response",
-      id,
-      status: res.status,
-      headers: [...res.headers],
-      body,
-    };
-    this.post(m, body ? [body] : []);
-  }
-
-  /** The worker is gone: its calls' clients are too. */
-  #failAll(): void {
-    for (const p of this.pending.values()) {
-      p.abort.abort();
-      p.gotBody({
-        type: "body",
-        id: -1,
-        bytes: new ArrayBuffer(0),
-        end: "error",
-        message: "the http worker stopped",
-      });
-    }
-    this.pending.clear();
   }
 }
 

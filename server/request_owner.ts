@@ -1,0 +1,144 @@
+/**
+ * The side of a thread hop that runs the handler: a {@link RequestOwner} takes the head, body
+ * and abort messages of requests another thread received (worker_protocol.ts), runs the pure
+ * handler on a Request rebuilt from them (body transferred, not copied; a signal that aborts
+ * when the client goes away) and posts each answer back, its body transferred. Used by the
+ * HTTP worker front (worker_front.ts: the owner is the service's thread, the HTTP workers send)
+ * and by device threads (device_thread.ts: each device thread owns a service, the main thread
+ * sends). The handler sees what it sees under Deno.serve: the method, URL and headers, a body
+ * stream (one chunk) that ends as the sender's read did.
+ * @module
+ */
+import { type ErrorLogger, problemResponse, toProblem } from "./problem.ts";
+import { releaseWhenDelivered } from "./lent_body.ts";
+import { setPreReadBody, type StreamedBody } from "./body_read.ts";
+import type { BodyMessage, HeadMessage, ResponseMessage } from "./worker_protocol.ts";
+
+type Handler = (req: Request) => Promise<Response>;
+
+const BODYLESS = new Set(["GET", "HEAD"]);
+
+/** One request in flight on this side. */
+interface Pending {
+  abort: AbortController;
+  body: Promise<BodyMessage>;
+  gotBody: (m: BodyMessage) => void;
+}
+
+/** A body stream of one chunk that ends as the sender's read did. */
+function bodyStream(p: Pending): ReadableStream<Uint8Array> {
+  return new ReadableStream<Uint8Array>({
+    async pull(c) {
+      const m = await p.body;
+      if (m.bytes.byteLength > 0) c.enqueue(new Uint8Array(m.bytes));
+      if (m.end === "error") c.error(m.message !== undefined ? new Error(m.message) : undefined);
+      else c.close();
+    },
+  });
+}
+
+/** The sender's read as readBody takes it: the transferred bytes as they are, no stream. */
+function preRead(m: BodyMessage): StreamedBody {
+  const cause = m.message !== undefined ? new Error(m.message) : undefined;
+  const end = m.end === "skipped" ? "error" : m.end;
+  return { bytes: new Uint8Array(m.bytes), end, cause, uncounted: m.uncounted };
+}
+
+/** The Request the handler gets (a method `new Request` refuses, e.g. TRACE, is kept as sent). */
+function rebuild(m: HeadMessage, p: Pending): Request {
+  const body = m.hasBody && !BODYLESS.has(m.method.toUpperCase()) ? bodyStream(p) : null;
+  const init = { headers: m.headers, body, signal: p.abort.signal };
+  let req: Request;
+  try {
+    req = new Request(m.url, { ...init, method: m.method });
+  } catch (e) {
+    if (!(e instanceof TypeError) || !/forbidden/i.test(e.message)) throw e;
+    req = new Request(m.url, { ...init, method: "POST" });
+    Object.defineProperty(req, "method", { value: m.method });
+  }
+  if (body !== null) setPreReadBody(req, p.body.then(preRead));
+  return req;
+}
+
+/** Runs the handler for requests received on another thread; see the module doc. */
+export class RequestOwner {
+  readonly #pending = new Map<number, Pending>();
+
+  constructor(
+    private readonly post: (m: ResponseMessage, transfer: Transferable[]) => void,
+    private readonly handler: Handler,
+    private readonly log: ErrorLogger,
+  ) {}
+
+  /** Requests in flight. */
+  get size(): number {
+    return this.#pending.size;
+  }
+
+  /** A request's head arrived: the handler starts on it (its body follows when it has one). */
+  head(m: HeadMessage): void {
+    const body = Promise.withResolvers<BodyMessage>();
+    const p: Pending = { abort: new AbortController(), body: body.promise, gotBody: body.resolve };
+    this.#pending.set(m.id, p);
+    let req: Request;
+    try {
+      req = rebuild(m, p);
+    } catch (e) {
+      return void this.#answer(m.id, problemResponse(toProblem(e, undefined, this.log)));
+    }
+    this.handler(req).then(
+      (res) => this.#answer(m.id, res),
+      (e) => this.#answer(m.id, problemResponse(toProblem(e, undefined, this.log))),
+    );
+  }
+
+  /** A request's body arrived. */
+  body(m: BodyMessage): void {
+    this.#pending.get(m.id)?.gotBody(m);
+  }
+
+  /** The client of request `id` went away. */
+  abort(id: number): void {
+    this.#pending.get(id)?.abort.abort();
+  }
+
+  /** A head that was not well formed (`why`): request `id` gets a 500. */
+  malformed(id: number, why: string): void {
+    this.#pending.set(id, {
+      abort: new AbortController(),
+      body: new Promise(() => {}),
+      gotBody() {},
+    });
+    this.#answer(id, problemResponse(toProblem(new Error(why), undefined, () => {})));
+  }
+
+  /** The sender is gone: its requests' clients are too. */
+  failAll(message: string): void {
+    for (const p of this.#pending.values()) {
+      p.abort.abort();
+      p.gotBody({ type: "body", id: -1, bytes: new ArrayBuffer(0), end: "error", message });
+    }
+    this.#pending.clear();
+  }
+
+  async #answer(id: number, res: Response): Promise<void> {
+    let body: ArrayBuffer | null = null;
+    try {
+      const copy = res.body === null ? Promise.resolve(null) : res.arrayBuffer();
+      releaseWhenDelivered(res, copy); // a lent body's memory goes back once copied
+      body = await copy;
+    } catch (e) {
+      res = problemResponse(toProblem(e, undefined, this.log));
+      body = await res.arrayBuffer();
+    }
+    if (!this.#pending.delete(id)) return;
+    const m: ResponseMessage = {
+      type: "response",
+      id,
+      status: res.status,
+      headers: [...res.headers],
+      body,
+    };
+    this.post(m, body ? [body] : []);
+  }
+}

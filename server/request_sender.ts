@@ -1,0 +1,128 @@
+/**
+ * The side of a thread hop that received the request (worker_protocol.ts): a
+ * {@link RequestSender} posts a request's head at once, reads its body into one buffer (a
+ * safetensors body of declared length in one piece, any other counted chunk by chunk) and
+ * posts it, transferred, then answers with the status, headers and body the owner posts back
+ * (transferred too). It reads no body past `maxBodyBytes`: a declared length over it, or a
+ * request `allowed` refuses, is not read at all (no route would read it); a stream that runs
+ * over stops there. A client that goes away is passed on (its request's signal aborts on the
+ * owner's side). An answer that is not well formed is a 500. Used by the HTTP workers
+ * (http_worker.ts) and by the device-thread front (device_threads.ts).
+ * @module
+ */
+import { contentLength, streamBody, wholeBody } from "./body_read.ts";
+import { mediaType } from "./body.ts";
+import { SAFETENSORS } from "./responses.ts";
+import { problemResponse, toProblem } from "./problem.ts";
+import {
+  type BodyMessage,
+  checkResponse,
+  type FromWorker,
+  type ResponseMessage,
+} from "./worker_protocol.ts";
+
+/** The bytes as one ArrayBuffer of their exact length (copied only when they are a view). */
+function ownBuffer(b: Uint8Array): ArrayBuffer {
+  const whole = b.byteOffset === 0 && b.byteLength === b.buffer.byteLength;
+  return whole && b.buffer instanceof ArrayBuffer ? b.buffer : b.slice().buffer;
+}
+
+/** Sends requests to the thread that owns the handler; see the module doc. */
+export class RequestSender {
+  readonly #waiting = new Map<number, (m: ResponseMessage | string) => void>();
+  #nextId = 0;
+
+  constructor(
+    private readonly post: (m: FromWorker, transfer?: Transferable[]) => void,
+    private readonly maxBodyBytes: number,
+    private readonly allowed: (req: Request) => boolean,
+  ) {}
+
+  /** Requests waiting for their answer. */
+  get size(): number {
+    return this.#waiting.size;
+  }
+
+  /** Sends `req` and answers with what the owner posts back. */
+  async send(req: Request): Promise<Response> {
+    const id = this.#nextId++;
+    const answer = new Promise<ResponseMessage | string>((r) => this.#waiting.set(id, r));
+    const method = req.method.toUpperCase();
+    // A declared length says so without `req.body`, whose stream would make `req.bytes()` read
+    // chunk by chunk (body_read.ts wholeBody).
+    const hasBody = method !== "GET" && method !== "HEAD" &&
+      (contentLength(req.headers.get("content-length")) > 0 || req.body !== null);
+    this.post({
+      type: "head",
+      id,
+      method: req.method,
+      url: req.url,
+      headers: [...req.headers],
+      hasBody,
+    });
+    const onAbort = () => this.post({ type: "abort", id });
+    req.signal.addEventListener("abort", onAbort, { once: true });
+    if (hasBody) {
+      const length = contentLength(req.headers.get("content-length"));
+      const declared = Number.isNaN(length) ? -1 : length; // the owner names a bad one
+      if (declared > this.maxBodyBytes || !this.allowed(req)) {
+        const bytes = new ArrayBuffer(0);
+        this.post({ type: "body", id, bytes, end: "skipped" }, [bytes]);
+      } else {
+        void this.#postBody(req, id, declared);
+      }
+    }
+    const r = await answer;
+    req.signal.removeEventListener("abort", onAbort);
+    if (typeof r === "string") {
+      return problemResponse(toProblem(new Error(`malformed answer from the service: ${r}`)));
+    }
+    return new Response(r.body, { status: r.status, headers: r.headers });
+  }
+
+  /**
+   * An answer from the owner: hands it to its request. Returns what was wrong when it names
+   * no waiting request (a malformed answer with an id still answers that request, a 500).
+   */
+  receive(data: unknown): string | null {
+    const r = checkResponse(data);
+    const id = typeof r === "string" ? (data as { id?: unknown } | null)?.id : r.id;
+    const resolve = typeof id === "number" ? this.#waiting.get(id) : undefined;
+    if (resolve === undefined) {
+      return `an answer for no waiting request: ${typeof r === "string" ? r : id}`;
+    }
+    this.#waiting.delete(id as number);
+    resolve(r);
+    return null;
+  }
+
+  /** The owner is gone: every waiting request gets a 500 saying `why`. */
+  failAll(why: string): void {
+    for (const resolve of this.#waiting.values()) resolve(why);
+    this.#waiting.clear();
+  }
+
+  /**
+   * Reads the body and posts it: a safetensors body of declared length in one piece
+   * (body_read.ts's wholeBody, as the forward route reads it without workers), any other with
+   * streamBody (the limit counted per chunk; the chunk that runs over is kept, so the owner sees
+   * more than any route's limit).
+   */
+  async #postBody(req: Request, id: number, declared: number) {
+    const whole = declared >= 0 && mediaType(req.headers.get("content-type")) === SAFETENSORS;
+    const read = whole
+      ? await wholeBody(req)
+      : await streamBody(req.body!, declared, this.maxBodyBytes);
+    const bytes = ownBuffer(read.bytes);
+    const message = read.cause instanceof Error ? read.cause.message : undefined;
+    const m: BodyMessage = {
+      type: "body",
+      id,
+      bytes,
+      end: read.end,
+      ...(message ? { message } : {}),
+      ...(read.uncounted ? { uncounted: true } : {}),
+    };
+    this.post(m, [bytes]);
+  }
+}
