@@ -14,31 +14,45 @@ import type { RuntimeOptions } from "../gpu/runtime_options.ts";
 import { deviceSummary, otherRuntimesSummary } from "../gpu/runtime_report.ts";
 import { type KeepWarmOptions, KeepWarmProvider } from "../gpu/keep_warm.ts";
 
+/** Where {@link acquireDevice} says what it did, and what ends a start that cannot go on. */
+export interface DeviceSetupHooks {
+  /** One start-up line (default: stderr). */
+  line?: (text: string) => void;
+  /** An explicit `dawn` that cannot start (default: the line, then exit 2). */
+  fatal?: (reason: string) => never;
+}
+
+const exit2 = (reason: string): never => {
+  console.error(reason);
+  Deno.exit(2);
+};
+
 /** The device provider and how to release it at shutdown. */
 export async function acquireDevice(
   gpu: boolean,
   runtime: RuntimeOptions,
   keepWarm?: KeepWarmOptions,
+  hooks: DeviceSetupHooks = {},
 ): Promise<{ device: DeviceProvider; close: () => void }> {
+  const say = hooks.line ?? ((t: string) => console.error(t));
   if (!gpu) {
-    console.error("webgpu: disabled (--no-gpu)");
+    say("webgpu: disabled (--no-gpu)");
     return { device: new NoDeviceProvider(), close: () => {} };
   }
   const mgr = new WebGpuDeviceManager({ selection: await selectRuntime(runtime) });
   const ctx = await mgr.acquire();
   if (!ctx && runtime.choice === "dawn") {
-    console.error(`webgpu: --webgpu-runtime dawn cannot start: ${mgr.report().reason}`);
-    Deno.exit(2);
+    (hooks.fatal ?? exit2)(`webgpu: --webgpu-runtime dawn cannot start: ${mgr.report().reason}`);
   }
-  console.error(`webgpu: ${deviceSummary(mgr.report())}`);
+  say(`webgpu: ${deviceSummary(mgr.report())}`);
   mgr.probeOtherRuntimes().then(() => {
-    for (const line of otherRuntimesSummary(mgr.report())) console.error(`webgpu: ${line}`);
+    for (const line of otherRuntimesSummary(mgr.report())) say(`webgpu: ${line}`);
   });
   if (!keepWarm || keepWarm.hold_ms === 0) return { device: mgr, close: () => mgr.close() };
   const warm = new KeepWarmProvider(mgr, keepWarm, { dawn_flags: runtime.dawnFlags });
   const st = await warm.start();
   const o = st.options;
-  console.error(
+  say(
     st.enabled
       ? `keep-warm: on: hold ${o.hold_ms} ms, spins of ${o.spin_iters} iterations x ` +
         `${o.workgroups} workgroups, depth ${o.depth}, mode ${o.mode}` +

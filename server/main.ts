@@ -7,8 +7,10 @@
  * listener and exits (0 when every call finished, 1 when the deadline cut some off; a second
  * signal exits 1 at once). Exits 2 on a bad command line, a refused access configuration or
  * an explicit runtime that cannot start. With `--http-workers N` the HTTP work runs on N worker
- * threads (worker_front.ts) and this thread keeps the device and the service. The only modules
- * that call Deno.serve are this one and the HTTP worker (http_worker.ts).
+ * threads (worker_front.ts) and this thread keeps the device and the service; with
+ * `--device-threads N` it is the other way round: N worker threads each own a device and a
+ * service (device_threads.ts) and this thread does the HTTP work. The only modules that call
+ * Deno.serve are worker_front.ts (for this thread) and the HTTP worker (http_worker.ts).
  * @module
  */
 import { builtinBackends } from "../backends/index.ts";
@@ -20,6 +22,7 @@ import { sharedJsonDecoder } from "./json_decoder.ts";
 import { INSTANCE_HEADER } from "../wire/names.ts";
 import { Drainer } from "./shutdown.ts";
 import { type HttpServer, serveHttp } from "./worker_front.ts";
+import { startDeviceThreads } from "./device_threads.ts";
 
 import { HELP, parseServeArgs, serveEnv, type ServeOptions } from "./serve_options.ts";
 
@@ -44,6 +47,62 @@ function describeAccess(a: ResolvedAccess): string {
   return "auth: none";
 }
 
+/** The handler, and how to close what it serves with once drained. */
+interface Served {
+  handler: (req: Request) => Promise<Response>;
+  close: () => Promise<void>;
+}
+
+/** This thread owns the device and the service. */
+async function oneService(o: ServeOptions, access: ResolvedAccess): Promise<Served> {
+  const { device, close: closeDevice } = await acquireDevice(o.gpu, o.runtime, o.keepWarm);
+  const service = new AttentionService({
+    backends: builtinBackends(),
+    device,
+    memoryBudgetBytes: o.memoryBudgetBytes,
+    limits: o.limits,
+  });
+  const handler = createHandler(service, {
+    maxBodyBytes: o.maxBodyBytes,
+    maxJsonBodyBytes: o.maxJsonBodyBytes,
+    access: access.policy,
+    instance: o.instanceName,
+  });
+  return {
+    handler,
+    close: async () => {
+      await service.close();
+      sharedJsonDecoder.close();
+      closeDevice();
+    },
+  };
+}
+
+/** `--device-threads N`: each thread its own device and service; exits 2 when one cannot start. */
+async function threadedService(o: ServeOptions, access: ResolvedAccess): Promise<Served> {
+  const started = await startDeviceThreads({
+    threads: o.deviceThreads,
+    init: {
+      gpu: o.gpu,
+      runtime: o.runtime,
+      keepWarm: o.keepWarm,
+      memoryBudgetBytes: o.memoryBudgetBytes,
+      limits: o.limits,
+      maxBodyBytes: o.maxBodyBytes,
+      maxJsonBodyBytes: o.maxJsonBodyBytes,
+      access: access.policy,
+      instance: o.instanceName,
+    },
+    access: access.policy,
+  });
+  if (!started.ok) {
+    console.error(`cannot start ${o.deviceThreads} device threads: ${started.reason}`);
+    Deno.exit(started.fatal ? 2 : 1);
+  }
+  console.error(`device threads: ${o.deviceThreads}`);
+  return { handler: started.front.handler, close: () => started.front.close() };
+}
+
 async function main(): Promise<void> {
   let o: ServeOptions;
   let access: ResolvedAccess;
@@ -62,20 +121,10 @@ async function main(): Promise<void> {
   if (access.warning) console.error(access.warning);
   console.error(describeAccess(access));
   if (o.instanceName !== undefined) console.error(`instance: ${o.instanceName}`);
-  const { device, close: closeDevice } = await acquireDevice(o.gpu, o.runtime, o.keepWarm);
-  const service = new AttentionService({
-    backends: builtinBackends(),
-    device,
-    memoryBudgetBytes: o.memoryBudgetBytes,
-    limits: o.limits,
-  });
+  const { handler, close } = o.deviceThreads > 0
+    ? await threadedService(o, access)
+    : await oneService(o, access);
   const drainer = new Drainer();
-  const handler = createHandler(service, {
-    maxBodyBytes: o.maxBodyBytes,
-    maxJsonBodyBytes: o.maxJsonBodyBytes,
-    access: access.policy,
-    instance: o.instanceName,
-  });
   const onListen = ({ hostname, port }: { hostname: string; port: number }) => {
     const h = hostname.includes(":") ? `[${hostname}]` : hostname;
     console.log(`listening on http://${h}:${port}`);
@@ -112,9 +161,7 @@ async function main(): Promise<void> {
     );
     const r = await drainer.drain(server, { deadlineMs: o.shutdownDeadlineMs });
     if (r.drained) {
-      await service.close();
-      sharedJsonDecoder.close();
-      closeDevice();
+      await close();
       console.error(`stopped: every call finished (${r.ms.toFixed(0)} ms)`);
       Deno.exit(0);
     }

@@ -10,7 +10,7 @@
  * (http_worker.ts) and by the device-thread front (device_threads.ts).
  * @module
  */
-import { contentLength, streamBody, wholeBody } from "./body_read.ts";
+import { contentLength, streamBody, type StreamedBody, wholeBody } from "./body_read.ts";
 import { mediaType } from "./body.ts";
 import { SAFETENSORS } from "./responses.ts";
 import { problemResponse, toProblem } from "./problem.ts";
@@ -43,15 +43,23 @@ export class RequestSender {
     return this.#waiting.size;
   }
 
-  /** Sends `req` and answers with what the owner posts back. */
-  async send(req: Request): Promise<Response> {
+  /**
+   * Reads `req`'s body as {@link send} would (null: not read, over the limit or refused, or no
+   * body), for a caller that looks at it before choosing where to send (device_threads.ts).
+   */
+  async readBody(req: Request): Promise<StreamedBody | null> {
+    const b = this.#bodyPlan(req);
+    return b.read ? await this.#read(req, b.declared) : null;
+  }
+
+  /**
+   * Sends `req` (its body as `preRead` says when given: what {@link readBody} returned) and
+   * answers with what the owner posts back.
+   */
+  async send(req: Request, preRead?: StreamedBody | null): Promise<Response> {
     const id = this.#nextId++;
     const answer = new Promise<ResponseMessage | string>((r) => this.#waiting.set(id, r));
-    const method = req.method.toUpperCase();
-    // A declared length says so without `req.body`, whose stream would make `req.bytes()` read
-    // chunk by chunk (body_read.ts wholeBody).
-    const hasBody = method !== "GET" && method !== "HEAD" &&
-      (contentLength(req.headers.get("content-length")) > 0 || req.body !== null);
+    const { hasBody, declared, read } = this.#bodyPlan(req);
     this.post({
       type: "head",
       id,
@@ -63,13 +71,13 @@ export class RequestSender {
     const onAbort = () => this.post({ type: "abort", id });
     req.signal.addEventListener("abort", onAbort, { once: true });
     if (hasBody) {
-      const length = contentLength(req.headers.get("content-length"));
-      const declared = Number.isNaN(length) ? -1 : length; // the owner names a bad one
-      if (declared > this.maxBodyBytes || !this.allowed(req)) {
+      if (!read) {
         const bytes = new ArrayBuffer(0);
         this.post({ type: "body", id, bytes, end: "skipped" }, [bytes]);
+      } else if (preRead) {
+        this.#postRead(id, preRead);
       } else {
-        void this.#postBody(req, id, declared);
+        void this.#read(req, declared).then((r) => this.#postRead(id, r));
       }
     }
     const r = await answer;
@@ -102,17 +110,31 @@ export class RequestSender {
     this.#waiting.clear();
   }
 
+  /** Whether `req` has a body, its declared length, and whether it is to be read. */
+  #bodyPlan(req: Request): { hasBody: boolean; declared: number; read: boolean } {
+    const method = req.method.toUpperCase();
+    // A declared length says so without `req.body`, whose stream would make `req.bytes()` read
+    // chunk by chunk (body_read.ts wholeBody).
+    const length = contentLength(req.headers.get("content-length"));
+    const hasBody = method !== "GET" && method !== "HEAD" && (length > 0 || req.body !== null);
+    const declared = Number.isNaN(length) ? -1 : length; // the owner names a bad one
+    const read = hasBody && declared <= this.maxBodyBytes && this.allowed(req);
+    return { hasBody, declared, read };
+  }
+
   /**
-   * Reads the body and posts it: a safetensors body of declared length in one piece
-   * (body_read.ts's wholeBody, as the forward route reads it without workers), any other with
-   * streamBody (the limit counted per chunk; the chunk that runs over is kept, so the owner sees
-   * more than any route's limit).
+   * Reads the body: a safetensors body of declared length in one piece (body_read.ts's
+   * wholeBody, as the forward route reads it without workers), any other with streamBody (the
+   * limit counted per chunk; the chunk that runs over is kept, so the owner sees more than any
+   * route's limit).
    */
-  async #postBody(req: Request, id: number, declared: number) {
+  #read(req: Request, declared: number): Promise<StreamedBody> {
     const whole = declared >= 0 && mediaType(req.headers.get("content-type")) === SAFETENSORS;
-    const read = whole
-      ? await wholeBody(req)
-      : await streamBody(req.body!, declared, this.maxBodyBytes);
+    return whole ? wholeBody(req) : streamBody(req.body!, declared, this.maxBodyBytes);
+  }
+
+  /** Posts a body as read, transferred. */
+  #postRead(id: number, read: StreamedBody): void {
     const bytes = ownBuffer(read.bytes);
     const message = read.cause instanceof Error ? read.cause.message : undefined;
     const m: BodyMessage = {

@@ -40,8 +40,11 @@ export const KEEP_WARM_ENV = "ATTN_KEEP_WARM_MS";
 /** Default HTTP worker threads. */
 export const DEFAULT_HTTP_WORKERS = 0;
 
-/** Most HTTP worker threads. */
+/** Most HTTP worker threads, and most device threads. */
 export const MAX_HTTP_WORKERS = 64;
+
+/** The environment variable of `--device-threads`. */
+export const DEVICE_THREADS_ENV = "ATTN_DEVICE_THREADS";
 
 export const HELP = `attention service: batched paged attention over HTTP
 
@@ -72,6 +75,12 @@ usage: deno task serve [options]
                             they read requests and write answers, this thread validates,
                             plans and runs the calls (default ${DEFAULT_HTTP_WORKERS}; 0 = one thread
                             does it all; also ${HTTP_WORKERS_ENV}; Linux: they share the port)
+  --device-threads N        worker threads that each own a WebGPU device of their own and a
+                            service over it, this thread doing the HTTP work and sending each
+                            call to the thread holding its cache; calls on caches of different
+                            threads run side by side (default 0 = this thread owns the device;
+                            also ${DEVICE_THREADS_ENV}; not with --http-workers). Each thread
+                            gets 1/N of --memory-budget-bytes; keep-warm runs on thread 0
   --keep-warm-ms N          keep the GPU busy for N ms after each call with short spin
                             dispatches, so its clock stays up between calls (default 0 = off;
                             also ${KEEP_WARM_ENV}); draws power. Needs a runtime whose completion
@@ -99,9 +108,14 @@ function intFlag(name: string, v: string | undefined, dflt: number, min: number)
   return Number(v);
 }
 
-/** `--http-workers` (over the environment variable, over the default). */
-function httpWorkersOption(flag: string | undefined, env: string | undefined): number {
-  const name = flag !== undefined ? "--http-workers" : HTTP_WORKERS_ENV;
+/** `--http-workers` / `--device-threads` (over the environment variable, over the default). */
+function threadsOption(
+  flagName: string,
+  envName: string,
+  flag: string | undefined,
+  env: string | undefined,
+): number {
+  const name = flag !== undefined ? flagName : envName;
   const v = flag ?? (env === "" ? undefined : env);
   if (v === undefined) return DEFAULT_HTTP_WORKERS;
   if (!/^\d+$/.test(v) || Number(v) > MAX_HTTP_WORKERS) {
@@ -151,6 +165,7 @@ function keepWarmOptions(
 export function serveEnv(): Record<string, string | undefined> {
   const env = runtimeEnv();
   env[HTTP_WORKERS_ENV] = envVar(HTTP_WORKERS_ENV);
+  env[DEVICE_THREADS_ENV] = envVar(DEVICE_THREADS_ENV);
   env[KEEP_WARM_ENV] = envVar(KEEP_WARM_ENV);
   return env;
 }
@@ -170,6 +185,8 @@ export interface ServeOptions {
   gpu: boolean;
   /** HTTP worker threads (0: Deno.serve on this thread). */
   httpWorkers: number;
+  /** Device threads (0: this thread owns the device and the service). */
+  deviceThreads: number;
   /** Keep-warm spins between calls (gpu/keep_warm.ts; `hold_ms` 0: off). */
   keepWarm: KeepWarmOptions;
   /** This instance's name in answers (`--instance-name`). */
@@ -204,6 +221,7 @@ export function parseServeArgs(
       "no-gpu": { type: "boolean" },
       "instance-name": { type: "string" },
       "http-workers": { type: "string" },
+      "device-threads": { type: "string" },
       "keep-warm-ms": { type: "string" },
       "keep-warm-spin-iters": { type: "string" },
       "keep-warm-workgroups": { type: "string" },
@@ -238,6 +256,23 @@ export function parseServeArgs(
     throw new Error(
       `--instance-name must be 1-64 characters of A-Z a-z 0-9 . _ - starting with a letter or ` +
         `digit, got ${JSON.stringify(instanceName)}`,
+    );
+  }
+  const httpWorkers = threadsOption(
+    "--http-workers",
+    HTTP_WORKERS_ENV,
+    values["http-workers"],
+    env[HTTP_WORKERS_ENV],
+  );
+  const deviceThreads = threadsOption(
+    "--device-threads",
+    DEVICE_THREADS_ENV,
+    values["device-threads"],
+    env[DEVICE_THREADS_ENV],
+  );
+  if (httpWorkers > 0 && deviceThreads > 0) {
+    throw new Error(
+      `--http-workers (${httpWorkers}) and --device-threads (${deviceThreads}) exclude each other`,
     );
   }
   return {
@@ -275,7 +310,8 @@ export function parseServeArgs(
       0,
     ),
     gpu: !values["no-gpu"],
-    httpWorkers: httpWorkersOption(values["http-workers"], env[HTTP_WORKERS_ENV]),
+    httpWorkers,
+    deviceThreads,
     keepWarm: keepWarmOptions(values, env[KEEP_WARM_ENV]),
     ...(instanceName !== undefined ? { instanceName } : {}),
     runtime: resolveRuntimeOptions({

@@ -22,6 +22,7 @@ Deno.test("main: flags and defaults", () => {
     shutdownDeadlineMs: 30_000,
     gpu: true,
     httpWorkers: 0,
+    deviceThreads: 0,
     keepWarm: { ...KEEP_WARM_DEFAULTS },
     runtime: DENO_RUNTIME,
     help: false,
@@ -95,6 +96,10 @@ Deno.test("main: flags and defaults", () => {
   assert.throws(() => parseServeArgs(["--http-workers=-1"]), /--http-workers must be .*"-1"/);
   assert.throws(() => parseServeArgs(["--http-workers", "65"]), /from 0 to 64, got "65"/);
   assert.throws(() => parseServeArgs([], { ATTN_HTTP_WORKERS: "two" }), /ATTN_HTTP_WORKERS must/);
+  assert.equal(parseServeArgs(["--device-threads", "4"]).deviceThreads, 4);
+  assert.equal(parseServeArgs([], { ATTN_DEVICE_THREADS: "2" }).deviceThreads, 2);
+  assert.throws(() => parseServeArgs(["--device-threads", "65"]), /--device-threads must be/);
+  assert.throws(() => parseServeArgs([], { ATTN_DEVICE_THREADS: "x" }), /ATTN_DEVICE_THREADS must/);
   assert.deepEqual(parseServeArgs([]).keepWarm, KEEP_WARM_DEFAULTS);
   assert.deepEqual(
     parseServeArgs(["--keep-warm-ms=2000", "--keep-warm-spin-iters", "500", "--keep-warm-depth=2"])

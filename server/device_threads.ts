@@ -1,0 +1,222 @@
+/**
+ * The device-thread front (`--device-threads N`): N worker threads (device_thread.ts), each
+ * with its own WebGPU device and service, behind one handler on this thread, which does the
+ * HTTP work and sends each request to a thread (request_sender.ts), so calls on caches of
+ * different threads run side by side (one device-owning thread was issue 7's throughput limit).
+ *
+ * Where a request goes: a cache's routes (`/v1/kv-caches/{id}` and below) to the thread that
+ * holds the cache (recorded when it was created: `POST /v1/kv-caches` on the thread holding the
+ * fewest caches, `PUT /v1/kv-caches/{id}` of a new id likewise); `POST /v1/attention/forward`
+ * to the holder of the cache its body names (server/forward_cache_id.ts), else to the thread
+ * with the fewest calls in flight; `GET /metrics` to every thread, merged with a
+ * `device_thread` label (metrics_merge.ts); anything else to thread 0. Each thread's memory
+ * budget is its share of `--memory-budget-bytes`. A thread that stops (a crash) fails its
+ * calls in flight with a 500 and answers later ones with a 503 `device_thread_lost`.
+ * @module
+ */
+import type { AccessPolicy } from "./auth.ts";
+import { accessCheck } from "./auth.ts";
+import { mediaType } from "./body.ts";
+import type { DeviceReadyMessage, DeviceThreadInit } from "./device_thread.ts";
+import { forwardCacheId } from "./forward_cache_id.ts";
+import { mergeMetrics } from "./metrics_merge.ts";
+import { type ErrorLogger, problem, problemResponse, toProblem } from "./problem.ts";
+import { RequestSender } from "./request_sender.ts";
+import { SAFETENSORS } from "./responses.ts";
+
+/** Options of {@link startDeviceThreads}. */
+export interface DeviceThreadsOptions {
+  threads: number;
+  /** What every thread serves with (the budget is split; keep-warm goes to thread 0 only). */
+  init: Omit<DeviceThreadInit, "type" | "index">;
+  access: AccessPolicy;
+  log?: ErrorLogger;
+}
+
+/** The running threads: the handler to serve, and how to close them after a drain. */
+export interface DeviceThreads {
+  readonly threads: number;
+  handler(req: Request): Promise<Response>;
+  /** Closes every thread's service and device, then ends the threads. */
+  close(): Promise<void>;
+}
+
+/** One device thread as the front sees it. */
+class Thread {
+  readonly worker: Worker;
+  readonly sender: RequestSender;
+  readonly ready = Promise.withResolvers<DeviceReadyMessage>();
+  readonly closed = Promise.withResolvers<void>();
+  lost: string | null = null;
+  caches = 0;
+
+  constructor(
+    readonly index: number,
+    init: DeviceThreadInit,
+    maxBody: number,
+    allowed: (r: Request) => boolean,
+    log: ErrorLogger,
+  ) {
+    this.worker = new Worker(new URL("./device_thread.ts", import.meta.url), { type: "module" });
+    this.sender = new RequestSender(
+      (m, t) => this.worker.postMessage(m, t ?? []),
+      maxBody,
+      allowed,
+    );
+    this.worker.onmessage = (e) => {
+      const type = (e.data as { type?: unknown } | null)?.type;
+      if (type === "device-ready") return this.ready.resolve(e.data);
+      if (type === "device-closed") return this.closed.resolve();
+      const wrong = this.sender.receive(e.data);
+      if (wrong !== null) log(`device thread ${index}: ${wrong}`, new Error(wrong));
+    };
+    this.worker.onerror = (e) => {
+      e.preventDefault();
+      this.lost = e.message;
+      log(`device thread ${index} stopped: ${e.message}`, e.error);
+      this.ready.resolve({ type: "device-ready", ok: false, reason: e.message, fatal: false });
+      this.sender.failAll(`device thread ${index} stopped: ${e.message}`);
+      this.closed.resolve();
+    };
+    this.worker.postMessage(init);
+  }
+
+  send(req: Request, body?: Parameters<RequestSender["send"]>[1]): Promise<Response> {
+    if (this.lost === null) return this.sender.send(req, body);
+    const e = problem(
+      503,
+      "device_thread_lost",
+      `device thread ${this.index} stopped: ${this.lost}; its caches are gone`,
+    );
+    return Promise.resolve(problemResponse(toProblem(e)));
+  }
+}
+
+/** The cache id of a path under /v1/kv-caches/ (decoded as the route does), and what follows. */
+function cachePath(path: string): { id: string; rest: string } | null {
+  const m = /^\/v1\/kv-caches\/([^/]+)(\/.*)?$/.exec(path);
+  if (!m) return null;
+  let id = m[1];
+  try {
+    id = decodeURIComponent(id);
+  } catch { /* the thread names the bad id */ }
+  return { id, rest: m[2] ?? "" };
+}
+
+/**
+ * Starts the threads and waits until each has its device. Resolves the front, or why a thread
+ * could not start (`fatal`: an explicit runtime that cannot start; the threads are ended).
+ */
+export async function startDeviceThreads(
+  o: DeviceThreadsOptions,
+): Promise<{ ok: true; front: DeviceThreads } | { ok: false; reason: string; fatal: boolean }> {
+  const log = o.log ?? ((msg, e) => console.error(msg, e));
+  const check = accessCheck(o.access);
+  const allowed = (req: Request) => {
+    try {
+      check(req, new URL(req.url));
+      return true;
+    } catch {
+      return false;
+    }
+  };
+  const n = o.threads;
+  const threads = Array.from({ length: n }, (_, index) => {
+    const init: DeviceThreadInit = {
+      ...o.init,
+      type: "device-init",
+      index,
+      memoryBudgetBytes: Math.floor(o.init.memoryBudgetBytes / n),
+      ...(index === 0 ? {} : { keepWarm: undefined }),
+    };
+    return new Thread(index, init, o.init.maxBodyBytes, allowed, log);
+  });
+  const ready = await Promise.all(threads.map((t) => t.ready.promise));
+  const bad = ready.findIndex((r) => !r.ok);
+  if (bad >= 0) {
+    const r = ready[bad] as Extract<DeviceReadyMessage, { ok: false }>;
+    threads.forEach((t) => t.worker.terminate());
+    return { ok: false, reason: `device thread ${bad}: ${r.reason}`, fatal: r.fatal };
+  }
+  return { ok: true, front: front(threads) };
+}
+
+function front(threads: Thread[]): DeviceThreads {
+  const owners = new Map<string, Thread>();
+  const fewestCaches = () => threads.reduce((a, b) => (b.caches < a.caches ? b : a));
+  const leastBusy = () => threads.reduce((a, b) => (b.sender.size < a.sender.size ? b : a));
+  const own = (id: string, t: Thread) => {
+    const was = owners.get(id);
+    if (was === t) return;
+    if (was) was.caches--;
+    owners.set(id, t);
+    t.caches++;
+  };
+  const disown = (id: string) => {
+    const was = owners.get(id);
+    if (was) was.caches--;
+    owners.delete(id);
+  };
+
+  const onCache = async (req: Request, id: string, rest: string): Promise<Response> => {
+    const method = req.method.toUpperCase();
+    const creates = method === "PUT" && rest === "";
+    const t = owners.get(id) ?? (creates ? fewestCaches() : threads[0]);
+    if (creates) own(id, t);
+    const res = await t.send(req);
+    if (method === "DELETE" && rest === "" && res.status === 204) disown(id);
+    return res;
+  };
+
+  const create = async (req: Request): Promise<Response> => {
+    const t = fewestCaches();
+    const res = await t.send(req);
+    if (res.status !== 201) return res;
+    const body = await res.arrayBuffer();
+    const id = (JSON.parse(new TextDecoder().decode(body)) as { id?: unknown }).id;
+    if (typeof id === "string") own(id, t);
+    return new Response(body, { status: res.status, headers: res.headers });
+  };
+
+  const forward = async (req: Request): Promise<Response> => {
+    const probe = threads[0].sender;
+    const body = await probe.readBody(req);
+    const safetensors = mediaType(req.headers.get("content-type")) === SAFETENSORS;
+    const id = body?.end === "complete" ? forwardCacheId(body.bytes, safetensors) : undefined;
+    const t = (id !== undefined ? owners.get(id) : undefined) ?? leastBusy();
+    return await t.send(req, body);
+  };
+
+  const metrics = async (req: Request): Promise<Response> => {
+    const answers = await Promise.all(threads.map((t) => t.send(req.clone())));
+    const bad = answers.find((r) => r.status !== 200);
+    if (bad) return bad;
+    const texts = await Promise.all(answers.map((r) => r.text()));
+    return new Response(mergeMetrics(texts), { headers: answers[0].headers });
+  };
+
+  const handler = async (req: Request): Promise<Response> => {
+    try {
+      const { pathname } = new URL(req.url);
+      const method = req.method.toUpperCase();
+      const c = cachePath(pathname);
+      if (c) return await onCache(req, c.id, c.rest);
+      if (pathname === "/v1/kv-caches" && method === "POST") return await create(req);
+      if (pathname === "/v1/attention/forward" && method === "POST") return await forward(req);
+      if (pathname === "/metrics" && method === "GET") return await metrics(req);
+      return await threads[0].send(req);
+    } catch (e) {
+      return problemResponse(toProblem(e));
+    }
+  };
+
+  return {
+    threads: threads.length,
+    handler,
+    async close() {
+      for (const t of threads) if (t.lost === null) t.worker.postMessage({ type: "device-close" });
+      await Promise.all(threads.map((t) => t.closed.promise));
+      threads.forEach((t) => t.worker.terminate());
+    },
+  };
+}

@@ -1,0 +1,60 @@
+/**
+ * `/metrics` of several device threads (device_threads.ts) as one Prometheus text: each
+ * family once (its `# HELP` and `# TYPE` lines from the first thread that has it), then every
+ * thread's samples of it, each with a `device_thread="i"` label first. Families keep the order
+ * they first appear in; a family's samples stay together, as the text format asks.
+ * @module
+ */
+
+/** The label every merged sample gets. */
+export const THREAD_LABEL = "device_thread";
+
+interface Family {
+  help?: string;
+  type?: string;
+  samples: string[];
+}
+
+/** `name{labels} value` or `name value` with the thread label added. */
+function labelled(line: string, thread: number): string {
+  const label = `${THREAD_LABEL}="${thread}"`;
+  const brace = line.indexOf("{");
+  const space = line.indexOf(" ");
+  if (brace >= 0 && (space < 0 || brace < space)) {
+    const empty = line[brace + 1] === "}";
+    return line.slice(0, brace + 1) + label + (empty ? "" : ",") + line.slice(brace + 1);
+  }
+  if (space < 0) return line;
+  return `${line.slice(0, space)}{${label}}${line.slice(space)}`;
+}
+
+/** Merges the threads' texts (index = thread number). */
+export function mergeMetrics(texts: string[]): string {
+  const families = new Map<string, Family>();
+  const family = (name: string) => {
+    let f = families.get(name);
+    if (!f) families.set(name, f = { samples: [] });
+    return f;
+  };
+  texts.forEach((text, thread) => {
+    let current: Family | null = null;
+    for (const line of text.split("\n")) {
+      const m = /^# (HELP|TYPE) (\S+)/.exec(line);
+      if (m) {
+        current = family(m[2]);
+        if (m[1] === "HELP") current.help ??= line;
+        else current.type ??= line;
+      } else if (line !== "" && !line.startsWith("#")) {
+        current ??= family(line.split(/[{ ]/)[0]);
+        current.samples.push(labelled(line, thread));
+      }
+    }
+  });
+  const out: string[] = [];
+  for (const f of families.values()) {
+    if (f.help) out.push(f.help);
+    if (f.type) out.push(f.type);
+    out.push(...f.samples);
+  }
+  return out.join("\n") + "\n";
+}

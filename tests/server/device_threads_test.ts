@@ -1,0 +1,95 @@
+/**
+ * `--device-threads 2` end to end, on real server processes (`--no-gpu`: each thread's
+ * service runs CPU_REFERENCE; on a machine with a WebGPU adapter, one run on it too): caches
+ * created by POST and by PUT spread over both threads (the merged /metrics counts them per
+ * `device_thread`), every route of a cache reaches the thread that holds it (path forward,
+ * `POST /v1/attention/forward` naming the cache in a JSON body and in a safetensors body, GET,
+ * DELETE) with answers matching float64, a deleted cache is gone, calls on caches of both
+ * threads at once keep their answers apart, SIGTERM drains and exits 0, and the flag refuses
+ * `--http-workers` beside it.
+ */
+import assert from "node:assert/strict";
+import { AttentionApiError, AttentionClient } from "../../client/client.ts";
+import { HeldSeq } from "./held_seq.ts";
+import { maxAbsDiff } from "./helpers.ts";
+import { runServerToExit, spawnServer } from "./process.ts";
+import { NO_GPU } from "../gpu/helpers.ts";
+
+/** attn_kv_caches per device thread, from the merged /metrics. */
+async function cachesPerThread(url: string): Promise<Record<string, number>> {
+  const text = await (await fetch(`${url}/metrics`)).text();
+  const out: Record<string, number> = {};
+  for (const m of text.matchAll(/^attn_kv_caches\{device_thread="(\d+)"\} (\d+)$/gm)) {
+    out[m[1]] = Number(m[2]);
+  }
+  return out;
+}
+
+/** Three steps on cache `id`, one per route, each against float64. */
+async function stepsOn(api: AttentionClient, id: string, seq: HeldSeq): Promise<void> {
+  const a = seq.step(3);
+  const r1 = await api.forwardOn(id, a.body);
+  assert.ok(maxAbsDiff(r1.output.values, a.ref) < 2e-5, `${id}: path route`);
+  const b = seq.step(1);
+  const r2 = await api.forward({ ...b.body, kv_cache: id });
+  assert.ok(maxAbsDiff(r2.output.values, b.ref) < 2e-5, `${id}: JSON body naming the cache`);
+  const c = seq.step(2);
+  const r3 = await api.forward({ ...c.body, kv_cache: id }, { binary: true });
+  assert.ok(maxAbsDiff(r3.output.values, c.ref) < 2e-5, `${id}: safetensors body naming it`);
+}
+
+async function routesSuite(args: string[], device: RegExp): Promise<void> {
+  const srv = await spawnServer(["--device-threads", "2", ...args]);
+  try {
+    assert.match(srv.stderr(), /device threads: 2/);
+    for (const t of [0, 1]) {
+      assert.match(srv.stderr(), new RegExp(`device thread ${t}: ${device.source}`));
+    }
+    const api = new AttentionClient(srv.url);
+    const posted = [
+      (await api.createCache(HeldSeq.cacheSpec())).id,
+      (await api.createCache(HeldSeq.cacheSpec())).id,
+    ];
+    for (const id of ["put-a", "put-b"]) await api.putCache(id, HeldSeq.cacheSpec());
+    assert.deepEqual(await cachesPerThread(srv.url), { "0": 2, "1": 2 });
+    const ids = [...posted, "put-a", "put-b"];
+    const seqs = ids.map(() => new HeldSeq());
+    // All four at once: two threads, two caches each.
+    await Promise.all(ids.map((id, i) => stepsOn(api, id, seqs[i])));
+    // One at a time (nothing else in flight to steer the choice of thread).
+    for (const [i, id] of ids.entries()) await stepsOn(api, id, seqs[i]);
+    for (const id of ids) assert.equal((await api.getCache(id)).id, id);
+    await api.deleteCache("put-a");
+    const left = Object.values(await cachesPerThread(srv.url)).sort();
+    assert.deepEqual(left, [1, 2], "one thread lost its cache");
+    await assert.rejects(
+      api.forward({ ...seqs[2].step(1).body, kv_cache: "put-a" }),
+      (e) => e instanceof AttentionApiError && e.status === 404,
+    );
+    // The id comes back on the thread with fewer caches.
+    await api.putCache("put-a", HeldSeq.cacheSpec());
+    assert.deepEqual(await cachesPerThread(srv.url), { "0": 2, "1": 2 });
+    await stepsOn(api, "put-a", new HeldSeq());
+    srv.kill("SIGTERM");
+    const end = await srv.exited;
+    assert.equal(end.code, 0, end.stderr);
+    assert.match(end.stderr, /stopped: every call finished/);
+  } finally {
+    srv.kill("SIGKILL");
+    await srv.exited;
+  }
+}
+
+Deno.test("device threads: caches spread, routes reach their holder (no GPU)", async () => {
+  await routesSuite(["--no-gpu"], /webgpu: disabled/);
+});
+
+Deno.test("device threads: the same on WebGPU, a device a thread", { ignore: NO_GPU }, async () => {
+  await routesSuite([], /webgpu: deno /);
+});
+
+Deno.test("device threads: not with --http-workers", async () => {
+  const r = await runServerToExit(["--device-threads", "2", "--http-workers", "2", "--no-gpu"]);
+  assert.equal(r.code, 2);
+  assert.match(r.stderr, /--http-workers \(2\) and --device-threads \(2\) exclude each other/);
+});
