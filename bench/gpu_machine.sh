@@ -23,7 +23,8 @@
 # cache too) are read by the bench itself.
 # http: bench/http_bench.ts (deno task bench:http) on both WebGPU runtimes (HTTP_RUNTIMES,
 # default dawn,deno: Dawn first, each runtime's report printed when done), cut at HTTP_TIMEOUT
-# seconds (default 170); HTTP_ARGS adds flags (e.g. "--steps 32", "--instances 1,4"); JSON in
+# seconds (default 170); HTTP_ARGS adds flags (e.g. "--steps 32", "--device-threads 0,4",
+# "--instances 1,4"); JSON in
 # $OUT/http.json.
 # threads: bench/device_threads_probe.ts, several threads of one process each with its own device
 # (Dawn, then Deno's runtime; THREADS_ARGS, default "--threads 1,2,4,8 --seconds 3"), each in its

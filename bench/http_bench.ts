@@ -44,6 +44,8 @@ export const HELP = `deno task bench:http [options]
                           --url (default 1)
   --runtimes A,B          start server/main.ts once per runtime, with --webgpu-runtime A, ...
                           (default: once, with the server's default runtime)
+  --device-threads N,M    start each runtime's server once per count, with --device-threads N
+                          (0: the main thread owns the device; default: the server's default)
   --http-workers N,M       start each runtime's server once per count, with --http-workers N
                           (0: one thread; default: the server's default)
   --server-arg ARG        pass ARG to the started server (repeatable), e.g. --server-arg=--no-gpu
@@ -79,6 +81,8 @@ export interface HttpBenchArgs {
   runtimes: string[] | null;
   /** `--http-workers` counts to start each runtime's server with (null: the server's default). */
   httpWorkers: number[] | null;
+  /** `--device-threads` counts likewise. */
+  deviceThreads: number[] | null;
   serverArgs: string[];
   startupTimeoutMs: number;
   json: boolean;
@@ -96,12 +100,21 @@ function positive(name: string, v: string): number {
   return n;
 }
 
+/** A list of counts >= 0 (`--http-workers 0,2`), or null when the flag is absent. */
+function counts(name: string, v: string | undefined): number[] | null {
+  return v?.split(",").map((x) => x.trim()).map((x) => {
+    if (!/^\d+$/.test(x)) throw new Error(`--${name} must be integers >= 0, got ${x}`);
+    return Number(x);
+  }) ?? null;
+}
+
 /** Parses the command line. @throws Error naming the bad flag. */
 export function parseHttpBenchArgs(args: string[], env = Deno.env.toObject()): HttpBenchArgs {
   const options: Record<string, { type: "string" | "boolean"; multiple?: boolean }> = {
     url: { type: "string" },
     runtimes: { type: "string" },
     "http-workers": { type: "string" },
+    "device-threads": { type: "string" },
     instances: { type: "string" },
     "server-arg": { type: "string", multiple: true },
     token: { type: "string" },
@@ -121,8 +134,10 @@ export function parseHttpBenchArgs(args: string[], env = Deno.env.toObject()): H
   const { values: v } = parseArgs({ args, options, strict: true, allowPositionals: false });
   const str = (k: string) => v[k] as string | undefined;
   if (v.small && v.big) throw new Error("--small and --big exclude each other");
-  if (v.url !== undefined && v["http-workers"] !== undefined) {
-    throw new Error("--url and --http-workers exclude each other (a running server has its own)");
+  if (v.url !== undefined && (v["http-workers"] ?? v["device-threads"]) !== undefined) {
+    throw new Error(
+      "--url and --http-workers / --device-threads exclude each other (a running server has its own)",
+    );
   }
   if (v.url !== undefined && v.runtimes !== undefined) {
     throw new Error("--url and --runtimes exclude each other (a running server has one runtime)");
@@ -145,10 +160,8 @@ export function parseHttpBenchArgs(args: string[], env = Deno.env.toObject()): H
     url: str("url")?.split(",").map((x) => x.trim().replace(/\/+$/, "")).filter(Boolean),
     instances: (str("instances") ?? "1").split(",").map((x) => positive("instances", x.trim())),
     runtimes: str("runtimes")?.split(",").map((x) => x.trim()).filter(Boolean) ?? null,
-    httpWorkers: str("http-workers")?.split(",").map((x) => x.trim()).map((x) => {
-      if (!/^\d+$/.test(x)) throw new Error(`--http-workers must be integers >= 0, got ${x}`);
-      return Number(x);
-    }) ?? null,
+    httpWorkers: counts("http-workers", str("http-workers")),
+    deviceThreads: counts("device-threads", str("device-threads")),
     serverArgs: (v["server-arg"] as string[] | undefined) ?? [],
     startupTimeoutMs: 1000 * positive("startup-timeout-s", str("startup-timeout-s") ?? "180"),
     json: v.json === true,
@@ -187,8 +200,9 @@ export async function runHttpBench(
 ): Promise<RuntimeReport[]> {
   const opts: RunOptions = { ...a.run, log };
   const out: RuntimeReport[] = [];
-  const finish = (r: RuntimeReport, workers?: number, instances = 1) => {
+  const finish = (r: RuntimeReport, workers?: number, instances = 1, threads?: number) => {
     if (workers !== undefined) r.http_workers = workers;
+    if (threads !== undefined) r.device_threads = threads;
     if (instances > 1) r.instances = instances;
     out.push(r);
     done(r);
@@ -206,18 +220,21 @@ export async function runHttpBench(
   }
   const servers = (a.runtimes ?? ["default"]).flatMap((runtime) =>
     (a.httpWorkers ?? [undefined]).flatMap((workers) =>
-      a.instances.map((instances) => ({ runtime, workers, instances }))
+      (a.deviceThreads ?? [undefined]).flatMap((threads) =>
+        a.instances.map((instances) => ({ runtime, workers, threads, instances }))
+      )
     )
   );
-  for (const { runtime, workers, instances } of servers) {
+  for (const { runtime, workers, threads, instances } of servers) {
     const flags = runtime === "default" ? [] : [`--webgpu-runtime=${runtime}`];
     if (workers !== undefined) flags.push(`--http-workers=${workers}`);
+    if (threads !== undefined) flags.push(`--device-threads=${threads}`);
     const args = [...flags, ...budgetArgs(a), ...a.serverArgs];
     log(`starting server/main.ts ${args.join(" ")}`);
     const started = await startServers(args, instances, a.startupTimeoutMs);
     if (!started.ok) {
       log(`runtime ${runtime}: unavailable: ${started.reason}`);
-      finish({ runtime, available: false, reason: started.reason }, workers, instances);
+      finish({ runtime, available: false, reason: started.reason }, workers, instances, threads);
       continue;
     }
     const srvs = started.servers;
@@ -228,7 +245,7 @@ export async function runHttpBench(
       stderr: srvs[0].stderr(),
       exit_code: exit_codes.find((c) => c !== 0) ?? exit_codes[0],
     };
-    finish(report, workers, instances);
+    finish(report, workers, instances, threads);
   }
   return out;
 }

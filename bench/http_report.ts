@@ -14,6 +14,8 @@ export interface RuntimeReport {
   runtime: string;
   /** The server's `--http-workers` when the bench set it. */
   http_workers?: number;
+  /** The server's `--device-threads` when the bench set it. */
+  device_threads?: number;
   /** Servers started (`--instances`), when more than one. */
   instances?: number;
   available: boolean;
@@ -94,8 +96,9 @@ function timingTable(phases: [string, PhaseStats | undefined][]): string[] {
 /** A runtime's name, with its HTTP worker and instance counts when the bench set them. */
 function label(r: RuntimeReport): string {
   const workers = r.http_workers === undefined ? "" : `, ${r.http_workers} http workers`;
+  const threads = r.device_threads === undefined ? "" : `, ${r.device_threads} device threads`;
   const instances = r.instances === undefined ? "" : `, ${r.instances} instances`;
-  return r.runtime + workers + instances;
+  return r.runtime + workers + threads + instances;
 }
 
 /** The report of one runtime, as lines. */

@@ -161,6 +161,8 @@ Deno.test("HTTP bench: flags", () => {
     "http://b",
   ]);
   assert.deepEqual(parseHttpBenchArgs([], {}).instances, [1]);
+  assert.deepEqual(parseHttpBenchArgs(["--device-threads=0,4"], {}).deviceThreads, [0, 4]);
+  assert.throws(() => parseHttpBenchArgs(["--url=x", "--device-threads=2"], {}), /exclude/);
   assert.deepEqual(parseHttpBenchArgs(["--instances=1, 4"], {}).instances, [1, 4]);
   assert.throws(() => parseHttpBenchArgs(["--instances=0"], {}), /--instances must be/);
   assert.throws(() => parseHttpBenchArgs(["--url=x", "--instances=2"], {}), /exclude each other/);
