@@ -24,8 +24,7 @@
 # http: bench/http_bench.ts (deno task bench:http) on both WebGPU runtimes (HTTP_RUNTIMES,
 # default dawn,deno: Dawn first, each runtime's report printed when done), cut at HTTP_TIMEOUT
 # seconds (default 170); HTTP_ARGS adds flags (e.g. "--steps 32", "--device-threads 0,4",
-# "--instances 1,4"); JSON in
-# $OUT/http.json.
+# "--instances 1,4"); JSON in $OUT/http.json.
 # threads: bench/device_threads_probe.ts, several threads of one process each with its own device
 # (Dawn, then Deno's runtime; THREADS_ARGS, default "--threads 1,2,4,8 --seconds 3"), each in its
 # own step (an abort of Dawn in several isolates ends only that step); THREADS_TIMEOUT 60.
