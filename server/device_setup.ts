@@ -20,6 +20,9 @@ export interface DeviceSetupHooks {
   line?: (text: string) => void;
   /** An explicit `dawn` that cannot start (default: the line, then exit 2). */
   fatal?: (reason: string) => never;
+  /** Probe the runtime not chosen for /v1/device (default true; device threads past the first
+   * skip it, so Dawn is not loaded in every thread only to be described). */
+  probeOthers?: boolean;
 }
 
 const exit2 = (reason: string): never => {
@@ -45,9 +48,11 @@ export async function acquireDevice(
     (hooks.fatal ?? exit2)(`webgpu: --webgpu-runtime dawn cannot start: ${mgr.report().reason}`);
   }
   say(`webgpu: ${deviceSummary(mgr.report())}`);
-  mgr.probeOtherRuntimes().then(() => {
-    for (const line of otherRuntimesSummary(mgr.report())) say(`webgpu: ${line}`);
-  });
+  if (hooks.probeOthers ?? true) {
+    mgr.probeOtherRuntimes().then(() => {
+      for (const line of otherRuntimesSummary(mgr.report())) say(`webgpu: ${line}`);
+    });
+  }
   if (!keepWarm || keepWarm.hold_ms === 0) return { device: mgr, close: () => mgr.close() };
   const warm = new KeepWarmProvider(mgr, keepWarm, { dawn_flags: runtime.dawnFlags });
   const st = await warm.start();

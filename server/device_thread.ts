@@ -65,6 +65,7 @@ async function start(init: DeviceThreadInit): Promise<void> {
     init.keepWarm,
     {
       line: say,
+      probeOthers: init.index === 0,
       fatal: (reason) => {
         throw new FatalStart(reason);
       },
