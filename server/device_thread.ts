@@ -111,6 +111,7 @@ scope.onmessage = (e: MessageEvent) => {
     );
     return;
   }
+  if (data?.type === "device-fault") throw new Error("fault injected by the front (a test hook)");
   if (data?.type === "device-close") {
     void (close?.() ?? Promise.resolve()).finally(() =>
       scope.postMessage({ type: "device-closed" })

@@ -39,6 +39,8 @@ export interface DeviceThreads {
   handler(req: Request): Promise<Response>;
   /** Closes every thread's service and device, then ends the threads. */
   close(): Promise<void>;
+  /** Makes thread `i` crash (tests use it to exercise a lost thread). */
+  fault(i: number): void;
 }
 
 /** One device thread as the front sees it. */
@@ -88,7 +90,7 @@ class Thread {
       "device_thread_lost",
       `device thread ${this.index} stopped: ${this.lost}; its caches are gone`,
     );
-    return Promise.resolve(problemResponse(toProblem(e)));
+    return Promise.resolve(problemResponse(toProblem(e, undefined, () => {}))); // logged at the crash
   }
 }
 
@@ -213,6 +215,9 @@ function front(threads: Thread[]): DeviceThreads {
   return {
     threads: threads.length,
     handler,
+    fault(i: number) {
+      threads[i].worker.postMessage({ type: "device-fault" });
+    },
     async close() {
       for (const t of threads) if (t.lost === null) t.worker.postMessage({ type: "device-close" });
       await Promise.all(threads.map((t) => t.closed.promise));

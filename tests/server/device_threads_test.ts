@@ -5,8 +5,9 @@
  * `device_thread`), every route of a cache reaches the thread that holds it (path forward,
  * `POST /v1/attention/forward` naming the cache in a JSON body and in a safetensors body, GET,
  * DELETE) with answers matching float64, a deleted cache is gone, calls on caches of both
- * threads at once keep their answers apart, SIGTERM drains and exits 0, and the flag refuses
- * `--http-workers` beside it.
+ * threads at once keep their answers apart, SIGTERM drains and exits 0, the flag refuses
+ * `--http-workers` beside it; and in process, a thread that crashes answers 503
+ * `device_thread_lost` for its caches while the other thread goes on.
  */
 import assert from "node:assert/strict";
 import { AttentionApiError, AttentionClient } from "../../client/client.ts";
@@ -14,6 +15,8 @@ import { HeldSeq } from "./held_seq.ts";
 import { maxAbsDiff } from "./helpers.ts";
 import { runServerToExit, spawnServer } from "./process.ts";
 import { NO_GPU } from "../gpu/helpers.ts";
+import { startDeviceThreads } from "../../server/device_threads.ts";
+import { DEFAULT_CALL_LIMITS } from "../../service/validate.ts";
 
 /** attn_kv_caches per device thread, from the merged /metrics. */
 async function cachesPerThread(url: string): Promise<Record<string, number>> {
@@ -94,4 +97,56 @@ Deno.test("device threads: not with --http-workers", async () => {
   const r = await runServerToExit(["--device-threads", "2", "--http-workers", "2", "--no-gpu"]);
   assert.equal(r.code, 2);
   assert.match(r.stderr, /--http-workers \(2\) and --device-threads \(2\) exclude each other/);
+});
+
+Deno.test("device threads: a thread that stops takes its caches, the others go on", async () => {
+  const started = await startDeviceThreads({
+    threads: 2,
+    init: {
+      gpu: false,
+      runtime: { choice: "deno", dawnFlags: [] },
+      memoryBudgetBytes: 2 ** 26,
+      limits: { ...DEFAULT_CALL_LIMITS },
+      maxBodyBytes: 2 ** 24,
+      maxJsonBodyBytes: 2 ** 24,
+      access: {},
+    },
+    access: {},
+    log: () => {},
+  });
+  assert.ok(started.ok);
+  const front = started.front;
+  const call = (method: string, path: string, body?: unknown) =>
+    front.handler(
+      new Request(`http://127.0.0.1${path}`, {
+        method,
+        headers: body ? { "content-type": "application/json" } : {},
+        body: body ? JSON.stringify(body) : undefined,
+      }),
+    );
+  try {
+    const ids: string[] = [];
+    for (let i = 0; i < 2; i++) {
+      const res = await call("POST", "/v1/kv-caches", HeldSeq.cacheSpec());
+      assert.equal(res.status, 201);
+      ids.push((await res.json()).id);
+    }
+    front.fault(1); // the second cache's thread (the fewest caches: thread 0, then thread 1)
+    await new Promise((r) => setTimeout(r, 200));
+    const lost = await call("GET", `/v1/kv-caches/${ids[1]}`);
+    assert.equal(lost.status, 503);
+    assert.equal((await lost.json()).code, "device_thread_lost");
+    assert.equal((await call("GET", `/v1/kv-caches/${ids[0]}`)).status, 200);
+    const seq = new HeldSeq();
+    const step = seq.step(2);
+    const res = await call("POST", "/v1/attention/forward", { ...step.body, kv_cache: ids[0] });
+    assert.equal(res.status, 200);
+    const out = (await res.json()).output;
+    assert.ok(maxAbsDiff(out.data, step.ref) < 2e-5);
+    // New caches go to the thread that still runs.
+    const again = await call("POST", "/v1/kv-caches", HeldSeq.cacheSpec());
+    assert.equal(again.status, 201);
+  } finally {
+    await front.close();
+  }
 });
