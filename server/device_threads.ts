@@ -145,8 +145,13 @@ export async function startDeviceThreads(
 
 function front(threads: Thread[]): DeviceThreads {
   const owners = new Map<string, Thread>();
-  const fewestCaches = () => threads.reduce((a, b) => (b.caches < a.caches ? b : a));
-  const leastBusy = () => threads.reduce((a, b) => (b.sender.size < a.sender.size ? b : a));
+  // Choices among the threads still running (all lost: thread 0, which answers 503).
+  const live = () => {
+    const l = threads.filter((t) => t.lost === null);
+    return l.length ? l : [threads[0]];
+  };
+  const fewestCaches = () => live().reduce((a, b) => (b.caches < a.caches ? b : a));
+  const leastBusy = () => live().reduce((a, b) => (b.sender.size < a.sender.size ? b : a));
   const own = (id: string, t: Thread) => {
     const was = owners.get(id);
     if (was === t) return;
@@ -162,10 +167,12 @@ function front(threads: Thread[]): DeviceThreads {
 
   const onCache = async (req: Request, id: string, rest: string): Promise<Response> => {
     const method = req.method.toUpperCase();
-    const creates = method === "PUT" && rest === "";
-    const t = owners.get(id) ?? (creates ? fewestCaches() : threads[0]);
+    const known = owners.get(id);
+    const creates = known === undefined && method === "PUT" && rest === "";
+    const t = known ?? (creates ? fewestCaches() : live()[0]);
     if (creates) own(id, t);
     const res = await t.send(req);
+    if (creates && !res.ok && owners.get(id) === t) disown(id); // not created after all
     if (method === "DELETE" && rest === "" && res.status === 204) disown(id);
     return res;
   };
@@ -189,12 +196,16 @@ function front(threads: Thread[]): DeviceThreads {
     return await t.send(req, body);
   };
 
+  /** Every running thread's series (a lost thread's are gone with it). */
   const metrics = async (req: Request): Promise<Response> => {
-    const answers = await Promise.all(threads.map((t) => t.send(req.clone())));
-    const bad = answers.find((r) => r.status !== 200);
+    const answers = await Promise.all(
+      threads.map((t) => t.lost === null ? t.send(req.clone()) : Promise.resolve(null)),
+    );
+    const bad = answers.find((r) => r !== null && r.status !== 200);
     if (bad) return bad;
-    const texts = await Promise.all(answers.map((r) => r.text()));
-    return new Response(mergeMetrics(texts), { headers: answers[0].headers });
+    const texts = await Promise.all(answers.map((r) => r?.text() ?? ""));
+    const headers = answers.find((r) => r !== null)?.headers;
+    return new Response(mergeMetrics(texts), { headers });
   };
 
   const handler = async (req: Request): Promise<Response> => {
@@ -206,7 +217,7 @@ function front(threads: Thread[]): DeviceThreads {
       if (pathname === "/v1/kv-caches" && method === "POST") return await create(req);
       if (pathname === "/v1/attention/forward" && method === "POST") return await forward(req);
       if (pathname === "/metrics" && method === "GET") return await metrics(req);
-      return await threads[0].send(req);
+      return await live()[0].send(req);
     } catch (e) {
       return problemResponse(toProblem(e));
     }

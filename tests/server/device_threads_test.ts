@@ -55,6 +55,14 @@ async function routesSuite(args: string[], device: RegExp): Promise<void> {
     ];
     for (const id of ["put-a", "put-b"]) await api.putCache(id, HeldSeq.cacheSpec());
     assert.deepEqual(await cachesPerThread(srv.url), { "0": 2, "1": 2 });
+    // A refused PUT of a new id leaves no cache behind, on the thread or in the front's count.
+    await assert.rejects(
+      api.putCache("bad", { ...HeldSeq.cacheSpec(), num_blocks: 0 }),
+      (e) => e instanceof AttentionApiError && e.status >= 400 && e.status < 500,
+    );
+    await api.putCache("put-c", HeldSeq.cacheSpec());
+    assert.deepEqual(await cachesPerThread(srv.url), { "0": 3, "1": 2 });
+    await api.deleteCache("put-c");
     const ids = [...posted, "put-a", "put-b"];
     const seqs = ids.map(() => new HeldSeq());
     // All four at once: two threads, two caches each.
@@ -143,9 +151,17 @@ Deno.test("device threads: a thread that stops takes its caches, the others go o
     assert.equal(res.status, 200);
     const out = (await res.json()).output;
     assert.ok(maxAbsDiff(out.data, step.ref) < 2e-5);
-    // New caches go to the thread that still runs.
-    const again = await call("POST", "/v1/kv-caches", HeldSeq.cacheSpec());
-    assert.equal(again.status, 201);
+    // New caches (three: thread 0 holds more than the lost one by then) go to the thread that
+    // still runs, and /metrics has its series only.
+    for (let i = 0; i < 3; i++) {
+      const again = await call("POST", "/v1/kv-caches", HeldSeq.cacheSpec());
+      assert.equal(again.status, 201);
+      assert.equal((await call("GET", `/v1/kv-caches/${(await again.json()).id}`)).status, 200);
+    }
+    const text = await (await call("GET", "/metrics")).text();
+    assert.match(text, /^attn_kv_caches\{device_thread="0"\} 4$/m);
+    assert.doesNotMatch(text, /device_thread="1"/);
+    assert.equal((await call("GET", "/healthz")).status, 200);
   } finally {
     await front.close();
   }
