@@ -112,3 +112,16 @@ export function accessCheck(policy: AccessPolicy): (req: Request, url: URL) => v
     }
   };
 }
+
+/** {@link accessCheck} as a yes/no (the HTTP fronts skip reading the body of a refused request). */
+export function accessAllowed(policy: AccessPolicy): (req: Request) => boolean {
+  const check = accessCheck(policy);
+  return (req) => {
+    try {
+      check(req, new URL(req.url));
+      return true;
+    } catch {
+      return false;
+    }
+  };
+}

@@ -8,6 +8,11 @@
  * @module
  */
 import type { DeviceProvider } from "../core/types.ts";
+import { builtinBackends } from "../backends/index.ts";
+import { AttentionService } from "../service/service.ts";
+import type { CallLimits } from "../service/validate.ts";
+import type { AccessPolicy } from "./auth.ts";
+import { createHandler } from "./handler.ts";
 import { NoDeviceProvider, WebGpuDeviceManager } from "../gpu/device.ts";
 import { selectRuntime } from "../gpu/runtime.ts";
 import type { RuntimeOptions } from "../gpu/runtime_options.ts";
@@ -68,4 +73,34 @@ export async function acquireDevice(
       : `keep-warm: off: ${st.reason}`,
   );
   return { device: warm, close: () => warm.close().finally(() => mgr.close()) };
+}
+
+/** What a service and its handler are built with (structured-cloneable: device threads get it). */
+export interface ServingOptions {
+  memoryBudgetBytes: number;
+  limits: CallLimits;
+  maxBodyBytes: number;
+  maxJsonBodyBytes: number;
+  access: AccessPolicy;
+  instance?: string;
+}
+
+/** The service over `device` and the pure handler over it (main.ts, device_thread.ts). */
+export function serviceAndHandler(
+  device: DeviceProvider,
+  o: ServingOptions,
+): { service: AttentionService; handler: (req: Request) => Promise<Response> } {
+  const service = new AttentionService({
+    backends: builtinBackends(),
+    device,
+    memoryBudgetBytes: o.memoryBudgetBytes,
+    limits: o.limits,
+  });
+  const handler = createHandler(service, {
+    maxBodyBytes: o.maxBodyBytes,
+    maxJsonBodyBytes: o.maxJsonBodyBytes,
+    access: o.access,
+    instance: o.instance,
+  });
+  return { service, handler };
 }

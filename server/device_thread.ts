@@ -11,33 +11,21 @@
  * device are closed.
  * @module
  */
-import { builtinBackends } from "../backends/index.ts";
-import { AttentionService } from "../service/service.ts";
-import type { CallLimits } from "../service/validate.ts";
 import type { KeepWarmOptions } from "../gpu/keep_warm.ts";
 import type { RuntimeOptions } from "../gpu/runtime_options.ts";
-import type { AccessPolicy } from "./auth.ts";
-import { acquireDevice } from "./device_setup.ts";
-import { createHandler } from "./handler.ts";
+import { acquireDevice, serviceAndHandler, type ServingOptions } from "./device_setup.ts";
 import { sharedJsonDecoder } from "./json_decoder.ts";
 import { RequestOwner } from "./request_owner.ts";
 import { checkFromWorker, type ResponseMessage } from "./worker_protocol.ts";
 
-/** What one device thread serves with (structured-cloneable). */
-export interface DeviceThreadInit {
+/** What one device thread serves with (structured-cloneable; `memoryBudgetBytes`: its share). */
+export interface DeviceThreadInit extends ServingOptions {
   type: "device-init";
   index: number;
   gpu: boolean;
   runtime: RuntimeOptions;
   /** Keep-warm (thread 0 only: the GPU's clock is the card's). */
   keepWarm?: KeepWarmOptions;
-  /** This thread's share of the cache memory budget. */
-  memoryBudgetBytes: number;
-  limits: CallLimits;
-  maxBodyBytes: number;
-  maxJsonBodyBytes: number;
-  access: AccessPolicy;
-  instance?: string;
 }
 
 /** A device thread's start: ready, or why not (`fatal`: an explicit runtime that cannot start). */
@@ -71,18 +59,7 @@ async function start(init: DeviceThreadInit): Promise<void> {
       },
     },
   );
-  const service = new AttentionService({
-    backends: builtinBackends(),
-    device,
-    memoryBudgetBytes: init.memoryBudgetBytes,
-    limits: init.limits,
-  });
-  const handler = createHandler(service, {
-    maxBodyBytes: init.maxBodyBytes,
-    maxJsonBodyBytes: init.maxJsonBodyBytes,
-    access: init.access,
-    instance: init.instance,
-  });
+  const { service, handler } = serviceAndHandler(device, init);
   const log = (msg: string, e?: unknown) => console.error(`device thread ${init.index}: ${msg}`, e);
   owner = new RequestOwner(
     (m: ResponseMessage, t: Transferable[]) => scope.postMessage(m, t),

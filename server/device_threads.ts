@@ -14,8 +14,7 @@
  * calls in flight with a 500 and answers later ones with a 503 `device_thread_lost`.
  * @module
  */
-import type { AccessPolicy } from "./auth.ts";
-import { accessCheck } from "./auth.ts";
+import { accessAllowed, type AccessPolicy } from "./auth.ts";
 import { mediaType } from "./body.ts";
 import type { DeviceReadyMessage, DeviceThreadInit } from "./device_thread.ts";
 import { forwardCacheId } from "./forward_cache_id.ts";
@@ -113,15 +112,7 @@ export async function startDeviceThreads(
   o: DeviceThreadsOptions,
 ): Promise<{ ok: true; front: DeviceThreads } | { ok: false; reason: string; fatal: boolean }> {
   const log = o.log ?? ((msg, e) => console.error(msg, e));
-  const check = accessCheck(o.access);
-  const allowed = (req: Request) => {
-    try {
-      check(req, new URL(req.url));
-      return true;
-    } catch {
-      return false;
-    }
-  };
+  const allowed = accessAllowed(o.access);
   const n = o.threads;
   const threads = Array.from({ length: n }, (_, index) => {
     const init: DeviceThreadInit = {

@@ -7,7 +7,7 @@
  * access check refuses.
  * @module
  */
-import { accessCheck } from "./auth.ts";
+import { accessAllowed } from "./auth.ts";
 import { RequestSender } from "./request_sender.ts";
 import type { FromWorker, WorkerInit } from "./worker_protocol.ts";
 
@@ -21,15 +21,7 @@ let server: Deno.HttpServer | null = null;
 let sender: RequestSender | null = null;
 
 function start(init: WorkerInit): void {
-  const check = accessCheck(init.access);
-  const allowed = (req: Request) => {
-    try {
-      check(req, new URL(req.url));
-      return true;
-    } catch {
-      return false;
-    }
-  };
+  const allowed = accessAllowed(init.access);
   const s = new RequestSender((m, t) => scope.postMessage(m, t), init.maxBodyBytes, allowed);
   sender = s;
   server = Deno.serve({

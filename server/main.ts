@@ -13,11 +13,8 @@
  * Deno.serve are worker_front.ts (for this thread) and the HTTP worker (http_worker.ts).
  * @module
  */
-import { builtinBackends } from "../backends/index.ts";
-import { acquireDevice } from "./device_setup.ts";
-import { AttentionService } from "../service/service.ts";
+import { acquireDevice, serviceAndHandler, type ServingOptions } from "./device_setup.ts";
 import { AccessConfigError, resolveAccess, type ResolvedAccess } from "./access_config.ts";
-import { createHandler } from "./handler.ts";
 import { sharedJsonDecoder } from "./json_decoder.ts";
 import { INSTANCE_HEADER } from "../wire/names.ts";
 import { Drainer } from "./shutdown.ts";
@@ -53,21 +50,22 @@ interface Served {
   close: () => Promise<void>;
 }
 
-/** This thread owns the device and the service. */
-async function oneService(o: ServeOptions, access: ResolvedAccess): Promise<Served> {
-  const { device, close: closeDevice } = await acquireDevice(o.gpu, o.runtime, o.keepWarm);
-  const service = new AttentionService({
-    backends: builtinBackends(),
-    device,
+/** The options a service and its handler take, from the command line's. */
+function servingOptions(o: ServeOptions, access: ResolvedAccess): ServingOptions {
+  return {
     memoryBudgetBytes: o.memoryBudgetBytes,
     limits: o.limits,
-  });
-  const handler = createHandler(service, {
     maxBodyBytes: o.maxBodyBytes,
     maxJsonBodyBytes: o.maxJsonBodyBytes,
     access: access.policy,
-    instance: o.instanceName,
-  });
+    ...(o.instanceName !== undefined ? { instance: o.instanceName } : {}),
+  };
+}
+
+/** This thread owns the device and the service. */
+async function oneService(o: ServeOptions, access: ResolvedAccess): Promise<Served> {
+  const { device, close: closeDevice } = await acquireDevice(o.gpu, o.runtime, o.keepWarm);
+  const { service, handler } = serviceAndHandler(device, servingOptions(o, access));
   return {
     handler,
     close: async () => {
@@ -82,17 +80,7 @@ async function oneService(o: ServeOptions, access: ResolvedAccess): Promise<Serv
 async function threadedService(o: ServeOptions, access: ResolvedAccess): Promise<Served> {
   const started = await startDeviceThreads({
     threads: o.deviceThreads,
-    init: {
-      gpu: o.gpu,
-      runtime: o.runtime,
-      keepWarm: o.keepWarm,
-      memoryBudgetBytes: o.memoryBudgetBytes,
-      limits: o.limits,
-      maxBodyBytes: o.maxBodyBytes,
-      maxJsonBodyBytes: o.maxJsonBodyBytes,
-      access: access.policy,
-      instance: o.instanceName,
-    },
+    init: { gpu: o.gpu, runtime: o.runtime, keepWarm: o.keepWarm, ...servingOptions(o, access) },
     access: access.policy,
   });
   if (!started.ok) {

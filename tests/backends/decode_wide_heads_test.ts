@@ -12,27 +12,14 @@ import { DEFAULT_DECODE_TUNING, makeWebGpuDecode } from "../../backends/webgpu_d
 import type { AttentionBackend } from "../../core/types.ts";
 import type { BatchSpec } from "../support/batches.ts";
 import { checkBackend } from "../support/backend_check.ts";
-import { decodePlanInfo, KNOB_REQUESTS } from "../support/decode_knob_specs.ts";
+import { decodePlanInfo, FP8_HND_SPEC, KNOB_REQUESTS } from "../support/decode_knob_specs.ts";
 import { GPU, NO_GPU } from "../gpu/helpers.ts";
 
 /** 16 query heads over 4 kv heads at head size 64: one workgroup takes all 16. */
 const WIDE = { num_heads: 16, num_kv_heads: 4, head_size: 64, requests: KNOB_REQUESTS };
 
 const SPECS: [string, BatchSpec][] = [
-  ["f16, fp8_e4m3 cache, HND, window, sinks, ALiBi, soft cap, LSE", {
-    ...WIDE,
-    dtype: "float16",
-    kv_cache_dtype: "fp8_e4m3",
-    k_scale: 0.5,
-    v_scale: 2,
-    layout: "HND",
-    block_size: 16,
-    sliding_window: 300,
-    sinks: true,
-    alibi: true,
-    logits_soft_cap: 6,
-    return_lse: true,
-  }],
+  ["f16, fp8_e4m3 cache, HND, window, sinks, ALiBi, soft cap, LSE", { ...FP8_HND_SPEC, ...WIDE }],
   ["bf16, bf16 cache, NHD, sinks, LSE", {
     ...WIDE,
     dtype: "bfloat16",
