@@ -23,6 +23,8 @@
 import { partsResponse } from "./responses.ts";
 
 const lent = new WeakMap<Response, () => void>();
+/** The parts of each lent answer, for {@link takeLentBytes}. */
+const lentParts = new WeakMap<Response, Uint8Array[]>();
 
 /** An answer streaming `parts` (in order, uncopied), with Content-Length; `release` lent. */
 export function lentBodyResponse(
@@ -32,7 +34,32 @@ export function lentBodyResponse(
 ): Response {
   const res = partsResponse(parts, init);
   lent.set(res, release);
+  lentParts.set(res, parts);
   return res;
+}
+
+/**
+ * A lent answer's body as one new buffer, copied straight from its parts (not through its
+ * stream: a thread hop's owner, request_owner.ts, spends ~20 us on a decode answer this way
+ * against ~90 us reading the stream, dev VM), and its memory released at once; null for any
+ * other answer, or one whose body was read already.
+ */
+export function takeLentBytes(res: Response): ArrayBuffer | null {
+  const parts = lentParts.get(res);
+  const release = lent.get(res);
+  if (!parts || !release || res.bodyUsed) return null;
+  lentParts.delete(res);
+  lent.delete(res);
+  let n = 0;
+  for (const p of parts) n += p.byteLength;
+  const out = new Uint8Array(n);
+  let at = 0;
+  for (const p of parts) {
+    out.set(p, at);
+    at += p.byteLength;
+  }
+  release();
+  return out.buffer;
 }
 
 /**

@@ -10,7 +10,7 @@
  * @module
  */
 import { type ErrorLogger, problemResponse, toProblem } from "./problem.ts";
-import { releaseWhenDelivered } from "./lent_body.ts";
+import { releaseWhenDelivered, takeLentBytes } from "./lent_body.ts";
 import { setPreReadBody, type StreamedBody } from "./body_read.ts";
 import type { BodyMessage, HeadMessage, ResponseMessage } from "./worker_protocol.ts";
 
@@ -122,11 +122,13 @@ export class RequestOwner {
   }
 
   async #answer(id: number, res: Response): Promise<void> {
-    let body: ArrayBuffer | null = null;
+    let body: ArrayBuffer | null = takeLentBytes(res);
     try {
-      const copy = res.body === null ? Promise.resolve(null) : res.arrayBuffer();
-      releaseWhenDelivered(res, copy); // a lent body's memory goes back once copied
-      body = await copy;
+      if (body === null && res.body !== null) {
+        const copy = res.arrayBuffer();
+        releaseWhenDelivered(res, copy); // a lent body's memory goes back once copied
+        body = await copy;
+      }
     } catch (e) {
       res = problemResponse(toProblem(e, undefined, this.log));
       body = await res.arrayBuffer();

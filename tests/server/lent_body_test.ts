@@ -7,7 +7,12 @@
  * answer nobody claims is never released (safe by default).
  */
 import assert from "node:assert/strict";
-import { lentBodyResponse, releaseWhenDelivered, serveLentBodies } from "../../server/lent_body.ts";
+import {
+  lentBodyResponse,
+  releaseWhenDelivered,
+  serveLentBodies,
+  takeLentBytes,
+} from "../../server/lent_body.ts";
 
 const BIG = 48 * 2 ** 20; // more than loopback socket buffers hold
 
@@ -121,6 +126,25 @@ Deno.test("lent body: parts in order with Content-Length; a copying consumer rel
   releaseWhenDelivered(res, Promise.resolve()); // claimed once: no second release
   await Promise.resolve();
   assert.equal(released, 1);
+});
+
+Deno.test("lent body: takeLentBytes copies the parts once and releases at once", async () => {
+  let released = 0;
+  const parts = [new Uint8Array([1, 2, 3]), new Uint8Array(0), new Uint8Array([4, 5])];
+  const res = lentBodyResponse(parts, () => released++, { headers: {} });
+  const bytes = takeLentBytes(res);
+  assert.deepEqual([...new Uint8Array(bytes!)], [1, 2, 3, 4, 5]);
+  assert.equal(released, 1);
+  parts[0][0] = 9; // the memory goes back to its pool: the copy must not see it
+  assert.equal(new Uint8Array(bytes!)[0], 1);
+  assert.equal(takeLentBytes(res), null, "taken once");
+  releaseWhenDelivered(res, Promise.resolve());
+  await Promise.resolve();
+  assert.equal(released, 1, "no second release");
+  assert.equal(takeLentBytes(new Response("x")), null, "not lent");
+  const read = lentBodyResponse([new Uint8Array(4)], () => released++, { headers: {} });
+  await read.arrayBuffer();
+  assert.equal(takeLentBytes(read), null, "its body was read already");
 });
 
 Deno.test("lent body: an answer nobody claims is never released, even once read", async () => {
