@@ -17,7 +17,8 @@
 import { accessAllowed, type AccessPolicy } from "./auth.ts";
 import { mediaType } from "./body.ts";
 import type { DeviceReadyMessage, DeviceThreadInit } from "./device_thread.ts";
-import { forwardCacheId } from "./forward_cache_id.ts";
+import { findForwardCacheId, scanWorker } from "./forward_cache_id.ts";
+import { CachePlacement } from "./cache_placement.ts";
 import { mergeMetrics } from "./metrics_merge.ts";
 import { type ErrorLogger, problem, problemResponse, toProblem } from "./problem.ts";
 import { RequestSender } from "./request_sender.ts";
@@ -49,6 +50,7 @@ class Thread {
   readonly ready = Promise.withResolvers<DeviceReadyMessage>();
   readonly closed = Promise.withResolvers<void>();
   lost: string | null = null;
+  /** Caches placed here (cache_placement.ts). */
   caches = 0;
 
   constructor(
@@ -76,20 +78,25 @@ class Thread {
       this.lost = e.message;
       log(`device thread ${index} stopped: ${e.message}`, e.error);
       this.ready.resolve({ type: "device-ready", ok: false, reason: e.message, fatal: false });
-      this.sender.failAll(`device thread ${index} stopped: ${e.message}`);
+      this.sender.failAll(this.#lostProblem());
       this.closed.resolve();
     };
     this.worker.postMessage(init);
   }
 
-  send(req: Request, body?: Parameters<RequestSender["send"]>[1]): Promise<Response> {
-    if (this.lost === null) return this.sender.send(req, body);
-    const e = problem(
+  /** The 503 of a call this thread cannot answer any more. */
+  #lostProblem() {
+    return problem(
       503,
       "device_thread_lost",
       `device thread ${this.index} stopped: ${this.lost}; its caches are gone`,
     );
-    return Promise.resolve(problemResponse(toProblem(e, undefined, () => {}))); // logged at the crash
+  }
+
+  send(req: Request, body?: Parameters<RequestSender["send"]>[1]): Promise<Response> {
+    if (this.lost === null) return this.sender.send(req, body);
+    // Logged once, at the crash.
+    return Promise.resolve(problemResponse(toProblem(this.#lostProblem(), undefined, () => {})));
   }
 }
 
@@ -135,55 +142,51 @@ export async function startDeviceThreads(
 }
 
 function front(threads: Thread[]): DeviceThreads {
-  const owners = new Map<string, Thread>();
-  // Choices among the threads still running (all lost: thread 0, which answers 503).
-  const live = () => {
-    const l = threads.filter((t) => t.lost === null);
-    return l.length ? l : [threads[0]];
-  };
-  const fewestCaches = () => live().reduce((a, b) => (b.caches < a.caches ? b : a));
-  const leastBusy = () => live().reduce((a, b) => (b.sender.size < a.sender.size ? b : a));
-  const own = (id: string, t: Thread) => {
-    const was = owners.get(id);
-    if (was === t) return;
-    if (was) was.caches--;
-    owners.set(id, t);
-    t.caches++;
-  };
-  const disown = (id: string) => {
-    const was = owners.get(id);
-    if (was) was.caches--;
-    owners.delete(id);
-  };
+  const places = new CachePlacement(threads);
+  const scans = scanWorker();
+  const leastBusy = () => places.live().reduce((a, b) => (b.sender.size < a.sender.size ? b : a));
 
   const onCache = async (req: Request, id: string, rest: string): Promise<Response> => {
     const method = req.method.toUpperCase();
-    const known = owners.get(id);
-    const creates = known === undefined && method === "PUT" && rest === "";
-    const t = known ?? (creates ? fewestCaches() : live()[0]);
-    if (creates) own(id, t);
-    const res = await t.send(req);
-    if (creates && !res.ok && owners.get(id) === t) disown(id); // not created after all
-    if (method === "DELETE" && rest === "" && res.status === 204) disown(id);
+    if (method === "PUT" && rest === "") {
+      const put = places.put(id);
+      let res: Response | null = null;
+      try {
+        return res = await put.holder.send(req);
+      } finally {
+        put.done(res?.ok ?? false);
+      }
+    }
+    const res = await (places.holderOf(id) ?? places.live()[0]).send(req);
+    if (method === "DELETE" && rest === "" && res.status === 204) places.deleted(id);
     return res;
   };
 
   const create = async (req: Request): Promise<Response> => {
-    const t = fewestCaches();
-    const res = await t.send(req);
-    if (res.status !== 201) return res;
-    const body = await res.arrayBuffer();
-    const id = (JSON.parse(new TextDecoder().decode(body)) as { id?: unknown }).id;
-    if (typeof id === "string") own(id, t);
-    return new Response(body, { status: res.status, headers: res.headers });
+    const r = places.reserve();
+    let id: string | null = null;
+    try {
+      const res = await r.holder.send(req);
+      if (res.status !== 201) return res;
+      const body = await res.arrayBuffer();
+      const got = (JSON.parse(new TextDecoder().decode(body)) as { id?: unknown }).id;
+      if (typeof got === "string") id = got;
+      return new Response(body, { status: res.status, headers: res.headers });
+    } finally {
+      r.done(id);
+    }
   };
 
   const forward = async (req: Request): Promise<Response> => {
-    const probe = threads[0].sender;
-    const body = await probe.readBody(req);
-    const safetensors = mediaType(req.headers.get("content-type")) === SAFETENSORS;
-    const id = body?.end === "complete" ? forwardCacheId(body.bytes, safetensors) : undefined;
-    const t = (id !== undefined ? owners.get(id) : undefined) ?? leastBusy();
+    let body = await threads[0].sender.readBody(req);
+    let id: string | undefined;
+    if (body?.end === "complete") {
+      const safetensors = mediaType(req.headers.get("content-type")) === SAFETENSORS;
+      const found = await findForwardCacheId(body.bytes, safetensors, scans);
+      body = { ...body, bytes: found.bytes };
+      id = found.id;
+    }
+    const t = (id !== undefined ? places.holderOf(id) : undefined) ?? leastBusy();
     return await t.send(req, body);
   };
 
@@ -208,7 +211,7 @@ function front(threads: Thread[]): DeviceThreads {
       if (pathname === "/v1/kv-caches" && method === "POST") return await create(req);
       if (pathname === "/v1/attention/forward" && method === "POST") return await forward(req);
       if (pathname === "/metrics" && method === "GET") return await metrics(req);
-      return await live()[0].send(req);
+      return await places.live()[0].send(req);
     } catch (e) {
       return problemResponse(toProblem(e));
     }
@@ -221,6 +224,7 @@ function front(threads: Thread[]): DeviceThreads {
       threads[i].worker.postMessage({ type: "device-fault" });
     },
     async close() {
+      scans.close();
       for (const t of threads) if (t.lost === null) t.worker.postMessage({ type: "device-close" });
       await Promise.all(threads.map((t) => t.closed.promise));
       threads.forEach((t) => t.worker.terminate());

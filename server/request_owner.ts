@@ -122,8 +122,9 @@ export class RequestOwner {
   }
 
   async #answer(id: number, res: Response): Promise<void> {
-    let body: ArrayBuffer | null = takeLentBytes(res);
+    let body: ArrayBuffer | null = null;
     try {
+      body = takeLentBytes(res);
       if (body === null && res.body !== null) {
         const copy = res.arrayBuffer();
         releaseWhenDelivered(res, copy); // a lent body's memory goes back once copied

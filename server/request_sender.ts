@@ -29,7 +29,7 @@ function ownBuffer(b: Uint8Array): ArrayBuffer {
 
 /** Sends requests to the thread that owns the handler; see the module doc. */
 export class RequestSender {
-  readonly #waiting = new Map<number, (m: ResponseMessage | string) => void>();
+  readonly #waiting = new Map<number, (m: ResponseMessage | string | Error) => void>();
   #nextId = 0;
 
   constructor(
@@ -58,7 +58,7 @@ export class RequestSender {
    */
   async send(req: Request, preRead?: StreamedBody | null): Promise<Response> {
     const id = this.#nextId++;
-    const answer = new Promise<ResponseMessage | string>((r) => this.#waiting.set(id, r));
+    const answer = new Promise<ResponseMessage | string | Error>((r) => this.#waiting.set(id, r));
     const { hasBody, declared, read } = this.#bodyPlan(req);
     this.post({
       type: "head",
@@ -70,6 +70,7 @@ export class RequestSender {
     });
     const onAbort = () => this.post({ type: "abort", id });
     req.signal.addEventListener("abort", onAbort, { once: true });
+    if (req.signal.aborted) onAbort(); // gone while its body was read before this (a front's read)
     if (hasBody) {
       if (!read) {
         const bytes = new ArrayBuffer(0);
@@ -82,6 +83,7 @@ export class RequestSender {
     }
     const r = await answer;
     req.signal.removeEventListener("abort", onAbort);
+    if (r instanceof Error) return problemResponse(toProblem(r, undefined, () => {}));
     if (typeof r === "string") {
       return problemResponse(toProblem(new Error(`malformed answer from the service: ${r}`)));
     }
@@ -104,8 +106,8 @@ export class RequestSender {
     return null;
   }
 
-  /** The owner is gone: every waiting request gets a 500 saying `why`. */
-  failAll(why: string): void {
+  /** The owner is gone: every waiting request is answered with `why` (a problem; not logged). */
+  failAll(why: Error): void {
     for (const resolve of this.#waiting.values()) resolve(why);
     this.#waiting.clear();
   }

@@ -1,10 +1,20 @@
 /**
- * What the device-thread front decides from bytes alone: the cache a forward body names
+ * What the device-thread front decides on its own: the cache a forward body names
  * (server/forward_cache_id.ts: JSON bodies by a scan of their top level, safetensors bodies by
- * their header's `__metadata__.request`), and the merged /metrics (server/metrics_merge.ts).
+ * their header's `__metadata__.request`, big ones on the scan worker), where caches go
+ * (server/cache_placement.ts), the merged /metrics (server/metrics_merge.ts), and a client gone
+ * before its call was sent (server/request_sender.ts).
  */
 import assert from "node:assert/strict";
-import { forwardCacheId, topLevelString } from "../../server/forward_cache_id.ts";
+import {
+  findForwardCacheId,
+  forwardCacheId,
+  scansHere,
+  scanWorker,
+  topLevelString,
+} from "../../server/forward_cache_id.ts";
+import { CachePlacement } from "../../server/cache_placement.ts";
+import { RequestSender } from "../../server/request_sender.ts";
 import { mergeMetrics } from "../../server/metrics_merge.ts";
 import { serializeSafetensors } from "../../core/safetensors.ts";
 
@@ -23,9 +33,11 @@ Deno.test("forward cache id: JSON bodies, as JSON.parse would read kv_cache", ()
     `{"kv_cache":null}`,
     `{"kv_cache":7}`,
     `{"other":"kv_cache"}`,
+    `\uFEFF{"kv_cache":"after a byte order mark"}`,
+    `{"\u006b\u0076\u005f\u0063\u0061\u0063\u0068\u0065":"every character escaped"}`,
   ];
   for (const c of cases) {
-    const want = JSON.parse(c).kv_cache;
+    const want = JSON.parse(c.replace(/^\uFEFF/, "")).kv_cache;
     assert.equal(json(c), typeof want === "string" ? want : undefined, c);
   }
 });
@@ -37,6 +49,7 @@ Deno.test("forward cache id: bodies that are not what they say name nothing", ()
     assert.equal(json(c), undefined, c);
   }
   assert.equal(topLevelString(bytes(`{"a":{"b":"c"}}`), "b"), undefined);
+  assert.equal(topLevelString(bytes(`{"backend":"x","b":"y"}`), "backend"), "x");
   assert.equal(forwardCacheId(new Uint8Array([1, 2, 3]), true), undefined);
   const huge = new Uint8Array(16);
   new DataView(huge.buffer).setBigUint64(0, 2n ** 40n, true);
@@ -97,4 +110,93 @@ Deno.test("merged metrics: each family once, every thread's samples labelled", (
       "",
     ].join("\n"),
   );
+});
+
+Deno.test("forward cache id: big bodies are scanned on the worker, their bytes handed back", async () => {
+  const worker = scanWorker();
+  try {
+    const big = `{"query":{"data":[${"0.5,".repeat(400_000)}1]},"kv_cache":"big-json"}`;
+    const b = bytes(big);
+    assert.equal(scansHere(b, false), false);
+    const found = await findForwardCacheId(b, false, worker);
+    assert.equal(found.id, "big-json");
+    assert.equal(new TextDecoder().decode(found.bytes), big, "the same bytes come back");
+    const small = bytes(`{"kv_cache":"here"}`);
+    assert.deepEqual(await findForwardCacheId(small, false, worker), { id: "here", bytes: small });
+    const st = serializeSafetensors(
+      { query: { dtype: "F32", shape: [1], data: new Uint8Array(4) } },
+      { request: JSON.stringify({ kv_cache: "big-header" }), pad: "x".repeat(100_000) },
+    );
+    assert.equal(scansHere(st, true), false);
+    assert.equal((await findForwardCacheId(st, true, worker)).id, "big-header");
+  } finally {
+    worker.close();
+  }
+});
+
+/** A holder for placement tests. */
+const holder = () => ({ caches: 0, lost: null as string | null });
+
+Deno.test("cache placement: creates in flight count, so creates sent together spread", () => {
+  const hs = [holder(), holder()];
+  const p = new CachePlacement(hs);
+  const r = [p.reserve(), p.reserve(), p.reserve(), p.reserve()];
+  assert.deepEqual(r.map((x) => hs.indexOf(x.holder)), [0, 1, 0, 1]);
+  r[0].done("a");
+  r[1].done(null); // refused: no count left behind
+  assert.deepEqual(hs.map((h) => h.caches), [2, 1], "r[2] and r[3] still in flight");
+  assert.equal(p.holderOf("a"), hs[0]);
+  p.deleted("a");
+  assert.equal(p.holderOf("a"), undefined);
+  assert.deepEqual(hs.map((h) => h.caches), [1, 1]);
+});
+
+Deno.test("cache placement: a PUT refused beside one that succeeded keeps the cache placed", () => {
+  const hs = [holder(), holder()];
+  const p = new CachePlacement(hs);
+  const bad = p.put("x"), good = p.put("x");
+  assert.equal(bad.holder, good.holder);
+  bad.done(false); // the refused one answers first
+  good.done(true);
+  assert.equal(p.holderOf("x"), hs[0]);
+  const bad2 = p.put("y"), good2 = p.put("y");
+  good2.done(true);
+  bad2.done(false);
+  assert.equal(p.holderOf("y"), hs[1]);
+  const lone = p.put("z");
+  lone.done(false); // refused alone: gone, uncounted
+  assert.equal(p.holderOf("z"), undefined);
+  assert.deepEqual(hs.map((h) => h.caches), [1, 1]);
+});
+
+Deno.test("cache placement: a lost holder's cache is placed anew by the next PUT", () => {
+  const hs = [holder(), holder()];
+  const p = new CachePlacement(hs);
+  p.put("x").done(true);
+  assert.equal(p.holderOf("x"), hs[0]);
+  hs[0].lost = "crashed";
+  assert.deepEqual(p.live(), [hs[1]]);
+  const again = p.put("x");
+  assert.equal(again.holder, hs[1]);
+  again.done(true);
+  assert.equal(p.holderOf("x"), hs[1]);
+  hs[1].lost = "crashed too";
+  assert.deepEqual(p.live(), [hs[0]], "none running: the first answers for its loss");
+});
+
+Deno.test("request sender: a client gone before its call was sent is passed on", async () => {
+  const posted: { type: string; id?: number }[] = [];
+  const sender = new RequestSender((m) => posted.push(m), 1 << 20, () => true);
+  const abort = new AbortController();
+  const req = new Request("http://127.0.0.1/v1/attention/forward", {
+    method: "POST",
+    body: "{}",
+    signal: abort.signal,
+  });
+  const body = await sender.readBody(req); // a front reads the body first, to route the call
+  abort.abort(); // the client goes away meanwhile
+  const answer = sender.send(req, body);
+  assert.deepEqual(posted.map((m) => m.type), ["head", "abort", "body"]);
+  sender.failAll(new Error("owner gone"));
+  assert.equal((await answer).status, 500);
 });

@@ -133,33 +133,41 @@ Deno.test("device threads: a thread that stops takes its caches, the others go o
       }),
     );
   try {
-    const ids: string[] = [];
-    for (let i = 0; i < 2; i++) {
-      const res = await call("POST", "/v1/kv-caches", HeldSeq.cacheSpec());
-      assert.equal(res.status, 201);
-      ids.push((await res.json()).id);
-    }
-    front.fault(1); // the second cache's thread (the fewest caches: thread 0, then thread 1)
+    // Creates sent together spread (the ones in flight count).
+    const created = await Promise.all(
+      [0, 1, 2, 3].map(() => call("POST", "/v1/kv-caches", HeldSeq.cacheSpec())),
+    );
+    assert.deepEqual(created.map((r) => r.status), [201, 201, 201, 201]);
+    const ids: string[] = await Promise.all(created.map(async (r) => (await r.json()).id));
+    const perThread = async () =>
+      [...(await (await call("GET", "/metrics")).text()).matchAll(
+        /^attn_kv_caches\{device_thread="(\d+)"\} (\d+)$/gm,
+      )].map((m) => `${m[1]}:${m[2]}`).join(" ");
+    assert.equal(await perThread(), "0:2 1:2");
+    front.fault(1);
     await new Promise((r) => setTimeout(r, 200));
-    const lost = await call("GET", `/v1/kv-caches/${ids[1]}`);
-    assert.equal(lost.status, 503);
-    assert.equal((await lost.json()).code, "device_thread_lost");
-    assert.equal((await call("GET", `/v1/kv-caches/${ids[0]}`)).status, 200);
+    const got = await Promise.all(ids.map((id) => call("GET", `/v1/kv-caches/${id}`)));
+    const alive = ids.filter((_, i) => got[i].status === 200);
+    const lost = got.filter((r) => r.status === 503);
+    assert.equal(alive.length, 2);
+    assert.equal(lost.length, 2);
+    for (const r of lost) assert.equal((await r.json()).code, "device_thread_lost");
+    ids.splice(0, ids.length, ...alive);
     const seq = new HeldSeq();
     const step = seq.step(2);
     const res = await call("POST", "/v1/attention/forward", { ...step.body, kv_cache: ids[0] });
     assert.equal(res.status, 200);
     const out = (await res.json()).output;
     assert.ok(maxAbsDiff(out.data, step.ref) < 2e-5);
-    // New caches (three: thread 0 holds more than the lost one by then) go to the thread that
-    // still runs, and /metrics has its series only.
+    // New caches go to the thread that still runs (a lost one is never chosen), and /metrics has
+    // its series only (2 + 3 caches).
     for (let i = 0; i < 3; i++) {
       const again = await call("POST", "/v1/kv-caches", HeldSeq.cacheSpec());
       assert.equal(again.status, 201);
       assert.equal((await call("GET", `/v1/kv-caches/${(await again.json()).id}`)).status, 200);
     }
     const text = await (await call("GET", "/metrics")).text();
-    assert.match(text, /^attn_kv_caches\{device_thread="0"\} 4$/m);
+    assert.match(text, /^attn_kv_caches\{device_thread="0"\} 5$/m);
     assert.doesNotMatch(text, /device_thread="1"/);
     assert.equal((await call("GET", "/healthz")).status, 200);
   } finally {

@@ -1,0 +1,94 @@
+/**
+ * Which device thread holds which server-held cache (device_threads.ts): a cache is placed on
+ * the running thread holding the fewest caches, counting the creates still in flight (so
+ * creates sent together spread), and every later call on it goes to that thread. A `PUT` of a
+ * new id places it at once; the place is kept while any `PUT` of that id is in flight and once
+ * one succeeded, and given up when every one failed (so a refused `PUT` leaves no count behind,
+ * and a refused one beside a successful one does not hide the cache). A cache whose thread was
+ * lost is placed anew by the next `PUT` of its id.
+ * @module
+ */
+
+/** What placement needs of a thread. */
+export interface Holder {
+  /** Caches placed on it (creates in flight included). */
+  caches: number;
+  /** Why it stopped; null while it runs. */
+  readonly lost: string | null;
+}
+
+interface Place<T> {
+  holder: T;
+  /** PUTs of the id in flight. */
+  pending: number;
+  /** A create of the id succeeded. */
+  confirmed: boolean;
+}
+
+/** The placement of caches on `holders`; see the module doc. */
+export class CachePlacement<T extends Holder> {
+  readonly #places = new Map<string, Place<T>>();
+
+  constructor(private readonly holders: readonly T[]) {}
+
+  /** The running holders (none running: the first, which answers for its loss). */
+  live(): T[] {
+    const l = this.holders.filter((h) => h.lost === null);
+    return l.length ? l : [this.holders[0]];
+  }
+
+  /** The running holder with the fewest caches. */
+  fewest(): T {
+    return this.live().reduce((a, b) => (b.caches < a.caches ? b : a));
+  }
+
+  /** Where cache `id` is, if placed. */
+  holderOf(id: string): T | undefined {
+    return this.#places.get(id)?.holder;
+  }
+
+  /** A create with no id yet (`POST`): the holder, counted now; `done` with the new id or null. */
+  reserve(): { holder: T; done(id: string | null): void } {
+    const holder = this.fewest();
+    holder.caches++;
+    return {
+      holder,
+      done: (id) => {
+        if (id === null) holder.caches--;
+        else this.#places.set(id, { holder, pending: 0, confirmed: true });
+      },
+    };
+  }
+
+  /** A `PUT` of `id` (it may create): its holder; `done` with whether it succeeded. */
+  put(id: string): { holder: T; done(ok: boolean): void } {
+    let p = this.#places.get(id);
+    if (!p || p.holder.lost !== null) {
+      const holder = this.fewest();
+      holder.caches++;
+      p = { holder, pending: 0, confirmed: false };
+      this.#places.set(id, p);
+    }
+    const place = p;
+    place.pending++;
+    return {
+      holder: place.holder,
+      done: (ok) => {
+        place.pending--;
+        if (ok) place.confirmed = true;
+        if (place.pending === 0 && !place.confirmed && this.#places.get(id) === place) {
+          this.#places.delete(id);
+          place.holder.caches--;
+        }
+      },
+    };
+  }
+
+  /** Cache `id` was deleted. */
+  deleted(id: string): void {
+    const p = this.#places.get(id);
+    if (!p) return;
+    this.#places.delete(id);
+    p.holder.caches--;
+  }
+}
