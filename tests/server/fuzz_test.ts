@@ -16,61 +16,11 @@ import { ServiceError } from "../../core/errors.ts";
 import { NoDeviceProvider } from "../../gpu/device.ts";
 import { Rng } from "../support/rng.ts";
 import { hostileRequest, TARGET, validForward } from "./fuzz_gen.ts";
-import { startServer, type TestServer } from "./helpers.ts";
-import { rawExchange, rawRequest } from "./raw_http.ts";
+import { cacheBytes, checkAnswer, same, send } from "./fuzz_check.ts";
+import { startServer } from "./helpers.ts";
 
 const SEED = Number(Deno.env.get("SEED") ?? Math.floor(Math.random() * 2 ** 31));
 const COUNT = Number(Deno.env.get("FUZZ_COUNT") ?? 10_000);
-
-async function cacheBytes(srv: TestServer, id: string): Promise<Uint8Array> {
-  const res = await fetch(`${srv.url}/v1/kv-caches/${id}/data`);
-  assert.equal(res.status, 200);
-  return new Uint8Array(await res.arrayBuffer());
-}
-
-const same = (a: Uint8Array, b: Uint8Array) =>
-  a.length === b.length && a.every((x, i) => x === b[i]);
-
-interface Answer {
-  status: number;
-  headers: Headers | Map<string, string>;
-  text: string;
-}
-
-async function send(srv: TestServer, q: ReturnType<typeof hostileRequest>): Promise<Answer> {
-  if (q.lyingLength !== undefined) {
-    const req = rawRequest(q.method, q.path, {
-      ...q.headers,
-      "content-length": String(q.lyingLength),
-    }, q.body);
-    const r = await rawExchange(srv.port, req);
-    assert.ok(r, `${q.kind}: no answer to a body shorter than its Content-Length`);
-    return r;
-  }
-  const res = await fetch(`${srv.url}${q.path}`, {
-    method: q.method,
-    headers: q.headers,
-    body: q.body as Uint8Array<ArrayBuffer> | undefined,
-  });
-  return { status: res.status, headers: res.headers, text: await res.text() };
-}
-
-function checkAnswer(q: ReturnType<typeof hostileRequest>, a: Answer, where: string): void {
-  if (a.status >= 500) {
-    assert.equal(a.status, 503, `${where}: ${a.status} ${a.text}`);
-    assert.equal(JSON.parse(a.text).code, "device_unavailable", `${where}: ${a.text}`);
-    assert.ok(Number(a.headers.get("retry-after")) > 0, `${where}: 503 without Retry-After`);
-  }
-  if (a.status < 400) return;
-  assert.equal(a.headers.get("content-type"), "application/problem+json", `${where}: ${a.status}`);
-  if (q.method === "HEAD") return assert.equal(a.text, "", `${where}: HEAD with a body`);
-  const doc = JSON.parse(a.text);
-  for (const k of ["type", "title", "detail", "code"]) {
-    assert.equal(typeof doc[k], "string", `${where}: ${k} in ${a.text.slice(0, 300)}`);
-  }
-  assert.equal(doc.status, a.status, where);
-  assert.doesNotMatch(a.text, /\\n\s+at /, `${where}: stack trace`);
-}
 
 Deno.test(`fuzz: ${COUNT} hostile requests (SEED=${SEED}): no 5xx, problems, caches intact`, async () => {
   console.log(`fuzz: SEED=${SEED} FUZZ_COUNT=${COUNT} (set both to reproduce)`);

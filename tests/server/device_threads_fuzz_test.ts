@@ -1,0 +1,86 @@
+/**
+ * The seeded fuzz of fuzz_test.ts through the device-thread front (server/device_threads.ts,
+ * two threads, `--no-gpu`-style services) on a real port: the front's own routing (cache paths,
+ * forward bodies scanned for `kv_cache`, creates, /metrics) must keep every answer what one
+ * service alone gives: no 5xx (but 503 device_unavailable with Retry-After), every error a
+ * problem document, a rejected call on the target cache changes none of its bytes, and witness
+ * caches on both threads stay byte-identical. `SEED=n`, `FUZZ_COUNT=n` (default 1,500).
+ */
+import assert from "node:assert/strict";
+import { startDeviceThreads } from "../../server/device_threads.ts";
+import { DEFAULT_CALL_LIMITS } from "../../service/validate.ts";
+import { AttentionClient } from "../../client/client.ts";
+import { Rng } from "../support/rng.ts";
+import { hostileRequest, TARGET, validForward } from "./fuzz_gen.ts";
+import { cacheBytes, checkAnswer, same, send } from "./fuzz_check.ts";
+
+const SEED = Number(Deno.env.get("SEED") ?? Math.floor(Math.random() * 2 ** 31));
+const COUNT = Number(Deno.env.get("FUZZ_COUNT") ?? 1_500);
+
+Deno.test(`device threads fuzz: ${COUNT} hostile requests (SEED=${SEED})`, async () => {
+  console.log(`device threads fuzz: SEED=${SEED} FUZZ_COUNT=${COUNT} (set both to reproduce)`);
+  const logged: string[] = [];
+  const started = await startDeviceThreads({
+    threads: 2,
+    init: {
+      gpu: false,
+      runtime: { choice: "deno", dawnFlags: [] },
+      memoryBudgetBytes: 8 * 1024 * 1024,
+      limits: { ...DEFAULT_CALL_LIMITS },
+      maxBodyBytes: 2 * 1024 * 1024,
+      maxJsonBodyBytes: 1024 * 1024,
+      access: {},
+    },
+    access: {},
+    log: (msg) => logged.push(msg),
+  });
+  assert.ok(started.ok);
+  const front = started.front;
+  const server = Deno.serve({ port: 0, hostname: "127.0.0.1", onListen() {} }, front.handler);
+  const srv = { url: `http://127.0.0.1:${server.addr.port}`, port: server.addr.port };
+  const client = new AttentionClient(srv.url);
+  const r = new Rng(SEED);
+  try {
+    const { HKV, D, BS, NB } = TARGET;
+    const mk = async (dtype: string, layout = "NHD", kv = "auto") =>
+      (await client.createCache({
+        num_blocks: NB,
+        block_size: BS,
+        num_kv_heads: HKV,
+        head_size: D,
+        dtype: dtype as "float32",
+        layout: layout as "NHD",
+        kv_cache_dtype: kv as "auto",
+      })).id;
+    const target = await mk("float32");
+    const witnesses = [await mk("float32"), await mk("float16", "HND"), await mk("float32")];
+    for (const id of [target, witnesses[0], witnesses[2]]) {
+      await client.forward(validForward(r, id));
+    }
+    await client.forward({ ...validForward(r, witnesses[1]), dtype: "float16" });
+    const before = await Promise.all(witnesses.map((w) => cacheBytes(srv, w)));
+    let targetBytes = await cacheBytes(srv, target);
+    for (let i = 0; i < COUNT; i++) {
+      const q = hostileRequest(r, target);
+      const where = `request ${i} (${q.kind} ${q.method} ${q.path.slice(0, 60)}; SEED=${SEED})`;
+      const a = await send(srv, q);
+      checkAnswer(q, a, where);
+      if (q.targetsCache) {
+        const now = await cacheBytes(srv, target);
+        if (a.status >= 400) {
+          assert.ok(same(now, targetBytes), `${where}: rejected, yet changed the target cache`);
+        }
+        targetBytes = now;
+      }
+    }
+    const after = await Promise.all(witnesses.map((w) => cacheBytes(srv, w)));
+    witnesses.forEach((w, i) => assert.ok(same(before[i], after[i]), `witness ${w} changed`));
+    assert.deepEqual(await client.health(), { status: "ok" });
+    const text = await (await fetch(`${srv.url}/metrics`)).text();
+    assert.match(text, /^attn_kv_caches\{device_thread="1"\} [1-9]/m, "caches on both threads");
+    assert.deepEqual(logged, [], "the front logged nothing");
+  } finally {
+    await server.shutdown();
+    await front.close();
+  }
+});
