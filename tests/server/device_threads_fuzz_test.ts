@@ -11,8 +11,8 @@ import { startDeviceThreads } from "../../server/device_threads.ts";
 import { DEFAULT_CALL_LIMITS } from "../../service/validate.ts";
 import { AttentionClient } from "../../client/client.ts";
 import { Rng } from "../support/rng.ts";
-import { hostileRequest, TARGET, validForward } from "./fuzz_gen.ts";
-import { cacheBytes, checkAnswer, same, send } from "./fuzz_check.ts";
+import { TARGET, validForward } from "./fuzz_gen.ts";
+import { fuzzRun } from "./fuzz_check.ts";
 
 const SEED = Number(Deno.env.get("SEED") ?? Math.floor(Math.random() * 2 ** 31));
 const COUNT = Number(Deno.env.get("FUZZ_COUNT") ?? 1_500);
@@ -58,23 +58,7 @@ Deno.test(`device threads fuzz: ${COUNT} hostile requests (SEED=${SEED})`, async
       await client.forward(validForward(r, id));
     }
     await client.forward({ ...validForward(r, witnesses[1]), dtype: "float16" });
-    const before = await Promise.all(witnesses.map((w) => cacheBytes(srv, w)));
-    let targetBytes = await cacheBytes(srv, target);
-    for (let i = 0; i < COUNT; i++) {
-      const q = hostileRequest(r, target);
-      const where = `request ${i} (${q.kind} ${q.method} ${q.path.slice(0, 60)}; SEED=${SEED})`;
-      const a = await send(srv, q);
-      checkAnswer(q, a, where);
-      if (q.targetsCache) {
-        const now = await cacheBytes(srv, target);
-        if (a.status >= 400) {
-          assert.ok(same(now, targetBytes), `${where}: rejected, yet changed the target cache`);
-        }
-        targetBytes = now;
-      }
-    }
-    const after = await Promise.all(witnesses.map((w) => cacheBytes(srv, w)));
-    witnesses.forEach((w, i) => assert.ok(same(before[i], after[i]), `witness ${w} changed`));
+    await fuzzRun(srv, r, { target, witnesses, count: COUNT, seed: SEED });
     assert.deepEqual(await client.health(), { status: "ok" });
     const text = await (await fetch(`${srv.url}/metrics`)).text();
     assert.match(text, /^attn_kv_caches\{device_thread="1"\} [1-9]/m, "caches on both threads");

@@ -6,7 +6,8 @@
  * @module
  */
 import assert from "node:assert/strict";
-import type { FuzzRequest } from "./fuzz_gen.ts";
+import { type FuzzRequest, hostileRequest } from "./fuzz_gen.ts";
+import type { Rng } from "../support/rng.ts";
 import { rawExchange, rawRequest } from "./raw_http.ts";
 
 /** Where the requests go. */
@@ -68,4 +69,46 @@ export function checkAnswer(q: FuzzRequest, a: Answer, where: string): void {
   }
   assert.equal(doc.status, a.status, where);
   assert.doesNotMatch(a.text, /\\n\s+at /, `${where}: stack trace`);
+}
+
+/** Counts of what a run answered: statuses, and problem codes. */
+export interface FuzzTally {
+  statuses: Map<number, number>;
+  codes: Map<string, number>;
+}
+
+/**
+ * Sends `count` hostile requests aimed at cache `target`, checks each answer, and checks that
+ * every rejected call on the target left its bytes as they were; then that the `witnesses`
+ * (caches no request names) are byte-identical to before.
+ */
+export async function fuzzRun(
+  srv: FuzzTarget,
+  r: Rng,
+  o: { target: string; witnesses: string[]; count: number; seed: number },
+): Promise<FuzzTally> {
+  const before = await Promise.all(o.witnesses.map((w) => cacheBytes(srv, w)));
+  let targetBytes = await cacheBytes(srv, o.target);
+  const tally: FuzzTally = { statuses: new Map(), codes: new Map() };
+  for (let i = 0; i < o.count; i++) {
+    const q = hostileRequest(r, o.target);
+    const where = `request ${i} (${q.kind} ${q.method} ${q.path.slice(0, 60)}; SEED=${o.seed})`;
+    const a = await send(srv, q);
+    tally.statuses.set(a.status, (tally.statuses.get(a.status) ?? 0) + 1);
+    checkAnswer(q, a, where);
+    if (a.status >= 400 && q.method !== "HEAD") {
+      const code = JSON.parse(a.text).code;
+      tally.codes.set(code, (tally.codes.get(code) ?? 0) + 1);
+    }
+    if (q.targetsCache) {
+      const now = await cacheBytes(srv, o.target);
+      if (a.status >= 400) {
+        assert.ok(same(now, targetBytes), `${where}: rejected, yet changed the target cache`);
+      }
+      targetBytes = now;
+    }
+  }
+  const after = await Promise.all(o.witnesses.map((w) => cacheBytes(srv, w)));
+  o.witnesses.forEach((w, i) => assert.ok(same(before[i], after[i]), `witness ${w} changed`));
+  return tally;
 }

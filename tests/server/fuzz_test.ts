@@ -15,8 +15,8 @@ import { builtinBackends } from "../../backends/index.ts";
 import { ServiceError } from "../../core/errors.ts";
 import { NoDeviceProvider } from "../../gpu/device.ts";
 import { Rng } from "../support/rng.ts";
-import { hostileRequest, TARGET, validForward } from "./fuzz_gen.ts";
-import { cacheBytes, checkAnswer, same, send } from "./fuzz_check.ts";
+import { TARGET, validForward } from "./fuzz_gen.ts";
+import { fuzzRun } from "./fuzz_check.ts";
 import { startServer } from "./helpers.ts";
 
 const SEED = Number(Deno.env.get("SEED") ?? Math.floor(Math.random() * 2 ** 31));
@@ -57,30 +57,12 @@ Deno.test(`fuzz: ${COUNT} hostile requests (SEED=${SEED}): no 5xx, problems, cac
       await srv.client.forward({ ...b, dtype: id === witnesses[1] ? "float16" : "bfloat16" });
     }
     assert.equal(H % HKV, 0);
-    const before = await Promise.all(witnesses.map((w) => cacheBytes(srv, w)));
-    let targetBytes = await cacheBytes(srv, target);
-    const statuses = new Map<number, number>();
-    const codes = new Map<string, number>();
-    for (let i = 0; i < COUNT; i++) {
-      const q = hostileRequest(r, target);
-      const where = `request ${i} (${q.kind} ${q.method} ${q.path.slice(0, 60)}; SEED=${SEED})`;
-      const a = await send(srv, q);
-      statuses.set(a.status, (statuses.get(a.status) ?? 0) + 1);
-      checkAnswer(q, a, where);
-      if (a.status >= 400 && q.method !== "HEAD") {
-        const code = JSON.parse(a.text).code;
-        codes.set(code, (codes.get(code) ?? 0) + 1);
-      }
-      if (q.targetsCache) {
-        const now = await cacheBytes(srv, target);
-        if (a.status >= 400) {
-          assert.ok(same(now, targetBytes), `${where}: rejected, yet changed the target cache`);
-        }
-        targetBytes = now;
-      }
-    }
-    const after = await Promise.all(witnesses.map((w) => cacheBytes(srv, w)));
-    witnesses.forEach((w, i) => assert.ok(same(before[i], after[i]), `witness ${w} changed`));
+    const { statuses, codes } = await fuzzRun(srv, r, {
+      target,
+      witnesses,
+      count: COUNT,
+      seed: SEED,
+    });
     assert.deepEqual(await srv.client.health(), { status: "ok" });
     const unexpected = srv.errors.filter((e) =>
       !(e instanceof ServiceError && e.code === "device_unavailable")
