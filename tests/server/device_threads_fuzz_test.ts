@@ -11,8 +11,7 @@ import { startDeviceThreads } from "../../server/device_threads.ts";
 import { DEFAULT_CALL_LIMITS } from "../../service/validate.ts";
 import { AttentionClient } from "../../client/client.ts";
 import { Rng } from "../support/rng.ts";
-import { TARGET, validForward } from "./fuzz_gen.ts";
-import { fuzzRun } from "./fuzz_check.ts";
+import { fuzzCaches, fuzzRun } from "./fuzz_check.ts";
 
 const SEED = Number(Deno.env.get("SEED") ?? Math.floor(Math.random() * 2 ** 31));
 const COUNT = Number(Deno.env.get("FUZZ_COUNT") ?? 1_500);
@@ -41,23 +40,7 @@ Deno.test(`device threads fuzz: ${COUNT} hostile requests (SEED=${SEED})`, async
   const client = new AttentionClient(srv.url);
   const r = new Rng(SEED);
   try {
-    const { HKV, D, BS, NB } = TARGET;
-    const mk = async (dtype: string, layout = "NHD", kv = "auto") =>
-      (await client.createCache({
-        num_blocks: NB,
-        block_size: BS,
-        num_kv_heads: HKV,
-        head_size: D,
-        dtype: dtype as "float32",
-        layout: layout as "NHD",
-        kv_cache_dtype: kv as "auto",
-      })).id;
-    const target = await mk("float32");
-    const witnesses = [await mk("float32"), await mk("float16", "HND"), await mk("float32")];
-    for (const id of [target, witnesses[0], witnesses[2]]) {
-      await client.forward(validForward(r, id));
-    }
-    await client.forward({ ...validForward(r, witnesses[1]), dtype: "float16" });
+    const { target, witnesses } = await fuzzCaches(client, r);
     await fuzzRun(srv, r, { target, witnesses, count: COUNT, seed: SEED });
     assert.deepEqual(await client.health(), { status: "ok" });
     const text = await (await fetch(`${srv.url}/metrics`)).text();

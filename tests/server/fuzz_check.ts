@@ -6,7 +6,8 @@
  * @module
  */
 import assert from "node:assert/strict";
-import { type FuzzRequest, hostileRequest } from "./fuzz_gen.ts";
+import { type FuzzRequest, hostileRequest, TARGET, validForward } from "./fuzz_gen.ts";
+import type { AttentionClient } from "../../client/client.ts";
 import type { Rng } from "../support/rng.ts";
 import { rawExchange, rawRequest } from "./raw_http.ts";
 
@@ -111,4 +112,38 @@ export async function fuzzRun(
   const after = await Promise.all(o.witnesses.map((w) => cacheBytes(srv, w)));
   o.witnesses.forEach((w, i) => assert.ok(same(before[i], after[i]), `witness ${w} changed`));
   return tally;
+}
+
+/**
+ * The caches a fuzz run needs, each written once by a valid call: the target (f32) and three
+ * witnesses no request names (f32 NHD, f16 HND, bf16 data over an fp8 e4m3 cache).
+ */
+export async function fuzzCaches(
+  client: AttentionClient,
+  r: Rng,
+): Promise<{ target: string; witnesses: string[] }> {
+  const { H, HKV, D, BS, NB } = TARGET;
+  assert.equal(H % HKV, 0);
+  const mk = async (dtype: string, layout = "NHD", kv = "auto") =>
+    (await client.createCache({
+      num_blocks: NB,
+      block_size: BS,
+      num_kv_heads: HKV,
+      head_size: D,
+      dtype: dtype as "float32",
+      layout: layout as "NHD",
+      kv_cache_dtype: kv as "auto",
+    })).id;
+  const target = await mk("float32");
+  const witnesses = [
+    await mk("float32"),
+    await mk("float16", "HND"),
+    await mk("bfloat16", "NHD", "fp8_e4m3"),
+  ];
+  for (const id of [target, witnesses[0]]) await client.forward(validForward(r, id));
+  for (const id of witnesses.slice(1)) {
+    const b = validForward(r, id);
+    await client.forward({ ...b, dtype: id === witnesses[1] ? "float16" : "bfloat16" });
+  }
+  return { target, witnesses };
 }

@@ -15,8 +15,7 @@ import { builtinBackends } from "../../backends/index.ts";
 import { ServiceError } from "../../core/errors.ts";
 import { NoDeviceProvider } from "../../gpu/device.ts";
 import { Rng } from "../support/rng.ts";
-import { TARGET, validForward } from "./fuzz_gen.ts";
-import { fuzzRun } from "./fuzz_check.ts";
+import { fuzzCaches, fuzzRun } from "./fuzz_check.ts";
 import { startServer } from "./helpers.ts";
 
 const SEED = Number(Deno.env.get("SEED") ?? Math.floor(Math.random() * 2 ** 31));
@@ -34,29 +33,7 @@ Deno.test(`fuzz: ${COUNT} hostile requests (SEED=${SEED}): no 5xx, problems, cac
   const r = new Rng(SEED);
   const t0 = performance.now();
   try {
-    const { H, HKV, D, BS, NB } = TARGET;
-    const mk = (dtype: string, layout = "NHD", kv = "auto") =>
-      srv.client.createCache({
-        num_blocks: NB,
-        block_size: BS,
-        num_kv_heads: HKV,
-        head_size: D,
-        dtype: dtype as "float32",
-        layout: layout as "NHD",
-        kv_cache_dtype: kv as "auto",
-      });
-    const target = (await mk("float32")).id;
-    const witnesses = [
-      (await mk("float32")).id,
-      (await mk("float16", "HND")).id,
-      (await mk("bfloat16", "NHD", "fp8_e4m3")).id,
-    ];
-    for (const id of [target, witnesses[0]]) await srv.client.forward(validForward(r, id));
-    for (const id of witnesses.slice(1)) {
-      const b = validForward(r, id);
-      await srv.client.forward({ ...b, dtype: id === witnesses[1] ? "float16" : "bfloat16" });
-    }
-    assert.equal(H % HKV, 0);
+    const { target, witnesses } = await fuzzCaches(srv.client, r);
     const { statuses, codes } = await fuzzRun(srv, r, {
       target,
       witnesses,
