@@ -3,7 +3,7 @@
 # the HTTP bench, the PyTorch anchor. Logs under $OUT; each part's tail is printed.
 # Usage there: bash bench/gpu_machine.sh
 #   [tests|dawn-tests|compile-probe|mma|mma-fast|mma-bench|mma-ceiling|mma-packed|residency|bench|
-#    bench-deno|http|http-warm|threads|anchor|clock-probe|all]...
+#    bench-deno|http|http-warm|http-prof|threads|anchor|clock-probe|all]...
 # mma: the tensor-core kernel's tests; mma-fast: those of its fast softmax, direct loads, matrix-move
 # staging, split S chains, per-subgroup rescale, late next-tile stores and D split over subgroups;
 # mma-bench: its variant sweep; mma-ceiling: bench/mma_ceiling.ts, what subgroup-matrix loops reach
@@ -25,6 +25,10 @@
 # default dawn,deno: Dawn first, each runtime's report printed when done), cut at HTTP_TIMEOUT
 # seconds (default 170); HTTP_ARGS adds flags (e.g. "--steps 32", "--device-threads 0,4",
 # "--instances 1,4"); JSON in $OUT/http.json.
+# http-prof: the server (HTTP_PROF_RUNTIME, default dawn; keep-warm process; HTTP_PROF_SERVER_ARGS
+# added) under --cpu-prof, the HTTP bench against it (--url, HTTP_PROF_ARGS, default "--steps
+# 128"), then SIGINT and bench/cpuprofile_summary.ts of the server's profile
+# ($OUT/http-prof-summary.txt); HTTP_TIMEOUT.
 # threads: bench/device_threads_probe.ts, several threads of one process each with its own device
 # (Dawn, then Deno's runtime; THREADS_ARGS, default "--threads 1,2,4,8 --seconds 3"), each in its
 # own step (an abort of Dawn in several isolates ends only that step); THREADS_TIMEOUT 60.
@@ -179,6 +183,30 @@ for w in $what; do
           ${mode:+--server-arg="--keep-warm-mode=$mode"} \
           ${period:+--server-arg="--keep-warm-period-ms=$period"} ${HTTP_ARGS:-}
       done ;;&
+    http-prof)
+      # Where the serving thread's time goes under the HTTP bench (bench/NOTES.md v0.13, "Next").
+      rm -rf "$out/prof" && mkdir -p "$out/prof"
+      port=18321
+      # shellcheck disable=SC2086
+      deno run --cpu-prof --cpu-prof-dir="$out/prof" -A server/main.ts --port "$port" \
+        --webgpu-runtime "${HTTP_PROF_RUNTIME:-dawn}" --keep-warm-ms 3000 --keep-warm-mode process \
+        ${HTTP_PROF_SERVER_ARGS:-} >"$out/http-prof-server.log" 2>&1 &
+      srv=$!
+      for _ in $(seq 120); do
+        grep -q "listening on" "$out/http-prof-server.log" && break
+        kill -0 "$srv" 2>/dev/null || break
+        sleep 1
+      done
+      # shellcheck disable=SC2086
+      TAIL=${TAIL:-40} run http-prof "${HTTP_TIMEOUT:-170}" \
+        deno run --allow-net --allow-read --allow-env --allow-run --allow-write \
+        bench/http_bench.ts --url "http://127.0.0.1:$port" ${HTTP_PROF_ARGS:---steps 128}
+      kill -INT "$srv"
+      wait "$srv"
+      deno run --allow-read bench/cpuprofile_summary.ts --top 50 "$out"/prof/*.cpuprofile \
+        >"$out/http-prof-summary.txt" 2>&1
+      head -60 "$out/http-prof-summary.txt"
+      rm -rf "$out/prof" ;;&
     threads)
       for rt in dawn deno; do
         # shellcheck disable=SC2086
