@@ -237,6 +237,7 @@ export async function planDecodeRows(
     scatter: tuning.scatter_sums && shape.sg,
     scatter_softmax: tuning.scatter_softmax && shape.sg && shape.lpk > 1,
     fp8_pairs: tuning.fp8_pairs && fp8,
+    nan_free: tuning.fp8_nan_free && g.storage_dtype === "fp8_e4m3" && s.cache_nan_free === true,
     half: shape.half,
     indexed_gather: tuning.indexed_gather && shape.sg && shape.lpk > 1 &&
       (tuning.scatter_sums || tuning.scatter_softmax),

@@ -87,6 +87,9 @@ export interface DecodeTuning {
    * at 16 elements a lane (8 lanes a row of head size 128) the query and accumulators of a GQA
    * group of 4 take 128 registers a lane; half columns halve that. */
   fp8_half_columns: boolean;
+  /** fp8 e4m3 caches known to hold no NaN byte (gpu/kv_cache.ts `fp8_nan_free`) are decoded
+   * without the NaN fix-up (about half a word's integer ops). */
+  fp8_nan_free: boolean;
   /** Stream K/V tiles through workgroup memory: every invocation issues several independent
    * vec4<u32> loads of the next tile (the key groups' U keys each, K and V) into registers while
    * the key groups compute the current tile from workgroup memory (two barriers a tile). GPU and
@@ -150,6 +153,7 @@ export const DEFAULT_DECODE_TUNING: Readonly<DecodeTuning> = Object.freeze({
   indexed_gather: false,
   half_columns: false,
   fp8_half_columns: true,
+  fp8_nan_free: true,
   stage_kv: false,
   stage_kv_bytes: 32768,
   wg_kv_heads: 1,

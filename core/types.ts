@@ -139,6 +139,12 @@ export interface KvCache {
   destroy(): void;
   /** Set when the device holding it was lost: its contents are gone. */
   readonly lost?: boolean;
+  /**
+   * An fp8 e4m3 cache none of whose bytes encodes NaN (S.1111.111): created empty and written
+   * only by the cache writer (it saturates, and its inputs were checked finite), or imported
+   * from bytes that were checked. Decoders may then skip the NaN case.
+   */
+  readonly fp8_nan_free?: boolean;
 }
 
 /** A layer's attention parameters, resolved (defaults filled in). */
@@ -244,6 +250,8 @@ export interface BatchShape {
   readonly stats: BatchStats;
   /** The shape's key (not the metadata's values: see above). */
   readonly plan_key: string;
+  /** The attached cache is fp8 e4m3 with no NaN byte (KvCache `fp8_nan_free`; part of the key). */
+  readonly cache_nan_free?: boolean;
 }
 
 declare const validBrand: unique symbol;

@@ -84,6 +84,15 @@ export const PAIR_DECODERS: Partial<Record<StorageDType, string[]>> = {
 };
 
 /**
+ * e4m3 decoders without the NaN fix-up (wgsl/decode_words.wgsl e4m3x4f, e4m3x4sf), for a cache
+ * known to hold no NaN byte (gpu/kv_cache.ts `fp8_nan_free`); word order, then pairs.
+ */
+export const NAN_FREE_DECODERS: { words: string[]; pairs: string[] } = {
+  words: ["e4m3x4f(w.x)", "e4m3x4f(w.y)", "e4m3x4f(w.z)", "e4m3x4f(w.w)"],
+  pairs: ["e4m3x4sf(w.x)", "e4m3x4sf(w.y)", "e4m3x4sf(w.z)", "e4m3x4sf(w.w)"],
+};
+
+/**
  * The factor each storage dtype's decoders leave out (their values are the element's value
  * divided by it): the plan multiplies the score and value scales by it. fp8 e4m3 decodes
  * through f16 bit positions, 2^-8 of the value.

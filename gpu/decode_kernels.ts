@@ -6,7 +6,12 @@
  * @module
  */
 import type { DType, StorageDType } from "../core/types.ts";
-import { DECODERS, generateDecodeSplit, PAIR_DECODERS } from "./decode_codegen.ts";
+import {
+  DECODERS,
+  generateDecodeSplit,
+  NAN_FREE_DECODERS,
+  PAIR_DECODERS,
+} from "./decode_codegen.ts";
 import type { KernelDef } from "./kernel.ts";
 import { kvAccessorFns, kvBindingDecls, loadWgsl, specialize } from "./wgsl.ts";
 import { dataLoads, dataStores } from "./wgsl_data.ts";
@@ -65,6 +70,9 @@ export interface DecodeSplitConsts {
   scatter_softmax: boolean;
   /** fp8 words decoded in byte pairs (PAIR_DECODERS); other storage dtypes ignore it. */
   fp8_pairs: boolean;
+  /** An fp8 e4m3 cache known to hold no NaN byte: decoders without the NaN fix-up
+   * (NAN_FREE_DECODERS); other storage dtypes ignore it. */
+  nan_free: boolean;
   /** The scattered paths gather by indexed shuffles (gpu/decode_scatter.ts gatherIndexed). */
   indexed_gather: boolean;
   /** Half vec4 columns a lane (backends/decode_shape.ts `half`). */
@@ -114,7 +122,8 @@ export const DECODE_SPLIT: KernelDef<DecodeSplitConsts> = {
   async source(c) {
     const epw = c.storage === "float32" ? 1 : c.storage.startsWith("fp8") ? 4 : 2;
     const rw = c.d / epw, rv = rw / 4, nkg = c.wg / c.lpk, F = c.kh * c.hg, FW = F * c.wh;
-    const pairs = c.fp8_pairs ? PAIR_DECODERS[c.storage] : undefined;
+    const fast = c.nan_free && c.storage === "fp8_e4m3" ? NAN_FREE_DECODERS : null;
+    const pairs = c.fp8_pairs ? (fast?.pairs ?? PAIR_DECODERS[c.storage]) : undefined;
     if (c.epi > 0 && nkg < 2) throw new Error(`decode_split: epilogue ${c.epi} needs wg > lpk`);
     if (nkg % c.wh !== 0 || (c.wh > 1 && c.skv > 0)) {
       throw new Error(`decode_split: ${c.wh} kv head blocks need NKG a multiple, no staged tile`);
@@ -168,7 +177,7 @@ export const DECODE_SPLIT: KernelDef<DecodeSplitConsts> = {
         scatter_softmax: c.scatter_softmax,
         indexed: c.indexed_gather,
         epilogue: c.epi > 0,
-        dec: pairs ?? DECODERS[c.storage],
+        dec: pairs ?? fast?.words ?? DECODERS[c.storage],
         swz: pairs !== undefined,
       }),
       KV: kvAccessorFns({

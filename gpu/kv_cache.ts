@@ -136,6 +136,26 @@ export function chunkKeyOf(g: KvChunkGeometry): string {
 }
 
 /** A paged KV cache in GPU buffers (storage "webgpu"). */
+/**
+ * Whether `b` holds an fp8 e4m3 NaN byte (S.1111.111): its low 7 bits plus one carry into bit 7,
+ * four bytes a step.
+ */
+export function hasE4m3Nan(b: Uint8Array): boolean {
+  const need = (4 - (b.byteOffset % 4)) % 4; // bytes before the first aligned word
+  const head = Math.min(b.byteLength, need);
+  const words = head < need ? 0 : Math.floor((b.byteLength - head) / 4);
+  const nan = (x: number) => (x & 0x7f) === 0x7f;
+  for (let i = 0; i < head; i++) if (nan(b[i])) return true;
+  if (words > 0) {
+    const w = new Uint32Array(b.buffer, b.byteOffset + head, words);
+    for (let i = 0; i < words; i++) {
+      if ((((w[i] & 0x7f7f7f7f) + 0x01010101) & 0x80808080) !== 0) return true;
+    }
+  }
+  for (let i = head + 4 * words; i < b.byteLength; i++) if (nan(b[i])) return true;
+  return false;
+}
+
 export class GpuKvCache implements KvCache {
   readonly spec: KvCacheSpec;
   readonly storage = "webgpu" as const;
@@ -147,6 +167,7 @@ export class GpuKvCache implements KvCache {
   readonly valueBuffers: GPUBuffer[];
   #destroyed = false;
   #lost = false;
+  #nanFree: boolean;
   #unlisten: () => void;
 
   private constructor(
@@ -161,6 +182,8 @@ export class GpuKvCache implements KvCache {
     this.geometry = g;
     this.keyBuffers = k;
     this.valueBuffers = v;
+    // Created zeroed: no NaN byte until something other than the cache writer writes one.
+    this.#nanFree = g.storage_dtype === "fp8_e4m3";
     this.#unlisten = onDeviceLost(ctx, () => {
       this.#lost = true;
     });
@@ -231,7 +254,13 @@ export class GpuKvCache implements KvCache {
     const cache = await GpuKvCache.create(ctx, spec, opts);
     cache.#upload(cache.keyBuffers, key);
     cache.#upload(cache.valueBuffers, value);
+    cache.#nanFree &&= !hasE4m3Nan(key) && !hasE4m3Nan(value);
     return cache;
+  }
+
+  /** See {@link KvCache.fp8_nan_free}: an e4m3 cache with no NaN byte (false for other dtypes). */
+  get fp8_nan_free(): boolean {
+    return this.#nanFree;
   }
 
   #upload(bufs: GPUBuffer[], bytes: Uint8Array): void {

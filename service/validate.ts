@@ -289,5 +289,8 @@ export function attachCache(b: UnattachedBatch, cache: KvCache | null): ValidBat
       }
     }
   }
-  return { ...b, cache } as unknown as ValidBatch;
+  // A cache known to hold no fp8 NaN byte gets plans (kernels) of its own.
+  const nanFree = cache?.fp8_nan_free === true;
+  const plan_key = nanFree ? `${b.plan_key}|nan-free` : b.plan_key;
+  return { ...b, cache, plan_key, cache_nan_free: nanFree } as unknown as ValidBatch;
 }

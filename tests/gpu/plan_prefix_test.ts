@@ -29,7 +29,12 @@ Deno.test(
   opts,
   async () => {
     const gpu = GPU!, b = WEBGPU_DECODE as AttentionBackend<GpuPlan>;
-    const seeds = [freshSeed(), freshSeed()];
+    // Two fresh batches whose slots differ (two random draws of this small spec may coincide).
+    const slotsOf = (seed: number) => generateBatch(SPEC, seed).batch.metadata.slot_mapping;
+    const seeds = [freshSeed()];
+    do seeds[1] = freshSeed(); while (
+      slotsOf(seeds[1]).join() === slotsOf(seeds[0]).join()
+    );
     const plans: GpuPlan[] = [];
     const slotMaps: Int32Array[] = [];
     for (const seed of seeds) {

@@ -32,6 +32,8 @@ export interface CheckOptions {
   maxBlocksPerChunk?: number;
   /** Fewest decode work items the plan must cut (proves the split path ran). */
   minItems?: number;
+  /** The plan's kernel keys must match (proves which variant ran). */
+  kernels?: RegExp;
 }
 
 /** Runs `backend` and the reference on a fresh batch of `s` and compares (see the module doc). */
@@ -62,6 +64,7 @@ export async function checkBackend(
     const items = plan.info?.decode_items ?? 0;
     const what = `${plan.kernels?.join(" + ")}, ${items} slices, seed ${seed}`;
     if (o.minItems) assert.ok(items >= o.minItems, `${items} slices (${what})`);
+    if (o.kernels) assert.match(plan.kernels?.join(" + ") ?? "", o.kernels, what);
     let got;
     try {
       got = await backend.run(plan, batch, ctx);

@@ -64,6 +64,9 @@ export interface BatchSpec {
   spare_blocks?: number;
   /** Standard deviation of the query values (default 1). */
   q_std?: number;
+  /** The slots nothing reads start as a large finite value (1e4: the fp8 kinds saturate) instead
+   * of NaN, so an fp8 e4m3 cache holds no NaN byte (gpu/kv_cache.ts `fp8_nan_free`). */
+  finite_fill?: boolean;
 }
 
 /** A generated batch: host tensors, initial cache bytes and bookkeeping for checks. */
@@ -228,7 +231,8 @@ export function generateBatch(spec: BatchSpec, seed: number): GeneratedBatch {
     // Initial contents: NaN everywhere, then finite stale/context data where a request reads
     // a slot this call does not write.
     const n = num_blocks * bs * Hkv * D;
-    const kv = new Float32Array(n).fill(NaN), vv = new Float32Array(n).fill(NaN);
+    const fill = spec.finite_fill ? 1e4 : NaN;
+    const kv = new Float32Array(n).fill(fill), vv = new Float32Array(n).fill(fill);
     const writtenSet = new Set(written);
     spec.requests.forEach((r, i) => {
       for (let p = 0; p < r.seq_len; p++) {
