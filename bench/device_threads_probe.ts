@@ -17,6 +17,7 @@
  */
 import { parseArgs } from "node:util";
 import type { ThreadJob } from "./device_threads_worker.ts";
+import { stderrLock } from "../gpu/runtime_stderr.ts";
 
 interface ThreadResult {
   calls?: number;
@@ -71,6 +72,7 @@ async function main() {
   const kb = (x: string) => Math.ceil(Number(x) * 1024 / 16) * 16;
   const job: ThreadJob = {
     runtime: v.runtime === "deno" ? "deno" : "dawn",
+    stderr_lock: stderrLock(),
     in_bytes: kb(v["in-kb"]!),
     out_bytes: kb(v["out-kb"]!),
     ms: 1000 * Number(v.seconds),

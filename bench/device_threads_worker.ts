@@ -14,10 +14,13 @@ import type { RuntimeName } from "../gpu/runtime_options.ts";
 import { DEFAULT_DAWN_FLAGS } from "../gpu/runtime_options.ts";
 import { requestFullDevice } from "../gpu/runtime_device.ts";
 import { wakeDawnPoll } from "../gpu/dawn_tick_pace.ts";
+import { useStderrLock } from "../gpu/runtime_stderr.ts";
 
 /** What the probe asks of one thread. */
 export interface ThreadJob {
   runtime: RuntimeName;
+  /** The process's stderr-capture lock (gpu/runtime_stderr.ts): Dawn's adapter requests. */
+  stderr_lock: SharedArrayBuffer;
   in_bytes: number;
   out_bytes: number;
   ms: number;
@@ -46,6 +49,7 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>) {
 }`;
 
 async function device(job: ThreadJob): Promise<GPUDevice> {
+  useStderrLock(job.stderr_lock);
   const rt = await loadRuntime(job.runtime, DEFAULT_DAWN_FLAGS);
   keep.push(rt);
   if (rt.unavailable) throw new Error(`${job.runtime}: ${rt.unavailable}`);

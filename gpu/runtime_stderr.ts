@@ -7,8 +7,38 @@
  * file (libc `tmpfile`) for that call, puts it back, and returns the text. It uses FFI, which
  * Dawn's Node-API addon needs anyway (`--allow-ffi`); where FFI or libc is not at hand
  * (Windows, no permission) the call runs uncaptured and `captured` is false.
+ *
+ * fd 2 belongs to the process, not the thread: two threads capturing at once would each save
+ * and restore the other's redirection, and fd 2 could end up pointing at a closed temporary
+ * file (every later line of stderr lost: seen with `--device-threads 2 --webgpu-runtime dawn`,
+ * whose exit-2 reason never showed). Threads that may capture share one lock
+ * ({@link stderrLock}, {@link useStderrLock}); a capture then waits for another's to end. Lines
+ * another thread prints during a capture still land in its text.
  * @module
  */
+
+let lock: Int32Array | null = null;
+
+/** A new lock for the threads of one process to share (pass it to each, {@link useStderrLock}). */
+export function stderrLock(): SharedArrayBuffer {
+  return new SharedArrayBuffer(4);
+}
+
+/** This thread's captures take `sab`'s lock (the same buffer in every thread that captures). */
+export function useStderrLock(sab: SharedArrayBuffer): void {
+  lock = new Int32Array(sab);
+}
+
+function acquire(): void {
+  if (!lock) return;
+  while (Atomics.compareExchange(lock, 0, 0, 1) !== 0) Atomics.wait(lock, 0, 1, 10);
+}
+
+function release(): void {
+  if (!lock) return;
+  Atomics.store(lock, 0, 0);
+  Atomics.notify(lock, 0, 1);
+}
 
 /** The call's value and what it printed on stderr. */
 export interface Captured<T> {
@@ -70,6 +100,7 @@ export function captureStderr<T>(fn: () => T): Captured<T> {
   const libc = openLibc();
   if (!libc) return { value: fn(), text: "", captured: false };
   const s = libc.symbols;
+  acquire();
   try {
     const file = s.tmpfile();
     if (file === null) return { value: fn(), text: "", captured: false };
@@ -92,6 +123,7 @@ export function captureStderr<T>(fn: () => T): Captured<T> {
       s.fclose(file);
     }
   } finally {
+    release();
     libc.close();
   }
 }

@@ -17,6 +17,7 @@ import { acquireDevice, serviceAndHandler, type ServingOptions } from "./device_
 import { sharedJsonDecoder } from "./json_decoder.ts";
 import { RequestOwner } from "./request_owner.ts";
 import { checkFromWorker, type ResponseMessage } from "./worker_protocol.ts";
+import { useStderrLock } from "../gpu/runtime_stderr.ts";
 
 /** What one device thread serves with (structured-cloneable; `memoryBudgetBytes`: its share). */
 export interface DeviceThreadInit extends ServingOptions {
@@ -26,6 +27,8 @@ export interface DeviceThreadInit extends ServingOptions {
   runtime: RuntimeOptions;
   /** Keep-warm (thread 0 only: the GPU's clock is the card's). */
   keepWarm?: KeepWarmOptions;
+  /** The process's stderr-capture lock (gpu/runtime_stderr.ts), shared by every thread. */
+  stderrLock: SharedArrayBuffer;
 }
 
 /** A device thread's start: ready, or why not (`fatal`: an explicit runtime that cannot start). */
@@ -46,6 +49,7 @@ let owner: RequestOwner | null = null;
 let close: (() => Promise<void>) | null = null;
 
 async function start(init: DeviceThreadInit): Promise<void> {
+  useStderrLock(init.stderrLock);
   const say = (t: string) => console.error(`device thread ${init.index}: ${t}`);
   const { device, close: closeDevice } = await acquireDevice(
     init.gpu,

@@ -23,12 +23,13 @@ import { mergeMetrics } from "./metrics_merge.ts";
 import { type ErrorLogger, problem, problemResponse, toProblem } from "./problem.ts";
 import { RequestSender } from "./request_sender.ts";
 import { SAFETENSORS } from "./responses.ts";
+import { stderrLock } from "../gpu/runtime_stderr.ts";
 
 /** Options of {@link startDeviceThreads}. */
 export interface DeviceThreadsOptions {
   threads: number;
   /** What every thread serves with (the budget is split; keep-warm goes to thread 0 only). */
-  init: Omit<DeviceThreadInit, "type" | "index">;
+  init: Omit<DeviceThreadInit, "type" | "index" | "stderrLock">;
   access: AccessPolicy;
   log?: ErrorLogger;
 }
@@ -121,11 +122,14 @@ export async function startDeviceThreads(
   const log = o.log ?? ((msg, e) => console.error(msg, e));
   const allowed = accessAllowed(o.access);
   const n = o.threads;
+  // Dawn's adapter requests redirect the process's fd 2 (gpu/runtime_stderr.ts): one at a time.
+  const lock = stderrLock();
   const threads = Array.from({ length: n }, (_, index) => {
     const init: DeviceThreadInit = {
       ...o.init,
       type: "device-init",
       index,
+      stderrLock: lock,
       memoryBudgetBytes: Math.floor(o.init.memoryBudgetBytes / n),
       ...(index === 0 ? {} : { keepWarm: undefined }),
     };

@@ -1,7 +1,7 @@
 /**
  * `deno task serve` with each runtime choice, as a separate process: an unknown runtime and
  * an explicit `dawn` that cannot start exit with status 2 and a one-line reason (Dawn's own
- * words, no stack trace); `auto` starts on a real port, and `GET /v1/device` names the
+ * words, no stack trace), with `--device-threads` too; `auto` starts on a real port, and `GET /v1/device` names the
  * runtime, its version, the backend API, the adapter's vendor, how the runtime was chosen
  * and why the other one was not.
  */
@@ -65,6 +65,23 @@ Deno.test({
     const line = `webgpu: --webgpu-runtime dawn cannot start: ${dawnProbe.reason}`;
     assert.ok(r.stderr.includes(line), `${r.stderr}\nwanted: ${line}`);
     assert.doesNotMatch(r.stderr, /Uncaught|^\s+at /m, "no stack trace");
+  }
+});
+
+Deno.test({
+  name: "serve: --device-threads with a dawn that cannot start: exit 2, Dawn's reason on stderr",
+  ignore: DAWN_STARTS,
+}, async () => {
+  // Four threads ask Dawn for an adapter at once, each capturing fd 2 (gpu/runtime_stderr.ts):
+  // unserialized, fd 2 was left on a closed temporary file and the reason never showed.
+  for (let i = 0; i < 3; i++) {
+    const r = await serveFails(["--webgpu-runtime", "dawn", "--device-threads", "4"]);
+    assert.equal(r.code, 2, r.stderr);
+    assert.match(
+      r.stderr,
+      /cannot start 4 device threads: device thread \d: webgpu: --webgpu-runtime/,
+    );
+    assert.ok(r.stderr.includes(dawnProbe.reason!), `${r.stderr}\nwanted: ${dawnProbe.reason}`);
   }
 });
 
