@@ -135,7 +135,6 @@ export function chunkKeyOf(g: KvChunkGeometry): string {
   return g.nchunk === 1 ? "c1" : `c${g.nchunk}x${g.blocks_per_chunk}`;
 }
 
-/** A paged KV cache in GPU buffers (storage "webgpu"). */
 /**
  * Whether `b` holds an fp8 e4m3 NaN byte (S.1111.111): its low 7 bits plus one carry into bit 7,
  * four bytes a step.
@@ -156,6 +155,7 @@ export function hasE4m3Nan(b: Uint8Array): boolean {
   return false;
 }
 
+/** A paged KV cache in GPU buffers (storage "webgpu"). */
 export class GpuKvCache implements KvCache {
   readonly spec: KvCacheSpec;
   readonly storage = "webgpu" as const;

@@ -21,6 +21,7 @@
  * @module
  */
 import { partsResponse } from "./responses.ts";
+import { concatBytes } from "../core/safetensors.ts";
 
 const lent = new WeakMap<Response, () => void>();
 /** The parts of each lent answer, for {@link takeLentBytes}. */
@@ -50,16 +51,9 @@ export function takeLentBytes(res: Response): ArrayBuffer | null {
   if (!parts || !release || res.bodyUsed) return null;
   lentParts.delete(res);
   lent.delete(res);
-  let n = 0;
-  for (const p of parts) n += p.byteLength;
-  const out = new Uint8Array(n);
-  let at = 0;
-  for (const p of parts) {
-    out.set(p, at);
-    at += p.byteLength;
-  }
+  const out = concatBytes(parts);
   release();
-  return out.buffer;
+  return out.buffer as ArrayBuffer;
 }
 
 /**
