@@ -5,6 +5,23 @@
  * @module
  */
 
+export type {
+  AdapterInfoReport,
+  DeviceProvider,
+  DeviceReport,
+  GpuContext,
+  KeepWarmReport,
+  RuntimeProbeReport,
+  SubgroupMatrixConfig,
+} from "./device_types.ts";
+export type {
+  AttentionBackend,
+  BackendContext,
+  ForwardResult,
+  PlanContract,
+  RunOptions,
+} from "./backend_types.ts";
+
 /** Data (activation) dtypes. */
 export const DTYPES = ["float32", "float16", "bfloat16"] as const;
 /** A data dtype: query/key/value/output storage. Accumulation is always f32 or better. */
@@ -273,191 +290,4 @@ export interface ValidBatch extends BatchShape {
   readonly value: DataArray | null;
   /** The cache (server-held or inline); null for encoder types. */
   readonly cache: KvCache | null;
-}
-
-/** What a backend returns. */
-export interface ForwardResult {
-  /** [num_tokens, num_heads, head_size] in the batch dtype. */
-  output: DataArray;
-  /** [num_heads, num_tokens] natural-log normaliser, or null when not asked for. */
-  lse: Float32Array | null;
-  /** Milliseconds by phase, e.g. {plan, write, attend}. */
-  timings?: Record<string, number>;
-  /**
-   * Returns the memory `output` and `lse` view to its pool (a GPU backend's results are views
-   * of lent host memory, gpu/host_pool.ts); neither may be read afterwards. Call it once the
-   * answer was delivered; not calling it is safe (the memory is then not reused). Idempotent.
-   */
-  release?(): void;
-}
-
-/** Options of a backend's `run`. */
-export interface RunOptions {
-  /**
-   * Aborted when the caller went away. A backend checks it before it writes anything: an
-   * aborted call writes nothing and rejects; once the cache write is submitted the call
-   * completes (the write happens entirely or not at all).
-   */
-  signal?: AbortSignal;
-  /**
-   * Called once everything the call does to the cache and its own buffers is submitted to the
-   * device queue (WebGPU runs later submissions after it), before the read-back: the service
-   * lets the next call on the same cache start then. A backend that never calls it keeps the
-   * cache until `run` settles.
-   */
-  onSubmitted?: () => void;
-}
-
-/** The WebGPU device as the backends see it (null anywhere there is none). */
-export interface GpuContext {
-  readonly device: GPUDevice;
-  readonly adapter_info: {
-    vendor: string;
-    architecture: string;
-    device: string;
-    description: string;
-    subgroup_min_size?: number;
-    subgroup_max_size?: number;
-    is_fallback_adapter?: boolean;
-  };
-  /** Features granted on the device (including `subgroups` when the request succeeded). */
-  readonly features: ReadonlySet<string>;
-  /** The device's limits (requested at the adapter's own values). */
-  readonly limits: Readonly<Record<string, number>>;
-  /** Bumped each time a device is (re-)acquired. */
-  readonly generation: number;
-  /** True once the device was lost. */
-  readonly lost: boolean;
-}
-
-/** What plan/run receive besides the batch. */
-export interface BackendContext {
-  /** The GPU, or null when none is available. */
-  gpu: GpuContext | null;
-}
-
-/** What the service reads off any backend's plan (the rest of a plan is the backend's own). */
-export interface PlanContract {
-  /**
-   * The plan's run checks the batch's query/key/value for NaN and infinity on the device before
-   * it writes anything, and fails with the validator's 422: the service then leaves a large
-   * batch's host scan to it. Absent means false (the service scans on the host first).
-   */
-  readonly checks_finite?: boolean;
-}
-
-/**
- * A backend: one file in `backends/` exporting one of these. Shared code asks the
- * descriptor; it never branches on `name`.
- */
-export interface AttentionBackend<P extends PlanContract = PlanContract> {
-  /** UPPER_SNAKE, like vLLM's names. */
-  readonly name: string;
-  /** Lower runs first in auto selection. */
-  readonly priority: number;
-  readonly description: string;
-  readonly capabilities: Capabilities;
-  readonly requires: DeviceRequirements;
-  /** The cache storage its kernels read and write. */
-  readonly cache_storage: CacheStorage;
-  /** A backend-specific reason this combination is invalid, or null (vLLM's supports_combination). */
-  supportsCombination?(config: SelectorConfig, ctx: BackendContext): string | null;
-  /** Creates an empty cache in this backend's storage. */
-  createCache(spec: KvCacheSpec, ctx: BackendContext): Promise<KvCache> | KvCache;
-  /** Wraps caller-supplied bytes (inline key_cache/value_cache) as a cache for one call. */
-  importCache(
-    spec: KvCacheSpec,
-    key: Uint8Array,
-    value: Uint8Array,
-    ctx: BackendContext,
-  ): Promise<KvCache> | KvCache;
-  /**
-   * Plans a batch from its metadata alone (no tensor is read): work partition, compiled
-   * pipelines, uploaded tables. The service caches plans by `shape.plan_key` and the device,
-   * so a plan must not hold anything specific to one call's tensors or cache.
-   */
-  plan(shape: BatchShape, ctx: BackendContext): Promise<P> | P;
-  /** Writes the tensors, binds, dispatches (writes K/V into the cache first), reads back once. */
-  run(plan: P, batch: ValidBatch, ctx: BackendContext, opts?: RunOptions): Promise<ForwardResult>;
-  /** Frees what a plan holds once the plan cache drops it (and no call uses it). */
-  disposePlan?(plan: P): void;
-  /** Releases what the backend holds process-wide (workers, pools); it may be used again later. */
-  close?(): Promise<void>;
-}
-
-/** One subgroup-matrix configuration (Dawn's `chromium-experimental-subgroup-matrix`). */
-export interface SubgroupMatrixConfig {
-  component_type: string;
-  result_component_type: string;
-  m: number;
-  n: number;
-  k: number;
-}
-
-/** The adapter as `GET /v1/device` reports it. */
-export type AdapterInfoReport = GpuContext["adapter_info"] & {
-  /** The vendor's name where `vendor` is a PCI/Khronos id (Deno's "65541" is "mesa"). */
-  vendor_name?: string;
-  /** Dawn's `adapter.info.subgroupMatrixConfigs`, where the runtime gives them. */
-  subgroup_matrix_configs?: SubgroupMatrixConfig[];
-};
-
-/** A runtime not chosen, as a cheap probe (an adapter, never a device) found it. */
-export interface RuntimeProbeReport {
-  /** True when it loads and finds an adapter. */
-  available: boolean;
-  version?: string;
-  flags?: string[];
-  backend_api?: string;
-  /** Why it is unavailable, or why it was not chosen. */
-  reason?: string;
-  adapter?: AdapterInfoReport;
-}
-
-/** What `GET /v1/device` reports. */
-export interface DeviceReport {
-  available: boolean;
-  /** Which WebGPU implementation: "deno" (navigator.gpu), "dawn" (npm webgpu), or "none". */
-  runtime: string;
-  /** Deno's version for "deno"; the npm `webgpu` package's for "dawn". */
-  runtime_version?: string;
-  /** The flags the runtime was created with (Dawn's `create(flags)`). */
-  runtime_flags?: string[];
-  /** How the runtime was chosen: what was asked (deno, dawn, auto) and why this one. */
-  selection?: string;
-  /** The native API under WebGPU: vulkan, gl, metal, d3d12... */
-  backend_api?: string;
-  /** How `backend_api` is known (WebGPU itself does not say). */
-  backend_api_source?: string;
-  /** Why there is no device, when there is none. */
-  reason?: string;
-  adapter?: AdapterInfoReport;
-  features: string[];
-  limits: Record<string, number>;
-  generation: number;
-  /** What the runtime printed while finding the adapter (Dawn's warnings). */
-  warnings?: string[];
-  /** The runtimes not chosen: whether they could start here, and why not (once probed). */
-  other_runtimes?: Record<string, RuntimeProbeReport>;
-  /** Keep-warm spins between calls, when asked for (gpu/keep_warm.ts). */
-  keep_warm?: KeepWarmReport;
-}
-
-/** What keep-warm does (`--keep-warm-ms`): whether it is on, why not, its knobs, its count. */
-export interface KeepWarmReport {
-  enabled: boolean;
-  reason?: string;
-  options: { hold_ms: number; spin_iters: number; workgroups: number; depth: number };
-  round_trip_ms?: number;
-  dispatches: number;
-  spinning: boolean;
-}
-
-/** Owns the WebGPU device: acquires it, re-acquires after loss, reports it. */
-export interface DeviceProvider {
-  /** The live device, or null (none, or lost and not yet re-acquired). */
-  current(): GpuContext | null;
-  /** Acquires a device if there is none (or it was lost); resolves to null where no adapter exists. */
-  acquire(): Promise<GpuContext | null>;
-  report(): DeviceReport;
 }

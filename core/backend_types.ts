@@ -1,0 +1,105 @@
+/**
+ * The backend contract: the descriptor a file in `backends/` exports (capabilities as data,
+ * plan on metadata, run on tensors), what `run` takes and returns. core/types.ts re-exports it.
+ * @module
+ */
+import type { GpuContext } from "./device_types.ts";
+import type {
+  BatchShape,
+  CacheStorage,
+  Capabilities,
+  DataArray,
+  DeviceRequirements,
+  KvCache,
+  KvCacheSpec,
+  SelectorConfig,
+  ValidBatch,
+} from "./types.ts";
+
+/** What a backend returns. */
+export interface ForwardResult {
+  /** [num_tokens, num_heads, head_size] in the batch dtype. */
+  output: DataArray;
+  /** [num_heads, num_tokens] natural-log normaliser, or null when not asked for. */
+  lse: Float32Array | null;
+  /** Milliseconds by phase, e.g. {plan, write, attend}. */
+  timings?: Record<string, number>;
+  /**
+   * Returns the memory `output` and `lse` view to its pool (a GPU backend's results are views
+   * of lent host memory, gpu/host_pool.ts); neither may be read afterwards. Call it once the
+   * answer was delivered; not calling it is safe (the memory is then not reused). Idempotent.
+   */
+  release?(): void;
+}
+
+/** Options of a backend's `run`. */
+export interface RunOptions {
+  /**
+   * Aborted when the caller went away. A backend checks it before it writes anything: an
+   * aborted call writes nothing and rejects; once the cache write is submitted the call
+   * completes (the write happens entirely or not at all).
+   */
+  signal?: AbortSignal;
+  /**
+   * Called once everything the call does to the cache and its own buffers is submitted to the
+   * device queue (WebGPU runs later submissions after it), before the read-back: the service
+   * lets the next call on the same cache start then. A backend that never calls it keeps the
+   * cache until `run` settles.
+   */
+  onSubmitted?: () => void;
+}
+
+/** What plan/run receive besides the batch. */
+export interface BackendContext {
+  /** The GPU, or null when none is available. */
+  gpu: GpuContext | null;
+}
+
+/** What the service reads off any backend's plan (the rest of a plan is the backend's own). */
+export interface PlanContract {
+  /**
+   * The plan's run checks the batch's query/key/value for NaN and infinity on the device before
+   * it writes anything, and fails with the validator's 422: the service then leaves a large
+   * batch's host scan to it. Absent means false (the service scans on the host first).
+   */
+  readonly checks_finite?: boolean;
+}
+
+/**
+ * A backend: one file in `backends/` exporting one of these. Shared code asks the
+ * descriptor; it never branches on `name`.
+ */
+export interface AttentionBackend<P extends PlanContract = PlanContract> {
+  /** UPPER_SNAKE, like vLLM's names. */
+  readonly name: string;
+  /** Lower runs first in auto selection. */
+  readonly priority: number;
+  readonly description: string;
+  readonly capabilities: Capabilities;
+  readonly requires: DeviceRequirements;
+  /** The cache storage its kernels read and write. */
+  readonly cache_storage: CacheStorage;
+  /** A backend-specific reason this combination is invalid, or null (vLLM's supports_combination). */
+  supportsCombination?(config: SelectorConfig, ctx: BackendContext): string | null;
+  /** Creates an empty cache in this backend's storage. */
+  createCache(spec: KvCacheSpec, ctx: BackendContext): Promise<KvCache> | KvCache;
+  /** Wraps caller-supplied bytes (inline key_cache/value_cache) as a cache for one call. */
+  importCache(
+    spec: KvCacheSpec,
+    key: Uint8Array,
+    value: Uint8Array,
+    ctx: BackendContext,
+  ): Promise<KvCache> | KvCache;
+  /**
+   * Plans a batch from its metadata alone (no tensor is read): work partition, compiled
+   * pipelines, uploaded tables. The service caches plans by `shape.plan_key` and the device,
+   * so a plan must not hold anything specific to one call's tensors or cache.
+   */
+  plan(shape: BatchShape, ctx: BackendContext): Promise<P> | P;
+  /** Writes the tensors, binds, dispatches (writes K/V into the cache first), reads back once. */
+  run(plan: P, batch: ValidBatch, ctx: BackendContext, opts?: RunOptions): Promise<ForwardResult>;
+  /** Frees what a plan holds once the plan cache drops it (and no call uses it). */
+  disposePlan?(plan: P): void;
+  /** Releases what the backend holds process-wide (workers, pools); it may be used again later. */
+  close?(): Promise<void>;
+}
