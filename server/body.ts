@@ -10,6 +10,7 @@ import { ServiceError } from "../core/errors.ts";
 import { scanJson } from "../wire/json_scan.ts";
 import { fromZod } from "../wire/zod_issues.ts";
 import { type BodyLimit, readBody } from "./body_read.ts";
+import { problem } from "./problem.ts";
 
 export { type BodyLimit, readBody } from "./body_read.ts";
 
@@ -42,8 +43,33 @@ export function isJsonType(mt: string): boolean {
   return mt === "application/json" || (mt.startsWith("application/") && mt.endsWith("+json"));
 }
 
-/** Which body kind a request carries, or 415 when it is none of `accepted`. */
+/**
+ * Refuses a body in any content coding but `identity` (RFC 9110 15.5.16: 415 with
+ * `Accept-Encoding`): the service reads bodies as sent, and a compressed one would otherwise be
+ * misread as bad JSON or safetensors.
+ */
+function checkContentEncoding(req: Request): void {
+  const raw = req.headers.get("content-encoding");
+  if (raw === null) return;
+  const codings = raw.split(",").map((c) => c.trim().toLowerCase()).filter((c) => c !== "");
+  const other = codings.filter((c) => c !== "identity");
+  if (other.length === 0) return;
+  throw problem(
+    415,
+    "unsupported_content_encoding",
+    `unsupported Content-Encoding ${JSON.stringify(raw)}; send the body uncompressed ` +
+      "(no Content-Encoding, or identity)",
+    { content_encoding: raw, accepted_encodings: ["identity"] },
+    { headers: { "accept-encoding": "identity" } },
+  );
+}
+
+/**
+ * Which body kind a request carries: 415 when it is none of `accepted`, or when it comes in a
+ * content coding ({@link checkContentEncoding}).
+ */
 export function bodyKind(req: Request, accepted: BodyKind[]): BodyKind {
+  checkContentEncoding(req);
   const mt = mediaType(req.headers.get("content-type"));
   if (isJsonType(mt) && accepted.includes("json")) return "json";
   if (mt === "application/octet-stream" && accepted.includes("binary")) return "binary";

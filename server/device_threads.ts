@@ -22,6 +22,7 @@ import { CachePlacement } from "./cache_placement.ts";
 import { mergeMetrics } from "./metrics_merge.ts";
 import { type ErrorLogger, problem, problemResponse, toProblem } from "./problem.ts";
 import { RequestSender } from "./request_sender.ts";
+import { requestPath } from "./routes.ts";
 import { SAFETENSORS } from "./responses.ts";
 import { stderrLock } from "../gpu/runtime_stderr.ts";
 
@@ -208,7 +209,7 @@ function front(threads: Thread[]): DeviceThreads {
 
   const handler = async (req: Request): Promise<Response> => {
     try {
-      const { pathname } = new URL(req.url);
+      const pathname = requestPath(req.url);
       const method = req.method.toUpperCase();
       const c = cachePath(pathname);
       if (c) return await onCache(req, c.id, c.rest);

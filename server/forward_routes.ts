@@ -6,7 +6,8 @@
  * safetensors. Each call's phases are measured for the metrics: `parse` (read and decode the
  * body) and `encode_response` here, the rest from the service's `timings`. The answer's
  * `Server-Timing` header carries `parse` (`parse;dur=MS`), so a client can tell the server's
- * share of a round trip outside the service's `total`.
+ * share of a round trip outside the service's `total`; a refused call's problem carries it too
+ * (the time until the body was decoded, or refused while reading or decoding it).
  * @module
  */
 import { ServiceError } from "../core/errors.ts";
@@ -25,6 +26,7 @@ import { cacheIdParam } from "./cache_routes.ts";
 import type { Metrics } from "./metrics.ts";
 import { jsonResponse, SAFETENSORS } from "./responses.ts";
 import { lentBodyResponse } from "./lent_body.ts";
+import { withErrorHeaders } from "./problem.ts";
 import type { RouteContext, Router } from "./routes.ts";
 
 /** Reads and decodes a forward body of either kind; `bytes` is the body as read. */
@@ -114,25 +116,28 @@ export function addForwardRoutes(
   const run = async (ctx: RouteContext, cacheId: string | null): Promise<Response> => {
     const { req } = ctx;
     const t0 = performance.now();
-    const body = await decode(req, limits, json);
-    const decoded = cacheId === null ? body.decoded : onCache(body.decoded, cacheId, body.binary);
-    const tParsed = performance.now();
-    const outcome = await service.forward(decoded.input, { signal: req.signal });
-    const tRan = performance.now();
-    const headers = {
-      "x-attention-backend": outcome.backend,
-      "server-timing": `parse;dur=${(tParsed - t0).toFixed(3)}`,
-    };
-    const res = answer(req, outcome, decoded.encoding, headers);
-    releaseBody(body.bytes);
-    const tEncoded = performance.now();
-    metrics.recordForward(outcome.backend, (tRan - tParsed) / 1000);
-    metrics.recordPhases(outcome.backend, {
-      ...outcome.result.timings,
-      parse: tParsed - t0,
-      encode_response: tEncoded - tRan,
-    });
-    return res;
+    let tParsed: number | null = null;
+    const timing = () => `parse;dur=${((tParsed ?? performance.now()) - t0).toFixed(3)}`;
+    try {
+      const body = await decode(req, limits, json);
+      const decoded = cacheId === null ? body.decoded : onCache(body.decoded, cacheId, body.binary);
+      tParsed = performance.now();
+      const outcome = await service.forward(decoded.input, { signal: req.signal });
+      const tRan = performance.now();
+      const headers = { "x-attention-backend": outcome.backend, "server-timing": timing() };
+      const res = answer(req, outcome, decoded.encoding, headers);
+      releaseBody(body.bytes);
+      const tEncoded = performance.now();
+      metrics.recordForward(outcome.backend, (tRan - tParsed) / 1000);
+      metrics.recordPhases(outcome.backend, {
+        ...outcome.result.timings,
+        parse: tParsed - t0,
+        encode_response: tEncoded - tRan,
+      });
+      return res;
+    } catch (e) {
+      throw withErrorHeaders(e, { "server-timing": timing() });
+    }
   };
   router.add("POST", "/v1/attention/forward", (ctx) => run(ctx, null));
   router.add("POST", "/v1/kv-caches/:id/forward", (ctx) => run(ctx, cacheIdParam(ctx.params.id)));

@@ -19,7 +19,7 @@ import { Metrics } from "./metrics.ts";
 import { openApiDocument } from "./openapi.ts";
 import { errorHeaders, type ErrorLogger, problem, problemResponse, toProblem } from "./problem.ts";
 import { headOf, jsonResponse } from "./responses.ts";
-import { type RouteContext, Router } from "./routes.ts";
+import { type RouteContext, Router, sentPath } from "./routes.ts";
 
 /** Options of {@link createHandler}. */
 export interface HandlerOptions {
@@ -80,21 +80,25 @@ export function createHandler(service: AttentionService, opts: HandlerOptions = 
   );
   router.add("GET", "/openapi.json", () => jsonResponse(openApiDocument()));
 
-  const respond = async (req: Request, url: URL): Promise<{ res: Response; route: string }> => {
+  const respond = async (
+    req: Request,
+    url: URL,
+    path: string,
+  ): Promise<{ res: Response; route: string }> => {
     let route = "unmatched";
     try {
-      const m = router.match(req.method, url);
+      const m = router.match(req.method, path);
       if (m.kind !== "not_found") route = m.kind === "found" ? m.route.path : m.path;
       checkAccess(req, url);
       if (m.kind === "not_found") {
-        throw problem(404, "not_found", `no route for ${req.method} ${url.pathname}`);
+        throw problem(404, "not_found", `no route for ${req.method} ${path}`);
       }
       if (m.kind === "method_not_allowed") {
         const allow = m.allow.join(", ");
-        const detail = `${req.method} is not allowed on ${url.pathname}; allowed: ${allow}`;
+        const detail = `${req.method} is not allowed on ${path}; allowed: ${allow}`;
         const doc = toProblem(
           problem(405, "method_not_allowed", detail, { allow: m.allow }),
-          url.pathname,
+          path,
           log,
         );
         return { res: problemResponse(doc, { allow }), route };
@@ -102,7 +106,7 @@ export function createHandler(service: AttentionService, opts: HandlerOptions = 
       const ctx: RouteContext = { req, url, params: m.params, route };
       return { res: await m.route.handler(ctx), route };
     } catch (e) {
-      return { res: problemResponse(toProblem(e, url.pathname, log), errorHeaders(e)), route };
+      return { res: problemResponse(toProblem(e, path, log), errorHeaders(e)), route };
     }
   };
 
@@ -115,7 +119,7 @@ export function createHandler(service: AttentionService, opts: HandlerOptions = 
         toProblem(problem(400, "bad_request", "invalid request URL"), undefined, log),
       );
     }
-    const { res, route } = await respond(req, url);
+    const { res, route } = await respond(req, url, sentPath(req));
     metrics.recordRequest(route, req.method, res.status);
     if (instance !== undefined) res.headers.set(INSTANCE_HEADER, instance);
     return req.method.toUpperCase() === "HEAD" ? await headOf(res) : res;

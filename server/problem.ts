@@ -74,9 +74,24 @@ export class ProblemError extends ServiceError {
   }
 }
 
-/** The response headers an error asks for (none for most). */
+const addedHeaders = new WeakMap<object, Record<string, string>>();
+
+/**
+ * Adds response headers to any thrown value on its way out of a route (the forward routes'
+ * `Server-Timing`), without changing what it is; returns it for `throw`.
+ */
+export function withErrorHeaders(err: unknown, headers: Record<string, string>): unknown {
+  if (typeof err === "object" && err !== null) {
+    addedHeaders.set(err, { ...addedHeaders.get(err), ...headers });
+  }
+  return err;
+}
+
+/** The response headers an error asks for (none for most), with those added on the way. */
 export function errorHeaders(err: unknown): Record<string, string> {
-  return err instanceof ProblemError ? err.headers : {};
+  const own = err instanceof ProblemError ? err.headers : {};
+  const added = typeof err === "object" && err !== null ? addedHeaders.get(err) : undefined;
+  return added ? { ...own, ...added } : own;
 }
 
 /**

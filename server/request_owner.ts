@@ -12,6 +12,7 @@
 import { type ErrorLogger, problemResponse, toProblem } from "./problem.ts";
 import { releaseWhenDelivered, takeLentBytes } from "./lent_body.ts";
 import { setPreReadBody, type StreamedBody } from "./body_read.ts";
+import { keepSentPath } from "./routes.ts";
 import type { BodyMessage, HeadMessage, ResponseMessage } from "./worker_protocol.ts";
 
 type Handler = (req: Request) => Promise<Response>;
@@ -57,6 +58,7 @@ function rebuild(m: HeadMessage, p: Pending): Request {
     Object.defineProperty(req, "method", { value: m.method });
   }
   if (body !== null) setPreReadBody(req, p.body.then(preRead));
+  keepSentPath(req, m.url);
   return req;
 }
 

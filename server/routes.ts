@@ -4,7 +4,10 @@
  * `:name` does; matched by comparing segments, which costs a few microseconds where URLPattern
  * took 30-60 per request). A path that matches no route is a 404 `not_found`; a path that
  * matches with another method is a 405 `method_not_allowed` with an `Allow` header listing
- * the methods it does take. HEAD matches every GET route (the handler drops the body).
+ * the methods it does take. HEAD matches every GET route (the handler drops the body). Routes
+ * match the request target's path as sent ({@link requestPath}): `.` and `..` segments, plain or
+ * percent-encoded, are never resolved, so `/v1/kv-caches/%2e%2e` reaches the cache routes (whose
+ * id check refuses it) instead of turning into `/v1/`.
  * @module
  */
 
@@ -49,6 +52,38 @@ export function matchSegments(
   return params ?? {};
 }
 
+/**
+ * The path of a request URL as the client sent it: between the authority and any `?` or `#`,
+ * with no dot segment resolved (`new URL` resolves them, `%2e` included; Deno's `Request.url`
+ * keeps the target as sent).
+ */
+export function requestPath(href: string): string {
+  const scheme = href.indexOf("://");
+  let start = scheme < 0 ? 0 : scheme + 3;
+  if (scheme >= 0) {
+    while (start < href.length && !"/?#".includes(href[start])) start++;
+  }
+  let end = start;
+  while (end < href.length && href[end] !== "?" && href[end] !== "#") end++;
+  return end > start ? href.slice(start, end) : "/";
+}
+
+const sentPaths = new WeakMap<Request, string>();
+
+/**
+ * Records the path a request was sent with, for a Request rebuilt on another thread
+ * (server/request_owner.ts): `new Request(url)` resolves dot segments, so the rebuilt one's
+ * `url` no longer says what the client sent.
+ */
+export function keepSentPath(req: Request, sentUrl: string): void {
+  sentPaths.set(req, requestPath(sentUrl));
+}
+
+/** The path a request was sent with: {@link keepSentPath}'s, else {@link requestPath}'s. */
+export function sentPath(req: Request): string {
+  return sentPaths.get(req) ?? requestPath(req.url);
+}
+
 /** The outcome of matching a request. */
 export type RouteMatch =
   | { kind: "found"; route: Route; params: Record<string, string> }
@@ -69,12 +104,12 @@ export class Router {
     return this;
   }
 
-  /** Finds the route of a method and URL (HEAD finds the GET route). */
-  match(method: string, url: URL): RouteMatch {
+  /** Finds the route of a method and a path ({@link requestPath}; HEAD finds the GET route). */
+  match(method: string, pathname: string): RouteMatch {
     const want = method.toUpperCase() === "HEAD" ? "GET" : method.toUpperCase();
     const allow: string[] = [];
     let path = "";
-    const segments = url.pathname.split("/");
+    const segments = pathname.split("/");
     for (const r of this.routes) {
       const params = matchSegments(r.segments, segments);
       if (params === null) continue;

@@ -7,12 +7,24 @@
 import type { z } from "zod";
 import { type Issue, ServiceError } from "../core/errors.ts";
 
+/** Marks a non-finite number in {@link showValue}'s JSON (a client cannot guess it). */
+const NON_FINITE_MARK = `\u0000${crypto.randomUUID()}:`;
+const NON_FINITE_QUOTED = new RegExp(`"\\\\u0000${NON_FINITE_MARK.slice(1)}([^"]*)"`, "g");
+
 /** A short JSON rendering of a value for messages. */
 export function showValue(v: unknown, max = 80): string {
   if (v === undefined) return "undefined (missing)";
+  if (typeof v === "number" && !Number.isFinite(v)) return String(v);
   let s: string;
   try {
-    s = JSON.stringify(v, (_k, x) => (typeof x === "bigint" ? x.toString() : x)) ?? String(v);
+    // Non-finite numbers would print as null: spell them (Infinity, -Infinity, NaN).
+    const mark = NON_FINITE_MARK;
+    s = JSON.stringify(v, (_k, x) =>
+      typeof x === "bigint"
+        ? x.toString()
+        : typeof x === "number" && !Number.isFinite(x)
+        ? mark + String(x)
+        : x)?.replace(NON_FINITE_QUOTED, "$1") ?? String(v);
   } catch {
     s = String(v);
   }

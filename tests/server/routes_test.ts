@@ -6,7 +6,7 @@
  * case, dots), then the table's 404 / 405 / HEAD answers.
  */
 import assert from "node:assert/strict";
-import { matchSegments, Router } from "../../server/routes.ts";
+import { matchSegments, requestPath, Router } from "../../server/routes.ts";
 import { Rng } from "../support/rng.ts";
 
 const TEMPLATES = [
@@ -95,7 +95,7 @@ Deno.test("routes: found, 405 with the allowed methods, 404, HEAD on GET routes"
   const h = () => new Response();
   r.add("GET", "/v1/kv-caches/:id", h).add("DELETE", "/v1/kv-caches/:id", h);
   r.add("POST", "/v1/kv-caches/:id/forward", h);
-  const url = (p: string) => new URL(`http://x${p}`);
+  const url = (p: string) => requestPath(`http://x${p}`);
   const found = r.match("DELETE", url("/v1/kv-caches/c1"));
   assert.equal(found.kind, "found");
   assert.deepEqual(found.kind === "found" && found.params, { id: "c1" });
@@ -109,4 +109,19 @@ Deno.test("routes: found, 405 with the allowed methods, 404, HEAD on GET routes"
   assert.deepEqual(r.match("GET", url("/v1/kv-caches/c1/forward/")), { kind: "not_found" });
   assert.throws(() => r.add("GET", "/v1//x", h), /empty segment/);
   assert.throws(() => r.add("GET", "/v1/:", h), /parameter name/);
+});
+
+Deno.test("routes: requestPath keeps the path as sent, dot segments and escapes included", () => {
+  const cases: [string, string][] = [
+    ["http://h:1/v1/kv-caches/%2e%2e", "/v1/kv-caches/%2e%2e"],
+    ["http://h/v1/kv-caches/./x?a=/../b", "/v1/kv-caches/./x"],
+    ["http://h/a/../b#frag/..", "/a/../b"],
+    ["http://h/a#f?q", "/a"],
+    ["http://h", "/"],
+    ["http://h?q=1", "/"],
+    ["http://h?q=/x", "/"],
+    ["http://h#/x", "/"],
+    ["/already/a/path", "/already/a/path"],
+  ];
+  for (const [href, want] of cases) assert.equal(requestPath(href), want, href);
 });
