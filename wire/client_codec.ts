@@ -39,7 +39,9 @@ function tensorValues(
 
 function intTensor(name: string, t: TensorLike): SafetensorsTensor {
   if (Array.isArray(t)) {
-    const rows = t.every(Array.isArray) ? (t as number[][]) : null;
+    // An empty array is 1-D ([0]), as the server reads it in JSON: slot_mapping of a step with
+    // no new tokens.
+    const rows = t.length > 0 && t.every(Array.isArray) ? (t as number[][]) : null;
     const flat = rows ? rows.flat() : (t as number[]);
     const shape = rows ? [rows.length, rows[0]?.length ?? 0] : [flat.length];
     return { dtype: "I32", shape, data: new Uint8Array(Int32Array.from(flat).buffer) };

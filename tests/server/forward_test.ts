@@ -2,7 +2,7 @@
  * Forward numerics over HTTP (real port, CPU_REFERENCE) against an independent float64
  * computation: prefill, decode and chunked-prefill steps on a server-held cache, both
  * transports, base64, inline caches, encoder-only and layer options; the answer's
- * `Server-Timing` header (the handler's `parse`).
+ * `Server-Timing` header (the handler's `parse`); a step with no new tokens on both transports.
  */
 import assert from "node:assert/strict";
 import type { ForwardBody } from "../../client/client.ts";
@@ -279,6 +279,41 @@ Deno.test("forward over HTTP: the answer's Server-Timing header carries the hand
       const m = /^parse;dur=(\d+\.\d{3})$/.exec(timing);
       assert.ok(m, `${type}: Server-Timing ${JSON.stringify(timing)}`);
       assert.ok(Number(m[1]) >= 0 && Number(m[1]) <= ms, `${type}: parse ${m[1]} of ${ms} ms`);
+    }
+  } finally {
+    await srv.close();
+  }
+});
+
+Deno.test("forward over HTTP: a step with no new tokens, on both transports", async () => {
+  const srv = await startServer();
+  try {
+    const info = await srv.client.createCache(F32_CACHE);
+    const seqs = new Seqs(Math.fround);
+    await srv.client.forward({ ...seqs.step([3, 2], "float32").body, kv_cache: info.id });
+    const body: ForwardBody = {
+      dtype: "float32",
+      layer: { num_heads: H, num_kv_heads: HKV, head_size: D },
+      query: { dtype: "float32", shape: [0, H, D], data: [] },
+      key: { dtype: "float32", shape: [0, HKV, D], data: [] },
+      value: { dtype: "float32", shape: [0, HKV, D], data: [] },
+      metadata: {
+        query_start_loc: [0, 0, 0],
+        seq_lens: [3, 2],
+        block_table: TABLE,
+        slot_mapping: [],
+      },
+      kv_cache: info.id,
+      return_lse: true,
+    };
+    // The client once sent an empty plain array as an I32 tensor of shape [0, 0] (a 422).
+    const file = new TextDecoder().decode(forwardBodyToSafetensors(body).subarray(8, 2000));
+    assert.match(file, /"slot_mapping":\{"dtype":"I32","shape":\[0\]/);
+    for (const binary of [false, true]) {
+      const ans = await srv.client.forward(body, { binary });
+      assert.deepEqual(ans.output.shape, [0, H, D], `binary ${binary}`);
+      assert.equal(ans.output.values.length, 0);
+      assert.deepEqual(ans.lse!.shape, [H, 0]);
     }
   } finally {
     await srv.close();
