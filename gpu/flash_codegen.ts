@@ -8,6 +8,7 @@
  * counters end up in memory, named values stay in registers.
  * @module
  */
+import { nanKeepingCap } from "./wgsl.ts";
 
 /** The compile-time shape of one prefill variant. */
 export interface FlashTile {
@@ -121,7 +122,7 @@ export function generateFlash(t: FlashTile): Record<string, string> {
   for (const m of M) {
     for (const n of N) {
       const s = `s${m}_${n}`;
-      if (t.cap) scale.push(`    ${s} = U.softcap * tanh(clamp(${s} / U.softcap, -15.0, 15.0));`);
+      if (t.cap) scale.push(`    ${s} = ${nanKeepingCap(s, "U.softcap", "U.softcap")};`);
       if (t.alibi) scale.push(`    ${s} -= sl${m} * f32(pos${m} - i32(kt + tx + ${n * t.tx}u));`);
     }
   }
@@ -173,11 +174,11 @@ export function generateFlash(t: FlashTile): Record<string, string> {
     ...M.flatMap((m) => [
       `  let lt${m} = dot(${part(m).join(" + ")}, vec4<f32>(1.0));`,
       `  if (ok${m}) {`,
-      `    let inv = select(0.0, U.v_scale / lt${m}, lt${m} > 0.0);`,
+      `    let inv = select(U.v_scale / lt${m}, 0.0, lt${m} == 0.0); // NaN lt: NaN out`,
       `    let ob = (tok${m} * U.num_heads + h${m}) * D4 + tx;`,
       ...CV.map((i) => `    out_put4(ob + ${i * t.tx}u, o${m}_${i} * inv);`),
       "    if (tx == 0u) {",
-      `      lse[h${m} * U.num_tokens + tok${m}] = select(bitcast<f32>(0xff800000u | (U.flags & 0u)), m${m} + log(lt${m}), lt${m} > 0.0);`,
+      `      lse[h${m} * U.num_tokens + tok${m}] = select(m${m} + log(lt${m}), bitcast<f32>(0xff800000u | (U.flags & 0u)), lt${m} == 0.0);`,
       "    }",
       "  }",
     ]),

@@ -10,6 +10,7 @@
  * @module
  */
 import { type MmaConsts, mmaLayout } from "./flash_mma_shape.ts";
+import { nanKeepingCap } from "./wgsl.ts";
 
 const range = (n: number) => Array.from({ length: n }, (_, i) => i);
 
@@ -148,7 +149,7 @@ export function fastSoftmaxCode(c: MmaConsts): string {
     if (usesDk) out.push(`  let dk0 = rpos[${i}] - i32(key0);`);
     for (const e of E) {
       out.push(`  var x${e} = ${scoreAt(c, e)} * sc;`);
-      if (c.softcap) out.push(`  x${e} = capl * tanh(clamp(x${e}, -15.0, 15.0));`);
+      if (c.softcap) out.push(`  x${e} = ${nanKeepingCap(`x${e}`, "capl", "")};`);
       if (c.alibi) out.push(`  x${e} -= rslope[${i}] * f32(dk0 - ${e});`);
     }
     const pad = kendOnly ? "  " : "    ";

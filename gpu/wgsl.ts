@@ -243,3 +243,14 @@ export function kvAccessors(o: KvAccessorOptions): string {
     }) var<storage, ${d.kind}> ${d.name}: ${d.type};\n`
   ).join("") + kvAccessorFns(o);
 }
+
+/**
+ * `cap * tanh(clamp(x / div, -15, 15))` (the soft cap; `div` "" when x is already divided), except
+ * that a NaN x (from a NaN stored in the cache) stays NaN, as in float64: clamp() would make it
+ * +-15. The NaN test is on the bits, which no compiler folds away.
+ */
+export function nanKeepingCap(x: string, cap: string, div: string): string {
+  const arg = div ? `${x} / ${div}` : x;
+  return `select(${cap} * tanh(clamp(${arg}, -15.0, 15.0)), ${x}, ` +
+    `(bitcast<u32>(${x}) & 0x7fffffffu) > 0x7f800000u)`;
+}

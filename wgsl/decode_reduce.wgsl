@@ -46,7 +46,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) i
   for (var s = 0u; s < n; s++) {
     let slot = first + s;
     let ml = part[P.ml_off + slot * H + h];
-    let w = select(0.0, exp(ml.x - mx), ml.y > 0.0);
+    let w = select(exp(ml.x - mx), 0.0, ml.y == 0.0); // empty slices weigh 0; NaN ones count
     den += ml.y * w;
     o += part[(slot * H + h) * D4 + i] * w;
   }

@@ -128,7 +128,9 @@ fn rsum(lid: u32, i: u32) -> f32 {
 fn logit(dot_qk: f32, k: u32, vis: bool, pos: u32, slope: f32) -> f32 {
   var s = dot_qk;
   if (CAP) {
-    s = P.soft_cap * tanh(clamp(s / P.soft_cap, -15.0, 15.0));
+    // clamp() would make a NaN (from a NaN stored in the cache) +-15: it stays NaN, as in float64.
+    let nan = (bitcast<u32>(s) & 0x7fffffffu) > 0x7f800000u;
+    s = select(P.soft_cap * tanh(clamp(s / P.soft_cap, -15.0, 15.0)), s, nan);
   }
   if (ALIBI) {
     s -= slope * (f32(pos) - f32(k));

@@ -285,9 +285,9 @@ fn main(
     for (var o = 1u; o < LPR; o <<= 1u) {
       lt += subgroupShuffleXor(lt, o);
     }
-    inv[i] = select(0.0, U.v_scale / lt, lt > 0.0);
+    inv[i] = select(U.v_scale / lt, 0.0, lt == 0.0); // a NaN lt (NaN in the cache) stays NaN
     if (rok[i] && lq == 0u{{LSE_OWNER}}) {
-      lse[lh[i]] = select(0xff800000u, bitcast<u32>(m[i] / LG + log(lt)), lt > 0.0); // -inf: none
+      lse[lh[i]] = select(bitcast<u32>(m[i] / LG + log(lt)), 0xff800000u, lt == 0.0); // -inf: none
     }
   }
 {{O_OUTPUT}}
