@@ -74,6 +74,18 @@ const CASES: [string, Partial<BatchSpec>][] = [
     causal: false,
     requests: [{ query_len: 12, seq_len: 12, pad: 3 }, { query_len: 5, seq_len: 5 }],
   }],
+  ["non-causal decoder window: |p - k| < w", {
+    causal: false,
+    sliding_window: 4,
+    return_lse: true,
+    requests: [{ query_len: 12, seq_len: 12 }, { query_len: 5, seq_len: 20 }],
+  }],
+  ["encoder_only f32 window +lse", {
+    attn_type: "encoder_only",
+    sliding_window: 3,
+    return_lse: true,
+    requests: [{ query_len: 9, seq_len: 9 }, { query_len: 4, seq_len: 4 }],
+  }],
   ["mixed f16 kv fp8_e4m3 HND bs64 d128 sinks", {
     dtype: "float16",
     kv_cache_dtype: "fp8_e4m3",

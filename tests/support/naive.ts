@@ -97,7 +97,9 @@ export function naiveAttention(
         const values: number[][] = [];
         for (let k = 0; k < S; k++) {
           if (L.causal && k > p) continue;
-          if (L.sliding_window !== null && !(p - k < L.sliding_window)) continue;
+          // The window: p - k < w; without causality both sides, |p - k| < w (docs/api.md).
+          const dk = L.causal ? p - k : Math.abs(p - k);
+          if (L.sliding_window !== null && !(dk < L.sliding_window)) continue;
           const kv = keyVec(k, kvh, "k");
           let s = 0;
           for (let d = 0; d < D; d++) s += q[d] * kv[d];
