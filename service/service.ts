@@ -89,13 +89,21 @@ export class AttentionService {
   }
 
   /**
-   * Selects a backend for a (partial) selector config, or validates a forced one.
+   * Selects a backend for a (partial) selector config, or validates a forced one; says why each
+   * other backend cannot run it (`rejected`: passed over before the winner; `unsupported`: the rest).
    * @throws NoValidBackendError 422; ServiceError 404 `unknown_backend`.
    */
   select(cfg: Partial<SelectorConfig>, backend?: string): SelectResult {
     this.#requireDevice(backend);
-    const r = this.registry.select(selectorConfigDefaults(cfg), { backend: forced(backend) });
-    return { backend: r.backend.name, block_size: r.block_size, rejected: r.rejected };
+    const full = selectorConfigDefaults(cfg);
+    const r = this.registry.select(full, { backend: forced(backend) });
+    const unsupported: Record<string, string[]> = {};
+    for (const b of this.registry.list()) {
+      if (b === r.backend || b.name in r.rejected) continue;
+      const reasons = this.registry.validate(b, full);
+      if (reasons.length > 0) unsupported[b.name] = reasons;
+    }
+    return { backend: r.backend.name, block_size: r.block_size, rejected: r.rejected, unsupported };
   }
 
   /** The live device at once; a new one acquired (awaited) only when the last one was lost. */

@@ -294,7 +294,13 @@ export const BackendsResponseSchema = z.object({ backends: z.array(BackendInfoSc
 export const SelectResponseSchema = z.object({
   backend: z.string(),
   block_size: z.int(),
-  rejected: z.record(z.string(), z.array(z.string())),
+  rejected: z.record(z.string(), z.array(z.string())).describe(
+    "Backends passed over before the winner (auto selection, vLLM's order), with every reason.",
+  ),
+  unsupported: z.record(z.string(), z.array(z.string())).describe(
+    "The other backends that cannot run the configuration either (after the winner, or beside " +
+      "a forced one), with every reason; a backend in neither map could run it.",
+  ),
 }).meta({ id: "SelectResponse" });
 
 /** A server-held cache (`POST /v1/kv-caches` 201, `GET /v1/kv-caches/{id}`). */

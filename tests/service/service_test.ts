@@ -6,7 +6,7 @@ import type { AttentionBackend } from "../../core/types.ts";
 import type { ForwardInput } from "../../service/validate.ts";
 import { AttentionService } from "../../service/service.ts";
 import { FakeNoDevice } from "../server/helpers.ts";
-import { deferred, type FakeBackend, fakeBackend } from "./helpers.ts";
+import { ANY_CAPS, deferred, type FakeBackend, fakeBackend } from "./helpers.ts";
 
 const f32 = (shape: number[]) => ({
   dtype: "float32" as const,
@@ -191,4 +191,29 @@ Deno.test("service: a forced GPU backend with no device is 503; auto falls back"
   assert.equal(c.backend, "HOST", "auto selection skips the unavailable backend");
   await assert.rejects(svc.forward({ ...decode(c.id), backend: "GPUISH" }), is503);
   assert.equal((await svc.forward(decode(c.id))).backend, "HOST");
+});
+
+Deno.test("service: select says why every other backend cannot run the config", () => {
+  const caps = (head_sizes: number[]) => ({ ...ANY_CAPS, head_sizes });
+  const first = fakeBackend("FIRST"), win = fakeBackend("WIN");
+  const later = fakeBackend("LATER"), able = fakeBackend("ABLE");
+  const set = (b: FakeBackend, priority: number, heads: number[]) =>
+    Object.assign(b, { priority, capabilities: caps(heads) });
+  set(first, 0, [8]);
+  set(win, 1, [4, 8]);
+  set(later, 2, [8]);
+  set(able, 3, [4]);
+  const svc = new AttentionService({
+    backends: [first, win, later, able] as AttentionBackend[],
+    device: new FakeNoDevice(),
+    memoryBudgetBytes: 1 << 20,
+  });
+  const auto = svc.select({ head_size: 4, dtype: "float32" });
+  assert.equal(auto.backend, "WIN");
+  assert.deepEqual(Object.keys(auto.rejected), ["FIRST"], "passed over before the winner");
+  assert.deepEqual(Object.keys(auto.unsupported), ["LATER"], "after it; ABLE could run it");
+  assert.match(auto.unsupported.LATER.join(" "), /head_size not supported \(got 4/);
+  const forced = svc.select({ head_size: 4, dtype: "float32" }, "ABLE");
+  assert.deepEqual(forced.rejected, {});
+  assert.deepEqual(Object.keys(forced.unsupported).sort(), ["FIRST", "LATER"]);
 });
