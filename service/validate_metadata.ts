@@ -96,10 +96,10 @@ function checkStarts(
   is: Issues,
 ): Int32Array {
   const qsl = md.query_start_loc.values, sl = md.seq_lens.values;
-  if (md.query_start_loc.shape.length !== 1 || qsl.length < 2) {
+  if (md.query_start_loc.shape.length !== 1 || qsl.length < 1) {
     is.add(
       mp("query_start_loc"),
-      `must be 1-D with num_reqs + 1 >= 2 entries, got shape ${fmt(md.query_start_loc.shape)}`,
+      `must be 1-D with num_reqs + 1 >= 1 entries, got shape ${fmt(md.query_start_loc.shape)}`,
     );
   }
   const R = Math.max(qsl.length - 1, 0);
@@ -116,7 +116,7 @@ function checkStarts(
       );
     }
   }
-  if (R > 0 && qsl[R] !== T) {
+  if (qsl.length > 0 && qsl[R] !== T) {
     is.add(mp("query_start_loc", R), `last entry must equal num_tokens ${T}, got ${qsl[R]}`);
   }
   if (md.seq_lens.shape.length !== 1 || sl.length !== R) {
@@ -159,6 +159,8 @@ function checkBlockTable(
   if (bt.shape.length === 2 && bt.shape[0] === R) maxBlocks = bt.shape[1];
   else if (bt.shape.length === 1 && R > 0 && bt.values.length % R === 0) {
     maxBlocks = bt.values.length / R;
+  } else if (bt.shape.length === 1 && R === 0 && bt.values.length === 0) {
+    maxBlocks = 0; // `[]` for an empty batch
   } else {
     is.add(
       mp("block_table"),
