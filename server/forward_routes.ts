@@ -117,16 +117,16 @@ export function addForwardRoutes(
     const { req } = ctx;
     const t0 = performance.now();
     let tParsed: number | null = null;
+    let body: Awaited<ReturnType<typeof decode>> | null = null;
     const timing = () => `parse;dur=${((tParsed ?? performance.now()) - t0).toFixed(3)}`;
     try {
-      const body = await decode(req, limits, json);
+      body = await decode(req, limits, json);
       const decoded = cacheId === null ? body.decoded : onCache(body.decoded, cacheId, body.binary);
       tParsed = performance.now();
       const outcome = await service.forward(decoded.input, { signal: req.signal });
       const tRan = performance.now();
       const headers = { "x-attention-backend": outcome.backend, "server-timing": timing() };
       const res = answer(req, outcome, decoded.encoding, headers);
-      releaseBody(body.bytes);
       const tEncoded = performance.now();
       metrics.recordForward(outcome.backend, (tRan - tParsed) / 1000);
       metrics.recordPhases(outcome.backend, {
@@ -137,6 +137,8 @@ export function addForwardRoutes(
       return res;
     } catch (e) {
       throw withErrorHeaders(e, { "server-timing": timing() });
+    } finally {
+      if (body) releaseBody(body.bytes); // a refused call's body too
     }
   };
   router.add("POST", "/v1/attention/forward", (ctx) => run(ctx, null));

@@ -5,7 +5,8 @@
  * each sent after the one before had its body released, still match float64: what the cache
  * kept of the earlier steps' K/V was copied, not a view into a released body. On WebGPU (skipped
  * without an adapter), a call whose plan comes from the plan cache after the bodies of the calls
- * before were released matches float64 too: the cached plan's tables were copies.
+ * before were released matches float64 too: the cached plan's tables were copies. A refused
+ * call's body is released as well.
  */
 import assert from "node:assert/strict";
 import type { ForwardInput } from "../../wire/codec.ts";
@@ -39,6 +40,14 @@ Deno.test("forward over HTTP: a safetensors body's memory is released once answe
       assert.equal(q.byteLength, 0);
     }
     assert.equal(seen.length, 3);
+    // A refused call's body is released too (a 422 from validation: the cache's dtype is f32).
+    const { body } = seqs.step([1, 1], "float32");
+    const refused = srv.client.forward({ ...body, dtype: "float16", kv_cache: info.id }, {
+      binary: true,
+    });
+    await assert.rejects(refused, /422/);
+    assert.equal(seen.length, 4);
+    assert.equal(seen[3].query.array.bytes.buffer.byteLength, 0, "the refused body was released");
     assert.deepEqual(srv.errors, []);
   } finally {
     await srv.close();
