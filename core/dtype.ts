@@ -13,11 +13,22 @@ import type { DType, KvCacheDType, StorageDType } from "./types.ts";
 const f32 = new Float32Array(1);
 const u32 = new Uint32Array(f32.buffer);
 
-/** float32 value → bfloat16 bits (round to nearest even). */
+/**
+ * value → bfloat16 bits (round to nearest even, from the value itself: a float64 such as a JSON
+ * number is not rounded to float32 first, which could round twice the same way and land on the
+ * wrong side of a bf16 tie).
+ */
 export function f32ToBf16Bits(x: number): number {
   f32[0] = x;
-  const b = u32[0];
+  let b = u32[0];
   if ((b & 0x7f800000) === 0x7f800000 && (b & 0x7fffff) !== 0) return ((b >>> 16) | 0x40) & 0xffff;
+  const f = f32[0];
+  if (f !== x && x === x) {
+    // Round to odd: the float32 toward zero with its last bit set, so the rounding below still
+    // sees that bits were dropped (16 spare bits below bf16's last one are plenty).
+    if (Math.abs(f) > Math.abs(x)) b = (b - 1) >>> 0;
+    b = (b | 1) >>> 0;
+  }
   return ((b + 0x7fff + ((b >>> 16) & 1)) >>> 16) & 0xffff;
 }
 

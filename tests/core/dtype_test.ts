@@ -20,6 +20,7 @@ import {
   roundTo,
 } from "../../core/dtype.ts";
 import type { StorageDType } from "../../core/types.ts";
+import { Rng } from "../support/rng.ts";
 
 const hex = (b: number) => "0x" + b.toString(16);
 
@@ -166,4 +167,28 @@ Deno.test("encode/decode: round trip, rounding, odd-offset views", () => {
   assert.deepEqual([...encode("float16", [1, -2])], [0x00, 0x3c, 0x00, 0xc0], "little-endian");
   assert.equal(resolveStorage("auto", "bfloat16"), "bfloat16");
   assert.equal(resolveStorage("fp8_e5m2", "float16"), "fp8_e5m2");
+});
+
+Deno.test("bfloat16: a float64 rounds once, not through float32 (no double rounding)", () => {
+  // 1 + 2^-8 is a bf16 tie (between 1 and 1 + 2^-7); a hair above it must round up. Through
+  // float32 the hair vanished first and the tie went to even (0x3f80).
+  assert.equal(f32ToBf16Bits(1 + 2 ** -8 + 2 ** -30), 0x3f81);
+  assert.equal(f32ToBf16Bits(-(1 + 2 ** -8 + 2 ** -30)), 0xbf81);
+  assert.equal(f32ToBf16Bits(1 + 2 ** -8), 0x3f80, "the tie itself goes to even");
+  assert.equal(f32ToBf16Bits(1 + 3 * 2 ** -8 - 2 ** -30), 0x3f81, "a hair below a tie: down");
+  assert.equal(f32ToBf16Bits(3.5e38), 0x7f80, "beyond float32's max: +inf");
+  assert.equal(f32ToBf16Bits(1e-50), 0, "far below the smallest subnormal: 0");
+  // Against the exact nearest-even choice between the two bf16 neighbours, on random float64s.
+  const rng = new Rng(7);
+  for (let i = 0; i < 20000; i++) {
+    const x = (rng.uniform(-1, 1) < 0 ? -1 : 1) * 2 ** rng.uniform(-30, 30) *
+      (1 + rng.uniform(0, 1));
+    const f = new Float32Array([x]);
+    const b = new Uint32Array(f.buffer)[0];
+    const down = (Math.abs(f[0]) > Math.abs(x) ? b - 1 : b) >>> 16; // toward zero
+    const lo = bf16BitsToF32(down), hi = bf16BitsToF32(down + 1);
+    const dl = Math.abs(x - lo), dh = Math.abs(hi - x);
+    const want = dl < dh ? down : dh < dl ? down + 1 : (down & 1 ? down + 1 : down);
+    assert.equal(f32ToBf16Bits(x), want, `x = ${x}`);
+  }
 });
