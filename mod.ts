@@ -135,15 +135,22 @@ export { createHandler, type Handler, type HandlerOptions } from "./server/handl
 export {
   AttentionApiError,
   AttentionClient,
+  type CacheContents,
+  type CacheData,
+  type ClientOptions,
   createRequestOf,
   type ForwardAnswer,
+  type ForwardOptions,
   type PutCacheResult,
 } from "./client/client.ts";
 export type {
+  BackendDescription,
   CacheInfo,
   CreateCacheRequest,
+  DeviceInfo,
   ForwardBody,
   ForwardResponse,
+  HealthResponse,
   ProblemDocument,
   SelectRequest,
   SelectResult,

@@ -9,6 +9,7 @@
 import {
   type CacheData,
   type CacheFile,
+  cacheFileBytes,
   cacheSafetensors,
   createRequestOf,
   parseCacheFile,
@@ -18,8 +19,10 @@ import {
   decodeSafetensorsAnswer,
   type ForwardAnswer,
   forwardBodyToSafetensors,
+  jsonForwardBody,
+  Unrepresentable,
 } from "../wire/client_codec.ts";
-import { INSTANCE_HEADER } from "../wire/names.ts";
+import { CACHE_ID_PATTERN, CACHE_ID_RULE, INSTANCE_HEADER } from "../wire/names.ts";
 import type {
   BackendDescription,
   CacheInfo,
@@ -33,28 +36,75 @@ import type {
   SelectResult,
 } from "../wire/types.ts";
 
-export type { ForwardAnswer, ForwardBody, ProblemDocument };
+export type { CacheData, ForwardAnswer, ForwardBody, ProblemDocument };
 export { createRequestOf, forwardBodyToSafetensors };
 
-/** A failed call: the HTTP status and the problem document. */
+/**
+ * A failed call: the HTTP status and the problem document (a body that is no problem document,
+ * e.g. a proxy's page, becomes one with code `http_error` and the body as `detail`).
+ */
 export class AttentionApiError extends Error {
   readonly status: number;
   readonly problem: ProblemDocument;
   /** The instance that answered (`X-Attention-Instance`), when it named itself. */
   readonly instance?: string;
-  constructor(status: number, problem: ProblemDocument, instance?: string) {
-    super(
-      `${status} ${problem.code ?? ""}: ${problem.detail ?? problem.title ?? "request failed"}`,
-    );
+  /** Seconds the server asks to wait before a retry (`Retry-After`, on 503s), when it says. */
+  readonly retryAfter?: number;
+  constructor(
+    status: number,
+    problem: ProblemDocument,
+    instance?: string,
+    retryAfter?: number,
+  ) {
+    super(`${status} ${problem.code}: ${problem.detail ?? problem.title ?? "request failed"}`);
     this.name = "AttentionApiError";
     this.status = status;
     this.problem = problem;
     if (instance !== undefined) this.instance = instance;
+    if (retryAfter !== undefined) this.retryAfter = retryAfter;
   }
   /** The problem's machine code. */
   get code(): string {
     return this.problem.code;
   }
+}
+
+/** An error answer's problem document, whatever the body held. */
+function problemOf(res: Response, text: string): ProblemDocument {
+  let doc: unknown;
+  try {
+    doc = JSON.parse(text);
+  } catch { /* not JSON */ }
+  if (
+    typeof doc === "object" && doc !== null && typeof (doc as ProblemDocument).code === "string"
+  ) {
+    const p = doc as ProblemDocument;
+    return typeof p.status === "number" ? p : { ...p, status: res.status };
+  }
+  return {
+    type: "about:blank",
+    title: res.statusText,
+    status: res.status,
+    detail: text.length > 500 ? `${text.slice(0, 497)}...` : text,
+    code: "http_error",
+  };
+}
+
+/** `Retry-After` in seconds (a delay, or an HTTP date from now), when present and valid. */
+function retryAfterOf(res: Response): number | undefined {
+  const h = res.headers.get("retry-after");
+  if (h === null) return undefined;
+  if (/^\d+$/.test(h.trim())) return Number(h.trim());
+  const at = Date.parse(h);
+  return Number.isNaN(at) ? undefined : Math.max(0, Math.ceil((at - Date.now()) / 1000));
+}
+
+/** Options of one forward call. */
+export interface ForwardOptions {
+  /** Send the body as safetensors and ask for a safetensors answer (else JSON). */
+  binary?: boolean;
+  /** Aborts the call (the server answers nothing to a client gone; it writes nothing then). */
+  signal?: AbortSignal;
 }
 
 function withInstance(res: Response, ans: ForwardAnswer): ForwardAnswer {
@@ -98,7 +148,7 @@ export class AttentionClient {
   async #call(
     method: string,
     path: string,
-    init: { json?: unknown; body?: Uint8Array; accept?: string } = {},
+    init: { json?: unknown; body?: Uint8Array; accept?: string; signal?: AbortSignal } = {},
   ) {
     const headers: Record<string, string> = { ...this.#headers };
     let body: BodyInit | undefined;
@@ -110,22 +160,16 @@ export class AttentionClient {
       body = init.body as Uint8Array<ArrayBuffer>;
     }
     if (init.accept) headers.accept = init.accept;
-    const res = await this.#fetch(`${this.baseUrl}${path}`, { method, headers, body });
+    const res = await this.#fetch(`${this.baseUrl}${path}`, {
+      method,
+      headers,
+      body,
+      signal: init.signal,
+    });
     if (!res.ok) {
-      const text = await res.text();
-      let doc: ProblemDocument;
-      try {
-        doc = JSON.parse(text);
-      } catch {
-        doc = {
-          type: "about:blank",
-          title: res.statusText,
-          status: res.status,
-          detail: text,
-          code: "http_error",
-        };
-      }
-      throw new AttentionApiError(res.status, doc, res.headers.get(INSTANCE_HEADER) ?? undefined);
+      const doc = problemOf(res, await res.text());
+      const instance = res.headers.get(INSTANCE_HEADER) ?? undefined;
+      throw new AttentionApiError(res.status, doc, instance, retryAfterOf(res));
     }
     return res;
   }
@@ -134,9 +178,24 @@ export class AttentionClient {
     return await (await this.#call(method, path, { json })).json() as T;
   }
 
-  /** The path of a cache (its id URL-encoded). */
+  /**
+   * The path of a cache. An id outside the rule is refused here with the problem the server
+   * gives (400 `invalid_cache_id`): sent, `.` or `..` would be resolved into another path.
+   */
   #cache(id: string, tail = ""): string {
-    return `/v1/kv-caches/${encodeURIComponent(id)}${tail}`;
+    if (typeof id !== "string" || !CACHE_ID_PATTERN.test(id)) {
+      const got = JSON.stringify(id) ?? String(id);
+      throw new AttentionApiError(400, {
+        type: "urn:attn-service:problem:invalid_cache_id",
+        title: "Bad Request",
+        status: 400,
+        detail:
+          `path parameter id ${got} is not a cache id: ${CACHE_ID_RULE} (refused by the client)`,
+        code: "invalid_cache_id",
+        issues: [{ path: ["id"], message: `must be ${CACHE_ID_RULE}; got ${got}` }],
+      });
+    }
+    return `/v1/kv-caches/${id}${tail}`;
   }
 
   /** `GET /healthz`. */
@@ -174,8 +233,8 @@ export class AttentionClient {
     return out;
   }
   /** `GET /v1/kv-caches/{id}`. */
-  getCache(id: string): Promise<CacheInfo> {
-    return this.#json("GET", this.#cache(id));
+  async getCache(id: string): Promise<CacheInfo> {
+    return await this.#json("GET", this.#cache(id));
   }
   /** `GET /v1/kv-caches/{id}/data`, parsed. */
   async cacheData(id: string): Promise<CacheContents> {
@@ -183,11 +242,16 @@ export class AttentionClient {
     return parseCacheFile(new Uint8Array(await res.arrayBuffer()));
   }
   /**
-   * `PUT /v1/kv-caches/{id}/data`: replaces the cache's contents with a cache file (the bytes
-   * of a `GET .../data`, or {@link CacheData} to encode).
+   * `PUT /v1/kv-caches/{id}/data`: replaces the cache's contents with a cache file: the bytes of
+   * a `GET .../data`, what {@link cacheData} returned (so a cache moves in two calls), or
+   * {@link CacheData} to encode.
    */
-  async putCacheData(id: string, data: Uint8Array | CacheData): Promise<CacheInfo> {
-    const body = data instanceof Uint8Array ? data : cacheSafetensors(data);
+  async putCacheData(id: string, data: Uint8Array | CacheContents | CacheData): Promise<CacheInfo> {
+    const body = data instanceof Uint8Array
+      ? data
+      : "key_cache" in data
+      ? cacheFileBytes(data)
+      : cacheSafetensors(data);
     return await (await this.#call("PUT", this.#cache(id, "/data"), { body })).json() as CacheInfo;
   }
   /** `DELETE /v1/kv-caches/{id}`. */
@@ -200,7 +264,7 @@ export class AttentionClient {
    * `binary: true` sends the body as safetensors and asks for a safetensors answer; either way
    * the answer is decoded to typed arrays.
    */
-  forward(body: ForwardBody, opts: { binary?: boolean } = {}): Promise<ForwardAnswer> {
+  forward(body: ForwardBody, opts: ForwardOptions = {}): Promise<ForwardAnswer> {
     return this.#forward("/v1/attention/forward", body, opts);
   }
 
@@ -208,23 +272,35 @@ export class AttentionClient {
    * `POST /v1/kv-caches/{id}/forward`: a forward call on the server-held cache `id` (the route
    * a proxy can send to the instance holding it). The body names no `kv_cache`.
    */
-  forwardOn(
+  async forwardOn(
     id: string,
     body: ForwardBody,
-    opts: { binary?: boolean } = {},
+    opts: ForwardOptions = {},
   ): Promise<ForwardAnswer> {
-    return this.#forward(this.#cache(id, "/forward"), body, opts);
+    return await this.#forward(this.#cache(id, "/forward"), body, opts);
   }
 
-  async #forward(path: string, body: ForwardBody, opts: { binary?: boolean }) {
+  /**
+   * Sends a forward body: as safetensors when asked and it can go so as it would go as JSON
+   * (else as JSON, for the server to judge: wire/client_codec.ts Unrepresentable), or as JSON
+   * (values JSON text would change go as base64; the answer comes in base64).
+   */
+  async #forward(path: string, body: ForwardBody, opts: ForwardOptions) {
+    const { signal } = opts;
+    let bytes: Uint8Array | null = null;
     if (opts.binary) {
-      const res = await this.#call("POST", path, {
-        body: forwardBodyToSafetensors(body),
-        accept: "application/octet-stream",
-      });
+      try {
+        bytes = forwardBodyToSafetensors(body);
+      } catch (e) {
+        if (!(e instanceof Unrepresentable)) throw e;
+      }
+    }
+    if (bytes) {
+      const accept = "application/octet-stream";
+      const res = await this.#call("POST", path, { body: bytes, accept, signal });
       return withInstance(res, decodeSafetensorsAnswer(new Uint8Array(await res.arrayBuffer())));
     }
-    const res = await this.#call("POST", path, { json: body });
+    const res = await this.#call("POST", path, { json: jsonForwardBody(body), signal });
     return withInstance(res, decodeJsonAnswer(await res.json() as ForwardResponse));
   }
 }

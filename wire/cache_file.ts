@@ -50,12 +50,18 @@ export function cacheShape(spec: KvCacheSpec): number[] {
 }
 
 /**
- * The create request that makes a cache like `info` (its spec and backend): what a move sends
- * to `PUT /v1/kv-caches/{id}` on the target before `PUT .../data`.
+ * The create request that makes a cache like `info` (its spec; not its backend: the target
+ * chooses one its device has): what a move sends to `PUT /v1/kv-caches/{id}` on the target
+ * before `PUT .../data`.
  */
 export function createRequestOf(info: CacheInfo): CreateCacheRequest {
   const { num_blocks, block_size, num_kv_heads, head_size, dtype, kv_cache_dtype, layout } = info;
   return { num_blocks, block_size, num_kv_heads, head_size, dtype, kv_cache_dtype, layout };
+}
+
+/** A parsed cache file as bytes again (the tensors and `__metadata__` it held). */
+export function cacheFileBytes(f: CacheFile): Uint8Array {
+  return serializeSafetensors({ key_cache: f.key_cache, value_cache: f.value_cache }, f.metadata);
 }
 
 /** A cache's contents as safetensors (`key_cache`, `value_cache`; metadata its spec). */

@@ -4,7 +4,7 @@
  * forward answer (JSON or safetensors) → typed arrays. The server's side is wire/codec.ts.
  * @module
  */
-import { decode, encode } from "../core/dtype.ts";
+import { bytesPerElement, decode, encode } from "../core/dtype.ts";
 import {
   parseSafetensors,
   type SafetensorsTensor,
@@ -12,7 +12,13 @@ import {
 } from "../core/safetensors.ts";
 import type { StorageDType } from "../core/types.ts";
 import type { ForwardBody, ForwardResponse } from "./types.ts";
-import { canonicalDtype, type JsonTensor, safetensorsDtype } from "./tensors.ts";
+import {
+  canonicalDtype,
+  type JsonTensor,
+  rawFromJson,
+  safetensorsDtype,
+  toIntTensor,
+} from "./tensors.ts";
 
 /** A JSON tensor or, for metadata, a plain (nested) array. */
 export type TensorLike = ForwardBody["metadata"]["query_start_loc"];
@@ -37,51 +43,122 @@ function tensorValues(
   return decode(canonicalDtype(t.dtype) as StorageDType, bytes);
 }
 
+/**
+ * A forward body the safetensors transport cannot carry as the JSON one would (an unknown field, a
+ * non-integer or out-of-range metadata value, a malformed tensor): the client sends such a body as
+ * JSON instead, so the server judges it the same way on both transports.
+ */
+export class Unrepresentable extends Error {
+  constructor(what: string) {
+    super(`not sent as safetensors: ${what}`);
+    this.name = "Unrepresentable";
+  }
+}
+
+const TENSOR_KEYS = ["dtype", "shape", "data", "base64"];
+const METADATA_KEYS = ["query_start_loc", "seq_lens", "block_table", "slot_mapping"];
+const FLOAT_DTYPES = ["float32", "float16", "bfloat16", "fp8_e4m3", "fp8_e5m2"];
+
+function onlyKeys(o: object, keys: string[], where: string): void {
+  const extra = Object.keys(o).filter((k) => !keys.includes(k));
+  if (extra.length) throw new Unrepresentable(`${where} has unknown field(s) ${extra.join(", ")}`);
+}
+
+/**
+ * A float tensor's bytes in its dtype: `data` numbers encoded (rounded as the server rounds JSON
+ * numbers; NaN and infinities kept, so the server refuses them as it refuses such bytes), or its
+ * `base64` decoded.
+ */
+function floatTensor(name: string, t: JsonTensor): SafetensorsTensor {
+  if (typeof t !== "object" || t === null) throw new Unrepresentable(`${name} is not a tensor`);
+  onlyKeys(t, TENSOR_KEYS, name);
+  const dtype = canonicalDtype(String(t.dtype));
+  if (!FLOAT_DTYPES.includes(dtype)) throw new Unrepresentable(`${name} dtype ${t.dtype}`);
+  const shape = t.shape;
+  if (!Array.isArray(shape) || !shape.every((d) => Number.isSafeInteger(d) && d >= 0)) {
+    throw new Unrepresentable(`${name} shape`);
+  }
+  const n = shape.reduce((a, d) => a * d, 1);
+  const st = safetensorsDtype(dtype as StorageDType);
+  if ((t.data === undefined) === (t.base64 === undefined)) {
+    throw new Unrepresentable(`${name} needs exactly one of data or base64`);
+  }
+  if (t.data !== undefined) {
+    if (
+      !Array.isArray(t.data) || t.data.length !== n || !t.data.every((x) => typeof x === "number")
+    ) {
+      throw new Unrepresentable(`${name} data`);
+    }
+    return { dtype: st, shape, data: encode(dtype as StorageDType, t.data) };
+  }
+  let data: Uint8Array;
+  try {
+    data = Uint8Array.fromBase64(String(t.base64));
+  } catch {
+    throw new Unrepresentable(`${name} base64`);
+  }
+  if (data.byteLength !== n * bytesPerElement(dtype as StorageDType)) {
+    throw new Unrepresentable(`${name} base64 length`);
+  }
+  return { dtype: st, shape, data };
+}
+
+/** A metadata tensor as the server reads it (its shape and int32 checks), as I32. */
 function intTensor(name: string, t: TensorLike): SafetensorsTensor {
-  if (Array.isArray(t)) {
-    // An empty array is 1-D ([0]), as the server reads it in JSON: slot_mapping of a step with
-    // no new tokens.
-    const rows = t.length > 0 && t.every(Array.isArray) ? (t as number[][]) : null;
-    const flat = rows ? rows.flat() : (t as number[]);
-    const shape = rows ? [rows.length, rows[0]?.length ?? 0] : [flat.length];
-    return { dtype: "I32", shape, data: new Uint8Array(Int32Array.from(flat).buffer) };
+  if (!Array.isArray(t)) {
+    if (typeof t !== "object" || t === null) throw new Unrepresentable(`${name} is not a tensor`);
+    onlyKeys(t, TENSOR_KEYS, name);
   }
-  return jsonToSafetensors(name, t);
+  try {
+    const ints = toIntTensor(rawFromJson(t as JsonTensor | unknown[], [name]), [name]);
+    return { dtype: "I32", shape: ints.shape, data: new Uint8Array(ints.values.buffer) };
+  } catch (e) {
+    throw new Unrepresentable(`${name}: ${e instanceof Error ? e.message : String(e)}`);
+  }
 }
 
-function jsonToSafetensors(name: string, t: JsonTensor): SafetensorsTensor {
-  const c = canonicalDtype(t.dtype) as StorageDType | "int32" | "int64";
-  const dtype = safetensorsDtype(c);
-  if (t.base64 !== undefined) {
-    return { dtype, shape: t.shape, data: Uint8Array.fromBase64(t.base64) };
-  }
-  if (!t.data) throw new Error(`tensor ${name} has neither data nor base64`);
-  if (c === "int32") {
-    return { dtype, shape: t.shape, data: new Uint8Array(Int32Array.from(t.data).buffer) };
-  }
-  if (c === "int64") {
-    return {
-      dtype,
-      shape: t.shape,
-      data: new Uint8Array(BigInt64Array.from(t.data, (x) => BigInt(x)).buffer),
-    };
-  }
-  return { dtype, shape: t.shape, data: encode(c, t.data) };
-}
-
-/** Converts a JSON forward body to the safetensors transport. */
+/**
+ * Converts a JSON forward body to the safetensors transport.
+ * @throws Unrepresentable when the body cannot go as safetensors the way it would go as JSON
+ *   (the client then sends it as JSON).
+ */
 export function forwardBodyToSafetensors(body: ForwardBody): Uint8Array {
   const { query, key, value, key_cache, value_cache, metadata, ...rest } = body;
-  const tensors: Record<string, SafetensorsTensor> = { query: jsonToSafetensors("query", query) };
-  if (key) tensors.key = jsonToSafetensors("key", key);
-  if (value) tensors.value = jsonToSafetensors("value", value);
-  if (key_cache) tensors.key_cache = jsonToSafetensors("key_cache", key_cache);
-  if (value_cache) tensors.value_cache = jsonToSafetensors("value_cache", value_cache);
-  for (const k of ["query_start_loc", "seq_lens", "block_table", "slot_mapping"] as const) {
+  const tensors: Record<string, SafetensorsTensor> = { query: floatTensor("query", query) };
+  if (key) tensors.key = floatTensor("key", key);
+  if (value) tensors.value = floatTensor("value", value);
+  if (key_cache) tensors.key_cache = floatTensor("key_cache", key_cache);
+  if (value_cache) tensors.value_cache = floatTensor("value_cache", value_cache);
+  if (typeof metadata !== "object" || metadata === null) throw new Unrepresentable("metadata");
+  onlyKeys(metadata, METADATA_KEYS, "metadata");
+  for (const k of METADATA_KEYS as (keyof typeof metadata)[]) {
     const t = metadata[k];
     if (t !== undefined) tensors[k] = intTensor(k, t);
   }
   return serializeSafetensors(tensors, { request: JSON.stringify(rest) });
+}
+
+/** Whether JSON text carries every element of `data` as it is (finite, and no -0). */
+const jsonExact = (data: unknown[]) =>
+  data.every((x) => typeof x !== "number" || (Number.isFinite(x) && !Object.is(x, -0)));
+
+/**
+ * A forward body as the client sends it over JSON: a float tensor whose `data` JSON text would
+ * change (NaN and infinities become null, -0 becomes 0) goes as `base64` of the same values, and
+ * the answer is asked for in base64 (exact) unless the body says otherwise.
+ */
+export function jsonForwardBody(body: ForwardBody): ForwardBody {
+  const out: ForwardBody = { ...body, output_encoding: body.output_encoding ?? "base64" };
+  for (const k of ["query", "key", "value", "key_cache", "value_cache"] as const) {
+    const t = body[k] as JsonTensor | undefined;
+    if (!t || !Array.isArray(t.data) || jsonExact(t.data)) continue;
+    try {
+      const { data: _, ...meta } = t;
+      const bytes = floatTensor(k, t).data;
+      (out as Record<string, unknown>)[k] = { ...meta, base64: bytes.toBase64() };
+    } catch { /* malformed: sent as it is, for the server to name */ }
+  }
+  return out;
 }
 
 /** A JSON forward answer → typed arrays. */
