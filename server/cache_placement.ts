@@ -4,8 +4,10 @@
  * creates sent together spread), and every later call on it goes to that thread. A `PUT` of a
  * new id places it at once; the place is kept while any `PUT` of that id is in flight and once
  * one succeeded, and given up when every one failed (so a refused `PUT` leaves no count behind,
- * and a refused one beside a successful one does not hide the cache). A cache whose thread was
- * lost is placed anew by the next `PUT` of its id.
+ * and a refused one beside a successful one does not hide the cache). A `DELETE` gives the place
+ * up only when no `PUT` of the id is in flight: one sent beside it may create the id again on the
+ * same thread, after the delete (the thread runs them in order), and must still find it. A cache
+ * whose thread was lost is placed anew by the next `PUT` of its id.
  * @module
  */
 
@@ -21,8 +23,10 @@ interface Place<T> {
   holder: T;
   /** PUTs of the id in flight. */
   pending: number;
-  /** A create of the id succeeded. */
+  /** The id exists on the holder, as far as the answers so far say. */
   confirmed: boolean;
+  /** Counted in the holder's `caches` (a create in flight, or the cache). */
+  counted: boolean;
 }
 
 /** The placement of caches on `holders`; see the module doc. */
@@ -55,7 +59,7 @@ export class CachePlacement<T extends Holder> {
       holder,
       done: (id) => {
         if (id === null) holder.caches--;
-        else this.#places.set(id, { holder, pending: 0, confirmed: true });
+        else this.#places.set(id, { holder, pending: 0, confirmed: true, counted: true });
       },
     };
   }
@@ -64,31 +68,48 @@ export class CachePlacement<T extends Holder> {
   put(id: string): { holder: T; done(ok: boolean): void } {
     let p = this.#places.get(id);
     if (!p || p.holder.lost !== null) {
-      const holder = this.fewest();
-      holder.caches++;
-      p = { holder, pending: 0, confirmed: false };
+      p = { holder: this.fewest(), pending: 0, confirmed: false, counted: false };
       this.#places.set(id, p);
     }
     const place = p;
+    if (!place.counted) {
+      place.holder.caches++;
+      place.counted = true;
+    }
     place.pending++;
     return {
       holder: place.holder,
       done: (ok) => {
         place.pending--;
-        if (ok) place.confirmed = true;
-        if (place.pending === 0 && !place.confirmed && this.#places.get(id) === place) {
-          this.#places.delete(id);
-          place.holder.caches--;
+        if (ok) {
+          place.confirmed = true;
+          if (!place.counted) { // a delete answered while this PUT ran; it made the id again
+            place.holder.caches++;
+            place.counted = true;
+          }
         }
+        if (place.pending === 0 && !place.confirmed) this.#drop(id, place);
       },
     };
   }
 
-  /** Cache `id` was deleted. */
+  /** Cache `id` was deleted (its `DELETE` answered 204). */
   deleted(id: string): void {
     const p = this.#places.get(id);
     if (!p) return;
-    this.#places.delete(id);
-    p.holder.caches--;
+    p.confirmed = false;
+    if (p.counted) {
+      p.holder.caches--;
+      p.counted = false;
+    }
+    if (p.pending === 0) this.#places.delete(id);
+  }
+
+  #drop(id: string, place: Place<T>): void {
+    if (place.counted) {
+      place.holder.caches--;
+      place.counted = false;
+    }
+    if (this.#places.get(id) === place) this.#places.delete(id);
   }
 }

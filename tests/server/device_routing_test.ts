@@ -169,6 +169,33 @@ Deno.test("cache placement: a PUT refused beside one that succeeded keeps the ca
   assert.deepEqual(hs.map((h) => h.caches), [1, 1]);
 });
 
+Deno.test("cache placement: a DELETE answered while a PUT of the id runs keeps the place", () => {
+  const hs = [holder(), holder()];
+  const p = new CachePlacement(hs);
+  p.put("x").done(true);
+  p.put("w").done(true); // x on hs[0], w on hs[1]
+  // DELETE and PUT sent together: the thread deletes, then creates again; the 204 comes first.
+  const again = p.put("x");
+  p.deleted("x");
+  assert.equal(p.holderOf("x"), hs[0], "still routed while the PUT runs");
+  again.done(true);
+  assert.equal(p.holderOf("x"), hs[0], "the new cache is reachable");
+  assert.deepEqual(hs.map((h) => h.caches), [1, 1]);
+  // The other order on the thread: the PUT found the cache (200), then the DELETE removed it.
+  const found = p.put("x");
+  found.done(true);
+  p.deleted("x");
+  assert.equal(p.holderOf("x"), undefined);
+  assert.deepEqual(hs.map((h) => h.caches), [0, 1]);
+  // A PUT beside a DELETE that is refused after it: nothing left behind.
+  p.put("y").done(true);
+  const refused = p.put("y");
+  p.deleted("y");
+  refused.done(false);
+  assert.equal(p.holderOf("y"), undefined);
+  assert.deepEqual(hs.map((h) => h.caches), [0, 1]);
+});
+
 Deno.test("cache placement: a lost holder's cache is placed anew by the next PUT", () => {
   const hs = [holder(), holder()];
   const p = new CachePlacement(hs);
