@@ -42,6 +42,7 @@ scope.onmessage = (e: MessageEvent) => {
     return;
   }
   if (m?.type === "fault") throw new Error("fault injected by the service thread (a test hook)");
-  const wrong = sender?.receive(m) ?? "an answer before init";
+  // receive() says what is wrong with a message, or null when it took it.
+  const wrong = sender ? sender.receive(m) : "an answer before init";
   if (wrong !== null) console.error(`http worker: ${wrong}`);
 };

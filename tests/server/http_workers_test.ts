@@ -6,6 +6,7 @@
  * well formed is a 500 problem; the message checks. The suites that run whole through the
  * workers are in http_workers_suites_test.ts.
  */
+import { spawnServer } from "./process.ts";
 import assert from "node:assert/strict";
 import { serveWithWorkers } from "../../server/worker_front.ts";
 import { checkFromWorker, checkResponse } from "../../server/worker_protocol.ts";
@@ -189,4 +190,20 @@ Deno.test("http workers: message checks name what is wrong", () => {
   );
   const ok = { type: "response", id: 1, status: 204, headers: [], body: null };
   assert.deepEqual(checkResponse(ok), ok);
+});
+
+Deno.test("http workers: answers taken log nothing (each logged 'an answer before init')", async () => {
+  const srv = await spawnServer(["--no-gpu", "--http-workers", "2"]);
+  try {
+    for (let i = 0; i < 4; i++) {
+      const res = await fetch(`${srv.url}/healthz`);
+      assert.equal(res.status, 200);
+      await res.body?.cancel();
+    }
+  } finally {
+    srv.kill("SIGTERM");
+  }
+  const { code, stderr } = await srv.exited;
+  assert.equal(code, 0, stderr);
+  assert.doesNotMatch(stderr, /http worker:/);
 });
