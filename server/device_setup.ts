@@ -13,6 +13,7 @@ import { AttentionService } from "../service/service.ts";
 import type { CallLimits } from "../service/validate.ts";
 import type { AccessPolicy } from "./auth.ts";
 import { createHandler } from "./handler.ts";
+import { SCRAPE_HEADER } from "./metrics_merge.ts";
 import { NoDeviceProvider, WebGpuDeviceManager } from "../gpu/device.ts";
 import { selectRuntime } from "../gpu/runtime.ts";
 import type { RuntimeOptions } from "../gpu/runtime_options.ts";
@@ -83,6 +84,8 @@ export interface ServingOptions {
   maxJsonBodyBytes: number;
   access: AccessPolicy;
   instance?: string;
+  /** A secret the device threads' front sends in `SCRAPE_HEADER` on the scrapes it merges. */
+  scrapeToken?: string;
 }
 
 /** The service over `device` and the pure handler over it (main.ts, device_thread.ts). */
@@ -101,6 +104,9 @@ export function serviceAndHandler(
     maxJsonBodyBytes: o.maxJsonBodyBytes,
     access: o.access,
     instance: o.instance,
+    uncounted: o.scrapeToken === undefined
+      ? undefined
+      : (req) => req.headers.get(SCRAPE_HEADER) === o.scrapeToken,
   });
   return { service, handler };
 }

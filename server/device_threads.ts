@@ -19,11 +19,11 @@ import { mediaType } from "./body.ts";
 import type { DeviceReadyMessage, DeviceThreadInit } from "./device_thread.ts";
 import { findForwardCacheId, scanWorker } from "./forward_cache_id.ts";
 import { CachePlacement } from "./cache_placement.ts";
-import { mergeMetrics } from "./metrics_merge.ts";
+import { mergeMetrics, SCRAPE_HEADER } from "./metrics_merge.ts";
 import { type ErrorLogger, problem, problemResponse, toProblem } from "./problem.ts";
 import { RequestSender } from "./request_sender.ts";
 import { requestPath } from "./routes.ts";
-import { SAFETENSORS } from "./responses.ts";
+import { headOf, SAFETENSORS } from "./responses.ts";
 import { stderrLock } from "../gpu/runtime_stderr.ts";
 
 /** Options of {@link startDeviceThreads}. */
@@ -125,12 +125,14 @@ export async function startDeviceThreads(
   const n = o.threads;
   // Dawn's adapter requests redirect the process's fd 2 (gpu/runtime_stderr.ts): one at a time.
   const lock = stderrLock();
+  const scrapeToken = crypto.randomUUID();
   const threads = Array.from({ length: n }, (_, index) => {
     const init: DeviceThreadInit = {
       ...o.init,
       type: "device-init",
       index,
       stderrLock: lock,
+      scrapeToken,
       memoryBudgetBytes: Math.floor(o.init.memoryBudgetBytes / n),
       ...(index === 0 ? {} : { keepWarm: undefined }),
     };
@@ -143,10 +145,10 @@ export async function startDeviceThreads(
     threads.forEach((t) => t.worker.terminate());
     return { ok: false, reason: `device thread ${bad}: ${r.reason}`, fatal: r.fatal };
   }
-  return { ok: true, front: front(threads) };
+  return { ok: true, front: front(threads, scrapeToken) };
 }
 
-function front(threads: Thread[]): DeviceThreads {
+function front(threads: Thread[], scrapeToken: string): DeviceThreads {
   const places = new CachePlacement(threads);
   const scans = scanWorker();
   const leastBusy = () => places.live().reduce((a, b) => (b.sender.size < a.sender.size ? b : a));
@@ -195,16 +197,27 @@ function front(threads: Thread[]): DeviceThreads {
     return await t.send(req, body);
   };
 
-  /** Every running thread's series (a lost thread's are gone with it). */
+  /**
+   * Every running thread's series (a lost thread's are gone with it), for a GET or a HEAD. The
+   * first running thread counts the scrape; the others are asked with the front's token, and
+   * do not count it again.
+   */
   const metrics = async (req: Request): Promise<Response> => {
+    const first = threads.find((t) => t.lost === null);
+    const ask = (t: Thread) => {
+      const headers = new Headers(req.headers);
+      if (t !== first) headers.set(SCRAPE_HEADER, scrapeToken);
+      return t.send(new Request(req.url, { method: "GET", headers }));
+    };
     const answers = await Promise.all(
-      threads.map((t) => t.lost === null ? t.send(req.clone()) : Promise.resolve(null)),
+      threads.map((t) => t.lost === null ? ask(t) : Promise.resolve(null)),
     );
     const bad = answers.find((r) => r !== null && r.status !== 200);
-    if (bad) return bad;
+    if (bad) return req.method.toUpperCase() === "HEAD" ? await headOf(bad) : bad;
     const texts = await Promise.all(answers.map((r) => r?.text() ?? ""));
-    const headers = answers.find((r) => r !== null)?.headers;
-    return new Response(mergeMetrics(texts), { headers });
+    const headers = new Headers(answers.find((r) => r !== null)?.headers);
+    const res = new Response(mergeMetrics(texts), { headers });
+    return req.method.toUpperCase() === "HEAD" ? await headOf(res) : res;
   };
 
   const handler = async (req: Request): Promise<Response> => {
@@ -215,7 +228,9 @@ function front(threads: Thread[]): DeviceThreads {
       if (c) return await onCache(req, c.id, c.rest);
       if (pathname === "/v1/kv-caches" && method === "POST") return await create(req);
       if (pathname === "/v1/attention/forward" && method === "POST") return await forward(req);
-      if (pathname === "/metrics" && method === "GET") return await metrics(req);
+      if (pathname === "/metrics" && (method === "GET" || method === "HEAD")) {
+        return await metrics(req);
+      }
       return await places.live()[0].send(req);
     } catch (e) {
       return problemResponse(toProblem(e));

@@ -40,6 +40,11 @@ export interface HandlerOptions {
   instance?: string;
   /** Decodes JSON forward bodies (big ones in a worker); default the process-wide one. */
   jsonDecoder?: JsonDecoder;
+  /**
+   * Requests this says are not a client's are answered but not counted in the request metrics
+   * (the device threads' front asks every thread for its series; one scrape counts once).
+   */
+  uncounted?: (req: Request) => boolean;
 }
 
 /** A request handler, and the route table it serves (method and URLPattern path of each). */
@@ -120,7 +125,7 @@ export function createHandler(service: AttentionService, opts: HandlerOptions = 
       );
     }
     const { res, route } = await respond(req, url, sentPath(req));
-    metrics.recordRequest(route, req.method, res.status);
+    if (!opts.uncounted?.(req)) metrics.recordRequest(route, req.method, res.status);
     if (instance !== undefined) res.headers.set(INSTANCE_HEADER, instance);
     return req.method.toUpperCase() === "HEAD" ? await headOf(res) : res;
   };

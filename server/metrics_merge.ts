@@ -58,3 +58,9 @@ export function mergeMetrics(texts: string[]): string {
   }
   return out.join("\n") + "\n";
 }
+
+/**
+ * The header the device threads' front sends, with its secret token, on the scrapes it merges:
+ * the threads answer them without counting them (one scrape counts once, on the first thread).
+ */
+export const SCRAPE_HEADER = "x-attention-merged-scrape";

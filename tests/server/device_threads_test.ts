@@ -81,6 +81,22 @@ async function routesSuite(args: string[], device: RegExp): Promise<void> {
     await api.putCache("put-a", HeldSeq.cacheSpec());
     assert.deepEqual(await cachesPerThread(srv.url), { "0": 2, "1": 2 });
     await stepsOn(api, "put-a", new HeldSeq());
+    // /metrics: a HEAD has the merged GET's length, and each scrape counts once (not once a
+    // thread).
+    const scrapes = async () => {
+      const text = await (await fetch(`${srv.url}/metrics`)).text();
+      const series = [...text.matchAll(
+        /^attn_http_requests_total\{[^}]*route="\/metrics"[^}]*\} (\d+)$/gm,
+      )];
+      return { text, count: series.reduce((a, m) => a + Number(m[1]), 0) };
+    };
+    const before = await scrapes();
+    const head = await fetch(`${srv.url}/metrics`, { method: "HEAD" });
+    const after = await scrapes();
+    assert.equal(after.count - before.count, 2, "the HEAD and this GET, once each");
+    const len = Number(head.headers.get("content-length"));
+    assert.ok(Math.abs(len - before.text.length) < 64, `HEAD ${len} vs GET ${before.text.length}`);
+    assert.match(before.text, /device_thread="1"/, "the merged series");
     srv.kill("SIGTERM");
     const end = await srv.exited;
     assert.equal(end.code, 0, end.stderr);
