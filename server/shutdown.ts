@@ -14,6 +14,7 @@
  * @module
  */
 import { problem, problemResponse, toProblem } from "./problem.ts";
+import { sentPath } from "./routes.ts";
 
 /** Default wait for calls in flight after SIGTERM/SIGINT: 30 s. */
 export const DEFAULT_SHUTDOWN_DEADLINE_MS = 30_000;
@@ -70,9 +71,12 @@ async function within<T>(p: Promise<T>, ms: number): Promise<T | "deadline"> {
   }
 }
 
-function shuttingDown(): Response {
+/** The refusal of a call that came during the drain: expected, so not logged as a fault. */
+function shuttingDown(req: Request): Response {
   const doc = toProblem(
     problem(503, "shutting_down", "the server is shutting down and takes no new calls"),
+    sentPath(req),
+    () => {},
   );
   return problemResponse(doc, { connection: "close" });
 }
@@ -95,7 +99,7 @@ export class Drainer {
     return async (req, ...rest) => {
       if (this.#refusing) {
         await req.body?.cancel().catch(() => {});
-        return shuttingDown();
+        return shuttingDown(req);
       }
       this.#count++;
       try {

@@ -138,12 +138,15 @@ Deno.test("shutdown: an upload in progress at the signal completes; later calls 
     assert.equal(late?.status, 503, late?.text);
     assert.equal(late!.headers.get("content-type"), "application/problem+json");
     assert.equal(JSON.parse(late!.text).code, "shutting_down");
+    assert.equal(JSON.parse(late!.text).instance, "/v1/backends");
     assert.ok(Number(late!.headers.get("retry-after")) > 0);
     const r = await slow;
     assert.equal(r?.status, 201, r?.text);
     assert.equal(JSON.parse(r!.text).num_blocks, 2);
     const e = await exitWithin(srv, 10_000);
     assert.equal(e.code, 0, e.stderr);
+    // A refusal during the drain is expected: no error logged, no stack trace.
+    assert.doesNotMatch(e.stderr, /service error|ProblemError|\n\s+at /);
   } finally {
     srv.kill("SIGKILL");
     await srv.exited;
