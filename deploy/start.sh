@@ -75,11 +75,14 @@ trap 'stop; exit 0' INT TERM
 trap stop EXIT
 
 # --- instances ---
+# The permissions of `deno task serve` (deno.json): Dawn needs --allow-ffi, the keep-warm
+# process --allow-run.
+serve_perms="--allow-net --allow-read --allow-env --allow-ffi --allow-run"
 gpu_flag=()
 [[ $gpu -eq 0 ]] && gpu_flag=(--no-gpu)
 for ((k = 0; k < n; k++)); do
   ATTN_GPU_INDEX=$k XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp} \
-    "$deno_bin" run --config "$repo/deno.json" --allow-net --allow-read --allow-env \
+    "$deno_bin" run --config "$repo/deno.json" $serve_perms \
     "$repo/server/main.ts" --host 127.0.0.1 --port $((base + k)) --instance-name "i$k" \
     --max-body-bytes "$max_body" "${gpu_flag[@]}" "${server_flags[@]}" \
     >"$prefix/i$k.log" 2>&1 &
