@@ -104,13 +104,27 @@ export function dawnFlagKey(flag: string): string {
   return flag.slice(0, flag.indexOf("="));
 }
 
-/** `base` with each of `extra` replacing the flag of the same key, or appended. */
+/** Dawn's flags whose value is a comma list of toggles: `--dawn-flag` adds to them. */
+export const DAWN_TOGGLE_LIST_KEYS = ["enable-dawn-features", "disable-dawn-features"];
+
+/**
+ * `base` with each of `extra` appended, or merged into the flag of the same key: a toggle list
+ * ({@link DAWN_TOGGLE_LIST_KEYS}) gains the toggles it lacks (so `--dawn-flag
+ * enable-dawn-features=x` keeps the defaults and adds x); any other flag is replaced.
+ */
 export function mergeDawnFlags(base: readonly string[], extra: readonly string[]): string[] {
   const out = [...base];
+  const value = (f: string) => f.slice(f.indexOf("=") + 1);
   for (const f of extra) {
-    const i = out.findIndex((b) => dawnFlagKey(b) === dawnFlagKey(f));
-    if (i >= 0) out[i] = f;
-    else out.push(f);
+    const key = dawnFlagKey(f);
+    const i = out.findIndex((b) => dawnFlagKey(b) === key);
+    if (i < 0) out.push(f);
+    else if (!DAWN_TOGGLE_LIST_KEYS.includes(key)) out[i] = f;
+    else {
+      const have = value(out[i]).split(",").filter((t) => t !== "");
+      const add = value(f).split(",").filter((t) => t !== "" && !have.includes(t));
+      out[i] = `${key}=${[...have, ...add].join(",")}`;
+    }
   }
   return out;
 }
@@ -154,4 +168,5 @@ export const RUNTIME_HELP =
                             env ${RUNTIME_ENV}
   --dawn-flags LIST         Dawn's create() flags, replacing the defaults (env ${DAWN_FLAGS_ENV};
                             default ${DEFAULT_DAWN_FLAGS.join(",")})
-  --dawn-flag KEY=VALUE     set one Dawn flag on top of the list (repeatable)`;
+  --dawn-flag KEY=VALUE     set one Dawn flag on top of the list; to enable-/disable-dawn-features
+                            it adds its toggles (repeatable)`;

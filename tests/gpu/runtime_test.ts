@@ -68,14 +68,19 @@ Deno.test("runtime options: Dawn flag lists split on commas, pieces without = co
     /--dawn-flags: a Dawn flag is KEY=VALUE, got "verbose"/,
   );
   assert.throws(() => splitDawnFlags("=x", "ATTN_DAWN_FLAGS"), /ATTN_DAWN_FLAGS/);
-  // --dawn-flag replaces the same key, appends a new one.
+  // --dawn-flag replaces the same key, appends a new one, and adds to a toggle list (it used
+  // to replace the list: enable-dawn-features=x dropped the default toggles).
   assert.deepEqual(mergeDawnFlags(["a=1", "b=2"], ["b=3", "c=4"]), ["a=1", "b=3", "c=4"]);
   const o = resolveRuntimeOptions({
-    dawnFlag: ["backend=vulkan", "enable-dawn-features=allow_unsafe_apis"],
+    dawnFlag: [
+      "backend=vulkan",
+      "enable-dawn-features=allow_unsafe_apis,use_dxc",
+      "disable-dawn-features=lazy_clear_resource_on_first_use",
+    ],
   }, {});
   assert.deepEqual(o.dawnFlags, [
-    "enable-dawn-features=allow_unsafe_apis",
-    "disable-dawn-features=timestamp_quantization",
+    "enable-dawn-features=allow_unsafe_apis,vulkan_enable_f16_on_nvidia,disable_robustness,use_dxc",
+    "disable-dawn-features=timestamp_quantization,lazy_clear_resource_on_first_use",
     "backend=vulkan",
   ]);
   assert.throws(
