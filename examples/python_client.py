@@ -1,7 +1,8 @@
 """A Python standard-library client of the attention service, with its own reference.
 
 Creates a server-held cache, runs a prefill then a decode step over it, and checks both
-against a float64 computation done here. Usage: python3 examples/python_client.py [URL]
+against a float64 computation done here: an answer off by more than TOL (float32 data and
+cache) is an AssertionError, exit status 1. Usage: python3 examples/python_client.py [URL]
 """
 import json
 import math
@@ -25,6 +26,7 @@ def call(method, path, body=None):
 
 
 H, KVH, D, BS = 4, 2, 64, 16
+TOL = 1e-4  # float32 in and out: what the service's own tests allow
 status, cache = call("POST", "/v1/kv-caches", {"num_blocks": 8, "block_size": BS, "num_kv_heads": KVH,
                                                 "head_size": D, "dtype": "float32"})
 assert status == 201, (status, cache)
@@ -73,9 +75,13 @@ def step(qlens, ctx):
     return out["backend"], worst
 
 
-print("prefill", *step([5, 3], [5, 3]))
-print("decode ", *step([1, 1], [6, 4]))
+for name, qlens, ctx in [("prefill", [5, 3], [5, 3]), ("decode ", [1, 1], [6, 4])]:
+    backend, worst = step(qlens, ctx)
+    print(name, backend, worst)
+    assert worst < TOL, f"{name}: max |error| {worst} over {TOL}"
 status, bad = call("POST", "/v1/attention/forward", {"dtype": "float32"})
 print("bad body ->", status, bad["code"], bad["issues"][0]["path"])
+assert status == 400 and bad["code"] == "invalid_request", (status, bad)
 status, _ = call("DELETE", f"/v1/kv-caches/{cache['id']}")
 print("delete ->", status)
+assert status == 204, status
