@@ -41,9 +41,11 @@ export class CachePlacement<T extends Holder> {
     return l.length ? l : [this.holders[0]];
   }
 
-  /** The running holder with the fewest caches. */
-  fewest(): T {
-    return this.live().reduce((a, b) => (b.caches < a.caches ? b : a));
+  /** The running holder with the fewest caches, of those not in `skip` (when any is not). */
+  fewest(skip: readonly T[] = []): T {
+    const live = this.live();
+    const some = live.filter((h) => !skip.includes(h));
+    return (some.length ? some : live).reduce((a, b) => (b.caches < a.caches ? b : a));
   }
 
   /** Where cache `id` is, if placed. */
@@ -51,9 +53,12 @@ export class CachePlacement<T extends Holder> {
     return this.#places.get(id)?.holder;
   }
 
-  /** A create with no id yet (`POST`): the holder, counted now; `done` with the new id or null. */
-  reserve(): { holder: T; done(id: string | null): void } {
-    const holder = this.fewest();
+  /**
+   * A create with no id yet (`POST`): the holder (not one in `skip`, which refused it already),
+   * counted now; `done` with the new id or null.
+   */
+  reserve(skip: readonly T[] = []): { holder: T; done(id: string | null): void } {
+    const holder = this.fewest(skip);
     holder.caches++;
     return {
       holder,
@@ -64,11 +69,15 @@ export class CachePlacement<T extends Holder> {
     };
   }
 
-  /** A `PUT` of `id` (it may create): its holder; `done` with whether it succeeded. */
-  put(id: string): { holder: T; done(ok: boolean): void } {
+  /**
+   * A `PUT` of `id` (it may create): its holder (a new place avoids `skip`, holders that refused
+   * to create it); `fresh` when this call placed it; `done` with whether it succeeded.
+   */
+  put(id: string, skip: readonly T[] = []): { holder: T; fresh: boolean; done(ok: boolean): void } {
     let p = this.#places.get(id);
+    const fresh = !p || p.holder.lost !== null;
     if (!p || p.holder.lost !== null) {
-      p = { holder: this.fewest(), pending: 0, confirmed: false, counted: false };
+      p = { holder: this.fewest(skip), pending: 0, confirmed: false, counted: false };
       this.#places.set(id, p);
     }
     const place = p;
@@ -79,6 +88,7 @@ export class CachePlacement<T extends Holder> {
     place.pending++;
     return {
       holder: place.holder,
+      fresh,
       done: (ok) => {
         place.pending--;
         if (ok) {

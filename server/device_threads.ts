@@ -19,6 +19,7 @@ import { mediaType } from "./body.ts";
 import type { DeviceReadyMessage, DeviceThreadInit } from "./device_thread.ts";
 import { findForwardCacheId, scanWorker } from "./forward_cache_id.ts";
 import { CachePlacement } from "./cache_placement.ts";
+import { createOnSomeThread } from "./create_elsewhere.ts";
 import { mergeMetrics, SCRAPE_HEADER } from "./metrics_merge.ts";
 import { type ErrorLogger, problem, problemResponse, toProblem } from "./problem.ts";
 import { RequestSender } from "./request_sender.ts";
@@ -155,33 +156,44 @@ function front(threads: Thread[], scrapeToken: string): DeviceThreads {
 
   const onCache = async (req: Request, id: string, rest: string): Promise<Response> => {
     const method = req.method.toUpperCase();
-    if (method === "PUT" && rest === "") {
-      const put = places.put(id);
-      let res: Response | null = null;
-      try {
-        return res = await put.holder.send(req);
-      } finally {
-        put.done(res?.ok ?? false);
-      }
-    }
+    if (method === "PUT" && rest === "") return await putCache(req, id);
     const res = await (places.holderOf(id) ?? places.live()[0]).send(req);
     if (method === "DELETE" && rest === "" && res.status === 204) places.deleted(id);
     return res;
   };
 
+  /** A `PUT` of a cache: to its holder, or, for a new id, to a thread with room. */
+  const putCache = async (req: Request, id: string): Promise<Response> => {
+    const body = await threads[0].sender.readBody(req);
+    return await createOnSomeThread<Thread>(body, places.live().length, (skip) => {
+      const put = places.put(id, skip);
+      return {
+        holder: put.holder,
+        send: (b) => put.holder.send(req, b),
+        done: (res) => put.done(res?.ok ?? false),
+      };
+    });
+  };
+
+  /** A `POST` create: to a thread with room; its id is placed there once answered. */
   const create = async (req: Request): Promise<Response> => {
-    const r = places.reserve();
-    let id: string | null = null;
-    try {
-      const res = await r.holder.send(req);
-      if (res.status !== 201) return res;
-      const body = await res.arrayBuffer();
-      const got = (JSON.parse(new TextDecoder().decode(body)) as { id?: unknown }).id;
-      if (typeof got === "string") id = got;
-      return new Response(body, { status: res.status, headers: res.headers });
-    } finally {
-      r.done(id);
-    }
+    const body = await threads[0].sender.readBody(req);
+    return await createOnSomeThread<Thread>(body, places.live().length, (skip) => {
+      const r = places.reserve(skip);
+      let id: string | null = null;
+      return {
+        holder: r.holder,
+        send: async (b) => {
+          const res = await r.holder.send(req, b);
+          if (res.status !== 201) return res;
+          const text = await res.text();
+          const got = (JSON.parse(text) as { id?: unknown }).id;
+          if (typeof got === "string") id = got;
+          return new Response(text, { status: res.status, headers: res.headers });
+        },
+        done: () => r.done(id),
+      };
+    });
   };
 
   const forward = async (req: Request): Promise<Response> => {

@@ -190,3 +190,43 @@ Deno.test("device threads: a thread that stops takes its caches, the others go o
     await front.close();
   }
 });
+
+Deno.test("device threads: a create one thread has no room for goes to one that has", async () => {
+  // 256 bytes a block (HeldSeq's spec); the budget 4096 bytes, 2048 a thread.
+  const spec = (num_blocks: number) => ({ ...HeldSeq.cacheSpec(), num_blocks });
+  const srv = await spawnServer([
+    "--no-gpu",
+    "--device-threads",
+    "2",
+    "--memory-budget-bytes",
+    "4096",
+  ]);
+  try {
+    const api = new AttentionClient(srv.url);
+    await api.putCache("a", spec(1)); // thread 0
+    await api.putCache("big", spec(7)); // thread 1: 256 bytes left
+    await api.putCache("b", spec(1)); // thread 0: two caches, 1536 bytes left
+    // Thread 1 holds fewer caches, but has no room for 1024 bytes: thread 0 takes it.
+    await api.putCache("m", spec(4));
+    assert.deepEqual(await cachesPerThread(srv.url), { "0": 3, "1": 1 });
+    assert.equal((await api.getCache("m")).num_blocks, 4);
+    await api.deleteCache("m");
+    const posted = await api.createCache(spec(4)); // the same through POST
+    assert.equal((await api.getCache(posted.id)).num_blocks, 4);
+    assert.deepEqual(await cachesPerThread(srv.url), { "0": 3, "1": 1 });
+    // Room on no thread: the refusal says the budget is split.
+    for (const make of [() => api.putCache("huge", spec(6)), () => api.createCache(spec(6))]) {
+      const e = await make().then(() => null, (x) => x);
+      assert.ok(e instanceof AttentionApiError, String(e));
+      assert.equal(e.status, 422);
+      assert.equal(e.code, "memory_budget_exceeded");
+      assert.equal(e.problem.device_threads, 2);
+      assert.match(e.problem.detail, /each of the 2 device threads holds 1\/2/);
+    }
+    assert.deepEqual(await cachesPerThread(srv.url), { "0": 3, "1": 1 }, "nothing left behind");
+    await assert.rejects(api.getCache("huge"), /404/);
+  } finally {
+    srv.kill("SIGTERM");
+    await srv.exited;
+  }
+});

@@ -1,0 +1,84 @@
+/**
+ * Creates under `--device-threads` (device_threads.ts): each thread holds 1/N of the memory
+ * budget, so a create one thread refuses for memory (422 `memory_budget_exceeded`) may fit
+ * another. {@link createOnSomeThread} tries the threads in placement order, each at most once,
+ * and answers with the first that is not such a refusal; when every running thread refused, the
+ * last refusal says the budget is split (its detail, and `device_threads`), which a client
+ * otherwise could not tell from "N of M bytes remain".
+ * @module
+ */
+import type { StreamedBody } from "./body_read.ts";
+
+/** The code of a refusal for memory. */
+const OVER_BUDGET = "memory_budget_exceeded";
+
+/** One attempt: the answer, and what the placement does with it (`done`). */
+export interface Attempt<T> {
+  holder: T;
+  send(body: StreamedBody | null): Promise<Response>;
+  /** The attempt's outcome for the placement (the answer taken, or refused). */
+  done(res: Response | null): void;
+}
+
+/** A copy of a read body for one more send (a send transfers the bytes it is given). */
+function copy(b: StreamedBody | null): StreamedBody | null {
+  return b && { ...b, bytes: b.bytes.slice() };
+}
+
+/** The answer as it was, or its problem when it is a refusal for memory. */
+async function overBudget(
+  res: Response,
+): Promise<{ res: Response; doc: Record<string, unknown> | null }> {
+  if (res.status !== 422) return { res, doc: null };
+  const text = await res.text();
+  const again = new Response(text, { status: res.status, headers: res.headers });
+  try {
+    const doc = JSON.parse(text) as Record<string, unknown>;
+    return { res: again, doc: doc?.code === OVER_BUDGET ? doc : null };
+  } catch {
+    return { res: again, doc: null };
+  }
+}
+
+/**
+ * Sends a create to one thread after another (`attempt(skip)` places it avoiding those that
+ * refused) until one answers other than a refusal for memory or every running thread refused.
+ */
+export async function createOnSomeThread<T>(
+  body: StreamedBody | null,
+  running: number,
+  attempt: (skip: T[]) => Attempt<T>,
+): Promise<Response> {
+  const refused: T[] = [];
+  for (;;) {
+    const a = attempt(refused);
+    let res: Response | null = null;
+    try {
+      const got = await overBudget(await a.send(copy(body)));
+      res = got.res;
+      const retry = body?.end === "complete" && refused.length + 1 < running;
+      if (got.doc === null) return res;
+      if (retry) {
+        refused.push(a.holder);
+        continue;
+      }
+      return split(got.doc, res, running);
+    } finally {
+      a.done(res);
+    }
+  }
+}
+
+/** The last refusal, saying the budget is split over the threads (when there are several). */
+function split(doc: Record<string, unknown>, res: Response, threads: number): Response {
+  if (threads < 2) return res;
+  const out = {
+    ...doc,
+    detail: `${doc.detail}; each of the ${threads} device threads holds 1/${threads} of ` +
+      "--memory-budget-bytes, and none has room",
+    device_threads: threads,
+  };
+  const headers = new Headers(res.headers);
+  headers.delete("content-length");
+  return new Response(JSON.stringify(out), { status: res.status, headers });
+}
