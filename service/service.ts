@@ -6,7 +6,7 @@
  * @module
  */
 import { resolveStorage } from "../core/dtype.ts";
-import { DeviceUnavailableError } from "../core/errors.ts";
+import { ClientClosedError, DeviceUnavailableError } from "../core/errors.ts";
 import type {
   AttentionBackend,
   BackendContext,
@@ -264,6 +264,11 @@ export class AttentionService {
       cache: KvCache | null,
       onSubmitted?: () => void,
     ): Promise<ForwardResult> => {
+      // A call that waited for its cache behind others, whose client went away meanwhile, does
+      // not run (whatever the backend checks).
+      if (opts.signal?.aborted) {
+        throw new ClientClosedError("the client went away before the call ran");
+      }
       const batch = attachCache(v.batch, cache);
       const held = await this.plans.get(backend, batch, ctx);
       tPlanned = performance.now();

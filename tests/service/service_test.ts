@@ -217,3 +217,27 @@ Deno.test("service: select says why every other backend cannot run the config", 
   assert.deepEqual(forced.rejected, {});
   assert.deepEqual(Object.keys(forced.unsupported).sort(), ["FIRST", "LATER"]);
 });
+
+Deno.test("service: a call whose client left while it waited for its cache does not run", async () => {
+  const { svc, be } = setup();
+  const a = await svc.createCache(CACHE);
+  const gate = deferred();
+  be.gate = gate.promise;
+  const started = deferred();
+  be.onRunStart = () => started.resolve();
+  const first = svc.forward(decode(a.id, 4));
+  await started.promise;
+  const ac = new AbortController();
+  const queued = svc.forward(decode(a.id, 6), { signal: ac.signal });
+  await new Promise((r) => setTimeout(r, 10));
+  ac.abort(); // the client goes away while its call waits behind the first
+  gate.resolve();
+  await first;
+  await assert.rejects(
+    queued,
+    (e) => e instanceof ServiceError && e.status === 499 && e.code === "client_closed_request",
+  );
+  assert.equal(be.runs, 1, "the left call reached no backend");
+  const key = be.created[0].key;
+  assert.equal(key.reduce((n, x) => n + x, 0), 1, "only the first call wrote");
+});
