@@ -23,6 +23,7 @@ import {
   Unrepresentable,
 } from "../wire/client_codec.ts";
 import { CACHE_ID_PATTERN, CACHE_ID_RULE, INSTANCE_HEADER } from "../wire/names.ts";
+import { AttentionApiError, problemOf, retryAfterOf } from "./api_error.ts";
 import type {
   BackendDescription,
   CacheInfo,
@@ -37,67 +38,8 @@ import type {
 } from "../wire/types.ts";
 
 export type { CacheData, ForwardAnswer, ForwardBody, ProblemDocument };
+export { AttentionApiError };
 export { createRequestOf, forwardBodyToSafetensors };
-
-/**
- * A failed call: the HTTP status and the problem document (a body that is no problem document,
- * e.g. a proxy's page, becomes one with code `http_error` and the body as `detail`).
- */
-export class AttentionApiError extends Error {
-  readonly status: number;
-  readonly problem: ProblemDocument;
-  /** The instance that answered (`X-Attention-Instance`), when it named itself. */
-  readonly instance?: string;
-  /** Seconds the server asks to wait before a retry (`Retry-After`, on 503s), when it says. */
-  readonly retryAfter?: number;
-  constructor(
-    status: number,
-    problem: ProblemDocument,
-    instance?: string,
-    retryAfter?: number,
-  ) {
-    super(`${status} ${problem.code}: ${problem.detail ?? problem.title ?? "request failed"}`);
-    this.name = "AttentionApiError";
-    this.status = status;
-    this.problem = problem;
-    if (instance !== undefined) this.instance = instance;
-    if (retryAfter !== undefined) this.retryAfter = retryAfter;
-  }
-  /** The problem's machine code. */
-  get code(): string {
-    return this.problem.code;
-  }
-}
-
-/** An error answer's problem document, whatever the body held. */
-function problemOf(res: Response, text: string): ProblemDocument {
-  let doc: unknown;
-  try {
-    doc = JSON.parse(text);
-  } catch { /* not JSON */ }
-  if (
-    typeof doc === "object" && doc !== null && typeof (doc as ProblemDocument).code === "string"
-  ) {
-    const p = doc as ProblemDocument;
-    return typeof p.status === "number" ? p : { ...p, status: res.status };
-  }
-  return {
-    type: "about:blank",
-    title: res.statusText,
-    status: res.status,
-    detail: text.length > 500 ? `${text.slice(0, 497)}...` : text,
-    code: "http_error",
-  };
-}
-
-/** `Retry-After` in seconds (a delay, or an HTTP date from now), when present and valid. */
-function retryAfterOf(res: Response): number | undefined {
-  const h = res.headers.get("retry-after");
-  if (h === null) return undefined;
-  if (/^\d+$/.test(h.trim())) return Number(h.trim());
-  const at = Date.parse(h);
-  return Number.isNaN(at) ? undefined : Math.max(0, Math.ceil((at - Date.now()) / 1000));
-}
 
 /** Options of one forward call. */
 export interface ForwardOptions {

@@ -1,0 +1,67 @@
+/**
+ * The client's errors: {@link AttentionApiError}, made from any error answer ({@link problemOf}:
+ * the server's RFC 9457 problem document, or one built around a body that is not one), with the
+ * answer's `Retry-After` in seconds ({@link retryAfterOf}).
+ * @module
+ */
+import type { ProblemDocument } from "../wire/types.ts";
+
+/**
+ * A failed call: the HTTP status and the problem document (a body that is no problem document,
+ * e.g. a proxy's page, becomes one with code `http_error` and the body as `detail`).
+ */
+export class AttentionApiError extends Error {
+  readonly status: number;
+  readonly problem: ProblemDocument;
+  /** The instance that answered (`X-Attention-Instance`), when it named itself. */
+  readonly instance?: string;
+  /** Seconds the server asks to wait before a retry (`Retry-After`, on 503s), when it says. */
+  readonly retryAfter?: number;
+  constructor(
+    status: number,
+    problem: ProblemDocument,
+    instance?: string,
+    retryAfter?: number,
+  ) {
+    super(`${status} ${problem.code}: ${problem.detail ?? problem.title ?? "request failed"}`);
+    this.name = "AttentionApiError";
+    this.status = status;
+    this.problem = problem;
+    if (instance !== undefined) this.instance = instance;
+    if (retryAfter !== undefined) this.retryAfter = retryAfter;
+  }
+  /** The problem's machine code. */
+  get code(): string {
+    return this.problem.code;
+  }
+}
+
+/** An error answer's problem document, whatever the body held. */
+export function problemOf(res: Response, text: string): ProblemDocument {
+  let doc: unknown;
+  try {
+    doc = JSON.parse(text);
+  } catch { /* not JSON */ }
+  if (
+    typeof doc === "object" && doc !== null && typeof (doc as ProblemDocument).code === "string"
+  ) {
+    const p = doc as ProblemDocument;
+    return typeof p.status === "number" ? p : { ...p, status: res.status };
+  }
+  return {
+    type: "about:blank",
+    title: res.statusText,
+    status: res.status,
+    detail: text.length > 500 ? `${text.slice(0, 497)}...` : text,
+    code: "http_error",
+  };
+}
+
+/** `Retry-After` in seconds (a delay, or an HTTP date from now), when present and valid. */
+export function retryAfterOf(res: Response): number | undefined {
+  const h = res.headers.get("retry-after");
+  if (h === null) return undefined;
+  if (/^\d+$/.test(h.trim())) return Number(h.trim());
+  const at = Date.parse(h);
+  return Number.isNaN(at) ? undefined : Math.max(0, Math.ceil((at - Date.now()) / 1000));
+}
