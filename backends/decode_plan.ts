@@ -181,6 +181,10 @@ export async function planDecodeRows(
   const btOff = 8 * n, slopeOff = btOff + md.block_table.length;
   const tokOff = slopeOff + H, sinkOff = tokOff + 4 * numRows;
   const tb = stagedEntries(tuning, shape, epi, most);
+  // The transposed reductions (gpu/decode_scatter.ts) halve blocks of the step's N = heads of a
+  // key group x keys a step values: N must be a power of two, else the plain sums run.
+  const n2 = shape.kh * shape.hg * shape.u;
+  const scatterable = shape.sg && (n2 & (n2 - 1)) === 0;
   const bt = md.block_table, slopes = L.alibi_slopes, sinks = L.sinks;
   const writeTable = (tab: Uint32Array) => {
     let slot = 0, it = 0, row = 0;
@@ -234,12 +238,12 @@ export async function planDecodeRows(
     early_v: tuning.early_values,
     prefetch: tuning.prefetch && shape.skv === 0,
     skv: shape.skv,
-    scatter: tuning.scatter_sums && shape.sg,
-    scatter_softmax: tuning.scatter_softmax && shape.sg && shape.lpk > 1,
+    scatter: tuning.scatter_sums && scatterable,
+    scatter_softmax: tuning.scatter_softmax && scatterable && shape.lpk > 1,
     fp8_pairs: tuning.fp8_pairs && fp8,
     nan_free: tuning.fp8_nan_free && g.storage_dtype === "fp8_e4m3" && s.cache_nan_free === true,
     half: shape.half,
-    indexed_gather: tuning.indexed_gather && shape.sg && shape.lpk > 1 &&
+    indexed_gather: tuning.indexed_gather && scatterable && shape.lpk > 1 &&
       (tuning.scatter_sums || tuning.scatter_softmax),
     epi,
     tb,
