@@ -12,6 +12,7 @@
  * @module
  */
 import type { GpuContext } from "../core/types.ts";
+import { envVar } from "../core/env.ts";
 import { compilePipeline } from "./pipelines.ts";
 
 /** A compile-time value. */
@@ -126,7 +127,21 @@ interface Entry {
   promise: Promise<CompiledKernel>;
   /** The kernel, once compiled. */
   done?: CompiledKernel;
+  /** The lookup clock when last found (least recently used first out). */
+  used: number;
 }
+
+/**
+ * Most compiled variants kept per device (`ATTN_KERNEL_CACHE_LIMIT`, default 256). Each holds
+ * the driver's compiled code: ~2.4 MB a pipeline on lavapipe, where a soak over every cache
+ * setting grew the server to 1.8 GB of them. Past the limit the least recently used compiled one
+ * is dropped (a plan that holds it keeps it; a later call compiles it again).
+ */
+export function kernelCacheLimit(): number {
+  const v = Number(envVar("ATTN_KERNEL_CACHE_LIMIT") ?? "");
+  return Number.isSafeInteger(v) && v > 0 ? v : 256;
+}
+let clock = 0;
 
 const enableProbes = new WeakMap<GPUDevice, Map<string, Promise<boolean>>>();
 
@@ -201,15 +216,20 @@ function entryOf<C extends KernelConsts>(ctx: GpuContext, def: KernelDef<C>, c: 
   if (!fast) byOrder.set(ctx.device, fast = new Map());
   const quick = orderKey(def.name, c);
   const known = fast.get(quick);
-  if (known) return known;
+  if (known) {
+    known.used = ++clock;
+    return known;
+  }
   let m = kernels.get(ctx.device);
   if (!m) kernels.set(ctx.device, m = new Map());
   const key = kernelKey(def.name, c);
   const hit = m.get(key);
   if (hit) {
+    hit.used = ++clock;
     fast.set(quick, hit);
     return hit;
   }
+  evictBeyond(m, fast, kernelCacheLimit() - 1);
   const promise = (async () => {
     const bindings = def.bindings(c);
     const enables: string[] = [];
@@ -224,7 +244,7 @@ function entryOf<C extends KernelConsts>(ctx: GpuContext, def: KernelDef<C>, c: 
     const pipeline = await compilePipeline(ctx, key, code, layout);
     return { key, pipeline, layout, bindings, def: def as unknown as KernelDef<never> };
   })();
-  const entry: Entry = { promise };
+  const entry: Entry = { promise, used: ++clock };
   m.set(key, entry);
   fast.set(quick, entry);
   promise.then((k) => {
@@ -234,6 +254,16 @@ function entryOf<C extends KernelConsts>(ctx: GpuContext, def: KernelDef<C>, c: 
     for (const [q, e] of fast) if (e === entry) fast.delete(q);
   });
   return entry;
+}
+
+/** Drops the least recently used compiled entries until at most `keep` remain (compiling ones stay). */
+function evictBeyond(m: Map<string, Entry>, fast: Map<string, Entry>, keep: number): void {
+  if (m.size <= keep) return;
+  const done = [...m].filter(([, e]) => e.done).sort((a, b) => a[1].used - b[1].used);
+  for (const [key, e] of done.slice(0, m.size - keep)) {
+    m.delete(key);
+    for (const [q, f] of fast) if (f === e) fast.delete(q);
+  }
 }
 
 /** Keys of the variants compiled (or compiling) on `ctx`'s device, sorted. */
