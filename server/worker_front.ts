@@ -12,6 +12,7 @@
  * server fault and, where a request waits on it, answered with a 500.
  * @module
  */
+import { serveResilient } from "./serve_resilient.ts";
 import type { AccessPolicy } from "./auth.ts";
 import type { ErrorLogger } from "./problem.ts";
 import { serveLentBodies } from "./lent_body.ts";
@@ -177,14 +178,16 @@ export async function serveWithWorkers(
 export type HttpServer = Pick<WorkerFront, "addr" | "shutdown" | "finished">;
 
 /**
- * Serves `handler` on this thread when `opts.workers` is 0 (Deno.serve; lent answer bodies
- * are released once Deno delivered them), else through that many HTTP worker threads.
+ * Serves `handler` on this thread when `opts.workers` is 0 (Deno.serve, kept serving through
+ * accept failures: serve_resilient.ts; lent answer bodies are released once Deno delivered
+ * them), else through that many HTTP worker threads.
  */
 export async function serveHttp(opts: WorkerFrontOptions, handler: Handler): Promise<HttpServer> {
   if (opts.workers > 0) return await serveWithWorkers(opts, handler);
-  const s = Deno.serve(
-    { port: opts.port, hostname: opts.hostname, onListen: opts.onListen ?? (() => {}) },
-    serveLentBodies(handler),
-  );
-  return { addr: s.addr as Deno.NetAddr, shutdown: () => s.shutdown(), finished: s.finished };
+  return serveResilient({
+    port: opts.port,
+    hostname: opts.hostname,
+    onListen: opts.onListen ?? (() => {}),
+    log: opts.log,
+  }, serveLentBodies(handler));
 }
