@@ -13,6 +13,7 @@
  * access_config.ts.
  * @module
  */
+import { sentPath } from "./routes.ts";
 import { createHash, timingSafeEqual } from "node:crypto";
 import { problem } from "./problem.ts";
 
@@ -64,16 +65,17 @@ export function bearerToken(header: string | null): string | null {
 }
 
 /**
- * Builds the access check for a policy: `check(req, url)` returns normally or throws the 401 /
- * 403 problem.
+ * Builds the access check for a policy: `check(req)` returns normally or throws the 401 / 403
+ * problem. The open paths are compared with the path as sent (routes.ts sentPath), the one the
+ * router matches: a path `new URL` would turn into `/healthz` (`/x/..\\healthz`) is not open.
  */
-export function accessCheck(policy: AccessPolicy): (req: Request, url: URL) => void {
+export function accessCheck(policy: AccessPolicy): (req: Request) => void {
   const want = policy.token !== undefined ? digest(policy.token) : null;
   const hosts = policy.allowedHosts
     ? new Set(policy.allowedHosts.map((h) => h.toLowerCase()))
     : null;
-  return (req, url) => {
-    if (OPEN_PATHS.includes(url.pathname)) return;
+  return (req) => {
+    if (OPEN_PATHS.includes(sentPath(req))) return;
     if (hosts) {
       const header = req.headers.get("host");
       const name = header === null ? null : hostName(header);
@@ -118,7 +120,7 @@ export function accessAllowed(policy: AccessPolicy): (req: Request) => boolean {
   const check = accessCheck(policy);
   return (req) => {
     try {
-      check(req, new URL(req.url));
+      check(req);
       return true;
     } catch {
       return false;

@@ -94,7 +94,7 @@ export function createHandler(service: AttentionService, opts: HandlerOptions = 
     try {
       const m = router.match(req.method, path);
       if (m.kind !== "not_found") route = m.kind === "found" ? m.route.path : m.path;
-      checkAccess(req, url);
+      checkAccess(req);
       if (m.kind === "not_found") {
         throw problem(404, "not_found", `no route for ${req.method} ${path}`);
       }
