@@ -42,6 +42,9 @@ const jsonNumber = z.custom<number>(
   { message: "expected a number" },
 ).meta({ type: "number" });
 
+/** A backend name in a request: "auto" or a registered name (UPPER_SNAKE, short). */
+const backendName = () => z.string().min(1).max(64);
+
 function tensor(dtypes: readonly [string, ...string[]], id: string, description: string) {
   return z.strictObject({
     dtype: z.enum(dtypes),
@@ -119,7 +122,7 @@ export const MetadataSchema = z.strictObject({
 }).meta({ id: "Metadata" });
 
 const forwardCommon = {
-  backend: z.string().min(1).optional().describe('"auto" (default) or a backend name.'),
+  backend: backendName().optional().describe('"auto" (default) or a backend name.'),
   dtype: DTypeSchema,
   layer: LayerSchema,
   kv_cache: CacheIdSchema.optional().describe(
@@ -182,7 +185,7 @@ export const SelectRequestSchema = z.strictObject({
   return_lse: z.boolean().optional(),
   cache_storage: z.enum(["host", "webgpu"]).optional(),
   max_query_len: dim().optional(),
-  backend: z.string().min(1).optional().describe('Force one backend ("auto" = none).'),
+  backend: backendName().optional().describe('Force one backend ("auto" = none).'),
 }).meta({ id: "SelectRequest" });
 
 /** `POST /v1/kv-caches`. */
@@ -194,7 +197,7 @@ export const CreateCacheRequestSchema = z.strictObject({
   dtype: DTypeSchema,
   kv_cache_dtype: KvCacheDTypeSchema.optional().describe("Default auto (= dtype)."),
   layout: KvLayoutSchema.optional().describe("Default NHD."),
-  backend: z.string().min(1).optional().describe('"auto" (default) or a backend name.'),
+  backend: backendName().optional().describe('"auto" (default) or a backend name.'),
 }).meta({ id: "CreateCacheRequest" });
 
 // ---- responses ----

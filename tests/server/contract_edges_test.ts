@@ -140,6 +140,35 @@ Deno.test("contract edges: dot-segment ids, Server-Timing, content codings, non-
       },
     );
 
+    await t.step("a huge backend name is a short 400, not echoed back", async () => {
+      // A 60 MB name came back three times in a 180 MB 404 (an audit).
+      const name = "X".repeat(100_000);
+      for (
+        const [path, b] of [
+          ["/v1/backends/select", { head_size: 8, dtype: "float32", backend: name }],
+          ["/v1/kv-caches/c/forward", { ...body(), backend: name }],
+          ["/v1/kv-caches", {
+            num_blocks: 1,
+            block_size: 4,
+            num_kv_heads: 1,
+            head_size: 8,
+            dtype: "float32",
+            backend: name,
+          }],
+        ] as const
+      ) {
+        const res = await fetch(`${srv.url}${path}`, {
+          method: "POST",
+          headers: { "content-type": "application/json" },
+          body: JSON.stringify(b),
+        });
+        const text = await res.text();
+        assert.equal(res.status, 400, `${path}: ${text.slice(0, 200)}`);
+        assert.ok(text.length < 4000, `${path}: a ${text.length}-byte answer`);
+        assert.deepEqual(JSON.parse(text).issues[0].path, ["backend"]);
+      }
+    });
+
     await t.step("messages spell a non-finite value instead of null", async () => {
       const r = await post(srv, "/v1/backends/select", '{"head_size":1e400,"dtype":"float32"}', {});
       assert.equal(r.status, 400, JSON.stringify(r.doc));
