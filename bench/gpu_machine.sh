@@ -2,8 +2,8 @@
 # One call on the GPU machine (see bench/NOTES.md): GPU tests, the bench with its kernel sweeps,
 # the HTTP bench, the PyTorch anchor. Logs under $OUT; each part's tail is printed.
 # Usage there: bash bench/gpu_machine.sh
-#   [tests|dawn-tests|compile-probe|mma|mma-fast|mma-bench|mma-ceiling|mma-packed|residency|bench|
-#    bench-deno|http|http-warm|http-prof|threads|anchor|clock-probe|all]...
+#   [tests|dawn-tests|compile-probe|mma|mma-fast|mma-bench|mma-ceiling|mma-strides|residency|bench|
+#    bench-deno|http|http-warm|http-prof|threads|exit-probe|anchor|clock-probe|all]...
 # mma: the tensor-core kernel's tests; mma-fast: those of its fast softmax, direct loads, matrix-move
 # staging, split S chains, per-subgroup rescale, late next-tile stores and D split over subgroups;
 # mma-bench: its variant sweep; mma-ceiling: bench/mma_ceiling.ts, what subgroup-matrix loops reach
@@ -143,13 +143,24 @@ for w in $what; do
         TAIL=3 run "residency-ladder-$r" 60 deno run -A bench/mma_ceiling.ts --iters 10 \
           --flash-rows "$r" --only ladder-pg-k16-w8,ladder-sm-k16-w8
       done ;;&
-    mma-packed)
-      # Constant matrix strides with the scalar workgroup variables packed (bench/NOTES.md v0.13,
-      # "Constant strides: a probe"): w8r1k16-fl as it is, with constant strides, packed, both.
-      for v in base:: const::all packed:packed: both:packed:all; do
-        IFS=: read -r name packed strides <<<"$v"
-        TAIL=8 ATTN_MMA_WG_SCALARS=$packed ATTN_MMA_CONST_STRIDES=$strides run "mma-$name" 90 \
+    mma-strides)
+      # The workgroup matrix calls' strides (bench/NOTES.md v0.16): w8r1k16-fl with constant
+      # strides (the default) and with the Params words (ATTN_MMA_RUNTIME_STRIDES=all).
+      for v in const: runtime:all; do
+        IFS=: read -r name strides <<<"$v"
+        TAIL=8 ATTN_MMA_RUNTIME_STRIDES=$strides run "mma-$name" 90 \
           deno run -A bench/mma_bench.ts --iters 10 --only w8r1k16-fl --cases 4x1024,8x4096
+      done ;;&
+    exit-probe)
+      # bench/exit_probe.ts: drained --device-threads servers' exit status, Deno's runtime then
+      # with no grace after terminating the threads and with the default (NOTES v0.16); Deno's
+      # runtime (the probe's servers are not given --allow-ffi, which Dawn needs).
+      for rt in deno; do
+        for g in 0 300; do
+          # shellcheck disable=SC2086
+          TAIL=1 ATTN_WEBGPU_RUNTIME=$rt ATTN_THREAD_EXIT_GRACE_MS=$g run "exit-$rt-$g" 90 \
+            deno run -A bench/exit_probe.ts ${EXIT_PROBE_ARGS:---threads 8 --rounds 5}
+        done
       done ;;&
     mma-ceiling)
       # shellcheck disable=SC2086

@@ -184,9 +184,9 @@ function rescaleProtocol(
 ): { RESC_RESET: string; RESC_APPLY: string } {
   if (!c.sgresc) {
     return {
-      RESC_RESET: "    if (t == 0u) {\n      atomicStore(&s_resc, 0u);\n    }",
+      RESC_RESET: "    if (t == 0u) {\n      atomicStore(&s_u[2], 0u);\n    }",
       RESC_APPLY:
-        `    let resc = workgroupUniformLoad(&s_resc);\n    if (resc != 0u) {\n${rescale}\n    }`,
+        `    let resc = workgroupUniformLoad(&s_u[2]);\n    if (resc != 0u) {\n${rescale}\n    }`,
     };
   }
   return {
@@ -231,24 +231,6 @@ function ablatedTiles(): number {
   return Number.isInteger(v) && v > 0 ? v : ABLATED_TILES;
 }
 
-/**
- * Bench probe (`ATTN_MMA_WG_SCALARS=packed`, read when a source is generated): the three scalar
- * workgroup variables as one 16-byte array of atomics, so that every workgroup variable's size
- * is a multiple of 16 bytes (with constant matrix strides, NOTES v0.13).
- */
-function packedScalars(src: string): string {
-  if (envVar("ATTN_MMA_WG_SCALARS") !== "packed") return src;
-  return src
-    .replace(
-      /var<workgroup> s_kstart: u32;\s*var<workgroup> s_kend: u32;\s*var<workgroup> s_resc: [^\n]*/,
-      "var<workgroup> s_u: array<atomic<u32>, 4>; // kstart, kend, resc",
-    )
-    .replace("s_kstart = u32(ks);", "atomicStore(&s_u[0], u32(ks));")
-    .replace("s_kend = u32(max(ke, ks));", "atomicStore(&s_u[1], u32(max(ke, ks)));")
-    .replaceAll("&s_kstart", "&s_u[0]").replaceAll("&s_kend", "&s_u[1]")
-    .replaceAll("&s_resc", "&s_u[2]");
-}
-
 /** The kernel source after the generated header (gpu/kernel.ts adds enables and bindings). */
 export async function flashMmaSource(c: MmaConsts): Promise<string> {
   const problem = mmaShapeProblem(c, c);
@@ -257,7 +239,7 @@ export async function flashMmaSource(c: MmaConsts): Promise<string> {
   const matrix = generateMatrixCode(c), staging = stagingCode(c);
   const cuts = ablatedStages(c);
   const cut = (stage: string) => cuts.has(stage);
-  return packedScalars(specialize(await loadWgsl("flash_mma.wgsl"), {
+  return specialize(await loadWgsl("flash_mma.wgsl"), {
     HELPERS: await loadWgsl("flash_mma_rows.wgsl"),
     TILE: await loadWgsl("flash_tile.wgsl"),
     MM: c.m,
@@ -314,5 +296,5 @@ export async function flashMmaSource(c: MmaConsts): Promise<string> {
     QFRAG_LOAD: cut("qpass") ? "" : matrix.QFRAG_LOAD,
     QK: cut("qk") ? "" : matrix.QK,
     PV: cut("pv") ? "" : matrix.PV,
-  }));
+  });
 }

@@ -172,8 +172,8 @@ export interface MmaLayout {
   e16: number;
   /**
    * Row strides (elements) of the workgroup tiles: K, V and Q (f16), P (f16), S and O (f32).
-   * Compile-time in the kernel's index math, and also Params words that the matrix calls take
-   * as their stride (see `FLASH_MMA`).
+   * Compile-time in the kernel's index math and in its matrix calls; also Params words, which
+   * the calls take instead under the bench-only `ATTN_MMA_RUNTIME_STRIDES` (see `strideArg`).
    */
   kstr: number;
   pstr: number;
@@ -322,21 +322,23 @@ export function mmaLayout(t: MmaTarget, shape: MmaShape): MmaLayout {
   };
 }
 
-/** Kinds of workgroup matrix call, for the bench-only constant-stride probe. */
+/** Kinds of workgroup matrix call, for the bench-only run-time stride probe. */
 const STRIDE_KINDS = ["q", "k", "v", "p", "s", "o", "m"] as const;
 
 /**
- * The stride argument of one kind of workgroup matrix call: the Params word `U.<word>` (right
- * on the H200 without robustness; bench/NOTES.md v0.11), or, for the kinds named in the bench-only
- * `ATTN_MMA_CONST_STRIDES` (comma list of q, k, v, p, s, o, m (mstage stores), or `all`), the WGSL
- * constant: faster there (8 x 4096: 96.6 against 80.9 TFLOP/s) but wrong in every shape tried,
- * staged, matrix-staged and direct alike (bench/NOTES.md v0.12); kept to probe it. Read when a
- * kernel's source is generated: a pipeline already cached keeps the strides it was built with.
+ * The stride argument of one kind of workgroup matrix call: the WGSL constant (`KSTR`, `PSTR`,
+ * `SSTR`). Constant strides read wrong tiles on the H200 while the kernel declared three scalar
+ * workgroup variables beside its tiles (bench/NOTES.md v0.12-v0.13); with them packed into one
+ * 16-byte array they are right in every variant and test there, and 8 x 4096 runs at 99.2
+ * TFLOP/s against 81.0 with the Params words (v0.16). The kinds named in the bench-only
+ * `ATTN_MMA_RUNTIME_STRIDES` (comma list of q, k, v, p, s, o, m (mstage stores), or `all`) take
+ * the Params word `U.<word>` instead, for an A/B. Read when a kernel's source is generated: a
+ * pipeline already cached keeps the strides it was built with.
  */
 export function strideArg(
   kind: (typeof STRIDE_KINDS)[number],
   word: "kstr" | "pstr" | "sstr",
 ): string {
-  const set = (envVar("ATTN_MMA_CONST_STRIDES") ?? "").split(",");
-  return set.includes(kind) || set.includes("all") ? word.toUpperCase() : `U.${word}`;
+  const set = (envVar("ATTN_MMA_RUNTIME_STRIDES") ?? "").split(",");
+  return set.includes(kind) || set.includes("all") ? `U.${word}` : word.toUpperCase();
 }

@@ -77,7 +77,7 @@ const rowHead = (i: number, sg: number, lpr: number) => [
 
 /** The rows' rescale flag out of the step: the workgroup's atomic, or (`sgresc`) the lane's. */
 const flagCode = (c: MmaConsts) =>
-  c.sgresc ? ["resc_lane = flag;"] : ["if (flag) {", "  atomicStore(&s_resc, 1u);", "}"];
+  c.sgresc ? ["resc_lane = flag;"] : ["if (flag) {", "  atomicStore(&s_u[2], 1u);", "}"];
 
 const indent = (out: string[]) =>
   out.map((x) => x.split("\n").map((y) => "      " + y).join("\n")).join("\n");

@@ -26,6 +26,7 @@ import { RequestSender } from "./request_sender.ts";
 import { requestPath } from "./routes.ts";
 import { headOf, SAFETENSORS } from "./responses.ts";
 import { stderrLock } from "../gpu/runtime_stderr.ts";
+import { envVar } from "../core/env.ts";
 
 /** Options of {@link startDeviceThreads}. */
 export interface DeviceThreadsOptions {
@@ -34,6 +35,19 @@ export interface DeviceThreadsOptions {
   init: Omit<DeviceThreadInit, "type" | "index" | "stderrLock">;
   access: AccessPolicy;
   log?: ErrorLogger;
+}
+
+/**
+ * How long close() waits after terminating the threads: `terminate()` returns before a worker
+ * thread has dropped its runtime, and a process that exits meanwhile runs the WebGPU driver's
+ * exit-time teardown beside the thread's own (glibc "double free or corruption" or SIGSEGV at
+ * a clean shutdown: exit status 134 or 139 after "stopped: every call finished"; bench/NOTES.md
+ * v0.16). Deno has no join for a worker, so a grace (`ATTN_THREAD_EXIT_GRACE_MS`, default 300).
+ */
+async function threadExitGrace(): Promise<void> {
+  const v = Number(envVar("ATTN_THREAD_EXIT_GRACE_MS") ?? 300);
+  const ms = Number.isFinite(v) && v >= 0 ? Math.min(v, 10_000) : 300;
+  if (ms > 0) await new Promise((r) => setTimeout(r, ms));
 }
 
 /** The running threads: the handler to serve, and how to close them after a drain. */
@@ -260,6 +274,7 @@ function front(threads: Thread[], scrapeToken: string): DeviceThreads {
       for (const t of threads) if (t.lost === null) t.worker.postMessage({ type: "device-close" });
       await Promise.all(threads.map((t) => t.closed.promise));
       threads.forEach((t) => t.worker.terminate());
+      await threadExitGrace();
     },
   };
 }

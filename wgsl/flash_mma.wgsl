@@ -34,7 +34,7 @@
 // through workgroup memory, every subgroup, all rows at once) only on such rare tiles
 // after a row has accumulated something. TAU = 0 is plain FA2 (rescale on every new max).
 // RESC_RESET / RESC_APPLY (gpu/flash_mma_codegen.ts) hold that protocol: by default the
-// workgroup's atomic flag s_resc, cleared at the top of a tile and read by workgroupUniformLoad
+// workgroup's atomic flag s_u[2], cleared at the top of a tile and read by workgroupUniformLoad
 // (a barrier, the load, a barrier) before PV; `sgresc` shapes instead decide per subgroup
 // (subgroupAny of its lanes' flags, after a plain barrier) and rescale only that subgroup's own
 // rows of s_s with no workgroup barrier inside (a subgroup's own hand-offs, as the v0.7 ladder's
@@ -44,8 +44,8 @@
 //
 // Bindings (group 0; the Params struct and declarations are generated from
 // gpu/flash_mma_kernel.ts's FLASH_MMA entry; the Params words are flash_attention.wgsl's, then
-// kstr, pstr, sstr: KSTR, PSTR and SSTR again, the stride of every workgroup matrix call, which
-// must not be a constant on the H200 without robustness; bench/NOTES.md v0.11):
+// kstr, pstr, sstr: KSTR, PSTR and SSTR again, which the workgroup matrix calls take instead of
+// the constants only under the bench probe ATTN_MMA_RUNTIME_STRIDES; bench/NOTES.md v0.16):
 //   0 uniform  U                         runtime sizes and options
 //   1 storage  q: array<vec4<u32>>       [num_tokens, num_heads, D] in the data dtype (f16 or
 //                                        bf16 bits, 8 per vec4)
@@ -129,9 +129,11 @@ const FLAG_SINKS: u32 = 2u;
 var<workgroup> kt_s: array<f16, 2u * KT_LEN>; // K tiles; Q staging before the loop; P after S
 {{VT_DECL}}
 var<workgroup> s_s: array<f32, QSPLIT * R * SSTR>; // S (QSPLIT chains); O passes
-var<workgroup> s_kstart: u32;
-var<workgroup> s_kend: u32;
-var<workgroup> s_resc: atomic<u32>; // any row needs an O rescale this tile (atomic: many writers)
+// The workgroup's scalars as one 16-byte array: [0] the first key, [1] the end of its keys,
+// [2] whether any row needs an O rescale this tile (atomic: many writers). Three separate
+// scalars beside the tiles made the constant-stride matrix calls read wrong tiles on the H200
+// (bench/NOTES.md v0.16): every workgroup variable here is a multiple of 16 bytes.
+var<workgroup> s_u: array<atomic<u32>, 4>;
 
 {{ROUND}}
 
@@ -161,8 +163,8 @@ fn main(
       ke = min(ke, p_last + w);
     }
     ks -= ks % i32(BK); // tiles aligned to BK; the keys before the window are masked
-    s_kstart = u32(ks);
-    s_kend = u32(max(ke, ks));
+    atomicStore(&s_u[0], u32(ks));
+    atomicStore(&s_u[1], u32(max(ke, ks)));
   }
 
   // This lane's rows (RPL of them) and its part (lq) of their keys in the softmax step.
@@ -234,8 +236,8 @@ fn main(
     }
     workgroupBarrier();
   }
-  let kstart = workgroupUniformLoad(&s_kstart);
-  let kend = workgroupUniformLoad(&s_kend);
+  let kstart = workgroupUniformLoad(&s_u[0]);
+  let kend = workgroupUniformLoad(&s_u[1]);
   let kvstr = select(D, U.num_kv_heads * D, NHD); // direct loads: elements between keys
 {{O_DECL}}
   // Prologue: the first tile into buffer 0.

@@ -51,9 +51,9 @@ Deno.test("flash_mma: sgresc drops the workgroup's rescale flag, the default kee
       .split("\n").filter((x) => !x.trimStart().startsWith("//")).join("\n");
   const [dflt, fu] = await Promise.all([src("w8r1k16-f"), src("w8r1k16-fu")]);
   const loop = (s: string) => s.slice(s.indexOf("for (var kt = kstart"), s.indexOf("var inv:"));
-  assert.match(loop(dflt), /workgroupUniformLoad\(&s_resc\)/);
-  assert.match(loop(dflt), /atomicStore\(&s_resc, 1u\)/);
-  assert.doesNotMatch(loop(fu), /s_resc/);
+  assert.match(loop(dflt), /workgroupUniformLoad\(&s_u\[2\]\)/);
+  assert.match(loop(dflt), /atomicStore\(&s_u\[2\], 1u\)/);
+  assert.doesNotMatch(loop(fu), /s_u\[2\]/);
   assert.match(loop(fu), /if \(subgroupAny\(resc_lane\)\) \{/);
   // Written barriers a tile: the default S, end and the rescale's 3 per O pass (its P barrier
   // is inside workgroupUniformLoad); sgresc S, P, end and none in the rescale.

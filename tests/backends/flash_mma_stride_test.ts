@@ -1,11 +1,12 @@
 /**
- * Every subgroup-matrix load and store of the tensor-core kernel takes a run-time stride: the
- * workgroup tiles' strides from Params (`U.kstr`, `U.pstr`, `U.sstr`), the cache's `kvstr`. On
- * the H200 (NVIDIA driver 580.159, Dawn's robustness off) a constant stride on any of them made
- * every staged shape compute zeros (bench/NOTES.md v0.11); the GPU suite finds that only there,
- * so this checks the generated source of every variant and configuration. Also: the Params words
- * the plan writes equal the kernel's compile-time strides, and the two bench probes rewrite what
- * they name (constant strides; the scalar workgroup variables packed into one 16-byte array).
+ * The tensor-core kernel's workgroup memory and matrix strides. On the H200 (NVIDIA driver
+ * 580.159, Dawn's robustness off) constant strides read wrong tiles while the kernel declared
+ * three scalar workgroup variables beside its tiles (bench/NOTES.md v0.11-v0.13); with the
+ * scalars in one 16-byte array they are right in every variant and faster (v0.16). The GPU suite
+ * sees that only there, so this checks the generated source of every variant and configuration:
+ * no scalar workgroup variable, every workgroup matrix call with a compile-time stride (the
+ * cache's `kvstr` for direct loads), the Params words the plan writes equal to those constants,
+ * and the bench probe `ATTN_MMA_RUNTIME_STRIDES` rewriting only what it names.
  */
 import assert from "node:assert/strict";
 import { flashMmaSource } from "../../gpu/flash_mma_codegen.ts";
@@ -60,7 +61,7 @@ const targets: [string, MmaTarget][] = [
   ["lavapipe f16", { ...H200_F16_TARGET, ...LAVAPIPE }],
 ];
 
-Deno.test("flash_mma: every matrix call of every variant takes a run-time stride", async () => {
+Deno.test("flash_mma: every matrix call of every variant takes a compile-time stride", async () => {
   let checked = 0;
   for (const [label, t] of targets) {
     for (const [name, shape] of Object.entries(MMA_VARIANTS)) {
@@ -70,7 +71,7 @@ Deno.test("flash_mma: every matrix call of every variant takes a run-time stride
       assert.ok(calls.length > 0, `${label} ${name}: no matrix calls found`);
       for (const { call, args } of calls) {
         const stride = args[args.length - 1];
-        assert.match(stride, /^(U\.kstr|U\.pstr|U\.sstr|kvstr)$/, `${label} ${name}: ${call}`);
+        assert.match(stride, /^(KSTR|PSTR|SSTR|kvstr)$/, `${label} ${name}: ${call}`);
         checked++;
       }
     }
@@ -95,17 +96,17 @@ Deno.test("flash_mma: the stride Params are the kernel's compile-time strides", 
   }
 });
 
-Deno.test("flash_mma: ATTN_MMA_CONST_STRIDES (bench probe) makes only the named kinds constant", async () => {
+Deno.test("flash_mma: ATTN_MMA_RUNTIME_STRIDES (bench probe) gives only the named kinds Params strides", async () => {
   const c = { ...H200_F16_TARGET, ...fullShape(MMA_VARIANTS["w8r1k16-fl"]) } as MmaConsts;
   const strides = async (v: string | undefined) => {
-    const had = Deno.env.get("ATTN_MMA_CONST_STRIDES");
+    const had = Deno.env.get("ATTN_MMA_RUNTIME_STRIDES");
     try {
-      if (v === undefined) Deno.env.delete("ATTN_MMA_CONST_STRIDES");
-      else Deno.env.set("ATTN_MMA_CONST_STRIDES", v);
+      if (v === undefined) Deno.env.delete("ATTN_MMA_RUNTIME_STRIDES");
+      else Deno.env.set("ATTN_MMA_RUNTIME_STRIDES", v);
       return matrixCalls(await flashMmaSource(c)).map(({ args }) => args[args.length - 1]);
     } finally {
-      if (had === undefined) Deno.env.delete("ATTN_MMA_CONST_STRIDES");
-      else Deno.env.set("ATTN_MMA_CONST_STRIDES", had);
+      if (had === undefined) Deno.env.delete("ATTN_MMA_RUNTIME_STRIDES");
+      else Deno.env.set("ATTN_MMA_RUNTIME_STRIDES", had);
     }
   };
   const base = await strides(undefined);
@@ -113,44 +114,33 @@ Deno.test("flash_mma: ATTN_MMA_CONST_STRIDES (bench probe) makes only the named 
   const all = await strides("all");
   assert.equal(sOnly.length, base.length);
   const changed = sOnly.filter((x, i) => x !== base[i]);
-  assert.ok(changed.length > 0 && changed.every((x) => x === "SSTR"), `s: ${changed}`);
-  assert.ok(base.some((x, i) => x === "U.sstr" && sOnly[i] === "U.sstr"), "O's strides changed");
+  assert.ok(changed.length > 0 && changed.every((x) => x === "U.sstr"), `s: ${changed}`);
+  assert.ok(base.some((x, i) => x === "SSTR" && sOnly[i] === "SSTR"), "O's strides changed");
   assert.deepEqual(
     [...new Set(all)].sort(),
-    ["KSTR", "PSTR", "SSTR"],
-    "all: every workgroup call constant",
+    ["U.kstr", "U.pstr", "U.sstr"],
+    "all: every workgroup call from Params",
   );
 });
 
-Deno.test("flash_mma: ATTN_MMA_WG_SCALARS=packed (bench probe) leaves no scalar workgroup variable", async () => {
-  const had = Deno.env.get("ATTN_MMA_WG_SCALARS");
-  const scalar = /var<workgroup> \w+: (u32|i32|f32|atomic<u32>);/;
+Deno.test("flash_mma: no variant declares a scalar workgroup variable", async () => {
+  const scalar = /var<workgroup> \w+: (u32|i32|f32|f16|atomic<u32>|atomic<i32>);/;
   let checked = 0;
-  try {
-    for (const [label, t] of targets) {
-      for (const [name, shape] of Object.entries(MMA_VARIANTS)) {
-        if (mmaShapeProblem(t, shape, 1 << 20) !== null) continue;
-        const c = { ...t, ...fullShape(shape) } as MmaConsts;
-        Deno.env.delete("ATTN_MMA_WG_SCALARS");
-        const base = await flashMmaSource(c);
-        Deno.env.set("ATTN_MMA_WG_SCALARS", "packed");
-        const packed = await flashMmaSource(c);
-        assert.match(base, scalar, `${label} ${name}: the default keeps its scalars`);
-        assert.doesNotMatch(packed, scalar, `${label} ${name}`);
-        const code = packed.split("\n").filter((l) => !l.trim().startsWith("//")).join("\n");
-        assert.doesNotMatch(code, /s_kstart|s_kend|s_resc/, `${label} ${name}: a use left`);
-        // Each word: kstart and kend stored once and loaded once; the rescale flag at least reset.
-        for (const i of [0, 1]) {
-          assert.equal(code.split(`atomicStore(&s_u[${i}]`).length, 2, `${label} ${name}: ${i}`);
-          assert.equal(code.split(`workgroupUniformLoad(&s_u[${i}])`).length, 2);
-        }
-        assert.ok(code.includes("&s_u[2]") || c.sgresc, `${label} ${name}: the rescale flag`);
-        checked++;
+  for (const [label, t] of targets) {
+    for (const [name, shape] of Object.entries(MMA_VARIANTS)) {
+      if (mmaShapeProblem(t, shape, 1 << 20) !== null) continue;
+      const c = { ...t, ...fullShape(shape) } as MmaConsts;
+      const src = await flashMmaSource(c);
+      assert.doesNotMatch(src, scalar, `${label} ${name}`);
+      const code = src.split("\n").filter((l) => !l.trim().startsWith("//")).join("\n");
+      // Each word: kstart and kend stored once and loaded once; the rescale flag at least reset.
+      for (const i of [0, 1]) {
+        assert.equal(code.split(`atomicStore(&s_u[${i}]`).length, 2, `${label} ${name}: ${i}`);
+        assert.equal(code.split(`workgroupUniformLoad(&s_u[${i}])`).length, 2);
       }
+      assert.ok(code.includes("&s_u[2]") || c.sgresc, `${label} ${name}: the rescale flag`);
+      checked++;
     }
-  } finally {
-    if (had === undefined) Deno.env.delete("ATTN_MMA_WG_SCALARS");
-    else Deno.env.set("ATTN_MMA_WG_SCALARS", had);
   }
   assert.ok(checked > 50, `only ${checked} sources checked`);
 });
