@@ -17,8 +17,6 @@ import { AttentionApiError, AttentionClient, type ForwardBody } from "../../clie
 import { startServer, type TestServer } from "../server/helpers.ts";
 import { HeldSeq } from "../server/held_seq.ts";
 
-const H = 2, HKV = 1, D = 8;
-
 async function bytesOf(srv: TestServer, id: string): Promise<string> {
   const d = await srv.client.cacheData(id);
   return d.key_cache.data.toBase64() + d.value_cache.data.toBase64();
