@@ -6,6 +6,9 @@
  * @module
  */
 import { ServiceError } from "../core/errors.ts";
+import { bodyTimeoutMs, readWithin, timedOut } from "./body_timeout.ts";
+
+export { BODY_TIMEOUT_ENV, bodyTimeoutMs, DEFAULT_BODY_TIMEOUT_MS } from "./body_timeout.ts";
 
 /** A body size limit and the flag that sets it (named in the 413). */
 export interface BodyLimit {
@@ -121,8 +124,11 @@ export function contentLength(header: string | null): number {
 export interface StreamedBody {
   bytes: Uint8Array;
   /** `complete`: the declared length (or the stream's end) arrived; `too_large`: more than the
-   * limit arrived (the chunk that ran over is kept); `error`: the stream failed (`cause`). */
-  end: "complete" | "too_large" | "error";
+   * limit arrived (the chunk that ran over is kept); `error`: the stream failed (`cause`);
+   * `timeout`: no bytes came for {@link bodyTimeoutMs} (`timeout_ms`). */
+  end: "complete" | "too_large" | "error" | "timeout";
+  /** A `timeout` end: the limit that ran out, in ms. */
+  timeout_ms?: number;
   cause?: unknown;
   /** A whole read ({@link wholeBody}) failed: how many bytes came is not known. */
   uncounted?: boolean;
@@ -134,10 +140,23 @@ export interface StreamedBody {
  * nothing kept (`uncounted`: Deno does not say how much came).
  */
 export async function wholeBody(req: Request): Promise<StreamedBody> {
+  const ms = bodyTimeoutMs();
+  const declared = Math.max(0, contentLength(req.headers.get("content-length")));
+  const limit = ms + Math.ceil(declared / 1024 / 1024) * 1000;
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const read = req.bytes();
+  read.catch(() => {}); // a read left behind by a timeout fails when the connection closes
   try {
-    return { bytes: aligned(await req.bytes()), end: "complete" };
+    const late = new Promise<null>((r) => timer = setTimeout(() => r(null), limit));
+    const bytes = await Promise.race([read, late]);
+    if (bytes === null) {
+      return { bytes: new Uint8Array(0), end: "timeout", timeout_ms: limit, uncounted: true };
+    }
+    return { bytes: aligned(bytes), end: "complete" };
   } catch (e) {
     return { bytes: new Uint8Array(0), end: "error", cause: e, uncounted: true };
+  } finally {
+    clearTimeout(timer);
   }
 }
 
@@ -157,14 +176,20 @@ export async function streamBody(
   const body = new BodyBuffer(declared);
   let end: StreamedBody["end"] = "complete";
   let cause: unknown;
+  const ms = bodyTimeoutMs();
   while (declared < 0 || body.total < declared) {
-    let chunk: ReadableStreamReadResult<Uint8Array>;
+    let chunk: ReadableStreamReadResult<Uint8Array> | null;
     try {
-      chunk = await reader.read();
+      chunk = await readWithin(reader, ms);
     } catch (e) {
       end = "error";
       cause = e;
       break;
+    }
+    if (chunk === null) {
+      reader.releaseLock(); // the read left pending fails once the stream is cancelled
+      await stream.cancel().catch(() => {});
+      return { bytes: body.bytes(), end: "timeout", timeout_ms: ms };
     }
     if (chunk.done) break;
     body.add(chunk.value);
@@ -234,6 +259,9 @@ export async function readBody(
   else if (!req.body) return new Uint8Array(0);
   else read = await streamBody(req.body, declared, lim.bytes);
   const got = read.bytes.byteLength;
+  if (read.end === "timeout") {
+    throw timedOut(read.uncounted ? -1 : got, declared, read.timeout_ms ?? bodyTimeoutMs());
+  }
   if (read.end === "too_large" || got > lim.bytes) throw tooLarge(lim, `more than ${lim.bytes}`);
   if (read.end === "error") throw incomplete(read.uncounted ? -1 : got, declared, read.cause);
   if (declared >= 0 && got < declared) throw incomplete(got, declared, undefined);

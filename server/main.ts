@@ -22,6 +22,7 @@ import { type HttpServer, serveHttp } from "./worker_front.ts";
 import { startDeviceThreads } from "./device_threads.ts";
 
 import { HELP, parseServeArgs, serveEnv, type ServeOptions } from "./serve_options.ts";
+import { BODY_TIMEOUT_ENV } from "./body_read.ts";
 
 /** Adds `X-Attention-Instance` to every answer, the drainer's own 503s included. */
 function named(
@@ -101,6 +102,8 @@ async function main(): Promise<void> {
       return;
     }
     access = resolveAccess(o);
+    // Every isolate that reads bodies (HTTP workers, the device-threads front) reads it here.
+    Deno.env.set(BODY_TIMEOUT_ENV, String(o.bodyTimeoutMs));
   } catch (e) {
     const usage = e instanceof AccessConfigError ? "" : `\n\n${HELP}`;
     console.error(`${e instanceof Error ? e.message : e}${usage}`);

@@ -32,8 +32,9 @@ function bodyStream(p: Pending): ReadableStream<Uint8Array> {
     async pull(c) {
       const m = await p.body;
       if (m.bytes.byteLength > 0) c.enqueue(new Uint8Array(m.bytes));
-      if (m.end === "error") c.error(m.message !== undefined ? new Error(m.message) : undefined);
-      else c.close();
+      if (m.end === "error" || m.end === "timeout") {
+        c.error(m.message !== undefined ? new Error(m.message) : undefined);
+      } else c.close();
     },
   });
 }
@@ -42,7 +43,13 @@ function bodyStream(p: Pending): ReadableStream<Uint8Array> {
 function preRead(m: BodyMessage): StreamedBody {
   const cause = m.message !== undefined ? new Error(m.message) : undefined;
   const end = m.end === "skipped" ? "error" : m.end;
-  return { bytes: new Uint8Array(m.bytes), end, cause, uncounted: m.uncounted };
+  return {
+    bytes: new Uint8Array(m.bytes),
+    end,
+    cause,
+    uncounted: m.uncounted,
+    timeout_ms: m.timeout_ms,
+  };
 }
 
 /** The Request the handler gets (a method `new Request` refuses, e.g. TRACE, is kept as sent). */

@@ -146,6 +146,7 @@ export class RequestSender {
       end: read.end,
       ...(message ? { message } : {}),
       ...(read.uncounted ? { uncounted: true } : {}),
+      ...(read.timeout_ms !== undefined ? { timeout_ms: read.timeout_ms } : {}),
     };
     this.post(m, [bytes]);
   }

@@ -20,6 +20,7 @@ import {
 import { MAX_JSON_VALUES } from "../wire/json_scan.ts";
 import { INSTANCE_NAME_PATTERN } from "../wire/names.ts";
 import { DEFAULT_SHUTDOWN_DEADLINE_MS } from "./shutdown.ts";
+import { BODY_TIMEOUT_ENV, DEFAULT_BODY_TIMEOUT_MS } from "./body_read.ts";
 import {
   checkKeepWarmOptions,
   KEEP_WARM_DEFAULTS,
@@ -70,6 +71,9 @@ usage: deno task serve [options]
   --shutdown-deadline-ms N  on SIGTERM/SIGINT, wait this long for calls in flight, then
                             exit (default ${DEFAULT_SHUTDOWN_DEADLINE_MS}); exit code 0 when all
                             finished, 1 when the deadline cut some off
+  --body-timeout-ms N       the longest wait for a request body's next bytes (default
+                            ${DEFAULT_BODY_TIMEOUT_MS}; a body read in one piece gets 1 s more
+                            per MiB declared; also ${BODY_TIMEOUT_ENV}); over: 408 body_timeout
   --no-gpu                  do not acquire a WebGPU device (host backends only)
   --http-workers N          HTTP worker threads in front of the thread that owns the GPU:
                             they read requests and write answers, this thread validates,
@@ -106,6 +110,16 @@ function intFlag(name: string, v: string | undefined, dflt: number, min: number)
     throw new Error(`--${name} must be an integer >= ${min}, got ${JSON.stringify(v)}`);
   }
   return Number(v);
+}
+
+/** `--body-timeout-ms` over ATTN_BODY_TIMEOUT_MS over the default; at least 1 ms. */
+function bodyTimeoutOption(flag: string | undefined, env: string | undefined): number {
+  if (flag !== undefined) return intFlag("body-timeout-ms", flag, DEFAULT_BODY_TIMEOUT_MS, 1);
+  if (env === undefined || env === "") return DEFAULT_BODY_TIMEOUT_MS;
+  if (!/^\d+$/.test(env) || Number(env) < 1 || !Number.isSafeInteger(Number(env))) {
+    throw new Error(`${BODY_TIMEOUT_ENV} must be an integer >= 1, got ${JSON.stringify(env)}`);
+  }
+  return Number(env);
 }
 
 /** `--http-workers` / `--device-threads` (over the environment variable, over the default). */
@@ -167,6 +181,7 @@ export function serveEnv(): Record<string, string | undefined> {
   env[HTTP_WORKERS_ENV] = envVar(HTTP_WORKERS_ENV);
   env[DEVICE_THREADS_ENV] = envVar(DEVICE_THREADS_ENV);
   env[KEEP_WARM_ENV] = envVar(KEEP_WARM_ENV);
+  env[BODY_TIMEOUT_ENV] = envVar(BODY_TIMEOUT_ENV);
   return env;
 }
 
@@ -182,6 +197,8 @@ export interface ServeOptions {
   allowUnauthenticated: boolean;
   allowedHosts: string[];
   shutdownDeadlineMs: number;
+  /** The longest wait for a body's next bytes (server/body_read.ts `bodyTimeoutMs`). */
+  bodyTimeoutMs: number;
   gpu: boolean;
   /** HTTP worker threads (0: Deno.serve on this thread). */
   httpWorkers: number;
@@ -218,6 +235,7 @@ export function parseServeArgs(
       "allow-unauthenticated": { type: "boolean" },
       "allowed-host": { type: "string", multiple: true },
       "shutdown-deadline-ms": { type: "string" },
+      "body-timeout-ms": { type: "string" },
       "no-gpu": { type: "boolean" },
       "instance-name": { type: "string" },
       "http-workers": { type: "string" },
@@ -309,6 +327,7 @@ export function parseServeArgs(
       DEFAULT_SHUTDOWN_DEADLINE_MS,
       0,
     ),
+    bodyTimeoutMs: bodyTimeoutOption(values["body-timeout-ms"], env[BODY_TIMEOUT_ENV]),
     gpu: !values["no-gpu"],
     httpWorkers,
     deviceThreads,

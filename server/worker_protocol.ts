@@ -34,15 +34,18 @@ export interface HeadMessage {
 /**
  * A request body: `bytes` holds what arrived; `end` says how reading ended: `complete` (the
  * stream ended), `too_large` (more than the limit arrived: reading stopped), `error` (the
- * stream failed; `message` says why) or `skipped` (not read: the declared length is over the
- * limit or the access check refuses the request, so no route will read it).
+ * stream failed; `message` says why), `timeout` (no bytes came for the body timeout,
+ * `timeout_ms`) or `skipped` (not read: the declared length is over the limit or the access
+ * check refuses the request, so no route will read it).
  */
 export interface BodyMessage {
   type: "body";
   id: number;
   bytes: ArrayBuffer;
-  end: "complete" | "too_large" | "error" | "skipped";
+  end: "complete" | "too_large" | "error" | "timeout" | "skipped";
   message?: string;
+  /** A `timeout` end: the limit that ran out, in ms. */
+  timeout_ms?: number;
   /** An `error` end of a body read in one piece: how many bytes came is not known. */
   uncounted?: boolean;
 }
@@ -101,7 +104,7 @@ const isPairs = (v: unknown): v is [string, string][] =>
   v.every((p) =>
     Array.isArray(p) && p.length === 2 && typeof p[0] === "string" && typeof p[1] === "string"
   );
-const BODY_ENDS = ["complete", "too_large", "error", "skipped"];
+const BODY_ENDS = ["complete", "too_large", "error", "timeout", "skipped"];
 
 /** A worker's message, or a string saying what is wrong with it. */
 export function checkFromWorker(m: unknown): FromWorker | string {
@@ -118,6 +121,7 @@ export function checkFromWorker(m: unknown): FromWorker | string {
       if (!(o.bytes instanceof ArrayBuffer)) return "body: bytes is not an ArrayBuffer";
       if (!BODY_ENDS.includes(o.end as string)) return `body: bad end ${String(o.end)}`;
       if (o.uncounted !== undefined && typeof o.uncounted !== "boolean") return "body: uncounted";
+      if (o.timeout_ms !== undefined && typeof o.timeout_ms !== "number") return "body: timeout_ms";
       return o as unknown as BodyMessage;
     case "abort":
       return isId(o.id) ? o as unknown as AbortMessage : `abort: bad id ${String(o.id)}`;

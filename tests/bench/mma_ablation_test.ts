@@ -23,7 +23,7 @@ const loopOf = async (variant: string, ablate: MmaAblation | "") => {
 for (const variant of ["w8r1k16-f", "w8r1k16-fl"]) {
   Deno.test(`mma ablations of ${variant}: each leaves out its part of the key loop`, async () => {
     const has: Record<string, RegExp> = {
-      rescale: /scale_rows\(|workgroupUniformLoad\(&s_resc\)/,
+      rescale: /scale_rows\(|workgroupUniformLoad\(&s_u\[2\]\)/,
       live: /tile_live\(/,
     };
     const base = await loopOf(variant, "");
@@ -61,7 +61,7 @@ Deno.test("mma ablations: cuts that keep PV keep a reader of every O accumulator
     for (let c = 0; c < t.d / t.n; c++) {
       assert.match(
         tail,
-        new RegExp(`subgroupMatrixStore<row_major>\\(&s_s, [^;]*, o_0_${c}, U\\.sstr\\)`),
+        new RegExp(`subgroupMatrixStore<row_major>\\(&s_s, [^;]*, o_0_${c}, SSTR\\)`),
         `${ablate}: o_0_${c}`,
       );
     }

@@ -20,6 +20,7 @@ Deno.test("main: flags and defaults", () => {
     allowUnauthenticated: false,
     allowedHosts: [],
     shutdownDeadlineMs: 30_000,
+    bodyTimeoutMs: 60_000,
     gpu: true,
     httpWorkers: 0,
     deviceThreads: 0,
@@ -77,6 +78,17 @@ Deno.test("main: flags and defaults", () => {
     /--max-json-body-bytes must be <= 268435456/,
   );
   assert.throws(() => parseServeArgs(["--shutdown-deadline-ms=-1"]), /integer >= 0/);
+  assert.equal(parseServeArgs(["--body-timeout-ms", "250"]).bodyTimeoutMs, 250);
+  assert.equal(parseServeArgs([], { ATTN_BODY_TIMEOUT_MS: "900" }).bodyTimeoutMs, 900);
+  assert.equal(
+    parseServeArgs(["--body-timeout-ms=5"], { ATTN_BODY_TIMEOUT_MS: "900" }).bodyTimeoutMs,
+    5,
+  );
+  assert.throws(() => parseServeArgs(["--body-timeout-ms", "0"]), /--body-timeout-ms .* >= 1/);
+  assert.throws(
+    () => parseServeArgs([], { ATTN_BODY_TIMEOUT_MS: "soon" }),
+    /ATTN_BODY_TIMEOUT_MS must be an integer >= 1, got "soon"/,
+  );
   assert.deepEqual(
     parseServeArgs(["--webgpu-runtime", "auto", "--dawn-flag", "backend=vulkan"], {
       ATTN_WEBGPU_RUNTIME: "dawn",
