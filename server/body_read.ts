@@ -6,7 +6,7 @@
  * @module
  */
 import { ServiceError } from "../core/errors.ts";
-import { bodyTimeoutMs, readWithin, timedOut } from "./body_timeout.ts";
+import { bodyTimeoutMs, readWithin, timedOut, wholeBodyDeadlineMs } from "./body_timeout.ts";
 
 export { BODY_TIMEOUT_ENV, bodyTimeoutMs, DEFAULT_BODY_TIMEOUT_MS } from "./body_timeout.ts";
 
@@ -125,7 +125,8 @@ export interface StreamedBody {
   bytes: Uint8Array;
   /** `complete`: the declared length (or the stream's end) arrived; `too_large`: more than the
    * limit arrived (the chunk that ran over is kept); `error`: the stream failed (`cause`);
-   * `timeout`: no bytes came for {@link bodyTimeoutMs} (`timeout_ms`). */
+   * `timeout`: no bytes came for {@link bodyTimeoutMs}, or a body read in one piece was not
+   * whole by its deadline (`timeout_ms`: the limit that ran out). */
   end: "complete" | "too_large" | "error" | "timeout";
   /** A `timeout` end: the limit that ran out, in ms. */
   timeout_ms?: number;
@@ -137,12 +138,11 @@ export interface StreamedBody {
 /**
  * Reads a body of declared length in one piece (Deno's `req.bytes()`: one op, where a stream
  * read takes one op and one promise per 64 KB chunk). A failed read is an `error` end with
- * nothing kept (`uncounted`: Deno does not say how much came).
+ * nothing kept (`uncounted`: Deno does not say how much came). Such a read sees no chunks, so
+ * its time limit is a deadline, not a gap: body_timeout.ts `wholeBodyDeadlineMs`.
  */
 export async function wholeBody(req: Request): Promise<StreamedBody> {
-  const ms = bodyTimeoutMs();
-  const declared = Math.max(0, contentLength(req.headers.get("content-length")));
-  const limit = ms + Math.ceil(declared / 1024 / 1024) * 1000;
+  const limit = wholeBodyDeadlineMs(contentLength(req.headers.get("content-length")));
   let timer: ReturnType<typeof setTimeout> | undefined;
   const read = req.bytes();
   read.catch(() => {}); // a read left behind by a timeout fails when the connection closes
@@ -260,7 +260,10 @@ export async function readBody(
   else read = await streamBody(req.body, declared, lim.bytes);
   const got = read.bytes.byteLength;
   if (read.end === "timeout") {
-    throw timedOut(read.uncounted ? -1 : got, declared, read.timeout_ms ?? bodyTimeoutMs());
+    const whole = read.uncounted === true;
+    throw whole
+      ? timedOut(-1, declared, bodyTimeoutMs(), read.timeout_ms)
+      : timedOut(got, declared, read.timeout_ms ?? bodyTimeoutMs());
   }
   if (read.end === "too_large" || got > lim.bytes) throw tooLarge(lim, `more than ${lim.bytes}`);
   if (read.end === "error") throw incomplete(read.uncounted ? -1 : got, declared, read.cause);

@@ -1,7 +1,7 @@
 /**
- * How long a request body may go without new bytes (nginx's `client_body_timeout`): the limit,
- * the 408 past it, and a stream read that gives up after it. body_read.ts applies it to every
- * body read, in whichever isolate reads bodies.
+ * How long a request body may take (nginx's `client_body_timeout`): the limit, the 408 past it,
+ * and a stream read that gives up after it. body_read.ts applies it to every body read, in
+ * whichever isolate reads bodies.
  * @module
  */
 import { ServiceError } from "../core/errors.ts";
@@ -13,30 +13,69 @@ export const BODY_TIMEOUT_ENV = "ATTN_BODY_TIMEOUT_MS";
 /** The default {@link bodyTimeoutMs}: nginx's `client_body_timeout`, 60 s. */
 export const DEFAULT_BODY_TIMEOUT_MS = 60_000;
 
+/** The longest timer `setTimeout` keeps (a longer one fires at once): about 24.8 days. */
+export const MAX_BODY_TIMEOUT_MS = 2 ** 31 - 1;
+
+/** Bytes a body read in one piece gets each extra second for: 256 KiB. */
+export const WHOLE_BODY_BYTES_PER_S = 256 * 1024;
+
 /**
- * How long a body may go without new bytes, in ms (`ATTN_BODY_TIMEOUT_MS`, set by the serve
- * flag `--body-timeout-ms`; default 60 s): a streamed read waits at most this long for each
- * chunk, and a body read in one piece (body_read.ts `wholeBody`) gets this long plus 1 s per MiB
- * declared (it sees no chunks). Past it the read ends `timeout`: a 408 `body_timeout`, the
- * request's connection closed. Read from the environment each time, so every isolate that
- * reads bodies (HTTP workers, the device-threads front) has the same limit.
+ * How long a streamed body may go without new bytes, in ms (`ATTN_BODY_TIMEOUT_MS`, set by the
+ * serve flag `--body-timeout-ms`; default 60 s). Read from the environment each time, so every
+ * isolate that reads bodies (HTTP workers, the device-threads front) has the same limit.
  */
 export function bodyTimeoutMs(): number {
   const v = Number(envVar(BODY_TIMEOUT_ENV) ?? DEFAULT_BODY_TIMEOUT_MS);
-  return Number.isFinite(v) && v > 0 ? v : DEFAULT_BODY_TIMEOUT_MS;
+  return Number.isInteger(v) && v >= 1 && v <= MAX_BODY_TIMEOUT_MS ? v : DEFAULT_BODY_TIMEOUT_MS;
 }
 
-/** A body's bytes stopped coming: 408 with how long was waited and what had arrived. */
-export function timedOut(got: number, declared: number, ms: number): ServiceError {
+/**
+ * The deadline of a body read in one piece (body_read.ts `wholeBody`, which sees no chunks):
+ * the body timeout plus 1 s per 256 KiB declared, so a client must send at 256 KiB/s or more
+ * on average once the first timeout's worth of time has passed.
+ */
+export function wholeBodyDeadlineMs(declared: number, timeoutMs = bodyTimeoutMs()): number {
+  const extra = Math.ceil(Math.max(0, declared) / WHOLE_BODY_BYTES_PER_S) * 1000;
+  return Math.min(MAX_BODY_TIMEOUT_MS, timeoutMs + extra);
+}
+
+/** `--body-timeout-ms` over ATTN_BODY_TIMEOUT_MS over the default; 1 ms to ~24.8 days. */
+export function bodyTimeoutOption(flag: string | undefined, env: string | undefined): number {
+  const [name, v] = flag !== undefined ? ["--body-timeout-ms", flag] : [BODY_TIMEOUT_ENV, env];
+  if (v === undefined || (flag === undefined && v === "")) return DEFAULT_BODY_TIMEOUT_MS;
+  const n = Number(v);
+  if (!/^\d+$/.test(v) || n < 1 || n > MAX_BODY_TIMEOUT_MS) {
+    throw new Error(
+      `${name} must be an integer from 1 to ${MAX_BODY_TIMEOUT_MS}, got ${JSON.stringify(v)}`,
+    );
+  }
+  return n;
+}
+
+/**
+ * A body that did not come in time, 408: a streamed one stalled for `timeoutMs` after `got`
+ * bytes; one read in one piece (`deadlineMs` given; how many bytes came is not known) was not
+ * whole by its deadline.
+ */
+export function timedOut(
+  got: number,
+  declared: number,
+  timeoutMs: number,
+  deadlineMs?: number,
+): ServiceError {
+  const extra = { body_timeout_ms: timeoutMs };
+  if (deadlineMs !== undefined) {
+    return new ServiceError(
+      `request body of ${declared} declared bytes not whole within ${deadlineMs} ms ` +
+        `(body_timeout_ms ${timeoutMs}, plus 1 s per 256 KiB declared for a body read in one piece)`,
+      { status: 408, code: "body_timeout", extra: { ...extra, deadline_ms: deadlineMs } },
+    );
+  }
   const of = declared >= 0 ? ` of the ${declared} declared` : "";
-  const after = got >= 0 ? ` after ${got}${of} bytes` : ` of ${declared} declared bytes`;
   return new ServiceError(
-    `request body stalled${after}: no bytes for ${ms} ms (body_timeout_ms ${ms})`,
-    {
-      status: 408,
-      code: "body_timeout",
-      extra: { body_timeout_ms: ms, ...(got >= 0 ? { received_bytes: got } : {}) },
-    },
+    `request body stalled after ${got}${of} bytes: no bytes for ${timeoutMs} ms ` +
+      `(body_timeout_ms ${timeoutMs})`,
+    { status: 408, code: "body_timeout", extra: { ...extra, received_bytes: got } },
   );
 }
 

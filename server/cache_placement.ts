@@ -73,9 +73,8 @@ export class CachePlacement<T extends Holder> {
    * A `PUT` of `id` (it may create): its holder (a new place avoids `skip`, holders that refused
    * to create it); `fresh` when this call placed it; `done` with whether it succeeded.
    */
-  put(id: string, skip: readonly T[] = []): { holder: T; fresh: boolean; done(ok: boolean): void } {
+  put(id: string, skip: readonly T[] = []): { holder: T; done(ok: boolean): void } {
     let p = this.#places.get(id);
-    const fresh = !p || p.holder.lost !== null;
     if (!p || p.holder.lost !== null) {
       p = { holder: this.fewest(skip), pending: 0, confirmed: false, counted: false };
       this.#places.set(id, p);
@@ -88,7 +87,6 @@ export class CachePlacement<T extends Holder> {
     place.pending++;
     return {
       holder: place.holder,
-      fresh,
       done: (ok) => {
         place.pending--;
         if (ok) {

@@ -4,10 +4,15 @@
  * another. {@link createOnSomeThread} tries the threads in placement order, each at most once,
  * and answers with the first that is not such a refusal; when every running thread refused, the
  * last refusal says the budget is split (its detail, and `device_threads`), which a client
- * otherwise could not tell from "N of M bytes remain".
+ * otherwise could not tell from "N of M bytes remain". {@link putOnSomeThread} does the same
+ * for a `PUT` of a cache id, one `PUT` of an id at a time: two sent together used to go to the
+ * same thread (the first placed the id, the second followed it), and the first's retry went back
+ * to that thread too while the second was in flight there, so both were refused as if no thread
+ * had room.
  * @module
  */
 import type { StreamedBody } from "./body_read.ts";
+import type { CachePlacement, Holder } from "./cache_placement.ts";
 
 /** The code of a refusal for memory. */
 const OVER_BUDGET = "memory_budget_exceeded";
@@ -81,4 +86,47 @@ function split(doc: Record<string, unknown>, res: Response, threads: number): Re
   const headers = new Headers(res.headers);
   headers.delete("content-length");
   return new Response(JSON.stringify(out), { status: res.status, headers });
+}
+
+/** Runs the tasks of one key one after another, in the order they came. */
+export class PerKeyQueue {
+  readonly #tails = new Map<string, Promise<void>>();
+
+  run<R>(key: string, task: () => Promise<R>): Promise<R> {
+    const next = (this.#tails.get(key) ?? Promise.resolve()).then(task);
+    const tail = next.then(() => {}, () => {});
+    this.#tails.set(key, tail);
+    void tail.then(() => {
+      if (this.#tails.get(key) === tail) this.#tails.delete(key);
+    });
+    return next;
+  }
+
+  /** Keys with tasks queued or running. */
+  get size(): number {
+    return this.#tails.size;
+  }
+}
+
+/**
+ * A `PUT` of cache `id` under `--device-threads`: after any earlier `PUT` of the same id
+ * (`queue`), to the id's holder, or for a new id to a thread with room, trying the next one
+ * that has room when one refuses for memory ({@link createOnSomeThread}).
+ */
+export function putOnSomeThread<T extends Holder>(
+  places: CachePlacement<T>,
+  queue: PerKeyQueue,
+  id: string,
+  body: StreamedBody | null,
+  send: (holder: T, body: StreamedBody | null) => Promise<Response>,
+): Promise<Response> {
+  return queue.run(id, () =>
+    createOnSomeThread<T>(body, places.live().length, (skip) => {
+      const put = places.put(id, skip);
+      return {
+        holder: put.holder,
+        send: (b) => send(put.holder, b),
+        done: (res) => put.done(res?.ok ?? false),
+      };
+    }));
 }

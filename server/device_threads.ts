@@ -19,7 +19,7 @@ import { mediaType } from "./body.ts";
 import type { DeviceReadyMessage, DeviceThreadInit } from "./device_thread.ts";
 import { findForwardCacheId, scanWorker } from "./forward_cache_id.ts";
 import { CachePlacement } from "./cache_placement.ts";
-import { createOnSomeThread } from "./create_elsewhere.ts";
+import { createOnSomeThread, PerKeyQueue, putOnSomeThread } from "./create_elsewhere.ts";
 import { mergeMetrics, SCRAPE_HEADER } from "./metrics_merge.ts";
 import { type ErrorLogger, problem, problemResponse, toProblem } from "./problem.ts";
 import { RequestSender } from "./request_sender.ts";
@@ -158,6 +158,7 @@ export async function startDeviceThreads(
   if (bad >= 0) {
     const r = ready[bad] as Extract<DeviceReadyMessage, { ok: false }>;
     threads.forEach((t) => t.worker.terminate());
+    await threadExitGrace(); // the process exits next (see threadExitGrace)
     return { ok: false, reason: `device thread ${bad}: ${r.reason}`, fatal: r.fatal };
   }
   return { ok: true, front: front(threads, scrapeToken) };
@@ -165,6 +166,7 @@ export async function startDeviceThreads(
 
 function front(threads: Thread[], scrapeToken: string): DeviceThreads {
   const places = new CachePlacement(threads);
+  const puts = new PerKeyQueue();
   const scans = scanWorker();
   const leastBusy = () => places.live().reduce((a, b) => (b.sender.size < a.sender.size ? b : a));
 
@@ -179,14 +181,7 @@ function front(threads: Thread[], scrapeToken: string): DeviceThreads {
   /** A `PUT` of a cache: to its holder, or, for a new id, to a thread with room. */
   const putCache = async (req: Request, id: string): Promise<Response> => {
     const body = await threads[0].sender.readBody(req);
-    return await createOnSomeThread<Thread>(body, places.live().length, (skip) => {
-      const put = places.put(id, skip);
-      return {
-        holder: put.holder,
-        send: (b) => put.holder.send(req, b),
-        done: (res) => put.done(res?.ok ?? false),
-      };
-    });
+    return await putOnSomeThread(places, puts, id, body, (t, b) => t.send(req, b));
   };
 
   /** A `POST` create: to a thread with room; its id is placed there once answered. */

@@ -1,6 +1,6 @@
 /**
  * One HTTP worker thread of the worker front (worker_front.ts): it serves the port with
- * `Deno.serve` (`reusePort`: the kernel spreads connections over the workers) and hands each
+ * `Deno.serve` kept serving by serve_resilient.ts (`reusePort`: the kernel spreads connections over the workers) and hands each
  * request to the thread that owns the service through a RequestSender (request_sender.ts):
  * the head at once, the body read into one buffer and transferred, the owner's answer sent
  * back. It reads no body past the general limit (`maxBodyBytes`) and none of a request the
@@ -9,6 +9,7 @@
  */
 import { accessAllowed } from "./auth.ts";
 import { RequestSender } from "./request_sender.ts";
+import { type ResilientServer, serveResilient } from "./serve_resilient.ts";
 import type { FromWorker, WorkerInit } from "./worker_protocol.ts";
 
 interface WorkerScope {
@@ -17,18 +18,20 @@ interface WorkerScope {
 }
 const scope = globalThis as unknown as WorkerScope;
 
-let server: Deno.HttpServer | null = null;
+let server: ResilientServer | null = null;
 let sender: RequestSender | null = null;
 
 function start(init: WorkerInit): void {
   const allowed = accessAllowed(init.access);
   const s = new RequestSender((m, t) => scope.postMessage(m, t), init.maxBodyBytes, allowed);
   sender = s;
-  server = Deno.serve({
+  // Kept serving when accepting fails (out of file descriptors): serve_resilient.ts.
+  server = serveResilient({
     port: init.port,
     hostname: init.hostname,
     reusePort: true,
     onListen: ({ hostname, port }) => scope.postMessage({ type: "listening", hostname, port }),
+    log: (msg, e) => console.error(`http worker: ${msg}`, e),
   }, (req) => s.send(req));
 }
 

@@ -20,6 +20,7 @@ const problem = (description: string) => ({
 const ERROR_TEXT: Record<number, string> = {
   400: "Malformed body, schema violation or invalid cache id (issues name each field and value)",
   404: "Unknown cache or backend",
+  408: "The body stopped coming (--body-timeout-ms)",
   409: "The cache exists with another spec",
   413: "Body over the limit",
   415: "Unsupported content type",
@@ -46,7 +47,7 @@ const forwardBody = {
 };
 const forwardResponses = {
   "200": { description: "Output", content: { ...json("ForwardResponse"), ...safetensors } },
-  ...errors(400, 404, 413, 415, 422, 499),
+  ...errors(400, 404, 408, 413, 415, 422, 499),
 };
 
 let cached: Record<string, unknown> | undefined;
@@ -100,7 +101,7 @@ export function openApiDocument(): Record<string, unknown> {
           requestBody: { required: true, content: json("SelectRequest") },
           responses: {
             "200": { description: "Selected", content: json("SelectResponse") },
-            ...errors(400, 404, 413, 415, 422),
+            ...errors(400, 404, 408, 413, 415, 422),
           },
         },
       },
@@ -110,7 +111,7 @@ export function openApiDocument(): Record<string, unknown> {
           requestBody: { required: true, content: json("CreateCacheRequest") },
           responses: {
             "201": cacheInfo("Created"),
-            ...errors(400, 404, 413, 415, 422),
+            ...errors(400, 404, 408, 413, 415, 422),
           },
         },
       },
@@ -123,7 +124,7 @@ export function openApiDocument(): Record<string, unknown> {
           responses: {
             "200": cacheInfo("The cache exists with this spec"),
             "201": cacheInfo("Created"),
-            ...errors(400, 404, 409, 413, 415, 422),
+            ...errors(400, 404, 408, 409, 413, 415, 422),
           },
         },
         get: {
@@ -153,7 +154,7 @@ export function openApiDocument(): Record<string, unknown> {
             "nothing. The cache must exist (PUT /v1/kv-caches/{id} first).",
           parameters: idParam,
           requestBody: { required: true, content: safetensors },
-          responses: { "200": cacheInfo("Imported"), ...errors(400, 404, 413, 415, 422) },
+          responses: { "200": cacheInfo("Imported"), ...errors(400, 404, 408, 413, 415, 422) },
         },
       },
       "/v1/kv-caches/{id}/forward": {

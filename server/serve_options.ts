@@ -20,7 +20,7 @@ import {
 import { MAX_JSON_VALUES } from "../wire/json_scan.ts";
 import { INSTANCE_NAME_PATTERN } from "../wire/names.ts";
 import { DEFAULT_SHUTDOWN_DEADLINE_MS } from "./shutdown.ts";
-import { BODY_TIMEOUT_ENV, DEFAULT_BODY_TIMEOUT_MS } from "./body_read.ts";
+import { BODY_TIMEOUT_ENV, bodyTimeoutOption, DEFAULT_BODY_TIMEOUT_MS } from "./body_timeout.ts";
 import {
   checkKeepWarmOptions,
   KEEP_WARM_DEFAULTS,
@@ -72,8 +72,9 @@ usage: deno task serve [options]
                             exit (default ${DEFAULT_SHUTDOWN_DEADLINE_MS}); exit code 0 when all
                             finished, 1 when the deadline cut some off
   --body-timeout-ms N       the longest wait for a request body's next bytes (default
-                            ${DEFAULT_BODY_TIMEOUT_MS}; a body read in one piece gets 1 s more
-                            per MiB declared; also ${BODY_TIMEOUT_ENV}); over: 408 body_timeout
+                            ${DEFAULT_BODY_TIMEOUT_MS}; a body read in one piece must be whole by
+                            then plus 1 s per 256 KiB declared; also ${BODY_TIMEOUT_ENV});
+                            over: 408 body_timeout
   --no-gpu                  do not acquire a WebGPU device (host backends only)
   --http-workers N          HTTP worker threads in front of the thread that owns the GPU:
                             they read requests and write answers, this thread validates,
@@ -110,16 +111,6 @@ function intFlag(name: string, v: string | undefined, dflt: number, min: number)
     throw new Error(`--${name} must be an integer >= ${min}, got ${JSON.stringify(v)}`);
   }
   return Number(v);
-}
-
-/** `--body-timeout-ms` over ATTN_BODY_TIMEOUT_MS over the default; at least 1 ms. */
-function bodyTimeoutOption(flag: string | undefined, env: string | undefined): number {
-  if (flag !== undefined) return intFlag("body-timeout-ms", flag, DEFAULT_BODY_TIMEOUT_MS, 1);
-  if (env === undefined || env === "") return DEFAULT_BODY_TIMEOUT_MS;
-  if (!/^\d+$/.test(env) || Number(env) < 1 || !Number.isSafeInteger(Number(env))) {
-    throw new Error(`${BODY_TIMEOUT_ENV} must be an integer >= 1, got ${JSON.stringify(env)}`);
-  }
-  return Number(env);
 }
 
 /** `--http-workers` / `--device-threads` (over the environment variable, over the default). */

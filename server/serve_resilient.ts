@@ -20,6 +20,8 @@ export interface ResilientOptions {
   port: number;
   hostname?: string;
   onListen?: (addr: { hostname: string; port: number }) => void;
+  /** Share the port with other listeners (the HTTP workers; Linux). */
+  reusePort?: boolean;
   log?: ErrorLogger;
 }
 
@@ -32,13 +34,17 @@ export function serveResilient(
   const done = Promise.withResolvers<void>();
   let stopping = false;
   let backoff = 100;
-  let current = Deno.serve({ port: o.port, hostname: o.hostname, onListen: o.onListen }, handler);
+  const reusePort = o.reusePort ?? false;
+  let current = Deno.serve(
+    { port: o.port, hostname: o.hostname, reusePort, onListen: o.onListen },
+    handler,
+  );
   const addr = current.addr as Deno.NetAddr;
   const restart = () => {
     if (stopping) return done.resolve();
     try {
       current = Deno.serve(
-        { port: addr.port, hostname: o.hostname, onListen: () => {} },
+        { port: addr.port, hostname: o.hostname, reusePort, onListen: () => {} },
         handler,
       );
       backoff = 100;

@@ -16,6 +16,7 @@ import { encode, SAFETENSORS_DTYPE } from "../core/dtype.ts";
 import { invalidBatch, type Issue, ServiceError } from "../core/errors.ts";
 import { numel, type SafetensorsDType, type SafetensorsTensor } from "../core/safetensors.ts";
 import type { DataArray, DType, StorageDType } from "../core/types.ts";
+import { showValue } from "./zod_issues.ts";
 
 /** A tensor as JSON carries it. */
 export interface JsonTensor {
@@ -87,10 +88,8 @@ export function safetensorsDtype(name: StorageDType | "int32" | "int64"): Safete
   return SAFETENSORS_DTYPE[name] as SafetensorsDType;
 }
 
-function show(v: unknown): string {
-  const s = JSON.stringify(v) ?? String(v);
-  return s.length > 60 ? s.slice(0, 57) + "..." : s;
-}
+/** A value for a message: non-finite numbers spelled (Infinity, not JSON's null). */
+const show = (v: unknown): string => showValue(v, 60);
 
 function fail(path: Path, message: string, code = "bad_tensor"): ServiceError {
   const issues: Issue[] = [{ path, message }];

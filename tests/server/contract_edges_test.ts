@@ -101,6 +101,7 @@ Deno.test("contract edges: dot-segment ids, Server-Timing, content codings, non-
     });
 
     await t.step("a body in a content coding is a 415 naming the coding", async () => {
+      const beforeCodings = await cacheBytes(srv, "c");
       for (const coding of ["gzip", "br, identity", "deflate"]) {
         const r = await post(srv, "/v1/kv-caches/c/forward", body(), {
           "content-encoding": coding,
@@ -114,6 +115,7 @@ Deno.test("contract edges: dot-segment ids, Server-Timing, content codings, non-
         "content-encoding": "gzip",
       });
       assert.equal(sel.status, 415);
+      assert.equal(await cacheBytes(srv, "c"), beforeCodings, "refused codings wrote nothing");
       const identity = await post(srv, "/v1/kv-caches/c/forward", body(), {
         "content-encoding": "identity",
       });
@@ -174,6 +176,15 @@ Deno.test("contract edges: dot-segment ids, Server-Timing, content codings, non-
       assert.equal(r.status, 400, JSON.stringify(r.doc));
       const issue = r.doc.issues.find((i: { path: unknown[] }) => i.path[0] === "head_size");
       assert.match(issue.message, /got Infinity$/);
+      // In an integer metadata tensor too (its message printed JSON's null).
+      const text = JSON.stringify(body()).replace(
+        '"query_start_loc":[0,2]',
+        '"query_start_loc":{"dtype":"int32","shape":[2],"data":[0,1e400]}',
+      );
+      assert.ok(text.includes("[0,1e400]"), "the body spells 1e400");
+      const m = await post(srv, "/v1/kv-caches/c/forward", text, {});
+      assert.equal(m.status, 400, JSON.stringify(m.doc));
+      assert.match(m.doc.detail, /query_start_loc\.data\.1: expected an integer, got Infinity/);
     });
   } finally {
     await srv.close();

@@ -2,7 +2,7 @@
  * What the device-thread front decides on its own: the cache a forward body names
  * (server/forward_cache_id.ts: JSON bodies by a scan of their top level, safetensors bodies by
  * their header's `__metadata__.request`, big ones on the scan worker), where caches go
- * (server/cache_placement.ts), the merged /metrics (server/metrics_merge.ts), and a client gone
+ * (server/cache_placement.ts, server/create_elsewhere.ts), the merged /metrics (server/metrics_merge.ts), and a client gone
  * before its call was sent (server/request_sender.ts).
  */
 import assert from "node:assert/strict";
@@ -14,6 +14,7 @@ import {
   topLevelString,
 } from "../../server/forward_cache_id.ts";
 import { CachePlacement } from "../../server/cache_placement.ts";
+import { PerKeyQueue, putOnSomeThread } from "../../server/create_elsewhere.ts";
 import { RequestSender } from "../../server/request_sender.ts";
 import { mergeMetrics } from "../../server/metrics_merge.ts";
 import { serializeSafetensors } from "../../core/safetensors.ts";
@@ -167,6 +168,37 @@ Deno.test("cache placement: a PUT refused beside one that succeeded keeps the ca
   lone.done(false); // refused alone: gone, uncounted
   assert.equal(p.holderOf("z"), undefined);
   assert.deepEqual(hs.map((h) => h.caches), [1, 1]);
+});
+
+Deno.test("cache placement: PUTs of one new id sent together find the thread with room", async () => {
+  // Thread 0 has no room (every create there is refused for memory), thread 1 has. Both PUTs
+  // went to thread 0 (the second followed the first's place) and the first's retry went back
+  // there while the second was in flight: both 422 "none has room", thread 1 never tried.
+  const hs = [holder(), holder()];
+  hs[1].caches = 5; // thread 0 looks emptier, so it is chosen first
+  const places = new CachePlacement(hs);
+  const queue = new PerKeyQueue();
+  const sent: number[] = [];
+  const gate = Promise.withResolvers<void>();
+  const send = async (h: (typeof hs)[number]) => {
+    sent.push(hs.indexOf(h));
+    await gate.promise;
+    if (h === hs[0]) {
+      const doc = { status: 422, code: "memory_budget_exceeded", detail: "no room" };
+      return new Response(JSON.stringify(doc), { status: 422 });
+    }
+    return new Response("{}", { status: sent.filter((x) => x === 1).length === 1 ? 201 : 200 });
+  };
+  const body = { bytes: new Uint8Array(1), end: "complete" as const };
+  const both = Promise.all(
+    [0, 1].map(() => putOnSomeThread(places, queue, "x", body, send)),
+  );
+  setTimeout(() => gate.resolve(), 10);
+  const statuses = (await both).map((r) => r.status);
+  assert.deepEqual(statuses, [201, 200], `sent to threads ${sent}`);
+  assert.deepEqual(sent, [0, 1, 1], "the first tries 0 then 1; the second follows it to 1");
+  assert.equal(places.holderOf("x"), hs[1]);
+  assert.equal(queue.size, 0, "the queue lets go of the id");
 });
 
 Deno.test("cache placement: a DELETE answered while a PUT of the id runs keeps the place", () => {

@@ -84,10 +84,16 @@ Deno.test("main: flags and defaults", () => {
     parseServeArgs(["--body-timeout-ms=5"], { ATTN_BODY_TIMEOUT_MS: "900" }).bodyTimeoutMs,
     5,
   );
-  assert.throws(() => parseServeArgs(["--body-timeout-ms", "0"]), /--body-timeout-ms .* >= 1/);
+  assert.throws(() => parseServeArgs(["--body-timeout-ms", "0"]), /from 1 to 2147483647, got "0"/);
+  // setTimeout fires a longer timer at once: past 2^31 - 1 ms every body would time out.
+  assert.throws(
+    () => parseServeArgs(["--body-timeout-ms", "4000000000"]),
+    /--body-timeout-ms must be an integer from 1 to 2147483647, got "4000000000"/,
+  );
+  assert.equal(parseServeArgs(["--body-timeout-ms", "2147483647"]).bodyTimeoutMs, 2 ** 31 - 1);
   assert.throws(
     () => parseServeArgs([], { ATTN_BODY_TIMEOUT_MS: "soon" }),
-    /ATTN_BODY_TIMEOUT_MS must be an integer >= 1, got "soon"/,
+    /ATTN_BODY_TIMEOUT_MS must be an integer from 1 to 2147483647, got "soon"/,
   );
   assert.deepEqual(
     parseServeArgs(["--webgpu-runtime", "auto", "--dawn-flag", "backend=vulkan"], {
