@@ -6,7 +6,13 @@
  * @module
  */
 import { ServiceError } from "../core/errors.ts";
-import { bodyTimeoutMs, readWithin, timedOut, wholeBodyDeadlineMs } from "./body_timeout.ts";
+import {
+  bodyTimeoutMs,
+  patientTimeout,
+  readWithin,
+  timedOut,
+  wholeBodyDeadlineMs,
+} from "./body_timeout.ts";
 
 export { BODY_TIMEOUT_ENV, bodyTimeoutMs, DEFAULT_BODY_TIMEOUT_MS } from "./body_timeout.ts";
 
@@ -143,12 +149,11 @@ export interface StreamedBody {
  */
 export async function wholeBody(req: Request): Promise<StreamedBody> {
   const limit = wholeBodyDeadlineMs(contentLength(req.headers.get("content-length")));
-  let timer: ReturnType<typeof setTimeout> | undefined;
+  const late = patientTimeout(limit);
   const read = req.bytes();
   read.catch(() => {}); // a read left behind by a timeout fails when the connection closes
   try {
-    const late = new Promise<null>((r) => timer = setTimeout(() => r(null), limit));
-    const bytes = await Promise.race([read, late]);
+    const bytes = await Promise.race([read, late.done]);
     if (bytes === null) {
       return { bytes: new Uint8Array(0), end: "timeout", timeout_ms: limit, uncounted: true };
     }
@@ -156,7 +161,7 @@ export async function wholeBody(req: Request): Promise<StreamedBody> {
   } catch (e) {
     return { bytes: new Uint8Array(0), end: "error", cause: e, uncounted: true };
   } finally {
-    clearTimeout(timer);
+    late.cancel();
   }
 }
 

@@ -79,16 +79,38 @@ export function timedOut(
   );
 }
 
-/** The reader's next chunk, or null when none comes within `ms`. */
+/** A timer that fires this much past its time says the thread was busy, not the client idle. */
+const LATE_MS = 100;
+
+/**
+ * Resolves null after `ms` of waiting, or of waiting again once more when the timer fired over
+ * 100 ms late: a thread busy past the limit (a long call on Deno's runtime holds it) must not
+ * turn a body whose bytes were arriving meanwhile into a 408. `cancel` clears the timer.
+ */
+export function patientTimeout(ms: number): { done: Promise<null>; cancel(): void } {
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const done = new Promise<null>((resolve) => {
+    const arm = (again: boolean) => {
+      const due = performance.now() + ms;
+      timer = setTimeout(() => {
+        if (!again && performance.now() - due > LATE_MS) arm(true);
+        else resolve(null);
+      }, ms);
+    };
+    arm(false);
+  });
+  return { done, cancel: () => clearTimeout(timer) };
+}
+
+/** The reader's next chunk, or null when none comes within `ms` ({@link patientTimeout}). */
 export async function readWithin(
   reader: ReadableStreamDefaultReader<Uint8Array>,
   ms: number,
 ): Promise<ReadableStreamReadResult<Uint8Array> | null> {
-  let timer: ReturnType<typeof setTimeout> | undefined;
+  const late = patientTimeout(ms);
   try {
-    const late = new Promise<null>((r) => timer = setTimeout(() => r(null), ms));
-    return await Promise.race([reader.read(), late]);
+    return await Promise.race([reader.read(), late.done]);
   } finally {
-    clearTimeout(timer);
+    late.cancel();
   }
 }
