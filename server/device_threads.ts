@@ -224,21 +224,28 @@ function front(threads: Thread[], scrapeToken: string): DeviceThreads {
    * do not count it again.
    */
   const metrics = async (req: Request): Promise<Response> => {
+    const head = req.method.toUpperCase() === "HEAD";
     const first = threads.find((t) => t.lost === null);
     const ask = (t: Thread) => {
       const headers = new Headers(req.headers);
-      if (t !== first) headers.set(SCRAPE_HEADER, scrapeToken);
+      if (t !== first || head) headers.set(SCRAPE_HEADER, scrapeToken);
       return t.send(new Request(req.url, { method: "GET", headers }));
     };
     const answers = await Promise.all(
       threads.map((t) => t.lost === null ? ask(t) : Promise.resolve(null)),
     );
     const bad = answers.find((r) => r !== null && r.status !== 200);
-    if (bad) return req.method.toUpperCase() === "HEAD" ? await headOf(bad) : bad;
+    if (bad) return head ? await headOf(bad) : bad;
     const texts = await Promise.all(answers.map((r) => r?.text() ?? ""));
     const headers = new Headers(answers.find((r) => r !== null)?.headers);
     const res = new Response(mergeMetrics(texts), { headers });
-    return req.method.toUpperCase() === "HEAD" ? await headOf(res) : res;
+    if (!head) return res;
+    // Every thread's text was asked for uncounted; the first thread then counts the HEAD as such
+    // (its own answer has no body to merge), after the text, as one thread counts it.
+    const counted = first &&
+      await first.send(new Request(req.url, { method: "HEAD", headers: req.headers }));
+    await counted?.body?.cancel();
+    return await headOf(res);
   };
 
   const handler = async (req: Request): Promise<Response> => {

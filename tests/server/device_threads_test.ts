@@ -94,6 +94,9 @@ async function routesSuite(args: string[], device: RegExp): Promise<void> {
     const head = await fetch(`${srv.url}/metrics`, { method: "HEAD" });
     const after = await scrapes();
     assert.equal(after.count - before.count, 2, "the HEAD and this GET, once each");
+    const heads = [...after.text.matchAll(/^attn_http_requests_total\{([^}]*)\} (\d+)$/gm)]
+      .filter((m) => m[1].includes('route="/metrics"') && m[1].includes('method="HEAD"'));
+    assert.equal(heads.reduce((a, m) => a + Number(m[2]), 0), 1, "the HEAD counted as a HEAD");
     const len = Number(head.headers.get("content-length"));
     assert.ok(Math.abs(len - before.text.length) < 64, `HEAD ${len} vs GET ${before.text.length}`);
     assert.match(before.text, /device_thread="1"/, "the merged series");
