@@ -142,6 +142,34 @@ export interface StreamedBody {
 }
 
 /**
+ * Bodies read in one piece ({@link wholeBody}) are fast (one op instead of one op and promise a
+ * 64 KiB chunk: on the dev VM 71-104 ms against 127-190 ms streamed for 64 MiB), but Deno's
+ * `req.bytes()` allocates its buffer from the Content-Length (up to 16 MiB) before a byte
+ * arrives: 30 connections declaring 64 MiB and sending 1 KiB held 0.5 GB. So bodies up to
+ * {@link WHOLE_READ_MAX_BYTES} are read in one piece, and bigger ones only while fewer than
+ * {@link MAX_BIG_WHOLE_READS} such reads are in flight in this isolate (at most 64 MiB held
+ * ahead of the bytes); the rest stream, their memory following the bytes received.
+ */
+export const WHOLE_READ_MAX_BYTES = 1024 * 1024;
+
+/** Reads over {@link WHOLE_READ_MAX_BYTES} in one piece at once, at most. */
+export const MAX_BIG_WHOLE_READS = 4;
+
+let bigWholeReads = 0;
+
+/**
+ * `req`'s body read in one piece when its declared length allows (see
+ * {@link WHOLE_READ_MAX_BYTES}), else null: the caller streams it.
+ */
+export function wholeBodyIfCheap(req: Request, declared: number): Promise<StreamedBody> | null {
+  if (declared < 0) return null;
+  if (declared <= WHOLE_READ_MAX_BYTES) return wholeBody(req);
+  if (bigWholeReads >= MAX_BIG_WHOLE_READS) return null;
+  bigWholeReads++;
+  return wholeBody(req).finally(() => bigWholeReads--);
+}
+
+/**
  * Reads a body of declared length in one piece (Deno's `req.bytes()`: one op, where a stream
  * read takes one op and one promise per 64 KB chunk). A failed read is an `error` end with
  * nothing kept (`uncounted`: Deno does not say how much came). Such a read sees no chunks, so
@@ -231,7 +259,7 @@ function aligned(b: Uint8Array): Uint8Array {
  * `received_bytes`.
  *
  * `whole: true` (safetensors forward bodies, the hot path) reads a body of declared length in
- * one piece (Deno's `req.bytes()`, one op: 0.006 ms for 412 KB on loopback against 0.15-0.3 ms
+ * one piece where {@link wholeBodyIfCheap} allows (Deno's `req.bytes()`, one op: 0.006 ms for 412 KB on loopback against 0.15-0.3 ms
  * for its seven stream chunks, on the 2-core dev VM). Two things differ there: a body cut
  * short is still a 400 `body_incomplete`, but without `received_bytes` (Deno does not say how
  * many came); and a client that half-closes right after its last byte may get that 400 (Deno
@@ -260,9 +288,12 @@ export async function readBody(
   if (pre !== undefined) read = await pre;
   // Not `req.body` first: that getter builds a ReadableStream, and `req.bytes()` then collects
   // the body through it, chunk by chunk, instead of in one op.
-  else if (opts.whole && declared >= 0) read = await wholeBody(req);
-  else if (!req.body) return new Uint8Array(0);
-  else read = await streamBody(req.body, declared, lim.bytes);
+  else {
+    const whole = opts.whole ? wholeBodyIfCheap(req, declared) : null;
+    if (whole) read = await whole;
+    else if (!req.body) return new Uint8Array(0);
+    else read = await streamBody(req.body, declared, lim.bytes);
+  }
   const got = read.bytes.byteLength;
   if (read.end === "timeout") {
     const whole = read.uncounted === true;

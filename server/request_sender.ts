@@ -10,7 +10,7 @@
  * (http_worker.ts) and by the device-thread front (device_threads.ts).
  * @module
  */
-import { contentLength, streamBody, type StreamedBody, wholeBody } from "./body_read.ts";
+import { contentLength, streamBody, type StreamedBody, wholeBodyIfCheap } from "./body_read.ts";
 import { mediaType } from "./body.ts";
 import { SAFETENSORS } from "./responses.ts";
 import { problemResponse, toProblem } from "./problem.ts";
@@ -125,14 +125,17 @@ export class RequestSender {
   }
 
   /**
-   * Reads the body: a safetensors body of declared length in one piece (body_read.ts's
-   * wholeBody, as the forward route reads it without workers), any other with streamBody (the
+   * Reads the body: a safetensors body of declared length in one piece where body_read.ts's
+   * wholeBodyIfCheap allows (as the forward route reads it without workers), any other with
+   * streamBody (the
    * limit counted per chunk; the chunk that runs over is kept, so the owner sees more than any
    * route's limit).
    */
   #read(req: Request, declared: number): Promise<StreamedBody> {
-    const whole = declared >= 0 && mediaType(req.headers.get("content-type")) === SAFETENSORS;
-    return whole ? wholeBody(req) : streamBody(req.body!, declared, this.maxBodyBytes);
+    const whole = mediaType(req.headers.get("content-type")) === SAFETENSORS
+      ? wholeBodyIfCheap(req, declared)
+      : null;
+    return whole ?? streamBody(req.body!, declared, this.maxBodyBytes);
   }
 
   /** Posts a body as read, transferred. */
