@@ -7,6 +7,7 @@
  * gpu/keep_warm.ts's KeepWarmProvider (one start-up line says whether it is on, or why not).
  * @module
  */
+import { type ErrorLogger } from "./problem.ts";
 import type { DeviceProvider } from "../core/types.ts";
 import { builtinBackends } from "../backends/index.ts";
 import { AttentionService } from "../service/service.ts";
@@ -88,10 +89,14 @@ export interface ServingOptions {
   scrapeToken?: string;
 }
 
-/** The service over `device` and the pure handler over it (main.ts, device_thread.ts). */
+/**
+ * The service over `device` and the pure handler over it (main.ts, device_thread.ts); `log`
+ * takes its error lines (a device thread's are prefixed with its index).
+ */
 export function serviceAndHandler(
   device: DeviceProvider,
   o: ServingOptions,
+  log?: ErrorLogger,
 ): { service: AttentionService; handler: (req: Request) => Promise<Response> } {
   const service = new AttentionService({
     backends: builtinBackends(),
@@ -104,6 +109,7 @@ export function serviceAndHandler(
     maxJsonBodyBytes: o.maxJsonBodyBytes,
     access: o.access,
     instance: o.instance,
+    log,
     uncounted: o.scrapeToken === undefined
       ? undefined
       : (req) => req.headers.get(SCRAPE_HEADER) === o.scrapeToken,

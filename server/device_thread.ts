@@ -11,6 +11,7 @@
  * device are closed.
  * @module
  */
+import { lineLogger } from "./problem.ts";
 import type { KeepWarmOptions } from "../gpu/keep_warm.ts";
 import type { RuntimeOptions } from "../gpu/runtime_options.ts";
 import { acquireDevice, serviceAndHandler, type ServingOptions } from "./device_setup.ts";
@@ -63,8 +64,8 @@ async function start(init: DeviceThreadInit): Promise<void> {
       },
     },
   );
-  const { service, handler } = serviceAndHandler(device, init);
-  const log = (msg: string, e?: unknown) => console.error(`device thread ${init.index}: ${msg}`, e);
+  const log = lineLogger(`device thread ${init.index}: `);
+  const { service, handler } = serviceAndHandler(device, init, log);
   owner = new RequestOwner(
     (m: ResponseMessage, t: Transferable[]) => scope.postMessage(m, t),
     handler,

@@ -21,7 +21,7 @@ import { findForwardCacheId, scanWorker } from "./forward_cache_id.ts";
 import { CachePlacement } from "./cache_placement.ts";
 import { createOnSomeThread, PerKeyQueue, putOnSomeThread } from "./create_elsewhere.ts";
 import { mergeMetrics, SCRAPE_HEADER } from "./metrics_merge.ts";
-import { type ErrorLogger, problem, problemResponse, toProblem } from "./problem.ts";
+import { type ErrorLogger, lineLogger, problem, problemResponse, toProblem } from "./problem.ts";
 import { RequestSender } from "./request_sender.ts";
 import { requestPath } from "./routes.ts";
 import { headOf, SAFETENSORS } from "./responses.ts";
@@ -135,7 +135,7 @@ function cachePath(path: string): { id: string; rest: string } | null {
 export async function startDeviceThreads(
   o: DeviceThreadsOptions,
 ): Promise<{ ok: true; front: DeviceThreads } | { ok: false; reason: string; fatal: boolean }> {
-  const log = o.log ?? ((msg, e) => console.error(msg, e));
+  const log = o.log ?? lineLogger();
   const allowed = accessAllowed(o.access);
   const n = o.threads;
   // Dawn's adapter requests redirect the process's fd 2 (gpu/runtime_stderr.ts): one at a time.

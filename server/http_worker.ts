@@ -7,6 +7,7 @@
  * access check refuses.
  * @module
  */
+import { lineLogger } from "./problem.ts";
 import { accessAllowed } from "./auth.ts";
 import { RequestSender } from "./request_sender.ts";
 import { type ResilientServer, serveResilient } from "./serve_resilient.ts";
@@ -31,7 +32,7 @@ function start(init: WorkerInit): void {
     hostname: init.hostname,
     reusePort: true,
     onListen: ({ hostname, port }) => scope.postMessage({ type: "listening", hostname, port }),
-    log: (msg, e) => console.error(`http worker: ${msg}`, e),
+    log: lineLogger("http worker: "),
   }, (req) => s.send(req));
 }
 

@@ -21,7 +21,30 @@ export function problemType(code: string): string {
 /** Logs unexpected errors (replaceable in tests). */
 export type ErrorLogger = (message: string, error: unknown) => void;
 
-const defaultLogger: ErrorLogger = (message, error) => console.error(message, error);
+/** An error on one line: a multi-line stack is joined with " | " (one log line an error). */
+export function oneLine(error: unknown): string {
+  const text = error instanceof Error
+    ? (error.stack ?? `${error.name}: ${error.message}`)
+    : String(error);
+  return text.split("\n").map((l) => l.trim()).filter((l) => l).join(" | ");
+}
+
+/**
+ * Logs each error as one line to stderr, after `prefix` (e.g. "device thread 1: "): the message,
+ * then the error on the same line, unless it is a ServiceError (an expected refusal, whose
+ * message the caller's already holds: no stack).
+ */
+export function lineLogger(prefix = ""): ErrorLogger {
+  return (message, error) =>
+    console.error(
+      prefix +
+        (error === undefined || error instanceof ServiceError
+          ? message
+          : `${message}: ${oneLine(error)}`),
+    );
+}
+
+const defaultLogger: ErrorLogger = lineLogger();
 
 /**
  * Any thrown value → a problem document. Non-ServiceErrors become a generic 500 and are logged.
@@ -43,7 +66,16 @@ export function toProblem(
     if (err.issues) doc.issues = err.issues;
     if (err.reasons) doc.reasons = err.reasons;
     for (const [k, v] of Object.entries(err.extra ?? {})) if (!(k in doc)) doc[k] = v;
-    if (err.status >= 500) log(`service error on ${instance ?? "?"}`, err);
+    if (err.status >= 500) {
+      // One line, no stack: a ServiceError is an expected refusal (device lost or absent, a
+      // compile that failed), its message says why; the id ties the answer to the line.
+      const id = crypto.randomUUID();
+      doc.error_id = id;
+      log(
+        `service error ${id} on ${instance ?? "?"}: ${err.status} ${err.code}: ${err.message}`,
+        err,
+      );
+    }
     return doc;
   }
   const id = crypto.randomUUID();

@@ -14,7 +14,7 @@
  */
 import { serveResilient } from "./serve_resilient.ts";
 import type { AccessPolicy } from "./auth.ts";
-import type { ErrorLogger } from "./problem.ts";
+import { type ErrorLogger, lineLogger } from "./problem.ts";
 import { serveLentBodies } from "./lent_body.ts";
 import { RequestOwner } from "./request_owner.ts";
 import { checkFromWorker, type ToWorker, type WorkerInit } from "./worker_protocol.ts";
@@ -117,7 +117,7 @@ export async function serveWithWorkers(
   if (!Number.isInteger(opts.workers) || opts.workers < 1) {
     throw new Error(`workers must be an integer >= 1, got ${opts.workers}`);
   }
-  const log = opts.log ?? ((msg, e) => console.error(msg, e));
+  const log = opts.log ?? lineLogger();
   // Holding the port while the workers bind it keeps port 0 one port for all of them.
   const hold = Deno.listen({ port: opts.port, hostname: opts.hostname, reusePort: true });
   const port = (hold.addr as Deno.NetAddr).port;

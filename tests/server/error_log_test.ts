@@ -1,0 +1,72 @@
+/**
+ * A 5xx answer is one log line that names its error id, which the problem document carries:
+ * a forced GPU backend on a server without a device (503 `device_unavailable`) logged a stack
+ * trace and an object dump, 13-15 lines, with nothing tying them to the answer (an audit). In
+ * each serving mode; a device thread's line names the thread.
+ */
+import assert from "node:assert/strict";
+import { HeldSeq } from "./held_seq.ts";
+import { spawnServer } from "./process.ts";
+import { lineLogger, toProblem } from "../../server/problem.ts";
+
+async function forcedGpu(mode: string[], prefix: RegExp): Promise<void> {
+  const srv = await spawnServer(["--no-gpu", ...mode]);
+  try {
+    const backends = await (await fetch(`${srv.url}/v1/backends`)).json();
+    const gpu = backends.backends.find((b: { name: string }) => b.name !== "CPU_REFERENCE").name;
+    const spec = HeldSeq.cacheSpec();
+    const n = spec.num_blocks * spec.block_size * spec.num_kv_heads * spec.head_size;
+    const cache = {
+      dtype: "float32",
+      shape: [spec.num_blocks, spec.block_size, spec.num_kv_heads, spec.head_size],
+      data: new Array(n).fill(0),
+    };
+    const before = srv.stderr().length;
+    const res = await fetch(`${srv.url}/v1/attention/forward`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({
+        ...new HeldSeq().step(1).body,
+        backend: gpu,
+        key_cache: cache,
+        value_cache: cache,
+      }),
+    });
+    const doc = await res.json();
+    assert.equal(res.status, 503, JSON.stringify(doc));
+    assert.match(doc.error_id, /^[0-9a-f-]{36}$/);
+    await new Promise((r) => setTimeout(r, 200));
+    const lines = srv.stderr().slice(before).split("\n").filter((l) => l.trim());
+    assert.equal(lines.length, 1, lines.join("\n"));
+    assert.ok(lines[0].includes(doc.error_id), lines[0]);
+    assert.match(lines[0], prefix);
+    assert.match(lines[0], /503 device_unavailable/);
+  } finally {
+    srv.kill("SIGKILL");
+    await srv.exited;
+  }
+}
+
+Deno.test("error log: a 5xx is one line with its error id, one thread", () =>
+  forcedGpu([], /^service error /));
+Deno.test("error log: a 5xx is one line with its error id, HTTP workers", () =>
+  forcedGpu(["--http-workers", "2"], /^service error /));
+Deno.test("error log: a 5xx is one line with its error id, device threads", () =>
+  forcedGpu(["--device-threads", "2"], /^device thread \d: service error /));
+
+Deno.test("error log: an unexpected error is one line, its stack joined", () => {
+  const seen: string[] = [];
+  const real = console.error;
+  console.error = (...a: unknown[]) => void seen.push(a.map(String).join(" "));
+  try {
+    const doc = toProblem(new TypeError("boom"), "/v1/attention/forward", lineLogger("t: "));
+    assert.equal(doc.status, 500);
+    const id = /error id ([0-9a-f-]{36})/.exec(doc.detail)![1];
+    assert.equal(seen.length, 1);
+    assert.ok(!seen[0].includes("\n"), seen[0]);
+    assert.match(seen[0], new RegExp(`^t: unexpected error ${id} on /v1/attention/forward: `));
+    assert.match(seen[0], /TypeError: boom \| at /);
+  } finally {
+    console.error = real;
+  }
+});
