@@ -189,7 +189,15 @@ export function openApiDocument(): Record<string, unknown> {
         },
       },
       "/openapi.json": {
-        get: { summary: "This document", responses: { "200": { description: "OpenAPI 3.1" } } },
+        get: {
+          summary: "This document",
+          responses: {
+            "200": {
+              description: "OpenAPI 3.1",
+              content: { "application/json": { schema: { type: "object" } } },
+            },
+          },
+        },
       },
     },
     components: {
@@ -198,11 +206,52 @@ export function openApiDocument(): Record<string, unknown> {
     },
     security: [{}, { bearerAuth: [] }],
   };
-  guardOperations(cached.paths as Record<string, Record<string, Operation>>);
+  const paths = cached.paths as Record<string, Record<string, Operation>>;
+  addHeadOperations(paths);
+  guardOperations(paths);
+  addResponseHeaders(paths);
   return cached;
 }
 
-type Operation = { responses: Record<string, unknown>; security?: unknown[] };
+type Response = { description: string; content?: unknown; headers?: Record<string, unknown> };
+type Operation = { summary?: string; responses: Record<string, Response>; security?: unknown[] };
+
+const header = (description: string) => ({ description, schema: { type: "string" } });
+
+/** Every GET path answers HEAD: the GET's statuses and headers, no body. */
+function addHeadOperations(paths: Record<string, Record<string, Operation>>): void {
+  for (const ops of Object.values(paths)) {
+    const get = ops.get;
+    if (!get) continue;
+    const responses = Object.fromEntries(
+      Object.entries(get.responses).map(([k, r]) => [k, { description: r.description }]),
+    );
+    ops.head = { summary: `${get.summary} (headers only)`, responses };
+  }
+}
+
+/**
+ * The response headers the server sends: `Location` on a 201, `Allow` on a 405,
+ * `WWW-Authenticate` on a 401, `Retry-After` on a 503, `Server-Timing` on every forward answer,
+ * and `X-Attention-Instance` on every answer of a server started with `--instance-name`.
+ */
+function addResponseHeaders(paths: Record<string, Record<string, Operation>>): void {
+  for (const [path, ops] of Object.entries(paths)) {
+    for (const op of Object.values(ops)) {
+      for (const [status, r] of Object.entries(op.responses)) {
+        const h: Record<string, unknown> = {
+          "X-Attention-Instance": header("This instance's name (servers with --instance-name)"),
+        };
+        if (status === "201") h.Location = header("The created cache, /v1/kv-caches/{id}");
+        if (status === "405") h.Allow = header("The path's methods");
+        if (status === "401") h["WWW-Authenticate"] = header("Bearer");
+        if (status === "503") h["Retry-After"] = header("Seconds to wait");
+        if (path.endsWith("/forward")) h["Server-Timing"] = header("parse;dur=MS");
+        op.responses[status] = { ...r, headers: { ...r.headers, ...h } };
+      }
+    }
+  }
+}
 
 /**
  * Adds the answers every operation can give: 405 (another method on the path; `Allow` lists the

@@ -37,19 +37,25 @@ export const OutputEncodingSchema = z.enum(["data", "base64"]).meta({ id: "Outpu
  * answers for the same value as bytes (422 `invalid_batch` naming the tensor and the index).
  * Checks nothing else per element, so it is also cheaper than `z.number()` over large arrays.
  */
-const jsonNumber = z.custom<number>(
-  (x) => typeof x === "number",
-  { message: "expected a number" },
-).meta({ type: "number" });
+const jsonNumber = (type: "number" | "integer") =>
+  z.custom<number>(
+    (x) => typeof x === "number",
+    { message: "expected a number" },
+  ).meta({ type });
 
 /** A backend name in a request: "auto" or a registered name (UPPER_SNAKE, short). */
 const backendName = () => z.string().min(1).max(64);
 
-function tensor(dtypes: readonly [string, ...string[]], id: string, description: string) {
+function tensor(
+  dtypes: readonly [string, ...string[]],
+  id: string,
+  description: string,
+  element: "number" | "integer" = "number",
+) {
   return z.strictObject({
     dtype: z.enum(dtypes),
     shape: z.array(dim()).max(8),
-    data: z.array(jsonNumber).optional().describe("Values, row-major."),
+    data: z.array(jsonNumber(element)).optional().describe("Values, row-major."),
     base64: z.string().optional().describe("Raw little-endian bytes of the dtype, base64."),
   }).superRefine((t, ctx) => {
     if ((t.data === undefined) === (t.base64 === undefined)) {
@@ -61,7 +67,12 @@ function tensor(dtypes: readonly [string, ...string[]], id: string, description:
         path: [],
       });
     }
-  }).meta({ id, description });
+  }).meta({
+    id,
+    description,
+    // The refinement above, for the document: exactly one of the two.
+    oneOf: [{ required: ["data"] }, { required: ["base64"] }],
+  });
 }
 
 /** query / key / value. */
@@ -89,7 +100,7 @@ export const CacheTensorSchema = tensor(
 );
 /** An integer tensor or a plain (nested) JSON array of integers. */
 export const IntTensorSchema = z.union([
-  tensor(["int32", "int64", "I32", "I64"], "IntTensorObject", "An integer tensor."),
+  tensor(["int32", "int64", "I32", "I64"], "IntTensorObject", "An integer tensor.", "integer"),
   z.array(z.union([z.int(), z.array(z.int())])).describe("A plain array (2-D for block_table)."),
 ]).meta({ id: "IntTensor" });
 

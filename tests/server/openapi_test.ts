@@ -27,11 +27,33 @@ Deno.test("openapi: documents exactly the routes the handler serves", async () =
   try {
     const handler = createHandler(service);
     const doc = await (await handler(new Request("http://127.0.0.1/openapi.json"))).json() as Doc;
-    const served = handler.routes.map((r) => `${r.method} ${template(r.path)}`).sort();
+    // Every GET route answers HEAD too (the handler's own rule, not a route of the table).
+    const gets = handler.routes.filter((r) => r.method === "GET");
+    const served = [...handler.routes, ...gets.map((r) => ({ ...r, method: "HEAD" }))]
+      .map((r) => `${r.method} ${template(r.path)}`).sort();
+    for (const r of gets.filter((r) => !r.path.includes(":"))) {
+      const head = await handler(new Request(`http://127.0.0.1${r.path}`, { method: "HEAD" }));
+      assert.equal(head.status, 200, `HEAD ${r.path}`);
+      await head.body?.cancel();
+    }
     const documented = Object.entries(doc.paths)
       .flatMap(([p, ops]) => Object.keys(ops).map((m) => `${m.toUpperCase()} ${p}`))
       .sort();
     assert.deepEqual(documented, served);
+    // The headers the server sends are documented where it sends them.
+    const hdrs = (p: string, m: string, st: string) =>
+      Object.keys(
+        (doc.paths as Record<
+          string,
+          Record<string, { responses: Record<string, { headers?: object }> }>
+        >)[p][m].responses[st].headers ?? {},
+      );
+    assert.ok(hdrs("/v1/kv-caches/{id}", "put", "201").includes("Location"));
+    assert.ok(hdrs("/v1/backends", "get", "405").includes("Allow"));
+    assert.ok(hdrs("/v1/backends", "get", "401").includes("WWW-Authenticate"));
+    assert.ok(hdrs("/v1/attention/forward", "post", "503").includes("Retry-After"));
+    assert.ok(hdrs("/v1/attention/forward", "post", "422").includes("Server-Timing"));
+    assert.ok(hdrs("/healthz", "head", "200").includes("X-Attention-Instance"));
   } finally {
     await service.close();
   }
