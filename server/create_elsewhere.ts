@@ -20,7 +20,11 @@ const OVER_BUDGET = "memory_budget_exceeded";
 /** One attempt: the answer, and what the placement does with it (`done`). */
 export interface Attempt<T> {
   holder: T;
-  send(body: StreamedBody | null): Promise<Response>;
+  /**
+   * Sends the create; `tentative`: another thread may be asked if this one refuses it for
+   * memory (the thread then does not count that refusal: metrics_merge.ts TENTATIVE_HEADER).
+   */
+  send(body: StreamedBody | null, tentative: boolean): Promise<Response>;
   /** The attempt's outcome for the placement (the answer taken, or refused). */
   done(res: Response | null): void;
 }
@@ -59,9 +63,9 @@ export async function createOnSomeThread<T>(
     const a = attempt(refused);
     let res: Response | null = null;
     try {
-      const got = await overBudget(await a.send(copy(body)));
-      res = got.res;
       const retry = body?.end === "complete" && refused.length + 1 < running;
+      const got = await overBudget(await a.send(copy(body), retry));
+      res = got.res;
       if (got.doc === null) return res;
       if (retry) {
         refused.push(a.holder);
@@ -118,14 +122,14 @@ export function putOnSomeThread<T extends Holder>(
   queue: PerKeyQueue,
   id: string,
   body: StreamedBody | null,
-  send: (holder: T, body: StreamedBody | null) => Promise<Response>,
+  send: (holder: T, body: StreamedBody | null, tentative: boolean) => Promise<Response>,
 ): Promise<Response> {
   return queue.run(id, () =>
     createOnSomeThread<T>(body, places.live().length, (skip) => {
       const put = places.put(id, skip);
       return {
         holder: put.holder,
-        send: (b) => send(put.holder, b),
+        send: (b, tentative) => send(put.holder, b, tentative),
         done: (res) => put.done(res?.ok ?? false),
       };
     }));

@@ -7,14 +7,14 @@
  * gpu/keep_warm.ts's KeepWarmProvider (one start-up line says whether it is on, or why not).
  * @module
  */
-import { type ErrorLogger } from "./problem.ts";
+import { type ErrorLogger, problemCodeOf } from "./problem.ts";
 import type { DeviceProvider } from "../core/types.ts";
 import { builtinBackends } from "../backends/index.ts";
 import { AttentionService } from "../service/service.ts";
 import type { CallLimits } from "../service/validate.ts";
 import type { AccessPolicy } from "./auth.ts";
 import { createHandler } from "./handler.ts";
-import { SCRAPE_HEADER } from "./metrics_merge.ts";
+import { SCRAPE_HEADER, TENTATIVE_HEADER } from "./metrics_merge.ts";
 import { NoDeviceProvider, WebGpuDeviceManager } from "../gpu/device.ts";
 import { selectRuntime } from "../gpu/runtime.ts";
 import type { RuntimeOptions } from "../gpu/runtime_options.ts";
@@ -112,7 +112,10 @@ export function serviceAndHandler(
     log,
     uncounted: o.scrapeToken === undefined
       ? undefined
-      : (req) => req.headers.get(SCRAPE_HEADER) === o.scrapeToken,
+      : (req, res) =>
+        req.headers.get(SCRAPE_HEADER) === o.scrapeToken ||
+        (req.headers.get(TENTATIVE_HEADER) === o.scrapeToken &&
+          problemCodeOf(res) === "memory_budget_exceeded"),
   });
   return { service, handler };
 }

@@ -20,7 +20,7 @@ import type { DeviceReadyMessage, DeviceThreadInit } from "./device_thread.ts";
 import { findForwardCacheId, scanWorker } from "./forward_cache_id.ts";
 import { CachePlacement } from "./cache_placement.ts";
 import { createOnSomeThread, PerKeyQueue, putOnSomeThread } from "./create_elsewhere.ts";
-import { mergeMetrics, SCRAPE_HEADER } from "./metrics_merge.ts";
+import { mergeMetrics, SCRAPE_HEADER, TENTATIVE_HEADER } from "./metrics_merge.ts";
 import { type ErrorLogger, lineLogger, problem, problemResponse, toProblem } from "./problem.ts";
 import { RequestSender } from "./request_sender.ts";
 import { requestPath } from "./routes.ts";
@@ -110,8 +110,12 @@ class Thread {
     );
   }
 
-  send(req: Request, body?: Parameters<RequestSender["send"]>[1]): Promise<Response> {
-    if (this.lost === null) return this.sender.send(req, body);
+  send(
+    req: Request,
+    body?: Parameters<RequestSender["send"]>[1],
+    extraHeaders?: [string, string][],
+  ): Promise<Response> {
+    if (this.lost === null) return this.sender.send(req, body, extraHeaders);
     // Logged once, at the crash.
     return Promise.resolve(problemResponse(toProblem(this.#lostProblem(), undefined, () => {})));
   }
@@ -167,6 +171,9 @@ export async function startDeviceThreads(
 function front(threads: Thread[], scrapeToken: string): DeviceThreads {
   const places = new CachePlacement(threads);
   const puts = new PerKeyQueue();
+  /** The header of a create another thread may be asked for (metrics_merge.ts). */
+  const mark = (tentative: boolean): [string, string][] =>
+    tentative ? [[TENTATIVE_HEADER, scrapeToken]] : [];
   const scans = scanWorker();
   const leastBusy = () => places.live().reduce((a, b) => (b.sender.size < a.sender.size ? b : a));
 
@@ -181,7 +188,13 @@ function front(threads: Thread[], scrapeToken: string): DeviceThreads {
   /** A `PUT` of a cache: to its holder, or, for a new id, to a thread with room. */
   const putCache = async (req: Request, id: string): Promise<Response> => {
     const body = await threads[0].sender.readBody(req);
-    return await putOnSomeThread(places, puts, id, body, (t, b) => t.send(req, b));
+    return await putOnSomeThread(
+      places,
+      puts,
+      id,
+      body,
+      (t, b, tent) => t.send(req, b, mark(tent)),
+    );
   };
 
   /** A `POST` create: to a thread with room; its id is placed there once answered. */
@@ -192,8 +205,8 @@ function front(threads: Thread[], scrapeToken: string): DeviceThreads {
       let id: string | null = null;
       return {
         holder: r.holder,
-        send: async (b) => {
-          const res = await r.holder.send(req, b);
+        send: async (b, tentative) => {
+          const res = await r.holder.send(req, b, mark(tentative));
           if (res.status !== 201) return res;
           const text = await res.text();
           const got = (JSON.parse(text) as { id?: unknown }).id;

@@ -44,7 +44,7 @@ export interface HandlerOptions {
    * Requests this says are not a client's are answered but not counted in the request metrics
    * (the device threads' front asks every thread for its series; one scrape counts once).
    */
-  uncounted?: (req: Request) => boolean;
+  uncounted?: (req: Request, res: Response) => boolean;
 }
 
 /** A request handler, and the route table it serves (method and URLPattern path of each). */
@@ -125,7 +125,7 @@ export function createHandler(service: AttentionService, opts: HandlerOptions = 
       );
     }
     const { res, route } = await respond(req, url, sentPath(req));
-    if (!opts.uncounted?.(req)) metrics.recordRequest(route, req.method, res.status);
+    if (!opts.uncounted?.(req, res)) metrics.recordRequest(route, req.method, res.status);
     if (instance !== undefined) res.headers.set(INSTANCE_HEADER, instance);
     return req.method.toUpperCase() === "HEAD" ? await headOf(res) : res;
   };

@@ -64,3 +64,10 @@ export function mergeMetrics(texts: string[]): string {
  * the threads answer them without counting them (one scrape counts once, on the first thread).
  */
 export const SCRAPE_HEADER = "x-attention-merged-scrape";
+
+/**
+ * Marks a create the front may retry on another thread (server/create_elsewhere.ts), with the
+ * same secret: a thread does not count it when it refuses it for memory (the front then asks
+ * the next thread, and the client sees one answer, counted where it was given).
+ */
+export const TENTATIVE_HEADER = "x-attention-tentative-create";

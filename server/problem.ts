@@ -130,6 +130,13 @@ export function errorHeaders(err: unknown): Record<string, string> {
  * A problem document as a Response. A 503 gets `Retry-After` (the document's `retry_after_s`
  * when it has one, else {@link RETRY_AFTER_SECONDS}) unless `headers` already has one.
  */
+const problemCodes = new WeakMap<Response, string>();
+
+/** The problem code of a response {@link problemResponse} built, else undefined. */
+export function problemCodeOf(res: Response): string | undefined {
+  return problemCodes.get(res);
+}
+
 export function problemResponse(doc: ProblemDocument, headers?: HeadersInit): Response {
   const h = new Headers(headers);
   h.set("content-type", PROBLEM_CONTENT_TYPE);
@@ -140,7 +147,9 @@ export function problemResponse(doc: ProblemDocument, headers?: HeadersInit): Re
       String(typeof s === "number" && Number.isSafeInteger(s) && s >= 0 ? s : RETRY_AFTER_SECONDS),
     );
   }
-  return new Response(JSON.stringify(doc), { status: doc.status, headers: h });
+  const res = new Response(JSON.stringify(doc), { status: doc.status, headers: h });
+  problemCodes.set(res, doc.code);
+  return res;
 }
 
 /** Shorthand: a ServiceError with status and code (and response headers, title). */

@@ -53,10 +53,14 @@ export class RequestSender {
   }
 
   /**
-   * Sends `req` (its body as `preRead` says when given: what {@link readBody} returned) and
-   * answers with what the owner posts back.
+   * Sends `req` (its body as `preRead` says when given: what {@link readBody} returned; with
+   * `extraHeaders` added to its head) and answers with what the owner posts back.
    */
-  async send(req: Request, preRead?: StreamedBody | null): Promise<Response> {
+  async send(
+    req: Request,
+    preRead?: StreamedBody | null,
+    extraHeaders: [string, string][] = [],
+  ): Promise<Response> {
     const id = this.#nextId++;
     const answer = new Promise<ResponseMessage | string | Error>((r) => this.#waiting.set(id, r));
     const { hasBody, declared, read } = this.#bodyPlan(req);
@@ -65,7 +69,7 @@ export class RequestSender {
       id,
       method: req.method,
       url: req.url,
-      headers: [...req.headers],
+      headers: [...req.headers, ...extraHeaders],
       hasBody,
     });
     const onAbort = () => this.post({ type: "abort", id });

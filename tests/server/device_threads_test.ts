@@ -228,6 +228,26 @@ Deno.test("device threads: a create one thread has no room for goes to one that 
     }
     assert.deepEqual(await cachesPerThread(srv.url), { "0": 3, "1": 1 }, "nothing left behind");
     await assert.rejects(api.getCache("huge"), /404/);
+    // Each answer the client got is counted once, with its status: a refusal the front retried
+    // on the other thread is not (each thread counted every attempt: 422s nobody saw).
+    const text = await (await fetch(`${srv.url}/metrics`)).text();
+    const count = (route: string, method: string, status: number) =>
+      [...text.matchAll(/^attn_http_requests_total\{([^}]*)\} (\d+)$/gm)]
+        .filter((m) =>
+          m[1].includes(`route="${route}"`) && m[1].includes(`method="${method}"`) &&
+          m[1].includes(`status="${status}"`)
+        )
+        .reduce((a, m) => a + Number(m[2]), 0);
+    assert.deepEqual(
+      [count("/v1/kv-caches/:id", "PUT", 201), count("/v1/kv-caches/:id", "PUT", 422)],
+      [4, 1],
+      "PUT a, big, b, m created; huge refused",
+    );
+    assert.deepEqual(
+      [count("/v1/kv-caches", "POST", 201), count("/v1/kv-caches", "POST", 422)],
+      [1, 1],
+      "one POST created, one refused",
+    );
   } finally {
     srv.kill("SIGTERM");
     await srv.exited;
