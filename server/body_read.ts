@@ -145,28 +145,32 @@ export interface StreamedBody {
  * Bodies read in one piece ({@link wholeBody}) are fast (one op instead of one op and promise a
  * 64 KiB chunk: on the dev VM 71-104 ms against 127-190 ms streamed for 64 MiB), but Deno's
  * `req.bytes()` allocates its buffer from the Content-Length (up to 16 MiB) before a byte
- * arrives: 30 connections declaring 64 MiB and sending 1 KiB held 0.5 GB. So bodies up to
- * {@link WHOLE_READ_MAX_BYTES} are read in one piece, and bigger ones only while fewer than
- * {@link MAX_BIG_WHOLE_READS} such reads are in flight in this isolate (at most 64 MiB held
- * ahead of the bytes); the rest stream, their memory following the bytes received.
+ * arrives, and keeps it until the read ends, which for a stalled body is when its client closes
+ * (a 408 does not close the socket): 30 connections declaring 64 MiB and sending 1 KiB held 0.5
+ * GB. So the buffers of the reads in flight in this isolate are budgeted: a read takes
+ * min(declared, 16 MiB) of {@link WHOLE_READ_BUDGET_BYTES} until `req.bytes()` settles, and a
+ * body that does not fit is streamed, its memory following the bytes received.
  */
-export const WHOLE_READ_MAX_BYTES = 1024 * 1024;
+export const WHOLE_READ_BUDGET_BYTES = 64 * 1024 * 1024;
 
-/** Reads over {@link WHOLE_READ_MAX_BYTES} in one piece at once, at most. */
-export const MAX_BIG_WHOLE_READS = 4;
+/** What `req.bytes()` allocates ahead for a declared length, at most (Deno 2.9, measured). */
+const WHOLE_READ_AHEAD_MAX = 16 * 1024 * 1024;
 
-let bigWholeReads = 0;
+let wholeReadBytes = 0;
+
+/** Bytes the one-piece reads in flight in this isolate hold ahead (for tests). */
+export const wholeReadsReserved = (): number => wholeReadBytes;
 
 /**
- * `req`'s body read in one piece when its declared length allows (see
- * {@link WHOLE_READ_MAX_BYTES}), else null: the caller streams it.
+ * `req`'s body read in one piece when its declared length fits what is left of
+ * {@link WHOLE_READ_BUDGET_BYTES}, else null: the caller streams it.
  */
 export function wholeBodyIfCheap(req: Request, declared: number): Promise<StreamedBody> | null {
   if (declared < 0) return null;
-  if (declared <= WHOLE_READ_MAX_BYTES) return wholeBody(req);
-  if (bigWholeReads >= MAX_BIG_WHOLE_READS) return null;
-  bigWholeReads++;
-  return wholeBody(req).finally(() => bigWholeReads--);
+  const cost = Math.min(declared, WHOLE_READ_AHEAD_MAX);
+  if (wholeReadBytes + cost > WHOLE_READ_BUDGET_BYTES) return null;
+  wholeReadBytes += cost;
+  return wholeBody(req, () => wholeReadBytes -= cost);
 }
 
 /**
@@ -175,11 +179,12 @@ export function wholeBodyIfCheap(req: Request, declared: number): Promise<Stream
  * nothing kept (`uncounted`: Deno does not say how much came). Such a read sees no chunks, so
  * its time limit is a deadline, not a gap: body_timeout.ts `wholeBodyDeadlineMs`.
  */
-export async function wholeBody(req: Request): Promise<StreamedBody> {
+export async function wholeBody(req: Request, settled?: () => void): Promise<StreamedBody> {
   const limit = wholeBodyDeadlineMs(contentLength(req.headers.get("content-length")));
   const late = patientTimeout(limit);
   const read = req.bytes();
-  read.catch(() => {}); // a read left behind by a timeout fails when the connection closes
+  // A read left behind by a timeout ends when the connection closes; `settled` runs then.
+  read.then(settled, settled).catch(() => {});
   try {
     const bytes = await Promise.race([read, late.done]);
     if (bytes === null) {

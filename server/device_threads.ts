@@ -21,7 +21,14 @@ import { findForwardCacheId, scanWorker } from "./forward_cache_id.ts";
 import { CachePlacement } from "./cache_placement.ts";
 import { createOnSomeThread, PerKeyQueue, putOnSomeThread } from "./create_elsewhere.ts";
 import { mergeMetrics, SCRAPE_HEADER, TENTATIVE_HEADER } from "./metrics_merge.ts";
-import { type ErrorLogger, lineLogger, problem, problemResponse, toProblem } from "./problem.ts";
+import {
+  type ErrorLogger,
+  lineLogger,
+  NOT_LOGGED,
+  problem,
+  problemResponse,
+  toProblem,
+} from "./problem.ts";
 import { RequestSender } from "./request_sender.ts";
 import { requestPath } from "./routes.ts";
 import { headOf, SAFETENSORS } from "./responses.ts";
@@ -117,7 +124,7 @@ class Thread {
   ): Promise<Response> {
     if (this.lost === null) return this.sender.send(req, body, extraHeaders);
     // Logged once, at the crash.
-    return Promise.resolve(problemResponse(toProblem(this.#lostProblem(), undefined, () => {})));
+    return Promise.resolve(problemResponse(toProblem(this.#lostProblem(), undefined, NOT_LOGGED)));
   }
 }
 

@@ -207,18 +207,23 @@ export function openApiDocument(): Record<string, unknown> {
     security: [{}, { bearerAuth: [] }],
   };
   const paths = cached.paths as Record<string, Record<string, Operation>>;
-  addHeadOperations(paths);
   guardOperations(paths);
+  addHeadOperations(paths);
   addResponseHeaders(paths);
   return cached;
 }
 
 type Response = { description: string; content?: unknown; headers?: Record<string, unknown> };
-type Operation = { summary?: string; responses: Record<string, Response>; security?: unknown[] };
+type Operation = {
+  summary?: string;
+  parameters?: unknown[];
+  responses: Record<string, Response>;
+  security?: unknown[];
+};
 
 const header = (description: string) => ({ description, schema: { type: "string" } });
 
-/** Every GET path answers HEAD: the GET's statuses and headers, no body. */
+/** Every GET path answers HEAD: the GET's parameters, statuses and access rule, no body. */
 function addHeadOperations(paths: Record<string, Record<string, Operation>>): void {
   for (const ops of Object.values(paths)) {
     const get = ops.get;
@@ -226,7 +231,12 @@ function addHeadOperations(paths: Record<string, Record<string, Operation>>): vo
     const responses = Object.fromEntries(
       Object.entries(get.responses).map(([k, r]) => [k, { description: r.description }]),
     );
-    ops.head = { summary: `${get.summary} (headers only)`, responses };
+    ops.head = {
+      summary: `${get.summary} (headers only)`,
+      ...(get.parameters ? { parameters: get.parameters } : {}),
+      responses,
+      ...(get.security ? { security: get.security } : {}),
+    };
   }
 }
 
@@ -246,7 +256,12 @@ function addResponseHeaders(paths: Record<string, Record<string, Operation>>): v
         if (status === "405") h.Allow = header("The path's methods");
         if (status === "401") h["WWW-Authenticate"] = header("Bearer");
         if (status === "503") h["Retry-After"] = header("Seconds to wait");
-        if (path.endsWith("/forward")) h["Server-Timing"] = header("parse;dur=MS");
+        // Not on the answers given before the forward route runs (docs/api.md).
+        if (path.endsWith("/forward") && !["401", "403", "405"].includes(status)) {
+          h["Server-Timing"] = header(
+            status === "503" ? "parse;dur=MS (not on a 503 shutting_down)" : "parse;dur=MS",
+          );
+        }
         op.responses[status] = { ...r, headers: { ...r.headers, ...h } };
       }
     }

@@ -21,27 +21,45 @@ export function problemType(code: string): string {
 /** Logs unexpected errors (replaceable in tests). */
 export type ErrorLogger = (message: string, error: unknown) => void;
 
-/** An error on one line: a multi-line stack is joined with " | " (one log line an error). */
-export function oneLine(error: unknown): string {
-  const text = error instanceof Error
-    ? (error.stack ?? `${error.name}: ${error.message}`)
-    : String(error);
+/** A logger for answers that are expected and not logged; such problems carry no `error_id`. */
+export const NOT_LOGGED: ErrorLogger = () => {};
+
+/** Text on one line: its lines joined with " | " (one log line an error). */
+export function joinLines(text: string): string {
   return text.split("\n").map((l) => l.trim()).filter((l) => l).join(" | ");
 }
 
 /**
- * Logs each error as one line to stderr, after `prefix` (e.g. "device thread 1: "): the message,
- * then the error on the same line, unless it is a ServiceError (an expected refusal, whose
- * message the caller's already holds: no stack).
+ * An error on one line: its stack (or name and message), then each `cause` in turn; a thrown
+ * value that is not an Error as Deno prints it.
+ */
+export function oneLine(error: unknown): string {
+  const parts: string[] = [];
+  for (let e: unknown = error, depth = 0; e !== undefined && depth < 8; depth++) {
+    if (e instanceof Error) {
+      parts.push(e.stack ?? `${e.name}: ${e.message}`);
+      e = e.cause;
+    } else {
+      parts.push(typeof e === "string" ? e : Deno.inspect(e, { compact: true, depth: 4 }));
+      e = undefined;
+    }
+    if (depth > 0) parts[parts.length - 1] = `caused by ${parts[parts.length - 1]}`;
+  }
+  return joinLines(parts.join("\n"));
+}
+
+/**
+ * Logs each error as one line to stderr, after `prefix` (e.g. "device thread 1: "): the message
+ * (its own lines joined, as a GPU validation message has several), then the error on the same
+ * line, unless it is a ServiceError other than a 500 (an expected refusal, whose message the
+ * caller's already holds: no stack).
  */
 export function lineLogger(prefix = ""): ErrorLogger {
-  return (message, error) =>
-    console.error(
-      prefix +
-        (error === undefined || error instanceof ServiceError
-          ? message
-          : `${message}: ${oneLine(error)}`),
-    );
+  return (message, error) => {
+    const quiet = error === undefined ||
+      (error instanceof ServiceError && error.status !== 500);
+    console.error(prefix + joinLines(quiet ? message : `${message}: ${oneLine(error)}`));
+  };
 }
 
 const defaultLogger: ErrorLogger = lineLogger();
@@ -66,9 +84,8 @@ export function toProblem(
     if (err.issues) doc.issues = err.issues;
     if (err.reasons) doc.reasons = err.reasons;
     for (const [k, v] of Object.entries(err.extra ?? {})) if (!(k in doc)) doc[k] = v;
-    if (err.status >= 500) {
-      // One line, no stack: a ServiceError is an expected refusal (device lost or absent, a
-      // compile that failed), its message says why; the id ties the answer to the line.
+    if (err.status >= 500 && log !== NOT_LOGGED) {
+      // One line; the id ties the answer to it.
       const id = crypto.randomUUID();
       doc.error_id = id;
       log(

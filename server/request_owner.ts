@@ -118,7 +118,7 @@ export class RequestOwner {
       body: new Promise(() => {}),
       gotBody() {},
     });
-    this.#answer(id, problemResponse(toProblem(new Error(why), undefined, () => {})));
+    this.#answer(id, problemResponse(toProblem(new Error(why), undefined, this.log)));
   }
 
   /** The sender is gone: its requests' clients are too. */

@@ -13,7 +13,7 @@
 import { contentLength, streamBody, type StreamedBody, wholeBodyIfCheap } from "./body_read.ts";
 import { mediaType } from "./body.ts";
 import { SAFETENSORS } from "./responses.ts";
-import { problemResponse, toProblem } from "./problem.ts";
+import { NOT_LOGGED, problemResponse, toProblem } from "./problem.ts";
 import {
   type BodyMessage,
   checkResponse,
@@ -87,7 +87,7 @@ export class RequestSender {
     }
     const r = await answer;
     req.signal.removeEventListener("abort", onAbort);
-    if (r instanceof Error) return problemResponse(toProblem(r, undefined, () => {}));
+    if (r instanceof Error) return problemResponse(toProblem(r, undefined, NOT_LOGGED));
     if (typeof r === "string") {
       return problemResponse(toProblem(new Error(`malformed answer from the service: ${r}`)));
     }

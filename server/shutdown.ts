@@ -13,7 +13,7 @@
  * 4. closes the listener (`server.shutdown()`).
  * @module
  */
-import { problem, problemResponse, toProblem } from "./problem.ts";
+import { NOT_LOGGED, problem, problemResponse, toProblem } from "./problem.ts";
 import { sentPath } from "./routes.ts";
 
 /** Default wait for calls in flight after SIGTERM/SIGINT: 30 s. */
@@ -76,7 +76,7 @@ function shuttingDown(req: Request): Response {
   const doc = toProblem(
     problem(503, "shutting_down", "the server is shutting down and takes no new calls"),
     sentPath(req),
-    () => {},
+    NOT_LOGGED,
   );
   return problemResponse(doc, { connection: "close" });
 }

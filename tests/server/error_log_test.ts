@@ -7,7 +7,8 @@
 import assert from "node:assert/strict";
 import { HeldSeq } from "./held_seq.ts";
 import { spawnServer } from "./process.ts";
-import { lineLogger, toProblem } from "../../server/problem.ts";
+import { lineLogger, NOT_LOGGED, problem, toProblem } from "../../server/problem.ts";
+import { ServiceError } from "../../core/errors.ts";
 
 async function forcedGpu(mode: string[], prefix: RegExp): Promise<void> {
   const srv = await spawnServer(["--no-gpu", ...mode]);
@@ -66,6 +67,39 @@ Deno.test("error log: an unexpected error is one line, its stack joined", () => 
     assert.ok(!seen[0].includes("\n"), seen[0]);
     assert.match(seen[0], new RegExp(`^t: unexpected error ${id} on /v1/attention/forward: `));
     assert.match(seen[0], /TypeError: boom \| at /);
+  } finally {
+    console.error = real;
+  }
+});
+
+Deno.test("error log: a multi-line message, a cause and a thrown non-Error stay on one line", () => {
+  const seen: string[] = [];
+  const real = console.error;
+  console.error = (...a: unknown[]) => void seen.push(a.map(String).join(" "));
+  try {
+    const log = lineLogger("device thread 1: ");
+    // A GPU validation message has several lines (Dawn's), as its ServiceError's message.
+    const gpu = new ServiceError(
+      "the GPU rejected the call: Buffer is destroyed.\n - While Submit",
+      {
+        status: 500,
+        code: "gpu_validation_error",
+      },
+    );
+    const doc = toProblem(gpu, "/v1/attention/forward", log);
+    toProblem(new Error("read failed", { cause: new RangeError("offset 9") }), "/x", log);
+    toProblem({ weird: true }, "/y", log);
+    toProblem(problem(503, "shutting_down", "draining"), "/z", NOT_LOGGED);
+    assert.equal(seen.length, 3, seen.join("\n"));
+    for (const l of seen) {
+      assert.ok(!l.includes("\n"), l);
+      assert.match(l, /^device thread 1: /);
+    }
+    assert.ok(seen[0].includes(doc.error_id as string));
+    assert.match(seen[0], /Buffer is destroyed\. \| - While Submit/);
+    assert.match(seen[0], / \| at /, "a 500 ServiceError keeps its stack");
+    assert.match(seen[1], /Error: read failed \|.* \| caused by RangeError: offset 9/);
+    assert.match(seen[2], /\{ weird: true \}/);
   } finally {
     console.error = real;
   }
