@@ -2,9 +2,9 @@
  * The tensor-core prefill kernel (wgsl/flash_mma.wgsl) as a kernel entry: FlashAttention-2
  * style varlen attention whose QK^T and PV run on f16 subgroup matrices with f32 accumulation
  * (Dawn's `chromium-experimental-subgroup-matrix`), over the paged cache or the call's own K/V.
- * The portable FLASH_ATTENTION entry's Params words (and three more: the tiles' strides, for the run-time stride probe), tile
- * table and binding names, so a plan binds it the same way; f16 and bf16 data only (f32 data keeps
- * the exact f32 path).
+ * The portable FLASH_ATTENTION entry's Params words (and three more: the tiles' strides, for the
+ * run-time stride probe), tile table and binding names, so a plan binds it the same way; f16 and
+ * bf16 data only (f32 data keeps the exact f32 path).
  * @module
  */
 import { FLASH_ATTENTION } from "./flash_kernel.ts";

@@ -158,9 +158,6 @@ const WHOLE_READ_AHEAD_MAX = 16 * 1024 * 1024;
 
 let wholeReadBytes = 0;
 
-/** Bytes the one-piece reads in flight in this isolate hold ahead (for tests). */
-export const wholeReadsReserved = (): number => wholeReadBytes;
-
 /**
  * `req`'s body read in one piece when its declared length fits what is left of
  * {@link WHOLE_READ_BUDGET_BYTES}, else null: the caller streams it.
@@ -263,13 +260,13 @@ function aligned(b: Uint8Array): Uint8Array {
  * the limit). A body the client stops sending is a 400 `body_incomplete` with
  * `received_bytes`.
  *
- * `whole: true` (safetensors forward bodies, the hot path) reads a body of declared length in
- * one piece where {@link wholeBodyIfCheap} allows (Deno's `req.bytes()`, one op: 0.006 ms for 412 KB on loopback against 0.15-0.3 ms
- * for its seven stream chunks, on the 2-core dev VM). Two things differ there: a body cut
- * short is still a 400 `body_incomplete`, but without `received_bytes` (Deno does not say how
- * many came); and a client that half-closes right after its last byte may get that 400 (Deno
- * drops such a request's body), where the streamed read keeps the bytes. Such a client may
- * lose its answer anyway (see README, HTTP workers).
+ * `whole: true` (safetensors forward bodies, the hot path) reads a body of declared length in one
+ * piece where {@link wholeBodyIfCheap} allows (Deno's `req.bytes()`, one op: 0.006 ms for 412 KB on
+ * loopback against 0.15-0.3 ms for its seven stream chunks, on the 2-core dev VM). Two things
+ * differ there: a body cut short is still a 400 `body_incomplete`, but without `received_bytes`
+ * (Deno does not say how many came); and a client that half-closes right after its last byte may
+ * get that 400 (Deno drops such a request's body), where the streamed read keeps the bytes. Such a
+ * client may lose its answer anyway (see README, HTTP workers).
  */
 export async function readBody(
   req: Request,

@@ -67,7 +67,8 @@ export function timedOut(
   if (deadlineMs !== undefined) {
     return new ServiceError(
       `request body of ${declared} declared bytes not whole within ${deadlineMs} ms ` +
-        `(body_timeout_ms ${timeoutMs}, plus 1 s per 256 KiB declared for a body read in one piece)`,
+        `(body_timeout_ms ${timeoutMs}, plus 1 s per 256 KiB declared for a body read in one ` +
+        "piece)",
       { status: 408, code: "body_timeout", extra: { ...extra, deadline_ms: deadlineMs } },
     );
   }

@@ -1,10 +1,10 @@
 /**
  * One HTTP worker thread of the worker front (worker_front.ts): it serves the port with
- * `Deno.serve` kept serving by serve_resilient.ts (`reusePort`: the kernel spreads connections over the workers) and hands each
- * request to the thread that owns the service through a RequestSender (request_sender.ts):
- * the head at once, the body read into one buffer and transferred, the owner's answer sent
- * back. It reads no body past the general limit (`maxBodyBytes`) and none of a request the
- * access check refuses.
+ * `Deno.serve`, kept serving by serve_resilient.ts (`reusePort`: the kernel spreads connections
+ * over the workers), and hands each request to the thread that owns the service through a
+ * RequestSender (request_sender.ts): the head at once, the body read into one buffer and
+ * transferred, the owner's answer sent back. It reads no body past the general limit
+ * (`maxBodyBytes`) and none of a request the access check refuses.
  * @module
  */
 import { lineLogger } from "./problem.ts";
