@@ -14,8 +14,6 @@ import {
   wholeBodyDeadlineMs,
 } from "./body_timeout.ts";
 
-export { BODY_TIMEOUT_ENV, bodyTimeoutMs, DEFAULT_BODY_TIMEOUT_MS } from "./body_timeout.ts";
-
 /** A body size limit and the flag that sets it (named in the 413). */
 export interface BodyLimit {
   bytes: number;

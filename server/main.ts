@@ -22,7 +22,7 @@ import { type HttpServer, serveHttp } from "./worker_front.ts";
 import { startDeviceThreads } from "./device_threads.ts";
 
 import { HELP, parseServeArgs, serveEnv, type ServeOptions } from "./serve_options.ts";
-import { BODY_TIMEOUT_ENV } from "./body_read.ts";
+import { BODY_TIMEOUT_ENV } from "./body_timeout.ts";
 
 /** Adds `X-Attention-Instance` to every answer, the drainer's own 503s included. */
 function named(

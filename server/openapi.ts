@@ -242,8 +242,8 @@ function addHeadOperations(paths: Record<string, Record<string, Operation>>): vo
 
 /**
  * The response headers the server sends: `Location` on a 201, `Allow` on a 405,
- * `WWW-Authenticate` on a 401, `Retry-After` on a 503, `Server-Timing` on every forward answer,
- * and `X-Attention-Instance` on every answer of a server started with `--instance-name`.
+ * `WWW-Authenticate` on a 401, `Retry-After` on a 503, `Server-Timing` on the forward routes'
+ * answers (not 401, 403, 405: given before the route runs), and `X-Attention-Instance` on every answer of a server started with `--instance-name`.
  */
 function addResponseHeaders(paths: Record<string, Record<string, Operation>>): void {
   for (const [path, ops] of Object.entries(paths)) {

@@ -143,10 +143,6 @@ export function errorHeaders(err: unknown): Record<string, string> {
   return added ? { ...own, ...added } : own;
 }
 
-/**
- * A problem document as a Response. A 503 gets `Retry-After` (the document's `retry_after_s`
- * when it has one, else {@link RETRY_AFTER_SECONDS}) unless `headers` already has one.
- */
 const problemCodes = new WeakMap<Response, string>();
 
 /** The problem code of a response {@link problemResponse} built, else undefined. */
@@ -154,6 +150,10 @@ export function problemCodeOf(res: Response): string | undefined {
   return problemCodes.get(res);
 }
 
+/**
+ * A problem document as a Response. A 503 gets `Retry-After` (the document's `retry_after_s`
+ * when it has one, else {@link RETRY_AFTER_SECONDS}) unless `headers` already has one.
+ */
 export function problemResponse(doc: ProblemDocument, headers?: HeadersInit): Response {
   const h = new Headers(headers);
   h.set("content-type", PROBLEM_CONTENT_TYPE);

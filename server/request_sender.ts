@@ -131,9 +131,8 @@ export class RequestSender {
   /**
    * Reads the body: a safetensors body of declared length in one piece where body_read.ts's
    * wholeBodyIfCheap allows (as the forward route reads it without workers), any other with
-   * streamBody (the
-   * limit counted per chunk; the chunk that runs over is kept, so the owner sees more than any
-   * route's limit).
+   * streamBody (the limit counted per chunk; the chunk that runs over is kept, so the owner sees
+   * more than any route's limit).
    */
   #read(req: Request, declared: number): Promise<StreamedBody> {
     const whole = mediaType(req.headers.get("content-type")) === SAFETENSORS

@@ -188,7 +188,7 @@ export interface ServeOptions {
   allowUnauthenticated: boolean;
   allowedHosts: string[];
   shutdownDeadlineMs: number;
-  /** The longest wait for a body's next bytes (server/body_read.ts `bodyTimeoutMs`). */
+  /** The longest wait for a body's next bytes (server/body_timeout.ts `bodyTimeoutMs`). */
   bodyTimeoutMs: number;
   gpu: boolean;
   /** HTTP worker threads (0: Deno.serve on this thread). */

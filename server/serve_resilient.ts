@@ -6,7 +6,7 @@
  * exiting. `finished` settles only after {@link ResilientServer.shutdown}.
  * @module
  */
-import type { ErrorLogger } from "./problem.ts";
+import { type ErrorLogger, lineLogger } from "./problem.ts";
 
 /** What main.ts and the tests use of a server. */
 export interface ResilientServer {
@@ -30,7 +30,7 @@ export function serveResilient(
   o: ResilientOptions,
   handler: (req: Request, info: Deno.ServeHandlerInfo) => Response | Promise<Response>,
 ): ResilientServer {
-  const log = o.log ?? ((m, e) => console.error(m, e));
+  const log = o.log ?? lineLogger();
   const done = Promise.withResolvers<void>();
   let stopping = false;
   let backoff = 100;

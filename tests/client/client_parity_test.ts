@@ -14,13 +14,8 @@
  */
 import assert from "node:assert/strict";
 import { AttentionApiError, AttentionClient, type ForwardBody } from "../../client/client.ts";
-import { startServer, type TestServer } from "../server/helpers.ts";
+import { cacheSnapshot, startServer, type TestServer } from "../server/helpers.ts";
 import { HeldSeq } from "../server/held_seq.ts";
-
-async function bytesOf(srv: TestServer, id: string): Promise<string> {
-  const d = await srv.client.cacheData(id);
-  return d.key_cache.data.toBase64() + d.value_cache.data.toBase64();
-}
 
 /** The same call on both transports: refused with `status` and one code, nothing written. */
 async function bothRefuse(
@@ -30,14 +25,14 @@ async function bothRefuse(
   status: number,
   code?: string,
 ): Promise<void> {
-  const before = await bytesOf(srv, id);
+  const before = await cacheSnapshot(srv, id);
   const codes: string[] = [];
   for (const binary of [false, true]) {
     const e = await srv.client.forwardOn(id, body, { binary }).then(() => null, (x) => x);
     assert.ok(e instanceof AttentionApiError, `binary ${binary}: ${e}`);
     assert.equal(e.status, status, `binary ${binary}: ${JSON.stringify(e.problem)}`);
     codes.push(e.code);
-    assert.equal(await bytesOf(srv, id), before, `binary ${binary}: nothing written`);
+    assert.equal(await cacheSnapshot(srv, id), before, `binary ${binary}: nothing written`);
   }
   assert.equal(codes[0], codes[1], "one code on both transports");
   if (code) assert.equal(codes[0], code);
@@ -98,7 +93,7 @@ Deno.test("client: both transports are judged alike", async (t) => {
         const v = body.value as { data: number[] };
         const value = { ...body.value, data: v.data.map(() => -0) };
         await srv.client.forwardOn(`z${binary}`, { ...body, value } as ForwardBody, { binary });
-        stored.push(await bytesOf(srv, `z${binary}`));
+        stored.push(await cacheSnapshot(srv, `z${binary}`));
       }
       assert.equal(stored[0], stored[1]);
       const d = await srv.client.cacheData("zfalse");
@@ -181,7 +176,7 @@ Deno.test("client: a cache moves with cacheData then putCacheData", async () => 
     await a.client.forwardOn("m", seq.step(3).body);
     await b.client.putCache("m", spec);
     await b.client.putCacheData("m", await a.client.cacheData("m"));
-    assert.equal(await bytesOf(b, "m"), await bytesOf(a, "m"));
+    assert.equal(await cacheSnapshot(b, "m"), await cacheSnapshot(a, "m"));
     const { body, ref } = seq.step(1);
     const got = await b.client.forwardOn("m", body);
     const err = Math.max(...ref.map((x, i) => Math.abs(x - got.output.values[i])));

@@ -7,7 +7,7 @@
  */
 import assert from "node:assert/strict";
 import type { ForwardBody } from "../../client/client.ts";
-import { rand, startServer, type TestServer } from "./helpers.ts";
+import { cacheSnapshot, rand, startServer, type TestServer } from "./helpers.ts";
 import { rawExchange, rawRequest } from "./raw_http.ts";
 
 const H = 2, HKV = 1, D = 8, BS = 4;
@@ -33,11 +33,6 @@ async function post(srv: TestServer, path: string, b: unknown, headers: Record<s
   return { status: res.status, headers: res.headers, doc: await res.json() };
 }
 
-async function cacheBytes(srv: TestServer, id: string): Promise<string> {
-  const d = await srv.client.cacheData(id);
-  return d.key_cache.data.toBase64() + "|" + d.value_cache.data.toBase64();
-}
-
 Deno.test("contract edges: dot-segment ids, Server-Timing, content codings, non-finite JSON numbers", async (t) => {
   const srv = await startServer();
   try {
@@ -48,7 +43,7 @@ Deno.test("contract edges: dot-segment ids, Server-Timing, content codings, non-
       head_size: D,
       dtype: "float32",
     });
-    const before = await cacheBytes(srv, "c");
+    const before = await cacheSnapshot(srv, "c");
 
     await t.step(
       "`.` and `..` ids, plain or percent-encoded, are 400 invalid_cache_id",
@@ -101,7 +96,7 @@ Deno.test("contract edges: dot-segment ids, Server-Timing, content codings, non-
     });
 
     await t.step("a body in a content coding is a 415 naming the coding", async () => {
-      const beforeCodings = await cacheBytes(srv, "c");
+      const beforeCodings = await cacheSnapshot(srv, "c");
       for (const coding of ["gzip", "br, identity", "deflate"]) {
         const r = await post(srv, "/v1/kv-caches/c/forward", body(), {
           "content-encoding": coding,
@@ -115,14 +110,14 @@ Deno.test("contract edges: dot-segment ids, Server-Timing, content codings, non-
         "content-encoding": "gzip",
       });
       assert.equal(sel.status, 415);
-      assert.equal(await cacheBytes(srv, "c"), beforeCodings, "refused codings wrote nothing");
+      assert.equal(await cacheSnapshot(srv, "c"), beforeCodings, "refused codings wrote nothing");
       const identity = await post(srv, "/v1/kv-caches/c/forward", body(), {
         "content-encoding": "identity",
       });
       assert.equal(identity.status, 200, JSON.stringify(identity.doc));
     });
 
-    const afterOk = await cacheBytes(srv, "c");
+    const afterOk = await cacheSnapshot(srv, "c");
     assert.notEqual(afterOk, before, "the accepted calls wrote their K/V");
 
     await t.step(
@@ -138,7 +133,7 @@ Deno.test("contract edges: dot-segment ids, Server-Timing, content codings, non-
         assert.match(issue.message, /element 0 is Infinity/);
         const neg = await post(srv, "/v1/kv-caches/c/forward", text.replace("1e400", "-1e400"), {});
         assert.equal(neg.status, 422, JSON.stringify(neg.doc));
-        assert.equal(await cacheBytes(srv, "c"), afterOk, "refused calls wrote nothing");
+        assert.equal(await cacheSnapshot(srv, "c"), afterOk, "refused calls wrote nothing");
       },
     );
 

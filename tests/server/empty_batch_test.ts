@@ -10,7 +10,7 @@ import { builtinBackends } from "../../backends/index.ts";
 import type { AttentionBackend } from "../../core/types.ts";
 import { WebGpuDeviceManager } from "../../gpu/device.ts";
 import { NO_GPU } from "../gpu/helpers.ts";
-import { expectProblem, rand, startServer, type TestServer } from "./helpers.ts";
+import { cacheSnapshot, expectProblem, rand, startServer, type TestServer } from "./helpers.ts";
 
 const H = 4, HKV = 2, D = 64;
 const SPEC = {
@@ -35,11 +35,6 @@ function emptyBody(backend: string): ForwardBody {
   };
 }
 
-async function bytes(srv: TestServer, id: string): Promise<string> {
-  const d = await srv.client.cacheData(id);
-  return d.key_cache.data.toBase64() + d.value_cache.data.toBase64();
-}
-
 async function checkEmpty(srv: TestServer, backends: string[]): Promise<void> {
   for (const backend of backends) {
     const id = `c-${backend.toLowerCase()}`;
@@ -57,7 +52,7 @@ async function checkEmpty(srv: TestServer, backends: string[]): Promise<void> {
         slot_mapping: [16, 17],
       },
     });
-    const before = await bytes(srv, id);
+    const before = await cacheSnapshot(srv, id);
     for (const binary of [false, true]) {
       const ans = await srv.client.forwardOn(id, emptyBody(backend), { binary });
       if (backend !== "auto") assert.equal(ans.backend, backend);
@@ -65,7 +60,7 @@ async function checkEmpty(srv: TestServer, backends: string[]): Promise<void> {
       assert.equal(ans.output.values.length, 0);
       assert.deepEqual(ans.lse!.shape, [H, 0]);
     }
-    assert.equal(await bytes(srv, id), before, `${backend}: the empty batch wrote nothing`);
+    assert.equal(await cacheSnapshot(srv, id), before, `${backend}: the empty batch wrote nothing`);
   }
 }
 

@@ -7,7 +7,7 @@ import type { ForwardBody } from "../../client/client.ts";
 import { forwardBodyToSafetensors } from "../../client/client.ts";
 import type { AttentionBackend } from "../../core/types.ts";
 import { fakeBackend } from "../service/helpers.ts";
-import { expectProblem, rand, startServer, type TestServer } from "./helpers.ts";
+import { cacheSnapshot, expectProblem, rand, startServer, type TestServer } from "./helpers.ts";
 
 const H = 4, HKV = 2, D = 8, BS = 4, NB = 4;
 
@@ -48,11 +48,6 @@ function assertProblem(
   for (const k of ["type", "title", "detail"]) assert.equal(typeof r.body[k], "string", k);
 }
 
-async function snapshot(srv: TestServer, id: string): Promise<string> {
-  const d = await srv.client.cacheData(id);
-  return d.key_cache.data.toBase64() + "|" + d.value_cache.data.toBase64();
-}
-
 Deno.test("errors: every bad input is a problem; nothing changes; server stays up", async (t) => {
   const srv = await startServer({ memoryBudgetBytes: 100_000 });
   try {
@@ -64,7 +59,7 @@ Deno.test("errors: every bad input is a problem; nothing changes; server stays u
       dtype: "float32",
     });
     await srv.client.forward(validBody(cache.id)); // fill some slots
-    const before = await snapshot(srv, cache.id);
+    const before = await cacheSnapshot(srv, cache.id);
     const fwd = (patch: (b: ForwardBody) => void) => {
       const b = validBody(cache.id);
       patch(b);
@@ -339,7 +334,7 @@ Deno.test("errors: every bad input is a problem; nothing changes; server stays u
         ["layer", "causal"],
       );
     });
-    assert.equal(await snapshot(srv, cache.id), before, "no rejected call changed the cache");
+    assert.equal(await cacheSnapshot(srv, cache.id), before, "no rejected call changed the cache");
     assert.deepEqual(await srv.client.health(), { status: "ok" });
     assert.deepEqual(srv.errors, [], "no unexpected (500) errors");
   } finally {

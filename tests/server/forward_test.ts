@@ -11,7 +11,7 @@ import {
   decodeSafetensorsAnswer,
   forwardBodyToSafetensors,
 } from "../../wire/client_codec.ts";
-import { maxAbsDiff, rand, refAttention, startServer, to3d } from "./helpers.ts";
+import { cacheSnapshot, maxAbsDiff, rand, refAttention, startServer, to3d } from "./helpers.ts";
 import { BS, D, F32_CACHE, H, HKV, NB, Seqs, TABLE } from "./seqs.ts";
 
 Deno.test("forward over HTTP: prefill, decode, chunked prefill on a held float32 cache (JSON)", async () => {
@@ -309,18 +309,18 @@ Deno.test("forward over HTTP: a step with no new tokens, on both transports", as
     // The client once sent an empty plain array as an I32 tensor of shape [0, 0] (a 422).
     const file = new TextDecoder().decode(forwardBodyToSafetensors(body).subarray(8, 2000));
     assert.match(file, /"slot_mapping":\{"dtype":"I32","shape":\[0\]/);
-    const bytesOf = async () => {
-      const d = await srv.client.cacheData(info.id);
-      return d.key_cache.data.toBase64() + d.value_cache.data.toBase64();
-    };
-    const before = await bytesOf();
+    const before = await cacheSnapshot(srv, info.id);
     for (const binary of [false, true]) {
       const ans = await srv.client.forward(body, { binary });
       assert.deepEqual(ans.output.shape, [0, H, D], `binary ${binary}`);
       assert.equal(ans.output.values.length, 0);
       assert.deepEqual(ans.lse!.shape, [H, 0]);
     }
-    assert.equal(await bytesOf(), before, "a step with no new tokens wrote nothing");
+    assert.equal(
+      await cacheSnapshot(srv, info.id),
+      before,
+      "a step with no new tokens wrote nothing",
+    );
   } finally {
     await srv.close();
   }

@@ -230,3 +230,9 @@ export function maxAbsDiff(a: ArrayLike<number>, b: ArrayLike<number>): number {
   for (let i = 0; i < a.length; i++) m = Math.max(m, Math.abs(a[i] - b[i]));
   return m;
 }
+
+/** A held cache's bytes, K then V (base64), to tell whether a call wrote anything. */
+export async function cacheSnapshot(srv: TestServer, id: string): Promise<string> {
+  const d = await srv.client.cacheData(id);
+  return d.key_cache.data.toBase64() + "|" + d.value_cache.data.toBase64();
+}
