@@ -41,8 +41,13 @@ export class CachePlacement<T extends Holder> {
     return l.length ? l : [this.holders[0]];
   }
 
-  /** The running holder with the fewest caches, of those not in `skip` (when any is not). */
-  fewest(skip: readonly T[] = []): T {
+  /**
+   * `prefer` when it runs and is not in `skip` (the thread a create came in on, so that its
+   * connection's calls stay there: thread_http.ts), else the running holder with the fewest
+   * caches, of those not in `skip` (when any is not).
+   */
+  fewest(skip: readonly T[] = [], prefer?: T): T {
+    if (prefer && prefer.lost === null && !skip.includes(prefer)) return prefer;
     const live = this.live();
     const some = live.filter((h) => !skip.includes(h));
     return (some.length ? some : live).reduce((a, b) => (b.caches < a.caches ? b : a));
@@ -57,8 +62,8 @@ export class CachePlacement<T extends Holder> {
    * A create with no id yet (`POST`): the holder (not one in `skip`, which refused it already),
    * counted now; `done` with the new id or null.
    */
-  reserve(skip: readonly T[] = []): { holder: T; done(id: string | null): void } {
-    const holder = this.fewest(skip);
+  reserve(skip: readonly T[] = [], prefer?: T): { holder: T; done(id: string | null): void } {
+    const holder = this.fewest(skip, prefer);
     holder.caches++;
     return {
       holder,
@@ -73,10 +78,10 @@ export class CachePlacement<T extends Holder> {
    * A `PUT` of `id` (it may create): its holder (a new place avoids `skip`, holders that refused
    * to create it); `fresh` when this call placed it; `done` with whether it succeeded.
    */
-  put(id: string, skip: readonly T[] = []): { holder: T; done(ok: boolean): void } {
+  put(id: string, skip: readonly T[] = [], prefer?: T): { holder: T; done(ok: boolean): void } {
     let p = this.#places.get(id);
     if (!p || p.holder.lost !== null) {
-      p = { holder: this.fewest(skip), pending: 0, confirmed: false, counted: false };
+      p = { holder: this.fewest(skip, prefer), pending: 0, confirmed: false, counted: false };
       this.#places.set(id, p);
     }
     const place = p;

@@ -115,7 +115,8 @@ export class PerKeyQueue {
 /**
  * A `PUT` of cache `id` under `--device-threads`: after any earlier `PUT` of the same id
  * (`queue`), to the id's holder, or for a new id to a thread with room, trying the next one
- * that has room when one refuses for memory ({@link createOnSomeThread}).
+ * that has room when one refuses for memory ({@link createOnSomeThread}); a new id goes to
+ * `prefer` first when given (the thread the `PUT` came in on).
  */
 export function putOnSomeThread<T extends Holder>(
   places: CachePlacement<T>,
@@ -123,10 +124,11 @@ export function putOnSomeThread<T extends Holder>(
   id: string,
   body: StreamedBody | null,
   send: (holder: T, body: StreamedBody | null, tentative: boolean) => Promise<Response>,
+  prefer?: T,
 ): Promise<Response> {
   return queue.run(id, () =>
     createOnSomeThread<T>(body, places.live().length, (skip) => {
-      const put = places.put(id, skip);
+      const put = places.put(id, skip, prefer);
       return {
         holder: put.holder,
         send: (b, tentative) => send(put.holder, b, tentative),

@@ -8,10 +8,20 @@
  * Messages: the main thread posts `device-init` ({@link DeviceThreadInit}), then the request
  * messages of worker_protocol.ts, then `device-close`; this thread answers `device-ready`
  * (or why its device cannot start), the responses, and `device-closed` once its service and
- * device are closed.
+ * device are closed. Under `--device-threads-http` the main thread also posts `http-listen`
+ * ({@link HttpListenMessage}: the thread serves the port itself, thread_http.ts; answered by
+ * `http-listening` or `http-failed`) and, on shutdown, `http-drain` (answered by `http-drained`
+ * with what the thread's drainer did).
  * @module
  */
 import { lineLogger } from "./problem.ts";
+import { accessAllowed } from "./auth.ts";
+import { RequestSender } from "./request_sender.ts";
+import { serveThreadHttp } from "./thread_http.ts";
+import { scanWorker } from "./forward_cache_id.ts";
+import { Drainer } from "./shutdown.ts";
+import type { ResilientServer } from "./serve_resilient.ts";
+import { INSTANCE_HEADER } from "../wire/names.ts";
 import type { KeepWarmOptions } from "../gpu/keep_warm.ts";
 import type { RuntimeOptions } from "../gpu/runtime_options.ts";
 import { acquireDevice, serviceAndHandler, type ServingOptions } from "./device_setup.ts";
@@ -32,6 +42,23 @@ export interface DeviceThreadInit extends ServingOptions {
   stderrLock: SharedArrayBuffer;
 }
 
+/** `--device-threads-http`: serve `port` here, passing what is not this thread's to `front`. */
+export interface HttpListenMessage {
+  type: "http-listen";
+  port: number;
+  hostname: string;
+  /** The front's token for thread_http.ts ORIGIN_HEADER. */
+  token: string;
+  /** The front's end of the requests this thread passes on (worker_protocol.ts messages). */
+  front: MessagePort;
+}
+
+/** What a thread's listener did: listening, failed (why), or drained (`http-drain`). */
+export type HttpListenerMessage =
+  | { type: "http-listening"; hostname: string; port: number }
+  | { type: "http-failed"; reason: string }
+  | { type: "http-drained"; drained: boolean; unfinished: number };
+
 /** A device thread's start: ready, or why not (`fatal`: an explicit runtime that cannot start). */
 export type DeviceReadyMessage =
   | { type: "device-ready"; ok: true }
@@ -48,6 +75,74 @@ class FatalStart extends Error {}
 
 let owner: RequestOwner | null = null;
 let close: (() => Promise<void>) | null = null;
+let settings: DeviceThreadInit | null = null;
+let serve: { handler: (req: Request) => Promise<Response>; holds: (id: string) => boolean } | null =
+  null;
+let listener: { server: ResilientServer; drainer: Drainer; close(): void } | null = null;
+
+/** Adds `X-Attention-Instance` to every answer when the server has a name (as main.ts does). */
+function named(
+  h: (req: Request) => Promise<Response>,
+  name: string | undefined,
+): (req: Request) => Promise<Response> {
+  if (name === undefined) return h;
+  return async (req) => {
+    const res = await h(req);
+    res.headers.set(INSTANCE_HEADER, name);
+    return res;
+  };
+}
+
+/** `http-listen`: this thread serves the port too (thread_http.ts). */
+function listen(m: HttpListenMessage): void {
+  const init = settings, s = serve;
+  if (!init || !s || listener) {
+    scope.postMessage({ type: "http-failed", reason: "not ready to listen" });
+    return;
+  }
+  const log = lineLogger(`device thread ${init.index}: `);
+  const front = new RequestSender(
+    (msg, t) => m.front.postMessage(msg, t ?? []),
+    init.maxBodyBytes,
+    accessAllowed(init.access),
+  );
+  m.front.onmessage = (e) => {
+    const wrong = front.receive(e.data);
+    if (wrong !== null) log(`the front: ${wrong}`, new Error(wrong));
+  };
+  const drainer = new Drainer();
+  const scans = scanWorker();
+  try {
+    const server = serveThreadHttp({
+      index: init.index,
+      port: m.port,
+      hostname: m.hostname,
+      token: m.token,
+      handler: s.handler,
+      holds: s.holds,
+      wrap: (h) => named(drainer.track(h), init.instance),
+      front,
+      scans,
+      onListen: ({ hostname, port }) =>
+        scope.postMessage({ type: "http-listening", hostname, port }),
+      log,
+    });
+    listener = { server, drainer, close: () => (scans.close(), m.front.close()) };
+  } catch (e) {
+    scans.close();
+    scope.postMessage({ type: "http-failed", reason: e instanceof Error ? e.message : String(e) });
+  }
+}
+
+/** `http-drain`: the listener's drain (shutdown.ts), then its answer. */
+async function drain(deadlineMs: number): Promise<void> {
+  const l = listener;
+  if (!l) return scope.postMessage({ type: "http-drained", drained: true, unfinished: 0 });
+  const r = await l.drainer.drain(l.server, { deadlineMs });
+  l.close();
+  listener = null;
+  scope.postMessage({ type: "http-drained", drained: r.drained, unfinished: r.unfinished });
+}
 
 async function start(init: DeviceThreadInit): Promise<void> {
   useStderrLock(init.stderrLock);
@@ -66,6 +161,8 @@ async function start(init: DeviceThreadInit): Promise<void> {
   );
   const log = lineLogger(`device thread ${init.index}: `);
   const { service, handler } = serviceAndHandler(device, init, log);
+  settings = init;
+  serve = { handler, holds: (id) => service.caches.peek(id) !== undefined };
   owner = new RequestOwner(
     (m: ResponseMessage, t: Transferable[]) => scope.postMessage(m, t),
     handler,
@@ -94,8 +191,14 @@ scope.onmessage = (e: MessageEvent) => {
     return;
   }
   if (data?.type === "device-fault") throw new Error("fault injected by the front (a test hook)");
+  if (data?.type === "http-listen") return listen(data as HttpListenMessage);
+  if (data?.type === "http-drain") {
+    return void drain(Number((data as { deadlineMs?: unknown }).deadlineMs) || 0);
+  }
   if (data?.type === "device-close") {
-    void (close?.() ?? Promise.resolve()).finally(() =>
+    const stopListening = listener ? listener.server.shutdown().then(listener.close) : null;
+    listener = null;
+    void (stopListening ?? Promise.resolve()).then(() => close?.()).finally(() =>
       scope.postMessage({ type: "device-closed" })
     );
     return;

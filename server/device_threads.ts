@@ -16,7 +16,7 @@
  */
 import { accessAllowed, type AccessPolicy } from "./auth.ts";
 import { mediaType } from "./body.ts";
-import type { DeviceReadyMessage, DeviceThreadInit } from "./device_thread.ts";
+import type { DeviceReadyMessage, DeviceThreadInit, HttpListenerMessage } from "./device_thread.ts";
 import { findForwardCacheId, scanWorker } from "./forward_cache_id.ts";
 import { CachePlacement } from "./cache_placement.ts";
 import { createOnSomeThread, PerKeyQueue, putOnSomeThread } from "./create_elsewhere.ts";
@@ -30,6 +30,8 @@ import {
   toProblem,
 } from "./problem.ts";
 import { RequestSender } from "./request_sender.ts";
+import { cachePath, ORIGIN_HEADER } from "./thread_http.ts";
+import { type ListeningThread, listenOnThreads, type ThreadListeners } from "./thread_listeners.ts";
 import { requestPath } from "./routes.ts";
 import { headOf, SAFETENSORS } from "./responses.ts";
 import { stderrLock } from "../gpu/runtime_stderr.ts";
@@ -65,10 +67,17 @@ export interface DeviceThreads {
   close(): Promise<void>;
   /** Makes thread `i` crash (tests use it to exercise a lost thread). */
   fault(i: number): void;
+  /**
+   * `--device-threads-http`: every thread serves `port` too (thread_listeners.ts), passing
+   * what is not its own to `handler` (the front's, as served: counted by main's drainer).
+   */
+  listen(
+    o: { port: number; hostname: string; handler: (req: Request) => Promise<Response> },
+  ): Promise<ThreadListeners>;
 }
 
 /** One device thread as the front sees it. */
-class Thread {
+class Thread implements ListeningThread {
   readonly worker: Worker;
   readonly sender: RequestSender;
   readonly ready = Promise.withResolvers<DeviceReadyMessage>();
@@ -76,6 +85,8 @@ class Thread {
   lost: string | null = null;
   /** Caches placed here (cache_placement.ts). */
   caches = 0;
+  /** Waiters for the thread's listener messages (thread_listeners.ts), in order. */
+  readonly #listenerWaits: ((m: HttpListenerMessage) => void)[] = [];
 
   constructor(
     readonly index: number,
@@ -94,6 +105,9 @@ class Thread {
       const type = (e.data as { type?: unknown } | null)?.type;
       if (type === "device-ready") return this.ready.resolve(e.data);
       if (type === "device-closed") return this.closed.resolve();
+      if (type === "http-listening" || type === "http-failed" || type === "http-drained") {
+        return this.#listenerWaits.shift()?.(e.data);
+      }
       const wrong = this.sender.receive(e.data);
       if (wrong !== null) log(`device thread ${index}: ${wrong}`, new Error(wrong));
     };
@@ -104,8 +118,17 @@ class Thread {
       this.ready.resolve({ type: "device-ready", ok: false, reason: e.message, fatal: false });
       this.sender.failAll(this.#lostProblem());
       this.closed.resolve();
+      const failed = { type: "http-failed" as const, reason: `the thread stopped: ${e.message}` };
+      this.#listenerWaits.splice(0).forEach((w) => w(failed));
     };
     this.worker.postMessage(init);
+  }
+
+  nextListenerMessage(): Promise<HttpListenerMessage> {
+    if (this.lost !== null) {
+      return Promise.resolve({ type: "http-failed", reason: `the thread stopped: ${this.lost}` });
+    }
+    return new Promise((r) => this.#listenerWaits.push(r));
   }
 
   /** The 503 of a call this thread cannot answer any more. */
@@ -126,17 +149,6 @@ class Thread {
     // Logged once, at the crash.
     return Promise.resolve(problemResponse(toProblem(this.#lostProblem(), undefined, NOT_LOGGED)));
   }
-}
-
-/** The cache id of a path under /v1/kv-caches/ (decoded as the route does), and what follows. */
-function cachePath(path: string): { id: string; rest: string } | null {
-  const m = /^\/v1\/kv-caches\/([^/]+)(\/.*)?$/.exec(path);
-  if (!m) return null;
-  let id = m[1];
-  try {
-    id = decodeURIComponent(id);
-  } catch { /* the thread names the bad id */ }
-  return { id, rest: m[2] ?? "" };
 }
 
 /**
@@ -172,10 +184,10 @@ export async function startDeviceThreads(
     await threadExitGrace(); // the process exits next (see threadExitGrace)
     return { ok: false, reason: `device thread ${bad}: ${r.reason}`, fatal: r.fatal };
   }
-  return { ok: true, front: front(threads, scrapeToken) };
+  return { ok: true, front: front(threads, scrapeToken, log) };
 }
 
-function front(threads: Thread[], scrapeToken: string): DeviceThreads {
+function front(threads: Thread[], scrapeToken: string, log: ErrorLogger): DeviceThreads {
   const places = new CachePlacement(threads);
   const puts = new PerKeyQueue();
   /** The header of a create another thread may be asked for (metrics_merge.ts). */
@@ -183,6 +195,11 @@ function front(threads: Thread[], scrapeToken: string): DeviceThreads {
     tentative ? [[TENTATIVE_HEADER, scrapeToken]] : [];
   const scans = scanWorker();
   const leastBusy = () => places.live().reduce((a, b) => (b.sender.size < a.sender.size ? b : a));
+  /** The thread a create came in on (thread_http.ts ORIGIN_HEADER with this front's token). */
+  const origin = (req: Request): Thread | undefined => {
+    const [i, token] = (req.headers.get(ORIGIN_HEADER) ?? "").split(" ");
+    return token === scrapeToken ? threads[Number(i)] : undefined;
+  };
 
   const onCache = async (req: Request, id: string, rest: string): Promise<Response> => {
     const method = req.method.toUpperCase();
@@ -201,6 +218,7 @@ function front(threads: Thread[], scrapeToken: string): DeviceThreads {
       id,
       body,
       (t, b, tent) => t.send(req, b, mark(tent)),
+      origin(req),
     );
   };
 
@@ -208,7 +226,7 @@ function front(threads: Thread[], scrapeToken: string): DeviceThreads {
   const create = async (req: Request): Promise<Response> => {
     const body = await threads[0].sender.readBody(req);
     return await createOnSomeThread<Thread>(body, places.live().length, (skip) => {
-      const r = places.reserve(skip);
+      const r = places.reserve(skip, origin(req));
       let id: string | null = null;
       return {
         holder: r.holder,
@@ -291,6 +309,7 @@ function front(threads: Thread[], scrapeToken: string): DeviceThreads {
     fault(i: number) {
       threads[i].worker.postMessage({ type: "device-fault" });
     },
+    listen: (o) => listenOnThreads(threads, { ...o, token: scrapeToken, log }),
     async close() {
       scans.close();
       for (const t of threads) if (t.lost === null) t.worker.postMessage({ type: "device-close" });

@@ -9,8 +9,11 @@
  * an explicit runtime that cannot start. With `--http-workers N` the HTTP work runs on N worker
  * threads (worker_front.ts) and this thread keeps the device and the service; with
  * `--device-threads N` it is the other way round: N worker threads each own a device and a
- * service (device_threads.ts) and this thread does the HTTP work. The only modules that call
- * Deno.serve are worker_front.ts (for this thread) and the HTTP worker (http_worker.ts).
+ * service (device_threads.ts) and this thread does the HTTP work, or, with
+ * `--device-threads-http`, the device threads serve the port themselves and pass this thread
+ * only what is not theirs (thread_http.ts, thread_listeners.ts). The only modules that call
+ * Deno.serve are worker_front.ts (for this thread), the HTTP worker (http_worker.ts) and the
+ * device threads' listener (thread_http.ts).
  * @module
  */
 import { acquireDevice, serviceAndHandler, type ServingOptions } from "./device_setup.ts";
@@ -19,7 +22,8 @@ import { sharedJsonDecoder } from "./json_decoder.ts";
 import { INSTANCE_HEADER } from "../wire/names.ts";
 import { Drainer } from "./shutdown.ts";
 import { type HttpServer, serveHttp } from "./worker_front.ts";
-import { startDeviceThreads } from "./device_threads.ts";
+import { type DeviceThreads, startDeviceThreads } from "./device_threads.ts";
+import type { ThreadListeners } from "./thread_listeners.ts";
 
 import { HELP, parseServeArgs, serveEnv, type ServeOptions } from "./serve_options.ts";
 import { BODY_TIMEOUT_ENV } from "./body_timeout.ts";
@@ -49,6 +53,8 @@ function describeAccess(a: ResolvedAccess): string {
 interface Served {
   handler: (req: Request) => Promise<Response>;
   close: () => Promise<void>;
+  /** The device threads (`--device-threads`), for their own listeners. */
+  threads?: DeviceThreads;
 }
 
 /** The options a service and its handler take, from the command line's. */
@@ -89,7 +95,11 @@ async function threadedService(o: ServeOptions, access: ResolvedAccess): Promise
     Deno.exit(started.fatal ? 2 : 1);
   }
   console.error(`device threads: ${o.deviceThreads}`);
-  return { handler: started.front.handler, close: () => started.front.close() };
+  return {
+    handler: started.front.handler,
+    close: () => started.front.close(),
+    threads: started.front,
+  };
 }
 
 async function main(): Promise<void> {
@@ -112,7 +122,7 @@ async function main(): Promise<void> {
   if (access.warning) console.error(access.warning);
   console.error(describeAccess(access));
   if (o.instanceName !== undefined) console.error(`instance: ${o.instanceName}`);
-  const { handler, close } = o.deviceThreads > 0
+  const { handler, close, threads } = o.deviceThreads > 0
     ? await threadedService(o, access)
     : await oneService(o, access);
   const drainer = new Drainer();
@@ -122,20 +132,29 @@ async function main(): Promise<void> {
   };
   const serve = named(drainer.track(handler), o.instanceName);
   let server: HttpServer;
+  let listeners: ThreadListeners | null = null;
   try {
-    server = await serveHttp({
-      workers: o.httpWorkers,
-      port: o.port,
-      hostname: o.host,
-      access: access.policy,
-      maxBodyBytes: o.maxBodyBytes,
-      onListen,
-    }, serve);
+    if (o.deviceThreadsHttp && threads) {
+      listeners = await threads.listen({ port: o.port, hostname: o.host, handler: serve });
+      console.error(`device threads serve the port: ${threads.threads}`);
+      onListen(listeners.addr);
+      server = { addr: listeners.addr, finished: new Promise(() => {}), shutdown: async () => {} };
+    } else {
+      server = await serveHttp({
+        workers: o.httpWorkers,
+        port: o.port,
+        hostname: o.host,
+        access: access.policy,
+        maxBodyBytes: o.maxBodyBytes,
+        onListen,
+      }, serve);
+    }
   } catch (e) {
-    if (o.httpWorkers === 0) throw e;
-    console.error(
-      `cannot serve with ${o.httpWorkers} HTTP workers: ${e instanceof Error ? e.message : e}`,
-    );
+    if (o.httpWorkers === 0 && !o.deviceThreadsHttp) throw e;
+    const what = o.deviceThreadsHttp
+      ? `device threads serving the port`
+      : `${o.httpWorkers} HTTP workers`;
+    console.error(`cannot serve with ${what}: ${e instanceof Error ? e.message : e}`);
     Deno.exit(1);
   }
   if (o.httpWorkers > 0) console.error(`http workers: ${o.httpWorkers}`);
@@ -150,7 +169,15 @@ async function main(): Promise<void> {
       `${sig}: stopping; finishing ${drainer.count} calls in flight ` +
         `(deadline ${o.shutdownDeadlineMs} ms)`,
     );
-    const r = await drainer.drain(server, { deadlineMs: o.shutdownDeadlineMs });
+    const [mine, theirs] = await Promise.all([
+      drainer.drain(server, { deadlineMs: o.shutdownDeadlineMs }),
+      listeners?.drain(o.shutdownDeadlineMs) ?? { drained: true, unfinished: 0 },
+    ]);
+    const r = {
+      drained: mine.drained && theirs.drained,
+      unfinished: mine.unfinished + theirs.unfinished,
+      ms: mine.ms,
+    };
     if (r.drained) {
       await close();
       console.error(`stopped: every call finished (${r.ms.toFixed(0)} ms)`);

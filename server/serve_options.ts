@@ -47,6 +47,9 @@ export const MAX_HTTP_WORKERS = 64;
 /** The environment variable of `--device-threads`. */
 export const DEVICE_THREADS_ENV = "ATTN_DEVICE_THREADS";
 
+/** The environment variable of `--device-threads-http` (`1` or `0`). */
+export const DEVICE_THREADS_HTTP_ENV = "ATTN_DEVICE_THREADS_HTTP";
+
 export const HELP = `attention service: batched paged attention over HTTP
 
 usage: deno task serve [options]
@@ -86,6 +89,11 @@ usage: deno task serve [options]
                             threads run side by side (default 0 = this thread owns the device;
                             also ${DEVICE_THREADS_ENV}; not with --http-workers). Each thread
                             gets 1/N of --memory-budget-bytes; keep-warm runs on thread 0
+  --device-threads-http     with --device-threads: each device thread also serves the port
+                            (Linux: the kernel spreads connections over the threads) and
+                            answers the calls on its own caches itself, with no hop through
+                            this thread; a cache created on a thread's connection is placed on
+                            it when it has room (also ${DEVICE_THREADS_HTTP_ENV}=1)
   --keep-warm-ms N          keep the GPU busy for N ms after each call with short spin
                             dispatches, so its clock stays up between calls (default 0 = off;
                             also ${KEEP_WARM_ENV}); draws power. Needs a runtime whose completion
@@ -131,6 +139,16 @@ function threadsOption(
   return Number(v);
 }
 
+/** `--device-threads-http` (the flag, else the environment variable: `1` or `0`). */
+function deviceThreadsHttpOption(flag: boolean | undefined, env: string | undefined): boolean {
+  if (flag !== undefined) return flag;
+  if (env === undefined || env === "") return false;
+  if (env !== "0" && env !== "1") {
+    throw new Error(`${DEVICE_THREADS_HTTP_ENV} must be 0 or 1, got ${JSON.stringify(env)}`);
+  }
+  return env === "1";
+}
+
 /** `--keep-warm-mode`. */
 function keepWarmMode(v: string | undefined): KeepWarmMode {
   if (v === undefined) return KEEP_WARM_DEFAULTS.mode;
@@ -171,6 +189,7 @@ export function serveEnv(): Record<string, string | undefined> {
   const env = runtimeEnv();
   env[HTTP_WORKERS_ENV] = envVar(HTTP_WORKERS_ENV);
   env[DEVICE_THREADS_ENV] = envVar(DEVICE_THREADS_ENV);
+  env[DEVICE_THREADS_HTTP_ENV] = envVar(DEVICE_THREADS_HTTP_ENV);
   env[KEEP_WARM_ENV] = envVar(KEEP_WARM_ENV);
   env[BODY_TIMEOUT_ENV] = envVar(BODY_TIMEOUT_ENV);
   return env;
@@ -195,6 +214,8 @@ export interface ServeOptions {
   httpWorkers: number;
   /** Device threads (0: this thread owns the device and the service). */
   deviceThreads: number;
+  /** The device threads serve the port themselves (thread_http.ts). */
+  deviceThreadsHttp: boolean;
   /** Keep-warm spins between calls (gpu/keep_warm.ts; `hold_ms` 0: off). */
   keepWarm: KeepWarmOptions;
   /** This instance's name in answers (`--instance-name`). */
@@ -231,6 +252,7 @@ export function parseServeArgs(
       "instance-name": { type: "string" },
       "http-workers": { type: "string" },
       "device-threads": { type: "string" },
+      "device-threads-http": { type: "boolean" },
       "keep-warm-ms": { type: "string" },
       "keep-warm-spin-iters": { type: "string" },
       "keep-warm-workgroups": { type: "string" },
@@ -284,6 +306,13 @@ export function parseServeArgs(
       `--http-workers (${httpWorkers}) and --device-threads (${deviceThreads}) exclude each other`,
     );
   }
+  const deviceThreadsHttp = deviceThreadsHttpOption(
+    values["device-threads-http"],
+    env[DEVICE_THREADS_HTTP_ENV],
+  );
+  if (deviceThreadsHttp && deviceThreads === 0) {
+    throw new Error("--device-threads-http needs --device-threads N with N >= 1, got 0");
+  }
   return {
     port,
     host: values.host ?? "127.0.0.1",
@@ -322,6 +351,7 @@ export function parseServeArgs(
     gpu: !values["no-gpu"],
     httpWorkers,
     deviceThreads,
+    deviceThreadsHttp,
     keepWarm: keepWarmOptions(values, env[KEEP_WARM_ENV]),
     ...(instanceName !== undefined ? { instanceName } : {}),
     runtime: resolveRuntimeOptions({

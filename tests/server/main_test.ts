@@ -24,6 +24,7 @@ Deno.test("main: flags and defaults", () => {
     gpu: true,
     httpWorkers: 0,
     deviceThreads: 0,
+    deviceThreadsHttp: false,
     keepWarm: { ...KEEP_WARM_DEFAULTS },
     runtime: DENO_RUNTIME,
     help: false,
@@ -69,6 +70,19 @@ Deno.test("main: flags and defaults", () => {
     },
   );
   assert.throws(() => parseServeArgs(["--max-json-body-bytes", "0"]), />= 1/);
+  // --device-threads-http: the flag or ATTN_DEVICE_THREADS_HTTP (0 or 1), with device threads.
+  assert.equal(
+    parseServeArgs(["--device-threads=2", "--device-threads-http"]).deviceThreadsHttp,
+    true,
+  );
+  const env = (v: string) => ({ ATTN_DEVICE_THREADS: "2", ATTN_DEVICE_THREADS_HTTP: v });
+  assert.equal(parseServeArgs([], env("1")).deviceThreadsHttp, true);
+  assert.equal(parseServeArgs([], env("0")).deviceThreadsHttp, false);
+  assert.throws(
+    () => parseServeArgs([], env("yes")),
+    /ATTN_DEVICE_THREADS_HTTP must be 0 or 1, got "yes"/,
+  );
+  assert.throws(() => parseServeArgs(["--device-threads-http"]), /needs --device-threads N/);
   assert.deepEqual(
     parseServeArgs(["--max-tokens-per-call", "64", "--max-attended-keys=1000"]).limits,
     { max_tokens: 64, max_attended_keys: 1000 },

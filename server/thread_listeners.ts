@@ -1,0 +1,112 @@
+/**
+ * The main thread's side of `--device-threads-http` (device_threads.ts, thread_http.ts): it
+ * binds the port with `reusePort` (so port 0 is one port for every thread), tells each device
+ * thread to serve it too, and closes its own hold once all listen, so the kernel spreads
+ * connections over the threads only. Each thread passes what is not its own to this thread
+ * through a MessageChannel of its own, where a RequestOwner runs the front's handler on it
+ * (request_owner.ts), as for an HTTP worker. On shutdown each thread drains its listener
+ * (shutdown.ts) and says what was left unfinished.
+ * @module
+ */
+import type { HttpListenerMessage, HttpListenMessage } from "./device_thread.ts";
+import type { ErrorLogger } from "./problem.ts";
+import { RequestOwner } from "./request_owner.ts";
+import { checkFromWorker } from "./worker_protocol.ts";
+
+/** What this needs of a device thread (device_threads.ts `Thread`). */
+export interface ListeningThread {
+  readonly index: number;
+  readonly worker: Worker;
+  readonly lost: string | null;
+  /** Resolves with the thread's next listener message. */
+  nextListenerMessage(): Promise<HttpListenerMessage>;
+}
+
+/** The threads' listeners, once all listen. */
+export interface ThreadListeners {
+  readonly addr: { hostname: string; port: number };
+  /** Drains every running thread's listener within `deadlineMs`; sums what was left. */
+  drain(deadlineMs: number): Promise<{ drained: boolean; unfinished: number }>;
+}
+
+/** The front's end of one thread's channel: messages to the owner, answers posted back. */
+function frontEnd(port: MessagePort, handler: (r: Request) => Promise<Response>, log: ErrorLogger) {
+  const owner = new RequestOwner((m, t) => port.postMessage(m, t), handler, log);
+  port.onmessage = (e) => {
+    const m = checkFromWorker(e.data);
+    if (typeof m === "string") {
+      log("a device thread's listener sent a malformed message", new Error(m));
+      const id = (e.data as { id?: unknown } | null)?.id;
+      if (typeof id === "number" && (e.data as { type?: unknown }).type === "head") {
+        owner.malformed(id, m);
+      }
+      return;
+    }
+    if (m.type === "head") owner.head(m);
+    else if (m.type === "body") owner.body(m);
+    else if (m.type === "abort") owner.abort(m.id);
+  };
+  return owner;
+}
+
+/**
+ * Makes every thread serve `port` on `hostname` (0: a free one), passing the rest to `handler`
+ * here. Rejects with the first thread's reason when one cannot listen (the others keep their
+ * listeners until the process exits: main.ts exits then).
+ */
+export async function listenOnThreads(
+  threads: readonly ListeningThread[],
+  o: {
+    port: number;
+    hostname: string;
+    token: string;
+    handler: (req: Request) => Promise<Response>;
+    log: ErrorLogger;
+  },
+): Promise<ThreadListeners> {
+  const hold = Deno.listen({ port: o.port, hostname: o.hostname, reusePort: true });
+  const port = (hold.addr as Deno.NetAddr).port;
+  try {
+    const answers = await Promise.all(threads.map((t) => {
+      const channel = new MessageChannel();
+      frontEnd(channel.port1, o.handler, o.log);
+      const answer = t.nextListenerMessage();
+      const m: HttpListenMessage = {
+        type: "http-listen",
+        port,
+        hostname: o.hostname,
+        token: o.token,
+        front: channel.port2,
+      };
+      t.worker.postMessage(m, [channel.port2]);
+      return answer;
+    }));
+    const bad = answers.findIndex((a) => a.type !== "http-listening");
+    if (bad >= 0) {
+      const a = answers[bad];
+      const why = a.type === "http-failed" ? a.reason : a.type;
+      throw new Error(`device thread ${threads[bad].index} cannot listen: ${why}`);
+    }
+    const first = answers[0] as Extract<HttpListenerMessage, { type: "http-listening" }>;
+    return {
+      addr: { hostname: first.hostname, port: first.port },
+      async drain(deadlineMs) {
+        const done = await Promise.all(threads.map((t) => {
+          if (t.lost !== null) return Promise.resolve(null);
+          const answer = t.nextListenerMessage();
+          t.worker.postMessage({ type: "http-drain", deadlineMs });
+          return answer;
+        }));
+        let drained = true, unfinished = 0;
+        for (const d of done) {
+          if (d?.type !== "http-drained") continue;
+          drained &&= d.drained;
+          unfinished += d.unfinished;
+        }
+        return { drained, unfinished };
+      },
+    };
+  } finally {
+    hold.close();
+  }
+}
