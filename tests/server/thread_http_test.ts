@@ -42,9 +42,9 @@ Deno.test("thread listener: its own caches here, the rest to the front", async (
     (m, t) => {
       queueMicrotask(() => {
         const o = structuredClone(m, { transfer: t ?? [] });
-        if (o.type === "head") owner.head(o);
-        else if (o.type === "body") owner.body(o);
-        else if (o.type === "abort") owner.abort(o.id);
+        if (o.type === "head") ends.owner!.head(o);
+        else if (o.type === "body") ends.owner!.body(o);
+        else if (o.type === "abort") ends.owner!.abort(o.id);
       });
     },
     1 << 26,
