@@ -5,11 +5,7 @@
  * @module
  */
 import { parseArgs } from "node:util";
-import {
-  resolveRuntimeOptions,
-  runtimeEnv,
-  type RuntimeOptions,
-} from "../gpu/runtime_options.ts";
+import { resolveRuntimeOptions, runtimeEnv, type RuntimeOptions } from "../gpu/runtime_options.ts";
 import { type CallLimits, DEFAULT_CALL_LIMITS } from "../service/validate.ts";
 import {
   DEFAULT_MAX_BODY_BYTES,
