@@ -4,21 +4,18 @@
  * there is none.
  * @module
  */
-import { WebGpuDeviceManager } from "../mod.ts";
+import type { WebGpuDeviceManager } from "../mod.ts";
 import type { GpuContext } from "../core/types.ts";
-import { selectRuntime } from "../gpu/runtime.ts";
+import { acquireSelected } from "../gpu/device.ts";
 import { resolveRuntimeOptions, runtimeEnv } from "../gpu/runtime_options.ts";
 
 /** The device manager and its device; the process exits (2) naming why when there is none. */
 export async function benchDevice(
   runtime: string | undefined,
 ): Promise<{ device: WebGpuDeviceManager; gpu: GpuContext }> {
-  const device = new WebGpuDeviceManager({
-    selection: await selectRuntime(
-      resolveRuntimeOptions({ runtime }, runtimeEnv(), "--runtime"),
-    ),
-  });
-  const gpu = await device.acquire();
+  const { manager: device, ctx: gpu } = await acquireSelected(
+    resolveRuntimeOptions({ runtime }, runtimeEnv(), "--runtime"),
+  );
   if (!gpu) {
     console.error(`no WebGPU device: ${device.report().reason}`);
     Deno.exit(2);

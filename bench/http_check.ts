@@ -7,8 +7,8 @@
  * @module
  */
 import { parseArgs } from "node:util";
-import { AttentionService, builtinBackends, createHandler, WebGpuDeviceManager } from "../mod.ts";
-import { selectRuntime } from "../gpu/runtime.ts";
+import { AttentionService, builtinBackends, createHandler } from "../mod.ts";
+import { acquireSelected } from "../gpu/device.ts";
 import { resolveRuntimeOptions, runtimeEnv } from "../gpu/runtime_options.ts";
 import { AttentionClient, type ForwardBody } from "../client/client.ts";
 import { allclose } from "../tests/support/compare.ts";
@@ -21,12 +21,9 @@ const [bs, kvh, hs, heads] = [16, 8, 128, 32];
 const blockBytes = 2 * bs * kvh * hs * 2; // K+V, f16
 const numBlocks = Math.floor(gib * 2 ** 30 / blockBytes);
 
-const device = new WebGpuDeviceManager({
-  selection: await selectRuntime(
-    resolveRuntimeOptions({ runtime: args.runtime }, runtimeEnv(), "--runtime"),
-  ),
-});
-const gpu = await device.acquire();
+const { manager: device, ctx: gpu } = await acquireSelected(
+  resolveRuntimeOptions({ runtime: args.runtime }, runtimeEnv(), "--runtime"),
+);
 if (!gpu) {
   console.log(`no WebGPU adapter (${device.report().reason}): nothing to check`);
   Deno.exit(0);

@@ -30,8 +30,7 @@ import type {
   ValidBatch,
 } from "../core/types.ts";
 import { validHostBatch } from "../service/host_input.ts";
-import { WebGpuDeviceManager } from "../gpu/device.ts";
-import { selectRuntime } from "../gpu/runtime.ts";
+import { acquireSelected, type WebGpuDeviceManager } from "../gpu/device.ts";
 import { describeAdapter, isSoftwareAdapter } from "../gpu/runtime_adapter.ts";
 import { completionRoundTrip } from "../gpu/runtime_device.ts";
 import { resolveRuntimeOptions, runtimeEnv } from "../gpu/runtime_options.ts";
@@ -214,8 +213,7 @@ async function main(): Promise<void> {
     console.error(e instanceof Error ? e.message : e);
     Deno.exit(2);
   }
-  const mgr = new WebGpuDeviceManager({ selection: await selectRuntime(runtime) });
-  const gpu = await mgr.acquire();
+  const { manager: mgr, ctx: gpu } = await acquireSelected(runtime);
   if (!gpu) {
     console.error(`no WebGPU device on runtime ${mgr.runtime.name}: ${mgr.report().reason}`);
     Deno.exit(2);

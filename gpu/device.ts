@@ -10,12 +10,15 @@
  */
 import type { AdapterInfoReport, DeviceProvider, DeviceReport, GpuContext } from "../core/types.ts";
 import {
+  autoWithoutDawn,
   denoRuntime,
   loadRuntime,
   type RuntimeLoader,
   type RuntimeSelection,
+  selectRuntime,
   type WebGpuRuntime,
 } from "./runtime.ts";
+import type { RuntimeOptions } from "./runtime_options.ts";
 import { adapterInfoOf } from "./runtime_adapter.ts";
 import { numericLimits, requestFullDevice } from "./runtime_device.ts";
 import { OtherRuntimes } from "./runtime_probe.ts";
@@ -260,6 +263,39 @@ export class WebGpuDeviceManager implements DeviceProvider {
       c.lostInfo?.reason ?? "unknown"
     }${m}); it is re-acquired on the next request`;
   }
+}
+
+/** A manager on the selected runtime, its first device (null: none), and the selection. */
+export interface SelectedDevice {
+  manager: WebGpuDeviceManager;
+  ctx: GpuContext | null;
+  selection: RuntimeSelection;
+}
+
+/**
+ * A manager on the runtime `opts` selects ({@link selectRuntime}), with its first device
+ * acquired. `auto` chooses Dawn on a hardware adapter before asking it for a device: where Dawn
+ * then makes none, Deno's runtime serves instead ({@link autoWithoutDawn}), and the report says
+ * why Dawn was not chosen. An explicit runtime gets no fall-back (`ctx` null, the reason in
+ * the manager's report).
+ */
+export async function acquireSelected(
+  opts: RuntimeOptions,
+  load: RuntimeLoader = loadRuntime,
+): Promise<SelectedDevice> {
+  let selection = await selectRuntime(opts, load);
+  let manager = new WebGpuDeviceManager({ selection, load });
+  let ctx = await manager.acquire();
+  if (!ctx) {
+    const instead = await autoWithoutDawn(selection, manager.report().reason ?? "no device", load);
+    if (instead !== selection) {
+      manager.close();
+      selection = instead;
+      manager = new WebGpuDeviceManager({ selection, load });
+      ctx = await manager.acquire();
+    }
+  }
+  return { manager, ctx, selection };
 }
 
 /** A provider with no device at all (`--no-gpu`, or tests of host-only paths). */

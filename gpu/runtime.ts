@@ -151,13 +151,16 @@ export interface RuntimeSelection {
   others: Record<string, RuntimeProbeReport>;
   /** Dawn's flags, for probing Dawn later when it was not chosen. */
   dawnFlags: readonly string[];
+  /** `auto` choosing Dawn: what its probe found (for {@link autoWithoutDawn} to report). */
+  probe?: RuntimeProbeReport;
 }
 
 /**
  * Resolves the choice. `deno` and `dawn` load that runtime (a Dawn that fails to load comes
  * back with `unavailable` set: the caller decides to exit). `auto` loads Dawn and asks it for
  * an adapter: a hardware one picks Dawn; otherwise Deno's runtime, with Dawn's reason in
- * `others.dawn`.
+ * `others.dawn`. Whether Dawn then makes a device is known only once asked: where it does not,
+ * {@link autoWithoutDawn} turns the choice to Deno's runtime (gpu/device.ts acquireSelected).
  */
 export async function selectRuntime(
   opts: RuntimeOptions,
@@ -169,25 +172,55 @@ export async function selectRuntime(
     return { ...common, runtime, because: `requested ${opts.choice}`, others: {} };
   }
   const dawn = await load("dawn", opts.dawnFlags);
-  const p = await probeRuntime(dawn);
-  if (p.available && !p.software) {
+  const { software, ...probe } = await probeRuntime(dawn);
+  if (probe.available && !software) {
     return {
       ...common,
       runtime: dawn,
-      because: `auto: Dawn found a hardware adapter, ${describeAdapter(p.adapter!)}`,
+      because: `auto: Dawn found a hardware adapter, ${describeAdapter(probe.adapter!)}`,
       others: {},
+      probe,
     };
   }
-  const { software: _s, ...probe } = p;
-  const why = p.available
+  const why = probe.available
     ? `Dawn's adapter is a software one, ${
-      describeAdapter(p.adapter!)
+      describeAdapter(probe.adapter!)
     }; auto picks Dawn only on hardware`
-    : p.reason!;
+    : probe.reason!;
+  return denoInstead(common, probe, why, load);
+}
+
+/** `auto`'s choice of Deno's runtime, with why not Dawn in `because` and `others.dawn`. */
+async function denoInstead(
+  common: { requested: RuntimeChoice; dawnFlags: readonly string[] },
+  dawn: RuntimeProbeReport,
+  why: string,
+  load: RuntimeLoader,
+): Promise<RuntimeSelection> {
   return {
     ...common,
-    runtime: await load("deno", opts.dawnFlags),
+    runtime: await load("deno", common.dawnFlags),
     because: `auto: not Dawn (${why})`,
-    others: { dawn: { ...probe, reason: why } },
+    others: { dawn: { ...dawn, reason: why } },
   };
+}
+
+/**
+ * `auto` chose Dawn on a hardware adapter and Dawn then made no device (`reason`, the device
+ * manager's): Deno's runtime instead, with Dawn's adapter and why in `others.dawn` and
+ * `because`, which `GET /v1/device` reports. Any other selection comes back as it is (an
+ * explicit `dawn` that cannot start is the caller's to refuse).
+ */
+export function autoWithoutDawn(
+  sel: RuntimeSelection,
+  reason: string,
+  load: RuntimeLoader = loadRuntime,
+): Promise<RuntimeSelection> {
+  if (sel.requested !== "auto" || sel.runtime.name !== "dawn") return Promise.resolve(sel);
+  const probe = sel.probe ?? { available: false };
+  const found = probe.adapter
+    ? `Dawn found a hardware adapter, ${describeAdapter(probe.adapter)}, but`
+    : "Dawn";
+  const why = `${found} could not create a device: ${reason}`;
+  return denoInstead({ requested: sel.requested, dawnFlags: sel.dawnFlags }, probe, why, load);
 }

@@ -2,8 +2,10 @@
  * The server's device at start-up: no device with `--no-gpu`, else the selected WebGPU runtime
  * (`--webgpu-runtime deno|dawn|auto`) and its device, with one start-up line naming runtime,
  * version, backend API and adapter; an explicit `dawn` that cannot start exits 2 with Dawn's
- * own reason. The runtime not chosen is probed once in the background (no device) so
- * `/v1/device` can say why it was not used. With `--keep-warm-ms N` the provider is wrapped in
+ * own reason, and an `auto` whose Dawn found a hardware adapter but made no device serves on
+ * Deno's runtime (gpu/device.ts acquireSelected), `/v1/device` saying why not Dawn. The runtime
+ * not chosen is probed once in the background (no device) so `/v1/device` can say why it was
+ * not used. With `--keep-warm-ms N` the provider is wrapped in
  * gpu/keep_warm.ts's KeepWarmProvider (one start-up line says whether it is on, or why not).
  * @module
  */
@@ -15,8 +17,8 @@ import type { CallLimits } from "../service/validate.ts";
 import type { AccessPolicy } from "./auth.ts";
 import { createHandler } from "./handler.ts";
 import { SCRAPE_HEADER, TENTATIVE_HEADER } from "./metrics_merge.ts";
-import { NoDeviceProvider, WebGpuDeviceManager } from "../gpu/device.ts";
-import { selectRuntime } from "../gpu/runtime.ts";
+import { acquireSelected, NoDeviceProvider } from "../gpu/device.ts";
+import type { RuntimeLoader } from "../gpu/runtime.ts";
 import type { RuntimeOptions } from "../gpu/runtime_options.ts";
 import { deviceSummary, otherRuntimesSummary } from "../gpu/runtime_report.ts";
 import { type KeepWarmOptions, KeepWarmProvider } from "../gpu/keep_warm.ts";
@@ -30,6 +32,8 @@ export interface DeviceSetupHooks {
   /** Probe the runtime not chosen for /v1/device (default true; device threads past the first
    * skip it, so Dawn is not loaded in every thread only to be described). */
   probeOthers?: boolean;
+  /** Loads the runtimes (default gpu/runtime.ts loadRuntime; tests give fakes). */
+  load?: RuntimeLoader;
 }
 
 const exit2 = (reason: string): never => {
@@ -49,8 +53,7 @@ export async function acquireDevice(
     say("webgpu: disabled (--no-gpu)");
     return { device: new NoDeviceProvider(), close: () => {} };
   }
-  const mgr = new WebGpuDeviceManager({ selection: await selectRuntime(runtime) });
-  const ctx = await mgr.acquire();
+  const { manager: mgr, ctx } = await acquireSelected(runtime, hooks.load);
   if (!ctx && runtime.choice === "dawn") {
     (hooks.fatal ?? exit2)(`webgpu: --webgpu-runtime dawn cannot start: ${mgr.report().reason}`);
   }

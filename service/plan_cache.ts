@@ -9,13 +9,24 @@
  * seq_lens and slots miss (the backend plans them again, cheaply: backends/decode_plan.ts) and
  * push the oldest variant out; several engines stepping the same shape keep a variant each.
  * Least recently used plans are dropped past the limit; a dropped plan is disposed once no
- * call holds it. A new device generation misses by construction; {@link PlanCache.clear} drops
- * everything (device loss, shutdown).
+ * call holds it. A new device generation misses by construction, and the plans of a device are
+ * dropped when it is lost (the cache watches each device it plans on, gpu/device.ts
+ * onDeviceLost): they hold the dead device's buffers and their tables' memory, which the LRU
+ * alone would keep until newer plans pushed them out. A plan made on a device already lost (a
+ * call that took the context just before the loss) is handed out but never cached.
+ * {@link PlanCache.clear} drops everything (shutdown).
  * @module
  */
-import type { AttentionBackend, BackendContext, BatchShape, PlanContract } from "../core/types.ts";
+import type {
+  AttentionBackend,
+  BackendContext,
+  BatchShape,
+  GpuContext,
+  PlanContract,
+} from "../core/types.ts";
 import { keyArrays } from "./batch_key.ts";
 import { TABLE_MEMORY, type TableLease } from "../gpu/plan_table.ts";
+import { onDeviceLost } from "../gpu/device.ts";
 
 /** Plans kept under one plan key (metadata variants of one shape). */
 export const PLAN_VARIANTS = 4;
@@ -23,6 +34,8 @@ export const PLAN_VARIANTS = 4;
 interface Entry {
   key: string;
   backend: AttentionBackend;
+  /** The device the plan was made on (null: host). */
+  device: GPUDevice | null;
   plan: Promise<PlanContract>;
   arrays: (ArrayLike<number> | null)[];
   /** The memory of `arrays`. */
@@ -91,6 +104,8 @@ export class PlanCache {
   #hits = 0;
   #misses = 0;
   #disposed = 0;
+  /** The devices whose loss is watched, each with its unregister function. */
+  #watched = new Map<GPUDevice, () => void>();
 
   constructor(limit = 256) {
     this.limit = limit;
@@ -109,9 +124,11 @@ export class PlanCache {
     const hit = e !== undefined;
     if (!e) {
       this.#misses++;
+      if (ctx.gpu) this.#watch(ctx.gpu);
       e = {
         key,
         backend: backend as AttentionBackend,
+        device: ctx.gpu?.device ?? null,
         plan: Promise.resolve().then(() => backend.plan(shape, ctx)),
         ...copy(arrays),
         holders: 0,
@@ -135,6 +152,8 @@ export class PlanCache {
     }
     const entry = e;
     entry.holders++;
+    // The device was lost before this call planned on it: the plan is this call's alone.
+    if (ctx.gpu?.lost && !entry.dropped) this.#drop(entry);
     try {
       const plan = (await entry.plan) as P;
       let released = false;
@@ -182,8 +201,28 @@ export class PlanCache {
     }, () => {});
   }
 
-  /** Drops every plan (each disposed once no call holds it). */
+  /** Drops the plans of `gpu`'s device when it is lost (once per device). */
+  #watch(gpu: GpuContext): void {
+    const device = gpu.device;
+    if (this.#watched.has(device)) return;
+    this.#watched.set(
+      device,
+      onDeviceLost(gpu, () => {
+        this.#watched.delete(device);
+        this.dropDevice(device);
+      }),
+    );
+  }
+
+  /** Drops every plan made on `device` (each disposed once no call holds it). */
+  dropDevice(device: GPUDevice): void {
+    for (const e of [...this.#lru]) if (e.device === device) this.#drop(e);
+  }
+
+  /** Drops every plan (each disposed once no call holds it) and stops watching devices. */
   clear(): void {
+    for (const unwatch of this.#watched.values()) unwatch();
+    this.#watched.clear();
     for (const e of [...this.#lru]) this.#drop(e);
   }
 

@@ -1,7 +1,8 @@
 /**
  * Runtime options and selection with fake runtimes (no GPU needed): flag and environment
- * parsing, `deno`/`dawn`/`auto` and the reasons recorded when a runtime is not used, the
- * report fields, and the pure helpers (Dawn's printed messages, backend API, vendor names,
+ * parsing, `deno`/`dawn`/`auto` and the reasons recorded when a runtime is not used (the
+ * server's start-up too: an `auto` whose Dawn finds a hardware adapter but makes no device
+ * serves on Deno's runtime, saying why), the report fields, and the pure helpers (Dawn's printed messages, backend API, vendor names,
  * software adapters, the subgroups enable shim, stderr capture).
  */
 import assert from "node:assert/strict";
@@ -17,6 +18,7 @@ import {
   splitDawnFlags,
 } from "../../gpu/runtime_options.ts";
 import { captureStderr } from "../../gpu/runtime_stderr.ts";
+import { acquireDevice } from "../../server/device_setup.ts";
 import { enableSubgroups } from "../../gpu/runtime_wgsl.ts";
 
 const DEFAULT = [...DEFAULT_DAWN_FLAGS];
@@ -205,6 +207,113 @@ Deno.test("runtime selection: auto falls back to deno, recording why not Dawn", 
   assert.equal(r.other_runtimes?.dawn.reason, "cannot load npm:webgpu@0.6.2: boom");
   await mgr.probeOtherRuntimes();
   assert.deepEqual(loaded, []);
+});
+
+/** A fake device (never lost until destroyed). */
+function fakeDevice(): GPUDevice {
+  let lose!: (info: GPUDeviceLostInfo) => void;
+  const lost = new Promise<GPUDeviceLostInfo>((r) => (lose = r));
+  return {
+    features: new Set<string>(),
+    limits: {},
+    lost,
+    destroy: () => lose({ reason: "destroyed", message: "" } as GPUDeviceLostInfo),
+  } as unknown as GPUDevice;
+}
+
+/** A fake GPU whose adapter has `info` and makes a fake device, or fails with `refuse`. */
+function deviceGpu(info: Record<string, unknown>, refuse?: string): GPU {
+  const adapter = {
+    info,
+    features: new Set<string>(),
+    limits: {},
+    requestDevice: () =>
+      refuse === undefined ? Promise.resolve(fakeDevice()) : Promise.reject(new Error(refuse)),
+  };
+  return { requestAdapter: () => Promise.resolve(adapter) } as unknown as GPU;
+}
+
+/** A loader whose Dawn finds a hardware adapter (its device refused with `refuse`), Deno a device. */
+function hardwareDawnLoader(refuse: string | undefined, loaded: string[] = []): RuntimeLoader {
+  return (name, flags) => {
+    loaded.push(name);
+    return Promise.resolve(
+      name === "deno"
+        ? runtimeFromGpu(deviceGpu(LAVAPIPE), { name: "deno", version: "2" })
+        : runtimeFromGpu(deviceGpu(HARDWARE, refuse), { name: "dawn", version: "0.6.2", flags }),
+    );
+  };
+}
+
+Deno.test("serve start-up: auto falls back to deno when Dawn's hardware adapter makes no device", async () => {
+  const lines: string[] = [];
+  const loaded: string[] = [];
+  const { device, close } = await acquireDevice(
+    true,
+    { choice: "auto", dawnFlags: DEFAULT },
+    undefined,
+    {
+      line: (t) => lines.push(t),
+      fatal: (r) => assert.fail(`auto must not be fatal: ${r}`),
+      load: hardwareDawnLoader("no device for you", loaded),
+    },
+  );
+  try {
+    const r = device.report();
+    assert.equal(r.available, true, `served with no device: ${r.reason}`);
+    assert.equal(r.runtime, "deno");
+    assert.ok(device.current(), "Deno's runtime gave the device");
+    const why = "Dawn found a hardware adapter, NVIDIA H200 (nvidia, hopper), but could not " +
+      "create a device: requestDevice failed: no device for you";
+    assert.equal(r.selection, `auto: not Dawn (${why})`);
+    const dawn = r.other_runtimes?.dawn;
+    assert.equal(dawn?.available, true, "Dawn loads and finds an adapter");
+    assert.equal(dawn?.reason, why, "/v1/device says why Dawn was not chosen");
+    assert.equal(dawn?.version, "0.6.2");
+    assert.equal(dawn?.adapter?.description, "NVIDIA H200");
+    assert.match(lines[0], /^webgpu: deno 2 .*; auto: not Dawn \(Dawn found a hardware adapter/);
+    await new Promise((res) => setTimeout(res, 0)); // the background probe of the others
+    assert.deepEqual(loaded, ["dawn", "deno"], "Dawn is not loaded again to be described");
+  } finally {
+    await close();
+  }
+});
+
+Deno.test("serve start-up: auto keeps Dawn when its hardware adapter makes a device", async () => {
+  const { device, close } = await acquireDevice(
+    true,
+    { choice: "auto", dawnFlags: DEFAULT },
+    undefined,
+    { line: () => {}, probeOthers: false, load: hardwareDawnLoader(undefined) },
+  );
+  try {
+    const r = device.report();
+    assert.equal(r.available, true);
+    assert.equal(r.runtime, "dawn");
+    assert.match(r.selection ?? "", /^auto: Dawn found a hardware adapter, NVIDIA H200/);
+  } finally {
+    await close();
+  }
+});
+
+Deno.test("serve start-up: an explicit dawn whose device fails is fatal, not a fall-back", async () => {
+  const fatal = await acquireDevice(
+    true,
+    { choice: "dawn", dawnFlags: DEFAULT },
+    undefined,
+    {
+      line: () => {},
+      probeOthers: false,
+      load: hardwareDawnLoader("no device for you"),
+      fatal: (r) => {
+        throw new Error(r);
+      },
+    },
+  ).then(() => "", (e) => (e as Error).message);
+  assert.equal(
+    fatal,
+    "webgpu: --webgpu-runtime dawn cannot start: requestDevice failed: no device for you",
+  );
 });
 
 Deno.test("runtime report: the runtime not chosen is probed once, lazily, without a device", async () => {

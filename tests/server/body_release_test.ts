@@ -14,9 +14,9 @@ import { releaseBody } from "../../server/forward_routes.ts";
 import { maxAbsDiff, rand, refAttention, startServer, to3d } from "./helpers.ts";
 import { builtinBackends } from "../../backends/index.ts";
 import type { AttentionBackend } from "../../core/types.ts";
-import { WebGpuDeviceManager } from "../../gpu/device.ts";
 import type { ForwardBody } from "../../client/client.ts";
 import { NO_GPU } from "../gpu/helpers.ts";
+import { newManager } from "../support/gpu.ts";
 import { F32_CACHE, Seqs } from "./seqs.ts";
 
 Deno.test("forward over HTTP: a safetensors body's memory is released once answered", async () => {
@@ -74,7 +74,7 @@ Deno.test({
   sanitizeResources: false,
 }, async () => {
   const H = 4, Hkv = 2, D = 64, S = 20;
-  const device = new WebGpuDeviceManager();
+  const device = newManager();
   await device.acquire();
   const srv = await startServer({ device, backends: builtinBackends() as AttentionBackend[] });
   try {
@@ -126,6 +126,6 @@ Deno.test({
     );
   } finally {
     await srv.close();
-    device.current()?.device.destroy();
+    device.close();
   }
 });

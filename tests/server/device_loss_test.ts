@@ -1,16 +1,18 @@
 /**
- * Device loss over HTTP with the real WebGPU device (destroyed in the test): calls on a GPU
- * cache that lived on it answer 503 with Retry-After, the cache is reported lost (never served
- * as garbage), the device is re-acquired with the next generation, and a new cache on it works
- * and matches the float64 reference. Skipped without an adapter.
+ * Device loss over HTTP with the real WebGPU device (destroyed in the test), on the suite's
+ * runtime (`ATTN_WEBGPU_RUNTIME`, tests/support/gpu.ts): calls on a GPU cache that lived on it
+ * answer 503 with Retry-After, the cache is reported lost (never served as garbage), the plans
+ * built on the lost device are dropped at once, the device is re-acquired with the next
+ * generation, and a new cache on it works (with a plan of its own) and matches the float64
+ * reference. Skipped without an adapter.
  */
 import assert from "node:assert/strict";
 import { builtinBackends } from "../../backends/index.ts";
 import type { AttentionBackend } from "../../core/types.ts";
-import { WebGpuDeviceManager } from "../../gpu/device.ts";
 import type { ForwardBody } from "../../client/client.ts";
 import { maxAbsDiff, rand, refAttention, startServer, to3d } from "./helpers.ts";
 import { NO_GPU } from "../gpu/helpers.ts";
+import { newManager } from "../support/gpu.ts";
 
 const H = 2, Hkv = 1, D = 64;
 
@@ -33,7 +35,7 @@ Deno.test({
   sanitizeOps: false,
   sanitizeResources: false,
 }, async () => {
-  const device = new WebGpuDeviceManager();
+  const device = newManager();
   const gpu = await device.acquire();
   const srv = await startServer({ device, backends: builtinBackends() as AttentionBackend[] });
   try {
@@ -41,9 +43,15 @@ Deno.test({
     const c = await srv.client.createCache({ ...spec, dtype: "float32" });
     const kv = { k: rand(D), v: rand(D) }, q = rand(H * D);
     await srv.client.forward(step(c.id, kv, q));
+    const plans = srv.service.plans;
+    assert.equal(plans.stats().size, 1, "the call's plan is cached");
     const lost = new Promise((r) => gpu!.device.lost.then(r));
     gpu!.device.destroy();
     await lost;
+    await new Promise((r) => setTimeout(r, 0));
+    // Plans hold the dead device's buffers and table memory: dropped with it, not left to LRU.
+    assert.equal(plans.stats().size, 0, "the lost device's plans are dropped");
+    assert.equal(plans.stats().disposed, 1, "and disposed");
     const res = await fetch(`${srv.url}/v1/attention/forward`, {
       method: "POST",
       headers: { "content-type": "application/json" },
@@ -67,8 +75,10 @@ Deno.test({
       v: to3d(kv.v, 1, Hkv, D),
     });
     assert.ok(maxAbsDiff(ans.output.values, want.out.flat(2)) < 1e-5);
+    assert.equal(plans.stats().size, 1, "the new device got a plan of its own");
+    assert.equal(plans.stats().hits, 0);
   } finally {
     await srv.close();
-    device.current()?.device.destroy();
+    device.close();
   }
 });

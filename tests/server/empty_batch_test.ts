@@ -8,8 +8,8 @@ import assert from "node:assert/strict";
 import type { ForwardBody } from "../../client/client.ts";
 import { builtinBackends } from "../../backends/index.ts";
 import type { AttentionBackend } from "../../core/types.ts";
-import { WebGpuDeviceManager } from "../../gpu/device.ts";
 import { NO_GPU } from "../gpu/helpers.ts";
+import { newManager } from "../support/gpu.ts";
 import { cacheSnapshot, expectProblem, rand, startServer, type TestServer } from "./helpers.ts";
 
 const H = 4, HKV = 2, D = 64;
@@ -94,12 +94,13 @@ Deno.test("empty batch: 200 with an empty output on CPU_REFERENCE, both transpor
 });
 
 Deno.test("empty batch: 200 on the GPU backends", { ignore: NO_GPU }, async () => {
-  const device = new WebGpuDeviceManager();
+  const device = newManager();
   await device.acquire();
   const srv = await startServer({ backends: builtinBackends() as AttentionBackend[], device });
   try {
     await checkEmpty(srv, ["WEBGPU_FLASH", "WEBGPU_DECODE", "auto"]);
   } finally {
     await srv.close();
+    device.close();
   }
 });

@@ -28,11 +28,13 @@ async function collect(stream: ReadableStream<Uint8Array>, sink: (s: string) => 
 
 /**
  * Runs main.ts and waits for its listening line. Rejects (with stderr) when it exits first; the
- * exit code is then in the message.
+ * exit code is then in the message. `perms` are permissions beyond net, read and env (Dawn's
+ * `--allow-ffi`: tests/support/gpu.ts SERVE_RUNTIME).
  */
 export async function spawnServer(
-  args: string[],
+  args: readonly string[],
   env: Record<string, string> = {},
+  perms: readonly string[] = [],
 ): Promise<ServerProcess> {
   const child = new Deno.Command(Deno.execPath(), {
     args: [
@@ -42,6 +44,7 @@ export async function spawnServer(
       "--allow-net",
       "--allow-read",
       "--allow-env",
+      ...perms,
       MAIN,
       "--port",
       "0",

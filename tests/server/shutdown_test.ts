@@ -2,13 +2,15 @@
  * SIGTERM and SIGINT on a real server process (server/main.ts, port 0): every call accepted
  * before the signal is answered, including requests that arrived while CPU_REFERENCE held the
  * event loop, then the process exits 0; a call that outlives --shutdown-deadline-ms is cut off
- * and the exit code is 1. With a WebGPU adapter the same runs with calls in flight on each GPU
- * backend (skipped, with the reason, without one).
+ * and the exit code is 1. With a WebGPU adapter on the suite's runtime (ATTN_WEBGPU_RUNTIME,
+ * tests/support/gpu.ts) the same runs, served on that runtime, with calls in flight on each GPU
+ * backend (skipped, with the runtime's reason, without one).
  */
 import assert from "node:assert/strict";
 import { AttentionClient, type ForwardAnswer, type ForwardBody } from "../../client/client.ts";
 import { maxAbsDiff, rand, refAttention, to3d } from "./helpers.ts";
 import { spawnServer } from "./process.ts";
+import { NO_GPU, SERVE_RUNTIME } from "../support/gpu.ts";
 import { rawExchange, rawRequest } from "./raw_http.ts";
 
 /** An encoder_only call (no cache): cost grows with T^2. */
@@ -153,10 +155,8 @@ Deno.test("shutdown: an upload in progress at the signal completes; later calls 
   }
 });
 
-// The GPU variant needs an adapter in this process's view too (decided at load time).
-const adapter = await navigator.gpu?.requestAdapter().catch(() => null);
-const NO_GPU = adapter ? false : "no WebGPU adapter on this machine";
-if (NO_GPU) console.warn(`shutdown GPU test skipped: ${NO_GPU}`);
+// The GPU variant serves on the suite's runtime (ATTN_WEBGPU_RUNTIME, tests/support/gpu.ts),
+// skipped where it has no adapter (the helper prints the runtime's reason).
 
 /** A decode step of R requests over L cached tokens each on a held float16 cache. */
 function decodeBody(R: number, L: number, BS: number, backend: string, cache: string): ForwardBody {
@@ -185,9 +185,9 @@ function decodeBody(R: number, L: number, BS: number, backend: string, cache: st
 
 Deno.test({
   name: "shutdown: SIGTERM with calls in flight on every GPU backend, then exit 0",
-  ignore: NO_GPU !== false,
+  ignore: NO_GPU,
   async fn() {
-    const srv = await spawnServer([]);
+    const srv = await spawnServer(SERVE_RUNTIME.args, {}, SERVE_RUNTIME.perms);
     try {
       const client = new AttentionClient(srv.url);
       const dev = await client.device();

@@ -2,11 +2,15 @@
  * The plan cache: a repeated shape reuses its plan (and gets it in well under 0.1 ms), other
  * metadata, another backend or a new device generation misses, equal keys with different
  * metadata never share a plan, least recently used plans are dropped and disposed once no
- * call holds them; and the service reports `plan_cached` per call.
+ * call holds them, a lost device's plans are dropped when it is lost (through the service's
+ * device manager too, with a fake runtime: no GPU needed); and the service reports
+ * `plan_cached` per call.
  */
 import assert from "node:assert/strict";
 import { fromFloats } from "../../core/data.ts";
 import type { AttentionBackend, BatchShape, GpuContext } from "../../core/types.ts";
+import { WebGpuDeviceManager } from "../../gpu/device.ts";
+import { runtimeFromGpu } from "../../gpu/runtime.ts";
 import { PlanCache } from "../../service/plan_cache.ts";
 import { type ForwardInput, validateForward } from "../../service/validate.ts";
 import { AttentionService } from "../../service/service.ts";
@@ -49,6 +53,45 @@ function input(seq: number, blocks = [1, 2, 3]): ForwardInput {
 const shapeOf = (i: ForwardInput): BatchShape =>
   validateForward(i, { spec: SPEC, storage: "host" }).batch;
 
+/** A fake device that is lost when destroyed (or `lose()`d). */
+function fakeDevice(): GPUDevice {
+  let lose!: (info: GPUDeviceLostInfo) => void;
+  const lost = new Promise<GPUDeviceLostInfo>((r) => (lose = r));
+  return {
+    features: new Set<string>(),
+    limits: {},
+    lost,
+    destroy: () => lose({ reason: "destroyed", message: "fake" } as GPUDeviceLostInfo),
+  } as unknown as GPUDevice;
+}
+
+/** A GpuContext of generation `g` over a fake device, and how to lose it. */
+function fakeGpu(g: number): { ctx: GpuContext; lose(): Promise<void> } {
+  const device = fakeDevice();
+  const ctx = { device, generation: g, lost: false } as unknown as GpuContext;
+  return {
+    ctx,
+    lose: async () => {
+      (ctx as { lost: boolean }).lost = true;
+      device.destroy();
+      await device.lost;
+      await new Promise((r) => setTimeout(r, 0));
+    },
+  };
+}
+
+/** A device manager over a fake runtime whose devices are lost when destroyed. */
+function fakeManager(): WebGpuDeviceManager {
+  const adapter = {
+    info: { vendor: "fake", architecture: "", device: "", description: "fake adapter" },
+    features: new Set<string>(),
+    limits: {},
+    requestDevice: () => Promise.resolve(fakeDevice()),
+  };
+  const gpu = { requestAdapter: () => Promise.resolve(adapter) } as unknown as GPU;
+  return new WebGpuDeviceManager({ runtime: runtimeFromGpu(gpu, { name: "fake" }) });
+}
+
 function counting(name = "COUNT") {
   const made: number[] = [], disposed: number[] = [];
   let n = 0;
@@ -82,7 +125,7 @@ Deno.test("plan cache: hits by shape, misses on other metadata, backend or devic
   const other = counting("OTHER");
   (await cache.get(other.b, shapeOf(input(9)), host)).release();
   assert.equal(other.made.length, 1, "another backend plans for itself");
-  const gen = (g: number) => ({ gpu: { generation: g } as GpuContext });
+  const gen = (g: number) => ({ gpu: fakeGpu(g).ctx });
   (await cache.get(b, shapeOf(input(9)), gen(1))).release();
   (await cache.get(b, shapeOf(input(9)), gen(1))).release();
   (await cache.get(b, shapeOf(input(9)), gen(2))).release();
@@ -147,6 +190,66 @@ Deno.test("plan cache: LRU drop; a held plan is disposed only after release", as
   cache.clear();
   await new Promise((r) => setTimeout(r, 0));
   assert.deepEqual(disposed.sort(), [1, 2, 3, 4]);
+});
+
+Deno.test("plan cache: a lost device's plans are dropped when it is lost, others kept", async () => {
+  const cache = new PlanCache(8);
+  const { b, disposed } = counting();
+  const one = fakeGpu(1), two = fakeGpu(2);
+  (await cache.get(b, shapeOf(input(9)), { gpu: one.ctx })).release(); // id 1
+  const held = await cache.get(b, shapeOf(input(10)), { gpu: one.ctx }); // id 2, still held
+  (await cache.get(b, shapeOf(input(9)), { gpu: two.ctx })).release(); // id 3
+  (await cache.get(b, shapeOf(input(9)), { gpu: null })).release(); // id 4, host
+  assert.equal(cache.stats().size, 4);
+  await one.lose();
+  assert.equal(cache.stats().size, 2, "only the lost device's plans are dropped");
+  assert.deepEqual(disposed, [1], "a plan still held is disposed on release");
+  held.release();
+  await new Promise((r) => setTimeout(r, 0));
+  assert.deepEqual(disposed, [1, 2]);
+  const again = await cache.get(b, shapeOf(input(9)), { gpu: two.ctx });
+  again.release();
+  assert.ok(again.hit, "the other device's plan is still cached");
+  // A call that took the context before the loss plans on it after: handed out, never kept.
+  const late = await cache.get(b, shapeOf(input(11)), { gpu: one.ctx }); // id 5
+  assert.equal(late.hit, false);
+  assert.equal(cache.stats().size, 2, "a plan for a lost device is not cached");
+  late.release();
+  await new Promise((r) => setTimeout(r, 0));
+  assert.deepEqual(disposed, [1, 2, 5]);
+  cache.clear();
+});
+
+Deno.test("service: device loss empties the plan cache; the next device gets fresh plans", async () => {
+  const mgr = fakeManager();
+  const first = (await mgr.acquire())!;
+  const be = fakeBackend();
+  const svc = new AttentionService({
+    backends: [be as AttentionBackend],
+    device: mgr,
+    memoryBudgetBytes: 1 << 20,
+  });
+  try {
+    const c = await svc.createCache({ ...SPEC });
+    const step = async () =>
+      (await svc.forward({ ...input(9), kv_cache: c.id })).result.timings?.plan_cached;
+    assert.deepEqual([await step(), await step()], [0, 1]);
+    assert.equal(svc.plans.stats().size, 1);
+    first.device.destroy();
+    await first.device.lost;
+    await new Promise((r) => setTimeout(r, 0));
+    assert.equal(mgr.current(), null, "the device is lost");
+    assert.equal(svc.plans.stats().size, 0, "its plans are dropped with it");
+    assert.equal(svc.plans.stats().disposed, 1);
+    // The next call re-acquires (generation 2) and plans afresh, then hits.
+    assert.deepEqual([await step(), await step()], [0, 1]);
+    assert.equal(mgr.report().generation, 2);
+    assert.equal(be.plans, 2);
+    assert.equal(svc.plans.stats().size, 1);
+  } finally {
+    await svc.close();
+    mgr.close();
+  }
 });
 
 Deno.test("service: plan_cached timing says when a call reused its plan", async () => {

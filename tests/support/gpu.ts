@@ -3,25 +3,29 @@
  * default, `dawn` or `auto`; Dawn's flags from `ATTN_DAWN_FLAGS`), so the whole GPU suite runs
  * unchanged on either runtime. No test reaches for `navigator.gpu` or builds its own runtime:
  * they take {@link GPU} / {@link gpu}, or {@link newManager} / {@link requestAdapter} for a
- * device or adapter of their own on the same runtime.
+ * device or adapter of their own on the same runtime, or {@link SERVE_RUNTIME} for a server
+ * process on it (tests/client/imports_test.ts holds the tests to this).
  *
  * Where the runtime has no adapter, {@link NO_GPU} is true (tests set `ignore: NO_GPU`) and
  * the reason, the runtime's own words, is printed once.
  * @module
  */
 import type { GpuContext } from "../../core/types.ts";
-import { WebGpuDeviceManager } from "../../gpu/device.ts";
-import { type RuntimeSelection, selectRuntime } from "../../gpu/runtime.ts";
+import { acquireSelected, WebGpuDeviceManager } from "../../gpu/device.ts";
+import type { RuntimeSelection } from "../../gpu/runtime.ts";
 import { resolveRuntimeOptions, runtimeEnv } from "../../gpu/runtime_options.ts";
 
-/** The runtime the suite runs on, as selected from the environment. */
-export const SELECTION: RuntimeSelection = await selectRuntime(
+// As the server starts: `auto` whose Dawn makes no device falls back to Deno's runtime.
+const selected = await acquireSelected(
   resolveRuntimeOptions({}, runtimeEnv(), "ATTN_WEBGPU_RUNTIME"),
 );
 
+/** The runtime the suite runs on, as selected from the environment. */
+export const SELECTION: RuntimeSelection = selected.selection;
+
 /** The shared manager (one device per test file). */
-export const MANAGER: WebGpuDeviceManager = new WebGpuDeviceManager({ selection: SELECTION });
-const ctx = await MANAGER.acquire();
+export const MANAGER: WebGpuDeviceManager = selected.manager;
+const ctx = selected.ctx;
 
 /** The shared GPU context, or null when the runtime has no adapter. */
 export const GPU: GpuContext | null = ctx;
@@ -46,6 +50,18 @@ export function gpu(): GpuContext {
   if (!ctx) throw new Error("no GPU");
   return ctx;
 }
+
+/**
+ * What a server process (server/main.ts, tests/server/process.ts) needs to serve on the suite's
+ * runtime: `--webgpu-runtime` naming the runtime selected here (with Dawn's flags), and the
+ * permission Dawn, a Node-API addon, loads with.
+ */
+export const SERVE_RUNTIME: { args: readonly string[]; perms: readonly string[] } = Object.freeze({
+  args: SELECTION.runtime.name === "dawn"
+    ? ["--webgpu-runtime", "dawn", "--dawn-flags", SELECTION.dawnFlags.join(",")]
+    : ["--webgpu-runtime", SELECTION.runtime.name],
+  perms: ["--allow-ffi"],
+});
 
 /** A new manager on the suite's runtime (its own device: loss tests destroy it). */
 export function newManager(): WebGpuDeviceManager {
