@@ -1,0 +1,157 @@
+/**
+ * The conformance checks shared by the conformance tests (conformance_test.ts,
+ * vllm_specs_test.ts): the tolerances by dtype, {@link runOn} (one backend on one generated
+ * batch, its cache imported from the batch's initial bytes and read back after the call) and
+ * {@link checkRun} (a run against CPU_REFERENCE's run of the same batch: output and lse within
+ * the dtype's tolerance, no NaN, written cache slots close to the reference's and every other
+ * cache byte untouched). Also the run seed every conformance test prints ({@link runSeed}).
+ * @module
+ */
+import assert from "node:assert/strict";
+import { bytesPerElement, decode } from "../../core/dtype.ts";
+import type {
+  AttentionBackend,
+  BackendContext,
+  DType,
+  KvCache,
+  PlanContract,
+  StorageDType,
+} from "../../core/types.ts";
+import { toFloat32 } from "../../core/data.ts";
+import { validHostBatch } from "../../service/host_input.ts";
+import { cacheIndex, type GeneratedBatch } from "../support/batches.ts";
+import { assertClose, firstNonFinite, unravel } from "../support/compare.ts";
+
+/** The run's seed: `SEED` from the environment (to reproduce a run), else a fresh one. */
+export function runSeed(): number {
+  return Deno.env.get("SEED") !== undefined
+    ? Number(Deno.env.get("SEED")) >>> 0
+    : crypto.getRandomValues(new Uint32Array(1))[0];
+}
+
+/** Output/lse tolerance: fp8 KV first, then the data dtype. */
+export function outputTolerance(dtype: DType, storage: StorageDType | null) {
+  if (storage === "fp8_e4m3" || storage === "fp8_e5m2") return { atol: 6e-2, rtol: 1e-1 };
+  return dtype === "float32" ? { atol: 1e-4, rtol: 1e-5 } : { atol: 1e-2, rtol: 1e-2 };
+}
+/** Cache tolerance by storage dtype. */
+export function cacheTolerance(storage: StorageDType) {
+  if (storage === "fp8_e4m3" || storage === "fp8_e5m2") return { atol: 6e-2, rtol: 1e-1 };
+  return storage === "float32" ? { atol: 1e-4, rtol: 1e-5 } : { atol: 1e-2, rtol: 1e-2 };
+}
+
+/** One backend's results on one case (the output decoded to float32). */
+export interface Run {
+  result: { output: Float32Array; lse: Float32Array | null };
+  after: { key: Uint8Array; value: Uint8Array } | null;
+}
+
+/**
+ * Imports the case's initial cache into the backend, plans, runs, reads the cache back.
+ * `onPlan` sees the plan before it runs (e.g. to check what it dispatches).
+ */
+export async function runOn(
+  b: AttentionBackend,
+  g: GeneratedBatch,
+  ctx: BackendContext,
+  onPlan?: (plan: PlanContract) => void,
+): Promise<Run> {
+  let cache: KvCache | null = null;
+  if (g.cache_spec) {
+    cache = await b.importCache(g.cache_spec, g.key_cache.slice(), g.value_cache.slice(), ctx);
+  }
+  try {
+    const batch = validHostBatch(g.batch, cache);
+    const plan = await b.plan(batch, ctx);
+    try {
+      onPlan?.(plan);
+      const r = await b.run(plan, batch, ctx);
+      assert.equal(r.output.dtype, g.batch.dtype, "the output comes back in the batch dtype");
+      const result = { output: toFloat32(r.output).slice(), lse: r.lse };
+      return { result, after: cache ? await cache.read() : null };
+    } finally {
+      b.disposePlan?.(plan);
+    }
+  } finally {
+    cache?.destroy();
+  }
+}
+
+/** Checks a run against the reference's run of the same batch; throws with a located message. */
+export function checkRun(g: GeneratedBatch, got: Run, ref: Run): void {
+  const { num_tokens: T, layer } = g.batch;
+  const H = layer.num_heads, D = layer.head_size;
+  const out = got.result.output;
+  assert.ok(out, "run() returned no output");
+  assert.equal(out.length, T * H * D, `output has ${out.length} elements, expected ${T}x${H}x${D}`);
+  const bad = firstNonFinite(out);
+  assert.equal(bad, -1, `output[${unravel(bad, g.output_shape)}] is ${out[bad]} (not finite)`);
+  const tol = outputTolerance(g.batch.dtype, g.storage);
+  assertClose(out, ref.result.output, { ...tol, shape: g.output_shape, label: "output" });
+  if (g.batch.return_lse) {
+    const lse = got.result.lse;
+    assert.ok(lse, "return_lse was asked but lse is null");
+    assert.equal(lse.length, H * T, `lse has ${lse.length} elements, expected ${H}x${T}`);
+    const badL = firstNonFinite(lse);
+    assert.equal(badL, -1, `lse[${unravel(badL, [H, T])}] is ${lse[badL]} (not finite)`);
+    assertClose(lse, ref.result.lse!, { ...tol, shape: [H, T], label: "lse [head, token]" });
+  }
+  if (g.cache_spec) {
+    assert.ok(got.after && ref.after, "cache.read() returned nothing");
+    checkCache(g, "key_cache", g.key_cache, got.after.key, ref.after.key);
+    checkCache(g, "value_cache", g.value_cache, got.after.value, ref.after.value);
+  }
+}
+
+/** Written slots close to the reference; every other byte equal to the initial bytes. */
+function checkCache(
+  g: GeneratedBatch,
+  label: string,
+  initial: Uint8Array,
+  got: Uint8Array,
+  ref: Uint8Array,
+): void {
+  const s = g.cache_spec!, st = g.storage!;
+  const { block_size: bs, num_kv_heads: Hkv, head_size: D } = s;
+  assert.equal(
+    got.length,
+    initial.length,
+    `${label}: read() gave ${got.length} bytes, expected ${initial.length}`,
+  );
+  const eb = bytesPerElement(st);
+  const written = new Uint8Array(initial.length / eb); // per element
+  for (const slot of g.written_slots) {
+    const b = Math.floor(slot / bs), o = slot % bs;
+    for (let h = 0; h < Hkv; h++) {
+      written.fill(
+        1,
+        cacheIndex(s.layout, bs, Hkv, D, b, o, h),
+        cacheIndex(s.layout, bs, Hkv, D, b, o, h) + D,
+      );
+    }
+  }
+  for (let e = 0; e < written.length; e++) {
+    if (written[e]) continue;
+    for (let k = 0; k < eb; k++) {
+      if (got[e * eb + k] !== initial[e * eb + k]) {
+        const at = unravel(e, g.cache_shape);
+        const slot = s.layout === "NHD" ? at[0] * bs + at[1] : at[0] * bs + at[2];
+        const padded = g.padding_slots.includes(slot);
+        throw new assert.AssertionError({
+          message: `${label}${JSON.stringify(at)} (slot ${slot}${
+            at[0] === 0 ? ", null block 0" : ""
+          }${padded ? ", a -1 padding token's slot" : ""}) changed but no token writes it: ${
+            decode(st, initial.subarray(e * eb, e * eb + eb))[0]
+          } -> ${decode(st, got.subarray(e * eb, e * eb + eb))[0]}`,
+        });
+      }
+    }
+  }
+  const pick = (bytes: Uint8Array) => {
+    const all = decode(st, bytes);
+    const out: number[] = [];
+    for (let e = 0; e < written.length; e++) if (written[e]) out.push(all[e]);
+    return out;
+  };
+  assertClose(pick(got), pick(ref), { ...cacheTolerance(st), label: `${label} written slots` });
+}
