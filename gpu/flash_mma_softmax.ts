@@ -94,7 +94,9 @@ export function softmaxCode(c: MmaConsts): string {
         const score = `score(${scoreAt(c, e)}, rpos[${i}], rslope[${i}], key0 + ${e}u, kend)`;
         return `  let x${e} = select(MASK, ${score}, rok[${i}]);`;
       }),
-      ...rowTail(c, i, E, (e) => `f16(select(0.0, exp(x${e} - m[${i}]), x${e} > MASK))`, "exp"),
+      // p = 0 where x <= MASK (a masked key; m may still be MASK). `x > MASK` was false for a
+      // NaN score too and made its p 0, dropping a NaN read from the cache: float64 gives NaN.
+      ...rowTail(c, i, E, (e) => `f16(select(exp(x${e} - m[${i}]), 0.0, x${e} <= MASK))`, "exp"),
       "}",
     );
   }

@@ -1,9 +1,9 @@
 /**
  * The K/V and query side of the subgroup-matrix prefill kernel's WGSL: 16-byte words to f16
- * (per K/V storage dtype and per data dtype; bf16/f32 clamped to f16's range, fp8 exact and
- * branch-free), the K/V sources (paged cache through kvAccessorFns, or the call's K/V), the
- * double-buffered staging code unrolled for one variant (none for direct loads), and the
- * output rounding.
+ * (per K/V storage dtype and per data dtype; finite bf16/f32 values clamped to f16's range,
+ * infinities and NaNs kept as such; fp8 exact and branch-free), the K/V sources (paged cache
+ * through kvAccessorFns, or the call's K/V), the double-buffered staging code unrolled for one
+ * variant (none for direct loads), and the output rounding.
  * @module
  */
 import type { StorageDType } from "../core/types.ts";
@@ -14,10 +14,36 @@ const range = (n: number) => Array.from({ length: n }, (_, i) => i);
 
 const F16_FROM_WORDS = `let a = select(w.zw, w.xy, i == 0u);
   return vec4<f16>(bitcast<vec2<f16>>(a.x), bitcast<vec2<f16>>(a.y));`;
+/** The f16 class test and the select that keep an infinity or a NaN when staged (see below). */
+const KEEP_SPECIALS = `let sp = vec4<u32>(0x7f800000u);
+  return select(x, nf, (b & sp) == sp);`;
+
+/**
+ * bf16 -> f16: a finite value clamped to +-65504 (outside f16's finite range a conversion is
+ * indeterminate in WGSL), an infinity or a NaN (all-ones exponent, told by a bit test, not by a
+ * float compare) built from bits: the sign, f16's all-ones exponent and the bf16 mantissa
+ * shifted up 3 (NaN stays NaN, infinity stays infinity). clamp() would make an infinity
+ * +-65504 and leaves a NaN implementation-defined (the soft cap's made it +-15).
+ */
 const F16_FROM_BF16 = `let a = select(w.zw, w.xy, i == 0u);
-  let x = vec4<f32>(bitcast<f32>(a.x << 16u), bitcast<f32>(a.x & 0xffff0000u),
-                    bitcast<f32>(a.y << 16u), bitcast<f32>(a.y & 0xffff0000u));
-  return vec4<f16>(clamp(x, vec4<f32>(-65504.0), vec4<f32>(65504.0)));`;
+  let b = vec4<u32>(a.x << 16u, a.x & 0xffff0000u, a.y << 16u, a.y & 0xffff0000u);
+  let x = vec4<f16>(clamp(bitcast<vec4<f32>>(b), vec4<f32>(-65504.0), vec4<f32>(65504.0)));
+  let e = (a & vec2<u32>(0x80008000u)) | vec2<u32>(0x7c007c00u) |
+          ((a & vec2<u32>(0x007f007fu)) << vec2<u32>(3u));
+  let nf = vec4<f16>(bitcast<vec2<f16>>(e.x), bitcast<vec2<f16>>(e.y));
+  ${KEEP_SPECIALS}`;
+
+/**
+ * f32 -> f16, as {@link F16_FROM_BF16}: finite values clamped, an infinity or a NaN built from
+ * bits (a NaN's mantissa may sit below f16's 10 bits: it gets f16's quiet bit instead).
+ */
+const F16_FROM_F32 = `let b = w;
+  let x = vec4<f16>(clamp(bitcast<vec4<f32>>(b), vec4<f32>(-65504.0), vec4<f32>(65504.0)));
+  let qn = (b & vec4<u32>(0x7fffffffu)) > vec4<u32>(0x7f800000u);
+  let h = ((b >> vec4<u32>(16u)) & vec4<u32>(0x8000u)) | vec4<u32>(0x7c00u) |
+          select(vec4<u32>(0u), vec4<u32>(0x200u), qn);
+  let nf = vec4<f16>(bitcast<vec2<f16>>(h.x | (h.y << 16u)), bitcast<vec2<f16>>(h.z | (h.w << 16u)));
+  ${KEEP_SPECIALS}`;
 
 /** fp8 bytes (4 in a word) to f16, exactly and without branches (e4m3fn NaN -> f16 NaN). */
 export const FP8_TO_F16: Record<"fp8_e4m3" | "fp8_e5m2", string> = {
@@ -49,8 +75,10 @@ export const FP8_TO_F16: Record<"fp8_e4m3" | "fp8_e5m2", string> = {
 
 /**
  * `fn kv16(w: vec4<u32>, i: u32) -> vec4<f16>`: elements 4i..4i+3 of a 16-byte K/V word
- * (bf16 and f32 values outside f16's range clamped to +-65504; fp8 always fits, exactly),
- * and `fn q16` for the query's data dtype.
+ * (finite bf16 and f32 values outside f16's range clamped to +-65504, infinities and NaNs
+ * kept as such; fp8 always fits, exactly), and `fn q16` for the query's data dtype (bf16 as
+ * bf16 K/V). Only these convert: direct and matrix-staged loads (and direct loads' last,
+ * partial V tile) need an f16 cache and copy its bits.
  */
 export function stagingDecoders(storage: StorageDType, dtype: "float16" | "bfloat16"): string {
   const q = `fn q16(w: vec4<u32>, i: u32) -> vec4<f16> {
@@ -67,9 +95,7 @@ export function stagingDecoders(storage: StorageDType, dtype: "float16" | "bfloa
     case "fp8_e5m2":
       return q + FP8_TO_F16[storage] + fn("return fp8x4_f16(w[i]);");
     case "float32":
-      return q + fn(
-        "return vec4<f16>(clamp(bitcast<vec4<f32>>(w), vec4<f32>(-65504.0), vec4<f32>(65504.0)));",
-      );
+      return q + fn(F16_FROM_F32);
   }
 }
 

@@ -82,8 +82,9 @@
 // Enables: f16, chromium_experimental_subgroup_matrix, subgroups (where accepted). Matrix
 // calls sit in subgroup-uniform (not workgroup-uniform) branches: `main` turns the
 // chromium.subgroup_matrix_uniformity diagnostic off.
-// Out of f16 range: bf16/f32 K/V and bf16 query values are clamped to +-65504 when staged
-// (fp8 values always fit); the output saturates nowhere (f32 until the final rounding).
+// Out of f16 range: finite bf16/f32 K/V and bf16 query values are clamped to +-65504 when
+// staged, infinities and NaNs stay infinities and NaNs (a bit test and a select, kv16 / q16);
+// fp8 values always fit; the output saturates nowhere (f32 until the final rounding).
 // Semantics (core/reference.ts): p = base + j; s = (scale * k_scale) q.k, soft cap, ALiBi
 // -slope (p - k); causal k <= p (and p - k < w), non-causal |p - k| < w; sinks in the
 // denominator only; lse = m + log(denominator), -inf and output 0 with nothing visible.

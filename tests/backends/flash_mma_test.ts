@@ -2,8 +2,8 @@
  * The subgroup-matrix prefill kernel (wgsl/flash_mma.wgsl through gpu/flash_mma_launch.ts)
  * against CPU_REFERENCE on fresh random hostile batches: causal prefill, mixed prefill +
  * decode rows, GQA groups 1/4/8, head sizes 64/128/256, soft cap, ALiBi, sinks, sliding
- * windows, LSE, f16/bf16 data, f16/bf16/fp8 caches (bf16 values beyond f16's
- * range clamp to +-65504), NHD and HND, padding slots, a multi-chunk cache, encoder,
+ * windows, LSE, f16/bf16 data, f16/bf16/fp8 caches (finite bf16 values beyond f16's
+ * range clamp to +-65504; NaN and infinities: nan_read_slot_test.ts), NHD and HND, padding slots, a multi-chunk cache, encoder,
  * encoder_only and encoder_decoder, several kernel shapes and the exact-FA2 rescale
  * (tau 0). Needs a Dawn device with `chromium-experimental-subgroup-matrix`
  * (gpu/flash_mma_device.ts); skipped with the stated reason anywhere else (CI, Deno's own
