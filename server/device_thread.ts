@@ -21,7 +21,7 @@ import { serveThreadHttp } from "./thread_http.ts";
 import { scanWorker } from "./forward_cache_id.ts";
 import { Drainer } from "./shutdown.ts";
 import type { ResilientServer } from "./serve_resilient.ts";
-import { INSTANCE_HEADER } from "../wire/names.ts";
+import { named } from "./responses.ts";
 import type { KeepWarmOptions } from "../gpu/keep_warm.ts";
 import type { RuntimeOptions } from "../gpu/runtime_options.ts";
 import { acquireDevice, serviceAndHandler, type ServingOptions } from "./device_setup.ts";
@@ -79,19 +79,6 @@ let settings: DeviceThreadInit | null = null;
 let serve: { handler: (req: Request) => Promise<Response>; holds: (id: string) => boolean } | null =
   null;
 let listener: { server: ResilientServer; drainer: Drainer; close(): void } | null = null;
-
-/** Adds `X-Attention-Instance` to every answer when the server has a name (as main.ts does). */
-function named(
-  h: (req: Request) => Promise<Response>,
-  name: string | undefined,
-): (req: Request) => Promise<Response> {
-  if (name === undefined) return h;
-  return async (req) => {
-    const res = await h(req);
-    res.headers.set(INSTANCE_HEADER, name);
-    return res;
-  };
-}
 
 /** `http-listen`: this thread serves the port too (thread_http.ts). */
 function listen(m: HttpListenMessage): void {

@@ -19,7 +19,7 @@
 import { acquireDevice, serviceAndHandler, type ServingOptions } from "./device_setup.ts";
 import { AccessConfigError, resolveAccess, type ResolvedAccess } from "./access_config.ts";
 import { sharedJsonDecoder } from "./json_decoder.ts";
-import { INSTANCE_HEADER } from "../wire/names.ts";
+import { named } from "./responses.ts";
 import { Drainer } from "./shutdown.ts";
 import { type HttpServer, serveHttp } from "./worker_front.ts";
 import { type DeviceThreads, startDeviceThreads } from "./device_threads.ts";
@@ -27,19 +27,6 @@ import type { ThreadListeners } from "./thread_listeners.ts";
 
 import { HELP, parseServeArgs, serveEnv, type ServeOptions } from "./serve_options.ts";
 import { BODY_TIMEOUT_ENV } from "./body_timeout.ts";
-
-/** Adds `X-Attention-Instance` to every answer, the drainer's own 503s included. */
-function named(
-  handler: (req: Request) => Promise<Response>,
-  name: string | undefined,
-): (req: Request) => Promise<Response> {
-  if (name === undefined) return handler;
-  return async (req) => {
-    const res = await handler(req);
-    res.headers.set(INSTANCE_HEADER, name);
-    return res;
-  };
-}
 
 function describeAccess(a: ResolvedAccess): string {
   if (a.policy.token !== undefined) return `auth: bearer token (from ${a.tokenSource})`;

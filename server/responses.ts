@@ -1,8 +1,10 @@
 /**
- * Building answers: a JSON body, a safetensors body (in parts, streamed without a copy), and
- * the HEAD form of a GET answer (status and headers, `Content-Length` included, no body).
+ * Building answers: a JSON body, a safetensors body (in parts, streamed without a copy), the
+ * HEAD form of a GET answer (status and headers, `Content-Length` included, no body), and the
+ * instance name on every answer.
  * @module
  */
+import { INSTANCE_HEADER } from "../wire/names.ts";
 
 /** The media type of safetensors bodies. */
 export const SAFETENSORS = "application/octet-stream";
@@ -64,4 +66,20 @@ export async function headOf(res: Response): Promise<Response> {
     await res.body?.cancel();
   }
   return new Response(null, { status: res.status, headers });
+}
+
+/**
+ * `handler` with `X-Attention-Instance: name` on every answer (the drainer's own 503s included,
+ * when it wraps the drainer), or `handler` itself when the server has no name.
+ */
+export function named(
+  handler: (req: Request) => Promise<Response>,
+  name: string | undefined,
+): (req: Request) => Promise<Response> {
+  if (name === undefined) return handler;
+  return async (req) => {
+    const res = await handler(req);
+    res.headers.set(INSTANCE_HEADER, name);
+    return res;
+  };
 }
