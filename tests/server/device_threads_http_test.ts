@@ -5,7 +5,8 @@
  * origin preference: without it they would spread over both threads); calls on them, by the
  * path route and by a JSON and a safetensors body naming the cache, match float64; a cache
  * held by the other thread is reached from the same connection through the front; each call
- * is counted once in the merged /metrics; SIGTERM drains and exits 0; the flag needs
+ * is counted once in the merged /metrics; answers carry the instance name wherever they are
+ * answered; SIGTERM drains and exits 0; the flag needs
  * `--device-threads`.
  */
 import assert from "node:assert/strict";
@@ -57,6 +58,7 @@ async function stepsOn(conn: HttpConn, url: string, id: string, seq: HeldSeq): P
     ),
     `${id}: path route`,
   );
+  assert.equal(r1.headers.get("x-attention-instance"), "inst-7", `${id}: the instance header`);
   const out1 = decodeJsonAnswer(JSON.parse(new TextDecoder().decode(r1.body))).output.values;
   assert.ok(maxAbsDiff(out1, a.ref) < 2e-5, `${id}: path route`);
   const b = seq.step(1);
@@ -88,7 +90,14 @@ async function stepsOn(conn: HttpConn, url: string, id: string, seq: HeldSeq): P
 const spec = () => enc.encode(JSON.stringify(HeldSeq.cacheSpec()));
 
 Deno.test("device threads serving the port: caches stay on their connection's thread", async () => {
-  const srv = await spawnServer(["--device-threads", "2", "--device-threads-http", "--no-gpu"]);
+  const srv = await spawnServer([
+    "--device-threads",
+    "2",
+    "--device-threads-http",
+    "--no-gpu",
+    "--instance-name",
+    "inst-7",
+  ]);
   const conns: HttpConn[] = [];
   const open = () => {
     const c = new HttpConn(srv.url);
