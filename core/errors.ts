@@ -67,12 +67,20 @@ function defaultTitle(status: number): string {
   }
 }
 
-/** A request that parses but cannot run (shapes disagree, ids out of range): 422 `invalid_batch`. */
-export function invalidBatch(issues: Issue[]): ServiceError {
+/**
+ * A request that parses but cannot run (shapes disagree, ids out of range): 422 `invalid_batch`.
+ * `extra`: further problem fields (the `limit`, `value`, `max` of a per-call limit it exceeds too).
+ */
+export function invalidBatch(issues: Issue[], extra?: Record<string, unknown>): ServiceError {
   const first = issues[0];
   const where = first ? `${first.path.join(".") || "(body)"}: ${first.message}` : "invalid batch";
   const more = issues.length > 1 ? ` (and ${issues.length - 1} more)` : "";
-  return new ServiceError(`${where}${more}`, { status: 422, code: "invalid_batch", issues });
+  return new ServiceError(`${where}${more}`, {
+    status: 422,
+    code: "invalid_batch",
+    issues,
+    ...(extra ? { extra } : {}),
+  });
 }
 
 /** No backend can run this configuration: 422 `no_valid_backend` with every backend's reasons. */

@@ -3,10 +3,20 @@
  * call acquires what it needs and releases everything once its readback resolved (the GPU is
  * done with the buffers then), so steady-state calls create no buffers. Free buffers beyond
  * `maxFreeBytes` are destroyed, largest classes first; a device loss drops the pool with the
- * device (pools are keyed by device). Timestamp query sets are pooled the same way, by count.
+ * device (pools are keyed by device; a lost device's pool destroys its free buffers and those
+ * released later, and leaves {@link bufferPoolTotals}). Timestamp query sets are pooled the
+ * same way, by count.
+ *
+ * Memory: the free buffers (at most `maxFreeBytes` a device, default 1 GiB,
+ * `ATTN_GPU_POOL_MAX_FREE_BYTES`) and those in use are outside `--memory-budget-bytes`, which
+ * counts KV caches only; each device thread has its own device, so its own pool. /metrics shows
+ * them: `attn_gpu_buffer_pool_{free,in_use,max_free}_bytes` and the buffers created and reused
+ * (server/metrics.ts).
  * @module
  */
 import type { GpuContext } from "../core/types.ts";
+import { envVar } from "../core/env.ts";
+import { onDeviceLost, WebGpuContext } from "./device.ts";
 
 /** Free query sets kept per size. */
 const MAX_FREE_QUERY_SETS = 16;
@@ -21,10 +31,41 @@ export function sizeClass(bytes: number, min = MIN_POOLED_BYTES): number {
   return c;
 }
 
+/** The default cap on a pool's free bytes (GPU buffers a device, host memory a thread): 1 GiB. */
+export const DEFAULT_POOL_MAX_FREE_BYTES = 2 ** 30;
+
+/** Names already warned about (one line each per process, not per pool). */
+const warned = new Set<string>();
+
+/**
+ * A pool's cap on free bytes from the environment variable `name`: an integer >= 0 (0 keeps
+ * nothing free), else {@link DEFAULT_POOL_MAX_FREE_BYTES} (unset, or a bad value, which is
+ * warned about once).
+ */
+export function poolCapFromEnv(name: string, value = envVar(name)): number {
+  if (value === undefined || value === "") return DEFAULT_POOL_MAX_FREE_BYTES;
+  const n = Number(value);
+  if (/^\d+$/.test(value) && Number.isSafeInteger(n)) return n;
+  if (!warned.has(name)) {
+    warned.add(name);
+    console.warn(
+      `${name} must be an integer >= 0 (bytes), got ${
+        JSON.stringify(value)
+      }; using ${DEFAULT_POOL_MAX_FREE_BYTES}`,
+    );
+  }
+  return DEFAULT_POOL_MAX_FREE_BYTES;
+}
+
+/** The environment variable capping each device's free GPU buffer bytes. */
+export const GPU_POOL_CAP_ENV = "ATTN_GPU_POOL_MAX_FREE_BYTES";
+
 /** Counters of a pool (tests and /metrics). */
 export interface PoolStats {
   /** Buffers handed out and not yet released. */
   in_use: number;
+  /** Bytes of the buffers in use (their size classes). */
+  in_use_bytes: number;
   /** Buffers waiting in the pool. */
   free: number;
   free_bytes: number;
@@ -43,16 +84,39 @@ export class BufferPool {
   #free = new Map<string, GPUBuffer[]>();
   /** Buffers out, with their free-list key and size (no native property read on release). */
   #inUse = new Map<GPUBuffer, { key: string; size: number }>();
+  #inUseBytes = 0;
   #freeBytes = 0;
+  #lost = false;
   #created = 0;
   #reused = 0;
+  #counts?: { created: number; reused: number };
   #querySets = new Map<number, GPUQuerySet[]>();
   #querySetsCreated = 0;
   #queryCounts = new WeakMap<GPUQuerySet, number>();
 
-  constructor(device: GPUDevice, maxFreeBytes = 2 ** 30) {
+  /** `counts`: counters shared by several pools (bumped with this pool's own). */
+  constructor(
+    device: GPUDevice,
+    maxFreeBytes = DEFAULT_POOL_MAX_FREE_BYTES,
+    counts?: { created: number; reused: number },
+  ) {
     this.device = device;
     this.maxFreeBytes = maxFreeBytes;
+    this.#counts = counts;
+  }
+
+  /** True once {@link markLost} ran: nothing is kept free any more. */
+  get lost(): boolean {
+    return this.#lost;
+  }
+
+  /**
+   * The device was lost: destroys the free buffers and query sets, and every buffer released
+   * from now on (they would never be lent again: a new device gets a new pool).
+   */
+  markLost(): void {
+    this.#lost = true;
+    this.clear();
   }
 
   /** A buffer of at least `bytes` (its size is the class) with exactly `usage`. */
@@ -63,11 +127,14 @@ export class BufferPool {
     if (b) {
       this.#freeBytes -= size;
       this.#reused++;
+      if (this.#counts) this.#counts.reused++;
     } else {
       b = this.device.createBuffer({ label, size, usage });
       this.#created++;
+      if (this.#counts) this.#counts.created++;
     }
     this.#inUse.set(b, { key, size });
+    this.#inUseBytes += size;
     return b;
   }
 
@@ -82,6 +149,11 @@ export class BufferPool {
       const b = buffers[i], out = this.#inUse.get(b);
       if (!out) continue;
       this.#inUse.delete(b);
+      this.#inUseBytes -= out.size;
+      if (this.#lost) {
+        b.destroy();
+        continue;
+      }
       let list = this.#free.get(out.key);
       if (!list) this.#free.set(out.key, list = []);
       list.push(b);
@@ -121,7 +193,7 @@ export class BufferPool {
     if (count === undefined) return;
     let list = this.#querySets.get(count);
     if (!list) this.#querySets.set(count, list = []);
-    if (list.length < MAX_FREE_QUERY_SETS) list.push(q);
+    if (!this.#lost && list.length < MAX_FREE_QUERY_SETS) list.push(q);
     else q.destroy();
   }
 
@@ -139,6 +211,7 @@ export class BufferPool {
     for (const l of this.#free.values()) free += l.length;
     return {
       in_use: this.#inUse.size,
+      in_use_bytes: this.#inUseBytes,
       free,
       free_bytes: this.#freeBytes,
       created: this.#created,
@@ -149,10 +222,63 @@ export class BufferPool {
 }
 
 const pools = new WeakMap<GPUDevice, BufferPool>();
+/** The pools of this thread's devices not lost yet (weakly: a device may go without a loss). */
+const live = new Set<WeakRef<BufferPool>>();
+/** Buffers created and reused by every pool of {@link poolOf}, lost ones included. */
+const counts = { created: 0, reused: 0 };
 
-/** The pool of `ctx`'s device. */
+/** The pool of `ctx`'s device (its cap from `ATTN_GPU_POOL_MAX_FREE_BYTES`, read once). */
 export function poolOf(ctx: GpuContext): BufferPool {
   let p = pools.get(ctx.device);
-  if (!p) pools.set(ctx.device, p = new BufferPool(ctx.device));
+  if (!p) {
+    const pool = p = new BufferPool(ctx.device, poolCapFromEnv(GPU_POOL_CAP_ENV), counts);
+    pools.set(ctx.device, pool);
+    const ref = new WeakRef(pool);
+    live.add(ref);
+    const lost = () => {
+      live.delete(ref);
+      pool.markLost();
+    };
+    // A stand-in device without a `lost` promise (tests) is never lost.
+    if (ctx instanceof WebGpuContext || ctx.device.lost !== undefined) onDeviceLost(ctx, lost);
+  }
   return p;
+}
+
+/** What /metrics shows of this thread's GPU buffer pools. */
+export interface BufferPoolTotals {
+  /** Pools of live devices (one per device this thread uses). */
+  pools: number;
+  in_use_bytes: number;
+  free_bytes: number;
+  /** The sum of their caps on free bytes (the cap alone with one device). */
+  max_free_bytes: number;
+  /** Buffers created and acquires served from a pool, since the process started (counters). */
+  created: number;
+  reused: number;
+}
+
+/** The pools of this thread's live devices, summed ({@link poolOf}'s pools only). */
+export function bufferPoolTotals(): BufferPoolTotals {
+  const t: BufferPoolTotals = {
+    pools: 0,
+    in_use_bytes: 0,
+    free_bytes: 0,
+    max_free_bytes: 0,
+    created: counts.created,
+    reused: counts.reused,
+  };
+  for (const ref of live) {
+    const p = ref.deref();
+    if (!p) {
+      live.delete(ref);
+      continue;
+    }
+    const s = p.stats();
+    t.pools++;
+    t.in_use_bytes += s.in_use_bytes;
+    t.free_bytes += s.free_bytes;
+    t.max_free_bytes += p.maxFreeBytes;
+  }
+  return t;
 }

@@ -11,9 +11,18 @@
  * callers when done); a lease that is never released is simply not reused (its memory goes
  * with the garbage collector; `leaked` counts those the collector found). Free buffers beyond
  * `maxFreeBytes` are dropped, largest classes first.
+ *
+ * Memory: the free buffers (at most `maxFreeBytes`, default 1 GiB, `ATTN_HOST_POOL_MAX_FREE_BYTES`)
+ * and those out on leases are outside `--memory-budget-bytes`, which counts KV caches only; the
+ * pool is per thread (each device thread has its own). /metrics shows them:
+ * `attn_host_pool_{free,in_use,max_free}_bytes` and the buffers created, reused and leaked
+ * (server/metrics.ts).
  * @module
  */
-import { sizeClass } from "./buffer_pool.ts";
+import { DEFAULT_POOL_MAX_FREE_BYTES, poolCapFromEnv, sizeClass } from "./buffer_pool.ts";
+
+/** The environment variable capping the free bytes of {@link hostPool}. */
+export const HOST_POOL_CAP_ENV = "ATTN_HOST_POOL_MAX_FREE_BYTES";
 
 /** Smallest size class, bytes. */
 export const MIN_HOST_CLASS = 4096;
@@ -30,6 +39,8 @@ export interface HostLease {
 export interface HostPoolStats {
   /** Leases out and not yet released (nor collected). */
   in_use: number;
+  /** Bytes of the buffers out on leases (their size classes). */
+  in_use_bytes: number;
   free: number;
   free_bytes: number;
   /** Buffers ever allocated (a steady state stops growing this). */
@@ -46,18 +57,20 @@ export class HostPool {
   #free = new Map<number, ArrayBuffer[]>();
   #freeBytes = 0;
   #inUse = 0;
+  #inUseBytes = 0;
   #created = 0;
   #reused = 0;
   #leaked = 0;
   // Watches each lent buffer: collected while out on a lease means nobody released it.
-  #unreleased = new FinalizationRegistry<{ done: boolean }>((state) => {
+  #unreleased = new FinalizationRegistry<{ done: boolean; size: number }>((state) => {
     if (state.done) return;
     state.done = true;
     this.#inUse--;
+    this.#inUseBytes -= state.size;
     this.#leaked++;
   });
 
-  constructor(maxFreeBytes = 2 ** 30) {
+  constructor(maxFreeBytes = DEFAULT_POOL_MAX_FREE_BYTES) {
     this.maxFreeBytes = maxFreeBytes;
   }
 
@@ -73,7 +86,8 @@ export class HostPool {
       this.#created++;
     }
     this.#inUse++;
-    const state = { done: false };
+    this.#inUseBytes += size;
+    const state = { done: false, size };
     const owned = buf;
     const lease: HostLease = {
       bytes: new Uint8Array(owned, 0, bytes),
@@ -81,6 +95,7 @@ export class HostPool {
         if (state.done) return;
         state.done = true;
         this.#inUse--;
+        this.#inUseBytes -= size;
         this.#unreleased.unregister(state);
         this.#put(owned);
       },
@@ -117,6 +132,7 @@ export class HostPool {
     for (const l of this.#free.values()) free += l.length;
     return {
       in_use: this.#inUse,
+      in_use_bytes: this.#inUseBytes,
       free,
       free_bytes: this.#freeBytes,
       created: this.#created,
@@ -126,5 +142,8 @@ export class HostPool {
   }
 }
 
-/** The process's pool of read-back memory (host memory is not per device). */
-export const hostPool: HostPool = new HostPool();
+/**
+ * The thread's pool of read-back memory (host memory is not per device; each device thread, a
+ * worker, has its own), capped by `ATTN_HOST_POOL_MAX_FREE_BYTES` (default 1 GiB).
+ */
+export const hostPool: HostPool = new HostPool(poolCapFromEnv(HOST_POOL_CAP_ENV));

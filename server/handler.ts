@@ -60,6 +60,7 @@ export function createHandler(service: AttentionService, opts: HandlerOptions = 
     cacheBytes: () => service.caches.usedBytes,
     cacheCount: () => service.caches.list().length,
     cacheBudgetBytes: () => service.caches.budgetBytes,
+    planCache: () => service.plans.stats(),
   });
   const log = opts.log;
   const instance = opts.instance;

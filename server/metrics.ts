@@ -1,12 +1,18 @@
 /**
  * Prometheus text-format metrics: requests by route, method and status; forward latency
  * histogram and forwards by backend; per-phase latency histograms of forward calls by backend
- * and phase ({@link FORWARD_PHASES}); KV-cache bytes and count gauges (read at scrape time).
+ * and phase ({@link FORWARD_PHASES}); KV-cache bytes and count gauges (read at scrape time); the
+ * memory pools outside `--memory-budget-bytes` (this thread's GPU buffer pools, gpu/buffer_pool.ts,
+ * and its host read-back pool, gpu/host_pool.ts: free, in-use and cap bytes, buffers created and
+ * reused) and, where wired, the plan cache (plans held, hits, misses, disposed). With device
+ * threads each thread renders its own and metrics_merge.ts labels them `device_thread`.
  * Labels take bounded values only: the route is a route template or "unmatched" (never the
  * path), and a method outside {@link KNOWN_METHODS} is counted as "other", so no client can
  * grow the number of series.
  * @module
  */
+import { bufferPoolTotals } from "../gpu/buffer_pool.ts";
+import { hostPool } from "../gpu/host_pool.ts";
 
 /** The methods counted under their own name (RFC 9110 and PATCH); any other is "other". */
 export const KNOWN_METHODS: readonly string[] = [
@@ -113,11 +119,58 @@ function renderHistogram(
   out.push(`${name}_count${labels(l)} ${h.n}`);
 }
 
+/** One memory pool as /metrics shows it. */
+export interface PoolGauges {
+  free_bytes: number;
+  in_use_bytes: number;
+  /** The cap on free bytes (free buffers past it are dropped, largest first). */
+  max_free_bytes: number;
+  /** Buffers ever created and acquires served from the pool (counters). */
+  created: number;
+  reused: number;
+}
+
+/** The memory pools outside the memory budget, read at scrape time. */
+export interface MemoryPools {
+  /** This thread's GPU buffer pools, summed over its live devices. */
+  gpu: PoolGauges;
+  /** This thread's host read-back pool, with the leases the garbage collector found unreleased. */
+  host: PoolGauges & { leaked: number };
+}
+
+/** The pools of this thread (gpu/buffer_pool.ts, gpu/host_pool.ts). */
+export function threadMemoryPools(): MemoryPools {
+  const g = bufferPoolTotals(), h = hostPool.stats();
+  return {
+    gpu: g,
+    host: {
+      free_bytes: h.free_bytes,
+      in_use_bytes: h.in_use_bytes,
+      max_free_bytes: hostPool.maxFreeBytes,
+      created: h.created,
+      reused: h.reused,
+      leaked: h.leaked,
+    },
+  };
+}
+
+/** The plan cache's counters (service/plan_cache.ts PlanCacheStats). */
+export interface PlanCacheGauges {
+  size: number;
+  hits: number;
+  misses: number;
+  disposed: number;
+}
+
 /** Live values read at scrape time. */
 export interface MetricsGauges {
   cacheBytes?: () => number;
   cacheCount?: () => number;
   cacheBudgetBytes?: () => number;
+  /** The memory pools (default {@link threadMemoryPools}; null: none shown). */
+  memoryPools?: (() => MemoryPools) | null;
+  /** The plan cache's counters (e.g. `() => service.plans.stats()`); none shown without. */
+  planCache?: () => PlanCacheGauges;
 }
 
 const esc = (v: string) => v.replace(/\\/g, "\\\\").replace(/\n/g, "\\n").replace(/"/g, '\\"');
@@ -221,6 +274,54 @@ export class Metrics {
       "Memory budget for server-side KV caches.",
       g.cacheBudgetBytes,
     );
+    const pools = g.memoryPools === undefined ? threadMemoryPools : g.memoryPools;
+    if (pools) renderPools(out, pools());
+    if (g.planCache) renderPlanCache(out, g.planCache());
     return out.join("\n") + "\n";
   }
+}
+
+/** `[name suffix, type, help, value]` of each sample. */
+type Samples = [string, "gauge" | "counter", string, number][];
+
+/** Samples, each with its HELP and TYPE lines. */
+function samples(out: string[], prefix: string, list: Samples): void {
+  for (const [suffix, type, help, v] of list) {
+    const name = `${prefix}_${suffix}`;
+    out.push(`# HELP ${name} ${help}`, `# TYPE ${name} ${type}`, `${name} ${v}`);
+  }
+}
+
+function renderPools(out: string[], p: MemoryPools): void {
+  const outside = "outside the KV-cache memory budget";
+  const pool = (what: string, s: PoolGauges): Samples => [
+    ["free_bytes", "gauge", `Bytes kept free by the ${what}, ${outside}.`, s.free_bytes],
+    ["in_use_bytes", "gauge", `Bytes in use from the ${what}, ${outside}.`, s.in_use_bytes],
+    ["max_free_bytes", "gauge", `Cap on the free bytes of the ${what}.`, s.max_free_bytes],
+    ["created_total", "counter", `Buffers created by the ${what}.`, s.created],
+    ["reused_total", "counter", `Acquires served from the ${what}.`, s.reused],
+  ];
+  samples(
+    out,
+    "attn_gpu_buffer_pool",
+    pool("GPU buffer pool (summed over this thread's devices)", p.gpu),
+  );
+  samples(out, "attn_host_pool", [
+    ...pool("host read-back pool", p.host),
+    [
+      "leaked_total",
+      "counter",
+      "Read-back leases the garbage collector found unreleased.",
+      p.host.leaked,
+    ],
+  ]);
+}
+
+function renderPlanCache(out: string[], c: PlanCacheGauges): void {
+  samples(out, "attn_plan_cache", [
+    ["plans", "gauge", "Plans held by the plan cache.", c.size],
+    ["hits_total", "counter", "Plan-cache lookups that found a plan.", c.hits],
+    ["misses_total", "counter", "Plan-cache lookups that built a plan.", c.misses],
+    ["disposed_total", "counter", "Plans the plan cache disposed of.", c.disposed],
+  ]);
 }

@@ -4,7 +4,9 @@
  * call's {@link SelectorConfig}. Every problem is collected — shapes that disagree with the
  * layer, bad batch metadata, block ids and slots out of range, a block repeated within a
  * request, non-finite values in query/key/value, per-call limits — and thrown at once as one
- * `invalid_batch` (422). Backends, the cache writer and the plan cache trust what it built.
+ * 422 problem: `invalid_batch`, or `limit_exceeded` when the limits are the only problems
+ * (both list every issue). An unknown cache id is a 404 answered before validation (see
+ * {@link validateForward}). Backends, the cache writer and the plan cache trust what it built.
  * The one exception, on request (`deferFinite`): a large, otherwise valid batch's NaN/infinity
  * scan is left to the GPU plan that runs it, which checks before it writes anything
  * (gpu/finite_check.ts), or to {@link checkFiniteOnHost} for any other plan.
@@ -20,7 +22,7 @@ import {
   toFloat32,
   wordsOf,
 } from "../core/data.ts";
-import { ServiceError } from "../core/errors.ts";
+import { invalidBatch, type Issue, ServiceError } from "../core/errors.ts";
 import type { ForwardInput } from "../wire/codec.ts";
 import type { LayerInput } from "../wire/types.ts";
 import type { DataTensor } from "../wire/tensors.ts";
@@ -36,7 +38,7 @@ import type {
 } from "../core/types.ts";
 import { batchStats, planKey } from "./batch_key.ts";
 import { checkMetadata } from "./validate_metadata.ts";
-import { checkCache, checkLayer, eqShape, fmt, Issues } from "./validate_layer.ts";
+import { checkCache, checkLayer, eqShape, fmt, Issues, validWindow } from "./validate_layer.ts";
 
 /** Per-call limits (server flags), refused with 422 `limit_exceeded` naming the limit and value. */
 export interface CallLimits {
@@ -121,35 +123,71 @@ export function checkFiniteOnHost(b: UnattachedBatch | ValidBatch): void {
   is.throwIfAny();
 }
 
-function checkLimits(T: number, attended: number, limits: CallLimits): void {
-  const over: [string, number, number][] = [];
-  if (T > limits.max_tokens) over.push(["max_tokens", T, limits.max_tokens]);
-  if (attended > limits.max_attended_keys) {
-    over.push(["max_attended_keys", attended, limits.max_attended_keys]);
+/** A per-call limit a call exceeds: the limit's name, the call's count, the limit's value. */
+interface Over {
+  limit: keyof CallLimits;
+  value: number;
+  max: number;
+}
+
+/**
+ * The per-call limits a call exceeds: `max_tokens` always (the query's first axis is the token
+ * count every other check uses), `max_attended_keys` when the keys can be counted (`attended` is
+ * null when query_start_loc, seq_lens or sliding_window broke a rule: the count would be
+ * meaningless, and those issues are listed already).
+ */
+function limitsOver(T: number, attended: number | null, limits: CallLimits): Over[] {
+  const over: Over[] = [];
+  if (T > limits.max_tokens) over.push({ limit: "max_tokens", value: T, max: limits.max_tokens });
+  if (attended !== null && attended > limits.max_attended_keys) {
+    over.push({ limit: "max_attended_keys", value: attended, max: limits.max_attended_keys });
   }
-  if (over.length === 0) return;
-  const [name, value, limit] = over[0];
+  return over;
+}
+
+const overWhat = (o: Over) => o.limit === "max_tokens" ? "num_tokens" : "attended keys";
+
+/** A limit as an issue: at the field that carries the count, naming the limit and value. */
+function limitIssue(o: Over): Issue {
+  return {
+    path: o.limit === "max_tokens" ? ["query", "shape", 0] : ["metadata", "seq_lens"],
+    message: `${overWhat(o)} ${o.value} exceeds ${o.limit} = ${o.max}`,
+  };
+}
+
+/**
+ * Throws every problem found as one 422 problem document, if there is any. Both codes are 422
+ * (docs/api.md): a call whose only problems are per-call limits is `limit_exceeded` (a valid
+ * batch, too large: split it); one that also breaks a batch rule is `invalid_batch`, since
+ * splitting would not make it run, and its issues list the limits too (after the rule issues,
+ * whatever the MAX_ISSUES cap), with the first limit's `limit`, `value` and `max` as in a
+ * `limit_exceeded` document.
+ */
+function throwProblems(is: Issues, over: Over[]): void {
+  if (is.count === 0 && over.length === 0) return;
+  const extra = over.length > 0
+    ? { limit: over[0].limit, value: over[0].value, max: over[0].max }
+    : undefined;
+  if (is.count > 0) throw invalidBatch(is.listed(over.map(limitIssue)), extra);
   throw new ServiceError(
-    `${
-      name === "max_tokens" ? "num_tokens" : "attended keys"
-    } ${value} exceeds the per-call limit ${name} = ${limit}`,
-    {
-      status: 422,
-      code: "limit_exceeded",
-      issues: over.map(([n, v, l]) => ({
-        path: n === "max_tokens" ? ["query", "shape", 0] : ["metadata", "seq_lens"],
-        message: `${n === "max_tokens" ? "num_tokens" : "attended keys"} ${v} exceeds ${n} = ${l}`,
-      })),
-      extra: { limit: name, value, max: limit },
-    },
+    `${overWhat(over[0])} ${over[0].value} exceeds the per-call limit ${over[0].limit} = ${
+      over[0].max
+    }`,
+    { status: 422, code: "limit_exceeded", issues: over.map(limitIssue), extra },
   );
 }
 
 /**
  * Validates a decoded forward request. `held` is the server-held cache named by
  * `input.kv_cache` (the caller resolves the id), or null.
- * @throws ServiceError 422 `invalid_batch` listing every problem with its path and value;
- *   422 `limit_exceeded` for a call over a per-call limit.
+ *
+ * An unknown `kv_cache` id is the caller's 404 `cache_not_found`, answered before this runs
+ * (service/service.ts): the held cache's spec is what the batch is checked against (block ids,
+ * slots, heads, head size, dtype), so without it most checks could not run, and a missing
+ * resource is another status (404) than a batch that cannot run (422); one document has one.
+ * @throws ServiceError 422 listing every problem, per-call limits included, in one document:
+ *   `invalid_batch` when any batch rule is broken, else `limit_exceeded` for a call whose only
+ *   problems are per-call limits (see {@link throwProblems}).
  */
 export function validateForward(
   input: ForwardInput,
@@ -191,24 +229,6 @@ export function validateForward(
   }
   const { spec, inline } = checkCache(input, layer, held, is);
   const md = checkMetadata(input.metadata, T, Tk, spec, layer.attn_type, is);
-  const query = dataOf(input.query, input.dtype)!;
-  const key = dataOf(input.key, input.dtype);
-  const value = dataOf(input.value, input.dtype);
-  // A large batch's scan may be left to the device, unless the call fails anyway (then every
-  // problem is listed now) or part of a tensor fills no whole word (that part is scanned here).
-  const deferred = opts.deferFinite === true && is.list.length === 0 && checksFiniteOnDevice({
-    dtype: input.dtype,
-    layer,
-    num_tokens: T,
-    num_kv_tokens: key ? Tk : 0,
-  });
-  for (const [a, name] of [[query, "query"], [key, "key"], [value, "value"]] as const) {
-    // Deferred: only the elements past the last whole word (an odd half-precision tail).
-    const from = deferred && a ? wordsOf(a.dtype, a.length) * finiteScanBits(a.dtype).per : 0;
-    checkFinite(a, name, is, from);
-  }
-  is.throwIfAny();
-
   const metadata = {
     num_reqs: md.num_reqs,
     query_start_loc: input.metadata.query_start_loc.values,
@@ -217,8 +237,32 @@ export function validateForward(
     max_blocks_per_req: md.max_blocks_per_req,
     slot_mapping: md.slot_mapping,
   };
-  const stats = batchStats(layer, metadata, md.query_lens);
-  checkLimits(T, stats.attended_keys, limits);
+  // The per-call limits join the other issues: one answer names every problem.
+  const stats = md.counts_valid && validWindow(layer.sliding_window)
+    ? batchStats(layer, metadata, md.query_lens)
+    : null;
+  const over = limitsOver(T, stats?.attended_keys ?? null, limits);
+  const query = dataOf(input.query, input.dtype)!;
+  const key = dataOf(input.key, input.dtype);
+  const value = dataOf(input.value, input.dtype);
+  // A large batch's scan may be left to the device, unless the call fails anyway (then every
+  // problem is listed now) or part of a tensor fills no whole word (that part is scanned here).
+  const deferred = opts.deferFinite === true && is.count === 0 && over.length === 0 &&
+    checksFiniteOnDevice({
+      dtype: input.dtype,
+      layer,
+      num_tokens: T,
+      num_kv_tokens: key ? Tk : 0,
+    });
+  for (const [a, name] of [[query, "query"], [key, "key"], [value, "value"]] as const) {
+    // Deferred: only the elements past the last whole word (an odd half-precision tail).
+    const from = deferred && a ? wordsOf(a.dtype, a.length) * finiteScanBits(a.dtype).per : 0;
+    checkFinite(a, name, is, from);
+  }
+  throwProblems(is, over);
+  // No issue: the counts and the window were valid, so the stats were computed.
+  if (!stats) throw new Error("validateForward: a valid batch without stats");
+
   const shape = {
     dtype: input.dtype,
     layer,

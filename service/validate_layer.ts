@@ -13,15 +13,26 @@ export const MAX_ISSUES = 100;
 export class Issues {
   readonly list: Issue[] = [];
   dropped = 0;
+  /** Every issue added, those past MAX_ISSUES included. */
+  get count(): number {
+    return this.list.length + this.dropped;
+  }
   add(path: (string | number)[], message: string): void {
     if (this.list.length < MAX_ISSUES) this.list.push({ path, message });
     else this.dropped++;
   }
-  throwIfAny(): void {
-    if (this.list.length === 0) return;
-    const list = [...this.list];
+  /**
+   * The listed issues, then `also` (listed whatever the cap: the few call-level problems, such
+   * as per-call limits), then one line counting those not listed.
+   */
+  listed(also: Issue[] = []): Issue[] {
+    const list = [...this.list, ...also];
     if (this.dropped) list.push({ path: [], message: `${this.dropped} more issues not listed` });
-    throw invalidBatch(list);
+    return list;
+  }
+  throwIfAny(): void {
+    if (this.count === 0) return;
+    throw invalidBatch(this.listed());
   }
 }
 
@@ -33,6 +44,9 @@ export const fmt = (a: ArrayLike<number>) => {
 /** Equal shapes. */
 export const eqShape = (a: number[], b: number[]) =>
   a.length === b.length && a.every((x, i) => x === b[i]);
+/** A valid `sliding_window`: null (none) or an integer >= 1. */
+export const validWindow = (sw: number | null): boolean =>
+  sw === null || (Number.isInteger(sw) && sw >= 1);
 /** Encoder types take K/V from the call and use no cache. */
 export const isEncoder = (t: AttnType) => t === "encoder" || t === "encoder_only";
 
@@ -52,7 +66,7 @@ export function checkLayer(input: ForwardInput, is: Issues): LayerSpec {
     is.add(p("scale"), `must be finite and > 0, got ${scale}`);
   }
   const sw = l.sliding_window ?? null;
-  if (sw !== null && (!Number.isInteger(sw) || sw < 1)) {
+  if (!validWindow(sw)) {
     is.add(p("sliding_window"), `must be an integer >= 1 (or null), got ${sw}`);
   }
   const cap = l.logits_soft_cap ?? null;

@@ -24,6 +24,11 @@ export interface CheckedMetadata {
   block_table: Int32Array;
   max_blocks_per_req: number;
   slot_mapping: Int32Array;
+  /**
+   * `query_start_loc` and `seq_lens` broke no rule, so the query lengths and sequence lengths
+   * can be counted (the attended keys the per-call limit is checked against).
+   */
+  counts_valid: boolean;
 }
 
 const mp = (k: string, ...rest: (string | number)[]) => ["metadata", k, ...rest];
@@ -260,7 +265,9 @@ export function checkMetadata(
   attn: AttnType,
   is: Issues,
 ): CheckedMetadata {
+  const before = is.count;
   const query_lens = checkStarts(md, T, attn, is);
+  const counts_valid = is.count === before;
   const R = query_lens.length;
   const { table, maxBlocks } = checkBlockTable(md, R, spec, attn, is);
   const slot_mapping = checkSlots(md, Tk, spec, attn, is);
@@ -270,5 +277,6 @@ export function checkMetadata(
     block_table: table,
     max_blocks_per_req: maxBlocks,
     slot_mapping,
+    counts_valid,
   };
 }

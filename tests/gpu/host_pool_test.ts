@@ -65,3 +65,44 @@ Deno.test("host pool: a transferred buffer is not taken back", () => {
   assert.equal(pool.stats().free, 0);
   assert.equal(pool.stats().in_use, 0);
 });
+
+Deno.test("host pool: in-use bytes follow leases; the free cap trims largest first", () => {
+  const pool = new HostPool(100 * 1024);
+  const a = pool.acquire(5000), b = pool.acquire(40_000), c = pool.acquire(40_000);
+  assert.equal(pool.stats().in_use_bytes, 8192 + 65536 * 2);
+  a.release();
+  b.release();
+  assert.deepEqual([pool.stats().in_use_bytes, pool.stats().free_bytes], [65536, 8192 + 65536]);
+  // Over the cap (136 KiB free): a 64 KiB buffer goes first, and that is enough.
+  c.release();
+  assert.deepEqual([pool.stats().in_use_bytes, pool.stats().free_bytes], [0, 8192 + 65536]);
+  assert.equal(pool.stats().free, 2);
+  // Two 64 KiB leases and the 8 KiB one back: the second 64 KiB one is dropped, not the 8 KiB.
+  const d = pool.acquire(65536), e = pool.acquire(65536), f = pool.acquire(8192);
+  assert.equal(pool.stats().free_bytes, 0);
+  for (const l of [d, e, f]) l.release();
+  assert.deepEqual([pool.stats().free_bytes, pool.stats().free], [8192 + 65536, 2]);
+});
+
+Deno.test("host pool: the process pool's cap is ATTN_HOST_POOL_MAX_FREE_BYTES (default 1 GiB)", async () => {
+  const { hostPool, HOST_POOL_CAP_ENV } = await import("../../gpu/host_pool.ts");
+  assert.equal(HOST_POOL_CAP_ENV, "ATTN_HOST_POOL_MAX_FREE_BYTES");
+  const set = Deno.env.get(HOST_POOL_CAP_ENV);
+  assert.equal(hostPool.maxFreeBytes, set ? Number(set) : 2 ** 30);
+  // A fresh module instance (another thread's) reads the variable: checked in a child process.
+  const code = `import { hostPool } from ${
+    JSON.stringify(import.meta.resolve("../../gpu/host_pool.ts"))
+  };
+    console.log(hostPool.maxFreeBytes);`;
+  const out = await new Deno.Command(Deno.execPath(), {
+    args: ["eval", "--quiet", code],
+    env: { [HOST_POOL_CAP_ENV]: "12345" },
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  assert.equal(
+    new TextDecoder().decode(out.stdout).trim(),
+    "12345",
+    new TextDecoder().decode(out.stderr),
+  );
+});

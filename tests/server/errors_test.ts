@@ -342,6 +342,47 @@ Deno.test("errors: every bad input is a problem; nothing changes; server stays u
   }
 });
 
+Deno.test("errors: a call over a per-call limit and invalid is one 422 listing every problem", async () => {
+  const srv = await startServer({ limits: { max_tokens: 4, max_attended_keys: 5 } });
+  try {
+    const cache = await srv.client.createCache({
+      num_blocks: NB,
+      block_size: BS,
+      num_kv_heads: HKV,
+      head_size: D,
+      dtype: "float32",
+    });
+    const before = await cacheSnapshot(srv, cache.id);
+    // 5 tokens (over max_tokens 4), 3*4/2 + 2*3/2 = 9 attended keys (over 5), a slot out of range.
+    const body = validBody(cache.id);
+    body.metadata.slot_mapping = [0, 1, 2, 12, NB * BS];
+    const e = await expectProblem(srv.client.forward(body), 422, "invalid_batch");
+    assert.deepEqual(e.problem.issues!.map((i) => `${i.path.join(".")}: ${i.message}`), [
+      `metadata.slot_mapping.4: slot ${NB * BS} out of range: -1 or [0, ${
+        NB * BS
+      }) (num_blocks ${NB} x block_size ${BS})`,
+      "query.shape.0: num_tokens 5 exceeds max_tokens = 4",
+      "metadata.seq_lens: attended keys 9 exceeds max_attended_keys = 5",
+    ]);
+    const doc = e.problem as unknown as Record<string, unknown>;
+    assert.deepEqual([doc.limit, doc.value, doc.max], ["max_tokens", 5, 4]);
+    // The same call with a valid slot: only the limits, 422 limit_exceeded listing both.
+    const lim = await expectProblem(srv.client.forward(validBody(cache.id)), 422, "limit_exceeded");
+    assert.deepEqual(lim.problem.issues!.map((i) => i.path.join(".")), [
+      "query.shape.0",
+      "metadata.seq_lens",
+    ]);
+    // An unknown cache is a 404 first, whatever else is wrong (the spec to check against is
+    // the cache's).
+    body.kv_cache = "nope";
+    await expectProblem(srv.client.forward(body), 404, "cache_not_found");
+    assert.equal(await cacheSnapshot(srv, cache.id), before, "no rejected call changed the cache");
+    assert.deepEqual(srv.errors, []);
+  } finally {
+    await srv.close();
+  }
+});
+
 Deno.test("errors: bodies over the limit → 413, by Content-Length and while streaming", async () => {
   const srv = await startServer({ maxBodyBytes: 2048 });
   try {

@@ -18,6 +18,7 @@ import { createHandler } from "../../server/handler.ts";
 import { serveHttp } from "../../server/worker_front.ts";
 import { Metrics } from "../../server/metrics.ts";
 import { AttentionService } from "../../service/service.ts";
+import type { CallLimits } from "../../service/validate.ts";
 
 /** A device provider with no device (local fake: no dependency on gpu/). */
 export class FakeNoDevice implements DeviceProvider {
@@ -69,11 +70,14 @@ export async function startServer(opts: {
   clientHeaders?: Record<string, string>;
   /** The instance name the handler answers with. */
   instance?: string;
+  /** Per-call limits (default DEFAULT_CALL_LIMITS). */
+  limits?: Partial<CallLimits>;
 } = {}): Promise<TestServer> {
   const service = new AttentionService({
     backends: opts.backends ?? [CPU_REFERENCE as AttentionBackend],
     device: opts.device ?? new FakeNoDevice(),
     memoryBudgetBytes: opts.memoryBudgetBytes ?? 64 * 1024 * 1024,
+    limits: opts.limits,
   });
   const errors: unknown[] = [];
   const metrics = new Metrics({

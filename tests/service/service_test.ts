@@ -123,6 +123,29 @@ Deno.test("service: a rejected call reaches no backend and changes no cache", as
   assert.equal(before.key[5 * 16], 1, "the accepted call did write (so the comparison can fail)");
 });
 
+Deno.test("service: an unknown cache is a 404 before validation, however bad the batch", async () => {
+  // The held cache's spec is what the batch is checked against: without it there is nothing
+  // to check block ids and slots against, and a missing resource is a 404, not a 422.
+  const { svc, be } = setup();
+  const bad = decode("nope", 999);
+  bad.query = f32([3, 2, 4]);
+  await assert.rejects(
+    svc.forward(bad),
+    (e: unknown) =>
+      e instanceof ServiceError && e.status === 404 && e.code === "cache_not_found" &&
+      e.extra?.cache_id === "nope",
+  );
+  assert.equal(be.runs, 0);
+  // The same batch on a cache that exists is the 422 listing every problem.
+  const c = await svc.createCache(CACHE);
+  await assert.rejects(
+    svc.forward({ ...bad, kv_cache: c.id }),
+    (e: unknown) =>
+      e instanceof ServiceError && e.status === 422 && e.code === "invalid_batch" &&
+      e.issues!.length >= 2,
+  );
+});
+
 Deno.test("service: lost caches are reported and refused with 503", async () => {
   const { svc, be } = setup();
   const a = await svc.createCache(CACHE);

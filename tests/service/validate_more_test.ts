@@ -2,8 +2,8 @@
  * The validator's issue-9 rules: one policy for non-finite values (JSON numbers, base64 and
  * safetensors bytes alike: 422 naming the tensor and the first bad index), a block id repeated
  * within a request's row (the 1.2 KB body that claimed seq_lens of 16.7 million), per-call
- * limits (422 `limit_exceeded` naming the limit and the value), and the stats and plan key it
- * derives.
+ * limits (422 `limit_exceeded` naming the limit and the value; with any other problem, listed in
+ * the one `invalid_batch`), and the stats and plan key it derives.
  */
 import assert from "node:assert/strict";
 import { dataArray, fromFloats } from "../../core/data.ts";
@@ -142,6 +142,70 @@ Deno.test("validate: per-call limits are 422 limit_exceeded naming the limit and
     "limit_exceeded",
   );
   assert.equal(t.extra?.limit, "max_tokens");
+});
+
+Deno.test("validate: limits join the other issues: one 422 invalid_batch lists them all", () => {
+  // Out of range slot (a rule) and both limits: one invalid_batch naming all three.
+  const md = { ...input().metadata, slot_mapping: ints([99]) };
+  const limits = { max_tokens: 0, max_attended_keys: 9 };
+  const e = rejects(() => validateForward(input({ metadata: md }), HELD, limits), "invalid_batch");
+  assert.deepEqual(e.issues!.map((i) => `${i.path.join(".")}: ${i.message}`), [
+    "metadata.slot_mapping.0: slot 99 out of range: -1 or [0, 32) (num_blocks 8 x block_size 4)",
+    "query.shape.0: num_tokens 1 exceeds max_tokens = 0",
+    "metadata.seq_lens: attended keys 10 exceeds max_attended_keys = 9",
+  ]);
+  // The first limit's fields, as a limit_exceeded document has them.
+  assert.deepEqual(e.extra, { limit: "max_tokens", value: 1, max: 0 });
+  // Only limits: limit_exceeded, every limit listed.
+  const only = rejects(() => validateForward(input(), HELD, limits), "limit_exceeded");
+  assert.deepEqual(only.issues!.map((i) => i.path.join(".")), [
+    "query.shape.0",
+    "metadata.seq_lens",
+  ]);
+  assert.deepEqual(only.extra, { limit: "max_tokens", value: 1, max: 0 });
+});
+
+Deno.test("validate: attended keys are counted only from valid query_start_loc and seq_lens", () => {
+  const limits = { max_tokens: 0, max_attended_keys: 0 };
+  // seq_lens breaks a rule: no attended-keys count (it would be meaningless); max_tokens still.
+  const md = { ...input().metadata, seq_lens: ints([-1]) };
+  const e = rejects(() => validateForward(input({ metadata: md }), HELD, limits), "invalid_batch");
+  assert.deepEqual(e.issues!.map((i) => i.path.join(".")), [
+    "metadata.seq_lens.0",
+    "query.shape.0",
+  ]);
+  // So does an invalid sliding window (the count depends on it).
+  const layer = { num_heads: 2, num_kv_heads: 1, head_size: 4, sliding_window: 0 };
+  const w = rejects(() => validateForward(input({ layer }), HELD, limits), "invalid_batch");
+  assert.deepEqual(w.issues!.map((i) => i.path.join(".")), [
+    "layer.sliding_window",
+    "query.shape.0",
+  ]);
+  // A valid window is counted: 3 keys.
+  const win = { ...layer, sliding_window: 3 };
+  const ok = rejects(
+    () => validateForward(input({ layer: win }), HELD, { max_tokens: 1, max_attended_keys: 2 }),
+    "limit_exceeded",
+  );
+  assert.equal(ok.extra?.value, 3);
+});
+
+Deno.test("validate: the limits are listed past the issue cap, before the count of the rest", () => {
+  // One decode request over 120 blocks, every id out of range: 120 issues, 100 listed.
+  const md = {
+    query_start_loc: ints([0, 1]),
+    seq_lens: ints([480]),
+    block_table: ints(Array.from({ length: 120 }, () => 8), [1, 120]),
+    slot_mapping: ints([29]),
+  };
+  const limits = { max_tokens: 100, max_attended_keys: 100 };
+  const e = rejects(() => validateForward(input({ metadata: md }), HELD, limits), "invalid_batch");
+  assert.equal(e.issues!.length, 102);
+  assert.deepEqual(e.issues!.slice(99).map((i) => `${i.path.join(".")}: ${i.message}`), [
+    "metadata.block_table.0.99: block id 8 out of range [0, 8)",
+    "metadata.seq_lens: attended keys 480 exceeds max_attended_keys = 100",
+    ": 20 more issues not listed",
+  ]);
 });
 
 Deno.test("validate: stats count attended keys under the mask; the plan key names the shape", () => {
@@ -308,6 +372,18 @@ Deno.test("validate: deferFinite leaves a large batch's scan, unless the call fa
   assert.deepEqual(both.issues!.map((i) => i.path.join(".")), [
     `metadata.slot_mapping.${T - 1}`,
     `value.${at}`,
+  ]);
+  // So does a call over a limit: the NaN is scanned now and listed with it, one invalid_batch.
+  const over = rejects(
+    () =>
+      validateForward(x, held, { max_tokens: 1000, max_attended_keys: 2 ** 32 }, {
+        deferFinite: true,
+      }),
+    "invalid_batch",
+  );
+  assert.deepEqual(over.issues!.map((i) => `${i.path.join(".")}: ${i.message}`), [
+    `value.${at}: ${e.issues![0].message}`,
+    "query.shape.0: num_tokens 1400 exceeds max_tokens = 1000",
   ]);
 });
 

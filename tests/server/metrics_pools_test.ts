@@ -1,0 +1,163 @@
+/**
+ * The memory pools outside `--memory-budget-bytes` in /metrics: this thread's GPU buffer pools
+ * and host read-back pool (free, in-use and cap bytes; buffers created and reused; host leases
+ * leaked), the plan cache where wired (plans, hits, misses, disposed), and the device threads'
+ * merge, which gives each of these families one HELP and TYPE and a `device_thread` label a
+ * sample.
+ */
+import assert from "node:assert/strict";
+import { CPU_REFERENCE } from "../../backends/cpu/cpu_reference.ts";
+import type { AttentionBackend, GpuContext } from "../../core/types.ts";
+import { bufferPoolTotals, poolOf } from "../../gpu/buffer_pool.ts";
+import { hostPool } from "../../gpu/host_pool.ts";
+import { createHandler } from "../../server/handler.ts";
+import { type MemoryPools, Metrics } from "../../server/metrics.ts";
+import { mergeMetrics } from "../../server/metrics_merge.ts";
+import { AttentionService } from "../../service/service.ts";
+import { FakeNoDevice, startServer } from "./helpers.ts";
+import { HeldSeq } from "./held_seq.ts";
+
+const POOLS: MemoryPools = {
+  gpu: { free_bytes: 4096, in_use_bytes: 8192, max_free_bytes: 2 ** 30, created: 7, reused: 40 },
+  host: {
+    free_bytes: 65536,
+    in_use_bytes: 0,
+    max_free_bytes: 2 ** 28,
+    created: 3,
+    reused: 12,
+    leaked: 1,
+  },
+};
+
+/** `name value` samples (no labels) of a text, by name. */
+function plain(text: string): Map<string, number> {
+  const m = new Map<string, number>();
+  for (const [, k, v] of text.matchAll(/^(attn_\w+) (\S+)$/gm)) m.set(k, Number(v));
+  return m;
+}
+
+Deno.test("metrics: the memory pools and the plan cache, with HELP and TYPE", () => {
+  const plans = { size: 5, hits: 90, misses: 6, disposed: 1 };
+  const text = new Metrics({ memoryPools: () => POOLS, planCache: () => plans }).render();
+  const s = plain(text);
+  assert.deepEqual(Object.fromEntries([...s].filter(([k]) => /pool|plan_cache/.test(k))), {
+    attn_gpu_buffer_pool_free_bytes: 4096,
+    attn_gpu_buffer_pool_in_use_bytes: 8192,
+    attn_gpu_buffer_pool_max_free_bytes: 2 ** 30,
+    attn_gpu_buffer_pool_created_total: 7,
+    attn_gpu_buffer_pool_reused_total: 40,
+    attn_host_pool_free_bytes: 65536,
+    attn_host_pool_in_use_bytes: 0,
+    attn_host_pool_max_free_bytes: 2 ** 28,
+    attn_host_pool_created_total: 3,
+    attn_host_pool_reused_total: 12,
+    attn_host_pool_leaked_total: 1,
+    attn_plan_cache_plans: 5,
+    attn_plan_cache_hits_total: 90,
+    attn_plan_cache_misses_total: 6,
+    attn_plan_cache_disposed_total: 1,
+  });
+  for (const name of s.keys()) {
+    const type = name.endsWith("_total") ? "counter" : "gauge";
+    assert.match(text, new RegExp(`^# HELP ${name} \\S`, "m"), name);
+    assert.match(text, new RegExp(`^# TYPE ${name} ${type}\n${name} `, "m"), name);
+  }
+  // Without a plan cache wired, none of its series; `memoryPools: null`, none of the pools'.
+  const bare = new Metrics({ memoryPools: null }).render();
+  assert.doesNotMatch(bare, /pool|plan_cache/);
+});
+
+Deno.test("metrics: by default, this thread's pools as gpu/ counts them", () => {
+  const device = {
+    lost: new Promise(() => {}),
+    createBuffer: ({ size }: { size: number }) => ({ size, destroy() {} }),
+  } as unknown as GPUDevice;
+  const pool = poolOf({ device, generation: 1, lost: false } as unknown as GpuContext);
+  const b = pool.acquire(3000, 0x80); // 4 KiB class
+  const lease = hostPool.acquire(10_000); // 16 KiB class
+  try {
+    const s = plain(new Metrics().render());
+    const g = bufferPoolTotals(), h = hostPool.stats();
+    assert.ok(g.in_use_bytes >= 4096);
+    assert.equal(s.get("attn_gpu_buffer_pool_in_use_bytes"), g.in_use_bytes);
+    assert.equal(s.get("attn_gpu_buffer_pool_free_bytes"), g.free_bytes);
+    assert.equal(s.get("attn_gpu_buffer_pool_max_free_bytes"), g.max_free_bytes);
+    assert.equal(s.get("attn_gpu_buffer_pool_created_total"), g.created);
+    assert.ok(h.in_use_bytes >= 16384);
+    assert.equal(s.get("attn_host_pool_in_use_bytes"), h.in_use_bytes);
+    assert.equal(s.get("attn_host_pool_max_free_bytes"), hostPool.maxFreeBytes);
+  } finally {
+    pool.release(b);
+    lease.release();
+  }
+  const after = plain(new Metrics().render());
+  assert.equal(after.get("attn_gpu_buffer_pool_in_use_bytes"), bufferPoolTotals().in_use_bytes);
+  assert.equal(after.get("attn_host_pool_in_use_bytes"), hostPool.stats().in_use_bytes);
+});
+
+Deno.test("metrics: the device threads' merge labels every pool sample by thread", () => {
+  const other: MemoryPools = {
+    gpu: { ...POOLS.gpu, free_bytes: 0 },
+    host: { ...POOLS.host, in_use_bytes: 32768 },
+  };
+  const plans = { size: 1, hits: 2, misses: 3, disposed: 0 };
+  const texts = [POOLS, other].map((p) =>
+    new Metrics({ cacheBytes: () => 0, memoryPools: () => p, planCache: () => plans }).render()
+  );
+  const merged = mergeMetrics(texts);
+  for (
+    const name of [
+      "attn_gpu_buffer_pool_free_bytes",
+      "attn_host_pool_in_use_bytes",
+      "attn_host_pool_leaked_total",
+      "attn_plan_cache_hits_total",
+    ]
+  ) {
+    assert.equal(merged.split(`# HELP ${name} `).length, 2, `one HELP of ${name}`);
+    assert.equal(merged.split(`# TYPE ${name} `).length, 2, `one TYPE of ${name}`);
+  }
+  // Each family's samples together, right after its TYPE line, one a thread.
+  assert.match(
+    merged,
+    /^# TYPE attn_gpu_buffer_pool_free_bytes gauge\nattn_gpu_buffer_pool_free_bytes\{device_thread="0"\} 4096\nattn_gpu_buffer_pool_free_bytes\{device_thread="1"\} 0\n/m,
+  );
+  assert.match(
+    merged,
+    /^# TYPE attn_host_pool_in_use_bytes gauge\nattn_host_pool_in_use_bytes\{device_thread="0"\} 0\nattn_host_pool_in_use_bytes\{device_thread="1"\} 32768\n/m,
+  );
+  assert.match(
+    merged,
+    /^# TYPE attn_plan_cache_plans gauge\nattn_plan_cache_plans\{device_thread="0"\} 1\nattn_plan_cache_plans\{device_thread="1"\} 1\n/m,
+  );
+  assert.doesNotMatch(merged, /^attn_\w+ /m, "no sample left without its thread");
+});
+
+Deno.test("metrics: /metrics of a server shows the pools (the handler's default Metrics too)", async () => {
+  const srv = await startServer();
+  try {
+    await srv.client.putCache("m", HeldSeq.cacheSpec());
+    await srv.client.forwardOn("m", new HeldSeq().step(2).body);
+    const s = plain(await (await fetch(`${srv.url}/metrics`)).text());
+    assert.equal(s.get("attn_host_pool_max_free_bytes"), hostPool.maxFreeBytes);
+    assert.equal(typeof s.get("attn_gpu_buffer_pool_free_bytes"), "number");
+  } finally {
+    await srv.close();
+  }
+  // The handler's own Metrics (no `metrics` option), as server/device_setup.ts builds it.
+  const service = new AttentionService({
+    backends: [CPU_REFERENCE as AttentionBackend],
+    device: new FakeNoDevice(),
+    memoryBudgetBytes: 1 << 20,
+  });
+  try {
+    const res = await createHandler(service)(new Request("http://localhost/metrics"));
+    const s = plain(await res.text());
+    assert.equal(s.get("attn_host_pool_max_free_bytes"), hostPool.maxFreeBytes);
+    assert.equal(s.get("attn_gpu_buffer_pool_max_free_bytes"), bufferPoolTotals().max_free_bytes);
+    // The plan cache's series come from the service the handler serves.
+    assert.equal(s.get("attn_plan_cache_plans"), service.plans.stats().size);
+    assert.equal(s.get("attn_plan_cache_misses_total"), service.plans.stats().misses);
+  } finally {
+    await service.close();
+  }
+});
