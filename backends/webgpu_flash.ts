@@ -7,7 +7,9 @@
  * tiles shared in workgroup memory, f32 online softmax, causal early exit, window skipping) or,
  * with `prefill_split`, the split-KV kernels with each query token a decode row. Encoder types
  * read K/V from the call. The new K/V are written first, and all of it runs in one submission
- * with one readback (gpu/gpu_plan.ts).
+ * with one readback (gpu/gpu_plan.ts). The plan records which kernels run the decode and the
+ * prefill rows, and why not the preferred ones ({@link flashRouting}: `paths`, which the forward
+ * routes send as `X-Attention-Paths` and `X-Attention-Path-Reasons`).
  * @module
  */
 import { DeviceUnavailableError, invalidBatch } from "../core/errors.ts";
@@ -17,11 +19,15 @@ import {
   type BackendContext,
   type BatchShape,
   DTYPES,
+  type ForwardResult,
   type GpuContext,
   KV_CACHE_DTYPES,
   KV_LAYOUTS,
+  type RunOptions,
   type SelectorConfig,
+  type ValidBatch,
 } from "../core/types.ts";
+import { type PlanPath, type PlanPaths, planPaths } from "../core/backend_types.ts";
 import { capabilities } from "./capabilities_base.ts";
 import { type GpuPlan, runGpuPlan } from "../gpu/gpu_plan.ts";
 import { type AttentionCalls, buildGpuPlan, disposeGpuPlan } from "../gpu/plan_builder.ts";
@@ -36,7 +42,7 @@ import {
   planPrefillRows,
 } from "./flash_plan.ts";
 import { partialBytes, partialLimit, planDecodeRows } from "./decode_plan.ts";
-import { envMmaShape, mmaConstsOf, planMmaRows } from "./flash_mma_plan.ts";
+import { envMmaShape, mmaConstsOf, mmaSupportProblem, planMmaRows } from "./flash_mma_plan.ts";
 import type { MmaConsts, MmaShape } from "../gpu/flash_mma_shape.ts";
 import { mmaSupportOf } from "../gpu/flash_mma_kernel.ts";
 import type { TableBuilder } from "../gpu/plan_table.ts";
@@ -99,11 +105,139 @@ function envOn(name: string): boolean {
   return envVar(name) !== "0";
 }
 
-/** The tensor-core kernel's constants for this batch's prefill rows; null where it runs none. */
-function mmaFor(ctx: GpuContext, o: FlashOptions, s: BatchShape): MmaConsts | null {
-  if (!o.mma) return null;
-  const c = mmaConstsOf(ctx, s, mmaSupportOf(ctx), undefined, o.mma_shape);
-  return typeof c === "string" ? null : c;
+/** The kernels a part of a batch can run on ({@link PlanPath}'s `path`). */
+export const FLASH_PATHS = {
+  /** The split-KV kernels of WEBGPU_DECODE, each query token a decode row. */
+  split: "split_kv",
+  /** The subgroup-matrix prefill kernel (gpu/flash_mma_kernel.ts). */
+  mma: "tensor_core",
+  /** The portable FlashAttention-2 style kernel (wgsl/flash_attention.wgsl). */
+  tiles: "tiles",
+} as const;
+
+/** {@link FlashOptions} with the switches resolved (the environment read once). */
+export interface ResolvedFlashOptions extends FlashOptions {
+  mma: boolean;
+  prefill_split: boolean;
+  /** Why the tensor-core kernel is off, where `mma` is false. */
+  mma_off?: string;
+}
+
+/** `o` with the switches the caller left out taken from ATTN_PREFILL_MMA and ATTN_PREFILL_SPLIT. */
+export function resolveFlashOptions(o: FlashOptions): ResolvedFlashOptions {
+  const mma = o.mma ?? envOn("ATTN_PREFILL_MMA");
+  return {
+    ...o,
+    mma,
+    prefill_split: o.prefill_split ?? envOn("ATTN_PREFILL_SPLIT"),
+    ...(mma ? {} : {
+      mma_off: `tensor-core kernel disabled (${
+        o.mma === false ? "option mma: false" : "ATTN_PREFILL_MMA=0"
+      })`,
+    }),
+  };
+}
+
+/** Block sizes the split-KV kernels read. */
+const SPLIT_BLOCK_SIZES = [16, 32, 64];
+
+/** Why decode rows of `s` cannot run on the split-KV kernels, or null where they can. */
+function splitProblem(s: BatchShape): string | null {
+  if (isEncoder(s)) {
+    return `attention type ${s.layer.attn_type} not supported (the split-KV kernels read the ` +
+      "paged cache)";
+  }
+  if (s.cache_spec === null) return "paged KV cache missing (the split-KV kernels read one)";
+  const d = s.layer.head_size, bs = s.cache_spec.block_size;
+  if (!DECODE_HEAD_SIZES.includes(d)) {
+    return `head_size not supported (got ${d}; supported: ${DECODE_HEAD_SIZES.join(", ")})`;
+  }
+  if (!SPLIT_BLOCK_SIZES.includes(bs)) {
+    return `block_size not supported (got ${bs}; supported: ${SPLIT_BLOCK_SIZES.join(", ")})`;
+  }
+  return null;
+}
+
+/**
+ * The tensor-core kernel's constants for this batch's prefill rows, or why it runs none, worded
+ * like the selector's reasons: the switch, the adapter, the dtype, then the kernel's own limits
+ * (mmaConstsOf decides; the wording only sorts its answer).
+ */
+function mmaFor(ctx: GpuContext, o: ResolvedFlashOptions, s: BatchShape): MmaConsts | string {
+  if (!o.mma) return o.mma_off ?? "tensor-core kernel disabled";
+  const support = mmaSupportOf(ctx);
+  const c = mmaConstsOf(ctx, s, support, undefined, o.mma_shape);
+  if (typeof c !== "string") return c;
+  if (!support) return `subgroup matrices not supported (${mmaSupportProblem(ctx)})`;
+  if (s.dtype === "float32") {
+    return "dtype not supported (got float32; supported: float16, bfloat16)";
+  }
+  if (c.includes("workgroup memory")) return `workgroup memory not sufficient (${c})`;
+  if (c.includes("invocations")) return `workgroup size not supported (${c})`;
+  return `kernel shape not supported (${c})`;
+}
+
+/** How WEBGPU_FLASH runs a batch ({@link flashRouting}). */
+export interface FlashRouting {
+  /** The tensor-core kernel's constants for the rows not on the split kernels, or null. */
+  mma: MmaConsts | null;
+  /** Request i runs on the split-KV kernels. */
+  isDecode: (i: number) => boolean;
+  /** Which kernels run the decode and the prefill rows, and why not the preferred ones. */
+  paths: PlanPaths;
+}
+
+/**
+ * Decides, from the batch's shape and the device's features and limits alone (no device call),
+ * which kernels run which rows of `s`: decode rows (query length at most DECODE_THRESHOLD) on
+ * the split-KV kernels where they can take them, the others on the tensor-core kernel where it
+ * can take them, else on the split-KV kernels (`prefill_split`, when their partial results fit
+ * a binding), else on the portable tiles; and records it, with the reasons, as {@link PlanPaths}.
+ */
+export function flashRouting(
+  ctx: GpuContext,
+  o: ResolvedFlashOptions,
+  s: BatchShape,
+): FlashRouting {
+  const q = s.metadata.query_start_loc;
+  const qlen = (i: number) => q[i + 1] - q[i];
+  // Decode rows need the split kernels' head sizes and a cache.
+  const noSplit = splitProblem(s);
+  const decodes = noSplit === null;
+  const m = mmaFor(ctx, o, s);
+  const mma = typeof m === "string" ? null : m;
+  // Every token a decode row needs one partial result per token and head in one binding.
+  const splitFits =
+    partialBytes(s.num_tokens, s.layer.num_heads, s.layer.head_size) <= partialLimit(ctx);
+  const allSplit = decodes && splitFits && o.prefill_split && !mma;
+  const isDecode = (i: number) => decodes && (allSplit || qlen(i) <= DECODE_THRESHOLD);
+  let hasDecode = false, hasPrefill = false;
+  for (let i = 0; i < s.metadata.num_reqs; i++) {
+    const n = qlen(i);
+    if (n > DECODE_THRESHOLD) hasPrefill = true;
+    else if (n > 0) hasDecode = true;
+  }
+  const other = mma ? FLASH_PATHS.mma : FLASH_PATHS.tiles;
+  const parts: PlanPath[] = [];
+  if (hasDecode) {
+    parts.push(
+      decodes ? { part: "decode", path: FLASH_PATHS.split } : {
+        part: "decode",
+        path: other,
+        reason: noSplit!,
+      },
+    );
+  }
+  if (hasPrefill) {
+    parts.push(
+      typeof m !== "string" ? { part: "prefill", path: FLASH_PATHS.mma } : {
+        part: "prefill",
+        path: allSplit ? FLASH_PATHS.split : FLASH_PATHS.tiles,
+        reason: m,
+      },
+    );
+  }
+  return { mma, isDecode, paths: planPaths(parts) };
 }
 
 /** The prefill rows on the tensor-core kernel when it runs them (`mma`), else the portable one. */
@@ -119,11 +253,14 @@ async function planPrefill(
   return await planPrefillRows(ctx, s, cfg, reqs, table);
 }
 
+/** A WEBGPU_FLASH plan: a {@link GpuPlan} that records its paths. */
+export type FlashPlan = GpuPlan & { readonly paths: PlanPaths };
+
 async function planFor(
-  o: FlashOptions,
+  o: ResolvedFlashOptions,
   s: BatchShape,
   bctx: BackendContext,
-): Promise<GpuPlan> {
+): Promise<FlashPlan> {
   const ctx = requireGpu(bctx);
   const cfg = flashConfig(s.layer.head_size, ctx.limits, o.tile, !isSoftware(ctx));
   if (!cfg) {
@@ -132,18 +269,8 @@ async function planFor(
       message: `${s.layer.head_size} is not supported by ${NAME} on this device`,
     }]);
   }
-  const md = s.metadata;
-  const qlen = (i: number) => md.query_start_loc[i + 1] - md.query_start_loc[i];
-  // Decode rows need the split kernels' head sizes and a cache.
-  const decodes = !isEncoder(s) && DECODE_HEAD_SIZES.includes(s.layer.head_size) &&
-    s.cache_spec !== null && [16, 32, 64].includes(s.cache_spec.block_size);
-  const mma = mmaFor(ctx, o, s);
-  // Every token a decode row needs one partial result per token and head in one binding.
-  const splitFits =
-    partialBytes(s.num_tokens, s.layer.num_heads, s.layer.head_size) <= partialLimit(ctx);
-  const allSplit = decodes && splitFits && o.prefill_split && !mma;
-  const isDecode = (i: number) => decodes && (allSplit || qlen(i) <= DECODE_THRESHOLD);
-  return await buildGpuPlan(ctx, s, async (table): Promise<AttentionCalls> => {
+  const { mma, isDecode, paths } = flashRouting(ctx, o, s);
+  const plan = await buildGpuPlan(ctx, s, async (table): Promise<AttentionCalls> => {
     const [d, p] = await Promise.all([
       planDecodeRows(ctx, o.decode, s, isDecode, table),
       planPrefill(ctx, mma, s, cfg, (i) => !isDecode(i), table),
@@ -159,6 +286,19 @@ async function planFor(
       },
     };
   });
+  return Object.assign(plan, { paths });
+}
+
+/** Runs a plan; the result carries the plan's paths (the same object, made at plan time). */
+async function runFlash(
+  p: FlashPlan,
+  batch: ValidBatch,
+  ctx: BackendContext,
+  opts?: RunOptions,
+): Promise<ForwardResult> {
+  const r = await runGpuPlan(p, batch, ctx.gpu, opts);
+  r.paths = p.paths;
+  return r;
 }
 
 function supportsCombination(cfg: SelectorConfig, ctx: BackendContext): string | null {
@@ -174,13 +314,9 @@ function supportsCombination(cfg: SelectorConfig, ctx: BackendContext): string |
 /** Builds the backend with `o` (the registry uses {@link WEBGPU_FLASH}). */
 export function makeWebGpuFlash(
   o: FlashOptions = { tile: null, decode: { ...DEFAULT_DECODE_TUNING } },
-): AttentionBackend<GpuPlan> {
+): AttentionBackend<FlashPlan> {
   // The switches' environment variables are read here, once, not on every plan.
-  const opts: FlashOptions = {
-    ...o,
-    mma: o.mma ?? envOn("ATTN_PREFILL_MMA"),
-    prefill_split: o.prefill_split ?? envOn("ATTN_PREFILL_SPLIT"),
-  };
+  const opts = resolveFlashOptions(o);
   return {
     name: NAME,
     priority: 10,
@@ -215,7 +351,7 @@ export function makeWebGpuFlash(
     createCache: (spec, ctx) => GpuKvCache.create(requireGpu(ctx), spec),
     importCache: (spec, key, value, ctx) => GpuKvCache.fromBytes(requireGpu(ctx), spec, key, value),
     plan: (s, ctx) => planFor(opts, s, ctx),
-    run: (p, batch, ctx, opts) => runGpuPlan(p, batch, ctx.gpu, opts),
+    run: runFlash,
     disposePlan: disposeGpuPlan,
   };
 }
@@ -225,7 +361,7 @@ export function makeWebGpuFlash(
  * tensor-core shape from `ATTN_PREFILL_MMA_SHAPE`, the decode rows' tuning from
  * `ATTN_DECODE_TUNING`, all read once here.
  */
-export const WEBGPU_FLASH: AttentionBackend<GpuPlan> = makeWebGpuFlash({
+export const WEBGPU_FLASH: AttentionBackend<FlashPlan> = makeWebGpuFlash({
   tile: envFlashTile(),
   mma_shape: envMmaShape(),
   decode: envDecodeTuning(),

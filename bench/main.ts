@@ -130,7 +130,7 @@ async function measureShapes(
               : `${f(row.kv_gbps)} GB/s = ${f(row.x_copy)} x copy`
           }, e2e ${f(row.e2e_ms)} ms, max diff ${row.max_diff ?? "ref"}; ${
             (row.kernels ?? []).filter((k) => !/^(fill|cache_write)/.test(k)).join(" + ")
-          } ${JSON.stringify(row.info ?? {})}`,
+          } ${JSON.stringify(row.info ?? {})}${row.paths ? ` [${row.paths}]` : ""}`,
         );
       }
     } finally {

@@ -8,6 +8,7 @@
  */
 import { toFloat32 } from "../core/data.ts";
 import type { AttentionBackend, GpuContext, ValidBatch } from "../core/types.ts";
+import type { PlanPaths } from "../core/backend_types.ts";
 import type { GpuPlan } from "../gpu/gpu_plan.ts";
 import { type DeviceBreakdown, deviceTime } from "./device_time.ts";
 import { type BenchShape, work } from "./shapes.ts";
@@ -38,6 +39,11 @@ export interface BackendRow {
   /** The plan's kernels and counts. */
   kernels?: string[];
   info?: Record<string, number>;
+  /**
+   * Which kernels ran the decode and prefill rows, and why not the preferred ones, where the
+   * plan records them (WEBGPU_FLASH): `X-Attention-Paths`, then `X-Attention-Path-Reasons`.
+   */
+  paths?: string;
 }
 
 /** What the measurement needs besides the backend. */
@@ -51,6 +57,11 @@ export interface MeasureContext {
   copyGbps: number;
   /** The output to compare with (null: this row becomes the reference). */
   reference: Float32Array | null;
+}
+
+/** A plan's paths as the bench prints them: the headers' values, the reasons after a "; ". */
+export function pathsText(p: PlanPaths): string {
+  return p.reasons_header ? `${p.header}; ${p.reasons_header}` : p.header;
 }
 
 const median = (a: number[]) => [...a].sort((x, y) => x - y)[Math.floor(a.length / 2)];
@@ -107,6 +118,7 @@ export async function measureBackend(
       max_diff,
       kernels: p.kernels,
       info: p.info,
+      ...(plan.paths?.header ? { paths: pathsText(plan.paths) } : {}),
     };
     if (s.kind === "prefill") {
       row.tflops = w.flops / ms / 1e9;

@@ -30,6 +30,60 @@ export interface ForwardResult {
    * answer was delivered; not calling it is safe (the memory is then not reused). Idempotent.
    */
   release?(): void;
+  /**
+   * The paths of the plan that ran ({@link PlanContract.paths}, the same object: nothing is
+   * made per call); the forward routes send them as `X-Attention-Paths` and
+   * `X-Attention-Path-Reasons`.
+   */
+  paths?: PlanPaths;
+}
+
+/** Which kernels run one part of a batch (recorded when the plan is built). */
+export interface PlanPath {
+  /**
+   * The rows: `decode`, the requests of 1 to the backend's `reorder_batch_threshold` query
+   * tokens (vLLM's decode rows), or `prefill`, the requests of more.
+   */
+  readonly part: "decode" | "prefill";
+  /** The kernels, in the backend's words (WEBGPU_FLASH: `split_kv`, `tensor_core`, `tiles`). */
+  readonly path: string;
+  /**
+   * Why the part is not on its preferred path (WEBGPU_FLASH: decode rows on `split_kv`,
+   * prefill rows on `tensor_core`), worded like the selector's reasons ("dtype not supported
+   * (got float32; ...)"); absent where it is on it.
+   */
+  readonly reason?: string;
+}
+
+/** A plan's {@link PlanPath}s and their header values, made once when the plan is built. */
+export interface PlanPaths {
+  /** The parts that have rows, decode first. */
+  readonly parts: readonly PlanPath[];
+  /**
+   * `X-Attention-Paths`: an RFC 8941 dictionary of tokens, `part=path` per part
+   * (`decode=split_kv, prefill=tensor_core`); "" when the batch has no rows.
+   */
+  readonly header: string;
+  /**
+   * `X-Attention-Path-Reasons`: an RFC 8941 dictionary of strings, `part="reason"` per part
+   * that has a reason; "" when none has.
+   */
+  readonly reasons_header: string;
+}
+
+/** An RFC 8941 sf-string of `s`: quoted, `"` and `\` escaped, anything not printable ASCII `?`. */
+function sfString(s: string): string {
+  return `"${s.replace(/[^\x20-\x7e]/g, "?").replace(/["\\]/g, (c) => `\\${c}`)}"`;
+}
+
+/** {@link PlanPaths} of `parts`, with both header values (call it at plan time). */
+export function planPaths(parts: readonly PlanPath[]): PlanPaths {
+  const why = parts.filter((p) => p.reason);
+  return {
+    parts,
+    header: parts.map((p) => `${p.part}=${p.path}`).join(", "),
+    reasons_header: why.map((p) => `${p.part}=${sfString(p.reason!)}`).join(", "),
+  };
 }
 
 /** Options of a backend's `run`. */
@@ -63,6 +117,11 @@ export interface PlanContract {
    * batch's host scan to it. Absent means false (the service scans on the host first).
    */
   readonly checks_finite?: boolean;
+  /**
+   * Which kernels run each part of the batch and why not the preferred ones, where the backend
+   * records it (WEBGPU_FLASH); its `run` hands the same object back as `ForwardResult.paths`.
+   */
+  readonly paths?: PlanPaths;
 }
 
 /**

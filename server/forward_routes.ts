@@ -7,7 +7,10 @@
  * body) and `encode_response` here, the rest from the service's `timings`. The answer's
  * `Server-Timing` header carries `parse` (`parse;dur=MS`), so a client can tell the server's
  * share of a round trip outside the service's `total`; a refused call's problem carries it too
- * (the time until the body was decoded, or refused while reading or decoding it).
+ * (the time until the body was decoded, or refused while reading or decoding it). Where the
+ * backend's plan records its paths (WEBGPU_FLASH), the answer carries them: `X-Attention-Paths`
+ * and, where a part is not on its preferred kernels, `X-Attention-Path-Reasons` (both made when
+ * the plan was built; docs/api.md).
  * @module
  */
 import { ServiceError } from "../core/errors.ts";
@@ -125,7 +128,13 @@ export function addForwardRoutes(
       tParsed = performance.now();
       const outcome = await service.forward(decoded.input, { signal: req.signal });
       const tRan = performance.now();
-      const headers = { "x-attention-backend": outcome.backend, "server-timing": timing() };
+      const headers: Record<string, string> = {
+        "x-attention-backend": outcome.backend,
+        "server-timing": timing(),
+      };
+      const paths = outcome.result.paths;
+      if (paths?.header) headers["x-attention-paths"] = paths.header;
+      if (paths?.reasons_header) headers["x-attention-path-reasons"] = paths.reasons_header;
       const res = answer(req, outcome, decoded.encoding, headers);
       const tEncoded = performance.now();
       metrics.recordForward(outcome.backend, (tRan - tParsed) / 1000);

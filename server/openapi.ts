@@ -240,10 +240,27 @@ function addHeadOperations(paths: Record<string, Record<string, Operation>>): vo
   }
 }
 
+/** The headers of a forward route's 200: the backend and, where its plan records them, its paths. */
+const FORWARD_OK_HEADERS = {
+  "X-Attention-Backend": header("The backend that ran the call"),
+  "X-Attention-Paths": header(
+    "Which kernels ran each part of the batch, an RFC 8941 dictionary of tokens " +
+      "(`decode=split_kv, prefill=tensor_core`; paths split_kv, tensor_core, tiles). Sent by " +
+      "backends whose plan records its paths (WEBGPU_FLASH), on a batch with rows; not by " +
+      "CPU_REFERENCE or WEBGPU_DECODE",
+  ),
+  "X-Attention-Path-Reasons": header(
+    "Why a part is not on its preferred kernels (decode rows: split_kv, prefill rows: " +
+      'tensor_core), an RFC 8941 dictionary of strings (`prefill="dtype not supported (got ' +
+      'float32; supported: float16, bfloat16)"`); absent where every part is on them',
+  ),
+};
+
 /**
  * The response headers the server sends: `Location` on a 201, `Allow` on a 405,
  * `WWW-Authenticate` on a 401, `Retry-After` on a 503, `Server-Timing` on the forward routes'
- * answers (not 401, 403, 405: given before the route runs), and `X-Attention-Instance` on every answer of a server started with `--instance-name`.
+ * answers (not 401, 403, 405: given before the route runs), {@link FORWARD_OK_HEADERS} on their
+ * 200s, and `X-Attention-Instance` on every answer of a server started with `--instance-name`.
  */
 function addResponseHeaders(paths: Record<string, Record<string, Operation>>): void {
   for (const [path, ops] of Object.entries(paths)) {
@@ -261,6 +278,7 @@ function addResponseHeaders(paths: Record<string, Record<string, Operation>>): v
           h["Server-Timing"] = header(
             status === "503" ? "parse;dur=MS (not on a 503 shutting_down)" : "parse;dur=MS",
           );
+          if (status === "200") Object.assign(h, FORWARD_OK_HEADERS);
         }
         op.responses[status] = { ...r, headers: { ...r.headers, ...h } };
       }

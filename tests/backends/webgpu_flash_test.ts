@@ -235,6 +235,16 @@ Deno.test(
       plan.kernels.some((k) => k.startsWith("flash(") || k.startsWith("flash_mma(")),
       plan.kernels.join(", "),
     );
+    // The plan says so (tests/backends/webgpu_flash_paths_test.ts: every case and reason).
+    const onMma = plan.kernels.some((k) => k.startsWith("flash_mma("));
+    assert.equal(
+      plan.paths.header,
+      `decode=split_kv, prefill=${onMma ? "tensor_core" : "tiles"}`,
+    );
+    assert.equal(plan.paths.reasons_header === "", onMma, plan.paths.reasons_header);
+    const r = await flash.run(plan, validHostBatch(g.batch, c), ctx);
+    assert.equal(r.paths, plan.paths, "the run hands the plan's paths back");
+    r.release?.();
     flash.disposePlan?.(plan);
     c.destroy();
     await check(s, { minItems: 2 });

@@ -55,6 +55,13 @@ Deno.test("openapi: documents exactly the routes the handler serves", async () =
     assert.ok(hdrs("/v1/attention/forward", "post", "503").includes("Retry-After"));
     assert.ok(hdrs("/v1/attention/forward", "post", "422").includes("Server-Timing"));
     assert.ok(hdrs("/healthz", "head", "200").includes("X-Attention-Instance"));
+    // A forward's 200: the backend and the paths its plan records (docs/api.md "Kernel paths").
+    for (const p of ["/v1/attention/forward", "/v1/kv-caches/{id}/forward"]) {
+      for (const h of ["X-Attention-Backend", "X-Attention-Paths", "X-Attention-Path-Reasons"]) {
+        assert.ok(hdrs(p, "post", "200").includes(h), `${p} 200 ${h}`);
+        assert.ok(!hdrs(p, "post", "422").includes(h), `${p} 422 ${h}`);
+      }
+    }
   } finally {
     await service.close();
   }

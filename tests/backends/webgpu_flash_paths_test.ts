@@ -1,0 +1,243 @@
+/**
+ * WEBGPU_FLASH records which kernels run each part of a batch, and why not the preferred ones
+ * (backends/webgpu_flash.ts `flashRouting`), from the shape and the device's features and limits
+ * alone: fake contexts (no device), one like an H200 under Dawn (f16 -> f32 subgroup matrices,
+ * subgroup 32) and one like Deno's own WebGPU (no subgroup-matrix feature). The header values
+ * are made once, with the plan. Runs everywhere (no GPU needed).
+ */
+import assert from "node:assert/strict";
+import {
+  type FlashOptions,
+  flashRouting,
+  resolveFlashOptions,
+} from "../../backends/webgpu_flash.ts";
+import { DEFAULT_DECODE_TUNING } from "../../backends/webgpu_decode_tuning.ts";
+import { HostKvCache } from "../../backends/cpu/host_cache.ts";
+import { MMA_FEATURE } from "../../gpu/flash_mma_kernel.ts";
+import type { BatchShape, GpuContext } from "../../core/types.ts";
+import { planPaths } from "../../core/backend_types.ts";
+import { validHostBatch } from "../../service/host_input.ts";
+import { type BatchSpec, generateBatch, smallSpec } from "../support/batches.ts";
+
+const LIMITS = {
+  maxComputeWorkgroupStorageSize: 32768,
+  maxComputeInvocationsPerWorkgroup: 1024,
+  maxComputeWorkgroupSizeX: 1024,
+  maxStorageBufferBindingSize: 2 ** 30,
+  maxBufferSize: 2 ** 30,
+  maxStorageBuffersPerShaderStage: 10,
+};
+
+/** A fake device: with `mma`, Dawn's subgroup-matrix feature and an f16 -> f32 16x16x16 config. */
+function fakeCtx(mma: boolean, limits: Record<string, number> = {}): GpuContext {
+  return {
+    device: {} as GPUDevice,
+    adapter_info: {
+      vendor: "nvidia",
+      architecture: "hopper",
+      device: "",
+      description: "fake GPU",
+      subgroup_min_size: 32,
+      subgroup_max_size: 32,
+      ...(mma
+        ? {
+          subgroup_matrix_configs: [
+            { component_type: "f16", result_component_type: "f32", m: 16, n: 16, k: 16 },
+          ],
+        }
+        : {}),
+    },
+    features: new Set(["shader-f16", "subgroups", ...(mma ? [MMA_FEATURE] : [])]),
+    limits: { ...LIMITS, ...limits },
+    generation: 1,
+    lost: false,
+  } as GpuContext;
+}
+
+const WITH_MMA = fakeCtx(true);
+const NO_MMA = fakeCtx(false);
+
+const OPTS: FlashOptions = {
+  tile: null,
+  decode: { ...DEFAULT_DECODE_TUNING },
+  mma: true,
+  prefill_split: true,
+};
+
+/** The shape of a generated batch over its (host) cache, as the service plans it. */
+function shape(o: Partial<BatchSpec>): BatchShape {
+  const g = generateBatch(
+    smallSpec({ dtype: "float16", head_size: 128, requests: [], ...o }),
+    1,
+  );
+  const cache = g.cache_spec
+    ? HostKvCache.fromBytes(g.cache_spec, g.key_cache, g.value_cache)
+    : null;
+  return validHostBatch(g.batch, cache);
+}
+
+const MIXED = [
+  { query_len: 1, seq_len: 40 },
+  { query_len: 17, seq_len: 30 },
+  { query_len: 0, seq_len: 9 },
+  { query_len: 1, seq_len: 5 },
+];
+const NO_SM = "subgroup matrices not supported (feature chromium-experimental-subgroup-matrix " +
+  "not granted)";
+const F32 = "dtype not supported (got float32; supported: float16, bfloat16)";
+
+Deno.test("flash paths: a mixed f16 batch where subgroup matrices exist: tensor core", () => {
+  const s = shape({ requests: MIXED });
+  const r = flashRouting(WITH_MMA, resolveFlashOptions(OPTS), s);
+  assert.ok(r.mma, "the tensor-core kernel runs the prefill rows");
+  assert.deepEqual(r.paths.parts, [
+    { part: "decode", path: "split_kv" },
+    { part: "prefill", path: "tensor_core" },
+  ]);
+  assert.equal(r.paths.header, "decode=split_kv, prefill=tensor_core");
+  assert.equal(r.paths.reasons_header, "");
+  assert.deepEqual([0, 1, 2, 3].map(r.isDecode), [true, false, true, true]);
+});
+
+Deno.test("flash paths: a mixed batch on an adapter without subgroup matrices", () => {
+  const s = shape({ requests: MIXED });
+  // The default: the prefill rows on the split-KV kernels, each token a decode row.
+  const r = flashRouting(NO_MMA, resolveFlashOptions(OPTS), s);
+  assert.equal(r.mma, null);
+  assert.deepEqual(r.paths.parts, [
+    { part: "decode", path: "split_kv" },
+    { part: "prefill", path: "split_kv", reason: NO_SM },
+  ]);
+  assert.equal(r.paths.header, "decode=split_kv, prefill=split_kv");
+  assert.equal(r.paths.reasons_header, `prefill="${NO_SM}"`);
+  assert.deepEqual([0, 1, 2, 3].map(r.isDecode), [true, true, true, true]);
+  // prefill_split off: the portable tiles, the same reason.
+  const t = flashRouting(NO_MMA, resolveFlashOptions({ ...OPTS, prefill_split: false }), s);
+  assert.equal(t.paths.header, "decode=split_kv, prefill=tiles");
+  assert.equal(t.paths.reasons_header, `prefill="${NO_SM}"`);
+  assert.deepEqual([0, 1, 2, 3].map(t.isDecode), [true, false, true, true]);
+  // The feature granted but no f16 -> f32 configuration, or no single subgroup size.
+  const noConfig = { ...WITH_MMA, adapter_info: { ...WITH_MMA.adapter_info } } as GpuContext;
+  (noConfig.adapter_info as { subgroup_matrix_configs?: unknown[] }).subgroup_matrix_configs = [];
+  assert.match(
+    flashRouting(noConfig, resolveFlashOptions(OPTS), s).paths.parts[1].reason ?? "",
+    /^subgroup matrices not supported \(no f16 -> f32 subgroup-matrix configuration\)$/,
+  );
+  const varying = {
+    ...WITH_MMA,
+    adapter_info: { ...WITH_MMA.adapter_info, subgroup_min_size: 8 },
+  } as GpuContext;
+  assert.equal(
+    flashRouting(varying, resolveFlashOptions(OPTS), s).paths.parts[1].reason,
+    "subgroup matrices not supported (subgroup size not fixed (min 8, max 32))",
+  );
+});
+
+Deno.test("flash paths: f32 data keeps the prefill rows off the tensor core", () => {
+  const s = shape({ dtype: "float32", requests: MIXED });
+  const r = flashRouting(WITH_MMA, resolveFlashOptions(OPTS), s);
+  assert.equal(r.mma, null);
+  assert.deepEqual(r.paths.parts, [
+    { part: "decode", path: "split_kv" },
+    { part: "prefill", path: "split_kv", reason: F32 },
+  ]);
+  assert.equal(r.paths.reasons_header, `prefill="${F32}"`);
+  // Prefill alone, tiles.
+  const p = flashRouting(
+    WITH_MMA,
+    resolveFlashOptions({ ...OPTS, prefill_split: false }),
+    shape({ dtype: "float32", requests: [{ query_len: 9, seq_len: 9 }] }),
+  );
+  assert.equal(p.paths.header, "prefill=tiles");
+  assert.equal(p.paths.reasons_header, `prefill="${F32}"`);
+});
+
+Deno.test("flash paths: a decode-only batch: split-KV, no reason, on either adapter", () => {
+  const s = shape({
+    dtype: "float32",
+    requests: [{ query_len: 1, seq_len: 33 }, { query_len: 1, seq_len: 2 }],
+  });
+  for (const ctx of [WITH_MMA, NO_MMA]) {
+    const r = flashRouting(ctx, resolveFlashOptions(OPTS), s);
+    assert.deepEqual(r.paths.parts, [{ part: "decode", path: "split_kv" }]);
+    assert.equal(r.paths.header, "decode=split_kv");
+    assert.equal(r.paths.reasons_header, "");
+  }
+});
+
+Deno.test("flash paths: the switch, the kernel's limits, decode rows the split kernels refuse", () => {
+  const mixed = shape({ requests: MIXED });
+  const off = flashRouting(WITH_MMA, resolveFlashOptions({ ...OPTS, mma: false }), mixed);
+  assert.equal(off.paths.parts[1].reason, "tensor-core kernel disabled (option mma: false)");
+  const prev = Deno.env.get("ATTN_PREFILL_MMA");
+  Deno.env.set("ATTN_PREFILL_MMA", "0");
+  try {
+    const { mma: _, ...rest } = OPTS;
+    const env = flashRouting(WITH_MMA, resolveFlashOptions(rest), mixed);
+    assert.equal(env.paths.parts[1].path, "split_kv");
+    assert.equal(env.paths.parts[1].reason, "tensor-core kernel disabled (ATTN_PREFILL_MMA=0)");
+  } finally {
+    if (prev === undefined) Deno.env.delete("ATTN_PREFILL_MMA");
+    else Deno.env.set("ATTN_PREFILL_MMA", prev);
+  }
+  // Too little workgroup memory for any shape at head size 256.
+  const small = fakeCtx(true, { maxComputeWorkgroupStorageSize: 4096 });
+  const big = flashRouting(
+    small,
+    resolveFlashOptions(OPTS),
+    shape({ head_size: 256, requests: MIXED }),
+  );
+  assert.equal(big.mma, null);
+  assert.match(
+    big.paths.parts[1].reason ?? "",
+    /^workgroup memory not sufficient \(no kernel shape fits head_size 256 in 4096 B of workgroup memory\)$/,
+  );
+  // Head size 32: no split-KV kernel; every row on the tensor core, the decode rows with why.
+  const hd32 = flashRouting(
+    WITH_MMA,
+    resolveFlashOptions(OPTS),
+    shape({ head_size: 32, requests: MIXED }),
+  );
+  assert.ok(hd32.mma);
+  assert.deepEqual(hd32.paths.parts, [
+    {
+      part: "decode",
+      path: "tensor_core",
+      reason: "head_size not supported (got 32; supported: 64, 80, 96, 112, 128, 192, 256)",
+    },
+    { part: "prefill", path: "tensor_core" },
+  ]);
+  // An encoder on Deno's WebGPU: all on the tiles.
+  const enc = flashRouting(
+    NO_MMA,
+    resolveFlashOptions(OPTS),
+    shape({
+      attn_type: "encoder_only",
+      requests: [{ query_len: 1, seq_len: 1 }, {
+        query_len: 6,
+        seq_len: 6,
+      }],
+    }),
+  );
+  assert.equal(enc.paths.header, "decode=tiles, prefill=tiles");
+  assert.equal(
+    enc.paths.reasons_header,
+    'decode="attention type encoder_only not supported (the split-KV kernels read the paged ' +
+      `cache)", prefill="${NO_SM}"`,
+  );
+});
+
+Deno.test("flash paths: header values are RFC 8941 (escaped, ASCII), empty without rows", () => {
+  const p = planPaths([
+    { part: "decode", path: "split_kv" },
+    { part: "prefill", path: "tiles", reason: 'a "quoted" \\ reason \u00e9' },
+  ]);
+  assert.equal(p.header, "decode=split_kv, prefill=tiles");
+  assert.equal(p.reasons_header, 'prefill="a \\"quoted\\" \\\\ reason ?"');
+  const none = flashRouting(
+    WITH_MMA,
+    resolveFlashOptions(OPTS),
+    shape({ requests: [{ query_len: 0, seq_len: 4 }] }),
+  );
+  assert.deepEqual(none.paths, { parts: [], header: "", reasons_header: "" });
+});
