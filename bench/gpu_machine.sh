@@ -19,8 +19,14 @@
 # bench: sweeps (override by setting them) BENCH_FLASH_TILES (prefill register tiles
 # TXxTYxRMxRN[u|l]) and BENCH_DECODE_TUNINGS (a JSON array of partial WEBGPU_DECODE tunings);
 # BENCH_ARGS go to the bench as they are (e.g. "--case decode" or "--runtime dawn");
-# BENCH_SHAPES (a regex over the shape names) and BENCH_HND=1 (the f16 decode shapes over an HND
-# cache too) are read by the bench itself.
+# BENCH_SHAPES (a regex over the shape names, e.g. '^mixed' for the mixed batch) and BENCH_HND=1
+# (the f16 decode shapes over an HND cache too) are read by the bench itself.
+# anchor: bench/torch_anchor.py (PyTorch SDPA on the same shapes), its text in anchor.log and its
+# JSON in $OUT/anchor.json. Parts run in the order named, so name anchor BEFORE bench (or
+# bench-deno) to have the bench print `x SDPA` (SDPA's ms / ours) from that JSON:
+#   bash bench/gpu_machine.sh anchor bench
+# (`all` runs anchor before bench for that; a bench with no anchor from this call reads
+# BENCH_ANCHOR if set.)
 # http: bench/http_bench.ts (deno task bench:http) on both WebGPU runtimes (HTTP_RUNTIMES,
 # default dawn,deno: Dawn first, each runtime's report printed when done), cut at HTTP_TIMEOUT
 # seconds (default 170); HTTP_ARGS adds flags (e.g. "--steps 32", "--device-threads 0,4",
@@ -63,6 +69,7 @@ export BENCH_FLASH_TILES=${BENCH_FLASH_TILES-8x8x4x4,8x8x4x4l,8x8x4x2,4x8x4x4,8x
 # with BENCH_SHAPES='f16$|2048.*HND' BENCH_HND=1 (3 shapes) to stay within BENCH_TIMEOUT.
 export BENCH_DECODE_TUNINGS=${BENCH_DECODE_TUNINGS-'[{"probe_residency":true,"waves":0,"target_workgroups":8192},{"fused_reduce":true},{"wg_kv_heads":2,"fused_reduce":true},{"wg_kv_heads":4},{"wg_kv_heads":8},{"prefetch":true,"probe_residency":true,"waves":0,"target_workgroups":8192},{"prefetch":true,"fused_reduce":true},{"prefetch":true,"fused_reduce":true,"wave_workgroups":396},{"keys_per_iter":8,"fused_reduce":true},{"max_heads":2,"fused_reduce":true},{"workgroup_size":64,"wave_workgroups":1056,"fused_reduce":true,"probe_residency":true}]'}
 what=${*:-all}
+anchor_json= # set by the anchor part when it wrote $out/anchor.json in this call
 run() { # name, limit in seconds, command...
   local name=$1 limit=$2
   shift 2
@@ -166,12 +173,18 @@ for w in $what; do
       # shellcheck disable=SC2086
       TAIL=${TAIL:-60} run mma-ceiling "${MMA_CEILING_TIMEOUT:-240}" \
         deno run -A bench/mma_ceiling.ts --iters 20 ${MMA_CEILING_ARGS:-} ;;&
+    anchor | all)
+      rm -f "$out/anchor.json"
+      run anchor "${ANCHOR_TIMEOUT:-60}" python3 bench/torch_anchor.py --json "$out/anchor.json"
+      if [ -s "$out/anchor.json" ]; then anchor_json=$out/anchor.json; fi ;;&
     bench | all)
       # shellcheck disable=SC2086
-      run bench "${BENCH_TIMEOUT:-150}" deno task bench ${BENCH_ARGS:-} ;;&
+      run bench "${BENCH_TIMEOUT:-150}" deno task bench ${anchor_json:+--anchor "$anchor_json"} \
+        ${BENCH_ARGS:-} ;;&
     bench-deno)
       # shellcheck disable=SC2086
-      run bench-deno "${BENCH_TIMEOUT:-150}" deno task bench --runtime deno ${BENCH_DENO_ARGS:-} ;;&
+      run bench-deno "${BENCH_TIMEOUT:-150}" deno task bench --runtime deno \
+        ${anchor_json:+--anchor "$anchor_json"} ${BENCH_DENO_ARGS:-} ;;&
     http | all)
       TAIL=${TAIL:-100} run http "${HTTP_TIMEOUT:-170}" \
         deno run --allow-net --allow-read --allow-env --allow-run --allow-write \
@@ -224,7 +237,5 @@ for w in $what; do
         run "threads-$rt" "${THREADS_TIMEOUT:-60}" deno run -A bench/device_threads_probe.ts \
           --runtime "$rt" ${THREADS_ARGS:---threads 1,2,4,8 --seconds 3}
       done ;;&
-    anchor | all)
-      run anchor "${ANCHOR_TIMEOUT:-60}" python3 bench/torch_anchor.py ;;
   esac
 done

@@ -1,9 +1,11 @@
 /**
  * `deno task bench [--runtime deno|dawn|auto] [--dawn-flags L] [--dawn-flag K=V]
- * [--case decode|prefill|all] [--small|--big] [--iters N] [--reps N] [--flash-tiles LIST]
- * [--decode-tunings JSON] [--shapes REGEX] [--hnd] [--json]`: kernel device time beside
- * same-run yardsticks. `--shapes` (or BENCH_SHAPES) keeps the shapes whose name matches;
- * `--hnd` (or BENCH_HND=1) adds the f16 decode shapes over an HND cache.
+ * [--case decode|prefill|mixed|all] [--small|--big] [--iters N] [--reps N] [--flash-tiles LIST]
+ * [--decode-tunings JSON] [--shapes REGEX] [--hnd] [--anchor FILE] [--json]`: kernel device
+ * time beside same-run yardsticks. `--shapes` (or BENCH_SHAPES) keeps the shapes whose name
+ * matches; `--hnd` (or BENCH_HND=1) adds the f16 decode shapes over an HND cache; `--anchor`
+ * (or BENCH_ANCHOR) reads bench/torch_anchor.py's JSON and adds `x SDPA` (SDPA's ms / our
+ * device ms, above 1 ours faster; bench/anchor.ts) to each row of a shape the anchor measured.
  *
  * 1. Selects the WebGPU runtime (`--runtime`, else ATTN_WEBGPU_RUNTIME, else deno), acquires
  *    the device through {@link WebGpuDeviceManager}, prints runtime and adapter and the
@@ -15,7 +17,8 @@
  *    bench/measure.ts: device ms of the attention kernels (timestamp-query, repetitions in one
  *    submit), TFLOP/s (prefill) or KV GB/s (decode) from it, xFMA / xcopy ratios, awaited
  *    end-to-end ms, and the largest difference from the shape's first output (CPU_REFERENCE on
- *    software adapters, else the registered WEBGPU_FLASH).
+ *    software adapters, else the registered WEBGPU_FLASH). Mixed shapes (decode rows and
+ *    prefill chunks in one call) run the registered backends only, no swept variants.
  * @module
  */
 import { parseArgs } from "node:util";
@@ -38,15 +41,16 @@ import { deviceSummary } from "../gpu/runtime_report.ts";
 import { copyBench } from "./copy.ts";
 import { fmaBench } from "./fma.ts";
 import { type BackendRow, measureBackend } from "./measure.ts";
-import { breakdownText, f, table } from "./report_text.ts";
+import { breakdownText, f, partsText, table, xSdpaText } from "./report_text.ts";
+import { type Anchor, anchorFor, anchorLegend, loadAnchor, xSdpa } from "./anchor.ts";
 import { benchShapes, makeBatch, shapeName } from "./shapes.ts";
 import { decodeVariants, flashVariants, type Variant } from "./variants.ts";
 import { KEEP_WARM_DEFAULTS, KeepWarmProvider } from "../gpu/keep_warm.ts";
 
 const USAGE = "deno task bench [--runtime deno|dawn|auto] [--dawn-flags L] [--dawn-flag K=V] " +
-  "[--case decode|prefill|all] [--small|--big] [--iters N] [--reps N] " +
+  "[--case decode|prefill|mixed|all] [--small|--big] [--iters N] [--reps N] " +
   "[--flash-tiles 8x8x4x4,...] [--decode-tunings JSON-array] [--shapes REGEX] [--hnd] " +
-  "[--json] [--plot FILE.svg] " +
+  "[--anchor torch_anchor.json] [--json] [--plot FILE.svg] " +
   "[--no-keep-warm]";
 
 const median = (a: number[]) => [...a].sort((x, y) => x - y)[Math.floor(a.length / 2)];
@@ -62,6 +66,7 @@ async function measureShapes(
     fmaTflops: number;
     only: RegExp | null;
     hnd: boolean;
+    anchor: Anchor | null;
   },
   variants: Variant[],
   kind: string,
@@ -121,14 +126,27 @@ async function measureShapes(
           reference,
         });
         reference ??= output;
+        if (o.anchor) {
+          row.sdpa_ms = anchorFor(o.anchor, s)?.ms ?? null;
+          row.x_sdpa = xSdpa(row.sdpa_ms, row.device_ms);
+        }
         rows.push(row);
         const kern = Object.entries(row.device_kernels ?? {}).map(([k, v]) => `${k} ${f(v)}`);
         log(
           `${c.label}: device ${f(row.device_ms)} ms (${kern.join(", ")}; ${breakdownText(row)}), ${
-            s.kind === "prefill"
+            s.kind === "mixed"
+              ? `decode + prefill ${partsText(row)} ms${
+                row.device_parts
+                  ? ` (${f(row.kv_gbps)} GB/s = ${f(row.x_copy)} x copy + ` +
+                    `${f(row.tflops)} TFLOP/s = ${f(row.x_fma)} x FMA)`
+                  : ""
+              }`
+              : s.kind === "prefill"
               ? `${f(row.tflops)} TFLOP/s = ${f(row.x_fma)} x FMA`
               : `${f(row.kv_gbps)} GB/s = ${f(row.x_copy)} x copy`
-          }, e2e ${f(row.e2e_ms)} ms, max diff ${row.max_diff ?? "ref"}; ${
+          }${o.anchor ? `, ${xSdpaText(row.x_sdpa)} x SDPA (${f(row.sdpa_ms)} ms)` : ""}, e2e ${
+            f(row.e2e_ms)
+          } ms, max diff ${row.max_diff ?? "ref"}; ${
             (row.kernels ?? []).filter((k) => !/^(fill|cache_write)/.test(k)).join(" + ")
           } ${JSON.stringify(row.info ?? {})}${row.paths ? ` [${row.paths}]` : ""}`,
         );
@@ -188,6 +206,7 @@ async function main(): Promise<void> {
       "decode-tunings": { type: "string" },
       shapes: { type: "string" },
       hnd: { type: "boolean", default: false },
+      anchor: { type: "string" },
       json: { type: "boolean", default: false },
       plot: { type: "string" },
       "no-keep-warm": { type: "boolean", default: false },
@@ -195,8 +214,19 @@ async function main(): Promise<void> {
     },
   });
   if (a.help) return console.log(USAGE);
-  if (!["decode", "prefill", "all"].includes(a.case!)) {
-    throw new Error(`--case ${a.case}: use decode, prefill or all`);
+  if (!["decode", "prefill", "mixed", "all"].includes(a.case!)) {
+    throw new Error(`--case ${a.case}: use decode, prefill, mixed or all`);
+  }
+  // The anchor is read before the device: a wrong path fails at once.
+  const anchorFile = a.anchor ?? (Deno.env.get("BENCH_ANCHOR") || undefined);
+  let anchor: Anchor | null = null;
+  if (anchorFile) {
+    try {
+      anchor = await loadAnchor(anchorFile);
+    } catch (e) {
+      console.error(e instanceof Error ? e.message : e);
+      Deno.exit(2);
+    }
   }
   const variants: Variant[] = [
     ...flashVariants(a["flash-tiles"] ?? Deno.env.get("BENCH_FLASH_TILES")),
@@ -262,6 +292,7 @@ async function main(): Promise<void> {
       fmaTflops: fma.tflops,
       only: only ? new RegExp(only) : null,
       hnd: a.hnd || Deno.env.get("BENCH_HND") === "1",
+      anchor,
     };
     rows = await measureShapes(o, variants, a.case!, log);
   } finally {
@@ -296,6 +327,17 @@ async function main(): Promise<void> {
         reps,
         copy,
         fma,
+        ...(anchor
+          ? {
+            anchor: {
+              file: anchorFile,
+              device: anchor.device,
+              torch: anchor.torch,
+              x_sdpa: "SDPA ms / device ms (above 1: ours faster)",
+              entries: anchor.entries,
+            },
+          }
+          : {}),
         rows,
       },
       null,
@@ -308,7 +350,15 @@ async function main(): Promise<void> {
       `attention kernels per call (median of ${reps} in one submit); xFMA = TFLOP/s / FMA; ` +
       `xcopy = KV GB/s / copy GB/s`,
   );
-  for (const l of table(rows)) console.log(l);
+  if (rows.some((r) => r.device_parts !== undefined)) {
+    console.log(
+      "mixed rows: decode + prefill ms = the device ms of the decode rows' passes + the " +
+        "prefill rows' passes (together: the same passes ran both); KV GB/s is the decode " +
+        "part's, TFLOP/s the prefill part's",
+    );
+  }
+  if (anchor) console.log(anchorLegend(anchor, anchorFile!));
+  for (const l of table(rows, { sdpa: anchor !== null })) console.log(l);
 }
 
 if (import.meta.main) await main();

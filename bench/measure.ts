@@ -3,7 +3,10 @@
  * included), a first run whose output is compared with the shape's reference output, the
  * device time of the attention kernels (bench/device_time.ts: repetitions in one submit, no
  * readback), and awaited end-to-end calls. Derived: TFLOP/s (prefill) or KV GB/s (decode)
- * from the device time, and their ratios to the same-run FMA and copy yardsticks.
+ * from the device time, and their ratios to the same-run FMA and copy yardsticks; a mixed
+ * shape's device time split into its decode and prefill parts by pass name where its passes
+ * keep them apart ({@link partsOf}), the decode part's KV GB/s and the prefill part's TFLOP/s
+ * from those.
  * @module
  */
 import { toFloat32 } from "../core/data.ts";
@@ -11,7 +14,7 @@ import type { AttentionBackend, GpuContext, ValidBatch } from "../core/types.ts"
 import type { PlanPaths } from "../core/backend_types.ts";
 import type { GpuPlan } from "../gpu/gpu_plan.ts";
 import { type DeviceBreakdown, deviceTime } from "./device_time.ts";
-import { type BenchShape, work } from "./shapes.ts";
+import { type BenchShape, mixedParts, work } from "./shapes.ts";
 
 /** One backend (or variant) on one shape. */
 export interface BackendRow {
@@ -34,6 +37,17 @@ export interface BackendRow {
   kv_gbps?: number;
   /** KV GB/s / the same-run copy GB/s (read + write). */
   x_copy?: number;
+  /**
+   * A mixed shape's device ms per part ({@link partsOf}); null where the same passes ran both
+   * parts (e.g. the chunks on the split-KV kernels too, each token a decode row). On a mixed
+   * row `kv_gbps` / `x_copy` are the decode part's and `tflops` / `x_fma` the prefill part's,
+   * each from its own passes' time (absent when null).
+   */
+  device_parts?: MixedParts | null;
+  /** PyTorch SDPA's ms for this shape (bench/anchor.ts); null where the anchor has none. */
+  sdpa_ms?: number | null;
+  /** SDPA's ms / `device_ms`: above 1 ours is faster; null where either is missing. */
+  x_sdpa?: number | null;
   /** Largest |difference| of the output from the shape's reference output. */
   max_diff?: number;
   /** The plan's kernels and counts. */
@@ -57,6 +71,28 @@ export interface MeasureContext {
   copyGbps: number;
   /** The output to compare with (null: this row becomes the reference). */
   reference: Float32Array | null;
+}
+
+/** A mixed call's device ms: its decode rows' passes and its prefill rows' passes. */
+export interface MixedParts {
+  decode_ms: number;
+  prefill_ms: number;
+}
+
+/**
+ * The device ms of a mixed call's parts from its per-pass times ({@link DeviceTime}'s
+ * `per_kernel`): `decode_*` passes (`decode_split`, `decode_reduce`) ran the decode rows and
+ * `prefill*` passes (`prefill`, `prefill_mma`) the other rows. Null where a part has no pass of
+ * its own (both parts in the split-KV passes) or a pass has another name.
+ */
+export function partsOf(perKernel: Record<string, number>): MixedParts | null {
+  let decode_ms = 0, prefill_ms = 0, d = 0, p = 0;
+  for (const [name, ms] of Object.entries(perKernel)) {
+    if (name.startsWith("decode")) (decode_ms += ms), d++;
+    else if (name.startsWith("prefill")) (prefill_ms += ms), p++;
+    else return null;
+  }
+  return d && p ? { decode_ms, prefill_ms } : null;
 }
 
 /** A plan's paths as the bench prints them: the headers' values, the reasons after a "; ". */
@@ -120,7 +156,19 @@ export async function measureBackend(
       info: p.info,
       ...(plan.paths?.header ? { paths: pathsText(plan.paths) } : {}),
     };
-    if (s.kind === "prefill") {
+    const mixed = mixedParts(s);
+    if (mixed) {
+      if (device) {
+        const parts = partsOf(device.per_kernel);
+        row.device_parts = parts;
+        if (parts) {
+          row.kv_gbps = work(mixed.decode).kv_bytes / parts.decode_ms / 1e6;
+          row.x_copy = row.kv_gbps / m.copyGbps;
+          row.tflops = work(mixed.prefill).flops / parts.prefill_ms / 1e9;
+          row.x_fma = row.tflops / m.fmaTflops;
+        }
+      }
+    } else if (s.kind === "prefill") {
       row.tflops = w.flops / ms / 1e9;
       row.x_fma = row.tflops / m.fmaTflops;
     } else {

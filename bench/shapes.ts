@@ -1,5 +1,5 @@
 /**
- * The benchmark's shapes and batches: decode and causal prefill shapes (big for real GPUs,
+ * The benchmark's shapes and batches: decode, causal prefill and mixed shapes (big for real GPUs,
  * small for software adapters), the work each does (K+V bytes read, flops), and a float16
  * batch with a random permuted block table and random cache bytes in the shape's cache dtype
  * (f16, bf16 or fp8 e4m3). Big caches (GiBs) are filled by repeating 1 MiB of random values.
@@ -15,14 +15,28 @@ import type {
   StorageDType,
 } from "../core/types.ts";
 
+/** `reqs` requests of `qlen` new tokens each, at seq_len `ctx` (so `ctx - qlen` cached). */
+export interface BenchPart {
+  reqs: number;
+  ctx: number;
+  qlen: number;
+}
+
 /** One benchmark shape. */
 export interface BenchShape {
-  kind: "decode" | "prefill";
+  /**
+   * `mixed`: one call of `reqs` decode rows (`qlen` 1) then the `chunks` requests (prefill
+   * chunks over a cached prefix); WEBGPU_FLASH splits it by row (decode rows on the split-KV
+   * kernels, the chunks on the prefill path) in one submit.
+   */
+  kind: "decode" | "prefill" | "mixed";
   reqs: number;
-  /** seq_len of every request. */
+  /** seq_len of every request (of a mixed shape: of its decode rows). */
   ctx: number;
   /** New tokens per request (1 for decode, ctx for a full prefill). */
   qlen: number;
+  /** A mixed shape's requests after the decode rows. */
+  chunks?: BenchPart;
   num_heads: number;
   num_kv_heads: number;
   head_size: number;
@@ -35,20 +49,36 @@ export interface BenchShape {
 
 const CACHE_BYTES: Record<string, number> = { auto: 2, float16: 2, bfloat16: 2, fp8_e4m3: 1 };
 
-/** A readable name for a shape. */
+/** The requests of `s`, in batch order: `{reqs, ctx, qlen}`, then a mixed shape's chunks. */
+export function shapeParts(s: BenchShape): BenchPart[] {
+  const first = { reqs: s.reqs, ctx: s.ctx, qlen: s.qlen };
+  return s.chunks ? [first, { ...s.chunks }] : [first];
+}
+
+/**
+ * A readable name for a shape, e.g. `decode 32x2048 32q/8kv d128 bs16 f16`, `prefill 4x1024
+ * causal ...`, `mixed 32x2048 + 2x512/1536 ...` (32 decode rows at seq_len 2048, then 2 chunks of
+ * 512 new tokens over 1536 cached); `--shapes` regexes match these.
+ */
 export function shapeName(s: BenchShape): string {
   const kv = s.kv_cache_dtype === "auto" ? "f16" : `f16 data, ${s.kv_cache_dtype} cache`;
-  return `${s.kind} ${s.reqs}x${s.ctx}${s.kind === "prefill" ? " causal" : ""} ` +
+  const c = s.chunks;
+  const what = s.kind === "mixed" && c
+    ? `${s.reqs}x${s.ctx} + ${c.reqs}x${c.qlen}/${c.ctx - c.qlen}`
+    : `${s.reqs}x${s.ctx}${s.kind === "prefill" ? " causal" : ""}`;
+  return `${s.kind} ${what} ` +
     `${s.num_heads}q/${s.num_kv_heads}kv d${s.head_size} bs${s.block_size} ${kv}` +
     (s.layout === "HND" ? " HND" : "");
 }
 
 /**
  * Shapes: on GPUs decode 32 x 2048 and 64 x 8192 (f16 cache, then bf16 and fp8 e4m3 caches at
- * 32 x 2048) and prefill 4 x 1024 and 8 x 4096 causal, 32 q / 8 kv heads; on software adapters
- * decode 16 x 1024 (f16, bf16, fp8) and prefill 2 x 256 with 16 q / 4 kv heads. With `hnd`,
- * the f16 decode shapes again over an HND cache (each kv head's block rows contiguous: whether
- * the NHD rows' 2 KB stride costs bandwidth), after the NHD ones.
+ * 32 x 2048), prefill 4 x 1024 and 8 x 4096 causal, and a mixed batch (32 decode rows at 2048,
+ * then 2 chunks of 512 new tokens over 1536 cached), 32 q / 8 kv heads; on software adapters
+ * decode 16 x 1024 (f16, bf16, fp8), prefill 2 x 256 and mixed 16 x 1024 + 2 chunks of 128 over
+ * 384 cached, 16 q / 4 kv heads. With `hnd`, the f16 decode shapes again over an HND cache (each
+ * kv head's block rows contiguous: whether the NHD rows' 2 KB stride costs bandwidth), after the
+ * NHD ones.
  */
 export function benchShapes(small: boolean, hnd = false): BenchShape[] {
   const all = nhdShapes(small);
@@ -76,12 +106,19 @@ function nhdShapes(small: boolean): BenchShape[] {
     ctx,
     qlen: ctx,
   });
+  // Decode rows, then prefill chunks of `qlen` new tokens over `cached` ones.
+  const mixed = (reqs: number, ctx: number, chunks: number, qlen: number, cached: number) => ({
+    ...dec(reqs, ctx),
+    kind: "mixed" as const,
+    chunks: { reqs: chunks, ctx: cached + qlen, qlen },
+  });
   if (small) {
     return [
       dec(16, 1024),
       dec(16, 1024, "bfloat16"),
       dec(16, 1024, "fp8_e4m3"),
       pre(2, 256),
+      mixed(16, 1024, 2, 128, 384),
     ];
   }
   return [
@@ -91,18 +128,36 @@ function nhdShapes(small: boolean): BenchShape[] {
     dec(32, 2048, "fp8_e4m3"),
     pre(4, 1024),
     pre(8, 4096),
+    mixed(32, 2048, 2, 512, 1536),
   ];
 }
 
-/** Bytes of K+V a decode reads (cache dtype); flops of a causal prefill (4·T·S·H·D/2). */
+/**
+ * Bytes of K+V the requests read (each request's seq_len once, cache dtype) and flops of their
+ * causal attention (4·S·H·D per query token over S keys: 4·T·S·H·D/2 for a full prefill), over
+ * every part of the shape.
+ */
 export function work(s: BenchShape): { kv_bytes: number; flops: number } {
-  const kv_bytes = s.reqs * s.ctx * s.num_kv_heads * s.head_size * 2 *
-    CACHE_BYTES[s.kv_cache_dtype];
-  let flops = 0;
-  for (let j = 0; j < s.qlen; j++) {
-    flops += 4 * (s.ctx - s.qlen + j + 1) * s.num_heads * s.head_size;
+  let kv_bytes = 0, flops = 0;
+  for (const p of shapeParts(s)) {
+    kv_bytes += p.reqs * p.ctx * s.num_kv_heads * s.head_size * 2 * CACHE_BYTES[s.kv_cache_dtype];
+    let per = 0;
+    for (let j = 0; j < p.qlen; j++) {
+      per += 4 * (p.ctx - p.qlen + j + 1) * s.num_heads * s.head_size;
+    }
+    flops += per * p.reqs;
   }
-  return { kv_bytes, flops: flops * s.reqs };
+  return { kv_bytes, flops };
+}
+
+/** A mixed shape's decode rows and its chunks as shapes of their own (for their work). */
+export function mixedParts(s: BenchShape): { decode: BenchShape; prefill: BenchShape } | null {
+  if (s.kind !== "mixed" || !s.chunks) return null;
+  const { chunks, ...rest } = s;
+  return {
+    decode: { ...rest, kind: "decode" },
+    prefill: { ...rest, kind: "prefill", ...chunks },
+  };
 }
 
 /** `n` bytes: 1 MiB of `gen()` bytes, repeated. */
@@ -127,21 +182,35 @@ export function makeBatch(s: BenchShape): {
   let x = 0x2545f491;
   const rnd = () => ((x ^= x << 13), (x ^= x >>> 17), (x ^= x << 5), (x >>> 0) / 4294967296);
   const table = Float32Array.from({ length: 4096 }, () => Math.fround(rnd() * 2 - 1));
-  const { reqs, ctx, qlen, num_heads: H, num_kv_heads: Hkv, head_size: D, block_size: bs } = s;
-  const per = Math.ceil(ctx / bs);
-  const num_blocks = 1 + reqs * per;
+  const { num_heads: H, num_kv_heads: Hkv, head_size: D, block_size: bs } = s;
+  // One {ctx, qlen} per request, in batch order; each request's blocks are the next of a
+  // random permutation of 1..num_blocks-1 (block 0 pads the shorter rows' table columns).
+  const each = shapeParts(s).flatMap((p) => Array.from({ length: p.reqs }, () => p));
+  const reqs = each.length;
+  const blocks = each.map((p) => Math.ceil(p.ctx / bs));
+  const per = Math.max(...blocks);
+  const num_blocks = 1 + blocks.reduce((a, b) => a + b, 0);
   const perm = Array.from({ length: num_blocks - 1 }, (_, i) => i + 1);
   for (let i = perm.length - 1; i > 0; i--) {
     const j = Math.floor(rnd() * (i + 1));
     [perm[i], perm[j]] = [perm[j], perm[i]];
   }
-  const block_table = Int32Array.from(perm);
-  const T = reqs * qlen;
+  const block_table = new Int32Array(reqs * per);
+  const query_start_loc = new Int32Array(reqs + 1);
+  for (let r = 0, next = 0; r < reqs; r++) {
+    block_table.set(perm.slice(next, next + blocks[r]), r * per);
+    next += blocks[r];
+    query_start_loc[r + 1] = query_start_loc[r] + each[r].qlen;
+  }
+  const T = query_start_loc[reqs];
+  const qlen = Math.max(...each.map((p) => p.qlen));
   const slot_mapping = new Int32Array(T);
   for (let r = 0; r < reqs; r++) {
-    for (let j = 0; j < qlen; j++) {
-      const p = ctx - qlen + j;
-      slot_mapping[r * qlen + j] = block_table[r * per + Math.floor(p / bs)] * bs + (p % bs);
+    const { ctx, qlen: n } = each[r];
+    for (let j = 0; j < n; j++) {
+      const p = ctx - n + j;
+      slot_mapping[query_start_loc[r] + j] = block_table[r * per + Math.floor(p / bs)] * bs +
+        (p % bs);
     }
   }
   const storage: StorageDType = s.kv_cache_dtype === "auto" ? "float16" : s.kv_cache_dtype;
@@ -191,8 +260,8 @@ export function makeBatch(s: BenchShape): {
     value: vals(T * Hkv * D),
     metadata: {
       num_reqs: reqs,
-      query_start_loc: Int32Array.from({ length: reqs + 1 }, (_, i) => i * qlen),
-      seq_lens: new Int32Array(reqs).fill(ctx),
+      query_start_loc,
+      seq_lens: Int32Array.from(each, (p) => p.ctx),
       block_table,
       max_blocks_per_req: per,
       slot_mapping,

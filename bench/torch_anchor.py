@@ -7,10 +7,14 @@ Times, on the same shapes as bench/main.ts:
   - SDPA decode on contiguous K/V (the "reads KV at ~4.2 TB/s" anchor),
   - causal prefill with SDPA at 4 x 1024 and 8 x 4096 (TFLOP/s, causal flops = 2 * T * S * H * D).
 
-Usage: python3 bench/torch_anchor.py [--json]
+Usage: python3 bench/torch_anchor.py [--json [FILE]]
+  --json       the JSON instead of the text, on stdout
+  --json FILE  the text on stdout and the JSON into FILE (what `deno task bench --anchor FILE`
+               reads: each SDPA row's "shape" names the bench shape it anchors)
 """
 
 import json
+import os
 import sys
 
 import torch
@@ -30,8 +34,19 @@ def bench(fn, iters=50, warmup=5):
     return start.elapsed_time(end) / iters  # ms
 
 
+def json_target(argv):
+    """None: text only; "-": JSON on stdout instead of the text; else the file for the JSON."""
+    for i, a in enumerate(argv):
+        if a.startswith("--json="):
+            return a[len("--json="):] or "-"
+        if a == "--json":
+            nxt = argv[i + 1] if i + 1 < len(argv) else ""
+            return nxt if nxt and not nxt.startswith("-") else "-"
+    return None
+
+
 def main():
-    as_json = "--json" in sys.argv
+    target = json_target(sys.argv[1:])
     dev = torch.device("cuda")
     rows = []
 
@@ -63,7 +78,9 @@ def main():
         ms_g = bench(lambda: gather()[0].contiguous())
         ms_sdpa = bench(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True))
         rows.append({"case": f"decode sdpa contiguous {reqs}x{ctx}", "ms": ms_sdpa,
-                     "GB/s": kv_bytes / ms_sdpa / 1e6})
+                     "GB/s": kv_bytes / ms_sdpa / 1e6,
+                     "shape": {"kind": "decode", "reqs": reqs, "ctx": ctx, "qlen": 1,
+                               "num_heads": hq, "num_kv_heads": hkv, "head_size": d}})
         rows.append({"case": f"decode page gather (K only) {reqs}x{ctx}", "ms": ms_g,
                      "GB/s": kv_bytes / 2 * 2 / ms_g / 1e6})
         del kc, vc, k, v
@@ -80,16 +97,24 @@ def main():
         )
         flops = 4 * b_ * t * t * hq * d / 2
         rows.append({"case": f"prefill sdpa causal {b_}x{t}", "ms": ms,
-                     "TFLOP/s": flops / ms / 1e9})
+                     "TFLOP/s": flops / ms / 1e9,
+                     "shape": {"kind": "prefill", "reqs": b_, "ctx": t, "qlen": t,
+                               "num_heads": hq, "num_kv_heads": hkv, "head_size": d}})
         del q, k, v
 
-    if as_json:
-        print(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}))
-    else:
-        print("torch", torch.__version__, torch.cuda.get_device_name())
-        for r in rows:
-            extra = " ".join(f"{k}={v:.1f}" for k, v in r.items() if k not in ("case", "ms"))
-            print(f"{r['case']:<44} {r['ms']:8.3f} ms  {extra}")
+    doc = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}
+    if target == "-":
+        print(json.dumps(doc))
+        return
+    print("torch", torch.__version__, torch.cuda.get_device_name())
+    for r in rows:
+        extra = " ".join(f"{k}={v:.1f}" for k, v in r.items() if k not in ("case", "ms", "shape"))
+        print(f"{r['case']:<44} {r['ms']:8.3f} ms  {extra}")
+    if target is not None:
+        with open(target + ".part", "w") as fh:  # renamed when whole: a cut run leaves no file
+            json.dump(doc, fh, indent=1)
+        os.replace(target + ".part", target)
+        print("json:", target)
 
 
 if __name__ == "__main__":
