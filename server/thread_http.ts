@@ -94,7 +94,8 @@ export function serveThreadHttp(o: ThreadHttpOptions): ResilientServer {
     if (c) {
       const own = c.rest !== "" || method === "GET" || method === "HEAD";
       if (own && o.holds(c.id)) return await o.handler(req);
-      return await o.front.send(req, undefined, method === "PUT" ? origin : []);
+      const create = method === "PUT" && c.rest === ""; // may create the cache: place it here
+      return await o.front.send(req, undefined, create ? origin : []);
     }
     if (path === "/v1/kv-caches" && method === "POST") {
       return await o.front.send(req, undefined, origin);

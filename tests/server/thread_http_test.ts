@@ -107,6 +107,8 @@ Deno.test("thread listener: its own caches here, the rest to the front", async (
       ["GET", "/v1/kv-caches/theirs", undefined, undefined, "front"],
       ["DELETE", "/v1/kv-caches/mine", undefined, undefined, "front"],
       ["PUT", "/v1/kv-caches/mine", "{}", "application/json", "front"],
+      ["PUT", "/v1/kv-caches/theirs/data", "xy", "application/octet-stream", "front"],
+      ["PUT", "/v1/kv-caches/mine/data", "xy", "application/octet-stream", "local"],
       ["POST", "/v1/kv-caches", "{}", "application/json", "front"],
       ["GET", "/metrics", undefined, undefined, "front"],
       ["GET", "/healthz", undefined, undefined, "front"],
