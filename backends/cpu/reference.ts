@@ -2,10 +2,11 @@
  * The float64 attention oracle: the contract of docs/api.md written out plainly, on a host
  * {@link ForwardBatch} and a {@link HostKvCache}. Every other backend is checked against it.
  *
- * {@link writeKv} stores the call's new K/V rows at their slots (fp8: `fround(x / scale)`,
- * other storage dtypes: `x`; slot -1 writes nothing). {@link attend} then computes, per
- * query token and head, a two-pass softmax over the visible keys in float64 (scores, soft
- * cap, ALiBi, mask, sink in the denominator) and the log of its denominator.
+ * {@link writeKv} stores the call's new K/V rows at their slots (fp8: `fround(x / scale)`, the
+ * scale a float32 as on the device and in vLLM; other storage dtypes: `x`; slot -1 writes
+ * nothing). {@link attend} then computes, per query token and head, a two-pass softmax over
+ * the visible keys in float64 (scores, soft cap, ALiBi, mask, sink in the denominator) and the
+ * log of its denominator.
  * @module
  */
 import { roundTo } from "../../core/dtype.ts";
@@ -62,8 +63,11 @@ export function writeKv(batch: ForwardBatch, cache: HostKvCache): void {
     }]);
   }
   const scaled = fp8(cache);
-  const k = scaled ? batch.key.map((x) => Math.fround(x / k_scale)) : batch.key;
-  const v = scaled ? batch.value.map((x) => Math.fround(x / v_scale)) : batch.value;
+  // The scales are float32 (a device backend's uniform, vLLM's tensor): x / 0.3 rounds to a
+  // different fp8 value than x / fround(0.3) where the quotient sits on a rounding tie.
+  const ks = Math.fround(k_scale), vs = Math.fround(v_scale);
+  const k = scaled ? batch.key.map((x) => Math.fround(x / ks)) : batch.key;
+  const v = scaled ? batch.value.map((x) => Math.fround(x / vs)) : batch.value;
   for (let t = 0; t < rows; t++) {
     if (sm[t] === -1) continue;
     const [block, off] = locate(sm[t], cache, ["metadata", "slot_mapping", t]);
@@ -141,7 +145,8 @@ function callKeys(batch: ForwardBatch, q0: number, n: number): KeySource {
 function cacheKeys(batch: ForwardBatch, cache: HostKvCache, i: number, n: number): KeySource {
   const md = batch.metadata, bs = cache.spec.block_size, D = batch.layer.head_size;
   const scaled = fp8(cache);
-  const ks = scaled ? batch.layer.k_scale : 1, vs = scaled ? batch.layer.v_scale : 1;
+  const ks = scaled ? Math.fround(batch.layer.k_scale) : 1;
+  const vs = scaled ? Math.fround(batch.layer.v_scale) : 1;
   const need = Math.ceil(n / bs);
   if (need > md.max_blocks_per_req) {
     throw invalidBatch([{

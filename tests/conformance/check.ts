@@ -4,7 +4,10 @@
  * batch, its cache imported from the batch's initial bytes and read back after the call) and
  * {@link checkRun} (a run against CPU_REFERENCE's run of the same batch: output and lse within
  * the dtype's tolerance, no NaN, written cache slots close to the reference's and every other
- * cache byte untouched). Also the run seed every conformance test prints ({@link runSeed}).
+ * cache byte untouched). Also the run seed every conformance test prints ({@link runSeed}), and
+ * for tests that force each backend through the selector: {@link forcedReasons} (a forced
+ * selection's refusal, held equal to what the selector reports) and {@link assertPoisonsFirst}
+ * (a GPU plan poisons its output before any call writes it).
  * @module
  */
 import assert from "node:assert/strict";
@@ -15,9 +18,14 @@ import type {
   DType,
   KvCache,
   PlanContract,
+  SelectorConfig,
   StorageDType,
 } from "../../core/types.ts";
 import { toFloat32 } from "../../core/data.ts";
+import { validateConfiguration } from "../../backends/capabilities.ts";
+import type { BackendRegistry } from "../../backends/registry.ts";
+import { NoValidBackendError } from "../../core/errors.ts";
+import type { PlannedCall } from "../../gpu/gpu_plan.ts";
 import { validHostBatch } from "../../service/host_input.ts";
 import { cacheIndex, type GeneratedBatch } from "../support/batches.ts";
 import { assertClose, firstNonFinite, unravel } from "../support/compare.ts";
@@ -74,6 +82,62 @@ export async function runOn(
     }
   } finally {
     cache?.destroy();
+  }
+}
+
+/**
+ * Why `backend`, forced by name through `registry` (as a request naming it is), refuses `cfg`
+ * on `ctx`'s device ([]: it accepts). Asserts that a refusal is the 422 of that backend alone
+ * and that its reasons are exactly what the selector reports for it: `validateConfiguration`,
+ * `registry.validate`, and auto selection's reasons for the backends it passed over.
+ */
+export function forcedReasons(
+  registry: BackendRegistry,
+  backend: AttentionBackend,
+  cfg: SelectorConfig,
+  ctx: BackendContext,
+): string[] {
+  const name = backend.name;
+  let reasons: string[] = [];
+  try {
+    assert.equal(registry.select(cfg, { backend: name }).backend.name, name);
+  } catch (e) {
+    if (!(e instanceof NoValidBackendError)) throw e;
+    assert.deepEqual(Object.keys(e.reasons ?? {}), [name], `a forced refusal names ${name} alone`);
+    reasons = e.reasons![name];
+    assert.ok(reasons.length > 0, `${name} refused without a reason: ${e.message}`);
+  }
+  const say = `${name}: the forced refusal differs from the selector's reasons for the backend`;
+  assert.deepEqual(reasons, validateConfiguration(backend, cfg, ctx), say);
+  assert.deepEqual(reasons, registry.validate(backend, cfg), say);
+  let auto: Record<string, string[]>;
+  try {
+    auto = registry.select(cfg).rejected;
+  } catch (e) {
+    if (!(e instanceof NoValidBackendError)) throw e;
+    auto = e.reasons ?? {};
+  }
+  if (name in auto) assert.deepEqual(reasons, auto[name], `${name}: auto selection's reasons`);
+  return reasons;
+}
+
+/** A GPU plan poisons the output (and LSE when asked) before any call writes them. */
+export function assertPoisonsFirst(
+  plan: PlanContract & { calls?: PlannedCall[] },
+  lse: boolean,
+): void {
+  const calls = plan.calls;
+  if (calls === undefined) return; // a host plan: the output is a fresh array every call
+  for (const io of lse ? ["out", "lse"] : ["out"]) {
+    const binds = (c: PlannedCall) => Object.values(c.bind).some((r) => "io" in r && r.io === io);
+    const first = calls.findIndex(binds);
+    assert.ok(first >= 0, `no call of the plan writes ${io}`);
+    assert.equal(
+      calls[first].name,
+      "poison",
+      `the first call binding ${io} is ${calls[first].name}, not its poisoning ` +
+        `(calls: ${calls.map((c) => c.name).join(", ")})`,
+    );
   }
 }
 
