@@ -20,6 +20,7 @@ import {
 import { captureStderr } from "../../gpu/runtime_stderr.ts";
 import { acquireDevice } from "../../server/device_setup.ts";
 import { enableSubgroups } from "../../gpu/runtime_wgsl.ts";
+import { lostOnDestroyDevice } from "../support/fake_device.ts";
 
 const DEFAULT = [...DEFAULT_DAWN_FLAGS];
 
@@ -209,18 +210,6 @@ Deno.test("runtime selection: auto falls back to deno, recording why not Dawn", 
   assert.deepEqual(loaded, []);
 });
 
-/** A fake device (never lost until destroyed). */
-function fakeDevice(): GPUDevice {
-  let lose!: (info: GPUDeviceLostInfo) => void;
-  const lost = new Promise<GPUDeviceLostInfo>((r) => (lose = r));
-  return {
-    features: new Set<string>(),
-    limits: {},
-    lost,
-    destroy: () => lose({ reason: "destroyed", message: "" } as GPUDeviceLostInfo),
-  } as unknown as GPUDevice;
-}
-
 /** A fake GPU whose adapter has `info` and makes a fake device, or fails with `refuse`. */
 function deviceGpu(info: Record<string, unknown>, refuse?: string): GPU {
   const adapter = {
@@ -228,7 +217,9 @@ function deviceGpu(info: Record<string, unknown>, refuse?: string): GPU {
     features: new Set<string>(),
     limits: {},
     requestDevice: () =>
-      refuse === undefined ? Promise.resolve(fakeDevice()) : Promise.reject(new Error(refuse)),
+      refuse === undefined
+        ? Promise.resolve(lostOnDestroyDevice())
+        : Promise.reject(new Error(refuse)),
   };
   return { requestAdapter: () => Promise.resolve(adapter) } as unknown as GPU;
 }

@@ -16,6 +16,7 @@ import { type ForwardInput, validateForward } from "../../service/validate.ts";
 import { AttentionService } from "../../service/service.ts";
 import { FakeNoDevice } from "../server/helpers.ts";
 import { fakeBackend } from "./helpers.ts";
+import { lostOnDestroyDevice } from "../support/fake_device.ts";
 
 const ints = (v: number[], shape = [v.length]) => ({ shape, values: Int32Array.from(v) });
 const f32 = (shape: number[]) => ({
@@ -53,21 +54,9 @@ function input(seq: number, blocks = [1, 2, 3]): ForwardInput {
 const shapeOf = (i: ForwardInput): BatchShape =>
   validateForward(i, { spec: SPEC, storage: "host" }).batch;
 
-/** A fake device that is lost when destroyed (or `lose()`d). */
-function fakeDevice(): GPUDevice {
-  let lose!: (info: GPUDeviceLostInfo) => void;
-  const lost = new Promise<GPUDeviceLostInfo>((r) => (lose = r));
-  return {
-    features: new Set<string>(),
-    limits: {},
-    lost,
-    destroy: () => lose({ reason: "destroyed", message: "fake" } as GPUDeviceLostInfo),
-  } as unknown as GPUDevice;
-}
-
 /** A GpuContext of generation `g` over a fake device, and how to lose it. */
 function fakeGpu(g: number): { ctx: GpuContext; lose(): Promise<void> } {
-  const device = fakeDevice();
+  const device = lostOnDestroyDevice("fake");
   const ctx = { device, generation: g, lost: false } as unknown as GpuContext;
   return {
     ctx,
@@ -86,7 +75,7 @@ function fakeManager(): WebGpuDeviceManager {
     info: { vendor: "fake", architecture: "", device: "", description: "fake adapter" },
     features: new Set<string>(),
     limits: {},
-    requestDevice: () => Promise.resolve(fakeDevice()),
+    requestDevice: () => Promise.resolve(lostOnDestroyDevice("fake")),
   };
   const gpu = { requestAdapter: () => Promise.resolve(adapter) } as unknown as GPU;
   return new WebGpuDeviceManager({ runtime: runtimeFromGpu(gpu, { name: "fake" }) });
