@@ -10,6 +10,14 @@ import { fakeBackend } from "../service/helpers.ts";
 import { cacheSnapshot, expectProblem, rand, startServer, type TestServer } from "./helpers.ts";
 
 const H = 4, HKV = 2, D = 8, BS = 4, NB = 4;
+/** The cache every test here makes. */
+const SPEC = {
+  num_blocks: NB,
+  block_size: BS,
+  num_kv_heads: HKV,
+  head_size: D,
+  dtype: "float32" as const,
+};
 
 /** A valid decode body for a held cache: 2 requests, 3 + 2 tokens. */
 function validBody(kv_cache?: string): ForwardBody {
@@ -51,13 +59,7 @@ function assertProblem(
 Deno.test("errors: every bad input is a problem; nothing changes; server stays up", async (t) => {
   const srv = await startServer({ memoryBudgetBytes: 100_000 });
   try {
-    const cache = await srv.client.createCache({
-      num_blocks: NB,
-      block_size: BS,
-      num_kv_heads: HKV,
-      head_size: D,
-      dtype: "float32",
-    });
+    const cache = await srv.client.createCache(SPEC);
     await srv.client.forward(validBody(cache.id)); // fill some slots
     const before = await cacheSnapshot(srv, cache.id);
     const fwd = (patch: (b: ForwardBody) => void) => {
@@ -345,13 +347,7 @@ Deno.test("errors: every bad input is a problem; nothing changes; server stays u
 Deno.test("errors: a call over a per-call limit and invalid is one 422 listing every problem", async () => {
   const srv = await startServer({ limits: { max_tokens: 4, max_attended_keys: 5 } });
   try {
-    const cache = await srv.client.createCache({
-      num_blocks: NB,
-      block_size: BS,
-      num_kv_heads: HKV,
-      head_size: D,
-      dtype: "float32",
-    });
+    const cache = await srv.client.createCache(SPEC);
     const before = await cacheSnapshot(srv, cache.id);
     // 5 tokens (over max_tokens 4), 3*4/2 + 2*3/2 = 9 attended keys (over 5), a slot out of range.
     const body = validBody(cache.id);
