@@ -8,7 +8,7 @@
  * with f16 -> f32 subgroup matrices; f32 data keeps the exact path.
  * @module
  */
-import type { AdapterInfoReport, BatchShape, GpuContext } from "../core/types.ts";
+import type { BatchShape, GpuContext } from "../core/types.ts";
 import {
   chooseMmaShape,
   fullShape,
@@ -19,7 +19,7 @@ import {
   mmaShapeProblem,
   type MmaTarget,
 } from "../gpu/flash_mma_shape.ts";
-import { FLASH_MMA, MMA_FEATURE, type MmaSupport } from "../gpu/flash_mma_kernel.ts";
+import { FLASH_MMA, type MmaSupport } from "../gpu/flash_mma_kernel.ts";
 import type { GpuPlan, PlannedCall } from "../gpu/gpu_plan.ts";
 import { getKernel } from "../gpu/kernel.ts";
 import { kvChunkGeometry } from "../gpu/kv_cache.ts";
@@ -56,22 +56,6 @@ export function mmaTargetOf(
     alibi: L.alibi_slopes !== null,
     sinks: L.sinks !== null,
   };
-}
-
-/**
- * Why `ctx`'s device offers the kernel no subgroup matrices (what `mmaSupportOf` found missing,
- * in its order): the feature not granted, no f16 -> f32 configuration, or no single subgroup
- * size.
- */
-export function mmaSupportProblem(ctx: GpuContext): string {
-  const info = ctx.adapter_info as AdapterInfoReport;
-  if (!ctx.features.has(MMA_FEATURE)) return `feature ${MMA_FEATURE} not granted`;
-  const configs = info.subgroup_matrix_configs ?? [];
-  if (!configs.some((x) => x.component_type === "f16" && x.result_component_type === "f32")) {
-    return "no f16 -> f32 subgroup-matrix configuration";
-  }
-  const lo = info.subgroup_min_size, hi = info.subgroup_max_size;
-  return `subgroup size not fixed (min ${lo ?? "unknown"}, max ${hi ?? "unknown"})`;
 }
 
 /**

@@ -42,9 +42,9 @@ import {
   planPrefillRows,
 } from "./flash_plan.ts";
 import { partialBytes, partialLimit, planDecodeRows } from "./decode_plan.ts";
-import { envMmaShape, mmaConstsOf, mmaSupportProblem, planMmaRows } from "./flash_mma_plan.ts";
+import { envMmaShape, mmaConstsOf, planMmaRows } from "./flash_mma_plan.ts";
 import type { MmaConsts, MmaShape } from "../gpu/flash_mma_shape.ts";
-import { mmaSupportOf } from "../gpu/flash_mma_kernel.ts";
+import { mmaSupportOrWhy } from "../gpu/flash_mma_kernel.ts";
 import type { TableBuilder } from "../gpu/plan_table.ts";
 import { isSoftware } from "./decode_shape.ts";
 import { DECODE_HEAD_SIZES } from "./webgpu_decode.ts";
@@ -165,10 +165,10 @@ function splitProblem(s: BatchShape): string | null {
  */
 function mmaFor(ctx: GpuContext, o: ResolvedFlashOptions, s: BatchShape): MmaConsts | string {
   if (!o.mma) return o.mma_off ?? "tensor-core kernel disabled";
-  const support = mmaSupportOf(ctx);
+  const support = mmaSupportOrWhy(ctx);
+  if (typeof support === "string") return `subgroup matrices not supported (${support})`;
   const c = mmaConstsOf(ctx, s, support, undefined, o.mma_shape);
   if (typeof c !== "string") return c;
-  if (!support) return `subgroup matrices not supported (${mmaSupportProblem(ctx)})`;
   if (s.dtype === "float32") {
     return "dtype not supported (got float32; supported: float16, bfloat16)";
   }

@@ -57,15 +57,27 @@ export interface MmaSupport {
 
 /**
  * What `ctx`'s device offers the kernel (gpu/device.ts requests the feature and reports Dawn's
- * configurations in `adapter_info`), or null: the feature not granted, no f16 -> f32
- * configuration, or no single subgroup size.
+ * configurations in `adapter_info`), or why it offers none, checked in this order: the feature
+ * not granted, no f16 -> f32 configuration, no single subgroup size.
  */
-export function mmaSupportOf(ctx: GpuContext): MmaSupport | null {
+export function mmaSupportOrWhy(ctx: GpuContext): MmaSupport | string {
   const info = ctx.adapter_info as AdapterInfoReport;
+  if (!ctx.features.has(MMA_FEATURE)) return `feature ${MMA_FEATURE} not granted`;
   const c = info.subgroup_matrix_configs?.find((x) =>
     x.component_type === "f16" && x.result_component_type === "f32"
   );
+  if (!c) return "no f16 -> f32 subgroup-matrix configuration";
   const sg = info.subgroup_min_size;
-  if (!ctx.features.has(MMA_FEATURE) || !c || !sg || sg !== info.subgroup_max_size) return null;
+  if (!sg || sg !== info.subgroup_max_size) {
+    return `subgroup size not fixed (min ${sg ?? "unknown"}, max ${
+      info.subgroup_max_size ?? "unknown"
+    })`;
+  }
   return { m: c.m, n: c.n, k: c.k, sg };
+}
+
+/** What `ctx`'s device offers the kernel, or null ({@link mmaSupportOrWhy} says why). */
+export function mmaSupportOf(ctx: GpuContext): MmaSupport | null {
+  const s = mmaSupportOrWhy(ctx);
+  return typeof s === "string" ? null : s;
 }
