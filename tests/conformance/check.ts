@@ -22,6 +22,7 @@ import type {
   StorageDType,
 } from "../../core/types.ts";
 import { toFloat32 } from "../../core/data.ts";
+import { CPU_REFERENCE } from "../../backends/cpu/cpu_reference.ts";
 import { validateConfiguration } from "../../backends/capabilities.ts";
 import type { BackendRegistry } from "../../backends/registry.ts";
 import { NoValidBackendError } from "../../core/errors.ts";
@@ -218,4 +219,37 @@ function checkCache(
     return out;
   };
   assertClose(pick(got), pick(ref), { ...cacheTolerance(st), label: `${label} written slots` });
+}
+
+/**
+ * Each key's generated batch and CPU_REFERENCE's run of it (on no device), each made once and
+ * shared by every backend's check: `referenceOf` starts the run in the oracle's workers, so a test
+ * can start the next keys' runs while the GPU backends work on this one. A prefetched run's
+ * failure is left for its own key's test to report; `forget` lets a key's memory go once its
+ * test is done.
+ */
+export function sharedReferences<K>(generate: (k: K) => GeneratedBatch): {
+  batchOf(k: K): GeneratedBatch;
+  referenceOf(k: K): Promise<Run>;
+  forget(k: K): void;
+} {
+  const batches = new Map<K, GeneratedBatch>(), runs = new Map<K, Promise<Run>>();
+  const batchOf = (k: K) => {
+    let g = batches.get(k);
+    if (!g) batches.set(k, g = generate(k));
+    return g;
+  };
+  const referenceOf = (k: K) => {
+    let r = runs.get(k);
+    if (!r) {
+      runs.set(k, r = runOn(CPU_REFERENCE, batchOf(k), { gpu: null }));
+      r.catch(() => {});
+    }
+    return r;
+  };
+  const forget = (k: K) => {
+    batches.delete(k);
+    runs.delete(k);
+  };
+  return { batchOf, referenceOf, forget };
 }

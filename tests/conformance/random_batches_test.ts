@@ -50,13 +50,19 @@ import {
   type BatchSpec,
   deriveSeed,
   generateBatch,
-  type GeneratedBatch,
   type RequestSpec,
   Rng,
 } from "../support/batches.ts";
 import { GPU, SELECTION } from "../support/gpu.ts";
 import { denoBackendApi } from "../../gpu/runtime.ts";
-import { assertPoisonsFirst, checkRun, forcedReasons, type Run, runOn, runSeed } from "./check.ts";
+import {
+  assertPoisonsFirst,
+  checkRun,
+  forcedReasons,
+  runOn,
+  runSeed,
+  sharedReferences,
+} from "./check.ts";
 
 const SEED = runSeed();
 /**
@@ -74,7 +80,6 @@ const opts = { sanitizeOps: false, sanitizeResources: false };
 
 const gpu = GPU;
 const ctx: BackendContext = { gpu };
-const refCtx: BackendContext = { gpu: null };
 const registry = new BackendRegistry(builtinBackends(), () => gpu);
 
 /** Most (query, visible key) pairs x query heads x head size of one batch (the reference's work). */
@@ -326,25 +331,9 @@ Deno.test("random batches: the draw is seeded and covers every dtype, layout, ty
   console.log(`  request kinds: ${[...kinds].map(([k, n]) => `${k} ${n}`).join(", ")}`);
 });
 
-const batches = new Map<number, GeneratedBatch>();
-const references = new Map<number, Promise<Run>>();
-function batchOf(d: Drawn): GeneratedBatch {
-  let g = batches.get(d.index);
-  if (!g) batches.set(d.index, g = generateBatch(d.spec, deriveSeed(SEED, `data ${d.index}`)));
-  return g;
-}
-/**
- * CPU_REFERENCE's run of a batch, started once (in its worker: the GPU backends run meanwhile).
- * A prefetched run's failure is reported by its batch's test.
- */
-function referenceOf(d: Drawn): Promise<Run> {
-  let r = references.get(d.index);
-  if (!r) {
-    references.set(d.index, r = runOn(CPU_REFERENCE, batchOf(d), refCtx));
-    r.catch(() => {});
-  }
-  return r;
-}
+const { batchOf, referenceOf, forget } = sharedReferences((d: Drawn) =>
+  generateBatch(d.spec, deriveSeed(SEED, `data ${d.index}`))
+);
 
 RUN.forEach((d, i) => {
   const name = `random batch ${d.index}/${COUNT} (SEED=${SEED}): ${d.label}`;
@@ -389,8 +378,7 @@ RUN.forEach((d, i) => {
         });
       }
     } finally {
-      batches.delete(d.index);
-      references.delete(d.index);
+      forget(d);
     }
   });
 });

@@ -48,7 +48,7 @@ import { CPU_REFERENCE } from "../../backends/cpu/cpu_reference.ts";
 import { BackendRegistry } from "../../backends/registry.ts";
 import type { BackendContext, DType, PlanContract, SelectorConfig } from "../../core/types.ts";
 import type { PlannedCall } from "../../gpu/gpu_plan.ts";
-import { deriveSeed, generateBatch, type GeneratedBatch } from "../support/batches.ts";
+import { deriveSeed, generateBatch } from "../support/batches.ts";
 import { GPU } from "../support/gpu.ts";
 import {
   assertPoisonsFirst,
@@ -58,6 +58,7 @@ import {
   type Run,
   runOn,
   runSeed,
+  sharedReferences,
 } from "./check.ts";
 import { VLLM_SPECS, vllmBatchSpec, type VllmLayer, type VllmSpec } from "./vllm_specs.ts";
 
@@ -75,7 +76,6 @@ const opts = { sanitizeOps: false, sanitizeResources: false };
 
 const gpu = GPU;
 const ctx: BackendContext = { gpu };
-const refCtx: BackendContext = { gpu: null };
 const BACKENDS = builtinBackends();
 const registry = new BackendRegistry(BACKENDS, () => gpu);
 console.log(
@@ -134,27 +134,9 @@ Deno.test("vllm specs: the 13 specs, by vLLM's names and lengths", () => {
 /** The backends of a spec the filter keeps, by priority (the GPU ones before the reference). */
 const namesOf = (vs: VllmSpec) =>
   registry.names().filter((n) => `${n} | ${vs.name}`.includes(FILTER));
-const batches = new Map<string, GeneratedBatch>();
-const references = new Map<string, Promise<Run>>();
-function batchOf(vs: VllmSpec): GeneratedBatch {
-  let g = batches.get(vs.name);
-  if (!g) {
-    batches.set(vs.name, g = generateBatch(vllmBatchSpec(vs, LAYER), deriveSeed(SEED, vs.name)));
-  }
-  return g;
-}
-/**
- * CPU_REFERENCE's run of a spec's batch, started once (in its worker: the GPU backends run
- * meanwhile) and shared by every backend. A prefetched run's failure is reported by its test.
- */
-function referenceOf(vs: VllmSpec): Promise<Run> {
-  let r = references.get(vs.name);
-  if (!r) {
-    references.set(vs.name, r = runOn(CPU_REFERENCE, batchOf(vs), refCtx));
-    r.catch(() => {});
-  }
-  return r;
-}
+const { batchOf, referenceOf, forget } = sharedReferences((vs: VllmSpec) =>
+  generateBatch(vllmBatchSpec(vs, LAYER), deriveSeed(SEED, vs.name))
+);
 
 VLLM_SPECS.forEach((vs, i) => {
   const names = namesOf(vs);
@@ -199,8 +181,7 @@ VLLM_SPECS.forEach((vs, i) => {
         });
       }
     } finally {
-      batches.delete(vs.name);
-      references.delete(vs.name);
+      forget(vs);
     }
   });
 });
