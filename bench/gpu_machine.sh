@@ -2,7 +2,7 @@
 # One call on the GPU machine (see bench/NOTES.md): GPU tests, the bench with its kernel sweeps,
 # the HTTP bench, the PyTorch anchor. Logs under $OUT; each part's tail is printed.
 # Usage there: bash bench/gpu_machine.sh
-#   [tests|dawn-tests|compile-probe|mma|mma-fast|mma-bench|mma-ceiling|mma-strides|residency|bench|
+#   [tests|dawn-tests|both-tests|compile-probe|mma|mma-fast|mma-bench|mma-ceiling|mma-strides|residency|bench|
 #    bench-deno|http|http-warm|http-prof|threads|exit-probe|anchor|clock-probe|all]...
 # mma: the tensor-core kernel's tests; mma-fast: those of its fast softmax, direct loads, matrix-move
 # staging, split S chains, per-subgroup rescale, late next-tile stores and D split over subgroups;
@@ -69,6 +69,7 @@ export BENCH_FLASH_TILES=${BENCH_FLASH_TILES-8x8x4x4,8x8x4x4l,8x8x4x2,4x8x4x4,8x
 # with BENCH_SHAPES='f16$|2048.*HND' BENCH_HND=1 (3 shapes) to stay within BENCH_TIMEOUT.
 export BENCH_DECODE_TUNINGS=${BENCH_DECODE_TUNINGS-'[{"probe_residency":true,"waves":0,"target_workgroups":8192},{"fused_reduce":true},{"wg_kv_heads":2,"fused_reduce":true},{"wg_kv_heads":4},{"wg_kv_heads":8},{"prefetch":true,"probe_residency":true,"waves":0,"target_workgroups":8192},{"prefetch":true,"fused_reduce":true},{"prefetch":true,"fused_reduce":true,"wave_workgroups":396},{"keys_per_iter":8,"fused_reduce":true},{"max_heads":2,"fused_reduce":true},{"workgroup_size":64,"wave_workgroups":1056,"fused_reduce":true,"probe_residency":true}]'}
 what=${*:-all}
+both_pids=()
 anchor_json= # set by the anchor part when it wrote $out/anchor.json in this call
 run() { # name, limit in seconds, command...
   local name=$1 limit=$2
@@ -92,6 +93,24 @@ for w in $what; do
       # shellcheck disable=SC2086
       ATTN_COMPILE_LOG=1 ATTN_WEBGPU_RUNTIME=dawn run dawn-tests "${TESTS_TIMEOUT:-240}" \
         deno test --allow-all ${TEST_ARGS:-} ${TEST_PATHS:-tests/gpu tests/backends tests/conformance} ;;&
+    both-tests)
+      # The GPU suite on both runtimes at once (Deno's runtime mostly sleeps in its completion
+      # floor, so the two share the card): both-tests-deno.log and both-tests-dawn.log, each cut at
+      # TESTS_TIMEOUT (default 420 here), each one's summary line printed last.
+      for rt in deno dawn; do
+        # shellcheck disable=SC2086
+        (ATTN_COMPILE_LOG=1 ATTN_WEBGPU_RUNTIME=$rt timeout -k 5 "${TESTS_TIMEOUT:-420}" \
+          deno test --allow-all ${TEST_ARGS:-} ${TEST_PATHS:-tests/gpu tests/backends tests/conformance} \
+          >"$out/both-tests-$rt.log" 2>&1
+          echo "rc=$?" >>"$out/both-tests-$rt.log") &
+        both_pids+=($!)
+      done
+      wait "${both_pids[@]}" # not a bare wait: the clock sampler runs in the background too
+      for rt in deno dawn; do
+        echo "== both-tests ($rt)"
+        sed 's/\x1b\[[0-9;]*m//g' "$out/both-tests-$rt.log" |
+          grep -a -E "^(ok|FAILED) \| |^rc=|=> .*:[0-9]+|^ERRORS|^FAILURES" | tail -n 30
+      done ;;&
     mma)
       run mma "${MMA_TIMEOUT:-150}" deno test --allow-all tests/backends/flash_mma_test.ts \
         tests/gpu/flash_mma_fp8_test.ts ;;&

@@ -13,7 +13,7 @@
  * "ablation, right" or "ablation, differs", still never a failure.
  *
  * Usage: deno run -A bench/mma_bench.ts [--small] [--iters N] [--only name,name]
- *   [--cases 4x1024,8x4096,4x4096n,2x1056n-h16k4] [--check-ablations] [--json] (see parseCase:
+ *   [--cases 4x1024,8x4096,4x4096n,2x1056n-h16k4,4x1024-bf16] [--check-ablations] [--json] (see parseCase:
  *   `n` non-causal, `-h{heads}k{kv}` other head counts)
  * @module
  */
@@ -195,13 +195,16 @@ const timed = ctx.features.has("timestamp-query");
 const baseCases = small ? SMALL_CASES : GPU_CASES;
 const cases = caseNames?.map((n) => {
   const c = parseCase(n, baseCases[0]);
-  if (!c) throw new Error(`--cases: ${n} is not {reqs}x{len}[n][-h{heads}k{kv}]`);
+  if (!c) throw new Error(`--cases: ${n} is not {reqs}x{len}[n][-h{heads}k{kv}][-bf16]`);
   return c;
 }) ?? baseCases;
 for (const c of cases) {
   const t0 = performance.now();
   const data = await prefillData(ctx, c);
-  const label = `prefill ${c.reqs}x${c.len} ${c.causal === false ? "non-causal" : "causal"} f16 ` +
+  const label =
+    `prefill ${c.reqs}x${c.len} ${c.causal === false ? "non-causal" : "causal"} f16${
+      c.cache === "bfloat16" ? " (bf16 cache)" : ""
+    } ` +
     `${c.heads}q/${c.kvHeads}kv hd${c.headSize}`;
   const gf = (data.flops / 1e9).toFixed(1), ms = (performance.now() - t0).toFixed(0);
   console.log(`\n${label}: ${gf} GFLOP (data ${ms} ms)`);

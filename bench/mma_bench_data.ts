@@ -25,6 +25,11 @@ export interface PrefillCase {
   kvHeads: number;
   headSize: number;
   blockSize: number;
+  /**
+   * `bfloat16`: K/V are written to a bf16 cache (rounded there; the f16 reference rows stay
+   * within the check's 1e-2 tolerance) and staged to f16 tiles by the kernel; else f16 (`auto`).
+   */
+  cache?: "auto" | "bfloat16";
 }
 
 /** The validated batch (new K/V written by the call), its host tensors and FLOP count. */
@@ -67,15 +72,17 @@ const tensor = (bits: Uint16Array, shape: number[]) => ({
 
 /**
  * A `--cases` name as a case: `{reqs}x{len}`, `n` after it for non-causal, `-h{heads}k{kv}`
- * for other head counts than `base`'s (whose head size and block size it keeps), e.g. `8x4096`,
+ * for other head counts than `base`'s (whose head size and block size it keeps), `-bf16`
+ * for a bf16 cache (the staging's cost), e.g. `8x4096`, `4x1024-bf16`,
  * `4x4096n` (the v0.7 ladder's per-workgroup problem), `2x1056n-h16k4` (264 workgroups of 66
  * key tiles: with `1x...` and `3x...` a residency probe by timing). Null when it is not one.
  */
 export function parseCase(name: string, base: PrefillCase): PrefillCase | null {
-  const m = /^(\d+)x(\d+)(n?)(?:-h(\d+)k(\d+))?$/.exec(name);
+  const m = /^(\d+)x(\d+)(n?)(?:-h(\d+)k(\d+))?(-bf16)?$/.exec(name);
   if (!m) return null;
   const c: PrefillCase = { ...base, reqs: +m[1], len: +m[2], causal: m[3] !== "n" };
   if (m[4]) [c.heads, c.kvHeads] = [+m[4], +m[5]];
+  if (m[6]) c.cache = "bfloat16";
   const ok = c.reqs > 0 && c.len > 0 && c.kvHeads > 0 && c.heads % c.kvHeads === 0;
   return ok ? c : null;
 }
@@ -102,7 +109,7 @@ export async function prefillData(ctx: MmaContext, c: PrefillCase, seed = 1): Pr
     num_kv_heads: Hkv,
     head_size: D,
     dtype: "float16",
-    kv_cache_dtype: "auto",
+    kv_cache_dtype: c.cache ?? "auto",
     layout: "NHD",
   };
   const input: ForwardInput = {
