@@ -122,25 +122,34 @@ export function generateMatrixCode(c: MmaConsts): Record<string, string> {
     pv.push(...KB.map((kk) => `  let vo${kk} = kv_elem(kt + ${kk * k}u, kvh, kv_len, rbase);`));
     pv.push(...pvFrom(cached, "  "), "}");
   }
-  // O passes: columns [c0, c0 + bk) through s_s.
-  const passes = range(Math.ceil(d / ds / bk)).map((p) => {
-    const c0 = p * bk;
-    const frags = RM.flatMap((r) =>
-      DN.filter((c) => c * n >= c0 && c * n < c0 + bk).map((c) => ({
-        name: `o_${r}_${c}`,
-        at: `(${srow} + ${r * m}u) * SSTR + ${c * n - c0}u`,
-      }))
-    );
-    return { c0, frags };
-  });
-  const store = (fs: { name: string; at: string }[]) =>
-    fs.map((f) =>
-      `subgroupMatrixStore<row_major>(&s_s, ${f.at}, ${f.name}, ${strideArg("o", "sstr")});`
-    );
+  // O passes: columns [c0, c0 + w) through s_s, rows `str` floats apart from `base`: the
+  // rescale's (w = bk, SSTR) and the epilogue's (w = ocols, OSTR, region base).
+  const passesOf = (w: number, str: string, base: (p: number) => string) =>
+    range(Math.ceil(d / ds / w)).map((p) => {
+      const c0 = p * w;
+      const frags = RM.flatMap((r) =>
+        DN.filter((c) => c * n >= c0 && c * n < c0 + w).map((c) => ({
+          name: `o_${r}_${c}`,
+          at: `${base(p)}(${srow} + ${r * m}u) * ${str} + ${c * n - c0}u`,
+        }))
+      );
+      return { c0, frags };
+    });
+  const passes = passesOf(bk, "SSTR", () => "");
+  const regions = c.oregions;
+  const outPasses = passesOf(
+    c.ocols,
+    "OSTR",
+    (p) => (p % regions ? `${p % regions}u * R * OSTR + ` : ""),
+  );
+  // The epilogue's stride: SSTR's run-time word only where OSTR is SSTR (the stride probe).
+  const oStride = c.ocols === bk ? strideArg("o", "sstr") : "OSTR";
+  const store = (fs: { name: string; at: string }[], stride = strideArg("o", "sstr")) =>
+    fs.map((f) => `subgroupMatrixStore<row_major>(&s_s, ${f.at}, ${f.name}, ${stride});`);
   const rescale: string[] = [], output: string[] = [], sink: string[] = [];
   // sgresc: the subgroup's own rows only, no workgroup barrier (see RESC_APPLY).
   const bar = c.sgresc ? [] : ["workgroupBarrier();"];
-  passes.forEach(({ c0, frags }, i) => {
+  passes.forEach(({ frags }) => {
     rescale.push(...store(frags), ...bar, `scale_rows(${srow}, ln, alpha);`);
     rescale.push(...bar);
     rescale.push(
@@ -151,13 +160,18 @@ export function generateMatrixCode(c: MmaConsts): Record<string, string> {
       ),
     );
     rescale.push(...bar);
+  });
+  // With one region a pass's writes must finish before the next pass's stores (a barrier);
+  // with two, pass p stores where pass p - 2 was read, before pass p - 1's barrier.
+  outPasses.forEach(({ c0, frags }, i) => {
+    const base = i % regions ? `${i % regions}u * R * OSTR` : "0u";
     output.push(
-      ...store(frags),
+      ...store(frags, oStride),
       "workgroupBarrier();",
-      `write_rows(${srow}, ln, ${dqp}${c0}u, tb, inv);`,
+      `write_rows(${srow}, ln, ${dqp}${c0}u, tb, inv, ${base});`,
     );
-    if (i < passes.length - 1) output.push("workgroupBarrier();");
-    sink.push(...store(frags));
+    if (regions === 1 && i < outPasses.length - 1) output.push("workgroupBarrier();");
+    sink.push(...store(frags, oStride));
   });
   return {
     QFRAG_DECL: ind(qDecl, "  "),
@@ -271,6 +285,9 @@ export async function flashMmaSource(c: MmaConsts): Promise<string> {
     KT_LEN: lay.ktLen,
     KSTR: lay.kstr,
     SSTR: lay.sstr,
+    OSTR: lay.ostr,
+    OC: c.ocols,
+    S_LEN: lay.sLen,
     PSTR: lay.pstr,
     QPASS: lay.qpass,
     LPR: lay.lpr,

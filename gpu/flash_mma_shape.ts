@@ -100,6 +100,16 @@ export interface MmaShape {
    * both run; the first writes P). Rows per workgroup halve. Default 1.
    */
   dsplit?: number;
+  /**
+   * The epilogue's O passes through s_s (normalise and write): `ocols` columns a pass (default
+   * `bk`, the S tile's width; 0 means that too) in `oregions` regions used in turn (default 1).
+   * With 2 regions a pass's stores go where the pass before last was read, which the last pass's
+   * barrier already ordered, so the barrier after each pass's writes goes: D / ocols barriers
+   * instead of 2 D / ocols - 1. Both grow s_s (ocols + 4 floats a row, times the regions). The
+   * in-loop O rescale keeps `bk`-column passes in region 0. Needs dsplit 1.
+   */
+  ocols?: number;
+  oregions?: number;
   /** Bench only: leave stages out to time the rest (see {@link MmaAblation}); "": none. */
   ablate?:
     | MmaAblation
@@ -125,6 +135,8 @@ export function fullShape(s: MmaShape): FullMmaShape {
     sgresc: s.sgresc ?? false,
     late: s.late ?? false,
     dsplit: s.dsplit ?? 1,
+    ocols: s.ocols || s.bk,
+    oregions: s.oregions ?? 1,
     ablate: s.ablate ?? "",
   };
 }
@@ -178,6 +190,9 @@ export interface MmaLayout {
   kstr: number;
   pstr: number;
   sstr: number;
+  /** f32 row stride of the epilogue's O passes (ocols + 4) and the length of s_s in floats. */
+  ostr: number;
+  sLen: number;
   /** Workgroup memory in bytes. */
   shared_bytes: number;
 }
@@ -228,6 +243,14 @@ export function mmaShapeProblem(
     }
     if ((d / 2) % Math.max(n, k, shape.bk)) return `dsplit 2 halves head_size ${d} unevenly`;
   }
+  const oc = shape.ocols || shape.bk, org = shape.oregions ?? 1;
+  if (oc !== shape.bk || org !== 1) {
+    if ((shape.dsplit ?? 1) !== 1) return "ocols / oregions need dsplit 1";
+    if (oc % n || d % oc || oc % (sg / Math.min(sg, mr))) {
+      return `ocols ${oc} does not split head_size ${d} into whole matrices and lanes`;
+    }
+    if (org !== 1 && org !== 2) return `oregions ${org} is not 1 or 2`;
+  }
   if (shape.sgresc && ablatedStages(shape).has("rescale")) {
     return `the ${shape.ablate} ablation cuts the per-subgroup rescale's lane flags`;
   }
@@ -240,7 +263,8 @@ export function mmaShapeProblem(
  * Named shapes (`w{nsg}r{rm}k{bk}`; `-fa2` tau 0, `-f` fast softmax, `-d` direct K/V loads,
  * `-x` K/V staged by matrix moves, `-s{n}` n chains of S = Q K^T, `-u` the lazy rescale decided
  * per subgroup: `sgresc`, `-l` next-tile stores after PV: `late`, `-d` D split over a pair of
- * subgroups: `dsplit` 2),
+ * subgroups: `dsplit` 2, `-p` the epilogue's O passes in two regions: `oregions` 2, `-w` 32
+ * columns a pass: `ocols` 32),
  * what bench/mma_bench.ts sweeps and ATTN_PREFILL_MMA_SHAPE may name for the backend.
  */
 export const MMA_VARIANTS: Readonly<Record<string, MmaShape>> = {
@@ -274,6 +298,9 @@ export const MMA_VARIANTS: Readonly<Record<string, MmaShape>> = {
   "w8r1k16-fld": { nsg: 8, rm: 1, bk: 16, tau: 8, fast: true, late: true, dsplit: 2 },
   "w16r1k16-fld": { nsg: 16, rm: 1, bk: 16, tau: 8, fast: true, late: true, dsplit: 2 },
   "w8r2k16-fld": { nsg: 8, rm: 2, bk: 16, tau: 8, fast: true, late: true, dsplit: 2 },
+  "w8r1k16-flp": { nsg: 8, rm: 1, bk: 16, tau: 8, fast: true, late: true, oregions: 2 },
+  "w8r1k16-flw": { nsg: 8, rm: 1, bk: 16, tau: 8, fast: true, late: true, ocols: 32 },
+  "w8r1k16-fup": { nsg: 8, rm: 1, bk: 16, tau: 8, fast: true, sgresc: true, oregions: 2 },
 };
 
 /**
@@ -305,7 +332,12 @@ export function mmaLayout(t: MmaTarget, shape: MmaShape): MmaLayout {
   const ktLen = Math.max(shape.bk * kstr, rows * pstr, mr * kstr);
   const qpass = Math.min(rows, Math.floor(ktLen / kstr / mr) * mr);
   const e16 = 16 / BYTES[t.kv];
-  const sLen = rows * sstr * (shape.qsplit ?? 1) * ds; // one S array a chain
+  // One S array a chain (a D half's for dsplit); the epilogue's O pass regions.
+  const ostr = (shape.ocols || shape.bk) + 4;
+  const sLen = Math.max(
+    rows * sstr * (shape.qsplit ?? 1) * ds,
+    rows * ostr * (shape.oregions ?? 1) * ds,
+  );
   const shared_bytes = 2 * (2 * ktLen + 2 * kTile) + 4 * sLen + 12;
   return {
     rows,
@@ -318,6 +350,8 @@ export function mmaLayout(t: MmaTarget, shape: MmaShape): MmaLayout {
     kstr,
     pstr,
     sstr,
+    ostr,
+    sLen,
     shared_bytes,
   };
 }

@@ -110,14 +110,17 @@ const E16: u32 = {{E16}};
 const V4R: u32 = D / E16; // 16-byte words per K/V row
 const WPR: u32 = D * 4u / E16; // u32 words per K/V row
 const KSTR: u32 = {{KSTR}}; // f16 row stride of the K, V and Q tiles (D + 8: 16-byte aligned, skewed)
-const SSTR: u32 = {{SSTR}}; // f32 row stride of S (and of O passes): BK + 4
+const SSTR: u32 = {{SSTR}}; // f32 row stride of S (and of the rescale's O passes): BK + 4
+const OC: u32 = {{OC}}; // columns of an epilogue O pass
+const OSTR: u32 = {{OSTR}}; // f32 row stride of the epilogue's O passes: OC + 4
 const PSTR: u32 = {{PSTR}}; // f16 row stride of P: BK + 8
 const KT_LEN: u32 = {{KT_LEN}};
 const VT_LEN: u32 = BK * KSTR;
 const QPASS: u32 = {{QPASS}};
 const LPR: u32 = {{LPR}}; // lanes per row in the softmax step
 const RPL: u32 = {{RPL}}; // rows per lane
-const KPL: u32 = BK / LPR; // keys (or output columns) per lane
+const KPL: u32 = BK / LPR; // keys (or the rescale's O columns) per lane
+const OKPL: u32 = OC / LPR; // output columns per lane in an epilogue pass
 const QSPLIT: u32 = {{QSPLIT}}; // chains of S = Q K^T, each its own S array
 const MASK: f32 = -3.0e38;
 const M0: f32 = {{M0}}; // the running max before any key (fast: above MASK, so exp2(MASK - m) = 0)
@@ -129,7 +132,7 @@ const FLAG_SINKS: u32 = 2u;
 
 var<workgroup> kt_s: array<f16, 2u * KT_LEN>; // K tiles; Q staging before the loop; P after S
 {{VT_DECL}}
-var<workgroup> s_s: array<f32, QSPLIT * R * SSTR>; // S (QSPLIT chains); O passes
+var<workgroup> s_s: array<f32, {{S_LEN}}>; // S (QSPLIT chains); O passes (OREGIONS of R * OSTR)
 // The workgroup's scalars as one 16-byte array: [0] the first key, [1] the end of its keys,
 // [2] whether any row needs an O rescale this tile (atomic: many writers). Three separate
 // scalars beside the tiles made the constant-stride matrix calls read wrong tiles on the H200

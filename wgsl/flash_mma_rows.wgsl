@@ -52,12 +52,13 @@ fn scale_rows(sgr: u32, ln: u32, alpha: array<f32, RPL>) {
   }
 }
 
-// Writes this lane's part of its rows of the O pass at columns c0.. as data-dtype bits.
-fn write_rows(sgr: u32, ln: u32, c0: u32, tb: array<u32, RPL>, inv: array<f32, RPL>) {
+// Writes this lane's part of its rows of the epilogue O pass at s_s[base..] (columns c0..,
+// rows OSTR apart) as data-dtype bits.
+fn write_rows(sgr: u32, ln: u32, c0: u32, tb: array<u32, RPL>, inv: array<f32, RPL>, base: u32) {
   for (var i = 0u; i < RPL; i++) {
-    let b = (sgr + ln / LPR + i * (SG / LPR)) * SSTR + (ln % LPR) * KPL;
-    let col = c0 + (ln % LPR) * KPL;
-    for (var e = 0u; e < KPL; e += 2u) {
+    let b = base + (sgr + ln / LPR + i * (SG / LPR)) * OSTR + (ln % LPR) * OKPL;
+    let col = c0 + (ln % LPR) * OKPL;
+    for (var e = 0u; e < OKPL; e += 2u) {
       if (tb[i] != 0xffffffffu && col + e < D) {
         out[(tb[i] + col + e) / 2u] = round_pair(s_s[b + e] * inv[i], s_s[b + e + 1u] * inv[i]);
       }

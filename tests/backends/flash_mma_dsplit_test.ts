@@ -75,7 +75,7 @@ Deno.test("flash_mma: dsplit halves each subgroup's fragments; one of a pair wri
   assert.match(fld, /const R: u32 = MR \* NSG \/ 2u;/);
   assert.match(fld, /if \(dh == 0u\) \{\s*kt_s\[kb \+ pb \+ 0u\] = p0;/);
   assert.match(fld, /if \(rok\[i\] && lq == 0u && dh == 0u\)/);
-  assert.match(fld, /write_rows\(sgr \+ dh \* R, ln, dq \+ 0u, tb, inv\)/);
+  assert.match(fld, /write_rows\(sgr \+ dh \* R, ln, dq \+ 0u, tb, inv, 0u\)/);
   assert.doesNotMatch(fl, /\bdh\b/);
 });
 

@@ -71,7 +71,7 @@ Deno.test("flash_mma: every matrix call of every variant takes a compile-time st
       assert.ok(calls.length > 0, `${label} ${name}: no matrix calls found`);
       for (const { call, args } of calls) {
         const stride = args[args.length - 1];
-        assert.match(stride, /^(KSTR|PSTR|SSTR|kvstr)$/, `${label} ${name}: ${call}`);
+        assert.match(stride, /^(KSTR|PSTR|SSTR|OSTR|kvstr)$/, `${label} ${name}: ${call}`);
         checked++;
       }
     }
