@@ -141,7 +141,8 @@ export function anchorLegend(a: Anchor, file: string): string {
   return `x SDPA = PyTorch SDPA ms / our device ms (${a.device}${
     a.torch ? `, torch ${a.torch}` : ""
   }, ${file}; ${a.entries.length} SDPA shapes): above 1 ours is faster, below 1 SDPA is; ` +
-    "- where the anchor has no such shape";
+    "- where the anchor has no such shape; stream = SDPA ms / our repetitions timed as one pass " +
+    "(SDPA's own way: no per-pass start and drain)";
 }
 
 /** Reads and parses the anchor file `path`, naming the file in any error. */

@@ -48,6 +48,12 @@ export interface BackendRow {
   sdpa_ms?: number | null;
   /** SDPA's ms / `device_ms`: above 1 ours is faster; null where either is missing. */
   x_sdpa?: number | null;
+  /**
+   * SDPA's ms / the stream time (`device_breakdown.one_pass`: every repetition back to back in
+   * one timed pass, as bench/torch_anchor.py times SDPA over 50 calls between two events), so
+   * no per-pass start and drain is counted; null where either is missing.
+   */
+  x_sdpa_stream?: number | null;
   /** Largest |difference| of the output from the shape's reference output. */
   max_diff?: number;
   /** The plan's kernels and counts. */

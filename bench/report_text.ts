@@ -26,7 +26,10 @@ export function partsText(row: BackendRow): string {
 
 /** What {@link table} adds. */
 export interface TableOptions {
-  /** An `x SDPA` column (SDPA ms / device ms, bench/anchor.ts): when an anchor was given. */
+  /**
+   * `x SDPA` and `stream` columns (SDPA ms / device ms, and / the repetitions' one-pass ms;
+   * bench/anchor.ts): when an anchor was given.
+   */
   sdpa?: boolean;
 }
 
@@ -48,7 +51,12 @@ export function table(rows: BackendRow[], o: TableOptions = {}): string[] {
     ["xFMA", (r) => f(r.x_fma)],
     ["KV GB/s", (r) => f(r.kv_gbps)],
     ["xcopy", (r) => f(r.x_copy)],
-    ...(o.sdpa ? [["x SDPA", (r) => xSdpaText(r.x_sdpa)] as Col] : []),
+    ...(o.sdpa
+      ? [
+        ["x SDPA", (r) => xSdpaText(r.x_sdpa)] as Col,
+        ["stream", (r) => xSdpaText(r.x_sdpa_stream)] as Col,
+      ]
+      : []),
     ["e2e ms", (r) => f(r.e2e_ms)],
     ["max diff", (r) => r.max_diff === undefined ? "ref" : f(r.max_diff)],
     ["cold plan/run ms", (r) => `${f(r.plan_cold_ms)}/${f(r.first_run_ms)}`],

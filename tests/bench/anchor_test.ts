@@ -131,6 +131,7 @@ const ROWS: BackendRow[] = [
     e2e_ms: 0.5,
     sdpa_ms: 0.08,
     x_sdpa: 0.8,
+    x_sdpa_stream: 0.9,
   },
   { case: "decode 32x2048", backend: "CPU_REFERENCE", skipped: "host backend" },
   {
@@ -154,7 +155,7 @@ const ROWS: BackendRow[] = [
   },
 ];
 
-Deno.test("table: an x SDPA column with an anchor, '-' where it lacks the shape; mixed parts", () => {
+Deno.test("table: x SDPA and stream columns with an anchor, '-' where it lacks the shape; mixed parts", () => {
   const cells = (l: string) => l.split(/\s{2,}/);
   const [head, ...body] = table(ROWS, { sdpa: true });
   assert.deepEqual(cells(head), [
@@ -167,6 +168,7 @@ Deno.test("table: an x SDPA column with an anchor, '-' where it lacks the shape;
     "KV GB/s",
     "xcopy",
     "x SDPA",
+    "stream",
     "e2e ms",
     "max diff",
     "cold plan/run ms",
@@ -174,6 +176,7 @@ Deno.test("table: an x SDPA column with an anchor, '-' where it lacks the shape;
   assert.equal(body.length, 3, "the skipped row left out");
   const col = (name: string) => body.map((l) => cells(l)[cells(head).indexOf(name)]);
   assert.deepEqual(col("x SDPA"), ["0.800", "-", "-"]);
+  assert.deepEqual(col("stream"), ["0.900", "-", "-"]);
   assert.deepEqual(col("decode + prefill ms"), ["-", "0.100 + 0.500", "together"]);
   assert.deepEqual(ROWS.map(partsText), ["-", "-", "0.100 + 0.500", "together"]);
   // No anchor, no mixed rows: the columns as before.
