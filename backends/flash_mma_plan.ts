@@ -4,8 +4,10 @@
  * ({@link buildFlashMeta} with the kernel's rows per workgroup), the same Params words and
  * binding names, one planned call ({@link planMmaRows}); {@link planFlashMma} wraps it in a
  * whole plan (cache write, poison, attention; gpu/plan_builder.ts) that `runGpuPlan` runs.
- * Which batches qualify is said as a reason ({@link mmaTargetOf}): f16/bf16 data on a device
- * with f16 -> f32 subgroup matrices; f32 data keeps the exact path.
+ * Which batches qualify is said as a refusal of one kind ({@link MmaRefusal}, from
+ * {@link mmaConstsOrRefusal}): f16/bf16 data on a device with f16 -> f32 subgroup matrices, a
+ * shape that compiles and fits the device's workgroup memory and invocations; f32 data keeps the
+ * exact path.
  * @module
  */
 import type { BatchShape, GpuContext } from "../core/types.ts";
@@ -31,14 +33,33 @@ import { envVar } from "../core/env.ts";
 const isEncoder = (s: BatchShape) =>
   s.layer.attn_type === "encoder" || s.layer.attn_type === "encoder_only";
 
+/** What kind of thing stops the tensor-core kernel from running a batch. */
+export type MmaRefusalKind =
+  | "support" // the device has no f16 -> f32 subgroup matrices
+  | "dtype" // f32 data keeps the exact path
+  | "shape" // the named shape does not compile for the batch (head size, cache, its fields)
+  | "workgroup_memory" // no shape fits the device's workgroup memory, or the named one needs more
+  | "invocations"; // the shape's workgroup has more invocations than the device allows
+
+/** Why the tensor-core kernel cannot run a batch: the kind, and the particulars in words. */
+export class MmaRefusal {
+  constructor(readonly kind: MmaRefusalKind, readonly detail: string) {}
+
+  toString(): string {
+    return this.detail;
+  }
+}
+
 /** What `s` fixes of the kernel on a device with `mma`, or why the kernel cannot run it. */
-export function mmaTargetOf(
+export function mmaTargetOrRefusal(
   ctx: GpuContext,
   s: BatchShape,
   mma: MmaSupport | null,
-): MmaTarget | string {
-  if (!mma) return "the device has no f16 -> f32 subgroup matrices";
-  if (s.dtype === "float32") return "float32 data keeps the exact f32 path";
+): MmaTarget | MmaRefusal {
+  if (!mma) return new MmaRefusal("support", "the device has no f16 -> f32 subgroup matrices");
+  if (s.dtype === "float32") {
+    return new MmaRefusal("dtype", "float32 data keeps the exact f32 path");
+  }
   const g = isEncoder(s) ? null : kvChunkGeometry(ctx, s.cache_spec!);
   const L = s.layer;
   return {
@@ -56,6 +77,16 @@ export function mmaTargetOf(
     alibi: L.alibi_slopes !== null,
     sinks: L.sinks !== null,
   };
+}
+
+/** {@link mmaTargetOrRefusal} with the refusal as its words. */
+export function mmaTargetOf(
+  ctx: GpuContext,
+  s: BatchShape,
+  mma: MmaSupport | null,
+): MmaTarget | string {
+  const t = mmaTargetOrRefusal(ctx, s, mma);
+  return t instanceof MmaRefusal ? t.detail : t;
 }
 
 /**
@@ -90,6 +121,40 @@ export function envMmaShape(): MmaShape | undefined {
  * else the first that fits), or why not. The batch's features are compiled in only by `fast` shapes
  * (false otherwise: one pipeline serves every feature set).
  */
+export function mmaConstsOrRefusal(
+  ctx: GpuContext,
+  s: BatchShape,
+  mma: MmaSupport | null,
+  shape?: MmaShape,
+  preferred?: MmaShape,
+): MmaConsts | MmaRefusal {
+  const t = mmaTargetOrRefusal(ctx, s, mma);
+  if (t instanceof MmaRefusal) return t;
+  const limit = ctx.limits.maxComputeWorkgroupStorageSize ?? 16384;
+  // A named shape this batch cannot take (a direct shape on a bf16 cache): the default's.
+  const named = shape ? undefined : preferred;
+  const fits = named && mmaShapeProblem(t, named, limit) === null ? named : undefined;
+  const sh = shape ?? fits ?? chooseMmaShape(t, limit);
+  if (!sh) {
+    const detail = `no kernel shape fits head_size ${t.d} in ${limit} B of workgroup memory`;
+    return new MmaRefusal("workgroup_memory", detail);
+  }
+  const problem = mmaShapeProblem(t, sh);
+  if (problem) return new MmaRefusal("shape", problem);
+  // Everything else about the shape is right: only its workgroup memory can be wrong.
+  const tooBig = mmaShapeProblem(t, sh, limit);
+  if (tooBig) return new MmaRefusal("workgroup_memory", tooBig);
+  const lanes = sh.nsg * t.sg, maxLanes = maxWorkgroupInvocations(ctx.limits);
+  if (lanes > maxLanes) {
+    return new MmaRefusal("invocations", `${lanes} invocations a workgroup (limit ${maxLanes})`);
+  }
+  const full = fullShape(sh);
+  if (full.fast) return { ...t, ...full };
+  const off = { causal: false, window: false, softcap: false, alibi: false, sinks: false };
+  return { ...t, ...off, ...full };
+}
+
+/** {@link mmaConstsOrRefusal} with the refusal as its words. */
 export function mmaConstsOf(
   ctx: GpuContext,
   s: BatchShape,
@@ -97,22 +162,8 @@ export function mmaConstsOf(
   shape?: MmaShape,
   preferred?: MmaShape,
 ): MmaConsts | string {
-  const t = mmaTargetOf(ctx, s, mma);
-  if (typeof t === "string") return t;
-  const limit = ctx.limits.maxComputeWorkgroupStorageSize ?? 16384;
-  // A named shape this batch cannot take (a direct shape on a bf16 cache): the default's.
-  const named = shape ? undefined : preferred;
-  const fits = named && mmaShapeProblem(t, named, limit) === null ? named : undefined;
-  const sh = shape ?? fits ?? chooseMmaShape(t, limit);
-  if (!sh) return `no kernel shape fits head_size ${t.d} in ${limit} B of workgroup memory`;
-  const problem = mmaShapeProblem(t, sh, limit);
-  if (problem) return problem;
-  const lanes = sh.nsg * t.sg, maxLanes = maxWorkgroupInvocations(ctx.limits);
-  if (lanes > maxLanes) return `${lanes} invocations a workgroup (limit ${maxLanes})`;
-  const full = fullShape(sh);
-  if (full.fast) return { ...t, ...full };
-  const off = { causal: false, window: false, softcap: false, alibi: false, sinks: false };
-  return { ...t, ...off, ...full };
+  const c = mmaConstsOrRefusal(ctx, s, mma, shape, preferred);
+  return c instanceof MmaRefusal ? c.detail : c;
 }
 
 /** Plans the rows of the requests `reqs` selects on the tensor-core kernel. */

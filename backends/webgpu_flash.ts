@@ -42,7 +42,13 @@ import {
   planPrefillRows,
 } from "./flash_plan.ts";
 import { partialBytes, partialLimit, planDecodeRows } from "./decode_plan.ts";
-import { envMmaShape, mmaConstsOf, planMmaRows } from "./flash_mma_plan.ts";
+import {
+  envMmaShape,
+  mmaConstsOrRefusal,
+  MmaRefusal,
+  type MmaRefusalKind,
+  planMmaRows,
+} from "./flash_mma_plan.ts";
 import type { MmaConsts, MmaShape } from "../gpu/flash_mma_shape.ts";
 import { mmaSupportOrWhy } from "../gpu/flash_mma_kernel.ts";
 import type { TableBuilder } from "../gpu/plan_table.ts";
@@ -159,22 +165,30 @@ function splitProblem(s: BatchShape): string | null {
 }
 
 /**
- * The tensor-core kernel's constants for this batch's prefill rows, or why it runs none, worded
- * like the selector's reasons: the switch, the adapter, the dtype, then the kernel's own limits
- * (mmaConstsOf decides; the wording only sorts its answer).
+ * The path reason for each kind of tensor-core refusal, worded like the selector's reasons, with
+ * the refusal's detail in parentheses (`s`: the batch refused).
+ */
+export const MMA_REFUSAL_REASONS: Readonly<
+  Record<MmaRefusalKind, (detail: string, s: BatchShape) => string>
+> = {
+  support: (detail) => `subgroup matrices not supported (${detail})`,
+  dtype: (_, s) => `dtype not supported (got ${s.dtype}; supported: float16, bfloat16)`,
+  shape: (detail) => `kernel shape not supported (${detail})`,
+  workgroup_memory: (detail) => `workgroup memory not sufficient (${detail})`,
+  invocations: (detail) => `workgroup size not supported (${detail})`,
+};
+
+/**
+ * The tensor-core kernel's constants for this batch's prefill rows, or why it runs none: the
+ * switch, the adapter, then what mmaConstsOrRefusal refuses (the dtype, the kernel's own
+ * limits), worded by {@link MMA_REFUSAL_REASONS}.
  */
 function mmaFor(ctx: GpuContext, o: ResolvedFlashOptions, s: BatchShape): MmaConsts | string {
   if (!o.mma) return o.mma_off ?? "tensor-core kernel disabled";
   const support = mmaSupportOrWhy(ctx);
-  if (typeof support === "string") return `subgroup matrices not supported (${support})`;
-  const c = mmaConstsOf(ctx, s, support, undefined, o.mma_shape);
-  if (typeof c !== "string") return c;
-  if (s.dtype === "float32") {
-    return "dtype not supported (got float32; supported: float16, bfloat16)";
-  }
-  if (c.includes("workgroup memory")) return `workgroup memory not sufficient (${c})`;
-  if (c.includes("invocations")) return `workgroup size not supported (${c})`;
-  return `kernel shape not supported (${c})`;
+  if (typeof support === "string") return MMA_REFUSAL_REASONS.support(support, s);
+  const c = mmaConstsOrRefusal(ctx, s, support, undefined, o.mma_shape);
+  return c instanceof MmaRefusal ? MMA_REFUSAL_REASONS[c.kind](c.detail, s) : c;
 }
 
 /** How WEBGPU_FLASH runs a batch ({@link flashRouting}). */
