@@ -14,6 +14,7 @@ import type { BatchShape, GpuContext } from "../core/types.ts";
 import {
   chooseMmaShape,
   fullShape,
+  MMA_SHAPES,
   MMA_VARIANTS,
   type MmaConsts,
   mmaLayout,
@@ -37,7 +38,7 @@ const isEncoder = (s: BatchShape) =>
 export type MmaRefusalKind =
   | "support" // the device has no f16 -> f32 subgroup matrices
   | "dtype" // f32 data keeps the exact path
-  | "shape" // the named shape does not compile for the batch (head size, cache, its fields)
+  | "shape" // no shape, or not the named one, compiles for the batch (head size, cache, fields)
   | "workgroup_memory" // no shape fits the device's workgroup memory, or the named one needs more
   | "invocations"; // the shape's workgroup has more invocations than the device allows
 
@@ -136,6 +137,9 @@ export function mmaConstsOrRefusal(
   const fits = named && mmaShapeProblem(t, named, limit) === null ? named : undefined;
   const sh = shape ?? fits ?? chooseMmaShape(t, limit);
   if (!sh) {
+    // No shape compiles for this batch at all (head_size 72), or none fits the memory.
+    const first = mmaShapeProblem(t, MMA_SHAPES[0]);
+    if (!chooseMmaShape(t, Infinity) && first) return new MmaRefusal("shape", first);
     const detail = `no kernel shape fits head_size ${t.d} in ${limit} B of workgroup memory`;
     return new MmaRefusal("workgroup_memory", detail);
   }

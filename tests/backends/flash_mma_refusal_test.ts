@@ -128,6 +128,11 @@ Deno.test("mma refusal: the kind of each refusal mmaConstsOrRefusal gives", () =
     kind: "workgroup_memory",
     detail: "no kernel shape fits head_size 128 in 4096 B of workgroup memory",
   });
+  // No shape compiles for head_size 72 whatever the memory: a shape refusal, not memory.
+  assert.deepEqual(refusalOf(mmaConstsOrRefusal(small, hd72, SUPPORT)), {
+    kind: "shape",
+    detail: "head_size 72 is not a multiple of 16",
+  });
   const narrow = fakeCtx({ maxComputeInvocationsPerWorkgroup: 64 });
   assert.deepEqual(refusalOf(mmaConstsOrRefusal(narrow, f16, SUPPORT)), {
     kind: "invocations",
