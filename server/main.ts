@@ -89,6 +89,92 @@ async function threadedService(o: ServeOptions, access: ResolvedAccess): Promise
   };
 }
 
+/** What serves the port, and the device threads' listeners when they are what serves it. */
+interface Serving {
+  server: HttpServer;
+  /** `--device-threads-http`: the server itself, whose threads drain their own calls. */
+  listeners: ThreadListeners | null;
+}
+
+/** Serves the port: on this thread, HTTP workers or the device threads; exits 1 when it cannot. */
+async function serveThePort(
+  o: ServeOptions,
+  access: ResolvedAccess,
+  serve: (req: Request) => Promise<Response>,
+  threads: DeviceThreads | undefined,
+): Promise<Serving> {
+  const onListen = ({ hostname, port }: { hostname: string; port: number }) => {
+    const h = hostname.includes(":") ? `[${hostname}]` : hostname;
+    console.log(`listening on http://${h}:${port}`);
+  };
+  try {
+    if (o.deviceThreadsHttp && threads) {
+      const listeners = await threads.listen({ port: o.port, hostname: o.host, handler: serve });
+      console.error(`device threads serve the port: ${threads.threads}`);
+      onListen(listeners.addr);
+      return { server: listeners, listeners };
+    }
+    const server = await serveHttp({
+      workers: o.httpWorkers,
+      port: o.port,
+      hostname: o.host,
+      access: access.policy,
+      maxBodyBytes: o.maxBodyBytes,
+      onListen,
+    }, serve);
+    if (o.httpWorkers > 0) console.error(`http workers: ${o.httpWorkers}`);
+    return { server, listeners: null };
+  } catch (e) {
+    if (o.httpWorkers === 0 && !o.deviceThreadsHttp) throw e;
+    const what = o.deviceThreadsHttp
+      ? `device threads serving the port`
+      : `${o.httpWorkers} HTTP workers`;
+    console.error(`cannot serve with ${what}: ${e instanceof Error ? e.message : e}`);
+    Deno.exit(1);
+  }
+}
+
+/**
+ * On SIGINT or SIGTERM: drains this thread's calls and the device threads' own (when they serve
+ * the port), closes the port, then `close`s and exits 0, or exits 1 at the deadline; a second
+ * signal exits 1 at once.
+ */
+function stopOnSignals(
+  o: ServeOptions,
+  drainer: Drainer,
+  { server, listeners }: Serving,
+  close: () => Promise<void>,
+): void {
+  let stopping = false;
+  const stop = async (sig: string) => {
+    if (stopping) {
+      console.error(`${sig} again: exiting now with ${drainer.count} calls unfinished`);
+      Deno.exit(1);
+    }
+    stopping = true;
+    console.error(
+      `${sig}: stopping; finishing ${drainer.count} calls in flight ` +
+        `(deadline ${o.shutdownDeadlineMs} ms)`,
+    );
+    // The threads' drain starts first: the server's shutdown then waits for it, not another.
+    const theirs = listeners?.drain(o.shutdownDeadlineMs) ?? { drained: true, unfinished: 0 };
+    const mine = await drainer.drain(server, { deadlineMs: o.shutdownDeadlineMs });
+    const { drained, unfinished } = await theirs;
+    if (mine.drained && drained) {
+      await close();
+      console.error(`stopped: every call finished (${mine.ms.toFixed(0)} ms)`);
+      Deno.exit(0);
+    }
+    console.error(`stopped at the deadline: ${mine.unfinished + unfinished} calls unfinished`);
+    Deno.exit(1);
+  };
+  for (const sig of ["SIGINT", "SIGTERM"] as const) {
+    try {
+      Deno.addSignalListener(sig, () => void stop(sig));
+    } catch { /* signal not supported here */ }
+  }
+}
+
 async function main(): Promise<void> {
   let o: ServeOptions;
   let access: ResolvedAccess;
@@ -113,72 +199,14 @@ async function main(): Promise<void> {
     ? await threadedService(o, access)
     : await oneService(o, access);
   const drainer = new Drainer();
-  const onListen = ({ hostname, port }: { hostname: string; port: number }) => {
-    const h = hostname.includes(":") ? `[${hostname}]` : hostname;
-    console.log(`listening on http://${h}:${port}`);
-  };
-  const serve = named(drainer.track(handler), o.instanceName);
-  let server: HttpServer;
-  let listeners: ThreadListeners | null = null;
-  try {
-    if (o.deviceThreadsHttp && threads) {
-      listeners = await threads.listen({ port: o.port, hostname: o.host, handler: serve });
-      console.error(`device threads serve the port: ${threads.threads}`);
-      onListen(listeners.addr);
-      server = { addr: listeners.addr, finished: new Promise(() => {}), shutdown: async () => {} };
-    } else {
-      server = await serveHttp({
-        workers: o.httpWorkers,
-        port: o.port,
-        hostname: o.host,
-        access: access.policy,
-        maxBodyBytes: o.maxBodyBytes,
-        onListen,
-      }, serve);
-    }
-  } catch (e) {
-    if (o.httpWorkers === 0 && !o.deviceThreadsHttp) throw e;
-    const what = o.deviceThreadsHttp
-      ? `device threads serving the port`
-      : `${o.httpWorkers} HTTP workers`;
-    console.error(`cannot serve with ${what}: ${e instanceof Error ? e.message : e}`);
-    Deno.exit(1);
-  }
-  if (o.httpWorkers > 0) console.error(`http workers: ${o.httpWorkers}`);
-  let stopping = false;
-  const stop = async (sig: string) => {
-    if (stopping) {
-      console.error(`${sig} again: exiting now with ${drainer.count} calls unfinished`);
-      Deno.exit(1);
-    }
-    stopping = true;
-    console.error(
-      `${sig}: stopping; finishing ${drainer.count} calls in flight ` +
-        `(deadline ${o.shutdownDeadlineMs} ms)`,
-    );
-    const [mine, theirs] = await Promise.all([
-      drainer.drain(server, { deadlineMs: o.shutdownDeadlineMs }),
-      listeners?.drain(o.shutdownDeadlineMs) ?? { drained: true, unfinished: 0 },
-    ]);
-    const r = {
-      drained: mine.drained && theirs.drained,
-      unfinished: mine.unfinished + theirs.unfinished,
-      ms: mine.ms,
-    };
-    if (r.drained) {
-      await close();
-      console.error(`stopped: every call finished (${r.ms.toFixed(0)} ms)`);
-      Deno.exit(0);
-    }
-    console.error(`stopped at the deadline: ${r.unfinished} calls unfinished`);
-    Deno.exit(1);
-  };
-  for (const sig of ["SIGINT", "SIGTERM"] as const) {
-    try {
-      Deno.addSignalListener(sig, () => void stop(sig));
-    } catch { /* signal not supported here */ }
-  }
-  await server.finished;
+  const serving = await serveThePort(
+    o,
+    access,
+    named(drainer.track(handler), o.instanceName),
+    threads,
+  );
+  stopOnSignals(o, drainer, serving, close);
+  await serving.server.finished;
 }
 
 if (import.meta.main) await main();

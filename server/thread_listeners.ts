@@ -5,12 +5,16 @@
  * connections over the threads only. Each thread passes what is not its own to this thread
  * through a MessageChannel of its own, where a RequestOwner runs the front's handler on it
  * (request_owner.ts), as for an HTTP worker. On shutdown each thread drains its listener
- * (shutdown.ts) and says what was left unfinished.
+ * (shutdown.ts) and says what was left unfinished. The listeners together are an HttpServer
+ * (worker_front.ts), as main.ts serves with otherwise: `shutdown` drains them (or waits for the
+ * drain under way) and `finished` settles once every listener is closed.
  * @module
  */
 import type { HttpListenerMessage, HttpListenMessage } from "./device_thread.ts";
 import type { ErrorLogger } from "./problem.ts";
 import { RequestOwner } from "./request_owner.ts";
+import { DEFAULT_SHUTDOWN_DEADLINE_MS } from "./shutdown.ts";
+import type { HttpServer } from "./worker_front.ts";
 import { checkFromWorker } from "./worker_protocol.ts";
 
 /** What this needs of a device thread (device_threads.ts `Thread`). */
@@ -22,11 +26,23 @@ export interface ListeningThread {
   nextListenerMessage(): Promise<HttpListenerMessage>;
 }
 
-/** The threads' listeners, once all listen. */
-export interface ThreadListeners {
-  readonly addr: { hostname: string; port: number };
-  /** Drains every running thread's listener within `deadlineMs`; sums what was left. */
-  drain(deadlineMs: number): Promise<{ drained: boolean; unfinished: number }>;
+/** What the threads' drains did, summed over the threads. */
+export interface ThreadsDrained {
+  drained: boolean;
+  unfinished: number;
+}
+
+/**
+ * The threads' listeners, once all listen. `shutdown()` is a drain with the default deadline
+ * (DEFAULT_SHUTDOWN_DEADLINE_MS) unless one is under way; `finished` resolves once it is done.
+ */
+export interface ThreadListeners extends HttpServer {
+  /**
+   * Drains every running thread's listener within `deadlineMs` (each settles, refuses new
+   * calls, waits for its calls, closes); sums what was left. Only the first drain (or
+   * shutdown) asks the threads: a later call gets its result.
+   */
+  drain(deadlineMs: number): Promise<ThreadsDrained>;
 }
 
 /** The front's end of one thread's channel: messages to the owner, answers posted back. */
@@ -88,25 +104,47 @@ export async function listenOnThreads(
       throw new Error(`device thread ${threads[bad].index} cannot listen: ${why}`);
     }
     const first = answers[0] as Extract<HttpListenerMessage, { type: "http-listening" }>;
-    return {
-      addr: { hostname: first.hostname, port: first.port },
-      async drain(deadlineMs) {
-        const done = await Promise.all(threads.map((t) => {
-          if (t.lost !== null) return Promise.resolve(null);
-          const answer = t.nextListenerMessage();
-          t.worker.postMessage({ type: "http-drain", deadlineMs });
-          return answer;
-        }));
-        let drained = true, unfinished = 0;
-        for (const d of done) {
-          if (d?.type !== "http-drained") continue;
-          drained &&= d.drained;
-          unfinished += d.unfinished;
-        }
-        return { drained, unfinished };
-      },
-    };
+    return threadListeners(threads, { hostname: first.hostname, port: first.port });
   } finally {
     hold.close();
   }
+}
+
+/** Tells every running thread to drain its listener; sums their answers. */
+async function drainThreads(
+  threads: readonly ListeningThread[],
+  deadlineMs: number,
+): Promise<ThreadsDrained> {
+  const done = await Promise.all(threads.map((t) => {
+    if (t.lost !== null) return Promise.resolve(null);
+    const answer = t.nextListenerMessage();
+    t.worker.postMessage({ type: "http-drain", deadlineMs });
+    return answer;
+  }));
+  let drained = true, unfinished = 0;
+  for (const d of done) {
+    if (d?.type !== "http-drained") continue; // a thread lost: its listener went with it
+    drained &&= d.drained;
+    unfinished += d.unfinished;
+  }
+  return { drained, unfinished };
+}
+
+/** The listeners of `threads` on `addr`, as one server (see {@link ThreadListeners}). */
+function threadListeners(
+  threads: readonly ListeningThread[],
+  addr: { hostname: string; port: number },
+): ThreadListeners {
+  const closed = Promise.withResolvers<void>();
+  let draining: Promise<ThreadsDrained> | null = null;
+  const drain = (deadlineMs: number) =>
+    draining ??= drainThreads(threads, deadlineMs).finally(() => closed.resolve());
+  return {
+    addr,
+    finished: closed.promise,
+    drain,
+    async shutdown() {
+      await drain(DEFAULT_SHUTDOWN_DEADLINE_MS);
+    },
+  };
 }

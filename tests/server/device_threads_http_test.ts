@@ -6,11 +6,13 @@
  * path route and by a JSON and a safetensors body naming the cache, match float64; a cache
  * held by the other thread is reached from the same connection through the front; each call
  * is counted once in the merged /metrics; answers carry the instance name wherever they are
- * answered; SIGTERM drains and exits 0; the flag needs
- * `--device-threads`.
+ * answered; SIGTERM drains and exits 0, waiting for a call in flight on a device thread (an
+ * upload to a cache that thread holds) and counting that wait in its "every call finished"
+ * time; the flag needs `--device-threads`.
  */
 import assert from "node:assert/strict";
 import { HttpConn, type RawAnswer, rawRequest } from "../../bench/http_conn.ts";
+import { parseResponse, rawRequest as rawBytes, type RawResponse } from "./raw_http.ts";
 import {
   decodeJsonAnswer,
   decodeSafetensorsAnswer,
@@ -156,6 +158,73 @@ Deno.test("device threads serving the port: caches stay on their connection's th
     assert.match(end.stderr, /device threads serve the port: 2/);
   } finally {
     conns.forEach((c) => c.close());
+    srv.kill("SIGKILL");
+    await srv.exited;
+  }
+});
+
+/** Reads one answer off `conn`, which stays open (keep-alive). */
+async function answerOn(conn: Deno.Conn): Promise<RawResponse> {
+  let got = new Uint8Array(0);
+  const buf = new Uint8Array(64 * 1024);
+  for (;;) {
+    const n = await conn.read(buf);
+    const more = new Uint8Array(got.length + (n ?? 0));
+    more.set(got);
+    more.set(buf.subarray(0, n ?? 0), got.length);
+    got = more;
+    const r = parseResponse(got, n === null);
+    if (r) return r;
+    if (n === null) throw new Error("connection closed before an answer");
+  }
+}
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+Deno.test("device threads serving the port: SIGTERM waits for a call on a device thread", async () => {
+  const srv = await spawnServer(["--device-threads", "2", "--device-threads-http", "--no-gpu"]);
+  const conn = await Deno.connect({ hostname: "127.0.0.1", port: srv.port });
+  try {
+    // Created over this connection, the cache is on the thread that serves it (the origin
+    // preference), so a call on it over the same connection stays on that thread.
+    const keepAlive = { "content-type": "application/json", connection: "keep-alive" };
+    const created = spec();
+    const length = { "content-length": String(created.length) };
+    await conn.write(rawBytes("PUT", "/v1/kv-caches/up", { ...keepAlive, ...length }, created));
+    assert.equal((await answerOn(conn)).status, 201);
+    const seq = new HeldSeq();
+    const step = seq.step(2);
+    const body = enc.encode(JSON.stringify(jsonForwardBody(step.body)));
+    const req = rawBytes("POST", "/v1/kv-caches/up/forward", {
+      ...keepAlive,
+      "content-length": String(body.length),
+    }, body);
+    // All but the last 30 bytes now, the rest 5 bytes every 120 ms; the signal 150 ms in.
+    const tail = req.length - 30;
+    await conn.write(req.subarray(0, tail));
+    const upload = (async () => {
+      for (let i = tail; i < req.length; i += 5) {
+        await sleep(120);
+        await conn.write(req.subarray(i, i + 5));
+      }
+    })();
+    await sleep(150);
+    const signalled = performance.now();
+    srv.kill("SIGTERM");
+    await upload;
+    const uploaded = performance.now() - signalled;
+    const r = await answerOn(conn);
+    assert.equal(r.status, 200, r.text);
+    const out = decodeJsonAnswer(JSON.parse(r.text)).output.values;
+    assert.ok(maxAbsDiff(out, step.ref) < 2e-5);
+    const end = await srv.exited;
+    assert.equal(end.code, 0, end.stderr);
+    // The call was the thread's alone: this thread's drainer never had it.
+    assert.match(end.stderr, /SIGTERM: stopping; finishing 0 calls in flight/);
+    const ms = Number(/stopped: every call finished \((\d+) ms\)/.exec(end.stderr)?.[1]);
+    assert.ok(ms >= uploaded - 100, `the stop took ${ms} ms, the upload ${uploaded} ms after it`);
+  } finally {
+    conn.close();
     srv.kill("SIGKILL");
     await srv.exited;
   }
