@@ -152,8 +152,10 @@ function stopOnSignals(
       Deno.exit(1);
     }
     stopping = true;
+    // The device threads' own calls are counted there: their drain reports what it left.
+    const where = listeners ? " on this thread and the device threads' own" : "";
     console.error(
-      `${sig}: stopping; finishing ${drainer.count} calls in flight ` +
+      `${sig}: stopping; finishing ${drainer.count} calls in flight${where} ` +
         `(deadline ${o.shutdownDeadlineMs} ms)`,
     );
     // The threads' drain starts first: the server's shutdown then waits for it, not another.
