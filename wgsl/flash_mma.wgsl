@@ -61,6 +61,7 @@
 //              array<vec4<u32>> [num_tokens, num_kv_heads, D] in the data dtype
 // Dispatch: num_tiles * num_kv_heads workgroups of WG = NSG * SG, folded into x/y (U.nwg_x).
 // Compile-time: MM, MN, MK (matrix dims), SG (subgroup size), NSG, RM, BK, D, BS, NHD, TAU,
+// OC, OSTR and S_LEN (the epilogue's O pass width and stride, s_s's length),
 // QSPLIT (chains of S = Q K^T), E16 (K/V elements per 16 bytes), KT_LEN (K tile array
 // length), QPASS (Q rows staged per pass), LPR/RPL (softmax lanes per row, rows per lane);
 // generated: TILE (wgsl/flash_tile.wgsl, shared with
@@ -132,7 +133,7 @@ const FLAG_SINKS: u32 = 2u;
 
 var<workgroup> kt_s: array<f16, 2u * KT_LEN>; // K tiles; Q staging before the loop; P after S
 {{VT_DECL}}
-var<workgroup> s_s: array<f32, {{S_LEN}}>; // S (QSPLIT chains); O passes (OREGIONS of R * OSTR)
+var<workgroup> s_s: array<f32, {{S_LEN}}>; // S (QSPLIT chains); the O passes (oregions of R * OSTR)
 // The workgroup's scalars as one 16-byte array: [0] the first key, [1] the end of its keys,
 // [2] whether any row needs an O rescale this tile (atomic: many writers). Three separate
 // scalars beside the tiles made the constant-stride matrix calls read wrong tiles on the H200
@@ -284,7 +285,8 @@ fn main(
     par ^= 1u;
   }
 
-  // Normalise and write: O passes of BK columns through s_s.
+  // Normalise and write: O passes of OC columns through s_s (regions used in turn: with two,
+  // no barrier after a pass's writes; see O_OUTPUT in gpu/flash_mma_codegen.ts).
   var inv: array<f32, RPL>;
   for (var i = 0u; i < RPL; i++) {
     var lt = l[i];
