@@ -137,11 +137,8 @@ export function generateMatrixCode(c: MmaConsts): Record<string, string> {
     });
   const passes = passesOf(bk, "SSTR", () => "");
   const regions = c.oregions;
-  const outPasses = passesOf(
-    c.ocols,
-    "OSTR",
-    (p) => (p % regions ? `${p % regions}u * R * OSTR + ` : ""),
-  );
+  const region = (p: number) => (p % regions ? `${p % regions}u * R * OSTR` : ""); // pass p's
+  const outPasses = passesOf(c.ocols, "OSTR", (p) => (region(p) ? `${region(p)} + ` : ""));
   // The epilogue's stride: SSTR's run-time word only where OSTR is SSTR (the stride probe).
   const oStride = c.ocols === bk ? strideArg("o", "sstr") : "OSTR";
   const store = (fs: { name: string; at: string }[], stride = strideArg("o", "sstr")) =>
@@ -164,11 +161,10 @@ export function generateMatrixCode(c: MmaConsts): Record<string, string> {
   // With one region a pass's writes must finish before the next pass's stores (a barrier);
   // with two, pass p stores where pass p - 2 was read, before pass p - 1's barrier.
   outPasses.forEach(({ c0, frags }, i) => {
-    const base = i % regions ? `${i % regions}u * R * OSTR` : "0u";
     output.push(
       ...store(frags, oStride),
       "workgroupBarrier();",
-      `write_rows(${srow}, ln, ${dqp}${c0}u, tb, inv, ${base});`,
+      `write_rows(${srow}, ln, ${dqp}${c0}u, tb, inv, ${region(i) || "0u"});`,
     );
     if (regions === 1 && i < outPasses.length - 1) output.push("workgroupBarrier();");
     sink.push(...store(frags, oStride));
