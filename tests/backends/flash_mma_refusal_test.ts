@@ -23,38 +23,12 @@ import { MMA_VARIANTS } from "../../gpu/flash_mma_shape.ts";
 import type { BatchShape, GpuContext } from "../../core/types.ts";
 import { validHostBatch } from "../../service/host_input.ts";
 import { type BatchSpec, generateBatch, smallSpec } from "../support/batches.ts";
+import { fakeMmaContext } from "../support/fake_device.ts";
 
 const SUPPORT = { m: 16, n: 16, k: 16, sg: 32 };
 
 /** A fake device with Dawn's subgroup-matrix feature (f16 -> f32 16x16x16, subgroup 32). */
-function fakeCtx(limits: Record<string, number> = {}): GpuContext {
-  return {
-    device: {} as GPUDevice,
-    adapter_info: {
-      vendor: "nvidia",
-      architecture: "hopper",
-      device: "",
-      description: "fake GPU",
-      subgroup_min_size: 32,
-      subgroup_max_size: 32,
-      subgroup_matrix_configs: [
-        { component_type: "f16", result_component_type: "f32", m: 16, n: 16, k: 16 },
-      ],
-    },
-    features: new Set(["shader-f16", "subgroups", MMA_FEATURE]),
-    limits: {
-      maxComputeWorkgroupStorageSize: 32768,
-      maxComputeInvocationsPerWorkgroup: 1024,
-      maxComputeWorkgroupSizeX: 1024,
-      maxStorageBufferBindingSize: 2 ** 30,
-      maxBufferSize: 2 ** 30,
-      maxStorageBuffersPerShaderStage: 10,
-      ...limits,
-    },
-    generation: 1,
-    lost: false,
-  } as GpuContext;
-}
+const fakeCtx = (limits: Record<string, number> = {}) => fakeMmaContext(true, limits);
 
 /** A generated batch with a decode and a prefill request, as the service plans it. */
 function shape(o: Partial<BatchSpec>): BatchShape {

@@ -13,49 +13,14 @@ import {
 } from "../../backends/webgpu_flash.ts";
 import { DEFAULT_DECODE_TUNING } from "../../backends/webgpu_decode_tuning.ts";
 import { HostKvCache } from "../../backends/cpu/host_cache.ts";
-import { MMA_FEATURE } from "../../gpu/flash_mma_kernel.ts";
 import type { BatchShape, GpuContext } from "../../core/types.ts";
 import { planPaths } from "../../core/backend_types.ts";
 import { validHostBatch } from "../../service/host_input.ts";
 import { type BatchSpec, generateBatch, smallSpec } from "../support/batches.ts";
+import { fakeMmaContext } from "../support/fake_device.ts";
 
-const LIMITS = {
-  maxComputeWorkgroupStorageSize: 32768,
-  maxComputeInvocationsPerWorkgroup: 1024,
-  maxComputeWorkgroupSizeX: 1024,
-  maxStorageBufferBindingSize: 2 ** 30,
-  maxBufferSize: 2 ** 30,
-  maxStorageBuffersPerShaderStage: 10,
-};
-
-/** A fake device: with `mma`, Dawn's subgroup-matrix feature and an f16 -> f32 16x16x16 config. */
-function fakeCtx(mma: boolean, limits: Record<string, number> = {}): GpuContext {
-  return {
-    device: {} as GPUDevice,
-    adapter_info: {
-      vendor: "nvidia",
-      architecture: "hopper",
-      device: "",
-      description: "fake GPU",
-      subgroup_min_size: 32,
-      subgroup_max_size: 32,
-      ...(mma
-        ? {
-          subgroup_matrix_configs: [
-            { component_type: "f16", result_component_type: "f32", m: 16, n: 16, k: 16 },
-          ],
-        }
-        : {}),
-    },
-    features: new Set(["shader-f16", "subgroups", ...(mma ? [MMA_FEATURE] : [])]),
-    limits: { ...LIMITS, ...limits },
-    generation: 1,
-    lost: false,
-  } as GpuContext;
-}
-
-const WITH_MMA = fakeCtx(true);
-const NO_MMA = fakeCtx(false);
+const WITH_MMA = fakeMmaContext(true);
+const NO_MMA = fakeMmaContext(false);
 
 const OPTS: FlashOptions = {
   tile: null,
@@ -181,7 +146,7 @@ Deno.test("flash paths: the switch, the kernel's limits, decode rows the split k
     else Deno.env.set("ATTN_PREFILL_MMA", prev);
   }
   // Too little workgroup memory for any shape at head size 256.
-  const small = fakeCtx(true, { maxComputeWorkgroupStorageSize: 4096 });
+  const small = fakeMmaContext(true, { maxComputeWorkgroupStorageSize: 4096 });
   const big = flashRouting(
     small,
     resolveFlashOptions(OPTS),

@@ -7,8 +7,7 @@
  * caches on both threads stay byte-identical. `SEED=n`, `FUZZ_COUNT=n` (default 1,500).
  */
 import assert from "node:assert/strict";
-import { startDeviceThreads } from "../../server/device_threads.ts";
-import { DEFAULT_CALL_LIMITS } from "../../service/validate.ts";
+import { startNoGpuThreads } from "./no_gpu_threads.ts";
 import { AttentionClient } from "../../client/client.ts";
 import { Rng } from "../support/rng.ts";
 import { fuzzCaches, fuzzRun } from "./fuzz_check.ts";
@@ -19,22 +18,12 @@ const COUNT = Number(Deno.env.get("FUZZ_COUNT") ?? 1_500);
 Deno.test(`device threads fuzz: ${COUNT} hostile requests (SEED=${SEED})`, async () => {
   console.log(`device threads fuzz: SEED=${SEED} FUZZ_COUNT=${COUNT} (set both to reproduce)`);
   const logged: string[] = [];
-  const started = await startDeviceThreads({
-    threads: 2,
-    init: {
-      gpu: false,
-      runtime: { choice: "deno", dawnFlags: [] },
-      memoryBudgetBytes: 8 * 1024 * 1024,
-      limits: { ...DEFAULT_CALL_LIMITS },
-      maxBodyBytes: 2 * 1024 * 1024,
-      maxJsonBodyBytes: 1024 * 1024,
-      access: {},
-    },
-    access: {},
+  const front = await startNoGpuThreads(2, {
+    memoryBudgetBytes: 8 * 1024 * 1024,
+    maxBodyBytes: 2 * 1024 * 1024,
+    maxJsonBodyBytes: 1024 * 1024,
     log: (msg) => logged.push(msg),
   });
-  assert.ok(started.ok);
-  const front = started.front;
   const server = Deno.serve({ port: 0, hostname: "127.0.0.1", onListen() {} }, front.handler);
   const srv = { url: `http://127.0.0.1:${server.addr.port}`, port: server.addr.port };
   const client = new AttentionClient(srv.url);

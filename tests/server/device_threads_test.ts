@@ -15,8 +15,7 @@ import { HeldSeq } from "./held_seq.ts";
 import { maxAbsDiff } from "./helpers.ts";
 import { runServerToExit, spawnServer } from "./process.ts";
 import { NO_GPU } from "../gpu/helpers.ts";
-import { startDeviceThreads } from "../../server/device_threads.ts";
-import { DEFAULT_CALL_LIMITS } from "../../service/validate.ts";
+import { startNoGpuThreads } from "./no_gpu_threads.ts";
 
 /** attn_kv_caches per device thread, from the merged /metrics. */
 async function cachesPerThread(url: string): Promise<Record<string, number>> {
@@ -127,22 +126,7 @@ Deno.test("device threads: not with --http-workers", async () => {
 });
 
 Deno.test("device threads: a thread that stops takes its caches, the others go on", async () => {
-  const started = await startDeviceThreads({
-    threads: 2,
-    init: {
-      gpu: false,
-      runtime: { choice: "deno", dawnFlags: [] },
-      memoryBudgetBytes: 2 ** 26,
-      limits: { ...DEFAULT_CALL_LIMITS },
-      maxBodyBytes: 2 ** 24,
-      maxJsonBodyBytes: 2 ** 24,
-      access: {},
-    },
-    access: {},
-    log: () => {},
-  });
-  assert.ok(started.ok);
-  const front = started.front;
+  const front = await startNoGpuThreads(2);
   const call = (method: string, path: string, body?: unknown) =>
     front.handler(
       new Request(`http://127.0.0.1${path}`, {

@@ -6,8 +6,7 @@
  * asking the threads again.
  */
 import assert from "node:assert/strict";
-import { startDeviceThreads } from "../../server/device_threads.ts";
-import { DEFAULT_CALL_LIMITS } from "../../service/validate.ts";
+import { startNoGpuThreads } from "./no_gpu_threads.ts";
 
 const PENDING = Symbol("pending");
 
@@ -23,22 +22,7 @@ async function settledWithin<T>(p: Promise<T>, ms: number): Promise<T | typeof P
 }
 
 Deno.test("thread listeners: finished settles once shutdown closed every listener", async () => {
-  const started = await startDeviceThreads({
-    threads: 2,
-    init: {
-      gpu: false,
-      runtime: { choice: "deno", dawnFlags: [] },
-      memoryBudgetBytes: 2 ** 26,
-      limits: { ...DEFAULT_CALL_LIMITS },
-      maxBodyBytes: 2 ** 24,
-      maxJsonBodyBytes: 2 ** 24,
-      access: {},
-    },
-    access: {},
-    log: () => {},
-  });
-  assert.ok(started.ok);
-  const front = started.front;
+  const front = await startNoGpuThreads(2);
   try {
     const server = await front.listen({ port: 0, hostname: "127.0.0.1", handler: front.handler });
     const url = `http://127.0.0.1:${server.addr.port}`;
