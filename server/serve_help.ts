@@ -51,6 +51,9 @@ usage: deno task serve [options]
   --max-tokens-per-call N   most query tokens in one forward call (default ${DEFAULT_CALL_LIMITS.max_tokens}); over: 422
   --max-attended-keys N     most attended keys in one forward call: the sum over query tokens of
                             the keys each may see (default ${DEFAULT_CALL_LIMITS.max_attended_keys}); over: 422
+  --max-attention-flops N   most attention FLOPs in one forward call: 4 x attended keys x
+                            num_heads x head_size (QK^T and PV), counted exactly (default
+                            ${DEFAULT_CALL_LIMITS.max_attention_flops} = 2^53 - 1, the largest it takes); over: 422
   --token-file PATH         bearer token (the file's content) required on every route but
                             /healthz; without it the ATTN_TOKEN environment variable is used
   --allow-unauthenticated   serve a non-loopback address without a token (prints a warning)

@@ -45,8 +45,12 @@ import {
 
 function intFlag(name: string, v: string | undefined, dflt: number, min: number): number {
   if (v === undefined) return dflt;
-  if (!/^\d+$/.test(v) || Number(v) < min || !Number.isSafeInteger(Number(v))) {
+  if (!/^\d+$/.test(v) || Number(v) < min) {
     throw new Error(`--${name} must be an integer >= ${min}, got ${JSON.stringify(v)}`);
+  }
+  if (!Number.isSafeInteger(Number(v))) {
+    const most = Number.MAX_SAFE_INTEGER;
+    throw new Error(`--${name} must be at most ${most} (2^53 - 1), got ${JSON.stringify(v)}`);
   }
   return Number(v);
 }
@@ -173,6 +177,7 @@ export function parseServeArgs(
       "memory-budget-bytes": { type: "string" },
       "max-tokens-per-call": { type: "string" },
       "max-attended-keys": { type: "string" },
+      "max-attention-flops": { type: "string" },
       "token-file": { type: "string" },
       "allow-unauthenticated": { type: "boolean" },
       "allowed-host": { type: "string", multiple: true },
@@ -265,6 +270,12 @@ export function parseServeArgs(
         "max-attended-keys",
         values["max-attended-keys"],
         DEFAULT_CALL_LIMITS.max_attended_keys,
+        1,
+      ),
+      max_attention_flops: intFlag(
+        "max-attention-flops",
+        values["max-attention-flops"],
+        DEFAULT_CALL_LIMITS.max_attention_flops,
         1,
       ),
     },

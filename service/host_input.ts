@@ -72,7 +72,7 @@ export function validateHostBatch(
   b: Omit<ForwardBatch, "cache">,
   spec: KvCacheSpec | null,
   storage: CacheStorage = "webgpu",
-  limits: CallLimits = DEFAULT_CALL_LIMITS,
+  limits: Partial<CallLimits> = DEFAULT_CALL_LIMITS,
 ): ValidatedForward {
   const isEnc = b.layer.attn_type === "encoder" || b.layer.attn_type === "encoder_only";
   const input = hostInput(b, spec ? "(host batch)" : undefined);

@@ -22,7 +22,6 @@ import {
   toFloat32,
   wordsOf,
 } from "../core/data.ts";
-import { invalidBatch, type Issue, ServiceError } from "../core/errors.ts";
 import type { ForwardInput } from "../wire/codec.ts";
 import type { LayerInput } from "../wire/types.ts";
 import type { DataTensor } from "../wire/tensors.ts";
@@ -39,20 +38,9 @@ import type {
 import { batchStats, planKey } from "./batch_key.ts";
 import { checkMetadata } from "./validate_metadata.ts";
 import { checkCache, checkLayer, eqShape, fmt, Issues, validWindow } from "./validate_layer.ts";
+import { type CallLimits, DEFAULT_CALL_LIMITS, limitsOver, throwProblems } from "./call_limits.ts";
 
-/** Per-call limits (server flags), refused with 422 `limit_exceeded` naming the limit and value. */
-export interface CallLimits {
-  /** Most query tokens in one call. */
-  max_tokens: number;
-  /** Most attended keys (sum over query tokens of the keys each may see) in one call. */
-  max_attended_keys: number;
-}
-
-/** The default per-call limits. */
-export const DEFAULT_CALL_LIMITS: Readonly<CallLimits> = Object.freeze({
-  max_tokens: 262_144,
-  max_attended_keys: 2 ** 32,
-});
+export { type CallLimits, DEFAULT_CALL_LIMITS } from "./call_limits.ts";
 
 export type { ForwardInput, LayerInput };
 
@@ -123,63 +111,10 @@ export function checkFiniteOnHost(b: UnattachedBatch | ValidBatch): void {
   is.throwIfAny();
 }
 
-/** A per-call limit a call exceeds: the limit's name, the call's count, the limit's value. */
-interface Over {
-  limit: keyof CallLimits;
-  value: number;
-  max: number;
-}
-
-/**
- * The per-call limits a call exceeds: `max_tokens` always (the query's first axis is the token
- * count every other check uses), `max_attended_keys` when the keys can be counted (`attended` is
- * null when query_start_loc, seq_lens or sliding_window broke a rule: the count would be
- * meaningless, and those issues are listed already).
- */
-function limitsOver(T: number, attended: number | null, limits: CallLimits): Over[] {
-  const over: Over[] = [];
-  if (T > limits.max_tokens) over.push({ limit: "max_tokens", value: T, max: limits.max_tokens });
-  if (attended !== null && attended > limits.max_attended_keys) {
-    over.push({ limit: "max_attended_keys", value: attended, max: limits.max_attended_keys });
-  }
-  return over;
-}
-
-const overWhat = (o: Over) => o.limit === "max_tokens" ? "num_tokens" : "attended keys";
-
-/** A limit as an issue: at the field that carries the count, naming the limit and value. */
-function limitIssue(o: Over): Issue {
-  return {
-    path: o.limit === "max_tokens" ? ["query", "shape", 0] : ["metadata", "seq_lens"],
-    message: `${overWhat(o)} ${o.value} exceeds ${o.limit} = ${o.max}`,
-  };
-}
-
-/**
- * Throws every problem found as one 422 problem document, if there is any. Both codes are 422
- * (docs/api.md): a call whose only problems are per-call limits is `limit_exceeded` (a valid
- * batch, too large: split it); one that also breaks a batch rule is `invalid_batch`, since
- * splitting would not make it run, and its issues list the limits too (after the rule issues,
- * whatever the MAX_ISSUES cap), with the first limit's `limit`, `value` and `max` as in a
- * `limit_exceeded` document.
- */
-function throwProblems(is: Issues, over: Over[]): void {
-  if (is.count === 0 && over.length === 0) return;
-  const extra = over.length > 0
-    ? { limit: over[0].limit, value: over[0].value, max: over[0].max }
-    : undefined;
-  if (is.count > 0) throw invalidBatch(is.listed(over.map(limitIssue)), extra);
-  throw new ServiceError(
-    `${overWhat(over[0])} ${over[0].value} exceeds the per-call limit ${over[0].limit} = ${
-      over[0].max
-    }`,
-    { status: 422, code: "limit_exceeded", issues: over.map(limitIssue), extra },
-  );
-}
-
 /**
  * Validates a decoded forward request. `held` is the server-held cache named by
- * `input.kv_cache` (the caller resolves the id), or null.
+ * `input.kv_cache` (the caller resolves the id), or null; `limits` the per-call limits (those
+ * left out are {@link DEFAULT_CALL_LIMITS}'s).
  *
  * An unknown `kv_cache` id is the caller's 404 `cache_not_found`, answered before this runs
  * (service/service.ts): the held cache's spec is what the batch is checked against (block ids,
@@ -192,7 +127,7 @@ function throwProblems(is: Issues, over: Over[]): void {
 export function validateForward(
   input: ForwardInput,
   held: HeldCacheInfo | null,
-  limits: CallLimits = DEFAULT_CALL_LIMITS,
+  limits: Partial<CallLimits> = DEFAULT_CALL_LIMITS,
   opts: ValidateOptions = {},
 ): ValidatedForward {
   const is = new Issues();
@@ -241,7 +176,8 @@ export function validateForward(
   const stats = md.counts_valid && validWindow(layer.sliding_window)
     ? batchStats(layer, metadata, md.query_lens)
     : null;
-  const over = limitsOver(T, stats?.attended_keys ?? null, limits);
+  const counts = { num_tokens: T, attended_keys: stats?.attended_keys ?? null };
+  const over = limitsOver({ ...counts, num_heads: H, head_size: D }, limits);
   const query = dataOf(input.query, input.dtype)!;
   const key = dataOf(input.key, input.dtype);
   const value = dataOf(input.value, input.dtype);

@@ -16,7 +16,11 @@ Deno.test("main: flags and defaults", () => {
     maxBodyBytes: 512 * 1024 * 1024,
     maxJsonBodyBytes: 64 * 1024 * 1024,
     memoryBudgetBytes: 4 * 1024 ** 3,
-    limits: { max_tokens: 262_144, max_attended_keys: 2 ** 32 },
+    limits: {
+      max_tokens: 262_144,
+      max_attended_keys: 2 ** 32,
+      max_attention_flops: Number.MAX_SAFE_INTEGER,
+    },
     allowUnauthenticated: false,
     allowedHosts: [],
     shutdownDeadlineMs: 30_000,
@@ -84,8 +88,13 @@ Deno.test("main: flags and defaults", () => {
   );
   assert.throws(() => parseServeArgs(["--device-threads-http"]), /needs --device-threads N/);
   assert.deepEqual(
-    parseServeArgs(["--max-tokens-per-call", "64", "--max-attended-keys=1000"]).limits,
-    { max_tokens: 64, max_attended_keys: 1000 },
+    parseServeArgs([
+      "--max-tokens-per-call",
+      "64",
+      "--max-attended-keys=1000",
+      "--max-attention-flops=2048000",
+    ]).limits,
+    { max_tokens: 64, max_attended_keys: 1000, max_attention_flops: 2_048_000 },
   );
   assert.throws(
     () => parseServeArgs(["--max-json-body-bytes", String(2 ** 30)]),
