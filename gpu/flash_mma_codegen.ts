@@ -232,6 +232,39 @@ function nextTileStores(
     : { EARLY_STORES: stores, LATE_STORES: "" };
 }
 
+/**
+ * write_rows: this lane's part of its rows of the epilogue O pass at s_s[base..] (columns c0..,
+ * rows OSTR apart), normalised by `inv` and written as data-dtype bits: a 4-byte store per 2
+ * elements, or with `ovec` one 16-byte store per 8 (`out` is then `array<vec4<u32>>`; a row's
+ * element offset and a lane's columns are multiples of 8, so every store is whole and aligned).
+ */
+export function writeRowsCode(c: { ovec: boolean }): string {
+  const head = [
+    "fn write_rows(sgr: u32, ln: u32, c0: u32, tb: array<u32, RPL>, inv: array<f32, RPL>, base: u32) {",
+    "  for (var i = 0u; i < RPL; i++) {",
+    "    let b = base + (sgr + ln / LPR + i * (SG / LPR)) * OSTR + (ln % LPR) * OKPL;",
+    "    let col = c0 + (ln % LPR) * OKPL;",
+  ];
+  const pair = (e: string) => `round_pair(s_s[b + ${e}] * inv[i], s_s[b + ${e} + 1u] * inv[i])`;
+  const body = c.ovec
+    ? [
+      "    for (var e = 0u; e < OKPL; e += 8u) {",
+      "      if (tb[i] != 0xffffffffu) {",
+      `        out[(tb[i] + col + e) / 8u] = vec4<u32>(${pair("e")}, ${pair("e + 2u")},`,
+      `          ${pair("e + 4u")}, ${pair("e + 6u")});`,
+      "      }",
+      "    }",
+    ]
+    : [
+      "    for (var e = 0u; e < OKPL; e += 2u) {",
+      "      if (tb[i] != 0xffffffffu && col + e < D) {",
+      `        out[(tb[i] + col + e) / 2u] = ${pair("e")};`,
+      "      }",
+      "    }",
+    ];
+  return [...head, ...body, "  }", "}"].join("\n");
+}
+
 /** The `count` ablation's default trip count: the `1x4224n-h4k1` bench case's tiles. */
 const ABLATED_TILES = 264;
 
@@ -251,6 +284,7 @@ export async function flashMmaSource(c: MmaConsts): Promise<string> {
   const cut = (stage: string) => cuts.has(stage);
   return specialize(await loadWgsl("flash_mma.wgsl"), {
     HELPERS: await loadWgsl("flash_mma_rows.wgsl"),
+    WRITE_ROWS: writeRowsCode(c),
     TILE: await loadWgsl("flash_tile.wgsl"),
     MM: c.m,
     MN: c.n,

@@ -32,7 +32,8 @@ export const FLASH_MMA: KernelDef<MmaConsts> = {
     { name: "U", kind: "uniform" },
     { name: "q", kind: "read", type: "array<vec4<u32>>" },
     { name: "mdw", kind: "read", type: "array<u32>" },
-    { name: "out", kind: "read_write", type: "array<u32>" },
+    // ovec: the epilogue stores 8 output elements at once (16 bytes: D is a multiple of 16).
+    { name: "out", kind: "read_write", type: c.ovec ? "array<vec4<u32>>" : "array<u32>" },
     { name: "lse", kind: "read_write", type: "array<u32>" },
     ...(c.enc
       ? [

@@ -110,6 +110,11 @@ export interface MmaShape {
    */
   ocols?: number;
   oregions?: number;
+  /**
+   * The epilogue's lanes write their 8 output elements of a row in one 16-byte store (`out` as
+   * `array<vec4<u32>>`) instead of four 4-byte ones. Needs 8 columns a lane in a pass.
+   */
+  ovec?: boolean;
   /** Bench only: leave stages out to time the rest (see {@link MmaAblation}); "": none. */
   ablate?:
     | MmaAblation
@@ -137,6 +142,7 @@ export function fullShape(s: MmaShape): FullMmaShape {
     dsplit: s.dsplit ?? 1,
     ocols: s.ocols || s.bk,
     oregions: s.oregions ?? 1,
+    ovec: s.ovec ?? false,
     ablate: s.ablate ?? "",
   };
 }
@@ -251,6 +257,9 @@ export function mmaShapeProblem(
     }
     if (org !== 1 && org !== 2) return `oregions ${org} is not 1 or 2`;
   }
+  if (shape.ovec && (oc / Math.max(1, sg / mr)) % 8) {
+    return `ovec needs 8 output columns a lane (ocols ${oc}, ${Math.max(1, sg / mr)} lanes a row)`;
+  }
   if (shape.sgresc && ablatedStages(shape).has("rescale")) {
     return `the ${shape.ablate} ablation cuts the per-subgroup rescale's lane flags`;
   }
@@ -264,7 +273,7 @@ export function mmaShapeProblem(
  * `-x` K/V staged by matrix moves, `-s{n}` n chains of S = Q K^T, `-u` the lazy rescale decided
  * per subgroup: `sgresc`, `-l` next-tile stores after PV: `late`, `-d` D split over a pair of
  * subgroups: `dsplit` 2, `-p` the epilogue's O passes in two regions: `oregions` 2, `-w` 32
- * columns a pass: `ocols` 32),
+ * columns a pass: `ocols` 32, `-v` 16-byte output stores: `ovec`),
  * what bench/mma_bench.ts sweeps and ATTN_PREFILL_MMA_SHAPE may name for the backend.
  */
 export const MMA_VARIANTS: Readonly<Record<string, MmaShape>> = {
@@ -301,6 +310,17 @@ export const MMA_VARIANTS: Readonly<Record<string, MmaShape>> = {
   "w8r1k16-flp": { nsg: 8, rm: 1, bk: 16, tau: 8, fast: true, late: true, oregions: 2 },
   "w8r1k16-flw": { nsg: 8, rm: 1, bk: 16, tau: 8, fast: true, late: true, ocols: 32 },
   "w8r1k16-fup": { nsg: 8, rm: 1, bk: 16, tau: 8, fast: true, sgresc: true, oregions: 2 },
+  "w8r1k16-flv": { nsg: 8, rm: 1, bk: 16, tau: 8, fast: true, late: true, ovec: true },
+  "w8r1k16-flpv": {
+    nsg: 8,
+    rm: 1,
+    bk: 16,
+    tau: 8,
+    fast: true,
+    late: true,
+    oregions: 2,
+    ovec: true,
+  },
 };
 
 /**

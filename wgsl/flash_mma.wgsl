@@ -64,7 +64,8 @@
 // OC, OSTR and S_LEN (the epilogue's O pass width and stride, s_s's length),
 // QSPLIT (chains of S = Q K^T), E16 (K/V elements per 16 bytes), KT_LEN (K tile array
 // length), QPASS (Q rows staged per pass), LPR/RPL (softmax lanes per row, rows per lane);
-// generated: TILE (wgsl/flash_tile.wgsl, shared with
+// generated: WRITE_ROWS (the epilogue's normalise-and-write of a lane's rows), TILE
+// (wgsl/flash_tile.wgsl, shared with
 // flash_attention.wgsl), HELPERS (flash_mma_rows.wgsl), DECODE (kv16, q16: 16-byte words to
 // f16), SOURCE (src_k/src_v, or kv_elem for direct and matrix-staged variants),
 // STAGE_LOAD/STORE (prologue), LOOP_STAGE_LOAD (loop; fragment moves for mstage; empty for
@@ -143,6 +144,8 @@ var<workgroup> s_u: array<atomic<u32>, 4>;
 {{ROUND}}
 
 {{HELPERS}}
+
+{{WRITE_ROWS}}
 
 @compute @workgroup_size(WG)
 @diagnostic(off, chromium.subgroup_matrix_uniformity)

@@ -1,7 +1,8 @@
 // flash_mma_rows.wgsl: per-row helpers of flash_mma.wgsl, pasted into it at {{HELPERS}} (they use
 // its constants, uniforms and workgroup arrays): which key tiles a subgroup's rows can see, the
-// score of one (row, key), a tile's block ids, and the lane-owned parts of an O pass in s_s
-// (rescale; normalise and write as data-dtype bits). No bindings, no placeholders.
+// score of one (row, key), a tile's block ids, and the rescale of the lane-owned parts of an O
+// pass in s_s (the epilogue's write_rows is generated: gpu/flash_mma_codegen.ts writeRowsCode).
+// No bindings, no placeholders.
 
 // Keys [kt, kt + BK) hold one visible to some position in [p_lo, p_hi]?
 fn tile_live(kt: u32, p_lo: i32, p_hi: i32) -> bool {
@@ -48,20 +49,6 @@ fn scale_rows(sgr: u32, ln: u32, alpha: array<f32, RPL>) {
     let b = (sgr + ln / LPR + i * (SG / LPR)) * SSTR + (ln % LPR) * KPL;
     for (var e = 0u; e < KPL; e++) {
       s_s[b + e] *= alpha[i];
-    }
-  }
-}
-
-// Writes this lane's part of its rows of the epilogue O pass at s_s[base..] (columns c0..,
-// rows OSTR apart) as data-dtype bits.
-fn write_rows(sgr: u32, ln: u32, c0: u32, tb: array<u32, RPL>, inv: array<f32, RPL>, base: u32) {
-  for (var i = 0u; i < RPL; i++) {
-    let b = base + (sgr + ln / LPR + i * (SG / LPR)) * OSTR + (ln % LPR) * OKPL;
-    let col = c0 + (ln % LPR) * OKPL;
-    for (var e = 0u; e < OKPL; e += 2u) {
-      if (tb[i] != 0xffffffffu && col + e < D) {
-        out[(tb[i] + col + e) / 2u] = round_pair(s_s[b + e] * inv[i], s_s[b + e + 1u] * inv[i]);
-      }
     }
   }
 }
