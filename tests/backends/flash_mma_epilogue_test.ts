@@ -4,11 +4,13 @@
  * default writes `bk` columns a pass in one region, a barrier before and after each pass's
  * writes; `oregions` 2 alternates two regions, so a pass's stores land where the pass before
  * last was read, already ordered by the last pass's barrier, and the barrier after the writes
- * goes; `ocols` widens a pass. The source is checked here (the kernel itself runs only under
- * Dawn on a GPU: bench/NOTES.md v0.18 timed and checked both shapes against float64 there).
+ * goes; `ocols` widens a pass; `ovec` stores a lane's 8 elements of a row at once. The source is
+ * checked here (the kernel itself runs only under Dawn on a GPU: bench/NOTES.md v0.18 timed and
+ * checked `-p` and `-w` against float64 there; `-v` was not run on a GPU yet).
  */
 import assert from "node:assert/strict";
 import { flashMmaSource } from "../../gpu/flash_mma_codegen.ts";
+import { FLASH_MMA } from "../../gpu/flash_mma_kernel.ts";
 import {
   fullShape,
   MMA_VARIANTS,
@@ -83,5 +85,34 @@ Deno.test("flash_mma epilogue: s_s holds the regions, and what does not compile 
   assert.match(
     String(mmaShapeProblem(t, { ...fl, ocols: 32, oregions: 2 }, 49152)),
     /workgroup memory/,
+  );
+});
+
+Deno.test("flash_mma epilogue: -flv writes 8 elements a store into a vec4 view of out", async () => {
+  const d = H200_F16_TARGET.d;
+  const fl = await epilogueOf("w8r1k16-fl"), flv = await epilogueOf("w8r1k16-flv");
+  const outType = (name: string) => {
+    const c = { ...H200_F16_TARGET, ...fullShape(MMA_VARIANTS[name]) } as MmaConsts;
+    return FLASH_MMA.bindings(c).find((b) => b.name === "out")?.type;
+  };
+  assert.equal(outType("w8r1k16-fl"), "array<u32>");
+  assert.equal(outType("w8r1k16-flv"), "array<vec4<u32>>");
+  // The store inside write_rows: 4-byte words by pairs, or 16-byte words by eights.
+  assert.match(fl.full, /for \(var e = 0u; e < OKPL; e \+= 2u\)/);
+  assert.match(fl.full, /out\[\(tb\[i\] \+ col \+ e\) \/ 2u\] = round_pair\(/);
+  assert.match(flv.full, /for \(var e = 0u; e < OKPL; e \+= 8u\)/);
+  assert.match(flv.full, /out\[\(tb\[i\] \+ col \+ e\) \/ 8u\] = vec4<u32>\(round_pair\(/);
+  assert.equal(count(flv.full, /round_pair\(s_s\[b \+ e/g), 4, "four pairs a store");
+  // Everything but write_rows is the same kernel.
+  const strip = (s: string) => s.replace(/fn write_rows[\s\S]*?\n}\n/, "");
+  assert.equal(strip(flv.full), strip(fl.full));
+  // 8 columns a lane are needed: 16-column passes over 2 lanes a row give them; 8-key S tiles
+  // on a 64-lane subgroup would not.
+  const lay = mmaLayout(H200_F16_TARGET, MMA_VARIANTS["w8r1k16-flv"]);
+  assert.equal((d / (d / 16)) / lay.lpr, 8);
+  const narrow = { ...H200_F16_TARGET, sg: 64 };
+  assert.match(
+    String(mmaShapeProblem(narrow, MMA_VARIANTS["w8r1k16-flv"])),
+    /ovec needs 8 output columns a lane/,
   );
 });
