@@ -70,8 +70,16 @@ export function attentionFlops(attendedKeys: number, numHeads: number, headSize:
 
 /** The FLOPs limit, if `c`'s attended keys exceed it on this layer. */
 function flopsOver(c: CallCounts, attended: number, max: number): Over | null {
-  const flops = attentionFlops(attended, c.num_heads, c.head_size);
-  if (flops <= BigInt(max)) return null;
+  // Exact where the counts and the limit are integers (always over HTTP: the schema and the flag
+  // take no other). A library caller's layer or limit may not be (BigInt() would throw): its
+  // count is a float and its limit compares as the other limits do (Infinity: none).
+  const flops = [attended, c.num_heads, c.head_size].every(Number.isInteger)
+    ? attentionFlops(attended, c.num_heads, c.head_size)
+    : 4 * attended * c.num_heads * c.head_size;
+  const over = typeof flops === "bigint" && Number.isInteger(max)
+    ? flops > BigInt(max)
+    : Number(flops) > max;
+  if (!over) return null;
   return {
     limit: "max_attention_flops",
     value: Number(flops),

@@ -142,3 +142,21 @@ Deno.test("flops limit: listed after the other limits; with a rule broken, in in
   assert.deepEqual(n.issues!.map((i) => i.path.join(".")), ["metadata.seq_lens.0"]);
   assert.equal(n.extra, undefined);
 });
+
+Deno.test("flops limit: a library caller's non-integer layer or limit is checked, not a RangeError", () => {
+  // The HTTP schema and flags take integers only; a library caller's layer or limits may not
+  // be. A broken layer is the 422 invalid_batch it was before the FLOPs limit (BigInt() of
+  // 2.5 threw), and a limit compares as the other limits do: Infinity is none, 320.5 lets 320.
+  for (const layer of [{ num_heads: 2.5 }, { head_size: 4.5 }]) {
+    const bad = decode();
+    bad.layer = { ...bad.layer, ...layer };
+    refused(() => validateForward(bad, HELD), "invalid_batch");
+  }
+  validateForward(decode(), HELD, { max_attention_flops: Infinity });
+  validateForward(decode(), HELD, { max_attention_flops: 320.5 });
+  const e = refused(
+    () => validateForward(decode(), HELD, { max_attention_flops: 319.5 }),
+    "limit_exceeded",
+  );
+  assert.deepEqual(e.extra, { limit: "max_attention_flops", value: 320, max: 319.5 });
+});
