@@ -159,15 +159,19 @@ function stopOnSignals(
         `(deadline ${o.shutdownDeadlineMs} ms)`,
     );
     // The threads' drain starts first: the server's shutdown then waits for it, not another.
-    const theirs = listeners?.drain(o.shutdownDeadlineMs) ?? { drained: true, unfinished: 0 };
+    const theirs = listeners?.drain(o.shutdownDeadlineMs) ??
+      { drained: true, unfinished: 0, silent: 0 };
     const mine = await drainer.drain(server, { deadlineMs: o.shutdownDeadlineMs });
-    const { drained, unfinished } = await theirs;
+    const { drained, unfinished, silent } = await theirs;
     if (mine.drained && drained) {
       await close();
       console.error(`stopped: every call finished (${mine.ms.toFixed(0)} ms)`);
       Deno.exit(0);
     }
-    console.error(`stopped at the deadline: ${mine.unfinished + unfinished} calls unfinished`);
+    const stuck = silent ? ` (${silent} device threads did not answer: their calls uncounted)` : "";
+    console.error(
+      `stopped at the deadline: ${mine.unfinished + unfinished} calls unfinished${stuck}`,
+    );
     Deno.exit(1);
   };
   for (const sig of ["SIGINT", "SIGTERM"] as const) {

@@ -30,7 +30,18 @@ export interface ListeningThread {
 export interface ThreadsDrained {
   drained: boolean;
   unfinished: number;
+  /**
+   * Threads that had not answered the drain by its deadline plus {@link THREAD_DRAIN_GRACE_MS}
+   * (a thread whose event loop is stuck): not drained, their calls uncounted.
+   */
+  silent: number;
 }
+
+/**
+ * How long past a drain's deadline the front waits for a thread's answer before counting it
+ * silent, so that a stuck thread cannot hold the process's shutdown past its deadline.
+ */
+export const THREAD_DRAIN_GRACE_MS = 2000;
 
 /**
  * The threads' listeners, once all listen. `shutdown()` is a drain with the default deadline
@@ -114,31 +125,44 @@ export async function listenOnThreads(
 async function drainThreads(
   threads: readonly ListeningThread[],
   deadlineMs: number,
+  graceMs: number,
 ): Promise<ThreadsDrained> {
+  const timers: ReturnType<typeof setTimeout>[] = [];
+  const silence = () =>
+    new Promise<"silent">((r) => timers.push(setTimeout(() => r("silent"), deadlineMs + graceMs)));
   const done = await Promise.all(threads.map((t) => {
     if (t.lost !== null) return Promise.resolve(null);
     const answer = t.nextListenerMessage();
     t.worker.postMessage({ type: "http-drain", deadlineMs });
-    return answer;
+    return Promise.race([answer, silence()]);
   }));
-  let drained = true, unfinished = 0;
+  timers.forEach(clearTimeout);
+  let drained = true, unfinished = 0, silent = 0;
   for (const d of done) {
-    if (d?.type !== "http-drained") continue; // a thread lost: its listener went with it
+    if (d === "silent") {
+      drained = false;
+      silent++;
+    }
+    if (d === "silent" || d?.type !== "http-drained") continue; // lost: its listener went with it
     drained &&= d.drained;
     unfinished += d.unfinished;
   }
-  return { drained, unfinished };
+  return { drained, unfinished, silent };
 }
 
-/** The listeners of `threads` on `addr`, as one server (see {@link ThreadListeners}). */
-function threadListeners(
+/**
+ * The listeners of `threads` on `addr`, as one server (see {@link ThreadListeners}); a thread
+ * silent `graceMs` past a drain's deadline counts as not drained.
+ */
+export function threadListeners(
   threads: readonly ListeningThread[],
   addr: { hostname: string; port: number },
+  graceMs = THREAD_DRAIN_GRACE_MS,
 ): ThreadListeners {
   const closed = Promise.withResolvers<void>();
   let draining: Promise<ThreadsDrained> | null = null;
   const drain = (deadlineMs: number) =>
-    draining ??= drainThreads(threads, deadlineMs).finally(() => closed.resolve());
+    draining ??= drainThreads(threads, deadlineMs, graceMs).finally(() => closed.resolve());
   return {
     addr,
     finished: closed.promise,
