@@ -4,51 +4,13 @@
  * naming the limit, the count and the max, alone or listed with the other limits.
  */
 import assert from "node:assert/strict";
-import { fromFloats } from "../../core/data.ts";
 import { ServiceError } from "../../core/errors.ts";
 import { attentionFlops, type CallCounts, limitsOver } from "../../service/call_limits.ts";
-import { type ForwardInput, validateForward } from "../../service/validate.ts";
+import { validateForward } from "../../service/validate.ts";
+import { DECODE_HELD, decodeInput, ints } from "./decode_input.ts";
 
-const HELD = {
-  spec: {
-    num_blocks: 8,
-    block_size: 4,
-    num_kv_heads: 1,
-    head_size: 4,
-    dtype: "float16" as const,
-    kv_cache_dtype: "auto" as const,
-    layout: "NHD" as const,
-  },
-  storage: "webgpu" as const,
-};
-const ints = (values: number[], shape = [values.length]) => ({
-  shape,
-  values: Int32Array.from(values),
-});
-
-/** One decode request at position 9 (10 attended keys), 2 heads of 4: 4 x 10 x 2 x 4 = 320 FLOPs. */
-function decode(): ForwardInput {
-  const f16 = (n: number, shape: number[]) => ({
-    dtype: "float16" as const,
-    shape,
-    array: fromFloats("float16", Float32Array.from({ length: n }, (_, i) => i / 8)),
-    encoding: "base64" as const,
-  });
-  return {
-    dtype: "float16",
-    layer: { num_heads: 2, num_kv_heads: 1, head_size: 4 },
-    query: f16(8, [1, 2, 4]),
-    key: f16(4, [1, 1, 4]),
-    value: f16(4, [1, 1, 4]),
-    metadata: {
-      query_start_loc: ints([0, 1]),
-      seq_lens: ints([10]),
-      block_table: ints([5, 2, 7], [1, 3]),
-      slot_mapping: ints([29]),
-    },
-    kv_cache: "c",
-  };
-}
+const HELD = DECODE_HELD;
+const decode = () => decodeInput();
 
 function refused(f: () => unknown, code: string): ServiceError {
   try {

@@ -17,46 +17,11 @@ import {
   validateForward,
 } from "../../service/validate.ts";
 import { HostKvCache } from "../../backends/cpu/host_cache.ts";
+import { DECODE_HELD, DECODE_SPEC, decodeInput, ints } from "./decode_input.ts";
 
-const SPEC: KvCacheSpec = {
-  num_blocks: 8,
-  block_size: 4,
-  num_kv_heads: 1,
-  head_size: 4,
-  dtype: "float16",
-  kv_cache_dtype: "auto",
-  layout: "NHD",
-};
-const HELD = { spec: SPEC, storage: "webgpu" as const };
-const ints = (values: number[], shape = [values.length]) => ({
-  shape,
-  values: Int32Array.from(values),
-});
-
-/** One decode request at position 9 (3 blocks), 2 heads. */
-function input(over: Partial<ForwardInput> = {}): ForwardInput {
-  const f16 = (n: number, shape: number[]) => ({
-    dtype: "float16" as const,
-    shape,
-    array: fromFloats("float16", Float32Array.from({ length: n }, (_, i) => i / 8)),
-    encoding: "base64" as const,
-  });
-  return {
-    dtype: "float16",
-    layer: { num_heads: 2, num_kv_heads: 1, head_size: 4 },
-    query: f16(8, [1, 2, 4]),
-    key: f16(4, [1, 1, 4]),
-    value: f16(4, [1, 1, 4]),
-    metadata: {
-      query_start_loc: ints([0, 1]),
-      seq_lens: ints([10]),
-      block_table: ints([5, 2, 7], [1, 3]),
-      slot_mapping: ints([29]),
-    },
-    kv_cache: "c",
-    ...over,
-  };
-}
+const SPEC = DECODE_SPEC;
+const HELD = DECODE_HELD;
+const input = decodeInput;
 
 function rejects(f: () => unknown, code: string): ServiceError {
   try {
