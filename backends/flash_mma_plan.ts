@@ -5,7 +5,7 @@
  * binding names, one planned call ({@link planMmaRows}); {@link planFlashMma} wraps it in a
  * whole plan (cache write, poison, attention; gpu/plan_builder.ts) that `runGpuPlan` runs.
  * Which batches qualify is said as a refusal of one kind ({@link MmaRefusal}, from
- * {@link mmaConstsOrRefusal}): f16/bf16 data on a device with f16 -> f32 subgroup matrices, a
+ * {@link mmaConstsOf}): f16/bf16 data on a device with f16 -> f32 subgroup matrices, a
  * shape that compiles and fits the device's workgroup memory and invocations; f32 data keeps the
  * exact path.
  * @module
@@ -52,7 +52,7 @@ export class MmaRefusal {
 }
 
 /** What `s` fixes of the kernel on a device with `mma`, or why the kernel cannot run it. */
-export function mmaTargetOrRefusal(
+export function mmaTargetOf(
   ctx: GpuContext,
   s: BatchShape,
   mma: MmaSupport | null,
@@ -78,16 +78,6 @@ export function mmaTargetOrRefusal(
     alibi: L.alibi_slopes !== null,
     sinks: L.sinks !== null,
   };
-}
-
-/** {@link mmaTargetOrRefusal} with the refusal as its words. */
-export function mmaTargetOf(
-  ctx: GpuContext,
-  s: BatchShape,
-  mma: MmaSupport | null,
-): MmaTarget | string {
-  const t = mmaTargetOrRefusal(ctx, s, mma);
-  return t instanceof MmaRefusal ? t.detail : t;
 }
 
 /**
@@ -122,14 +112,14 @@ export function envMmaShape(): MmaShape | undefined {
  * else the first that fits), or why not. The batch's features are compiled in only by `fast` shapes
  * (false otherwise: one pipeline serves every feature set).
  */
-export function mmaConstsOrRefusal(
+export function mmaConstsOf(
   ctx: GpuContext,
   s: BatchShape,
   mma: MmaSupport | null,
   shape?: MmaShape,
   preferred?: MmaShape,
 ): MmaConsts | MmaRefusal {
-  const t = mmaTargetOrRefusal(ctx, s, mma);
+  const t = mmaTargetOf(ctx, s, mma);
   if (t instanceof MmaRefusal) return t;
   const limit = ctx.limits.maxComputeWorkgroupStorageSize ?? 16384;
   // A named shape this batch cannot take (a direct shape on a bf16 cache): the default's.
@@ -156,18 +146,6 @@ export function mmaConstsOrRefusal(
   if (full.fast) return { ...t, ...full };
   const off = { causal: false, window: false, softcap: false, alibi: false, sinks: false };
   return { ...t, ...off, ...full };
-}
-
-/** {@link mmaConstsOrRefusal} with the refusal as its words. */
-export function mmaConstsOf(
-  ctx: GpuContext,
-  s: BatchShape,
-  mma: MmaSupport | null,
-  shape?: MmaShape,
-  preferred?: MmaShape,
-): MmaConsts | string {
-  const c = mmaConstsOrRefusal(ctx, s, mma, shape, preferred);
-  return c instanceof MmaRefusal ? c.detail : c;
 }
 
 /** Plans the rows of the requests `reqs` selects on the tensor-core kernel. */
@@ -204,7 +182,7 @@ export function planFlashMma(
   shape?: MmaShape,
 ): Promise<GpuPlan> {
   const c = mmaConstsOf(ctx, s, mma, shape);
-  if (typeof c === "string") return Promise.reject(new Error(`flash_mma: ${c}`));
+  if (c instanceof MmaRefusal) return Promise.reject(new Error(`flash_mma: ${c.detail}`));
   return buildGpuPlan(ctx, s, async (table) => {
     const r = await planMmaRows(ctx, s, c, () => true, table);
     return {

@@ -44,7 +44,7 @@ import {
 import { partialBytes, partialLimit, planDecodeRows } from "./decode_plan.ts";
 import {
   envMmaShape,
-  mmaConstsOrRefusal,
+  mmaConstsOf,
   MmaRefusal,
   type MmaRefusalKind,
   planMmaRows,
@@ -180,14 +180,14 @@ export const MMA_REFUSAL_REASONS: Readonly<
 
 /**
  * The tensor-core kernel's constants for this batch's prefill rows, or why it runs none: the
- * switch, the adapter, then what mmaConstsOrRefusal refuses (the dtype, the kernel's own
+ * switch, the adapter, then what mmaConstsOf refuses (the dtype, the kernel's own
  * limits), worded by {@link MMA_REFUSAL_REASONS}.
  */
 function mmaFor(ctx: GpuContext, o: ResolvedFlashOptions, s: BatchShape): MmaConsts | string {
   if (!o.mma) return o.mma_off ?? "tensor-core kernel disabled";
   const support = mmaSupportOrWhy(ctx);
   if (typeof support === "string") return MMA_REFUSAL_REASONS.support(support, s);
-  const c = mmaConstsOrRefusal(ctx, s, support, undefined, o.mma_shape);
+  const c = mmaConstsOf(ctx, s, support, undefined, o.mma_shape);
   return c instanceof MmaRefusal ? MMA_REFUSAL_REASONS[c.kind](c.detail, s) : c;
 }
 

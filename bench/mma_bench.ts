@@ -18,7 +18,7 @@
  * @module
  */
 import { parseArgs } from "node:util";
-import { mmaConstsOf, planFlashMma } from "../backends/flash_mma_plan.ts";
+import { mmaConstsOf, MmaRefusal, planFlashMma } from "../backends/flash_mma_plan.ts";
 import {
   MMA_VARIANTS,
   type MmaAblation,
@@ -223,8 +223,8 @@ for (const c of cases) {
     }
     const ablation = Boolean(shape.ablate);
     const consts = mmaConstsOf(ctx, data.batch, ctx.mma, shape);
-    if (typeof consts === "string") {
-      console.log(`${name.padEnd(19)} skipped: ${consts}`);
+    if (consts instanceof MmaRefusal) {
+      console.log(`${name.padEnd(19)} skipped: ${consts.detail}`);
       continue;
     }
     const lay = mmaLayout(consts, consts);

@@ -8,7 +8,7 @@
  * @module
  */
 import { parseArgs } from "node:util";
-import { mmaConstsOf, planFlashMma } from "../backends/flash_mma_plan.ts";
+import { mmaConstsOf, MmaRefusal, planFlashMma } from "../backends/flash_mma_plan.ts";
 import { MMA_VARIANTS, mmaLayout } from "../gpu/flash_mma_shape.ts";
 import { acquireMmaDevice } from "../gpu/flash_mma_device.ts";
 import { runGpuPlan } from "../gpu/gpu_plan.ts";
@@ -62,7 +62,7 @@ for (const name of args.values.cases!.split(",")) {
   const lse = r.lse!;
   const { heads: H, kvHeads: Hkv, headSize: D, len } = c, T = p.batch.num_tokens, hcnt = H / Hkv;
   const consts = mmaConstsOf(ctx, p.batch, ctx.mma, shape);
-  if (typeof consts === "string") throw new Error(consts);
+  if (consts instanceof MmaRefusal) throw new Error(consts.detail);
   const rows = mmaLayout(consts, consts).rows, tokPerTile = rows / hcnt, MM = ctx.mma.m;
   let wrong = 0, lseWrong = 0;
   const byRb = new Map<string, number>(), byCol = new Map<number, number>();

@@ -9,7 +9,7 @@
  * --allow-all.
  */
 import assert from "node:assert/strict";
-import { envMmaShape, mmaConstsOf } from "../../backends/flash_mma_plan.ts";
+import { envMmaShape, mmaConstsOf, MmaRefusal } from "../../backends/flash_mma_plan.ts";
 import { HostKvCache } from "../../backends/cpu/host_cache.ts";
 import type { GpuContext } from "../../core/types.ts";
 import { validHostBatch } from "../../service/host_input.ts";
@@ -160,9 +160,9 @@ Deno.test("flash_mma: a named shape a batch cannot take falls back to the defaul
   };
   const named = MMA_VARIANTS["w8r1k16-fd"];
   const f16 = mmaConstsOf(fake, batch("auto"), mma, undefined, named);
-  assert.ok(typeof f16 !== "string" && f16.direct && f16.fast && f16.causal, String(f16));
+  assert.ok(!(f16 instanceof MmaRefusal) && f16.direct && f16.fast && f16.causal, String(f16));
   const bf16 = mmaConstsOf(fake, batch("bfloat16"), mma, undefined, named);
-  assert.ok(typeof bf16 !== "string", String(bf16));
+  assert.ok(!(bf16 instanceof MmaRefusal), String(bf16));
   // the default shape (fast, late: the batch's features compiled in, so causal)
   assert.deepEqual(
     [bf16.nsg, bf16.rm, bf16.bk, bf16.direct, bf16.fast, bf16.late, bf16.causal],

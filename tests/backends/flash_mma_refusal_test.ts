@@ -1,5 +1,5 @@
 /**
- * Why the tensor-core kernel refuses a batch, as data: the kind mmaConstsOrRefusal
+ * Why the tensor-core kernel refuses a batch, as data: the kind mmaConstsOf
  * (backends/flash_mma_plan.ts) gives each refusal, and the path reason WEBGPU_FLASH words each
  * kind as (`MMA_REFUSAL_REASONS`, sent in `X-Attention-Path-Reasons`), end to end through
  * `flashRouting`. Fake contexts (no device): runs everywhere.
@@ -10,12 +10,7 @@ import {
   MMA_REFUSAL_REASONS,
   resolveFlashOptions,
 } from "../../backends/webgpu_flash.ts";
-import {
-  mmaConstsOf,
-  mmaConstsOrRefusal,
-  MmaRefusal,
-  type MmaRefusalKind,
-} from "../../backends/flash_mma_plan.ts";
+import { mmaConstsOf, MmaRefusal, type MmaRefusalKind } from "../../backends/flash_mma_plan.ts";
 import { DEFAULT_DECODE_TUNING } from "../../backends/webgpu_decode_tuning.ts";
 import { HostKvCache } from "../../backends/cpu/host_cache.ts";
 import { MMA_FEATURE } from "../../gpu/flash_mma_kernel.ts";
@@ -73,48 +68,48 @@ Deno.test("mma refusal: each kind worded for the path reasons", () => {
   assert.deepEqual(Object.keys(MMA_REFUSAL_REASONS).sort(), Object.keys(words).sort());
 });
 
-Deno.test("mma refusal: the kind of each refusal mmaConstsOrRefusal gives", () => {
+Deno.test("mma refusal: the kind of each refusal mmaConstsOf gives", () => {
   const ctx = fakeCtx();
   const f16 = shape({}), bf16Cache = shape({ kv_cache_dtype: "bfloat16" });
-  assert.deepEqual(refusalOf(mmaConstsOrRefusal(ctx, f16, null)), {
+  assert.deepEqual(refusalOf(mmaConstsOf(ctx, f16, null)), {
     kind: "support",
     detail: "the device has no f16 -> f32 subgroup matrices",
   });
-  assert.deepEqual(refusalOf(mmaConstsOrRefusal(ctx, shape({ dtype: "float32" }), SUPPORT)), {
+  assert.deepEqual(refusalOf(mmaConstsOf(ctx, shape({ dtype: "float32" }), SUPPORT)), {
     kind: "dtype",
     detail: "float32 data keeps the exact f32 path",
   });
   const direct = MMA_VARIANTS["w8r1k16-fd"];
-  assert.deepEqual(refusalOf(mmaConstsOrRefusal(ctx, bf16Cache, SUPPORT, direct)), {
+  assert.deepEqual(refusalOf(mmaConstsOf(ctx, bf16Cache, SUPPORT, direct)), {
     kind: "shape",
     detail: "direct loads need an f16 cache, not bfloat16",
   });
   // A shape problem is a shape problem even where the memory would not do either.
   const tiny = fakeCtx({ maxComputeWorkgroupStorageSize: 1024 });
   const hd72 = shape({ head_size: 72 });
-  assert.equal(refusalOf(mmaConstsOrRefusal(tiny, hd72, SUPPORT, direct)).kind, "shape");
+  assert.equal(refusalOf(mmaConstsOf(tiny, hd72, SUPPORT, direct)).kind, "shape");
   const big = { nsg: 64, rm: 4, bk: 256, tau: 8 };
-  const tooBig = refusalOf(mmaConstsOrRefusal(ctx, f16, SUPPORT, big));
+  const tooBig = refusalOf(mmaConstsOf(ctx, f16, SUPPORT, big));
   assert.equal(tooBig.kind, "workgroup_memory");
   assert.match(tooBig.detail, /^needs \d+ B of workgroup memory \(limit 32768\)$/);
   const small = fakeCtx({ maxComputeWorkgroupStorageSize: 4096 });
-  assert.deepEqual(refusalOf(mmaConstsOrRefusal(small, f16, SUPPORT)), {
+  assert.deepEqual(refusalOf(mmaConstsOf(small, f16, SUPPORT)), {
     kind: "workgroup_memory",
     detail: "no kernel shape fits head_size 128 in 4096 B of workgroup memory",
   });
   // No shape compiles for head_size 72 whatever the memory: a shape refusal, not memory.
-  assert.deepEqual(refusalOf(mmaConstsOrRefusal(small, hd72, SUPPORT)), {
+  assert.deepEqual(refusalOf(mmaConstsOf(small, hd72, SUPPORT)), {
     kind: "shape",
     detail: "head_size 72 is not a multiple of 16",
   });
   const narrow = fakeCtx({ maxComputeInvocationsPerWorkgroup: 64 });
-  assert.deepEqual(refusalOf(mmaConstsOrRefusal(narrow, f16, SUPPORT)), {
+  assert.deepEqual(refusalOf(mmaConstsOf(narrow, f16, SUPPORT)), {
     kind: "invocations",
     detail: "256 invocations a workgroup (limit 64)",
   });
-  // mmaConstsOf: the same answer, a refusal as its detail.
-  assert.equal(mmaConstsOf(narrow, f16, SUPPORT), "256 invocations a workgroup (limit 64)");
-  assert.ok(!(mmaConstsOrRefusal(ctx, f16, SUPPORT) instanceof MmaRefusal));
+  // A refusal reads as its detail (String(), template strings).
+  assert.equal(String(mmaConstsOf(narrow, f16, SUPPORT)), "256 invocations a workgroup (limit 64)");
+  assert.ok(!(mmaConstsOf(ctx, f16, SUPPORT) instanceof MmaRefusal));
 });
 
 Deno.test("mma refusal: the prefill path reasons flashRouting sends, one per kind it meets", () => {
