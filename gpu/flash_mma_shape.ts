@@ -249,16 +249,17 @@ export function mmaShapeProblem(
     }
     if ((d / 2) % Math.max(n, k, shape.bk)) return `dsplit 2 halves head_size ${d} unevenly`;
   }
-  const oc = shape.ocols || shape.bk, org = shape.oregions ?? 1;
+  // The epilogue's pass: `oc` columns over `lpr` lanes a row (mmaLayout's LPR).
+  const oc = shape.ocols || shape.bk, org = shape.oregions ?? 1, lpr = Math.max(1, sg / mr);
   if (oc !== shape.bk || org !== 1) {
     if ((shape.dsplit ?? 1) !== 1) return "ocols / oregions need dsplit 1";
-    if (oc % n || d % oc || oc % (sg / Math.min(sg, mr))) {
+    if (oc % n || d % oc || oc % lpr) {
       return `ocols ${oc} does not split head_size ${d} into whole matrices and lanes`;
     }
     if (org !== 1 && org !== 2) return `oregions ${org} is not 1 or 2`;
   }
-  if (shape.ovec && (oc / Math.max(1, sg / mr)) % 8) {
-    return `ovec needs 8 output columns a lane (ocols ${oc}, ${Math.max(1, sg / mr)} lanes a row)`;
+  if (shape.ovec && (oc / lpr) % 8) {
+    return `ovec needs 8 output columns a lane (ocols ${oc}, ${lpr} lanes a row)`;
   }
   if (shape.sgresc && ablatedStages(shape).has("rescale")) {
     return `the ${shape.ablate} ablation cuts the per-subgroup rescale's lane flags`;
