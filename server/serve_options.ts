@@ -23,16 +23,7 @@ import {
   type KeepWarmOptions,
 } from "../gpu/keep_warm.ts";
 import { envVar } from "../core/env.ts";
-export {
-  DEFAULT_HTTP_WORKERS,
-  DEFAULT_MEMORY_BUDGET_BYTES,
-  DEVICE_THREADS_ENV,
-  DEVICE_THREADS_HTTP_ENV,
-  HELP,
-  HTTP_WORKERS_ENV,
-  KEEP_WARM_ENV,
-  MAX_HTTP_WORKERS,
-} from "./serve_help.ts";
+export { HELP } from "./serve_help.ts";
 import {
   DEFAULT_HTTP_WORKERS,
   DEFAULT_MEMORY_BUDGET_BYTES,
