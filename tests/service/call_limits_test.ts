@@ -4,25 +4,13 @@
  * naming the limit, the count and the max, alone or listed with the other limits.
  */
 import assert from "node:assert/strict";
-import { ServiceError } from "../../core/errors.ts";
+import type { ServiceError } from "../../core/errors.ts";
 import { attentionFlops, type CallCounts, limitsOver } from "../../service/call_limits.ts";
 import { validateForward } from "../../service/validate.ts";
-import { DECODE_HELD, decodeInput, ints } from "./decode_input.ts";
+import { DECODE_HELD, decodeInput, ints, refused422 } from "./decode_input.ts";
 
 const HELD = DECODE_HELD;
 const decode = () => decodeInput();
-
-function refused(f: () => unknown, code: string): ServiceError {
-  try {
-    f();
-  } catch (e) {
-    assert.ok(e instanceof ServiceError, String(e));
-    assert.equal(e.status, 422);
-    assert.equal(e.code, code, e.message);
-    return e;
-  }
-  assert.fail(`expected 422 ${code}`);
-}
 
 const issueLines = (e: ServiceError) => e.issues!.map((i) => `${i.path.join(".")}: ${i.message}`);
 
@@ -30,7 +18,7 @@ Deno.test("flops limit: at the max a call runs; one FLOP under its count it is r
   // The keys limit lets the call through (10 <= 10): the FLOPs limit alone decides.
   const limits = { max_tokens: 1, max_attended_keys: 10 };
   validateForward(decode(), HELD, { ...limits, max_attention_flops: 320 });
-  const e = refused(
+  const e = refused422(
     () => validateForward(decode(), HELD, { ...limits, max_attention_flops: 319 }),
     "limit_exceeded",
   );
@@ -81,7 +69,7 @@ Deno.test("flops limit: exact past 2^53 (BigInt), the message has every digit", 
 
 Deno.test("flops limit: listed after the other limits; with a rule broken, in invalid_batch", () => {
   const limits = { max_tokens: 0, max_attended_keys: 9, max_attention_flops: 100 };
-  const e = refused(() => validateForward(decode(), HELD, limits), "limit_exceeded");
+  const e = refused422(() => validateForward(decode(), HELD, limits), "limit_exceeded");
   assert.deepEqual(e.issues!.map((i) => i.message.split(" exceeds ")[1]), [
     "max_tokens = 0",
     "max_attended_keys = 9",
@@ -91,7 +79,7 @@ Deno.test("flops limit: listed after the other limits; with a rule broken, in in
   const bad = decode();
   bad.metadata = { ...bad.metadata, slot_mapping: ints([99]) };
   const only = { max_attention_flops: 100 };
-  const b = refused(() => validateForward(bad, HELD, only), "invalid_batch");
+  const b = refused422(() => validateForward(bad, HELD, only), "invalid_batch");
   assert.deepEqual(b.issues!.map((i) => i.path.join(".")), [
     "metadata.slot_mapping.0",
     "metadata.seq_lens",
@@ -100,7 +88,7 @@ Deno.test("flops limit: listed after the other limits; with a rule broken, in in
   // seq_lens broken: no key count, so no FLOPs count either.
   const noCount = decode();
   noCount.metadata = { ...noCount.metadata, seq_lens: ints([-1]) };
-  const n = refused(() => validateForward(noCount, HELD, only), "invalid_batch");
+  const n = refused422(() => validateForward(noCount, HELD, only), "invalid_batch");
   assert.deepEqual(n.issues!.map((i) => i.path.join(".")), ["metadata.seq_lens.0"]);
   assert.equal(n.extra, undefined);
 });
@@ -112,11 +100,11 @@ Deno.test("flops limit: a library caller's non-integer layer or limit is checked
   for (const layer of [{ num_heads: 2.5 }, { head_size: 4.5 }]) {
     const bad = decode();
     bad.layer = { ...bad.layer, ...layer };
-    refused(() => validateForward(bad, HELD), "invalid_batch");
+    refused422(() => validateForward(bad, HELD), "invalid_batch");
   }
   validateForward(decode(), HELD, { max_attention_flops: Infinity });
   validateForward(decode(), HELD, { max_attention_flops: 320.5 });
-  const e = refused(
+  const e = refused422(
     () => validateForward(decode(), HELD, { max_attention_flops: 319.5 }),
     "limit_exceeded",
   );

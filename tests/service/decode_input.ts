@@ -1,9 +1,12 @@
 /**
  * The validator tests' forward call: one decode request at position 9 (10 attended keys, 3 blocks
- * of 4) over a held f16 NHD cache of 8 blocks, 2 q heads / 1 kv head of size 4.
+ * of 4) over a held f16 NHD cache of 8 blocks, 2 q heads / 1 kv head of size 4; and their
+ * check that a call is refused with a 422 of a given code.
  * @module
  */
+import assert from "node:assert/strict";
 import { fromFloats } from "../../core/data.ts";
+import { ServiceError } from "../../core/errors.ts";
 import type { KvCacheSpec } from "../../core/types.ts";
 import type { ForwardInput } from "../../service/validate.ts";
 
@@ -50,4 +53,17 @@ export function decodeInput(over: Partial<ForwardInput> = {}): ForwardInput {
     kv_cache: "c",
     ...over,
   };
+}
+
+/** The 422 ServiceError of `code` that `f` throws (fails when it throws another or none). */
+export function refused422(f: () => unknown, code: string): ServiceError {
+  try {
+    f();
+  } catch (e) {
+    assert.ok(e instanceof ServiceError, String(e));
+    assert.equal(e.status, 422);
+    assert.equal(e.code, code, e.message);
+    return e;
+  }
+  assert.fail(`expected 422 ${code}`);
 }

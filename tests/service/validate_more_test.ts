@@ -7,7 +7,6 @@
  */
 import assert from "node:assert/strict";
 import { dataArray, fromFloats } from "../../core/data.ts";
-import { ServiceError } from "../../core/errors.ts";
 import { rawFromJson, rawFromSafetensors, toDataTensor } from "../../wire/tensors.ts";
 import type { KvCacheSpec } from "../../core/types.ts";
 import {
@@ -17,23 +16,11 @@ import {
   validateForward,
 } from "../../service/validate.ts";
 import { HostKvCache } from "../../backends/cpu/host_cache.ts";
-import { DECODE_HELD, DECODE_SPEC, decodeInput, ints } from "./decode_input.ts";
+import { DECODE_HELD, DECODE_SPEC, decodeInput, ints, refused422 } from "./decode_input.ts";
 
 const SPEC = DECODE_SPEC;
 const HELD = DECODE_HELD;
 const input = decodeInput;
-
-function rejects(f: () => unknown, code: string): ServiceError {
-  try {
-    f();
-  } catch (e) {
-    assert.ok(e instanceof ServiceError, String(e));
-    assert.equal(e.status, 422);
-    assert.equal(e.code, code);
-    return e;
-  }
-  assert.fail(`expected 422 ${code}`);
-}
 
 Deno.test("validate: non-finite values are 422 naming the tensor and the first bad index", () => {
   // base64 / safetensors bytes: an f16 NaN (0x7e00) and an inf (0x7c00) in the key.
@@ -46,7 +33,7 @@ Deno.test("validate: non-finite values are 422 naming the tensor and the first b
     array: dataArray("float16", new Uint8Array(bytes.buffer)),
     encoding: "binary" as const,
   };
-  const e = rejects(() => validateForward(input({ key }), HELD), "invalid_batch");
+  const e = refused422(() => validateForward(input({ key }), HELD), "invalid_batch");
   const hit = e.issues!.find((i) => i.path[0] === "key");
   assert.deepEqual(hit?.path, ["key", 2]);
   assert.match(hit!.message, /NaN/);
@@ -57,7 +44,7 @@ Deno.test("validate: non-finite values are 422 naming the tensor and the first b
     rawFromSafetensors({ dtype: "F32", shape: [1, 2, 4], data: new Uint8Array(q.buffer) }),
     ["query"],
   );
-  const e2 = rejects(() => validateForward(input({ query: st }), HELD), "invalid_batch");
+  const e2 = refused422(() => validateForward(input({ query: st }), HELD), "invalid_batch");
   assert.deepEqual(e2.issues!.find((i) => i.path[0] === "query")?.path, ["query", 5]);
   // And for JSON numbers: 1e999 parses to Infinity; 1e6 overflows float16 to inf.
   for (const big of [1e999, 1e6]) {
@@ -65,14 +52,14 @@ Deno.test("validate: non-finite values are 422 naming the tensor and the first b
     const t = toDataTensor(rawFromJson({ dtype: "float16", shape: [1, 2, 4], data }, ["q"]), [
       "query",
     ]);
-    const e3 = rejects(() => validateForward(input({ query: t }), HELD), "invalid_batch");
+    const e3 = refused422(() => validateForward(input({ query: t }), HELD), "invalid_batch");
     assert.deepEqual(e3.issues!.find((i) => i.path[0] === "query")?.path, ["query", 3]);
   }
 });
 
 Deno.test("validate: a block id repeated within a request's row is 422", () => {
   const md = { ...input().metadata, block_table: ints([5, 2, 5], [1, 3]) };
-  const e = rejects(() => validateForward(input({ metadata: md }), HELD), "invalid_batch");
+  const e = refused422(() => validateForward(input({ metadata: md }), HELD), "invalid_batch");
   const hit = e.issues!.find((i) => i.path.join(".") === "metadata.block_table.0.2");
   assert.ok(hit, JSON.stringify(e.issues));
   assert.match(hit.message, /block id 5 repeats block_table\[0\]\[0\]/);
@@ -97,12 +84,12 @@ Deno.test("validate: a block id repeated within a request's row is 422", () => {
 
 Deno.test("validate: per-call limits are 422 limit_exceeded naming the limit and value", () => {
   const limits = { max_tokens: 4, max_attended_keys: 9 };
-  const e = rejects(() => validateForward(input(), HELD, limits), "limit_exceeded");
+  const e = refused422(() => validateForward(input(), HELD, limits), "limit_exceeded");
   assert.match(e.message, /attended keys 10 exceeds the per-call limit max_attended_keys = 9/);
   assert.equal(e.extra?.limit, "max_attended_keys");
   assert.equal(e.extra?.value, 10);
   validateForward(input(), HELD, { ...limits, max_attended_keys: 10 }); // at the limit: fine
-  const t = rejects(
+  const t = refused422(
     () => validateForward(input(), HELD, { max_tokens: 0, max_attended_keys: 100 }),
     "limit_exceeded",
   );
@@ -113,7 +100,10 @@ Deno.test("validate: limits join the other issues: one 422 invalid_batch lists t
   // Out of range slot (a rule) and both limits: one invalid_batch naming all three.
   const md = { ...input().metadata, slot_mapping: ints([99]) };
   const limits = { max_tokens: 0, max_attended_keys: 9 };
-  const e = rejects(() => validateForward(input({ metadata: md }), HELD, limits), "invalid_batch");
+  const e = refused422(
+    () => validateForward(input({ metadata: md }), HELD, limits),
+    "invalid_batch",
+  );
   assert.deepEqual(e.issues!.map((i) => `${i.path.join(".")}: ${i.message}`), [
     "metadata.slot_mapping.0: slot 99 out of range: -1 or [0, 32) (num_blocks 8 x block_size 4)",
     "query.shape.0: num_tokens 1 exceeds max_tokens = 0",
@@ -122,7 +112,7 @@ Deno.test("validate: limits join the other issues: one 422 invalid_batch lists t
   // The first limit's fields, as a limit_exceeded document has them.
   assert.deepEqual(e.extra, { limit: "max_tokens", value: 1, max: 0 });
   // Only limits: limit_exceeded, every limit listed.
-  const only = rejects(() => validateForward(input(), HELD, limits), "limit_exceeded");
+  const only = refused422(() => validateForward(input(), HELD, limits), "limit_exceeded");
   assert.deepEqual(only.issues!.map((i) => i.path.join(".")), [
     "query.shape.0",
     "metadata.seq_lens",
@@ -134,21 +124,24 @@ Deno.test("validate: attended keys are counted only from valid query_start_loc a
   const limits = { max_tokens: 0, max_attended_keys: 0 };
   // seq_lens breaks a rule: no attended-keys count (it would be meaningless); max_tokens still.
   const md = { ...input().metadata, seq_lens: ints([-1]) };
-  const e = rejects(() => validateForward(input({ metadata: md }), HELD, limits), "invalid_batch");
+  const e = refused422(
+    () => validateForward(input({ metadata: md }), HELD, limits),
+    "invalid_batch",
+  );
   assert.deepEqual(e.issues!.map((i) => i.path.join(".")), [
     "metadata.seq_lens.0",
     "query.shape.0",
   ]);
   // So does an invalid sliding window (the count depends on it).
   const layer = { num_heads: 2, num_kv_heads: 1, head_size: 4, sliding_window: 0 };
-  const w = rejects(() => validateForward(input({ layer }), HELD, limits), "invalid_batch");
+  const w = refused422(() => validateForward(input({ layer }), HELD, limits), "invalid_batch");
   assert.deepEqual(w.issues!.map((i) => i.path.join(".")), [
     "layer.sliding_window",
     "query.shape.0",
   ]);
   // A valid window is counted: 3 keys.
   const win = { ...layer, sliding_window: 3 };
-  const ok = rejects(
+  const ok = refused422(
     () => validateForward(input({ layer: win }), HELD, { max_tokens: 1, max_attended_keys: 2 }),
     "limit_exceeded",
   );
@@ -164,7 +157,10 @@ Deno.test("validate: the limits are listed past the issue cap, before the count 
     slot_mapping: ints([29]),
   };
   const limits = { max_tokens: 100, max_attended_keys: 100 };
-  const e = rejects(() => validateForward(input({ metadata: md }), HELD, limits), "invalid_batch");
+  const e = refused422(
+    () => validateForward(input({ metadata: md }), HELD, limits),
+    "invalid_batch",
+  );
   assert.equal(e.issues!.length, 102);
   assert.deepEqual(e.issues!.slice(99).map((i) => `${i.path.join(".")}: ${i.message}`), [
     "metadata.block_table.0.99: block id 8 out of range [0, 8)",
@@ -207,7 +203,7 @@ Deno.test("validate: repeats are named with their first occurrence, in every cal
     },
   });
   for (let call = 0; call < 2; call++) {
-    const e = rejects(() => validateForward(i, HELD), "invalid_batch");
+    const e = refused422(() => validateForward(i, HELD), "invalid_batch");
     const msgs = e.issues!.map((x) => `${x.path.join(".")}: ${x.message}`);
     assert.deepEqual(msgs.filter((m) => m.includes("repeats")).map((m) => m.split(":")[0]), [
       "metadata.block_table.0.2",
@@ -250,7 +246,7 @@ Deno.test("validate: slot repeats, padding and out-of-range slots, in index orde
     });
   // Padding (-1) may repeat; in-range slots may not; out-of-range ones are named once each.
   validateForward(call([-1, 4, -1, -1, 5, 6]), HELD);
-  const e = rejects(
+  const e = refused422(
     () => validateForward(call([9, 4, 9, 40, 40, -1, 9, -3]), HELD),
     "invalid_batch",
   );
@@ -267,7 +263,7 @@ Deno.test("validate: slot repeats, padding and out-of-range slots, in index orde
   // A cache of more slots than the marks cover (2^24 here) takes the sorted path: same answers.
   const huge = { ...HELD, spec: { ...SPEC, num_blocks: 1 << 22 } };
   validateForward(call([-1, 4, -1, (1 << 24) - 1]), huge);
-  const big = rejects(() => validateForward(call([9, 1 << 24, 9]), huge), "invalid_batch");
+  const big = refused422(() => validateForward(call([9, 1 << 24, 9]), huge), "invalid_batch");
   assert.deepEqual(big.issues!.map((x) => `${x.path.join(".")}: ${x.message}`), [
     "metadata.slot_mapping.1: slot 16777216 out of range: -1 or [0, 16777216) (num_blocks 4194304 x block_size 4)",
     "metadata.slot_mapping.2: slot 9 duplicates slot_mapping[0]",
@@ -311,7 +307,7 @@ Deno.test("validate: deferFinite leaves a large batch's scan, unless the call fa
   const at = 123457;
   x.value!.array.bytes.set([0x00, 0x7e], 2 * at); // a float16 NaN
   // Without deferral the host scan finds it; with it, the batch passes, marked deferred.
-  const e = rejects(() => validateForward(x, held), "invalid_batch");
+  const e = refused422(() => validateForward(x, held), "invalid_batch");
   assert.deepEqual(e.issues!.map((i) => i.path), [["value", at]]);
   const v = validateForward(x, held, undefined, { deferFinite: true });
   assert.equal(v.finite_deferred, true);
@@ -320,7 +316,7 @@ Deno.test("validate: deferFinite leaves a large batch's scan, unless the call fa
     false,
   );
   // The host scan a plan without the device check gets: the same 422.
-  const h = rejects(() => checkFiniteOnHost(v.batch), "invalid_batch");
+  const h = refused422(() => checkFiniteOnHost(v.batch), "invalid_batch");
   assert.deepEqual(h.issues, e.issues);
   // A call that fails anyway lists every problem, the NaN included.
   const bad = {
@@ -330,7 +326,7 @@ Deno.test("validate: deferFinite leaves a large batch's scan, unless the call fa
       slot_mapping: ints([...x.metadata.slot_mapping!.values.slice(0, T - 1), 99999]),
     },
   };
-  const both = rejects(
+  const both = refused422(
     () => validateForward(bad, held, undefined, { deferFinite: true }),
     "invalid_batch",
   );
@@ -339,7 +335,7 @@ Deno.test("validate: deferFinite leaves a large batch's scan, unless the call fa
     `value.${at}`,
   ]);
   // So does a call over a limit: the NaN is scanned now and listed with it, one invalid_batch.
-  const over = rejects(
+  const over = refused422(
     () =>
       validateForward(x, held, { max_tokens: 1000, max_attended_keys: 2 ** 32 }, {
         deferFinite: true,
