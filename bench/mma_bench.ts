@@ -71,6 +71,8 @@ const ABLATIONS: readonly MmaAblation[] = [
   "loop",
   "count",
   "epilogue",
+  "round",
+  "write",
   "qpass",
   "bare",
 ];

@@ -24,6 +24,8 @@ export type MmaAblation =
   // passes' conditional assignments to the fragment `var`s cost in the loop
   | "epilogue" // the O passes' barriers and output writes after the loop (the fixed
   // per-workgroup cost); O is still stored to workgroup memory, so PV stays live
+  | "round" // the output's rounding: round_pair keeps the top halves of the f32 bits
+  | "write" // the output's stores: the epilogue's words folded into one a lane, not stored
   | "bare"; // loop, softmax and epilogue together: QK, staging and PV in the kernel's frame
 
 /**
@@ -115,6 +117,13 @@ export interface MmaShape {
    * `array<vec4<u32>>`) instead of four 4-byte ones. Needs 8 columns a lane in a pass.
    */
   ovec?: boolean;
+  /**
+   * The epilogue rounds f16 output pairs with `pack2x16float` where both are inside f16's finite
+   * range, with round.wgsl's integer rounding otherwise (gpu/flash_mma_staging.ts roundCode).
+   * Byte-identical where the device's f32 -> f16 conversion rounds to nearest even. bf16 output
+   * is unchanged. Default false.
+   */
+  opack?: boolean;
   /** Bench only: leave stages out to time the rest (see {@link MmaAblation}); "": none. */
   ablate?:
     | MmaAblation
@@ -143,6 +152,7 @@ export function fullShape(s: MmaShape): FullMmaShape {
     ocols: s.ocols || s.bk,
     oregions: s.oregions ?? 1,
     ovec: s.ovec ?? false,
+    opack: s.opack ?? false,
     ablate: s.ablate ?? "",
   };
 }
@@ -274,7 +284,8 @@ export function mmaShapeProblem(
  * `-x` K/V staged by matrix moves, `-s{n}` n chains of S = Q K^T, `-u` the lazy rescale decided
  * per subgroup: `sgresc`, `-l` next-tile stores after PV: `late`, `-d` D split over a pair of
  * subgroups: `dsplit` 2, `-p` the epilogue's O passes in two regions: `oregions` 2, `-w` 32
- * columns a pass: `ocols` 32, `-v` 16-byte output stores: `ovec`),
+ * columns a pass: `ocols` 32, `-v` 16-byte output stores: `ovec`, `-r` f16 output rounded by
+ * pack2x16float: `opack`),
  * what bench/mma_bench.ts sweeps and ATTN_PREFILL_MMA_SHAPE may name for the backend.
  */
 export const MMA_VARIANTS: Readonly<Record<string, MmaShape>> = {
@@ -312,6 +323,17 @@ export const MMA_VARIANTS: Readonly<Record<string, MmaShape>> = {
   "w8r1k16-flw": { nsg: 8, rm: 1, bk: 16, tau: 8, fast: true, late: true, ocols: 32 },
   "w8r1k16-fup": { nsg: 8, rm: 1, bk: 16, tau: 8, fast: true, sgresc: true, oregions: 2 },
   "w8r1k16-flv": { nsg: 8, rm: 1, bk: 16, tau: 8, fast: true, late: true, ovec: true },
+  "w8r1k16-flr": { nsg: 8, rm: 1, bk: 16, tau: 8, fast: true, late: true, opack: true },
+  "w8r1k16-flvr": {
+    nsg: 8,
+    rm: 1,
+    bk: 16,
+    tau: 8,
+    fast: true,
+    late: true,
+    ovec: true,
+    opack: true,
+  },
   "w8r1k16-flpv": {
     nsg: 8,
     rm: 1,

@@ -99,12 +99,34 @@ export function stagingDecoders(storage: StorageDType, dtype: "float16" | "bfloa
   }
 }
 
-/** round.wgsl's integer nearest-even rounding and `fn round_pair(a, b) -> u32` for `dtype`. */
-export async function roundCode(dtype: "float16" | "bfloat16"): Promise<string> {
+/**
+ * round.wgsl's integer nearest-even rounding and `fn round_pair(a, b) -> u32` for `dtype`.
+ * `pack`: f16 pairs inside f16's finite range take `pack2x16float` (one conversion instruction
+ * where the device rounds to nearest even, as NVIDIA's cvt.rn and LLVM's fptrunc do; WGSL leaves
+ * the result indeterminate only outside that range), the rest (large, infinite, NaN) the integer
+ * path. `cut` (bench ablation, wrong results): the top halves of the f32 bits, no rounding.
+ */
+export async function roundCode(
+  dtype: "float16" | "bfloat16",
+  mode: "exact" | "pack" | "cut" = "exact",
+): Promise<string> {
   const f = dtype === "float16" ? "f16_bits" : "bf16_bits";
+  const exact = `${f}(bitcast<u32>(a)) | (${f}(bitcast<u32>(b)) << 16u)`;
+  const body = mode === "cut"
+    ? "  return (bitcast<u32>(a) >> 16u) | (bitcast<u32>(b) & 0xffff0000u);"
+    : mode === "pack" && dtype === "float16"
+    ? [
+      // |a|, |b| < 65504 as integers: a float compare with NaN is not kept false by every
+      // compiler (llvmpipe's GL took a NaN through it).
+      "  if (max(bitcast<u32>(a) & 0x7fffffffu, bitcast<u32>(b) & 0x7fffffffu) < 0x477fe000u) {",
+      "    return pack2x16float(vec2<f32>(a, b));",
+      "  }",
+      `  return ${exact};`,
+    ].join("\n")
+    : `  return ${exact};`;
   return `${await loadWgsl("round.wgsl")}
 fn round_pair(a: f32, b: f32) -> u32 {
-  return ${f}(bitcast<u32>(a)) | (${f}(bitcast<u32>(b)) << 16u);
+${body}
 }
 `;
 }

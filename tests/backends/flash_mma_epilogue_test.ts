@@ -116,3 +116,21 @@ Deno.test("flash_mma epilogue: -flv writes 8 elements a store into a vec4 view o
     /ovec needs 8 output columns a lane/,
   );
 });
+
+Deno.test("flash_mma epilogue: -flr rounds f16 pairs by pack2x16float in range, else as before", async () => {
+  const fl = await epilogueOf("w8r1k16-fl"), flr = await epilogueOf("w8r1k16-flr");
+  const roundPair = (s: string) => s.match(/fn round_pair\([\s\S]*?\n}\n/)?.[0] ?? "";
+  assert.doesNotMatch(roundPair(fl.full), /pack2x16float/);
+  assert.match(
+    roundPair(flr.full),
+    /< 0x477fe000u\) \{\n\s*return pack2x16float\(vec2<f32>\(a, b\)\);/,
+  );
+  assert.match(roundPair(flr.full), /return f16_bits\(bitcast<u32>\(a\)\) \| \(f16_bits/);
+  // Only round_pair differs; a bf16 output keeps the integer rounding.
+  const strip = (s: string) => s.replace(/fn round_pair[\s\S]*?\n}\n/, "");
+  assert.equal(strip(flr.full), strip(fl.full));
+  const bf = { ...H200_F16_TARGET, dtype: "bfloat16" as const };
+  const src = (name: string) =>
+    flashMmaSource({ ...bf, ...fullShape(MMA_VARIANTS[name]) } as MmaConsts);
+  assert.equal(await src("w8r1k16-flr"), await src("w8r1k16-fl"));
+});
