@@ -69,7 +69,8 @@ export interface DeviceThreads {
   fault(i: number): void;
   /**
    * `--device-threads-http`: every thread serves `port` too (thread_listeners.ts), passing
-   * what is not its own to `handler` (the front's, as served: counted by main's drainer).
+   * what is not its own to `handler` (the front's, as served; not drained on main's thread:
+   * the thread that took a call drains it, main.ts `tracked`).
    */
   listen(
     o: { port: number; hostname: string; handler: (req: Request) => Promise<Response> },

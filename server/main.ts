@@ -152,7 +152,8 @@ function stopOnSignals(
       Deno.exit(1);
     }
     stopping = true;
-    // The device threads' own calls are counted there: their drain reports what it left.
+    // Under --device-threads-http every call is counted where it was taken (tracked): the
+    // threads' drain reports what it left.
     const where = listeners ? " on this thread and the device threads' own" : "";
     console.error(
       `${sig}: stopping; finishing ${drainer.count} calls in flight${where} ` +
@@ -179,6 +180,21 @@ function stopOnSignals(
       Deno.addSignalListener(sig, () => void stop(sig));
     } catch { /* signal not supported here */ }
   }
+}
+
+/**
+ * `handler` counted by `drainer`, unless the device threads serve the port: each call then
+ * reaches this thread from the thread that took it, whose own drainer counts it and refuses
+ * new calls once draining. Counted here too, a call passed on would be counted twice in the
+ * calls left at the deadline, and one the thread took before its drain refused (a 503
+ * `shutting_down`) when it reached this thread after this thread's settle window.
+ */
+function tracked(
+  drainer: Drainer,
+  handler: (req: Request) => Promise<Response>,
+  o: ServeOptions,
+): (req: Request) => Promise<Response> {
+  return o.deviceThreadsHttp && o.deviceThreads > 0 ? handler : drainer.track(handler);
 }
 
 async function main(): Promise<void> {
@@ -208,7 +224,7 @@ async function main(): Promise<void> {
   const serving = await serveThePort(
     o,
     access,
-    named(drainer.track(handler), o.instanceName),
+    named(tracked(drainer, handler, o), o.instanceName),
     threads,
   );
   stopOnSignals(o, drainer, serving, close);
