@@ -39,6 +39,57 @@ export interface CacheWriteConsts {
   gated: boolean;
 }
 
+/**
+ * `div_rn(x, s)`: x / s rounded to the nearest f32, ties to even, as core's reference divides
+ * (backends/cpu/reference.ts `writeKv`: fround(x / fround(scale))). WGSL, like Vulkan, lets `/`
+ * be off by up to 2.5 ulp, and NVIDIA's quotient is: where x / s sits by an fp8 rounding edge
+ * the cache then held the neighbouring code, one code off the reference's (12.5% of the value in
+ * e4m3), which moved a soft-capped batch's output past tolerance (bench/NOTES.md v0.19). So the
+ * quotient's mantissa is a long division of the two 24-bit mantissas in integers (24 steps, then
+ * the remainder against half the divisor), exact on every device: an fma residual is not
+ * (lavapipe does not fuse it). Operands or quotients outside f32's normal range (zero,
+ * subnormal, infinite, NaN, overflow) take the device's `/`; fp8 codes end far above f32's
+ * subnormals. s > 0 (validated scales): the quotient has x's sign.
+ */
+export const DIV_RN = `fn div_rn(x: f32, s: f32) -> f32 {
+  let bx = bitcast<u32>(x);
+  let bs = bitcast<u32>(s);
+  let ex = i32((bx >> 23u) & 0xffu);
+  let es = i32((bs >> 23u) & 0xffu);
+  if (ex == 0 || ex == 255 || es == 0 || es == 255) {
+    return x / s;
+  }
+  let mx = (bx & 0x7fffffu) | 0x800000u;
+  let ms = (bs & 0x7fffffu) | 0x800000u;
+  var e = ex - es + 127;
+  var rem = mx;
+  if (mx < ms) {
+    rem = mx << 1u;
+    e -= 1;
+  }
+  var qm = 0u;
+  for (var i = 0u; i < 24u; i++) {
+    qm <<= 1u;
+    if (rem >= ms) {
+      rem -= ms;
+      qm |= 1u;
+    }
+    rem <<= 1u;
+  }
+  // rem is twice the remainder: above ms rounds up, equal is a tie (to even).
+  if (rem > ms || (rem == ms && (qm & 1u) == 1u)) {
+    qm += 1u;
+    if (qm == 0x1000000u) {
+      qm = 0x800000u;
+      e += 1;
+    }
+  }
+  if (e <= 0 || e >= 255) {
+    return x / s;
+  }
+  return bitcast<f32>((bx & 0x80000000u) | (u32(e) << 23u) | (qm & 0x7fffffu));
+}`;
+
 function packFn(d: StorageDType): string {
   const head = "fn pack_word(x: vec4<u32>, scale: f32) -> u32 {\n";
   switch (d) {
@@ -51,11 +102,12 @@ function packFn(d: StorageDType): string {
     case "fp8_e4m3":
     case "fp8_e5m2": {
       const f = d === "fp8_e4m3" ? "e4m3_bits" : "e5m2_bits";
-      return `fn scaled(b: u32, scale: f32) -> u32 {
+      return `${DIV_RN}
+fn scaled(b: u32, scale: f32) -> u32 {
   if (scale == 1.0) {
     return b;
   }
-  return bitcast<u32>(bitcast<f32>(b) / scale);
+  return bitcast<u32>(div_rn(bitcast<f32>(b), scale));
 }
 ${head}  return ${f}(scaled(x.x, scale)) | (${f}(scaled(x.y, scale)) << 8u) |
     (${f}(scaled(x.z, scale)) << 16u) | (${f}(scaled(x.w, scale)) << 24u);

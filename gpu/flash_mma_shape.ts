@@ -349,15 +349,19 @@ export const MMA_VARIANTS: Readonly<Record<string, MmaShape>> = {
 /**
  * Shapes in order of preference: the first that fits the device is the default. All with the
  * fast softmax (v0.8: +21% on the H200 at 8 x 4096, opt-in until its tests could finish there:
- * the v0.7 Dawn stalls) and the late next-tile stores.
+ * the v0.7 Dawn stalls), the late next-tile stores and the output rounded by pack2x16float; the
+ * first also stores 16 bytes of output at once (`w8r1k16-flvr`, v0.19: +8% at 4 x 1024 and +4% at
+ * 8 x 4096 on the H100 over `w8r1k16-fl`, which follows it for devices where a lane's pass has
+ * fewer than 8 columns).
  */
 export const MMA_SHAPES: readonly MmaShape[] = [
-  { nsg: 8, rm: 1, bk: 16, tau: 8, fast: true, late: true },
-  { nsg: 4, rm: 1, bk: 16, tau: 8, fast: true, late: true },
-  { nsg: 4, rm: 1, bk: 32, tau: 8, fast: true, late: true },
-  { nsg: 2, rm: 1, bk: 16, tau: 8, fast: true, late: true },
-  { nsg: 2, rm: 1, bk: 8, tau: 8, fast: true, late: true },
-  { nsg: 1, rm: 1, bk: 8, tau: 8, fast: true, late: true },
+  { nsg: 8, rm: 1, bk: 16, tau: 8, fast: true, late: true, ovec: true, opack: true },
+  { nsg: 8, rm: 1, bk: 16, tau: 8, fast: true, late: true, opack: true },
+  { nsg: 4, rm: 1, bk: 16, tau: 8, fast: true, late: true, opack: true },
+  { nsg: 4, rm: 1, bk: 32, tau: 8, fast: true, late: true, opack: true },
+  { nsg: 2, rm: 1, bk: 16, tau: 8, fast: true, late: true, opack: true },
+  { nsg: 2, rm: 1, bk: 8, tau: 8, fast: true, late: true, opack: true },
+  { nsg: 1, rm: 1, bk: 8, tau: 8, fast: true, late: true, opack: true },
 ];
 
 /** The first of {@link MMA_SHAPES} that compiles for `t` within `maxShared` bytes. */

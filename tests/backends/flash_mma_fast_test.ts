@@ -116,12 +116,14 @@ Deno.test("flash_mma: direct loads and ablations say why a target cannot take th
   assert.match(String(mmaShapeProblem({ ...t, nchunk: 2 }, fd)), /one cache buffer, not 2/);
   assert.match(String(mmaShapeProblem({ ...t, bs: 8 }, fd)), /block_size 8 a multiple of 16/);
   assert.match(String(mmaShapeProblem(t, { ...fd, ablate: "stage" })), /stage nothing/);
-  // Every named shape fits an H200's 48 KB; the default order starts at w8r1k16-fl.
+  // Every named shape fits an H200's 48 KB; the default order starts at w8r1k16-flvr.
   for (const [name, shape] of Object.entries(MMA_VARIANTS)) {
     assert.equal(mmaShapeProblem(t, shape, 49152), null, name);
   }
   assert.deepEqual(chooseMmaShape(t, 49152), MMA_SHAPES[0]);
-  assert.deepEqual(MMA_SHAPES[0], MMA_VARIANTS["w8r1k16-fl"]);
+  assert.deepEqual(MMA_SHAPES[0], MMA_VARIANTS["w8r1k16-flvr"]);
+  // A 64-lane subgroup gives a lane 4 columns of a 16-column pass: no 16-byte stores there.
+  assert.deepEqual(chooseMmaShape({ ...t, sg: 64 }, 49152), { ...MMA_SHAPES[1] });
 });
 
 Deno.test("flash_mma: ATTN_PREFILL_MMA_SHAPE names a shape, or the error names the value", () => {
