@@ -247,6 +247,15 @@ export function setPreReadBody(req: Request, body: Promise<StreamedBody>): void 
   preRead.set(req, body);
 }
 
+/**
+ * The read of `req`'s body made before the handler ran ({@link setPreReadBody}), or undefined:
+ * a RequestSender that passes such a request on posts that read, ended as it ended (a timeout
+ * with the bytes that came), instead of reading the rebuilt body again (request_sender.ts).
+ */
+export function preReadBody(req: Request): Promise<StreamedBody> | undefined {
+  return preRead.get(req);
+}
+
 /** Bytes that start 8-byte aligned (safetensors data offsets count from the body's start). */
 function aligned(b: Uint8Array): Uint8Array {
   return b.byteOffset % 8 === 0 ? b : b.slice();

@@ -6,11 +6,20 @@
  * (transferred too). It reads no body past `maxBodyBytes`: a declared length over it, or a
  * request `allowed` refuses, is not read at all (no route would read it); a stream that runs
  * over stops there. A client that goes away is passed on (its request's signal aborts on the
- * owner's side). An answer that is not well formed is a 500. Used by the HTTP workers
- * (http_worker.ts) and by the device-thread front (device_threads.ts).
+ * owner's side). An answer that is not well formed is a 500. A request whose body another
+ * thread read already (a RequestOwner's, passed on again: a device thread's listener sends to
+ * the front, which sends to a device thread) has that read posted as it ended, not read again.
+ * Used by the HTTP workers (http_worker.ts), the device threads' listeners (thread_http.ts) and
+ * the device-thread front (device_threads.ts).
  * @module
  */
-import { contentLength, streamBody, type StreamedBody, wholeBodyIfCheap } from "./body_read.ts";
+import {
+  contentLength,
+  preReadBody,
+  streamBody,
+  type StreamedBody,
+  wholeBodyIfCheap,
+} from "./body_read.ts";
 import { mediaType } from "./body.ts";
 import { SAFETENSORS } from "./responses.ts";
 import { NOT_LOGGED, problemResponse, toProblem } from "./problem.ts";
@@ -129,12 +138,16 @@ export class RequestSender {
   }
 
   /**
-   * Reads the body: a safetensors body of declared length in one piece where body_read.ts's
-   * wholeBodyIfCheap allows (as the forward route reads it without workers), any other with
-   * streamBody (the limit counted per chunk; the chunk that runs over is kept, so the owner sees
-   * more than any route's limit).
+   * Reads the body: the read another thread made when there is one (body_read.ts preReadBody:
+   * re-reading its one-chunk stream would end a timeout as an error, or time out here before
+   * the other thread's read ends); else a safetensors body of declared length in one piece where
+   * body_read.ts's wholeBodyIfCheap allows (as the forward route reads it without workers), any
+   * other with streamBody (the limit counted per chunk; the chunk that runs over is kept, so the
+   * owner sees more than any route's limit).
    */
   #read(req: Request, declared: number): Promise<StreamedBody> {
+    const pre = preReadBody(req);
+    if (pre !== undefined) return pre;
     const whole = mediaType(req.headers.get("content-type")) === SAFETENSORS
       ? wholeBodyIfCheap(req, declared)
       : null;

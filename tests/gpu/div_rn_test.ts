@@ -2,7 +2,8 @@
  * The cache write's quotient x / scale (gpu/cache_write.ts DIV_RN) against the correctly rounded
  * f32 quotient, Math.fround(x / s), bit for bit: random pairs, and pairs whose quotient sits on or
  * within an ulp or two of an fp8 rounding edge (x = fround(m s) for midpoints m of fp8 e4m3 and
- * e5m2 codes, and its f32 neighbours), where a quotient one ulp off moves the fp8 code. The
+ * e5m2 codes, and its f32 neighbours), where a quotient one ulp off moves the fp8 code (below
+ * f32's normal range, where fp8 has no codes, the device's `/` is taken: within 2 ulp or zero). The
  * device's own `/` over the same pairs is counted and printed, not asserted: WGSL allows it 2.5
  * ulp, and NVIDIA's was off (bench/NOTES.md v0.19). Core WGSL: runs on every adapter.
  */
@@ -93,7 +94,13 @@ Deno.test("div_rn: x / s correctly rounded to f32, bit for bit (the device's `/`
   console.log(`  the device's x / s: ${off.length} of ${n} quotients not correctly rounded`);
   const got = await onDevice(words, "div_rn(x, s)", "rn");
   for (let i = 0; i < n; i++) {
-    const ok = got[i] === want[i] || (want[i] === 0x7fc00000 && isNaNBits(got[i]));
+    // Below f32's normal range (a subnormal x or quotient) div_rn takes the device's `/`,
+    // which NVIDIA flushes to zero: a zero or a quotient within 2 ulp passes there.
+    const sub = isSubnormal(words[2 * i]) || isSubnormal(want[i]);
+    const near = (got[i] & 0x7fffffff) === 0 ||
+      ((got[i] ^ want[i]) >>> 31 === 0 && Math.abs(got[i] - want[i]) <= 2);
+    const ok = got[i] === want[i] || (want[i] === 0x7fc00000 && isNaNBits(got[i])) ||
+      (sub && near);
     const hex = (b: number) => `0x${b.toString(16)}`;
     assert.ok(
       ok,
@@ -102,6 +109,10 @@ Deno.test("div_rn: x / s correctly rounded to f32, bit for bit (the device's `/`
     );
   }
 });
+
+function isSubnormal(b: number): boolean {
+  return (b & 0x7f800000) === 0 && (b & 0x7fffff) !== 0;
+}
 
 function isNaNBits(b: number): boolean {
   return (b & 0x7fffffff) > 0x7f800000;
