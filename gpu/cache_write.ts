@@ -45,29 +45,46 @@ export interface CacheWriteConsts {
  * be off by up to 2.5 ulp, and NVIDIA's quotient is: where x / s sits by an fp8 rounding edge
  * the cache then held the neighbouring code, one code off the reference's (12.5% of the value in
  * e4m3), which moved a soft-capped batch's output past tolerance (bench/NOTES.md v0.19). So the
- * quotient's mantissa is a long division of the two 24-bit mantissas in integers (24 steps, then
- * the remainder against half the divisor), exact on every device: an fma residual is not
- * (lavapipe does not fuse it). Operands or quotients outside f32's normal range (zero,
- * subnormal, infinite, NaN, overflow) take the device's `/`; fp8 codes end far above f32's
- * subnormals. s > 0 (validated scales): the quotient has x's sign.
+ * quotient's mantissa is a long division of the two 24-bit mantissas in integers (subnormal
+ * operands normalised first: a device may flush them), 24 steps and a rounding test on the
+ * remainder, with a subnormal quotient rounded once from the unrounded bits and an overflow
+ * infinite: exact on every device and for every finite x and s > 0 (an fma residual is not:
+ * lavapipe does not fuse it). Infinite or NaN operands take the device's `/`.
  */
-export const DIV_RN = `fn div_rn(x: f32, s: f32) -> f32 {
+export const DIV_RN =
+  `// The 24-bit mantissa of |b| (leading 1 at bit 23) and its exponent field, subnormals normalised.
+fn div_rn_unpack(b: u32) -> vec2<i32> {
+  let m = b & 0x7fffffu;
+  let e = i32((b >> 23u) & 0xffu);
+  if (e != 0) {
+    return vec2<i32>(i32(m | 0x800000u), e);
+  }
+  let z = countLeadingZeros(m) - 8u;
+  return vec2<i32>(i32(m << z), 1 - i32(z));
+}
+
+fn div_rn(x: f32, s: f32) -> f32 {
   let bx = bitcast<u32>(x);
-  let bs = bitcast<u32>(s);
-  let ex = i32((bx >> 23u) & 0xffu);
-  let es = i32((bs >> 23u) & 0xffu);
-  if (ex == 0 || ex == 255 || es == 0 || es == 255) {
+  let ax = bx & 0x7fffffffu;
+  let as_ = bitcast<u32>(s) & 0x7fffffffu;
+  if (ax >= 0x7f800000u || as_ >= 0x7f800000u || as_ == 0u) {
     return x / s;
   }
-  let mx = (bx & 0x7fffffu) | 0x800000u;
-  let ms = (bs & 0x7fffffu) | 0x800000u;
-  var e = ex - es + 127;
+  let sign = bx & 0x80000000u; // s > 0
+  if (ax == 0u) {
+    return x;
+  }
+  let ux = div_rn_unpack(ax);
+  let us = div_rn_unpack(as_);
+  let mx = u32(ux.x);
+  let ms = u32(us.x);
+  var e = ux.y - us.y + 127;
   var rem = mx;
   if (mx < ms) {
     rem = mx << 1u;
     e -= 1;
   }
-  var qm = 0u;
+  var qm = 0u; // the quotient's top 24 bits, truncated
   for (var i = 0u; i < 24u; i++) {
     qm <<= 1u;
     if (rem >= ms) {
@@ -76,18 +93,30 @@ export const DIV_RN = `fn div_rn(x: f32, s: f32) -> f32 {
     }
     rem <<= 1u;
   }
-  // rem is twice the remainder: above ms rounds up, equal is a tie (to even).
-  if (rem > ms || (rem == ms && (qm & 1u) == 1u)) {
-    qm += 1u;
-    if (qm == 0x1000000u) {
-      qm = 0x800000u;
-      e += 1;
+  // rem is twice the remainder: against ms it says below, at or above half an ulp.
+  if (e >= 1) {
+    if (rem > ms || (rem == ms && (qm & 1u) == 1u)) {
+      qm += 1u;
+      if (qm == 0x1000000u) {
+        qm = 0x800000u;
+        e += 1;
+      }
     }
+    if (e >= 255) {
+      return bitcast<f32>(sign | 0x7f800000u);
+    }
+    return bitcast<f32>(sign | (u32(e) << 23u) | (qm & 0x7fffffu));
   }
-  if (e <= 0 || e >= 255) {
-    return x / s;
+  // Below the normal range: the mantissa field is qm >> (1 - e), rounded once here.
+  let sh = u32(1 - e);
+  if (sh > 24u) {
+    return bitcast<f32>(sign);
   }
-  return bitcast<f32>((bx & 0x80000000u) | (u32(e) << 23u) | (qm & 0x7fffffu));
+  let kept = qm >> sh;
+  let dropped = qm & ((1u << sh) - 1u);
+  let half = 1u << (sh - 1u);
+  let up = dropped > half || (dropped == half && (rem != 0u || (kept & 1u) == 1u));
+  return bitcast<f32>(sign | (kept + select(0u, 1u, up)));
 }`;
 
 function packFn(d: StorageDType): string {
