@@ -112,6 +112,20 @@ export interface DecodeTuning {
 }
 
 /**
+ * The tuning of a plan whose split-KV kernels take prefill rows too (WEBGPU_FLASH where the
+ * tensor-core kernel does not: Deno's runtime, software adapters), `t` with the transposed
+ * partial sums and the softmax on them. A prefill token reads its whole prefix from cache lines
+ * other tokens also read, so those rows are bound by the lanes' arithmetic and shuffles rather
+ * than by memory: on an H100 under Deno's runtime (bench/NOTES.md v0.19) 4 x 1024 causal 2.12 ->
+ * 1.97 ms and 8 x 4096 56.0 -> 51.0 ms (0.27x -> 0.29x and 0.32x -> 0.35x the FMA ceiling); the
+ * other knobs tried there (fewer lanes a key row, 8 keys a step, 256 invocations) were slower.
+ * Decode steps keep `t` (bandwidth-bound; the H200's sweeps gained nothing from these knobs).
+ */
+export function prefillSplitTuning(t: Readonly<DecodeTuning>): DecodeTuning {
+  return { ...t, scatter_sums: true, scatter_softmax: true };
+}
+
+/**
  * The defaults; change a copy and pass it to `makeWebGpuDecode` (backends/webgpu_decode.ts).
  * From the H200 sweeps of 2026-12-03 (bench/NOTES.md v0.5): `waves` 4 was the one knob fast in
  * every row of two runs (32 x 2048 f16 0.123 -> 0.104 ms, fp8 0.273 -> 0.210 ms, 64 x 8192

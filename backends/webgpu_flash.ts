@@ -58,6 +58,7 @@ import {
   type DecodeTuning,
   DEFAULT_DECODE_TUNING,
   envDecodeTuning,
+  prefillSplitTuning,
 } from "./webgpu_decode_tuning.ts";
 import { envVar } from "../core/env.ts";
 
@@ -197,6 +198,8 @@ export interface FlashRouting {
   mma: MmaConsts | null;
   /** Request i runs on the split-KV kernels. */
   isDecode: (i: number) => boolean;
+  /** The split-KV kernels run prefill rows too: their tuning is prefillSplitTuning's. */
+  prefillOnSplit: boolean;
   /** Which kernels run the decode and the prefill rows, and why not the preferred ones. */
   paths: PlanPaths;
 }
@@ -251,7 +254,7 @@ export function flashRouting(
       },
     );
   }
-  return { mma, isDecode, paths: planPaths(parts) };
+  return { mma, isDecode, prefillOnSplit: allSplit && hasPrefill, paths: planPaths(parts) };
 }
 
 /** The prefill rows on the tensor-core kernel when it runs them (`mma`), else the portable one. */
@@ -283,10 +286,11 @@ async function planFor(
       message: `${s.layer.head_size} is not supported by ${NAME} on this device`,
     }]);
   }
-  const { mma, isDecode, paths } = flashRouting(ctx, o, s);
+  const { mma, isDecode, prefillOnSplit, paths } = flashRouting(ctx, o, s);
+  const tuning = prefillOnSplit ? prefillSplitTuning(o.decode) : o.decode;
   const plan = await buildGpuPlan(ctx, s, async (table): Promise<AttentionCalls> => {
     const [d, p] = await Promise.all([
-      planDecodeRows(ctx, o.decode, s, isDecode, table),
+      planDecodeRows(ctx, tuning, s, isDecode, table),
       planPrefill(ctx, mma, s, cfg, (i) => !isDecode(i), table),
     ]);
     return {

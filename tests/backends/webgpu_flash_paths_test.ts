@@ -11,7 +11,7 @@ import {
   flashRouting,
   resolveFlashOptions,
 } from "../../backends/webgpu_flash.ts";
-import { DEFAULT_DECODE_TUNING } from "../../backends/webgpu_decode_tuning.ts";
+import { DEFAULT_DECODE_TUNING, prefillSplitTuning } from "../../backends/webgpu_decode_tuning.ts";
 import { HostKvCache } from "../../backends/cpu/host_cache.ts";
 import type { BatchShape, GpuContext } from "../../core/types.ts";
 import { planPaths } from "../../core/backend_types.ts";
@@ -205,4 +205,22 @@ Deno.test("flash paths: header values are RFC 8941 (escaped, ASCII), empty witho
     shape({ requests: [{ query_len: 0, seq_len: 4 }] }),
   );
   assert.deepEqual(none.paths, { parts: [], header: "", reasons_header: "" });
+});
+
+Deno.test("flash paths: prefill rows on the split-KV kernels take the prefill tuning", () => {
+  const o = resolveFlashOptions(OPTS);
+  const mixed = shape({ requests: MIXED });
+  const decodes = shape({
+    requests: [{ query_len: 1, seq_len: 40 }, { query_len: 1, seq_len: 9 }],
+  });
+  // Deno's runtime: the prefill rows join the decode rows on the split kernels.
+  assert.equal(flashRouting(NO_MMA, o, mixed).prefillOnSplit, true);
+  assert.equal(flashRouting(NO_MMA, o, decodes).prefillOnSplit, false);
+  // Tensor cores take the prefill rows; without prefill_split the portable tiles do.
+  assert.equal(flashRouting(WITH_MMA, o, mixed).prefillOnSplit, false);
+  const tiles = resolveFlashOptions({ ...OPTS, prefill_split: false });
+  assert.equal(flashRouting(NO_MMA, tiles, mixed).prefillOnSplit, false);
+  const t = prefillSplitTuning(DEFAULT_DECODE_TUNING);
+  assert.equal(t.scatter_sums && t.scatter_softmax, true);
+  assert.deepEqual({ ...t, scatter_sums: false, scatter_softmax: false }, DEFAULT_DECODE_TUNING);
 });
