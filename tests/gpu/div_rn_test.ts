@@ -9,10 +9,9 @@
  * ulp, and NVIDIA's was off (bench/NOTES.md v0.19). Core WGSL: runs on every adapter.
  */
 import assert from "node:assert/strict";
-import { BatchBuffers } from "../../gpu/batch_buffers.ts";
 import { DIV_RN } from "../../gpu/cache_write.ts";
-import { getComputePipeline } from "../../gpu/pipelines.ts";
-import { freshSeed, gpu, NO_GPU, rng } from "./helpers.ts";
+import { freshSeed, NO_GPU, rng } from "./helpers.ts";
+import { runWordKernel } from "./word_kernel.ts";
 
 const f32 = new Float32Array(1), u32 = new Uint32Array(f32.buffer);
 const bits = (x: number) => ((f32[0] = x), u32[0]);
@@ -57,40 +56,13 @@ function pairs(seed: number): Uint32Array {
 }
 
 /** `expr` (of x and s) over the pairs on the device, as f32 bits. */
-async function onDevice(words: Uint32Array, expr: string, tag: string): Promise<Uint32Array> {
-  const ctx = gpu(), n = words.length / 2;
-  const code = `${DIV_RN}
-@group(0) @binding(0) var<storage, read> src: array<u32>;
-@group(0) @binding(1) var<storage, read_write> dst: array<u32>;
-@compute @workgroup_size(64) fn main(@builtin(global_invocation_id) g: vec3<u32>) {
-  if (g.x >= ${n}u) { return; }
-  let x = bitcast<f32>(src[2u * g.x]);
-  let s = bitcast<f32>(src[2u * g.x + 1u]);
-  dst[g.x] = bitcast<u32>(${expr});
-}`;
-  const p = await getComputePipeline(ctx, `test.div_rn[${tag}]`, code);
-  const bb = new BatchBuffers(ctx, "t");
-  const out = bb.poisoned(n);
-  const enc = ctx.device.createCommandEncoder();
-  const pass = enc.beginComputePass();
-  pass.setPipeline(p);
-  pass.setBindGroup(
-    0,
-    ctx.device.createBindGroup({
-      layout: p.getBindGroupLayout(0),
-      entries: [
-        { binding: 0, resource: { buffer: bb.storage(new Uint8Array(words.buffer)) } },
-        { binding: 1, resource: { buffer: out } },
-      ],
-    }),
-  );
-  pass.dispatchWorkgroups(Math.ceil(n / 64));
-  pass.end();
-  const read = bb.readback(enc, [{ buffer: out, floats: n }]);
-  ctx.device.queue.submit([enc.finish()]);
-  const [got] = await read();
-  bb.destroy();
-  return new Uint32Array(got.buffer, got.byteOffset, n).slice();
+function onDevice(words: Uint32Array, expr: string, tag: string): Promise<Uint32Array> {
+  const body = [
+    "  let x = bitcast<f32>(src[2u * i]);",
+    "  let s = bitcast<f32>(src[2u * i + 1u]);",
+    `  dst[i] = bitcast<u32>(${expr});`,
+  ].join("\n");
+  return runWordKernel(`div_rn[${tag}]`, DIV_RN, body, words, words.length / 2);
 }
 
 Deno.test("div_rn: x / s correctly rounded to f32, bit for bit (the device's `/` counted)", {

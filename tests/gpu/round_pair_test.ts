@@ -10,10 +10,9 @@
  */
 import assert from "node:assert/strict";
 import { f32ToF16Bits } from "../../core/dtype.ts";
-import { BatchBuffers } from "../../gpu/batch_buffers.ts";
 import { roundCode } from "../../gpu/flash_mma_staging.ts";
-import { getComputePipeline } from "../../gpu/pipelines.ts";
-import { freshSeed, gpu, NO_GPU, rng } from "./helpers.ts";
+import { freshSeed, NO_GPU, rng } from "./helpers.ts";
+import { runWordKernel } from "./word_kernel.ts";
 
 /** f32 values as bits: the cases above, in pairs (an even count). */
 function inputs(seed: number): Uint32Array {
@@ -47,38 +46,14 @@ function inputs(seed: number): Uint32Array {
 
 /** round_pair over `words` (pairs) on the device, in `mode`: one u32 a pair. */
 async function roundOnDevice(words: Uint32Array, mode: "exact" | "pack"): Promise<Uint32Array> {
-  const ctx = gpu();
-  const pairs = words.length / 2;
-  const code = `${await roundCode("float16", mode)}
-@group(0) @binding(0) var<storage, read> src: array<u32>;
-@group(0) @binding(1) var<storage, read_write> dst: array<u32>;
-@compute @workgroup_size(64) fn main(@builtin(global_invocation_id) g: vec3<u32>) {
-  if (g.x >= ${pairs}u) { return; }
-  dst[g.x] = round_pair(bitcast<f32>(src[2u * g.x]), bitcast<f32>(src[2u * g.x + 1u]));
-}`;
-  const p = await getComputePipeline(ctx, `test.round_pair[${mode}]`, code);
-  const bb = new BatchBuffers(ctx, "t");
-  const out = bb.poisoned(pairs);
-  const enc = ctx.device.createCommandEncoder();
-  const pass = enc.beginComputePass();
-  pass.setPipeline(p);
-  pass.setBindGroup(
-    0,
-    ctx.device.createBindGroup({
-      layout: p.getBindGroupLayout(0),
-      entries: [
-        { binding: 0, resource: { buffer: bb.storage(new Uint8Array(words.buffer)) } },
-        { binding: 1, resource: { buffer: out } },
-      ],
-    }),
+  const body = "  dst[i] = round_pair(bitcast<f32>(src[2u * i]), bitcast<f32>(src[2u * i + 1u]));";
+  return runWordKernel(
+    `round_pair[${mode}]`,
+    await roundCode("float16", mode),
+    body,
+    words,
+    words.length / 2,
   );
-  pass.dispatchWorkgroups(Math.ceil(pairs / 64));
-  pass.end();
-  const read = bb.readback(enc, [{ buffer: out, floats: pairs }]);
-  ctx.device.queue.submit([enc.finish()]);
-  const [got] = await read();
-  bb.destroy();
-  return new Uint32Array(got.buffer, got.byteOffset, pairs).slice();
 }
 
 /** The f16 bits core/dtype.ts gives f32 bits `b`; f32 subnormals may be flushed: also ±0. */
