@@ -113,12 +113,28 @@ export class ShaderCompileError extends ServiceError {
   }
 }
 
-/** The device is missing or was lost: 503. */
+/**
+ * The device is missing or was lost: 503. `permanent`: the service has no device by its
+ * configuration (`--no-gpu`) and never will, so retrying cannot help: the problem says so
+ * (`retryable: false`), and the server sends it without `Retry-After` and does not log it as a
+ * service error (server/problem.ts).
+ */
 export class DeviceUnavailableError extends ServiceError {
-  constructor(message: string) {
-    super(message, { status: 503, code: "device_unavailable" });
+  constructor(message: string, opts: { permanent?: boolean } = {}) {
+    super(message, {
+      status: 503,
+      code: "device_unavailable",
+      ...(opts.permanent ? { extra: { retryable: false } } : {}),
+    });
     this.name = "DeviceUnavailableError";
   }
+}
+
+/** Whether an error (or its plain form) is a 503 that retrying cannot help (`retryable: false`). */
+export function isPermanentUnavailable(
+  e: { status: number; extra?: Record<string, unknown> },
+): boolean {
+  return e.status === 503 && e.extra?.retryable === false;
 }
 
 /**

@@ -2,10 +2,12 @@
  * The safetensors file format: an 8-byte little-endian u64 header length, a JSON header
  * `{name: {dtype, shape, data_offsets: [begin, end]}, "__metadata__": {key: string}}`, then
  * the data bytes (offsets are relative to the start of the data). Parsing is strict: every
- * defect is a ServiceError 400 `bad_safetensors` whose message says what and where.
+ * defect is a ServiceError 400 `bad_safetensors` whose message says what and where, with an
+ * issue per bad field (`[tensor, "dtype" | "shape" | "data_offsets"]`, `["__metadata__", key]`,
+ * `["header_length"]`, `["header"]`, `["data"]` for bytes after the last tensor), naming the value.
  * @module
  */
-import { ServiceError } from "./errors.ts";
+import { type Issue, ServiceError } from "./errors.ts";
 
 /** The safetensors dtypes this service reads and writes. */
 export const SAFETENSORS_DTYPES = [
@@ -49,10 +51,22 @@ export interface SafetensorsFile {
   metadata: Record<string, string>;
 }
 
-function bad(message: string): ServiceError {
-  return new ServiceError(`invalid safetensors: ${message}`, {
+type Path = (string | number)[];
+
+/** One defect: a 400 `bad_safetensors` with its issue. */
+function bad(path: Path, message: string): ServiceError {
+  return badAll([{ path, message }]);
+}
+
+/** Every defect found: a 400 `bad_safetensors` named by the first, listing them all. */
+function badAll(issues: Issue[]): ServiceError {
+  const first = issues[0];
+  const where = first.path.length ? `${first.path.join(".")}: ` : "";
+  const more = issues.length > 1 ? ` (and ${issues.length - 1} more)` : "";
+  return new ServiceError(`invalid safetensors: ${where}${first.message}${more}`, {
     status: 400,
     code: "bad_safetensors",
+    issues,
   });
 }
 
@@ -120,16 +134,25 @@ const utf8 = new TextDecoder("utf-8", { fatal: true });
  */
 export function parseSafetensors(bytes: Uint8Array, opts: ParseOptions = {}): SafetensorsFile {
   if (bytes.byteLength < 8) {
-    throw bad(`file is ${bytes.byteLength} bytes, shorter than the 8-byte header length`);
+    throw bad(
+      ["header_length"],
+      `file is ${bytes.byteLength} bytes, shorter than the 8-byte header length`,
+    );
   }
   const dv = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
   const headerLen = dv.getBigUint64(0, true);
   if (headerLen > BigInt(MAX_SAFETENSORS_HEADER_BYTES)) {
-    throw bad(`header length ${headerLen} exceeds the ${MAX_SAFETENSORS_HEADER_BYTES}-byte limit`);
+    throw bad(
+      ["header_length"],
+      `header length ${headerLen} exceeds the ${MAX_SAFETENSORS_HEADER_BYTES}-byte limit`,
+    );
   }
   const hl = Number(headerLen);
   if (8 + hl > bytes.byteLength) {
-    throw bad(`header length ${hl} runs past the end of the ${bytes.byteLength}-byte body`);
+    throw bad(
+      ["header_length"],
+      `header length ${hl} runs past the end of the ${bytes.byteLength}-byte body`,
+    );
   }
   const headerBytes = bytes.subarray(8, 8 + hl);
   let text: string;
@@ -137,7 +160,10 @@ export function parseSafetensors(bytes: Uint8Array, opts: ParseOptions = {}): Sa
     text = utf8.decode(headerBytes);
   } catch (e) {
     opts.scanHeader?.(headerBytes); // its problem first, as for any header not seen before
-    throw bad(`header is not valid UTF-8 JSON (${e instanceof Error ? e.message : String(e)})`);
+    throw bad(
+      ["header"],
+      `header is not valid UTF-8 JSON (${e instanceof Error ? e.message : String(e)})`,
+    );
   }
   const data = bytes.subarray(8 + hl);
   const key = text.length <= LAYOUT_MEMO_TEXT ? `${data.byteLength}:${text}` : null;
@@ -165,86 +191,115 @@ function viewsOf(layout: Layout, data: Uint8Array): SafetensorsFile {
   return { tensors, metadata: layout.metadata as Record<string, string> };
 }
 
-/** A header's JSON text, checked against a data section of `dataBytes`. */
+/**
+ * A header's JSON text, checked against a data section of `dataBytes`: every bad metadata value
+ * and every bad tensor (its first defect) is listed, then, when all tensors are well formed,
+ * every overlap and every byte that belongs to no tensor.
+ */
 function parseLayout(text: string, dataBytes: number): Layout {
   let header: unknown;
   try {
     header = JSON.parse(text);
   } catch (e) {
-    throw bad(`header is not valid UTF-8 JSON (${e instanceof Error ? e.message : String(e)})`);
+    throw bad(
+      ["header"],
+      `header is not valid UTF-8 JSON (${e instanceof Error ? e.message : String(e)})`,
+    );
   }
   if (typeof header !== "object" || header === null || Array.isArray(header)) {
-    throw bad(`header must be a JSON object, got ${show(header)}`);
+    throw bad(["header"], `header must be a JSON object, got ${show(header)}`);
   }
   const metadata: Record<string, string> = {};
   const spans: Span[] = [];
+  const issues: Issue[] = [];
+  const add = (path: Path, message: string) => void issues.push({ path, message });
   for (const [name, entry] of Object.entries(header as Record<string, unknown>)) {
     if (name === "__metadata__") {
       if (typeof entry !== "object" || entry === null || Array.isArray(entry)) {
-        throw bad(`__metadata__ must be an object of strings, got ${show(entry)}`);
+        add([name], `must be an object of strings, got ${show(entry)}`);
+        continue;
       }
       for (const [k, v] of Object.entries(entry as Record<string, unknown>)) {
-        if (typeof v !== "string") throw bad(`__metadata__.${k} must be a string, got ${show(v)}`);
-        metadata[k] = v;
+        if (typeof v !== "string") add([name, k], `must be a string, got ${show(v)}`);
+        else metadata[k] = v;
       }
       continue;
     }
-    if (typeof entry !== "object" || entry === null || Array.isArray(entry)) {
-      throw bad(`tensor ${name}: entry must be an object, got ${show(entry)}`);
-    }
-    const { dtype, shape, data_offsets } = entry as Record<string, unknown>;
-    if (!isDType(dtype)) {
-      throw bad(
-        `tensor ${name}: unsupported dtype ${show(dtype)} (supported: ${
-          SAFETENSORS_DTYPES.join(", ")
-        })`,
-      );
-    }
-    if (!Array.isArray(shape) || !shape.every(isNonNegInt)) {
-      throw bad(
-        `tensor ${name}: shape must be an array of non-negative integers, got ${show(shape)}`,
-      );
-    }
-    if (
-      !Array.isArray(data_offsets) || data_offsets.length !== 2 ||
-      !data_offsets.every(isNonNegInt) || data_offsets[0] > data_offsets[1]
-    ) {
-      throw bad(
-        `tensor ${name}: data_offsets must be [begin, end] with begin <= end, got ${
-          show(data_offsets)
-        }`,
-      );
-    }
-    const [begin, end] = data_offsets as [number, number];
-    if (end > dataBytes) {
-      throw bad(
-        `tensor ${name}: data_offsets ${
-          show(data_offsets)
-        } out of range of the ${dataBytes}-byte data section`,
-      );
-    }
-    const want = numel(shape) * SAFETENSORS_DTYPE_BYTES[dtype];
-    if (end - begin !== want) {
-      throw bad(
-        `tensor ${name}: ${end - begin} bytes but ${dtype} x ${show(shape)} needs ${want}`,
-      );
-    }
-    spans.push({ name, dtype, shape: Object.freeze([...shape]) as number[], begin, end });
+    const span = tensorSpan(name, entry, dataBytes);
+    if ("path" in span) add(span.path, span.message);
+    else spans.push(span);
   }
+  if (issues.length) throw badAll(issues);
   spans.sort((a, b) => a.begin - b.begin || a.end - b.end);
   let cursor = 0;
   for (let i = 0; i < spans.length; i++) {
     const s = spans[i];
+    const at = [s.name, "data_offsets"];
     if (s.begin < cursor) {
-      throw bad(`tensor ${s.name} [${s.begin}, ${s.end}) overlaps tensor ${spans[i - 1].name}`);
+      add(at, `[${s.begin}, ${s.end}) overlaps tensor ${spans[i - 1].name}`);
+    } else if (s.begin > cursor) {
+      add(at, `[${s.begin}, ${s.end}): data bytes [${cursor}, ${s.begin}) belong to no tensor`);
     }
-    if (s.begin > cursor) throw bad(`data bytes [${cursor}, ${s.begin}) belong to no tensor`);
-    cursor = s.end;
+    cursor = Math.max(cursor, s.end);
   }
   if (cursor !== dataBytes) {
-    throw bad(`data bytes [${cursor}, ${dataBytes}) belong to no tensor`);
+    add(
+      ["data"],
+      `data bytes [${cursor}, ${dataBytes}) belong to no tensor (the data section is ${dataBytes} ` +
+        `bytes, the tensors end at ${cursor})`,
+    );
   }
+  if (issues.length) throw badAll(issues);
   return { spans, metadata: Object.freeze(metadata) };
+}
+
+/** One tensor entry's span, or its first defect (an issue at the field). */
+function tensorSpan(name: string, entry: unknown, dataBytes: number): Span | Issue {
+  if (typeof entry !== "object" || entry === null || Array.isArray(entry)) {
+    return { path: [name], message: `tensor entry must be an object, got ${show(entry)}` };
+  }
+  const { dtype, shape, data_offsets } = entry as Record<string, unknown>;
+  if (!isDType(dtype)) {
+    return {
+      path: [name, "dtype"],
+      message: `unsupported dtype ${show(dtype)} (supported: ${SAFETENSORS_DTYPES.join(", ")})`,
+    };
+  }
+  if (!Array.isArray(shape) || !shape.every(isNonNegInt)) {
+    return {
+      path: [name, "shape"],
+      message: `shape must be an array of non-negative integers, got ${show(shape)}`,
+    };
+  }
+  const offsets = [name, "data_offsets"];
+  if (
+    !Array.isArray(data_offsets) || data_offsets.length !== 2 ||
+    !data_offsets.every(isNonNegInt) || data_offsets[0] > data_offsets[1]
+  ) {
+    return {
+      path: offsets,
+      message: `data_offsets must be [begin, end] with begin <= end, got ${show(data_offsets)}`,
+    };
+  }
+  const [begin, end] = data_offsets as [number, number];
+  if (end > dataBytes) {
+    return {
+      path: offsets,
+      message: `data_offsets ${
+        show(data_offsets)
+      } out of range of the ${dataBytes}-byte data section`,
+    };
+  }
+  const want = numel(shape) * SAFETENSORS_DTYPE_BYTES[dtype];
+  if (end - begin !== want) {
+    return {
+      path: offsets,
+      message: `${end - begin} bytes but ${dtype} x ${show(shape)} needs ${want} (data_offsets ${
+        show(data_offsets)
+      })`,
+    };
+  }
+  return { name, dtype, shape: Object.freeze([...shape]) as number[], begin, end };
 }
 
 /**

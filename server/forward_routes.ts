@@ -1,7 +1,8 @@
 /**
  * The forward routes: `POST /v1/attention/forward` (the cache, if any, named by the body's
  * `kv_cache`) and `POST /v1/kv-caches/{id}/forward` (the cache named by the path, so a proxy can
- * route on it; a body that names another `kv_cache` is a 400 `kv_cache_mismatch`). Either takes
+ * route on it, and looked up before the body is read: a missing cache is a 404 whatever else is
+ * wrong with the call; a body that names another `kv_cache` is a 400 `kv_cache_mismatch`). Either takes
  * a JSON or safetensors body and answers JSON or, with `Accept: application/octet-stream`,
  * safetensors. Each call's phases are measured for the metrics: `parse` (read and decode the
  * body) and `encode_response` here, the rest from the service's `timings`. The answer's
@@ -123,6 +124,8 @@ export function addForwardRoutes(
     let body: Awaited<ReturnType<typeof decode>> | null = null;
     const timing = () => `parse;dur=${((tParsed ?? performance.now()) - t0).toFixed(3)}`;
     try {
+      // 404 before reading a body meant for no cache (the body route's cache is in its body).
+      if (cacheId !== null) service.getCache(cacheId);
       body = await decode(req, limits, json);
       const decoded = cacheId === null ? body.decoded : onCache(body.decoded, cacheId, body.binary);
       tParsed = performance.now();

@@ -272,7 +272,9 @@ function addResponseHeaders(paths: Record<string, Record<string, Operation>>): v
         if (status === "201") h.Location = header("The created cache, /v1/kv-caches/{id}");
         if (status === "405") h.Allow = header("The path's methods");
         if (status === "401") h["WWW-Authenticate"] = header("Bearer");
-        if (status === "503") h["Retry-After"] = header("Seconds to wait");
+        if (status === "503") {
+          h["Retry-After"] = header("Seconds to wait (not on a problem with retryable: false)");
+        }
         // Not on the answers given before the forward route runs (docs/api.md).
         if (path.endsWith("/forward") && !["401", "403", "405"].includes(status)) {
           h["Server-Timing"] = header(
@@ -298,7 +300,8 @@ function guardOperations(paths: Record<string, Record<string, Operation>>): void
       op.responses["405"] = problem("Method not allowed on this path (Allow lists its methods)");
       op.responses["500"] = problem("Unexpected error (logged server-side with the error id)");
       op.responses["503"] = problem(
-        "No device, device lost, or shutting down (with Retry-After)",
+        "No device, device lost, or shutting down (with Retry-After; none where retrying " +
+          "cannot help: retryable false, no device by configuration)",
       );
       if (path === "/healthz") {
         op.security = [];

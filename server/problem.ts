@@ -3,11 +3,12 @@
  * ProblemSchema): every error response. A ServiceError maps to its status and code with its
  * `issues` / `reasons` (a ZodError becomes one through wire/zod_issues.ts); anything else is a
  * 500 with a generic detail (the error itself is logged server-side, never sent: no stack traces).
- * Every 503 carries `Retry-After`; a {@link ProblemError} may carry other response headers
- * (`WWW-Authenticate` on a 401).
+ * Every 503 carries `Retry-After`, but one that says retrying cannot help (`retryable: false`:
+ * a forced GPU backend on a server with no device by configuration); a {@link ProblemError} may
+ * carry other response headers (`WWW-Authenticate` on a 401).
  * @module
  */
-import { ServiceError } from "../core/errors.ts";
+import { isPermanentUnavailable, ServiceError } from "../core/errors.ts";
 import type { ProblemDocument } from "../wire/types.ts";
 
 /** The problem media type. */
@@ -65,7 +66,9 @@ export function lineLogger(prefix = ""): ErrorLogger {
 const defaultLogger: ErrorLogger = lineLogger();
 
 /**
- * Any thrown value → a problem document. Non-ServiceErrors become a generic 500 and are logged.
+ * Any thrown value → a problem document. Non-ServiceErrors become a generic 500 and are logged;
+ * so are 5xx ServiceErrors, but a 503 that retrying cannot help (the server's configuration, not
+ * a fault: `retryable: false`), answered like a 4xx.
  */
 export function toProblem(
   err: unknown,
@@ -84,7 +87,7 @@ export function toProblem(
     if (err.issues) doc.issues = err.issues;
     if (err.reasons) doc.reasons = err.reasons;
     for (const [k, v] of Object.entries(err.extra ?? {})) if (!(k in doc)) doc[k] = v;
-    if (err.status >= 500 && log !== NOT_LOGGED) {
+    if (err.status >= 500 && log !== NOT_LOGGED && !isPermanentUnavailable(err)) {
       // One line; the id ties the answer to it.
       const id = crypto.randomUUID();
       doc.error_id = id;
@@ -152,12 +155,13 @@ export function problemCodeOf(res: Response): string | undefined {
 
 /**
  * A problem document as a Response. A 503 gets `Retry-After` (the document's `retry_after_s`
- * when it has one, else {@link RETRY_AFTER_SECONDS}) unless `headers` already has one.
+ * when it has one, else {@link RETRY_AFTER_SECONDS}) unless `headers` already has one, or the
+ * document says retrying cannot help (`retryable: false`).
  */
 export function problemResponse(doc: ProblemDocument, headers?: HeadersInit): Response {
   const h = new Headers(headers);
   h.set("content-type", PROBLEM_CONTENT_TYPE);
-  if (doc.status === 503 && !h.has("retry-after")) {
+  if (doc.status === 503 && doc.retryable !== false && !h.has("retry-after")) {
     const s = doc.retry_after_s;
     h.set(
       "retry-after",

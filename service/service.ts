@@ -113,15 +113,22 @@ export class AttentionService {
     return this.device.acquire().then((g) => ({ gpu: g }));
   }
 
-  /** A forced backend that needs a device while there is none: 503 (not a 422 config problem). */
+  /**
+   * A forced backend that needs a device while there is none: 503 (not a 422 config problem;
+   * the contract's "no device"). On a service with no WebGPU runtime at all (`--no-gpu`: runtime
+   * "none") that is permanent, and the 503 says so (no `Retry-After`, not logged).
+   */
   #requireDevice(name: string | undefined): void {
     const n = forced(name);
     if (n === undefined) return;
     const b = this.registry.get(n);
     if (b.requires.needs_device && !this.device.current()) {
       const r = this.device.report();
+      const permanent = r.runtime === "none";
       throw new DeviceUnavailableError(
-        `backend ${n} needs a WebGPU device and there is none${r.reason ? ` (${r.reason})` : ""}`,
+        `backend ${n} needs a WebGPU device and there is none${r.reason ? ` (${r.reason})` : ""}` +
+          (permanent ? "; this server runs without one, so retrying cannot help" : ""),
+        { permanent },
       );
     }
   }

@@ -14,6 +14,7 @@
  */
 import {
   checksFiniteOnDevice,
+  elementAt,
   finiteScanBits,
   firstNonFinite,
   firstNonFiniteIn,
@@ -95,6 +96,47 @@ function checkFinite(a: DataArray | null, name: string, is: Issues, from = 0): v
   const bad = from === 0 ? firstNonFinite(a) : firstNonFiniteIn(a, from, a.length);
   if (bad >= 0) {
     is.add([name, bad], nonFiniteMessage(a, bad));
+  }
+}
+
+/**
+ * Adds an issue for the first NaN or infinity of a data tensor `t`, `a` its elements in the
+ * call's dtype (from element `from` on, as {@link checkFinite}). It is named in the tensor's own
+ * dtype, with the JSON number sent where that overflowed it ("element 0 is 70000, which
+ * overflows float16"); a tensor converted to the call's dtype is scanned whole in both, an
+ * element finite in its own dtype but not in the call's named in both.
+ */
+function checkDataFinite(
+  t: DataTensor | undefined,
+  a: DataArray | null,
+  name: string,
+  is: Issues,
+  from = 0,
+): void {
+  if (!t || !a) return;
+  const own = t.array;
+  const bad = a === own && from > 0 ? firstNonFiniteIn(a, from, a.length) : firstNonFinite(own);
+  if (bad >= 0) {
+    const o = t.overflow;
+    is.add(
+      [name, bad],
+      o?.index === bad
+        ? `element ${bad} is ${o.value}, which overflows ${t.dtype} (${
+          elementAt(own, bad)
+        }): tensors must be finite`
+        : nonFiniteMessage(own, bad),
+    );
+    return;
+  }
+  if (a === own) return;
+  const lost = firstNonFinite(a);
+  if (lost >= 0) {
+    is.add(
+      [name, lost],
+      `element ${lost} is ${elementAt(own, lost)} in ${t.dtype}, ${
+        elementAt(a, lost)
+      } in ${a.dtype} (the call's dtype): tensors must be finite`,
+    );
   }
 }
 
@@ -191,9 +233,13 @@ export function validateForward(
       num_kv_tokens: key ? Tk : 0,
     });
   for (const [a, name] of [[query, "query"], [key, "key"], [value, "value"]] as const) {
-    // Deferred: only the elements past the last whole word (an odd half-precision tail).
-    const from = deferred && a ? wordsOf(a.dtype, a.length) * finiteScanBits(a.dtype).per : 0;
-    checkFinite(a, name, is, from);
+    const t = input[name];
+    // Deferred: only the elements past the last whole word (an odd half-precision tail); a JSON
+    // number that overflowed its dtype is named here, with its value.
+    const from = deferred && a && !t?.overflow
+      ? wordsOf(a.dtype, a.length) * finiteScanBits(a.dtype).per
+      : 0;
+    checkDataFinite(t, a, name, is, from);
   }
   throwProblems(is, over);
   // No issue: the counts and the window were valid, so the stats were computed.

@@ -366,4 +366,8 @@ export const ProblemSchema = z.looseObject({
   )
     .optional(),
   reasons: z.record(z.string(), z.array(z.string())).optional(),
+  retryable: z.literal(false).optional().describe(
+    "On a 503 that retrying cannot help (a forced GPU backend on a server with no device by " +
+      "configuration, --no-gpu): sent without Retry-After.",
+  ),
 }).meta({ id: "Problem" });

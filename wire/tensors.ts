@@ -11,7 +11,7 @@
  * the int32 range).
  * @module
  */
-import { dataArray, fromFloats } from "../core/data.ts";
+import { dataArray, firstNonFinite, fromFloats } from "../core/data.ts";
 import { encode, SAFETENSORS_DTYPE } from "../core/dtype.ts";
 import { invalidBatch, type Issue, ServiceError } from "../core/errors.ts";
 import { numel, type SafetensorsDType, type SafetensorsTensor } from "../core/safetensors.ts";
@@ -45,6 +45,12 @@ export interface DataTensor {
   shape: number[];
   array: DataArray;
   encoding: TensorEncoding;
+  /**
+   * JSON numbers only: the first non-finite element of `array`, where it came from a finite
+   * number too large for `dtype` (70000 in float16): its index and the number sent, for the
+   * validator's message.
+   */
+  overflow?: { index: number; value: number };
 }
 
 /** A cache tensor: raw bytes of its storage dtype. */
@@ -203,12 +209,21 @@ function aligned(b: Uint8Array): Uint8Array {
   return b.byteOffset % 8 === 0 ? b : b.slice();
 }
 
-/** → data tensor: the dtype's bytes (a view of the wire bytes when aligned; JSON numbers encoded). */
+/**
+ * → data tensor: the dtype's bytes (a view of the wire bytes when aligned; JSON numbers encoded,
+ * the first that overflowed the dtype noted).
+ */
 export function toDataTensor(raw: RawTensor, path: Path): DataTensor {
   requireDtype(raw, DATA_DTYPES, "data", path);
   const dtype = raw.dtype as DType;
-  const array = raw.bytes ? dataArray(dtype, raw.bytes) : fromFloats(dtype, raw.numbers!);
-  return { dtype, shape: raw.shape, array, encoding: raw.encoding };
+  if (raw.bytes) {
+    return { dtype, shape: raw.shape, array: dataArray(dtype, raw.bytes), encoding: raw.encoding };
+  }
+  const array = fromFloats(dtype, raw.numbers!);
+  const t: DataTensor = { dtype, shape: raw.shape, array, encoding: raw.encoding };
+  const i = firstNonFinite(array);
+  if (i >= 0 && Number.isFinite(raw.numbers![i])) t.overflow = { index: i, value: raw.numbers![i] };
+  return t;
 }
 
 /** → cache tensor: bytes in the storage dtype (`data` numbers are encoded, bytes taken as is). */

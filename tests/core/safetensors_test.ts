@@ -20,6 +20,8 @@ function rejects(bytes: Uint8Array, pattern: RegExp): void {
     assert.equal(e.status, 400);
     assert.equal(e.code, "bad_safetensors");
     assert.match(e.message, pattern);
+    assert.ok(e.issues && e.issues.length > 0, `no issues: ${e.message}`);
+    assert.match(e.message, new RegExp(RegExp.escape(e.issues[0].message)));
     return true;
   });
 }
@@ -89,7 +91,7 @@ Deno.test("safetensors: strict validation", async (t) => {
   await t.step("unknown dtype, named", () => {
     rejects(
       build({ a: { ...ok, dtype: "F64" } }, new Uint8Array(8)),
-      /tensor a: unsupported dtype "F64"/,
+      /a\.dtype: unsupported dtype "F64"/,
     );
   });
   await t.step("bad shape", () => {

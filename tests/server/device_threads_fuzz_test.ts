@@ -2,7 +2,7 @@
  * The seeded fuzz of fuzz_test.ts through the device-thread front (server/device_threads.ts,
  * two threads, `--no-gpu`-style services) on a real port: the front's own routing (cache paths,
  * forward bodies scanned for `kv_cache`, creates, /metrics) must keep every answer what one
- * service alone gives: no 5xx (but 503 device_unavailable with Retry-After), every error a
+ * service alone gives: no 5xx (but 503 device_unavailable, without Retry-After), every error a
  * problem document, a rejected call on the target cache changes none of its bytes, and witness
  * caches on both threads stay byte-identical. `SEED=n`, `FUZZ_COUNT=n` (default 1,500).
  */

@@ -2,7 +2,10 @@
  * A 5xx answer is one log line that names its error id, which the problem document carries:
  * a forced GPU backend on a server without a device (503 `device_unavailable`) logged a stack
  * trace and an object dump, 13-15 lines, with nothing tying them to the answer (an audit). In
- * each serving mode; a device thread's line names the thread.
+ * each serving mode; a device thread's line names the thread. The server here asks for a WebGPU
+ * device its runtime cannot find (`DENO_WEBGPU_BACKEND` naming an API this OS has not); on a
+ * `--no-gpu` server the same 503 is permanent by configuration, not a fault: not logged, no
+ * error id, no `Retry-After` (a review).
  */
 import assert from "node:assert/strict";
 import { HeldSeq } from "./held_seq.ts";
@@ -10,8 +13,15 @@ import { spawnServer } from "./process.ts";
 import { lineLogger, NOT_LOGGED, problem, toProblem } from "../../server/problem.ts";
 import { ServiceError } from "../../core/errors.ts";
 
-async function forcedGpu(mode: string[], prefix: RegExp): Promise<void> {
-  const srv = await spawnServer(["--no-gpu", ...mode]);
+/** A WebGPU API this OS has none of: the runtime finds no adapter. */
+const ABSENT_API = Deno.build.os === "darwin" ? "dx12" : "metal";
+
+async function forcedGpu(mode: string[], prefix: RegExp, noGpu = false): Promise<void> {
+  const srv = noGpu
+    ? await spawnServer(["--no-gpu", ...mode])
+    : await spawnServer(["--webgpu-runtime", "deno", ...mode], {
+      DENO_WEBGPU_BACKEND: ABSENT_API,
+    });
   try {
     const backends = await (await fetch(`${srv.url}/v1/backends`)).json();
     const gpu = backends.backends.find((b: { name: string }) => b.name !== "CPU_REFERENCE").name;
@@ -35,9 +45,21 @@ async function forcedGpu(mode: string[], prefix: RegExp): Promise<void> {
     });
     const doc = await res.json();
     assert.equal(res.status, 503, JSON.stringify(doc));
-    assert.match(doc.error_id, /^[0-9a-f-]{36}$/);
+    assert.equal(doc.code, "device_unavailable");
     await new Promise((r) => setTimeout(r, 200));
-    const lines = srv.stderr().slice(before).split("\n").filter((l) => l.trim());
+    // The start-up lines about the runtimes (the one not chosen is probed in the background).
+    const lines = srv.stderr().slice(before).split("\n").filter((l) =>
+      l.trim() && !l.includes("webgpu: ")
+    );
+    if (noGpu) {
+      assert.equal(doc.retryable, false, JSON.stringify(doc));
+      assert.equal(doc.error_id, undefined, JSON.stringify(doc));
+      assert.equal(res.headers.get("retry-after"), null);
+      assert.deepEqual(lines, []);
+      return;
+    }
+    assert.match(doc.error_id, /^[0-9a-f-]{36}$/);
+    assert.ok(Number(res.headers.get("retry-after")) > 0);
     assert.equal(lines.length, 1, lines.join("\n"));
     assert.ok(lines[0].includes(doc.error_id), lines[0]);
     assert.match(lines[0], prefix);
@@ -54,6 +76,11 @@ Deno.test("error log: a 5xx is one line with its error id, HTTP workers", () =>
   forcedGpu(["--http-workers", "2"], /^service error /));
 Deno.test("error log: a 5xx is one line with its error id, device threads", () =>
   forcedGpu(["--device-threads", "2"], /^device thread \d: service error /));
+Deno.test("error log: --no-gpu's forced GPU backend is a permanent 503, not logged", async () => {
+  for (const mode of [[], ["--http-workers", "2"], ["--device-threads", "2"]]) {
+    await forcedGpu(mode, /^$/, true);
+  }
+});
 
 Deno.test("error log: an unexpected error is one line, its stack joined", () => {
   const seen: string[] = [];

@@ -1,9 +1,9 @@
 /**
  * Seeded fuzz over a real port: thousands of hostile requests (see fuzz_gen.ts) against a
  * `--no-gpu`-style service (every backend, NoDeviceProvider). Asserts: no 5xx (except 503
- * device_unavailable with Retry-After, the right answer to forcing a GPU backend here), every
- * error a problem document (application/problem+json; type, title, status, detail, code; no
- * stack trace), a rejected call on the target cache changes none of its bytes, three witness
+ * device_unavailable, `retryable: false` without Retry-After, the right answer to forcing a GPU
+ * backend here), every error a problem document (application/problem+json; type, title, status,
+ * detail, code; no stack trace), a rejected call on the target cache changes none of its bytes, three witness
  * caches no request names are byte-identical at the end (GET /v1/kv-caches/{id}/data), nothing
  * logged as unexpected, bounded metrics series, and the server still answers.
  *

@@ -1,11 +1,13 @@
 /**
  * HTTP semantics over a real port: HEAD on every GET route (the GET's status and headers, no
- * body), bounded metrics labels under invented methods, and `Retry-After` on 503 answers.
+ * body), bounded metrics labels under invented methods, and `Retry-After` on 503 answers (but
+ * one that retrying cannot help).
  */
 import assert from "node:assert/strict";
 import { builtinBackends } from "../../backends/index.ts";
 import { RETRY_AFTER_SECONDS } from "../../server/problem.ts";
-import { startServer } from "./helpers.ts";
+import { FakeNoDevice, startServer } from "./helpers.ts";
+import type { DeviceReport } from "../../core/types.ts";
 import { rawExchange, rawRequest } from "./raw_http.ts";
 
 Deno.test("HEAD answers every GET route with its status and headers and no body", async () => {
@@ -97,22 +99,42 @@ Deno.test('metrics: invented methods are counted as method="other"; series stay 
   }
 });
 
-Deno.test("503 answers carry Retry-After", async () => {
-  // Every backend, no device: forcing a GPU backend is a 503 device_unavailable.
-  const srv = await startServer({ backends: builtinBackends() });
-  try {
-    const gpu = (await srv.client.backends()).find((b) => b.available === false);
-    assert.ok(gpu, "a backend that needs a device");
-    const res = await fetch(`${srv.url}/v1/backends/select`, {
-      method: "POST",
-      headers: { "content-type": "application/json" },
-      body: JSON.stringify({ head_size: 64, dtype: "float16", backend: gpu.name }),
-    });
-    assert.equal(res.status, 503);
-    assert.equal(res.headers.get("retry-after"), String(RETRY_AFTER_SECONDS));
-    assert.equal(res.headers.get("content-type"), "application/problem+json");
-    assert.equal((await res.json()).code, "device_unavailable");
-  } finally {
-    await srv.close();
+/** A WebGPU runtime that found no device (not `--no-gpu`, whose runtime is "none"). */
+class NoAdapter extends FakeNoDevice {
+  override report(): DeviceReport {
+    return { ...super.report(), runtime: "deno", reason: "test: no adapter" };
+  }
+}
+
+Deno.test("503 answers carry Retry-After, but one that retrying cannot help", async () => {
+  // Every backend, no device: forcing a GPU backend is a 503 device_unavailable. With no
+  // WebGPU runtime at all (--no-gpu) that is permanent: `retryable: false`, no Retry-After.
+  for (
+    const [device, retry] of [
+      [new NoAdapter(), String(RETRY_AFTER_SECONDS)],
+      [new FakeNoDevice(), null],
+    ] as const
+  ) {
+    const srv = await startServer({ backends: builtinBackends(), device });
+    try {
+      const gpu = (await srv.client.backends()).find((b) => b.available === false);
+      assert.ok(gpu, "a backend that needs a device");
+      const res = await fetch(`${srv.url}/v1/backends/select`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify({ head_size: 64, dtype: "float16", backend: gpu.name }),
+      });
+      assert.equal(res.status, 503);
+      assert.equal(res.headers.get("retry-after"), retry);
+      assert.equal(res.headers.get("content-type"), "application/problem+json");
+      const doc = await res.json();
+      assert.equal(doc.code, "device_unavailable");
+      assert.equal(doc.retryable, retry === null ? false : undefined);
+      // Logged (with its error id) only where a retry may help.
+      assert.equal(srv.errors.length, retry === null ? 0 : 1);
+      assert.equal(typeof doc.error_id, retry === null ? "undefined" : "string");
+    } finally {
+      await srv.close();
+    }
   }
 });
