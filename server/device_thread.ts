@@ -51,6 +51,8 @@ export interface HttpListenMessage {
   token: string;
   /** The front's end of the requests this thread passes on (worker_protocol.ts messages). */
   front: MessagePort;
+  /** `[0]`: the calls this thread's listener is working on, kept here for the front to read. */
+  calls: Int32Array;
 }
 
 /** What a thread's listener did: listening, failed (why), or drained (`http-drain`). */
@@ -80,6 +82,24 @@ let serve: { handler: (req: Request) => Promise<Response>; holds: (id: string) =
   null;
 let listener: { server: ResilientServer; drainer: Drainer; close(): void } | null = null;
 
+/**
+ * `h`, counting in `calls[0]` the calls it is working on (memory shared with the main thread,
+ * which reads it at a signal: main.ts).
+ */
+function counted(
+  calls: Int32Array,
+  h: (req: Request) => Promise<Response>,
+): (req: Request) => Promise<Response> {
+  return async (req) => {
+    Atomics.add(calls, 0, 1);
+    try {
+      return await h(req);
+    } finally {
+      Atomics.sub(calls, 0, 1);
+    }
+  };
+}
+
 /** `http-listen`: this thread serves the port too (thread_http.ts). */
 function listen(m: HttpListenMessage): void {
   const init = settings, s = serve;
@@ -107,7 +127,7 @@ function listen(m: HttpListenMessage): void {
       token: m.token,
       handler: s.handler,
       holds: s.holds,
-      wrap: (h) => named(drainer.track(h), init.instance),
+      wrap: (h) => named(drainer.track(counted(m.calls, h)), init.instance),
       front,
       scans,
       onListen: ({ hostname, port }) =>

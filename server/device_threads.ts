@@ -11,7 +11,8 @@
  * with the fewest calls in flight; `GET /metrics` to every thread, merged with a
  * `device_thread` label (metrics_merge.ts); anything else to thread 0. Each thread's memory
  * budget is its share of `--memory-budget-bytes`. A thread that stops (a crash) fails its
- * calls in flight with a 500 and answers later ones with a 503 `device_thread_lost`.
+ * calls in flight and answers later ones with a 503 `device_thread_lost` (not logged: the crash
+ * is, once).
  * @module
  */
 import { accessAllowed, type AccessPolicy } from "./auth.ts";
@@ -36,6 +37,7 @@ import { requestPath } from "./routes.ts";
 import { headOf, SAFETENSORS } from "./responses.ts";
 import { stderrLock } from "../gpu/runtime_stderr.ts";
 import { envVar } from "../core/env.ts";
+import { ServiceError } from "../core/errors.ts";
 
 /** Options of {@link startDeviceThreads}. */
 export interface DeviceThreadsOptions {
@@ -84,6 +86,11 @@ class Thread implements ListeningThread {
   readonly ready = Promise.withResolvers<DeviceReadyMessage>();
   readonly closed = Promise.withResolvers<void>();
   lost: string | null = null;
+  readonly #stopped = Promise.withResolvers<string>();
+  /** Resolves with why once the thread stops (a crash); pending while it runs or once closed. */
+  readonly stopped = this.#stopped.promise;
+  /** `[0]`: the calls its listener is working on (`--device-threads-http`; it counts them). */
+  readonly calls = new Int32Array(new SharedArrayBuffer(4));
   /** Caches placed here (cache_placement.ts). */
   caches = 0;
   /** Waiters for the thread's listener messages (thread_listeners.ts), in order. */
@@ -121,6 +128,7 @@ class Thread implements ListeningThread {
       this.closed.resolve();
       const failed = { type: "http-failed" as const, reason: `the thread stopped: ${e.message}` };
       this.#listenerWaits.splice(0).forEach((w) => w(failed));
+      this.#stopped.resolve(e.message);
     };
     this.worker.postMessage(init);
   }
@@ -186,6 +194,14 @@ export async function startDeviceThreads(
     return { ok: false, reason: `device thread ${bad}: ${r.reason}`, fatal: r.fatal };
   }
   return { ok: true, front: front(threads, scrapeToken, log) };
+}
+
+/**
+ * Whether `e` is a lost thread's problem (thread_listeners.ts: the body of a call a stopped
+ * thread passed on): logged once, at the crash, not again for each call.
+ */
+function lostThread(e: unknown): boolean {
+  return e instanceof ServiceError && e.code === "device_thread_lost";
 }
 
 function front(threads: Thread[], scrapeToken: string, log: ErrorLogger): DeviceThreads {
@@ -300,7 +316,7 @@ function front(threads: Thread[], scrapeToken: string, log: ErrorLogger): Device
       }
       return await places.live()[0].send(req);
     } catch (e) {
-      return problemResponse(toProblem(e));
+      return problemResponse(toProblem(e, undefined, lostThread(e) ? NOT_LOGGED : undefined));
     }
   };
 

@@ -136,8 +136,8 @@ async function serveThePort(
 
 /**
  * On SIGINT or SIGTERM: drains this thread's calls and the device threads' own (when they serve
- * the port), closes the port, then `close`s and exits 0, or exits 1 at the deadline; a second
- * signal exits 1 at once.
+ * the port: the stop lines count theirs, ThreadListeners.inFlight), closes the port, then
+ * `close`s and exits 0, or exits 1 at the deadline; a second signal exits 1 at once.
  */
 function stopOnSignals(
   o: ServeOptions,
@@ -146,17 +146,19 @@ function stopOnSignals(
   close: () => Promise<void>,
 ): void {
   let stopping = false;
+  // Under --device-threads-http every call is counted by the thread that took it (tracked),
+  // none by this thread's drainer: the threads' counts are read, and their drain reports what
+  // it left.
+  const inFlight = () => drainer.count + (listeners?.inFlight() ?? 0);
   const stop = async (sig: string) => {
     if (stopping) {
-      console.error(`${sig} again: exiting now with ${drainer.count} calls unfinished`);
+      console.error(`${sig} again: exiting now with ${inFlight()} calls unfinished`);
       Deno.exit(1);
     }
     stopping = true;
-    // Under --device-threads-http every call is counted where it was taken (tracked): the
-    // threads' drain reports what it left.
-    const where = listeners ? " on this thread and the device threads' own" : "";
+    const where = listeners ? " on the device threads" : "";
     console.error(
-      `${sig}: stopping; finishing ${drainer.count} calls in flight${where} ` +
+      `${sig}: stopping; finishing ${inFlight()} calls in flight${where} ` +
         `(deadline ${o.shutdownDeadlineMs} ms)`,
     );
     // The threads' drain starts first: the server's shutdown then waits for it, not another.

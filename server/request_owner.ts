@@ -3,10 +3,11 @@
  * and abort messages of requests another thread received (worker_protocol.ts), runs the pure
  * handler on a Request rebuilt from them (body transferred, not copied; a signal that aborts
  * when the client goes away) and posts each answer back, its body transferred. Used by the
- * HTTP worker front (worker_front.ts: the owner is the service's thread, the HTTP workers send)
- * and by device threads (device_thread.ts: each device thread owns a service, the main thread
- * sends). The handler sees what it sees under Deno.serve: the method, URL and headers, a body
- * stream (one chunk) that ends as the sender's read did.
+ * HTTP worker front (worker_front.ts: the owner is the service's thread, the HTTP workers send),
+ * by device threads (device_thread.ts: each device thread owns a service, the main thread
+ * sends) and by the device threads' listeners' front (thread_listeners.ts: the main thread owns
+ * the handler, each thread's listener sends). The handler sees what it sees under Deno.serve:
+ * the method, URL and headers, a body stream (one chunk) that ends as the sender's read did.
  * @module
  */
 import { type ErrorLogger, problemResponse, toProblem } from "./problem.ts";
@@ -24,6 +25,20 @@ interface Pending {
   abort: AbortController;
   body: Promise<BodyMessage>;
   gotBody: (m: BodyMessage) => void;
+  /** The body will not come: its read fails with this (the sender is gone). */
+  noBody: (why: Error) => void;
+}
+
+/** A pending request's state: its body still to come (`body` settles once it has). */
+function pending(): Pending {
+  const body = Promise.withResolvers<BodyMessage>();
+  body.promise.catch(() => {}); // a body that fails is the handler's to see, or no one's
+  return {
+    abort: new AbortController(),
+    body: body.promise,
+    gotBody: body.resolve,
+    noBody: body.reject,
+  };
 }
 
 /** A body stream of one chunk that ends as the sender's read did. */
@@ -64,7 +79,11 @@ function rebuild(m: HeadMessage, p: Pending): Request {
     req = new Request(m.url, { ...init, method: "POST" });
     Object.defineProperty(req, "method", { value: m.method });
   }
-  if (body !== null) setPreReadBody(req, p.body.then(preRead));
+  if (body !== null) {
+    const read = p.body.then(preRead);
+    read.catch(() => {}); // a read that fails is the handler's to see, or no one's
+    setPreReadBody(req, read);
+  }
   keepSentPath(req, m.url);
   return req;
 }
@@ -86,8 +105,7 @@ export class RequestOwner {
 
   /** A request's head arrived: the handler starts on it (its body follows when it has one). */
   head(m: HeadMessage): void {
-    const body = Promise.withResolvers<BodyMessage>();
-    const p: Pending = { abort: new AbortController(), body: body.promise, gotBody: body.resolve };
+    const p = pending();
     this.#pending.set(m.id, p);
     let req: Request;
     try {
@@ -113,19 +131,24 @@ export class RequestOwner {
 
   /** A head that was not well formed (`why`): request `id` gets a 500. */
   malformed(id: number, why: string): void {
-    this.#pending.set(id, {
-      abort: new AbortController(),
-      body: new Promise(() => {}),
-      gotBody() {},
-    });
+    this.#pending.set(id, pending());
     this.#answer(id, problemResponse(toProblem(new Error(why), undefined, this.log)));
   }
 
-  /** The sender is gone: its requests' clients are too. */
-  failAll(message: string): void {
+  /**
+   * The sender is gone: its requests' clients are too (their signals abort; answers made later
+   * are dropped). A body still to come ends in error with `why` when it is a message (the
+   * handler's read then fails as for a client gone mid-body), or, when it is an Error (a
+   * problem), its read rejects with it, so the handler answers that problem at once instead of
+   * working on (a device thread gone: thread_listeners.ts).
+   */
+  failAll(why: string | Error): void {
+    const bytes = new ArrayBuffer(0);
+    const ended: BodyMessage = { type: "body", id: -1, bytes, end: "error", message: String(why) };
     for (const p of this.#pending.values()) {
       p.abort.abort();
-      p.gotBody({ type: "body", id: -1, bytes: new ArrayBuffer(0), end: "error", message });
+      if (why instanceof Error) p.noBody(why);
+      else p.gotBody(ended);
     }
     this.#pending.clear();
   }

@@ -8,7 +8,9 @@
  * over stops there. A client that goes away is passed on (its request's signal aborts on the
  * owner's side). An answer that is not well formed is a 500. A request whose body another
  * thread read already (a RequestOwner's, passed on again: a device thread's listener sends to
- * the front, which sends to a device thread) has that read posted as it ended, not read again.
+ * the front, which sends to a device thread) has that read posted as it ended, not read again;
+ * when that read fails (the thread that made it is gone: RequestOwner.failAll), the request is
+ * answered with its failure at once, and the owner gets a body ended in error.
  * Used by the HTTP workers (http_worker.ts), the device threads' listeners (thread_http.ts) and
  * the device-thread front (device_threads.ts).
  * @module
@@ -55,6 +57,7 @@ export class RequestSender {
   /**
    * Reads `req`'s body as {@link send} would (null: not read, over the limit or refused, or no
    * body), for a caller that looks at it before choosing where to send (device_threads.ts).
+   * Rejects when the read another thread made fails (RequestOwner.failAll: with its problem).
    */
   async readBody(req: Request): Promise<StreamedBody | null> {
     const b = this.#bodyPlan(req);
@@ -72,6 +75,7 @@ export class RequestSender {
   ): Promise<Response> {
     const id = this.#nextId++;
     const answer = new Promise<ResponseMessage | string | Error>((r) => this.#waiting.set(id, r));
+    const failed = Promise.withResolvers<Error>();
     const { hasBody, declared, read } = this.#bodyPlan(req);
     this.post({
       type: "head",
@@ -91,10 +95,14 @@ export class RequestSender {
       } else if (preRead) {
         this.#postRead(id, preRead);
       } else {
-        void this.#read(req, declared).then((r) => this.#postRead(id, r));
+        void this.#read(req, declared).then(
+          (r) => this.#postRead(id, r),
+          (e: unknown) => failed.resolve(this.#postFailedRead(id, e)),
+        );
       }
     }
-    const r = await answer;
+    // A failed read answers at once; the owner's answer, when it comes, goes to no one.
+    const r = await Promise.race([answer, failed.promise]);
     req.signal.removeEventListener("abort", onAbort);
     if (r instanceof Error) return problemResponse(toProblem(r, undefined, NOT_LOGGED));
     if (typeof r === "string") {
@@ -152,6 +160,17 @@ export class RequestSender {
       ? wholeBodyIfCheap(req, declared)
       : null;
     return whole ?? streamBody(req.body!, declared, this.maxBodyBytes);
+  }
+
+  /**
+   * Tells the owner that request `id`'s body read failed with `e` (a body ended in error, so
+   * that its handler ends); returns `e` as the request's answer.
+   */
+  #postFailedRead(id: number, e: unknown): Error {
+    const why = e instanceof Error ? e : new Error(String(e));
+    const bytes = new ArrayBuffer(0);
+    this.post({ type: "body", id, bytes, end: "error", message: why.message }, [bytes]);
+    return why;
   }
 
   /** Posts a body as read, transferred. */

@@ -4,14 +4,18 @@
  * thread to serve it too, and closes its own hold once all listen, so the kernel spreads
  * connections over the threads only. Each thread passes what is not its own to this thread
  * through a MessageChannel of its own, where a RequestOwner runs the front's handler on it
- * (request_owner.ts), as for an HTTP worker. On shutdown each thread drains its listener
+ * (request_owner.ts), as for an HTTP worker. A thread that stops (a crash) takes its clients'
+ * connections with it: the calls it passed here end at once, a body still to come failing with
+ * a 503 `device_thread_lost` (else the front would wait for it without end), and the answers go
+ * to no one. Each thread counts the calls its listener is working on in memory shared with this
+ * thread (`calls`), read at a signal (main.ts). On shutdown each thread drains its listener
  * (shutdown.ts) and says what was left unfinished. The listeners together are an HttpServer
  * (worker_front.ts), as main.ts serves with otherwise: `shutdown` drains them (or waits for the
  * drain under way) and `finished` settles once every listener is closed.
  * @module
  */
 import type { HttpListenerMessage, HttpListenMessage } from "./device_thread.ts";
-import type { ErrorLogger } from "./problem.ts";
+import { type ErrorLogger, problem } from "./problem.ts";
 import { RequestOwner } from "./request_owner.ts";
 import { DEFAULT_SHUTDOWN_DEADLINE_MS } from "./shutdown.ts";
 import type { HttpServer } from "./worker_front.ts";
@@ -22,6 +26,13 @@ export interface ListeningThread {
   readonly index: number;
   readonly worker: Worker;
   readonly lost: string | null;
+  /** Resolves with why once the thread stops (a crash); pending while it runs. */
+  readonly stopped: Promise<string>;
+  /**
+   * `[0]`: the calls its listener is working on now (the thread counts them, device_thread.ts;
+   * shared memory, so a read here costs no message).
+   */
+  readonly calls: Int32Array;
   /** Resolves with the thread's next listener message. */
   nextListenerMessage(): Promise<HttpListenerMessage>;
 }
@@ -54,12 +65,45 @@ export interface ThreadListeners extends HttpServer {
    * shutdown) asks the threads: a later call gets its result.
    */
   drain(deadlineMs: number): Promise<ThreadsDrained>;
+  /** The calls the running threads' listeners are working on now (a lost thread's are gone). */
+  inFlight(): number;
 }
 
-/** The front's end of one thread's channel: messages to the owner, answers posted back. */
-function frontEnd(port: MessagePort, handler: (r: Request) => Promise<Response>, log: ErrorLogger) {
-  const owner = new RequestOwner((m, t) => port.postMessage(m, t), handler, log);
+/** The problem a call passed on by thread `index` ends with once the thread stopped (`why`). */
+function passedOnLost(index: number, why: string): Error {
+  return problem(
+    503,
+    "device_thread_lost",
+    `device thread ${index} stopped: ${why}; a call it took and passed on ends here ` +
+      `(its client's connection went with the thread)`,
+    { device_thread: index },
+  );
+}
+
+/**
+ * The front's end of thread `t`'s channel: messages to the owner, answers posted back. Once the
+ * thread stops, the calls it passed on end (RequestOwner.failAll, a 503) and the channel closes.
+ */
+function frontEnd(
+  t: ListeningThread,
+  port: MessagePort,
+  handler: (r: Request) => Promise<Response>,
+  log: ErrorLogger,
+) {
+  const owner = new RequestOwner((m, tr) => port.postMessage(m, tr), handler, log);
+  let gone = false;
+  void t.stopped.then((why) => {
+    gone = true;
+    port.close();
+    const n = owner.size;
+    if (n > 0) {
+      const what = `${n} calls it passed on in flight: they end with a 503 device_thread_lost`;
+      log(`device thread ${t.index} stopped with ${what}, answered to no one`, undefined);
+    }
+    owner.failAll(passedOnLost(t.index, why));
+  });
   port.onmessage = (e) => {
+    if (gone) return; // posted before the thread stopped, delivered after: no client to answer
     const m = checkFromWorker(e.data);
     if (typeof m === "string") {
       log("a device thread's listener sent a malformed message", new Error(m));
@@ -96,7 +140,7 @@ export async function listenOnThreads(
   try {
     const answers = await Promise.all(threads.map((t) => {
       const channel = new MessageChannel();
-      frontEnd(channel.port1, o.handler, o.log);
+      frontEnd(t, channel.port1, o.handler, o.log);
       const answer = t.nextListenerMessage();
       const m: HttpListenMessage = {
         type: "http-listen",
@@ -104,6 +148,7 @@ export async function listenOnThreads(
         hostname: o.hostname,
         token: o.token,
         front: channel.port2,
+        calls: t.calls,
       };
       t.worker.postMessage(m, [channel.port2]);
       return answer;
@@ -167,6 +212,8 @@ export function threadListeners(
     addr,
     finished: closed.promise,
     drain,
+    inFlight: () =>
+      threads.reduce((n, t) => n + (t.lost === null ? Atomics.load(t.calls, 0) : 0), 0),
     async shutdown() {
       await drain(DEFAULT_SHUTDOWN_DEADLINE_MS);
     },

@@ -4,7 +4,9 @@
  * it to. Cut at `--shutdown-deadline-ms`, each call still in flight counts once in "calls
  * unfinished", whether its thread answers it itself (an upload to a cache it holds) or passes
  * it to the front (a create); and a forward whose body (naming another thread's cache) was
- * still arriving at the signal is answered, not refused by the front with a 503.
+ * still arriving at the signal is answered, not refused by the front with a 503. The stop lines
+ * count the calls the threads are working on (this thread's drainer has none of them), at the
+ * first signal and at a second.
  */
 import assert from "node:assert/strict";
 import { decodeJsonAnswer, jsonForwardBody } from "../../wire/client_codec.ts";
@@ -66,10 +68,32 @@ Deno.test("device threads serving the port: a call cut at the deadline counts on
     srv.kill("SIGTERM");
     const e = await srv.exited;
     assert.equal(e.code, 1, e.stderr);
+    // Counted by the threads that took them (this thread's drainer has none).
+    assert.match(e.stderr, /SIGTERM: stopping; finishing 2 calls in flight on the device threads/);
     assert.match(e.stderr, /stopped at the deadline: 2 calls unfinished/);
   } finally {
     own.close();
     passed.close();
+    srv.kill("SIGKILL");
+    await srv.exited;
+  }
+});
+
+Deno.test("device threads serving the port: a second signal counts the threads' calls", async () => {
+  const srv = await spawnServer(["--device-threads", "2", "--device-threads-http", "--no-gpu"]);
+  const conn = await Deno.connect({ hostname: "127.0.0.1", port: srv.port });
+  try {
+    await conn.write(stalled("POST", "/v1/kv-caches"));
+    await sleep(300);
+    srv.kill("SIGTERM");
+    for (let i = 0; i < 100 && !/SIGTERM: stopping/.test(srv.stderr()); i++) await sleep(20);
+    srv.kill("SIGTERM");
+    const e = await srv.exited;
+    assert.equal(e.code, 1, e.stderr);
+    assert.match(e.stderr, /SIGTERM: stopping; finishing 1 calls in flight on the device threads/);
+    assert.match(e.stderr, /SIGTERM again: exiting now with 1 calls unfinished/);
+  } finally {
+    conn.close();
     srv.kill("SIGKILL");
     await srv.exited;
   }

@@ -9,7 +9,10 @@
 import assert from "node:assert/strict";
 import type { HttpListenerMessage } from "../../server/device_thread.ts";
 import { type ListeningThread, threadListeners } from "../../server/thread_listeners.ts";
+import { ORIGIN_HEADER } from "../../server/thread_http.ts";
 import { startNoGpuThreads } from "./no_gpu_threads.ts";
+import { HeldSeq } from "./held_seq.ts";
+import { parseResponse, rawRequest, type RawResponse } from "./raw_http.ts";
 
 const PENDING = Symbol("pending");
 
@@ -53,6 +56,8 @@ function fakeThread(index: number, answer: HttpListenerMessage | null): Listenin
   return {
     index,
     lost: null,
+    stopped: new Promise(() => {}),
+    calls: new Int32Array(1),
     worker: {
       postMessage: (m: { type: string }) => {
         if (m.type === "http-drain" && answer) queueMicrotask(() => reply(answer));
@@ -86,3 +91,96 @@ Deno.test("thread listeners: a thread silent past the drain's deadline cannot ho
   assert.deepEqual(await ok.drain(60_000), { drained: true, unfinished: 0, silent: 0 });
   assert.ok(performance.now() - t1 < 1000, "no wait for a deadline when all answer");
 });
+
+/** Reads one answer off `conn`, which stays open (keep-alive). */
+async function answerOn(conn: Deno.Conn): Promise<RawResponse> {
+  let got = new Uint8Array(0);
+  const buf = new Uint8Array(64 * 1024);
+  for (;;) {
+    const n = await conn.read(buf);
+    const more = new Uint8Array(got.length + (n ?? 0));
+    more.set(got);
+    more.set(buf.subarray(0, n ?? 0), got.length);
+    got = more;
+    const r = parseResponse(got, n === null);
+    if (r) return r;
+    if (n === null) throw new Error("connection closed before an answer");
+  }
+}
+
+/** A call a thread passed to the front's handler: the thread (creates name it), the answer. */
+interface Passed {
+  thread: number | undefined;
+  answer: Promise<Response>;
+}
+
+/**
+ * A call passed to the front whose body stops after its first bytes (its thread posts the head
+ * at once, the body once its read ends: the body timeout, 60 s), then its thread stops: the
+ * front's handler must end it at once, a 503. `path`: where it goes, given a cache of the other
+ * thread (a create ends in the front's own read, a cache's call in the read of its send on).
+ */
+async function lostBeforeTheBody(method: string, path: (other: string) => string) {
+  const front = await startNoGpuThreads(2);
+  const waits = new Map<string, (p: Passed) => void>();
+  const passedOn = (key: string) => new Promise<Passed>((r) => waits.set(key, r));
+  const handler = (req: Request) => {
+    const answer = front.handler(req);
+    const copy = answer.then((r) => r.clone()); // the original goes back to the thread
+    const origin = req.headers.get(ORIGIN_HEADER);
+    const thread = origin === null ? undefined : Number(origin.split(" ")[0]);
+    waits.get(`${req.method} ${new URL(req.url).pathname}`)?.({ thread, answer: copy });
+    return answer.then(async (r) => (await copy, r));
+  };
+  const server = await front.listen({ port: 0, hostname: "127.0.0.1", handler });
+  const conn = await Deno.connect({ hostname: "127.0.0.1", port: server.addr.port });
+  try {
+    // A create over `conn` says which thread serves it (and puts a cache there); one made on
+    // the front then goes to the other thread (the fewest caches).
+    const spec = JSON.stringify(HeldSeq.cacheSpec());
+    const json = { "content-type": "application/json" };
+    const created = passedOn("POST /v1/kv-caches");
+    await conn.write(rawRequest("POST", "/v1/kv-caches", {
+      ...json,
+      "content-length": String(new TextEncoder().encode(spec).length),
+      connection: "keep-alive",
+    }, spec));
+    const thread = (await created).thread!;
+    assert.equal((await answerOn(conn)).status, 201);
+    const elsewhere = await front.handler(
+      new Request("http://127.0.0.1/v1/kv-caches", { method: "POST", headers: json, body: spec }),
+    );
+    assert.equal(elsewhere.status, 201);
+    const other: string = (await elsewhere.json()).id;
+    const stalled = passedOn(`${method} ${path(other)}`);
+    await conn.write(rawRequest(method, path(other), {
+      ...json,
+      "content-length": "1000",
+    }, '{"num_blocks":'));
+    const { answer } = await stalled;
+    front.fault(thread);
+    const res = await settledWithin(answer, 2000);
+    assert.notEqual(res, PENDING, `the front still waits for the body thread ${thread} never sent`);
+    const r = res as Response;
+    assert.equal(r.status, 503);
+    const doc = await r.json();
+    assert.equal(doc.code, "device_thread_lost");
+    assert.match(doc.detail, new RegExp(`^device thread ${thread} stopped: .*; a call it took`));
+    assert.equal(doc.device_thread, thread);
+    assert.equal(doc.error_id, undefined, "not logged again (the crash was)");
+  } finally {
+    conn.close();
+    await server.shutdown();
+    await front.close();
+  }
+}
+
+Deno.test(
+  "thread listeners: a thread that stops before the body of a create it passed on: 503",
+  () => lostBeforeTheBody("POST", () => "/v1/kv-caches"),
+);
+
+Deno.test(
+  "thread listeners: a thread that stops before the body of another's cache call: 503",
+  () => lostBeforeTheBody("POST", (other) => `/v1/kv-caches/${other}/forward`),
+);
