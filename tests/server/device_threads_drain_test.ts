@@ -12,28 +12,12 @@ import assert from "node:assert/strict";
 import { decodeJsonAnswer, jsonForwardBody } from "../../wire/client_codec.ts";
 import { HeldSeq } from "./held_seq.ts";
 import { maxAbsDiff } from "./helpers.ts";
-import { parseResponse, rawRequest, type RawResponse } from "./raw_http.ts";
+import { answerOn, rawRequest } from "./raw_http.ts";
 import { type ServerProcess, spawnServer } from "./process.ts";
 
 const enc = new TextEncoder();
 const KEEP_ALIVE = { "content-type": "application/json", connection: "keep-alive" };
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
-
-/** Reads one answer off `conn`, which stays open (keep-alive). */
-async function answerOn(conn: Deno.Conn): Promise<RawResponse> {
-  let got = new Uint8Array(0);
-  const buf = new Uint8Array(64 * 1024);
-  for (;;) {
-    const n = await conn.read(buf);
-    const more = new Uint8Array(got.length + (n ?? 0));
-    more.set(got);
-    more.set(buf.subarray(0, n ?? 0), got.length);
-    got = more;
-    const r = parseResponse(got, n === null);
-    if (r) return r;
-    if (n === null) throw new Error("connection closed before an answer");
-  }
-}
 
 /** The head of a JSON request and the first bytes of a body of 1000 that never finishes. */
 function stalled(method: string, path: string): Uint8Array {

@@ -12,7 +12,7 @@
  */
 import assert from "node:assert/strict";
 import { HttpConn, type RawAnswer, rawRequest } from "../../bench/http_conn.ts";
-import { parseResponse, rawRequest as rawBytes, type RawResponse } from "./raw_http.ts";
+import { answerOn, rawRequest as rawBytes } from "./raw_http.ts";
 import {
   decodeJsonAnswer,
   decodeSafetensorsAnswer,
@@ -162,22 +162,6 @@ Deno.test("device threads serving the port: caches stay on their connection's th
     await srv.exited;
   }
 });
-
-/** Reads one answer off `conn`, which stays open (keep-alive). */
-async function answerOn(conn: Deno.Conn): Promise<RawResponse> {
-  let got = new Uint8Array(0);
-  const buf = new Uint8Array(64 * 1024);
-  for (;;) {
-    const n = await conn.read(buf);
-    const more = new Uint8Array(got.length + (n ?? 0));
-    more.set(got);
-    more.set(buf.subarray(0, n ?? 0), got.length);
-    got = more;
-    const r = parseResponse(got, n === null);
-    if (r) return r;
-    if (n === null) throw new Error("connection closed before an answer");
-  }
-}
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 

@@ -167,3 +167,19 @@ export function rawRequest(
     Object.entries(h).map(([k, v]) => `${k}: ${v}\r\n`).join("") + "\r\n";
   return concat([new TextEncoder().encode(head), b]);
 }
+
+/** Reads one answer off `conn`, which stays open (keep-alive). */
+export async function answerOn(conn: Deno.Conn): Promise<RawResponse> {
+  let got = new Uint8Array(0);
+  const buf = new Uint8Array(64 * 1024);
+  for (;;) {
+    const n = await conn.read(buf);
+    const more = new Uint8Array(got.length + (n ?? 0));
+    more.set(got);
+    more.set(buf.subarray(0, n ?? 0), got.length);
+    got = more;
+    const r = parseResponse(got, n === null);
+    if (r) return r;
+    if (n === null) throw new Error("connection closed before an answer");
+  }
+}

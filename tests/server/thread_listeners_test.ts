@@ -12,7 +12,7 @@ import { type ListeningThread, threadListeners } from "../../server/thread_liste
 import { ORIGIN_HEADER } from "../../server/thread_http.ts";
 import { startNoGpuThreads } from "./no_gpu_threads.ts";
 import { HeldSeq } from "./held_seq.ts";
-import { parseResponse, rawRequest, type RawResponse } from "./raw_http.ts";
+import { answerOn, rawRequest } from "./raw_http.ts";
 
 const PENDING = Symbol("pending");
 
@@ -91,22 +91,6 @@ Deno.test("thread listeners: a thread silent past the drain's deadline cannot ho
   assert.deepEqual(await ok.drain(60_000), { drained: true, unfinished: 0, silent: 0 });
   assert.ok(performance.now() - t1 < 1000, "no wait for a deadline when all answer");
 });
-
-/** Reads one answer off `conn`, which stays open (keep-alive). */
-async function answerOn(conn: Deno.Conn): Promise<RawResponse> {
-  let got = new Uint8Array(0);
-  const buf = new Uint8Array(64 * 1024);
-  for (;;) {
-    const n = await conn.read(buf);
-    const more = new Uint8Array(got.length + (n ?? 0));
-    more.set(got);
-    more.set(buf.subarray(0, n ?? 0), got.length);
-    got = more;
-    const r = parseResponse(got, n === null);
-    if (r) return r;
-    if (n === null) throw new Error("connection closed before an answer");
-  }
-}
 
 /** A call a thread passed to the front's handler: the thread (creates name it), the answer. */
 interface Passed {
