@@ -1,18 +1,7 @@
 import assert from "node:assert/strict";
 import { ServiceError } from "../../core/errors.ts";
 import { parseSafetensors, serializeSafetensors } from "../../core/safetensors.ts";
-
-/** Builds a file by hand from a header object and a data section (independent of the serializer). */
-function build(header: unknown, data: Uint8Array, headerLen?: bigint): Uint8Array {
-  const json = new TextEncoder().encode(
-    typeof header === "string" ? header : JSON.stringify(header),
-  );
-  const out = new Uint8Array(8 + json.length + data.length);
-  new DataView(out.buffer).setBigUint64(0, headerLen ?? BigInt(json.length), true);
-  out.set(json, 8);
-  out.set(data, 8 + json.length);
-  return out;
-}
+import { handSafetensors } from "../support/hand_safetensors.ts";
 
 function rejects(bytes: Uint8Array, pattern: RegExp): void {
   assert.throws(() => parseSafetensors(bytes), (e: unknown) => {
@@ -32,7 +21,7 @@ Deno.test("safetensors: parses a hand-built file", () => {
   const data = new Uint8Array(12 + 16);
   data.set(new Uint8Array(f32.buffer), 0);
   data.set(new Uint8Array(i64.buffer), 12);
-  const file = build({
+  const file = handSafetensors({
     __metadata__: { request: '{"a":1}' },
     b: { dtype: "I64", shape: [2], data_offsets: [12, 28] },
     a: { dtype: "F32", shape: [3], data_offsets: [0, 12] },
@@ -78,52 +67,67 @@ Deno.test("safetensors: strict validation", async (t) => {
   const ok = { dtype: "F32", shape: [2], data_offsets: [0, 8] };
   await t.step("shorter than 8 bytes", () => rejects(new Uint8Array(5), /shorter than/));
   await t.step("header length beyond body", () => {
-    rejects(build({ a: ok }, new Uint8Array(8), 1000n), /runs past the end/);
+    rejects(handSafetensors({ a: ok }, new Uint8Array(8), 1000n), /runs past the end/);
   });
   await t.step("header over 100 MB", () => {
-    rejects(build({ a: ok }, new Uint8Array(8), 200_000_000n), /exceeds/);
+    rejects(handSafetensors({ a: ok }, new Uint8Array(8), 200_000_000n), /exceeds/);
   });
   await t.step(
     "not JSON",
-    () => rejects(build("{nope", new Uint8Array(0)), /not valid UTF-8 JSON/),
+    () => rejects(handSafetensors("{nope", new Uint8Array(0)), /not valid UTF-8 JSON/),
   );
-  await t.step("not an object", () => rejects(build("[1,2]", new Uint8Array(0)), /JSON object/));
+  await t.step(
+    "not an object",
+    () => rejects(handSafetensors("[1,2]", new Uint8Array(0)), /JSON object/),
+  );
   await t.step("unknown dtype, named", () => {
     rejects(
-      build({ a: { ...ok, dtype: "F64" } }, new Uint8Array(8)),
+      handSafetensors({ a: { ...ok, dtype: "F64" } }, new Uint8Array(8)),
       /a\.dtype: unsupported dtype "F64"/,
     );
   });
   await t.step("bad shape", () => {
-    rejects(build({ a: { ...ok, shape: [-1] } }, new Uint8Array(8)), /shape must be/);
+    rejects(handSafetensors({ a: { ...ok, shape: [-1] } }, new Uint8Array(8)), /shape must be/);
   });
   await t.step("offsets out of range", () => {
-    rejects(build({ a: { ...ok, data_offsets: [0, 16] } }, new Uint8Array(8)), /out of range/);
+    rejects(
+      handSafetensors({ a: { ...ok, data_offsets: [0, 16] } }, new Uint8Array(8)),
+      /out of range/,
+    );
   });
   await t.step("begin after end", () => {
-    rejects(build({ a: { ...ok, data_offsets: [8, 0] } }, new Uint8Array(8)), /begin <= end/);
+    rejects(
+      handSafetensors({ a: { ...ok, data_offsets: [8, 0] } }, new Uint8Array(8)),
+      /begin <= end/,
+    );
   });
   await t.step("byte size differs from dtype x shape", () => {
     rejects(
-      build({ a: { ...ok, shape: [3] } }, new Uint8Array(8)),
+      handSafetensors({ a: { ...ok, shape: [3] } }, new Uint8Array(8)),
       /8 bytes but F32 x \[3\] needs 12/,
     );
   });
   await t.step("overlapping tensors", () => {
     rejects(
-      build({ a: ok, b: { dtype: "F32", shape: [2], data_offsets: [4, 12] } }, new Uint8Array(12)),
+      handSafetensors(
+        { a: ok, b: { dtype: "F32", shape: [2], data_offsets: [4, 12] } },
+        new Uint8Array(12),
+      ),
       /overlaps/,
     );
   });
   await t.step("hole and trailing bytes", () => {
     rejects(
-      build({ a: { dtype: "F32", shape: [1], data_offsets: [4, 8] } }, new Uint8Array(8)),
+      handSafetensors({ a: { dtype: "F32", shape: [1], data_offsets: [4, 8] } }, new Uint8Array(8)),
       /\[0, 4\) belong to no tensor/,
     );
-    rejects(build({ a: ok }, new Uint8Array(12)), /\[8, 12\) belong to no tensor/);
+    rejects(handSafetensors({ a: ok }, new Uint8Array(12)), /\[8, 12\) belong to no tensor/);
   });
   await t.step("metadata values must be strings", () => {
-    rejects(build({ __metadata__: { a: 1 }, x: ok }, new Uint8Array(8)), /__metadata__.a/);
+    rejects(
+      handSafetensors({ __metadata__: { a: 1 }, x: ok }, new Uint8Array(8)),
+      /__metadata__.a/,
+    );
   });
 });
 
@@ -134,8 +138,8 @@ Deno.test("safetensors: a header seen before is not parsed again; views and prob
   };
   let scans = 0;
   const scanHeader = () => void scans++;
-  const one = build(header, new Uint8Array(new Float32Array([1, 2]).buffer));
-  const two = build(header, new Uint8Array(new Float32Array([3, 4]).buffer));
+  const one = handSafetensors(header, new Uint8Array(new Float32Array([1, 2]).buffer));
+  const two = handSafetensors(header, new Uint8Array(new Float32Array([3, 4]).buffer));
   const f1 = parseSafetensors(one, { scanHeader });
   const f2 = parseSafetensors(two, { scanHeader });
   assert.equal(scans, 1, "the second, same header was not scanned or parsed again");
@@ -149,15 +153,15 @@ Deno.test("safetensors: a header seen before is not parsed again; views and prob
   assert.throws(() => (f2.metadata as Record<string, string>).k = "w", TypeError);
   assert.deepEqual(parseSafetensors(one).tensors.a.shape, [2]);
   // The same header with another data length is checked again, with its own problem.
-  rejects(build(header, new Uint8Array(12)), /data bytes \[8, 12\) belong to no tensor/);
-  rejects(build(header, new Uint8Array(4)), /out of range of the 4-byte data section/);
+  rejects(handSafetensors(header, new Uint8Array(12)), /data bytes \[8, 12\) belong to no tensor/);
+  rejects(handSafetensors(header, new Uint8Array(4)), /out of range of the 4-byte data section/);
   // A rejected header is never remembered: the same bad header fails again.
   rejects(
-    build({ a: { dtype: "F64", shape: [1], data_offsets: [0, 8] } }, new Uint8Array(8)),
+    handSafetensors({ a: { dtype: "F64", shape: [1], data_offsets: [0, 8] } }, new Uint8Array(8)),
     /F64/,
   );
   rejects(
-    build({ a: { dtype: "F64", shape: [1], data_offsets: [0, 8] } }, new Uint8Array(8)),
+    handSafetensors({ a: { dtype: "F64", shape: [1], data_offsets: [0, 8] } }, new Uint8Array(8)),
     /F64/,
   );
 });

@@ -14,6 +14,7 @@ import { builtinBackends } from "../../backends/index.ts";
 import { CPU_REFERENCE } from "../../backends/cpu/cpu_reference.ts";
 import { MANAGER, NO_GPU } from "../support/gpu.ts";
 import { rand, startServer, type TestServer } from "./helpers.ts";
+import { handSafetensors } from "../support/hand_safetensors.ts";
 
 const H = 2, HKV = 1, D = 4, BS = 16;
 const SPEC = {
@@ -89,18 +90,6 @@ Deno.test("review: a forced GPU backend on a server without a device: 503, no Re
   }
 });
 
-/** A safetensors file from a header object and a data section (not the service's writer). */
-function file(header: unknown, data: Uint8Array, headerLen?: bigint): Uint8Array {
-  const json = new TextEncoder().encode(
-    typeof header === "string" ? header : JSON.stringify(header),
-  );
-  const out = new Uint8Array(8 + json.length + data.length);
-  new DataView(out.buffer).setBigUint64(0, headerLen ?? BigInt(json.length), true);
-  out.set(json, 8);
-  out.set(data, 8 + json.length);
-  return out;
-}
-
 Deno.test("review: bad_safetensors problems list issues naming the field and its value", async () => {
   const srv = await startServer();
   try {
@@ -111,63 +100,79 @@ Deno.test("review: bad_safetensors problems list issues naming the field and its
     const cases: [string, Uint8Array, string[], RegExp][] = [
       [
         "offsets past the end",
-        file({ __metadata__: meta, query: { ...q, data_offsets: [0, 1000] } }, new Uint8Array(8)),
+        handSafetensors(
+          { __metadata__: meta, query: { ...q, data_offsets: [0, 1000] } },
+          new Uint8Array(8),
+        ),
         ["query", "data_offsets"],
         /\[0,1000\].*8-byte data section/,
       ],
       [
         "overlapping offsets",
-        file({ query: q, key: { ...k, data_offsets: [4, 12] } }, new Uint8Array(12)),
+        handSafetensors({ query: q, key: { ...k, data_offsets: [4, 12] } }, new Uint8Array(12)),
         ["key", "data_offsets"],
         /\[4, 12\) overlaps tensor query/,
       ],
       [
         "unknown dtype",
-        file({ query: { ...q, dtype: "F99" } }, new Uint8Array(8)),
+        handSafetensors({ query: { ...q, dtype: "F99" } }, new Uint8Array(8)),
         ["query", "dtype"],
         /"F99"/,
       ],
       [
         "bad shape",
-        file({ query: { ...q, shape: [-2] } }, new Uint8Array(8)),
+        handSafetensors({ query: { ...q, shape: [-2] } }, new Uint8Array(8)),
         ["query", "shape"],
         /\[-2\]/,
       ],
       [
         "bytes vs dtype x shape",
-        file({ query: { ...q, shape: [3] } }, new Uint8Array(8)),
+        handSafetensors({ query: { ...q, shape: [3] } }, new Uint8Array(8)),
         ["query", "data_offsets"],
         /8 bytes but F32 x \[3\] needs 12/,
       ],
       [
         "non-string __metadata__.request",
-        file({ __metadata__: { request: { dtype: "float32" } }, query: q }, new Uint8Array(8)),
+        handSafetensors(
+          { __metadata__: { request: { dtype: "float32" } }, query: q },
+          new Uint8Array(8),
+        ),
         ["__metadata__", "request"],
         /must be a string, got \{"dtype":"float32"\}/,
       ],
       [
         "trailing bytes",
-        file({ query: q }, new Uint8Array(15)),
+        handSafetensors({ query: q }, new Uint8Array(15)),
         ["data"],
         /\[8, 15\) belong to no tensor/,
       ],
       [
         "a gap before a tensor",
-        file({ query: { ...q, data_offsets: [4, 12] } }, new Uint8Array(12)),
+        handSafetensors({ query: { ...q, data_offsets: [4, 12] } }, new Uint8Array(12)),
         ["query", "data_offsets"],
         /\[0, 4\) belong to no tensor/,
       ],
-      ["header length past the end", file({ query: q }, new Uint8Array(8), 1000n), [
+      ["header length past the end", handSafetensors({ query: q }, new Uint8Array(8), 1000n), [
         "header_length",
       ], /1000/],
       [
         "header length huge",
-        file({}, new Uint8Array(0), 1n << 63n),
+        handSafetensors({}, new Uint8Array(0), 1n << 63n),
         ["header_length"],
         /9223372036854775808/,
       ],
-      ["header not JSON", file("notjson!", new Uint8Array(0)), ["header"], /not valid UTF-8 JSON/],
-      ["header a JSON array", file("[1,2,3] ", new Uint8Array(0)), ["header"], /\[1,2,3\]/],
+      [
+        "header not JSON",
+        handSafetensors("notjson!", new Uint8Array(0)),
+        ["header"],
+        /not valid UTF-8 JSON/,
+      ],
+      [
+        "header a JSON array",
+        handSafetensors("[1,2,3] ", new Uint8Array(0)),
+        ["header"],
+        /\[1,2,3\]/,
+      ],
       ["7 bytes", new Uint8Array(7), ["header_length"], /7 bytes/],
     ];
     for (const [name, bytes, path, message] of cases) {
@@ -184,7 +189,7 @@ Deno.test("review: bad_safetensors problems list issues naming the field and its
       }
     }
     // Every bad tensor is listed, one issue each.
-    const two = file(
+    const two = handSafetensors(
       { query: { ...q, dtype: "F99" }, key: { ...k, shape: [-1] }, __metadata__: { a: 1 } },
       new Uint8Array(16),
     );
