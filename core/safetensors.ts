@@ -58,15 +58,27 @@ function bad(path: Path, message: string): ServiceError {
   return badAll([{ path, message }]);
 }
 
-/** Every defect found: a 400 `bad_safetensors` named by the first, listing them all. */
+/** Most issues one `bad_safetensors` problem lists (a 100 MB header may hold millions). */
+const MAX_LISTED_ISSUES = 100;
+
+/**
+ * Every defect found: a 400 `bad_safetensors` named by the first, listing them (the first
+ * {@link MAX_LISTED_ISSUES}, then one issue counting the rest).
+ */
 function badAll(issues: Issue[]): ServiceError {
   const first = issues[0];
   const where = first.path.length ? `${first.path.join(".")}: ` : "";
   const more = issues.length > 1 ? ` (and ${issues.length - 1} more)` : "";
+  const listed = issues.length > MAX_LISTED_ISSUES
+    ? [
+      ...issues.slice(0, MAX_LISTED_ISSUES),
+      { path: [], message: `${issues.length - MAX_LISTED_ISSUES} more issues not listed` },
+    ]
+    : issues;
   return new ServiceError(`invalid safetensors: ${where}${first.message}${more}`, {
     status: 400,
     code: "bad_safetensors",
-    issues,
+    issues: listed,
   });
 }
 

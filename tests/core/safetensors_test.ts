@@ -165,3 +165,23 @@ Deno.test("safetensors: a header seen before is not parsed again; views and prob
     /F64/,
   );
 });
+
+Deno.test("safetensors: a header with thousands of bad tensors lists 100 issues and counts the rest", () => {
+  const header: Record<string, unknown> = {};
+  for (let i = 0; i < 5000; i++) {
+    header[`t${i}`] = { dtype: "F99", shape: [1], data_offsets: [0, 2] };
+  }
+  try {
+    parseSafetensors(handSafetensors(header, new Uint8Array(2)));
+    assert.fail("parsed");
+  } catch (e) {
+    assert.ok(e instanceof ServiceError, String(e));
+    assert.equal(e.code, "bad_safetensors");
+    assert.equal(e.issues?.length, 101);
+    assert.deepEqual(e.issues?.[100], { path: [], message: "4900 more issues not listed" });
+    assert.match(
+      e.message,
+      /^invalid safetensors: t0\.dtype: unsupported dtype "F99".*\(and 4999 more\)$/,
+    );
+  }
+});
