@@ -126,7 +126,9 @@ export function validateConfiguration(
   if (!supportsBlockSize(caps, cfg.block_size)) {
     r.push(
       `block_size not supported (got ${cfg.block_size}; supported: ${
-        list(caps.block_sizes.map(formatBlockSize))
+        caps.block_sizes.length === 0
+          ? "any positive integer" // no list: any size (supportsBlockSize)
+          : list(caps.block_sizes.map(formatBlockSize))
       })`,
     );
   }

@@ -52,10 +52,26 @@ export const DEFAULT_BLOCK_SIZE = 16;
 export const SELECTION_CACHE_LIMIT = 1024;
 
 /**
+ * Refuses a head size the HTTP schema refuses (a backend with no head-size list takes any
+ * number, so -1 or NaN would otherwise be selected).
+ * @throws ServiceError 400 `invalid_request` naming `head_size` and its value.
+ */
+function checkHeadSize(head_size: unknown): void {
+  if (Number.isSafeInteger(head_size) && (head_size as number) >= 1) return;
+  const message = `must be a positive integer, got ${head_size}`;
+  throw new ServiceError(`selector config: head_size ${message}`, {
+    status: 400,
+    code: "invalid_request",
+    issues: [{ path: ["head_size"], message }],
+  });
+}
+
+/**
  * Fills vLLM's selector defaults into a partial config: `kv_cache_dtype` "auto", `block_size`
  * null, every flag false, `attn_type` "decoder". Extension fields are copied only when given;
  * keys that are not selector fields (e.g. `backend`) are dropped.
- * @throws ServiceError 400 `invalid_request` when `head_size` or `dtype` is missing.
+ * @throws ServiceError 400 `invalid_request` when `head_size` or `dtype` is missing, or
+ *   `head_size` is not a positive integer.
  */
 export function selectorConfigDefaults(partial: Partial<SelectorConfig>): SelectorConfig {
   const issues = [];
@@ -72,6 +88,7 @@ export function selectorConfigDefaults(partial: Partial<SelectorConfig>): Select
       issues,
     });
   }
+  checkHeadSize(partial.head_size);
   const cfg: SelectorConfig = {
     head_size: partial.head_size!,
     dtype: partial.dtype!,
@@ -200,10 +217,12 @@ export class BackendRegistry {
 
   /**
    * Auto selection (first valid by priority) or a forced backend's validation.
-   * @throws ServiceError 404 `unknown_backend` for an unknown forced name;
+   * @throws ServiceError 400 `invalid_request` when `head_size` is not a positive integer;
+   *   404 `unknown_backend` for an unknown forced name;
    *   NoValidBackendError 422 with the forced backend's reasons, or every backend's.
    */
   select(cfg: SelectorConfig, opts: SelectOptions = {}): SelectionResult {
+    checkHeadSize(cfg.head_size);
     const forced = opts.backend === undefined || opts.backend === "auto" ? undefined : opts.backend;
     if (forced !== undefined) this.get(forced);
     const gpu = this.#device();

@@ -1,14 +1,20 @@
 /**
  * The client's errors: {@link AttentionApiError}, made from any error answer ({@link problemOf}:
  * the server's RFC 9457 problem document, or one built around a body that is not one), with the
- * answer's `Retry-After` in seconds ({@link retryAfterOf}).
+ * answer's `Retry-After` in seconds ({@link retryAfterOf}); and the client's own, each with the
+ * original error as `cause`: `network_error` (status 0: no answer, or its body broke off;
+ * {@link networkError}) and `bad_response` (a successful answer the client cannot decode, e.g.
+ * a proxy's HTML page; {@link badResponse}).
  * @module
  */
+import { INSTANCE_HEADER } from "../wire/names.ts";
 import type { ProblemDocument } from "../wire/types.ts";
 
 /**
  * A failed call: the HTTP status and the problem document (a body that is no problem document,
- * e.g. a proxy's page, becomes one with code `http_error` and the body as `detail`).
+ * e.g. a proxy's page, becomes one with code `http_error` and the body as `detail`). The client
+ * makes two codes of its own: `network_error` (status 0) and `bad_response` (the answer's
+ * status), with the error behind them as `cause`.
  */
 export class AttentionApiError extends Error {
   readonly status: number;
@@ -22,8 +28,12 @@ export class AttentionApiError extends Error {
     problem: ProblemDocument,
     instance?: string,
     retryAfter?: number,
+    options?: ErrorOptions,
   ) {
-    super(`${status} ${problem.code}: ${problem.detail ?? problem.title ?? "request failed"}`);
+    super(
+      `${status} ${problem.code}: ${problem.detail ?? problem.title ?? "request failed"}`,
+      options,
+    );
     this.name = "AttentionApiError";
     this.status = status;
     this.problem = problem;
@@ -34,6 +44,48 @@ export class AttentionApiError extends Error {
   get code(): string {
     return this.problem.code;
   }
+}
+
+const messageOf = (e: unknown) => (e instanceof Error ? e.message : String(e));
+
+/**
+ * A call that got no answer (the fetch failed: refused, reset, DNS, TLS) or lost it mid-body:
+ * status 0, code `network_error`, `cause` the fetch's error.
+ */
+export function networkError(e: unknown, what: string): AttentionApiError {
+  return new AttentionApiError(
+    0,
+    {
+      type: "urn:attn-service:problem:network_error",
+      title: "Network Error",
+      status: 0,
+      detail: `${what}: ${messageOf(e)}`,
+      code: "network_error",
+    },
+    undefined,
+    undefined,
+    { cause: e },
+  );
+}
+
+/**
+ * A successful answer whose body is not what the route answers (not JSON, not a safetensors
+ * file): the answer's status, code `bad_response`, `cause` the decoder's error.
+ */
+export function badResponse(res: Response, e: unknown): AttentionApiError {
+  return new AttentionApiError(
+    res.status,
+    {
+      type: "urn:attn-service:problem:bad_response",
+      title: "Bad Response",
+      status: res.status,
+      detail: `the ${res.status} answer could not be decoded: ${messageOf(e)}`,
+      code: "bad_response",
+    },
+    res.headers.get(INSTANCE_HEADER) ?? undefined,
+    undefined,
+    { cause: e },
+  );
 }
 
 /** An error answer's problem document, whatever the body held. */

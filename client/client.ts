@@ -3,7 +3,9 @@
  * wire contract (wire/types.ts, inferred from the zod schemas the server validates with);
  * encoding and decoding from wire/client_codec.ts and wire/cache_file.ts. Nothing here comes
  * from server/ or service/ (tests/client/imports_test.ts checks). Errors come back as
- * {@link AttentionApiError} carrying the server's RFC 9457 problem document.
+ * {@link AttentionApiError} carrying the server's RFC 9457 problem document, or the client's
+ * own: `network_error` (status 0) when no answer came or its body broke off, `bad_response` when
+ * a successful answer cannot be decoded; a caller's abort rejects with the signal's reason.
  * @module
  */
 import {
@@ -23,7 +25,13 @@ import {
   Unrepresentable,
 } from "../wire/client_codec.ts";
 import { CACHE_ID_PATTERN, CACHE_ID_RULE, INSTANCE_HEADER } from "../wire/names.ts";
-import { AttentionApiError, problemOf, retryAfterOf } from "./api_error.ts";
+import {
+  AttentionApiError,
+  badResponse,
+  networkError,
+  problemOf,
+  retryAfterOf,
+} from "./api_error.ts";
 import type {
   BackendDescription,
   CacheInfo,
@@ -48,6 +56,38 @@ export interface ForwardOptions {
   /** Aborts the call (the server answers nothing to a client gone; it writes nothing then). */
   signal?: AbortSignal;
 }
+
+/** Reads an answer's body; a failed read is a `network_error` (unless the caller aborted). */
+async function readBody<B>(
+  res: Response,
+  read: (r: Response) => Promise<B>,
+  signal?: AbortSignal,
+): Promise<B> {
+  try {
+    return await read(res);
+  } catch (e) {
+    throw signal?.aborted ? e : networkError(e, `the ${res.status} answer's body broke off`);
+  }
+}
+
+/** A successful answer's body, read then decoded; a body it cannot decode is a `bad_response`. */
+async function answer<B, T>(
+  res: Response,
+  read: (r: Response) => Promise<B>,
+  decode: (body: B) => T,
+  signal?: AbortSignal,
+): Promise<T> {
+  const body = await readBody(res, read, signal);
+  try {
+    return decode(body);
+  } catch (e) {
+    throw badResponse(res, e);
+  }
+}
+
+const readText = (r: Response) => r.text();
+const readBytes = async (r: Response) => new Uint8Array(await r.arrayBuffer());
+const parseJson = <T>(t: string) => JSON.parse(t) as T;
 
 function withInstance(res: Response, ans: ForwardAnswer): ForwardAnswer {
   const instance = res.headers.get(INSTANCE_HEADER);
@@ -102,14 +142,15 @@ export class AttentionClient {
       body = init.body as Uint8Array<ArrayBuffer>;
     }
     if (init.accept) headers.accept = init.accept;
-    const res = await this.#fetch(`${this.baseUrl}${path}`, {
-      method,
-      headers,
-      body,
-      signal: init.signal,
-    });
+    const url = `${this.baseUrl}${path}`;
+    let res: Response;
+    try {
+      res = await this.#fetch(url, { method, headers, body, signal: init.signal });
+    } catch (e) {
+      throw init.signal?.aborted ? e : networkError(e, `${method} ${url} got no answer`);
+    }
     if (!res.ok) {
-      const doc = problemOf(res, await res.text());
+      const doc = problemOf(res, await readBody(res, readText, init.signal));
       const instance = res.headers.get(INSTANCE_HEADER) ?? undefined;
       throw new AttentionApiError(res.status, doc, instance, retryAfterOf(res));
     }
@@ -117,7 +158,7 @@ export class AttentionClient {
   }
 
   async #json<T>(method: string, path: string, json?: unknown): Promise<T> {
-    return await (await this.#call(method, path, { json })).json() as T;
+    return await answer(await this.#call(method, path, { json }), readText, parseJson<T>);
   }
 
   /**
@@ -167,7 +208,7 @@ export class AttentionClient {
   async putCache(id: string, req: CreateCacheRequest): Promise<PutCacheResult> {
     const res = await this.#call("PUT", this.#cache(id), { json: req });
     const out: PutCacheResult = {
-      info: await res.json() as CacheInfo,
+      info: await answer(res, readText, parseJson<CacheInfo>),
       created: res.status === 201,
     };
     const instance = res.headers.get(INSTANCE_HEADER);
@@ -181,7 +222,7 @@ export class AttentionClient {
   /** `GET /v1/kv-caches/{id}/data`, parsed. */
   async cacheData(id: string): Promise<CacheContents> {
     const res = await this.#call("GET", this.#cache(id, "/data"));
-    return parseCacheFile(new Uint8Array(await res.arrayBuffer()));
+    return await answer(res, readBytes, parseCacheFile);
   }
   /**
    * `PUT /v1/kv-caches/{id}/data`: replaces the cache's contents with a cache file: the bytes of
@@ -194,7 +235,8 @@ export class AttentionClient {
       : "key_cache" in data
       ? cacheFileBytes(data)
       : cacheSafetensors(data);
-    return await (await this.#call("PUT", this.#cache(id, "/data"), { body })).json() as CacheInfo;
+    const res = await this.#call("PUT", this.#cache(id, "/data"), { body });
+    return await answer(res, readText, parseJson<CacheInfo>);
   }
   /** `DELETE /v1/kv-caches/{id}`. */
   async deleteCache(id: string): Promise<void> {
@@ -240,9 +282,10 @@ export class AttentionClient {
     if (bytes) {
       const accept = "application/octet-stream";
       const res = await this.#call("POST", path, { body: bytes, accept, signal });
-      return withInstance(res, decodeSafetensorsAnswer(new Uint8Array(await res.arrayBuffer())));
+      return withInstance(res, await answer(res, readBytes, decodeSafetensorsAnswer, signal));
     }
     const res = await this.#call("POST", path, { json: jsonForwardBody(body), signal });
-    return withInstance(res, decodeJsonAnswer(await res.json() as ForwardResponse));
+    const decode = (t: string) => decodeJsonAnswer(parseJson<ForwardResponse>(t));
+    return withInstance(res, await answer(res, readText, decode, signal));
   }
 }

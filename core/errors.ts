@@ -83,6 +83,11 @@ export function invalidBatch(issues: Issue[], extra?: Record<string, unknown>): 
   });
 }
 
+/** A call reached a KV cache (host or GPU) after its destroy(): 409 `cache_destroyed`. */
+export function cacheDestroyed(): ServiceError {
+  return new ServiceError("the KV cache was destroyed", { status: 409, code: "cache_destroyed" });
+}
+
 /** No backend can run this configuration: 422 `no_valid_backend` with every backend's reasons. */
 export class NoValidBackendError extends ServiceError {
   constructor(reasons: Record<string, string[]>, forced?: string) {

@@ -8,6 +8,7 @@
  * Only gpu/runtime*.ts touch a `GPU` object; everything else receives a {@link GpuContext}.
  * @module
  */
+import { DeviceUnavailableError } from "../core/errors.ts";
 import type { AdapterInfoReport, DeviceProvider, DeviceReport, GpuContext } from "../core/types.ts";
 import {
   autoWithoutDawn,
@@ -123,7 +124,8 @@ export function onDeviceLost(ctx: GpuContext, cb: () => void): () => void {
 /**
  * Owns the WebGPU device of one runtime. `acquire()` is idempotent while the device lives;
  * after a loss, `current()` is null until the next `acquire()`, which gets a new device
- * (generation + 1). `close()` destroys the device for good.
+ * (generation + 1). `close()` destroys the device for good: from then on `current()` is null
+ * and `acquire()` refuses (503 `device_unavailable`), without waiting for the device's loss.
  */
 export class WebGpuDeviceManager implements DeviceProvider {
   readonly runtime: WebGpuRuntime;
@@ -153,7 +155,7 @@ export class WebGpuDeviceManager implements DeviceProvider {
 
   /** The live device, or null (never acquired, none available, lost, or closed). */
   current(): GpuContext | null {
-    return this.#ctx && !this.#ctx.lost ? this.#ctx : null;
+    return this.#ctx && !this.#ctx.lost && !this.#closed ? this.#ctx : null;
   }
 
   /** The last context acquired, lost or not (for tests and diagnostics). */
@@ -170,10 +172,14 @@ export class WebGpuDeviceManager implements DeviceProvider {
     return () => this.#listeners.delete(cb);
   }
 
-  /** Acquires a device unless a live one exists; null when there is no adapter (or closed). */
+  /**
+   * Acquires a device unless a live one exists; null when there is no adapter.
+   * @throws DeviceUnavailableError 503 once closed (an acquire in flight then refuses too).
+   */
   acquire(): Promise<GpuContext | null> {
+    if (this.#closed) return Promise.reject(closedError());
     const live = this.current();
-    if (live || this.#closed) return Promise.resolve(live);
+    if (live) return Promise.resolve(live);
     if (!this.#pending) {
       this.#pending = this.#acquire().finally(() => {
         this.#pending = null;
@@ -205,7 +211,7 @@ export class WebGpuDeviceManager implements DeviceProvider {
     }
     if (this.#closed) {
       device.destroy();
-      return null;
+      throw closedError();
     }
     this.runtime.prepareDevice?.(device);
     this.#generation++;
@@ -264,6 +270,9 @@ export class WebGpuDeviceManager implements DeviceProvider {
     }${m}); it is re-acquired on the next request`;
   }
 }
+
+/** What a closed manager's `acquire()` refuses with. */
+const closedError = () => new DeviceUnavailableError("the WebGPU device manager was closed");
 
 /** A manager on the selected runtime, its first device (null: none), and the selection. */
 export interface SelectedDevice {

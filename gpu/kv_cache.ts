@@ -7,7 +7,7 @@
  * @module
  */
 import { trace } from "../core/trace.ts";
-import { DeviceUnavailableError, ServiceError } from "../core/errors.ts";
+import { cacheDestroyed, DeviceUnavailableError, ServiceError } from "../core/errors.ts";
 import type { GpuContext, KvCache, KvCacheSpec } from "../core/types.ts";
 import { onDeviceLost } from "./device.ts";
 import { wakeDawnPoll } from "./dawn_tick_pace.ts";
@@ -185,9 +185,13 @@ export class GpuKvCache implements KvCache {
     return this.#destroyed;
   }
 
-  /** Throws unless the cache can be used on `ctx` now. */
+  /**
+   * Throws unless the cache can be used on `ctx` now.
+   * @throws ServiceError 409 `cache_destroyed` once destroyed (as a host cache does);
+   *   DeviceUnavailableError 503 when its device was lost or `ctx` is another device.
+   */
   assertUsable(ctx?: GpuContext | null): void {
-    if (this.#destroyed) throw new Error("GPU KV cache used after destroy()");
+    if (this.#destroyed) throw cacheDestroyed();
     if (this.lost) throw new DeviceUnavailableError("the KV cache's WebGPU device was lost");
     if (ctx && ctx.device !== this.ctx.device) {
       throw new DeviceUnavailableError("the KV cache belongs to an earlier WebGPU device");

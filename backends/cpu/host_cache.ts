@@ -11,8 +11,8 @@
  * lock. {@link HostKvCache.read} returns copies in ordinary ArrayBuffers.
  *
  * Element access goes through typed views made once over the buffers, so a row read or write
- * costs no allocation. Writes round to the storage dtype with core/dtype.ts (nearest even; fp8
- * saturates).
+ * costs no allocation; a row outside the cache is a RangeError (checked once per row, not per
+ * element). Writes round to the storage dtype with core/dtype.ts (nearest even; fp8 saturates).
  * @module
  */
 import {
@@ -24,8 +24,15 @@ import {
   FP8_E5M2_TABLE,
   resolveStorage,
 } from "../../core/dtype.ts";
-import { invalidBatch, ServiceError } from "../../core/errors.ts";
-import type { KvCache, KvCacheSpec, StorageDType } from "../../core/types.ts";
+import { cacheDestroyed, invalidBatch, ServiceError } from "../../core/errors.ts";
+import {
+  DTYPES,
+  KV_CACHE_DTYPES,
+  KV_LAYOUTS,
+  type KvCache,
+  type KvCacheSpec,
+  type StorageDType,
+} from "../../core/types.ts";
 
 /** Which half of the cache. */
 export type KvWhich = "key" | "value";
@@ -89,7 +96,12 @@ function sharedBytes(n: number): Uint8Array<SharedArrayBuffer> {
   return new Uint8Array(new SharedArrayBuffer(n));
 }
 
-function checkSpec(spec: KvCacheSpec): void {
+/**
+ * Refuses a spec the HTTP schema would refuse (a size that is not a positive integer, a dtype,
+ * kv_cache_dtype or layout outside its list): every way a host cache is made checks it first.
+ * @throws ServiceError 422 `invalid_cache_spec` naming the field and its value.
+ */
+export function checkCacheSpec(spec: KvCacheSpec): void {
   for (const f of ["num_blocks", "block_size", "num_kv_heads", "head_size"] as const) {
     const v = spec[f];
     if (!Number.isSafeInteger(v) || v < 1) {
@@ -100,12 +112,22 @@ function checkSpec(spec: KvCacheSpec): void {
       });
     }
   }
-  if (spec.layout !== "NHD" && spec.layout !== "HND") {
-    throw new ServiceError(`layout must be NHD or HND, got ${spec.layout}`, {
-      status: 422,
-      code: "invalid_cache_spec",
-      issues: [{ path: ["layout"], message: `must be NHD or HND, got ${spec.layout}` }],
-    });
+  // The values the HTTP schema admits (wire/schemas.ts builds its enums from the same lists).
+  const oneOf = [
+    ["dtype", DTYPES],
+    ["kv_cache_dtype", KV_CACHE_DTYPES],
+    ["layout", KV_LAYOUTS],
+  ] as const;
+  for (const [f, allowed] of oneOf) {
+    const v: string = spec[f];
+    if (!(allowed as readonly string[]).includes(v)) {
+      const must = `must be ${allowed.slice(0, -1).join(", ")} or ${allowed.at(-1)}, got ${v}`;
+      throw new ServiceError(`${f} ${must}`, {
+        status: 422,
+        code: "invalid_cache_spec",
+        issues: [{ path: [f], message: must }],
+      });
+    }
   }
 }
 
@@ -139,14 +161,14 @@ export class HostKvCache implements KvCache {
 
   /** A zero-filled cache for `spec`. */
   static create(spec: KvCacheSpec): HostKvCache {
-    checkSpec(spec);
+    checkCacheSpec(spec);
     const n = cacheHalfBytes(spec);
     return new HostKvCache(spec, sharedBytes(n), sharedBytes(n));
   }
 
   /** A cache holding copies of caller bytes; each half must be exactly the spec's size. */
   static fromBytes(spec: KvCacheSpec, key: Uint8Array, value: Uint8Array): HostKvCache {
-    checkSpec(spec);
+    checkCacheSpec(spec);
     const n = cacheHalfBytes(spec);
     const issues = [];
     if (key.byteLength !== n) {
@@ -170,7 +192,7 @@ export class HostKvCache implements KvCache {
    * seen by every view. Throws a 422 when the buffers do not fit the spec.
    */
   static attach(h: HostCacheHandle): HostKvCache {
-    checkSpec(h.spec);
+    checkCacheSpec(h.spec);
     const n = cacheHalfBytes(h.spec);
     if (h.key.byteLength !== n || h.value.byteLength !== n) {
       throw invalidBatch([{
@@ -201,9 +223,22 @@ export class HostKvCache implements KvCache {
     return this.#destroyed;
   }
 
-  /** Element index of the first element of the (block, slot, kvHead) row, either layout. */
+  /**
+   * Element index of the first element of the (block, slot, kvHead) row, either layout.
+   * @throws RangeError when block, slot or kvHead is not an integer inside the cache (a caller
+   *   fault: the backends check a batch's slots and block ids before they touch a row).
+   */
   offset(block: number, slot: number, kvHead: number): number {
     const s = this.spec;
+    if (!(Number.isInteger(block) && block >= 0 && block < s.num_blocks)) {
+      throw new RangeError(`block ${block} is outside the cache (${s.num_blocks} blocks)`);
+    }
+    if (!(Number.isInteger(slot) && slot >= 0 && slot < s.block_size)) {
+      throw new RangeError(`slot ${slot} is outside a block (block_size ${s.block_size})`);
+    }
+    if (!(Number.isInteger(kvHead) && kvHead >= 0 && kvHead < s.num_kv_heads)) {
+      throw new RangeError(`kv head ${kvHead} is outside the cache (${s.num_kv_heads} kv heads)`);
+    }
     return s.layout === "NHD"
       ? ((block * s.block_size + slot) * s.num_kv_heads + kvHead) * s.head_size
       : ((block * s.num_kv_heads + kvHead) * s.block_size + slot) * s.head_size;
@@ -262,11 +297,6 @@ export class HostKvCache implements KvCache {
   }
 
   #alive(): void {
-    if (this.#destroyed) {
-      throw new ServiceError("the KV cache was destroyed", {
-        status: 409,
-        code: "cache_destroyed",
-      });
-    }
+    if (this.#destroyed) throw cacheDestroyed();
   }
 }

@@ -10,6 +10,7 @@ import {
   SELECTION_CACHE_LIMIT,
   selectorConfigDefaults,
 } from "../../backends/registry.ts";
+import { builtinBackends } from "../../backends/index.ts";
 import { NoValidBackendError, ServiceError } from "../../core/errors.ts";
 import type {
   AttentionBackend,
@@ -339,4 +340,36 @@ Deno.test("selectorConfigDefaults: vLLM's defaults, extensions only when given",
   const e = catchErr(() => selectorConfigDefaults({ dtype: "float32" }));
   assert.equal(e.status, 400);
   assert.deepEqual(e.issues?.map((i) => i.path), [["head_size"]]);
+});
+
+Deno.test("select/selectorConfigDefaults: a head_size that is not a positive integer is a 400 naming it", () => {
+  const { reg } = setup(null);
+  const builtin = new BackendRegistry(builtinBackends(), () => null);
+  for (const head_size of [-1, 0, Number.NaN, 2.5, Infinity]) {
+    const refused = (e: ServiceError) => {
+      assert.equal(e.status, 400, `${head_size}`);
+      assert.equal(e.code, "invalid_request");
+      assert.deepEqual(e.issues?.map((i) => i.path), [["head_size"]]);
+      assert.match(e.message, new RegExp(`head_size .*got ${head_size}`));
+      assert.match(e.issues![0].message, new RegExp(`got ${head_size}$`));
+    };
+    refused(catchErr(() => selectorConfigDefaults({ head_size, dtype: "float32" })));
+    // A config built without selectorConfigDefaults is checked by select too, before the cache.
+    const raw = { ...cfg(), head_size };
+    refused(catchErr(() => reg.select(raw)));
+    refused(catchErr(() => builtin.select(raw)));
+    refused(catchErr(() => builtin.select(raw, { backend: "CPU_REFERENCE" })));
+  }
+  assert.equal(reg.cacheSize(), 0, "no refused config is cached");
+});
+
+Deno.test("no valid backend: an empty block_sizes list reads as any size in a reason", () => {
+  const reg = new BackendRegistry(builtinBackends(), () => null);
+  const e = catchErr(() => reg.select(cfg({ block_size: 0 })));
+  assert.ok(e instanceof NoValidBackendError);
+  const why = e.reasons?.CPU_REFERENCE ?? [];
+  assert.deepEqual(why.filter((r) => r.startsWith("block_size")), [
+    "block_size not supported (got 0; supported: any positive integer)",
+  ]);
+  assert.ok(!why.some((r) => /supported: none/.test(r)), why.join("; "));
 });

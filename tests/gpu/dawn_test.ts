@@ -7,6 +7,7 @@
  * and re-acquire, the completion round trip, and a clean close.
  */
 import assert from "node:assert/strict";
+import { DeviceUnavailableError } from "../../core/errors.ts";
 import { type WebGpuContext, WebGpuDeviceManager } from "../../gpu/device.ts";
 import { selectRuntime } from "../../gpu/runtime.ts";
 import { loadDawnRuntime } from "../../gpu/runtime_dawn.ts";
@@ -140,8 +141,9 @@ Deno.test("dawn: loss marks the context lost, re-acquires with generation+1, clo
   const again = (await mgr.acquire())!;
   assert.equal(again.generation, 2);
   mgr.close();
+  assert.equal(mgr.current(), null, "closed: no device even before the loss settles");
   await again.device.lost;
-  assert.equal(await mgr.acquire(), null);
+  await assert.rejects(() => mgr.acquire(), DeviceUnavailableError);
 });
 
 Deno.test("dawn: completion round trip (empty submit + 16 B mapAsync)", {

@@ -1,6 +1,8 @@
 import assert from "node:assert/strict";
 import { NoDeviceProvider, type WebGpuContext, WebGpuDeviceManager } from "../../gpu/device.ts";
 import { runtimeFromGpu } from "../../gpu/runtime.ts";
+import { DeviceUnavailableError } from "../../core/errors.ts";
+import { lostOnDestroyDevice } from "../support/fake_device.ts";
 import { newManager, requestAdapter, SELECTION } from "../support/gpu.ts";
 import { NO_GPU } from "./helpers.ts";
 
@@ -39,7 +41,7 @@ Deno.test("device: acquire asks for the adapter's own limits and reports them", 
   await new Promise((r) => setTimeout(r, 0));
   assert.equal(a.lost, true, "close() destroys the device");
   assert.equal(mgr.current(), null);
-  assert.equal(await mgr.acquire(), null, "a closed manager does not re-acquire");
+  await assert.rejects(() => mgr.acquire(), closedRefusal, "a closed manager does not re-acquire");
   assert.match(mgr.report().reason ?? "", /closed/);
 });
 
@@ -141,4 +143,44 @@ Deno.test("device: no adapter, no GPU object, NoDeviceProvider", async () => {
     limits: {},
     generation: 0,
   });
+});
+
+/** A manager over a fake runtime whose devices are lost (asynchronously) once destroyed. */
+function fakeManager(): WebGpuDeviceManager {
+  const adapter = {
+    info: { vendor: "fake", architecture: "", device: "", description: "fake adapter" },
+    features: new Set<string>(),
+    limits: {},
+    requestDevice: () => Promise.resolve(lostOnDestroyDevice("fake")),
+  };
+  const gpu = { requestAdapter: () => Promise.resolve(adapter) } as unknown as GPU;
+  return new WebGpuDeviceManager({ runtime: runtimeFromGpu(gpu, { name: "fake" }) });
+}
+
+const closedRefusal = (e: unknown) =>
+  e instanceof DeviceUnavailableError && e.status === 503 && e.code === "device_unavailable" &&
+  /closed/.test(e.message);
+
+Deno.test("device: straight after close(), current() is null and acquire() refuses", async () => {
+  const mgr = fakeManager();
+  const ctx = (await mgr.acquire()) as WebGpuContext;
+  assert.ok(ctx);
+  mgr.close();
+  // Before device.lost settles: the closed manager hands out no device.
+  assert.equal(ctx.lost, false, "the loss is not seen yet");
+  assert.equal(mgr.current(), null);
+  await assert.rejects(() => mgr.acquire(), closedRefusal);
+  assert.equal(mgr.report().available, false);
+  await ctx.device.lost;
+  await new Promise((r) => setTimeout(r, 0));
+  assert.equal(ctx.lost, true);
+  assert.equal(mgr.current(), null);
+  await assert.rejects(() => mgr.acquire(), closedRefusal);
+  // An acquire in flight when close() comes refuses too (its device is destroyed).
+  const other = fakeManager();
+  const pending = other.acquire();
+  other.close();
+  await assert.rejects(() => pending, closedRefusal);
+  assert.equal(other.current(), null);
+  assert.equal(other.last(), null);
 });

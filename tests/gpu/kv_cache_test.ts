@@ -110,3 +110,14 @@ Deno.test("kv cache: marks itself lost with its device", { ignore: NO_GPU }, asy
   await assert.rejects(() => c.read(), /lost/);
   c.destroy();
 });
+
+Deno.test("kv cache: used after destroy() is a 409 cache_destroyed, as a host cache's", {
+  ignore: NO_GPU,
+}, async () => {
+  const c = await GpuKvCache.create(gpu(), spec());
+  c.destroy();
+  const destroyed = (e: unknown) =>
+    e instanceof ServiceError && e.status === 409 && e.code === "cache_destroyed";
+  await assert.rejects(() => c.read(), destroyed);
+  assert.throws(() => c.assertUsable(), destroyed);
+});

@@ -228,3 +228,65 @@ self.onmessage = (e) => {
     URL.revokeObjectURL(url);
   }
 });
+
+Deno.test("create/fromBytes/attach: an unknown dtype or kv_cache_dtype is 422 invalid_cache_spec naming it", () => {
+  const cases: [Partial<KvCacheSpec>, string, string][] = [
+    [{ dtype: "float64" as KvCacheSpec["dtype"] }, "dtype", "float64"],
+    [{ kv_cache_dtype: "int4" as KvCacheDType }, "kv_cache_dtype", "int4"],
+    [{ kv_cache_dtype: "float32" as KvCacheDType }, "kv_cache_dtype", "float32"],
+  ];
+  for (const [o, field, value] of cases) {
+    const s = spec("auto", "NHD", o);
+    const n = 3 * 4 * 2 * 5 * 2;
+    for (
+      const f of [
+        () => HostKvCache.create(s),
+        () => HostKvCache.fromBytes(s, new Uint8Array(n), new Uint8Array(n)),
+        () =>
+          HostKvCache.attach({
+            spec: s,
+            key: new SharedArrayBuffer(n),
+            value: new SharedArrayBuffer(n),
+          }),
+      ]
+    ) {
+      assert.throws(f, (e) => {
+        assert.ok(e instanceof ServiceError, `${field} ${value}: ${e}`);
+        assert.equal(e.status, 422);
+        assert.equal(e.code, "invalid_cache_spec");
+        assert.deepEqual(e.issues?.[0].path, [field]);
+        assert.match(e.message, new RegExp(`^${field} .*got ${value}`));
+        return true;
+      });
+    }
+  }
+});
+
+Deno.test("readRow/writeRow/rowBytes: a block, slot or kv head outside the cache is a RangeError", () => {
+  for (const layout of ["NHD", "HND"] as const) {
+    const c = HostKvCache.create(spec("auto", layout)); // 3 blocks of 4 slots, 2 kv heads
+    const row = [1, 2, 3, 4, 5];
+    const rows: [number, number, number, RegExp][] = [
+      [0, 20, 0, /slot 20 .*block_size 4/],
+      [0, 4, 0, /slot 4 /],
+      [0, -1, 0, /slot -1 /],
+      [5, 0, 0, /block 5 .*3 blocks/],
+      [3, 0, 0, /block 3 /],
+      [-1, 0, 0, /block -1 /],
+      [Number.NaN, 0, 0, /block NaN /],
+      [0, 1.5, 0, /slot 1\.5 /],
+      [0, 0, 2, /kv head 2 .*2 kv heads/],
+    ];
+    for (const [b, s, h, why] of rows) {
+      const before = [c.key.slice(), c.value.slice()];
+      assert.throws(() => c.writeRow("key", b, s, h, row), RangeError, `write ${b},${s},${h}`);
+      assert.throws(() => c.writeRow("value", b, s, h, row), why, `write ${b},${s},${h}`);
+      assert.throws(() => c.readRow("key", b, s, h), why, `read ${b},${s},${h}`);
+      assert.throws(() => c.rowBytes("value", b, s, h), why, `rowBytes ${b},${s},${h}`);
+      assert.deepEqual([c.key, c.value], before, `${layout} ${b},${s},${h}: nothing written`);
+    }
+    // The last row is still in range.
+    c.writeRow("key", 2, 3, 1, row);
+    assert.deepEqual(Array.from(c.readRow("key", 2, 3, 1)), row);
+  }
+});
