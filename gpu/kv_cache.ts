@@ -8,6 +8,7 @@
  */
 import { trace } from "../core/trace.ts";
 import { cacheDestroyed, DeviceUnavailableError, ServiceError } from "../core/errors.ts";
+import { checkCacheSpec } from "../core/cache_spec.ts";
 import type { GpuContext, KvCache, KvCacheSpec } from "../core/types.ts";
 import { onDeviceLost } from "./device.ts";
 import { wakeDawnPoll } from "./dawn_tick_pace.ts";
@@ -87,8 +88,8 @@ export class GpuKvCache implements KvCache {
 
   /**
    * An empty (zeroed) cache on `ctx`'s device.
-   * @throws ServiceError 422 (see {@link kvChunkGeometry}); 503 when the device is lost or
-   *   out of memory.
+   * @throws ServiceError 422 `invalid_cache_spec` (core/cache_spec.ts), 422 (see
+   *   {@link kvChunkGeometry}); 503 when the device is lost or out of memory.
    */
   static async create(
     ctx: GpuContext,
@@ -96,6 +97,7 @@ export class GpuKvCache implements KvCache {
     opts: GpuKvCacheOptions = {},
   ): Promise<GpuKvCache> {
     if (ctx.lost) throw new DeviceUnavailableError("the WebGPU device was lost");
+    checkCacheSpec(spec);
     const g = kvChunkGeometry(ctx, spec, opts);
     const label = opts.label ?? "kv";
     const dev = ctx.device;
@@ -136,6 +138,7 @@ export class GpuKvCache implements KvCache {
     value: Uint8Array,
     opts: GpuKvCacheOptions = {},
   ): Promise<GpuKvCache> {
+    checkCacheSpec(spec);
     const g = kvChunkGeometry(ctx, spec, opts);
     const want = g.bytes / 2;
     for (const [name, b] of [["key_cache", key], ["value_cache", value]] as const) {

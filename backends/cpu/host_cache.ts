@@ -24,15 +24,9 @@ import {
   FP8_E5M2_TABLE,
   resolveStorage,
 } from "../../core/dtype.ts";
-import { cacheDestroyed, invalidBatch, ServiceError } from "../../core/errors.ts";
-import {
-  DTYPES,
-  KV_CACHE_DTYPES,
-  KV_LAYOUTS,
-  type KvCache,
-  type KvCacheSpec,
-  type StorageDType,
-} from "../../core/types.ts";
+import { cacheDestroyed, invalidBatch } from "../../core/errors.ts";
+import { checkCacheSpec } from "../../core/cache_spec.ts";
+import type { KvCache, KvCacheSpec, StorageDType } from "../../core/types.ts";
 
 /** Which half of the cache. */
 export type KvWhich = "key" | "value";
@@ -94,41 +88,6 @@ export function cacheHalfBytes(spec: KvCacheSpec): number {
 /** `n` zeroed bytes in a new SharedArrayBuffer. */
 function sharedBytes(n: number): Uint8Array<SharedArrayBuffer> {
   return new Uint8Array(new SharedArrayBuffer(n));
-}
-
-/**
- * Refuses a spec the HTTP schema would refuse (a size that is not a positive integer, a dtype,
- * kv_cache_dtype or layout outside its list): every way a host cache is made checks it first.
- * @throws ServiceError 422 `invalid_cache_spec` naming the field and its value.
- */
-export function checkCacheSpec(spec: KvCacheSpec): void {
-  for (const f of ["num_blocks", "block_size", "num_kv_heads", "head_size"] as const) {
-    const v = spec[f];
-    if (!Number.isSafeInteger(v) || v < 1) {
-      throw new ServiceError(`${f} must be a positive integer, got ${v}`, {
-        status: 422,
-        code: "invalid_cache_spec",
-        issues: [{ path: [f], message: `must be a positive integer, got ${v}` }],
-      });
-    }
-  }
-  // The values the HTTP schema admits (wire/schemas.ts builds its enums from the same lists).
-  const oneOf = [
-    ["dtype", DTYPES],
-    ["kv_cache_dtype", KV_CACHE_DTYPES],
-    ["layout", KV_LAYOUTS],
-  ] as const;
-  for (const [f, allowed] of oneOf) {
-    const v: string = spec[f];
-    if (!(allowed as readonly string[]).includes(v)) {
-      const must = `must be ${allowed.slice(0, -1).join(", ")} or ${allowed.at(-1)}, got ${v}`;
-      throw new ServiceError(`${f} ${must}`, {
-        status: 422,
-        code: "invalid_cache_spec",
-        issues: [{ path: [f], message: must }],
-      });
-    }
-  }
 }
 
 /** A paged KV cache held in host memory (storage "host"). */

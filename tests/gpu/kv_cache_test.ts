@@ -121,3 +121,27 @@ Deno.test("kv cache: used after destroy() is a 409 cache_destroyed, as a host ca
   await assert.rejects(() => c.read(), destroyed);
   assert.throws(() => c.assertUsable(), destroyed);
 });
+
+Deno.test("GpuKvCache: a spec outside the schema's lists is refused before any buffer", {
+  ignore: NO_GPU,
+}, async () => {
+  const ctx = gpu();
+  const spec = {
+    num_blocks: 2,
+    block_size: 16,
+    num_kv_heads: 1,
+    head_size: 32,
+    dtype: "float16",
+    kv_cache_dtype: "auto",
+    layout: "NHD",
+  } as const;
+  for (const bad of [{ dtype: "float64" }, { kv_cache_dtype: "int4" }, { num_blocks: 0 }]) {
+    const s = { ...spec, ...bad } as unknown as KvCacheSpec;
+    await assert.rejects(() => GpuKvCache.create(ctx, s), (e: unknown) => {
+      assert.ok(e instanceof ServiceError && e.code === "invalid_cache_spec", String(e));
+      return true;
+    });
+    const none = new Uint8Array(0);
+    await assert.rejects(() => GpuKvCache.fromBytes(ctx, s, none, none), /must be/);
+  }
+});
