@@ -254,7 +254,9 @@ export class AttentionService {
    */
   async forward(input: ForwardInput, opts: ForwardOptions = {}): Promise<ForwardOutcome> {
     const t0 = performance.now();
-    const held = input.kv_cache !== undefined ? this.caches.get(input.kv_cache) : null;
+    // A library caller's input may be anything: validation names what is wrong with it.
+    const id: unknown = (input as Partial<ForwardInput> | null)?.kv_cache;
+    const held = typeof id === "string" ? this.caches.get(id) : null;
     if (held?.cache.lost) throw cacheLost(held.id);
     const v = validateForward(
       input,

@@ -10,10 +10,16 @@
  * The one exception, on request (`deferFinite`): a large, otherwise valid batch's NaN/infinity
  * scan is left to the GPU plan that runs it, which checks before it writes anything
  * (gpu/finite_check.ts), or to {@link checkFiniteOnHost} for any other plan.
+ *
+ * A library caller's input did not pass the HTTP schema, so its structure (required fields,
+ * types, enums, positive counts, typed-array kinds, tensor lengths against shapes) is checked
+ * first (service/validate_input.ts): those problems, all of them, are the same one 422
+ * `invalid_batch`, thrown before any other check reads the input.
  * @module
  */
 import {
   checksFiniteOnDevice,
+  dataArray,
   elementAt,
   finiteScanBits,
   firstNonFinite,
@@ -39,6 +45,7 @@ import type {
 import { batchStats, planKey } from "./batch_key.ts";
 import { checkMetadata } from "./validate_metadata.ts";
 import { checkCache, checkLayer, eqShape, fmt, Issues, validWindow } from "./validate_layer.ts";
+import { checkHeld, checkInputFields } from "./validate_input.ts";
 import { type CallLimits, DEFAULT_CALL_LIMITS, limitsOver, throwProblems } from "./call_limits.ts";
 
 export { type CallLimits, DEFAULT_CALL_LIMITS } from "./call_limits.ts";
@@ -81,10 +88,14 @@ export interface ValidatedForward {
   inline: { spec: KvCacheSpec; key: Uint8Array; value: Uint8Array } | null;
 }
 
-/** A data tensor's elements in the call's dtype (a view when it came in that dtype). */
+/**
+ * A data tensor's elements in the call's dtype (a view when it came in that dtype, on bytes
+ * aligned to 4 as a DataArray's are: a caller's own misaligned view is copied).
+ */
 function dataOf(t: DataTensor | undefined, dtype: DType): DataArray | null {
   if (!t) return null;
-  return t.dtype === dtype ? t.array : fromFloats(dtype, toFloat32(t.array));
+  const a = t.array.bytes.byteOffset % 4 === 0 ? t.array : dataArray(t.dtype, t.array.bytes);
+  return a.dtype === dtype ? a : fromFloats(dtype, toFloat32(a));
 }
 
 /**
@@ -158,6 +169,12 @@ export function checkFiniteOnHost(b: UnattachedBatch | ValidBatch): void {
  * `input.kv_cache` (the caller resolves the id), or null; `limits` the per-call limits (those
  * left out are {@link DEFAULT_CALL_LIMITS}'s).
  *
+ * A library caller's input is not the schema-checked body the HTTP path decodes, so its
+ * structure is checked first (service/validate_input.ts: required fields, types, enums,
+ * positive counts, typed-array kinds, each tensor's elements against its shape); when that
+ * finds problems they are thrown at once, all of them, before any semantic check reads the
+ * input (as the HTTP path answers a schema violation before validation runs).
+ *
  * An unknown `kv_cache` id is the caller's 404 `cache_not_found`, answered before this runs
  * (service/service.ts): the held cache's spec is what the batch is checked against (block ids,
  * slots, heads, head size, dtype), so without it most checks could not run, and a missing
@@ -173,6 +190,9 @@ export function validateForward(
   opts: ValidateOptions = {},
 ): ValidatedForward {
   const is = new Issues();
+  checkInputFields(input, is);
+  checkHeld(held, is);
+  is.throwIfAny();
   const layer = checkLayer(input, is);
   const { num_heads: H, num_kv_heads: Hkv, head_size: D } = layer;
   const q = input.query;

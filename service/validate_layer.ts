@@ -228,5 +228,7 @@ export function checkCache(
     kv_cache_dtype,
     layout,
   };
-  return { spec, inline: { spec, key: kc.bytes, value: vc.bytes } };
+  // Bytes aligned to 8, as the wire decoders leave them (a caller's own misaligned view is copied).
+  const own = (b: Uint8Array) => (b.byteOffset % 8 === 0 ? b : b.slice());
+  return { spec, inline: { spec, key: own(kc.bytes), value: own(vc.bytes) } };
 }

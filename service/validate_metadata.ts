@@ -161,18 +161,29 @@ function checkBlockTable(
     return { table: new Int32Array(0), maxBlocks: 0 };
   }
   let maxBlocks = 0;
+  let shaped = true;
   if (bt.shape.length === 2 && bt.shape[0] === R) maxBlocks = bt.shape[1];
   else if (bt.shape.length === 1 && R > 0 && bt.values.length % R === 0) {
     maxBlocks = bt.values.length / R;
   } else if (bt.shape.length === 1 && R === 0 && bt.values.length === 0) {
     maxBlocks = 0; // `[]` for an empty batch
   } else {
+    shaped = false;
     is.add(
       mp("block_table"),
       `must be [num_reqs = ${R}, max_blocks_per_req], got shape ${fmt(bt.shape)}`,
     );
   }
   const table = bt.values;
+  if (shaped && table.length !== R * maxBlocks) {
+    // The structural check (validate_input.ts) answers this first; never skip the ids silently.
+    is.add(
+      mp("block_table"),
+      `has ${table.length} entries but num_reqs x max_blocks_per_req = ${R} x ${maxBlocks} needs ${
+        R * maxBlocks
+      }`,
+    );
+  }
   if (!spec || sl.length !== R || table.length !== R * maxBlocks) return { table, maxBlocks };
   const seen = blockStamps(spec.num_blocks);
   for (let i = 0; i < R; i++) {
