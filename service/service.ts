@@ -6,6 +6,7 @@
  * @module
  */
 import { resolveStorage } from "../core/dtype.ts";
+import { checkCacheSpec } from "../core/cache_spec.ts";
 import { ClientClosedError, DeviceUnavailableError } from "../core/errors.ts";
 import type {
   AttentionBackend,
@@ -186,8 +187,12 @@ export class AttentionService {
     }
   }
 
-  /** The backend a new cache of `spec` gets (the forced one, validated, or the best valid one). */
+  /**
+   * The backend a new cache of `spec` gets (the forced one, validated, or the best valid one),
+   * after the spec's own check (422 `invalid_cache_spec`, before the selector sees its values).
+   */
   async #cacheBackend(spec: KvCacheSpec, name: string | undefined): Promise<AttentionBackend> {
+    checkCacheSpec(spec);
     const cfg = selectorConfigDefaults({
       head_size: spec.head_size,
       dtype: spec.dtype,
