@@ -4,13 +4,19 @@
 # every instance. No root needed: every file lives under PREFIX.
 #
 #   deploy/start.sh [--instances N] [--no-gpu] [--port P] [--base-port B] [--host H]
-#                   [--prefix DIR] [--max-body-bytes BYTES] [-- SERVER_FLAGS...]
+#                   [--allow-unauthenticated] [--prefix DIR] [--max-body-bytes BYTES]
+#                   [-- SERVER_FLAGS...]
 #
 #   --instances N       instances to start (default: one per GPU that nvidia-smi lists; with
 #                       --no-gpu or no GPU, 2)
 #   --no-gpu            the instances run without a GPU (CPU_REFERENCE)
 #   --port P            nginx's port (default 8080)
-#   --host H            nginx's address (default 127.0.0.1; the instances stay on 127.0.0.1)
+#   --host H            nginx's address (default 127.0.0.1; the instances stay on 127.0.0.1).
+#                       As with the server's --host, an address that is not loopback needs a
+#                       token for the instances (ATTN_TOKEN, or -- --token-file PATH): nginx
+#                       passes the client's Host, so without one anyone could send
+#                       `Host: localhost` and read, write and delete every cache
+#   --allow-unauthenticated  serve a non-loopback --host without a token (prints a warning)
 #   --base-port B       instance K (K = 0..N-1) listens on B+K (default 8100)
 #   --prefix DIR        where the config, logs, pids and moved_caches.map go (default
 #                       /tmp/attn-deploy)
@@ -26,24 +32,51 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(dirname "$here")
 n="" gpu=1 port=8080 host=127.0.0.1 base=8100 prefix=/tmp/attn-deploy max_body=536870912
+open=0
 server_flags=()
+# The value of flag $1, which must be there ($# counts the flag too).
+need() { [[ $# -ge 2 ]] || { echo "start.sh: $1 needs a value (--help lists them)" >&2; exit 2; }; }
 while [[ $# -gt 0 ]]; do
   case $1 in
-    --instances) n=$2; shift 2 ;;
+    --instances) need "$@"; n=$2; shift 2 ;;
     --no-gpu) gpu=0; shift ;;
-    --port) port=$2; shift 2 ;;
-    --host) host=$2; shift 2 ;;
-    --base-port) base=$2; shift 2 ;;
-    --prefix) prefix=$2; shift 2 ;;
-    --max-body-bytes) max_body=$2; shift 2 ;;
+    --port) need "$@"; port=$2; shift 2 ;;
+    --host) need "$@"; host=$2; shift 2 ;;
+    --allow-unauthenticated) open=1; shift ;;
+    --base-port) need "$@"; base=$2; shift 2 ;;
+    --prefix) need "$@"; prefix=$2; shift 2 ;;
+    --max-body-bytes) need "$@"; max_body=$2; shift 2 ;;
     --) shift; server_flags=("$@"); break ;;
-    -h | --help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,/^set /p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "start.sh: unknown argument $1 (--help lists them)" >&2; exit 2 ;;
   esac
 done
 for v in port base max_body; do
   [[ ${!v} =~ ^[0-9]+$ ]] || { echo "start.sh: --${v//_/-} must be a number, got ${!v}" >&2; exit 2; }
 done
+
+# The server's access rule (server/access_config.ts) for nginx's address: loopback
+# (127.0.0.0/8, ::1, localhost) or a token for the instances, else --allow-unauthenticated.
+is_loopback() {
+  local h=${1,,}
+  h=${h#[}
+  h=${h%]}
+  [[ $h == localhost || $h == ::1 || $h == 0:0:0:0:0:0:0:1 ]] && return 0
+  [[ $h =~ ^127\.([0-9]{1,3})\.([0-9]{1,3})\.([0-9]{1,3})$ ]] || return 1
+  ((10#${BASH_REMATCH[1]} <= 255 && 10#${BASH_REMATCH[2]} <= 255 && 10#${BASH_REMATCH[3]} <= 255))
+}
+token=0
+[[ -n ${ATTN_TOKEN:-} ]] && token=1
+for f in "${server_flags[@]}"; do
+  [[ $f == --token-file || $f == --token-file=* ]] && token=1
+done
+if ! is_loopback "$host" && [[ $token -eq 0 ]]; then
+  if [[ $open -eq 0 ]]; then
+    echo "start.sh: refusing to serve on --host $host without a token: nginx passes the client's Host to the instances, so anyone who can reach it could read, write and delete every cache. Give the instances a token (ATTN_TOKEN, or -- --token-file PATH), use a loopback --host, or pass --allow-unauthenticated." >&2
+    exit 2
+  fi
+  echo "start.sh: WARNING: nginx on $host with no authentication (--allow-unauthenticated): anyone who can reach it can read, write and delete every cache" >&2
+fi
 if [[ -z $n ]]; then
   n=2
   if [[ $gpu -eq 1 ]] && command -v nvidia-smi >/dev/null 2>&1; then

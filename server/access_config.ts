@@ -3,10 +3,10 @@
  * `--token-file PATH`, else the `ATTN_TOKEN` environment variable) unless
  * `--allow-unauthenticated` says otherwise (then with a warning); a token, once configured,
  * applies on any address; a loopback bind without a token checks the Host header against
- * loopback names plus `--allowed-host` names (the DNS-rebinding defence).
+ * loopback names, the bound address and `--allowed-host` names (the DNS-rebinding defence).
  * @module
  */
-import { type AccessPolicy, LOOPBACK_HOST_NAMES } from "./auth.ts";
+import { type AccessPolicy, hostName, LOOPBACK_HOST_NAMES } from "./auth.ts";
 
 /** The inputs of {@link resolveAccess}. */
 export interface AccessInputs {
@@ -83,8 +83,13 @@ export function resolveAccess(
   const loopback = isLoopbackAddress(o.host);
   if (t) return { policy: { token: t.token }, tokenSource: t.source };
   if (loopback) {
-    const extra = o.allowedHosts.map((h) => h.trim().toLowerCase()).filter((h) => h !== "");
-    return { policy: { allowedHosts: [...LOOPBACK_HOST_NAMES, ...extra] } };
+    // The bound address too (127.0.0.2, ...): a request addressed to it names it in its Host.
+    const bound = hostName(
+      o.host.includes(":") && !o.host.startsWith("[") ? `[${o.host}]` : o.host,
+    );
+    const extra = [bound ?? "", ...o.allowedHosts.map((h) => h.trim().toLowerCase())];
+    const names = new Set([...LOOPBACK_HOST_NAMES, ...extra.filter((h) => h !== "")]);
+    return { policy: { allowedHosts: [...names] } };
   }
   if (!o.allowUnauthenticated) {
     throw new AccessConfigError(

@@ -5,27 +5,32 @@
  * it; on SIGTERM or SIGINT it stops taking calls (after a 100 ms settle window; later ones get
  * a 503 `shutting_down`), finishes the calls it took up to `--shutdown-deadline-ms`, closes the
  * listener and exits (0 when every call finished, 1 when the deadline cut some off; a second
- * signal exits 1 at once). Exits 2 on a bad command line, a refused access configuration or
- * an explicit runtime that cannot start. With `--http-workers N` the HTTP work runs on N worker
- * threads (worker_front.ts) and this thread keeps the device and the service; with
- * `--device-threads N` it is the other way round: N worker threads each own a device and a
- * service (device_threads.ts) and this thread does the HTTP work, or, with
+ * signal exits 1 at once). Exits 2 on a bad command line, a refused access configuration, a bad
+ * value of a variable the GPU layer or the backends read (serve_env.ts) or an explicit runtime
+ * that cannot start; 1, in one line, when it cannot serve the port. With `--http-workers N` the
+ * HTTP work runs on N worker threads (worker_front.ts) and this thread keeps the device and the
+ * service; with `--device-threads N` it is the other way round: N worker threads each own a
+ * device and a service (device_threads.ts) and this thread does the HTTP work, or, with
  * `--device-threads-http`, the device threads serve the port themselves and pass this thread
  * only what is not theirs (thread_http.ts, thread_listeners.ts). The only modules that call
  * Deno.serve are worker_front.ts (for this thread), the HTTP worker (http_worker.ts) and the
  * device threads' listener (thread_http.ts).
  * @module
  */
-import { acquireDevice, serviceAndHandler, type ServingOptions } from "./device_setup.ts";
+// The modules that load the backends (device_setup.ts, device_threads.ts) are imported once the
+// environment they read passed serve_env.ts: a bad value read as they load would otherwise end
+// the process with an uncaught error before --help could answer.
+import type { ServingOptions } from "./device_setup.ts";
 import { AccessConfigError, resolveAccess, type ResolvedAccess } from "./access_config.ts";
 import { sharedJsonDecoder } from "./json_decoder.ts";
 import { named } from "./responses.ts";
 import { Drainer } from "./shutdown.ts";
 import { type HttpServer, serveHttp } from "./worker_front.ts";
-import { type DeviceThreads, startDeviceThreads } from "./device_threads.ts";
+import type { DeviceThreads } from "./device_threads.ts";
 import type { ThreadListeners } from "./thread_listeners.ts";
 
 import { HELP, parseServeArgs, serveEnv, type ServeOptions } from "./serve_options.ts";
+import { checkServeEnv, StartupEnvError } from "./serve_env.ts";
 import { BODY_TIMEOUT_ENV } from "./body_timeout.ts";
 
 function describeAccess(a: ResolvedAccess): string {
@@ -58,6 +63,7 @@ function servingOptions(o: ServeOptions, access: ResolvedAccess): ServingOptions
 
 /** This thread owns the device and the service. */
 async function oneService(o: ServeOptions, access: ResolvedAccess): Promise<Served> {
+  const { acquireDevice, serviceAndHandler } = await import("./device_setup.ts");
   const { device, close: closeDevice } = await acquireDevice(o.gpu, o.runtime, o.keepWarm);
   const { service, handler } = serviceAndHandler(device, servingOptions(o, access));
   return {
@@ -72,6 +78,7 @@ async function oneService(o: ServeOptions, access: ResolvedAccess): Promise<Serv
 
 /** `--device-threads N`: each thread its own device and service; exits 2 when one cannot start. */
 async function threadedService(o: ServeOptions, access: ResolvedAccess): Promise<Served> {
+  const { startDeviceThreads } = await import("./device_threads.ts");
   const started = await startDeviceThreads({
     threads: o.deviceThreads,
     init: { gpu: o.gpu, runtime: o.runtime, keepWarm: o.keepWarm, ...servingOptions(o, access) },
@@ -96,7 +103,10 @@ interface Serving {
   listeners: ThreadListeners | null;
 }
 
-/** Serves the port: on this thread, HTTP workers or the device threads; exits 1 when it cannot. */
+/**
+ * Serves the port: on this thread, HTTP workers or the device threads; exits 1, saying why in
+ * one line, when it cannot.
+ */
 async function serveThePort(
   o: ServeOptions,
   access: ResolvedAccess,
@@ -125,11 +135,16 @@ async function serveThePort(
     if (o.httpWorkers > 0) console.error(`http workers: ${o.httpWorkers}`);
     return { server, listeners: null };
   } catch (e) {
-    if (o.httpWorkers === 0 && !o.deviceThreadsHttp) throw e;
+    // In use, a host that does not resolve or is not this machine's: one line, in every mode.
     const what = o.deviceThreadsHttp
-      ? `device threads serving the port`
-      : `${o.httpWorkers} HTTP workers`;
-    console.error(`cannot serve with ${what}: ${e instanceof Error ? e.message : e}`);
+      ? " with the device threads serving the port"
+      : o.httpWorkers > 0
+      ? ` with ${o.httpWorkers} HTTP workers`
+      : "";
+    const host = o.host.includes(":") ? `[${o.host}]` : o.host;
+    console.error(
+      `cannot serve on ${host}:${o.port}${what}: ${e instanceof Error ? e.message : e}`,
+    );
     Deno.exit(1);
   }
 }
@@ -203,16 +218,20 @@ async function main(): Promise<void> {
   let o: ServeOptions;
   let access: ResolvedAccess;
   try {
-    o = parseServeArgs(Deno.args, serveEnv());
+    const env = serveEnv();
+    o = parseServeArgs(Deno.args, env);
     if (o.help) {
       console.log(HELP);
       return;
     }
+    await checkServeEnv(env);
     access = resolveAccess(o);
     // Every isolate that reads bodies (HTTP workers, the device-threads front) reads it here.
     Deno.env.set(BODY_TIMEOUT_ENV, String(o.bodyTimeoutMs));
   } catch (e) {
-    const usage = e instanceof AccessConfigError ? "" : `\n\n${HELP}`;
+    const usage = e instanceof AccessConfigError || e instanceof StartupEnvError
+      ? ""
+      : `\n\n${HELP}`;
     console.error(`${e instanceof Error ? e.message : e}${usage}`);
     Deno.exit(2);
   }

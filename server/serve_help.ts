@@ -36,6 +36,15 @@ export const DEVICE_THREADS_ENV = "ATTN_DEVICE_THREADS";
 /** The environment variable of `--device-threads-http` (`1` or `0`). */
 export const DEVICE_THREADS_HTTP_ENV = "ATTN_DEVICE_THREADS_HTTP";
 
+/**
+ * The longest timer `setTimeout` keeps, 2^31 - 1 ms (~24.8 days): a longer one fires at once
+ * (TimeoutOverflowWarning). Every millisecond flag and variable that sets a timer stops here.
+ */
+export const MAX_TIMER_MS = 2 ** 31 - 1;
+
+/** The longest `--keep-warm-ms`, 1 hour (gpu/keep_warm_options.ts checks the same bound). */
+export const MAX_KEEP_WARM_MS = 3_600_000;
+
 export const HELP = `attention service: batched paged attention over HTTP
 
 usage: deno task serve [options]
@@ -58,13 +67,13 @@ usage: deno task serve [options]
                             /healthz; without it the ATTN_TOKEN environment variable is used
   --allow-unauthenticated   serve a non-loopback address without a token (prints a warning)
   --allowed-host NAME       a loopback bind without a token answers only requests whose Host is
-                            localhost, 127.0.0.1 or [::1] (any port), else 403; this adds a
-                            name (repeatable)
-  --shutdown-deadline-ms N  on SIGTERM/SIGINT, wait this long for calls in flight, then
-                            exit (default ${DEFAULT_SHUTDOWN_DEADLINE_MS}); exit code 0 when all
-                            finished, 1 when the deadline cut some off
-  --body-timeout-ms N       the longest wait for a request body's next bytes (default
-                            ${DEFAULT_BODY_TIMEOUT_MS}; a body read in one piece must be whole by
+                            localhost, 127.0.0.1, [::1] or the --host address (any port), else
+                            403; this adds a name or [IPv6] address, without a port (repeatable)
+  --shutdown-deadline-ms N  on SIGTERM/SIGINT, wait this long for calls in flight, then exit
+                            (default ${DEFAULT_SHUTDOWN_DEADLINE_MS}; 0 to ${MAX_TIMER_MS}, setTimeout's longest);
+                            exit code 0 when all finished, 1 when the deadline cut some off
+  --body-timeout-ms N       the longest wait for a request body's next bytes (default ${DEFAULT_BODY_TIMEOUT_MS};
+                            1 to ${MAX_TIMER_MS}; a body read in one piece must be whole by
                             then plus 1 s per 256 KiB declared; also ${BODY_TIMEOUT_ENV});
                             over: 408 body_timeout
   --no-gpu                  do not acquire a WebGPU device (host backends only)
@@ -85,8 +94,9 @@ usage: deno task serve [options]
                             it when it has room (also ${DEVICE_THREADS_HTTP_ENV}=1)
   --keep-warm-ms N          keep the GPU busy for N ms after each call with short spin
                             dispatches, so its clock stays up between calls (default 0 = off;
-                            also ${KEEP_WARM_ENV}); draws power. Needs a runtime whose completion
-                            wait does not block (Dawn); elsewhere it stays off and says why
+                            at most ${MAX_KEEP_WARM_MS}; also ${KEEP_WARM_ENV}); draws power. Needs a
+                            runtime whose completion wait does not block (Dawn); elsewhere it
+                            stays off and says why
   --keep-warm-spin-iters N  dependent FMA pairs per spin dispatch (default ${KEEP_WARM_DEFAULTS.spin_iters})
   --keep-warm-workgroups N  workgroups of 64 lanes per spin dispatch (default ${KEEP_WARM_DEFAULTS.workgroups})
   --keep-warm-depth N       spin dispatches per tick (timer, process) or kept queued (await),
@@ -100,4 +110,6 @@ usage: deno task serve [options]
                             and in /healthz (1-64 characters of A-Z a-z 0-9 . _ -; default none)
 ${RUNTIME_HELP}
   -h, --help                show this help
+
+The GPU layer's ATTN_* variables (README) are checked at start: a bad value exits 2 naming it.
 `;

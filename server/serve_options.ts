@@ -23,6 +23,7 @@ import {
   type KeepWarmOptions,
 } from "../gpu/keep_warm.ts";
 import { envVar } from "../core/env.ts";
+import { CHECKED_ENV } from "./serve_env.ts";
 export { HELP } from "./serve_help.ts";
 import {
   DEFAULT_HTTP_WORKERS,
@@ -32,6 +33,8 @@ import {
   HTTP_WORKERS_ENV,
   KEEP_WARM_ENV,
   MAX_HTTP_WORKERS,
+  MAX_KEEP_WARM_MS,
+  MAX_TIMER_MS,
 } from "./serve_help.ts";
 
 function intFlag(name: string, v: string | undefined, dflt: number, min: number): number {
@@ -44,6 +47,37 @@ function intFlag(name: string, v: string | undefined, dflt: number, min: number)
     throw new Error(`--${name} must be at most ${most} (2^53 - 1), got ${JSON.stringify(v)}`);
   }
   return Number(v);
+}
+
+/** A millisecond flag that sets a timer: `min` to {@link MAX_TIMER_MS} (a longer one fires at once). */
+function msFlag(name: string, v: string | undefined, dflt: number, min: number): number {
+  if (v === undefined) return dflt;
+  if (!/^\d+$/.test(v) || Number(v) < min || Number(v) > MAX_TIMER_MS) {
+    throw new Error(
+      `--${name} must be an integer from ${min} to ${MAX_TIMER_MS}, got ${JSON.stringify(v)}`,
+    );
+  }
+  return Number(v);
+}
+
+/**
+ * An `--allowed-host` value: a host name or a bracketed IPv6 address, as the Host check
+ * compares them (auth.ts `hostName`: no port, which it does not compare).
+ */
+const ALLOWED_HOST_PATTERN =
+  /^(?:[a-z0-9_](?:[a-z0-9_-]*[a-z0-9_])?(?:\.[a-z0-9_](?:[a-z0-9_-]*[a-z0-9_])?)*\.?|\[[0-9a-f:.]+\])$/i;
+
+/** `--allowed-host` (repeatable); @throws Error on a value the Host check could never match. */
+function allowedHostsOption(v: string[] | undefined): string[] {
+  for (const h of v ?? []) {
+    if (!ALLOWED_HOST_PATTERN.test(h)) {
+      throw new Error(
+        "--allowed-host must be a host name or a bracketed IPv6 address, without a port (any " +
+          `port is answered), got ${JSON.stringify(h)}`,
+      );
+    }
+  }
+  return v ?? [];
 }
 
 /** `--http-workers` / `--device-threads` (over the environment variable, over the default). */
@@ -94,9 +128,11 @@ function keepWarmOptions(
   const flag = (k: string) => values[k] as string | undefined;
   const d = KEEP_WARM_DEFAULTS;
   const hold = flag("keep-warm-ms") ?? (env === "" ? undefined : env);
-  if (hold !== undefined && !/^\d+$/.test(hold)) {
+  if (hold !== undefined && (!/^\d+$/.test(hold) || Number(hold) > MAX_KEEP_WARM_MS)) {
     const name = flag("keep-warm-ms") !== undefined ? "--keep-warm-ms" : KEEP_WARM_ENV;
-    throw new Error(`${name} must be an integer >= 0, got ${JSON.stringify(hold)}`);
+    throw new Error(
+      `${name} must be an integer from 0 to ${MAX_KEEP_WARM_MS}, got ${JSON.stringify(hold)}`,
+    );
   }
   const o = {
     hold_ms: hold === undefined ? d.hold_ms : Number(hold),
@@ -109,7 +145,10 @@ function keepWarmOptions(
   return checkKeepWarmOptions(o);
 }
 
-/** The environment variables serve reads (none without env permission). */
+/**
+ * The environment variables serve reads (none without env permission), and those of the GPU
+ * layer and the backends that main.ts checks at start-up (serve_env.ts).
+ */
 export function serveEnv(): Record<string, string | undefined> {
   const env = runtimeEnv();
   env[HTTP_WORKERS_ENV] = envVar(HTTP_WORKERS_ENV);
@@ -117,6 +156,7 @@ export function serveEnv(): Record<string, string | undefined> {
   env[DEVICE_THREADS_HTTP_ENV] = envVar(DEVICE_THREADS_HTTP_ENV);
   env[KEEP_WARM_ENV] = envVar(KEEP_WARM_ENV);
   env[BODY_TIMEOUT_ENV] = envVar(BODY_TIMEOUT_ENV);
+  for (const name of CHECKED_ENV) env[name] = envVar(name);
   return env;
 }
 
@@ -272,8 +312,8 @@ export function parseServeArgs(
     },
     ...(tokenFile !== undefined ? { tokenFile } : {}),
     allowUnauthenticated: values["allow-unauthenticated"] ?? false,
-    allowedHosts: values["allowed-host"] ?? [],
-    shutdownDeadlineMs: intFlag(
+    allowedHosts: allowedHostsOption(values["allowed-host"]),
+    shutdownDeadlineMs: msFlag(
       "shutdown-deadline-ms",
       values["shutdown-deadline-ms"],
       DEFAULT_SHUTDOWN_DEADLINE_MS,

@@ -174,7 +174,10 @@ async function drainThreads(
 ): Promise<ThreadsDrained> {
   const timers: ReturnType<typeof setTimeout>[] = [];
   const silence = () =>
-    new Promise<"silent">((r) => timers.push(setTimeout(() => r("silent"), deadlineMs + graceMs)));
+    new Promise<"silent">((r) =>
+      // At most setTimeout's longest timer (a longer one fires at once), which the deadline may be.
+      timers.push(setTimeout(() => r("silent"), Math.min(2 ** 31 - 1, deadlineMs + graceMs)))
+    );
   const done = await Promise.all(threads.map((t) => {
     if (t.lost !== null) return Promise.resolve(null);
     const answer = t.nextListenerMessage();

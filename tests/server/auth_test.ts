@@ -79,6 +79,16 @@ Deno.test("access policy: loopback, tokens, refusal of an exposed bind", async (
   assert.equal(hostName("[::1]x"), null);
 });
 
+Deno.test("access policy: a loopback bind answers to its own address too", () => {
+  const base = { allowUnauthenticated: false, allowedHosts: [] };
+  const hosts = (host: string) => resolveAccess({ ...base, host }, noEnv).policy.allowedHosts;
+  assert.deepEqual(hosts("127.0.0.2"), [...LOOPBACK_HOST_NAMES, "127.0.0.2"]);
+  assert.deepEqual(hosts("0:0:0:0:0:0:0:1"), [...LOOPBACK_HOST_NAMES, "[0:0:0:0:0:0:0:1]"]);
+  for (const same of ["127.0.0.1", "localhost", "LocalHost", "::1", "[::1]"]) {
+    assert.deepEqual(hosts(same), [...LOOPBACK_HOST_NAMES], same);
+  }
+});
+
 Deno.test("token: every route but /healthz needs it; 401 problems with WWW-Authenticate", async () => {
   const token = "t0k3n-" + crypto.randomUUID();
   const srv = await startServer({

@@ -100,7 +100,10 @@ Deno.test("main: flags and defaults", () => {
     () => parseServeArgs(["--max-json-body-bytes", String(2 ** 30)]),
     /--max-json-body-bytes must be <= 268435456/,
   );
-  assert.throws(() => parseServeArgs(["--shutdown-deadline-ms=-1"]), /integer >= 0/);
+  assert.throws(
+    () => parseServeArgs(["--shutdown-deadline-ms=-1"]),
+    /--shutdown-deadline-ms must be an integer from 0 to 2147483647, got "-1"/,
+  );
   assert.equal(parseServeArgs(["--body-timeout-ms", "250"]).bodyTimeoutMs, 250);
   assert.equal(parseServeArgs([], { ATTN_BODY_TIMEOUT_MS: "900" }).bodyTimeoutMs, 900);
   assert.equal(
@@ -184,6 +187,46 @@ Deno.test("main: flags and defaults", () => {
       (e) =>
         e instanceof Error && /--instance-name must be/.test(e.message) &&
         e.message.includes(JSON.stringify(bad)),
+      JSON.stringify(bad),
+    );
+  }
+});
+
+Deno.test("main: millisecond flags that set a timer stop at 2^31 - 1 (setTimeout's longest)", () => {
+  // A longer timer fires at once (Node's TimeoutOverflowWarning): a 3e9 ms drain deadline
+  // ended the drain at once.
+  assert.throws(
+    () => parseServeArgs(["--shutdown-deadline-ms", "3000000000"]),
+    { message: '--shutdown-deadline-ms must be an integer from 0 to 2147483647, got "3000000000"' },
+  );
+  assert.equal(
+    parseServeArgs(["--shutdown-deadline-ms", "2147483647"]).shutdownDeadlineMs,
+    2 ** 31 - 1,
+  );
+  assert.equal(parseServeArgs(["--shutdown-deadline-ms", "0"]).shutdownDeadlineMs, 0);
+  assert.throws(
+    () => parseServeArgs(["--keep-warm-ms", "3000000000"]),
+    { message: '--keep-warm-ms must be an integer from 0 to 3600000, got "3000000000"' },
+  );
+  assert.throws(
+    () => parseServeArgs([], { ATTN_KEEP_WARM_MS: "3600001" }),
+    { message: 'ATTN_KEEP_WARM_MS must be an integer from 0 to 3600000, got "3600001"' },
+  );
+  assert.equal(parseServeArgs(["--keep-warm-ms", "3600000"]).keepWarm.hold_ms, 3_600_000);
+});
+
+Deno.test("main: --allowed-host takes a host name or [IPv6] address, no port or spaces", () => {
+  assert.deepEqual(
+    parseServeArgs(["--allowed-host", "Box.Internal", "--allowed-host", "[fd00::1]"]).allowedHosts,
+    ["Box.Internal", "[fd00::1]"],
+  );
+  for (const bad of ["foo.example:18251", "a b", "", "[::1]:80", "::1", "a/b", "-x.example"]) {
+    assert.throws(
+      () => parseServeArgs([`--allowed-host=${bad}`]),
+      {
+        message: `--allowed-host must be a host name or a bracketed IPv6 address, without a ` +
+          `port (any port is answered), got ${JSON.stringify(bad)}`,
+      },
       JSON.stringify(bad),
     );
   }
