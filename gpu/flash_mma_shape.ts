@@ -351,8 +351,8 @@ export const MMA_VARIANTS: Readonly<Record<string, MmaShape>> = {
  * fast softmax (v0.8: +21% on the H200 at 8 x 4096, opt-in until its tests could finish there:
  * the v0.7 Dawn stalls), the late next-tile stores and the output rounded by pack2x16float; the
  * first also stores 16 bytes of output at once (`w8r1k16-flvr`, v0.19: +8% at 4 x 1024 and +4% at
- * 8 x 4096 on the H100 over `w8r1k16-fl`, which follows it for devices where a lane's pass has
- * fewer than 8 columns).
+ * 8 x 4096 on the H100 over `w8r1k16-fl`); `w8r1k16-flr`, the same without the 16-byte stores,
+ * follows it for devices where a lane's pass has fewer than 8 columns (64-lane subgroups).
  */
 export const MMA_SHAPES: readonly MmaShape[] = [
   { nsg: 8, rm: 1, bk: 16, tau: 8, fast: true, late: true, ovec: true, opack: true },
