@@ -115,8 +115,8 @@ export interface DecodeTuning {
  * The tuning of a plan whose split-KV kernels take prefill rows too (WEBGPU_FLASH where the
  * tensor-core kernel does not: Deno's runtime, software adapters), `t` with the transposed
  * partial sums and the softmax on them. A prefill token reads its whole prefix from cache lines
- * other tokens also read, so those rows are bound by the lanes' arithmetic and shuffles rather
- * than by memory: on an H100 under Deno's runtime (bench/NOTES.md v0.19) 4 x 1024 causal 2.12 ->
+ * other tokens also read, so those rows look bound by the lanes' arithmetic and shuffles rather
+ * than by memory (a reading of the sweep, not a profile): on an H100 under Deno's runtime (bench/NOTES.md v0.19) 4 x 1024 causal 2.12 ->
  * 1.97 ms and 8 x 4096 56.0 -> 51.0 ms (0.27x -> 0.29x and 0.32x -> 0.35x the FMA ceiling); the
  * other knobs tried there (fewer lanes a key row, 8 keys a step, 256 invocations) were slower.
  * Decode steps keep `t` (bandwidth-bound; the H200's sweeps gained nothing from these knobs).
