@@ -13,18 +13,9 @@ import assert from "node:assert/strict";
 import { AttentionApiError, AttentionClient, createRequestOf } from "../../client/client.ts";
 import { maxAbsDiff } from "../server/helpers.ts";
 import { HeldSeq } from "../server/held_seq.ts";
+import { findNginx } from "./nginx_path.ts";
 
 const ROOT = new URL("../../", import.meta.url).pathname;
-
-function findNginx(): string | null {
-  const dirs = [...(Deno.env.get("PATH") ?? "").split(":"), "/usr/sbin", "/usr/local/sbin"];
-  for (const d of dirs) {
-    try {
-      if (d && Deno.statSync(`${d}/nginx`).isFile) return `${d}/nginx`;
-    } catch { /* not here */ }
-  }
-  return null;
-}
 
 const NGINX = findNginx();
 if (!NGINX) {

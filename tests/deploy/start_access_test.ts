@@ -9,18 +9,10 @@
  */
 import assert from "node:assert/strict";
 import { rawExchange, rawRequest } from "../server/raw_http.ts";
+import { findNginx } from "./nginx_path.ts";
 
 const START = new URL("../../deploy/start.sh", import.meta.url).pathname;
 
-function findNginx(): string | null {
-  const dirs = [...(Deno.env.get("PATH") ?? "").split(":"), "/usr/sbin", "/usr/local/sbin"];
-  for (const d of dirs) {
-    try {
-      if (d && Deno.statSync(`${d}/nginx`).isFile) return `${d}/nginx`;
-    } catch { /* not here */ }
-  }
-  return null;
-}
 const NGINX = findNginx();
 
 /** Runs start.sh to its end (for the refusals: none of them starts anything). */
