@@ -112,10 +112,11 @@ function checkFinite(a: DataArray | null, name: string, is: Issues, from = 0): v
 
 /**
  * Adds an issue for the first NaN or infinity of a data tensor `t`, `a` its elements in the
- * call's dtype (from element `from` on, as {@link checkFinite}). It is named in the tensor's own
- * dtype, with the JSON number sent where that overflowed it ("element 0 is 70000, which
- * overflows float16"); a tensor converted to the call's dtype is scanned whole in both, an
- * element finite in its own dtype but not in the call's named in both.
+ * call's dtype. It is named in the tensor's own dtype, with the JSON number sent where that
+ * overflowed it ("element 0 is 70000, which overflows float16"); a tensor converted to the
+ * call's dtype is scanned whole in both, an element finite in its own dtype but not in the
+ * call's named in both. With `from` > 0 (the scan left to the device) only `a`'s elements from
+ * `from` on are scanned here, as {@link checkFinite} does.
  */
 function checkDataFinite(
   t: DataTensor | undefined,
@@ -125,8 +126,9 @@ function checkDataFinite(
   from = 0,
 ): void {
   if (!t || !a) return;
+  if (from > 0) return checkFinite(a, name, is, from);
   const own = t.array;
-  const bad = a === own && from > 0 ? firstNonFiniteIn(a, from, a.length) : firstNonFinite(own);
+  const bad = firstNonFinite(own);
   if (bad >= 0) {
     const o = t.overflow;
     is.add(
