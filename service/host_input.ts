@@ -30,7 +30,9 @@ import { Issues } from "./validate_layer.ts";
 import {
   checkCount,
   checkEnum,
+  checkHeld,
   checkLayerFields,
+  checkOptional,
   checkSpecFields,
   isPositive,
   isRecord,
@@ -143,7 +145,7 @@ function checkHostBatch(b: unknown, is: Issues): void {
       `has ${value.length} elements but key has ${key.length} (both [num_kv_tokens, num_kv_heads, head_size])`,
     );
   }
-  checkReturnLse(b.return_lse, is);
+  checkOptional(b.return_lse, "boolean", false, is, ["return_lse"]);
   const md = b.metadata;
   if (!isRecord(md)) {
     is.add(["metadata"], `must be an object, got ${show(md)}`);
@@ -171,12 +173,6 @@ function checkHostBatch(b: unknown, is: Issues): void {
     `num_reqs x max_blocks_per_req = ${R} x ${M}`,
   );
   ints("slot_mapping", null, "");
-}
-
-function checkReturnLse(v: unknown, is: Issues): void {
-  if (v !== undefined && typeof v !== "boolean") {
-    is.add(["return_lse"], `must be a boolean, got ${show(v)}`);
-  }
 }
 
 /**
@@ -221,14 +217,7 @@ function validateChecked(
  */
 export function validHostBatch(b: Omit<ForwardBatch, "cache">, cache: KvCache | null): ValidBatch {
   const is = new Issues();
-  const c: unknown = cache ?? null;
-  if (c !== null) {
-    if (!isRecord(c)) is.add(["cache"], `must be a KvCache or null, got ${show(c)}`);
-    else {
-      checkSpecFields(c.spec, is, ["cache", "spec"]);
-      checkEnum(c.storage, ["host", "webgpu"], false, is, ["cache", "storage"]);
-    }
-  }
+  checkHeld(cache ?? null, is, ["cache"]);
   checkHostBatch(b, is);
   is.throwIfAny();
   const v = validateChecked(

@@ -112,7 +112,7 @@ export function checkEnum(
 }
 
 /** Adds an issue unless `v` is absent or of the JS type `type` (null too when `nullable`). */
-function checkOptional(
+export function checkOptional(
   v: unknown,
   type: "number" | "boolean" | "string",
   nullable: boolean,
@@ -263,15 +263,18 @@ export function checkSpecFields(s: unknown, is: Issues, base: Path): void {
 
 const HELD_SPEC: Path = ["kv_cache", "spec"];
 
-/** A held cache as validateForward is given it: `{spec, storage}` or null. */
-export function checkHeld(held: unknown, is: Issues): void {
+/**
+ * A cache as the validators are given it: `{spec, storage}` or null (validateForward's held
+ * cache, named `kv_cache`; a host batch's KvCache, named `cache`).
+ */
+export function checkHeld(held: unknown, is: Issues, base: Path = KV_CACHE): void {
   if (held === null) return;
   if (!isRecord(held)) {
-    is.add(KV_CACHE, `the held cache must be {spec, storage} or null, got ${show(held)}`);
+    is.add(base, `the cache must be {spec, storage} or null, got ${show(held)}`);
     return;
   }
-  checkSpecFields(held.spec, is, HELD_SPEC);
-  checkEnum(held.storage, CACHE_STORAGES, false, is, KV_CACHE, "storage");
+  checkSpecFields(held.spec, is, base === KV_CACHE ? HELD_SPEC : at(base, "spec"));
+  checkEnum(held.storage, CACHE_STORAGES, false, is, base, "storage");
 }
 
 /**
