@@ -6,15 +6,13 @@
  */
 import { ServiceError } from "../core/errors.ts";
 import { envVar } from "../core/env.ts";
+import { MAX_TIMER_MS, timerMs } from "../core/timeout.ts";
 
 /** The environment variable {@link bodyTimeoutMs} reads (`--body-timeout-ms` sets it). */
 export const BODY_TIMEOUT_ENV = "ATTN_BODY_TIMEOUT_MS";
 
 /** The default {@link bodyTimeoutMs}: nginx's `client_body_timeout`, 60 s. */
 export const DEFAULT_BODY_TIMEOUT_MS = 60_000;
-
-/** The longest timer `setTimeout` keeps (a longer one fires at once): about 24.8 days. */
-export const MAX_BODY_TIMEOUT_MS = 2 ** 31 - 1;
 
 /** Bytes a body read in one piece gets each extra second for: 256 KiB. */
 export const WHOLE_BODY_BYTES_PER_S = 256 * 1024;
@@ -26,7 +24,7 @@ export const WHOLE_BODY_BYTES_PER_S = 256 * 1024;
  */
 export function bodyTimeoutMs(): number {
   const v = Number(envVar(BODY_TIMEOUT_ENV) ?? DEFAULT_BODY_TIMEOUT_MS);
-  return Number.isInteger(v) && v >= 1 && v <= MAX_BODY_TIMEOUT_MS ? v : DEFAULT_BODY_TIMEOUT_MS;
+  return Number.isInteger(v) && v >= 1 && v <= MAX_TIMER_MS ? v : DEFAULT_BODY_TIMEOUT_MS;
 }
 
 /**
@@ -36,20 +34,14 @@ export function bodyTimeoutMs(): number {
  */
 export function wholeBodyDeadlineMs(declared: number, timeoutMs = bodyTimeoutMs()): number {
   const extra = Math.ceil(Math.max(0, declared) / WHOLE_BODY_BYTES_PER_S) * 1000;
-  return Math.min(MAX_BODY_TIMEOUT_MS, timeoutMs + extra);
+  return Math.min(MAX_TIMER_MS, timeoutMs + extra);
 }
 
 /** `--body-timeout-ms` over ATTN_BODY_TIMEOUT_MS over the default; 1 ms to ~24.8 days. */
 export function bodyTimeoutOption(flag: string | undefined, env: string | undefined): number {
   const [name, v] = flag !== undefined ? ["--body-timeout-ms", flag] : [BODY_TIMEOUT_ENV, env];
   if (v === undefined || (flag === undefined && v === "")) return DEFAULT_BODY_TIMEOUT_MS;
-  const n = Number(v);
-  if (!/^\d+$/.test(v) || n < 1 || n > MAX_BODY_TIMEOUT_MS) {
-    throw new Error(
-      `${name} must be an integer from 1 to ${MAX_BODY_TIMEOUT_MS}, got ${JSON.stringify(v)}`,
-    );
-  }
-  return n;
+  return timerMs(name, v, 1);
 }
 
 /**

@@ -9,7 +9,7 @@
  * loaded only once the rest passed (the backends load the host pool, which reads its cap).
  * @module
  */
-import { MAX_TIMER_MS } from "./serve_help.ts";
+import { MAX_TIMER_MS } from "../core/timeout.ts";
 
 /** A variable refused at start-up: main.ts prints the message alone (no usage) and exits 2. */
 export class StartupEnvError extends Error {

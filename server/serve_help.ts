@@ -13,6 +13,7 @@ import {
 import { MAX_JSON_VALUES } from "../wire/json_scan.ts";
 import { DEFAULT_SHUTDOWN_DEADLINE_MS } from "./shutdown.ts";
 import { BODY_TIMEOUT_ENV, DEFAULT_BODY_TIMEOUT_MS } from "./body_timeout.ts";
+import { MAX_TIMER_MS } from "../core/timeout.ts";
 import { KEEP_WARM_DEFAULTS } from "../gpu/keep_warm.ts";
 
 /** Default memory budget for server-held caches: 4 GiB. */
@@ -35,12 +36,6 @@ export const DEVICE_THREADS_ENV = "ATTN_DEVICE_THREADS";
 
 /** The environment variable of `--device-threads-http` (`1` or `0`). */
 export const DEVICE_THREADS_HTTP_ENV = "ATTN_DEVICE_THREADS_HTTP";
-
-/**
- * The longest timer `setTimeout` keeps, 2^31 - 1 ms (~24.8 days): a longer one fires at once
- * (TimeoutOverflowWarning). Every millisecond flag and variable that sets a timer stops here.
- */
-export const MAX_TIMER_MS = 2 ** 31 - 1;
 
 /** The longest `--keep-warm-ms`, 1 hour (gpu/keep_warm_options.ts checks the same bound). */
 export const MAX_KEEP_WARM_MS = 3_600_000;

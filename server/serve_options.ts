@@ -34,8 +34,8 @@ import {
   KEEP_WARM_ENV,
   MAX_HTTP_WORKERS,
   MAX_KEEP_WARM_MS,
-  MAX_TIMER_MS,
 } from "./serve_help.ts";
+import { timerMs } from "../core/timeout.ts";
 
 function intFlag(name: string, v: string | undefined, dflt: number, min: number): number {
   if (v === undefined) return dflt;
@@ -49,15 +49,9 @@ function intFlag(name: string, v: string | undefined, dflt: number, min: number)
   return Number(v);
 }
 
-/** A millisecond flag that sets a timer: `min` to {@link MAX_TIMER_MS} (a longer one fires at once). */
+/** A millisecond flag that sets a timer: `min` to core/timeout.ts MAX_TIMER_MS (longer fires at once). */
 function msFlag(name: string, v: string | undefined, dflt: number, min: number): number {
-  if (v === undefined) return dflt;
-  if (!/^\d+$/.test(v) || Number(v) < min || Number(v) > MAX_TIMER_MS) {
-    throw new Error(
-      `--${name} must be an integer from ${min} to ${MAX_TIMER_MS}, got ${JSON.stringify(v)}`,
-    );
-  }
-  return Number(v);
+  return v === undefined ? dflt : timerMs(`--${name}`, v, min);
 }
 
 /**

@@ -18,6 +18,7 @@ import type { HttpListenerMessage, HttpListenMessage } from "./device_thread.ts"
 import { type ErrorLogger, problem } from "./problem.ts";
 import { RequestOwner } from "./request_owner.ts";
 import { DEFAULT_SHUTDOWN_DEADLINE_MS } from "./shutdown.ts";
+import { MAX_TIMER_MS } from "../core/timeout.ts";
 import type { HttpServer } from "./worker_front.ts";
 import { checkFromWorker } from "./worker_protocol.ts";
 
@@ -176,7 +177,7 @@ async function drainThreads(
   const silence = () =>
     new Promise<"silent">((r) =>
       // At most setTimeout's longest timer (a longer one fires at once), which the deadline may be.
-      timers.push(setTimeout(() => r("silent"), Math.min(2 ** 31 - 1, deadlineMs + graceMs)))
+      timers.push(setTimeout(() => r("silent"), Math.min(MAX_TIMER_MS, deadlineMs + graceMs)))
     );
   const done = await Promise.all(threads.map((t) => {
     if (t.lost !== null) return Promise.resolve(null);
