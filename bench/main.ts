@@ -30,8 +30,10 @@ import type {
   BackendContext,
   GpuContext,
   KvCache,
+  KvCacheDType,
   ValidBatch,
 } from "../core/types.ts";
+import { KV_CACHE_DTYPES } from "../core/types.ts";
 import { validHostBatch } from "../service/host_input.ts";
 import { acquireSelected, type WebGpuDeviceManager } from "../gpu/device.ts";
 import { describeAdapter, isSoftwareAdapter } from "../gpu/runtime_adapter.ts";
@@ -56,6 +58,17 @@ const USAGE = "deno task bench [--runtime deno|dawn|auto] [--dawn-flags L] [--da
 const median = (a: number[]) => [...a].sort((x, y) => x - y)[Math.floor(a.length / 2)];
 
 /** Every backend and variant on every shape of `kind`: one row each (skips say why). */
+/** BENCH_PREFILL_CACHES: a comma list of cache dtypes for the prefill shapes again, or an error. */
+function prefillCachesOf(text: string): KvCacheDType[] {
+  const list = text.split(",").map((x) => x.trim()).filter((x) => x !== "");
+  for (const x of list) {
+    if (!(KV_CACHE_DTYPES as readonly string[]).includes(x)) {
+      throw new Error(`BENCH_PREFILL_CACHES: "${x}" is not one of ${KV_CACHE_DTYPES.join(", ")}`);
+    }
+  }
+  return list as KvCacheDType[];
+}
+
 async function measureShapes(
   o: {
     gpu: GpuContext;
@@ -66,6 +79,7 @@ async function measureShapes(
     fmaTflops: number;
     only: RegExp | null;
     hnd: boolean;
+    prefillCaches: KvCacheDType[];
     anchor: Anchor | null;
   },
   variants: Variant[],
@@ -75,7 +89,7 @@ async function measureShapes(
   const { gpu, small, iters, reps } = o;
   const ctx: BackendContext = { gpu };
   const rows: BackendRow[] = [];
-  const shapes = benchShapes(small, o.hnd).filter((x) =>
+  const shapes = benchShapes(small, o.hnd, o.prefillCaches).filter((x) =>
     (kind === "all" || x.kind === kind) && (!o.only || o.only.test(shapeName(x)))
   );
   for (const s of shapes) {
@@ -297,6 +311,7 @@ async function main(): Promise<void> {
       fmaTflops: fma.tflops,
       only: only ? new RegExp(only) : null,
       hnd: a.hnd || Deno.env.get("BENCH_HND") === "1",
+      prefillCaches: prefillCachesOf(Deno.env.get("BENCH_PREFILL_CACHES") ?? ""),
       anchor,
     };
     rows = await measureShapes(o, variants, a.case!, log);

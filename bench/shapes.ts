@@ -78,14 +78,23 @@ export function shapeName(s: BenchShape): string {
  * decode 16 x 1024 (f16, bf16, fp8), prefill 2 x 256 and mixed 16 x 1024 + 2 chunks of 128 over
  * 384 cached, 16 q / 4 kv heads. With `hnd`, the f16 decode shapes again over an HND cache (each
  * kv head's block rows contiguous: whether the NHD rows' 2 KB stride costs bandwidth), after the
- * NHD ones.
+ * NHD ones. With `prefillCaches`, the prefill shapes again over each of those cache dtypes (a
+ * prefill that reads half the bytes, or decodes more per byte: what binds its rows), after the
+ * f16 ones.
  */
-export function benchShapes(small: boolean, hnd = false): BenchShape[] {
+export function benchShapes(
+  small: boolean,
+  hnd = false,
+  prefillCaches: readonly KvCacheDType[] = [],
+): BenchShape[] {
   const all = nhdShapes(small);
   const f16 = all.filter((s) => s.kind === "decode" && s.kv_cache_dtype === "auto");
   const alt = hnd ? f16.map((s) => ({ ...s, layout: "HND" as const })) : [];
   const at = all.findIndex((s) => s.kind === "prefill");
-  return [...all.slice(0, at), ...alt, ...all.slice(at)];
+  const pre = all.filter((s) => s.kind === "prefill");
+  const more = prefillCaches.flatMap((kv) => pre.map((s) => ({ ...s, kv_cache_dtype: kv })));
+  const end = at + pre.length;
+  return [...all.slice(0, at), ...alt, ...all.slice(at, end), ...more, ...all.slice(end)];
 }
 
 function nhdShapes(small: boolean): BenchShape[] {
