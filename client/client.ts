@@ -24,7 +24,12 @@ import {
   jsonForwardBody,
   Unrepresentable,
 } from "../wire/client_codec.ts";
-import { CACHE_ID_PATTERN, CACHE_ID_RULE, INSTANCE_HEADER } from "../wire/names.ts";
+import {
+  CACHE_ID_PATTERN,
+  CACHE_ID_RULE,
+  INSTANCE_HEADER,
+  QUEUE_TIMEOUT_HEADER,
+} from "../wire/names.ts";
 import {
   AttentionApiError,
   badResponse,
@@ -53,8 +58,18 @@ export { createRequestOf, forwardBodyToSafetensors };
 export interface ForwardOptions {
   /** Send the body as safetensors and ask for a safetensors answer (else JSON). */
   binary?: boolean;
-  /** Aborts the call (the server answers nothing to a client gone; it writes nothing then). */
+  /**
+   * Aborts the wait for the answer. The server may not notice (Deno.serve tells it of a
+   * disconnect only for small requests), so an aborted call may still run and write its K/V:
+   * bound its wait with `queueTimeoutMs` to know.
+   */
   signal?: AbortSignal;
+  /**
+   * The most ms the call may wait on the server to start, after its body arrived (header
+   * `X-Attention-Queue-Timeout-Ms`): past it the server answers 503 `queue_timeout` and the call
+   * did not run, writing nothing.
+   */
+  queueTimeoutMs?: number;
 }
 
 /** Reads an answer's body; a failed read is a `network_error` (unless the caller aborted). */
@@ -130,9 +145,15 @@ export class AttentionClient {
   async #call(
     method: string,
     path: string,
-    init: { json?: unknown; body?: Uint8Array; accept?: string; signal?: AbortSignal } = {},
+    init: {
+      json?: unknown;
+      body?: Uint8Array;
+      accept?: string;
+      signal?: AbortSignal;
+      headers?: Record<string, string>;
+    } = {},
   ) {
-    const headers: Record<string, string> = { ...this.#headers };
+    const headers: Record<string, string> = { ...this.#headers, ...init.headers };
     let body: BodyInit | undefined;
     if (init.json !== undefined) {
       headers["content-type"] = "application/json";
@@ -271,6 +292,9 @@ export class AttentionClient {
    */
   async #forward(path: string, body: ForwardBody, opts: ForwardOptions) {
     const { signal } = opts;
+    const headers = opts.queueTimeoutMs === undefined
+      ? undefined
+      : { [QUEUE_TIMEOUT_HEADER]: String(opts.queueTimeoutMs) };
     let bytes: Uint8Array | null = null;
     if (opts.binary) {
       try {
@@ -281,10 +305,10 @@ export class AttentionClient {
     }
     if (bytes) {
       const accept = "application/octet-stream";
-      const res = await this.#call("POST", path, { body: bytes, accept, signal });
+      const res = await this.#call("POST", path, { body: bytes, accept, signal, headers });
       return withInstance(res, await answer(res, readBytes, decodeSafetensorsAnswer, signal));
     }
-    const res = await this.#call("POST", path, { json: jsonForwardBody(body), signal });
+    const res = await this.#call("POST", path, { json: jsonForwardBody(body), signal, headers });
     const decode = (t: string) => decodeJsonAnswer(parseJson<ForwardResponse>(t));
     return withInstance(res, await answer(res, readText, decode, signal));
   }

@@ -142,6 +142,47 @@ export function isPermanentUnavailable(
   return e.status === 503 && e.extra?.retryable === false;
 }
 
+/** The problem code of a call that waited past its queue timeout and did not run. */
+export const QUEUE_TIMEOUT_CODE = "queue_timeout";
+
+/**
+ * A call that waited longer than its queue timeout (the caller's bound on the time from its
+ * arrival, body read, to its start: behind earlier calls on its cache, for the device) and was
+ * not run: nothing was written, so the caller may retry it or give up knowing it had no effect.
+ * 503, `retryable: true` with `Retry-After: 0` (the wait was the caller's choice, not an
+ * outage), and not logged as a fault (the server is busy, not broken; the metrics count it
+ * with the route's other 503s).
+ */
+export class QueueTimeoutError extends ServiceError {
+  constructor(timeoutMs: number, waitedMs: number) {
+    super(
+      `the call waited ${waitedMs.toFixed(1)} ms to start, past its queue timeout of ` +
+        `${timeoutMs} ms, and did not run: nothing was written`,
+      {
+        status: 503,
+        code: QUEUE_TIMEOUT_CODE,
+        extra: {
+          queue_timeout_ms: timeoutMs,
+          waited_ms: Math.round(waitedMs * 1000) / 1000,
+          retryable: true,
+          retry_after_s: 0,
+        },
+      },
+    );
+    this.name = "QueueTimeoutError";
+  }
+}
+
+/**
+ * Whether a 5xx error (or its plain form) is no fault of the server, so it is not logged as one:
+ * a 503 that retrying cannot help (no device by configuration) or a queue timeout.
+ */
+export function isExpectedUnavailable(
+  e: { status: number; code?: string; extra?: Record<string, unknown> },
+): boolean {
+  return isPermanentUnavailable(e) || (e.status === 503 && e.code === QUEUE_TIMEOUT_CODE);
+}
+
 /**
  * The client went away (closed its connection or aborted) before the call ran: nothing was
  * written. Status 499 (nginx's "client closed request"); nobody reads the answer, but logs and

@@ -11,10 +11,14 @@
  * (the time until the body was decoded, or refused while reading or decoding it). Where the
  * backend's plan records its paths (WEBGPU_FLASH), the answer carries them: `X-Attention-Paths`
  * and, where a part is not on its preferred kernels, `X-Attention-Path-Reasons` (both made when
- * the plan was built; docs/api.md).
+ * the plan was built; docs/api.md). A call may bound its wait to start with the header
+ * `X-Attention-Queue-Timeout-Ms` (core/queue_timeout.ts: checked before the body is read; past
+ * it the call is answered 503 `queue_timeout` without running).
  * @module
  */
 import { ServiceError } from "../core/errors.ts";
+import { QUEUE_TIMEOUT_HEADER } from "../wire/names.ts";
+import { parseQueueTimeoutHeader } from "./queue_timeout_header.ts";
 import type { AttentionService } from "../service/service.ts";
 import {
   decodeBinaryForward,
@@ -126,10 +130,11 @@ export function addForwardRoutes(
     try {
       // 404 before reading a body meant for no cache (the body route's cache is in its body).
       if (cacheId !== null) service.getCache(cacheId);
+      const queueTimeoutMs = parseQueueTimeoutHeader(req.headers.get(QUEUE_TIMEOUT_HEADER));
       body = await decode(req, limits, json);
       const decoded = cacheId === null ? body.decoded : onCache(body.decoded, cacheId, body.binary);
       tParsed = performance.now();
-      const outcome = await service.forward(decoded.input, { signal: req.signal });
+      const outcome = await service.forward(decoded.input, { signal: req.signal, queueTimeoutMs });
       const tRan = performance.now();
       const headers: Record<string, string> = {
         "x-attention-backend": outcome.backend,

@@ -10,6 +10,7 @@
  */
 import { z } from "zod";
 import * as S from "../wire/schemas.ts";
+import { QUEUE_TIMEOUT_HEADER } from "../wire/names.ts";
 
 const ref = (id: string) => ({ $ref: `#/components/schemas/${id}` });
 const json = (id: string) => ({ "application/json": { schema: ref(id) } });
@@ -18,7 +19,8 @@ const problem = (description: string) => ({
   content: { "application/problem+json": { schema: ref("Problem") } },
 });
 const ERROR_TEXT: Record<number, string> = {
-  400: "Malformed body, schema violation or invalid cache id (issues name each field and value)",
+  400:
+    "Malformed body, schema violation, invalid cache id or header (issues name each field and value)",
   404: "Unknown cache or backend",
   408: "The body stopped coming (--body-timeout-ms)",
   409: "The cache exists with another spec",
@@ -39,6 +41,17 @@ const safetensors = {
   },
 };
 const idParam = [{ name: "id", in: "path", required: true, schema: ref("CacheId") }];
+/** The forward routes' queue timeout (core/queue_timeout.ts). */
+const queueTimeoutParam = {
+  name: QUEUE_TIMEOUT_HEADER,
+  in: "header",
+  required: false,
+  description: "The most ms the call may wait to start once its body arrived (behind earlier " +
+    "calls on its cache, for the device); past it: 503 queue_timeout, the call did not run and " +
+    "wrote nothing. A plain decimal above 0 and at most 2147483647; another value is a 400 " +
+    "invalid_header.",
+  schema: { type: "string", pattern: "^\\d+(\\.\\d+)?$", examples: ["20", "0.5"] },
+};
 const cacheInfo = (description: string) => ({ description, content: json("CacheInfo") });
 
 const forwardBody = {
@@ -163,7 +176,7 @@ export function openApiDocument(): Record<string, unknown> {
           description: "As POST /v1/attention/forward, with the cache named by the path (the " +
             "route to use behind a proxy). The body leaves kv_cache out or names {id}; another " +
             "id is a 400 kv_cache_mismatch.",
-          parameters: idParam,
+          parameters: [...idParam, queueTimeoutParam],
           requestBody: forwardBody,
           responses: forwardResponses,
         },
@@ -173,6 +186,7 @@ export function openApiDocument(): Record<string, unknown> {
           summary: "One batched paged-attention forward",
           description: "JSON body, or a safetensors body whose __metadata__.request holds " +
             "BinaryForwardRequest as JSON. Accept: application/octet-stream answers as safetensors.",
+          parameters: [queueTimeoutParam],
           requestBody: forwardBody,
           responses: forwardResponses,
         },
@@ -301,7 +315,11 @@ function guardOperations(paths: Record<string, Record<string, Operation>>): void
       op.responses["500"] = problem("Unexpected error (logged server-side with the error id)");
       op.responses["503"] = problem(
         "No device, device lost, or shutting down (with Retry-After; none where retrying " +
-          "cannot help: retryable false, no device by configuration)",
+          "cannot help: retryable false, no device by configuration)" +
+          (path.endsWith("/forward")
+            ? "; or queue_timeout: the call waited past its X-Attention-Queue-Timeout-Ms and " +
+              "did not run (Retry-After: 0)"
+            : ""),
       );
       if (path === "/healthz") {
         op.security = [];

@@ -8,7 +8,7 @@
  * carry other response headers (`WWW-Authenticate` on a 401).
  * @module
  */
-import { isPermanentUnavailable, ServiceError } from "../core/errors.ts";
+import { isExpectedUnavailable, ServiceError } from "../core/errors.ts";
 import type { ProblemDocument } from "../wire/types.ts";
 
 /** The problem media type. */
@@ -87,7 +87,7 @@ export function toProblem(
     if (err.issues) doc.issues = err.issues;
     if (err.reasons) doc.reasons = err.reasons;
     for (const [k, v] of Object.entries(err.extra ?? {})) if (!(k in doc)) doc[k] = v;
-    if (err.status >= 500 && log !== NOT_LOGGED && !isPermanentUnavailable(err)) {
+    if (err.status >= 500 && log !== NOT_LOGGED && !isExpectedUnavailable(err)) {
       // One line; the id ties the answer to it.
       const id = crypto.randomUUID();
       doc.error_id = id;

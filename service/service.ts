@@ -8,6 +8,7 @@
 import { resolveStorage } from "../core/dtype.ts";
 import { checkCacheSpec } from "../core/cache_spec.ts";
 import { ClientClosedError, DeviceUnavailableError } from "../core/errors.ts";
+import { checkQueueTimeoutMs, checkQueueWait } from "../core/queue_timeout.ts";
 import type {
   AttentionBackend,
   BackendContext,
@@ -50,6 +51,12 @@ export interface AttentionServiceOptions {
 export interface ForwardOptions {
   /** Aborted when the client went away: a call not yet submitted is cancelled, writing nothing. */
   signal?: AbortSignal;
+  /**
+   * The most ms the call may wait from this forward's start (after the body was decoded) to its
+   * run (behind earlier calls on its cache, for the device): past it the call does not run and
+   * throws 503 `queue_timeout` (core/queue_timeout.ts), writing nothing. Undefined: no bound.
+   */
+  queueTimeoutMs?: number;
 }
 
 export type { CacheData, CacheInfo, CreateCacheRequest, ForwardOutcome, SelectResult };
@@ -255,10 +262,12 @@ export class AttentionService {
    * inline cache with the chosen backend (its bytes count against the memory budget while the
    * call runs), get the plan (cached by shape), run. A large batch's NaN/infinity scan is left
    * to a plan that checks on the device before writing (`checks_finite`), else done before run.
-   * @throws 400/404/422/503 ServiceErrors; 499 when `signal` aborted before the call ran.
+   * @throws 400/404/422/503 ServiceErrors; 499 when `signal` aborted before the call ran; 503
+   * `queue_timeout` when it waited past `queueTimeoutMs` before it ran.
    */
   async forward(input: ForwardInput, opts: ForwardOptions = {}): Promise<ForwardOutcome> {
     const t0 = performance.now();
+    const queueTimeoutMs = checkQueueTimeoutMs(opts.queueTimeoutMs);
     // A library caller's input may be anything: validation names what is wrong with it.
     const id: unknown = (input as Partial<ForwardInput> | null)?.kv_cache;
     const held = typeof id === "string" ? this.caches.get(id) : null;
@@ -283,6 +292,7 @@ export class AttentionService {
       if (opts.signal?.aborted) {
         throw new ClientClosedError("the client went away before the call ran");
       }
+      checkQueueWait(queueTimeoutMs, performance.now() - t0);
       const batch = attachCache(v.batch, cache);
       const held = await this.plans.get(backend, batch, ctx);
       tPlanned = performance.now();

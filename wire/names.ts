@@ -1,7 +1,7 @@
 /**
  * The names of the wire contract that are plain values, without zod (so a client that needs
- * only them loads no schema): the cache id rule, the instance name rule and the header that
- * carries an instance's name.
+ * only them loads no schema): the cache id rule, the instance name rule, the header that
+ * carries an instance's name and the one that bounds a call's wait to start.
  * @module
  */
 
@@ -24,3 +24,9 @@ export const INSTANCE_NAME_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/;
 
 /** The response header naming the instance that answered (every answer, when it has a name). */
 export const INSTANCE_HEADER = "x-attention-instance";
+
+/**
+ * The request header of a forward call's queue timeout, in milliseconds (`20`, `0.5`): past it
+ * the call is answered 503 `queue_timeout` without running (core/queue_timeout.ts).
+ */
+export const QUEUE_TIMEOUT_HEADER = "x-attention-queue-timeout-ms";
