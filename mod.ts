@@ -113,6 +113,7 @@ export {
   DeviceUnavailableError,
   type Issue,
   NoValidBackendError,
+  QueueTimeoutError,
   ServiceError,
   ShaderCompileError,
 } from "./core/errors.ts";
