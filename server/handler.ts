@@ -17,7 +17,14 @@ import { addForwardRoutes } from "./forward_routes.ts";
 import { type JsonDecoder, sharedJsonDecoder } from "./json_decoder.ts";
 import { Metrics } from "./metrics.ts";
 import { openApiDocument } from "./openapi.ts";
-import { errorHeaders, type ErrorLogger, problem, problemResponse, toProblem } from "./problem.ts";
+import {
+  errorHeaders,
+  type ErrorLogger,
+  problem,
+  problemCodeOf,
+  problemResponse,
+  toProblem,
+} from "./problem.ts";
 import { headOf, jsonResponse } from "./responses.ts";
 import { type RouteContext, Router, sentPath } from "./routes.ts";
 
@@ -126,7 +133,9 @@ export function createHandler(service: AttentionService, opts: HandlerOptions = 
       );
     }
     const { res, route } = await respond(req, url, sentPath(req));
-    if (!opts.uncounted?.(req, res)) metrics.recordRequest(route, req.method, res.status);
+    if (!opts.uncounted?.(req, res)) {
+      metrics.recordRequest(route, req.method, res.status, problemCodeOf(res));
+    }
     if (instance !== undefined) res.headers.set(INSTANCE_HEADER, instance);
     return req.method.toUpperCase() === "HEAD" ? await headOf(res) : res;
   };

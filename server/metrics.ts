@@ -1,5 +1,6 @@
 /**
- * Prometheus text-format metrics: requests by route, method and status; forward latency
+ * Prometheus text-format metrics: requests by route, method and status, and problem answers by
+ * route, status and code (the service's own codes: a fixed set); forward latency
  * histogram and forwards by backend; per-phase latency histograms of forward calls by backend
  * and phase ({@link FORWARD_PHASES}); KV-cache bytes and count gauges (read at scrape time); the
  * memory pools outside `--memory-budget-bytes` (this thread's GPU buffer pools, gpu/buffer_pool.ts,
@@ -177,9 +178,21 @@ const esc = (v: string) => v.replace(/\\/g, "\\\\").replace(/\n/g, "\\n").replac
 const labels = (l: Record<string, string>) =>
   `{${Object.entries(l).map(([k, v]) => `${k}="${esc(v)}"`).join(",")}}`;
 
+/** Adds one to the counter of labels `l` in `m`. */
+function count(
+  m: Map<string, { l: Record<string, string>; n: number }>,
+  l: Record<string, string>,
+) {
+  const key = JSON.stringify(l);
+  const e = m.get(key);
+  if (e) e.n++;
+  else m.set(key, { l, n: 1 });
+}
+
 /** The service's counters and histograms. */
 export class Metrics {
   #requests = new Map<string, { l: Record<string, string>; n: number }>();
+  #problems = new Map<string, { l: Record<string, string>; n: number }>();
   #forwards = new Map<string, number>();
   #hist = new Map<string, Histogram>();
   #phases = new Map<string, { l: Record<string, string>; h: Histogram }>();
@@ -193,12 +206,12 @@ export class Metrics {
    * Counts one finished request. `route` is the route template (or "unmatched"); the method
    * is counted through {@link methodLabel}.
    */
-  recordRequest(route: string, method: string, status: number): void {
+  recordRequest(route: string, method: string, status: number, code?: string): void {
     const l = { route, method: methodLabel(method), status: String(status) };
-    const key = JSON.stringify(l);
-    const e = this.#requests.get(key);
-    if (e) e.n++;
-    else this.#requests.set(key, { l, n: 1 });
+    count(this.#requests, l);
+    // A problem's code tells apart what its status lumps together (a 503 queue_timeout from a
+    // device_unavailable); codes are the service's own, a fixed set.
+    if (code !== undefined) count(this.#problems, { route, status: String(status), code });
   }
 
   /** Counts one successful forward and its latency in seconds. */
@@ -243,6 +256,11 @@ export class Metrics {
     out.push("# TYPE attn_http_requests_total counter");
     for (const { l, n } of this.#requests.values()) {
       out.push(`attn_http_requests_total${labels(l)} ${n}`);
+    }
+    out.push("# HELP attn_http_problems_total Problem answers by route, status and code.");
+    out.push("# TYPE attn_http_problems_total counter");
+    for (const { l, n } of this.#problems.values()) {
+      out.push(`attn_http_problems_total${labels(l)} ${n}`);
     }
     out.push("# HELP attn_forwards_total Successful forward calls by backend.");
     out.push("# TYPE attn_forwards_total counter");
