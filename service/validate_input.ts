@@ -9,15 +9,9 @@
  * wrong types) gives issues, never a TypeError. O(1) per field: no element is read.
  * @module
  */
+import { cacheSpecIssues, INT32_MAX, ruleText } from "../core/cache_spec.ts";
 import { bytesPerElement } from "../core/dtype.ts";
-import {
-  ATTN_TYPES,
-  type DType,
-  DTYPES,
-  KV_CACHE_DTYPES,
-  KV_LAYOUTS,
-  type StorageDType,
-} from "../core/types.ts";
+import { ATTN_TYPES, type DType, DTYPES, KV_LAYOUTS, type StorageDType } from "../core/types.ts";
 import { showValue } from "../wire/zod_issues.ts";
 import { fmt, type Issues } from "./validate_layer.ts";
 import type { ForwardInput } from "./validate.ts";
@@ -26,8 +20,6 @@ type Path = (string | number)[];
 /** A record as the checks read it (each field `unknown` until checked). */
 type Rec = Record<string, unknown>;
 
-/** The largest count the wire schema takes (int32). */
-const INT32_MAX = 2147483647;
 /** The dtypes a cache tensor may be stored in. */
 const STORAGE_DTYPES: readonly StorageDType[] = [
   "float32",
@@ -90,7 +82,7 @@ export function checkCount(
   key?: string | number,
 ): v is number {
   if (isInt(v, min)) return true;
-  is.add(at(base, key), `must be an integer in [${min}, ${INT32_MAX}], got ${show(v)}`);
+  is.add(at(base, key), `${ruleText({ kind: "size", min, max: INT32_MAX })}, got ${show(v)}`);
   return false;
 }
 
@@ -245,20 +237,12 @@ function checkIntTensor(t: unknown, is: Issues, base: Path): void {
 }
 
 /**
- * A cache spec (a held cache's, or a host batch's cache): positive counts and the enums.
- * `base` names it in the issues.
+ * A cache spec (a held cache's, or a host batch's cache): each field by its rule of
+ * core/cache_spec.ts CACHE_SPEC_RULES (the rules checkCacheSpec and the HTTP schema keep, in
+ * the same words). `base` names it in the issues.
  */
 export function checkSpecFields(s: unknown, is: Issues, base: Path): void {
-  if (!isRecord(s)) {
-    is.add(base, `must be a KV cache spec, got ${show(s)}`);
-    return;
-  }
-  for (const k of ["num_blocks", "block_size", "num_kv_heads", "head_size"]) {
-    checkCount(s[k], 1, is, base, k);
-  }
-  checkEnum(s.dtype, DTYPES, false, is, base, "dtype");
-  checkEnum(s.kv_cache_dtype, KV_CACHE_DTYPES, false, is, base, "kv_cache_dtype");
-  checkEnum(s.layout, KV_LAYOUTS, false, is, base, "layout");
+  for (const i of cacheSpecIssues(s)) is.add([...base, ...i.path], i.message);
 }
 
 const HELD_SPEC: Path = ["kv_cache", "spec"];

@@ -7,27 +7,46 @@
  * @module
  */
 import { z } from "zod";
-import { ATTN_TYPES, DTYPES, KV_CACHE_DTYPES, KV_LAYOUTS } from "../core/types.ts";
+import {
+  CACHE_SPEC_RULES,
+  type EnumRule,
+  INT32_MAX,
+  ruleText,
+  type SizeRule,
+  SPEC_SIZE_RULE,
+} from "../core/cache_spec.ts";
+import { ATTN_TYPES } from "../core/types.ts";
 import { CACHE_ID_PATTERN, CACHE_ID_RULE } from "./names.ts";
-
-const INT32_MAX = 2147483647;
 
 /** A cache id (path parameter `{id}`, the body field `kv_cache`). */
 export const CacheIdSchema = z.string().regex(CACHE_ID_PATTERN, {
   error: `must be ${CACHE_ID_RULE}`,
 }).meta({ id: "CacheId", description: `${CACHE_ID_RULE}.` });
 
-const posInt = () => z.int().min(1).max(INT32_MAX);
+/** An integer of a size rule (core/cache_spec.ts), refused in the rule's words. */
+function sizeSchema(rule: SizeRule) {
+  const error = ruleText(rule);
+  return z.int({ error }).min(rule.min, { error }).max(rule.max, { error });
+}
+
+/** A name of an enum rule (core/cache_spec.ts), refused in the rule's words. */
+const enumSchema = <T extends string>(rule: EnumRule<T>) =>
+  z.enum(rule.values, { error: ruleText(rule) });
+
+/** A size or count >= 1: the rule of a cache spec's sizes. */
+const posInt = () => sizeSchema(SPEC_SIZE_RULE);
 const dim = () => z.int().min(0).max(INT32_MAX);
 
 /** A data dtype. */
-export const DTypeSchema = z.enum(DTYPES).meta({ id: "DType" });
+export const DTypeSchema = enumSchema(CACHE_SPEC_RULES.dtype).meta({ id: "DType" });
 /** A configured KV-cache dtype. */
-export const KvCacheDTypeSchema = z.enum(KV_CACHE_DTYPES).meta({ id: "KvCacheDType" });
+export const KvCacheDTypeSchema = enumSchema(CACHE_SPEC_RULES.kv_cache_dtype).meta({
+  id: "KvCacheDType",
+});
 /** An attention type. */
 export const AttnTypeSchema = z.enum(ATTN_TYPES).meta({ id: "AttnType" });
 /** A paged-cache layout. */
-export const KvLayoutSchema = z.enum(KV_LAYOUTS).meta({ id: "KvLayout" });
+export const KvLayoutSchema = enumSchema(CACHE_SPEC_RULES.layout).meta({ id: "KvLayout" });
 /** How tensors of a JSON response are encoded. */
 export const OutputEncodingSchema = z.enum(["data", "base64"]).meta({ id: "OutputEncoding" });
 
@@ -199,12 +218,12 @@ export const SelectRequestSchema = z.strictObject({
   backend: backendName().optional().describe('Force one backend ("auto" = none).'),
 }).meta({ id: "SelectRequest" });
 
-/** `POST /v1/kv-caches`. */
+/** `POST /v1/kv-caches`: a cache spec, each field by its rule in core/cache_spec.ts. */
 export const CreateCacheRequestSchema = z.strictObject({
-  num_blocks: posInt(),
-  block_size: posInt(),
-  num_kv_heads: posInt(),
-  head_size: posInt(),
+  num_blocks: sizeSchema(CACHE_SPEC_RULES.num_blocks),
+  block_size: sizeSchema(CACHE_SPEC_RULES.block_size),
+  num_kv_heads: sizeSchema(CACHE_SPEC_RULES.num_kv_heads),
+  head_size: sizeSchema(CACHE_SPEC_RULES.head_size),
   dtype: DTypeSchema,
   kv_cache_dtype: KvCacheDTypeSchema.optional().describe("Default auto (= dtype)."),
   layout: KvLayoutSchema.optional().describe("Default NHD."),
