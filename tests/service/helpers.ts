@@ -13,6 +13,7 @@ import type {
   ValidBatch,
 } from "../../core/types.ts";
 import { cacheBytes } from "../../service/cache_store.ts";
+import type { ForwardInput } from "../../service/validate.ts";
 
 /** A host cache the fake backend hands out. */
 export class FakeCache implements KvCache {
@@ -149,4 +150,36 @@ export function deferred(): { promise: Promise<void>; resolve: () => void } {
   let resolve!: () => void;
   const promise = new Promise<void>((r) => (resolve = r));
   return { promise, resolve };
+}
+
+/** A float32 tensor of `shape` filled with 0.1. */
+export const f32Tensor = (shape: number[]) => ({
+  dtype: "float32" as const,
+  shape,
+  array: fromFloats("float32", new Float32Array(shape.reduce((a, b) => a * b, 1)).fill(0.1)),
+  encoding: "data" as const,
+});
+
+/** An int32 metadata tensor. */
+export const intTensor = (v: number[], shape = [v.length]) => ({
+  shape,
+  values: Int32Array.from(v),
+});
+
+/** A one-token decode step (2 q / 1 kv heads, head 4) on cache `kv_cache`, writing `slot`. */
+export function decodeInput(kv_cache: string, slot = 5): ForwardInput {
+  return {
+    dtype: "float32",
+    layer: { num_heads: 2, num_kv_heads: 1, head_size: 4 },
+    query: f32Tensor([1, 2, 4]),
+    key: f32Tensor([1, 1, 4]),
+    value: f32Tensor([1, 1, 4]),
+    metadata: {
+      query_start_loc: intTensor([0, 1]),
+      seq_lens: intTensor([2]),
+      block_table: intTensor([1], [1, 1]),
+      slot_mapping: intTensor([slot]),
+    },
+    kv_cache,
+  };
 }

@@ -4,38 +4,13 @@
  * is a 400 naming it.
  */
 import assert from "node:assert/strict";
-import { fromFloats } from "../../core/data.ts";
 import { ServiceError } from "../../core/errors.ts";
 import type { AttentionBackend } from "../../core/types.ts";
-import type { ForwardInput } from "../../service/validate.ts";
 import { AttentionService } from "../../service/service.ts";
 import { FakeNoDevice } from "../server/helpers.ts";
-import { deferred, type FakeBackend, fakeBackend } from "./helpers.ts";
+import { decodeInput, deferred, type FakeBackend, fakeBackend } from "./helpers.ts";
 
-const f32 = (shape: number[]) => ({
-  dtype: "float32" as const,
-  shape,
-  array: fromFloats("float32", new Float32Array(shape.reduce((a, b) => a * b, 1)).fill(0.1)),
-  encoding: "data" as const,
-});
-const ints = (v: number[], shape = [v.length]) => ({ shape, values: Int32Array.from(v) });
-
-function decode(kv_cache: string, slot: number): ForwardInput {
-  return {
-    dtype: "float32",
-    layer: { num_heads: 2, num_kv_heads: 1, head_size: 4 },
-    query: f32([1, 2, 4]),
-    key: f32([1, 1, 4]),
-    value: f32([1, 1, 4]),
-    metadata: {
-      query_start_loc: ints([0, 1]),
-      seq_lens: ints([2]),
-      block_table: ints([1], [1, 1]),
-      slot_mapping: ints([slot]),
-    },
-    kv_cache,
-  };
-}
+const decode = decodeInput;
 
 const CACHE = { num_blocks: 4, block_size: 4, num_kv_heads: 1, head_size: 4, dtype: "float32" };
 
@@ -49,10 +24,8 @@ function setup(): { svc: AttentionService; be: FakeBackend } {
   return { svc, be };
 }
 
-/** Sum of the cache's K bytes the fake backend writes (1 per slot a run wrote). */
-const written = (be: FakeBackend) => be.created[0].key.reduce((n, x) => n + x, 0);
-
-Deno.test("queue timeout: a call that waited past it behind its cache's call does not run", async () => {
+/** A cache whose first call (slot 4) runs and is held until `release`. */
+async function gatedFirst() {
   const { svc, be } = setup();
   const a = await svc.createCache(CACHE as never);
   const gate = deferred(), started = deferred();
@@ -60,9 +33,17 @@ Deno.test("queue timeout: a call that waited past it behind its cache's call doe
   be.onRunStart = () => started.resolve();
   const first = svc.forward(decode(a.id, 4));
   await started.promise;
+  return { svc, be, a, first, release: () => gate.resolve() };
+}
+
+/** Sum of the cache's K bytes the fake backend writes (1 per slot a run wrote). */
+const written = (be: FakeBackend) => be.created[0].key.reduce((n, x) => n + x, 0);
+
+Deno.test("queue timeout: a call that waited past it behind its cache's call does not run", async () => {
+  const { svc, be, a, first, release } = await gatedFirst();
   const queued = svc.forward(decode(a.id, 6), { queueTimeoutMs: 5 });
   await new Promise((r) => setTimeout(r, 30));
-  gate.resolve();
+  release();
   await first;
   const e = await queued.then(() => null, (x) => x);
   assert.ok(e instanceof ServiceError, `expected a ServiceError, got ${e}`);
@@ -77,16 +58,10 @@ Deno.test("queue timeout: a call that waited past it behind its cache's call doe
 });
 
 Deno.test("queue timeout: a call that starts within it runs and writes", async () => {
-  const { svc, be } = setup();
-  const a = await svc.createCache(CACHE as never);
-  const gate = deferred(), started = deferred();
-  be.gate = gate.promise;
-  be.onRunStart = () => started.resolve();
-  const first = svc.forward(decode(a.id, 4));
-  await started.promise;
+  const { svc, be, a, first, release } = await gatedFirst();
   const queued = svc.forward(decode(a.id, 6), { queueTimeoutMs: 60_000 });
   await new Promise((r) => setTimeout(r, 10));
-  gate.resolve();
+  release();
   await first;
   await queued;
   assert.equal(be.runs, 2);

@@ -1,37 +1,20 @@
 /** AttentionService: concurrency (no global lock), rejected calls change nothing, lost caches, inline caches. */
 import assert from "node:assert/strict";
-import { fromFloats } from "../../core/data.ts";
 import { ServiceError } from "../../core/errors.ts";
 import type { AttentionBackend } from "../../core/types.ts";
-import type { ForwardInput } from "../../service/validate.ts";
 import { AttentionService } from "../../service/service.ts";
 import { FakeNoDevice } from "../server/helpers.ts";
-import { ANY_CAPS, deferred, type FakeBackend, fakeBackend } from "./helpers.ts";
+import {
+  ANY_CAPS,
+  decodeInput,
+  deferred,
+  f32Tensor,
+  type FakeBackend,
+  fakeBackend,
+  intTensor,
+} from "./helpers.ts";
 
-const f32 = (shape: number[]) => ({
-  dtype: "float32" as const,
-  shape,
-  array: fromFloats("float32", new Float32Array(shape.reduce((a, b) => a * b, 1)).fill(0.1)),
-  encoding: "data" as const,
-});
-const ints = (v: number[], shape = [v.length]) => ({ shape, values: Int32Array.from(v) });
-
-function decode(kv_cache: string, slot = 5): ForwardInput {
-  return {
-    dtype: "float32",
-    layer: { num_heads: 2, num_kv_heads: 1, head_size: 4 },
-    query: f32([1, 2, 4]),
-    key: f32([1, 1, 4]),
-    value: f32([1, 1, 4]),
-    metadata: {
-      query_start_loc: ints([0, 1]),
-      seq_lens: ints([2]),
-      block_table: ints([1], [1, 1]),
-      slot_mapping: ints([slot]),
-    },
-    kv_cache,
-  };
-}
+const decode = decodeInput, ints = intTensor, f32 = f32Tensor;
 
 function setup(): { svc: AttentionService; be: FakeBackend } {
   const be = fakeBackend();
