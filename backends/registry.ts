@@ -5,6 +5,7 @@
  * re-acquired (or lost) device never gets a stale answer.
  * @module
  */
+import { ruleProblem, SPEC_SIZE_RULE } from "../core/cache_spec.ts";
 import { NoValidBackendError, ServiceError } from "../core/errors.ts";
 import type {
   AttentionBackend,
@@ -52,13 +53,14 @@ export const DEFAULT_BLOCK_SIZE = 16;
 export const SELECTION_CACHE_LIMIT = 1024;
 
 /**
- * Refuses a head size the HTTP schema refuses (a backend with no head-size list takes any
- * number, so -1 or NaN would otherwise be selected).
+ * Refuses a head size the HTTP schema refuses, by the same rule in the same words (a cache
+ * spec's size rule, core/cache_spec.ts SPEC_SIZE_RULE: an integer in [1, 2^31 - 1]); a backend
+ * with no head-size list takes any number, so -1, NaN or 2^31 would otherwise be selected.
  * @throws ServiceError 400 `invalid_request` naming `head_size` and its value.
  */
 function checkHeadSize(head_size: unknown): void {
-  if (Number.isSafeInteger(head_size) && (head_size as number) >= 1) return;
-  const message = `must be a positive integer, got ${head_size}`;
+  const message = ruleProblem(SPEC_SIZE_RULE, head_size);
+  if (message === null) return;
   throw new ServiceError(`selector config: head_size ${message}`, {
     status: 400,
     code: "invalid_request",
@@ -71,7 +73,7 @@ function checkHeadSize(head_size: unknown): void {
  * null, every flag false, `attn_type` "decoder". Extension fields are copied only when given;
  * keys that are not selector fields (e.g. `backend`) are dropped.
  * @throws ServiceError 400 `invalid_request` when `head_size` or `dtype` is missing, or
- *   `head_size` is not a positive integer.
+ *   `head_size` is not an integer in [1, 2^31 - 1].
  */
 export function selectorConfigDefaults(partial: Partial<SelectorConfig>): SelectorConfig {
   const issues = [];
@@ -217,7 +219,8 @@ export class BackendRegistry {
 
   /**
    * Auto selection (first valid by priority) or a forced backend's validation.
-   * @throws ServiceError 400 `invalid_request` when `head_size` is not a positive integer;
+   * @throws ServiceError 400 `invalid_request` when `head_size` is not an integer in
+   *   [1, 2^31 - 1];
    *   404 `unknown_backend` for an unknown forced name;
    *   NoValidBackendError 422 with the forced backend's reasons, or every backend's.
    */

@@ -2,6 +2,7 @@
  * The layer and cache checks of forward validation, and the issue collector they share.
  * @module
  */
+import { CACHE_SPEC_RULES, ruleProblem } from "../core/cache_spec.ts";
 import { invalidBatch, type Issue } from "../core/errors.ts";
 import type { AttnType, KvCacheDType, KvCacheSpec, KvLayout, LayerSpec } from "../core/types.ts";
 import type { ForwardInput, HeldCacheInfo, ValidatedForward } from "./validate.ts";
@@ -114,7 +115,16 @@ export function checkLayer(input: ForwardInput, is: Issues): LayerSpec {
   };
 }
 
-/** Resolves the cache spec of the call (held or inline) and checks it against the layer. */
+/** The size fields of a cache spec: an inline cache's shape axes. */
+type SizeField = "num_blocks" | "block_size" | "num_kv_heads" | "head_size";
+
+/**
+ * Resolves the cache spec of the call (held or inline) and checks it against the layer. An
+ * inline cache's spec is read from `key_cache.shape`: each of its sizes keeps its rule of
+ * core/cache_spec.ts CACHE_SPEC_RULES (the rule every cache maker checks), refused in the
+ * rule's words at its axis, `key_cache.shape[axis]`, so no spec field the request lacks
+ * (`num_blocks`) is ever named later.
+ */
 export function checkCache(
   input: ForwardInput,
   layer: LayerSpec,
@@ -187,24 +197,28 @@ export function checkCache(
   const [num_blocks, a, b, d] = kc.shape;
   const [block_size, heads] = layout === "NHD" ? [a, b] : [b, a];
   const hAxis = layout === "NHD" ? 2 : 1;
-  if (heads !== layer.num_kv_heads) {
+  // Each size axis by its rule of core/cache_spec.ts (the rule importCache's checkCacheSpec
+  // keeps), named at its place in the request: key_cache.shape[axis].
+  const sizeAxis = (field: SizeField, axis: number, v: number): boolean => {
+    const problem = ruleProblem(CACHE_SPEC_RULES[field], v);
+    if (problem === null) return true;
+    is.add(["key_cache", "shape", axis], `${field} axis ${problem}`);
+    ok = false;
+    return false;
+  };
+  sizeAxis("num_blocks", 0, num_blocks);
+  sizeAxis("block_size", hAxis === 2 ? 1 : 2, block_size);
+  if (sizeAxis("num_kv_heads", hAxis, heads) && heads !== layer.num_kv_heads) {
     is.add(
       ["key_cache", "shape", hAxis],
       `num_kv_heads axis is ${heads} but layer.num_kv_heads is ${layer.num_kv_heads}`,
     );
     ok = false;
   }
-  if (d !== layer.head_size) {
+  if (sizeAxis("head_size", 3, d) && d !== layer.head_size) {
     is.add(
       ["key_cache", "shape", 3],
       `head_size axis is ${d} but layer.head_size is ${layer.head_size}`,
-    );
-    ok = false;
-  }
-  if (block_size < 1) {
-    is.add(
-      ["key_cache", "shape", hAxis === 2 ? 1 : 2],
-      `block_size axis must be >= 1, got ${block_size}`,
     );
     ok = false;
   }

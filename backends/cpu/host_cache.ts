@@ -24,7 +24,7 @@ import {
   FP8_E5M2_TABLE,
   resolveStorage,
 } from "../../core/dtype.ts";
-import { cacheDestroyed, invalidBatch } from "../../core/errors.ts";
+import { cacheDestroyed, invalidBatch, ServiceError } from "../../core/errors.ts";
 import { checkCacheSpec } from "../../core/cache_spec.ts";
 import type { KvCache, KvCacheSpec, StorageDType } from "../../core/types.ts";
 
@@ -85,9 +85,49 @@ export function cacheHalfBytes(spec: KvCacheSpec): number {
   return elems * bytesPerElement(resolveStorage(spec.kv_cache_dtype, spec.dtype));
 }
 
-/** `n` zeroed bytes in a new SharedArrayBuffer. */
-function sharedBytes(n: number): Uint8Array<SharedArrayBuffer> {
-  return new Uint8Array(new SharedArrayBuffer(n));
+/**
+ * The most bytes one of K or V may hold: the largest length a `SharedArrayBuffer` takes (V8 on
+ * 64-bit: 2^53 - 1; a longer one is a RangeError, "Invalid array buffer length").
+ */
+export const HOST_CACHE_MAX_TENSOR_BYTES = Number.MAX_SAFE_INTEGER;
+
+/** The 422 `kv_cache_too_large` of a host cache (the GPU cache's code, gpu/kv_cache.ts). */
+function tooLarge(message: string, extra: Record<string, unknown>): ServiceError {
+  return new ServiceError(message, { status: 422, code: "kv_cache_too_large", extra });
+}
+
+/**
+ * Checks `spec` (core/cache_spec.ts) and answers the bytes of one of its K or V, refusing,
+ * before anything is allocated, a cache no ArrayBuffer could hold.
+ * @throws ServiceError 422 `invalid_cache_spec`; 422 `kv_cache_too_large` (`bytes`: K and V
+ *   together, `max_bytes`) when a tensor needs more than {@link HOST_CACHE_MAX_TENSOR_BYTES}.
+ */
+export function hostCacheHalfBytes(spec: KvCacheSpec): number {
+  checkCacheSpec(spec);
+  const n = cacheHalfBytes(spec);
+  if (n <= HOST_CACHE_MAX_TENSOR_BYTES) return n;
+  const max = HOST_CACHE_MAX_TENSOR_BYTES;
+  throw tooLarge(
+    `a host KV cache of ${spec.num_blocks} blocks needs ${n} B per tensor (K and V each, ` +
+      `${2 * n} B in all), over the ${max} B one ArrayBuffer can hold`,
+    { bytes: 2 * n, max_bytes: 2 * max },
+  );
+}
+
+/**
+ * `n` zeroed bytes in a new SharedArrayBuffer for each of K and V.
+ * @throws ServiceError 422 `kv_cache_too_large` (`bytes`: K and V together) when the host
+ *   cannot allocate them (V8's RangeError "Array buffer allocation failed").
+ */
+function sharedPair(n: number): [Uint8Array<SharedArrayBuffer>, Uint8Array<SharedArrayBuffer>] {
+  try {
+    return [new Uint8Array(new SharedArrayBuffer(n)), new Uint8Array(new SharedArrayBuffer(n))];
+  } catch (e) {
+    if (!(e instanceof RangeError)) throw e;
+    throw tooLarge(`could not allocate a host KV cache of ${2 * n} B: ${e.message}`, {
+      bytes: 2 * n,
+    });
+  }
 }
 
 /** A paged KV cache held in host memory (storage "host"). */
@@ -118,17 +158,22 @@ export class HostKvCache implements KvCache {
     };
   }
 
-  /** A zero-filled cache for `spec`. */
+  /**
+   * A zero-filled cache for `spec`.
+   * @throws ServiceError 422 `invalid_cache_spec`; 422 `kv_cache_too_large` when the host
+   *   cannot hold or allocate it (see {@link hostCacheHalfBytes}).
+   */
   static create(spec: KvCacheSpec): HostKvCache {
-    checkCacheSpec(spec);
-    const n = cacheHalfBytes(spec);
-    return new HostKvCache(spec, sharedBytes(n), sharedBytes(n));
+    const [k, v] = sharedPair(hostCacheHalfBytes(spec));
+    return new HostKvCache(spec, k, v);
   }
 
-  /** A cache holding copies of caller bytes; each half must be exactly the spec's size. */
+  /**
+   * A cache holding copies of caller bytes; each half must be exactly the spec's size.
+   * @throws ServiceError 422 as {@link create}; 422 `invalid_batch` when a length disagrees.
+   */
   static fromBytes(spec: KvCacheSpec, key: Uint8Array, value: Uint8Array): HostKvCache {
-    checkCacheSpec(spec);
-    const n = cacheHalfBytes(spec);
+    const n = hostCacheHalfBytes(spec);
     const issues = [];
     if (key.byteLength !== n) {
       issues.push({ path: ["key_cache"], message: `has ${key.byteLength} bytes, expected ${n}` });
@@ -140,7 +185,7 @@ export class HostKvCache implements KvCache {
       });
     }
     if (issues.length) throw invalidBatch(issues);
-    const k = sharedBytes(n), v = sharedBytes(n);
+    const [k, v] = sharedPair(n);
     k.set(key);
     v.set(value);
     return new HostKvCache(spec, k, v);
@@ -148,11 +193,12 @@ export class HostKvCache implements KvCache {
 
   /**
    * A second view of the memory a {@link handle} names (in a worker, say): no copy, writes are
-   * seen by every view. Throws a 422 when the buffers do not fit the spec.
+   * seen by every view.
+   * @throws ServiceError 422 as {@link create}; 422 `invalid_batch` when the buffers do not fit
+   *   the spec.
    */
   static attach(h: HostCacheHandle): HostKvCache {
-    checkCacheSpec(h.spec);
-    const n = cacheHalfBytes(h.spec);
+    const n = hostCacheHalfBytes(h.spec);
     if (h.key.byteLength !== n || h.value.byteLength !== n) {
       throw invalidBatch([{
         path: ["kv_cache"],
