@@ -11,7 +11,8 @@
  * device are closed. Under `--device-threads-http` the main thread also posts `http-listen`
  * ({@link HttpListenMessage}: the thread serves the port itself, thread_http.ts; answered by
  * `http-listening` or `http-failed`) and, on shutdown, `http-drain` (answered by `http-drained`
- * with what the thread's drainer did).
+ * with what the thread's drainer did). The front pings it (`device-ping`, answered `device-pong`
+ * at once: thread_watchdog.ts); tests make it fail through the front's hooks (`control` below).
  * @module
  */
 import { lineLogger } from "./problem.ts";
@@ -69,6 +70,7 @@ export type DeviceReadyMessage =
 interface Scope {
   postMessage(m: unknown, transfer?: Transferable[]): void;
   onmessage: ((e: MessageEvent) => void) | null;
+  close(): void;
 }
 const scope = globalThis as unknown as Scope;
 
@@ -182,8 +184,33 @@ async function start(init: DeviceThreadInit): Promise<void> {
   };
 }
 
+/**
+ * The front's liveness ping (thread_watchdog.ts) and its test hooks: a ping is answered at once;
+ * `device-fault` throws (an error event), `device-exit` ends this thread without one, and
+ * `device-hang` blocks its JS thread for `ms`. Only the front posts these (an HTTP request
+ * reaches this thread as worker_protocol.ts messages, never as one of these). True when `data`
+ * was one of them.
+ */
+function control(data: { type?: unknown; seq?: unknown; ms?: unknown }): boolean {
+  switch (data.type) {
+    case "device-ping":
+      scope.postMessage({ type: "device-pong", seq: data.seq });
+      return true;
+    case "device-fault":
+      throw new Error("fault injected by the front (a test hook)");
+    case "device-exit":
+      scope.close();
+      return true;
+    case "device-hang":
+      Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, Number(data.ms) || 0);
+      return true;
+  }
+  return false;
+}
+
 scope.onmessage = (e: MessageEvent) => {
   const data = e.data as { type?: unknown } | null;
+  if (data && control(data)) return;
   if (data?.type === "device-init") {
     start(data as DeviceThreadInit).then(
       () => scope.postMessage({ type: "device-ready", ok: true }),
@@ -197,7 +224,6 @@ scope.onmessage = (e: MessageEvent) => {
     );
     return;
   }
-  if (data?.type === "device-fault") throw new Error("fault injected by the front (a test hook)");
   if (data?.type === "http-listen") return listen(data as HttpListenMessage);
   if (data?.type === "http-drain") {
     return void drain(Number((data as { deadlineMs?: unknown }).deadlineMs) || 0);

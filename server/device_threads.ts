@@ -10,34 +10,31 @@
  * to the holder of the cache its body names (server/forward_cache_id.ts), else to the thread
  * with the fewest calls in flight; `GET /metrics` to every thread, merged with a
  * `device_thread` label (metrics_merge.ts); anything else to thread 0. Each thread's memory
- * budget is its share of `--memory-budget-bytes`. A thread that stops (a crash) fails its
- * calls in flight and answers later ones with a 503 `device_thread_lost` (not logged: the crash
- * is, once).
+ * budget is its share of `--memory-budget-bytes`. A thread that stops (a crash, or one that ends
+ * or blocks without an error: silent to the front's liveness ping for `ATTN_THREAD_LOST_MS`,
+ * thread_watchdog.ts) fails its calls in flight and answers later ones with a 503
+ * `device_thread_lost` (not logged: the stop is, once), and no new cache is placed on it.
  * @module
  */
 import { accessAllowed, type AccessPolicy } from "./auth.ts";
 import { mediaType } from "./body.ts";
-import type { DeviceReadyMessage, DeviceThreadInit, HttpListenerMessage } from "./device_thread.ts";
+import type { DeviceReadyMessage, DeviceThreadInit } from "./device_thread.ts";
 import { findForwardCacheId, scanWorker } from "./forward_cache_id.ts";
 import { CachePlacement } from "./cache_placement.ts";
 import { createOnSomeThread, PerKeyQueue, putOnSomeThread } from "./create_elsewhere.ts";
 import { mergeMetrics, SCRAPE_HEADER, TENTATIVE_HEADER } from "./metrics_merge.ts";
-import {
-  type ErrorLogger,
-  lineLogger,
-  NOT_LOGGED,
-  problem,
-  problemResponse,
-  toProblem,
-} from "./problem.ts";
-import { RequestSender } from "./request_sender.ts";
+import { type ErrorLogger, lineLogger, NOT_LOGGED, problemResponse, toProblem } from "./problem.ts";
 import { cachePath, ORIGIN_HEADER } from "./thread_http.ts";
-import { type ListeningThread, listenOnThreads, type ThreadListeners } from "./thread_listeners.ts";
+import { listenOnThreads, type ThreadListeners } from "./thread_listeners.ts";
+import { Thread, type ThreadFault } from "./thread_handle.ts";
 import { requestPath } from "./routes.ts";
+import { ThreadWatchdog, watchdogFromEnv, type WatchdogOptions } from "./thread_watchdog.ts";
 import { headOf, SAFETENSORS } from "./responses.ts";
 import { stderrLock } from "../gpu/runtime_stderr.ts";
 import { envVar } from "../core/env.ts";
 import { ServiceError } from "../core/errors.ts";
+
+export type { ThreadFault } from "./thread_handle.ts";
 
 /** Options of {@link startDeviceThreads}. */
 export interface DeviceThreadsOptions {
@@ -46,6 +43,8 @@ export interface DeviceThreadsOptions {
   init: Omit<DeviceThreadInit, "type" | "index" | "stderrLock">;
   access: AccessPolicy;
   log?: ErrorLogger;
+  /** How the threads' liveness is watched (default: thread_watchdog.ts watchdogFromEnv). */
+  watchdog?: WatchdogOptions;
 }
 
 /**
@@ -67,8 +66,11 @@ export interface DeviceThreads {
   handler(req: Request): Promise<Response>;
   /** Closes every thread's service and device, then ends the threads. */
   close(): Promise<void>;
-  /** Makes thread `i` crash (tests use it to exercise a lost thread). */
-  fault(i: number): void;
+  /**
+   * Makes thread `i` fail as `how` says (tests use it to exercise a lost thread): `throw` (an
+   * error event), `exit` (it ends without one) or `hang` (its JS thread blocks `hangMs`).
+   */
+  fault(i: number, how?: ThreadFault): void;
   /**
    * `--device-threads-http`: every thread serves `port` too (thread_listeners.ts), passing
    * what is not its own to `handler` (the front's, as served; not drained on main's thread:
@@ -77,87 +79,6 @@ export interface DeviceThreads {
   listen(
     o: { port: number; hostname: string; handler: (req: Request) => Promise<Response> },
   ): Promise<ThreadListeners>;
-}
-
-/** One device thread as the front sees it. */
-class Thread implements ListeningThread {
-  readonly worker: Worker;
-  readonly sender: RequestSender;
-  readonly ready = Promise.withResolvers<DeviceReadyMessage>();
-  readonly closed = Promise.withResolvers<void>();
-  lost: string | null = null;
-  readonly #stopped = Promise.withResolvers<string>();
-  /** Resolves with why once the thread stops (a crash); pending while it runs or once closed. */
-  readonly stopped = this.#stopped.promise;
-  /** `[0]`: the calls its listener is working on (`--device-threads-http`; it counts them). */
-  readonly calls = new Int32Array(new SharedArrayBuffer(4));
-  /** Caches placed here (cache_placement.ts). */
-  caches = 0;
-  /** Waiters for the thread's listener messages (thread_listeners.ts), in order. */
-  readonly #listenerWaits: ((m: HttpListenerMessage) => void)[] = [];
-
-  constructor(
-    readonly index: number,
-    init: DeviceThreadInit,
-    maxBody: number,
-    allowed: (r: Request) => boolean,
-    log: ErrorLogger,
-  ) {
-    this.worker = new Worker(new URL("./device_thread.ts", import.meta.url), { type: "module" });
-    this.sender = new RequestSender(
-      (m, t) => this.worker.postMessage(m, t ?? []),
-      maxBody,
-      allowed,
-    );
-    this.worker.onmessage = (e) => {
-      const type = (e.data as { type?: unknown } | null)?.type;
-      if (type === "device-ready") return this.ready.resolve(e.data);
-      if (type === "device-closed") return this.closed.resolve();
-      if (type === "http-listening" || type === "http-failed" || type === "http-drained") {
-        return this.#listenerWaits.shift()?.(e.data);
-      }
-      const wrong = this.sender.receive(e.data);
-      if (wrong !== null) log(`device thread ${index}: ${wrong}`, new Error(wrong));
-    };
-    this.worker.onerror = (e) => {
-      e.preventDefault();
-      this.lost = e.message;
-      log(`device thread ${index} stopped: ${e.message}`, e.error);
-      this.ready.resolve({ type: "device-ready", ok: false, reason: e.message, fatal: false });
-      this.sender.failAll(this.#lostProblem());
-      this.closed.resolve();
-      const failed = { type: "http-failed" as const, reason: `the thread stopped: ${e.message}` };
-      this.#listenerWaits.splice(0).forEach((w) => w(failed));
-      this.#stopped.resolve(e.message);
-    };
-    this.worker.postMessage(init);
-  }
-
-  nextListenerMessage(): Promise<HttpListenerMessage> {
-    if (this.lost !== null) {
-      return Promise.resolve({ type: "http-failed", reason: `the thread stopped: ${this.lost}` });
-    }
-    return new Promise((r) => this.#listenerWaits.push(r));
-  }
-
-  /** The 503 of a call this thread cannot answer any more. */
-  #lostProblem() {
-    return problem(
-      503,
-      "device_thread_lost",
-      `device thread ${this.index} stopped: ${this.lost}; its caches are gone`,
-    );
-  }
-
-  send(
-    req: Request,
-    body?: Parameters<RequestSender["send"]>[1],
-    extraHeaders?: [string, string][],
-  ): Promise<Response> {
-    if (this.lost === null) return this.sender.send(req, body, extraHeaders);
-    // Logged once, at the crash.
-    return Promise.resolve(problemResponse(toProblem(this.#lostProblem(), undefined, NOT_LOGGED)));
-  }
 }
 
 /**
@@ -193,7 +114,9 @@ export async function startDeviceThreads(
     await threadExitGrace(); // the process exits next (see threadExitGrace)
     return { ok: false, reason: `device thread ${bad}: ${r.reason}`, fatal: r.fatal };
   }
-  return { ok: true, front: front(threads, scrapeToken, log) };
+  const watchdog = new ThreadWatchdog(threads, o.watchdog ?? watchdogFromEnv());
+  threads.forEach((t) => t.watchdog = watchdog);
+  return { ok: true, front: front(threads, scrapeToken, log, watchdog.start()) };
 }
 
 /**
@@ -204,7 +127,12 @@ function lostThread(e: unknown): boolean {
   return e instanceof ServiceError && e.code === "device_thread_lost";
 }
 
-function front(threads: Thread[], scrapeToken: string, log: ErrorLogger): DeviceThreads {
+function front(
+  threads: Thread[],
+  scrapeToken: string,
+  log: ErrorLogger,
+  watchdog: ThreadWatchdog,
+): DeviceThreads {
   const places = new CachePlacement(threads);
   const puts = new PerKeyQueue();
   /** The header of a create another thread may be asked for (metrics_merge.ts). */
@@ -323,11 +251,10 @@ function front(threads: Thread[], scrapeToken: string, log: ErrorLogger): Device
   return {
     threads: threads.length,
     handler,
-    fault(i: number) {
-      threads[i].worker.postMessage({ type: "device-fault" });
-    },
+    fault: (i, how = "throw") => threads[i].fault(how),
     listen: (o) => listenOnThreads(threads, { ...o, token: scrapeToken, log }),
     async close() {
+      watchdog.stop(); // a thread busy closing is not lost
       scans.close();
       for (const t of threads) if (t.lost === null) t.worker.postMessage({ type: "device-close" });
       await Promise.all(threads.map((t) => t.closed.promise));

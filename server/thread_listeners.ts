@@ -4,14 +4,15 @@
  * thread to serve it too, and closes its own hold once all listen, so the kernel spreads
  * connections over the threads only. Each thread passes what is not its own to this thread
  * through a MessageChannel of its own, where a RequestOwner runs the front's handler on it
- * (request_owner.ts), as for an HTTP worker. A thread that stops (a crash) takes its clients'
- * connections with it: the calls it passed here end at once, a body still to come failing with
- * a 503 `device_thread_lost` (else the front would wait for it without end), and the answers go
- * to no one. Each thread counts the calls its listener is working on in memory shared with this
- * thread (`calls`), read at a signal (main.ts). On shutdown each thread drains its listener
- * (shutdown.ts) and says what was left unfinished. The listeners together are an HttpServer
- * (worker_front.ts), as main.ts serves with otherwise: `shutdown` drains them (or waits for the
- * drain under way) and `finished` settles once every listener is closed.
+ * (request_owner.ts), as for an HTTP worker. A thread that stops (a crash, or silence to the
+ * front's ping: thread_watchdog.ts) takes its clients' connections with it: the calls it passed
+ * here end at once, a body still to come failing with a 503 `device_thread_lost` (else the front
+ * would wait for it without end), and the answers go to no one. Each thread counts the calls
+ * its listener is working on in memory shared with this thread (`calls`), read at a signal
+ * (main.ts). On shutdown each thread drains its listener (shutdown.ts) and says what was left
+ * unfinished. The listeners together are an HttpServer (worker_front.ts), as main.ts serves with
+ * otherwise: `shutdown` drains them (or waits for the drain under way) and `finished` settles
+ * once every listener is closed.
  * @module
  */
 import type { HttpListenerMessage, HttpListenMessage } from "./device_thread.ts";
@@ -27,7 +28,7 @@ export interface ListeningThread {
   readonly index: number;
   readonly worker: Worker;
   readonly lost: string | null;
-  /** Resolves with why once the thread stops (a crash); pending while it runs. */
+  /** Resolves with why once the thread stops (a crash, or silence); pending while it runs. */
   readonly stopped: Promise<string>;
   /**
    * `[0]`: the calls its listener is working on now (the thread counts them, device_thread.ts;

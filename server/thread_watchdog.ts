@@ -1,0 +1,139 @@
+/**
+ * The device threads' liveness (`--device-threads`, device_threads.ts). A thread that throws is
+ * seen at once (its error event), but one that stops without an error, its event loop ended or
+ * `self.close()` called (Deno's Worker has no exit or close event, and a message posted to an
+ * ended worker is dropped without a word), or whose JS thread is blocked, was not seen at all:
+ * its calls waited until their clients gave up, `/metrics` (which asks every thread) too, and
+ * new caches were placed on it.
+ *
+ * What was chosen: a liveness ping, not a per-call watchdog. Every `pingMs` (default 1,000) the
+ * front posts each running thread a `device-ping` unless its last one is still unanswered; the
+ * thread's message handler answers `device-pong` at once (device_thread.ts). A thread whose ping
+ * stays unanswered `lostMs` (default 30,000) is lost, as a crashed one is: its calls in flight
+ * and all later ones answer 503 `device_thread_lost` (retryable, with Retry-After), the loss is
+ * logged once, `/metrics` leaves its series out, no cache is placed on it, its listener's calls
+ * passed on end (`--device-threads-http`), and the front ends it (`terminate()`: a blocked
+ * thread's caches are then gone, as the 503 says, its memory and listener with them).
+ *
+ * Why: a per-call deadline cannot tell a dead thread from a slow call (a long prefill, a
+ * pipeline compile, a budget of seconds), and a ping costs nothing on a call's path (no message
+ * per call; one small message each way per thread and `pingMs`, while idle too, so a thread
+ * that ends idle is seen before a call or a cache is sent to it: within `pingMs + lostMs`). The
+ * ping is answered by the thread's event loop, so it is answered while the GPU works, a
+ * CPU_REFERENCE forward runs on its worker pool, or a compile is awaited; it is not while the
+ * thread's JS thread runs one long synchronous task (a synchronous pipeline compile on Deno's
+ * runtime, a large body decoded on the host, a Dawn stall: seconds, README's "Dawn stalls"
+ * minutes before they were paced). On the 2-core dev VM (Deno's runtime, lavapipe) prefills
+ * and decodes of five shapes and dtypes, each compiling its pipelines, left pings unanswered for
+ * up to 3.8 s. Losing a live thread loses its caches, while waiting longer only delays the 503
+ * of a dead one, so the default is well above that (30 s) and below the minute a client
+ * commonly waits. A tick of the front's timer that fires late (this thread was busy: the pongs
+ * may not be read yet) judges no thread; the next does. The timer is unref'd (it keeps no
+ * process alive) and stopped at close (a thread busy closing is not lost).
+ *
+ * Set by `ATTN_THREAD_PING_MS` (0: no watchdog) and `ATTN_THREAD_LOST_MS` (integers of ms, at
+ * most 2^31 - 1; a bad value leaves the default), or by the front's options (tests).
+ * @module
+ */
+import { envVar } from "../core/env.ts";
+import { MAX_TIMER_MS } from "../core/timeout.ts";
+
+/** How the front watches its threads. */
+export interface WatchdogOptions {
+  /** How often each running thread is pinged (ms); 0: never (no watchdog). */
+  pingMs: number;
+  /** How long a ping may go unanswered before its thread is lost (ms). */
+  lostMs: number;
+}
+
+/** The defaults (see the module doc for why). */
+export const DEFAULT_WATCHDOG: Readonly<WatchdogOptions> = { pingMs: 1000, lostMs: 30_000 };
+
+/** The variables that set {@link WatchdogOptions}. */
+export const PING_ENV = "ATTN_THREAD_PING_MS", LOST_ENV = "ATTN_THREAD_LOST_MS";
+
+/** `v` as ms from `min` to MAX_TIMER_MS, else `fallback` (unset or bad). */
+function ms(v: string | undefined, min: number, fallback: number): number {
+  const n = Number(v);
+  return v !== undefined && /^\d+$/.test(v) && n >= min && n <= MAX_TIMER_MS ? n : fallback;
+}
+
+/** The options from {@link PING_ENV} and {@link LOST_ENV}. */
+export function watchdogFromEnv(): WatchdogOptions {
+  return {
+    pingMs: ms(envVar(PING_ENV), 0, DEFAULT_WATCHDOG.pingMs),
+    lostMs: ms(envVar(LOST_ENV), 1, DEFAULT_WATCHDOG.lostMs),
+  };
+}
+
+/** What the watchdog needs of a thread (device_threads.ts `Thread`). */
+export interface Watched {
+  readonly index: number;
+  /** Why the thread stopped, or null while it runs. */
+  readonly lost: string | null;
+  /** Posts ping `seq` (the thread answers with it: {@link ThreadWatchdog.pong}). */
+  ping(seq: number): void;
+  /** The thread answered no ping for `lostMs`: it is lost (`why`). */
+  lose(why: string): void;
+}
+
+/** Slack past two periods before a tick counts as late (timers fire a little late anyway). */
+const LATE_SLACK_MS = 50;
+
+/** Pings `threads` every `pingMs` and loses one silent for `lostMs`; see the module doc. */
+export class ThreadWatchdog {
+  readonly #waiting = new Map<Watched, { seq: number; at: number }>();
+  #seq = 0;
+  #last = 0;
+  #timer: ReturnType<typeof setInterval> | undefined;
+
+  constructor(
+    private readonly threads: readonly Watched[],
+    private readonly o: WatchdogOptions,
+    private readonly now: () => number = () => performance.now(),
+  ) {}
+
+  /** Starts the pings (none when `pingMs` is 0); the timer keeps no process alive. */
+  start(): this {
+    if (this.o.pingMs <= 0 || this.#timer !== undefined) return this;
+    this.#last = this.now();
+    const timer = setInterval(() => this.tick(), Math.min(this.o.pingMs, MAX_TIMER_MS));
+    Deno.unrefTimer(timer);
+    this.#timer = timer;
+    return this;
+  }
+
+  /** Stops the pings (at close: a thread busy closing is not lost). */
+  stop(): void {
+    clearInterval(this.#timer);
+    this.#timer = undefined;
+    this.#waiting.clear();
+  }
+
+  /** Thread `t` answered ping `seq`. */
+  pong(t: Watched, seq: unknown): void {
+    if (this.#waiting.get(t)?.seq === seq) this.#waiting.delete(t);
+  }
+
+  /** One period: loses the threads silent too long, pings the others not waited on. */
+  tick(): void {
+    const now = this.now();
+    const late = now - this.#last > 2 * this.o.pingMs + LATE_SLACK_MS;
+    this.#last = now;
+    for (const t of this.threads) {
+      const w = this.#waiting.get(t);
+      if (t.lost !== null) {
+        this.#waiting.delete(t);
+      } else if (!w) {
+        this.#waiting.set(t, { seq: ++this.#seq, at: now });
+        t.ping(this.#seq);
+      } else if (!late && now - w.at >= this.o.lostMs) {
+        this.#waiting.delete(t);
+        t.lose(
+          `it answered no ping for ${Math.round(now - w.at)} ms (its event loop ended, or its ` +
+            `JS thread was blocked that long; ${LOST_ENV}=${this.o.lostMs})`,
+        );
+      }
+    }
+  }
+}

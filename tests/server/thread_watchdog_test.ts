@@ -1,0 +1,116 @@
+/**
+ * The device threads' liveness ping (server/thread_watchdog.ts) on stand-in threads and a
+ * clock of the test's own: each running thread gets one ping a period while none waits; an
+ * answered ping clears; a thread silent for `lostMs` is lost once, with why; a lost thread is
+ * not pinged; a tick that fires late (the front was busy, its pongs maybe unread) judges no
+ * thread; `pingMs` 0 starts nothing; the variables set the options, a bad value the default.
+ */
+import assert from "node:assert/strict";
+import {
+  DEFAULT_WATCHDOG,
+  LOST_ENV,
+  PING_ENV,
+  ThreadWatchdog,
+  watchdogFromEnv,
+  type Watched,
+} from "../../server/thread_watchdog.ts";
+
+class FakeThread implements Watched {
+  lost: string | null = null;
+  pings: number[] = [];
+  losses: string[] = [];
+  constructor(readonly index: number) {}
+  ping(seq: number) {
+    this.pings.push(seq);
+  }
+  lose(why: string) {
+    this.losses.push(why);
+    this.lost = why;
+  }
+}
+
+function setup(pingMs = 100, lostMs = 1000) {
+  let now = 0;
+  const threads = [new FakeThread(0), new FakeThread(1)];
+  const dog = new ThreadWatchdog(threads, { pingMs, lostMs }, () => now);
+  /** Advances the clock by `ms` and ticks. */
+  const tick = (ms = pingMs) => {
+    now += ms;
+    dog.tick();
+  };
+  return { threads, dog, tick };
+}
+
+Deno.test("thread watchdog: a ping a period while none waits; the silent thread is lost once", () => {
+  const { threads: [a, b], dog, tick } = setup();
+  tick();
+  assert.deepEqual([a.pings.length, b.pings.length], [1, 1]);
+  dog.pong(a, a.pings[0]);
+  dog.pong(b, 12345); // not the one waiting: still waiting
+  tick();
+  assert.deepEqual([a.pings.length, b.pings.length], [2, 1]);
+  // b stays silent; a answers every ping.
+  for (let i = 0; i < 8; i++) {
+    dog.pong(a, a.pings.at(-1));
+    tick();
+  }
+  assert.deepEqual(b.losses, [], "900 ms silent: not yet");
+  dog.pong(a, a.pings.at(-1));
+  tick();
+  assert.equal(b.losses.length, 1);
+  assert.match(b.losses[0], /answered no ping for 1000 ms .*ATTN_THREAD_LOST_MS=1000/);
+  assert.deepEqual(a.losses, []);
+  const pings = b.pings.length;
+  for (let i = 0; i < 20; i++) tick();
+  assert.equal(b.pings.length, pings, "a lost thread is not pinged");
+  assert.equal(b.losses.length, 1, "nor lost again");
+});
+
+Deno.test("thread watchdog: a late tick judges no thread, the next on time does", () => {
+  const { threads: [a], dog, tick } = setup();
+  tick();
+  tick(5000); // the front was busy 5 s: a's pong may be queued, unread
+  assert.deepEqual(a.losses, []);
+  dog.pong(a, a.pings[0]); // read now
+  tick();
+  assert.deepEqual(a.losses, []);
+  assert.equal(a.pings.length, 2, "pinged again once answered");
+  tick(5000);
+  tick(); // on time, and the ping waits 5.1 s
+  assert.equal(a.losses.length, 1);
+});
+
+Deno.test("thread watchdog: pingMs 0 starts nothing; stop() clears the timer", () => {
+  const off = new ThreadWatchdog([new FakeThread(0)], { pingMs: 0, lostMs: 1 });
+  off.start();
+  off.stop();
+  const t = new FakeThread(0);
+  const on = new ThreadWatchdog([t], { pingMs: 10, lostMs: 1000 }).start();
+  on.stop(); // the test's op sanitizer finds no timer left
+  assert.deepEqual(t.pings, []);
+});
+
+Deno.test("thread watchdog: the variables set the options, a bad value leaves the default", () => {
+  const saved = [Deno.env.get(PING_ENV), Deno.env.get(LOST_ENV)];
+  const set = (k: string, v: string | undefined) =>
+    v === undefined ? Deno.env.delete(k) : Deno.env.set(k, v);
+  try {
+    set(PING_ENV, undefined);
+    set(LOST_ENV, undefined);
+    assert.deepEqual(watchdogFromEnv(), DEFAULT_WATCHDOG);
+    assert.deepEqual(DEFAULT_WATCHDOG, { pingMs: 1000, lostMs: 30_000 });
+    set(PING_ENV, "0");
+    set(LOST_ENV, "120000");
+    assert.deepEqual(watchdogFromEnv(), { pingMs: 0, lostMs: 120_000 });
+    for (const bad of ["", "-1", "1.5", "abc", String(2 ** 31)]) {
+      set(PING_ENV, bad);
+      set(LOST_ENV, bad);
+      assert.deepEqual(watchdogFromEnv(), DEFAULT_WATCHDOG, JSON.stringify(bad));
+    }
+    set(LOST_ENV, "0");
+    assert.equal(watchdogFromEnv().lostMs, DEFAULT_WATCHDOG.lostMs, "lostMs 0 is refused");
+  } finally {
+    set(PING_ENV, saved[0]);
+    set(LOST_ENV, saved[1]);
+  }
+});
