@@ -29,7 +29,7 @@ import { kvChunkGeometry } from "../gpu/kv_cache.ts";
 import { buildGpuPlan } from "../gpu/plan_builder.ts";
 import type { TableBuilder } from "../gpu/plan_table.ts";
 import { buildFlashMeta, flashTileCall, hasRows, maxWorkgroupInvocations } from "./flash_plan.ts";
-import { envVar } from "../core/env.ts";
+import { type EnvSetting, EnvValueError, readSetting } from "../core/env.ts";
 
 const isEncoder = (s: BatchShape) =>
   s.layer.attn_type === "encoder" || s.layer.attn_type === "encoder_only";
@@ -81,30 +81,44 @@ export function mmaTargetOf(
 }
 
 /**
- * The shape ATTN_PREFILL_MMA_SHAPE names (one of {@link MMA_VARIANTS}), or undefined (unset:
+ * `ATTN_PREFILL_MMA_SHAPE`: the name of one of {@link MMA_VARIANTS}, not a bench-only one
+ * (unset or empty: the first of MMA_SHAPES that fits).
+ */
+export const MMA_SHAPE_SETTING: EnvSetting<MmaShape | undefined> = {
+  name: "ATTN_PREFILL_MMA_SHAPE",
+  unset: undefined,
+  parse(name) {
+    const shape = Object.hasOwn(MMA_VARIANTS, name) ? MMA_VARIANTS[name] : undefined;
+    if (!shape) {
+      throw new EnvValueError(
+        "ATTN_PREFILL_MMA_SHAPE",
+        name,
+        `ATTN_PREFILL_MMA_SHAPE=${name} names no shape; known: ${Object.keys(MMA_VARIANTS)}`,
+      );
+    }
+    if (shape.sgresc) {
+      // bench/NOTES.md v0.8: right on the H200 and lavapipe, 1-2% faster on the H200, but it
+      // relies on a subgroup's own workgroup-memory hand-offs being ordered, which WGSL does not
+      // promise.
+      throw new EnvValueError(
+        "ATTN_PREFILL_MMA_SHAPE",
+        name,
+        `ATTN_PREFILL_MMA_SHAPE=${name} is a bench-only shape (per-subgroup rescale: relies on ` +
+          `an ordering WGSL does not promise): bench/mma_bench.ts --only names it`,
+      );
+    }
+    return shape;
+  },
+};
+
+/**
+ * The shape ATTN_PREFILL_MMA_SHAPE names ({@link MMA_SHAPE_SETTING}), or undefined (unset:
  * the first of MMA_SHAPES that fits).
- * @throws Error naming the value and the known names when it names none, or when it names a
- *   bench-only (per-subgroup rescale) shape.
+ * @throws EnvValueError naming the value and the known names when it names none, or when it
+ *   names a bench-only (per-subgroup rescale) shape.
  */
 export function envMmaShape(): MmaShape | undefined {
-  const name = envVar("ATTN_PREFILL_MMA_SHAPE");
-  if (!name) return undefined;
-  const shape = MMA_VARIANTS[name];
-  if (!shape) {
-    throw new Error(
-      `ATTN_PREFILL_MMA_SHAPE=${name} names no shape; known: ${Object.keys(MMA_VARIANTS)}`,
-    );
-  }
-  if (shape.sgresc) {
-    // bench/NOTES.md v0.8: right on the H200 and lavapipe, 1-2% faster on the H200, but it
-    // relies on a subgroup's own workgroup-memory hand-offs being ordered, which WGSL does not
-    // promise.
-    throw new Error(
-      `ATTN_PREFILL_MMA_SHAPE=${name} is a bench-only shape (per-subgroup rescale: relies on ` +
-        `an ordering WGSL does not promise): bench/mma_bench.ts --only names it`,
-    );
-  }
-  return shape;
+  return readSetting(MMA_SHAPE_SETTING);
 }
 
 /**

@@ -12,7 +12,7 @@ import type { PlannedCall } from "../gpu/gpu_plan.ts";
 import { getKernel, type KernelDef, packUniforms } from "../gpu/kernel.ts";
 import { type KvChunkGeometry, kvChunkGeometry } from "../gpu/kv_cache.ts";
 import type { TableBuilder } from "../gpu/plan_table.ts";
-import { envVar } from "../core/env.ts";
+import { type EnvSetting, mustBe, readSetting } from "../core/env.ts";
 
 /** A kernel shape: the register tile (see gpu/flash_codegen.ts) and what follows from it. */
 export interface FlashConfig {
@@ -75,8 +75,9 @@ export function flashSharedBytes(d: number, t: FlashTile): number {
 /** `TXxTYxRMxRN` as a tile, or an error naming the text. */
 export function parseFlashTile(text: string): FlashTile {
   const suffix = text.match(/[ul]$/)?.[0];
-  const v = (suffix ? text.slice(0, -1) : text).split("x").map(Number);
-  if (v.length !== 4 || !v.every((x) => Number.isInteger(x) && x > 0)) {
+  const parts = (suffix ? text.slice(0, -1) : text).split("x");
+  const v = parts.map(Number);
+  if (v.length !== 4 || !parts.every((x) => /^\d+$/.test(x)) || !v.every((x) => x > 0)) {
     throw new Error(`flash tile "${text}": expected TXxTYxRMxRN, e.g. 8x8x4x4`);
   }
   if (![1, 2, 4, 8, 16, 32].includes(v[0]) || v[0] % 4 !== 0) {
@@ -144,10 +145,23 @@ export function flashConfig(
   return t ? configOf(d, t, unroll) : null;
 }
 
-/** The tile named by `ATTN_FLASH_TILE` (`TXxTYxRMxRN`), or null when unset. */
+/** `ATTN_FLASH_TILE`: a tile {@link parseFlashTile} takes (unset or empty: automatic). */
+export const FLASH_TILE_SETTING: EnvSetting<FlashTile | null> = {
+  name: "ATTN_FLASH_TILE",
+  unset: null,
+  parse(text) {
+    try {
+      return parseFlashTile(text);
+    } catch (e) {
+      const why = (e as Error).message;
+      throw mustBe("ATTN_FLASH_TILE", text, "a tile TXxTYxRMxRN (e.g. 8x8x4x4)", why);
+    }
+  },
+};
+
+/** The tile `ATTN_FLASH_TILE` names, or null when unset (EnvValueError where it names none). */
 export function envFlashTile(): FlashTile | null {
-  const raw = envVar("ATTN_FLASH_TILE");
-  return raw ? parseFlashTile(raw) : null;
+  return readSetting(FLASH_TILE_SETTING);
 }
 
 const isEncoder = (s: BatchShape) =>

@@ -3,7 +3,7 @@
  * `ATTN_DECODE_TUNING` environment override used by the registered backend.
  * @module
  */
-import { envVar } from "../core/env.ts";
+import { type EnvSetting, mustBe, readSetting } from "../core/env.ts";
 
 /** Knobs of the kernel shape and the split heuristic (exported for benchmarks and tests). */
 export interface DecodeTuning {
@@ -174,26 +174,50 @@ export const DEFAULT_DECODE_TUNING: Readonly<DecodeTuning> = Object.freeze({
   probe_residency: false,
 });
 
+/** `ATTN_DECODE_TUNING`'s refusal of `text`, saying `why`. */
+const badTuning = (text: string, why: string) =>
+  mustBe(
+    "ATTN_DECODE_TUNING",
+    text,
+    "a JSON object of DecodeTuning fields (backends/webgpu_decode_tuning.ts)",
+    why,
+  );
+
+/**
+ * `ATTN_DECODE_TUNING`: a JSON object whose fields are {@link DecodeTuning}'s own, each of its
+ * default's type, over the defaults (unset or empty: the defaults).
+ */
+export const DECODE_TUNING_SETTING: EnvSetting<Readonly<DecodeTuning>> = {
+  name: "ATTN_DECODE_TUNING",
+  unset: DEFAULT_DECODE_TUNING,
+  parse(text) {
+    let o: unknown;
+    try {
+      o = JSON.parse(text);
+    } catch (e) {
+      throw badTuning(text, e instanceof Error ? e.message : String(e));
+    }
+    if (o === null || typeof o !== "object" || Array.isArray(o)) {
+      throw badTuning(text, "not an object");
+    }
+    const t: Record<string, unknown> = { ...DEFAULT_DECODE_TUNING };
+    for (const [k, v] of Object.entries(o)) {
+      if (!Object.hasOwn(DEFAULT_DECODE_TUNING, k) || typeof t[k] !== typeof v) {
+        throw badTuning(text, `unknown field or wrong type: ${k} = ${JSON.stringify(v)}`);
+      }
+      t[k] = v;
+    }
+    return t as unknown as DecodeTuning;
+  },
+};
+
 /**
  * The tuning of the registered backend: the defaults, overridden by the JSON object in the
  * `ATTN_DECODE_TUNING` environment variable when it is set and readable (for tuning runs,
  * e.g. `ATTN_DECODE_TUNING='{"workgroup_size":256,"keys_per_iter":2}'`).
- * @throws Error naming the variable when its value is not a JSON object of known numeric /
- *   boolean fields.
+ * @throws EnvValueError naming the variable when its value is not a JSON object of known
+ *   numeric / boolean fields ({@link DECODE_TUNING_SETTING}).
  */
 export function envDecodeTuning(): DecodeTuning {
-  const raw = envVar("ATTN_DECODE_TUNING");
-  const t: DecodeTuning = { ...DEFAULT_DECODE_TUNING };
-  if (!raw) return t;
-  const o = JSON.parse(raw);
-  for (const [k, v] of Object.entries(o ?? {})) {
-    const cur = (t as unknown as Record<string, unknown>)[k];
-    if (cur === undefined || typeof cur !== typeof v) {
-      throw new Error(
-        `ATTN_DECODE_TUNING: unknown field or wrong type: ${k} = ${JSON.stringify(v)}`,
-      );
-    }
-    (t as unknown as Record<string, unknown>)[k] = v;
-  }
-  return t;
+  return { ...readSetting(DECODE_TUNING_SETTING) };
 }

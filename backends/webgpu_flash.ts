@@ -60,7 +60,8 @@ import {
   envDecodeTuning,
   prefillSplitTuning,
 } from "./webgpu_decode_tuning.ts";
-import { envVar } from "../core/env.ts";
+import { readSetting } from "../core/env.ts";
+import { PREFILL_MMA_SETTING, PREFILL_SPLIT_SETTING } from "./flash_switches.ts";
 
 export { type FlashConfig, flashConfig, type FlashTile } from "./flash_plan.ts";
 
@@ -107,11 +108,6 @@ export interface FlashOptions {
   prefill_split?: boolean;
 }
 
-/** An on-by-default switch: off only where the variable is "0". */
-function envOn(name: string): boolean {
-  return envVar(name) !== "0";
-}
-
 /** The kernels a part of a batch can run on ({@link PlanPath}'s `path`). */
 export const FLASH_PATHS = {
   /** The split-KV kernels of WEBGPU_DECODE, each query token a decode row. */
@@ -130,13 +126,17 @@ export interface ResolvedFlashOptions extends FlashOptions {
   mma_off?: string;
 }
 
-/** `o` with the switches the caller left out taken from ATTN_PREFILL_MMA and ATTN_PREFILL_SPLIT. */
+/**
+ * `o` with the switches the caller left out taken from ATTN_PREFILL_MMA and ATTN_PREFILL_SPLIT
+ * (read now; for the registered WEBGPU_FLASH, as this module loads).
+ * @throws EnvValueError naming a variable the caller's options need whose value is not 0 or 1.
+ */
 export function resolveFlashOptions(o: FlashOptions): ResolvedFlashOptions {
-  const mma = o.mma ?? envOn("ATTN_PREFILL_MMA");
+  const mma = o.mma ?? readSetting(PREFILL_MMA_SETTING);
   return {
     ...o,
     mma,
-    prefill_split: o.prefill_split ?? envOn("ATTN_PREFILL_SPLIT"),
+    prefill_split: o.prefill_split ?? readSetting(PREFILL_SPLIT_SETTING),
     ...(mma ? {} : {
       mma_off: `tensor-core kernel disabled (${
         o.mma === false ? "option mma: false" : "ATTN_PREFILL_MMA=0"
@@ -377,7 +377,9 @@ export function makeWebGpuFlash(
 /**
  * The registered WEBGPU_FLASH: the prefill tile from `ATTN_FLASH_TILE` (else automatic), the
  * tensor-core shape from `ATTN_PREFILL_MMA_SHAPE`, the decode rows' tuning from
- * `ATTN_DECODE_TUNING`, all read once here.
+ * `ATTN_DECODE_TUNING`, the switches from `ATTN_PREFILL_MMA` and `ATTN_PREFILL_SPLIT`, all read
+ * once here, as this module loads: a bad value fails the import with an EnvValueError naming
+ * it (server/serve_env.ts checks them before the server loads the backends).
  */
 export const WEBGPU_FLASH: AttentionBackend<FlashPlan> = makeWebGpuFlash({
   tile: envFlashTile(),

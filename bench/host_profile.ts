@@ -27,7 +27,7 @@
 import { parseArgs } from "node:util";
 import { AttentionService, builtinBackends } from "../mod.ts";
 import type { AttentionBackend } from "../core/types.ts";
-import { bindStats, GPU_TIMING, type GpuPlan } from "../gpu/gpu_plan.ts";
+import { bindStats, type GpuPlan, gpuTiming } from "../gpu/gpu_plan.ts";
 import { bindGroupsOf } from "../gpu/bind_groups.ts";
 import { poolOf } from "../gpu/buffer_pool.ts";
 import { hostPool } from "../gpu/host_pool.ts";
@@ -212,7 +212,7 @@ try {
     host_memory: hostPool.stats(),
     upload_staging: { on: stagedUploads(gpu), ...stagingOf(gpu).stats() },
     plans: service.plans.stats(),
-    gpu_timing: GPU_TIMING,
+    gpu_timing: gpuTiming(),
   };
   if (!a.json) console.log(`reuse: ${JSON.stringify(results.reuse)}`);
 } finally {

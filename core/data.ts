@@ -7,7 +7,7 @@
  */
 import { bf16BitsToF32, bytesPerElement, decode, encode, f16BitsToF32 } from "./dtype.ts";
 import type { DataArray, DType, ForwardBatch, KvCache, ValidBatch } from "./types.ts";
-import { envVar } from "./env.ts";
+import { envInt, type EnvSetting, readSetting } from "./env.ts";
 
 /** A DataArray over `bytes` (which must hold `bytes.byteLength / size` whole elements). */
 export function dataArray(dtype: DType, bytes: Uint8Array): DataArray {
@@ -109,6 +109,15 @@ export function wordsOf(dtype: DType, n: number): number {
   return dtype === "float32" ? n : Math.floor(n / 2);
 }
 
+/** `ATTN_DEVICE_FINITE_BYTES`: an integer >= 0 (bytes), default 64 KiB (see below). */
+export const DEVICE_FINITE_BYTES_SETTING: EnvSetting<number> = {
+  name: "ATTN_DEVICE_FINITE_BYTES",
+  unset: 64 << 10,
+  parse: (text) => envInt("ATTN_DEVICE_FINITE_BYTES", text, 0, undefined, " (bytes)"),
+};
+
+let finiteBytes: number | undefined;
+
 /**
  * Batches whose query/key/value hold at least this many bytes have their finiteness checked
  * by the GPU plan that runs them (gpu/finite_check.ts) rather than scanned on the host, when
@@ -116,13 +125,12 @@ export function wordsOf(dtype: DType, n: number): number {
  * 64 KiB by default (`ATTN_DEVICE_FINITE_BYTES` sets it): the host scans ~6 GB/s (2-core dev
  * VM), so 64 KiB is ~10 us, about what the check's two dispatches add to a call's encoding on
  * Dawn; issue 7's decode step (393 KB) is checked on the device (validate 0.16-0.19 -> 0.09 ms
- * there, host_profile).
+ * there, host_profile). Read once, at first use, not as this module loads (server/main.ts
+ * loads it before it checks the environment): a bad value fails that use with an
+ * EnvValueError naming it, and each later one.
  */
-export const DEVICE_FINITE_CHECK_BYTES = finiteThreshold(envVar("ATTN_DEVICE_FINITE_BYTES"));
-
-function finiteThreshold(v: string | undefined): number {
-  const n = v === undefined ? NaN : Number(v);
-  return Number.isSafeInteger(n) && n >= 0 ? n : 64 << 10;
+export function deviceFiniteCheckBytes(): number {
+  return finiteBytes ??= readSetting(DEVICE_FINITE_BYTES_SETTING);
 }
 
 /** Elements of query, key and value of a batch shape. */
@@ -143,7 +151,7 @@ export function checksFiniteOnDevice(s: {
   num_kv_tokens: number;
 }): boolean {
   const [q, k, v] = dataElements(s);
-  return (q + k + v) * bytesPerElement(s.dtype) >= DEVICE_FINITE_CHECK_BYTES;
+  return (q + k + v) * bytesPerElement(s.dtype) >= deviceFiniteCheckBytes();
 }
 
 /** Element `i` of `a` as a number (one element decoded). */

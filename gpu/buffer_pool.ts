@@ -15,7 +15,7 @@
  * @module
  */
 import type { GpuContext } from "../core/types.ts";
-import { envVar } from "../core/env.ts";
+import { envInt, type EnvSetting, envVar, readSetting, settingValue } from "../core/env.ts";
 import { onDeviceLost, WebGpuContext } from "./device.ts";
 
 /** Free query sets kept per size. */
@@ -34,31 +34,30 @@ export function sizeClass(bytes: number, min = MIN_POOLED_BYTES): number {
 /** The default cap on a pool's free bytes (GPU buffers a device, host memory a thread): 1 GiB. */
 export const DEFAULT_POOL_MAX_FREE_BYTES = 2 ** 30;
 
-/** Names already warned about (one line each per process, not per pool). */
-const warned = new Set<string>();
+/**
+ * The rule of a pool's cap on free bytes, the environment variable `name`: an integer >= 0
+ * (0 keeps nothing free), default {@link DEFAULT_POOL_MAX_FREE_BYTES}.
+ */
+export function poolCapSetting(name: string): EnvSetting<number> {
+  return {
+    name,
+    unset: DEFAULT_POOL_MAX_FREE_BYTES,
+    parse: (text) => envInt(name, text, 0, undefined, " (bytes)"),
+  };
+}
 
 /**
- * A pool's cap on free bytes from the environment variable `name`: an integer >= 0 (0 keeps
- * nothing free), else {@link DEFAULT_POOL_MAX_FREE_BYTES} (unset, or a bad value, which is
- * warned about once).
+ * A pool's cap on free bytes from the environment variable `name` ({@link poolCapSetting}).
+ * @throws EnvValueError naming `name` and `value` where the rule refuses it.
  */
-export function poolCapFromEnv(name: string, value = envVar(name)): number {
-  if (value === undefined || value === "") return DEFAULT_POOL_MAX_FREE_BYTES;
-  const n = Number(value);
-  if (/^\d+$/.test(value) && Number.isSafeInteger(n)) return n;
-  if (!warned.has(name)) {
-    warned.add(name);
-    console.warn(
-      `${name} must be an integer >= 0 (bytes), got ${
-        JSON.stringify(value)
-      }; using ${DEFAULT_POOL_MAX_FREE_BYTES}`,
-    );
-  }
-  return DEFAULT_POOL_MAX_FREE_BYTES;
+export function poolCapFromEnv(name: string, value: string | undefined = envVar(name)): number {
+  return settingValue(poolCapSetting(name), value);
 }
 
 /** The environment variable capping each device's free GPU buffer bytes. */
 export const GPU_POOL_CAP_ENV = "ATTN_GPU_POOL_MAX_FREE_BYTES";
+/** Its rule ({@link poolCapSetting}). */
+export const GPU_POOL_CAP_SETTING: EnvSetting<number> = poolCapSetting(GPU_POOL_CAP_ENV);
 
 /** Counters of a pool (tests and /metrics). */
 export interface PoolStats {
@@ -227,11 +226,15 @@ const live = new Set<WeakRef<BufferPool>>();
 /** Buffers created and reused by every pool of {@link poolOf}, lost ones included. */
 const counts = { created: 0, reused: 0 };
 
-/** The pool of `ctx`'s device (its cap from `ATTN_GPU_POOL_MAX_FREE_BYTES`, read once). */
+/**
+ * The pool of `ctx`'s device (its cap from `ATTN_GPU_POOL_MAX_FREE_BYTES`, read as the pool is
+ * made: a bad value fails that first use of the device with an EnvValueError naming it, and
+ * each later one; the server refuses it at start-up, server/serve_env.ts).
+ */
 export function poolOf(ctx: GpuContext): BufferPool {
   let p = pools.get(ctx.device);
   if (!p) {
-    const pool = p = new BufferPool(ctx.device, poolCapFromEnv(GPU_POOL_CAP_ENV), counts);
+    const pool = p = new BufferPool(ctx.device, readSetting(GPU_POOL_CAP_SETTING), counts);
     pools.set(ctx.device, pool);
     const ref = new WeakRef(pool);
     live.add(ref);

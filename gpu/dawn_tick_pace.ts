@@ -19,7 +19,7 @@
  * dawn.node ignores the handle).
  * @module
  */
-import { envVar } from "../core/env.ts";
+import { type EnvSetting, mustBe, readSetting } from "../core/env.ts";
 import { trace } from "../core/trace.ts";
 
 /** The pacing knobs. */
@@ -36,14 +36,27 @@ export const DEFAULT_TICK_PACE: Readonly<TickPace> = Object.freeze({
   max_delay_ms: 16,
 });
 
-/** The pacing from `ATTN_DAWN_TICK_SPIN_MS` (`off`: never paced) and the defaults. */
+/**
+ * `ATTN_DAWN_TICK_SPIN_MS`: the unpaced spin, a decimal number of ms >= 0 (`0.5`, `2`; no
+ * sign, exponent or bare point), or `off` (never paced: Infinity); default 2.
+ */
+export const DAWN_TICK_SPIN_SETTING: EnvSetting<number> = {
+  name: "ATTN_DAWN_TICK_SPIN_MS",
+  unset: DEFAULT_TICK_PACE.spin_ms,
+  parse(text) {
+    if (text === "off") return Infinity;
+    if (/^\d+(\.\d+)?$/.test(text) && Number.isFinite(Number(text))) return Number(text);
+    throw mustBe("ATTN_DAWN_TICK_SPIN_MS", text, "a number of ms >= 0, or off");
+  },
+};
+
+/**
+ * The pacing from `ATTN_DAWN_TICK_SPIN_MS` and the defaults, read now (each time the pacer is
+ * installed): a bad value throws an EnvValueError naming it (the server refuses it at
+ * start-up, server/serve_env.ts).
+ */
 export function tickPaceFromEnv(): TickPace {
-  const v = envVar("ATTN_DAWN_TICK_SPIN_MS");
-  if (v === "off") return { ...DEFAULT_TICK_PACE, spin_ms: Infinity };
-  const n = Number(v);
-  return v && Number.isFinite(n) && n >= 0 ? { ...DEFAULT_TICK_PACE, spin_ms: n } : {
-    ...DEFAULT_TICK_PACE,
-  };
+  return { ...DEFAULT_TICK_PACE, spin_ms: readSetting(DAWN_TICK_SPIN_SETTING) };
 }
 
 /** Counts of what the pacer did since it was installed. */

@@ -10,7 +10,7 @@
  * its resolved calls and bind groups, and skips a table its buffer holds already), writes the
  * table and the query/key/value bytes as they came (one write each), poisons the outputs,
  * dispatches
- * everything in one compute pass of one submission (see {@link GPU_TIMING}) and reads output
+ * everything in one compute pass of one submission (see {@link gpuTiming}) and reads output
  * and LSE back with one `mapAsync`, into lent host memory: the result's arrays are views of
  * it until `ForwardResult.release()`.
  * The output comes back in the batch dtype; nothing is converted on the host.
@@ -34,7 +34,7 @@ import type { FillPlan } from "./fill.ts";
 import { nanWord } from "./wgsl_data.ts";
 import { finiteIssues, FLAGS_BYTES } from "./finite_check.ts";
 import { bindGpuPlan } from "./plan_bind.ts";
-import { envVar } from "../core/env.ts";
+import { envOneOf, type EnvSetting, readSetting } from "../core/env.ts";
 
 export { bindGpuPlan, bindStats, type BoundGpuPlan } from "./plan_bind.ts";
 
@@ -116,28 +116,42 @@ export function uploadPlanTable(p: GpuPlan): PlanTable {
   return uploadTable(p.ctx, p.table, "plan.table");
 }
 
+/** How a forward's dispatches are timed: see {@link gpuTiming}. */
+export type GpuTiming = "calls" | "total" | "sampled" | "off";
+
+/** `ATTN_GPU_TIMING`: one of sampled (the default), total, calls, off. */
+export const GPU_TIMING_SETTING: EnvSetting<GpuTiming> = {
+  name: "ATTN_GPU_TIMING",
+  unset: "sampled",
+  parse: (text) => envOneOf("ATTN_GPU_TIMING", text, ["sampled", "total", "calls", "off"]),
+};
+
+let timing: GpuTiming | undefined;
+
 /**
  * How a forward's dispatches are timed (gpu/launch.ts), by `ATTN_GPU_TIMING`: every call runs
  * them all in one compute pass; `sampled` (the default) times the first call of a plan's call
  * list and then one in {@link GPU_TIMING_SAMPLE} (`gpu`; the others carry no `gpu` timing:
  * timestamp writes, their resolve and copy cost about 35 us of host time a call on Dawn over
  * lavapipe), `total` times every call, `off` none; `calls` gives each dispatch its own timed
- * pass (`gpu_<name>`, for profiling the kernels).
+ * pass (`gpu_<name>`, for profiling the kernels). Read once, at the first forward call run (a
+ * bad value fails that call with an EnvValueError naming it, and each later one until it
+ * reads a good value; the server refuses it at start-up, server/serve_env.ts).
  */
-export const GPU_TIMING: "calls" | "total" | "sampled" | "off" = (() => {
-  const v = envVar("ATTN_GPU_TIMING");
-  return v === "calls" || v === "total" || v === "off" ? v : "sampled";
-})();
+export function gpuTiming(): GpuTiming {
+  return timing ??= readSetting(GPU_TIMING_SETTING);
+}
 
 /** Under `sampled` timing, one forward call in this many is timed on the device. */
 export const GPU_TIMING_SAMPLE = 16;
 /** Forward calls per call list (plans of a decode step's shape share one: gpu/plan_builder.ts). */
 const callCounts = new WeakMap<PlannedCall[], number>();
 
-/** The launch timing of the next call of `p` (see {@link GPU_TIMING}). */
+/** The launch timing of the next call of `p` (see {@link gpuTiming}). */
 function nextTiming(p: GpuPlan): "calls" | "total" | "none" {
-  if (GPU_TIMING === "calls" || GPU_TIMING === "total") return GPU_TIMING;
-  if (GPU_TIMING === "off") return "none";
+  const t = gpuTiming();
+  if (t === "calls" || t === "total") return t;
+  if (t === "off") return "none";
   const n = callCounts.get(p.calls) ?? 0;
   callCounts.set(p.calls, n + 1);
   return n % GPU_TIMING_SAMPLE === 0 ? "total" : "none";
@@ -154,6 +168,7 @@ export async function runGpuPlan(
   if (gpu.lost || gpu.device !== p.ctx.device) {
     throw new DeviceUnavailableError("the WebGPU device of this plan was lost");
   }
+  gpuTiming(); // read before anything is bound: a bad ATTN_GPU_TIMING fails here
   const t0 = performance.now();
   const bound = bindGpuPlan(p, b, gpu);
   const bind = performance.now() - t0;

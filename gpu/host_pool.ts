@@ -19,7 +19,8 @@
  * (server/metrics.ts).
  * @module
  */
-import { DEFAULT_POOL_MAX_FREE_BYTES, poolCapFromEnv, sizeClass } from "./buffer_pool.ts";
+import { DEFAULT_POOL_MAX_FREE_BYTES, poolCapSetting, sizeClass } from "./buffer_pool.ts";
+import { type EnvSetting, readSetting } from "../core/env.ts";
 
 /** The environment variable capping the free bytes of {@link hostPool}. */
 export const HOST_POOL_CAP_ENV = "ATTN_HOST_POOL_MAX_FREE_BYTES";
@@ -53,7 +54,8 @@ export interface HostPoolStats {
 
 /** A host-memory pool (see the module doc). */
 export class HostPool {
-  readonly maxFreeBytes: number;
+  #cap: number | undefined;
+  #readCap: () => number;
   #free = new Map<number, ArrayBuffer[]>();
   #freeBytes = 0;
   #inUse = 0;
@@ -70,12 +72,19 @@ export class HostPool {
     this.#leaked++;
   });
 
-  constructor(maxFreeBytes = DEFAULT_POOL_MAX_FREE_BYTES) {
-    this.maxFreeBytes = maxFreeBytes;
+  /** `maxFreeBytes`: the cap, or how to read it (once, at the first acquire or look). */
+  constructor(maxFreeBytes: number | (() => number) = DEFAULT_POOL_MAX_FREE_BYTES) {
+    this.#readCap = typeof maxFreeBytes === "number" ? () => maxFreeBytes : maxFreeBytes;
+  }
+
+  /** The cap on free bytes (read now where it was not yet: what the reader throws). */
+  get maxFreeBytes(): number {
+    return this.#cap ??= this.#readCap();
   }
 
   /** A lease of `bytes` bytes (contents unspecified: stale bytes of an earlier lease). */
   acquire(bytes: number): HostLease {
+    this.#cap ??= this.#readCap(); // before anything is lent: a release never reads it first
     const size = sizeClass(bytes, MIN_HOST_CLASS);
     let buf = this.#free.get(size)?.pop();
     if (buf) {
@@ -142,8 +151,14 @@ export class HostPool {
   }
 }
 
+/** Its rule (gpu/buffer_pool.ts {@link poolCapSetting}). */
+export const HOST_POOL_CAP_SETTING: EnvSetting<number> = poolCapSetting(HOST_POOL_CAP_ENV);
+
 /**
  * The thread's pool of read-back memory (host memory is not per device; each device thread, a
- * worker, has its own), capped by `ATTN_HOST_POOL_MAX_FREE_BYTES` (default 1 GiB).
+ * worker, has its own), capped by `ATTN_HOST_POOL_MAX_FREE_BYTES` (default 1 GiB), read at its
+ * first acquire, not as this module loads: a bad value fails that read-back with an
+ * EnvValueError naming it, and each later one (the server refuses it at start-up,
+ * server/serve_env.ts).
  */
-export const hostPool: HostPool = new HostPool(poolCapFromEnv(HOST_POOL_CAP_ENV));
+export const hostPool: HostPool = new HostPool(() => readSetting(HOST_POOL_CAP_SETTING));

@@ -12,7 +12,7 @@
  * @module
  */
 import type { GpuContext } from "../core/types.ts";
-import { envVar } from "../core/env.ts";
+import { envInt, type EnvSetting, readSetting } from "../core/env.ts";
 import { compilePipeline } from "./pipelines.ts";
 
 /** A compile-time value. */
@@ -132,15 +132,26 @@ interface Entry {
 }
 
 /**
+ * `ATTN_KERNEL_CACHE_LIMIT`: an integer >= 1, default 256 (see {@link kernelCacheLimit}).
+ */
+export const KERNEL_CACHE_LIMIT_SETTING: EnvSetting<number> = {
+  name: "ATTN_KERNEL_CACHE_LIMIT",
+  unset: 256,
+  parse: (text) => envInt("ATTN_KERNEL_CACHE_LIMIT", text, 1),
+};
+
+/**
  * Most compiled variants kept per device (`ATTN_KERNEL_CACHE_LIMIT`, default 256). Each holds
  * the driver's compiled code: ~2.4 MB a pipeline on lavapipe, where a soak over every cache
  * setting grew the server to 1.8 GB of them. Past the limit the least recently used compiled one
- * is dropped (a plan that holds it keeps it; a later call compiles it again).
+ * is dropped (a plan that holds it keeps it; a later call compiles it again). Read at each new
+ * variant: a bad value fails that {@link getKernel} with an EnvValueError naming it (the server
+ * refuses it at start-up, server/serve_env.ts).
  */
 export function kernelCacheLimit(): number {
-  const v = Number(envVar("ATTN_KERNEL_CACHE_LIMIT") ?? "");
-  return Number.isSafeInteger(v) && v > 0 ? v : 256;
+  return readSetting(KERNEL_CACHE_LIMIT_SETTING);
 }
+
 let clock = 0;
 
 const enableProbes = new WeakMap<GPUDevice, Map<string, Promise<boolean>>>();

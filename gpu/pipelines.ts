@@ -9,7 +9,8 @@
  */
 import { ShaderCompileError } from "../core/errors.ts";
 import type { GpuContext } from "../core/types.ts";
-import { envVar } from "../core/env.ts";
+import { envInt, type EnvSetting, envVar, readSetting } from "../core/env.ts";
+import { MAX_TIMER_MS } from "../core/timeout.ts";
 import { trace } from "../core/trace.ts";
 
 interface Entry {
@@ -116,9 +117,10 @@ async function compileOnce(
   // One deadline for every wait of the compile: the compiler's messages, the pipeline and the
   // error scopes (on the H200 a compile stalled with the GPU idle; the stage it stalled in is
   // named in the error).
-  const deadline = performance.now() + compileTimeoutMs();
+  const limit = compileTimeoutMs();
+  const deadline = performance.now() + limit;
   const bounded = <T>(p: Promise<T>, stage: string) =>
-    withTimeout(p, Math.max(1, deadline - performance.now()), stage);
+    withTimeout(p, Math.max(1, deadline - performance.now()), stage, limit);
   device.pushErrorScope("internal");
   device.pushErrorScope("validation");
   const messages: string[] = [];
@@ -179,23 +181,41 @@ async function compileOnce(
 /** Default bound on one driver compile (lavapipe took up to 6 minutes on tensor-core kernels). */
 export const DEFAULT_COMPILE_TIMEOUT_MS = 600_000;
 
-/** The bound on one driver compile: `ATTN_COMPILE_TIMEOUT_MS`, else the default. */
+/** `ATTN_COMPILE_TIMEOUT_MS`: a timer's length, an integer from 1 to MAX_TIMER_MS ms. */
+export const COMPILE_TIMEOUT_SETTING: EnvSetting<number> = {
+  name: "ATTN_COMPILE_TIMEOUT_MS",
+  unset: DEFAULT_COMPILE_TIMEOUT_MS,
+  parse: (text) => envInt("ATTN_COMPILE_TIMEOUT_MS", text, 1, MAX_TIMER_MS, " (ms)"),
+};
+
+/**
+ * The bound on one driver compile: `ATTN_COMPILE_TIMEOUT_MS`, else the default. Read as each
+ * compile starts: a bad value fails the compile, before it began, with an EnvValueError naming
+ * it (the server refuses it at start-up, server/serve_env.ts).
+ */
 export function compileTimeoutMs(): number {
-  const v = Number(envVar("ATTN_COMPILE_TIMEOUT_MS"));
-  return Number.isFinite(v) && v > 0 ? v : DEFAULT_COMPILE_TIMEOUT_MS;
+  return readSetting(COMPILE_TIMEOUT_SETTING);
 }
 
 class CompileTimeout extends Error {}
 
-/** `p`, or a CompileTimeout after `ms` (the timer cleared either way). */
-export async function withTimeout<T>(p: Promise<T>, ms: number, stage = "pipeline"): Promise<T> {
+/**
+ * `p`, or a CompileTimeout after `ms` (the timer cleared either way); its message says the
+ * compile's whole bound, `limitMs`.
+ */
+export async function withTimeout<T>(
+  p: Promise<T>,
+  ms: number,
+  stage = "pipeline",
+  limitMs = ms,
+): Promise<T> {
   let timer: ReturnType<typeof setTimeout> | undefined;
   const late = new Promise<never>((_, reject) => {
     timer = setTimeout(
       () =>
         reject(
           new CompileTimeout(
-            `the driver did not finish compiling it within ${compileTimeoutMs()} ms ` +
+            `the driver did not finish compiling it within ${limitMs} ms ` +
               `(waiting for its ${stage})`,
           ),
         ),

@@ -114,7 +114,7 @@ export function checkBindingLimits(
 
 /**
  * Builds a backend's plan for `s`: the device's finiteness check of the call's data (batches
- * of at least DEVICE_FINITE_CHECK_BYTES, core/data.ts), cache write (when the call carries
+ * of at least deviceFiniteCheckBytes(), core/data.ts), cache write (when the call carries
  * K/V and uses a cache; gated by the check), poison, then `attention(table)`'s calls; checks
  * the limits; packs the table.
  */

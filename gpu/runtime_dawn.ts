@@ -28,7 +28,7 @@ import type { AdapterResult, WebGpuRuntime } from "./runtime.ts";
 import { captureStderr } from "./runtime_stderr.ts";
 import { requireEnables } from "./runtime_wgsl.ts";
 import { envVar } from "../core/env.ts";
-import { installDawnTickPacing } from "./dawn_tick_pace.ts";
+import { installDawnTickPacing, tickPaceFromEnv } from "./dawn_tick_pace.ts";
 
 /** The package this runtime loads (also in deno.json `imports`). */
 export const DAWN_PACKAGE = "npm:webgpu@0.6.2";
@@ -83,11 +83,13 @@ export interface DawnModule {
  * (gpu/dawn_tick_pace.ts) before any of its promises can exist. Dawn's poll loop makes one
  * native function per tick; unpaced, a long wait (a compile, a long kernel) left ~400k of them
  * and freeing them stalled the JS thread for minutes (bench/NOTES.md "v0.7 Dawn stalls").
- * @throws what the import throws (the addon did not load).
+ * @throws what the import throws (the addon did not load); EnvValueError for a bad
+ *   `ATTN_DAWN_TICK_SPIN_MS`.
  */
 export async function importDawn(): Promise<DawnModule> {
+  const pace = tickPaceFromEnv(); // a bad ATTN_DAWN_TICK_SPIN_MS throws before the addon loads
   const mod = (await import("webgpu")) as unknown as DawnModule;
-  installDawnTickPacing();
+  installDawnTickPacing(pace);
   return mod;
 }
 

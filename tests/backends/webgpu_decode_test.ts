@@ -340,7 +340,7 @@ Deno.test("decode: ATTN_DECODE_TUNING overrides the tuning and rejects unknown f
     Deno.env.set("ATTN_DECODE_TUNING", '{"warp_size":32}');
     assert.throws(
       () => envDecodeTuning(),
-      /ATTN_DECODE_TUNING: unknown field or wrong type: warp_size/,
+      /ATTN_DECODE_TUNING must be a JSON object of .*: unknown field or wrong type: warp_size/,
     );
   } finally {
     if (old === undefined) Deno.env.delete("ATTN_DECODE_TUNING");

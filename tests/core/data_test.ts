@@ -10,7 +10,7 @@ import assert from "node:assert/strict";
 import {
   checksFiniteOnDevice,
   dataArray,
-  DEVICE_FINITE_CHECK_BYTES,
+  deviceFiniteCheckBytes,
   elementAt,
   firstNonFinite,
   fromFloats,
@@ -129,7 +129,7 @@ Deno.test("data: issue 7's decode step is checked for NaN on the device, one tok
   // 32 requests x 1 token, 32 q / 8 kv heads, head 128, f16: 393 KB the host would scan.
   const step = { dtype: "float16" as const, num_tokens: 32, num_kv_tokens: 32 };
   const layer = { num_heads: 32, num_kv_heads: 8, head_size: 128 };
-  assert.ok(DEVICE_FINITE_CHECK_BYTES <= 393_216, `${DEVICE_FINITE_CHECK_BYTES} B threshold`);
+  assert.ok(deviceFiniteCheckBytes() <= 393_216, `${deviceFiniteCheckBytes()} B threshold`);
   assert.equal(checksFiniteOnDevice({ ...step, layer }), true);
   assert.equal(checksFiniteOnDevice({ ...step, num_tokens: 1, num_kv_tokens: 1, layer }), false);
 });

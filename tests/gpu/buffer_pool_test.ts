@@ -6,6 +6,7 @@
  */
 import assert from "node:assert/strict";
 import type { GpuContext } from "../../core/types.ts";
+import { EnvValueError } from "../../core/env.ts";
 import {
   BufferPool,
   bufferPoolTotals,
@@ -142,17 +143,16 @@ Deno.test("buffer pool: the cap's environment variable", () => {
   assert.equal(poolCapFromEnv(name, ""), DEFAULT_POOL_MAX_FREE_BYTES);
   assert.equal(poolCapFromEnv(name, "0"), 0);
   assert.equal(poolCapFromEnv(name, "268435456"), 2 ** 28);
-  const warn = console.warn, said: string[] = [];
-  console.warn = (m: string) => said.push(m);
-  try {
-    for (const bad of ["1GiB", "-1", "1e9", "2.5", "99999999999999999999"]) {
-      assert.equal(poolCapFromEnv(name, bad), DEFAULT_POOL_MAX_FREE_BYTES, bad);
-    }
-  } finally {
-    console.warn = warn;
+  // Was the default 1 GiB with a warning: now refused, each time, naming the variable.
+  for (const bad of ["1GiB", "-1", "1e9", "2.5", " 1", "99999999999999999999"]) {
+    assert.throws(
+      () => poolCapFromEnv(name, bad),
+      (e) =>
+        e instanceof EnvValueError && e.variable === name && e.value === bad &&
+        e.message === `${name} must be an integer >= 0 (bytes), got ${JSON.stringify(bad)}`,
+      bad,
+    );
   }
-  assert.equal(said.length, 1, "warned once per name");
-  assert.match(said[0], /ATTN_TEST_POOL_CAP must be an integer >= 0 \(bytes\), got "1GiB"/);
   Deno.env.set(name, "4096");
   try {
     assert.equal(poolCapFromEnv(name), 4096);

@@ -1,6 +1,6 @@
 /**
  * The finiteness of a large call's query/key/value checked on the device (gpu/finite_check.ts):
- * the service leaves the host scan of a batch of at least DEVICE_FINITE_CHECK_BYTES to a GPU
+ * the service leaves the host scan of a batch of at least deviceFiniteCheckBytes() to a GPU
  * plan that checks before it writes (`checks_finite`). A NaN or infinity anywhere in any of
  * the three tensors still fails the call with the validator's 422 naming the tensor, the first
  * bad element and its value, and the held cache is left exactly as it was (the gated cache
@@ -12,7 +12,7 @@ import { CPU_REFERENCE } from "../../backends/cpu/cpu_reference.ts";
 import { HostKvCache } from "../../backends/cpu/host_cache.ts";
 import { WEBGPU_DECODE } from "../../backends/webgpu_decode.ts";
 import { WEBGPU_FLASH } from "../../backends/webgpu_flash.ts";
-import { checksFiniteOnDevice, DEVICE_FINITE_CHECK_BYTES, toFloat32 } from "../../core/data.ts";
+import { checksFiniteOnDevice, deviceFiniteCheckBytes, toFloat32 } from "../../core/data.ts";
 import { ServiceError } from "../../core/errors.ts";
 import type { AttentionBackend, ForwardBatch } from "../../core/types.ts";
 import type { GpuPlan } from "../../gpu/gpu_plan.ts";
@@ -73,7 +73,7 @@ Deno.test(
     const cache = await GpuKvCache.fromBytes(GPU!, g.cache_spec!, g.key_cache, g.value_cache);
     try {
       const batch = validHostBatch(g.batch, cache);
-      assert.ok(checksFiniteOnDevice(batch), `${DEVICE_FINITE_CHECK_BYTES} B threshold`);
+      assert.ok(checksFiniteOnDevice(batch), `${deviceFiniteCheckBytes()} B threshold`);
       for (const b of [WEBGPU_FLASH, WEBGPU_DECODE] as AttentionBackend<GpuPlan>[]) {
         const plan = await b.plan(batch, { gpu: GPU });
         assert.equal(plan.checks_finite, true, b.name);

@@ -1,6 +1,6 @@
 /**
  * A decode step large enough for the device's NaN/infinity check (core/data.ts
- * DEVICE_FINITE_CHECK_BYTES; gpu/finite_check.ts) over a real port, safetensors both ways, on
+ * deviceFiniteCheckBytes(); gpu/finite_check.ts) over a real port, safetensors both ways, on
  * a server-held WebGPU cache: a NaN or infinity in the query, key or value is a 422
  * `invalid_batch` problem naming the tensor and the element, the cache is left exactly as it
  * was, and the same step with finite data then answers the float64 reference (one key per

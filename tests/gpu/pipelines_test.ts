@@ -1,6 +1,11 @@
 import assert from "node:assert/strict";
 import { ShaderCompileError } from "../../core/errors.ts";
-import { cachedPipelineKeys, compilePipeline, getComputePipeline } from "../../gpu/pipelines.ts";
+import {
+  cachedPipelineKeys,
+  compilePipeline,
+  compileTimeoutMs,
+  getComputePipeline,
+} from "../../gpu/pipelines.ts";
 import type { GpuContext } from "../../core/types.ts";
 import { gpu, NO_GPU } from "./helpers.ts";
 
@@ -152,6 +157,20 @@ Deno.test("a compile stalled in its compilation info or its error scopes fails, 
       assert.ok(err instanceof ShaderCompileError, `${stage}: got ${err}`);
       assert.match(err.message, new RegExp(`within 40 ms \\(waiting for its ${stage}\\)`));
     }
+  });
+});
+
+Deno.test("a compile's bound is read once, as it starts: a later change does not reach it", async () => {
+  // The timeout's message read the variable again when the timer fired: it named the new
+  // value (600000 ms for "abc"), and with the rule strict a bad one would throw in the timer.
+  await withEnv({ ATTN_COMPILE_TIMEOUT_MS: "40" }, async () => {
+    const err = compilePipeline(stubContext({ pipeline: NEVER }), "late(k=3)", TRIVIAL, "auto")
+      .then(() => null, (e) => e);
+    Deno.env.set("ATTN_COMPILE_TIMEOUT_MS", "abc");
+    const e = await err;
+    assert.ok(e instanceof ShaderCompileError, String(e));
+    assert.match(e.message, /within 40 ms \(waiting for its pipeline\)/);
+    assert.throws(() => compileTimeoutMs(), /ATTN_COMPILE_TIMEOUT_MS must be an integer/);
   });
 });
 

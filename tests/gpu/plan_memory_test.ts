@@ -16,9 +16,9 @@ import type { AttentionBackend } from "../../core/types.ts";
 import {
   bindGpuPlan,
   bindStats,
-  GPU_TIMING,
   GPU_TIMING_SAMPLE,
   type GpuPlan,
+  gpuTiming,
 } from "../../gpu/gpu_plan.ts";
 import { FILL } from "../../gpu/fill.ts";
 import { compiledKernel, getKernel, packUniforms } from "../../gpu/kernel.ts";
@@ -254,7 +254,7 @@ Deno.test(
         timed.push(r.timings?.gpu !== undefined);
         r.release?.();
       }
-      if (gpu.features.has("timestamp-query") && GPU_TIMING === "sampled") {
+      if (gpu.features.has("timestamp-query") && gpuTiming() === "sampled") {
         const want = timed.map((_, i) => i % GPU_TIMING_SAMPLE === 0);
         assert.deepEqual(timed, want, "the first call and every GPU_TIMING_SAMPLE-th timed");
       }

@@ -1,12 +1,18 @@
 /**
  * server/serve_env.ts: the GPU layer's variables are checked at start-up with the rules of the
  * modules that read them, and a bad value is refused in one line naming the variable and the
- * value, where those modules fell back to their defaults unsaid (or warned at the first GPU
- * call). Empty is unset where the module reads it so.
+ * value. Empty is unset for every one (core/env.ts). That the check is the readers' own rule:
+ * serve_env_readers_test.ts.
  */
 import assert from "node:assert/strict";
-import { checkServeEnv, StartupEnvError } from "../../server/serve_env.ts";
+import {
+  CHECKED_ENV,
+  checkedSettings,
+  checkServeEnv,
+  StartupEnvError,
+} from "../../server/serve_env.ts";
 import { serveEnv } from "../../server/serve_options.ts";
+import { MMA_VARIANTS } from "../../gpu/flash_mma_shape.ts";
 
 const refused = async (env: Record<string, string>, message: string) => {
   await assert.rejects(
@@ -22,11 +28,11 @@ Deno.test("serve env: the GPU layer's variables, refused in one line", async () 
     ATTN_KERNEL_CACHE_LIMIT: ["1", "256", ""],
     ATTN_COMPILE_TIMEOUT_MS: ["1", "600000", "2147483647", ""],
     ATTN_GPU_TIMING: ["sampled", "total", "calls", "off", ""],
-    ATTN_DEVICE_FINITE_BYTES: ["0", "65536"],
+    ATTN_DEVICE_FINITE_BYTES: ["0", "65536", ""],
     ATTN_DAWN_TICK_SPIN_MS: ["0", "2", "0.5", "off", ""],
     ATTN_GPU_POOL_MAX_FREE_BYTES: ["0", "1073741824", ""],
     ATTN_HOST_POOL_MAX_FREE_BYTES: ["0", "1073741824", ""],
-    ATTN_THREAD_EXIT_GRACE_MS: ["0", "300", "10000"],
+    ATTN_THREAD_EXIT_GRACE_MS: ["0", "300", "10000", ""],
     ATTN_PREFILL_MMA: ["0", "1", ""],
     ATTN_PREFILL_SPLIT: ["0", "1", ""],
   };
@@ -51,7 +57,7 @@ Deno.test("serve env: the GPU layer's variables, refused in one line", async () 
     { ATTN_GPU_TIMING: "bogus" },
     'ATTN_GPU_TIMING must be one of sampled, total, calls, off, got "bogus"',
   );
-  for (const v of ["-5", "", "1e3"]) {
+  for (const v of ["-5", " ", "1e3"]) {
     await refused(
       { ATTN_DEVICE_FINITE_BYTES: v },
       `ATTN_DEVICE_FINITE_BYTES must be an integer >= 0 (bytes), got "${v}"`,
@@ -95,5 +101,50 @@ Deno.test("serve env: serveEnv reads the checked variables", () => {
     ]
   ) {
     assert.ok(names.includes(n), n);
+  }
+});
+
+Deno.test("serve env: empty is unset for every variable (was refused for two)", async () => {
+  // core/data.ts read "" as 0 and device_threads.ts as 0 ms, so start-up refused it; both
+  // readers' rules now read it as unset, as every other variable's does.
+  for (const name of CHECKED_ENV) await checkServeEnv({ [name]: "" });
+});
+
+Deno.test("serve env: CHECKED_ENV names the settings checked, in order", async () => {
+  assert.deepEqual((await checkedSettings()).map((s) => s.name), CHECKED_ENV);
+});
+
+Deno.test("serve env: the backends' variables are checked in the env given", async () => {
+  // Their check read the process's environment (where these are unset in a test run), not
+  // `env`: each of these passed.
+  const cases: [string, string, RegExp][] = [
+    ["ATTN_DECODE_TUNING", '{"bogus_knob":1}', /unknown field or wrong type: bogus_knob/],
+    ["ATTN_PREFILL_MMA_SHAPE", "nosuch", /^ATTN_PREFILL_MMA_SHAPE=nosuch names no shape/],
+    ["ATTN_FLASH_TILE", "3x8x4x4", /^ATTN_FLASH_TILE must be a tile .*TX must be/],
+  ];
+  for (const [name, value, want] of cases) {
+    await assert.rejects(
+      () => checkServeEnv({ [name]: value }),
+      (e) => e instanceof StartupEnvError && want.test(e.message),
+      name,
+    );
+  }
+});
+
+Deno.test("serve env: names and tiles the backends took by accident are refused", async () => {
+  // An own shape name only: "constructor" named Object's constructor, taken as a shape.
+  for (const v of ["constructor", "toString"]) {
+    await refused(
+      { ATTN_PREFILL_MMA_SHAPE: v },
+      `ATTN_PREFILL_MMA_SHAPE=${v} names no shape; known: ${Object.keys(MMA_VARIANTS)}`,
+    );
+  }
+  // A tile's numbers are digits only: Number() took spaces, exponents, signs and decimals.
+  for (const v of [" 8x8x4x4", "8x8x4x4 ", "8x8x4e0x4", "8x8x+4x4", "8x8x4x4.0"]) {
+    await refused(
+      { ATTN_FLASH_TILE: v },
+      `ATTN_FLASH_TILE must be a tile TXxTYxRMxRN (e.g. 8x8x4x4), got ${JSON.stringify(v)}: ` +
+        `flash tile "${v}": expected TXxTYxRMxRN, e.g. 8x8x4x4`,
+    );
   }
 });

@@ -1,0 +1,22 @@
+/**
+ * The switches of WEBGPU_FLASH's defaults (backends/webgpu_flash.ts `resolveFlashOptions`):
+ * `ATTN_PREFILL_MMA` (`FlashOptions.mma`) and `ATTN_PREFILL_SPLIT`
+ * (`FlashOptions.prefill_split`), each `0` (off) or `1` (on), unset or empty on. Their rules
+ * live here, apart from the backend, so that server/serve_env.ts can check them without loading
+ * the registered backend, which reads them as it loads.
+ * @module
+ */
+import { type EnvSetting, envSwitch } from "../core/env.ts";
+
+/** An on-by-default switch: `0` off, `1` on (core/env.ts `envSwitch`). */
+const onByDefault = (name: string): EnvSetting<boolean> => ({
+  name,
+  unset: true,
+  parse: (text) => envSwitch(name, text),
+});
+
+/** `ATTN_PREFILL_MMA`: `FlashOptions.mma`'s default. */
+export const PREFILL_MMA_SETTING: EnvSetting<boolean> = onByDefault("ATTN_PREFILL_MMA");
+
+/** `ATTN_PREFILL_SPLIT`: `FlashOptions.prefill_split`'s default. */
+export const PREFILL_SPLIT_SETTING: EnvSetting<boolean> = onByDefault("ATTN_PREFILL_SPLIT");
