@@ -3,12 +3,14 @@
 # the HTTP bench, the PyTorch anchor. Logs under $OUT; each part's tail is printed.
 # Usage there: bash bench/gpu_machine.sh
 #   [tests|dawn-tests|both-tests|compile-probe|mma|mma-fast|mma-bench|mma-ceiling|mma-strides|residency|bench|
-#    bench-deno|http|http-warm|http-prof|threads|exit-probe|anchor|clock-probe|all]...
+#    bench-deno|http|http-warm|http-prof|threads|exit-probe|anchor|clock-probe|group-probe|all]...
 # mma: the tensor-core kernel's tests; mma-fast: those of its fast softmax, direct loads, matrix-move
 # staging, split S chains, per-subgroup rescale, late next-tile stores and D split over subgroups;
 # mma-bench: its variant sweep; mma-ceiling: bench/mma_ceiling.ts, what subgroup-matrix loops reach
 # (MMA_CEILING_ARGS adds flags, e.g. "--only gemm-st-2x4-w2x2,flash-wg-1x4-w8x1"; MMA_CEILING_TIMEOUT
 # 240).
+# group-probe: bench/group_prefill_probe.ts, the token-group portable prefill probe (GROUP_PROBE_ARGS,
+# e.g. "--runtime dawn --shapes 4:1,4:2"; Deno's runtime by default; GROUP_PROBE_TIMEOUT 240).
 # Each part is cut at its own limit (seconds, env): TESTS_TIMEOUT 240, MMA_TIMEOUT 150,
 # MMA_BENCH_TIMEOUT 150 (bench/mma_bench.ts's default variants; MMA_BENCH_ARGS adds flags, e.g.
 # "--only w8r1k16,w8r1k16-fd --cases 8x4096"),
@@ -192,6 +194,10 @@ for w in $what; do
       # shellcheck disable=SC2086
       TAIL=${TAIL:-60} run mma-ceiling "${MMA_CEILING_TIMEOUT:-240}" \
         deno run -A bench/mma_ceiling.ts --iters 20 ${MMA_CEILING_ARGS:-} ;;&
+    group-probe)
+      # shellcheck disable=SC2086
+      TAIL=${TAIL:-40} run group-probe "${GROUP_PROBE_TIMEOUT:-240}" \
+        deno run -A bench/group_prefill_probe.ts ${GROUP_PROBE_ARGS:-} ;;&
     anchor | all)
       rm -f "$out/anchor.json"
       run anchor "${ANCHOR_TIMEOUT:-60}" python3 bench/torch_anchor.py --json "$out/anchor.json"
