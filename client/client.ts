@@ -72,6 +72,31 @@ export interface ForwardOptions {
   queueTimeoutMs?: number;
 }
 
+/** The longest queue timeout the server takes, ms (2^31 - 1). */
+const MAX_QUEUE_TIMEOUT_MS = 2147483647;
+
+/**
+ * `queueTimeoutMs` as the header's plain decimal (`1e-7` as `0.0000001`), or the server's 400
+ * `invalid_header` for a value it refuses (not a number above 0 and at most 2^31 - 1), without
+ * sending the call.
+ */
+function queueTimeoutText(ms: number): string {
+  if (typeof ms === "number" && Number.isFinite(ms) && ms > 0 && ms <= MAX_QUEUE_TIMEOUT_MS) {
+    return ms.toLocaleString("en-US", { useGrouping: false, maximumSignificantDigits: 21 });
+  }
+  const got = typeof ms === "number" ? String(ms) : JSON.stringify(ms) ?? String(ms);
+  throw new AttentionApiError(400, {
+    type: "urn:attn-service:problem:invalid_header",
+    title: "Bad Request",
+    status: 400,
+    detail: `queueTimeoutMs must be a number of milliseconds above 0 and at most ` +
+      `${MAX_QUEUE_TIMEOUT_MS}; got ${got} (refused by the client)`,
+    code: "invalid_header",
+    header: QUEUE_TIMEOUT_HEADER,
+    value: got.slice(0, 64),
+  });
+}
+
 /** Reads an answer's body; a failed read is a `network_error` (unless the caller aborted). */
 async function readBody<B>(
   res: Response,
@@ -294,7 +319,7 @@ export class AttentionClient {
     const { signal } = opts;
     const headers = opts.queueTimeoutMs === undefined
       ? undefined
-      : { [QUEUE_TIMEOUT_HEADER]: String(opts.queueTimeoutMs) };
+      : { [QUEUE_TIMEOUT_HEADER]: queueTimeoutText(opts.queueTimeoutMs) };
     let bytes: Uint8Array | null = null;
     if (opts.binary) {
       try {

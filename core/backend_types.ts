@@ -4,6 +4,7 @@
  * @module
  */
 import type { GpuContext } from "./device_types.ts";
+import type { QueueDeadline } from "./queue_timeout.ts";
 import type {
   BatchShape,
   CacheStorage,
@@ -101,6 +102,13 @@ export interface RunOptions {
    * cache until `run` settles.
    */
   onSubmitted?: () => void;
+  /**
+   * The call's queue timeout (core/queue_timeout.ts), where the caller set one. The service
+   * bounds the wait for the cache; a backend that queues calls itself before running them
+   * (CPU_REFERENCE's worker pool) drops a call still queued at the deadline, writing nothing,
+   * and rejects with QueueTimeoutError (503 `queue_timeout`). A call that started runs to its end.
+   */
+  queueDeadline?: QueueDeadline;
 }
 
 /** What plan/run receive besides the batch. */

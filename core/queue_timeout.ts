@@ -32,12 +32,63 @@ export function checkQueueTimeoutMs(ms: unknown): number | undefined {
   });
 }
 
+/** A call's queue deadline, as the service hands it to a backend that queues calls itself. */
+export interface QueueDeadline {
+  /** The caller's timeout, ms. */
+  timeoutMs: number;
+  /** When the wait began (`performance.now()`); the deadline is `since + timeoutMs`. */
+  since: number;
+}
+
+/** The 503 of a call whose deadline `d` passed before it started (`now`: when that was seen). */
+export function queueTimeoutError(d: QueueDeadline, now = performance.now()): QueueTimeoutError {
+  return new QueueTimeoutError(d.timeoutMs, now - d.since);
+}
+
+/** Whether deadline `d` has passed at `now`. */
+export function pastDeadline(d: QueueDeadline, now = performance.now()): boolean {
+  return now - d.since > d.timeoutMs;
+}
+
 /**
- * The check before a call starts: past its timeout (`waitedMs` since it arrived), it does not run.
- * @throws QueueTimeoutError 503 `queue_timeout`.
+ * A call's start under its queue timeout, decided once: the call claims it when it starts
+ * ({@link claim}), or the timeout takes it first, and then the call must do nothing. While the call
+ * waits for its cache, {@link race} answers the 503 as soon as the timeout passes (not when the
+ * cache frees); the call, reaching its turn later, fails its claim and writes nothing.
  */
-export function checkQueueWait(timeoutMs: number | undefined, waitedMs: number): void {
-  if (timeoutMs !== undefined && waitedMs > timeoutMs) {
-    throw new QueueTimeoutError(timeoutMs, waitedMs);
+export class StartGate implements QueueDeadline {
+  #state: "waiting" | "started" | "expired" = "waiting";
+  constructor(readonly timeoutMs: number, readonly since: number) {}
+
+  /**
+   * Marks the call started.
+   * @throws QueueTimeoutError when the timeout passed first (the call must then do nothing).
+   */
+  claim(now = performance.now()): void {
+    if (this.#state === "waiting" && pastDeadline(this, now)) this.#state = "expired";
+    if (this.#state === "expired") throw queueTimeoutError(this, now);
+    this.#state = "started";
+  }
+
+  /**
+   * `work` (a call that claims this gate when it starts), or a QueueTimeoutError as soon as the
+   * timeout passes while the call has not started; `work`'s later failure is then dropped.
+   */
+  race<T>(work: Promise<T>): Promise<T> {
+    if (this.#state !== "waiting") return work;
+    return new Promise<T>((resolve, reject) => {
+      const timer = setTimeout(() => {
+        if (this.#state !== "waiting") return;
+        this.#state = "expired";
+        reject(queueTimeoutError(this));
+      }, Math.max(0, this.since + this.timeoutMs - performance.now()));
+      work.then((v) => {
+        clearTimeout(timer);
+        resolve(v);
+      }, (e) => {
+        clearTimeout(timer);
+        reject(e);
+      });
+    });
   }
 }

@@ -23,11 +23,13 @@ import { findForwardCacheId, scanWorker } from "./forward_cache_id.ts";
 import { CachePlacement } from "./cache_placement.ts";
 import { createOnSomeThread, PerKeyQueue, putOnSomeThread } from "./create_elsewhere.ts";
 import { mergeMetrics, SCRAPE_HEADER, TENTATIVE_HEADER } from "./metrics_merge.ts";
+import { FrontMetrics } from "./front_metrics.ts";
 import { type ErrorLogger, lineLogger, NOT_LOGGED, problemResponse, toProblem } from "./problem.ts";
 import { cachePath, ORIGIN_HEADER } from "./thread_http.ts";
 import { listenOnThreads, type ThreadListeners } from "./thread_listeners.ts";
 import { Thread, type ThreadFault } from "./thread_handle.ts";
 import { requestPath } from "./routes.ts";
+import { badQueueTimeoutHeader } from "./queue_timeout_header.ts";
 import { ThreadWatchdog, watchdogFromEnv, type WatchdogOptions } from "./thread_watchdog.ts";
 import { headOf, SAFETENSORS } from "./responses.ts";
 import { stderrLock } from "../gpu/runtime_stderr.ts";
@@ -139,6 +141,7 @@ function front(
   const mark = (tentative: boolean): [string, string][] =>
     tentative ? [[TENTATIVE_HEADER, scrapeToken]] : [];
   const scans = scanWorker();
+  const own = new FrontMetrics(); // the answers the front gives itself
   const leastBusy = () => places.live().reduce((a, b) => (b.sender.size < a.sender.size ? b : a));
   /** The thread a create came in on (thread_http.ts ORIGIN_HEADER with this front's token). */
   const origin = (req: Request): Thread | undefined => {
@@ -189,6 +192,7 @@ function front(
   };
 
   const forward = async (req: Request): Promise<Response> => {
+    if (badQueueTimeoutHeader(req)) return await leastBusy().send(req); // refused before its body
     let body = await threads[0].sender.readBody(req);
     let id: string | undefined;
     if (body?.end === "complete") {
@@ -221,7 +225,8 @@ function front(
     if (bad) return head ? await headOf(bad) : bad;
     const texts = await Promise.all(answers.map((r) => r?.text() ?? ""));
     const headers = new Headers(answers.find((r) => r !== null)?.headers);
-    const res = new Response(mergeMetrics(texts), { headers });
+    const labels = [...threads.map((t) => t.index), "front"];
+    const res = new Response(mergeMetrics([...texts, own.render()], labels), { headers });
     if (!head) return res;
     // Every thread's text was asked for uncounted; the first thread then counts the HEAD as such
     // (its own answer has no body to merge), after the text, as one thread counts it.
@@ -231,9 +236,8 @@ function front(
     return await headOf(res);
   };
 
-  const handler = async (req: Request): Promise<Response> => {
+  const route = async (req: Request, pathname: string): Promise<Response> => {
     try {
-      const pathname = requestPath(req.url);
       const method = req.method.toUpperCase();
       const c = cachePath(pathname);
       if (c) return await onCache(req, c.id, c.rest);
@@ -246,6 +250,13 @@ function front(
     } catch (e) {
       return problemResponse(toProblem(e, undefined, lostThread(e) ? NOT_LOGGED : undefined));
     }
+  };
+  // The answers no thread gave (a lost thread's 503s, a failure here) are counted here.
+  const handler = async (req: Request): Promise<Response> => {
+    const pathname = requestPath(req.url);
+    const res = await route(req, pathname);
+    own.record(req, pathname, res);
+    return res;
   };
 
   return {

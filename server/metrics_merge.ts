@@ -16,7 +16,7 @@ interface Family {
 }
 
 /** `name{labels} value` or `name value` with the thread label added. */
-function labelled(line: string, thread: number): string {
+function labelled(line: string, thread: number | string): string {
   const label = `${THREAD_LABEL}="${thread}"`;
   const brace = line.indexOf("{");
   const space = line.indexOf(" ");
@@ -28,8 +28,14 @@ function labelled(line: string, thread: number): string {
   return `${line.slice(0, space)}{${label}}${line.slice(space)}`;
 }
 
-/** Merges the threads' texts (index = thread number). */
-export function mergeMetrics(texts: string[]): string {
+/**
+ * Merges the threads' texts, each labelled with its name in `labels` (default: its index, the
+ * thread number; the front's own counts go last as `front`).
+ */
+export function mergeMetrics(
+  texts: string[],
+  labels: (number | string)[] = texts.map((_, i) => i),
+): string {
   const families = new Map<string, Family>();
   const family = (name: string) => {
     let f = families.get(name);
@@ -46,7 +52,7 @@ export function mergeMetrics(texts: string[]): string {
         else current.type ??= line;
       } else if (line !== "" && !line.startsWith("#")) {
         current ??= family(line.split(/[{ ]/)[0]);
-        current.samples.push(labelled(line, thread));
+        current.samples.push(labelled(line, labels[thread]));
       }
     }
   });

@@ -19,8 +19,8 @@ const problem = (description: string) => ({
   content: { "application/problem+json": { schema: ref("Problem") } },
 });
 const ERROR_TEXT: Record<number, string> = {
-  400:
-    "Malformed body, schema violation, invalid cache id or header (issues name each field and value)",
+  400: "Malformed body, schema violation or invalid cache id (issues name each field and " +
+    "value), or a header refused (invalid_header: header and value)",
   404: "Unknown cache or backend",
   408: "The body stopped coming (--body-timeout-ms)",
   409: "The cache exists with another spec",

@@ -27,3 +27,17 @@ export function parseQueueTimeoutHeader(value: string | null): number | undefine
     },
   );
 }
+
+/**
+ * Whether `req` carries a queue timeout header the forward routes refuse: a front that reads a
+ * forward's body to route it (device threads) passes such a call on unread, to be refused
+ * before its body as on one thread.
+ */
+export function badQueueTimeoutHeader(req: Request): boolean {
+  try {
+    parseQueueTimeoutHeader(req.headers.get(QUEUE_TIMEOUT_HEADER));
+    return false;
+  } catch {
+    return true;
+  }
+}

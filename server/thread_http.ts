@@ -19,6 +19,7 @@ import { mediaType } from "./body.ts";
 import type { StreamedBody } from "./body_read.ts";
 import { setPreReadBody } from "./body_read.ts";
 import { findForwardCacheId, type ScanWorker } from "./forward_cache_id.ts";
+import { badQueueTimeoutHeader } from "./queue_timeout_header.ts";
 import { serveLentBodies } from "./lent_body.ts";
 import type { ErrorLogger } from "./problem.ts";
 import type { RequestSender } from "./request_sender.ts";
@@ -101,6 +102,7 @@ export function serveThreadHttp(o: ThreadHttpOptions): ResilientServer {
       return await o.front.send(req, undefined, origin);
     }
     if (path !== "/v1/attention/forward" || method !== "POST") return await o.front.send(req);
+    if (badQueueTimeoutHeader(req)) return await o.handler(req); // refused before its body
     const body = await o.front.readBody(req);
     if (body?.end !== "complete") return await o.front.send(req, body);
     const safetensors = mediaType(req.headers.get("content-type")) === SAFETENSORS;

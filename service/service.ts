@@ -8,7 +8,7 @@
 import { resolveStorage } from "../core/dtype.ts";
 import { checkCacheSpec } from "../core/cache_spec.ts";
 import { ClientClosedError, DeviceUnavailableError } from "../core/errors.ts";
-import { checkQueueTimeoutMs, checkQueueWait } from "../core/queue_timeout.ts";
+import { checkQueueTimeoutMs, StartGate } from "../core/queue_timeout.ts";
 import type {
   AttentionBackend,
   BackendContext,
@@ -268,6 +268,7 @@ export class AttentionService {
   async forward(input: ForwardInput, opts: ForwardOptions = {}): Promise<ForwardOutcome> {
     const t0 = performance.now();
     const queueTimeoutMs = checkQueueTimeoutMs(opts.queueTimeoutMs);
+    const gate = queueTimeoutMs === undefined ? null : new StartGate(queueTimeoutMs, t0);
     // A library caller's input may be anything: validation names what is wrong with it.
     const id: unknown = (input as Partial<ForwardInput> | null)?.kv_cache;
     const held = typeof id === "string" ? this.caches.get(id) : null;
@@ -292,7 +293,7 @@ export class AttentionService {
       if (opts.signal?.aborted) {
         throw new ClientClosedError("the client went away before the call ran");
       }
-      checkQueueWait(queueTimeoutMs, performance.now() - t0);
+      gate?.claim();
       const batch = attachCache(v.batch, cache);
       const held = await this.plans.get(backend, batch, ctx);
       tPlanned = performance.now();
@@ -300,18 +301,24 @@ export class AttentionService {
       try {
         // A large batch's scan was left to a plan that checks on the device; any other scans now.
         if (v.finite_deferred && held.plan.checks_finite !== true) checkFiniteOnHost(batch);
-        return await backend.run(held.plan, batch, ctx, { signal: opts.signal, onSubmitted });
+        return await backend.run(held.plan, batch, ctx, {
+          signal: opts.signal,
+          onSubmitted,
+          ...(gate ? { queueDeadline: gate } : {}),
+        });
       } finally {
         held.release();
       }
     };
     let result: ForwardResult;
     if (held) {
-      // The next call on this cache starts once this one's GPU work is submitted.
-      result = await this.caches.withCache(held.id, (s, unlock) => {
+      // The next call on this cache starts once this one's GPU work is submitted. A call with a
+      // queue timeout is answered when it passes, however long the cache stays busy.
+      const work = this.caches.withCache(held.id, (s, unlock) => {
         if (s.cache.lost) throw cacheLost(s.id);
         return exec(s.cache, unlock);
       });
+      result = await (gate ? gate.race(work) : work);
     } else if (v.inline) {
       const release = this.caches.reserve(v.inline.key.byteLength + v.inline.value.byteLength);
       try {

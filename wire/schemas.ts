@@ -385,8 +385,20 @@ export const ProblemSchema = z.looseObject({
   )
     .optional(),
   reasons: z.record(z.string(), z.array(z.string())).optional(),
-  retryable: z.literal(false).optional().describe(
-    "On a 503 that retrying cannot help (a forced GPU backend on a server with no device by " +
-      "configuration, --no-gpu): sent without Retry-After.",
+  retryable: z.boolean().optional().describe(
+    "On a 503: false where retrying cannot help (a forced GPU backend on a server with no " +
+      "device by configuration, --no-gpu; sent without Retry-After); true on a queue_timeout " +
+      "(Retry-After: 0).",
+  ),
+  queue_timeout_ms: z.number().optional().describe(
+    "queue_timeout: the call's X-Attention-Queue-Timeout-Ms.",
+  ),
+  waited_ms: z.number().optional().describe(
+    "queue_timeout: how long the call had waited when it was refused.",
+  ),
+  retry_after_s: z.int().optional().describe("A 503's Retry-After, in seconds, where it says."),
+  header: z.string().optional().describe("invalid_header: the request header refused."),
+  value: z.union([z.string(), z.number()]).optional().describe(
+    "invalid_header: the header's value (64 characters at most); limit_exceeded: the call's count.",
   ),
 }).meta({ id: "Problem" });

@@ -53,7 +53,7 @@ async function runOn(
     );
   }
   const host = hostBatch(batch);
-  const r = await pool.run(host, kvFromCall(host) ? null : c, opts.signal);
+  const r = await pool.run(host, kvFromCall(host) ? null : c, opts.signal, opts.queueDeadline);
   return { output: fromFloats(batch.dtype, r.output), lse: r.lse, timings: r.timings };
 }
 

@@ -32,6 +32,7 @@
  * @module
  */
 import { ServiceError } from "../../core/errors.ts";
+import { pastDeadline, type QueueDeadline, queueTimeoutError } from "../../core/queue_timeout.ts";
 import type { HostKvCache } from "./host_cache.ts";
 import type { ForwardBatch } from "../../core/types.ts";
 
@@ -83,6 +84,8 @@ interface Job {
   settled: boolean;
   /** The signal aborted while the worker was writing: stop it once the write is complete. */
   stopWhenWritten: boolean;
+  /** Its queue timeout: still queued then, it leaves the queue unrun. */
+  deadline?: QueueDeadline;
   resolve(r: HostResult): void;
   reject(e: unknown): void;
   detach(): void;
@@ -135,16 +138,20 @@ export class CpuWorkerPool {
   }
 
   /**
-   * Runs one checked batch (plan already ran) on `cache` (null: the call reads no cache).
+   * Runs one checked batch (plan already ran) on `cache` (null: the call reads no cache). A call
+   * still queued at its `deadline` (a queue timeout) leaves the queue unrun.
    * @throws ServiceError: the call's own errors; 499 `client_closed_request`; 500
-   * `cpu_worker_crashed` / `cpu_worker_failed`; 503 `cpu_pool_closed`; 409 `cache_destroyed`.
+   * `cpu_worker_crashed` / `cpu_worker_failed`; 503 `cpu_pool_closed`, `queue_timeout`; 409
+   * `cache_destroyed`.
    */
   run(
     batch: ForwardBatch,
     cache: HostKvCache | null,
     signal?: AbortSignal,
+    deadline?: QueueDeadline,
   ): Promise<HostResult> {
     if (signal?.aborted) return Promise.reject(cancelledError());
+    if (deadline && pastDeadline(deadline)) return Promise.reject(queueTimeoutError(deadline));
     if (this.#closing) return Promise.reject(closedError());
     let request: CallRequest;
     try {
@@ -178,6 +185,16 @@ export class CpuWorkerPool {
         const onAbort = () => this.#abort(job);
         signal.addEventListener("abort", onAbort, { once: true });
         job.detach = () => signal.removeEventListener("abort", onAbort);
+      }
+      if (deadline) {
+        job.deadline = deadline;
+        const ms = Math.max(0, deadline.since + deadline.timeoutMs - performance.now());
+        const timer = setTimeout(() => this.#unqueue(job, queueTimeoutError(deadline)), ms);
+        const detach = job.detach;
+        job.detach = () => {
+          clearTimeout(timer);
+          detach();
+        };
       }
       this.#queue.push(job);
       this.#pump();
@@ -225,7 +242,13 @@ export class CpuWorkerPool {
           this.#pump();
         }, 0);
       }
-      this.#dispatch(slot, this.#queue.shift()!);
+      const job = this.#queue.shift()!;
+      // Its deadline's timer may not have run yet: a call past it never starts.
+      if (job.deadline && pastDeadline(job.deadline)) {
+        this.#settle(job, queueTimeoutError(job.deadline));
+        continue;
+      }
+      this.#dispatch(slot, job);
     }
   }
 
@@ -289,15 +312,19 @@ export class CpuWorkerPool {
     this.#released();
   }
 
+  /** Takes a call out of the queue, settled with `error`; false when it is not queued. */
+  #unqueue(job: Job, error: Error): boolean {
+    const q = job.settled ? -1 : this.#queue.indexOf(job);
+    if (q < 0) return false;
+    this.#queue.splice(q, 1);
+    this.#settle(job, error);
+    return true;
+  }
+
   /** The signal aborted. */
   #abort(job: Job): void {
     if (job.settled) return;
-    const q = this.#queue.indexOf(job);
-    if (q >= 0) {
-      this.#queue.splice(q, 1);
-      this.#settle(job, cancelledError());
-      return;
-    }
+    if (this.#unqueue(job, cancelledError())) return;
     const before = Atomics.compareExchange(job.control, 0, PENDING, CANCELLED);
     // PENDING: the worker will write nothing; it answers `cancelled` and is free again then.
     if (before === PENDING) return this.#settle(job, cancelledError());

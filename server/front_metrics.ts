@@ -1,0 +1,53 @@
+/**
+ * What the device threads' front answers itself (server/device_threads.ts): a call it cannot
+ * pass on (a 503 `device_thread_lost` for a lost thread's cache, a failure while routing) is
+ * answered by no thread, so no thread's `/metrics` counts it. The front counts those answers
+ * here, in `attn_http_requests_total` and `attn_http_problems_total`, and `/metrics` merges them
+ * with the threads' series under `device_thread="front"`. Labels stay bounded: the route is a
+ * known route's template or `unmatched`, never the path.
+ * @module
+ */
+import { Metrics } from "./metrics.ts";
+import { problemCodeOf } from "./problem.ts";
+import { cachePath } from "./thread_http.ts";
+
+/** The routes outside /v1/kv-caches/{id} a front may answer itself. */
+const STATIC_ROUTES = new Set([
+  "/healthz",
+  "/metrics",
+  "/openapi.json",
+  "/v1/kv-caches",
+  "/v1/attention/forward",
+  "/v1/backends",
+  "/v1/backends/select",
+  "/v1/device",
+]);
+
+/** The route template of `path` for a label: a known route, else `unmatched`. */
+export function frontRoute(path: string): string {
+  const c = cachePath(path);
+  if (c) {
+    return ["", "/data", "/forward"].includes(c.rest) ? `/v1/kv-caches/:id${c.rest}` : "unmatched";
+  }
+  return STATIC_ROUTES.has(path) ? path : "unmatched";
+}
+
+/** The families of the front's own counts, for the merged text. */
+const FAMILIES = ["attn_http_requests_total", "attn_http_problems_total"];
+
+/** The front's own answers, counted. */
+export class FrontMetrics {
+  readonly #m = new Metrics();
+
+  /** Counts `res` if the front made it (a problem answer built in this thread). */
+  record(req: Request, path: string, res: Response): void {
+    const code = problemCodeOf(res);
+    if (code !== undefined) this.#m.recordRequest(frontRoute(path), req.method, res.status, code);
+  }
+
+  /** The request and problem families' text (their HELP and TYPE lines, then any samples). */
+  render(): string {
+    const keep = (line: string) => FAMILIES.some((f) => line.includes(f));
+    return this.#m.render().split("\n").filter(keep).join("\n") + "\n";
+  }
+}
