@@ -33,7 +33,7 @@ import { badQueueTimeoutHeader } from "./queue_timeout_header.ts";
 import { ThreadWatchdog, watchdogFromEnv, type WatchdogOptions } from "./thread_watchdog.ts";
 import { headOf, SAFETENSORS } from "./responses.ts";
 import { stderrLock } from "../gpu/runtime_stderr.ts";
-import { envVar } from "../core/env.ts";
+import { threadExitGraceMs } from "./exit_grace.ts";
 import { ServiceError } from "../core/errors.ts";
 
 export type { ThreadFault } from "./thread_handle.ts";
@@ -57,8 +57,7 @@ export interface DeviceThreadsOptions {
  * v0.16). Deno has no join for a worker, so a grace (`ATTN_THREAD_EXIT_GRACE_MS`, default 300).
  */
 async function threadExitGrace(): Promise<void> {
-  const v = Number(envVar("ATTN_THREAD_EXIT_GRACE_MS") ?? 300);
-  const ms = Number.isFinite(v) && v >= 0 ? Math.min(v, 10_000) : 300;
+  const ms = threadExitGraceMs(); // checked at start-up (server/serve_env.ts)
   if (ms > 0) await new Promise((r) => setTimeout(r, ms));
 }
 

@@ -34,6 +34,8 @@ export const CHECKED_ENV: readonly string[] = [
   "ATTN_GPU_POOL_MAX_FREE_BYTES",
   "ATTN_HOST_POOL_MAX_FREE_BYTES",
   "ATTN_THREAD_EXIT_GRACE_MS",
+  "ATTN_THREAD_PING_MS",
+  "ATTN_THREAD_LOST_MS",
   "ATTN_PREFILL_MMA",
   "ATTN_PREFILL_SPLIT",
   "ATTN_DECODE_TUNING",
@@ -43,17 +45,20 @@ export const CHECKED_ENV: readonly string[] = [
 
 /** The settings of {@link CHECKED_ENV}, in its order, from the modules that read them. */
 export async function checkedSettings(): Promise<EnvSetting<unknown>[]> {
-  const [kernel, pipelines, plan, data, tick, gpuPool, hostPool, grace, flash] = await Promise.all([
-    import("../gpu/kernel.ts"),
-    import("../gpu/pipelines.ts"),
-    import("../gpu/gpu_plan.ts"),
-    import("../core/data.ts"),
-    import("../gpu/dawn_tick_pace.ts"),
-    import("../gpu/buffer_pool.ts"),
-    import("../gpu/host_pool.ts"),
-    import("./exit_grace.ts"),
-    import("../backends/flash_switches.ts"),
-  ]);
+  const [kernel, pipelines, plan, data, tick, gpuPool, hostPool, grace, watchdog, flash] =
+    await Promise
+      .all([
+        import("../gpu/kernel.ts"),
+        import("../gpu/pipelines.ts"),
+        import("../gpu/gpu_plan.ts"),
+        import("../core/data.ts"),
+        import("../gpu/dawn_tick_pace.ts"),
+        import("../gpu/buffer_pool.ts"),
+        import("../gpu/host_pool.ts"),
+        import("./exit_grace.ts"),
+        import("./thread_watchdog.ts"),
+        import("../backends/flash_switches.ts"),
+      ]);
   const [tuning, mma, tile] = await Promise.all([
     import("../backends/webgpu_decode_tuning.ts"),
     import("../backends/flash_mma_plan.ts"),
@@ -68,6 +73,8 @@ export async function checkedSettings(): Promise<EnvSetting<unknown>[]> {
     gpuPool.GPU_POOL_CAP_SETTING,
     hostPool.HOST_POOL_CAP_SETTING,
     grace.THREAD_EXIT_GRACE_SETTING,
+    watchdog.THREAD_PING_SETTING,
+    watchdog.THREAD_LOST_SETTING,
     flash.PREFILL_MMA_SETTING,
     flash.PREFILL_SPLIT_SETTING,
     tuning.DECODE_TUNING_SETTING,

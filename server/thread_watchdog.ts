@@ -32,10 +32,11 @@
  * process alive) and stopped at close (a thread busy closing is not lost).
  *
  * Set by `ATTN_THREAD_PING_MS` (0: no watchdog) and `ATTN_THREAD_LOST_MS` (integers of ms, at
- * most 2^31 - 1; a bad value leaves the default), or by the front's options (tests).
+ * most 2^31 - 1; a bad value stops the server at start-up: serve_env.ts), or by the front's options
+ * (tests).
  * @module
  */
-import { envVar } from "../core/env.ts";
+import { envInt, type EnvSetting, readSetting } from "../core/env.ts";
 import { MAX_TIMER_MS } from "../core/timeout.ts";
 
 /** How the front watches its threads. */
@@ -52,18 +53,26 @@ export const DEFAULT_WATCHDOG: Readonly<WatchdogOptions> = { pingMs: 1000, lostM
 /** The variables that set {@link WatchdogOptions}. */
 export const PING_ENV = "ATTN_THREAD_PING_MS", LOST_ENV = "ATTN_THREAD_LOST_MS";
 
-/** `v` as ms from `min` to MAX_TIMER_MS, else `fallback` (unset or bad). */
-function ms(v: string | undefined, min: number, fallback: number): number {
-  const n = Number(v);
-  return v !== undefined && /^\d+$/.test(v) && n >= min && n <= MAX_TIMER_MS ? n : fallback;
-}
+/** {@link PING_ENV}'s rule: an integer of ms from 0 (no watchdog) to 2^31 - 1. */
+export const THREAD_PING_SETTING: EnvSetting<number> = {
+  name: PING_ENV,
+  unset: DEFAULT_WATCHDOG.pingMs,
+  parse: (text) => envInt(PING_ENV, text, 0, MAX_TIMER_MS, " (ms; 0: no watchdog)"),
+};
 
-/** The options from {@link PING_ENV} and {@link LOST_ENV}. */
+/** {@link LOST_ENV}'s rule: an integer of ms from 1 to 2^31 - 1. */
+export const THREAD_LOST_SETTING: EnvSetting<number> = {
+  name: LOST_ENV,
+  unset: DEFAULT_WATCHDOG.lostMs,
+  parse: (text) => envInt(LOST_ENV, text, 1, MAX_TIMER_MS, " (ms)"),
+};
+
+/**
+ * The options from {@link PING_ENV} and {@link LOST_ENV} (checked at start-up, serve_env.ts).
+ * @throws EnvValueError naming the variable and its value where its rule refuses it.
+ */
 export function watchdogFromEnv(): WatchdogOptions {
-  return {
-    pingMs: ms(envVar(PING_ENV), 0, DEFAULT_WATCHDOG.pingMs),
-    lostMs: ms(envVar(LOST_ENV), 1, DEFAULT_WATCHDOG.lostMs),
-  };
+  return { pingMs: readSetting(THREAD_PING_SETTING), lostMs: readSetting(THREAD_LOST_SETTING) };
 }
 
 /** What the watchdog needs of a thread (device_threads.ts `Thread`). */

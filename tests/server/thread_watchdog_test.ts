@@ -6,6 +6,7 @@
  * thread; `pingMs` 0 starts nothing; the variables set the options, a bad value the default.
  */
 import assert from "node:assert/strict";
+import { EnvValueError } from "../../core/env.ts";
 import {
   DEFAULT_WATCHDOG,
   LOST_ENV,
@@ -90,7 +91,7 @@ Deno.test("thread watchdog: pingMs 0 starts nothing; stop() clears the timer", (
   assert.deepEqual(t.pings, []);
 });
 
-Deno.test("thread watchdog: the variables set the options, a bad value leaves the default", () => {
+Deno.test("thread watchdog: the variables set the options; empty is the default, a bad value throws naming it", () => {
   const saved = [Deno.env.get(PING_ENV), Deno.env.get(LOST_ENV)];
   const set = (k: string, v: string | undefined) =>
     v === undefined ? Deno.env.delete(k) : Deno.env.set(k, v);
@@ -102,13 +103,26 @@ Deno.test("thread watchdog: the variables set the options, a bad value leaves th
     set(PING_ENV, "0");
     set(LOST_ENV, "120000");
     assert.deepEqual(watchdogFromEnv(), { pingMs: 0, lostMs: 120_000 });
-    for (const bad of ["", "-1", "1.5", "abc", String(2 ** 31)]) {
+    set(PING_ENV, "");
+    set(LOST_ENV, "");
+    assert.deepEqual(watchdogFromEnv(), DEFAULT_WATCHDOG, "empty reads as unset");
+    for (const bad of ["-1", "1.5", "abc", " 5", String(2 ** 31)]) {
       set(PING_ENV, bad);
-      set(LOST_ENV, bad);
-      assert.deepEqual(watchdogFromEnv(), DEFAULT_WATCHDOG, JSON.stringify(bad));
+      set(LOST_ENV, "1000");
+      assert.throws(
+        () => watchdogFromEnv(),
+        (e) =>
+          e instanceof EnvValueError && e.variable === PING_ENV && e.value === bad &&
+          e.message.includes(JSON.stringify(bad)),
+      );
     }
+    set(PING_ENV, "1000");
     set(LOST_ENV, "0");
-    assert.equal(watchdogFromEnv().lostMs, DEFAULT_WATCHDOG.lostMs, "lostMs 0 is refused");
+    assert.throws(
+      () => watchdogFromEnv(),
+      (e) => e instanceof EnvValueError && e.variable === LOST_ENV,
+      "lostMs 0 is refused",
+    );
   } finally {
     set(PING_ENV, saved[0]);
     set(LOST_ENV, saved[1]);
