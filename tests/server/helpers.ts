@@ -11,7 +11,7 @@ import type {
   DeviceReport,
   GpuContext,
 } from "../../core/types.ts";
-import { AttentionApiError, AttentionClient } from "../../client/client.ts";
+import { AttentionApiError, AttentionClient, type ForwardBody } from "../../client/client.ts";
 import type { AccessPolicy } from "../../server/auth.ts";
 import { DEFAULT_MAX_BODY_BYTES } from "../../server/body.ts";
 import { createHandler } from "../../server/handler.ts";
@@ -239,4 +239,28 @@ export function maxAbsDiff(a: ArrayLike<number>, b: ArrayLike<number>): number {
 export async function cacheSnapshot(srv: TestServer, id: string): Promise<string> {
   const d = await srv.client.cacheData(id);
   return d.key_cache.data.toBase64() + "|" + d.value_cache.data.toBase64();
+}
+
+/**
+ * A float32 prefill of `t` tokens of one request (random data), writing slots `first` ..
+ * `first + t - 1` through blocks 0, 1, ... of block size `bs`.
+ */
+export function prefillBody(
+  o: { h: number; hkv: number; d: number; bs: number; t: number; first?: number },
+): ForwardBody {
+  const { h, hkv, d, bs, t } = o, first = o.first ?? 0;
+  const blocks = Array.from({ length: Math.ceil((first + t) / bs) }, (_, i) => i);
+  return {
+    dtype: "float32",
+    layer: { num_heads: h, num_kv_heads: hkv, head_size: d },
+    query: { dtype: "float32", shape: [t, h, d], data: rand(t * h * d) },
+    key: { dtype: "float32", shape: [t, hkv, d], data: rand(t * hkv * d) },
+    value: { dtype: "float32", shape: [t, hkv, d], data: rand(t * hkv * d) },
+    metadata: {
+      query_start_loc: [0, t],
+      seq_lens: [first + t],
+      block_table: [blocks],
+      slot_mapping: Array.from({ length: t }, (_, i) => first + i),
+    },
+  };
 }

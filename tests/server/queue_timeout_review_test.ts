@@ -22,27 +22,13 @@ import { checkQueueTimeoutMs } from "../../core/queue_timeout.ts";
 import { ProblemSchema } from "../../wire/schemas.ts";
 import { QUEUE_TIMEOUT_HEADER } from "../../wire/names.ts";
 import { deferred, type FakeBackend, fakeBackend } from "../service/helpers.ts";
-import { cacheSnapshot, rand, startServer } from "./helpers.ts";
+import { cacheSnapshot, prefillBody, startServer } from "./helpers.ts";
 import { startNoGpuThreads } from "./no_gpu_threads.ts";
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
-function prefill(h: number, hkv: number, d: number, bs: number, t: number, first = 0): ForwardBody {
-  const blocks = Array.from({ length: Math.ceil((first + t) / bs) }, (_, i) => i);
-  return {
-    dtype: "float32",
-    layer: { num_heads: h, num_kv_heads: hkv, head_size: d },
-    query: { dtype: "float32", shape: [t, h, d], data: rand(t * h * d) },
-    key: { dtype: "float32", shape: [t, hkv, d], data: rand(t * hkv * d) },
-    value: { dtype: "float32", shape: [t, hkv, d], data: rand(t * hkv * d) },
-    metadata: {
-      query_start_loc: [0, t],
-      seq_lens: [first + t],
-      block_table: [blocks],
-      slot_mapping: Array.from({ length: t }, (_, i) => first + i),
-    },
-  };
-}
+const prefill = (h: number, hkv: number, d: number, bs: number, t: number, first = 0) =>
+  prefillBody({ h, hkv, d, bs, t, first });
 
 async function postForward(url: string, path: string, body: unknown, ms: string) {
   const res = await fetch(`${url}${path}`, {

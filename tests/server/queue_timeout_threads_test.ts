@@ -7,28 +7,15 @@
 import assert from "node:assert/strict";
 import { AttentionClient, type ForwardBody } from "../../client/client.ts";
 import { QUEUE_TIMEOUT_HEADER } from "../../wire/names.ts";
-import { expectProblem, rand } from "./helpers.ts";
+import { expectProblem, prefillBody } from "./helpers.ts";
 import { startNoGpuThreads } from "./no_gpu_threads.ts";
 
 const H = 4, HKV = 2, D = 64, BS = 16, T = 384;
 
-function prefill(kv_cache: string, t: number, firstSlot: number): ForwardBody {
-  const blocks = Array.from({ length: Math.ceil((firstSlot + t) / BS) }, (_, i) => i);
-  return {
-    dtype: "float32",
-    layer: { num_heads: H, num_kv_heads: HKV, head_size: D },
-    query: { dtype: "float32", shape: [t, H, D], data: rand(t * H * D) },
-    key: { dtype: "float32", shape: [t, HKV, D], data: rand(t * HKV * D) },
-    value: { dtype: "float32", shape: [t, HKV, D], data: rand(t * HKV * D) },
-    metadata: {
-      query_start_loc: [0, t],
-      seq_lens: [firstSlot + t],
-      block_table: [blocks],
-      slot_mapping: Array.from({ length: t }, (_, i) => firstSlot + i),
-    },
-    kv_cache,
-  };
-}
+const prefill = (kv_cache: string, t: number, first: number): ForwardBody => ({
+  ...prefillBody({ h: H, hkv: HKV, d: D, bs: BS, t, first }),
+  kv_cache,
+});
 
 Deno.test("queue timeout through device threads: a bad header is a 400, a late call a 503", async () => {
   const front = await startNoGpuThreads(2);
