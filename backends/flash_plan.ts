@@ -29,6 +29,12 @@ export interface FlashConfig {
   unroll: boolean;
   /** Workgroup memory it needs, in bytes. */
   shared_bytes: number;
+  /**
+   * Where a named tile (`ATTN_FLASH_TILE`, or WEBGPU_FLASH's `tile` option) cannot run this
+   * head size on this device: why, and which tile runs instead ({@link flashConfig}); absent
+   * where the named tile runs or none was named.
+   */
+  replaced?: string;
 }
 
 /**
@@ -72,6 +78,9 @@ export function flashSharedBytes(d: number, t: FlashTile): number {
   return 16 * (d4 * bq + bk * (d4 + 1)) + 4 * bq * (bk + tx) + 4 * bq * tx;
 }
 
+/** The most invocations a workgroup any WebGPU adapter grants (D3D12 and Metal: exactly this). */
+const MOST_INVOCATIONS = 1024;
+
 /** `TXxTYxRMxRN` as a tile, or an error naming the text. */
 export function parseFlashTile(text: string): FlashTile {
   const suffix = text.match(/[ul]$/)?.[0];
@@ -82,6 +91,12 @@ export function parseFlashTile(text: string): FlashTile {
   }
   if (![1, 2, 4, 8, 16, 32].includes(v[0]) || v[0] % 4 !== 0) {
     throw new Error(`flash tile "${text}": TX must be 4, 8, 16 or 32`);
+  }
+  if (v[0] * v[1] > MOST_INVOCATIONS) {
+    throw new Error(
+      `flash tile "${text}": TX x TY = ${v[0] * v[1]} invocations, over the ` +
+        `${MOST_INVOCATIONS} any WebGPU device grants a workgroup`,
+    );
   }
   const t = v as unknown as [number, number, number, number];
   return suffix ? [...t, suffix === "u"] : t;
@@ -128,10 +143,24 @@ function configOf(d: number, t: FlashTile, unroll: boolean): FlashConfig {
   };
 }
 
+/** A tile as `ATTN_FLASH_TILE` writes it: `TXxTYxRMxRN`, and its unroll suffix where it has one. */
+export function flashTileName(t: FlashTile): string {
+  const suffix = t[4] === undefined ? "" : t[4] ? "u" : "l";
+  return `${t.slice(0, 4).join("x")}${suffix}`;
+}
+
+/** The warning lines said so far (each once per process). */
+const warned = new Set<string>();
+
 /**
  * The kernel shape for head size `d` on a device with `limits`: `tile` when given and it fits,
  * else the first of {@link FLASH_TILES} that fits (the last resort ignores the register
  * budget); null when none does. `unroll` applies to tiles without an unroll suffix.
+ *
+ * A named tile that does not fit is not fatal (ATTN_FLASH_TILE is one value for every head
+ * size a server sees, and start-up knows none of them): the automatic tile runs, the config
+ * says why in `replaced`, and a warning line says it on stderr, once per process for each head
+ * size and device limits that refuse the tile.
  */
 export function flashConfig(
   d: number,
@@ -142,10 +171,22 @@ export function flashConfig(
   const fits = (t: FlashTile, acc?: number) => !flashTileUnfit(d, t, limits, acc);
   if (tile && fits(tile, Infinity)) return configOf(d, tile, unroll);
   const t = FLASH_TILES.find((x) => fits(x)) ?? FLASH_TILES.find((x) => fits(x, Infinity));
-  return t ? configOf(d, t, unroll) : null;
+  if (!tile) return t ? configOf(d, t, unroll) : null;
+  const why = flashTileUnfit(d, tile, limits, Infinity);
+  const replaced = `flash tile ${flashTileName(tile)} (ATTN_FLASH_TILE) does not fit head size ` +
+    `${d} on this device (${why}): ${t ? `tile ${flashTileName(t)} runs instead` : "no tile fits"}`;
+  if (!warned.has(replaced)) {
+    warned.add(replaced);
+    console.error(`warning: ${replaced}`);
+  }
+  return t ? { ...configOf(d, t, unroll), replaced } : null;
 }
 
-/** `ATTN_FLASH_TILE`: a tile {@link parseFlashTile} takes (unset or empty: automatic). */
+/**
+ * `ATTN_FLASH_TILE`: a tile {@link parseFlashTile} takes (unset or empty: automatic). Whether it
+ * fits depends on the head size and the device, known only when a batch is planned: one that
+ * does not is replaced there by the automatic tile, visibly ({@link flashConfig}).
+ */
 export const FLASH_TILE_SETTING: EnvSetting<FlashTile | null> = {
   name: "ATTN_FLASH_TILE",
   unset: null,

@@ -5,24 +5,39 @@
  */
 import { type EnvSetting, mustBe, readSetting } from "../core/env.ts";
 
-/** Knobs of the kernel shape and the split heuristic (exported for benchmarks and tests). */
+/**
+ * Knobs of the kernel shape and the split heuristic (exported for benchmarks and tests). Each
+ * numeric field's values are ruled by {@link DECODE_TUNING_RULES} (`ATTN_DECODE_TUNING` refuses
+ * a value that breaks its rule); a value within its rule that a layer, cache or device cannot
+ * take is fitted at plan time as its comment says.
+ */
 export interface DecodeTuning {
-  /** Invocations per workgroup (a multiple of the lanes per key); 0: 128 on GPUs, one key
-   * group on software adapters. */
+  /** Invocations per workgroup; 0: 128 on GPUs, one key group on software adapters. Rounded
+   * down to a multiple of the lanes per key row (at least one row's lanes), then halved until
+   * the kernel's workgroup memory fits the device's. The rule's 1024 is the most any WebGPU
+   * adapter grants (D3D12 and Metal fix it there); on a device granting fewer
+   * (`maxComputeInvocationsPerWorkgroup`), a larger value is not capped by the plan today: its
+   * kernel fails to compile (500 `shader_compile_failed`). */
   workgroup_size: number;
-  /** Keys per key-group step (1, 2, 4, 8 or 16); 0: 4 on GPUs, 1 on software adapters. */
+  /** Keys per key-group step (a step's keys share a cache block: the rule's powers of two divide
+   * every block size the split kernels read); 0: 4 on GPUs, 1 on software adapters. */
   keys_per_iter: number;
-  /** KV heads per key group (a divisor of num_kv_heads); 0: 1 on GPUs, on software
-   * adapters as many as max_flat_heads allows (whole token slots per SIMD batch). */
+  /** KV heads per key group; 0: 1 on GPUs, on software adapters as many as max_flat_heads
+   * allows (whole token slots per SIMD batch). The largest divisor of num_kv_heads not above
+   * it; 1 where the GQA group is tiled (over `max_heads`). */
   kv_heads_per_group: number;
-  /** Most lanes per key row (a power of two; also capped by the subgroup size). */
+  /** Most lanes per key row (butterfly sums: a power of two); also capped by the row's vec4
+   * columns and the subgroup size. */
   max_lanes: number;
   /** Most lanes per key row without subgroups (each lane then reads lanes x keys x heads
-   * partial sums from workgroup memory per step). */
+   * partial sums from workgroup memory per step); also capped by the row's vec4 columns and
+   * `max_lanes`. */
   fallback_lanes: number;
-  /** Most query heads per kv head in one workgroup (a larger GQA group is tiled). */
+  /** Most query heads per kv head in one workgroup (a larger GQA group is tiled by its largest
+   * divisor not above this). */
   max_heads: number;
-  /** Most query heads (kv heads x group) one key group keeps state for. */
+  /** Most query heads (kv heads x group) one key group keeps state for (the software adapters'
+   * automatic `kv_heads_per_group`). */
   max_flat_heads: number;
   /** Split-pass workgroups the split count aims for when `waves` is 0; 0: 2048 on GPUs, 4 per
    * CPU core on software adapters. */
@@ -58,7 +73,8 @@ export interface DecodeTuning {
   /** Copy a slice's block-table entries into workgroup memory once per workgroup instead of a
    * storage lookup per key step (when they fit in `stage_table_max` entries). */
   stage_table: boolean;
-  /** Most block-table entries a workgroup stages (4 bytes each). */
+  /** Most block-table entries a workgroup stages (4 bytes each; also capped by the workgroup
+   * memory left; 0: none staged). */
   stage_table_max: number;
   /** Sum a step's U x F partial dot products over the lanes of a key row by a transposed
    * reduction (reduce-scatter by recursive halving, all-gather by recursive doubling: ~2N
@@ -96,15 +112,16 @@ export interface DecodeTuning {
    * software shapes; off (plain loads) where the tile is over `stage_kv_bytes` or the workgroup
    * memory left. Replaces `prefetch`. */
   stage_kv: boolean;
-  /** Most workgroup-memory bytes of a staged K + V tile. */
+  /** Most workgroup-memory bytes of a staged K + V tile (also capped by the device's workgroup
+   * memory; 0: never staged). */
   stage_kv_bytes: number;
   /** Kv head blocks (of `kv_heads_per_group`) one workgroup spans, its key groups spread over
    * them (key group kg serves block kg % n and the (kg / n)-th run of the slice): the
    * workgroup reads n adjacent rows of each token slot (NHD: n x 256 bytes of 2 KB at 8 kv heads
    * of head size 128 f16, instead of one row), and the dispatch has n times fewer workgroups of
    * n times the keys a key group. 1: one block (the v0.6 kernel). GPU shapes with an untiled
-   * GQA group; the largest divisor of the blocks and key groups not above it; `stage_kv` is off
-   * (plain loads) when it is over 1. */
+   * GQA group; the largest divisor of the blocks and key groups not above it (1 elsewhere);
+   * `stage_kv` is off (plain loads) when it is over 1. */
   wg_kv_heads: number;
   /** Bench instrument: every split workgroup counts itself in and out of atomic counters, so
    * the bench reads how many were resident at once (gpu/decode_residency.ts). */
@@ -174,6 +191,85 @@ export const DEFAULT_DECODE_TUNING: Readonly<DecodeTuning> = Object.freeze({
   probe_residency: false,
 });
 
+/** The numeric fields of {@link DecodeTuning}. */
+export type DecodeTuningNumber = {
+  [K in keyof DecodeTuning]: DecodeTuning[K] extends number ? K : never;
+}[keyof DecodeTuning];
+
+/**
+ * A numeric field's rule: an integer (a power of two where `pow2`) from `least` to `most`, or
+ * 0 where `zero` says what 0 means (the automatic choice, another policy).
+ */
+export interface TuningRule {
+  readonly least: number;
+  readonly most: number;
+  readonly pow2?: boolean;
+  readonly zero?: string;
+}
+
+/** The most of a count no device or batch reaches (keys, workgroups, bytes, entries, heads). */
+const MOST = 2 ** 31 - 1;
+
+/**
+ * Every numeric field's rule: what holds for any layer, cache and device (a value within it that
+ * one cannot take is fitted at plan time: the field's comment says how). Values out of these
+ * broke calls on lavapipe (tests/backends/decode_tuning_rules_test.ts): `keys_per_iter` 3 or 6
+ * and `max_lanes` / `fallback_lanes` 3 or 6 answered wrong (a step's keys across two blocks;
+ * butterfly sums over lanes not a power of two), or failed to compile (500
+ * `shader_compile_failed`); `keys_per_iter` -1 or 0.5, `max_lanes` 0, -4 or 2.5, fractional
+ * `max_heads` / `kv_heads_per_group` / `wg_kv_heads` and negative `wg_kv_heads` failed the plan
+ * (500 `internal_error`); `workgroup_size` 4096 failed to compile. The others were fitted
+ * silently (negative or fractional counts, 1e12 bytes, 1e999 = Infinity).
+ */
+export const DECODE_TUNING_RULES: Readonly<Record<DecodeTuningNumber, TuningRule>> = Object
+  .freeze({
+    workgroup_size: { least: 1, most: 1024, zero: "automatic" },
+    keys_per_iter: { least: 1, most: 16, pow2: true, zero: "automatic" },
+    kv_heads_per_group: { least: 1, most: MOST, zero: "automatic" },
+    max_lanes: { least: 1, most: 128, pow2: true },
+    fallback_lanes: { least: 1, most: 128, pow2: true },
+    max_heads: { least: 1, most: MOST },
+    max_flat_heads: { least: 1, most: MOST },
+    target_workgroups: { least: 1, most: MOST, zero: "automatic" },
+    waves: { least: 1, most: MOST, zero: "the target_workgroups policy" },
+    wave_workgroups: { least: 1, most: MOST },
+    slice_overhead: { least: 0, most: MOST },
+    min_split_keys: { least: 0, most: MOST },
+    stage_table_max: { least: 0, most: MOST },
+    stage_kv_bytes: { least: 0, most: MOST },
+    wg_kv_heads: { least: 1, most: MOST },
+  });
+
+/** `n` as the rule says it ("2^31 - 1" for {@link MOST}). */
+const said = (n: number) => n === MOST ? "2^31 - 1" : String(n);
+
+/** Rule `r` in words: "a power of two from 1 to 16, or 0 for automatic". */
+export function tuningRuleText(r: TuningRule): string {
+  const kind = r.pow2 ? "a power of two" : "an integer";
+  const zero = r.zero === undefined ? "" : `, or 0 for ${r.zero}`;
+  return `${kind} from ${said(r.least)} to ${said(r.most)}${zero}`;
+}
+
+/** Whether `v` keeps rule `r`. */
+export function keepsTuningRule(r: TuningRule, v: number): boolean {
+  if (v === 0 && r.zero !== undefined) return true;
+  if (!Number.isInteger(v) || v < r.least || v > r.most) return false;
+  return !r.pow2 || (v & (v - 1)) === 0;
+}
+
+/**
+ * The first numeric field of `t` that breaks its rule ({@link DECODE_TUNING_RULES}), worded as
+ * `field = value breaks its rule: rule`, or null where every one keeps it (for tunings built in
+ * code: benchmarks, tests).
+ */
+export function decodeTuningProblem(t: Readonly<DecodeTuning>): string | null {
+  for (const [k, r] of Object.entries(DECODE_TUNING_RULES)) {
+    const v = t[k as DecodeTuningNumber];
+    if (!keepsTuningRule(r, v)) return `${k} = ${v} breaks its rule: ${tuningRuleText(r)}`;
+  }
+  return null;
+}
+
 /** `ATTN_DECODE_TUNING`'s refusal of `text`, saying `why`. */
 const badTuning = (text: string, why: string) =>
   mustBe(
@@ -185,7 +281,8 @@ const badTuning = (text: string, why: string) =>
 
 /**
  * `ATTN_DECODE_TUNING`: a JSON object whose fields are {@link DecodeTuning}'s own, each of its
- * default's type, over the defaults (unset or empty: the defaults).
+ * default's type, each number within its rule ({@link DECODE_TUNING_RULES}), over the defaults
+ * (unset or empty: the defaults).
  */
 export const DECODE_TUNING_SETTING: EnvSetting<Readonly<DecodeTuning>> = {
   name: "ATTN_DECODE_TUNING",
@@ -207,6 +304,8 @@ export const DECODE_TUNING_SETTING: EnvSetting<Readonly<DecodeTuning>> = {
       }
       t[k] = v;
     }
+    const problem = decodeTuningProblem(t as unknown as DecodeTuning);
+    if (problem !== null) throw badTuning(text, problem);
     return t as unknown as DecodeTuning;
   },
 };
@@ -216,7 +315,7 @@ export const DECODE_TUNING_SETTING: EnvSetting<Readonly<DecodeTuning>> = {
  * `ATTN_DECODE_TUNING` environment variable when it is set and readable (for tuning runs,
  * e.g. `ATTN_DECODE_TUNING='{"workgroup_size":256,"keys_per_iter":2}'`).
  * @throws EnvValueError naming the variable when its value is not a JSON object of known
- *   numeric / boolean fields ({@link DECODE_TUNING_SETTING}).
+ *   numeric / boolean fields, or a number breaks its rule ({@link DECODE_TUNING_SETTING}).
  */
 export function envDecodeTuning(): DecodeTuning {
   return { ...readSetting(DECODE_TUNING_SETTING) };
