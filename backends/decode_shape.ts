@@ -2,7 +2,8 @@
  * The split-KV kernel's shape for a layer, cache and device ({@link decodeShape}): subgroup
  * sums or workgroup memory, lanes per key row, query heads per workgroup (the GQA group, tiled
  * when larger than the tuning's max_heads), kv heads per key group, keys per step, workgroup
- * size shrunk until its workgroup memory fits, and the split pass's workgroup target.
+ * size capped to the device's invocations and shrunk until its workgroup memory fits, and the
+ * split pass's workgroup target.
  * Software adapters get one key group per workgroup streaming whole token slots.
  * @module
  */
@@ -87,6 +88,13 @@ export function decodeShape(
     lpk,
     Math.floor((tuning.workgroup_size || (cpu ? Math.max(8, lpk) : 128)) / lpk) * lpk,
   );
+  // Within the device's invocations a workgroup (WebGPU grants at least 256; the tuning's rule
+  // allows 1024, which a device granting fewer would not compile): its largest multiple of lpk.
+  const maxInv = Math.min(
+    gpu.limits.maxComputeInvocationsPerWorkgroup ?? 256,
+    gpu.limits.maxComputeWorkgroupSizeX ?? 256,
+  );
+  wg = Math.max(lpk, Math.min(wg, Math.floor(maxInv / lpk) * lpk));
   // Kv head blocks a workgroup may span: the GQA group untiled (its heads then contiguous).
   const blocks = Hkv / kh, whMax = tiles > 1 ? 1 : Math.min(tuning.wg_kv_heads || 1, blocks);
   const shared = (w: number, wh = whMax) =>

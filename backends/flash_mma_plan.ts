@@ -122,9 +122,63 @@ export function envMmaShape(): MmaShape | undefined {
 }
 
 /**
- * The compile-time values for `s` with `shape` (default: `preferred` where `s` can take it,
- * else the first that fits), or why not. The batch's features are compiled in only by `fast` shapes
- * (false otherwise: one pipeline serves every feature set).
+ * Why `t` cannot take `shape` on a device with `limits` (it does not compile for the batch, or
+ * needs more workgroup memory or invocations than the device grants), or null.
+ */
+function shapeUnfit(
+  t: MmaTarget,
+  shape: MmaShape,
+  limits: Readonly<Record<string, number>>,
+): string | null {
+  const problem = mmaShapeProblem(t, shape, limits.maxComputeWorkgroupStorageSize ?? 16384);
+  if (problem) return problem;
+  const lanes = shape.nsg * t.sg, maxLanes = maxWorkgroupInvocations(limits);
+  return lanes > maxLanes ? `${lanes} invocations a workgroup (limit ${maxLanes})` : null;
+}
+
+/** `shape`'s name in {@link MMA_VARIANTS}, or its fields as JSON (a shape built in code). */
+function mmaShapeName(shape: MmaShape): string {
+  const named = Object.entries(MMA_VARIANTS).find(([, v]) => v === shape) ??
+    Object.entries(MMA_VARIANTS).find(([, v]) => JSON.stringify(v) === JSON.stringify(shape));
+  return named ? named[0] : JSON.stringify(shape);
+}
+
+/** The warning lines said so far (each once per process). */
+const warned = new Set<string>();
+
+/**
+ * Why {@link mmaConstsOf} does not take `preferred` (`ATTN_PREFILL_MMA_SHAPE`, or WEBGPU_FLASH's
+ * `mma_shape` option) for `s` on this device, for a call where it gave constants (the default
+ * shape's, then): the path reason `shape NAME (ATTN_PREFILL_MMA_SHAPE) not taken (why): the
+ * default shape runs`, also said once per process as a warning line on stderr (as a replaced
+ * flash tile is: backends/flash_plan.ts). Null where none was named or `s` takes it. (Where
+ * mmaConstsOf refuses `s`, its refusal is the reason, not this.)
+ */
+export function mmaShapeNotTaken(
+  ctx: GpuContext,
+  s: BatchShape,
+  mma: MmaSupport | null,
+  preferred?: MmaShape,
+): string | null {
+  if (!preferred) return null;
+  const t = mmaTargetOf(ctx, s, mma);
+  if (t instanceof MmaRefusal) return null;
+  const why = shapeUnfit(t, preferred, ctx.limits);
+  if (why === null) return null;
+  const reason = `shape ${mmaShapeName(preferred)} (ATTN_PREFILL_MMA_SHAPE) not taken (${why}): ` +
+    "the default shape runs";
+  if (!warned.has(reason)) {
+    warned.add(reason);
+    console.error(`warning: ${reason}`);
+  }
+  return reason;
+}
+
+/**
+ * The compile-time values for `s` with `shape` (default: `preferred` where `s` can take it on
+ * this device, else the first that fits: {@link mmaShapeNotTaken} says why), or why not. The
+ * batch's features are compiled in only by `fast` shapes (false otherwise: one pipeline serves
+ * every feature set).
  */
 export function mmaConstsOf(
   ctx: GpuContext,
@@ -136,9 +190,10 @@ export function mmaConstsOf(
   const t = mmaTargetOf(ctx, s, mma);
   if (t instanceof MmaRefusal) return t;
   const limit = ctx.limits.maxComputeWorkgroupStorageSize ?? 16384;
-  // A named shape this batch cannot take (a direct shape on a bf16 cache): the default's.
+  // A named shape this batch cannot take here (a direct shape on a bf16 cache, one over the
+  // device's workgroup memory or invocations): the default's.
   const named = shape ? undefined : preferred;
-  const fits = named && mmaShapeProblem(t, named, limit) === null ? named : undefined;
+  const fits = named && shapeUnfit(t, named, ctx.limits) === null ? named : undefined;
   const sh = shape ?? fits ?? chooseMmaShape(t, limit);
   if (!sh) {
     // No shape compiles for this batch at all (head_size 72), or none fits the memory.

@@ -13,11 +13,11 @@ import { type EnvSetting, mustBe, readSetting } from "../core/env.ts";
  */
 export interface DecodeTuning {
   /** Invocations per workgroup; 0: 128 on GPUs, one key group on software adapters. Rounded
-   * down to a multiple of the lanes per key row (at least one row's lanes), then halved until
-   * the kernel's workgroup memory fits the device's. The rule's 1024 is the most any WebGPU
-   * adapter grants (D3D12 and Metal fix it there); on a device granting fewer
-   * (`maxComputeInvocationsPerWorkgroup`), a larger value is not capped by the plan today: its
-   * kernel fails to compile (500 `shader_compile_failed`). */
+   * down to a multiple of the lanes per key row (at least one row's lanes), capped to the
+   * largest such multiple within the device's invocations (`min(maxComputeInvocationsPerWorkgroup,
+   * maxComputeWorkgroupSizeX)`, 256 where unreported: backends/decode_shape.ts), then halved
+   * until the kernel's workgroup memory fits the device's. The rule's 1024 is the most any
+   * WebGPU adapter grants (D3D12 and Metal fix it there). */
   workgroup_size: number;
   /** Keys per key-group step (a step's keys share a cache block: the rule's powers of two divide
    * every block size the split kernels read); 0: 4 on GPUs, 1 on software adapters. */

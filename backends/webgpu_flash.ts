@@ -8,8 +8,9 @@
  * with `prefill_split`, the split-KV kernels with each query token a decode row. Encoder types
  * read K/V from the call. The new K/V are written first, and all of it runs in one submission
  * with one readback (gpu/gpu_plan.ts). The plan records which kernels run the decode and the
- * prefill rows, and why not the preferred ones ({@link flashRouting}: `paths`, which the forward
- * routes send as `X-Attention-Paths` and `X-Attention-Path-Reasons`).
+ * prefill rows, why not the preferred ones, and why not the tensor-core shape or the tile named
+ * where another runs ({@link flashRouting}: `paths`, which the forward routes send as
+ * `X-Attention-Paths` and `X-Attention-Path-Reasons`).
  * @module
  */
 import { DeviceUnavailableError, invalidBatch } from "../core/errors.ts";
@@ -47,6 +48,7 @@ import {
   mmaConstsOf,
   MmaRefusal,
   type MmaRefusalKind,
+  mmaShapeNotTaken,
   planMmaRows,
 } from "./flash_mma_plan.ts";
 import type { MmaConsts, MmaShape } from "../gpu/flash_mma_shape.ts";
@@ -179,17 +181,37 @@ export const MMA_REFUSAL_REASONS: Readonly<
   invocations: (detail) => `workgroup size not supported (${detail})`,
 };
 
+/** The tensor-core kernel's constants for a batch, and why not the named shape. */
+interface MmaChoice {
+  consts: MmaConsts;
+  /** Why the named shape (`mma_shape`) does not run this batch, where the default shape does
+   * ({@link mmaShapeNotTaken}). */
+  shape_reason: string | null;
+}
+
 /**
  * The tensor-core kernel's constants for this batch's prefill rows, or why it runs none: the
  * switch, the adapter, then what mmaConstsOf refuses (the dtype, the kernel's own
  * limits), worded by {@link MMA_REFUSAL_REASONS}.
  */
-function mmaFor(ctx: GpuContext, o: ResolvedFlashOptions, s: BatchShape): MmaConsts | string {
+function mmaFor(ctx: GpuContext, o: ResolvedFlashOptions, s: BatchShape): MmaChoice | string {
   if (!o.mma) return o.mma_off ?? "tensor-core kernel disabled";
   const support = mmaSupportOrWhy(ctx);
   if (typeof support === "string") return MMA_REFUSAL_REASONS.support(support, s);
   const c = mmaConstsOf(ctx, s, support, undefined, o.mma_shape);
-  return c instanceof MmaRefusal ? MMA_REFUSAL_REASONS[c.kind](c.detail, s) : c;
+  if (c instanceof MmaRefusal) return MMA_REFUSAL_REASONS[c.kind](c.detail, s);
+  return { consts: c, shape_reason: mmaShapeNotTaken(ctx, s, support, o.mma_shape) };
+}
+
+/** `reason`, then `more` where there is more to say ("; " between them). */
+function withReason(reason: string | undefined, more: string | null | undefined) {
+  if (!more) return reason;
+  return reason ? `${reason}; ${more}` : more;
+}
+
+/** A part's path record: `reason` only where there is one. */
+function pathOf(part: PlanPath["part"], path: string, reason?: string): PlanPath {
+  return reason ? { part, path, reason } : { part, path };
 }
 
 /** How WEBGPU_FLASH runs a batch ({@link flashRouting}). */
@@ -200,7 +222,9 @@ export interface FlashRouting {
   isDecode: (i: number) => boolean;
   /** The split-KV kernels run prefill rows too: their tuning is prefillSplitTuning's. */
   prefillOnSplit: boolean;
-  /** Which kernels run the decode and the prefill rows, and why not the preferred ones. */
+  /** Which kernels run the decode and the prefill rows, why not the preferred ones, and on the
+   * tensor core why not the named shape where the default runs (the plan adds why not the
+   * named tile to parts on the tiles). */
   paths: PlanPaths;
 }
 
@@ -209,7 +233,9 @@ export interface FlashRouting {
  * which kernels run which rows of `s`: decode rows (query length at most DECODE_THRESHOLD) on
  * the split-KV kernels where they can take them, the others on the tensor-core kernel where it
  * can take them, else on the split-KV kernels (`prefill_split`, when their partial results fit
- * a binding), else on the portable tiles; and records it, with the reasons, as {@link PlanPaths}.
+ * a binding), else on the portable tiles; and records it, with the reasons, as {@link PlanPaths}:
+ * a part's reason is why not its preferred kernel, then (`; `) on the tensor core why not the
+ * shape `mma_shape` names where the default shape runs instead.
  */
 export function flashRouting(
   ctx: GpuContext,
@@ -222,7 +248,9 @@ export function flashRouting(
   const noSplit = splitProblem(s);
   const decodes = noSplit === null;
   const m = mmaFor(ctx, o, s);
-  const mma = typeof m === "string" ? null : m;
+  const mma = typeof m === "string" ? null : m.consts;
+  // Parts on the tensor-core kernel: why not the named shape, where it is not taken.
+  const shapeWhy = typeof m === "string" ? null : m.shape_reason;
   // Every token a decode row needs one partial result per token and head in one binding.
   const splitFits =
     partialBytes(s.num_tokens, s.layer.num_heads, s.layer.head_size) <= partialLimit(ctx);
@@ -238,20 +266,16 @@ export function flashRouting(
   const parts: PlanPath[] = [];
   if (hasDecode) {
     parts.push(
-      decodes ? { part: "decode", path: FLASH_PATHS.split } : {
-        part: "decode",
-        path: other,
-        reason: noSplit!,
-      },
+      decodes
+        ? pathOf("decode", FLASH_PATHS.split)
+        : pathOf("decode", other, withReason(noSplit!, mma ? shapeWhy : null)),
     );
   }
   if (hasPrefill) {
     parts.push(
-      typeof m !== "string" ? { part: "prefill", path: FLASH_PATHS.mma } : {
-        part: "prefill",
-        path: allSplit ? FLASH_PATHS.split : FLASH_PATHS.tiles,
-        reason: m,
-      },
+      typeof m !== "string"
+        ? pathOf("prefill", FLASH_PATHS.mma, withReason(undefined, shapeWhy))
+        : pathOf("prefill", allSplit ? FLASH_PATHS.split : FLASH_PATHS.tiles, m),
     );
   }
   return { mma, isDecode, prefillOnSplit: allSplit && hasPrefill, paths: planPaths(parts) };
@@ -270,6 +294,19 @@ async function planPrefill(
   return await planPrefillRows(ctx, s, cfg, reqs, table);
 }
 
+/**
+ * `paths` with `replaced` (a named tile that does not fit: {@link FlashConfig}'s) added to the
+ * reason of each part on the portable tiles, which run the automatic tile instead.
+ */
+function tileReplaced(paths: PlanPaths, replaced: string | undefined): PlanPaths {
+  if (!replaced || !paths.parts.some((p) => p.path === FLASH_PATHS.tiles)) return paths;
+  return planPaths(
+    paths.parts.map((p) =>
+      p.path === FLASH_PATHS.tiles ? pathOf(p.part, p.path, withReason(p.reason, replaced)) : p
+    ),
+  );
+}
+
 /** A WEBGPU_FLASH plan: a {@link GpuPlan} that records its paths. */
 export type FlashPlan = GpuPlan & { readonly paths: PlanPaths };
 
@@ -286,7 +323,8 @@ async function planFor(
       message: `${s.layer.head_size} is not supported by ${NAME} on this device`,
     }]);
   }
-  const { mma, isDecode, prefillOnSplit, paths } = flashRouting(ctx, o, s);
+  const { mma, isDecode, prefillOnSplit, paths: routed } = flashRouting(ctx, o, s);
+  const paths = tileReplaced(routed, cfg.replaced);
   const tuning = prefillOnSplit ? prefillSplitTuning(o.decode) : o.decode;
   const plan = await buildGpuPlan(ctx, s, async (table): Promise<AttentionCalls> => {
     const [d, p] = await Promise.all([

@@ -13,6 +13,7 @@ import { makeWebGpuFlash } from "../backends/webgpu_flash.ts";
 import { makeWebGpuDecode } from "../backends/webgpu_decode.ts";
 import {
   type DecodeTuning,
+  decodeTuningProblem,
   DEFAULT_DECODE_TUNING,
   envDecodeTuning,
 } from "../backends/webgpu_decode_tuning.ts";
@@ -50,7 +51,11 @@ export function flashVariants(text: string | undefined): Variant[] {
   });
 }
 
-/** The decode tuning variants of `text` (a JSON array of partial tunings). */
+/**
+ * The decode tuning variants of `text` (a JSON array of partial tunings).
+ * @throws Error naming a variant with an unknown field, a value of the wrong type, or a number
+ *   that breaks its rule (`decodeTuningProblem`: what `ATTN_DECODE_TUNING` refuses too).
+ */
 export function decodeVariants(text: string | undefined): Variant[] {
   if (!text) return [];
   const list = JSON.parse(text);
@@ -64,6 +69,8 @@ export function decodeVariants(text: string | undefined): Variant[] {
       }
       (t as unknown as Record<string, unknown>)[k] = v;
     }
+    const problem = decodeTuningProblem(t);
+    if (problem !== null) throw new Error(`decode tunings: ${JSON.stringify(o)}: ${problem}`);
     return {
       label: `WEBGPU_DECODE${JSON.stringify(o)}`,
       backend: makeWebGpuDecode(t) as AttentionBackend,

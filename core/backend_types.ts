@@ -51,7 +51,11 @@ export interface PlanPath {
   /**
    * Why the part is not on its preferred path (WEBGPU_FLASH: decode rows on `split_kv`,
    * prefill rows on `tensor_core`), worded like the selector's reasons ("dtype not supported
-   * (got float32; ...)"); absent where it is on it.
+   * (got float32; ...)"), and, after it (`; ` between them), why its kernel does not run the
+   * shape or tile the configuration names (WEBGPU_FLASH: `ATTN_PREFILL_MMA_SHAPE` on
+   * `tensor_core`, `ATTN_FLASH_TILE` on `tiles`) where it runs another. So a part on its
+   * preferred path may have a reason too (the named shape alone); absent where the part is on
+   * its preferred path and runs what was named (or nothing was).
    */
   readonly reason?: string;
 }
