@@ -93,7 +93,9 @@ export const MMA_SHAPE_SETTING: EnvSetting<MmaShape | undefined> = {
       throw new EnvValueError(
         "ATTN_PREFILL_MMA_SHAPE",
         name,
-        `ATTN_PREFILL_MMA_SHAPE=${name} names no shape; known: ${Object.keys(MMA_VARIANTS)}`,
+        `ATTN_PREFILL_MMA_SHAPE=${JSON.stringify(name)} names no shape; known: ${
+          Object.keys(MMA_VARIANTS)
+        }`,
       );
     }
     if (shape.sgresc) {
@@ -103,7 +105,9 @@ export const MMA_SHAPE_SETTING: EnvSetting<MmaShape | undefined> = {
       throw new EnvValueError(
         "ATTN_PREFILL_MMA_SHAPE",
         name,
-        `ATTN_PREFILL_MMA_SHAPE=${name} is a bench-only shape (per-subgroup rescale: relies on ` +
+        `ATTN_PREFILL_MMA_SHAPE=${
+          JSON.stringify(name)
+        } is a bench-only shape (per-subgroup rescale: relies on ` +
           `an ordering WGSL does not promise): bench/mma_bench.ts --only names it`,
       );
     }

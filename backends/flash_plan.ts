@@ -87,14 +87,14 @@ export function parseFlashTile(text: string): FlashTile {
   const parts = (suffix ? text.slice(0, -1) : text).split("x");
   const v = parts.map(Number);
   if (v.length !== 4 || !parts.every((x) => /^\d+$/.test(x)) || !v.every((x) => x > 0)) {
-    throw new Error(`flash tile "${text}": expected TXxTYxRMxRN, e.g. 8x8x4x4`);
+    throw new Error(`flash tile ${JSON.stringify(text)}: expected TXxTYxRMxRN, e.g. 8x8x4x4`);
   }
   if (![1, 2, 4, 8, 16, 32].includes(v[0]) || v[0] % 4 !== 0) {
-    throw new Error(`flash tile "${text}": TX must be 4, 8, 16 or 32`);
+    throw new Error(`flash tile ${JSON.stringify(text)}: TX must be 4, 8, 16 or 32`);
   }
   if (v[0] * v[1] > MOST_INVOCATIONS) {
     throw new Error(
-      `flash tile "${text}": TX x TY = ${v[0] * v[1]} invocations, over the ` +
+      `flash tile ${JSON.stringify(text)}: TX x TY = ${v[0] * v[1]} invocations, over the ` +
         `${MOST_INVOCATIONS} any WebGPU device grants a workgroup`,
     );
   }

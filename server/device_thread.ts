@@ -41,6 +41,12 @@ export interface DeviceThreadInit extends ServingOptions {
   keepWarm?: KeepWarmOptions;
   /** The process's stderr-capture lock (gpu/runtime_stderr.ts), shared by every thread. */
   stderrLock: SharedArrayBuffer;
+  /**
+   * `[0]`: the calls this thread's handler is running, kept here for the front's watchdog
+   * (thread_watchdog.ts: a thread at work, which may hold its JS thread for a whole GPU wait on
+   * Deno's runtime, is not lost for its silence).
+   */
+  working: Int32Array;
 }
 
 /** `--device-threads-http`: serve `port` here, passing what is not this thread's to `front`. */
@@ -169,7 +175,8 @@ async function start(init: DeviceThreadInit): Promise<void> {
     },
   );
   const log = lineLogger(`device thread ${init.index}: `);
-  const { service, handler } = serviceAndHandler(device, init, log);
+  const { service, handler: own } = serviceAndHandler(device, init, log);
+  const handler = counted(init.working, own);
   settings = init;
   serve = { handler, holds: (id) => service.caches.peek(id) !== undefined };
   owner = new RequestOwner(

@@ -24,6 +24,7 @@ import { CachePlacement } from "./cache_placement.ts";
 import { createOnSomeThread, PerKeyQueue, putOnSomeThread } from "./create_elsewhere.ts";
 import { mergeMetrics, SCRAPE_HEADER, TENTATIVE_HEADER } from "./metrics_merge.ts";
 import { FrontMetrics } from "./front_metrics.ts";
+import { METRICS_CONTENT_TYPE } from "./metrics.ts";
 import { type ErrorLogger, lineLogger, NOT_LOGGED, problemResponse, toProblem } from "./problem.ts";
 import { cachePath, ORIGIN_HEADER } from "./thread_http.ts";
 import { listenOnThreads, type ThreadListeners } from "./thread_listeners.ts";
@@ -31,7 +32,8 @@ import { Thread, type ThreadFault } from "./thread_handle.ts";
 import { requestPath } from "./routes.ts";
 import { badQueueTimeoutHeader } from "./queue_timeout_header.ts";
 import { ThreadWatchdog, watchdogFromEnv, type WatchdogOptions } from "./thread_watchdog.ts";
-import { headOf, SAFETENSORS } from "./responses.ts";
+import { headOf, jsonResponse, SAFETENSORS } from "./responses.ts";
+import { INSTANCE_HEADER } from "../wire/names.ts";
 import { stderrLock } from "../gpu/runtime_stderr.ts";
 import { threadExitGraceMs } from "./exit_grace.ts";
 import { ServiceError } from "../core/errors.ts";
@@ -42,7 +44,7 @@ export type { ThreadFault } from "./thread_handle.ts";
 export interface DeviceThreadsOptions {
   threads: number;
   /** What every thread serves with (the budget is split; keep-warm goes to thread 0 only). */
-  init: Omit<DeviceThreadInit, "type" | "index" | "stderrLock">;
+  init: Omit<DeviceThreadInit, "type" | "index" | "stderrLock" | "working">;
   access: AccessPolicy;
   log?: ErrorLogger;
   /** How the threads' liveness is watched (default: thread_watchdog.ts watchdogFromEnv). */
@@ -101,6 +103,7 @@ export async function startDeviceThreads(
       type: "device-init",
       index,
       stderrLock: lock,
+      working: new Int32Array(new SharedArrayBuffer(4)),
       scrapeToken,
       memoryBudgetBytes: Math.floor(o.init.memoryBudgetBytes / n),
       ...(index === 0 ? {} : { keepWarm: undefined }),
@@ -117,7 +120,8 @@ export async function startDeviceThreads(
   }
   const watchdog = new ThreadWatchdog(threads, o.watchdog ?? watchdogFromEnv());
   threads.forEach((t) => t.watchdog = watchdog);
-  return { ok: true, front: front(threads, scrapeToken, log, watchdog.start()) };
+  const instance = o.init.instance;
+  return { ok: true, front: front(threads, scrapeToken, log, watchdog.start(), instance) };
 }
 
 /**
@@ -133,6 +137,7 @@ function front(
   scrapeToken: string,
   log: ErrorLogger,
   watchdog: ThreadWatchdog,
+  instance: string | undefined,
 ): DeviceThreads {
   const places = new CachePlacement(threads);
   const puts = new PerKeyQueue();
@@ -141,6 +146,14 @@ function front(
     tentative ? [[TENTATIVE_HEADER, scrapeToken]] : [];
   const scans = scanWorker();
   const own = new FrontMetrics(); // the answers the front gives itself
+  /** `/healthz`, as a thread's handler answers it (server/handler.ts). */
+  const health = async (req: Request, method: string): Promise<Response> => {
+    const live = places.live()[0]; // thread 0 when every thread is lost: its 503 answers
+    if (live.lost !== null) return await live.send(req);
+    const headers: Record<string, string> = instance ? { [INSTANCE_HEADER]: instance } : {};
+    const res = jsonResponse({ status: "ok", ...(instance ? { instance } : {}) }, 200, headers);
+    return own.made(method === "HEAD" ? await headOf(res) : res);
+  };
   const leastBusy = () => places.live().reduce((a, b) => (b.sender.size < a.sender.size ? b : a));
   /** The thread a create came in on (thread_http.ts ORIGIN_HEADER with this front's token). */
   const origin = (req: Request): Thread | undefined => {
@@ -224,6 +237,7 @@ function front(
     if (bad) return head ? await headOf(bad) : bad;
     const texts = await Promise.all(answers.map((r) => r?.text() ?? ""));
     const headers = new Headers(answers.find((r) => r !== null)?.headers);
+    headers.set("content-type", METRICS_CONTENT_TYPE); // also with every thread lost
     const labels = [...threads.map((t) => t.index), "front"];
     const res = new Response(mergeMetrics([...texts, own.render()], labels), { headers });
     if (!head) return res;
@@ -244,6 +258,11 @@ function front(
       if (pathname === "/v1/attention/forward" && method === "POST") return await forward(req);
       if (pathname === "/metrics" && (method === "GET" || method === "HEAD")) {
         return await metrics(req);
+      }
+      // /healthz here: a thread in a long call answers nothing meanwhile (a GPU wait on Deno's
+      // runtime holds its JS thread), and the front knows which threads are lost.
+      if (pathname === "/healthz" && (method === "GET" || method === "HEAD")) {
+        return await health(req, method);
       }
       return await places.live()[0].send(req);
     } catch (e) {

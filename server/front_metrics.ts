@@ -1,7 +1,7 @@
 /**
  * What the device threads' front answers itself (server/device_threads.ts): a call it cannot
- * pass on (a 503 `device_thread_lost` for a lost thread's cache, a failure while routing) is
- * answered by no thread, so no thread's `/metrics` counts it. The front counts those answers
+ * pass on (a 503 `device_thread_lost` for a lost thread's cache, a failure while routing), and
+ * `/healthz`, is answered by no thread, so no thread's `/metrics` counts it. The front counts those answers
  * here, in `attn_http_requests_total` and `attn_http_problems_total`, and `/metrics` merges them
  * with the threads' series under `device_thread="front"`. Labels stay bounded: the route is a
  * known route's template or `unmatched`, never the path.
@@ -39,10 +39,19 @@ const FAMILIES = ["attn_http_requests_total", "attn_http_problems_total"];
 export class FrontMetrics {
   readonly #m = new Metrics();
 
-  /** Counts `res` if the front made it (a problem answer built in this thread). */
+  readonly #made = new WeakSet<Response>();
+
+  /** Marks `res` as the front's own answer (not a problem: `/healthz`), and returns it. */
+  made(res: Response): Response {
+    this.#made.add(res);
+    return res;
+  }
+
+  /** Counts `res` if the front made it (a problem answer built in this thread, or {@link made}). */
   record(req: Request, path: string, res: Response): void {
     const code = problemCodeOf(res);
-    if (code !== undefined) this.#m.recordRequest(frontRoute(path), req.method, res.status, code);
+    if (code === undefined && !this.#made.has(res)) return;
+    this.#m.recordRequest(frontRoute(path), req.method, res.status, code);
   }
 
   /** The request and problem families' text (their HELP and TYPE lines, then any samples). */

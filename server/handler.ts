@@ -15,7 +15,7 @@ import { bodyLimits, jsonBody } from "./body.ts";
 import { addCacheRoutes } from "./cache_routes.ts";
 import { addForwardRoutes } from "./forward_routes.ts";
 import { type JsonDecoder, sharedJsonDecoder } from "./json_decoder.ts";
-import { Metrics } from "./metrics.ts";
+import { Metrics, METRICS_CONTENT_TYPE } from "./metrics.ts";
 import { openApiDocument } from "./openapi.ts";
 import {
   errorHeaders,
@@ -88,7 +88,7 @@ export function createHandler(service: AttentionService, opts: HandlerOptions = 
     "/metrics",
     () =>
       new Response(metrics.render(), {
-        headers: { "content-type": "text/plain; version=0.0.4; charset=utf-8" },
+        headers: { "content-type": METRICS_CONTENT_TYPE },
       }),
   );
   router.add("GET", "/openapi.json", () => jsonResponse(openApiDocument()));

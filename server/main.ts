@@ -218,6 +218,11 @@ async function main(): Promise<void> {
   let o: ServeOptions;
   let access: ResolvedAccess;
   try {
+    // --help answers whatever the environment holds (its variables are parsed below).
+    if (Deno.args.some((a) => a === "--help" || a === "-h")) {
+      console.log(HELP);
+      return;
+    }
     const env = serveEnv();
     o = parseServeArgs(Deno.args, env);
     if (o.help) {

@@ -189,6 +189,9 @@ function count(
   else m.set(key, { l, n: 1 });
 }
 
+/** The Prometheus text exposition's media type (version 0.0.4). */
+export const METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8";
+
 /** The service's counters and histograms. */
 export class Metrics {
   #requests = new Map<string, { l: Record<string, string>; n: number }>();

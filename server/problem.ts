@@ -8,6 +8,7 @@
  * carry other response headers (`WWW-Authenticate` on a 401).
  * @module
  */
+import { EnvValueError } from "../core/env.ts";
 import { isExpectedUnavailable, ServiceError } from "../core/errors.ts";
 import type { ProblemDocument } from "../wire/types.ts";
 
@@ -99,6 +100,21 @@ export function toProblem(
     return doc;
   }
   const id = crypto.randomUUID();
+  if (err instanceof EnvValueError) {
+    // The operator's mistake, not the client's: named, the value only in the log.
+    log(`configuration error ${id} on ${instance ?? "?"}: ${err.message}`, err);
+    return {
+      type: problemType("server_misconfigured"),
+      title: "Internal Server Error",
+      status: 500,
+      detail: `the server's environment variable ${err.variable} holds a value its rule refuses ` +
+        `(error id ${id}; the server log says which and why)`,
+      code: "server_misconfigured",
+      variable: err.variable,
+      error_id: id,
+      ...(instance ? { instance } : {}),
+    };
+  }
   log(`unexpected error ${id} on ${instance ?? "?"}`, err);
   return {
     type: problemType("internal_error"),

@@ -106,5 +106,7 @@ usage: deno task serve [options]
 ${RUNTIME_HELP}
   -h, --help                show this help
 
-The GPU layer's ATTN_* variables (README) are checked at start: a bad value exits 2 naming it.
+The GPU layer's and the device threads' ATTN_* variables (README; server/serve_env.ts lists
+them: e.g. ATTN_THREAD_PING_MS, ATTN_THREAD_LOST_MS, ATTN_THREAD_EXIT_GRACE_MS) are checked at
+start: a bad value exits 2 naming it; empty is the default.
 `;

@@ -36,6 +36,9 @@ export class Thread implements ListeningThread, Watched {
   /** Waiters for the thread's listener messages (thread_listeners.ts), in order. */
   readonly #listenerWaits: ((m: HttpListenerMessage) => void)[] = [];
 
+  /** `[0]`: the calls the thread's handler is running (it counts them: device_thread.ts). */
+  readonly working: Int32Array;
+
   constructor(
     readonly index: number,
     init: DeviceThreadInit,
@@ -43,6 +46,7 @@ export class Thread implements ListeningThread, Watched {
     allowed: (r: Request) => boolean,
     private readonly log: ErrorLogger,
   ) {
+    this.working = init.working;
     this.worker = new Worker(new URL("./device_thread.ts", import.meta.url), { type: "module" });
     this.sender = new RequestSender(
       (m, t) => this.worker.postMessage(m, t ?? []),
@@ -83,6 +87,11 @@ export class Thread implements ListeningThread, Watched {
   }
 
   /** Watchdog: posts ping `seq`. */
+  /** Whether its handler is running a call now. */
+  busy(): boolean {
+    return Atomics.load(this.working, 0) > 0;
+  }
+
   ping(seq: number): void {
     this.worker.postMessage({ type: "device-ping", seq });
   }

@@ -25,15 +25,21 @@
  * runtime, a large body decoded on the host, a Dawn stall: seconds, README's "Dawn stalls"
  * minutes before they were paced). On the 2-core dev VM (Deno's runtime, lavapipe) prefills
  * and decodes of five shapes and dtypes, each compiling its pipelines, left pings unanswered for
- * up to 3.8 s. Losing a live thread loses its caches, while waiting longer only delays the 503
- * of a dead one, so the default is well above that (30 s) and below the minute a client
- * commonly waits. A tick of the front's timer that fires late (this thread was busy: the pongs
+ * up to 3.8 s, and on Deno's runtime a call's GPU wait holds the JS thread for the whole call
+ * (an 8,192-token f32 prefill on lavapipe: 10.4 s). So a thread running a call (its handler
+ * counts them in shared memory, `Watched.busy`) is never lost for its silence: its silence
+ * counts from when it is free again. A thread that ends or blocks while idle is found; one that
+ * hangs inside a call (a device that never finishes) is not: its callers wait, as on one thread.
+ * Losing a live thread loses its caches, while waiting longer only delays the 503 of a dead
+ * one, so the default is well above the longest idle block seen (30 s) and below the minute a
+ * client commonly waits. A tick of the front's timer that fires late (this thread was busy: the pongs
  * may not be read yet) judges no thread; the next does. The timer is unref'd (it keeps no
  * process alive) and stopped at close (a thread busy closing is not lost).
  *
  * Set by `ATTN_THREAD_PING_MS` (0: no watchdog) and `ATTN_THREAD_LOST_MS` (integers of ms, at
- * most 2^31 - 1; a bad value stops the server at start-up: serve_env.ts), or by the front's options
- * (tests).
+ * most 2^31 - 1; the lost limit at least 1,000: a thread must have time to answer; a bad value
+ * stops the server at start-up: serve_env.ts), or by the front's options (tests). A silent thread
+ * is lost between `lostMs` and `lostMs + pingMs` after its last answer.
  * @module
  */
 import { envInt, type EnvSetting, readSetting } from "../core/env.ts";
@@ -60,11 +66,14 @@ export const THREAD_PING_SETTING: EnvSetting<number> = {
   parse: (text) => envInt(PING_ENV, text, 0, MAX_TIMER_MS, " (ms; 0: no watchdog)"),
 };
 
-/** {@link LOST_ENV}'s rule: an integer of ms from 1 to 2^31 - 1. */
+/** The shortest lost limit the variable takes (ms): an idle thread answers well within it. */
+export const MIN_LOST_MS = 1000;
+
+/** {@link LOST_ENV}'s rule: an integer of ms from {@link MIN_LOST_MS} to 2^31 - 1. */
 export const THREAD_LOST_SETTING: EnvSetting<number> = {
   name: LOST_ENV,
   unset: DEFAULT_WATCHDOG.lostMs,
-  parse: (text) => envInt(LOST_ENV, text, 1, MAX_TIMER_MS, " (ms)"),
+  parse: (text) => envInt(LOST_ENV, text, MIN_LOST_MS, MAX_TIMER_MS, " (ms)"),
 };
 
 /**
@@ -82,6 +91,11 @@ export interface Watched {
   readonly lost: string | null;
   /** Posts ping `seq` (the thread answers with it: {@link ThreadWatchdog.pong}). */
   ping(seq: number): void;
+  /**
+   * Whether the thread is running a call (it counts them in shared memory): its silence is then
+   * its work (on Deno's runtime a GPU wait holds the JS thread for the whole call), not its end.
+   */
+  busy(): boolean;
   /** The thread answered no ping for `lostMs`: it is lost (`why`). */
   lose(why: string): void;
 }
@@ -136,6 +150,9 @@ export class ThreadWatchdog {
       } else if (!w) {
         this.#waiting.set(t, { seq: ++this.#seq, at: now });
         t.ping(this.#seq);
+      } else if (t.busy()) {
+        // At work: its silence counts from when it is free again.
+        this.#waiting.set(t, { seq: w.seq, at: now });
       } else if (!late && now - w.at >= this.o.lostMs) {
         this.#waiting.delete(t);
         t.lose(

@@ -9,6 +9,7 @@ import { resolveStorage } from "../core/dtype.ts";
 import { checkCacheSpec } from "../core/cache_spec.ts";
 import { ClientClosedError, DeviceUnavailableError } from "../core/errors.ts";
 import { checkQueueTimeoutMs, StartGate } from "../core/queue_timeout.ts";
+import { checkServiceEnv } from "./service_env.ts";
 import type {
   AttentionBackend,
   BackendContext,
@@ -78,7 +79,9 @@ export class AttentionService {
   readonly plans: PlanCache;
   readonly limits: Readonly<CallLimits>;
 
+  /** @throws EnvValueError where a variable the service reads lazily holds a value its rule refuses. */
   constructor(opts: AttentionServiceOptions) {
+    checkServiceEnv();
     this.device = opts.device;
     this.registry = new BackendRegistry(opts.backends, () => opts.device.current());
     this.caches = new CacheStore(opts.memoryBudgetBytes);

@@ -136,12 +136,12 @@ Deno.test("flash_mma: ATTN_PREFILL_MMA_SHAPE names a shape, or the error names t
     Deno.env.set("ATTN_PREFILL_MMA_SHAPE", "w9r9");
     assert.throws(
       () => envMmaShape(),
-      /ATTN_PREFILL_MMA_SHAPE=w9r9 names no shape; known: w8r1k16/,
+      /ATTN_PREFILL_MMA_SHAPE="w9r9" names no shape; known: w8r1k16/,
     );
     Deno.env.set("ATTN_PREFILL_MMA_SHAPE", "w8r1k32-fb"); // v0.7's single-buffered: removed
-    assert.throws(() => envMmaShape(), /ATTN_PREFILL_MMA_SHAPE=w8r1k32-fb names no shape/);
+    assert.throws(() => envMmaShape(), /ATTN_PREFILL_MMA_SHAPE="w8r1k32-fb" names no shape/);
     Deno.env.set("ATTN_PREFILL_MMA_SHAPE", "w8r1k16-fu");
-    assert.throws(() => envMmaShape(), /w8r1k16-fu is a bench-only shape \(per-subgroup rescale/);
+    assert.throws(() => envMmaShape(), /"w8r1k16-fu" is a bench-only shape \(per-subgroup rescale/);
   } finally {
     if (old === undefined) Deno.env.delete("ATTN_PREFILL_MMA_SHAPE");
     else Deno.env.set("ATTN_PREFILL_MMA_SHAPE", old);

@@ -119,7 +119,7 @@ Deno.test("serve env: the backends' variables are checked in the env given", asy
   // `env`: each of these passed.
   const cases: [string, string, RegExp][] = [
     ["ATTN_DECODE_TUNING", '{"bogus_knob":1}', /unknown field or wrong type: bogus_knob/],
-    ["ATTN_PREFILL_MMA_SHAPE", "nosuch", /^ATTN_PREFILL_MMA_SHAPE=nosuch names no shape/],
+    ["ATTN_PREFILL_MMA_SHAPE", "nosuch", /^ATTN_PREFILL_MMA_SHAPE="nosuch" names no shape/],
     ["ATTN_FLASH_TILE", "3x8x4x4", /^ATTN_FLASH_TILE must be a tile .*TX must be/],
   ];
   for (const [name, value, want] of cases) {
@@ -136,7 +136,9 @@ Deno.test("serve env: names and tiles the backends took by accident are refused"
   for (const v of ["constructor", "toString"]) {
     await refused(
       { ATTN_PREFILL_MMA_SHAPE: v },
-      `ATTN_PREFILL_MMA_SHAPE=${v} names no shape; known: ${Object.keys(MMA_VARIANTS)}`,
+      `ATTN_PREFILL_MMA_SHAPE=${JSON.stringify(v)} names no shape; known: ${
+        Object.keys(MMA_VARIANTS)
+      }`,
     );
   }
   // A tile's numbers are digits only: Number() took spaces, exponents, signs and decimals.

@@ -74,7 +74,11 @@ Deno.test("main: a bad backend variable is one line (exit 2); --help still answe
       /^ATTN_DECODE_TUNING must be a JSON object of .*, got "\{\\"bogus_knob\\":1\}": .*bogus_knob/,
     ],
     ["ATTN_DECODE_TUNING", "[1]", /^ATTN_DECODE_TUNING must be a JSON object of .*, got "\[1\]"/],
-    ["ATTN_PREFILL_MMA_SHAPE", "nosuch", /^ATTN_PREFILL_MMA_SHAPE=nosuch names no shape; known: /],
+    [
+      "ATTN_PREFILL_MMA_SHAPE",
+      "nosuch",
+      /^ATTN_PREFILL_MMA_SHAPE="nosuch" names no shape; known: /,
+    ],
     ["ATTN_FLASH_TILE", "abc", /^ATTN_FLASH_TILE must be a tile TXxTYxRMxRN .*, got "abc": /],
     ["ATTN_KERNEL_CACHE_LIMIT", "abc", /^ATTN_KERNEL_CACHE_LIMIT must be an integer >= 1/],
     ["ATTN_GPU_POOL_MAX_FREE_BYTES", "1GiB", /^ATTN_GPU_POOL_MAX_FREE_BYTES must be an integer/],

@@ -20,7 +20,11 @@ class FakeThread implements Watched {
   lost: string | null = null;
   pings: number[] = [];
   losses: string[] = [];
+  working = false;
   constructor(readonly index: number) {}
+  busy() {
+    return this.working;
+  }
   ping(seq: number) {
     this.pings.push(seq);
   }
@@ -117,7 +121,7 @@ Deno.test("thread watchdog: the variables set the options; empty is the default,
       );
     }
     set(PING_ENV, "1000");
-    set(LOST_ENV, "0");
+    set(LOST_ENV, "999");
     assert.throws(
       () => watchdogFromEnv(),
       (e) => e instanceof EnvValueError && e.variable === LOST_ENV,
@@ -127,4 +131,16 @@ Deno.test("thread watchdog: the variables set the options; empty is the default,
     set(PING_ENV, saved[0]);
     set(LOST_ENV, saved[1]);
   }
+});
+
+Deno.test("thread watchdog: a thread at work is not lost for its silence; it is once idle and silent", () => {
+  const { threads, tick } = setup(100, 1000);
+  threads[0].working = true; // a call holds its JS thread (a GPU wait on Deno's runtime)
+  for (let i = 0; i < 50; i++) tick(); // 5 s silent, at work
+  assert.deepEqual(threads[0].losses, []);
+  threads[0].working = false; // free again, and still silent
+  for (let i = 0; i < 9; i++) tick();
+  assert.deepEqual(threads[0].losses, [], "its silence counts from when it was free");
+  for (let i = 0; i < 3; i++) tick();
+  assert.equal(threads[0].losses.length, 1);
 });

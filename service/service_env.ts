@@ -1,0 +1,35 @@
+/**
+ * The environment variables a running service reads lazily (at a call's first use, not at
+ * import), checked when an {@link AttentionService} is built: a library user with a bad value
+ * gets an EnvValueError there, naming the variable and its value, instead of each client a 500
+ * later. (The server checks them all at start-up: server/serve_env.ts; those read at import
+ * throw when their module loads.)
+ * @module
+ */
+import { type EnvSetting, readSetting } from "../core/env.ts";
+import { DEVICE_FINITE_BYTES_SETTING } from "../core/data.ts";
+import { HOST_POOL_CAP_SETTING } from "../gpu/host_pool.ts";
+import { GPU_POOL_CAP_SETTING } from "../gpu/buffer_pool.ts";
+import { GPU_TIMING_SETTING } from "../gpu/gpu_plan.ts";
+import { KERNEL_CACHE_LIMIT_SETTING } from "../gpu/kernel.ts";
+import { COMPILE_TIMEOUT_SETTING } from "../gpu/pipelines.ts";
+import { DAWN_TICK_SPIN_SETTING } from "../gpu/dawn_tick_pace.ts";
+
+/** The settings read after import, by a call or a scrape. */
+const LAZY_SETTINGS: readonly EnvSetting<unknown>[] = [
+  DEVICE_FINITE_BYTES_SETTING,
+  HOST_POOL_CAP_SETTING,
+  GPU_POOL_CAP_SETTING,
+  GPU_TIMING_SETTING,
+  KERNEL_CACHE_LIMIT_SETTING,
+  COMPILE_TIMEOUT_SETTING,
+  DAWN_TICK_SPIN_SETTING,
+];
+
+/**
+ * Reads each lazily read setting now.
+ * @throws EnvValueError naming the first variable whose value its rule refuses.
+ */
+export function checkServiceEnv(): void {
+  for (const s of LAZY_SETTINGS) readSetting(s);
+}
