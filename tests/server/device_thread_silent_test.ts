@@ -10,35 +10,19 @@
  * In process, without a GPU (each thread answers on CPU_REFERENCE); short limits.
  */
 import assert from "node:assert/strict";
-import { type DeviceThreads, startDeviceThreads } from "../../server/device_threads.ts";
+import { startNoGpuThreads } from "./no_gpu_threads.ts";
+import type { DeviceThreads } from "../../server/device_threads.ts";
 import type { WatchdogOptions } from "../../server/thread_watchdog.ts";
 import { raceTimeout } from "../../core/timeout.ts";
-import { DEFAULT_CALL_LIMITS } from "../../service/validate.ts";
 import { HeldSeq } from "./held_seq.ts";
 
 /** Two threads without a GPU, with a fast watchdog; `lines` gets what the front logs. */
-async function twoThreads(
+function twoThreads(
   watchdog: WatchdogOptions,
   lines: string[],
   memoryBudgetBytes = 2 ** 26,
 ): Promise<DeviceThreads> {
-  const started = await startDeviceThreads({
-    threads: 2,
-    init: {
-      gpu: false,
-      runtime: { choice: "deno", dawnFlags: [] },
-      memoryBudgetBytes,
-      limits: { ...DEFAULT_CALL_LIMITS },
-      maxBodyBytes: 2 ** 24,
-      maxJsonBodyBytes: 2 ** 24,
-      access: {},
-    },
-    access: {},
-    log: (m) => lines.push(m),
-    watchdog,
-  });
-  assert.ok(started.ok, started.ok ? "" : started.reason);
-  return started.front;
+  return startNoGpuThreads(2, { watchdog, memoryBudgetBytes, log: (m) => lines.push(m) });
 }
 
 function caller(front: DeviceThreads) {

@@ -6,6 +6,7 @@
 import assert from "node:assert/strict";
 import { type DeviceThreads, startDeviceThreads } from "../../server/device_threads.ts";
 import type { ErrorLogger } from "../../server/problem.ts";
+import type { WatchdogOptions } from "../../server/thread_watchdog.ts";
 import { DEFAULT_CALL_LIMITS } from "../../service/validate.ts";
 
 /** What a test may set; the rest: 64 MiB of cache budget, 16 MiB bodies, no log. */
@@ -14,6 +15,8 @@ export interface NoGpuThreadsOptions {
   maxBodyBytes?: number;
   maxJsonBodyBytes?: number;
   log?: ErrorLogger;
+  /** The liveness watchdog (default: the environment's, thread_watchdog.ts). */
+  watchdog?: WatchdogOptions;
 }
 
 /** Starts `threads` device threads without a GPU and returns their front (asserting they started). */
@@ -34,6 +37,7 @@ export async function startNoGpuThreads(
     },
     access: {},
     log: o.log ?? (() => {}),
+    ...(o.watchdog ? { watchdog: o.watchdog } : {}),
   });
   assert.ok(started.ok, started.ok ? "" : started.reason);
   return started.front;

@@ -5,9 +5,9 @@
  * front's `hang` hook blocks a thread's JS thread as a long synchronous task would).
  */
 import assert from "node:assert/strict";
-import { type DeviceThreads, startDeviceThreads } from "../../server/device_threads.ts";
+import { startNoGpuThreads } from "./no_gpu_threads.ts";
+import type { DeviceThreads } from "../../server/device_threads.ts";
 import type { WatchdogOptions } from "../../server/thread_watchdog.ts";
-import { DEFAULT_CALL_LIMITS } from "../../service/validate.ts";
 import { raceTimeout } from "../../core/timeout.ts";
 import { HeldSeq } from "./held_seq.ts";
 import { spawnServer } from "./process.ts";
@@ -17,28 +17,12 @@ const CONFIG = new URL("../../deno.json", import.meta.url).pathname;
 const MOD = new URL("../../mod.ts", import.meta.url).href;
 
 /** `threads` CPU_REFERENCE device threads in process, with `watchdog`. */
-async function threadsFront(
+function threadsFront(
   threads: number,
   watchdog: WatchdogOptions,
   lines: string[],
 ): Promise<DeviceThreads> {
-  const started = await startDeviceThreads({
-    threads,
-    init: {
-      gpu: false,
-      runtime: { choice: "deno", dawnFlags: [] },
-      memoryBudgetBytes: 2 ** 26,
-      limits: { ...DEFAULT_CALL_LIMITS },
-      maxBodyBytes: 2 ** 24,
-      maxJsonBodyBytes: 2 ** 24,
-      access: {},
-    },
-    access: {},
-    log: (m) => lines.push(m),
-    watchdog,
-  });
-  assert.ok(started.ok, started.ok ? "" : started.reason);
-  return started.front;
+  return startNoGpuThreads(threads, { watchdog, log: (m) => lines.push(m) });
 }
 
 const get = (front: DeviceThreads, path: string, method = "GET") =>
