@@ -37,6 +37,7 @@ import { INSTANCE_HEADER } from "../wire/names.ts";
 import { stderrLock } from "../gpu/runtime_stderr.ts";
 import { threadExitGraceMs } from "./exit_grace.ts";
 import { ServiceError } from "../core/errors.ts";
+import { raceTimeout } from "../core/timeout.ts";
 
 export type { ThreadFault } from "./thread_handle.ts";
 
@@ -123,6 +124,14 @@ export async function startDeviceThreads(
   const instance = o.init.instance;
   return { ok: true, front: front(threads, scrapeToken, log, watchdog.start(), instance) };
 }
+
+/** How long a scrape waits for one thread's metrics before it leaves them out (ms). */
+const SCRAPE_WAIT_MS = 2000;
+
+/** The head of the threads' liveness gauge, which the front adds to every merged scrape. */
+const THREAD_UP_HELP = "# HELP attn_device_thread_up Whether each device thread's series are in " +
+  "this scrape (0: the thread is lost, or answered no scrape within 2 s: busy).\n" +
+  "# TYPE attn_device_thread_up gauge\n";
 
 /**
  * Whether `e` is a lost thread's problem (thread_listeners.ts: the body of a call a stopped
@@ -224,22 +233,36 @@ function front(
    */
   const metrics = async (req: Request): Promise<Response> => {
     const head = req.method.toUpperCase() === "HEAD";
-    const first = threads.find((t) => t.lost === null);
+    // The thread that counts the scrape: one free, where one is (a busy one may answer late).
+    const live = threads.filter((t) => t.lost === null);
+    const first = live.find((t) => !t.busy()) ?? live[0];
     const ask = (t: Thread) => {
       const headers = new Headers(req.headers);
       if (t !== first || head) headers.set(SCRAPE_HEADER, scrapeToken);
       return t.send(new Request(req.url, { method: "GET", headers }));
     };
-    const answers = await Promise.all(
-      threads.map((t) => t.lost === null ? ask(t) : Promise.resolve(null)),
-    );
+    // A thread that does not answer in SCRAPE_WAIT_MS (on Deno's runtime a call's GPU wait
+    // holds its JS thread) is left out of this scrape: attn_device_thread_up says so.
+    const timely = async (t: Thread): Promise<Response | null> => {
+      const p = ask(t);
+      const r = await raceTimeout(p, SCRAPE_WAIT_MS);
+      if (r !== "timeout") return r;
+      p.then((late) => late.body?.cancel(), () => {});
+      return null;
+    };
+    const answers = await Promise.all(threads.map((t) => t.lost === null ? timely(t) : null));
     const bad = answers.find((r) => r !== null && r.status !== 200);
     if (bad) return head ? await headOf(bad) : bad;
     const texts = await Promise.all(answers.map((r) => r?.text() ?? ""));
     const headers = new Headers(answers.find((r) => r !== null)?.headers);
     headers.set("content-type", METRICS_CONTENT_TYPE); // also with every thread lost
     const labels = [...threads.map((t) => t.index), "front"];
-    const res = new Response(mergeMetrics([...texts, own.render()], labels), { headers });
+    const up = threads.map((t, i) =>
+      `attn_device_thread_up{device_thread="${t.index}"} ${answers[i] ? 1 : 0}`
+    );
+    const text = mergeMetrics([...texts, own.render()], labels) + THREAD_UP_HELP + up.join("\n") +
+      "\n";
+    const res = new Response(text, { headers });
     if (!head) return res;
     // Every thread's text was asked for uncounted; the first thread then counts the HEAD as such
     // (its own answer has no body to merge), after the text, as one thread counts it.

@@ -195,6 +195,30 @@ Deno.test("review watchdog: /healthz is not held while thread 0 is busy and thre
   }
 });
 
+Deno.test("review watchdog: /metrics is not held past 2 s by a thread that does not answer", async () => {
+  const lines: string[] = [];
+  // A busy (not lost) thread held every scrape up to ATTN_THREAD_LOST_MS (30 s by default: past
+  // a scraper's timeout), though the others answered at once.
+  const front = await threadsFront(2, { pingMs: 1000, lostMs: 30_000 }, lines);
+  try {
+    front.fault(1, { hangMs: 5000 });
+    await new Promise((r) => setTimeout(r, 100));
+    const t0 = performance.now();
+    const res = await get(front, "/metrics");
+    const ms = performance.now() - t0;
+    const text = await res.text();
+    assert.equal(res.status, 200);
+    assert.ok(ms < 3500, `/metrics answered after ${ms.toFixed(0)} ms (thread 1 busy)`);
+    assert.match(text, /^attn_device_thread_up\{device_thread="0"\} 1$/m);
+    assert.match(text, /^attn_device_thread_up\{device_thread="1"\} 0$/m);
+    assert.match(text, /^attn_kv_caches\{device_thread="0"\} \d+$/m, "thread 0's series");
+    assert.doesNotMatch(text, /^attn_kv_caches\{device_thread="1"\}/m, "none of thread 1's");
+    assert.equal((text.match(/^# TYPE attn_device_thread_up gauge$/gm) ?? []).length, 1);
+  } finally {
+    await raceTimeout(front.close(), 10_000);
+  }
+});
+
 Deno.test("review watchdog: /metrics with every thread lost keeps the exposition content type", async () => {
   const lines: string[] = [];
   const front = await threadsFront(1, { pingMs: 100, lostMs: 1000 }, lines);
