@@ -15,21 +15,9 @@ import { checkBackend } from "../support/backend_check.ts";
 import { decodePlanInfo, FP8_HND_SPEC } from "../support/decode_knob_specs.ts";
 import { fakeMmaContext } from "../support/fake_device.ts";
 import { GPU, NO_GPU } from "../gpu/helpers.ts";
+import { plainLayer } from "../../core/layer.ts";
 
-const LAYER: LayerSpec = {
-  num_heads: 8,
-  num_kv_heads: 2,
-  head_size: 128,
-  scale: 1,
-  sliding_window: null,
-  logits_soft_cap: null,
-  alibi_slopes: null,
-  sinks: null,
-  attn_type: "decoder",
-  causal: true,
-  k_scale: 1,
-  v_scale: 1,
-};
+const LAYER: LayerSpec = plainLayer({ num_heads: 8, num_kv_heads: 2, head_size: 128 });
 const SPEC: KvCacheSpec = {
   num_blocks: 8,
   block_size: 16,

@@ -10,7 +10,7 @@
  * In process, without a GPU (each thread answers on CPU_REFERENCE); short limits.
  */
 import assert from "node:assert/strict";
-import { startNoGpuThreads } from "./no_gpu_threads.ts";
+import { frontCaller, startNoGpuThreads } from "./no_gpu_threads.ts";
 import type { DeviceThreads } from "../../server/device_threads.ts";
 import type { WatchdogOptions } from "../../server/thread_watchdog.ts";
 import { raceTimeout } from "../../core/timeout.ts";
@@ -23,17 +23,6 @@ function twoThreads(
   memoryBudgetBytes = 2 ** 26,
 ): Promise<DeviceThreads> {
   return startNoGpuThreads(2, { watchdog, memoryBudgetBytes, log: (m) => lines.push(m) });
-}
-
-function caller(front: DeviceThreads) {
-  return (method: string, path: string, body?: unknown) =>
-    front.handler(
-      new Request(`http://127.0.0.1${path}`, {
-        method,
-        headers: body ? { "content-type": "application/json" } : {},
-        body: body ? JSON.stringify(body) : undefined,
-      }),
-    );
 }
 
 /** attn_kv_caches per thread, from the merged /metrics, as "0:1 1:2". */
@@ -77,7 +66,7 @@ const FAST: WatchdogOptions = { pingMs: 100, lostMs: 1000 };
 Deno.test("device threads: a thread that ends without an error is lost, not waited for", async () => {
   const lines: string[] = [];
   const front = await twoThreads(FAST, lines);
-  const call = caller(front);
+  const call = frontCaller(front);
   await closing(front, async () => {
     for (const id of ["a", "b"]) {
       assert.equal((await call("PUT", `/v1/kv-caches/${id}`, HeldSeq.cacheSpec())).status, 201);
@@ -121,7 +110,7 @@ Deno.test("device threads: a thread that ends without an error is lost, not wait
 Deno.test("device threads: a thread blocked past the limit is lost, a shorter block is not", async () => {
   const lines: string[] = [];
   const front = await twoThreads(FAST, lines);
-  const call = caller(front);
+  const call = frontCaller(front);
   await closing(front, async () => {
     for (const id of ["a", "b"]) {
       assert.equal((await call("PUT", `/v1/kv-caches/${id}`, HeldSeq.cacheSpec())).status, 201);
@@ -166,7 +155,7 @@ Deno.test("device threads: a long call on a thread that answers pings is not los
   const lines: string[] = [];
   const SEQ = 131_072; // 64 MiB of fp32 keys and values; about 2 s on the 2-core dev VM
   const front = await twoThreads({ pingMs: 50, lostMs: 300 }, lines, 2 ** 28);
-  const call = caller(front);
+  const call = frontCaller(front);
   await closing(front, async () => {
     const spec = {
       num_blocks: SEQ / 16,

@@ -15,7 +15,7 @@ import { HeldSeq } from "./held_seq.ts";
 import { maxAbsDiff } from "./helpers.ts";
 import { runServerToExit, spawnServer } from "./process.ts";
 import { NO_GPU } from "../gpu/helpers.ts";
-import { startNoGpuThreads } from "./no_gpu_threads.ts";
+import { frontCaller, startNoGpuThreads } from "./no_gpu_threads.ts";
 
 /** attn_kv_caches per device thread, from the merged /metrics. */
 async function cachesPerThread(url: string): Promise<Record<string, number>> {
@@ -127,14 +127,7 @@ Deno.test("device threads: not with --http-workers", async () => {
 
 Deno.test("device threads: a thread that stops takes its caches, the others go on", async () => {
   const front = await startNoGpuThreads(2);
-  const call = (method: string, path: string, body?: unknown) =>
-    front.handler(
-      new Request(`http://127.0.0.1${path}`, {
-        method,
-        headers: body ? { "content-type": "application/json" } : {},
-        body: body ? JSON.stringify(body) : undefined,
-      }),
-    );
+  const call = frontCaller(front);
   try {
     // Creates sent together spread (the ones in flight count).
     const created = await Promise.all(

@@ -42,3 +42,15 @@ export async function startNoGpuThreads(
   assert.ok(started.ok, started.ok ? "" : started.reason);
   return started.front;
 }
+
+/** Calls `front`'s handler in process: `method` on `path`, with `body` as JSON if given. */
+export function frontCaller(front: DeviceThreads) {
+  return (method: string, path: string, body?: unknown): Promise<Response> =>
+    front.handler(
+      new Request(`http://127.0.0.1${path}`, {
+        method,
+        headers: body ? { "content-type": "application/json" } : {},
+        body: body ? JSON.stringify(body) : undefined,
+      }),
+    );
+}

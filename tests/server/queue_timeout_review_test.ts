@@ -23,7 +23,7 @@ import { ProblemSchema } from "../../wire/schemas.ts";
 import { QUEUE_TIMEOUT_HEADER } from "../../wire/names.ts";
 import { deferred, type FakeBackend, fakeBackend } from "../service/helpers.ts";
 import { cacheSnapshot, prefillBody, startServer } from "./helpers.ts";
-import { startNoGpuThreads } from "./no_gpu_threads.ts";
+import { frontCaller, startNoGpuThreads } from "./no_gpu_threads.ts";
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
@@ -196,14 +196,7 @@ Deno.test({
 
 Deno.test("queue timeout review 6: device threads count the front's device_thread_lost in attn_http_problems_total", async () => {
   const front = await startNoGpuThreads(2);
-  const call = (method: string, path: string, body?: unknown) =>
-    front.handler(
-      new Request(`http://127.0.0.1${path}`, {
-        method,
-        headers: body ? { "content-type": "application/json" } : {},
-        body: body ? JSON.stringify(body) : undefined,
-      }),
-    );
+  const call = frontCaller(front);
   try {
     const spec = {
       num_blocks: 4,
