@@ -37,6 +37,7 @@ import {
   problemOf,
   retryAfterOf,
 } from "./api_error.ts";
+import { isQueueTimeoutMs, QUEUE_TIMEOUT_RULE } from "../core/queue_timeout.ts";
 import type {
   BackendDescription,
   CacheInfo,
@@ -72,16 +73,13 @@ export interface ForwardOptions {
   queueTimeoutMs?: number;
 }
 
-/** The longest queue timeout the server takes, ms (2^31 - 1). */
-const MAX_QUEUE_TIMEOUT_MS = 2147483647;
-
 /**
  * `queueTimeoutMs` as the header's plain decimal (`1e-7` as `0.0000001`), or the server's 400
- * `invalid_header` for a value it refuses (not a number above 0 and at most 2^31 - 1), without
- * sending the call.
+ * `invalid_header` for a value it refuses (its rule: core/queue_timeout.ts), without sending the
+ * call.
  */
 function queueTimeoutText(ms: number): string {
-  if (typeof ms === "number" && Number.isFinite(ms) && ms > 0 && ms <= MAX_QUEUE_TIMEOUT_MS) {
+  if (isQueueTimeoutMs(ms)) {
     return ms.toLocaleString("en-US", { useGrouping: false, maximumSignificantDigits: 21 });
   }
   const got = typeof ms === "number" ? String(ms) : JSON.stringify(ms) ?? String(ms);
@@ -89,8 +87,7 @@ function queueTimeoutText(ms: number): string {
     type: "urn:attn-service:problem:invalid_header",
     title: "Bad Request",
     status: 400,
-    detail: `queueTimeoutMs must be a number of milliseconds above 0 and at most ` +
-      `${MAX_QUEUE_TIMEOUT_MS}; got ${got} (refused by the client)`,
+    detail: `queueTimeoutMs must be ${QUEUE_TIMEOUT_RULE}; got ${got} (refused by the client)`,
     code: "invalid_header",
     header: QUEUE_TIMEOUT_HEADER,
     value: got.slice(0, 64),

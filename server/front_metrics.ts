@@ -11,7 +11,10 @@ import { Metrics } from "./metrics.ts";
 import { problemCodeOf } from "./problem.ts";
 import { cachePath } from "./thread_http.ts";
 
-/** The routes outside /v1/kv-caches/{id} a front may answer itself. */
+/**
+ * The handler's routes outside /v1/kv-caches/{id}: the front has no handler to ask (it runs no
+ * service), so they are listed; tests/server/front_metrics_test.ts holds them to the handler's.
+ */
 const STATIC_ROUTES = new Set([
   "/healthz",
   "/metrics",

@@ -26,13 +26,13 @@ export class StartupEnvError extends Error {
  * them): the names of {@link checkedSettings}' settings (a test holds the two equal).
  */
 export const CHECKED_ENV: readonly string[] = [
+  "ATTN_DEVICE_FINITE_BYTES",
+  "ATTN_HOST_POOL_MAX_FREE_BYTES",
+  "ATTN_GPU_POOL_MAX_FREE_BYTES",
+  "ATTN_GPU_TIMING",
   "ATTN_KERNEL_CACHE_LIMIT",
   "ATTN_COMPILE_TIMEOUT_MS",
-  "ATTN_GPU_TIMING",
-  "ATTN_DEVICE_FINITE_BYTES",
   "ATTN_DAWN_TICK_SPIN_MS",
-  "ATTN_GPU_POOL_MAX_FREE_BYTES",
-  "ATTN_HOST_POOL_MAX_FREE_BYTES",
   "ATTN_THREAD_EXIT_GRACE_MS",
   "ATTN_THREAD_PING_MS",
   "ATTN_THREAD_LOST_MS",
@@ -43,35 +43,25 @@ export const CHECKED_ENV: readonly string[] = [
   "ATTN_FLASH_TILE",
 ];
 
-/** The settings of {@link CHECKED_ENV}, in its order, from the modules that read them. */
+/**
+ * The settings of {@link CHECKED_ENV}, in its order, from the modules that read them: those a
+ * library service checks when built (service/service_env.ts), then the server's and the
+ * backends'.
+ */
 export async function checkedSettings(): Promise<EnvSetting<unknown>[]> {
-  const [kernel, pipelines, plan, data, tick, gpuPool, hostPool, grace, watchdog, flash] =
-    await Promise
-      .all([
-        import("../gpu/kernel.ts"),
-        import("../gpu/pipelines.ts"),
-        import("../gpu/gpu_plan.ts"),
-        import("../core/data.ts"),
-        import("../gpu/dawn_tick_pace.ts"),
-        import("../gpu/buffer_pool.ts"),
-        import("../gpu/host_pool.ts"),
-        import("./exit_grace.ts"),
-        import("./thread_watchdog.ts"),
-        import("../backends/flash_switches.ts"),
-      ]);
+  const [service, grace, watchdog, flash] = await Promise.all([
+    import("../service/service_env.ts"),
+    import("./exit_grace.ts"),
+    import("./thread_watchdog.ts"),
+    import("../backends/flash_switches.ts"),
+  ]);
   const [tuning, mma, tile] = await Promise.all([
     import("../backends/webgpu_decode_tuning.ts"),
     import("../backends/flash_mma_plan.ts"),
     import("../backends/flash_plan.ts"),
   ]);
   return [
-    kernel.KERNEL_CACHE_LIMIT_SETTING,
-    pipelines.COMPILE_TIMEOUT_SETTING,
-    plan.GPU_TIMING_SETTING,
-    data.DEVICE_FINITE_BYTES_SETTING,
-    tick.DAWN_TICK_SPIN_SETTING,
-    gpuPool.GPU_POOL_CAP_SETTING,
-    hostPool.HOST_POOL_CAP_SETTING,
+    ...service.SERVICE_LAZY_SETTINGS,
     grace.THREAD_EXIT_GRACE_SETTING,
     watchdog.THREAD_PING_SETTING,
     watchdog.THREAD_LOST_SETTING,

@@ -15,8 +15,11 @@ import { KERNEL_CACHE_LIMIT_SETTING } from "../gpu/kernel.ts";
 import { COMPILE_TIMEOUT_SETTING } from "../gpu/pipelines.ts";
 import { DAWN_TICK_SPIN_SETTING } from "../gpu/dawn_tick_pace.ts";
 
-/** The settings read after import, by a call or a scrape. */
-const LAZY_SETTINGS: readonly EnvSetting<unknown>[] = [
+/**
+ * The settings read after import, by a call or a scrape (the server checks them at start-up
+ * first, with its own: server/serve_env.ts).
+ */
+export const SERVICE_LAZY_SETTINGS: readonly EnvSetting<unknown>[] = [
   DEVICE_FINITE_BYTES_SETTING,
   HOST_POOL_CAP_SETTING,
   GPU_POOL_CAP_SETTING,
@@ -31,5 +34,5 @@ const LAZY_SETTINGS: readonly EnvSetting<unknown>[] = [
  * @throws EnvValueError naming the first variable whose value its rule refuses.
  */
 export function checkServiceEnv(): void {
-  for (const s of LAZY_SETTINGS) readSetting(s);
+  for (const s of SERVICE_LAZY_SETTINGS) readSetting(s);
 }

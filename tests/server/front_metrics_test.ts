@@ -2,6 +2,10 @@
 import assert from "node:assert/strict";
 import { FrontMetrics, frontRoute } from "../../server/front_metrics.ts";
 import { problem, problemResponse, toProblem } from "../../server/problem.ts";
+import { builtinBackends } from "../../backends/index.ts";
+import { createHandler } from "../../server/handler.ts";
+import { AttentionService } from "../../service/service.ts";
+import { FakeNoDevice } from "./helpers.ts";
 
 Deno.test("front metrics: route labels are templates or unmatched, never the path", () => {
   assert.equal(frontRoute("/v1/kv-caches/abc"), "/v1/kv-caches/:id");
@@ -28,4 +32,18 @@ Deno.test("front metrics: only problem answers made in this thread are counted",
   );
   assert.match(text, /^attn_http_requests_total\{[^}]*status="503"\} 1$/m, "one request counted");
   assert.doesNotMatch(text, /attn_forwards_total|attn_kv_caches/, "only the request families");
+});
+
+Deno.test("front metrics: every route the handler serves is labelled by its own template", async () => {
+  const service = new AttentionService({
+    backends: builtinBackends(),
+    device: new FakeNoDevice(),
+    memoryBudgetBytes: 1 << 20,
+  });
+  try {
+    const templates = new Set(createHandler(service).routes.map((r) => r.path));
+    for (const t of templates) assert.equal(frontRoute(t.replaceAll(":id", "abc")), t, t);
+  } finally {
+    await service.close();
+  }
 });
