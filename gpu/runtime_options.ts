@@ -13,7 +13,7 @@
  * `backend=vulkan` (Dawn's flags are all `key=value`; its toggle names hold no `=`).
  * @module
  */
-import { envVar } from "../core/env.ts";
+import { EnvValueError, envVar } from "../core/env.ts";
 
 /** The runtimes: Deno's own `navigator.gpu`, and Dawn from npm `webgpu`. */
 export const RUNTIME_NAMES = ["deno", "dawn"] as const;
@@ -132,7 +132,8 @@ export function mergeDawnFlags(base: readonly string[], extra: readonly string[]
 /**
  * Resolves the choice and Dawn's flags; the command line wins over the environment.
  * @param runtimeFlag how the command line spells the runtime option, for messages.
- * @throws Error naming the option or variable and its value.
+ * @throws Error naming the option and its value; EnvValueError for a variable's (a server
+ * prints its message without the usage: no flag was wrong).
  */
 export function resolveRuntimeOptions(
   args: RuntimeArgs,
@@ -143,15 +144,24 @@ export function resolveRuntimeOptions(
   const choice = args.runtime !== undefined
     ? parseRuntimeChoice(args.runtime, runtimeFlag)
     : fromEnv !== undefined && fromEnv !== ""
-    ? parseRuntimeChoice(fromEnv, RUNTIME_ENV)
+    ? fromVariable(RUNTIME_ENV, fromEnv, parseRuntimeChoice)
     : "deno";
   const base = args.dawnFlags !== undefined
     ? splitDawnFlags(args.dawnFlags, "--dawn-flags")
     : env[DAWN_FLAGS_ENV] !== undefined
-    ? splitDawnFlags(env[DAWN_FLAGS_ENV]!, DAWN_FLAGS_ENV)
+    ? fromVariable(DAWN_FLAGS_ENV, env[DAWN_FLAGS_ENV]!, splitDawnFlags)
     : [...DEFAULT_DAWN_FLAGS];
   const extra = (args.dawnFlag ?? []).map((f) => checkDawnFlag(f, "--dawn-flag"));
   return { choice, dawnFlags: mergeDawnFlags(base, extra) };
+}
+
+/** `parse(value, name)` of variable `name`, its refusal an EnvValueError. */
+function fromVariable<T>(name: string, value: string, parse: (v: string, source: string) => T): T {
+  try {
+    return parse(value, name);
+  } catch (e) {
+    throw new EnvValueError(name, value, e instanceof Error ? e.message : String(e));
+  }
 }
 
 /** Reads the variables {@link resolveRuntimeOptions} looks at (needs env permission for them). */

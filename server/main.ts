@@ -31,6 +31,7 @@ import type { ThreadListeners } from "./thread_listeners.ts";
 
 import { HELP, parseServeArgs, serveEnv, type ServeOptions } from "./serve_options.ts";
 import { checkServeEnv, StartupEnvError } from "./serve_env.ts";
+import { EnvValueError } from "../core/env.ts";
 import { BODY_TIMEOUT_ENV } from "./body_timeout.ts";
 
 function describeAccess(a: ResolvedAccess): string {
@@ -234,7 +235,8 @@ async function main(): Promise<void> {
     // Every isolate that reads bodies (HTTP workers, the device-threads front) reads it here.
     Deno.env.set(BODY_TIMEOUT_ENV, String(o.bodyTimeoutMs));
   } catch (e) {
-    const usage = e instanceof AccessConfigError || e instanceof StartupEnvError
+    const usage = e instanceof AccessConfigError || e instanceof StartupEnvError ||
+        e instanceof EnvValueError
       ? ""
       : `\n\n${HELP}`;
     console.error(`${e instanceof Error ? e.message : e}${usage}`);

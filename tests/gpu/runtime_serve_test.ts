@@ -1,5 +1,6 @@
 /**
- * `deno task serve` with each runtime choice, as a separate process: an unknown runtime and
+ * `deno task serve` with each runtime choice, as a separate process: an unknown runtime (a
+ * variable's refused in one line, a flag's with the usage) and
  * an explicit `dawn` that cannot start exit with status 2 and a one-line reason (Dawn's own
  * words, no stack trace), with `--device-threads` too; `auto` starts on a real port, and `GET /v1/device` names the
  * runtime, its version, the backend API, the adapter's vendor, how the runtime was chosen
@@ -49,6 +50,15 @@ Deno.test("serve: an unknown runtime exits 2 naming the option and its value", a
   const c = await serveFails(["--dawn-flag", "verbose"]);
   assert.equal(c.code, 2);
   assert.match(c.stderr, /--dawn-flag: a Dawn flag is KEY=VALUE, got "verbose"/);
+  // A flag's refusal ends with the usage; a variable's is its one line (no flag was wrong).
+  assert.match(a.stderr, /usage: deno task serve/);
+  const d = await serveFails([], { ATTN_DAWN_FLAGS: "verbose" });
+  assert.equal(d.code, 2);
+  for (const { stderr } of [b, d]) {
+    assert.equal(stderr.trim().split("\n").length, 1, stderr);
+    assert.doesNotMatch(stderr, /usage:/);
+  }
+  assert.match(d.stderr, /^ATTN_DAWN_FLAGS: a Dawn flag is KEY=VALUE, got "verbose"$/m);
 });
 
 Deno.test({
