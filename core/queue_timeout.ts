@@ -32,6 +32,27 @@ export function checkQueueTimeoutMs(ms: unknown): number | undefined {
   });
 }
 
+/**
+ * Where a call's queue timeout counts from: `since` (the library option `queueSince`) when it is a
+ * time before `now`, else `now`.
+ * @throws ServiceError 400 `invalid_request` naming `queueSince` when it is not a finite number.
+ */
+export function queueSinceOf(since: unknown, now: number): number {
+  if (since === undefined) return now;
+  if (typeof since !== "number" || !Number.isFinite(since)) {
+    const got = typeof since === "number" ? String(since) : JSON.stringify(since) ?? String(since);
+    throw new ServiceError(
+      `queueSince must be a finite number (performance.now() ms); got ${got}`,
+      {
+        status: 400,
+        code: "invalid_request",
+        issues: [{ path: ["queueSince"], message: `must be a finite number; got ${got}` }],
+      },
+    );
+  }
+  return Math.min(since, now);
+}
+
 /** A call's queue deadline, as the service hands it to a backend that queues calls itself. */
 export interface QueueDeadline {
   /** The caller's timeout, ms. */

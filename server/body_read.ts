@@ -137,6 +137,11 @@ export interface StreamedBody {
   cause?: unknown;
   /** A whole read ({@link wholeBody}) failed: how many bytes came is not known. */
   uncounted?: boolean;
+  /**
+   * A read another thread made: when it ended there, ms since the epoch (request_arrival.ts;
+   * undefined: read on this thread).
+   */
+  sentAt?: number;
 }
 
 /**

@@ -19,6 +19,7 @@
 import { ServiceError } from "../core/errors.ts";
 import { QUEUE_TIMEOUT_HEADER } from "../wire/names.ts";
 import { parseQueueTimeoutHeader } from "./queue_timeout_header.ts";
+import { arrivalOf } from "./request_arrival.ts";
 import type { AttentionService } from "../service/service.ts";
 import {
   decodeBinaryForward,
@@ -134,7 +135,11 @@ export function addForwardRoutes(
       body = await decode(req, limits, json);
       const decoded = cacheId === null ? body.decoded : onCache(body.decoded, cacheId, body.binary);
       tParsed = performance.now();
-      const outcome = await service.forward(decoded.input, { signal: req.signal, queueTimeoutMs });
+      const outcome = await service.forward(decoded.input, {
+        signal: req.signal,
+        queueTimeoutMs,
+        queueSince: arrivalOf(req),
+      });
       const tRan = performance.now();
       const headers: Record<string, string> = {
         "x-attention-backend": outcome.backend,

@@ -14,6 +14,7 @@ import { type ErrorLogger, problemResponse, toProblem } from "./problem.ts";
 import { releaseWhenDelivered, takeLentBytes } from "./lent_body.ts";
 import { setPreReadBody, type StreamedBody } from "./body_read.ts";
 import { keepSentPath } from "./routes.ts";
+import { keepSentAt } from "./request_arrival.ts";
 import type { BodyMessage, HeadMessage, ResponseMessage } from "./worker_protocol.ts";
 
 type Handler = (req: Request) => Promise<Response>;
@@ -64,6 +65,7 @@ function preRead(m: BodyMessage): StreamedBody {
     cause,
     uncounted: m.uncounted,
     timeout_ms: m.timeout_ms,
+    sentAt: m.sentAt,
   };
 }
 
@@ -80,7 +82,10 @@ function rebuild(m: HeadMessage, p: Pending): Request {
     Object.defineProperty(req, "method", { value: m.method });
   }
   if (body !== null) {
-    const read = p.body.then(preRead);
+    const read = p.body.then((m) => {
+      keepSentAt(req, m.sentAt);
+      return preRead(m);
+    });
     read.catch(() => {}); // a read that fails is the handler's to see, or no one's
     setPreReadBody(req, read);
   }

@@ -48,6 +48,11 @@ export interface BodyMessage {
   timeout_ms?: number;
   /** An `error` end of a body read in one piece: how many bytes came is not known. */
   uncounted?: boolean;
+  /**
+   * When the first thread that read the body had it all, ms since the epoch
+   * (request_arrival.ts): where a forward's queue timeout counts from.
+   */
+  sentAt?: number;
 }
 
 /** The client went away before its answer. */
@@ -122,6 +127,7 @@ export function checkFromWorker(m: unknown): FromWorker | string {
       if (!BODY_ENDS.includes(o.end as string)) return `body: bad end ${String(o.end)}`;
       if (o.uncounted !== undefined && typeof o.uncounted !== "boolean") return "body: uncounted";
       if (o.timeout_ms !== undefined && typeof o.timeout_ms !== "number") return "body: timeout_ms";
+      if (o.sentAt !== undefined && !Number.isFinite(o.sentAt)) return "body: sentAt";
       return o as unknown as BodyMessage;
     case "abort":
       return isId(o.id) ? o as unknown as AbortMessage : `abort: bad id ${String(o.id)}`;

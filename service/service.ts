@@ -8,7 +8,7 @@
 import { resolveStorage } from "../core/dtype.ts";
 import { checkCacheSpec } from "../core/cache_spec.ts";
 import { ClientClosedError, DeviceUnavailableError } from "../core/errors.ts";
-import { checkQueueTimeoutMs, StartGate } from "../core/queue_timeout.ts";
+import { checkQueueTimeoutMs, queueSinceOf, StartGate } from "../core/queue_timeout.ts";
 import { checkServiceEnv } from "./service_env.ts";
 import type {
   AttentionBackend,
@@ -58,6 +58,12 @@ export interface ForwardOptions {
    * throws 503 `queue_timeout` (core/queue_timeout.ts), writing nothing. Undefined: no bound.
    */
   queueTimeoutMs?: number;
+  /**
+   * When the call's wait began, on `performance.now()`'s clock, where that was before this
+   * forward (a server that received the call on another thread: the wait for this one counts).
+   * The queue timeout counts from it; undefined, or later than now: from now.
+   */
+  queueSince?: number;
 }
 
 export type { CacheData, CacheInfo, CreateCacheRequest, ForwardOutcome, SelectResult };
@@ -271,7 +277,8 @@ export class AttentionService {
   async forward(input: ForwardInput, opts: ForwardOptions = {}): Promise<ForwardOutcome> {
     const t0 = performance.now();
     const queueTimeoutMs = checkQueueTimeoutMs(opts.queueTimeoutMs);
-    const gate = queueTimeoutMs === undefined ? null : new StartGate(queueTimeoutMs, t0);
+    const queueSince = queueSinceOf(opts.queueSince, t0);
+    const gate = queueTimeoutMs === undefined ? null : new StartGate(queueTimeoutMs, queueSince);
     // A library caller's input may be anything: validation names what is wrong with it.
     const id: unknown = (input as Partial<ForwardInput> | null)?.kv_cache;
     const held = typeof id === "string" ? this.caches.get(id) : null;
