@@ -10,7 +10,7 @@
  * In process, without a GPU (each thread answers on CPU_REFERENCE); short limits.
  */
 import assert from "node:assert/strict";
-import { frontCaller, startNoGpuThreads } from "./no_gpu_threads.ts";
+import { frontCaller, logged, startNoGpuThreads } from "./no_gpu_threads.ts";
 import type { DeviceThreads } from "../../server/device_threads.ts";
 import type { WatchdogOptions } from "../../server/thread_watchdog.ts";
 import { raceTimeout } from "../../core/timeout.ts";
@@ -182,7 +182,7 @@ Deno.test("device threads: serving the port, a thread that ends is left out", as
     const server = await front.listen({ port: 0, hostname: "127.0.0.1", handler: front.handler });
     const url = `http://127.0.0.1:${server.addr.port}`;
     front.fault(1, "exit");
-    await new Promise((r) => setTimeout(r, 1500)); // lost by now (100 + 1000 ms)
+    await logged(lines, /device thread 1 stopped/, 10_000); // lost within 100 + 1000 ms
     assert.equal(lines.filter((l) => /device thread 1 stopped/.test(l)).length, 1);
     // Fresh connections, spread by the kernel over the listeners left: every one is answered.
     const health = await within(

@@ -54,3 +54,14 @@ export function frontCaller(front: DeviceThreads) {
       }),
     );
 }
+
+/**
+ * Waits until `lines` holds a line matching `re`, or `ms` passed (the caller then asserts): the
+ * watchdog's verdict comes when its ticks do, and a late tick judges no thread.
+ */
+export async function logged(lines: string[], re: RegExp, ms: number): Promise<void> {
+  const end = performance.now() + ms;
+  while (!lines.some((l) => re.test(l)) && performance.now() < end) {
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}

@@ -109,10 +109,14 @@ Deno.test("queue timeout over HTTP: a bad header value is a 400 invalid_header, 
     }
     assert.equal(be.runs, 0);
     assert.equal(written(be), 0);
-    // Decimals and the largest value are fine.
-    for (const good of ["20", "0.5", "2147483647"]) {
+    // Decimals and the largest value are taken. A call given 0.5 ms may run or time out (its
+    // validation counts, and a loaded machine may take longer), but it is
+    // never refused; the others run.
+    for (const good of ["20000.5", "0.5", "2147483647"]) {
       const r = await post(srv, decodeBody(info.id, 5), { [QUEUE_TIMEOUT_HEADER]: good });
-      assert.equal(r.status, 200, `${JSON.stringify(good)}: ${JSON.stringify(r.body)}`);
+      const ran = r.status === 200;
+      const late = r.status === 503 && r.body.code === "queue_timeout" && good === "0.5";
+      assert.ok(ran || late, `${JSON.stringify(good)}: ${r.status} ${JSON.stringify(r.body)}`);
     }
   } finally {
     await srv.close();

@@ -19,6 +19,7 @@ import type { AttentionBackend } from "../../core/types.ts";
 import { cpuReference } from "../../backends/cpu/cpu_reference.ts";
 import { CpuWorkerPool } from "../../backends/cpu/pool.ts";
 import { checkQueueTimeoutMs } from "../../core/queue_timeout.ts";
+import { raceTimeout } from "../../core/timeout.ts";
 import { ProblemSchema } from "../../wire/schemas.ts";
 import { QUEUE_TIMEOUT_HEADER } from "../../wire/names.ts";
 import { deferred, type FakeBackend, fakeBackend } from "../service/helpers.ts";
@@ -97,18 +98,19 @@ Deno.test("queue timeout review 2: the 503 is answered when the timeout passes, 
   try {
     const t0 = performance.now();
     const late = postForward(srv.url, "/v1/attention/forward", step(5), "50");
-    const outcome = await Promise.race([
+    // The cache stays held until release(), after this: any bound tells the two apart.
+    const outcome = await raceTimeout(
       late.then((r) => `answered ${r.status} after ${Math.round(performance.now() - t0)} ms`),
-      sleep(2000).then(() => "pending"),
-    ]);
+      10_000,
+    );
     release();
     await first;
     const r = await late;
     assert.equal(r.body.code, "queue_timeout");
     assert.notEqual(
       outcome,
-      "pending",
-      "a call bounded to 50 ms was still unanswered 2 s later (answered only once the earlier call ended)",
+      "timeout",
+      "a call bounded to 50 ms was still unanswered 10 s later (answered only once the earlier call ended)",
     );
   } finally {
     release();
@@ -120,7 +122,9 @@ Deno.test("queue timeout review 3: a 503 queue_timeout fits the OpenAPI Problem 
   const { srv, step, first, release } = await gated();
   try {
     const late = postForward(srv.url, "/v1/attention/forward", step(5), "5");
-    await sleep(30);
+    // Answered once its 5 ms pass while the first call holds the cache (review 2); released
+    // after that, not after a guess at how long the call takes to arrive.
+    await raceTimeout(late, 10_000);
     release();
     await first;
     const r = await late;
@@ -178,10 +182,8 @@ Deno.test({
           body: stream,
         }),
       );
-      const outcome = await Promise.race([
-        res.then((r) => String(r.status)),
-        sleep(2000).then(() => "pending"),
-      ]);
+      // The body stays open until ctl.close(), after this: any bound tells the two apart.
+      const outcome = await raceTimeout(res.then((r) => String(r.status)), 10_000);
       ctl.close();
       await (await res).body?.cancel();
       assert.equal(outcome, "400", "a bad header is answered before the body is read");

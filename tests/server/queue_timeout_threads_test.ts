@@ -10,7 +10,7 @@ import { QUEUE_TIMEOUT_HEADER } from "../../wire/names.ts";
 import { expectProblem, prefillBody } from "./helpers.ts";
 import { startNoGpuThreads } from "./no_gpu_threads.ts";
 
-const H = 4, HKV = 2, D = 64, BS = 16, T = 384;
+const H = 4, HKV = 2, D = 64, BS = 16, T = 1024;
 
 const prefill = (kv_cache: string, t: number, first: number): ForwardBody => ({
   ...prefillBody({ h: H, hkv: HKV, d: D, bs: BS, t, first }),
@@ -36,12 +36,19 @@ Deno.test("queue timeout through device threads: a bad header is a 400, a late c
     const doc = await bad.json();
     assert.equal(doc.code, "invalid_header");
     assert.equal(doc.value, "soon");
-    // A long prefill, then a one-token step on the same cache that may wait 1 ms to start.
-    const long = client.forwardOn(info.id, prefill(info.id, T, 0));
-    await new Promise((r) => setTimeout(r, 5));
-    const late = client.forwardOn(info.id, prefill(info.id, 1, T), { queueTimeoutMs: 1 });
+    // A long prefill (1,024 tokens: 1.6 s on the 2-core dev VM, once), then a one-token step on
+    // the same cache that may wait 100 ms to start: more than its trip from the front to the
+    // thread, which counts (1 ms was spent by the trip alone under load), less than the prefill.
+    // The prefill goes as safetensors, decoded inline as the step is: a JSON body this size is
+    // decoded in a worker, and the step, sent later, could reach the cache first and run.
+    let longDone = false;
+    const long = client.forwardOn(info.id, prefill(info.id, T, 0), { binary: true })
+      .finally(() => longDone = true);
+    await new Promise((r) => setTimeout(r, 50)); // its body read by the front before the step's
+    const late = client.forwardOn(info.id, prefill(info.id, 1, T), { queueTimeoutMs: 100 });
     const e = await expectProblem(late, 503, "queue_timeout");
-    assert.equal(e.problem.queue_timeout_ms, 1);
+    assert.equal(e.problem.queue_timeout_ms, 100);
+    assert.equal(longDone, false, "answered at its timeout, while the prefill held the cache");
     const ans = await long;
     assert.deepEqual(ans.output.shape, [T, H, D]);
     // Slot T was written by no call: the late step did not run.
