@@ -138,10 +138,10 @@ export interface StreamedBody {
   /** A whole read ({@link wholeBody}) failed: how many bytes came is not known. */
   uncounted?: boolean;
   /**
-   * A read another thread made: when it ended there, ms since the epoch (request_arrival.ts;
-   * undefined: read on this thread).
+   * A read another thread made: what the body waited between threads to come here, ms
+   * (request_arrival.ts; undefined: read on this thread).
    */
-  sentAt?: number;
+  waitedMs?: number;
 }
 
 /**

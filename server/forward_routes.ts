@@ -19,7 +19,7 @@
 import { ServiceError } from "../core/errors.ts";
 import { QUEUE_TIMEOUT_HEADER } from "../wire/names.ts";
 import { parseQueueTimeoutHeader } from "./queue_timeout_header.ts";
-import { arrivalOf } from "./request_arrival.ts";
+import { waitedBetweenThreads } from "./request_arrival.ts";
 import type { AttentionService } from "../service/service.ts";
 import {
   decodeBinaryForward,
@@ -138,7 +138,7 @@ export function addForwardRoutes(
       const outcome = await service.forward(decoded.input, {
         signal: req.signal,
         queueTimeoutMs,
-        queueSince: arrivalOf(req),
+        queueSince: performance.now() - waitedBetweenThreads(req),
       });
       const tRan = performance.now();
       const headers: Record<string, string> = {

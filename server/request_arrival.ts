@@ -1,31 +1,43 @@
 /**
- * When a request passed between threads arrived: the first thread that read its body (an HTTP
- * worker, a device thread's listener, the device-threads front) stamps the body it passes on with
- * the time the read ended (worker_protocol.ts BodyMessage `sentAt`), and every later hop keeps that stamp. The
- * thread that runs the call reads it back on its own clock ({@link arrivalOf}), so a forward's
- * queue timeout counts its wait for that thread too: on Deno's runtime a device thread waiting
- * for its GPU (up to a whole call) reads no message meanwhile.
+ * How long a request's body waited between threads: a thread that passes a body on (an HTTP
+ * worker, a device thread's listener, the device-threads front) stamps the message with the wall
+ * clock (worker_protocol.ts BodyMessage `sentAt`, and `waitedMs`, what earlier hops waited), and
+ * the thread that takes it measures the hop when its event loop reads the message. A forward's
+ * queue timeout counts that wait ({@link waitedBetweenThreads}): on Deno's runtime a device thread
+ * waiting for its GPU (up to a whole call) reads no message meanwhile, and a call held up that way
+ * had waited past its timeout unseen. Reading and decoding the body are not waits, on one thread
+ * or several: only the hops count.
+ *
+ * The clock is `Date.now()`, read at each end: the threads of a process read the same wall clock,
+ * where each isolate's `performance.timeOrigin` is fixed when it starts (a clock step between two
+ * starts would skew every hop after it). Its millisecond resolution is taken off each hop, so a hop
+ * counts at most what it took, up to 1 ms less; a step of the wall clock during a hop counts at
+ * most that hop wrong (one backwards counts 0).
  * @module
  */
 
-/** Now, in ms since the epoch, on a clock the threads of a process share. */
-export function epochNow(): number {
-  return performance.timeOrigin + performance.now();
-}
-
-const stamps = new WeakMap<Request, number>();
-
-/** Records a rebuilt request's body stamp (none: nothing recorded). */
-export function keepSentAt(req: Request, sentAt: number | undefined): void {
-  if (sentAt !== undefined) stamps.set(req, sentAt);
+/** The stamp for a body posted now. */
+export function hopStamp(): number {
+  return Date.now();
 }
 
 /**
- * When `req`'s body was whole, on this thread's `performance.now()` clock (never later than
- * now), or undefined for a request whose body was read on this thread.
+ * The wait of a body received now that was posted at `sentAt` after waiting `before` ms on
+ * earlier hops (undefined fields: none).
  */
-export function arrivalOf(req: Request): number | undefined {
-  const sentAt = stamps.get(req);
-  if (sentAt === undefined) return undefined;
-  return Math.min(performance.now(), sentAt - performance.timeOrigin);
+export function receivedWait(sentAt: number | undefined, before: number | undefined): number {
+  const hop = sentAt === undefined ? 0 : Math.max(0, Date.now() - sentAt - 1);
+  return (before ?? 0) + hop;
+}
+
+const waits = new WeakMap<Request, number>();
+
+/** Records what a rebuilt request's body waited between threads. */
+export function keepWait(req: Request, ms: number): void {
+  if (ms > 0) waits.set(req, ms);
+}
+
+/** The ms `req`'s body waited between threads before this one read it (0: none, or read here). */
+export function waitedBetweenThreads(req: Request): number {
+  return waits.get(req) ?? 0;
 }

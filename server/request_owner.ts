@@ -14,7 +14,7 @@ import { type ErrorLogger, problemResponse, toProblem } from "./problem.ts";
 import { releaseWhenDelivered, takeLentBytes } from "./lent_body.ts";
 import { setPreReadBody, type StreamedBody } from "./body_read.ts";
 import { keepSentPath } from "./routes.ts";
-import { keepSentAt } from "./request_arrival.ts";
+import { keepWait, receivedWait } from "./request_arrival.ts";
 import type { BodyMessage, HeadMessage, ResponseMessage } from "./worker_protocol.ts";
 
 type Handler = (req: Request) => Promise<Response>;
@@ -65,7 +65,7 @@ function preRead(m: BodyMessage): StreamedBody {
     cause,
     uncounted: m.uncounted,
     timeout_ms: m.timeout_ms,
-    sentAt: m.sentAt,
+    waitedMs: m.waitedMs,
   };
 }
 
@@ -83,7 +83,7 @@ function rebuild(m: HeadMessage, p: Pending): Request {
   }
   if (body !== null) {
     const read = p.body.then((m) => {
-      keepSentAt(req, m.sentAt);
+      keepWait(req, m.waitedMs ?? 0);
       return preRead(m);
     });
     read.catch(() => {}); // a read that fails is the handler's to see, or no one's
@@ -126,7 +126,8 @@ export class RequestOwner {
 
   /** A request's body arrived. */
   body(m: BodyMessage): void {
-    this.#pending.get(m.id)?.gotBody(m);
+    // The hop's wait is measured now, as this thread reads the message.
+    this.#pending.get(m.id)?.gotBody({ ...m, waitedMs: receivedWait(m.sentAt, m.waitedMs) });
   }
 
   /** The client of request `id` went away. */

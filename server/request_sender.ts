@@ -24,7 +24,7 @@ import {
 } from "./body_read.ts";
 import { mediaType } from "./body.ts";
 import { SAFETENSORS } from "./responses.ts";
-import { epochNow } from "./request_arrival.ts";
+import { hopStamp } from "./request_arrival.ts";
 import { NOT_LOGGED, problemResponse, toProblem } from "./problem.ts";
 import {
   type BodyMessage,
@@ -174,7 +174,7 @@ export class RequestSender {
     return why;
   }
 
-  /** Posts a body as read, transferred, stamped with when it was whole (the first read's time). */
+  /** Posts a body as read, transferred, stamped (request_arrival.ts). */
   #postRead(id: number, read: StreamedBody): void {
     const bytes = ownBuffer(read.bytes);
     const message = read.cause instanceof Error ? read.cause.message : undefined;
@@ -186,7 +186,8 @@ export class RequestSender {
       ...(message ? { message } : {}),
       ...(read.uncounted ? { uncounted: true } : {}),
       ...(read.timeout_ms !== undefined ? { timeout_ms: read.timeout_ms } : {}),
-      sentAt: read.sentAt ?? epochNow(),
+      sentAt: hopStamp(),
+      waitedMs: read.waitedMs ?? 0,
     };
     this.post(m, [bytes]);
   }

@@ -48,11 +48,10 @@ export interface BodyMessage {
   timeout_ms?: number;
   /** An `error` end of a body read in one piece: how many bytes came is not known. */
   uncounted?: boolean;
-  /**
-   * When the first thread that read the body had it all, ms since the epoch
-   * (request_arrival.ts): where a forward's queue timeout counts from.
-   */
+  /** When it was posted, `Date.now()` there (request_arrival.ts: the hop's wait counts). */
   sentAt?: number;
+  /** What the body waited between threads on earlier hops, ms. */
+  waitedMs?: number;
 }
 
 /** The client went away before its answer. */
@@ -128,6 +127,11 @@ export function checkFromWorker(m: unknown): FromWorker | string {
       if (o.uncounted !== undefined && typeof o.uncounted !== "boolean") return "body: uncounted";
       if (o.timeout_ms !== undefined && typeof o.timeout_ms !== "number") return "body: timeout_ms";
       if (o.sentAt !== undefined && !Number.isFinite(o.sentAt)) return "body: sentAt";
+      if (
+        o.waitedMs !== undefined && !(Number.isFinite(o.waitedMs) && (o.waitedMs as number) >= 0)
+      ) {
+        return "body: waitedMs";
+      }
       return o as unknown as BodyMessage;
     case "abort":
       return isId(o.id) ? o as unknown as AbortMessage : `abort: bad id ${String(o.id)}`;

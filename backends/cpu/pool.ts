@@ -32,7 +32,12 @@
  * @module
  */
 import { ServiceError } from "../../core/errors.ts";
-import { pastDeadline, type QueueDeadline, queueTimeoutError } from "../../core/queue_timeout.ts";
+import {
+  atDeadline,
+  pastDeadline,
+  type QueueDeadline,
+  queueTimeoutError,
+} from "../../core/queue_timeout.ts";
 import type { HostKvCache } from "./host_cache.ts";
 import type { ForwardBatch } from "../../core/types.ts";
 
@@ -188,11 +193,13 @@ export class CpuWorkerPool {
       }
       if (deadline) {
         job.deadline = deadline;
-        const ms = Math.max(0, deadline.since + deadline.timeoutMs - performance.now());
-        const timer = setTimeout(() => this.#unqueue(job, queueTimeoutError(deadline)), ms);
+        const cancel = atDeadline(
+          deadline,
+          (now) => this.#unqueue(job, queueTimeoutError(deadline, now)),
+        );
         const detach = job.detach;
         job.detach = () => {
-          clearTimeout(timer);
+          cancel();
           detach();
         };
       }
