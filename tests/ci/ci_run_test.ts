@@ -76,3 +76,47 @@ Deno.test("ci --parse: clean passes print only the totals; a pass with no summar
   ]);
   assert.deepEqual(died.lines.at(-1), "146 passed, 0 failed");
 });
+
+/** Runs `.ci/run` with fake `deno`, `dpkg` and `nginx` first on PATH; `deno task test` runs `pass`. */
+async function runWithFakes(pass: string): Promise<{ code: number; out: string }> {
+  const dir = await Deno.makeTempDir({ prefix: "ci_run_fakes_" });
+  try {
+    const script = (body: string) => `#!/usr/bin/env bash\n${body}\n`;
+    await Deno.writeTextFile(
+      `${dir}/deno`,
+      script(`case "$1" in
+  --version) echo "deno 2.9.6 (fake)";;
+  task) ${pass};;
+  *) echo "ok | 5 passed | 0 failed (1s)";;
+esac`),
+    );
+    await Deno.writeTextFile(`${dir}/dpkg`, script("exit 0"));
+    await Deno.writeTextFile(`${dir}/nginx`, script("exit 0"));
+    for (const f of ["deno", "dpkg", "nginx"]) await Deno.chmod(`${dir}/${f}`, 0o755);
+    const out = await new Deno.Command("bash", {
+      args: [CI_RUN],
+      env: { PATH: `${dir}:${Deno.env.get("PATH")}`, CI_LOG_DIR: `${dir}/logs` },
+      stdout: "piped",
+      stderr: "null",
+    }).output();
+    return { code: out.code, out: new TextDecoder().decode(out.stdout) };
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+}
+
+Deno.test("ci run: a pass that dies after a clean summary says so at the end", async () => {
+  // Three aborts (status 134) after a clean summary: run again twice, then it counts.
+  const died = await runWithFakes(
+    'echo "ok | 7 passed | 0 failed (1s)"; echo "free(): corrupted"; exit 134',
+  );
+  assert.equal(died.code, 1);
+  const lines = died.out.trimEnd().split("\n");
+  assert.equal(lines.at(-1), "12 passed, 0 failed");
+  const end = lines.slice(-5).join("\n");
+  assert.match(end, /ci: the default pass exited with status 134 after a clean summary:/);
+  assert.match(end, /free\(\): corrupted/);
+  const clean = await runWithFakes('echo "ok | 7 passed | 0 failed (1s)"');
+  assert.equal(clean.code, 0);
+  assert.doesNotMatch(clean.out, /ci: the .* pass/);
+});
