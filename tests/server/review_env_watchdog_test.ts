@@ -238,6 +238,8 @@ Deno.test("review watchdog: /metrics with every thread lost keeps the exposition
     front.fault(0, "exit");
     // Lost within 100 + 1000 ms where the watchdog's ticks come on time (a late one judges none).
     await logged(lines, /stopped/, 10_000);
+    // Said once: a second verdict would come within another ping and lost limit.
+    await new Promise((r) => setTimeout(r, 1200));
     assert.equal(lines.filter((l) => /stopped/.test(l)).length, 1, lines.join());
     await (await call("GET", "/v1/kv-caches/a")).body?.cancel(); // a front 503
     const after = await raceTimeout(get(front, "/metrics"), 3000);
