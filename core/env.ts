@@ -35,6 +35,19 @@ export class EnvValueError extends Error {
   }
 }
 
+/**
+ * `parse()` of variable `name`'s `value`, any Error it throws an EnvValueError with the same
+ * message: a server prints it alone, without the usage a bad flag gets (no flag was wrong).
+ */
+export function parseVariable<T>(name: string, value: string, parse: () => T): T {
+  try {
+    return parse();
+  } catch (e) {
+    if (e instanceof EnvValueError) throw e;
+    throw new EnvValueError(name, value, e instanceof Error ? e.message : String(e));
+  }
+}
+
 /** An environment variable's rule, owned by the module that reads it. */
 export interface EnvSetting<T> {
   /** The variable's name. */

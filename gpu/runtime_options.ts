@@ -13,7 +13,7 @@
  * `backend=vulkan` (Dawn's flags are all `key=value`; its toggle names hold no `=`).
  * @module
  */
-import { EnvValueError, envVar } from "../core/env.ts";
+import { envVar, parseVariable } from "../core/env.ts";
 
 /** The runtimes: Deno's own `navigator.gpu`, and Dawn from npm `webgpu`. */
 export const RUNTIME_NAMES = ["deno", "dawn"] as const;
@@ -144,24 +144,19 @@ export function resolveRuntimeOptions(
   const choice = args.runtime !== undefined
     ? parseRuntimeChoice(args.runtime, runtimeFlag)
     : fromEnv !== undefined && fromEnv !== ""
-    ? fromVariable(RUNTIME_ENV, fromEnv, parseRuntimeChoice)
+    ? parseVariable(RUNTIME_ENV, fromEnv, () => parseRuntimeChoice(fromEnv, RUNTIME_ENV))
     : "deno";
   const base = args.dawnFlags !== undefined
     ? splitDawnFlags(args.dawnFlags, "--dawn-flags")
     : env[DAWN_FLAGS_ENV] !== undefined
-    ? fromVariable(DAWN_FLAGS_ENV, env[DAWN_FLAGS_ENV]!, splitDawnFlags)
+    ? parseVariable(
+      DAWN_FLAGS_ENV,
+      env[DAWN_FLAGS_ENV]!,
+      () => splitDawnFlags(env[DAWN_FLAGS_ENV]!, DAWN_FLAGS_ENV),
+    )
     : [...DEFAULT_DAWN_FLAGS];
   const extra = (args.dawnFlag ?? []).map((f) => checkDawnFlag(f, "--dawn-flag"));
   return { choice, dawnFlags: mergeDawnFlags(base, extra) };
-}
-
-/** `parse(value, name)` of variable `name`, its refusal an EnvValueError. */
-function fromVariable<T>(name: string, value: string, parse: (v: string, source: string) => T): T {
-  try {
-    return parse(value, name);
-  } catch (e) {
-    throw new EnvValueError(name, value, e instanceof Error ? e.message : String(e));
-  }
 }
 
 /** Reads the variables {@link resolveRuntimeOptions} looks at (needs env permission for them). */

@@ -5,7 +5,7 @@
  * @module
  */
 import { ServiceError } from "../core/errors.ts";
-import { envVar } from "../core/env.ts";
+import { envVar, parseVariable } from "../core/env.ts";
 import { MAX_TIMER_MS, timerMs } from "../core/timeout.ts";
 
 /** The environment variable {@link bodyTimeoutMs} reads (`--body-timeout-ms` sets it). */
@@ -39,9 +39,9 @@ export function wholeBodyDeadlineMs(declared: number, timeoutMs = bodyTimeoutMs(
 
 /** `--body-timeout-ms` over ATTN_BODY_TIMEOUT_MS over the default; 1 ms to ~24.8 days. */
 export function bodyTimeoutOption(flag: string | undefined, env: string | undefined): number {
-  const [name, v] = flag !== undefined ? ["--body-timeout-ms", flag] : [BODY_TIMEOUT_ENV, env];
-  if (v === undefined || (flag === undefined && v === "")) return DEFAULT_BODY_TIMEOUT_MS;
-  return timerMs(name, v, 1);
+  if (flag !== undefined) return timerMs("--body-timeout-ms", flag, 1);
+  if (env === undefined || env === "") return DEFAULT_BODY_TIMEOUT_MS;
+  return parseVariable(BODY_TIMEOUT_ENV, env, () => timerMs(BODY_TIMEOUT_ENV, env, 1));
 }
 
 /**

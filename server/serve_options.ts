@@ -22,7 +22,7 @@ import {
   type KeepWarmMode,
   type KeepWarmOptions,
 } from "../gpu/keep_warm.ts";
-import { envVar } from "../core/env.ts";
+import { EnvValueError, envVar, parseVariable } from "../core/env.ts";
 import { CHECKED_ENV } from "./serve_env.ts";
 export { HELP } from "./serve_help.ts";
 import {
@@ -81,15 +81,17 @@ function threadsOption(
   flag: string | undefined,
   env: string | undefined,
 ): number {
-  const name = flag !== undefined ? flagName : envName;
-  const v = flag ?? (env === "" ? undefined : env);
-  if (v === undefined) return DEFAULT_HTTP_WORKERS;
-  if (!/^\d+$/.test(v) || Number(v) > MAX_HTTP_WORKERS) {
-    throw new Error(
-      `${name} must be an integer from 0 to ${MAX_HTTP_WORKERS}, got ${JSON.stringify(v)}`,
-    );
-  }
-  return Number(v);
+  const count = (name: string, v: string) => {
+    if (!/^\d+$/.test(v) || Number(v) > MAX_HTTP_WORKERS) {
+      throw new Error(
+        `${name} must be an integer from 0 to ${MAX_HTTP_WORKERS}, got ${JSON.stringify(v)}`,
+      );
+    }
+    return Number(v);
+  };
+  if (flag !== undefined) return count(flagName, flag);
+  if (env === undefined || env === "") return DEFAULT_HTTP_WORKERS;
+  return parseVariable(envName, env, () => count(envName, env));
 }
 
 /** `--device-threads-http` (the flag, else the environment variable: `1` or `0`). */
@@ -97,7 +99,11 @@ function deviceThreadsHttpOption(flag: boolean | undefined, env: string | undefi
   if (flag !== undefined) return flag;
   if (env === undefined || env === "") return false;
   if (env !== "0" && env !== "1") {
-    throw new Error(`${DEVICE_THREADS_HTTP_ENV} must be 0 or 1, got ${JSON.stringify(env)}`);
+    throw new EnvValueError(
+      DEVICE_THREADS_HTTP_ENV,
+      env,
+      `${DEVICE_THREADS_HTTP_ENV} must be 0 or 1, got ${JSON.stringify(env)}`,
+    );
   }
   return env === "1";
 }
@@ -123,10 +129,11 @@ function keepWarmOptions(
   const d = KEEP_WARM_DEFAULTS;
   const hold = flag("keep-warm-ms") ?? (env === "" ? undefined : env);
   if (hold !== undefined && (!/^\d+$/.test(hold) || Number(hold) > MAX_KEEP_WARM_MS)) {
-    const name = flag("keep-warm-ms") !== undefined ? "--keep-warm-ms" : KEEP_WARM_ENV;
-    throw new Error(
-      `${name} must be an integer from 0 to ${MAX_KEEP_WARM_MS}, got ${JSON.stringify(hold)}`,
-    );
+    const fromEnv = flag("keep-warm-ms") === undefined;
+    const name = fromEnv ? KEEP_WARM_ENV : "--keep-warm-ms";
+    const msg = `${name} must be an integer from 0 to ${MAX_KEEP_WARM_MS}, got ` +
+      JSON.stringify(hold);
+    throw fromEnv ? new EnvValueError(name, hold, msg) : new Error(msg);
   }
   const o = {
     hold_ms: hold === undefined ? d.hold_ms : Number(hold),
@@ -262,16 +269,25 @@ export function parseServeArgs(
     env[DEVICE_THREADS_ENV],
   );
   if (httpWorkers > 0 && deviceThreads > 0) {
-    throw new Error(
-      `--http-workers (${httpWorkers}) and --device-threads (${deviceThreads}) exclude each other`,
-    );
+    const hw = values["http-workers"] !== undefined ? "--http-workers" : HTTP_WORKERS_ENV;
+    const dt = values["device-threads"] !== undefined ? "--device-threads" : DEVICE_THREADS_ENV;
+    const msg = `${hw} (${httpWorkers}) and ${dt} (${deviceThreads}) exclude each other`;
+    // Both from the environment: no flag was wrong.
+    throw hw === HTTP_WORKERS_ENV && dt === DEVICE_THREADS_ENV
+      ? new EnvValueError(dt, String(deviceThreads), msg)
+      : new Error(msg);
   }
   const deviceThreadsHttp = deviceThreadsHttpOption(
     values["device-threads-http"],
     env[DEVICE_THREADS_HTTP_ENV],
   );
   if (deviceThreadsHttp && deviceThreads === 0) {
-    throw new Error("--device-threads-http needs --device-threads N with N >= 1, got 0");
+    const viaEnv = values["device-threads-http"] === undefined;
+    const msg = `${viaEnv ? `${DEVICE_THREADS_HTTP_ENV}=1` : "--device-threads-http"} needs ` +
+      "--device-threads N with N >= 1, got 0";
+    throw viaEnv && values["device-threads"] === undefined
+      ? new EnvValueError(DEVICE_THREADS_HTTP_ENV, "1", msg)
+      : new Error(msg);
   }
   return {
     port,

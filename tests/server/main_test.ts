@@ -2,6 +2,7 @@
 import assert from "node:assert/strict";
 import { DEFAULT_DAWN_FLAGS } from "../../gpu/runtime_options.ts";
 import { parseServeArgs } from "../../server/serve_options.ts";
+import { EnvValueError } from "../../core/env.ts";
 import { KEEP_WARM_DEFAULTS } from "../../gpu/keep_warm.ts";
 import { spawnServer } from "./process.ts";
 
@@ -322,5 +323,48 @@ Deno.test("main: --instance-name names the process's answers and its log", async
   } finally {
     srv.kill("SIGTERM");
     assert.equal((await srv.exited).code, 0);
+  }
+});
+
+Deno.test("main: a refused variable is an EnvValueError (one line, no usage), a flag's a plain Error", () => {
+  const viaEnv: Record<string, string>[] = [
+    { ATTN_HTTP_WORKERS: "abc" },
+    { ATTN_DEVICE_THREADS: "65" },
+    { ATTN_DEVICE_THREADS_HTTP: "maybe" },
+    { ATTN_BODY_TIMEOUT_MS: "bad" },
+    { ATTN_KEEP_WARM_MS: "-1" },
+    { ATTN_WEBGPU_RUNTIME: "cuda" },
+    { ATTN_DAWN_FLAGS: "verbose" },
+    { ATTN_HTTP_WORKERS: "2", ATTN_DEVICE_THREADS: "2" },
+    { ATTN_DEVICE_THREADS_HTTP: "1" },
+  ];
+  for (const env of viaEnv) {
+    assert.throws(() => parseServeArgs([], env), (e: unknown) => {
+      assert.ok(e instanceof EnvValueError, `${JSON.stringify(env)}: ${e}`);
+      assert.ok(
+        Object.keys(env).includes(e.variable),
+        `${e.variable} is one of ${Object.keys(env)}`,
+      );
+      assert.match(e.message, /ATTN_/);
+      return true;
+    });
+  }
+  const viaFlags: [string[], Record<string, string>, RegExp][] = [
+    [["--http-workers", "abc"], {}, /--http-workers must be/],
+    [["--body-timeout-ms", "bad"], {}, /--body-timeout-ms/],
+    [["--keep-warm-ms", "x"], {}, /--keep-warm-ms must be/],
+    [
+      ["--http-workers", "2"],
+      { ATTN_DEVICE_THREADS: "2" },
+      /--http-workers \(2\) and ATTN_DEVICE_THREADS \(2\)/,
+    ],
+    [["--device-threads-http"], {}, /--device-threads-http needs --device-threads/],
+  ];
+  for (const [args, env, re] of viaFlags) {
+    assert.throws(() => parseServeArgs(args, env), (e: unknown) => {
+      assert.ok(e instanceof Error && !(e instanceof EnvValueError), `${args}: ${e}`);
+      assert.match(e.message, re);
+      return true;
+    });
   }
 });
