@@ -15,7 +15,7 @@ import { cachePath } from "./thread_http.ts";
  * The handler's routes outside /v1/kv-caches/{id}: the front has no handler to ask (it runs no
  * service), so they are listed; tests/server/front_metrics_test.ts holds them to the handler's.
  */
-const STATIC_ROUTES = new Set([
+export const FRONT_STATIC_ROUTES: ReadonlySet<string> = new Set([
   "/healthz",
   "/metrics",
   "/openapi.json",
@@ -32,7 +32,7 @@ export function frontRoute(path: string): string {
   if (c) {
     return ["", "/data", "/forward"].includes(c.rest) ? `/v1/kv-caches/:id${c.rest}` : "unmatched";
   }
-  return STATIC_ROUTES.has(path) ? path : "unmatched";
+  return FRONT_STATIC_ROUTES.has(path) ? path : "unmatched";
 }
 
 /** The families of the front's own counts, for the merged text. */

@@ -1,6 +1,6 @@
 /** The device threads' front counts its own answers under bounded route labels (server/front_metrics.ts). */
 import assert from "node:assert/strict";
-import { FrontMetrics, frontRoute } from "../../server/front_metrics.ts";
+import { FRONT_STATIC_ROUTES, FrontMetrics, frontRoute } from "../../server/front_metrics.ts";
 import { problem, problemResponse, toProblem } from "../../server/problem.ts";
 import { builtinBackends } from "../../backends/index.ts";
 import { createHandler } from "../../server/handler.ts";
@@ -43,6 +43,8 @@ Deno.test("front metrics: every route the handler serves is labelled by its own 
   try {
     const templates = new Set(createHandler(service).routes.map((r) => r.path));
     for (const t of templates) assert.equal(frontRoute(t.replaceAll(":id", "abc")), t, t);
+    // And the front's list holds no route the handler lacks.
+    for (const r of FRONT_STATIC_ROUTES) assert.ok(templates.has(r), `${r} is not a handler route`);
   } finally {
     await service.close();
   }
