@@ -42,9 +42,10 @@ export interface DeviceThreadInit extends ServingOptions {
   /** The process's stderr-capture lock (gpu/runtime_stderr.ts), shared by every thread. */
   stderrLock: SharedArrayBuffer;
   /**
-   * `[0]`: the calls this thread's handler is running, kept here for the front's watchdog
-   * (thread_watchdog.ts: a thread at work, which may hold its JS thread for a whole GPU wait on
-   * Deno's runtime, is not lost for its silence).
+   * `[0]`: the calls this thread's handler is running, `[1]`: those it finished, kept here for
+   * the front's watchdog (thread_watchdog.ts: a thread at work, which may hold its JS thread for
+   * a whole GPU wait on Deno's runtime, is not lost for its silence; one that finishes no call
+   * for `ATTN_THREAD_STUCK_MS` is).
    */
   working: Int32Array;
 }
@@ -91,8 +92,8 @@ let serve: { handler: (req: Request) => Promise<Response>; holds: (id: string) =
 let listener: { server: ResilientServer; drainer: Drainer; close(): void } | null = null;
 
 /**
- * `h`, counting in `calls[0]` the calls it is working on (memory shared with the main thread,
- * which reads it at a signal: main.ts).
+ * `h`, counting in `calls[0]` the calls it is working on and in `calls[1]` those it finished
+ * (memory shared with the front: its watchdog reads both, thread_watchdog.ts).
  */
 function counted(
   calls: Int32Array,
@@ -104,6 +105,7 @@ function counted(
       return await h(req);
     } finally {
       Atomics.sub(calls, 0, 1);
+      Atomics.add(calls, 1, 1);
     }
   };
 }

@@ -104,7 +104,7 @@ export async function startDeviceThreads(
       type: "device-init",
       index,
       stderrLock: lock,
-      working: new Int32Array(new SharedArrayBuffer(4)),
+      working: new Int32Array(new SharedArrayBuffer(8)),
       scrapeToken,
       memoryBudgetBytes: Math.floor(o.init.memoryBudgetBytes / n),
       ...(index === 0 ? {} : { keepWarm: undefined }),

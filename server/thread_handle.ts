@@ -36,7 +36,10 @@ export class Thread implements ListeningThread, Watched {
   /** Waiters for the thread's listener messages (thread_listeners.ts), in order. */
   readonly #listenerWaits: ((m: HttpListenerMessage) => void)[] = [];
 
-  /** `[0]`: the calls the thread's handler is running (it counts them: device_thread.ts). */
+  /**
+   * `[0]`: the calls the thread's handler is running, `[1]`: those it has finished (it counts
+   * them: device_thread.ts).
+   */
   readonly working: Int32Array;
 
   constructor(
@@ -90,6 +93,11 @@ export class Thread implements ListeningThread, Watched {
   /** Whether its handler is running a call now. */
   busy(): boolean {
     return Atomics.load(this.working, 0) > 0;
+  }
+
+  /** Watchdog: how many calls its handler has finished. */
+  finished(): number {
+    return Atomics.load(this.working, 1);
   }
 
   ping(seq: number): void {

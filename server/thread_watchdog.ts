@@ -29,20 +29,27 @@
  * (an 8,192-token f32 prefill on lavapipe: 10.4 s). So a thread running a call (its handler
  * counts them in shared memory, `Watched.busy`) is never lost for its silence: its silence
  * counts from when it is free again. A thread that ends or blocks while idle is found; one that
- * hangs inside a call (a device that never finishes) is not: its callers wait, as on one thread.
+ * hangs inside a call (a device that never finishes) is found only with `stuckMs`
+ * (`ATTN_THREAD_STUCK_MS`, default 0: never): a thread running calls whose count of finished
+ * calls (shared memory, `Watched.finished`) has not moved for that long is lost, as a silent one
+ * is. Off by default because a call may take as long as it takes (a 32,768-token prefill within
+ * the default limits ran over 30 s on lavapipe); an operator who knows its longest call sets it
+ * above that.
  * Losing a live thread loses its caches, while waiting longer only delays the 503 of a dead
  * one, so the default is well above the longest idle block seen (30 s) and below the minute a
  * client commonly waits. A tick of the front's timer that fires late (this thread was busy: the pongs
  * may not be read yet) judges no thread; the next does. The timer is unref'd (it keeps no
  * process alive) and stopped at close (a thread busy closing is not lost).
  *
- * Set by `ATTN_THREAD_PING_MS` (0: no watchdog) and `ATTN_THREAD_LOST_MS` (integers of ms, at
- * most 2^31 - 1; the lost limit at least 1,000: a thread must have time to answer; a bad value
- * stops the server at start-up: serve_env.ts), or by the front's options (tests). A silent thread
- * is lost between `lostMs` and `lostMs + pingMs` after its last answer.
+ * Set by `ATTN_THREAD_PING_MS` (0: no watchdog, the stuck check included),
+ * `ATTN_THREAD_LOST_MS` and `ATTN_THREAD_STUCK_MS` (integers of ms, at most 2^31 - 1; the lost
+ * limit, and a stuck limit but 0, at least 1,000; a bad value stops the server at start-up:
+ * serve_env.ts), or by the front's options (tests). A silent thread is lost between `lostMs` and
+ * `lostMs + pingMs` after its last answer; a stuck one between `stuckMs` and `stuckMs + pingMs`
+ * after a tick first saw it busy with no call finished since.
  * @module
  */
-import { envInt, type EnvSetting, readSetting } from "../core/env.ts";
+import { envInt, type EnvSetting, EnvValueError, readSetting } from "../core/env.ts";
 import { MAX_TIMER_MS } from "../core/timeout.ts";
 
 /** How the front watches its threads. */
@@ -51,13 +58,24 @@ export interface WatchdogOptions {
   pingMs: number;
   /** How long a ping may go unanswered before its thread is lost (ms). */
   lostMs: number;
+  /**
+   * How long a thread may run calls without finishing any before it is lost as stuck (ms); 0
+   * (the default): never, a call may take as long as it takes.
+   */
+  stuckMs?: number;
 }
 
 /** The defaults (see the module doc for why). */
-export const DEFAULT_WATCHDOG: Readonly<WatchdogOptions> = { pingMs: 1000, lostMs: 30_000 };
+export const DEFAULT_WATCHDOG: Readonly<WatchdogOptions> = {
+  pingMs: 1000,
+  lostMs: 30_000,
+  stuckMs: 0,
+};
 
 /** The variables that set {@link WatchdogOptions}. */
-export const PING_ENV = "ATTN_THREAD_PING_MS", LOST_ENV = "ATTN_THREAD_LOST_MS";
+export const PING_ENV = "ATTN_THREAD_PING_MS",
+  LOST_ENV = "ATTN_THREAD_LOST_MS",
+  STUCK_ENV = "ATTN_THREAD_STUCK_MS";
 
 /** {@link PING_ENV}'s rule: an integer of ms from 0 (no watchdog) to 2^31 - 1. */
 export const THREAD_PING_SETTING: EnvSetting<number> = {
@@ -76,12 +94,36 @@ export const THREAD_LOST_SETTING: EnvSetting<number> = {
   parse: (text) => envInt(LOST_ENV, text, MIN_LOST_MS, MAX_TIMER_MS, " (ms)"),
 };
 
+/** {@link STUCK_ENV}'s rule: an integer of ms, 0 (never) or from {@link MIN_LOST_MS} to 2^31 - 1. */
+export const THREAD_STUCK_SETTING: EnvSetting<number> = {
+  name: STUCK_ENV,
+  unset: DEFAULT_WATCHDOG.stuckMs!,
+  parse: (text) => {
+    const ms = envInt(STUCK_ENV, text, 0, MAX_TIMER_MS, " (ms; 0: never)");
+    if (ms !== 0 && ms < MIN_LOST_MS) {
+      throw new EnvValueError(
+        STUCK_ENV,
+        text,
+        `${STUCK_ENV} must be 0 (never) or at least ${MIN_LOST_MS} (ms), got ${
+          JSON.stringify(text)
+        }`,
+      );
+    }
+    return ms;
+  },
+};
+
 /**
- * The options from {@link PING_ENV} and {@link LOST_ENV} (checked at start-up, serve_env.ts).
+ * The options from {@link PING_ENV}, {@link LOST_ENV} and {@link STUCK_ENV} (checked at start-up,
+ * serve_env.ts).
  * @throws EnvValueError naming the variable and its value where its rule refuses it.
  */
 export function watchdogFromEnv(): WatchdogOptions {
-  return { pingMs: readSetting(THREAD_PING_SETTING), lostMs: readSetting(THREAD_LOST_SETTING) };
+  return {
+    pingMs: readSetting(THREAD_PING_SETTING),
+    lostMs: readSetting(THREAD_LOST_SETTING),
+    stuckMs: readSetting(THREAD_STUCK_SETTING),
+  };
 }
 
 /** What the watchdog needs of a thread (device_threads.ts `Thread`). */
@@ -96,6 +138,8 @@ export interface Watched {
    * its work (on Deno's runtime a GPU wait holds the JS thread for the whole call), not its end.
    */
   busy(): boolean;
+  /** How many calls the thread has finished (any outcome): it counts them in shared memory. */
+  finished(): number;
   /** The thread answered no ping for `lostMs`: it is lost (`why`). */
   lose(why: string): void;
 }
@@ -106,6 +150,8 @@ const LATE_SLACK_MS = 50;
 /** Pings `threads` every `pingMs` and loses one silent for `lostMs`; see the module doc. */
 export class ThreadWatchdog {
   readonly #waiting = new Map<Watched, { seq: number; at: number }>();
+  /** Per busy thread: its finished count when last seen changing, and since when. */
+  readonly #progress = new Map<Watched, { finished: number; since: number }>();
   #seq = 0;
   #last = 0;
   #timer: ReturnType<typeof setInterval> | undefined;
@@ -131,11 +177,37 @@ export class ThreadWatchdog {
     clearInterval(this.#timer);
     this.#timer = undefined;
     this.#waiting.clear();
+    this.#progress.clear();
   }
 
   /** Thread `t` answered ping `seq`. */
   pong(t: Watched, seq: unknown): void {
     if (this.#waiting.get(t)?.seq === seq) this.#waiting.delete(t);
+  }
+
+  /**
+   * Whether `t` has run calls for `stuckMs` without finishing one (then it is lost here): its
+   * finished count, watched while it is busy, has not moved since a tick first saw it there.
+   */
+  #stuck(t: Watched, now: number, late: boolean): boolean {
+    const limit = this.o.stuckMs ?? 0;
+    if (limit <= 0 || !t.busy()) {
+      this.#progress.delete(t);
+      return false;
+    }
+    const finished = t.finished();
+    const p = this.#progress.get(t);
+    if (!p || p.finished !== finished) {
+      this.#progress.set(t, { finished, since: now });
+      return false;
+    }
+    if (late || now - p.since < limit) return false;
+    this.#progress.delete(t);
+    t.lose(
+      `it ran calls for ${Math.round(now - p.since)} ms without finishing one (a call that ` +
+        `never ends, e.g. a device that never finishes its work; ${STUCK_ENV}=${limit})`,
+    );
+    return true;
   }
 
   /** One period: loses the threads silent too long, pings the others not waited on. */
@@ -146,6 +218,9 @@ export class ThreadWatchdog {
     for (const t of this.threads) {
       const w = this.#waiting.get(t);
       if (t.lost !== null) {
+        this.#waiting.delete(t);
+        this.#progress.delete(t);
+      } else if (this.#stuck(t, now, late)) {
         this.#waiting.delete(t);
       } else if (!w) {
         this.#waiting.set(t, { seq: ++this.#seq, at: now });

@@ -201,3 +201,33 @@ Deno.test("device threads: serving the port, a thread that ends is left out", as
     assert.deepEqual(await server.drain(1000), { drained: true, unfinished: 0, silent: 0 });
   });
 });
+
+Deno.test("device threads: with ATTN_THREAD_STUCK_MS, a thread that finishes no call for it is lost", async () => {
+  const lines: string[] = [];
+  const SEQ = 131_072; // about 2 s on the 2-core dev VM, then blocked 5 s more: stuck either way
+  const front = await twoThreads({ pingMs: 100, lostMs: 30_000, stuckMs: 1000 }, lines, 2 ** 28);
+  const call = frontCaller(front);
+  await closing(front, async () => {
+    const spec = { num_blocks: SEQ / 16, block_size: 16, num_kv_heads: 1, head_size: 64 };
+    assert.equal(
+      (await call("PUT", "/v1/kv-caches/long", { ...spec, dtype: "float32" })).status,
+      201,
+    );
+    assert.equal((await call("PUT", "/v1/kv-caches/other", HeldSeq.cacheSpec())).status, 201);
+    assert.equal(perThread(await (await call("GET", "/metrics")).text()), "0:1 1:1"); // long on 0
+    const t0 = performance.now();
+    const res = call("POST", "/v1/attention/forward", longDecode("long", SEQ));
+    await new Promise((r) => setTimeout(r, 100)); // the call reaches its thread, which then blocks
+    front.fault(0, { hangMs: 5000 });
+    const lost = await within(res, 4500, "the stuck thread's call");
+    assert.equal(lost.status, 503);
+    const doc = await lost.json();
+    assert.equal(doc.code, "device_thread_lost");
+    assert.match(
+      doc.detail,
+      /ran calls for \d+ ms without finishing one.*ATTN_THREAD_STUCK_MS=1000/,
+    );
+    assert.ok(performance.now() - t0 < 4000, "lost before its block ended");
+    assert.equal((await call("GET", "/v1/kv-caches/other")).status, 200, "the other thread serves");
+  });
+});

@@ -6,11 +6,13 @@
  * thread; `pingMs` 0 starts nothing; the variables set the options, a bad value the default.
  */
 import assert from "node:assert/strict";
-import { EnvValueError } from "../../core/env.ts";
+import { EnvValueError, settingValue } from "../../core/env.ts";
 import {
   DEFAULT_WATCHDOG,
   LOST_ENV,
   PING_ENV,
+  STUCK_ENV,
+  THREAD_STUCK_SETTING,
   ThreadWatchdog,
   watchdogFromEnv,
   type Watched,
@@ -21,7 +23,11 @@ class FakeThread implements Watched {
   pings: number[] = [];
   losses: string[] = [];
   working = false;
+  done = 0;
   constructor(readonly index: number) {}
+  finished() {
+    return this.done;
+  }
   busy() {
     return this.working;
   }
@@ -34,10 +40,10 @@ class FakeThread implements Watched {
   }
 }
 
-function setup(pingMs = 100, lostMs = 1000) {
+function setup(pingMs = 100, lostMs = 1000, stuckMs = 0) {
   let now = 0;
   const threads = [new FakeThread(0), new FakeThread(1)];
-  const dog = new ThreadWatchdog(threads, { pingMs, lostMs }, () => now);
+  const dog = new ThreadWatchdog(threads, { pingMs, lostMs, stuckMs }, () => now);
   /** Advances the clock by `ms` and ticks. */
   const tick = (ms = pingMs) => {
     now += ms;
@@ -103,10 +109,10 @@ Deno.test("thread watchdog: the variables set the options; empty is the default,
     set(PING_ENV, undefined);
     set(LOST_ENV, undefined);
     assert.deepEqual(watchdogFromEnv(), DEFAULT_WATCHDOG);
-    assert.deepEqual(DEFAULT_WATCHDOG, { pingMs: 1000, lostMs: 30_000 });
+    assert.deepEqual(DEFAULT_WATCHDOG, { pingMs: 1000, lostMs: 30_000, stuckMs: 0 });
     set(PING_ENV, "0");
     set(LOST_ENV, "120000");
-    assert.deepEqual(watchdogFromEnv(), { pingMs: 0, lostMs: 120_000 });
+    assert.deepEqual(watchdogFromEnv(), { pingMs: 0, lostMs: 120_000, stuckMs: 0 });
     set(PING_ENV, "");
     set(LOST_ENV, "");
     assert.deepEqual(watchdogFromEnv(), DEFAULT_WATCHDOG, "empty reads as unset");
@@ -143,4 +149,72 @@ Deno.test("thread watchdog: a thread at work is not lost for its silence; it is 
   assert.deepEqual(threads[0].losses, [], "its silence counts from when it was free");
   for (let i = 0; i < 3; i++) tick();
   assert.equal(threads[0].losses.length, 1);
+});
+
+Deno.test("thread watchdog: stuckMs 0 (the default) never loses a thread at work", () => {
+  const { threads: [a], dog, tick } = setup();
+  a.working = true;
+  for (let i = 0; i < 1000; i++) {
+    tick(); // 100 s busy, silent, no call finished
+    if (i === 0) dog.pong(a, 999); // not the ping waited for
+  }
+  assert.deepEqual(a.losses, []);
+});
+
+Deno.test("thread watchdog: a thread that runs calls and finishes none for stuckMs is lost once", () => {
+  const { threads: [a, b], dog, tick } = setup(100, 1000, 2000);
+  a.working = b.working = true;
+  for (let i = 0; i < 19; i++) {
+    b.done++; // b finishes a call a tick: never stuck
+    tick();
+    dog.pong(a, a.pings.at(-1));
+    dog.pong(b, b.pings.at(-1));
+  }
+  assert.deepEqual(a.losses, [], "first seen at work at 100 ms: 1,900 ms without a finished call");
+  for (let i = 0; i < 2; i++) {
+    b.done++;
+    tick();
+  }
+  assert.equal(a.losses.length, 1, "2,000 ms without a finished call");
+  assert.match(a.losses[0], /ran calls for 2000 ms without finishing one/);
+  assert.match(a.losses[0], /ATTN_THREAD_STUCK_MS=2000/);
+  for (let i = 0; i < 30; i++) {
+    b.done++;
+    tick();
+  }
+  assert.equal(a.losses.length, 1, "lost once");
+  assert.deepEqual(b.losses, []);
+});
+
+Deno.test("thread watchdog: a finished call or an idle spell restarts the stuck clock; a late tick judges none", () => {
+  const { threads: [a], dog, tick } = setup(100, 1000, 1000);
+  a.working = true;
+  const answer = () => dog.pong(a, a.pings.at(-1));
+  for (let i = 0; i < 9; i++) (tick(), answer());
+  a.done++; // a call ends at 900 ms: 900 more to go
+  for (let i = 0; i < 9; i++) (tick(), answer());
+  a.working = false; // idle at 1,800 ms, then busy again
+  tick();
+  answer();
+  a.working = true;
+  for (let i = 0; i < 9; i++) (tick(), answer());
+  assert.deepEqual(a.losses, []);
+  tick(5000); // late: the front itself was busy
+  assert.deepEqual(a.losses, [], "a late tick judges no thread");
+  tick();
+  assert.equal(a.losses.length, 1);
+});
+
+Deno.test("thread watchdog: ATTN_THREAD_STUCK_MS is 0 (never) or at least 1,000 ms", () => {
+  assert.equal(settingValue(THREAD_STUCK_SETTING, undefined), 0);
+  assert.equal(settingValue(THREAD_STUCK_SETTING, ""), 0);
+  assert.equal(settingValue(THREAD_STUCK_SETTING, "0"), 0);
+  assert.equal(settingValue(THREAD_STUCK_SETTING, "600000"), 600_000);
+  for (const bad of ["999", "-1", "abc", String(2 ** 31)]) {
+    assert.throws(
+      () => settingValue(THREAD_STUCK_SETTING, bad),
+      (e) => e instanceof EnvValueError && e.variable === STUCK_ENV && e.value === bad,
+      bad,
+    );
+  }
 });
