@@ -27,8 +27,11 @@ export class Thread implements ListeningThread, Watched {
   readonly #stopped = Promise.withResolvers<string>();
   /** Resolves with why once the thread stops (a crash, silence); pending while it runs. */
   readonly stopped = this.#stopped.promise;
-  /** `[0]`: the calls its listener is working on (`--device-threads-http`; it counts them). */
-  readonly calls = new Int32Array(new SharedArrayBuffer(4));
+  /**
+   * `[0]`: the calls its listener is working on (`--device-threads-http`; it counts them), `[1]`:
+   * those it finished (device_thread.ts `counted` keeps both, as for `working`).
+   */
+  readonly calls = new Int32Array(new SharedArrayBuffer(8));
   /** Caches placed here (cache_placement.ts). */
   caches = 0;
   /** The watchdog its pongs go to (set once every thread started). */
