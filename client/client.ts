@@ -38,6 +38,7 @@ import {
   retryAfterOf,
 } from "./api_error.ts";
 import { isQueueTimeoutMs, QUEUE_TIMEOUT_RULE } from "../core/queue_timeout.ts";
+import { shownValue } from "../core/shown.ts";
 import type {
   BackendDescription,
   CacheInfo,
@@ -82,7 +83,7 @@ function queueTimeoutText(ms: number): string {
   if (isQueueTimeoutMs(ms)) {
     return ms.toLocaleString("en-US", { useGrouping: false, maximumSignificantDigits: 21 });
   }
-  const got = typeof ms === "number" ? String(ms) : JSON.stringify(ms) ?? String(ms);
+  const got = shownValue(ms);
   throw new AttentionApiError(400, {
     type: "urn:attn-service:problem:invalid_header",
     title: "Bad Request",

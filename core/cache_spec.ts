@@ -6,6 +6,7 @@
  * accept the same values and refuse the others with the same words, each in its own error shape.
  * @module
  */
+import { shownValue } from "./shown.ts";
 import { type Issue, ServiceError } from "./errors.ts";
 import { DTYPES, KV_CACHE_DTYPES, KV_LAYOUTS, type KvCacheSpec } from "./types.ts";
 
@@ -64,25 +65,6 @@ function keepsRule(rule: SizeRule | EnumRule, v: unknown): boolean {
     return typeof v === "number" && Number.isInteger(v) && v >= rule.min && v <= rule.max;
   }
   return typeof v === "string" && (rule.values as readonly string[]).includes(v);
-}
-
-/**
- * A refused value for a message: a name as itself where a name is asked for (`asName`:
- * `float64`), any other value as JSON, so its type shows (`"16"` for a size, `""`, `null`);
- * `undefined (missing)`.
- */
-function shownValue(v: unknown, asName = false): string {
-  if (v === undefined) return "undefined (missing)";
-  if (asName && typeof v === "string" && /^[\w.-]+$/.test(v)) return v;
-  if (typeof v === "number" || typeof v === "bigint") return String(v);
-  let s: string | undefined;
-  try {
-    s = JSON.stringify(v);
-  } catch {
-    // a cycle or the like: String() below
-  }
-  s ??= String(v);
-  return s.length > 60 ? `${s.slice(0, 57)}...` : s;
 }
 
 /** Why `v` breaks `rule` (`must be ..., got V`), or null when it keeps it. */

@@ -10,6 +10,7 @@
  */
 import { QueueTimeoutError, ServiceError } from "./errors.ts";
 import { MAX_TIMER_MS } from "./timeout.ts";
+import { shownValue } from "./shown.ts";
 
 /** What a queue timeout must be, in the words of a refusal. */
 export const QUEUE_TIMEOUT_RULE = `a number of milliseconds above 0 and at most ${MAX_TIMER_MS}`;
@@ -25,7 +26,7 @@ export function isQueueTimeoutMs(ms: unknown): ms is number {
  */
 export function checkQueueTimeoutMs(ms: unknown): number | undefined {
   if (ms === undefined || isQueueTimeoutMs(ms)) return ms;
-  const got = typeof ms === "number" ? String(ms) : JSON.stringify(ms) ?? String(ms);
+  const got = shownValue(ms);
   throw new ServiceError(`queueTimeoutMs must be ${QUEUE_TIMEOUT_RULE}; got ${got}`, {
     status: 400,
     code: "invalid_request",
@@ -41,7 +42,7 @@ export function checkQueueTimeoutMs(ms: unknown): number | undefined {
 export function queueSinceOf(since: unknown, now: number): number {
   if (since === undefined) return now;
   if (typeof since !== "number" || !Number.isFinite(since)) {
-    const got = typeof since === "number" ? String(since) : JSON.stringify(since) ?? String(since);
+    const got = shownValue(since);
     throw new ServiceError(
       `queueSince must be a finite number (performance.now() ms); got ${got}`,
       {

@@ -10,9 +10,10 @@
  *
  * The clock is `Date.now()`, read at each end: the threads of a process read the same wall clock,
  * where each isolate's `performance.timeOrigin` is fixed when it starts (a clock step between two
- * starts would skew every hop after it). Its millisecond resolution is taken off each hop, so a hop
- * counts at most what it took, up to 1 ms less; a step of the wall clock during a hop counts at
- * most that hop wrong (one backwards counts 0).
+ * starts would skew every hop after it). Read at whole milliseconds at both ends, a hop's
+ * difference is within 1 ms of what it took; 1 ms is taken off, so a hop counts at most what it
+ * took and up to 2 ms less. A step of the wall clock during a hop counts that hop wrong (one
+ * backwards counts 0).
  * @module
  */
 

@@ -6,8 +6,13 @@
  * and then).
  */
 import assert from "node:assert/strict";
-import { atDeadline, StartGate } from "../../core/queue_timeout.ts";
-import { QueueTimeoutError } from "../../core/errors.ts";
+import {
+  atDeadline,
+  checkQueueTimeoutMs,
+  queueSinceOf,
+  StartGate,
+} from "../../core/queue_timeout.ts";
+import { QueueTimeoutError, ServiceError } from "../../core/errors.ts";
 
 /** Runs `body` with setTimeout firing its first timer at a fifth of its delay. */
 async function withEarlyTimer<T>(body: () => Promise<T>): Promise<T> {
@@ -52,4 +57,30 @@ Deno.test("StartGate.race: its 503 never says less than the timeout was waited",
   const e = await withEarlyTimer(() => gate.race(new Promise<never>(() => {})).catch((x) => x));
   assert.ok(e instanceof QueueTimeoutError, String(e));
   assert.ok((e.extra?.waited_ms as number) > 50, `waited_ms ${e.extra?.waited_ms}`);
+});
+
+Deno.test("queue timeout options: any value is refused as a 400 naming it, never a TypeError", () => {
+  const cycle: Record<string, unknown> = {};
+  cycle.self = cycle;
+  for (const bad of [10n, cycle, Object.create(null), [1, 2], "5", Symbol("s")]) {
+    for (const check of [() => checkQueueTimeoutMs(bad), () => queueSinceOf(bad, 0)]) {
+      assert.throws(check, (e: unknown) => {
+        assert.ok(e instanceof ServiceError, `${String(e)}`);
+        assert.equal(e.status, 400);
+        assert.equal(e.code, "invalid_request");
+        return true;
+      });
+    }
+  }
+  assert.match(
+    (() => {
+      try {
+        checkQueueTimeoutMs(10n);
+      } catch (e) {
+        return (e as Error).message;
+      }
+      return "";
+    })(),
+    /got 10$/,
+  );
 });
