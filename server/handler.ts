@@ -132,7 +132,14 @@ export function createHandler(service: AttentionService, opts: HandlerOptions = 
         toProblem(problem(400, "bad_request", "invalid request URL"), undefined, log),
       );
     }
-    const { res, route } = await respond(req, url, sentPath(req));
+    metrics.requestStarted();
+    let answered: { res: Response; route: string };
+    try {
+      answered = await respond(req, url, sentPath(req));
+    } finally {
+      metrics.requestEnded();
+    }
+    const { res, route } = answered;
     if (!opts.uncounted?.(req, res)) {
       metrics.recordRequest(route, req.method, res.status, problemCodeOf(res));
     }

@@ -198,11 +198,22 @@ export class Metrics {
   #problems = new Map<string, { l: Record<string, string>; n: number }>();
   #forwards = new Map<string, number>();
   #hist = new Map<string, Histogram>();
+  #inFlight = 0;
   #phases = new Map<string, { l: Record<string, string>; h: Histogram }>();
   #gauges: MetricsGauges;
 
   constructor(gauges: MetricsGauges = {}) {
     this.#gauges = gauges;
+  }
+
+  /** A request reached the handler (`attn_http_requests_in_flight` until {@link requestEnded}). */
+  requestStarted(): void {
+    this.#inFlight++;
+  }
+
+  /** The handler answered a request {@link requestStarted} counted (its head, or a failure). */
+  requestEnded(): void {
+    this.#inFlight--;
   }
 
   /**
@@ -288,6 +299,11 @@ export class Metrics {
       if (!f) return;
       out.push(`# HELP ${name} ${help}`, `# TYPE ${name} gauge`, `${name} ${f()}`);
     };
+    gauge(
+      "attn_http_requests_in_flight",
+      "HTTP requests the handler is working on, this scrape included (until each answer's head).",
+      () => this.#inFlight,
+    );
     gauge("attn_kv_cache_bytes", "Bytes held by server-side KV caches.", g.cacheBytes);
     gauge("attn_kv_caches", "Server-side KV caches.", g.cacheCount);
     gauge(

@@ -264,3 +264,24 @@ export function prefillBody(
     },
   };
 }
+
+/**
+ * A one-token decode step on cache `kv_cache` writing `slot` and attending to it alone (block 0),
+ * float32, `h` q / `hkv` kv heads of `d`.
+ */
+export function oneTokenBody(
+  kv_cache: string,
+  slot: number,
+  o: { h: number; hkv: number; d: number } = { h: 4, hkv: 2, d: 8 },
+): ForwardBody {
+  const { h, hkv, d } = o;
+  return {
+    dtype: "float32",
+    layer: { num_heads: h, num_kv_heads: hkv, head_size: d },
+    query: { dtype: "float32", shape: [1, h, d], data: rand(h * d) },
+    key: { dtype: "float32", shape: [1, hkv, d], data: rand(hkv * d) },
+    value: { dtype: "float32", shape: [1, hkv, d], data: rand(hkv * d) },
+    metadata: { query_start_loc: [0, 1], seq_lens: [1], block_table: [[0]], slot_mapping: [slot] },
+    kv_cache,
+  };
+}

@@ -9,22 +9,13 @@ import type { ForwardBody } from "../../client/client.ts";
 import type { AttentionBackend } from "../../core/types.ts";
 import { QUEUE_TIMEOUT_HEADER } from "../../wire/names.ts";
 import { deferred, type FakeBackend, fakeBackend } from "../service/helpers.ts";
-import { expectProblem, rand, startServer, type TestServer } from "./helpers.ts";
+import { expectProblem, oneTokenBody, startServer, type TestServer } from "./helpers.ts";
 
 const H = 4, HKV = 2, D = 8, BS = 4, NB = 4;
 const SPEC = { num_blocks: NB, block_size: BS, num_kv_heads: HKV, head_size: D, dtype: "float32" };
 
-function decodeBody(kv_cache: string, slot: number): ForwardBody {
-  return {
-    dtype: "float32",
-    layer: { num_heads: H, num_kv_heads: HKV, head_size: D },
-    query: { dtype: "float32", shape: [1, H, D], data: rand(H * D) },
-    key: { dtype: "float32", shape: [1, HKV, D], data: rand(HKV * D) },
-    value: { dtype: "float32", shape: [1, HKV, D], data: rand(HKV * D) },
-    metadata: { query_start_loc: [0, 1], seq_lens: [1], block_table: [[0]], slot_mapping: [slot] },
-    kv_cache,
-  };
-}
+const decodeBody = (kv_cache: string, slot: number) =>
+  oneTokenBody(kv_cache, slot, { h: H, hkv: HKV, d: D });
 
 /** The fake backend's writes: 1 in the first K byte of each slot a run wrote. */
 const written = (be: FakeBackend) => be.created[0].key.reduce((n, x) => n + x, 0);
