@@ -283,8 +283,13 @@ export function parseServeArgs(
   );
   if (deviceThreadsHttp && deviceThreads === 0) {
     const viaEnv = values["device-threads-http"] === undefined;
+    const dt = values["device-threads"] !== undefined
+      ? "--device-threads"
+      : env[DEVICE_THREADS_ENV]
+      ? DEVICE_THREADS_ENV
+      : "the default";
     const msg = `${viaEnv ? `${DEVICE_THREADS_HTTP_ENV}=1` : "--device-threads-http"} needs ` +
-      "--device-threads N with N >= 1, got 0";
+      `--device-threads N (or ${DEVICE_THREADS_ENV}) with N >= 1, got 0 (${dt})`;
     throw viaEnv && values["device-threads"] === undefined
       ? new EnvValueError(DEVICE_THREADS_HTTP_ENV, "1", msg)
       : new Error(msg);
