@@ -220,5 +220,8 @@ Deno.test("device threads serving the port: SIGTERM waits for a call on a device
 Deno.test("device threads serving the port: needs --device-threads", async () => {
   const r = await runServerToExit(["--device-threads-http", "--no-gpu"]);
   assert.equal(r.code, 2);
-  assert.match(r.stderr, /--device-threads-http needs --device-threads N with N >= 1, got 0/);
+  assert.match(
+    r.stderr,
+    /--device-threads-http needs --device-threads N \(or ATTN_DEVICE_THREADS\) with N >= 1, got 0 \(the default\)/,
+  );
 });
