@@ -2,10 +2,11 @@
  * A forward call's queue timeout: the most milliseconds the caller lets the call wait between
  * its arrival (its body read and decoded) and its start (behind earlier calls on its cache, for
  * the device), plus what its body waited between threads before that (a server's HTTP workers or
- * device threads: server/request_arrival.ts, passed as `queueSince`). A call past it is not run and answers 503 `queue_timeout`
- * ({@link QueueTimeoutError}): nothing was written, so a caller that times out knows its call had
- * no effect. In the library it is the forward option `queueTimeoutMs`; over HTTP the request
- * header `X-Attention-Queue-Timeout-Ms` (server/queue_timeout_header.ts), under the same rule.
+ * device threads: server/request_arrival.ts, passed as `queueSince`). A call past it is not run
+ * and answers 503 `queue_timeout` ({@link QueueTimeoutError}): nothing was written, so a caller
+ * that times out knows its call had no effect. In the library it is the forward option
+ * `queueTimeoutMs`; over HTTP the request header `X-Attention-Queue-Timeout-Ms`
+ * (server/queue_timeout_header.ts), under the same rule.
  * @module
  */
 import { QueueTimeoutError, ServiceError } from "./errors.ts";

@@ -94,7 +94,7 @@ export const THREAD_LOST_SETTING: EnvSetting<number> = {
   parse: (text) => envInt(LOST_ENV, text, MIN_LOST_MS, MAX_TIMER_MS, " (ms)"),
 };
 
-/** {@link STUCK_ENV}'s rule: an integer of ms, 0 (never) or from {@link MIN_LOST_MS} to 2^31 - 1. */
+/** {@link STUCK_ENV}'s rule: an integer of ms, 0 (never) or {@link MIN_LOST_MS} to 2^31 - 1. */
 export const THREAD_STUCK_SETTING: EnvSetting<number> = {
   name: STUCK_ENV,
   unset: DEFAULT_WATCHDOG.stuckMs!,
