@@ -10,6 +10,7 @@
  * exact path.
  * @module
  */
+import { warnOnce } from "../core/warn_once.ts";
 import type { BatchShape, GpuContext } from "../core/types.ts";
 import {
   chooseMmaShape,
@@ -147,9 +148,6 @@ function mmaShapeName(shape: MmaShape): string {
   return named ? named[0] : JSON.stringify(shape);
 }
 
-/** The warning lines said so far (each once per process). */
-const warned = new Set<string>();
-
 /**
  * Why {@link mmaConstsOf} does not take `preferred` (`ATTN_PREFILL_MMA_SHAPE`, or WEBGPU_FLASH's
  * `mma_shape` option) for `s` on this device, for a call where it gave constants (the default
@@ -171,10 +169,7 @@ export function mmaShapeNotTaken(
   if (why === null) return null;
   const reason = `shape ${mmaShapeName(preferred)} (ATTN_PREFILL_MMA_SHAPE) not taken (${why}): ` +
     "the default shape runs";
-  if (!warned.has(reason)) {
-    warned.add(reason);
-    console.error(`warning: ${reason}`);
-  }
+  warnOnce(reason);
   return reason;
 }
 

@@ -5,6 +5,7 @@
  * {@link buildFlashMeta}) and the planned dispatch ({@link planPrefillRows}).
  * @module
  */
+import { warnOnce } from "../core/warn_once.ts";
 import type { BatchShape, GpuContext } from "../core/types.ts";
 import { dispatchSize } from "../gpu/batch_buffers.ts";
 import { FLASH_ATTENTION, type FlashConsts } from "../gpu/flash_kernel.ts";
@@ -149,9 +150,6 @@ export function flashTileName(t: FlashTile): string {
   return `${t.slice(0, 4).join("x")}${suffix}`;
 }
 
-/** The warning lines said so far (each once per process). */
-const warned = new Set<string>();
-
 /**
  * The kernel shape for head size `d` on a device with `limits`: `tile` when given and it fits,
  * else the first of {@link FLASH_TILES} that fits (the last resort ignores the register
@@ -175,10 +173,7 @@ export function flashConfig(
   const why = flashTileUnfit(d, tile, limits, Infinity);
   const replaced = `flash tile ${flashTileName(tile)} (ATTN_FLASH_TILE) does not fit head size ` +
     `${d} on this device (${why}): ${t ? `tile ${flashTileName(t)} runs instead` : "no tile fits"}`;
-  if (!warned.has(replaced)) {
-    warned.add(replaced);
-    console.error(`warning: ${replaced}`);
-  }
+  warnOnce(replaced);
   return t ? { ...configOf(d, t, unroll), replaced } : null;
 }
 

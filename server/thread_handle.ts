@@ -92,8 +92,7 @@ export class Thread implements ListeningThread, Watched {
     this.#stopped.resolve(why);
   }
 
-  /** Watchdog: posts ping `seq`. */
-  /** Whether its handler is running a call now. */
+  /** Watchdog: whether its handler is running a call now. */
   busy(): boolean {
     return Atomics.load(this.working, 0) > 0;
   }
@@ -103,6 +102,7 @@ export class Thread implements ListeningThread, Watched {
     return Atomics.load(this.working, 1);
   }
 
+  /** Watchdog: posts ping `seq`. */
   ping(seq: number): void {
     this.worker.postMessage({ type: "device-ping", seq });
   }
