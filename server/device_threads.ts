@@ -32,7 +32,7 @@ import { Thread, type ThreadFault } from "./thread_handle.ts";
 import { requestPath } from "./routes.ts";
 import { badQueueTimeoutHeader } from "./queue_timeout_header.ts";
 import { ThreadWatchdog, watchdogFromEnv, type WatchdogOptions } from "./thread_watchdog.ts";
-import { headOf, jsonResponse, SAFETENSORS } from "./responses.ts";
+import { headOf, healthDocument, jsonResponse, SAFETENSORS } from "./responses.ts";
 import { INSTANCE_HEADER } from "../wire/names.ts";
 import { stderrLock } from "../gpu/runtime_stderr.ts";
 import { threadExitGraceMs } from "./exit_grace.ts";
@@ -160,7 +160,7 @@ function front(
     const live = places.live()[0]; // thread 0 when every thread is lost: its 503 answers
     if (live.lost !== null) return await live.send(req);
     const headers: Record<string, string> = instance ? { [INSTANCE_HEADER]: instance } : {};
-    const res = jsonResponse({ status: "ok", ...(instance ? { instance } : {}) }, 200, headers);
+    const res = jsonResponse(healthDocument(instance), 200, headers);
     return own.made(method === "HEAD" ? await headOf(res) : res);
   };
   const leastBusy = () => places.live().reduce((a, b) => (b.sender.size < a.sender.size ? b : a));

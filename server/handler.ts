@@ -25,7 +25,7 @@ import {
   problemResponse,
   toProblem,
 } from "./problem.ts";
-import { headOf, jsonResponse } from "./responses.ts";
+import { headOf, healthDocument, jsonResponse } from "./responses.ts";
 import { type RouteContext, Router, sentPath } from "./routes.ts";
 
 /** Options of {@link createHandler}. */
@@ -73,7 +73,7 @@ export function createHandler(service: AttentionService, opts: HandlerOptions = 
   const instance = opts.instance;
   const router = new Router();
 
-  const health = instance === undefined ? { status: "ok" } : { status: "ok", instance };
+  const health = healthDocument(instance);
   router.add("GET", "/healthz", () => jsonResponse(health));
   router.add("GET", "/v1/device", () => jsonResponse(service.deviceReport()));
   router.add("GET", "/v1/backends", () => jsonResponse({ backends: service.backends() }));

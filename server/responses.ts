@@ -9,6 +9,11 @@ import { INSTANCE_HEADER } from "../wire/names.ts";
 /** The media type of safetensors bodies. */
 export const SAFETENSORS = "application/octet-stream";
 
+/** `/healthz`'s body: `{"status":"ok"}`, with the instance's name where it has one. */
+export function healthDocument(instance: string | undefined): Record<string, string> {
+  return instance === undefined ? { status: "ok" } : { status: "ok", instance };
+}
+
 /** A JSON answer. */
 export function jsonResponse(
   body: unknown,
