@@ -241,6 +241,17 @@ export async function cacheSnapshot(srv: TestServer, id: string): Promise<string
   return d.key_cache.data.toBase64() + "|" + d.value_cache.data.toBase64();
 }
 
+/** The dtype, layer and random float32 q / k / v of a call of `t` tokens. */
+function f32Tokens(t: number, h: number, hkv: number, d: number) {
+  return {
+    dtype: "float32" as const,
+    layer: { num_heads: h, num_kv_heads: hkv, head_size: d },
+    query: { dtype: "float32" as const, shape: [t, h, d], data: rand(t * h * d) },
+    key: { dtype: "float32" as const, shape: [t, hkv, d], data: rand(t * hkv * d) },
+    value: { dtype: "float32" as const, shape: [t, hkv, d], data: rand(t * hkv * d) },
+  };
+}
+
 /**
  * A float32 prefill of `t` tokens of one request (random data), writing slots `first` ..
  * `first + t - 1` through blocks 0, 1, ... of block size `bs`.
@@ -251,11 +262,7 @@ export function prefillBody(
   const { h, hkv, d, bs, t } = o, first = o.first ?? 0;
   const blocks = Array.from({ length: Math.ceil((first + t) / bs) }, (_, i) => i);
   return {
-    dtype: "float32",
-    layer: { num_heads: h, num_kv_heads: hkv, head_size: d },
-    query: { dtype: "float32", shape: [t, h, d], data: rand(t * h * d) },
-    key: { dtype: "float32", shape: [t, hkv, d], data: rand(t * hkv * d) },
-    value: { dtype: "float32", shape: [t, hkv, d], data: rand(t * hkv * d) },
+    ...f32Tokens(t, h, hkv, d),
     metadata: {
       query_start_loc: [0, t],
       seq_lens: [first + t],
@@ -274,13 +281,8 @@ export function oneTokenBody(
   slot: number,
   o: { h: number; hkv: number; d: number } = { h: 4, hkv: 2, d: 8 },
 ): ForwardBody {
-  const { h, hkv, d } = o;
   return {
-    dtype: "float32",
-    layer: { num_heads: h, num_kv_heads: hkv, head_size: d },
-    query: { dtype: "float32", shape: [1, h, d], data: rand(h * d) },
-    key: { dtype: "float32", shape: [1, hkv, d], data: rand(hkv * d) },
-    value: { dtype: "float32", shape: [1, hkv, d], data: rand(hkv * d) },
+    ...f32Tokens(1, o.h, o.hkv, o.d),
     metadata: { query_start_loc: [0, 1], seq_lens: [1], block_table: [[0]], slot_mapping: [slot] },
     kv_cache,
   };
