@@ -86,6 +86,25 @@ interface RowRanges {
   pos: number[];
 }
 
+/**
+ * The rows in workgroup order for `wt` token items a workgroup (tuning `wg_tokens`): each
+ * request's rows in groups of `wt`, its last group padded by repeating its last row (that row's
+ * output is then written twice, the same values), or null when `wt` is 1 or the padding would
+ * add over a quarter of the rows (decode steps: one row a request).
+ */
+export function tokenGroups(rows: { count: number; req: number[] }, wt: number): number[] | null {
+  if (wt <= 1) return null;
+  const order: number[] = [];
+  for (let r = 0; r < rows.count;) {
+    let e = r;
+    while (e < rows.count && rows.req[e] === rows.req[r]) e++;
+    for (let j = r; j < e; j++) order.push(j);
+    while ((order.length % wt) !== 0) order.push(e - 1);
+    r = e;
+  }
+  return order.length * 4 <= rows.count * 5 ? order : null;
+}
+
 /** Every query token of the requests `reqs` selects, as a decode row (see the module doc). */
 function decodeRowRanges(s: BatchShape, reqs: (i: number) => boolean): RowRanges {
   const md = s.metadata, qsl = md.query_start_loc;
@@ -159,12 +178,15 @@ export async function planDecodeRows(
   if (epi === 2 && partialBytes(slotsAt(split), H, D) > FUSED_PART_BYTES) epi = 1;
   // direct_single changes nothing when every row is cut: keep the plain kernel then.
   if (epi === 1 && spans.every((sp) => sp > split)) epi = 0;
+  // Token items a workgroup spans: only where every row is one slice written by its epilogue.
+  const order = epi > 0 && spans.every((sp) => sp <= split) ? tokenGroups(rows, shape.wt) : null;
+  const wt = order ? shape.wt : 1;
   // Item and row counts (and the most blocks an item spans) first; the table is written in
   // place when the plan's bytes are made: items (8 words each), block table, slopes, row table
   // (token, first slot, slot count, first counter), sinks.
   const bs = spec.block_size;
   let n = 0, numRows = 0, slots = 0, most = 1;
-  for (let r = 0; r < R; r++) {
+  for (let r = 0; r < R && !order; r++) {
     const c = Math.max(1, Math.ceil(spans[r] / split));
     n += c;
     if (!(epi > 0 && c === 1)) {
@@ -178,9 +200,11 @@ export async function planDecodeRows(
       if (ke > k) most = Math.max(most, Math.floor((ke - 1) / bs) - Math.floor(k / bs) + 1);
     }
   }
+  if (order) n = order.length;
+  const groups = n / wt; // workgroups per (kv head block, head tile)
   const btOff = 8 * n, slopeOff = btOff + md.block_table.length;
   const tokOff = slopeOff + H, sinkOff = tokOff + 4 * numRows;
-  const tb = stagedEntries(tuning, shape, epi, most);
+  const tb = order ? 0 : stagedEntries(tuning, shape, epi, most);
   // The transposed reductions (gpu/decode_scatter.ts) halve blocks of the step's N = heads of a
   // key group x keys a step values: N must be a power of two, else the plain sums run.
   const n2 = shape.kh * shape.hg * shape.u;
@@ -188,7 +212,14 @@ export async function planDecodeRows(
   const bt = md.block_table, slopes = L.alibi_slopes, sinks = L.sinks;
   const writeTable = (tab: Uint32Array) => {
     let slot = 0, it = 0, row = 0;
-    for (let r = 0; r < R; r++) {
+    // Token groups: every row one slice, written by the epilogue (no slot, no row entry).
+    for (const r of order ?? []) {
+      tab.set([rows.req[r], rows.token[r], starts[r], rows.end[r], NONE, rows.pos[r]], it);
+      tab[it + 6] = rows.begin[r];
+      tab[it + 7] = NONE;
+      it += 8;
+    }
+    for (let r = 0; r < R && !order; r++) {
       const i = rows.req[r], t = rows.token[r], b = rows.begin[r], e = rows.end[r];
       const p = rows.pos[r], start = starts[r], c = Math.max(1, Math.ceil(spans[r] / split));
       const direct = epi > 0 && c === 1;
@@ -218,7 +249,7 @@ export async function planDecodeRows(
     if (sinks) f.set(sinks, sinkOff);
   };
   const fp8 = g.storage_dtype === "fp8_e4m3" || g.storage_dtype === "fp8_e5m2";
-  const splitGrid = dispatchSize(ctx, n * perItem);
+  const splitGrid = dispatchSize(ctx, groups * perItem);
   const reduceGrid = dispatchSize(ctx, Math.max(1, numRows) * H);
   const consts: DecodeSplitConsts = {
     storage: g.storage_dtype,
@@ -249,13 +280,14 @@ export async function planDecodeRows(
     tb,
     probe: tuning.probe_residency,
     wh: shape.wh,
+    wt,
   };
   const params = table.add(packUniforms(DECODE_SPLIT, {
     num_tokens: T,
     num_heads: H,
     num_kv_heads: Hkv,
     group: H / Hkv,
-    num_items: n,
+    num_items: groups,
     head_tiles: shape.tiles,
     max_blocks: md.max_blocks_per_req,
     block_size: spec.block_size,
@@ -335,12 +367,15 @@ export async function planDecodeRows(
     table_entries: tb,
     staged_kv: shape.skv,
     geometry: {
-      decode_workgroups: n * perItem,
+      decode_workgroups: groups * perItem,
       decode_reduce_workgroups: reduce_k ? numRows * H : 0,
-      decode_steps: Math.ceil(split / ((nkg / shape.wh) * shape.u)),
-      decode_waves_x1000: Math.round((1000 * n * perItem) / Math.max(1, tuning.wave_workgroups)),
+      decode_steps: Math.ceil(split / ((nkg / shape.wh / wt) * shape.u)),
+      decode_waves_x1000: Math.round(
+        (1000 * groups * perItem) / Math.max(1, tuning.wave_workgroups),
+      ),
       decode_wg_invocations: shape.wg,
       decode_wg_kv_heads: shape.wh,
+      decode_wg_tokens: wt,
       [RESIDENCY_INFO]: tuning.probe_residency ? 1 : 0,
     },
     key: split_k.key,

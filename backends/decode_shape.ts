@@ -30,6 +30,9 @@ export interface DecodeShape {
   skv: number;
   /** Kv head blocks of KH a workgroup spans (`wg_kv_heads`; 1: one). */
   wh: number;
+  /** Query tokens a workgroup may span (`wg_tokens`; 1: one): the plan takes it only for rows
+   * of one slice each (backends/decode_plan.ts). */
+  wt: number;
   /** Bytes of workgroup memory of the kernel body, staged tile included (before an epilogue or
    * staged table). */
   shared: number;
@@ -97,17 +100,21 @@ export function decodeShape(
   wg = Math.max(lpk, Math.min(wg, Math.floor(maxInv / lpk) * lpk));
   // Kv head blocks a workgroup may span: the GQA group untiled (its heads then contiguous).
   const blocks = Hkv / kh, whMax = tiles > 1 ? 1 : Math.min(tuning.wg_kv_heads || 1, blocks);
-  const shared = (w: number, wh = whMax) =>
+  // Tokens a workgroup may span: a power of two (the tuning's rule), with one kv head block.
+  const wtMax = whMax > 1 ? 1 : Math.max(1, tuning.wg_tokens);
+  const shared = (w: number, wh = whMax, wt = wtMax) =>
     (sg ? 4 : w * u * F * 4) + (w / lpk) * F * 8 +
-    (w > lpk ? wh * (F * D * 4 + F * 8) : 24);
+    (w > lpk ? wh * wt * (F * D * 4 + F * 8) : 24);
   while (wg > lpk && shared(wg) > wsLimit) wg = Math.max(lpk, (wg / 2 / lpk | 0) * lpk);
   let wh = Math.min(whMax, wg / lpk);
   // (The merge's last step takes one invocation a flat head of the workgroup: F wh <= wg.)
   while (wh > 1 && (blocks % wh !== 0 || (wg / lpk) % wh !== 0 || F * wh > wg)) wh--;
+  let wt = wh > 1 ? 1 : Math.min(wtMax, wg / lpk);
+  while (wt > 1 && (wg / lpk) % wt !== 0) wt /= 2;
   // The staged tile: (wg / lpk) key groups x u keys x kh rows of rv vec4s, for K and for V.
   const tile = 2 * (wg / lpk) * u * kh * rv, tileBytes = 16 * tile;
-  const skv = tuning.stage_kv && wh === 1 && tileBytes <= tuning.stage_kv_bytes &&
-      shared(wg, 1) + tileBytes <= wsLimit
+  const skv = tuning.stage_kv && wh === 1 && wt === 1 && tileBytes <= tuning.stage_kv_bytes &&
+      shared(wg, 1, 1) + tileBytes <= wsLimit
     ? tile
     : 0;
   const target = tuning.target_workgroups ||
@@ -124,7 +131,8 @@ export function decodeShape(
     target,
     skv,
     wh,
-    shared: shared(wg, wh) + 16 * skv,
+    wt,
+    shared: shared(wg, wh, wt) + 16 * skv,
     shared_limit: wsLimit,
   };
 }

@@ -123,6 +123,16 @@ export interface DecodeTuning {
    * GQA group; the largest divisor of the blocks and key groups not above it (1 elsewhere);
    * `stage_kv` is off (plain loads) when it is over 1. */
   wg_kv_heads: number;
+  /** Query tokens one workgroup spans, its key groups spread over them (key group kg serves
+   * token kg % n and the (kg / n)-th run of the tokens' joint key range): n consecutive tokens
+   * of one request read each K/V row once for all of them (two key groups of 16 lanes share a
+   * subgroup's loads), where each token's workgroup otherwise reads its whole prefix again from
+   * L2. For prefill rows: taken only where every row of the plan is one slice, the workgroup has
+   * several key groups (GPU shapes, or a set `workgroup_size`), `wg_kv_heads` is 1 and `stage_kv`
+   * off, and padding the requests' rows to multiples of n adds at most a quarter more (decode
+   * rows, one a request, keep 1); the largest power of two not above it that divides the key
+   * groups. 1: one token a workgroup. */
+  wg_tokens: number;
   /** Bench instrument: every split workgroup counts itself in and out of atomic counters, so
    * the bench reads how many were resident at once (gpu/decode_residency.ts). */
   probe_residency: boolean;
@@ -188,6 +198,7 @@ export const DEFAULT_DECODE_TUNING: Readonly<DecodeTuning> = Object.freeze({
   stage_kv: false,
   stage_kv_bytes: 32768,
   wg_kv_heads: 1,
+  wg_tokens: 1,
   probe_residency: false,
 });
 
@@ -238,6 +249,7 @@ export const DECODE_TUNING_RULES: Readonly<Record<DecodeTuningNumber, TuningRule
     stage_table_max: { least: 0, most: MOST },
     stage_kv_bytes: { least: 0, most: MOST },
     wg_kv_heads: { least: 1, most: MOST },
+    wg_tokens: { least: 1, most: 64, pow2: true },
   });
 
 /** `n` as the rule says it ("2^31 - 1" for {@link MOST}). */

@@ -45,6 +45,9 @@ export interface KernelShape {
   rv: number;
   /** End in wgsl/decode_epilogue.wgsl (needs nkg > 1) instead of storing the partial here. */
   epilogue: boolean;
+  /** The workgroup spans several token items (`wg_tokens`, rows of one slice each): it ends in
+   * decode_epilogue.wgsl's `epilogue_tokens` (needs `epilogue`). */
+  tokens?: boolean;
   /** Sum the U x F partial dots of a step by a transposed reduction (reduce-scatter by
    * recursive halving, then all-gather by recursive doubling: about 2 N shuffles for N values
    * instead of N log2 LPK); subgroups only. */
@@ -151,11 +154,11 @@ export function generateDecodeSplit(k: KernelShape): Record<string, string> {
   // block: slices start at multiples of U, U divides BS), one row offset per key and kv head,
   // then `t`'s words into `${t}w{u}_{kh}_{j}` (declared with `decl`).
   const loads = (out: string[], ind: string, ts: ("k" | "v")[], decl: string) => {
-    out.push(`${ind}let bq = block_of(bt, min(k0, ke - 1u));`);
+    out.push(`${ind}let bq = block_of(bt, min(k0, kwe - 1u));`);
     for (const u of Us) {
       for (const kh of KH) {
         out.push(
-          `${ind}let r${u}_${kh} = row_word(min(k0 + ${u}u, ke - 1u) % BS, kvh0 + ${kh}u) + lw;`,
+          `${ind}let r${u}_${kh} = row_word(min(k0 + ${u}u, kwe - 1u) % BS, kvh0 + ${kh}u) + lw;`,
         );
       }
     }
@@ -311,7 +314,9 @@ export function generateDecodeSplit(k: KernelShape): Record<string, string> {
       "    wfin[h] = vec2<f32>(mx, wsum(h, mx));",
       "  }",
       "  workgroupBarrier();",
-      k.epilogue
+      k.tokens
+        ? "  epilogue_tokens(item, hqw, lid);"
+        : k.epilogue
         ? "  epilogue(tok, slot, tab[ib + 7u], hqw, id % per_item, lid);"
         : "  partial(tok, slot, 0u, hqw, 0u, lid);",
     );

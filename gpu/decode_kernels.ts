@@ -86,6 +86,9 @@ export interface DecodeSplitConsts {
   skv: number;
   /** Kv head blocks a workgroup spans, its key groups spread over them (`wg_kv_heads`). */
   wh: number;
+  /** Token items a workgroup spans (`wg_tokens`; > 1 needs wh 1, no staged tile, an epilogue
+   * and rows of one slice each: wgsl/decode_split.wgsl). */
+  wt: number;
   /** The residency probe's counters bound as `res` (tuning `probe_residency`,
    * gpu/decode_residency.ts). */
   probe: boolean;
@@ -121,12 +124,19 @@ export const DECODE_SPLIT: KernelDef<DecodeSplitConsts> = {
   enables: (c) => (c.sg ? ["subgroups"] : []),
   async source(c) {
     const epw = c.storage === "float32" ? 1 : c.storage.startsWith("fp8") ? 4 : 2;
-    const rw = c.d / epw, rv = rw / 4, nkg = c.wg / c.lpk, F = c.kh * c.hg, FW = F * c.wh;
+    const rw = c.d / epw, rv = rw / 4, nkg = c.wg / c.lpk, F = c.kh * c.hg;
+    const FW = F * c.wh * c.wt;
     const fast = c.nan_free && c.storage === "fp8_e4m3" ? NAN_FREE_DECODERS : null;
     const pairs = c.fp8_pairs ? (fast?.pairs ?? PAIR_DECODERS[c.storage]) : undefined;
     if (c.epi > 0 && nkg < 2) throw new Error(`decode_split: epilogue ${c.epi} needs wg > lpk`);
     if (nkg % c.wh !== 0 || (c.wh > 1 && c.skv > 0)) {
       throw new Error(`decode_split: ${c.wh} kv head blocks need NKG a multiple, no staged tile`);
+    }
+    if (c.wt > 1 && (nkg % c.wt !== 0 || c.wh > 1 || c.skv > 0 || c.epi === 0 || c.tb > 0)) {
+      throw new Error(
+        `decode_split: ${c.wt} tokens need NKG a multiple, one kv head block, an epilogue, ` +
+          "no staged tile or table",
+      );
     }
     return specialize(await loadWgsl("decode_split.wgsl"), {
       D: c.d,
@@ -145,6 +155,7 @@ export const DECODE_SPLIT: KernelDef<DecodeSplitConsts> = {
       WACC: nkg > 1 ? (FW * c.d) / 4 : 1,
       WFIN: nkg > 1 ? FW : 1,
       WH: c.wh,
+      WT: c.wt,
       LW: c.half ? "(lane >> 1u) * 4u" : "lane * 4u",
       LEV: c.half ? epw / 2 : epw,
       SGID: c.indexed_gather ? ", @builtin(subgroup_invocation_id) sgid: u32" : "",
@@ -177,6 +188,7 @@ export const DECODE_SPLIT: KernelDef<DecodeSplitConsts> = {
         scatter_softmax: c.scatter_softmax,
         indexed: c.indexed_gather,
         epilogue: c.epi > 0,
+        tokens: c.wt > 1,
         dec: pairs ?? fast?.words ?? DECODERS[c.storage],
         swz: pairs !== undefined,
       }),

@@ -35,7 +35,7 @@ export function stagedLoads(
     out.push(
       `${ind}{`,
       `${ind}  let x = min(lid + ${i * wg}u, ${per - 1}u);`,
-      `${ind}  let key = min(t0 + x / ${kh * rv}u, ke - 1u);`,
+      `${ind}  let key = min(t0 + x / ${kh * rv}u, kwe - 1u);`,
       `${ind}  let wo = row_word(key % BS, kvh0 + (x / ${rv}u) % ${kh}u) + (x % ${rv}u) * 4u;`,
       `${ind}  let b = block_of(bt, key);`,
       `${ind}  sk${i} = load_k4(b, wo);`,

@@ -25,3 +25,13 @@ fn epilogue(tok: u32, slot: u32, row: u32, hq0: u32, grp: u32, lid: u32) {
   }
   partial(tok, slot, row, hq0, grp, lid);
 }
+
+// The end of a workgroup spanning WT token items (tuning `wg_tokens`; every row of one slice):
+// flat head f is query head hq0 + f % (F WH) of item item * WT + f / (F WH).
+fn epilogue_tokens(item: u32, hq0: u32, lid: u32) {
+  for (var i = lid; i < FW * D4; i += WG) {
+    let f = i / D4;
+    let tok = tab[(item * WT + f / (F * WH)) * 8u + 1u];
+    finish(tok, hq0 + f % (F * WH), i % D4, wfin[f].x, wfin[f].y, wacc[i]);
+  }
+}

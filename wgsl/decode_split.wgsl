@@ -24,6 +24,13 @@
 // query heads, the GQA group untiled): key group kg serves block kg % WH and the (kg / WH)-th of
 // the NKGH = NKG / WH runs of the slice, so the workgroup reads WH adjacent rows of each token
 // slot; the merge combines the key groups of each block, and the epilogue stores FW heads.
+// Under WT > 1 (tuning `wg_tokens`, WH = 1, rows of one slice each, EPI > 0) a workgroup spans
+// the WT consecutive items item * WT .. + WT - 1 (rows of one request): key group kg serves
+// token item kg % WT and the (kg / WT)-th of the NKGH = NKG / WT runs of the items' joint key
+// range [kwb, kwe), each token masking the keys outside its own [kt, ke); the key groups of
+// the WT tokens read the same K/V words at the same steps (with LPK 16, two of them share a
+// subgroup's loads). NB = WH x WT blocks; the merge combines the key groups of each token, and
+// epilogue_tokens writes each token's F heads.
 //
 // The per-lane state (query slice q{f}_{i}, accumulators a{f}_{i}, running max m{f} and sum
 // l{f} of flat head f = kh * HG + h, scores s{u}_{f}) lives in named variables: INIT, STEP
@@ -35,7 +42,7 @@
 //   0 uniform  P     : Params                         sizes, offsets, scales
 //   1 storage  q     : [num_tokens, num_heads, D] in the data dtype, read 4 elements at a
 //                      time by the generated q_4 (QLOAD)
-//   2 storage  tab   : [..] u32   items at 0: [num_items * 8] (req, token, k_begin rounded
+//   2 storage  tab   : [..] u32   items at 0: [num_items * WT * 8] (req, token, k_begin rounded
 //                                 down to a multiple of U, k_end, slot, query position,
 //                                 k_begin, row: its row-table entry, NONE for a row cut into
 //                                 one slice under EPI > 0); block table at P.bt_off:
@@ -55,7 +62,7 @@
 //   then k0..k{NCHUNK-1}, v0..v{NCHUNK-1} : [blocks_per_chunk * block_words / 4]
 //                      vec4<u32>, the paged cache chunks (storage-dtype bytes; generated
 //                      accessors load_k4/load_v4(block, word), KV)
-// Dispatch: num_items * (num_kv_heads / KH) * head_tiles workgroups of WG, folded into
+// Dispatch: num_items (item groups of WT) * (num_kv_heads / KH) * head_tiles workgroups of WG, folded into
 //   (x, y): id = wg.x + wg.y * P.nwg_x; id / per_item -> item; (id % per_item) / head_tiles
 //   -> kv head block; id % head_tiles -> head tile.
 // Compile-time: D (head size), BS (block size), RW (u32 words per row), EPW (elements per
@@ -86,8 +93,10 @@ const HG: u32 = {{HG}};
 const KH: u32 = {{KH}};
 const F: u32 = KH * HG; // query heads per key group
 const WH: u32 = {{WH}}; // kv head blocks per workgroup (tuning `wg_kv_heads`; 1: one)
-const FW: u32 = F * WH; // query heads per workgroup
-const NKGH: u32 = NKG / WH; // key groups per kv head block
+const WT: u32 = {{WT}}; // query tokens per workgroup (tuning `wg_tokens`; 1: one)
+const NB: u32 = WH * WT; // blocks (kv head blocks or tokens) per workgroup
+const FW: u32 = F * NB; // flat heads (query heads of its tokens) per workgroup
+const NKGH: u32 = NKG / NB; // key groups per block
 const UF: u32 = U * F;
 const D4: u32 = D / 4u;
 const NHD: bool = {{NHD}};
@@ -164,14 +173,14 @@ fn qv(i: u32) -> vec4<f32> {
 fn wmax(h: u32) -> f32 {
   var mx = NEG;
   for (var g = 0u; g < NKGH; g++) {
-    mx = max(mx, wml[(g * WH + h / F) * F + h % F].x);
+    mx = max(mx, wml[(g * NB + h / F) * F + h % F].x);
   }
   return mx;
 }
 fn wsum(h: u32, mx: f32) -> f32 {
   var t = 0.0;
   for (var g = 0u; g < NKGH; g++) {
-    let x = wml[(g * WH + h / F) * F + h % F];
+    let x = wml[(g * NB + h / F) * F + h % F];
     t += x.y * exp(x.x - mx);
   }
   return t;
@@ -199,7 +208,12 @@ fn main(
 {{PROBE_ENTER}}
   let kvw = ((id % per_item) / P.head_tiles) * KH * WH; // the workgroup's first kv head
   let hqw = kvw * P.group + (id % P.head_tiles) * HG; // its first query head (WH > 1: 1 tile)
-  let ib = item * 8u;
+  let lane = lid % LPK;
+  let kg = lid / LPK;
+  // Key group kg serves block kg % NB: kv head block kg % WH, or token item kg % WT (flat heads
+  // hw .. hw + F - 1 of the workgroup), and the (kg / NB)-th of the NKGH runs of the slice.
+  let blk = kg % NB;
+  let ib = (item * WT + blk / WH) * 8u;
   let req = tab[ib];
   let tok = tab[ib + 1u];
   let kb = tab[ib + 2u];
@@ -207,33 +221,38 @@ fn main(
   let slot = tab[ib + 4u];
   let pos = tab[ib + 5u];
   let kt = tab[ib + 6u]; // the row's first visible key (the first slice starts at kt - kt % U)
+  // The keys the workgroup walks: the slice, or the joint range of its WT token items.
+  var kwb = kb;
+  var kwe = ke;
+  if (WT > 1u) {
+    for (var t = 0u; t < WT; t++) {
+      kwb = min(kwb, tab[(item * WT + t) * 8u + 2u]);
+      kwe = max(kwe, tab[(item * WT + t) * 8u + 3u]);
+    }
+  }
   var bt = P.bt_off + req * P.max_blocks;
   if (TB > 0u) {
     // The slice's block-table entries, once per workgroup (the plan keeps them <= TB).
-    let b0 = kb / BS;
-    let nb = (max(ke, kb + 1u) - 1u) / BS - b0 + 1u;
+    let b0 = kwb / BS;
+    let nb = (max(kwe, kwb + 1u) - 1u) / BS - b0 + 1u;
     for (var j = lid; j < nb; j += WG) {
       wbt[j] = tab[bt + b0 + j];
     }
     workgroupBarrier();
     bt = b0;
   }
-  let lane = lid % LPK;
-  let kg = lid / LPK;
-  // Key group kg serves kv head block kg % WH (flat heads hw .. hw + F - 1 of the workgroup)
-  // and the (kg / WH)-th of the NKGH runs of the slice.
-  let hw = (kg % WH) * F;
-  let kgh = kg / WH;
-  let kvh0 = kvw + (kg % WH) * KH; // first kv head of the key group's block
-  let hq0 = hqw + hw; // query head of its flat head 0
+  let hw = blk * F;
+  let kgh = kg / NB;
+  let kvh0 = kvw + (blk % WH) * KH; // first kv head of the key group's block
+  let hq0 = hqw + (blk % WH) * F; // query head of its flat head 0
   let lw = {{LW}}; // this lane's first word of a row
   let qb = (tok * P.num_heads + hq0) * D4 + lane * LEV; // this lane's first query vec4
   // Generated: q{f}_{i} = query slice, sl{f} = ALiBi slope, m{f} / l{f} / a{f}_{i} = state.
 {{INIT}}
   // Key group kg walks its own contiguous run of the slice, U keys per step; under STAGE the
   // workgroup walks tiles of NKG * U keys, key group kg taking U keys of each.
-  let n_it = (ke - kb + NKGH * U - 1u) / (NKGH * U);
-  let kg0 = select(kb + kgh * n_it * U, kb + kg * U, STAGE);
+  let n_it = (kwe - kwb + NKGH * U - 1u) / (NKGH * U);
+  let kg0 = select(kwb + kgh * n_it * U, kwb + kg * U, STAGE);
   // Generated (prefetch, STAGE): the first step's loads.
 {{PRE}}
   for (var it = 0u; it < n_it; it++) {

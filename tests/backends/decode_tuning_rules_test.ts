@@ -71,6 +71,7 @@ const RULE_WORDS: Record<string, string> = {
   stage_table_max: COUNT_0,
   stage_kv_bytes: COUNT_0,
   wg_kv_heads: COUNT_1,
+  wg_tokens: "a power of two from 1 to 64",
 };
 
 /** Values refused, by field, each with what it did before on lavapipe. The JSON text is the
@@ -124,6 +125,9 @@ const REFUSED: [field: string, json: string, shown: string][] = [
   ["wg_kv_heads", "-3", "-3"], // 500 internal_error
   ["wg_kv_heads", "0", "0"], // silently 1
   ["wg_kv_heads", "1.5", "1.5"], // 500 internal_error on GPU shapes (WH 0.5)
+  ["wg_tokens", "0", "0"],
+  ["wg_tokens", "3", "3"],
+  ["wg_tokens", "128", "128"],
 ];
 
 /** Values taken: each rule's edges, 0 where it means automatic, and values a shape fits. */
@@ -143,6 +147,7 @@ const TAKEN: Record<string, number[]> = {
   stage_table_max: [0, 3, 1024],
   stage_kv_bytes: [0, 16, 2 ** 31 - 1],
   wg_kv_heads: [1, 3, 64],
+  wg_tokens: [1, 2, 64],
 };
 
 Deno.test("decode tuning rules: one for every numeric field, the defaults keep them", () => {

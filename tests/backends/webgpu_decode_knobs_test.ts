@@ -368,6 +368,7 @@ Deno.test("decode epilogue: only GPU shapes with bindings to spare", () => {
     target: 2048,
     skv: 0,
     wh: 1,
+    wt: 1,
     shared: 2600,
     shared_limit: 16384,
   };

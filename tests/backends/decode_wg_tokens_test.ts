@@ -1,0 +1,145 @@
+/**
+ * WEBGPU_DECODE's `wg_tokens` (a workgroup's key groups spread over several consecutive query
+ * tokens of one request, reading each K/V row once for all of them: the split-KV path of prefill
+ * rows) against CPU_REFERENCE on fresh random hostile batches (permuted block table, NaN in
+ * unread slots, outputs poisoned): chunked prefills with context, requests whose row counts are
+ * not a multiple of the tokens a workgroup (their last row repeated), a decode row, an empty
+ * request; window, soft cap, ALiBi, sinks and LSE; f16 / fp8 / bf16 / f32 caches, NHD and HND;
+ * the plain and the transposed sums; direct rows and the fused reduce. The plan's counts prove
+ * which path ran, and where the tokens are refused (rows cut into several slices, decode steps
+ * whose padding would double the work) the plan says 1.
+ * @module
+ */
+import assert from "node:assert/strict";
+import {
+  type DecodeTuning,
+  DEFAULT_DECODE_TUNING,
+  makeWebGpuDecode,
+} from "../../backends/webgpu_decode.ts";
+import type { AttentionBackend } from "../../core/types.ts";
+import type { BatchSpec, RequestSpec } from "../support/batches.ts";
+import { checkBackend } from "../support/backend_check.ts";
+import {
+  BF16_NHD_SPEC,
+  decodePlanInfo,
+  F32_MHA_SPEC,
+  FP8_HND_SPEC,
+} from "../support/decode_knob_specs.ts";
+import { GPU, NO_GPU } from "../gpu/helpers.ts";
+
+/** The GPU kernel shape (8 key groups of 16 lanes, or 16 of 8 on lavapipe), one slice a row. */
+const BASE: DecodeTuning = {
+  ...DEFAULT_DECODE_TUNING,
+  workgroup_size: 128,
+  keys_per_iter: 4,
+  kv_heads_per_group: 1,
+  waves: 0,
+  target_workgroups: 64,
+  min_split_keys: 4096,
+};
+
+const backendOf = (t: Partial<DecodeTuning>) =>
+  makeWebGpuDecode({ ...BASE, ...t }) as AttentionBackend;
+
+/** Prefill chunks with context (9 and 3 rows: padded), a long one, an empty request, a decode
+ * row: 29 rows, 32 padded to pairs, 36 to fours (both within a quarter), 48 to eights (not). */
+const PREFILL: RequestSpec[] = [
+  { query_len: 9, seq_len: 60 },
+  { query_len: 16, seq_len: 300, pad: 1 },
+  { query_len: 0, seq_len: 9 },
+  { query_len: 3, seq_len: 3 },
+  { query_len: 1, seq_len: 50 },
+];
+
+const F16: BatchSpec = {
+  ...FP8_HND_SPEC,
+  kv_cache_dtype: "float16",
+  k_scale: undefined,
+  v_scale: undefined,
+  layout: "NHD",
+  num_kv_heads: 4,
+  requests: PREFILL,
+};
+const FP8: BatchSpec = { ...FP8_HND_SPEC, requests: PREFILL };
+const BF16: BatchSpec = { ...BF16_NHD_SPEC, requests: PREFILL };
+const F32: BatchSpec = { ...F32_MHA_SPEC, requests: PREFILL };
+
+/** Name, tuning, batch, tokens a workgroup expected. */
+const CASES: [string, Partial<DecodeTuning>, BatchSpec, number][] = [
+  ["2 tokens, direct rows: f16 NHD, window, sinks, ALiBi, cap, LSE", { wg_tokens: 2 }, F16, 2],
+  [
+    "4 tokens, transposed sums and softmax, fused reduce: f16 NHD",
+    { wg_tokens: 4, scatter_sums: true, scatter_softmax: true, fused_reduce: true },
+    F16,
+    4,
+  ],
+  [
+    "2 tokens, fused reduce, fp8 pairs: fp8 e4m3 HND scaled",
+    { wg_tokens: 2, fused_reduce: true, fp8_pairs: true },
+    FP8,
+    2,
+  ],
+  [
+    "4 tokens, transposed sums: bf16 hd64 GQA 8",
+    { wg_tokens: 4, scatter_sums: true, scatter_softmax: true },
+    BF16,
+    4,
+  ],
+  [
+    "2 tokens, early values off: f32 MHA, ALiBi, window",
+    {
+      wg_tokens: 2,
+      early_values: false,
+    },
+    F32,
+    2,
+  ],
+  ["8 asked: the padding would add 65%, so 1", { wg_tokens: 8 }, F16, 1],
+  [
+    "with stage_kv and stage_table (both off then)",
+    {
+      wg_tokens: 2,
+      stage_kv: true,
+      stage_table: true,
+    },
+    FP8,
+    2,
+  ],
+];
+
+for (const [name, tuning, spec, wt] of CASES) {
+  Deno.test(`decode wg_tokens: ${name}`, { ignore: NO_GPU }, async () => {
+    const b = backendOf(tuning);
+    const info = await planInfo(b, spec);
+    const what = JSON.stringify(info);
+    assert.equal(info.decode_wg_tokens, wt, what);
+    assert.equal(info.decode_split_rows, 0, `every row one slice (${what})`);
+    if (wt > 1) {
+      assert.equal(info.decode_staged_kv, 0, `no staged tile (${what})`);
+      assert.equal(info.decode_table_entries, 0, `no staged table (${what})`);
+      assert.ok(info.decode_workgroups * wt >= info.decode_rows, what);
+    }
+    await checkBackend(b, GPU!, spec);
+  });
+}
+
+const planInfo = (b: AttentionBackend, s: BatchSpec) => decodePlanInfo(GPU!, b, s);
+
+Deno.test("decode wg_tokens: refused for rows of several slices", { ignore: NO_GPU }, async () => {
+  const b = backendOf({ wg_tokens: 2, min_split_keys: 16, target_workgroups: 4096 });
+  const info = await planInfo(b, F16);
+  assert.ok(info.decode_split_rows > 0, JSON.stringify(info));
+  assert.equal(info.decode_wg_tokens, 1, JSON.stringify(info));
+  await checkBackend(b, GPU!, F16);
+});
+
+Deno.test("decode wg_tokens: a decode step keeps 1 token a workgroup", {
+  ignore: NO_GPU,
+}, async () => {
+  const spec: BatchSpec = {
+    ...F16,
+    requests: [{ query_len: 1, seq_len: 80 }, { query_len: 1, seq_len: 33 }],
+  };
+  const info = await planInfo(backendOf({ wg_tokens: 2 }), spec);
+  assert.equal(info.decode_wg_tokens, 1, JSON.stringify(info));
+});
