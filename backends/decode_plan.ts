@@ -89,8 +89,10 @@ interface RowRanges {
 /**
  * The rows in workgroup order for `wt` token items a workgroup (tuning `wg_tokens`): each
  * request's rows in groups of `wt`, its last group padded by repeating its last row (that row's
- * output is then written twice, the same values), or null when `wt` is 1 or the padding would
- * add over a quarter of the rows (decode steps: one row a request).
+ * output is then written twice, the same values); null when `wt` is 1, when a request has
+ * fewer than `wt` rows (a decode row beside prefill chunks: its one row would run `wt` times as
+ * long, which made a mixed batch 6-15% slower on an H100, bench/NOTES.md v0.22) or when the
+ * padding would add over a quarter of the rows.
  */
 export function tokenGroups(rows: { count: number; req: number[] }, wt: number): number[] | null {
   if (wt <= 1) return null;
@@ -98,6 +100,7 @@ export function tokenGroups(rows: { count: number; req: number[] }, wt: number):
   for (let r = 0; r < rows.count;) {
     let e = r;
     while (e < rows.count && rows.req[e] === rows.req[r]) e++;
+    if (e - r < wt) return null;
     for (let j = r; j < e; j++) order.push(j);
     while ((order.length % wt) !== 0) order.push(e - 1);
     r = e;

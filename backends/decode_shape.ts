@@ -102,15 +102,18 @@ export function decodeShape(
   const blocks = Hkv / kh, whMax = tiles > 1 ? 1 : Math.min(tuning.wg_kv_heads || 1, blocks);
   // Tokens a workgroup may span: a power of two (the tuning's rule), with one kv head block.
   const wtMax = whMax > 1 ? 1 : Math.max(1, tuning.wg_tokens);
-  const shared = (w: number, wh = whMax, wt = wtMax) =>
+  const shared = (w: number, wh = whMax, wt = 1) =>
     (sg ? 4 : w * u * F * 4) + (w / lpk) * F * 8 +
     (w > lpk ? wh * wt * (F * D * 4 + F * 8) : 24);
   while (wg > lpk && shared(wg) > wsLimit) wg = Math.max(lpk, (wg / 2 / lpk | 0) * lpk);
   let wh = Math.min(whMax, wg / lpk);
   // (The merge's last step takes one invocation a flat head of the workgroup: F wh <= wg.)
   while (wh > 1 && (blocks % wh !== 0 || (wg / lpk) % wh !== 0 || F * wh > wg)) wh--;
+  // Tokens: a divisor of the key groups whose merge state fits beside the rest.
   let wt = wh > 1 ? 1 : Math.min(wtMax, wg / lpk);
-  while (wt > 1 && (wg / lpk) % wt !== 0) wt /= 2;
+  while (wt > 1 && ((wg / lpk) % wt !== 0 || shared(wg, 1, wt) > wsLimit)) {
+    wt = Math.floor(wt / 2);
+  }
   // The staged tile: (wg / lpk) key groups x u keys x kh rows of rv vec4s, for K and for V.
   const tile = 2 * (wg / lpk) * u * kh * rv, tileBytes = 16 * tile;
   const skv = tuning.stage_kv && wh === 1 && wt === 1 && tileBytes <= tuning.stage_kv_bytes &&

@@ -141,16 +141,32 @@ export interface DecodeTuning {
 /**
  * The tuning of a plan whose split-KV kernels take prefill rows too (WEBGPU_FLASH where the
  * tensor-core kernel does not: Deno's runtime, software adapters), `t` with the transposed
- * partial sums and the softmax on them. A prefill token reads its whole prefix from cache lines
- * other tokens also read, so those rows look bound by the lanes' arithmetic and shuffles rather
- * than by memory (a reading of the sweep, not a profile): on an H100 under Deno's runtime (bench/NOTES.md v0.19) 4 x 1024 causal 2.12 ->
- * 1.97 ms and 8 x 4096 56.0 -> 51.0 ms (0.27x -> 0.29x and 0.32x -> 0.35x the FMA ceiling); the
- * other knobs tried there (fewer lanes a key row, 8 keys a step, 256 invocations) were slower.
- * Decode steps keep `t` (bandwidth-bound; the H200's sweeps gained nothing from these knobs).
+ * partial sums and the softmax on them, and {@link PREFILL_WG_TOKENS} tokens a workgroup. A
+ * prefill token reads its whole prefix from cache lines other tokens also read, so those rows
+ * look bound by the lanes' arithmetic and shuffles rather than by memory (a reading of the
+ * sweep, not a profile): on an H100 under Deno's runtime (bench/NOTES.md v0.19) the transposed
+ * sums took 4 x 1024 causal 2.12 -> 1.97 ms and 8 x 4096 56.0 -> 51.0 ms (0.27x -> 0.29x and
+ * 0.32x -> 0.35x the FMA ceiling); the other knobs tried there (fewer lanes a key row, 8 keys a
+ * step, 256 invocations) were slower. Decode steps keep `t` (bandwidth-bound; the H200's sweeps
+ * gained nothing from these knobs).
  */
 export function prefillSplitTuning(t: Readonly<DecodeTuning>): DecodeTuning {
-  return { ...t, scatter_sums: true, scatter_softmax: true };
+  return {
+    ...t,
+    scatter_sums: true,
+    scatter_softmax: true,
+    wg_tokens: t.wg_tokens > 1 ? t.wg_tokens : PREFILL_WG_TOKENS,
+  };
 }
+
+/**
+ * The tokens a workgroup of prefill rows spans on the split-KV kernels unless the tuning names
+ * more (`wg_tokens`): on an H100 under Deno's runtime 4 x 1024 causal 1.97 -> 1.75 ms (0.287x ->
+ * 0.322x the FMA ceiling), 8 x 4096 51.3 -> 50.7 ms; 2 gave 1.82 / 51.8, 8 was slower (2.38 /
+ * 68.7): bench/NOTES.md v0.22. Taken only where the plan's rows allow (backends/decode_plan.ts
+ * tokenGroups: a decode row beside prefill chunks keeps 1).
+ */
+export const PREFILL_WG_TOKENS = 4;
 
 /**
  * The defaults; change a copy and pass it to `makeWebGpuDecode` (backends/webgpu_decode.ts).

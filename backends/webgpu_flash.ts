@@ -338,6 +338,7 @@ async function planFor(
       info: {
         decode_rows: d?.rows ?? 0,
         decode_items: d?.items ?? 0,
+        decode_wg_tokens: d?.geometry.decode_wg_tokens ?? 0,
         prefill_tiles: p?.tiles ?? 0,
       },
     };

@@ -13,7 +13,8 @@
  * 2. Yardsticks, measured in the same run: bench/copy.wgsl (vec4<u32> copy, GB/s of read +
  *    write) and bench/fma.wgsl (the f32 FMA ceiling, TFLOP/s).
  * 3. For each shape (bench/shapes.ts; small on software adapters): every backend the
- *    registry's capability checks accept, plus the swept variants (bench/variants.ts), runs
+ *    registry's capability checks accept, plus the swept variants (bench/variants.ts: the decode
+ *    tunings on the prefill shapes too, whose rows WEBGPU_DECODE runs as split-KV rows), runs
  *    bench/measure.ts: device ms of the attention kernels (timestamp-query, repetitions in one
  *    submit), TFLOP/s (prefill) or KV GB/s (decode) from it, xFMA / xcopy ratios, awaited
  *    end-to-end ms, and the largest difference from the shape's first output (CPU_REFERENCE on
@@ -99,7 +100,7 @@ async function measureShapes(
     const caches = new Map<string, { cache: KvCache; batch: ValidBatch }>();
     const candidates: { label: string; backend: AttentionBackend; unfit?: string | null }[] = [
       ...builtinBackends().map((b) => ({ label: b.name, backend: b })),
-      ...variants.filter((v) => v.kind === s.kind).map((v) => ({
+      ...variants.filter((v) => v.kind === s.kind || v.also === s.kind).map((v) => ({
         label: v.label,
         backend: v.backend,
         unfit: v.unfit(gpu, s.head_size),

@@ -24,8 +24,10 @@ export interface Variant {
   /** e.g. `WEBGPU_FLASH[8x8x4x4]`. */
   label: string;
   backend: AttentionBackend;
-  /** The shapes it runs on. */
+  /** The shapes it runs on (and `also` these: a decode tuning's WEBGPU_DECODE takes prefill
+   * rows as split-KV rows too). */
   kind: BenchShape["kind"];
+  also?: BenchShape["kind"];
   /** Why it cannot run head size `d` here, or null. */
   unfit(gpu: GpuContext, d: number): string | null;
 }
@@ -75,6 +77,7 @@ export function decodeVariants(text: string | undefined): Variant[] {
       label: `WEBGPU_DECODE${JSON.stringify(o)}`,
       backend: makeWebGpuDecode(t) as AttentionBackend,
       kind: "decode" as const,
+      also: "prefill" as const,
       unfit: () => null,
     };
   });

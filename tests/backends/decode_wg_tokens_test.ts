@@ -26,6 +26,9 @@ import {
   FP8_HND_SPEC,
 } from "../support/decode_knob_specs.ts";
 import { GPU, NO_GPU } from "../gpu/helpers.ts";
+import { tokenGroups } from "../../backends/decode_plan.ts";
+import { makeWebGpuFlash } from "../../backends/webgpu_flash.ts";
+import { PREFILL_WG_TOKENS } from "../../backends/webgpu_decode_tuning.ts";
 
 /** The GPU kernel shape (8 key groups of 16 lanes, or 16 of 8 on lavapipe), one slice a row. */
 const BASE: DecodeTuning = {
@@ -41,14 +44,13 @@ const BASE: DecodeTuning = {
 const backendOf = (t: Partial<DecodeTuning>) =>
   makeWebGpuDecode({ ...BASE, ...t }) as AttentionBackend;
 
-/** Prefill chunks with context (9 and 3 rows: padded), a long one, an empty request, a decode
- * row: 29 rows, 32 padded to pairs, 36 to fours (both within a quarter), 48 to eights (not). */
+/** Prefill chunks with context (9 and 5 rows: padded), a long one, an empty request: 30 rows,
+ * 32 padded to pairs, 36 to fours (both within a quarter); 5 rows are fewer than 8. */
 const PREFILL: RequestSpec[] = [
   { query_len: 9, seq_len: 60 },
   { query_len: 16, seq_len: 300, pad: 1 },
   { query_len: 0, seq_len: 9 },
-  { query_len: 3, seq_len: 3 },
-  { query_len: 1, seq_len: 50 },
+  { query_len: 5, seq_len: 5 },
 ];
 
 const F16: BatchSpec = {
@@ -94,7 +96,7 @@ const CASES: [string, Partial<DecodeTuning>, BatchSpec, number][] = [
     F32,
     2,
   ],
-  ["8 asked: the padding would add 65%, so 1", { wg_tokens: 8 }, F16, 1],
+  ["8 asked: a request of 5 rows, so 1", { wg_tokens: 8 }, F16, 1],
   [
     "with stage_kv and stage_table (both off then)",
     {
@@ -133,6 +135,26 @@ Deno.test("decode wg_tokens: refused for rows of several slices", { ignore: NO_G
   await checkBackend(b, GPU!, F16);
 });
 
+Deno.test("decode wg_tokens: a decode row beside prefill chunks keeps 1", {
+  ignore: NO_GPU,
+}, async () => {
+  const spec: BatchSpec = { ...F16, requests: [...PREFILL, { query_len: 1, seq_len: 50 }] };
+  const info = await planInfo(backendOf({ wg_tokens: 2 }), spec);
+  assert.equal(info.decode_wg_tokens, 1, JSON.stringify(info));
+});
+
+Deno.test("decode wg_tokens: the padding is held to a quarter of the rows", () => {
+  const rows = (lens: number[]) => ({
+    count: lens.reduce((a, b) => a + b, 0),
+    req: lens.flatMap((n, i) => Array(n).fill(i)),
+  });
+  assert.deepEqual(tokenGroups(rows([3, 2]), 2), [0, 1, 2, 2, 3, 4]);
+  assert.equal(tokenGroups(rows([5, 5]), 4), null, "16 for 10 rows");
+  assert.equal(tokenGroups(rows([9, 16, 5]), 4)?.length, 36);
+  assert.equal(tokenGroups(rows([9, 1]), 2), null, "a request of one row");
+  assert.equal(tokenGroups(rows([8]), 1), null);
+});
+
 Deno.test("decode wg_tokens: a decode step keeps 1 token a workgroup", {
   ignore: NO_GPU,
 }, async () => {
@@ -142,4 +164,16 @@ Deno.test("decode wg_tokens: a decode step keeps 1 token a workgroup", {
   };
   const info = await planInfo(backendOf({ wg_tokens: 2 }), spec);
   assert.equal(info.decode_wg_tokens, 1, JSON.stringify(info));
+});
+
+Deno.test("decode wg_tokens: WEBGPU_FLASH's prefill rows on the split-KV kernels take 4", {
+  ignore: NO_GPU,
+}, async () => {
+  // The GPU kernel shape on lavapipe (the software one has one key group: 1 token).
+  const b = makeWebGpuFlash({ tile: null, decode: BASE }) as AttentionBackend;
+  const info = await planInfo(b, F16);
+  if (info.prefill_tiles > 0) return; // a device whose tensor cores take the prefill rows
+  assert.equal(info.decode_wg_tokens, PREFILL_WG_TOKENS, JSON.stringify(info));
+  await checkBackend(b, GPU!, F16);
+  await checkBackend(b, GPU!, BF16);
 });
