@@ -11,7 +11,11 @@ import {
   flashRouting,
   resolveFlashOptions,
 } from "../../backends/webgpu_flash.ts";
-import { DEFAULT_DECODE_TUNING, prefillSplitTuning } from "../../backends/webgpu_decode_tuning.ts";
+import {
+  DEFAULT_DECODE_TUNING,
+  PREFILL_WG_TOKENS,
+  prefillSplitTuning,
+} from "../../backends/webgpu_decode_tuning.ts";
 import { HostKvCache } from "../../backends/cpu/host_cache.ts";
 import type { BatchShape, GpuContext } from "../../core/types.ts";
 import { planPaths } from "../../core/backend_types.ts";
@@ -222,5 +226,11 @@ Deno.test("flash paths: prefill rows on the split-KV kernels take the prefill tu
   assert.equal(flashRouting(NO_MMA, tiles, mixed).prefillOnSplit, false);
   const t = prefillSplitTuning(DEFAULT_DECODE_TUNING);
   assert.equal(t.scatter_sums && t.scatter_softmax, true);
-  assert.deepEqual({ ...t, scatter_sums: false, scatter_softmax: false }, DEFAULT_DECODE_TUNING);
+  assert.equal(t.wg_tokens, PREFILL_WG_TOKENS);
+  assert.deepEqual(
+    { ...t, scatter_sums: false, scatter_softmax: false, wg_tokens: 1 },
+    DEFAULT_DECODE_TUNING,
+  );
+  // A tuning that names more tokens keeps them.
+  assert.equal(prefillSplitTuning({ ...DEFAULT_DECODE_TUNING, wg_tokens: 8 }).wg_tokens, 8);
 });
