@@ -96,6 +96,12 @@ const CASES: [string, Partial<DecodeTuning>, BatchSpec, number][] = [
     F32,
     2,
   ],
+  [
+    "4 tokens, 4 lanes a key row (two key groups a subgroup, as 16 of 32 on NVIDIA): f16 NHD",
+    { wg_tokens: 4, max_lanes: 4, scatter_sums: true, scatter_softmax: true, fused_reduce: true },
+    F16,
+    4,
+  ],
   ["8 asked: a request of 5 rows, so 1", { wg_tokens: 8 }, F16, 1],
   [
     "with stage_kv and stage_table (both off then)",
