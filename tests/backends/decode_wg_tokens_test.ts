@@ -22,6 +22,7 @@ import { checkBackend } from "../support/backend_check.ts";
 import {
   BF16_NHD_SPEC,
   decodePlanInfo,
+  F16_NHD_SPEC,
   F32_MHA_SPEC,
   FP8_HND_SPEC,
 } from "../support/decode_knob_specs.ts";
@@ -53,15 +54,7 @@ const PREFILL: RequestSpec[] = [
   { query_len: 5, seq_len: 5 },
 ];
 
-const F16: BatchSpec = {
-  ...FP8_HND_SPEC,
-  kv_cache_dtype: "float16",
-  k_scale: undefined,
-  v_scale: undefined,
-  layout: "NHD",
-  num_kv_heads: 4,
-  requests: PREFILL,
-};
+const F16: BatchSpec = { ...F16_NHD_SPEC, requests: PREFILL };
 const FP8: BatchSpec = { ...FP8_HND_SPEC, requests: PREFILL };
 const BF16: BatchSpec = { ...BF16_NHD_SPEC, requests: PREFILL };
 const F32: BatchSpec = { ...F32_MHA_SPEC, requests: PREFILL };

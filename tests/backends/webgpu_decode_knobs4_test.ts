@@ -20,6 +20,7 @@ import { checkBackend } from "../support/backend_check.ts";
 import {
   BF16_NHD_SPEC,
   decodePlanInfo,
+  F16_NHD_SPEC,
   F32_MHA_SPEC,
   FP8_HND_SPEC,
 } from "../support/decode_knob_specs.ts";
@@ -47,14 +48,7 @@ const backendOf = (t: Partial<DecodeTuning>) =>
 
 /** Rows of several slices and of one, an empty request, a padded block table. */
 /** The shared fp8 batch with an f16 cache, NHD and 4 kv heads. */
-const F16: BatchSpec = {
-  ...FP8_HND_SPEC,
-  kv_cache_dtype: "float16",
-  k_scale: undefined,
-  v_scale: undefined,
-  layout: "NHD",
-  num_kv_heads: 4,
-};
+const F16 = F16_NHD_SPEC;
 const FP8 = FP8_HND_SPEC, BF16 = BF16_NHD_SPEC, F32 = F32_MHA_SPEC;
 
 const planInfo = (b: AttentionBackend, s: BatchSpec) => decodePlanInfo(GPU!, b, s);

@@ -57,6 +57,16 @@ export const FP8_HND_SPEC: BatchSpec = {
   return_lse: true,
 };
 
+/** {@link FP8_HND_SPEC}'s batch over an f16 cache, NHD, with 4 kv heads. */
+export const F16_NHD_SPEC: BatchSpec = {
+  ...FP8_HND_SPEC,
+  kv_cache_dtype: "float16",
+  k_scale: undefined,
+  v_scale: undefined,
+  layout: "NHD",
+  num_kv_heads: 4,
+};
+
 /** bf16 data and cache, NHD, GQA 8, head 64, block 32, sinks, soft cap, LSE, 3-token rows. */
 export const BF16_NHD_SPEC: BatchSpec = {
   dtype: "bfloat16",
