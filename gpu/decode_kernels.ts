@@ -156,6 +156,7 @@ export const DECODE_SPLIT: KernelDef<DecodeSplitConsts> = {
       WFIN: nkg > 1 ? FW : 1,
       WH: c.wh,
       WT: c.wt,
+      ITEM_WORD: c.wt > 1 ? "(item * WT + blk) * 8u" : "item * 8u",
       LW: c.half ? "(lane >> 1u) * 4u" : "lane * 4u",
       LEV: c.half ? epw / 2 : epw,
       SGID: c.indexed_gather ? ", @builtin(subgroup_invocation_id) sgid: u32" : "",

@@ -201,6 +201,20 @@ function orderKey(name: string, c: KernelConsts): string {
 }
 
 /**
+ * The whole WGSL of variant `c` of `def`: `enables`, the Params struct, the binding
+ * declarations and the kernel's source (what {@link getKernel} compiles).
+ */
+export async function kernelWgsl<C extends KernelConsts>(
+  def: KernelDef<C>,
+  c: C,
+  enables: readonly string[],
+): Promise<string> {
+  const head = enables.map((e) => `enable ${e};`).join("\n");
+  return `${head}\n${paramsStruct(def.uniforms)}${bindingDecls(def.bindings(c))}\n${await def
+    .source(c)}`;
+}
+
+/**
  * The compiled variant `c` of `def` on `ctx`'s device. The key is looked up first; the source
  * is generated and compiled only on a miss, once even under concurrent calls.
  * @throws ShaderCompileError with the compiler's messages.
@@ -245,9 +259,7 @@ function entryOf<C extends KernelConsts>(ctx: GpuContext, def: KernelDef<C>, c: 
     const bindings = def.bindings(c);
     const enables: string[] = [];
     for (const e of def.enables?.(c) ?? []) if (await acceptsEnable(ctx, e)) enables.push(e);
-    const code = `${enables.map((e) => `enable ${e};`).join("\n")}\n${paramsStruct(def.uniforms)}${
-      bindingDecls(bindings)
-    }\n${await def.source(c)}`;
+    const code = await kernelWgsl(def, c, enables);
     const layout = ctx.device.createBindGroupLayout({
       label: key,
       entries: bindings.map(layoutEntry),

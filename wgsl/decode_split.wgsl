@@ -213,7 +213,10 @@ fn main(
   // Key group kg serves block kg % NB: kv head block kg % WH, or token item kg % WT (flat heads
   // hw .. hw + F - 1 of the workgroup), and the (kg / NB)-th of the NKGH runs of the slice.
   let blk = kg % NB;
-  let ib = (item * WT + blk / WH) * 8u;
+  // The key group's item (its 8 words): `item * 8u` when WT is 1, so that Tint's uniformity
+  // analysis sees the slice bounds as uniform (the barriers and subgroup operations of the key
+  // loop depend on them); `(item * WT + blk) * 8u` otherwise (WH is 1 then).
+  let ib = {{ITEM_WORD}};
   let req = tab[ib];
   let tok = tab[ib + 1u];
   let kb = tab[ib + 2u];
@@ -221,14 +224,14 @@ fn main(
   let slot = tab[ib + 4u];
   let pos = tab[ib + 5u];
   let kt = tab[ib + 6u]; // the row's first visible key (the first slice starts at kt - kt % U)
-  // The keys the workgroup walks: the slice, or the joint range of its WT token items.
-  var kwb = kb;
-  var kwe = ke;
-  if (WT > 1u) {
-    for (var t = 0u; t < WT; t++) {
-      kwb = min(kwb, tab[(item * WT + t) * 8u + 2u]);
-      kwe = max(kwe, tab[(item * WT + t) * 8u + 3u]);
-    }
+  // The keys the workgroup walks: the slice, or the joint range of its WT token items, read from
+  // workgroup-uniform addresses only (the loop's bounds must be uniform; kb / ke are not when
+  // WT > 1).
+  var kwb = tab[item * WT * 8u + 2u];
+  var kwe = tab[item * WT * 8u + 3u];
+  for (var t = 1u; t < WT; t++) {
+    kwb = min(kwb, tab[(item * WT + t) * 8u + 2u]);
+    kwe = max(kwe, tab[(item * WT + t) * 8u + 3u]);
   }
   var bt = P.bt_off + req * P.max_blocks;
   if (TB > 0u) {

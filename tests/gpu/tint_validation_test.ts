@@ -1,0 +1,148 @@
+/**
+ * The split-KV kernels' WGSL through Tint, Dawn's WGSL compiler, on any machine: Dawn's `null`
+ * backend (npm `webgpu`, `create(["backend=null"])`) gives a device that validates and compiles
+ * shaders without a GPU. Deno's own runtime (naga) checks less: a change that made a key group's
+ * slice bounds depend on its invocation id compiled and ran right on lavapipe, while Tint refused
+ * every split kernel ("'workgroupUniformLoad' / 'subgroupShuffleXor' must only be called from
+ * uniform control flow"), so Dawn could run no decode step at all. Each variant below is one way
+ * the plans build the kernel (subgroups or not, the three epilogues, kv head blocks and token
+ * items a workgroup, staged K/V and block table, the transposed sums, prefetch, half columns,
+ * every storage dtype). Skipped, with Dawn's reason, where dawn.node cannot load.
+ * @module
+ */
+import assert from "node:assert/strict";
+import { DECODE_REDUCE, DECODE_SPLIT, type DecodeSplitConsts } from "../../gpu/decode_kernels.ts";
+import { kernelWgsl } from "../../gpu/kernel.ts";
+import { importDawn } from "../../gpu/runtime_dawn.ts";
+
+/** Dawn's `GPU` object: kept referenced while its device lives (collected, it took the process
+ * down: "std::system_error: Owner died", as gpu/flash_mma_device.ts says). */
+let dawnGpu: GPU | null = null;
+
+/** A Dawn device on the null backend, or why there is none. */
+async function nullDevice(): Promise<GPUDevice | string> {
+  try {
+    const dawn = await importDawn();
+    const gpu = dawnGpu = dawn.create(["backend=null"]);
+    const adapter = await gpu.requestAdapter();
+    if (!adapter) return "Dawn's null backend offers no adapter";
+    const want = (["subgroups", "shader-f16"] as GPUFeatureName[]).filter((f) =>
+      adapter.features.has(f)
+    );
+    return await adapter.requestDevice({ requiredFeatures: want });
+  } catch (e) {
+    return `Dawn did not load: ${e instanceof Error ? e.message : String(e)}`;
+  }
+}
+
+const device = await nullDevice();
+const reason = typeof device === "string" ? device : null;
+if (reason) console.warn(`tint validation skipped: ${reason}`);
+
+/** Tint's errors for `code`, one line each. */
+async function tintErrors(code: string): Promise<string[]> {
+  const m = (device as GPUDevice).createShaderModule({ code });
+  const info = await m.getCompilationInfo();
+  return info.messages.filter((x) => x.type === "error").map((x) =>
+    `${x.lineNum}:${x.linePos} ${x.message.split("\n")[0]}`
+  );
+}
+
+const BASE: DecodeSplitConsts = {
+  storage: "float16",
+  dtype: "float16",
+  d: 128,
+  bs: 16,
+  nhd: true,
+  nchunk: 1,
+  hg: 4,
+  kh: 1,
+  u: 4,
+  lpk: 16,
+  wg: 128,
+  sg: true,
+  cap: true,
+  alibi: true,
+  early_v: true,
+  prefetch: false,
+  scatter: false,
+  scatter_softmax: false,
+  fp8_pairs: false,
+  nan_free: false,
+  indexed_gather: false,
+  half: false,
+  epi: 2,
+  tb: 0,
+  skv: 0,
+  wh: 1,
+  wt: 1,
+  probe: false,
+};
+
+const VARIANTS: [string, Partial<DecodeSplitConsts>][] = [
+  ["fused reduce (a decode step's default)", {}],
+  ["direct rows", { epi: 1 }],
+  ["reduce pass", { epi: 0 }],
+  ["no subgroups (sums through workgroup memory)", { sg: false }],
+  ["no subgroups, reduce pass", { sg: false, epi: 0 }],
+  ["transposed sums and softmax, indexed gather", {
+    scatter: true,
+    scatter_softmax: true,
+    indexed_gather: true,
+  }],
+  ["2 kv head blocks a workgroup", { wh: 2 }],
+  ["4 token items a workgroup, transposed sums (prefill rows)", {
+    wt: 4,
+    scatter: true,
+    scatter_softmax: true,
+  }],
+  ["2 token items, direct rows, no subgroups", { wt: 2, epi: 1, sg: false }],
+  ["staged K/V tile", { skv: 2 * 8 * 4 * 16 }],
+  ["staged block table, prefetch", { tb: 64, prefetch: true }],
+  ["fp8 e4m3 pairs, NaN-free, half columns, HND", {
+    storage: "fp8_e4m3",
+    fp8_pairs: true,
+    nan_free: true,
+    half: true,
+    nhd: false,
+  }],
+  ["bf16 data and cache, 2 chunks", { storage: "bfloat16", dtype: "bfloat16", nchunk: 2 }],
+  ["f32, head 64, one key group a row lane", { storage: "float32", dtype: "float32", d: 64 }],
+  ["residency probe", { probe: true }],
+];
+
+for (const [name, over] of VARIANTS) {
+  Deno.test({
+    name: `tint accepts decode_split: ${name}`,
+    ignore: reason !== null,
+    async fn() {
+      const c = { ...BASE, ...over } as DecodeSplitConsts;
+      const code = await kernelWgsl(DECODE_SPLIT, c, c.sg ? ["subgroups"] : []);
+      assert.deepEqual(await tintErrors(code), [], JSON.stringify(over));
+    },
+  });
+}
+
+Deno.test({
+  name: "tint accepts decode_reduce",
+  ignore: reason !== null,
+  async fn() {
+    for (const dtype of ["float16", "bfloat16", "float32"] as const) {
+      const code = await kernelWgsl(DECODE_REDUCE, { d: 128, dtype }, []);
+      assert.deepEqual(await tintErrors(code), [], dtype);
+    }
+  },
+});
+
+Deno.test({
+  name: "tint validation: an invalid kernel is refused (the check can fail)",
+  ignore: reason !== null,
+  async fn() {
+    const code = (await kernelWgsl(DECODE_SPLIT, BASE, ["subgroups"])).replace(
+      "let kgh = kg / NB;",
+      "let kgh = kg / NB;\n  if (lane == 0u) { workgroupBarrier(); }",
+    );
+    const errors = await tintErrors(code);
+    assert.ok(errors.some((e) => /uniform control flow/.test(e)), errors.join("; "));
+  },
+});
