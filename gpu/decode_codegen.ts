@@ -219,16 +219,16 @@ export function generateDecodeSplit(k: KernelShape): Record<string, string> {
     u: number,
     kh: number,
     body: (f: number, i: number, e: number) => string,
+    masked = false,
   ) => {
     for (const j of J) {
+      // A key the row does not see has p = 0, and 0 x Inf is NaN: under `masked` its words are
+      // zeroed (every storage dtype decodes a zero word to zeros).
+      const w0 = masked ? `select(vec4<u32>(0u), ${src(t, u, kh, j)}, vis${u})` : src(t, u, kh, j);
       if (k.half) {
-        st.push(
-          "    {",
-          `      let w4 = ${src(t, u, kh, j)};`,
-          "      let w = select(w4, w4.zwxy, hodd);",
-        );
+        st.push("    {", `      let w4 = ${w0};`, "      let w = select(w4, w4.zwxy, hodd);");
       } else {
-        st.push("    {", `      let w = ${src(t, u, kh, j)};`);
+        st.push("    {", `      let w = ${w0};`);
       }
       for (const e of E) st.push(`      let x${e} = ${k.dec[e]};`);
       for (const e of E) {
@@ -269,11 +269,23 @@ export function generateDecodeSplit(k: KernelShape): Record<string, string> {
     }
     st.push(`    l${f} += ${Us.map((u) => `p${u}_${f}`).join(" + ")};`);
   }
-  for (const u of Us) {
-    for (const kh of KH) {
-      rows("v", u, kh, (f, i, e) => `a${f}_${i} += p${u}_${f} * x${e};`);
+  // The value accumulation. A step whose keys the row does not all see (its first step under a
+  // window or a slice start rounded down to U, its last partial one, whose loads repeat its
+  // last key, a joint range of several tokens) zeroes the values of the keys it does not see:
+  // an Inf there (an f32 value over f16's range written to an f16 cache, imported bytes) times
+  // p = 0 would make the row NaN. Full steps, nearly all, take the plain copy.
+  const accumulate = (masked: boolean) => {
+    for (const u of Us) {
+      for (const kh of KH) {
+        rows("v", u, kh, (f, i, e) => `a${f}_${i} += p${u}_${f} * x${e};`, masked);
+      }
     }
-  }
+  };
+  st.push("    if (k0 >= kt && k0 + U <= ke) {");
+  accumulate(false);
+  st.push("    } else {");
+  accumulate(true);
+  st.push("    }");
   const sto: string[] = scatterSm ? scatterDenominators(F.length, k.u, k.lpk) : [];
   if (k.nkg === 1) {
     for (const f of F) {

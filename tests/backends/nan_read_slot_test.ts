@@ -35,6 +35,7 @@ import {
   smallSpec,
 } from "../support/batches.ts";
 import { tolerance } from "../support/backend_check.ts";
+import { assertSameNonFinite } from "../support/nonfinite.ts";
 import { freshSeed, GPU, NO_GPU } from "../gpu/helpers.ts";
 import { planFlashMma } from "../../backends/flash_mma_plan.ts";
 import { MMA_VARIANTS, type MmaShape } from "../../gpu/flash_mma_shape.ts";
@@ -54,42 +55,6 @@ function poison(bytes: Uint8Array, storage: StorageDType, i: number, x = NaN): v
     assert.equal(storage, "fp8_e5m2", "fp8 e4m3 has no infinity");
     bytes[i] = neg ? 0xfc : 0x7c;
   }
-}
-
-/**
- * Element-wise: NaN where the reference has NaN, the same infinity where it has one, within
- * tolerance elsewhere; the count of the reference's non-finite elements.
- */
-function assertSameNonFinite(
-  got: Float32Array,
-  want: Float32Array,
-  tol: { atol: number; rtol: number },
-  label: string,
-): number {
-  assert.equal(got.length, want.length, label);
-  let odd = 0;
-  for (let i = 0; i < got.length; i++) {
-    if (Number.isNaN(want[i])) {
-      odd++;
-      assert.ok(Number.isNaN(got[i]), `${label}: element ${i} is ${got[i]}, float64 gives NaN`);
-      continue;
-    }
-    if (!Number.isFinite(want[i])) {
-      odd++;
-      assert.equal(
-        got[i],
-        want[i],
-        `${label}: element ${i} is ${got[i]}, float64 gives ${want[i]}`,
-      );
-      continue;
-    }
-    const err = Math.abs(got[i] - want[i]);
-    assert.ok(
-      err <= tol.atol + tol.rtol * Math.abs(want[i]),
-      `${label}: element ${i} is ${got[i]}, want ${want[i]}`,
-    );
-  }
-  return odd;
 }
 
 /** A context position of one request to plant a value at (kv head 0, element `dim`). */

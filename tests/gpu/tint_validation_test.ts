@@ -109,6 +109,12 @@ const VARIANTS: [string, Partial<DecodeSplitConsts>][] = [
   ["bf16 data and cache, 2 chunks", { storage: "bfloat16", dtype: "bfloat16", nchunk: 2 }],
   ["f32, head 64, one key group a row lane", { storage: "float32", dtype: "float32", d: 64 }],
   ["residency probe", { probe: true }],
+  ["software shape: one key group of 8 lanes, 2 kv heads, reduce pass", {
+    wg: 8,
+    lpk: 8,
+    kh: 2,
+    epi: 0,
+  }],
 ];
 
 for (const [name, over] of VARIANTS) {
