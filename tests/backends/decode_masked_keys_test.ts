@@ -16,11 +16,7 @@
  */
 import { CPU_REFERENCE } from "../../backends/cpu/cpu_reference.ts";
 import { HostKvCache } from "../../backends/cpu/host_cache.ts";
-import {
-  type DecodeTuning,
-  DEFAULT_DECODE_TUNING,
-  makeWebGpuDecode,
-} from "../../backends/webgpu_decode.ts";
+import { makeWebGpuDecode } from "../../backends/webgpu_decode.ts";
 import { makeWebGpuFlash } from "../../backends/webgpu_flash.ts";
 import { toFloat32 } from "../../core/data.ts";
 import type { AttentionBackend } from "../../core/types.ts";
@@ -33,19 +29,11 @@ import {
   type GeneratedBatch,
 } from "../support/batches.ts";
 import { tolerance } from "../support/backend_check.ts";
+import { ONE_SLICE_TUNING } from "../support/decode_knob_specs.ts";
 import { assertSameNonFinite } from "../support/nonfinite.ts";
 import { freshSeed, GPU, NO_GPU } from "../gpu/helpers.ts";
 
-/** The GPU kernel shape (several key groups a workgroup), one slice a row. */
-const BASE: DecodeTuning = {
-  ...DEFAULT_DECODE_TUNING,
-  workgroup_size: 128,
-  keys_per_iter: 4,
-  kv_heads_per_group: 1,
-  waves: 0,
-  target_workgroups: 64,
-  min_split_keys: 4096,
-};
+const BASE = ONE_SLICE_TUNING;
 
 /** Runs `g` through `b` and CPU_REFERENCE; compares output and LSE. */
 async function check(b: AttentionBackend, g: GeneratedBatch, label: string): Promise<number> {

@@ -11,11 +11,7 @@
  * @module
  */
 import assert from "node:assert/strict";
-import {
-  type DecodeTuning,
-  DEFAULT_DECODE_TUNING,
-  makeWebGpuDecode,
-} from "../../backends/webgpu_decode.ts";
+import { type DecodeTuning, makeWebGpuDecode } from "../../backends/webgpu_decode.ts";
 import type { AttentionBackend } from "../../core/types.ts";
 import type { BatchSpec, RequestSpec } from "../support/batches.ts";
 import { checkBackend } from "../support/backend_check.ts";
@@ -25,22 +21,14 @@ import {
   F16_NHD_SPEC,
   F32_MHA_SPEC,
   FP8_HND_SPEC,
+  ONE_SLICE_TUNING,
 } from "../support/decode_knob_specs.ts";
 import { GPU, NO_GPU } from "../gpu/helpers.ts";
 import { tokenGroups } from "../../backends/decode_plan.ts";
 import { makeWebGpuFlash } from "../../backends/webgpu_flash.ts";
 import { PREFILL_WG_TOKENS } from "../../backends/webgpu_decode_tuning.ts";
 
-/** The GPU kernel shape (8 key groups of 16 lanes, or 16 of 8 on lavapipe), one slice a row. */
-const BASE: DecodeTuning = {
-  ...DEFAULT_DECODE_TUNING,
-  workgroup_size: 128,
-  keys_per_iter: 4,
-  kv_heads_per_group: 1,
-  waves: 0,
-  target_workgroups: 64,
-  min_split_keys: 4096,
-};
+const BASE = ONE_SLICE_TUNING;
 
 const backendOf = (t: Partial<DecodeTuning>) =>
   makeWebGpuDecode({ ...BASE, ...t }) as AttentionBackend;

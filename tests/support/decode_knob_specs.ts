@@ -6,6 +6,7 @@
  * @module
  */
 import type { AttentionBackend, GpuContext } from "../../core/types.ts";
+import { type DecodeTuning, DEFAULT_DECODE_TUNING } from "../../backends/webgpu_decode_tuning.ts";
 import { GpuKvCache } from "../../gpu/kv_cache.ts";
 import { validHostBatch } from "../../service/host_input.ts";
 import { type BatchSpec, generateBatch } from "./batches.ts";
@@ -28,6 +29,18 @@ export async function decodePlanInfo(
     cache.destroy();
   }
 }
+
+/** The GPU kernel shape (several key groups a workgroup, on lavapipe too), one slice a row:
+ * what `wg_tokens` needs (decode_wg_tokens_test.ts, decode_masked_keys_test.ts). */
+export const ONE_SLICE_TUNING: DecodeTuning = {
+  ...DEFAULT_DECODE_TUNING,
+  workgroup_size: 128,
+  keys_per_iter: 4,
+  kv_heads_per_group: 1,
+  waves: 0,
+  target_workgroups: 64,
+  min_split_keys: 4096,
+};
 
 /** Rows of several slices and of one, an empty request, a padded block table. */
 export const KNOB_REQUESTS = [
