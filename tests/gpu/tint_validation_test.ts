@@ -13,35 +13,36 @@
 import assert from "node:assert/strict";
 import { DECODE_REDUCE, DECODE_SPLIT, type DecodeSplitConsts } from "../../gpu/decode_kernels.ts";
 import { kernelWgsl } from "../../gpu/kernel.ts";
-import { importDawn } from "../../gpu/runtime_dawn.ts";
+import { loadDawnRuntime } from "../../gpu/runtime_dawn.ts";
+import type { WebGpuRuntime } from "../../gpu/runtime.ts";
 
-/** Dawn's `GPU` object: kept referenced while its device lives (collected, it took the process
+/** A null-backend device and the Dawn runtime that made it: the runtime holds Dawn's `GPU`
+ * object, which must stay referenced while the device lives (collected, it took the process
  * down: "std::system_error: Owner died", as gpu/flash_mma_device.ts says). */
-let dawnGpu: GPU | null = null;
-
-/** A Dawn device on the null backend, or why there is none. */
-async function nullDevice(): Promise<GPUDevice | string> {
-  try {
-    const dawn = await importDawn();
-    const gpu = dawnGpu = dawn.create(["backend=null"]);
-    const adapter = await gpu.requestAdapter();
-    if (!adapter) return "Dawn's null backend offers no adapter";
-    const want = (["subgroups", "shader-f16"] as GPUFeatureName[]).filter((f) =>
-      adapter.features.has(f)
-    );
-    return await adapter.requestDevice({ requiredFeatures: want });
-  } catch (e) {
-    return `Dawn did not load: ${e instanceof Error ? e.message : String(e)}`;
-  }
+interface NullDawn {
+  runtime: WebGpuRuntime;
+  device: GPUDevice;
 }
 
-const device = await nullDevice();
-const reason = typeof device === "string" ? device : null;
+/** Dawn on its null backend, or why there is none (Dawn's own words). */
+async function nullDawn(): Promise<NullDawn | string> {
+  const runtime = await loadDawnRuntime(["backend=null"]);
+  if (runtime.unavailable) return runtime.unavailable;
+  const { adapter, reason } = await runtime.requestAdapter();
+  if (!adapter) return reason ?? "Dawn's null backend offers no adapter";
+  const want = (["subgroups", "shader-f16"] as GPUFeatureName[]).filter((f) =>
+    adapter.features.has(f)
+  );
+  return { runtime, device: await adapter.requestDevice({ requiredFeatures: want }) };
+}
+
+const dawn = await nullDawn();
+const reason = typeof dawn === "string" ? dawn : null;
 if (reason) console.warn(`tint validation skipped: ${reason}`);
 
 /** Tint's errors for `code`, one line each. */
 async function tintErrors(code: string): Promise<string[]> {
-  const m = (device as GPUDevice).createShaderModule({ code });
+  const m = (dawn as NullDawn).device.createShaderModule({ code });
   const info = await m.getCompilationInfo();
   return info.messages.filter((x) => x.type === "error").map((x) =>
     `${x.lineNum}:${x.linePos} ${x.message.split("\n")[0]}`
