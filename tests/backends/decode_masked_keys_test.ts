@@ -14,54 +14,24 @@
  * key with p = 0).
  * @module
  */
-import { CPU_REFERENCE } from "../../backends/cpu/cpu_reference.ts";
-import { HostKvCache } from "../../backends/cpu/host_cache.ts";
 import { makeWebGpuDecode } from "../../backends/webgpu_decode.ts";
 import { makeWebGpuFlash } from "../../backends/webgpu_flash.ts";
-import { toFloat32 } from "../../core/data.ts";
 import type { AttentionBackend } from "../../core/types.ts";
-import { GpuKvCache } from "../../gpu/kv_cache.ts";
-import { validHostBatch } from "../../service/host_input.ts";
 import {
   type BatchSpec,
   cacheIndex,
   generateBatch,
   type GeneratedBatch,
 } from "../support/batches.ts";
-import { tolerance } from "../support/backend_check.ts";
 import { ONE_SLICE_TUNING } from "../support/decode_knob_specs.ts";
-import { assertSameNonFinite } from "../support/nonfinite.ts";
-import { freshSeed, GPU, NO_GPU } from "../gpu/helpers.ts";
+import { backendRunner, checkNonFinite } from "../support/nonfinite.ts";
+import { freshSeed, NO_GPU } from "../gpu/helpers.ts";
 
 const BASE = ONE_SLICE_TUNING;
 
-/** Runs `g` through `b` and CPU_REFERENCE; compares output and LSE. */
-async function check(b: AttentionBackend, g: GeneratedBatch, label: string): Promise<number> {
-  const cs = g.cache_spec!;
-  const ref = HostKvCache.fromBytes(cs, g.key_cache, g.value_cache);
-  const want = await CPU_REFERENCE.run({}, validHostBatch(g.batch, ref), { gpu: null });
-  const cache = await GpuKvCache.fromBytes(GPU!, cs, g.key_cache, g.value_cache);
-  try {
-    const batch = validHostBatch(g.batch, cache);
-    const plan = await b.plan(batch, { gpu: GPU! });
-    try {
-      const got = await b.run(plan, batch, { gpu: GPU! });
-      const tol = tolerance(g.spec);
-      const n = assertSameNonFinite(
-        toFloat32(got.output),
-        toFloat32(want.output),
-        tol,
-        `${label} output`,
-      );
-      assertSameNonFinite(got.lse!, want.lse!, { atol: 2e-4, rtol: 1e-5 }, `${label} lse`);
-      return n;
-    } finally {
-      b.disposePlan?.(plan);
-    }
-  } finally {
-    cache.destroy();
-  }
-}
+/** Runs `g` through `b` and CPU_REFERENCE (output and LSE); the reference's non-finite outputs. */
+const check = async (b: AttentionBackend, g: GeneratedBatch, label: string) =>
+  (await checkNonFinite(g, backendRunner(b, g.spec), label)).odd;
 
 /** f32 data over an f16 cache, prefill chunks (one with context), GQA 2, LSE. */
 const OVERFLOW: BatchSpec = {

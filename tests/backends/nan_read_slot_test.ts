@@ -16,16 +16,10 @@
  * reach that kernel on Dawn and the split-KV kernels elsewhere.
  */
 import assert from "node:assert/strict";
-import { CPU_REFERENCE } from "../../backends/cpu/cpu_reference.ts";
-import { HostKvCache } from "../../backends/cpu/host_cache.ts";
 import { DEFAULT_DECODE_TUNING, makeWebGpuDecode } from "../../backends/webgpu_decode.ts";
 import { makeWebGpuFlash, WEBGPU_FLASH } from "../../backends/webgpu_flash.ts";
-import { toFloat32 } from "../../core/data.ts";
 import { resolveStorage } from "../../core/dtype.ts";
-import type { AttentionBackend, GpuContext, StorageDType, ValidBatch } from "../../core/types.ts";
-import type { ForwardResult } from "../../core/backend_types.ts";
-import { GpuKvCache } from "../../gpu/kv_cache.ts";
-import { validHostBatch } from "../../service/host_input.ts";
+import type { AttentionBackend, StorageDType } from "../../core/types.ts";
 import {
   type BatchSpec,
   cacheIndex,
@@ -34,9 +28,8 @@ import {
   type RequestSpec,
   smallSpec,
 } from "../support/batches.ts";
-import { tolerance } from "../support/backend_check.ts";
-import { assertSameNonFinite } from "../support/nonfinite.ts";
-import { freshSeed, GPU, NO_GPU } from "../gpu/helpers.ts";
+import { backendRunner, checkNonFinite, type Runner } from "../support/nonfinite.ts";
+import { freshSeed, NO_GPU } from "../gpu/helpers.ts";
 import { planFlashMma } from "../../backends/flash_mma_plan.ts";
 import { MMA_VARIANTS, type MmaShape } from "../../gpu/flash_mma_shape.ts";
 import { runGpuPlan } from "../../gpu/gpu_plan.ts";
@@ -77,14 +70,6 @@ function plantIndex(g: GeneratedBatch, p: Plant): number {
     p.dim;
 }
 
-/** How one check runs the batch: on which device, and through what. */
-interface Runner {
-  ctx: GpuContext;
-  run(batch: ValidBatch): Promise<ForwardResult>;
-  tol: { atol: number; rtol: number };
-  lseTol: { atol: number; rtol: number };
-}
-
 /**
  * Plants `x` in K or V at `plants` of a fresh batch of `spec`, runs it through `runner` and
  * checks the output (and LSE) against CPU_REFERENCE's: non-finite where and as float64 gives
@@ -105,42 +90,10 @@ async function checkPlanted(
   for (const p of plants) {
     poison(which === "key" ? g.key_cache : g.value_cache, storage, plantIndex(g, p), x);
   }
-  const ref = HostKvCache.fromBytes(cs, g.key_cache, g.value_cache);
-  const cache = await GpuKvCache.fromBytes(runner.ctx, cs, g.key_cache, g.value_cache);
-  try {
-    const want = await CPU_REFERENCE.run({}, validHostBatch(g.batch, ref), { gpu: null });
-    const got = await runner.run(validHostBatch(g.batch, cache));
-    const label = `${name}, ${x} in ${which}, seed ${seed}`;
-    const wantOut = toFloat32(want.output);
-    const odd = assertSameNonFinite(
-      toFloat32(got.output),
-      wantOut,
-      runner.tol,
-      `output (${label})`,
-    );
-    assert.ok(odd > 0, `the reference has non-finite outputs (${label})`);
-    assert.ok(odd < wantOut.length, `and finite ones (${label})`);
-    if (spec.return_lse) assertSameNonFinite(got.lse!, want.lse!, runner.lseTol, `lse (${label})`);
-  } finally {
-    cache.destroy();
-  }
-}
-
-/** `backend` planned and run on the suite's device. */
-function backendRunner(backend: AttentionBackend, spec: BatchSpec): Runner {
-  return {
-    ctx: GPU!,
-    run: async (batch) => {
-      const plan = await backend.plan(batch, { gpu: GPU });
-      try {
-        return await backend.run(plan, batch, { gpu: GPU });
-      } finally {
-        backend.disposePlan?.(plan);
-      }
-    },
-    tol: tolerance(spec),
-    lseTol: { atol: 2e-4, rtol: 1e-5 },
-  };
+  const label = `${name}, ${x} in ${which}, seed ${seed}`;
+  const { odd, total } = await checkNonFinite(g, runner, label);
+  assert.ok(odd > 0, `the reference has non-finite outputs (${label})`);
+  assert.ok(odd < total, `and finite ones (${label})`);
 }
 
 const SPLIT = { target_workgroups: 4096, min_split_keys: 16 };

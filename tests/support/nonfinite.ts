@@ -1,9 +1,77 @@
 /**
  * Comparing outputs that may hold NaN or infinities with CPU_REFERENCE's (the NaN/Inf tests:
- * tests/backends/nan_read_slot_test.ts, decode_masked_keys_test.ts).
+ * tests/backends/nan_read_slot_test.ts, decode_masked_keys_test.ts): a batch whose tensors or
+ * cache bytes hold planted values, run through a backend ({@link Runner}) and the reference.
  * @module
  */
 import assert from "node:assert/strict";
+import { CPU_REFERENCE } from "../../backends/cpu/cpu_reference.ts";
+import { HostKvCache } from "../../backends/cpu/host_cache.ts";
+import type { ForwardResult } from "../../core/backend_types.ts";
+import { toFloat32 } from "../../core/data.ts";
+import type { AttentionBackend, GpuContext, ValidBatch } from "../../core/types.ts";
+import { GpuKvCache } from "../../gpu/kv_cache.ts";
+import { validHostBatch } from "../../service/host_input.ts";
+import type { BatchSpec, GeneratedBatch } from "./batches.ts";
+import { tolerance } from "./backend_check.ts";
+import { GPU } from "../gpu/helpers.ts";
+
+/** How one check runs the batch: on which device, and through what. */
+export interface Runner {
+  ctx: GpuContext;
+  run(batch: ValidBatch): Promise<ForwardResult>;
+  tol: { atol: number; rtol: number };
+  lseTol: { atol: number; rtol: number };
+}
+
+/** `backend` planned and run on the suite's device. */
+export function backendRunner(backend: AttentionBackend, spec: BatchSpec): Runner {
+  return {
+    ctx: GPU!,
+    run: async (batch) => {
+      const plan = await backend.plan(batch, { gpu: GPU });
+      try {
+        return await backend.run(plan, batch, { gpu: GPU });
+      } finally {
+        backend.disposePlan?.(plan);
+      }
+    },
+    tol: tolerance(spec),
+    lseTol: { atol: 2e-4, rtol: 1e-5 },
+  };
+}
+
+/**
+ * Runs `g` (caches from its bytes) through `runner` and CPU_REFERENCE and compares the output
+ * (and LSE where asked) with {@link assertSameNonFinite}; the count of the reference's
+ * non-finite outputs, and of all.
+ */
+export async function checkNonFinite(
+  g: GeneratedBatch,
+  runner: Runner,
+  label: string,
+): Promise<{ odd: number; total: number }> {
+  const cs = g.cache_spec!;
+  const ref = HostKvCache.fromBytes(cs, g.key_cache, g.value_cache);
+  const cache = await GpuKvCache.fromBytes(runner.ctx, cs, g.key_cache, g.value_cache);
+  try {
+    const want = await CPU_REFERENCE.run({}, validHostBatch(g.batch, ref), { gpu: null });
+    const got = await runner.run(validHostBatch(g.batch, cache));
+    const wantOut = toFloat32(want.output);
+    const odd = assertSameNonFinite(
+      toFloat32(got.output),
+      wantOut,
+      runner.tol,
+      `output (${label})`,
+    );
+    if (g.spec.return_lse) {
+      assertSameNonFinite(got.lse!, want.lse!, runner.lseTol, `lse (${label})`);
+    }
+    return { odd, total: wantOut.length };
+  } finally {
+    cache.destroy();
+  }
+}
 
 /**
  * Element-wise: NaN where the reference has NaN, the same infinity where it has one, within
