@@ -184,13 +184,15 @@ export async function planDecodeRows(
   // Token items a workgroup spans: only where every row is one slice written by its epilogue.
   const order = epi > 0 && spans.every((sp) => sp <= split) ? tokenGroups(rows, shape.wt) : null;
   const wt = order ? shape.wt : 1;
+  // The rows in item order: token groups' (each row one direct slice), else as they came.
+  const itemRows = order?.length ?? R, rowAt = (x: number) => (order ? order[x] : x);
   // Item and row counts (and the most blocks an item spans) first; the table is written in
   // place when the plan's bytes are made: items (8 words each), block table, slopes, row table
   // (token, first slot, slot count, first counter), sinks.
   const bs = spec.block_size;
   let n = 0, numRows = 0, slots = 0, most = 1;
-  for (let r = 0; r < R && !order; r++) {
-    const c = Math.max(1, Math.ceil(spans[r] / split));
+  for (let x = 0; x < itemRows; x++) {
+    const r = rowAt(x), c = Math.max(1, Math.ceil(spans[r] / split));
     n += c;
     if (!(epi > 0 && c === 1)) {
       numRows++;
@@ -203,7 +205,6 @@ export async function planDecodeRows(
       if (ke > k) most = Math.max(most, Math.floor((ke - 1) / bs) - Math.floor(k / bs) + 1);
     }
   }
-  if (order) n = order.length;
   const groups = n / wt; // workgroups per (kv head block, head tile)
   const btOff = 8 * n, slopeOff = btOff + md.block_table.length;
   const tokOff = slopeOff + H, sinkOff = tokOff + 4 * numRows;
@@ -215,15 +216,8 @@ export async function planDecodeRows(
   const bt = md.block_table, slopes = L.alibi_slopes, sinks = L.sinks;
   const writeTable = (tab: Uint32Array) => {
     let slot = 0, it = 0, row = 0;
-    // Token groups: every row one slice, written by the epilogue (no slot, no row entry).
-    for (const r of order ?? []) {
-      tab.set([rows.req[r], rows.token[r], starts[r], rows.end[r], NONE, rows.pos[r]], it);
-      tab[it + 6] = rows.begin[r];
-      tab[it + 7] = NONE;
-      it += 8;
-    }
-    for (let r = 0; r < R && !order; r++) {
-      const i = rows.req[r], t = rows.token[r], b = rows.begin[r], e = rows.end[r];
+    for (let x = 0; x < itemRows; x++) {
+      const r = rowAt(x), i = rows.req[r], t = rows.token[r], b = rows.begin[r], e = rows.end[r];
       const p = rows.pos[r], start = starts[r], c = Math.max(1, Math.ceil(spans[r] / split));
       const direct = epi > 0 && c === 1;
       const rowId = direct ? NONE : row;

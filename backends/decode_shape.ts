@@ -109,8 +109,9 @@ export function decodeShape(
   let wh = Math.min(whMax, wg / lpk);
   // (The merge's last step takes one invocation a flat head of the workgroup: F wh <= wg.)
   while (wh > 1 && (blocks % wh !== 0 || (wg / lpk) % wh !== 0 || F * wh > wg)) wh--;
-  // Tokens: a divisor of the key groups whose merge state fits beside the rest.
-  let wt = wh > 1 ? 1 : Math.min(wtMax, wg / lpk);
+  // Tokens (wtMax is 1 with kv head blocks): a divisor of the key groups whose merge state fits
+  // beside the rest.
+  let wt = Math.min(wtMax, wg / lpk);
   while (wt > 1 && ((wg / lpk) % wt !== 0 || shared(wg, 1, wt) > wsLimit)) {
     wt = Math.floor(wt / 2);
   }
