@@ -45,8 +45,8 @@ export interface KernelShape {
   rv: number;
   /** End in wgsl/decode_epilogue.wgsl (needs nkg > 1) instead of storing the partial here. */
   epilogue: boolean;
-  /** The workgroup spans several token items (`wg_tokens`, rows of one slice each): it ends in
-   * decode_epilogue.wgsl's `epilogue_tokens` (needs `epilogue`). */
+  /** The workgroup spans several token items (`wg_tokens`, rows of one slice each): its
+   * epilogue is told NONE (its key groups' row fields are not uniform; needs `epilogue`). */
   tokens?: boolean;
   /** Sum the U x F partial dots of a step by a transposed reduction (reduce-scatter by
    * recursive halving, then all-gather by recursive doubling: about 2 N shuffles for N values
@@ -326,10 +326,10 @@ export function generateDecodeSplit(k: KernelShape): Record<string, string> {
       "    wfin[h] = vec2<f32>(mx, wsum(h, mx));",
       "  }",
       "  workgroupBarrier();",
-      k.tokens
-        ? "  epilogue_tokens(item, hqw, lid);"
-        : k.epilogue
-        ? "  epilogue(tok, slot, tab[ib + 7u], hqw, id % per_item, lid);"
+      k.epilogue
+        ? `  epilogue(item, tok, slot, ${
+          k.tokens ? "NONE" : "tab[ib + 7u]"
+        }, hqw, id % per_item, lid);`
         : "  partial(tok, slot, 0u, hqw, 0u, lid);",
     );
   }

@@ -13,25 +13,19 @@
 
 const NONE: u32 = 0xffffffffu;
 
-// The end of the workgroup of item `slot` / `row` (row-table entry, NONE: one slice), query
-// heads hq0 .. hq0 + F - 1, `grp` = its (kv head block, head tile) index among per_item.
-fn epilogue(tok: u32, slot: u32, row: u32, hq0: u32, grp: u32, lid: u32) {
+// The end of the workgroup of items `item` (WT of them under `wg_tokens`; `tok` is its key
+// group's token) / `slot` / `row` (row-table entry; NONE: each item one slice, as every item is
+// under WT > 1, whose callers pass NONE), query heads hq0 .. hq0 + F - 1, `grp` = its (kv head
+// block, head tile) index among per_item. Under NONE flat head f is query head hq0 + f % (F WH)
+// of item item * WT + f / (F WH) (WT is 1 with WH > 1).
+fn epilogue(item: u32, tok: u32, slot: u32, row: u32, hq0: u32, grp: u32, lid: u32) {
   if (row == NONE) {
     for (var i = lid; i < FW * D4; i += WG) {
       let f = i / D4;
-      finish(tok, hq0 + f, i % D4, wfin[f].x, wfin[f].y, wacc[i]);
+      let t = tab[(item * WT + f / (F * WH)) * 8u + 1u];
+      finish(t, hq0 + f % (F * WH), i % D4, wfin[f].x, wfin[f].y, wacc[i]);
     }
     return;
   }
   partial(tok, slot, row, hq0, grp, lid);
-}
-
-// The end of a workgroup spanning WT token items (tuning `wg_tokens`; every row of one slice):
-// flat head f is query head hq0 + f % (F WH) of item item * WT + f / (F WH).
-fn epilogue_tokens(item: u32, hq0: u32, lid: u32) {
-  for (var i = lid; i < FW * D4; i += WG) {
-    let f = i / D4;
-    let tok = tab[(item * WT + f / (F * WH)) * 8u + 1u];
-    finish(tok, hq0 + f % (F * WH), i % D4, wfin[f].x, wfin[f].y, wacc[i]);
-  }
 }

@@ -30,7 +30,7 @@
 // range [kwb, kwe), each token masking the keys outside its own [kt, ke); the key groups of
 // the WT tokens read the same K/V words at the same steps (with LPK 16, two of them share a
 // subgroup's loads). NB = WH x WT blocks; the merge combines the key groups of each token, and
-// epilogue_tokens writes each token's F heads.
+// the epilogue writes each token's F heads.
 //
 // The per-lane state (query slice q{f}_{i}, accumulators a{f}_{i}, running max m{f} and sum
 // l{f} of flat head f = kh * HG + h, scores s{u}_{f}) lives in named variables: INIT, STEP
