@@ -73,6 +73,7 @@ const ABLATIONS: readonly MmaAblation[] = [
   "epilogue",
   "round",
   "write",
+  "specials",
   "qpass",
   "bare",
 ];

@@ -17,23 +17,28 @@ import {
 } from "./flash_mma_shape.ts";
 import { fastSoftmaxCode, softmaxCode } from "./flash_mma_softmax.ts";
 import { roundCode, sourceCode, stagingCode, stagingDecoders } from "./flash_mma_staging.ts";
+import { valueSpecialFns, valueSpecialsCode } from "./flash_mma_specials.ts";
 import { loadWgsl, specialize } from "./wgsl.ts";
 import { envVar } from "../core/env.ts";
 
 const range = (n: number) => Array.from({ length: n }, (_, i) => i);
 
+/** Direct loads: a V tile PV reads from workgroup memory instead of the cache (TAIL_STAGE). */
+const V_COPIED = "kt + BK > kv_len || !tile_whole(kt, p_first, p_last)";
+
 /**
  * Direct loads: the request's last, partial tile of V, zero past kv_len, into the P buffer the
  * tile does not use (two barriers before its PV reads it): p = 0 does not cancel a NaN or an
- * infinity that a cache slot past the request may hold.
+ * infinity that a cache slot past the request may hold. So for a tile not every row sees whole,
+ * with its infinities and NaNs as 0 (gpu/flash_mma_specials.ts).
  */
-const TAIL_STAGE = `    if (kt + BK > kv_len) {
+const TAIL_STAGE = `    if (${V_COPIED}) {
       let vtb = (par ^ 1u) * KT_LEN;
       for (var idx = t; idx < BK * D; idx += WG) {
         let key = kt + idx / D;
         var x = f16(0.0);
         if (key < kv_len) {
-          x = v0[kv_elem(key, kvh, kv_len, rbase) + idx % D];
+          x = v_finite1(v0[kv_elem(key, kvh, kv_len, rbase) + idx % D]);
         }
         kt_s[vtb + (idx / D) * KSTR + idx % D] = x;
       }
@@ -117,7 +122,7 @@ export function generateMatrixCode(c: MmaConsts): Record<string, string> {
     ).map((x) => pad + x);
   if (!direct) pv.push(...pvFrom(staged, ""));
   else {
-    pv.push("if (kt + BK > kv_len) {", "  let vtb = (par ^ 1u) * KT_LEN;");
+    pv.push(`if (${V_COPIED}) {`, "  let vtb = (par ^ 1u) * KT_LEN;");
     pv.push(...pvFrom(tail, "  "), "} else {");
     pv.push(...KB.map((kk) => `  let vo${kk} = kv_elem(kt + ${kk * k}u, kvh, kv_len, rbase);`));
     pv.push(...pvFrom(cached, "  "), "}");
@@ -356,6 +361,8 @@ export async function flashMmaSource(c: MmaConsts): Promise<string> {
     // The epilogue's cut keeps O's stores (no barriers, no output writes): without a reader of O
     // the compiler drops PV with it (v0.9's `~norescale+epilogue` and `~nobare` timed no PV).
     O_OUTPUT: cut("epilogue") ? matrix.O_SINK : matrix.O_OUTPUT,
+    V_SPECIAL_FNS: valueSpecialFns(c),
+    V_SPECIALS: cut("epilogue") || cut("write") || cut("specials") ? "" : valueSpecialsCode(c),
     QFRAG_DECL: cut("qpass") ? matrix.QFRAG_LET : matrix.QFRAG_DECL,
     QFRAG_LOAD: cut("qpass") ? "" : matrix.QFRAG_LOAD,
     QK: cut("qk") ? "" : matrix.QK,

@@ -26,6 +26,8 @@ export type MmaAblation =
   // per-workgroup cost); O is still stored to workgroup memory, so PV stays live
   | "round" // the output's rounding: round_pair keeps the top halves of the f32 bits
   | "write" // the output's stores: the epilogue's words folded into one a lane, not stored
+  | "specials" // the non-finite values of tiles not every row sees whole (gpu/
+  // flash_mma_specials.ts): staged as they are, no repair (right for finite caches)
   | "bare"; // loop, softmax and epilogue together: QK, staging and PV in the kernel's frame
 
 /**

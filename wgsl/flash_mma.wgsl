@@ -78,7 +78,8 @@
 // softmax),
 // ROUND (round.wgsl and round_pair), SOFTMAX (gpu/flash_mma_softmax.ts), QFRAG_DECL/LOAD, QK,
 // PV, O_DECL, O_RESCALE, O_OUTPUT (gpu/flash_mma_codegen.ts, gpu/flash_mma_staging.ts),
-// LOOP_HEAD (the key loop's `for` over kstart..kend). A
+// LOOP_HEAD (the key loop's `for` over kstart..kend), V_SPECIAL_FNS and V_SPECIALS (non-finite
+// values of tiles not every row sees whole: gpu/flash_mma_specials.ts). A
 // bench ablation (gpu/flash_mma_shape.ts MmaAblation) empties one of them or of the loop's
 // bookkeeping (timing only: results wrong or unordered by design).
 // Enables: f16, chromium_experimental_subgroup_matrix, subgroups (where accepted). Matrix
@@ -136,7 +137,8 @@ var<workgroup> kt_s: array<f16, 2u * KT_LEN>; // K tiles; Q staging before the l
 {{VT_DECL}}
 var<workgroup> s_s: array<f32, {{S_LEN}}>; // S (QSPLIT chains); the O passes (oregions of R * OSTR)
 // The workgroup's scalars as one 16-byte array: [0] the first key, [1] the end of its keys,
-// [2] whether any row needs an O rescale this tile (atomic: many writers). Three separate
+// [2] whether any row needs an O rescale this tile (atomic: many writers), [3] whether staging
+// zeroed a non-finite value (v_finite; the epilogue's V_SPECIALS then repairs). Three separate
 // scalars beside the tiles made the constant-stride matrix calls read wrong tiles on the H200
 // (bench/NOTES.md v0.16): every workgroup variable here is a multiple of 16 bytes.
 var<workgroup> s_u: array<atomic<u32>, 4>;
@@ -144,6 +146,8 @@ var<workgroup> s_u: array<atomic<u32>, 4>;
 {{ROUND}}
 
 {{HELPERS}}
+
+{{V_SPECIAL_FNS}}
 
 {{WRITE_ROWS}}
 
@@ -156,10 +160,10 @@ fn main(
   @builtin(subgroup_invocation_id) ln: u32,
 ) {
 {{TILE}}
+  let p_first = i32(first) + bmq; // the positions of the workgroup's tokens
+  let p_last = p_first + i32(cnt) - 1;
 
   if (t == 0u) {
-    let p_first = i32(first) + bmq;
-    let p_last = p_first + i32(cnt) - 1;
     var ks = 0;
     var ke = i32(kv_len);
     if (U.window > 0u) {
@@ -173,6 +177,7 @@ fn main(
     ks -= ks % i32(BK); // tiles aligned to BK; the keys before the window are masked
     atomicStore(&s_u[0], u32(ks));
     atomicStore(&s_u[1], u32(max(ke, ks)));
+    atomicStore(&s_u[3], 0u);
   }
 
   // This lane's rows (RPL of them) and its part (lq) of their keys in the softmax step.
@@ -302,4 +307,5 @@ fn main(
     }
   }
 {{O_OUTPUT}}
+{{V_SPECIALS}}
 }

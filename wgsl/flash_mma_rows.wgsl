@@ -52,3 +52,45 @@ fn scale_rows(sgr: u32, ln: u32, alpha: array<f32, RPL>) {
     }
   }
 }
+
+// Every key of [kt, kt + BK) below kend visible to every position in [p0, p1]? A tile that is
+// not (the causal diagonal's, a window start's) has keys some rows give p = 0, and 0 x Inf is
+// NaN in P V: its non-finite values are staged as 0 (v_finite) and put back at the end.
+fn tile_whole(kt: u32, p0: i32, p1: i32) -> bool {
+  let k0 = i32(kt);
+  let k1 = k0 + i32(BK) - 1;
+  let w = i32(U.window);
+  if (U.causal != 0u) {
+    return k1 <= p0 && (U.window == 0u || k0 > p1 - w);
+  }
+  return U.window == 0u || (k0 > p1 - w && k1 < p0 + w);
+}
+
+// `x` with its infinities and NaNs made 0, noted in s_u[3] for the epilogue's value_specials.
+fn v_finite(x: vec4<f16>) -> vec4<f16> {
+  let b = bitcast<vec2<u32>>(x);
+  let lo = (b & vec2<u32>(0x7c00u)) == vec2<u32>(0x7c00u);
+  let hi = (b & vec2<u32>(0x7c000000u)) == vec2<u32>(0x7c000000u);
+  if (any(lo) || any(hi)) {
+    atomicOr(&s_u[3], 1u);
+  }
+  let keep = select(vec2<u32>(0xffffu), vec2<u32>(0u), lo) |
+             select(vec2<u32>(0xffff0000u), vec2<u32>(0u), hi);
+  return bitcast<vec4<f16>>(b & keep);
+}
+
+// One element as v_finite does it.
+fn v_finite1(x: f16) -> f16 {
+  return v_finite(vec4<f16>(x, f16(0.0), f16(0.0), f16(0.0))).x;
+}
+
+// Per f16 of a pair: 1 for +Inf, 2 for -Inf, 4 for NaN, 0 for a finite value.
+fn value_class(x: vec2<f16>) -> vec2<u32> {
+  let b = bitcast<u32>(x);
+  let hb = vec2<u32>(b & 0xffffu, b >> 16u);
+  let special = (hb & vec2<u32>(0x7c00u)) == vec2<u32>(0x7c00u);
+  let nan = (hb & vec2<u32>(0x3ffu)) != vec2<u32>(0u);
+  let neg = (hb & vec2<u32>(0x8000u)) != vec2<u32>(0u);
+  let inf = select(vec2<u32>(1u), vec2<u32>(2u), neg);
+  return select(vec2<u32>(0u), select(inf, vec2<u32>(4u), nan), special);
+}

@@ -59,10 +59,8 @@ const BACKENDS: [string, AttentionBackend][] = [
     makeWebGpuFlash({ tile: null, decode: BASE }) as AttentionBackend,
   ],
 ];
-// Not fixed, so not here: WEBGPU_FLASH's portable tiles (`prefill_split` false, wgsl/
-// flash_attention.wgsl) fail both cases the same way (a tile's P V multiplies the whole staged V
-// tile by each row's p, 0 for its invisible keys); the tensor-core kernel's diagonal tiles are
-// likely to as well (not run: no subgroup matrices here). bench/NOTES.md v0.22.
+// On Dawn with subgroup matrices the bf16 and window cases of WEBGPU_FLASH reach the tensor-core
+// kernel, which failed them until v0.23 (flash_mma_masked_values_test.ts has its own cases).
 
 for (const [name, b] of BACKENDS) {
   for (const which of ["value", "key"] as const) {

@@ -13,41 +13,14 @@
 import assert from "node:assert/strict";
 import { DECODE_REDUCE, DECODE_SPLIT, type DecodeSplitConsts } from "../../gpu/decode_kernels.ts";
 import { kernelWgsl } from "../../gpu/kernel.ts";
-import { loadDawnRuntime } from "../../gpu/runtime_dawn.ts";
-import type { WebGpuRuntime } from "../../gpu/runtime.ts";
-
-/** A null-backend device and the Dawn runtime that made it: the runtime holds Dawn's `GPU`
- * object, which must stay referenced while the device lives (collected, it took the process
- * down: "std::system_error: Owner died", as gpu/flash_mma_device.ts says). */
-interface NullDawn {
-  runtime: WebGpuRuntime;
-  device: GPUDevice;
-}
-
-/** Dawn on its null backend, or why there is none (Dawn's own words). */
-async function nullDawn(): Promise<NullDawn | string> {
-  const runtime = await loadDawnRuntime(["backend=null"]);
-  if (runtime.unavailable) return runtime.unavailable;
-  const { adapter, reason } = await runtime.requestAdapter();
-  if (!adapter) return reason ?? "Dawn's null backend offers no adapter";
-  const want = (["subgroups", "shader-f16"] as GPUFeatureName[]).filter((f) =>
-    adapter.features.has(f)
-  );
-  return { runtime, device: await adapter.requestDevice({ requiredFeatures: want }) };
-}
+import { type NullDawn, nullDawn, tintErrors as errorsOn } from "../support/tint.ts";
 
 const dawn = await nullDawn();
 const reason = typeof dawn === "string" ? dawn : null;
 if (reason) console.warn(`tint validation skipped: ${reason}`);
 
 /** Tint's errors for `code`, one line each. */
-async function tintErrors(code: string): Promise<string[]> {
-  const m = (dawn as NullDawn).device.createShaderModule({ code });
-  const info = await m.getCompilationInfo();
-  return info.messages.filter((x) => x.type === "error").map((x) =>
-    `${x.lineNum}:${x.linePos} ${x.message.split("\n")[0]}`
-  );
-}
+const tintErrors = (code: string) => errorsOn(dawn as NullDawn, code);
 
 const BASE: DecodeSplitConsts = {
   storage: "float16",

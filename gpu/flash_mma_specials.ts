@@ -1,0 +1,101 @@
+/**
+ * Non-finite values in the tensor-core prefill kernel's P V (wgsl/flash_mma.wgsl). A key a row
+ * cannot see gets p = 0, and the matrix multiply-accumulate makes 0 x Inf (or 0 x NaN) NaN, so a
+ * non-finite value in the cache (an f16 cache's overflow of finite f32 or bf16 data, or bytes
+ * imported as they are) made NaN every row of the workgroup that shares the tile without seeing
+ * that key: the earlier tokens beside the causal diagonal, the later ones past a window's start.
+ *
+ * Tiles not every row sees whole (flash_mma_rows.wgsl `tile_whole`) stage their values through
+ * `v_finite`: infinities and NaNs become 0 and the workgroup notes it (s_u[3]). Only then, after
+ * the output is written, each row's visible keys are read again for the columns that held one
+ * ({@link valueSpecialsCode}): where any did, the output element is what float64 gives, NaN for
+ * a NaN or infinities of both signs, else that infinity (p > 0 for a visible key: the kernel's
+ * p underflowing to 0 is the one case left). Tiles every row sees whole multiply their
+ * specials as they are, which float64 agrees with.
+ * @module
+ */
+import type { MmaConsts } from "./flash_mma_shape.ts";
+
+/** The 16-bit patterns of the output dtype's classes (round.wgsl writes the rest). */
+const BITS = {
+  float16: { exp: 0x7c00, man: 0x3ff, pinf: 0x7c00, ninf: 0xfc00, nan: 0x7e00 },
+  bfloat16: { exp: 0x7f80, man: 0x7f, pinf: 0x7f80, ninf: 0xff80, nan: 0x7fc0 },
+} as const;
+
+const hex = (n: number) => `0x${n.toString(16)}u`;
+
+/**
+ * `fn v_pair(key, h, c2, rbase) -> vec2<f16>`: elements c2, c2 + 1 of key `key`'s value row as
+ * the kernel stages them (kv16 of the 16-byte word; f16 bits for direct and matrix-staged
+ * variants), and `fn out_special(old, cls) -> u32`: a 16-bit output element after the classes
+ * `cls` (value_class bits) join its own.
+ */
+export function valueSpecialFns(c: MmaConsts): string {
+  const b = BITS[c.dtype];
+  const pair = c.direct || c.mstage
+    ? `  let at = kv_elem(key, h, kv_len, rbase) + c2;
+  return vec2<f16>(v0[at], v0[at + 1u]);`
+    : `  let x = kv16(src_v(key, h, c2 / E16, rbase), (c2 % E16) / 4u);
+  return select(x.xy, x.zw, (c2 % 4u) == 2u);`;
+  return `fn v_pair(key: u32, h: u32, c2: u32, kv_len: u32, rbase: u32) -> vec2<f16> {
+${pair}
+}
+
+fn out_special(old: u32, cls: u32) -> u32 {
+  var c = cls;
+  if ((old & ${hex(b.exp)}) == ${hex(b.exp)}) {
+    c |= select(select(1u, 2u, (old & 0x8000u) != 0u), 4u, (old & ${hex(b.man)}) != 0u);
+  }
+  if ((c & 4u) != 0u || (c & 3u) == 3u) {
+    return ${hex(b.nan)};
+  }
+  return select(${hex(b.pinf)}, ${hex(b.ninf)}, c == 2u);
+}
+`;
+}
+
+/**
+ * The epilogue's repair (main, after the output is written): when staging zeroed a non-finite
+ * value, each (row, column pair) of the workgroup scans the row's visible keys and rewrites
+ * the elements whose values held one. Runs only then (a workgroup-uniform flag).
+ */
+export function valueSpecialsCode(c: MmaConsts): string {
+  const word = c.ovec ? "out[wi / 4u][wi % 4u]" : "out[wi]";
+  return `  storageBarrier(); // the output words below were written by other lanes
+  if (workgroupUniformLoad(&s_u[3]) != 0u) {
+    for (var e = t; e < nrows * (D / 2u); e += WG) {
+      let r = e / (D / 2u);
+      let c2 = (e % (D / 2u)) * 2u;
+      let tok = first + r / hcnt;
+      let pos = i32(tok) + bmq;
+      var lo = 0;
+      var hi = i32(kv_len);
+      if (U.window > 0u) {
+        lo = max(0, pos - w + 1);
+      }
+      if (U.causal != 0u) {
+        hi = min(hi, pos + 1);
+      } else if (U.window > 0u) {
+        hi = min(hi, pos + w);
+      }
+      var cls = vec2<u32>(0u);
+      for (var k = lo; k < hi; k++) {
+        cls |= value_class(v_pair(u32(k), kvh, c2, kv_len, rbase));
+      }
+      if (any(cls != vec2<u32>(0u))) {
+        let h = kvh * U.group + hfirst + r % hcnt;
+        let wi = ((tok * U.num_heads + h) * D + c2) / 2u;
+        let old = ${word};
+        var lo16 = old & 0xffffu;
+        var hi16 = old >> 16u;
+        if (cls.x != 0u) {
+          lo16 = out_special(lo16, cls.x);
+        }
+        if (cls.y != 0u) {
+          hi16 = out_special(hi16, cls.y);
+        }
+        ${word} = lo16 | (hi16 << 16u);
+      }
+    }
+  }`;
+}
