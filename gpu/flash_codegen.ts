@@ -151,22 +151,39 @@ export function generateFlash(t: FlashTile): Record<string, string> {
     ...N.map((n) => `    Ps[row${m}][(tx + ${n * t.tx}u) / 4u][tx % 4u] = p${m}_${n};`),
   ]);
   // O += P V over the keys 4 j4 .. 4 j4 + 3 (j4 a WGSL expression; `k` its value if constant).
-  const pvStep = (j4: string, k: number | null) => [
+  // `masked`: a key with p = 0 adds nothing, whatever its value (0 x Inf is NaN): the keys a row
+  // cannot see in a tile it does not see whole, where a cache value may be Inf or NaN.
+  const pvStep = (j4: string, k: number | null, masked = false) => [
     ...M.map((m) => `      let pj${m} = Ps[row${m}][${j4}];`),
     ...range(4).flatMap((e) => [
       ...CV.map((i) =>
         `      let v${e}_${i} = KVs[${k === null ? `4u * j4 + ${e}u` : `${4 * k + e}u`}][col${i}];`
       ),
       ...M.flatMap((m) =>
-        CV.map((i) => `      o${m}_${i} = fma(vec4<f32>(pj${m}[${e}]), v${e}_${i}, o${m}_${i});`)
+        CV.map((i) => {
+          const v = masked
+            ? `select(v${e}_${i}, vec4<f32>(0.0), pj${m}[${e}] == 0.0)`
+            : `v${e}_${i}`;
+          return `      o${m}_${i} = fma(vec4<f32>(pj${m}[${e}]), ${v}, o${m}_${i});`;
+        })
       ),
     ]),
   ];
+  const pvLoop = (masked: boolean) => [
+    "    for (var j4 = 0u; j4 < BK / 4u; j4++) {",
+    ...pvStep("j4", null, masked),
+    "    }",
+  ];
+  // Tiles every row sees whole (`full`) take the plain steps, the rest the masked loop.
   const pv = [
     ...M.flatMap((m) => CV.map((i) => `    o${m}_${i} *= al${m};`)),
+    "    if (full) {",
     ...(t.unroll
       ? range((t.tx * t.rn) / 4).flatMap((j4) => ["    {", ...pvStep(`${j4}u`, j4), "    }"])
-      : ["    for (var j4 = 0u; j4 < BK / 4u; j4++) {", ...pvStep("j4", null), "    }"]),
+      : pvLoop(false)),
+    "    } else {",
+    ...pvLoop(true),
+    "    }",
   ];
   const finish = [
     ...M.map((m) => `  red[row${m}][tx / 4u][tx % 4u] = l${m};`),

@@ -17,7 +17,7 @@ import {
 } from "./flash_mma_shape.ts";
 import { fastSoftmaxCode, softmaxCode } from "./flash_mma_softmax.ts";
 import { roundCode, sourceCode, stagingCode, stagingDecoders } from "./flash_mma_staging.ts";
-import { valueSpecialFns, valueSpecialsCode } from "./flash_mma_specials.ts";
+import { valueCleanCode, valueSpecialFns, valueSpecialsCode } from "./flash_mma_specials.ts";
 import { loadWgsl, specialize } from "./wgsl.ts";
 import { envVar } from "../core/env.ts";
 
@@ -362,6 +362,7 @@ export async function flashMmaSource(c: MmaConsts): Promise<string> {
     // the compiler drops PV with it (v0.9's `~norescale+epilogue` and `~nobare` timed no PV).
     O_OUTPUT: cut("epilogue") ? matrix.O_SINK : matrix.O_OUTPUT,
     V_SPECIAL_FNS: valueSpecialFns(c),
+    V_CLEAN: cut("specials") ? "" : valueCleanCode(c),
     V_SPECIALS: cut("epilogue") || cut("write") || cut("specials") ? "" : valueSpecialsCode(c),
     QFRAG_DECL: cut("qpass") ? matrix.QFRAG_LET : matrix.QFRAG_DECL,
     QFRAG_LOAD: cut("qpass") ? "" : matrix.QFRAG_LOAD,

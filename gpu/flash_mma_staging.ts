@@ -7,13 +7,7 @@
  * @module
  */
 import type { StorageDType } from "../core/types.ts";
-import {
-  ablatedStages,
-  type MmaConsts,
-  mmaLayout,
-  type MmaTarget,
-  strideArg,
-} from "./flash_mma_shape.ts";
+import { type MmaConsts, mmaLayout, type MmaTarget, strideArg } from "./flash_mma_shape.ts";
 import { kvAccessorFns, loadWgsl } from "./wgsl.ts";
 
 const range = (n: number) => Array.from({ length: n }, (_, i) => i);
@@ -217,18 +211,13 @@ export function stagingCode(c: MmaConsts): StagingCode {
       "  }",
       "}",
     ]);
-  // A tile not every row sees whole stages its values' infinities and NaNs as 0
-  // (gpu/flash_mma_specials.ts).
-  const keep = ablatedStages(c).has("specials");
-  const store = () => [
-    keep ? "let vz = false;" : "let vz = !tile_whole(kn, p_first, p_last);",
-    ...N.flatMap((i) => {
+  const store = () =>
+    N.flatMap((i) => {
       const out = ["{", `  let idx = t + ${i * lay.wg}u;`];
       if (guard) out.push("  if (idx < BK * V4R) {");
       out.push("  let o = (idx / V4R) * KSTR + (idx % V4R) * E16;");
       for (const j of range(lay.e16 / 4)) {
-        out.push(`  let a${j} = kv16(wk${i}, ${j}u);`, `  var b${j} = kv16(wv${i}, ${j}u);`);
-        out.push(`  if (vz) {`, `    b${j} = v_finite(b${j});`, `  }`);
+        out.push(`  let a${j} = kv16(wk${i}, ${j}u);`, `  let b${j} = kv16(wv${i}, ${j}u);`);
         for (const [e, f] of ["x", "y", "z", "w"].entries()) {
           out.push(`  kt_s[kbn + o + ${4 * j + e}u] = a${j}.${f};`);
           out.push(`  vt_s[vbn + o + ${4 * j + e}u] = b${j}.${f};`);
@@ -237,8 +226,7 @@ export function stagingCode(c: MmaConsts): StagingCode {
       if (guard) out.push("  }");
       out.push("}");
       return out;
-    }),
-  ];
+    });
   const ind = (xs: string[], pad = "    ") => xs.map((x) => pad + x).join("\n");
   return { STAGE_LOAD: ind(load()), STAGE_STORE: ind(store()) };
 }
@@ -256,9 +244,7 @@ function matrixStagingCode(c: MmaConsts): { STAGE_LOAD: string; STAGE_STORE: str
   const guard = (i: number) => (count % c.nsg ? `sg + ${i * c.nsg}u < ${count}u` : "true");
   const R = (i: number) => `((sg + ${i * c.nsg}u) / ${fc}u) * MM`;
   const C = (i: number) => `((sg + ${i * c.nsg}u) % ${fc}u) * MK`;
-  // Matrix moves for tiles within the request that every row sees whole; the rest element by
-  // element, their values' infinities and NaNs as 0 (gpu/flash_mma_specials.ts).
-  const load = ["let mxn = kn + BK <= kv_len && tile_whole(kn, p_first, p_last);"];
+  const load = ["let mxn = kn + BK <= kv_len;"];
   for (const i of slots) load.push(`var mk${i}: ${L};`, `var mv${i}: ${L};`);
   load.push("if (mxn && kn < kend) {");
   for (const i of slots) {
@@ -291,7 +277,7 @@ function matrixStagingCode(c: MmaConsts): { STAGE_LOAD: string; STAGE_STORE: str
     "    if (key < kend) {",
     "      let at = kv_elem(key, kvh, kv_len, rbase) + idx % D;",
     "      xk = k0[at];",
-    "      xv = v_finite1(v0[at]);",
+    "      xv = v0[at];",
     "    }",
     "    let o = (idx / D) * KSTR + idx % D;",
     "    kt_s[kbn + o] = xk;",

@@ -78,8 +78,8 @@
 // softmax),
 // ROUND (round.wgsl and round_pair), SOFTMAX (gpu/flash_mma_softmax.ts), QFRAG_DECL/LOAD, QK,
 // PV, O_DECL, O_RESCALE, O_OUTPUT (gpu/flash_mma_codegen.ts, gpu/flash_mma_staging.ts),
-// LOOP_HEAD (the key loop's `for` over kstart..kend), V_SPECIAL_FNS and V_SPECIALS (non-finite
-// values of tiles not every row sees whole: gpu/flash_mma_specials.ts). A
+// LOOP_HEAD (the key loop's `for` over kstart..kend), V_SPECIAL_FNS, V_CLEAN and V_SPECIALS
+// (non-finite values of tiles not every row sees whole: gpu/flash_mma_specials.ts). A
 // bench ablation (gpu/flash_mma_shape.ts MmaAblation) empties one of them or of the loop's
 // bookkeeping (timing only: results wrong or unordered by design).
 // Enables: f16, chromium_experimental_subgroup_matrix, subgroups (where accepted). Matrix
@@ -267,6 +267,7 @@ fn main(
 {{RESC_RESET}}
     let kb = par * KT_LEN; // this tile's K (then P) and V buffers
     let vb = par * VT_LEN;
+{{V_CLEAN}}
     // The next tile's words into registers now; into the other buffers after the softmax
     // (EARLY_STORES) or, `late`, after PV (LATE_STORES).
     let kn = kt + BK;

@@ -11,7 +11,8 @@
  * Both answered NaN where float64 is finite before the values of invisible keys were masked
  * (gpu/decode_codegen.ts: a step the row does not see whole zeroes those keys' values); and a
  * row that does see the Inf answered NaN instead of Inf (its last, partial step repeats its last
- * key with p = 0).
+ * key with p = 0). WEBGPU_FLASH's portable tiles failed both the same way until v0.23 (a tile's
+ * P V multiplied the whole staged V tile by each row's p).
  * @module
  */
 import { makeWebGpuDecode } from "../../backends/webgpu_decode.ts";
@@ -57,6 +58,17 @@ const BACKENDS: [string, AttentionBackend][] = [
     // window cases reach the tensor-core kernel on Dawn with subgroup matrices).
     "WEBGPU_FLASH, prefill rows",
     makeWebGpuFlash({ tile: null, decode: BASE }) as AttentionBackend,
+  ],
+  [
+    // The portable tiles (wgsl/flash_attention.wgsl, ATTN_PREFILL_SPLIT=0): P V over a staged V
+    // tile, masked where a tile is not seen whole by every row (gpu/flash_codegen.ts).
+    "WEBGPU_FLASH, portable tiles",
+    makeWebGpuFlash({
+      tile: null,
+      decode: BASE,
+      mma: false,
+      prefill_split: false,
+    }) as AttentionBackend,
   ],
 ];
 // On Dawn with subgroup matrices the bf16 and window cases of WEBGPU_FLASH reach the tensor-core
