@@ -325,25 +325,53 @@ async function planFor(
   }
   const { mma, isDecode, prefillOnSplit, paths: routed } = flashRouting(ctx, o, s);
   const paths = tileReplaced(routed, cfg.replaced);
-  const tuning = prefillOnSplit ? prefillSplitTuning(o.decode) : o.decode;
+  const [onDecode, onPrefill] = splitDispatches(s, isDecode, prefillOnSplit);
+  const prefillTuning = prefillSplitTuning(o.decode);
+  const tuning = prefillOnSplit && !onPrefill ? prefillTuning : o.decode;
   const plan = await buildGpuPlan(ctx, s, async (table): Promise<AttentionCalls> => {
-    const [d, p] = await Promise.all([
-      planDecodeRows(ctx, tuning, s, isDecode, table),
+    const [d, ps, p] = await Promise.all([
+      planDecodeRows(ctx, tuning, s, onDecode, table),
+      onPrefill ? planDecodeRows(ctx, prefillTuning, s, onPrefill, table) : null,
       planPrefill(ctx, mma, s, cfg, (i) => !isDecode(i), table),
     ]);
+    const split = [d, ps].filter((x) => x !== null);
     return {
-      calls: [...(d?.calls ?? []), ...(p?.calls ?? [])],
-      scratch: d ? { part: d.part_bytes } : {},
-      kernels: [...(d ? [d.key] : []), ...(p ? [p.key] : [])],
+      calls: [...split.flatMap((x) => x.calls), ...(p?.calls ?? [])],
+      scratch: split.length ? { part: Math.max(...split.map((x) => x.part_bytes)) } : {},
+      kernels: [...split.map((x) => x.key), ...(p ? [p.key] : [])],
       info: {
-        decode_rows: d?.rows ?? 0,
-        decode_items: d?.items ?? 0,
-        decode_wg_tokens: d?.geometry.decode_wg_tokens ?? 0,
+        decode_rows: split.reduce((n, x) => n + x.rows, 0),
+        decode_items: split.reduce((n, x) => n + x.items, 0),
+        decode_wg_tokens: Math.max(0, ...split.map((x) => x.geometry.decode_wg_tokens)),
+        decode_dispatches: split.length,
         prefill_tiles: p?.tiles ?? 0,
       },
     };
   });
   return Object.assign(plan, { paths });
+}
+
+/**
+ * The requests of each split-KV dispatch: `[rows, null]` for one dispatch (the decode tuning,
+ * or the prefill tuning where the split kernels run prefill rows), `[decode, prefill]` where
+ * they run both kinds (a mixed batch on a device without the tensor cores): the decode rows
+ * keep the decode tuning and the prefill rows get theirs (`wg_tokens`: tokens sharing K/V
+ * reads, which one dispatch of both kinds could not take, a decode request having one row).
+ * The second dispatch runs after the first (its partials reuse the same scratch).
+ */
+export function splitDispatches(
+  s: BatchShape,
+  isDecode: (i: number) => boolean,
+  prefillOnSplit: boolean,
+): [(i: number) => boolean, ((i: number) => boolean) | null] {
+  const q = s.metadata.query_start_loc;
+  const long = (i: number) => q[i + 1] - q[i] > DECODE_THRESHOLD;
+  let shortRows = false;
+  for (let i = 0; i < s.metadata.num_reqs && !shortRows; i++) {
+    shortRows = isDecode(i) && !long(i) && q[i + 1] > q[i];
+  }
+  if (!prefillOnSplit || !shortRows) return [isDecode, null];
+  return [(i) => isDecode(i) && !long(i), (i) => isDecode(i) && long(i)];
 }
 
 /** Runs a plan; the result carries the plan's paths (the same object, made at plan time). */

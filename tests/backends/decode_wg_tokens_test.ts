@@ -164,3 +164,28 @@ Deno.test("decode wg_tokens: WEBGPU_FLASH's prefill rows on the split-KV kernels
   await checkBackend(b, GPU!, F16);
   await checkBackend(b, GPU!, BF16);
 });
+
+Deno.test(
+  "decode wg_tokens: WEBGPU_FLASH's mixed batch: decode rows in their own dispatch, prefill rows take 4",
+  {
+    ignore: NO_GPU,
+  },
+  async () => {
+    // A decode row beside the prefill chunks: before v0.23 one dispatch ran both, with 1 token a
+    // workgroup; now the decode rows go first with the decode tuning, the prefill rows after them.
+    const b = makeWebGpuFlash({ tile: null, decode: BASE }) as AttentionBackend;
+    for (const base of [F16, BF16]) {
+      const spec: BatchSpec = {
+        ...base,
+        requests: [{ query_len: 1, seq_len: 50 }, ...PREFILL, { query_len: 1, seq_len: 7 }],
+      };
+      const info = await planInfo(b, spec);
+      if (info.prefill_tiles > 0) return; // a device whose tensor cores take the prefill rows
+      const what = JSON.stringify(info);
+      assert.equal(info.decode_dispatches, 2, what);
+      assert.equal(info.decode_wg_tokens, PREFILL_WG_TOKENS, what);
+      assert.equal(info.decode_rows, 2 + 30, what);
+      await checkBackend(b, GPU!, spec);
+    }
+  },
+);

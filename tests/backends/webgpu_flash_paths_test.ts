@@ -10,6 +10,7 @@ import {
   type FlashOptions,
   flashRouting,
   resolveFlashOptions,
+  splitDispatches,
 } from "../../backends/webgpu_flash.ts";
 import {
   DEFAULT_DECODE_TUNING,
@@ -233,4 +234,29 @@ Deno.test("flash paths: prefill rows on the split-KV kernels take the prefill tu
   );
   // A tuning that names more tokens keeps them.
   assert.equal(prefillSplitTuning({ ...DEFAULT_DECODE_TUNING, wg_tokens: 8 }).wg_tokens, 8);
+});
+
+Deno.test("flash paths: a mixed batch on the split-KV kernels runs its decode and prefill rows as two dispatches", () => {
+  const o = resolveFlashOptions(OPTS);
+  const which = (s: BatchShape, mma: GpuContext) => {
+    const r = flashRouting(mma, o, s);
+    const [a, b] = splitDispatches(s, r.isDecode, r.prefillOnSplit);
+    const n = s.metadata.num_reqs;
+    const reqs = (f: ((i: number) => boolean) | null) =>
+      f ? Array.from({ length: n }, (_, i) => i).filter(f) : null;
+    return [reqs(a), reqs(b)];
+  };
+  // Deno's runtime, mixed: the short requests (0 and 3, and the empty 2, which has no rows),
+  // then the long one (1).
+  assert.deepEqual(which(shape({ requests: MIXED }), NO_MMA), [[0, 2, 3], [1]]);
+  // One dispatch where one kind is missing, or the tensor cores take the prefill rows.
+  const prefills = shape({
+    requests: [{ query_len: 17, seq_len: 30 }, { query_len: 0, seq_len: 9 }],
+  });
+  assert.deepEqual(which(prefills, NO_MMA), [[0, 1], null]);
+  const decodes = shape({
+    requests: [{ query_len: 1, seq_len: 40 }, { query_len: 1, seq_len: 9 }],
+  });
+  assert.deepEqual(which(decodes, NO_MMA), [[0, 1], null]);
+  assert.deepEqual(which(shape({ requests: MIXED }), WITH_MMA), [[0, 2, 3], null]);
 });
