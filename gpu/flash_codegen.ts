@@ -151,8 +151,10 @@ export function generateFlash(t: FlashTile): Record<string, string> {
     ...N.map((n) => `    Ps[row${m}][(tx + ${n * t.tx}u) / 4u][tx % 4u] = p${m}_${n};`),
   ]);
   // O += P V over the keys 4 j4 .. 4 j4 + 3 (j4 a WGSL expression; `k` its value if constant).
-  // `masked`: a key with p = 0 adds nothing, whatever its value (0 x Inf is NaN): the keys a row
-  // cannot see in a tile it does not see whole, where a cache value may be Inf or NaN.
+  // `masked`: a key the row cannot see adds nothing, whatever its value (its p is 0, and 0 x Inf
+  // is NaN): tiles not every row sees whole, where a cache value may be Inf or NaN. Told by
+  // visibility, not by p = 0: a visible key whose p underflowed keeps 0 x Inf (NaN, where float64
+  // has Inf) instead of dropping out (a finite answer).
   const pvStep = (j4: string, k: number | null, masked = false) => [
     ...M.map((m) => `      let pj${m} = Ps[row${m}][${j4}];`),
     ...range(4).flatMap((e) => [
@@ -162,7 +164,7 @@ export function generateFlash(t: FlashTile): Record<string, string> {
       ...M.flatMap((m) =>
         CV.map((i) => {
           const v = masked
-            ? `select(v${e}_${i}, vec4<f32>(0.0), pj${m}[${e}] == 0.0)`
+            ? `select(vec4<f32>(0.0), v${e}_${i}, visible(pos${m}, kt + 4u * j4 + ${e}u, kend))`
             : `v${e}_${i}`;
           return `      o${m}_${i} = fma(vec4<f32>(pj${m}[${e}]), ${v}, o${m}_${i});`;
         })

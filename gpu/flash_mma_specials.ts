@@ -7,12 +7,12 @@
  *
  * Tiles not every row sees whole (flash_mma_rows.wgsl `tile_whole`) get their staged values'
  * infinities and NaNs made 0 (`v_finite`; {@link valueCleanCode}) and the workgroup notes it
- * (s_u[3]). Only then, after
- * the output is written, each row's visible keys are read again for the columns that held one
- * ({@link valueSpecialsCode}): where any did, the output element is what float64 gives, NaN for
- * a NaN or infinities of both signs, else that infinity (p > 0 for a visible key: the kernel's
- * p underflowing to 0 is the one case left). Tiles every row sees whole multiply their
- * specials as they are, which float64 agrees with.
+ * (s_u[3]). Only then, after the output is written, each row's visible keys of those tiles are
+ * read again ({@link valueSpecialsCode}): where one held a special, the output element is what
+ * float64 gives, NaN for a NaN or infinities of both signs, else that infinity. Tiles every row
+ * sees whole multiply their specials as they are, which float64 agrees with. Left as it was: a
+ * visible key whose p is 0 in f16 (a score gap past about 17) times an infinite value is NaN in
+ * P V where float64 has the infinity.
  * @module
  */
 import type { MmaConsts } from "./flash_mma_shape.ts";
@@ -26,10 +26,12 @@ const BITS = {
 const hex = (n: number) => `0x${n.toString(16)}u`;
 
 /**
- * `fn v_pair(key, h, c2, rbase) -> vec2<f16>`: elements c2, c2 + 1 of key `key`'s value row as
- * the kernel stages them (kv16 of the 16-byte word; f16 bits for direct and matrix-staged
- * variants), and `fn out_special(old, cls) -> u32`: a 16-bit output element after the classes
- * `cls` (value_class bits) join its own.
+ * `fn v_pair(key, h, c2, kv_len, rbase) -> vec2<f16>`: elements c2, c2 + 1 of key `key`'s value
+ * row as the kernel stages them (kv16 of the 16-byte word; f16 bits for direct and
+ * matrix-staged variants); `fn tile_cleaned(kt, kv_len, p0, p1)`: whether tile kt's values went
+ * through `v_finite` (V_CLEAN's tiles; for direct loads every tile V_COPIED copies); and
+ * `fn out_merge(old, cls) -> u32`: a word of two 16-bit output elements after the classes `cls`
+ * (value_class bits, one per element) join their own.
  */
 export function valueSpecialFns(c: MmaConsts): string {
   const b = BITS[c.dtype];
@@ -38,8 +40,15 @@ export function valueSpecialFns(c: MmaConsts): string {
   return vec2<f16>(v0[at], v0[at + 1u]);`
     : `  let x = kv16(src_v(key, h, c2 / E16, rbase), (c2 % E16) / 4u);
   return select(x.xy, x.zw, (c2 % 4u) == 2u);`;
+  const cleaned = c.direct
+    ? "kt + BK > kv_len || !tile_whole(kt, p0, p1)"
+    : "!tile_whole(kt, p0, p1)";
   return `fn v_pair(key: u32, h: u32, c2: u32, kv_len: u32, rbase: u32) -> vec2<f16> {
 ${pair}
+}
+
+fn tile_cleaned(kt: u32, kv_len: u32, p0: i32, p1: i32) -> bool {
+  return ${cleaned};
 }
 
 fn out_special(old: u32, cls: u32) -> u32 {
@@ -51,6 +60,18 @@ fn out_special(old: u32, cls: u32) -> u32 {
     return ${hex(b.nan)};
   }
   return select(${hex(b.pinf)}, ${hex(b.ninf)}, c == 2u);
+}
+
+fn out_merge(old: u32, cls: vec2<u32>) -> u32 {
+  var lo = old & 0xffffu;
+  var hi = old >> 16u;
+  if (cls.x != 0u) {
+    lo = out_special(lo, cls.x);
+  }
+  if (cls.y != 0u) {
+    hi = out_special(hi, cls.y);
+  }
+  return lo | (hi << 16u);
 }
 `;
 }
@@ -78,17 +99,30 @@ export function valueCleanCode(c: MmaConsts): string {
 }
 
 /**
- * The epilogue's repair (main, after the output is written): when staging zeroed a non-finite
- * value, each (row, column pair) of the workgroup scans the row's visible keys and rewrites
- * the elements whose values held one. Runs only then (a workgroup-uniform flag).
+ * The epilogue's repair (main, after the output is written): when a tile's values were zeroed,
+ * each invocation takes 8 columns of a row (one 16-byte output word under `ovec`, four 4-byte
+ * ones else: no two invocations write one vector), scans the row's visible keys in the cleaned
+ * tiles only (a special of another tile reached the output through the multiply, and
+ * out_special merges the element's own class: about cnt + 2 BK keys a row, not its context) and
+ * rewrites the elements whose values held one. Runs only then (a workgroup-uniform flag).
  */
 export function valueSpecialsCode(c: MmaConsts): string {
-  const word = c.ovec ? "out[wi / 4u][wi % 4u]" : "out[wi]";
+  const write = c.ovec
+    ? `        let wi = ((tok * U.num_heads + h) * D + c8) / 8u;
+        let old = out[wi];
+        out[wi] = vec4<u32>(out_merge(old.x, cls[0]), out_merge(old.y, cls[1]),
+                            out_merge(old.z, cls[2]), out_merge(old.w, cls[3]));`
+    : `        let wi = ((tok * U.num_heads + h) * D + c8) / 2u;
+        for (var j = 0u; j < 4u; j++) {
+          if (any(cls[j] != vec2<u32>(0u))) {
+            out[wi + j] = out_merge(out[wi + j], cls[j]);
+          }
+        }`;
   return `  if (workgroupUniformLoad(&s_u[3]) != 0u) {
     storageBarrier(); // the output words below were written by other lanes
-    for (var e = t; e < nrows * (D / 2u); e += WG) {
-      let r = e / (D / 2u);
-      let c2 = (e % (D / 2u)) * 2u;
+    for (var e = t; e < nrows * (D / 8u); e += WG) {
+      let r = e / (D / 8u);
+      let c8 = (e % (D / 8u)) * 8u;
       let tok = first + r / hcnt;
       let pos = i32(tok) + bmq;
       var lo = 0;
@@ -101,23 +135,23 @@ export function valueSpecialsCode(c: MmaConsts): string {
       } else if (U.window > 0u) {
         hi = min(hi, pos + w);
       }
-      var cls = vec2<u32>(0u);
-      for (var k = lo; k < hi; k++) {
-        cls |= value_class(v_pair(u32(k), kvh, c2, kv_len, rbase));
+      var cls: array<vec2<u32>, 4>;
+      var seen = false;
+      for (var kt = kstart; kt < kend; kt += BK) {
+        if (!tile_cleaned(kt, kv_len, p_first, p_last)) {
+          continue;
+        }
+        for (var k = max(lo, i32(kt)); k < min(hi, i32(kt + BK)); k++) {
+          for (var j = 0u; j < 4u; j++) {
+            let x = value_class(v_pair(u32(k), kvh, c8 + 2u * j, kv_len, rbase));
+            cls[j] |= x;
+            seen = seen || any(x != vec2<u32>(0u));
+          }
+        }
       }
-      if (any(cls != vec2<u32>(0u))) {
+      if (seen) {
         let h = kvh * U.group + hfirst + r % hcnt;
-        let wi = ((tok * U.num_heads + h) * D + c2) / 2u;
-        let old = ${word};
-        var lo16 = old & 0xffffu;
-        var hi16 = old >> 16u;
-        if (cls.x != 0u) {
-          lo16 = out_special(lo16, cls.x);
-        }
-        if (cls.y != 0u) {
-          hi16 = out_special(hi16, cls.y);
-        }
-        ${word} = lo16 | (hi16 << 16u);
+${write}
       }
     }
   }`;

@@ -8,7 +8,8 @@
  * the default shapes (16-byte and 4-byte output stores), the generic softmax, direct loads,
  * matrix staging and the D split:
  * - bf16 data over an f16 cache, a later token's values past f16's range (Inf once written):
- *   +Inf alone, +Inf and -Inf in one column (NaN for the rows that see both), -Inf alone;
+ *   +Inf alone, +Inf and -Inf in one column (NaN for the rows that see both), -Inf alone, and
+ *   -Inf beside a context +Inf (one multiplied, one repaired), on a diagonal tile below kv_len;
  * - NaN in K and V in a context slot before the window of some rows (imported bytes).
  * The GPU cases need a Dawn device with `chromium-experimental-subgroup-matrix` (skipped with
  * the reason elsewhere). Run with --allow-all.
@@ -57,7 +58,9 @@ const OVERFLOW: BatchSpec = {
   head_size: 64,
   num_heads: 4,
   num_kv_heads: 2,
-  requests: [{ query_len: 12, seq_len: 12 }, { query_len: 9, seq_len: 40 }],
+  // Request 0's chunk at positions 32-51: its diagonal tile 32-47 ends below kv_len (a tile
+  // direct loads read from the cache and matrix staging moves whole, unless not seen whole).
+  requests: [{ query_len: 20, seq_len: 52 }, { query_len: 9, seq_len: 40 }],
   return_lse: true,
 };
 
@@ -81,16 +84,33 @@ function plantOverflow(g: GeneratedBatch, tok: number, e: number, sign: number):
   v[tok * 2 * 64 + 64 + e] = sign * 99840;
 }
 
-/** NaN in K and V at request `req`'s position `pos`, kv head 0, element 3. */
-function plantNaN(g: GeneratedBatch, req: number, pos: number): void {
+/** f16 `bits` at request `req`'s cached position `pos`, kv head `h`, element `e`, in `caches`. */
+function plantBits(
+  g: GeneratedBatch,
+  caches: Uint8Array[],
+  [req, pos, h, e]: number[],
+  bits: number,
+): void {
   const cs = g.cache_spec!, md = g.batch.metadata;
   const maxBlocks = md.block_table.length / md.num_reqs;
   const block = md.block_table[req * maxBlocks + Math.floor(pos / cs.block_size)];
-  const i = cacheIndex(cs.layout, cs.block_size, cs.num_kv_heads, cs.head_size, block, pos % 16, 0);
-  for (const bytes of [g.key_cache, g.value_cache]) {
-    new DataView(bytes.buffer, bytes.byteOffset).setUint16(2 * (i + 3), 0x7e00, true);
+  const at = cacheIndex(
+    cs.layout,
+    cs.block_size,
+    cs.num_kv_heads,
+    cs.head_size,
+    block,
+    pos % 16,
+    h,
+  );
+  for (const bytes of caches) {
+    new DataView(bytes.buffer, bytes.byteOffset).setUint16(2 * (at + e), bits, true);
   }
 }
+
+/** NaN in K and V at request `req`'s position `pos`, kv head 0, element 3. */
+const plantNaN = (g: GeneratedBatch, req: number, pos: number) =>
+  plantBits(g, [g.key_cache, g.value_cache], [req, pos, 0, 3], 0x7e00);
 
 for (const [name, shape] of SHAPES) {
   const opts = { ignore: ctx === null, sanitizeOps: false, sanitizeResources: false };
@@ -99,11 +119,15 @@ for (const [name, shape] of SHAPES) {
     opts,
     async () => {
       const g = generateBatch(OVERFLOW, freshSeed());
-      // Column 7: +Inf from token 5, -Inf from token 7 (rows 5-6 +Inf, 7-11 NaN); column 9:
-      // -Inf from token 3. Rows before those tokens see neither.
+      // Column 7: +Inf from token 5, -Inf from token 7 (rows 5-6 +Inf, 7-19 NaN); column 9:
+      // -Inf from token 3 (rows before it see none). Column 11: +Inf in the context at position
+      // 2 (a tile every row sees whole: +Inf through the multiply) and -Inf from token 6 (a
+      // repaired one): rows 0-5 +Inf, 6-19 NaN.
       plantOverflow(g, 5, 7, 1);
       plantOverflow(g, 7, 7, -1);
       plantOverflow(g, 3, 9, -1);
+      plantOverflow(g, 6, 11, -1);
+      plantBits(g, [g.value_cache], [0, 2, 1, 11], 0x7c00);
       const { odd } = await checkNonFinite(g, mmaRunner(ctx!, shape, OVERFLOW), name);
       if (odd === 0) throw new Error("the planted values reached no row: the case tests nothing");
     },

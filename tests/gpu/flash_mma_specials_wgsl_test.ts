@@ -1,0 +1,151 @@
+/**
+ * The WGSL pieces of the tensor-core kernel's handling of non-finite values (gpu/
+ * flash_mma_specials.ts) that need no subgroup matrices, run as they are written on the suite's
+ * device (lavapipe on CI): `tile_whole` (wgsl/flash_mma_rows.wgsl), which picks the tiles whose
+ * values are cleaned and rescanned, against a brute force over the masking rules of
+ * docs/api.md (causal: k <= p and p - k < w; otherwise |p - k| < w) for every tile start,
+ * window and position range below; and `out_merge` (a word of two output elements after the
+ * classes of the values a row saw), f16 and bf16, against float64's sums. A tile classed whole
+ * while some position cannot see one of its keys would leave that row NaN (0 x Inf in P V); a
+ * tile classed not whole costs only a rescan.
+ * @module
+ */
+import assert from "node:assert/strict";
+import { valueSpecialFns } from "../../gpu/flash_mma_specials.ts";
+import { loadWgsl } from "../../gpu/wgsl.ts";
+import type { MmaConsts } from "../../gpu/flash_mma_shape.ts";
+import { dispatchIntoBuffer } from "../support/dispatch.ts";
+import { GPU, GPU_TEST } from "./helpers.ts";
+
+/** `fn name` of `src`, up to its closing brace at column 0. */
+function fnText(src: string, name: string): string {
+  const at = src.indexOf(`fn ${name}(`);
+  assert.ok(at >= 0, `fn ${name} is in the source`);
+  return src.slice(at, src.indexOf("\n}", at) + 2);
+}
+
+/** Runs `body` (a WGSL module with `fn main` at workgroup size 64 writing `o`) over `n` words. */
+async function run(body: string, n: number, groups: number): Promise<Uint32Array> {
+  const dev = GPU!.device;
+  const module = dev.createShaderModule({
+    code: `@group(0) @binding(0) var<storage, read_write> o: array<u32>;\n${body}`,
+  });
+  const errors = (await module.getCompilationInfo()).messages.filter((m) => m.type === "error");
+  assert.equal(errors.length, 0, errors.map((m) => m.message).join("\n"));
+  const pipeline = await dev.createComputePipelineAsync({
+    layout: "auto",
+    compute: { module, entryPoint: "main" },
+  });
+  return new Uint32Array(await dispatchIntoBuffer(dev, pipeline, n * 4, groups));
+}
+
+const BK = 16, KT = 8, P0 = 40, SPAN = 20; // tile starts 0, 16, .., 112; first positions 0..39
+
+/** Whether every key of [kt, kt + BK) is visible to every position of [p0, p1]. */
+function wholeByRule(kt: number, p0: number, p1: number, causal: boolean, w: number): boolean {
+  for (let p = p0; p <= p1; p++) {
+    for (let k = kt; k < kt + BK; k++) {
+      const d = p - k;
+      const vis = causal ? d >= 0 && (w === 0 || d < w) : w === 0 || Math.abs(d) < w;
+      if (!vis) return false;
+    }
+  }
+  return true;
+}
+
+Deno.test({
+  name: "flash_mma specials: tile_whole agrees with the masking rules, as WGSL runs it",
+  ...GPU_TEST,
+  async fn() {
+    const tileWhole = fnText(await loadWgsl("flash_mma_rows.wgsl"), "tile_whole");
+    const n = KT * P0 * SPAN;
+    for (const causal of [true, false]) {
+      for (const w of [0, 1, 3, 16, 17, 40]) {
+        const got = await run(
+          `struct Params { window: u32, causal: u32 }
+const U = Params(${w}u, ${causal ? 1 : 0}u);
+const BK: u32 = ${BK}u;
+${tileWhole}
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) g: vec3<u32>) {
+  let i = g.x;
+  if (i >= ${n}u) {
+    return;
+  }
+  let kt = (i / ${P0 * SPAN}u) * BK;
+  let p0 = i32((i / ${SPAN}u) % ${P0}u);
+  let p1 = p0 + i32(i % ${SPAN}u);
+  o[i] = select(0u, 1u, tile_whole(kt, p0, p1));
+}`,
+          n,
+          Math.ceil(n / 64),
+        );
+        let whole = 0;
+        for (let i = 0; i < n; i++) {
+          const kt = Math.floor(i / (P0 * SPAN)) * BK;
+          const p0 = Math.floor(i / SPAN) % P0, p1 = p0 + (i % SPAN);
+          const want = wholeByRule(kt, p0, p1, causal, w);
+          whole += want ? 1 : 0;
+          assert.equal(got[i] === 1, want, `causal ${causal}, w ${w}, kt ${kt}, p ${p0}..${p1}`);
+        }
+        // Both kinds, where a tile can be whole at all (a window narrower than a tile never is).
+        if (causal || w > 0) assert.ok(whole < n, `some tiles not whole (w ${w})`);
+        if (w === 0 || w >= BK) assert.ok(whole > 0, `some tiles whole (w ${w})`);
+      }
+    }
+  },
+});
+
+/** f16 and bf16 bits of +Inf, -Inf, a quiet NaN, and two finite values. */
+const BITS = {
+  float16: { pinf: 0x7c00, ninf: 0xfc00, nan: 0x7e00, one: 0x3c00, neg: 0xc000 },
+  bfloat16: { pinf: 0x7f80, ninf: 0xff80, nan: 0x7fc0, one: 0x3f80, neg: 0xc000 },
+} as const;
+
+/** value_class's codes: 1 +Inf, 2 -Inf, 4 NaN. */
+const CLASS_SUM: Record<number, number> = { 1: Infinity, 2: -Infinity, 4: NaN };
+
+Deno.test({
+  name: "flash_mma specials: out_merge gives what float64's sums give, f16 and bf16",
+  ...GPU_TEST,
+  async fn() {
+    for (const dtype of ["float16", "bfloat16"] as const) {
+      const b = BITS[dtype];
+      const olds = [b.one, b.neg, b.pinf, b.ninf, b.nan];
+      const oldValue = [1, -2, Infinity, -Infinity, NaN];
+      const classes = [1, 2, 3, 4, 5, 6, 7];
+      const fns = valueSpecialFns({ dtype, direct: false, mstage: false } as MmaConsts);
+      const cases = olds.flatMap((o) => classes.map((c): [number, number] => [o, c]));
+      // Each case in the low half, the high half a finite 1 with no class (left as it is).
+      const got = await run(
+        `${fnText(fns, "out_special")}\n${fnText(fns, "out_merge")}
+const OLD = array<u32, ${cases.length}>(${cases.map(([o]) => `${o}u`).join(", ")});
+const CLS = array<u32, ${cases.length}>(${cases.map(([, c]) => `${c}u`).join(", ")});
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) g: vec3<u32>) {
+  let i = g.x;
+  if (i < ${cases.length}u) {
+    o[i] = out_merge(OLD[i] | (${b.one}u << 16u), vec2<u32>(CLS[i], 0u));
+  }
+}`,
+        cases.length,
+        1,
+      );
+      cases.forEach(([old, cls], i) => {
+        // The row's sum: its own value plus the specials it saw, in float64.
+        let want = oldValue[(olds as readonly number[]).indexOf(old)];
+        for (const bit of [1, 2, 4]) if (cls & bit) want += CLASS_SUM[bit];
+        const bits = Number.isNaN(want)
+          ? b.nan
+          : want === Infinity
+          ? b.pinf
+          : want === -Infinity
+          ? b.ninf
+          : old;
+        const label = `${dtype}: old 0x${old.toString(16)}, classes ${cls}`;
+        assert.equal(got[i] & 0xffff, bits, label);
+        assert.equal(got[i] >>> 16, b.one, `${label}: the other half kept`);
+      });
+    }
+  },
+});
