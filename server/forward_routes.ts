@@ -122,13 +122,16 @@ export function addForwardRoutes(
   metrics: Metrics,
   json: JsonDecoder,
 ): void {
-  const run = async (ctx: RouteContext, cacheId: string | null): Promise<Response> => {
+  // `pathId`: the cache route's raw `{id}` (checked inside, so that its 400 carries
+  // Server-Timing as every answer of these routes does), or null for the body route.
+  const run = async (ctx: RouteContext, pathId: string | null): Promise<Response> => {
     const { req } = ctx;
     const t0 = performance.now();
     let tParsed: number | null = null;
     let body: Awaited<ReturnType<typeof decode>> | null = null;
     const timing = () => `parse;dur=${((tParsed ?? performance.now()) - t0).toFixed(3)}`;
     try {
+      const cacheId = pathId === null ? null : cacheIdParam(pathId);
       // 404 before reading a body meant for no cache (the body route's cache is in its body).
       if (cacheId !== null) service.getCache(cacheId);
       const queueTimeoutMs = parseQueueTimeoutHeader(req.headers.get(QUEUE_TIMEOUT_HEADER));
@@ -164,5 +167,5 @@ export function addForwardRoutes(
     }
   };
   router.add("POST", "/v1/attention/forward", (ctx) => run(ctx, null));
-  router.add("POST", "/v1/kv-caches/:id/forward", (ctx) => run(ctx, cacheIdParam(ctx.params.id)));
+  router.add("POST", "/v1/kv-caches/:id/forward", (ctx) => run(ctx, ctx.params.id));
 }

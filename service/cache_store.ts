@@ -164,14 +164,17 @@ export class CacheStore {
   /**
    * Replaces a cache's storage under its mutex: `build` makes the new one (from the old entry),
    * then the old one is destroyed. The new one's bytes are reserved while it is built, so an
-   * import needs room for both for a moment. When `build` fails, nothing changed.
-   * @throws ServiceError 404 when the cache is unknown; 422 `memory_budget_exceeded`.
+   * import needs room for both for a moment. When `build` fails, nothing changed. Asked for
+   * before a delete began, it runs before the delete (work already queued finishes).
+   * @throws ServiceError 404 when the cache is unknown or being deleted; 422
+   * `memory_budget_exceeded`.
    */
   replace(id: string, build: (s: StoredCache) => Promise<KvCache> | KvCache): Promise<StoredCache> {
     const e = this.#entries.get(id);
     if (!e || e.deleting) return Promise.reject(notFound(id));
     return e.mutex.run(async () => {
-      if (e.deleting) throw notFound(id);
+      // Queued before a delete began: it finishes first, as any queued work does.
+      if (e.deleting && this.#entries.get(id) !== e) throw notFound(id);
       const old = e.stored;
       const release = this.reserve(cacheBytes(old.cache.spec));
       let cache: KvCache;

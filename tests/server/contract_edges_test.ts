@@ -88,8 +88,9 @@ Deno.test("contract edges: dot-segment ids, Server-Timing, content codings, non-
         await post(srv, "/v1/attention/forward", "{", {}), // 400 malformed
         await post(srv, "/v1/kv-caches/nope/forward", body(), {}), // 404 cache
         await post(srv, "/v1/attention/forward", body(), { "content-type": "text/plain" }), // 415
+        await post(srv, "/v1/kv-caches/_bad/forward", body(), {}), // 400 invalid_cache_id
       ];
-      assert.deepEqual(refused.map((r) => r.status), [422, 400, 400, 404, 415]);
+      assert.deepEqual(refused.map((r) => r.status), [422, 400, 400, 404, 415, 400]);
       for (const r of refused) {
         assert.match(r.headers.get("server-timing") ?? "", timing, JSON.stringify(r.doc));
       }

@@ -150,3 +150,30 @@ Deno.test("cache store: delete waits for in-flight work and refuses new work", a
   assert.ok(workDone && deleted);
   assert.equal(store.usedBytes, 0);
 });
+
+Deno.test("cache store: a replace queued before a delete finishes, as other queued work does", async () => {
+  // Before: the replace, already waiting on the cache's mutex when the delete began, was
+  // refused 404 once its turn came (the HTTP audit's PUT .../data behind a forward).
+  const store = new CacheStore(1 << 20);
+  const be = fakeBackend();
+  const a = await store.create(be, spec(2), ctx);
+  const gate = deferred();
+  const work = store.withCache(a.id, () => gate.promise);
+  const order: string[] = [];
+  const replaced = store.replace(a.id, async (s) => {
+    order.push("replace");
+    return await be.createCache(s.cache.spec, ctx);
+  });
+  const del = store.delete(a.id).then(() => order.push("delete"));
+  gate.resolve();
+  const r = await replaced;
+  await Promise.all([work, del]);
+  assert.deepEqual(order, ["replace", "delete"]);
+  assert.equal((r.cache as unknown as { destroyed: boolean }).destroyed, true, "deleted after");
+  assert.equal(store.usedBytes, 0);
+  // A replace asked for once the delete began is refused at once.
+  await assert.rejects(
+    store.replace(a.id, (s) => s.cache),
+    (e: unknown) => e instanceof ServiceError && e.status === 404,
+  );
+});
