@@ -96,7 +96,8 @@ export function checkLayer(input: ForwardInput, is: Issues): LayerSpec {
   }
   const kq = (k: "k_scale" | "v_scale") => {
     const v = l[k] ?? 1;
-    if (!Number.isFinite(v) || v <= 0) is.add(p(k), `must be finite and > 0, got ${v}`);
+    const why = scaleProblem(v);
+    if (why) is.add(p(k), why);
     return v;
   };
   return {
@@ -245,4 +246,24 @@ export function checkCache(
   // Bytes aligned to 8, as the wire decoders leave them (a caller's own misaligned view is copied).
   const own = (b: Uint8Array) => (b.byteOffset % 8 === 0 ? b : b.slice());
   return { spec, inline: { spec, key: own(kc.bytes), value: own(vc.bytes) } };
+}
+
+/** The smallest normal float32 (2^-126): GPUs flush smaller magnitudes to 0. */
+const F32_MIN_NORMAL = 2 ** -126;
+
+/**
+ * Why an fp8 scale (`k_scale`, `v_scale`) cannot be used, or null. Scales are float32 values
+ * (docs/api.md): one must be finite and > 0 as a float64 and as the float32 it becomes, and not a
+ * float32 subnormal, which GPUs flush to 0 (1e39 became Infinity and 1e-46 became 0 unrefused,
+ * and the backends disagreed on them).
+ */
+export function scaleProblem(v: number): string | null {
+  if (!Number.isFinite(v) || v <= 0) return `must be finite and > 0, got ${v}`;
+  const f = Math.fround(v);
+  if (!Number.isFinite(f)) return `must be finite as a float32 (scales are float32), got ${v}`;
+  if (f < F32_MIN_NORMAL) {
+    return `must be at least ${F32_MIN_NORMAL} as a float32 (scales are float32; GPUs flush ` +
+      `smaller values to 0), got ${v}`;
+  }
+  return null;
 }

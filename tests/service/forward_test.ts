@@ -266,3 +266,24 @@ Deno.test("validateForward: block table coverage and cache agreement", () => {
   n.metadata.slot_mapping = ints([-1, -1, 9, 12, -1]);
   validateForward(n, HELD);
 });
+
+Deno.test("validateForward: fp8 scales are refused where their float32 is not finite, is 0 or is subnormal", () => {
+  // Before: 1e39 (Infinity in float32) and 1e-46 (0) were accepted; the backends answered NaN,
+  // or disagreed (the HTTP audit).
+  for (
+    const [k, v, re] of [
+      ["k_scale", 1e39, /finite as a float32.*got 1e\+39/],
+      ["v_scale", 1e-46, /at least 1\.17549\d*e-38 as a float32.*got 1e-46/],
+      ["v_scale", 1e-40, /GPUs flush smaller values to 0\), got 1e-40/],
+    ] as const
+  ) {
+    const i = input();
+    i.layer = { ...i.layer, [k]: v };
+    has(issuesOf(() => validateForward(i, HELD)), `layer.${k}`, re);
+  }
+  for (const v of [2 ** -126, 3.4e38, 0.0123]) {
+    const i = input();
+    i.layer = { ...i.layer, k_scale: v, v_scale: v };
+    validateForward(i, HELD);
+  }
+});
