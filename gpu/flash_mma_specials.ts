@@ -125,16 +125,9 @@ export function valueSpecialsCode(c: MmaConsts): string {
       let c8 = (e % (D / 8u)) * 8u;
       let tok = first + r / hcnt;
       let pos = i32(tok) + bmq;
-      var lo = 0;
-      var hi = i32(kv_len);
-      if (U.window > 0u) {
-        lo = max(0, pos - w + 1);
-      }
-      if (U.causal != 0u) {
-        hi = min(hi, pos + 1);
-      } else if (U.window > 0u) {
-        hi = min(hi, pos + w);
-      }
+      let keys = key_range(pos, pos, kv_len);
+      let lo = keys.x;
+      let hi = keys.y;
       var cls: array<vec2<u32>, 4>;
       var seen = false;
       for (var kt = kstart; kt < kend; kt += BK) {

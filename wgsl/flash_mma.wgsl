@@ -164,19 +164,10 @@ fn main(
   let p_last = p_first + i32(cnt) - 1;
 
   if (t == 0u) {
-    var ks = 0;
-    var ke = i32(kv_len);
-    if (U.window > 0u) {
-      ks = max(0, p_first - w + 1);
-    }
-    if (U.causal != 0u) {
-      ke = min(ke, p_last + 1);
-    } else if (U.window > 0u) {
-      ke = min(ke, p_last + w);
-    }
-    ks -= ks % i32(BK); // tiles aligned to BK; the keys before the window are masked
+    let range = key_range(p_first, p_last, kv_len);
+    let ks = range.x - range.x % i32(BK); // tiles aligned to BK; keys before the window masked
     atomicStore(&s_u[0], u32(ks));
-    atomicStore(&s_u[1], u32(max(ke, ks)));
+    atomicStore(&s_u[1], u32(max(range.y, ks)));
     atomicStore(&s_u[3], 0u);
   }
 

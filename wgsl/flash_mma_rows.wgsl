@@ -4,6 +4,22 @@
 // pass in s_s (the epilogue's write_rows is generated: gpu/flash_mma_codegen.ts writeRowsCode).
 // No bindings, no placeholders.
 
+// The keys some position in [p0, p1] sees: [x, y) (y <= x: none).
+fn key_range(p0: i32, p1: i32, kv_len: u32) -> vec2<i32> {
+  let w = i32(U.window);
+  var ks = 0;
+  var ke = i32(kv_len);
+  if (U.window > 0u) {
+    ks = max(0, p0 - w + 1);
+  }
+  if (U.causal != 0u) {
+    ke = min(ke, p1 + 1);
+  } else if (U.window > 0u) {
+    ke = min(ke, p1 + w);
+  }
+  return vec2<i32>(ks, ke);
+}
+
 // Keys [kt, kt + BK) hold one visible to some position in [p_lo, p_hi]?
 fn tile_live(kt: u32, p_lo: i32, p_hi: i32) -> bool {
   let k0 = i32(kt);

@@ -18,14 +18,14 @@
 import { makeWebGpuDecode } from "../../backends/webgpu_decode.ts";
 import { makeWebGpuFlash } from "../../backends/webgpu_flash.ts";
 import type { AttentionBackend } from "../../core/types.ts";
-import {
-  type BatchSpec,
-  cacheIndex,
-  generateBatch,
-  type GeneratedBatch,
-} from "../support/batches.ts";
+import { type BatchSpec, generateBatch, type GeneratedBatch } from "../support/batches.ts";
 import { ONE_SLICE_TUNING } from "../support/decode_knob_specs.ts";
-import { backendRunner, checkNonFinite } from "../support/nonfinite.ts";
+import {
+  backendRunner,
+  checkNonFinite,
+  plantCacheNaN,
+  WINDOWED_SPEC,
+} from "../support/nonfinite.ts";
 import { freshSeed, NO_GPU } from "../gpu/helpers.ts";
 
 const BASE = ONE_SLICE_TUNING;
@@ -102,45 +102,16 @@ Deno.test("masked keys: a later token's bf16 value over f16's range: WEBGPU_FLAS
   if (odd === 0) throw new Error("the planted value reached no row: the case tests nothing");
 });
 
-/** A window of 3 over context: the rows' first steps start before their windows. */
-const WINDOWED: BatchSpec = {
-  dtype: "float16",
-  kv_cache_dtype: "float16",
-  layout: "HND",
-  block_size: 16,
-  head_size: 64,
-  num_heads: 4,
-  num_kv_heads: 2,
-  requests: [{ query_len: 4, seq_len: 14 }, { query_len: 1, seq_len: 23 }],
-  sliding_window: 3,
-  return_lse: true,
-};
-
 for (const [name, b] of BACKENDS) {
   Deno.test(`masked keys: NaN in a context slot before the window: ${name}`, {
     ignore: NO_GPU,
   }, async () => {
-    const g = generateBatch(WINDOWED, freshSeed());
-    const cs = g.cache_spec!, md = g.batch.metadata;
-    const maxBlocks = md.block_table.length / md.num_reqs;
+    const g = generateBatch(WINDOWED_SPEC, freshSeed());
     // Request 0's context position 9 (queries at 10-13 see 8-10 .. 11-13; a step of 4 keys from
     // 8), request 1's position 17 (its query at 22 sees 20-22, first step from 20: not loaded;
     // position 18's step would be): NaN in K and V, kv head 0, element 3.
-    for (const [req, pos] of [[0, 9], [1, 21 - 4]]) {
-      const block = md.block_table[req * maxBlocks + Math.floor(pos / cs.block_size)];
-      const i = cacheIndex(
-        cs.layout,
-        cs.block_size,
-        cs.num_kv_heads,
-        cs.head_size,
-        block,
-        pos % 16,
-        0,
-      );
-      for (const bytes of [g.key_cache, g.value_cache]) {
-        new DataView(bytes.buffer, bytes.byteOffset).setUint16(2 * (i + 3), 0x7e00, true);
-      }
-    }
+    plantCacheNaN(g, 0, 9);
+    plantCacheNaN(g, 1, 21 - 4);
     await check(b, g, name);
   });
 }

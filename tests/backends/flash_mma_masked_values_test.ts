@@ -18,14 +18,15 @@
 import { planFlashMma } from "../../backends/flash_mma_plan.ts";
 import { MMA_SHAPES, MMA_VARIANTS, type MmaShape } from "../../gpu/flash_mma_shape.ts";
 import { runGpuPlan } from "../../gpu/gpu_plan.ts";
-import {
-  type BatchSpec,
-  cacheIndex,
-  generateBatch,
-  type GeneratedBatch,
-} from "../support/batches.ts";
+import { type BatchSpec, generateBatch, type GeneratedBatch } from "../support/batches.ts";
 import { freshSeed, mmaTestDevice, mmaTolerance } from "../support/mma_case.ts";
-import { checkNonFinite, type Runner } from "../support/nonfinite.ts";
+import {
+  checkNonFinite,
+  plantCacheBits,
+  plantCacheNaN,
+  type Runner,
+  WINDOWED_SPEC,
+} from "../support/nonfinite.ts";
 import type { MmaContext } from "../../gpu/flash_mma_device.ts";
 
 const ctx = await mmaTestDevice("flash_mma masked-values tests");
@@ -64,53 +65,11 @@ const OVERFLOW: BatchSpec = {
   return_lse: true,
 };
 
-/** A window of 3 over context (HND): some rows' first tiles start before their windows. */
-const WINDOWED: BatchSpec = {
-  dtype: "float16",
-  kv_cache_dtype: "float16",
-  layout: "HND",
-  block_size: 16,
-  head_size: 64,
-  num_heads: 4,
-  num_kv_heads: 2,
-  requests: [{ query_len: 4, seq_len: 14 }, { query_len: 1, seq_len: 23 }],
-  sliding_window: 3,
-  return_lse: true,
-};
-
 /** 99840 (a bf16 value) at `tok`'s kv head 1 element `e` of request 0, signed: Inf in f16. */
 function plantOverflow(g: GeneratedBatch, tok: number, e: number, sign: number): void {
   const v = g.batch.value as unknown as Float32Array;
   v[tok * 2 * 64 + 64 + e] = sign * 99840;
 }
-
-/** f16 `bits` at request `req`'s cached position `pos`, kv head `h`, element `e`, in `caches`. */
-function plantBits(
-  g: GeneratedBatch,
-  caches: Uint8Array[],
-  [req, pos, h, e]: number[],
-  bits: number,
-): void {
-  const cs = g.cache_spec!, md = g.batch.metadata;
-  const maxBlocks = md.block_table.length / md.num_reqs;
-  const block = md.block_table[req * maxBlocks + Math.floor(pos / cs.block_size)];
-  const at = cacheIndex(
-    cs.layout,
-    cs.block_size,
-    cs.num_kv_heads,
-    cs.head_size,
-    block,
-    pos % 16,
-    h,
-  );
-  for (const bytes of caches) {
-    new DataView(bytes.buffer, bytes.byteOffset).setUint16(2 * (at + e), bits, true);
-  }
-}
-
-/** NaN in K and V at request `req`'s position `pos`, kv head 0, element 3. */
-const plantNaN = (g: GeneratedBatch, req: number, pos: number) =>
-  plantBits(g, [g.key_cache, g.value_cache], [req, pos, 0, 3], 0x7e00);
 
 for (const [name, shape] of SHAPES) {
   const opts = { ignore: ctx === null, sanitizeOps: false, sanitizeResources: false };
@@ -127,7 +86,7 @@ for (const [name, shape] of SHAPES) {
       plantOverflow(g, 7, 7, -1);
       plantOverflow(g, 3, 9, -1);
       plantOverflow(g, 6, 11, -1);
-      plantBits(g, [g.value_cache], [0, 2, 1, 11], 0x7c00);
+      plantCacheBits(g, [g.value_cache], [0, 2, 1, 11], 0x7c00);
       const { odd } = await checkNonFinite(g, mmaRunner(ctx!, shape, OVERFLOW), name);
       if (odd === 0) throw new Error("the planted values reached no row: the case tests nothing");
     },
@@ -136,10 +95,10 @@ for (const [name, shape] of SHAPES) {
     `flash_mma masked values: NaN in a context slot before the window, ${name}`,
     opts,
     async () => {
-      const g = generateBatch(WINDOWED, freshSeed());
-      plantNaN(g, 0, 9); // queries at 10-13 see 8-10 .. 11-13
-      plantNaN(g, 1, 17); // its query at 22 sees 20-22
-      await checkNonFinite(g, mmaRunner(ctx!, shape, WINDOWED), name);
+      const g = generateBatch(WINDOWED_SPEC, freshSeed());
+      plantCacheNaN(g, 0, 9); // queries at 10-13 see 8-10 .. 11-13
+      plantCacheNaN(g, 1, 17); // its query at 22 sees 20-22
+      await checkNonFinite(g, mmaRunner(ctx!, shape, WINDOWED_SPEC), name);
     },
   );
 }

@@ -96,6 +96,56 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>) {
   },
 });
 
+Deno.test({
+  name: "flash_mma specials: key_range is the keys some position sees, as WGSL runs it",
+  ...GPU_TEST,
+  async fn() {
+    // key_range bounds a workgroup's key loop (its positions p0..p1) and the repair's rescan of
+    // one row (p0 = p1): against the rules, clamped to kv_len.
+    const keyRange = fnText(await loadWgsl("flash_mma_rows.wgsl"), "key_range");
+    const KV = 50, n = P0 * SPAN;
+    for (const causal of [true, false]) {
+      for (const w of [0, 1, 3, 17]) {
+        const got = await run(
+          `struct Params { window: u32, causal: u32 }
+const U = Params(${w}u, ${causal ? 1 : 0}u);
+${keyRange}
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) g: vec3<u32>) {
+  let i = g.x;
+  if (i >= ${n}u) {
+    return;
+  }
+  let p0 = i32(i / ${SPAN}u);
+  let r = key_range(p0, p0 + i32(i % ${SPAN}u), ${KV}u);
+  o[2u * i] = bitcast<u32>(r.x);
+  o[2u * i + 1u] = bitcast<u32>(r.y);
+}`,
+          2 * n,
+          Math.ceil(n / 64),
+        );
+        const lohi = new Int32Array(got.buffer);
+        for (let i = 0; i < n; i++) {
+          const p0 = Math.floor(i / SPAN), p1 = p0 + (i % SPAN);
+          const seen: number[] = [];
+          for (let k = 0; k < KV; k++) {
+            let any = false;
+            for (let p = p0; p <= p1; p++) {
+              const d = p - k;
+              any ||= causal ? d >= 0 && (w === 0 || d < w) : w === 0 || Math.abs(d) < w;
+            }
+            if (any) seen.push(k);
+          }
+          const [lo, hi] = [lohi[2 * i], lohi[2 * i + 1]];
+          const label = `causal ${causal}, w ${w}, p ${p0}..${p1}: [${lo}, ${hi})`;
+          if (seen.length === 0) assert.ok(hi <= lo || lo >= KV, label);
+          else assert.deepEqual([lo, hi], [seen[0], seen[seen.length - 1] + 1], label);
+        }
+      }
+    }
+  },
+});
+
 /** f16 and bf16 bits of +Inf, -Inf, a quiet NaN, and two finite values. */
 const BITS = {
   float16: { pinf: 0x7c00, ninf: 0xfc00, nan: 0x7e00, one: 0x3c00, neg: 0xc000 },

@@ -12,7 +12,7 @@ import { toFloat32 } from "../../core/data.ts";
 import type { AttentionBackend, GpuContext, ValidBatch } from "../../core/types.ts";
 import { GpuKvCache } from "../../gpu/kv_cache.ts";
 import { validHostBatch } from "../../service/host_input.ts";
-import type { BatchSpec, GeneratedBatch } from "./batches.ts";
+import { type BatchSpec, cacheIndex, type GeneratedBatch } from "./batches.ts";
 import { tolerance } from "./backend_check.ts";
 import { GPU } from "../gpu/helpers.ts";
 
@@ -108,3 +108,48 @@ export function assertSameNonFinite(
   }
   return odd;
 }
+
+/** A window of 3 over context (HND): some rows' first steps and tiles start before their windows. */
+export const WINDOWED_SPEC: BatchSpec = {
+  dtype: "float16",
+  kv_cache_dtype: "float16",
+  layout: "HND",
+  block_size: 16,
+  head_size: 64,
+  num_heads: 4,
+  num_kv_heads: 2,
+  requests: [{ query_len: 4, seq_len: 14 }, { query_len: 1, seq_len: 23 }],
+  sliding_window: 3,
+  return_lse: true,
+};
+
+/**
+ * 16-bit `bits` (an f16 cache's element) at request `req`'s cached position `pos`, kv head `h`,
+ * element `e`, in each of `caches` (g.key_cache, g.value_cache).
+ */
+export function plantCacheBits(
+  g: GeneratedBatch,
+  caches: Uint8Array[],
+  [req, pos, h, e]: readonly number[],
+  bits: number,
+): void {
+  const cs = g.cache_spec!, md = g.batch.metadata;
+  const maxBlocks = md.block_table.length / md.num_reqs;
+  const block = md.block_table[req * maxBlocks + Math.floor(pos / cs.block_size)];
+  const at = cacheIndex(
+    cs.layout,
+    cs.block_size,
+    cs.num_kv_heads,
+    cs.head_size,
+    block,
+    pos % 16,
+    h,
+  );
+  for (const bytes of caches) {
+    new DataView(bytes.buffer, bytes.byteOffset).setUint16(2 * (at + e), bits, true);
+  }
+}
+
+/** NaN in K and V at request `req`'s position `pos`, kv head 0, element 3 (f16 caches). */
+export const plantCacheNaN = (g: GeneratedBatch, req: number, pos: number): void =>
+  plantCacheBits(g, [g.key_cache, g.value_cache], [req, pos, 0, 3], 0x7e00);
