@@ -34,10 +34,14 @@ export function formatBlockSize(size: KernelBlockSize): string {
  * multiples, as vLLM's hybrid blocks do). A non-positive or non-integer size is never supported.
  */
 export function supportsBlockSize(caps: Capabilities, block_size: number | null): boolean {
-  if (block_size === null) return true;
+  return block_size === null || blockSizeIn(caps.block_sizes, block_size);
+}
+
+/** {@link supportsBlockSize} for a list of declared sizes (empty: any) and a size. */
+export function blockSizeIn(sizes: readonly KernelBlockSize[], block_size: number): boolean {
   if (!Number.isInteger(block_size) || block_size <= 0) return false;
-  if (caps.block_sizes.length === 0) return true;
-  return caps.block_sizes.some((s) => {
+  if (sizes.length === 0) return true;
+  return sizes.some((s) => {
     const base = blockSizeBase(s);
     return base > 0 && block_size % base === 0;
   });

@@ -33,6 +33,9 @@ export {
 
 /** Head sizes compiled and tested. */
 export const DECODE_HEAD_SIZES = [64, 80, 96, 112, 128, 192, 256];
+
+/** Kernel block sizes of the split-KV kernels, as declared (vLLM: each admits its multiples). */
+export const DECODE_BLOCK_SIZES = [16, 32, 64];
 const NAME = "WEBGPU_DECODE";
 
 function requireGpu(ctx: BackendContext): GpuContext {
@@ -77,7 +80,7 @@ export function makeWebGpuDecode(
     capabilities: capabilities({
       dtypes: ["float32", "float16", "bfloat16"],
       kv_cache_dtypes: ["auto", "float16", "bfloat16", "fp8_e4m3", "fp8_e5m2"],
-      block_sizes: [16, 32, 64],
+      block_sizes: [...DECODE_BLOCK_SIZES],
       head_sizes: [...DECODE_HEAD_SIZES],
       kv_cache_layouts: ["NHD", "HND"],
       attn_types: ["decoder", "encoder_decoder"],

@@ -55,7 +55,8 @@ import type { MmaConsts, MmaShape } from "../gpu/flash_mma_shape.ts";
 import { mmaSupportOrWhy } from "../gpu/flash_mma_kernel.ts";
 import type { TableBuilder } from "../gpu/plan_table.ts";
 import { isSoftware } from "./decode_shape.ts";
-import { DECODE_HEAD_SIZES } from "./webgpu_decode.ts";
+import { DECODE_BLOCK_SIZES, DECODE_HEAD_SIZES } from "./webgpu_decode.ts";
+import { blockSizeIn } from "./capabilities.ts";
 import {
   type DecodeTuning,
   DEFAULT_DECODE_TUNING,
@@ -147,9 +148,6 @@ export function resolveFlashOptions(o: FlashOptions): ResolvedFlashOptions {
   };
 }
 
-/** Block sizes the split-KV kernels read. */
-const SPLIT_BLOCK_SIZES = [16, 32, 64];
-
 /** Why decode rows of `s` cannot run on the split-KV kernels, or null where they can. */
 function splitProblem(s: BatchShape): string | null {
   if (isEncoder(s)) {
@@ -161,8 +159,10 @@ function splitProblem(s: BatchShape): string | null {
   if (!DECODE_HEAD_SIZES.includes(d)) {
     return `head_size not supported (got ${d}; supported: ${DECODE_HEAD_SIZES.join(", ")})`;
   }
-  if (!SPLIT_BLOCK_SIZES.includes(bs)) {
-    return `block_size not supported (got ${bs}; supported: ${SPLIT_BLOCK_SIZES.join(", ")})`;
+  // WEBGPU_DECODE's rule (vLLM's: a declared size admits its multiples), so that its decode rows
+  // run wherever WEBGPU_DECODE would run them (block sizes 48, 80 and 128 went to the tiles).
+  if (!blockSizeIn(DECODE_BLOCK_SIZES, bs)) {
+    return `block_size not supported (got ${bs}; supported: ${DECODE_BLOCK_SIZES.join(", ")})`;
   }
   return null;
 }

@@ -260,3 +260,17 @@ Deno.test("flash paths: a mixed batch on the split-KV kernels runs its decode an
   assert.deepEqual(which(decodes, NO_MMA), [[0, 1], null]);
   assert.deepEqual(which(shape({ requests: MIXED }), WITH_MMA), [[0, 2, 3], null]);
 });
+
+Deno.test("flash paths: decode rows take the split-KV kernels at every block size WEBGPU_DECODE takes", () => {
+  // Before: only 16, 32 and 64 exactly; 48, 80 and 128 (multiples, which WEBGPU_DECODE runs
+  // and vLLM's rule admits) sent the decode rows to the portable tiles, about 13x slower.
+  const o = resolveFlashOptions(OPTS);
+  const decodes = (block_size: number) =>
+    shape({ block_size, requests: [{ query_len: 1, seq_len: 200 }, { query_len: 1, seq_len: 9 }] });
+  for (const bs of [16, 48, 80, 128]) {
+    assert.equal(flashRouting(NO_MMA, o, decodes(bs)).paths.header, "decode=split_kv", `${bs}`);
+  }
+  const r = flashRouting(NO_MMA, o, decodes(8));
+  assert.equal(r.paths.header, "decode=tiles");
+  assert.match(r.paths.reasons_header, /block_size not supported \(got 8; supported: 16, 32, 64\)/);
+});

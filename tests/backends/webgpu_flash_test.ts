@@ -256,3 +256,22 @@ Deno.test("flash: concurrent calls in flight", { ignore: NO_GPU }, async () => {
     [0, 1, 2].map((i) => check(base({ requests: [{ query_len: 1 + i, seq_len: 10 + 7 * i }] }))),
   );
 });
+
+Deno.test("flash: decode rows on the split-KV kernels at block sizes 48 and 128", {
+  ignore: NO_GPU,
+}, async () => {
+  // Multiples of the declared 16 / 32 / 64, which the split-KV kernels now take (they went to the
+  // portable tiles before); a mixed batch, so the prefill rows run beside them.
+  for (const block_size of [48, 128]) {
+    const spec = smallSpec({
+      block_size,
+      requests: [
+        { query_len: 1, seq_len: 300 },
+        { query_len: 9, seq_len: 60 },
+        { query_len: 1, seq_len: 7 },
+      ],
+      return_lse: true,
+    });
+    await checkBackend(WEBGPU_FLASH, GPU!, spec);
+  }
+});
