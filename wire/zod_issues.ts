@@ -60,12 +60,30 @@ function bestBranch(errors: ZIssue[][], depth: number): ZIssue[] {
   return best;
 }
 
+/**
+ * The most issues a schema failure lists (validation's own cap: service/validate_layer.ts
+ * MAX_ISSUES); the rest are counted. A body of 4,000,000 unknown keys (43 MB, within the body
+ * and value limits) made a 254 MB answer of one issue each, 28 s of the serving thread and 2 GB.
+ */
+export const MAX_SCHEMA_ISSUES = 100;
+
+/** Issues kept (at most {@link MAX_SCHEMA_ISSUES}) and the count of all. */
+interface IssueSink {
+  list: Issue[];
+  total: number;
+}
+
+function add(sink: IssueSink, make: () => Issue): void {
+  sink.total++;
+  if (sink.list.length < MAX_SCHEMA_ISSUES) sink.list.push(make());
+}
+
 /** `root` is the value the issues' paths start from, past the first `skip` entries of `base`. */
 function flattenIssues(
   issues: readonly ZIssue[],
   base: PropertyKey[],
   root: unknown,
-  out: Issue[],
+  out: IssueSink,
   skip: number,
 ): void {
   for (const i of issues) {
@@ -76,29 +94,32 @@ function flattenIssues(
     }
     if (i.code === "unrecognized_keys") {
       for (const k of i.keys) {
-        out.push({
+        add(out, () => ({
           path: [...path, k].map(String),
           message: `unknown field ${JSON.stringify(k)}; got ${
             showValue(valueAt(root, [...path, k].slice(skip)))
           }`,
-        });
+        }));
       }
       continue;
     }
-    out.push({
+    add(out, () => ({
       path: path.map((p) => (typeof p === "number" ? p : String(p))),
       message: `${i.message}; got ${showValue(valueAt(root, path.slice(skip)))}`,
-    });
+    }));
   }
 }
 
-/** zod issues → `{path, message}` issues whose messages carry the current value. */
-export function zodIssues(
+/**
+ * zod issues → `{path, message}` issues whose messages carry the current value: the first
+ * {@link MAX_SCHEMA_ISSUES}, and how many there are in all.
+ */
+export function zodIssueList(
   error: z.ZodError,
   input: unknown,
   prefix: (string | number)[] = [],
-): Issue[] {
-  const out: Issue[] = [];
+): IssueSink {
+  const out: IssueSink = { list: [], total: 0 };
   flattenIssues(error.issues, prefix, input, out, prefix.length);
   return out;
 }
@@ -109,10 +130,10 @@ export function fromZod(
   input: unknown,
   opts: { code?: string; prefix?: (string | number)[]; what?: string } = {},
 ): ServiceError {
-  const issues = zodIssues(error, input, opts.prefix);
+  const { list: issues, total } = zodIssueList(error, input, opts.prefix);
   const first = issues[0];
   const where = first ? `${first.path.join(".") || "(body)"}: ${first.message}` : "invalid";
-  const more = issues.length > 1 ? ` (and ${issues.length - 1} more)` : "";
+  const more = total > 1 ? ` (and ${total - 1} more)` : "";
   return new ServiceError(
     `${opts.what ?? "request body"} does not match the schema: ${where}${more}`,
     {
