@@ -130,7 +130,12 @@ export function fromZod(
   input: unknown,
   opts: { code?: string; prefix?: (string | number)[]; what?: string } = {},
 ): ServiceError {
-  const { list: issues, total } = zodIssueList(error, input, opts.prefix);
+  const { list, total } = zodIssueList(error, input, opts.prefix);
+  // As validation lists them (service/validate_layer.ts Issues): one line for the rest.
+  const dropped = total - list.length;
+  const issues = dropped
+    ? [...list, { path: [], message: `${dropped} more issues not listed` }]
+    : list;
   const first = issues[0];
   const where = first ? `${first.path.join(".") || "(body)"}: ${first.message}` : "invalid";
   const more = total > 1 ? ` (and ${total - 1} more)` : "";
