@@ -222,7 +222,8 @@ export class BackendRegistry {
    * @throws ServiceError 400 `invalid_request` when `head_size` is not an integer in
    *   [1, 2^31 - 1];
    *   404 `unknown_backend` for an unknown forced name;
-   *   NoValidBackendError 422 with the forced backend's reasons, or every backend's.
+   *   NoValidBackendError 422 with every backend's reasons (a forced one's first; an empty
+   *   list for a backend that could run the configuration).
    */
   select(cfg: SelectorConfig, opts: SelectOptions = {}): SelectionResult {
     checkHeadSize(cfg.head_size);
@@ -254,7 +255,15 @@ export class BackendRegistry {
     if (forced !== undefined) {
       const b = this.get(forced);
       const reasons = validateConfiguration(b, cfg, ctx);
-      if (reasons.length > 0) return { ok: false, reasons: { [b.name]: reasons }, forced };
+      if (reasons.length > 0) {
+        // The contract's 422 has reasons for every backend: the forced one's first, then each
+        // other's (an empty list: that one could run the configuration).
+        const all: Record<string, string[]> = { [b.name]: reasons };
+        for (const o of this.#backends) {
+          if (o !== b) all[o.name] = validateConfiguration(o, cfg, ctx);
+        }
+        return { ok: false, reasons: all, forced };
+      }
       return { ok: true, backend: b, block_size: blockFor(b), rejected: {} };
     }
     const rejected: Record<string, string[]> = {};

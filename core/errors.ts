@@ -92,9 +92,10 @@ export function cacheDestroyed(): ServiceError {
 export class NoValidBackendError extends ServiceError {
   constructor(reasons: Record<string, string[]>, forced?: string) {
     const list = Object.entries(reasons).map(([n, r]) => `${n}: [${r.join(", ")}]`).join("; ");
+    const own = forced ? `[${(reasons[forced] ?? []).join(", ")}]` : "";
     super(
       forced
-        ? `backend ${forced} cannot run this configuration: ${list}`
+        ? `backend ${forced} cannot run this configuration: ${own}. Reasons: {${list}}`
         : `no valid attention backend for this configuration. Reasons: {${list}}`,
       { status: 422, code: "no_valid_backend", reasons },
     );

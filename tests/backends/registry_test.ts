@@ -204,13 +204,20 @@ Deno.test("forced selection", async (t) => {
     const { reg, fast } = setup();
     assert.equal(reg.select(cfg(), { backend: "auto" }).backend, fast);
   });
-  await t.step("an invalid forced backend: 422 with only its reasons", () => {
-    const { reg } = setup();
-    const e = catchErr(() => reg.select(cfg({ has_sink: true }), { backend: "SLOW" }));
+  await t.step("an invalid forced backend: 422 with every backend's reasons, its own first", () => {
+    // The contract's 422 no_valid_backend has reasons for every backend; a forced one's had
+    // only its own (an audit): now the others' too, [] for one that could run it.
+    const { reg, fast, ref } = setup();
+    const c = cfg({ has_sink: true });
+    const e = catchErr(() => reg.select(c, { backend: "SLOW" }));
     assert.ok(e instanceof NoValidBackendError);
     assert.equal(e.status, 422);
-    assert.deepEqual(e.reasons, { SLOW: ["attention sinks not supported"] });
-    assert.match(e.message, /^backend SLOW cannot run this configuration/);
+    assert.deepEqual(Object.keys(e.reasons!), ["SLOW", "FAST", "REF"]);
+    assert.deepEqual(e.reasons!.SLOW, ["attention sinks not supported"]);
+    assert.deepEqual(e.reasons!.FAST, reg.validate(fast, c));
+    assert.deepEqual(e.reasons!.REF, ["attention sinks not supported"]);
+    assert.deepEqual(reg.validate(ref, c), e.reasons!.REF);
+    assert.match(e.message, /^backend SLOW cannot run this configuration: \[attention sinks/);
   });
   await t.step("an unknown (or wrongly cased) name: 404 naming it and the known ones", () => {
     const { reg } = setup();
