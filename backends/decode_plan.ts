@@ -132,7 +132,9 @@ function decodeRowRanges(s: BatchShape, reqs: (i: number) => boolean): RowRanges
 
 /**
  * Plans the decode rows of `s`: every query token of the requests `reqs` selects. The cache
- * spec must be set (decoder or encoder_decoder).
+ * spec must be set (decoder or encoder_decoder). `pass` names the passes (`decode_split`,
+ * `decode_reduce`; `prefill_*` for WEBGPU_FLASH's prefill rows in their own dispatch, so device
+ * timings tell the two apart).
  */
 export async function planDecodeRows(
   ctx: GpuContext,
@@ -140,6 +142,7 @@ export async function planDecodeRows(
   s: BatchShape,
   reqs: (i: number) => boolean,
   table: TableBuilder,
+  pass: "decode" | "prefill" = "decode",
 ): Promise<DecodeRowsPlan | null> {
   const L = s.layer, md = s.metadata, T = s.num_tokens, spec = s.cache_spec!;
   const H = L.num_heads, Hkv = L.num_kv_heads, D = L.head_size;
@@ -326,7 +329,7 @@ export async function planDecodeRows(
     ? { persistent: "decode_fused_part", bytes: partBytes }
     : { scratch: "part" };
   const calls: PlannedCall[] = [{
-    name: "decode_split",
+    name: `${pass}_split`,
     kernel: split_k,
     bind: {
       P: { table: params },
@@ -341,7 +344,7 @@ export async function planDecodeRows(
   }];
   if (reduce_k) {
     calls.push({
-      name: "decode_reduce",
+      name: `${pass}_reduce`,
       kernel: reduce_k,
       bind: {
         P: { table: params },

@@ -325,13 +325,18 @@ async function planFor(
   }
   const { mma, isDecode, prefillOnSplit, paths: routed } = flashRouting(ctx, o, s);
   const paths = tileReplaced(routed, cfg.replaced);
-  const [onDecode, onPrefill] = splitDispatches(s, isDecode, prefillOnSplit);
   const prefillTuning = prefillSplitTuning(o.decode);
+  const [onDecode, onPrefill] = splitDispatches(
+    s,
+    isDecode,
+    prefillOnSplit,
+    prefillTuning.wg_tokens,
+  );
   const tuning = prefillOnSplit && !onPrefill ? prefillTuning : o.decode;
   const plan = await buildGpuPlan(ctx, s, async (table): Promise<AttentionCalls> => {
     const [d, ps, p] = await Promise.all([
       planDecodeRows(ctx, tuning, s, onDecode, table),
-      onPrefill ? planDecodeRows(ctx, prefillTuning, s, onPrefill, table) : null,
+      onPrefill ? planDecodeRows(ctx, prefillTuning, s, onPrefill, table, "prefill") : null,
       planPrefill(ctx, mma, s, cfg, (i) => !isDecode(i), table),
     ]);
     const split = [d, ps].filter((x) => x !== null);
@@ -353,19 +358,21 @@ async function planFor(
 
 /**
  * The requests of each split-KV dispatch: `[rows, null]` for one dispatch (the decode tuning,
- * or the prefill tuning where the split kernels run prefill rows), `[decode, prefill]` where
- * they run both kinds (a mixed batch on a device without the tensor cores): the decode rows
- * keep the decode tuning and the prefill rows get theirs (`wg_tokens`: tokens sharing K/V
- * reads, which one dispatch of both kinds could not take, a decode request having one row).
- * The second dispatch runs after the first (its partials reuse the same scratch).
+ * or the prefill tuning where the split kernels run prefill rows), `[short, long]` where they
+ * run both kinds (a mixed batch on a device without the tensor cores): requests of fewer than
+ * `wt` rows (decode rows, and short prefills such as speculative steps) keep the decode tuning
+ * and the others get the prefill tuning (`wt` tokens a workgroup sharing K/V reads, which a
+ * dispatch holding a request of fewer rows cannot take). The second dispatch runs after the
+ * first (its partials reuse the same scratch; its passes are named `prefill_*`).
  */
 export function splitDispatches(
   s: BatchShape,
   isDecode: (i: number) => boolean,
   prefillOnSplit: boolean,
+  wt: number,
 ): [(i: number) => boolean, ((i: number) => boolean) | null] {
   const q = s.metadata.query_start_loc;
-  const long = (i: number) => q[i + 1] - q[i] > DECODE_THRESHOLD;
+  const long = (i: number) => q[i + 1] - q[i] >= Math.max(wt, DECODE_THRESHOLD + 1);
   let shortRows = false;
   for (let i = 0; i < s.metadata.num_reqs && !shortRows; i++) {
     shortRows = isDecode(i) && !long(i) && q[i + 1] > q[i];

@@ -88,8 +88,9 @@ export interface MixedParts {
 /**
  * The device ms of a mixed call's parts from its per-pass times ({@link DeviceTime}'s
  * `per_kernel`): `decode_*` passes (`decode_split`, `decode_reduce`) ran the decode rows and
- * `prefill*` passes (`prefill`, `prefill_mma`) the other rows. Null where a part has no pass of
- * its own (both parts in the split-KV passes) or a pass has another name.
+ * `prefill*` passes (`prefill`, `prefill_mma`, and `prefill_split`, `prefill_reduce`: the split-KV
+ * kernels' own dispatch for them) the other rows. Null where a part has no pass of its own (both
+ * parts in one split-KV dispatch) or a pass has another name.
  */
 export function partsOf(perKernel: Record<string, number>): MixedParts | null {
   let decode_ms = 0, prefill_ms = 0, d = 0, p = 0;

@@ -177,14 +177,21 @@ Deno.test(
     for (const base of [F16, BF16]) {
       const spec: BatchSpec = {
         ...base,
-        requests: [{ query_len: 1, seq_len: 50 }, ...PREFILL, { query_len: 1, seq_len: 7 }],
+        // A speculative step of 3 rows goes with the decode rows (beside the long ones it
+        // would cost them their 4 tokens).
+        requests: [
+          { query_len: 1, seq_len: 50 },
+          ...PREFILL,
+          { query_len: 1, seq_len: 7 },
+          { query_len: 3, seq_len: 20 },
+        ],
       };
       const info = await planInfo(b, spec);
       if (info.prefill_tiles > 0) return; // a device whose tensor cores take the prefill rows
       const what = JSON.stringify(info);
       assert.equal(info.decode_dispatches, 2, what);
       assert.equal(info.decode_wg_tokens, PREFILL_WG_TOKENS, what);
-      assert.equal(info.decode_rows, 2 + 30, what);
+      assert.equal(info.decode_rows, 2 + 30 + 3, what);
       await checkBackend(b, GPU!, spec);
     }
   },

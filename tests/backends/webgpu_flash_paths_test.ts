@@ -240,7 +240,7 @@ Deno.test("flash paths: a mixed batch on the split-KV kernels runs its decode an
   const o = resolveFlashOptions(OPTS);
   const which = (s: BatchShape, mma: GpuContext) => {
     const r = flashRouting(mma, o, s);
-    const [a, b] = splitDispatches(s, r.isDecode, r.prefillOnSplit);
+    const [a, b] = splitDispatches(s, r.isDecode, r.prefillOnSplit, PREFILL_WG_TOKENS);
     const n = s.metadata.num_reqs;
     const reqs = (f: ((i: number) => boolean) | null) =>
       f ? Array.from({ length: n }, (_, i) => i).filter(f) : null;
@@ -259,6 +259,19 @@ Deno.test("flash paths: a mixed batch on the split-KV kernels runs its decode an
   });
   assert.deepEqual(which(decodes, NO_MMA), [[0, 1], null]);
   assert.deepEqual(which(shape({ requests: MIXED }), WITH_MMA), [[0, 2, 3], null]);
+  // A short prefill (a speculative step of 3) goes with the decode rows: with the long ones it
+  // would cost them their 4 tokens a workgroup (the review of the split).
+  const spec = shape({
+    requests: [{ query_len: 1, seq_len: 40 }, { query_len: 3, seq_len: 30 }, {
+      query_len: 17,
+      seq_len: 30,
+    }],
+  });
+  assert.deepEqual(which(spec, NO_MMA), [[0, 1], [2]]);
+  const shortOnly = shape({
+    requests: [{ query_len: 1, seq_len: 40 }, { query_len: 2, seq_len: 30 }],
+  });
+  assert.deepEqual(which(shortOnly, NO_MMA), [[0, 1], []]);
 });
 
 Deno.test("flash paths: decode rows take the split-KV kernels at every block size WEBGPU_DECODE takes", () => {
