@@ -227,7 +227,11 @@ export const CreateCacheRequestSchema = z.strictObject({
   dtype: DTypeSchema,
   kv_cache_dtype: KvCacheDTypeSchema.optional().describe("Default auto (= dtype)."),
   layout: KvLayoutSchema.optional().describe("Default NHD."),
-  backend: backendName().optional().describe('"auto" (default) or a backend name.'),
+  backend: backendName().optional().describe(
+    '"auto" (default) or a backend name: the backend the cache is made for, whose storage it ' +
+      "gets (host or GPU) and which CacheInfo names. Forward calls pick their own backend " +
+      "(`backend` in their body), any that reads that storage.",
+  ),
 }).meta({ id: "CreateCacheRequest" });
 
 // ---- responses ----
