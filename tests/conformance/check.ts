@@ -88,8 +88,9 @@ export async function runOn(
 
 /**
  * Why `backend`, forced by name through `registry` (as a request naming it is), refuses `cfg`
- * on `ctx`'s device ([]: it accepts). Asserts that a refusal is the 422 of that backend alone
- * and that its reasons are exactly what the selector reports for it: `validateConfiguration`,
+ * on `ctx`'s device ([]: it accepts). Asserts that a refusal is the 422 naming that backend
+ * first, then every other with the selector's reasons for it, and that its own reasons are
+ * exactly what the selector reports for it: `validateConfiguration`,
  * `registry.validate`, and auto selection's reasons for the backends it passed over.
  */
 export function forcedReasons(
@@ -104,8 +105,20 @@ export function forcedReasons(
     assert.equal(registry.select(cfg, { backend: name }).backend.name, name);
   } catch (e) {
     if (!(e instanceof NoValidBackendError)) throw e;
-    assert.deepEqual(Object.keys(e.reasons ?? {}), [name], `a forced refusal names ${name} alone`);
-    reasons = e.reasons![name];
+    // Every backend's reasons, the forced one's first (the contract's 422), each as the
+    // selector reports it for that backend.
+    const all = e.reasons ?? {};
+    assert.deepEqual(
+      Object.keys(all),
+      [name, ...registry.names().filter((n) => n !== name)],
+      `a forced refusal names ${name} first, then every other backend`,
+    );
+    for (const other of registry.list()) {
+      if (other.name !== name) {
+        assert.deepEqual(all[other.name], registry.validate(other, cfg), `${other.name}'s reasons`);
+      }
+    }
+    reasons = all[name];
     assert.ok(reasons.length > 0, `${name} refused without a reason: ${e.message}`);
   }
   const say = `${name}: the forced refusal differs from the selector's reasons for the backend`;
