@@ -23,8 +23,11 @@ import { envVar } from "../core/env.ts";
 
 const range = (n: number) => Array.from({ length: n }, (_, i) => i);
 
-/** Direct loads: a V tile PV reads from workgroup memory instead of the cache (TAIL_STAGE). */
-const V_COPIED = "kt + BK > kv_len || !tile_whole(kt, p_first, p_last)";
+/**
+ * Direct loads: a V tile PV reads from workgroup memory instead of the cache (TAIL_STAGE): the
+ * request's last, and those gpu/flash_mma_specials.ts cleans (`tile_cleaned` says both).
+ */
+const V_COPIED = "tile_cleaned(kt, kv_len, p_first, p_last)";
 
 /**
  * Direct loads: the request's last, partial tile of V, zero past kv_len, into the P buffer the

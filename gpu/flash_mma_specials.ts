@@ -86,7 +86,7 @@ fn out_merge(old: u32, cls: vec2<u32>) -> u32 {
  */
 export function valueCleanCode(c: MmaConsts): string {
   if (c.direct) return "";
-  return `    if (!tile_whole(kt, p_first, p_last)) {
+  return `    if (tile_cleaned(kt, kv_len, p_first, p_last)) {
       for (var i = t; i < BK * (D / 4u); i += WG) {
         let o = vb + (i / (D / 4u)) * KSTR + (i % (D / 4u)) * 4u;
         let x = v_finite(vec4<f16>(vt_s[o], vt_s[o + 1u], vt_s[o + 2u], vt_s[o + 3u]));
@@ -129,20 +129,17 @@ export function valueSpecialsCode(c: MmaConsts): string {
       let lo = keys.x;
       let hi = keys.y;
       var cls: array<vec2<u32>, 4>;
-      var seen = false;
       for (var kt = kstart; kt < kend; kt += BK) {
         if (!tile_cleaned(kt, kv_len, p_first, p_last)) {
           continue;
         }
         for (var k = max(lo, i32(kt)); k < min(hi, i32(kt + BK)); k++) {
           for (var j = 0u; j < 4u; j++) {
-            let x = value_class(v_pair(u32(k), kvh, c8 + 2u * j, kv_len, rbase));
-            cls[j] |= x;
-            seen = seen || any(x != vec2<u32>(0u));
+            cls[j] |= value_class(v_pair(u32(k), kvh, c8 + 2u * j, kv_len, rbase));
           }
         }
       }
-      if (seen) {
+      if (any((cls[0] | cls[1] | cls[2] | cls[3]) != vec2<u32>(0u))) {
         let h = kvh * U.group + hfirst + r % hcnt;
 ${write}
       }
