@@ -68,6 +68,20 @@ function defaultTitle(status: number): string {
 }
 
 /**
+ * Most issues one problem lists: a body may hold millions of defects (a 4,000,000-key JSON body
+ * made a 254 MB answer before schema problems were capped), so the rest are counted in one more
+ * issue ({@link withNotListed}). Validation, schema checks and safetensors parsing share it.
+ */
+export const MAX_LISTED_ISSUES = 100;
+
+/** `listed`, then (where `dropped` > 0) one issue at path `[]` counting those not listed. */
+export function withNotListed(listed: Issue[], dropped: number): Issue[] {
+  return dropped > 0
+    ? [...listed, { path: [], message: `${dropped} more issues not listed` }]
+    : listed;
+}
+
+/**
  * A request that parses but cannot run (shapes disagree, ids out of range): 422 `invalid_batch`.
  * `extra`: further problem fields (the `limit`, `value`, `max` of a per-call limit it exceeds too).
  */

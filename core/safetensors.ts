@@ -7,7 +7,7 @@
  * `["header_length"]`, `["header"]`, `["data"]` for bytes after the last tensor), naming the value.
  * @module
  */
-import { type Issue, ServiceError } from "./errors.ts";
+import { type Issue, MAX_LISTED_ISSUES, ServiceError, withNotListed } from "./errors.ts";
 
 /** The safetensors dtypes this service reads and writes. */
 export const SAFETENSORS_DTYPES = [
@@ -58,9 +58,6 @@ function bad(path: Path, message: string): ServiceError {
   return badAll([{ path, message }]);
 }
 
-/** Most issues one `bad_safetensors` problem lists (a 100 MB header may hold millions). */
-const MAX_LISTED_ISSUES = 100;
-
 /**
  * Every defect found: a 400 `bad_safetensors` named by the first, listing them (the first
  * {@link MAX_LISTED_ISSUES}, then one issue counting the rest).
@@ -69,12 +66,11 @@ function badAll(issues: Issue[]): ServiceError {
   const first = issues[0];
   const where = first.path.length ? `${first.path.join(".")}: ` : "";
   const more = issues.length > 1 ? ` (and ${issues.length - 1} more)` : "";
-  const listed = issues.length > MAX_LISTED_ISSUES
-    ? [
-      ...issues.slice(0, MAX_LISTED_ISSUES),
-      { path: [], message: `${issues.length - MAX_LISTED_ISSUES} more issues not listed` },
-    ]
-    : issues;
+  // A 100 MB header may hold millions.
+  const listed = withNotListed(
+    issues.slice(0, MAX_LISTED_ISSUES),
+    issues.length - MAX_LISTED_ISSUES,
+  );
   return new ServiceError(`invalid safetensors: ${where}${first.message}${more}`, {
     status: 400,
     code: "bad_safetensors",

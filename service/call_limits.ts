@@ -124,7 +124,7 @@ function limitIssue(o: Over): Issue {
  * (docs/api.md): a call whose only problems are per-call limits is `limit_exceeded` (a valid
  * batch, too large: split it); one that also breaks a batch rule is `invalid_batch`, since
  * splitting would not make it run, and its issues list the limits too (after the rule issues,
- * whatever the MAX_ISSUES cap), with the first limit's `limit`, `value` and `max` as in a
+ * whatever the MAX_LISTED_ISSUES cap), with the first limit's `limit`, `value` and `max` as in a
  * `limit_exceeded` document.
  */
 export function throwProblems(is: Issues, over: Over[]): void {

@@ -3,23 +3,20 @@
  * @module
  */
 import { CACHE_SPEC_RULES, ruleProblem } from "../core/cache_spec.ts";
-import { invalidBatch, type Issue } from "../core/errors.ts";
+import { invalidBatch, type Issue, MAX_LISTED_ISSUES, withNotListed } from "../core/errors.ts";
 import type { AttnType, KvCacheDType, KvCacheSpec, KvLayout, LayerSpec } from "../core/types.ts";
 import type { ForwardInput, HeldCacheInfo, ValidatedForward } from "./validate.ts";
 
-/** Most issues listed before the rest are summarised in one line. */
-export const MAX_ISSUES = 100;
-
-/** Collects issues (up to MAX_ISSUES) and throws them all as one invalid_batch. */
+/** Collects issues (up to MAX_LISTED_ISSUES) and throws them all as one invalid_batch. */
 export class Issues {
   readonly list: Issue[] = [];
   dropped = 0;
-  /** Every issue added, those past MAX_ISSUES included. */
+  /** Every issue added, those past MAX_LISTED_ISSUES included. */
   get count(): number {
     return this.list.length + this.dropped;
   }
   add(path: (string | number)[], message: string): void {
-    if (this.list.length < MAX_ISSUES) this.list.push({ path, message });
+    if (this.list.length < MAX_LISTED_ISSUES) this.list.push({ path, message });
     else this.dropped++;
   }
   /**
@@ -27,9 +24,7 @@ export class Issues {
    * as per-call limits), then one line counting those not listed.
    */
   listed(also: Issue[] = []): Issue[] {
-    const list = [...this.list, ...also];
-    if (this.dropped) list.push({ path: [], message: `${this.dropped} more issues not listed` });
-    return list;
+    return withNotListed([...this.list, ...also], this.dropped);
   }
   throwIfAny(): void {
     if (this.count === 0) return;

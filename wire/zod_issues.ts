@@ -5,7 +5,7 @@
  * @module
  */
 import type { z } from "zod";
-import { type Issue, ServiceError } from "../core/errors.ts";
+import { type Issue, MAX_LISTED_ISSUES, ServiceError, withNotListed } from "../core/errors.ts";
 
 /** Marks a non-finite number in {@link showValue}'s JSON (a client cannot guess it). */
 const NON_FINITE_MARK = `\u0000${crypto.randomUUID()}:`;
@@ -61,13 +61,10 @@ function bestBranch(errors: ZIssue[][], depth: number): ZIssue[] {
 }
 
 /**
- * The most issues a schema failure lists (validation's own cap: service/validate_layer.ts
- * MAX_ISSUES); the rest are counted. A body of 4,000,000 unknown keys (43 MB, within the body
- * and value limits) made a 254 MB answer of one issue each, 28 s of the serving thread and 2 GB.
+ * Issues kept (at most MAX_LISTED_ISSUES: a body of 4,000,000 unknown keys, 43 MB within the
+ * body and value limits, made a 254 MB answer of one issue each, 28 s of the serving thread and
+ * 2 GB) and the count of all.
  */
-export const MAX_SCHEMA_ISSUES = 100;
-
-/** Issues kept (at most {@link MAX_SCHEMA_ISSUES}) and the count of all. */
 interface IssueSink {
   list: Issue[];
   total: number;
@@ -75,7 +72,7 @@ interface IssueSink {
 
 function add(sink: IssueSink, make: () => Issue): void {
   sink.total++;
-  if (sink.list.length < MAX_SCHEMA_ISSUES) sink.list.push(make());
+  if (sink.list.length < MAX_LISTED_ISSUES) sink.list.push(make());
 }
 
 /** `root` is the value the issues' paths start from, past the first `skip` entries of `base`. */
@@ -112,7 +109,7 @@ function flattenIssues(
 
 /**
  * zod issues → `{path, message}` issues whose messages carry the current value: the first
- * {@link MAX_SCHEMA_ISSUES}, and how many there are in all.
+ * MAX_LISTED_ISSUES, and how many there are in all.
  */
 export function zodIssueList(
   error: z.ZodError,
@@ -131,11 +128,7 @@ export function fromZod(
   opts: { code?: string; prefix?: (string | number)[]; what?: string } = {},
 ): ServiceError {
   const { list, total } = zodIssueList(error, input, opts.prefix);
-  // As validation lists them (service/validate_layer.ts Issues): one line for the rest.
-  const dropped = total - list.length;
-  const issues = dropped
-    ? [...list, { path: [], message: `${dropped} more issues not listed` }]
-    : list;
+  const issues = withNotListed(list, total - list.length);
   const first = issues[0];
   const where = first ? `${first.path.join(".") || "(body)"}: ${first.message}` : "invalid";
   const more = total > 1 ? ` (and ${total - 1} more)` : "";
