@@ -23,6 +23,7 @@ import { ONE_SLICE_TUNING } from "../support/decode_knob_specs.ts";
 import {
   backendRunner,
   checkNonFinite,
+  OVERFLOW_SPEC,
   plantCacheNaN,
   WINDOWED_SPEC,
 } from "../support/nonfinite.ts";
@@ -33,19 +34,6 @@ const BASE = ONE_SLICE_TUNING;
 /** Runs `g` through `b` and CPU_REFERENCE (output and LSE); the reference's non-finite outputs. */
 const check = async (b: AttentionBackend, g: GeneratedBatch, label: string) =>
   (await checkNonFinite(g, backendRunner(b, g.spec), label)).odd;
-
-/** f32 data over an f16 cache, prefill chunks (one with context), GQA 2, LSE. */
-const OVERFLOW: BatchSpec = {
-  dtype: "float32",
-  kv_cache_dtype: "float16",
-  layout: "NHD",
-  block_size: 16,
-  head_size: 64,
-  num_heads: 4,
-  num_kv_heads: 2,
-  requests: [{ query_len: 12, seq_len: 12 }, { query_len: 9, seq_len: 40 }],
-  return_lse: true,
-};
 
 const BACKENDS: [string, AttentionBackend][] = [
   ["WEBGPU_DECODE, one token a workgroup", makeWebGpuDecode(BASE) as AttentionBackend],
@@ -79,7 +67,7 @@ for (const [name, b] of BACKENDS) {
     Deno.test(`masked keys: a later token's ${which} overflowing to Inf: ${name}`, {
       ignore: NO_GPU,
     }, async () => {
-      const g = generateBatch(OVERFLOW, freshSeed());
+      const g = generateBatch(OVERFLOW_SPEC, freshSeed());
       // Token 5 of request 0 (kv head 1, element 7): Inf once written to the f16 cache; tokens
       // 0-4 cannot see it, 5-11 can.
       const t = g.batch[which] as unknown as Float32Array;
@@ -93,7 +81,7 @@ for (const [name, b] of BACKENDS) {
 Deno.test("masked keys: a later token's bf16 value over f16's range: WEBGPU_FLASH", {
   ignore: NO_GPU,
 }, async () => {
-  const spec: BatchSpec = { ...OVERFLOW, dtype: "bfloat16" };
+  const spec: BatchSpec = { ...OVERFLOW_SPEC, dtype: "bfloat16" };
   const g = generateBatch(spec, freshSeed());
   // 99840, a bf16 value (1e5 rounded): Inf once written to the f16 cache.
   const t = g.batch.value as unknown as Float32Array;

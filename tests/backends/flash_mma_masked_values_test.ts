@@ -22,6 +22,7 @@ import { type BatchSpec, generateBatch, type GeneratedBatch } from "../support/b
 import { freshSeed, mmaTestDevice, mmaTolerance } from "../support/mma_case.ts";
 import {
   checkNonFinite,
+  OVERFLOW_SPEC,
   plantCacheBits,
   plantCacheNaN,
   type Runner,
@@ -50,19 +51,13 @@ function mmaRunner(c: MmaContext, shape: MmaShape, spec: BatchSpec): Runner {
   };
 }
 
-/** bf16 data over an f16 cache, causal prefill chunks (one with context), GQA 2, LSE. */
+/** bf16 data over an f16 cache (the tensor cores take f16 and bf16 data only). */
 const OVERFLOW: BatchSpec = {
+  ...OVERFLOW_SPEC,
   dtype: "bfloat16",
-  kv_cache_dtype: "float16",
-  layout: "NHD",
-  block_size: 16,
-  head_size: 64,
-  num_heads: 4,
-  num_kv_heads: 2,
   // Request 0's chunk at positions 32-51: its diagonal tile 32-47 ends below kv_len (a tile
   // direct loads read from the cache and matrix staging moves whole, unless not seen whole).
   requests: [{ query_len: 20, seq_len: 52 }, { query_len: 9, seq_len: 40 }],
-  return_lse: true,
 };
 
 /** 99840 (a bf16 value) at `tok`'s kv head 1 element `e` of request 0, signed: Inf in f16. */

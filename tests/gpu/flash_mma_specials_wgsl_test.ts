@@ -41,17 +41,37 @@ async function run(body: string, n: number, groups: number): Promise<Uint32Array
 
 const BK = 16, KT = 8, P0 = 40, SPAN = 20; // tile starts 0, 16, .., 112; first positions 0..39
 
+/** Whether position `p` sees key `k` (docs/api.md's masking rules; w 0: no window). */
+function sees(p: number, k: number, causal: boolean, w: number): boolean {
+  const d = p - k;
+  return causal ? d >= 0 && (w === 0 || d < w) : w === 0 || Math.abs(d) < w;
+}
+
 /** Whether every key of [kt, kt + BK) is visible to every position of [p0, p1]. */
 function wholeByRule(kt: number, p0: number, p1: number, causal: boolean, w: number): boolean {
   for (let p = p0; p <= p1; p++) {
-    for (let k = kt; k < kt + BK; k++) {
-      const d = p - k;
-      const vis = causal ? d >= 0 && (w === 0 || d < w) : w === 0 || Math.abs(d) < w;
-      if (!vis) return false;
-    }
+    for (let k = kt; k < kt + BK; k++) if (!sees(p, k, causal, w)) return false;
   }
   return true;
 }
+
+/**
+ * A module of `fns` and a `main` running `body` for invocations i < n, with the kernel's masking
+ * uniforms (`U.window`, `U.causal`) as constants.
+ */
+const maskingModule = (causal: boolean, w: number, fns: string, n: number, body: string) =>
+  `struct Params { window: u32, causal: u32 }
+const U = Params(${w}u, ${causal ? 1 : 0}u);
+const BK: u32 = ${BK}u;
+${fns}
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) g: vec3<u32>) {
+  let i = g.x;
+  if (i >= ${n}u) {
+    return;
+  }
+${body}
+}`;
 
 Deno.test({
   name: "flash_mma specials: tile_whole agrees with the masking rules, as WGSL runs it",
@@ -62,21 +82,16 @@ Deno.test({
     for (const causal of [true, false]) {
       for (const w of [0, 1, 3, 16, 17, 40]) {
         const got = await run(
-          `struct Params { window: u32, causal: u32 }
-const U = Params(${w}u, ${causal ? 1 : 0}u);
-const BK: u32 = ${BK}u;
-${tileWhole}
-@compute @workgroup_size(64)
-fn main(@builtin(global_invocation_id) g: vec3<u32>) {
-  let i = g.x;
-  if (i >= ${n}u) {
-    return;
-  }
-  let kt = (i / ${P0 * SPAN}u) * BK;
+          maskingModule(
+            causal,
+            w,
+            tileWhole,
+            n,
+            `  let kt = (i / ${P0 * SPAN}u) * BK;
   let p0 = i32((i / ${SPAN}u) % ${P0}u);
   let p1 = p0 + i32(i % ${SPAN}u);
-  o[i] = select(0u, 1u, tile_whole(kt, p0, p1));
-}`,
+  o[i] = select(0u, 1u, tile_whole(kt, p0, p1));`,
+          ),
           n,
           Math.ceil(n / 64),
         );
@@ -107,20 +122,16 @@ Deno.test({
     for (const causal of [true, false]) {
       for (const w of [0, 1, 3, 17]) {
         const got = await run(
-          `struct Params { window: u32, causal: u32 }
-const U = Params(${w}u, ${causal ? 1 : 0}u);
-${keyRange}
-@compute @workgroup_size(64)
-fn main(@builtin(global_invocation_id) g: vec3<u32>) {
-  let i = g.x;
-  if (i >= ${n}u) {
-    return;
-  }
-  let p0 = i32(i / ${SPAN}u);
+          maskingModule(
+            causal,
+            w,
+            keyRange,
+            n,
+            `  let p0 = i32(i / ${SPAN}u);
   let r = key_range(p0, p0 + i32(i % ${SPAN}u), ${KV}u);
   o[2u * i] = bitcast<u32>(r.x);
-  o[2u * i + 1u] = bitcast<u32>(r.y);
-}`,
+  o[2u * i + 1u] = bitcast<u32>(r.y);`,
+          ),
           2 * n,
           Math.ceil(n / 64),
         );
@@ -130,10 +141,7 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>) {
           const seen: number[] = [];
           for (let k = 0; k < KV; k++) {
             let any = false;
-            for (let p = p0; p <= p1; p++) {
-              const d = p - k;
-              any ||= causal ? d >= 0 && (w === 0 || d < w) : w === 0 || Math.abs(d) < w;
-            }
+            for (let p = p0; p <= p1; p++) any ||= sees(p, k, causal, w);
             if (any) seen.push(k);
           }
           const [lo, hi] = [lohi[2 * i], lohi[2 * i + 1]];

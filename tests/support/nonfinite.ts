@@ -109,6 +109,22 @@ export function assertSameNonFinite(
   return odd;
 }
 
+/**
+ * f32 data over an f16 cache (a planted 1e5 overflows to Inf when written), prefill chunks (one
+ * with context), GQA 2, head 64, LSE: the masked-keys and masked-values tests' overflow batch.
+ */
+export const OVERFLOW_SPEC: BatchSpec = {
+  dtype: "float32",
+  kv_cache_dtype: "float16",
+  layout: "NHD",
+  block_size: 16,
+  head_size: 64,
+  num_heads: 4,
+  num_kv_heads: 2,
+  requests: [{ query_len: 12, seq_len: 12 }, { query_len: 9, seq_len: 40 }],
+  return_lse: true,
+};
+
 /** A window of 3 over context (HND): some rows' first steps and tiles start before their windows. */
 export const WINDOWED_SPEC: BatchSpec = {
   dtype: "float16",
