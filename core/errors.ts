@@ -50,6 +50,8 @@ function defaultTitle(status: number): string {
       return "Not Found";
     case 405:
       return "Method Not Allowed";
+    case 406:
+      return "Not Acceptable";
     case 408:
       return "Request Timeout";
     case 409:

@@ -126,26 +126,72 @@ export function parseJson(bytes: Uint8Array): unknown {
   }
 }
 
-function quality(accept: string, type: string): { q: number; at: number } {
-  const parts = accept.split(",");
-  for (let i = 0; i < parts.length; i++) {
-    const [mt, ...params] = parts[i].split(";").map((s) => s.trim().toLowerCase());
-    if (mt !== type) continue;
-    const qp = params.find((p) => p.startsWith("q="));
-    const q = qp ? Number(qp.slice(2)) : 1;
-    return { q: Number.isFinite(q) ? q : 0, at: i };
+/** The answers the forward routes can give, by media type. */
+export const ANSWER_TYPES = {
+  json: "application/json",
+  binary: "application/octet-stream",
+} as const;
+
+/**
+ * The weight `accept` gives `type` (RFC 9110 12.5.1): the most specific media range that
+ * matches it (`type/sub`, then `type/*`, then the wildcard of every type) decides; its position breaks ties between
+ * types of equal weight and specificity. Members that do not parse (no `/`, a `q` that is not a
+ * weight) are skipped, as if absent. No matching range: weight 0.
+ */
+function weight(
+  accept: string,
+  type: string,
+): { q: number; specificity: number; at: number } {
+  const [main] = type.split("/");
+  let best = { q: 0, specificity: -1, at: Infinity };
+  const members = accept.split(",");
+  for (let i = 0; i < members.length; i++) {
+    const [range, ...params] = members[i].split(";").map((s) => s.trim().toLowerCase());
+    const slash = range.indexOf("/");
+    if (slash <= 0 || slash === range.length - 1) continue;
+    const specificity = range === type ? 2 : range === `${main}/*` ? 1 : range === "*/*" ? 0 : -1;
+    if (specificity < 0) continue;
+    const qp = params.find((p) => /^q\s*=/.test(p));
+    const qs = qp ? qp.slice(qp.indexOf("=") + 1).trim() : "1";
+    if (!/^(0(\.\d{0,3})?|1(\.0{0,3})?)$/.test(qs)) continue;
+    if (specificity > best.specificity) best = { q: Number(qs), specificity, at: i };
   }
-  return { q: -1, at: Infinity };
+  return best;
 }
 
-/** True when `Accept` asks for application/octet-stream (safetensors) over JSON. */
-export function wantsBinary(req: Request): boolean {
+/**
+ * Which answer a forward call gets from its `Accept` header: safetensors where it weighs
+ * application/octet-stream above application/json (or equally, by a more specific or an earlier
+ * range), else JSON (no header, an empty one, the wildcard of every type, `application/*`).
+ * @throws ServiceError 406 `not_acceptable` (`accept`, `available`) when it accepts neither:
+ *   checked before the body is read, so nothing ran and nothing was written.
+ */
+export function answerKind(req: Request): "json" | "binary" {
   const accept = req.headers.get("accept");
-  if (!accept) return false;
-  const bin = quality(accept, "application/octet-stream");
-  if (bin.q <= 0) return false;
-  const json = quality(accept, "application/json");
-  return bin.q > json.q || (bin.q === json.q && bin.at < json.at);
+  if (accept === null || accept.trim() === "") return "json";
+  const json = weight(accept, ANSWER_TYPES.json);
+  const bin = weight(accept, ANSWER_TYPES.binary);
+  if (json.q <= 0 && bin.q <= 0) {
+    throw new ServiceError(
+      `Accept ${
+        JSON.stringify(accept.length > 200 ? `${accept.slice(0, 200)}...` : accept)
+      } accepts neither application/json nor application/octet-stream (safetensors), the ` +
+        "two answers of this endpoint; nothing ran",
+      {
+        status: 406,
+        code: "not_acceptable",
+        extra: {
+          accept: accept.length > 200 ? `${accept.slice(0, 200)}...` : accept,
+          available: Object.values(ANSWER_TYPES),
+        },
+      },
+    );
+  }
+  const binFirst = bin.q > json.q ||
+    (bin.q === json.q &&
+      (bin.specificity > json.specificity ||
+        (bin.specificity === json.specificity && bin.at < json.at)));
+  return binFirst ? "binary" : "json";
 }
 
 /** The size limit of each body kind: JSON's own, capped by the general one. */

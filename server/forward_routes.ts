@@ -29,7 +29,7 @@ import {
   forwardSafetensors,
 } from "../wire/codec.ts";
 import { showValue } from "../wire/zod_issues.ts";
-import { bodyKind, type BodyLimits, readBody, wantsBinary } from "./body.ts";
+import { answerKind, bodyKind, type BodyLimits, readBody } from "./body.ts";
 import type { JsonDecoder } from "./json_decoder.ts";
 import { cacheIdParam } from "./cache_routes.ts";
 import type { Metrics } from "./metrics.ts";
@@ -93,14 +93,14 @@ function onCache(d: DecodedForward, id: string, binary: boolean): DecodedForward
  * back at once.
  */
 function answer(
-  req: Request,
+  kind: "json" | "binary",
   outcome: ForwardOutcome,
   encoding: DecodedForward["encoding"],
   headers: Record<string, string>,
 ): Response {
   const release = () => outcome.result.release?.();
   try {
-    if (wantsBinary(req)) {
+    if (kind === "binary") {
       return lentBodyResponse(forwardSafetensors(outcome), release, {
         headers: { "content-type": SAFETENSORS, ...headers },
       });
@@ -134,6 +134,8 @@ export function addForwardRoutes(
       const cacheId = pathId === null ? null : cacheIdParam(pathId);
       // 404 before reading a body meant for no cache (the body route's cache is in its body).
       if (cacheId !== null) service.getCache(cacheId);
+      // 406 before reading the body: an answer nobody accepts is not computed.
+      const answerAs = answerKind(req);
       const queueTimeoutMs = parseQueueTimeoutHeader(req.headers.get(QUEUE_TIMEOUT_HEADER));
       body = await decode(req, limits, json);
       const decoded = cacheId === null ? body.decoded : onCache(body.decoded, cacheId, body.binary);
@@ -151,7 +153,7 @@ export function addForwardRoutes(
       const paths = outcome.result.paths;
       if (paths?.header) headers["x-attention-paths"] = paths.header;
       if (paths?.reasons_header) headers["x-attention-path-reasons"] = paths.reasons_header;
-      const res = answer(req, outcome, decoded.encoding, headers);
+      const res = answer(answerAs, outcome, decoded.encoding, headers);
       const tEncoded = performance.now();
       metrics.recordForward(outcome.backend, (tRan - tParsed) / 1000);
       metrics.recordPhases(outcome.backend, {

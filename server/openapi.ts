@@ -25,6 +25,7 @@ const ERROR_TEXT: Record<number, string> = {
   408: "The body stopped coming (--body-timeout-ms)",
   409: "The cache exists with another spec",
   413: "Body over the limit",
+  406: "Accept takes neither answer (application/json, application/octet-stream); nothing ran",
   415: "Unsupported content type",
   422: "Parses but cannot run",
   499: "The client went away before the call ran (nobody reads it; logs and metrics do)",
@@ -60,7 +61,7 @@ const forwardBody = {
 };
 const forwardResponses = {
   "200": { description: "Output", content: { ...json("ForwardResponse"), ...safetensors } },
-  ...errors(400, 404, 408, 413, 415, 422, 499),
+  ...errors(400, 404, 406, 408, 413, 415, 422, 499),
 };
 
 let cached: Record<string, unknown> | undefined;
