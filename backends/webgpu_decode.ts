@@ -79,7 +79,7 @@ export function makeWebGpuDecode(
       "(any batch; fastest for decode and short queries); subgroup sums when granted.",
     capabilities: capabilities({
       dtypes: ["float32", "float16", "bfloat16"],
-      kv_cache_dtypes: ["auto", "float16", "bfloat16", "fp8_e4m3", "fp8_e5m2"],
+      kv_cache_dtypes: ["auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"],
       block_sizes: [...DECODE_BLOCK_SIZES],
       head_sizes: [...DECODE_HEAD_SIZES],
       kv_cache_layouts: ["NHD", "HND"],

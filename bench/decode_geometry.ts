@@ -9,6 +9,7 @@
  * @module
  */
 import { parseArgs } from "node:util";
+import { resolveStorage } from "../core/dtype.ts";
 import type { GpuContext, KvCacheSpec, LayerSpec, StorageDType } from "../core/types.ts";
 import { decodeShape, epilogueMode } from "../backends/decode_shape.ts";
 import { sliceCount, sliceLength } from "../backends/decode_split_policy.ts";
@@ -56,7 +57,7 @@ export function decodeGeometry(
   gpu: GpuContext = H200_LIKE,
   sm = 132,
 ): DecodeGeometry {
-  const st: StorageDType = s.kv_cache_dtype === "auto" ? "float16" : s.kv_cache_dtype;
+  const st: StorageDType = resolveStorage(s.kv_cache_dtype, "float16");
   const layer = { num_heads: s.num_heads, num_kv_heads: s.num_kv_heads, head_size: s.head_size };
   const spec = { block_size: s.block_size } as KvCacheSpec;
   const sh = decodeShape(gpu, t, layer as LayerSpec, spec, st);

@@ -5,7 +5,7 @@
  * (f16, bf16 or fp8 e4m3). Big caches (GiBs) are filled by repeating 1 MiB of random values.
  * @module
  */
-import { encode } from "../core/dtype.ts";
+import { encode, resolveStorage } from "../core/dtype.ts";
 import { plainLayer } from "../core/layer.ts";
 import type {
   ForwardBatch,
@@ -47,7 +47,13 @@ export interface BenchShape {
   layout?: "NHD" | "HND";
 }
 
-const CACHE_BYTES: Record<string, number> = { auto: 2, float16: 2, bfloat16: 2, fp8_e4m3: 1 };
+const CACHE_BYTES: Record<string, number> = {
+  auto: 2,
+  float16: 2,
+  bfloat16: 2,
+  fp8: 1,
+  fp8_e4m3: 1,
+};
 
 /** The requests of `s`, in batch order: `{reqs, ctx, qlen}`, then a mixed shape's chunks. */
 export function shapeParts(s: BenchShape): BenchPart[] {
@@ -222,7 +228,7 @@ export function makeBatch(s: BenchShape): {
         (p % bs);
     }
   }
-  const storage: StorageDType = s.kv_cache_dtype === "auto" ? "float16" : s.kv_cache_dtype;
+  const storage: StorageDType = resolveStorage(s.kv_cache_dtype, "float16");
   const eb = CACHE_BYTES[s.kv_cache_dtype];
   const cacheBytes = (bytes: number) =>
     encode(storage, Float32Array.from({ length: bytes / eb }, () => table[(rnd() * 4096) | 0]));

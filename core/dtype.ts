@@ -119,9 +119,9 @@ export function bytesPerElement(d: StorageDType): number {
   return d === "float32" ? 4 : d === "fp8_e4m3" || d === "fp8_e5m2" ? 1 : 2;
 }
 
-/** The physical element type of a cache: `auto` means the data dtype. */
+/** The physical element type of a cache: `auto` means the data dtype, `fp8` e4m3 (vLLM's). */
 export function resolveStorage(kv: KvCacheDType, dtype: DType): StorageDType {
-  return kv === "auto" ? dtype : kv;
+  return kv === "auto" ? dtype : kv === "fp8" ? "fp8_e4m3" : kv;
 }
 
 /** Rounds one value to a storage dtype (the value the dtype would hold). */

@@ -27,8 +27,18 @@ export const DTYPES = ["float32", "float16", "bfloat16"] as const;
 /** A data dtype: query/key/value/output storage. Accumulation is always f32 or better. */
 export type DType = typeof DTYPES[number];
 
-/** KV-cache dtypes as a config names them; `auto` means "same as the data dtype". */
-export const KV_CACHE_DTYPES = ["auto", "float16", "bfloat16", "fp8_e4m3", "fp8_e5m2"] as const;
+/**
+ * KV-cache dtypes as a config names them; `auto` means "same as the data dtype", `fp8` is
+ * `fp8_e4m3` (vLLM's `--kv-cache-dtype fp8`).
+ */
+export const KV_CACHE_DTYPES = [
+  "auto",
+  "float16",
+  "bfloat16",
+  "fp8",
+  "fp8_e4m3",
+  "fp8_e5m2",
+] as const;
 /** A configured KV-cache dtype. */
 export type KvCacheDType = typeof KV_CACHE_DTYPES[number];
 

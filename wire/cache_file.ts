@@ -153,8 +153,9 @@ export function checkCacheFile(file: CacheFile, spec: KvCacheSpec, cacheId: stri
   for (const k of CHECKED_METADATA) {
     const got = file.metadata[k];
     if (got === undefined) continue;
-    const resolved = k === "kv_cache_dtype" && got === "auto"
-      ? resolveStorage("auto", (file.metadata.dtype ?? spec.dtype) as KvCacheSpec["dtype"])
+    // `auto` and `fp8` name a storage dtype through the data dtype / vLLM's alias.
+    const resolved = k === "kv_cache_dtype" && (got === "auto" || got === "fp8")
+      ? resolveStorage(got, (file.metadata.dtype ?? spec.dtype) as KvCacheSpec["dtype"])
       : got;
     if (resolved !== want[k]) {
       issues.push({

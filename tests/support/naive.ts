@@ -43,7 +43,12 @@ export function naiveAttention(
   let fp8 = false;
   if (cache) {
     const s = cache.spec;
-    storage = s.kv_cache_dtype === "auto" ? batch.dtype : s.kv_cache_dtype;
+    // vLLM's names: auto is the data dtype, fp8 is e4m3.
+    storage = s.kv_cache_dtype === "auto"
+      ? batch.dtype
+      : s.kv_cache_dtype === "fp8"
+      ? "fp8_e4m3"
+      : s.kv_cache_dtype;
     fp8 = storage === "fp8_e4m3" || storage === "fp8_e5m2";
     kc = Float64Array.from(decode(storage, cache.key));
     vc = Float64Array.from(decode(storage, cache.value));

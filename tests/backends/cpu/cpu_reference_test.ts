@@ -633,7 +633,14 @@ Deno.test("descriptor: capabilities, cache factories, plan/run contract", async 
     assert.deepEqual(b.requires, { needs_device: false, features: [], limits: {} });
     const c = b.capabilities;
     assert.deepEqual(c.dtypes, ["float32", "float16", "bfloat16"]);
-    assert.equal(c.kv_cache_dtypes.length, 5);
+    assert.deepEqual(c.kv_cache_dtypes, [
+      "auto",
+      "float16",
+      "bfloat16",
+      "fp8",
+      "fp8_e4m3",
+      "fp8_e5m2",
+    ]);
     assert.deepEqual([c.block_sizes, c.head_sizes], [[], []]);
     assert.deepEqual(c.kv_cache_layouts, ["NHD", "HND"]);
     assert.equal(c.attn_types.length, 4);

@@ -22,14 +22,14 @@ function spec(kv: KvCacheDType, layout: KvLayout, o: Partial<KvCacheSpec> = {}):
     ...o,
   };
 }
-const KV: KvCacheDType[] = ["auto", "float16", "bfloat16", "fp8_e4m3", "fp8_e5m2"];
+const KV: KvCacheDType[] = ["auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"];
 
 Deno.test("create: zeroed, sized by the storage dtype", () => {
   for (const kv of KV) {
     for (const dtype of ["float32", "float16"] as const) {
       const c = HostKvCache.create(spec(kv, "NHD", { dtype }));
       const elems = 3 * 4 * 2 * 5;
-      const want = kv === "auto" ? dtype : kv;
+      const want = kv === "auto" ? dtype : kv === "fp8" ? "fp8_e4m3" : kv;
       assert.equal(c.storage_dtype, want);
       assert.equal(c.storage, "host");
       assert.equal(c.key.byteLength, elems * bytesPerElement(want));
