@@ -173,4 +173,9 @@ export interface AttentionBackend<P extends PlanContract = PlanContract> {
   disposePlan?(plan: P): void;
   /** Releases what the backend holds process-wide (workers, pools); it may be used again later. */
   close?(): Promise<void>;
+  /**
+   * Starts now what its first call would start (worker threads) and keeps it through idle-outs:
+   * for a server thread where that start is slow (a device thread: server/device_thread.ts).
+   */
+  prewarm?(): void;
 }

@@ -178,6 +178,10 @@ async function start(init: DeviceThreadInit): Promise<void> {
   );
   const log = lineLogger(`device thread ${init.index}: `);
   const { service, handler: own } = serviceAndHandler(device, init, log);
+  // A worker started from this one answers its first message after about 1 s (Deno 2.9.6): the
+  // CPU_REFERENCE pool and the JSON decoder start theirs now and keep them through idle-outs.
+  service.prewarm();
+  sharedJsonDecoder.keepWarm();
   const handler = counted(init.working, own);
   settings = init;
   serve = { handler, holds: (id) => service.caches.peek(id) !== undefined };

@@ -21,11 +21,14 @@ function buffers(x: unknown, out = new Set<ArrayBuffer>()): ArrayBuffer[] {
 /** The part of a worker's global scope this module uses. */
 interface WorkerScope {
   postMessage(message: unknown, transfer: Transferable[]): void;
-  onmessage: ((e: MessageEvent<{ id: number; bytes: Uint8Array }>) => void) | null;
+  onmessage:
+    | ((e: MessageEvent<{ id: number; bytes: Uint8Array } | { id: 0; warm: true }>) => void)
+    | null;
 }
 
 const scope = self as unknown as WorkerScope;
 scope.onmessage = (e) => {
+  if ("warm" in e.data) return; // JsonDecoder.keepWarm: the first message, delivered
   const { id, bytes } = e.data;
   try {
     const decoded = decodeJsonForward(parseJson(bytes));

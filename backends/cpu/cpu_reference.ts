@@ -27,7 +27,7 @@ import {
   type ValidBatch,
 } from "../../core/types.ts";
 import { capabilities } from "../capabilities_base.ts";
-import { CpuWorkerPool } from "./pool.ts";
+import { CpuWorkerPool, DEVICE_THREAD_WARM_WORKERS } from "./pool.ts";
 
 /** CPU_REFERENCE plans nothing: the reference works from the batch alone. */
 export type CpuReferencePlan = Record<string, never>;
@@ -84,6 +84,7 @@ export function cpuReference(pool: CpuWorkerPool = new CpuWorkerPool()): CpuRefe
     run: (_p, batch, _ctx, opts) => runOn(pool, batch, opts),
     pool,
     close: () => pool.close(),
+    prewarm: () => pool.keepWarm(DEVICE_THREAD_WARM_WORKERS),
   };
 }
 

@@ -7,7 +7,8 @@
  *   busy. Starting a worker blocks the event loop (Deno's `new Worker` is synchronous, about
  *   30 ms on the 2-core CPU machine), so at most one starts per task. Workers idle for
  *   `idleMs` (default 10 s) are terminated, so an idle pool holds no thread and does not keep
- *   the process alive for longer than that.
+ *   the process alive for longer than that; {@link CpuWorkerPool.keepWarm} keeps some started
+ *   (device threads, where a worker's start is slow).
  * - **Memory**: the cache is not copied: the worker reads and writes its SharedArrayBuffers in
  *   place. The batch's tensors are copied to the worker; output and lse are transferred back.
  * - **Ordering**: the pool orders nothing itself. Calls on one server-held cache are
@@ -57,6 +58,7 @@ import {
   fromWire,
   PENDING,
   toWireBatch,
+  type WarmRequest,
   WRITING,
   WRITTEN,
 } from "./protocol.ts";
@@ -71,6 +73,13 @@ export interface CpuPoolOptions {
   /** Milliseconds a worker may sit idle before it is terminated (default 10,000). */
   idleMs?: number;
 }
+
+/**
+ * The workers a device thread keeps started ({@link CpuWorkerPool.keepWarm}): on Deno 2.9.6 a
+ * worker started from inside a worker takes about 1 s to answer its first call (one thread:
+ * about 30 ms), which the first CPU_REFERENCE call after each idle-out paid (bench/NOTES.md v0.20).
+ */
+export const DEVICE_THREAD_WARM_WORKERS = 1;
 
 /** cores - 1 (one core stays with the event loop), at least 1, at most 8. */
 export function defaultPoolSize(cores: number = navigator.hardwareConcurrency): number {
@@ -117,6 +126,8 @@ export class CpuWorkerPool {
   /** A worker was started in the current task; the next one waits for #pumpTimer. */
   #spawnedThisTask = false;
   #drainWaiters: (() => void)[] = [];
+  /** Workers the idle-out leaves started ({@link keepWarm}). */
+  #warm = 0;
 
   constructor(opts: CpuPoolOptions = {}) {
     this.size = opts.size ?? defaultPoolSize();
@@ -130,6 +141,22 @@ export class CpuWorkerPool {
   /** Live workers. */
   get workers(): number {
     return this.#slots.length;
+  }
+
+  /**
+   * Keeps `n` workers (at most the pool's size) started: one is started now, with no call
+   * waiting, so that it has loaded its module before the first call comes, and the idle-out
+   * terminates only the idle workers beyond `n`. 0: the default, every idle worker goes. A
+   * closed pool starts none until its next call.
+   */
+  keepWarm(n: number): void {
+    if (!Number.isInteger(n) || n < 0) {
+      throw new RangeError(`keepWarm takes an integer >= 0, got ${n}`);
+    }
+    this.#warm = Math.min(n, this.size);
+    if (this.#slots.length >= this.#warm || this.#closing) return;
+    const warm: WarmRequest = { warm: true }; // its ~500 ms first message, paid now
+    this.#spawn().worker.postMessage(warm);
   }
 
   /** Workers running a call. */
@@ -378,9 +405,11 @@ export class CpuWorkerPool {
     if (this.#slots.some((s) => s.job)) return;
     for (const wake of this.#drainWaiters.splice(0)) wake();
     if (this.#slots.length === 0 || this.#idleTimer !== undefined) return;
+    if (this.#slots.length <= this.#warm) return;
     const timer = setTimeout(() => {
       this.#idleTimer = undefined;
-      for (const s of this.#slots.filter((s) => !s.job)) {
+      const idle = this.#slots.filter((s) => !s.job);
+      for (const s of idle.slice(0, Math.max(0, this.#slots.length - this.#warm))) {
         this.#slots.splice(this.#slots.indexOf(s), 1);
         s.worker.terminate();
       }

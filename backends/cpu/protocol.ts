@@ -48,6 +48,15 @@ export interface CallRequest {
   undo: SharedArrayBuffer | null;
 }
 
+/**
+ * main → worker: nothing to run; answered `warm` (id 0). The first message a worker started
+ * from inside a worker receives takes about 500 ms to arrive on Deno 2.9.6 however long it has
+ * been running (later ones well under 1 ms): a warm pool pays that before its first call.
+ */
+export interface WarmRequest {
+  warm: true;
+}
+
 /** An error as data. `service` is set when it was a ServiceError. */
 /** An error across the worker boundary (core/errors.ts' plain form). */
 export type WireError = PlainError;
@@ -63,7 +72,8 @@ export type CallReply =
     timings: Record<string, number>;
   }
   | { id: number; kind: "failed"; error: WireError }
-  | { id: number; kind: "cancelled" };
+  | { id: number; kind: "cancelled" }
+  | { id: 0; kind: "warm" };
 
 /**
  * The batch to post: without its cache, and with every typed array that views only part of

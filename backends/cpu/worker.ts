@@ -15,7 +15,15 @@
 import { HostKvCache } from "./host_cache.ts";
 import { attend, checkBatch, kvFromCall, writeKv } from "./reference.ts";
 import type { ForwardBatch } from "../../core/types.ts";
-import { type CallReply, type CallRequest, PENDING, toWire, WRITING, WRITTEN } from "./protocol.ts";
+import {
+  type CallReply,
+  type CallRequest,
+  PENDING,
+  toWire,
+  type WarmRequest,
+  WRITING,
+  WRITTEN,
+} from "./protocol.ts";
 import { snapshotRows, writesCache } from "./undo.ts";
 
 /** The cache write step of a call (tests substitute one that fails part-way). */
@@ -60,6 +68,7 @@ export function runCall(req: CallRequest, post: Post, write: WriteStep = writeKv
 export function serveCalls(scope: WorkerScope, write: WriteStep = writeKv): void {
   const post: Post = (reply, transfer) => scope.postMessage(reply, transfer ?? []);
   scope.onmessage = (e) => {
+    if ((e.data as Partial<WarmRequest>).warm === true) return post({ id: 0, kind: "warm" });
     const req = e.data as CallRequest;
     try {
       runCall(req, post, write);

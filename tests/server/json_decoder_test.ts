@@ -79,3 +79,28 @@ Deno.test("json decoder: the event loop keeps turning while a big body is parsed
     dec.close();
   }
 });
+
+Deno.test("json decoder: keepWarm starts the worker at once and keeps it through idle periods", async () => {
+  const idle = new JsonDecoder(30), warm = new JsonDecoder(30);
+  try {
+    const bytes = body(512);
+    const inline = decodeJsonForward(parseJson(bytes));
+    assert.equal(warm.running, false, "started on first use by default");
+    warm.keepWarm();
+    assert.equal(warm.running, true, "keepWarm starts it with no body waiting");
+    for (const dec of [idle, warm]) {
+      const got = await dec.decode(bytes.slice());
+      assert.deepEqual(toFloat32(got.input.query.array), toFloat32(inline.input.query.array));
+      assert.equal(dec.running, true);
+    }
+    await new Promise((r) => setTimeout(r, 200));
+    assert.equal(idle.running, false, "an idle worker is ended after idleMs");
+    assert.equal(warm.running, true, "a warm one stays");
+    const again = await warm.decode(bytes.slice());
+    assert.deepEqual(again.input.metadata.slot_mapping, inline.input.metadata.slot_mapping);
+  } finally {
+    idle.close();
+    warm.close();
+  }
+  assert.equal(warm.running, false, "close() ends it");
+});
