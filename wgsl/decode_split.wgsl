@@ -43,7 +43,7 @@
 //   1 storage  q     : [num_tokens, num_heads, D] in the data dtype, read 4 elements at a
 //                      time by the generated q_4 (QLOAD)
 //   2 storage  tab   : [..] u32   items at 0: [num_items * WT * 8] (req, token, k_begin rounded
-//                                 down to a multiple of U, k_end, slot, query position,
+//                                 down to a multiple of U, k_end, slot, query position (i32),
 //                                 k_begin, row: its row-table entry, NONE for a row cut into
 //                                 one slice under EPI > 0); block table at P.bt_off:
 //                                 [num_reqs * max_blocks] i32; ALiBi slopes at P.slope_off:
@@ -134,7 +134,7 @@ fn rsum(lid: u32, i: u32) -> f32 {
 
 // The logit of key k from its scaled dot product (the query is scaled once, at load): soft cap,
 // ALiBi; NEG outside the slice.
-fn logit(dot_qk: f32, k: u32, vis: bool, pos: u32, slope: f32) -> f32 {
+fn logit(dot_qk: f32, k: u32, vis: bool, pos: i32, slope: f32) -> f32 {
   var s = dot_qk;
   if (CAP) {
     // clamp() would make a NaN (from a NaN stored in the cache) +-15: it stays NaN, as in float64.
@@ -222,7 +222,9 @@ fn main(
   let kb = tab[ib + 2u];
   let ke = tab[ib + 3u];
   let slot = tab[ib + 4u];
-  let pos = tab[ib + 5u];
+  // The row's position: negative where a cross-attention request has more queries than encoder
+  // keys (p = seq_len - query_len + j); only ALiBi reads it.
+  let pos = bitcast<i32>(tab[ib + 5u]);
   let kt = tab[ib + 6u]; // the row's first visible key (the first slice starts at kt - kt % U)
   // The keys the workgroup walks: the slice, or the joint range of its WT token items, read from
   // workgroup-uniform addresses only (the loop's bounds must be uniform; kb / ke are not when

@@ -1,0 +1,62 @@
+/**
+ * ALiBi on cross-attention (`encoder_decoder`) where a request has more query tokens than
+ * encoder keys: its first queries sit at negative positions (p = seq_len - query_len + j, the
+ * reference's semantics), and the bias -slope (p - k) is then positive. The split-KV kernels kept
+ * the position as a u32, so such a row got a bias near 2^32 x slope (LSE about -2.1e9, outputs off
+ * by up to 1.95 on WEBGPU_DECODE and WEBGPU_FLASH's decode rows; a black-box audit of v0.23's
+ * main). Checked against CPU_REFERENCE: output, LSE and the cache after the call.
+ * @module
+ */
+import { makeWebGpuDecode } from "../../backends/webgpu_decode.ts";
+import { makeWebGpuFlash } from "../../backends/webgpu_flash.ts";
+import type { AttentionBackend } from "../../core/types.ts";
+import type { BatchSpec } from "../support/batches.ts";
+import { checkBackend } from "../support/backend_check.ts";
+import { ONE_SLICE_TUNING } from "../support/decode_knob_specs.ts";
+import { DEFAULT_DECODE_TUNING } from "../../backends/webgpu_decode_tuning.ts";
+import { GPU, NO_GPU } from "../gpu/helpers.ts";
+
+/** Requests with more queries than encoder keys (2 of 3), one with fewer. */
+const CROSS: BatchSpec = {
+  dtype: "float32",
+  kv_cache_dtype: "auto",
+  layout: "NHD",
+  block_size: 16,
+  head_size: 64,
+  num_heads: 4,
+  num_kv_heads: 2,
+  attn_type: "encoder_decoder",
+  requests: [{ query_len: 6, seq_len: 2 }, { query_len: 1, seq_len: 9 }, {
+    query_len: 20,
+    seq_len: 17,
+  }],
+  alibi: true,
+  return_lse: true,
+};
+
+const BACKENDS: [string, AttentionBackend][] = [
+  ["WEBGPU_DECODE", makeWebGpuDecode(DEFAULT_DECODE_TUNING) as AttentionBackend],
+  ["WEBGPU_DECODE, one slice a row", makeWebGpuDecode(ONE_SLICE_TUNING) as AttentionBackend],
+  [
+    "WEBGPU_DECODE, transposed sums and softmax",
+    makeWebGpuDecode({
+      ...DEFAULT_DECODE_TUNING,
+      scatter_sums: true,
+      scatter_softmax: true,
+    }) as AttentionBackend,
+  ],
+  [
+    "WEBGPU_FLASH",
+    makeWebGpuFlash({ tile: null, decode: DEFAULT_DECODE_TUNING }) as AttentionBackend,
+  ],
+];
+
+for (const [name, b] of BACKENDS) {
+  for (const dtype of ["float32", "float16"] as const) {
+    Deno.test(`cross-attention ALiBi at negative query positions: ${name}, ${dtype}`, {
+      ignore: NO_GPU,
+    }, async () => {
+      await checkBackend(b, GPU!, { ...CROSS, dtype });
+    });
+  }
+}
