@@ -16,7 +16,8 @@
  * @module
  */
 import { lineLogger } from "./problem.ts";
-import { accessAllowed } from "./auth.ts";
+import { bodyLimits } from "./body.ts";
+import { bodyReader } from "./head_refusal.ts";
 import { RequestSender } from "./request_sender.ts";
 import { serveThreadHttp } from "./thread_http.ts";
 import { scanWorker } from "./forward_cache_id.ts";
@@ -121,7 +122,7 @@ function listen(m: HttpListenMessage): void {
   const front = new RequestSender(
     (msg, t) => m.front.postMessage(msg, t ?? []),
     init.maxBodyBytes,
-    accessAllowed(init.access),
+    bodyReader(init.access, bodyLimits(init.maxBodyBytes, init.maxJsonBodyBytes)),
   );
   m.front.onmessage = (e) => {
     const wrong = front.receive(e.data);

@@ -16,8 +16,9 @@
  * `device_thread_lost` (not logged: the stop is, once), and no new cache is placed on it.
  * @module
  */
-import { accessAllowed, type AccessPolicy } from "./auth.ts";
-import { mediaType } from "./body.ts";
+import type { AccessPolicy } from "./auth.ts";
+import { bodyLimits, mediaType } from "./body.ts";
+import { bodyReader } from "./head_refusal.ts";
 import type { DeviceReadyMessage, DeviceThreadInit } from "./device_thread.ts";
 import { findForwardCacheId, scanWorker } from "./forward_cache_id.ts";
 import { CachePlacement } from "./cache_placement.ts";
@@ -93,7 +94,8 @@ export async function startDeviceThreads(
   o: DeviceThreadsOptions,
 ): Promise<{ ok: true; front: DeviceThreads } | { ok: false; reason: string; fatal: boolean }> {
   const log = o.log ?? lineLogger();
-  const allowed = accessAllowed(o.access);
+  // A body its route refuses by its head is not read (head_refusal.ts): not even to find its cache.
+  const allowed = bodyReader(o.access, bodyLimits(o.init.maxBodyBytes, o.init.maxJsonBodyBytes));
   const n = o.threads;
   // Dawn's adapter requests redirect the process's fd 2 (gpu/runtime_stderr.ts): one at a time.
   const lock = stderrLock();

@@ -248,6 +248,18 @@ export function parseServeArgs(
         "send bigger calls as safetensors (--max-body-bytes)",
     );
   }
+  const maxBody = intFlag("max-body-bytes", values["max-body-bytes"], DEFAULT_MAX_BODY_BYTES, 1);
+  if (
+    values["max-json-body-bytes"] !== undefined && values["max-body-bytes"] !== undefined &&
+    maxJson > maxBody
+  ) {
+    // JSON bodies are held to the general limit too (server/body.ts bodyLimits): the JSON one
+    // would never apply, and a JSON body between the two would name --max-body-bytes.
+    throw new Error(
+      `--max-json-body-bytes ${maxJson} is above --max-body-bytes ${maxBody}, which caps every ` +
+        "body (JSON too): lower --max-json-body-bytes or raise --max-body-bytes",
+    );
+  }
   const tokenFile = values["token-file"];
   const instanceName = values["instance-name"];
   if (instanceName !== undefined && !INSTANCE_NAME_PATTERN.test(instanceName)) {
@@ -297,7 +309,7 @@ export function parseServeArgs(
   return {
     port,
     host: values.host ?? "127.0.0.1",
-    maxBodyBytes: intFlag("max-body-bytes", values["max-body-bytes"], DEFAULT_MAX_BODY_BYTES, 1),
+    maxBodyBytes: maxBody,
     maxJsonBodyBytes: maxJson,
     memoryBudgetBytes: intFlag(
       "memory-budget-bytes",

@@ -23,12 +23,14 @@ export function specOf(req: CreateCacheRequest): KvCacheSpec {
   };
 }
 
+/** The fields compared, in the order docs/api.md lists them (kv_cache_dtype as stored). */
 const FIELDS = [
   "num_blocks",
   "block_size",
   "num_kv_heads",
   "head_size",
   "dtype",
+  "kv_cache_dtype",
   "layout",
 ] as const;
 
@@ -49,10 +51,19 @@ export function requireSameSpec(
       path: [field],
       message: `is ${JSON.stringify(got)} but cache ${id} has ${JSON.stringify(has)}`,
     });
-  for (const f of FIELDS) if (want[f] !== held.spec[f]) differ(f, want[f], held.spec[f]);
   const storage = (s: KvCacheSpec) => resolveStorage(s.kv_cache_dtype, s.dtype);
-  if (storage(want) !== storage(held.spec)) {
-    differ("kv_cache_dtype", want.kv_cache_dtype, held.spec.kv_cache_dtype);
+  for (const f of FIELDS) {
+    if (f !== "kv_cache_dtype") {
+      if (want[f] !== held.spec[f]) differ(f, want[f], held.spec[f]);
+    } else if (storage(want) !== storage(held.spec)) {
+      // Two names of one storage match; shown with what each stores (`auto` over two dtypes).
+      const shown = (s: KvCacheSpec) =>
+        `${JSON.stringify(s.kv_cache_dtype)} (stores ${storage(s)})`;
+      issues.push({
+        path: [f],
+        message: `is ${shown(want)} but cache ${id} has ${shown(held.spec)}`,
+      });
+    }
   }
   if (req.backend !== undefined && req.backend !== "auto" && req.backend !== held.backend) {
     differ("backend", req.backend, held.backend);

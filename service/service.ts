@@ -185,6 +185,8 @@ export class AttentionService {
     req: CreateCacheRequest,
   ): Promise<{ info: CacheInfo; created: boolean }> {
     const spec = specOf(req);
+    // An unknown forced backend is a 404 whether or not the id is held (not a 409 naming it).
+    if (req.backend !== undefined && req.backend !== "auto") this.registry.get(req.backend);
     for (;;) {
       const busy = this.caches.busy(id);
       if (busy) {

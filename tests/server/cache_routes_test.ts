@@ -9,6 +9,8 @@ import assert from "node:assert/strict";
 import { forwardBodyToSafetensors } from "../../client/client.ts";
 import { expectProblem, maxAbsDiff, serverMode, startServer } from "./helpers.ts";
 import { HeldSeq } from "./held_seq.ts";
+import { CPU_REFERENCE } from "../../backends/cpu/cpu_reference.ts";
+import type { AttentionBackend } from "../../core/types.ts";
 
 const json = (body: unknown, method = "PUT"): RequestInit => ({
   method,
@@ -17,7 +19,9 @@ const json = (body: unknown, method = "PUT"): RequestInit => ({
 });
 
 Deno.test("PUT /v1/kv-caches/{id}: 201 created, 200 same spec, 409 another; Location", async () => {
-  const srv = await startServer();
+  // A second host backend (CPU_REFERENCE under another name, below it), to force another one.
+  const twin = { ...CPU_REFERENCE, name: "CPU_TWIN", priority: 101 } as AttentionBackend;
+  const srv = await startServer({ backends: [CPU_REFERENCE as AttentionBackend, twin] });
   try {
     const spec = HeldSeq.cacheSpec();
     const first = await fetch(`${srv.url}/v1/kv-caches/seq-1`, json(spec));
@@ -46,8 +50,9 @@ Deno.test("PUT /v1/kv-caches/{id}: 201 created, 200 same spec, 409 another; Loca
     assert.deepEqual(e.problem.issues!.map((i) => i.path[0]).sort(), ["layout", "num_blocks"]);
     assert.match(e.problem.issues![0].message, /is 7 but cache seq-1 has 6/);
     assert.equal(e.problem.cache_id, "seq-1");
+    // Another known backend forced (an unknown one is a 404: cache_conflict_review_test.ts).
     await expectProblem(
-      srv.client.putCache("seq-1", { ...spec, backend: "WEBGPU_FLASH" }),
+      srv.client.putCache("seq-1", { ...spec, backend: "CPU_TWIN" }),
       409,
       "cache_conflict",
       ["backend"],

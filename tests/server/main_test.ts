@@ -75,6 +75,20 @@ Deno.test("main: flags and defaults", () => {
     },
   );
   assert.throws(() => parseServeArgs(["--max-json-body-bytes", "0"]), />= 1/);
+  // Both limits given, JSON's above the general one that caps it too: refused, both named.
+  assert.throws(
+    () => parseServeArgs(["--max-json-body-bytes", "200000", "--max-body-bytes", "40000"]),
+    /--max-json-body-bytes 200000 is above --max-body-bytes 40000/,
+  );
+  assert.equal(
+    parseServeArgs(["--max-body-bytes", "1000"]).maxBodyBytes,
+    1000,
+    "one alone is fine",
+  );
+  assert.equal(
+    parseServeArgs(["--max-json-body-bytes", "1000", "--max-body-bytes", "1000"]).maxJsonBodyBytes,
+    1000,
+  );
   // --device-threads-http: the flag or ATTN_DEVICE_THREADS_HTTP (0 or 1), with device threads.
   assert.equal(
     parseServeArgs(["--device-threads=2", "--device-threads-http"]).deviceThreadsHttp,

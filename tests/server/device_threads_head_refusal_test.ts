@@ -1,0 +1,127 @@
+/**
+ * With device threads, a request its route refuses by its head (406 for Accept, 415 for
+ * Content-Type, 413 for a declared length over the JSON limit) is answered before its body is
+ * read (server/head_refusal.ts), as on one thread. The device-threads front used to read every
+ * forward, create and PUT body first (to find a forward's cache, or to place a create), so a
+ * client uploaded the whole body for nothing, and one whose body stalled got its refusal only at
+ * `--body-timeout-ms` (a black-box audit: 50-70 MB uploaded, or 1 s of stall, before a 406).
+ * Each request here sends its head and the first bytes of a body it declares much longer, then
+ * waits for the answer without sending the rest.
+ * @module
+ */
+import assert from "node:assert/strict";
+import { spawnServer } from "./process.ts";
+import { answerOn } from "./raw_http.ts";
+
+/** A request whose body never comes whole: its head, then `sent` bytes of `declared`. */
+async function stalled(
+  port: number,
+  method: string,
+  path: string,
+  headers: Record<string, string>,
+  declared: number,
+): Promise<{ status: number; code: string }> {
+  const conn = await Deno.connect({ hostname: "127.0.0.1", port });
+  const timer = setTimeout(() => conn.close(), 10_000);
+  try {
+    const head =
+      `${method} ${path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-length: ${declared}\r\n` +
+      Object.entries(headers).map(([k, v]) => `${k}: ${v}\r\n`).join("") + "\r\n";
+    await conn.write(new TextEncoder().encode(head + '{"dtype": "float16", '));
+    const r = await answerOn(conn);
+    return { status: r.status, code: JSON.parse(r.text).code };
+  } catch (e) {
+    throw new Error(`${method} ${path}: no answer within 10 s while its body stalled (${e})`);
+  } finally {
+    clearTimeout(timer);
+    try {
+      conn.close();
+    } catch { /* closed by the timer */ }
+  }
+}
+
+const CASES: [string, string, Record<string, string>, number, number, string][] = [
+  [
+    "POST",
+    "/v1/attention/forward",
+    { "content-type": "application/json", accept: "text/html" },
+    100_000,
+    406,
+    "not_acceptable",
+  ],
+  [
+    "POST",
+    "/v1/attention/forward",
+    { "content-type": "text/plain" },
+    100_000,
+    415,
+    "unsupported_media_type",
+  ],
+  [
+    "POST",
+    "/v1/attention/forward",
+    { "content-type": "application/json" },
+    100_000,
+    413,
+    "body_too_large",
+  ],
+  [
+    "PUT",
+    "/v1/kv-caches/c1",
+    { "content-type": "text/plain" },
+    1000,
+    415,
+    "unsupported_media_type",
+  ],
+  ["POST", "/v1/kv-caches", { "content-type": "application/json" }, 100_000, 413, "body_too_large"],
+  [
+    "PUT",
+    "/v1/kv-caches/c1",
+    { "content-type": "application/json", "content-encoding": "gzip" },
+    1000,
+    415,
+    "unsupported_content_encoding",
+  ],
+];
+
+for (
+  const mode of [["--device-threads", "2"], ["--device-threads", "2", "--device-threads-http"]]
+) {
+  Deno.test(`${mode.join(" ")}: refused by its head before its body is read`, async () => {
+    const srv = await spawnServer([
+      ...mode,
+      "--no-gpu",
+      "--allow-unauthenticated",
+      "--max-json-body-bytes",
+      "4096",
+      "--body-timeout-ms",
+      "30000",
+    ]);
+    try {
+      for (const [method, path, headers, declared, status, code] of CASES) {
+        const got = await stalled(srv.port, method, path, headers, declared);
+        assert.deepEqual(got, { status, code }, `${method} ${path} ${JSON.stringify(headers)}`);
+      }
+      // What is not refused by its head still goes where it goes: a create, then its GET.
+      const made = await fetch(`${srv.url}/v1/kv-caches/c2`, {
+        method: "PUT",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify({
+          num_blocks: 2,
+          block_size: 16,
+          num_kv_heads: 1,
+          head_size: 8,
+          dtype: "float32",
+        }),
+      });
+      assert.equal(made.status, 201);
+      await made.body?.cancel();
+      const got = await fetch(`${srv.url}/v1/kv-caches/c2`);
+      assert.equal(got.status, 200);
+      await got.body?.cancel();
+    } finally {
+      srv.kill("SIGTERM");
+      await srv.exited;
+    }
+  });
+}
