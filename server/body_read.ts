@@ -142,6 +142,12 @@ export interface StreamedBody {
    * (request_arrival.ts; undefined: read on this thread).
    */
   waitedMs?: number;
+  /**
+   * A read another thread made before passing the request on (request_sender.ts readBody, the
+   * device-threads front's): how long it took there, ms, which the owner's `parse` counts
+   * (request_arrival.ts readElsewhere).
+   */
+  readMs?: number;
 }
 
 /**

@@ -19,7 +19,7 @@
 import { ServiceError } from "../core/errors.ts";
 import { QUEUE_TIMEOUT_HEADER } from "../wire/names.ts";
 import { parseQueueTimeoutHeader } from "./queue_timeout_header.ts";
-import { waitedBetweenThreads } from "./request_arrival.ts";
+import { readElsewhere, waitedBetweenThreads } from "./request_arrival.ts";
 import type { AttentionService } from "../service/service.ts";
 import {
   decodeBinaryForward,
@@ -129,7 +129,9 @@ export function addForwardRoutes(
     const t0 = performance.now();
     let tParsed: number | null = null;
     let body: Awaited<ReturnType<typeof decode>> | null = null;
-    const timing = () => `parse;dur=${((tParsed ?? performance.now()) - t0).toFixed(3)}`;
+    // A body another thread read first (the device-threads front) counts that read too.
+    const timing = () =>
+      `parse;dur=${((tParsed ?? performance.now()) - t0 + readElsewhere(req)).toFixed(3)}`;
     try {
       const cacheId = pathId === null ? null : cacheIdParam(pathId);
       // 404 before reading a body meant for no cache (the body route's cache is in its body).

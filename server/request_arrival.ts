@@ -42,3 +42,19 @@ export function keepWait(req: Request, ms: number): void {
 export function waitedBetweenThreads(req: Request): number {
   return waits.get(req) ?? 0;
 }
+
+const reads = new WeakMap<Request, number>();
+
+/** Records how long threads before this one spent reading a rebuilt request's body. */
+export function keepRead(req: Request, ms: number): void {
+  if (ms > 0) reads.set(req, ms);
+}
+
+/**
+ * The ms threads before this one spent reading `req`'s body before passing it on (0: none, or
+ * read here): a forward's `Server-Timing: parse` counts it, so that a body read by the
+ * device-threads front (to find its cache) is timed as one read on one thread is.
+ */
+export function readElsewhere(req: Request): number {
+  return reads.get(req) ?? 0;
+}

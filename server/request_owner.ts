@@ -14,7 +14,7 @@ import { type ErrorLogger, problemResponse, toProblem } from "./problem.ts";
 import { releaseWhenDelivered, takeLentBytes } from "./lent_body.ts";
 import { setPreReadBody, type StreamedBody } from "./body_read.ts";
 import { keepSentPath } from "./routes.ts";
-import { keepWait, receivedWait } from "./request_arrival.ts";
+import { keepRead, keepWait, receivedWait } from "./request_arrival.ts";
 import type { BodyMessage, HeadMessage, ResponseMessage } from "./worker_protocol.ts";
 
 type Handler = (req: Request) => Promise<Response>;
@@ -66,6 +66,7 @@ function preRead(m: BodyMessage): StreamedBody {
     uncounted: m.uncounted,
     timeout_ms: m.timeout_ms,
     waitedMs: m.waitedMs,
+    readMs: m.readMs,
   };
 }
 
@@ -84,6 +85,7 @@ function rebuild(m: HeadMessage, p: Pending): Request {
   if (body !== null) {
     const read = p.body.then((m) => {
       keepWait(req, m.waitedMs ?? 0);
+      keepRead(req, m.readMs ?? 0);
       return preRead(m);
     });
     read.catch(() => {}); // a read that fails is the handler's to see, or no one's

@@ -62,7 +62,10 @@ export class RequestSender {
    */
   async readBody(req: Request): Promise<StreamedBody | null> {
     const b = this.#bodyPlan(req);
-    return b.read ? await this.#read(req, b.declared) : null;
+    if (!b.read) return null;
+    const t0 = performance.now();
+    const r = await this.#read(req, b.declared);
+    return { ...r, readMs: (r.readMs ?? 0) + performance.now() - t0 };
   }
 
   /**
@@ -186,6 +189,7 @@ export class RequestSender {
       ...(message ? { message } : {}),
       ...(read.uncounted ? { uncounted: true } : {}),
       ...(read.timeout_ms !== undefined ? { timeout_ms: read.timeout_ms } : {}),
+      ...(read.readMs !== undefined ? { readMs: read.readMs } : {}),
       sentAt: hopStamp(),
       waitedMs: read.waitedMs ?? 0,
     };

@@ -52,6 +52,8 @@ export interface BodyMessage {
   sentAt?: number;
   /** What the body waited between threads on earlier hops, ms. */
   waitedMs?: number;
+  /** How long threads before the owner spent reading the body before posting its head, ms. */
+  readMs?: number;
 }
 
 /** The client went away before its answer. */
