@@ -4,11 +4,12 @@
  * it accepts against CPU_REFERENCE's float64 run of the same batch.
  *
  * A configuration draws: the data dtype (float32, float16, bfloat16) and the KV cache dtype
- * (auto, float16, bfloat16, fp8_e4m3, fp8_e5m2; fp8 with random k/v scales, e4m3 sometimes
+ * (auto, float16, bfloat16, fp8 (vLLM's e4m3), fp8_e4m3, fp8_e5m2; fp8 with random k/v scales, e4m3 sometimes
  * NaN-free; a fifth of the other caches with k/v scales they must ignore), every pair of the two about equally often; the layout (NHD/HND); the block size
  * (16, 32, 48, 64, 128); the head size (32 … 256); 1, 2 or 4 KV heads at a GQA ratio of 1, 2,
  * 4 or 8; the attention type (decoder mostly; non-causal decoder, encoder, encoder_only,
- * encoder_decoder with or without new encoder K/V); 1 to 6 requests, each a decode row, a
+ * encoder_decoder with or without new encoder K/V, without a window sometimes with fewer encoder
+ * keys than queries); 1 to 6 requests, each a decode row, a
  * short multi-token decode (2-4 tokens: over the decode threshold), a chunked prefill, a full
  * prefill or an idle request (no query), with query lengths on either side of 16, 32 and 64
  * (tile edges) and contexts on either side of a block boundary; and, each on in about half the
@@ -159,11 +160,18 @@ function decoderRequest(rng: Rng, bs: number): [RequestSpec, string] {
   return [{ query_len: 0, seq_len: 1 + context(rng, bs, 60) }, "idle"];
 }
 
-/** One request of an encoder_decoder batch: a few queries over 1 … 90 encoder keys. */
-function crossRequest(rng: Rng): [RequestSpec, string] {
+/**
+ * One request of an encoder_decoder batch: a few queries over 1 … 90 encoder keys. With a
+ * sliding window, at least as many keys as queries (a query's position, seq_len - query_len + j,
+ * stays among the keys, so the window always sees one); without, sometimes fewer, which puts the
+ * first queries at negative positions (ALiBi's bias reads them: the split kernels once took
+ * them as u32).
+ */
+function crossRequest(rng: Rng, window: boolean): [RequestSpec, string] {
   const q = chance(rng, 0.6) ? 1 : 2 + rng.int(8);
-  // At least as many encoder keys as queries: a query's position (seq_len - query_len + j)
-  // stays among the keys, so a sliding window always sees one.
+  if (!window && q > 1 && chance(rng, 0.3)) {
+    return [{ query_len: q, seq_len: 1 + rng.int(q - 1) }, "cross prefill, fewer keys"];
+  }
   return [{ query_len: q, seq_len: q + rng.int(80) }, q === 1 ? "cross decode" : "cross prefill"];
 }
 
@@ -208,7 +216,7 @@ function drawBatches(seed: number, count: number): Drawn[] {
       const [req, kind] = attn_type === "decoder"
         ? decoderRequest(r, block_size)
         : attn_type === "encoder_decoder"
-        ? crossRequest(r)
+        ? crossRequest(r, on("window"))
         : encoderRequest(r);
       if (pairs([...requests, req]) * perPair > WORK_BUDGET) continue;
       requests.push(req);
@@ -229,7 +237,7 @@ function drawBatches(seed: number, count: number): Drawn[] {
       const first = requests.find((q) => keyRows(q) > 0);
       if (first && !requests.some((q) => q.pad)) first.pad = 1;
     }
-    const fp8 = kv === "fp8_e4m3" || kv === "fp8_e5m2";
+    const fp8 = kv === "fp8" || kv === "fp8_e4m3" || kv === "fp8_e5m2";
     const soft = on("soft_cap");
     const spec: BatchSpec = {
       dtype,
@@ -254,7 +262,7 @@ function drawBatches(seed: number, count: number): Drawn[] {
       ...(fp8 || chance(r, 0.2)
         ? { k_scale: round2(r.uniform(0.25, 2)), v_scale: round2(r.uniform(0.25, 2)) }
         : {}),
-      ...(kv === "fp8_e4m3" && chance(r, 0.5) ? { finite_fill: true } : {}),
+      ...((kv === "fp8_e4m3" || kv === "fp8") && chance(r, 0.5) ? { finite_fill: true } : {}),
       ...(cross_write !== undefined ? { cross_write } : {}),
     };
     return { index: i + 1, label: labelOf(spec), spec, kinds };
@@ -310,9 +318,12 @@ Deno.test("random batches: the draw is seeded and covers every dtype, layout, ty
     assert.ok(s.num_heads <= maxHeads(s.head_size), d.label);
     const encoder = s.attn_type === "encoder" || s.attn_type === "encoder_only";
     for (const r of s.requests) {
-      // Cross queries too have keys at their positions (a window always sees one).
+      // Queries have keys at their positions (a window always sees one), but cross queries
+      // without a window may have fewer (their first positions negative: crossRequest).
       if (encoder) assert.equal(r.seq_len, r.query_len, d.label);
-      else assert.ok(r.seq_len >= r.query_len, d.label);
+      else if (s.attn_type === "encoder_decoder" && !s.sliding_window) {
+        assert.ok(r.seq_len >= 1, d.label);
+      } else assert.ok(r.seq_len >= r.query_len, d.label);
     }
     assert.ok(pairs(s.requests) * s.num_heads * s.head_size <= WORK_BUDGET, d.label);
   }

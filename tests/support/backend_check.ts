@@ -19,7 +19,7 @@ import { chunkedCtx, freshSeed } from "../gpu/helpers.ts";
 
 /** Output tolerance of a batch spec. */
 export function tolerance(s: BatchSpec): { atol: number; rtol: number } {
-  if (s.kv_cache_dtype === "fp8_e4m3" || s.kv_cache_dtype === "fp8_e5m2") {
+  if (["fp8", "fp8_e4m3", "fp8_e5m2"].includes(s.kv_cache_dtype)) {
     // Both sides read the same fp8 values; the slack covers the output dtype's rounding.
     return s.dtype === "float32" ? { atol: 1e-4, rtol: 1e-4 } : { atol: 6e-2, rtol: 1e-1 };
   }

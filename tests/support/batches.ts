@@ -182,7 +182,7 @@ export function generateBatch(spec: BatchSpec, seed: number): GeneratedBatch {
 
   const k_scale = spec.k_scale ?? 1, v_scale = spec.v_scale ?? 1;
   // Only fp8 storage is scaled (real = stored * scale).
-  const isFp8 = spec.kv_cache_dtype === "fp8_e4m3" || spec.kv_cache_dtype === "fp8_e5m2";
+  const isFp8 = ["fp8", "fp8_e4m3", "fp8_e5m2"].includes(spec.kv_cache_dtype);
   const ks = isFp8 ? k_scale : 1, vs = isFp8 ? v_scale : 1;
   let cache_spec: KvCacheSpec | null = null;
   let storage: StorageDType | null = null;
