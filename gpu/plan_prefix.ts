@@ -13,6 +13,7 @@ import type { BatchShape, GpuContext } from "../core/types.ts";
 import { checksFiniteOnDevice, dataElements } from "../core/data.ts";
 import { planCacheWrite } from "./cache_write.ts";
 import { kvChunkGeometry } from "./kv_cache.ts";
+import { MAX_KV_CHUNK_BYTES } from "./kv_chunks.ts";
 import { planFiniteCheck } from "./finite_check.ts";
 import { planFill } from "./fill.ts";
 import { outputWords, type PlannedCall, poisonCalls } from "./gpu_plan.ts";
@@ -54,10 +55,16 @@ class RecordingTable extends TableBuilder {
   }
 }
 
-/** Everything the prefix depends on besides the device. */
-function shapeKey(s: BatchShape): string {
+/**
+ * Everything the prefix depends on besides the device: the batch's shape, and the cap on a
+ * cache chunk's bytes that the context may set below the device's (MAX_KV_CHUNK_BYTES: the
+ * tests' multi-chunk caches; one device, several chunk layouts, and a prefix of another layout
+ * bound the wrong buffers).
+ */
+function shapeKey(ctx: GpuContext, s: BatchShape): string {
   const L = s.layer, c = s.cache_spec;
   return [
+    ctx.limits[MAX_KV_CHUNK_BYTES] ?? "-",
     s.dtype,
     L.num_heads,
     L.num_kv_heads,
@@ -161,7 +168,7 @@ export async function planPrefix(
   if (table.size !== 0) throw new Error("planPrefix: the table must be empty");
   let memo = memos.get(ctx.device);
   if (!memo) memos.set(ctx.device, memo = new Map());
-  const key = shapeKey(s);
+  const key = shapeKey(ctx, s);
   const hit = memo.get(key);
   if (hit) {
     for (const b of hit.sections) table.add(b ?? s.metadata.slot_mapping);
