@@ -13,7 +13,7 @@ import {
   PAIR_DECODERS,
 } from "./decode_codegen.ts";
 import type { KernelDef } from "./kernel.ts";
-import { kvAccessorFns, kvBindingDecls, loadWgsl, specialize } from "./wgsl.ts";
+import { kvAccessorFns, kvBindingDecls, loadWgsl, specialize, TANH_REL_FN } from "./wgsl.ts";
 import { dataLoads, dataStores } from "./wgsl_data.ts";
 import { PROBE_ENTER, PROBE_LEAVE } from "./decode_residency.ts";
 
@@ -139,6 +139,7 @@ export const DECODE_SPLIT: KernelDef<DecodeSplitConsts> = {
       );
     }
     return specialize(await loadWgsl("decode_split.wgsl"), {
+      TANH_REL: TANH_REL_FN,
       D: c.d,
       BS: c.bs,
       RW: rw,

@@ -14,6 +14,7 @@ import {
   kvBindingDecls,
   loadWgsl,
   specialize,
+  TANH_REL_FN,
 } from "./wgsl.ts";
 import { dataLoads, dataStores } from "./wgsl_data.ts";
 import { generateFlash } from "./flash_codegen.ts";
@@ -110,6 +111,7 @@ export const FLASH_ATTENTION: KernelDef<FlashConsts> = {
     const round = c.dtype === "float32" ? "" : await loadWgsl("round.wgsl");
     const v4r = (c.d * 4) / epw / 16;
     return specialize(await loadWgsl("flash_attention.wgsl"), {
+      TANH_REL: TANH_REL_FN,
       TILE: await loadWgsl("flash_tile.wgsl"),
       TX: c.tx,
       TY: c.ty,

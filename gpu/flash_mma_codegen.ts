@@ -18,7 +18,7 @@ import {
 import { fastSoftmaxCode, softmaxCode } from "./flash_mma_softmax.ts";
 import { roundCode, sourceCode, stagingCode, stagingDecoders } from "./flash_mma_staging.ts";
 import { valueCleanCode, valueSpecialFns, valueSpecialsCode } from "./flash_mma_specials.ts";
-import { loadWgsl, specialize } from "./wgsl.ts";
+import { loadWgsl, specialize, TANH_REL_FN } from "./wgsl.ts";
 import { envVar } from "../core/env.ts";
 
 const range = (n: number) => Array.from({ length: n }, (_, i) => i);
@@ -308,6 +308,7 @@ export async function flashMmaSource(c: MmaConsts): Promise<string> {
   const cuts = ablatedStages(c);
   const cut = (stage: string) => cuts.has(stage);
   return specialize(await loadWgsl("flash_mma.wgsl"), {
+    TANH_REL: TANH_REL_FN,
     HELPERS: await loadWgsl("flash_mma_rows.wgsl"),
     WRITE_ROWS: writeRowsCode({ ovec: c.ovec, sink: cut("write") }),
     TILE: await loadWgsl("flash_tile.wgsl"),

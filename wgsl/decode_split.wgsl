@@ -132,6 +132,8 @@ fn rsum(lid: u32, i: u32) -> f32 {
   return v;
 }
 
+{{TANH_REL}}
+
 // The logit of key k from its scaled dot product (the query is scaled once, at load): soft cap,
 // ALiBi; NEG outside the slice.
 fn logit(dot_qk: f32, k: u32, vis: bool, pos: i32, slope: f32) -> f32 {
@@ -139,7 +141,7 @@ fn logit(dot_qk: f32, k: u32, vis: bool, pos: i32, slope: f32) -> f32 {
   if (CAP) {
     // clamp() would make a NaN (from a NaN stored in the cache) +-15: it stays NaN, as in float64.
     let nan = (bitcast<u32>(s) & 0x7fffffffu) > 0x7f800000u;
-    s = select(P.soft_cap * tanh(clamp(s / P.soft_cap, -15.0, 15.0)), s, nan);
+    s = select(P.soft_cap * tanh_rel(clamp(s / P.soft_cap, -15.0, 15.0)), s, nan);
   }
   if (ALIBI) {
     s -= slope * (f32(pos) - f32(k));

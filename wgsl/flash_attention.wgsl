@@ -72,6 +72,8 @@ var<workgroup> KVs: array<array<vec4<f32>, KSTR>, BK>; // K, then V [key][column
 var<workgroup> Ps: array<array<vec4<f32>, PSTR4>, BQ>; // probabilities [row][key / 4]
 var<workgroup> red: array<array<vec4<f32>, TX4>, BQ>; // row partials (max, then sum) [row][tx / 4]
 
+{{TANH_REL}}
+
 fn hmax(v: vec4<f32>) -> f32 {
   return max(max(v.x, v.y), max(v.z, v.w));
 }

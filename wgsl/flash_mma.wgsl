@@ -145,6 +145,7 @@ var<workgroup> s_u: array<atomic<u32>, 4>;
 
 {{ROUND}}
 
+{{TANH_REL}}
 {{HELPERS}}
 
 {{V_SPECIAL_FNS}}

@@ -37,7 +37,7 @@ fn score(s: f32, pos: i32, slope: f32, key: u32, kend: u32) -> f32 {
   if (U.softcap > 0.0) {
     // clamp() would make a NaN (from a NaN stored in the cache) +-15: it stays NaN, as in float64.
     let nan = (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
-    x = select(U.softcap * tanh(clamp(x / U.softcap, -15.0, 15.0)), x, nan);
+    x = select(U.softcap * tanh_rel(clamp(x / U.softcap, -15.0, 15.0)), x, nan);
   }
   let dk = pos - i32(key);
   x -= slope * f32(dk);
