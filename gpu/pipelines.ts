@@ -9,7 +9,7 @@
  */
 import { ShaderCompileError } from "../core/errors.ts";
 import type { GpuContext } from "../core/types.ts";
-import { envInt, type EnvSetting, envVar, readSetting } from "../core/env.ts";
+import { envInt, type EnvSetting, envSwitch, envVar, readSetting } from "../core/env.ts";
 import { MAX_TIMER_MS } from "../core/timeout.ts";
 import { trace } from "../core/trace.ts";
 
@@ -60,9 +60,22 @@ export function compilePipeline(
 
 const serialTails = new WeakMap<GPUDevice, Promise<void>>();
 
+/** An off-by-default switch: `0` off, `1` on, unset or empty off (core/env.ts `envSwitch`). */
+const offByDefault = (name: string): EnvSetting<boolean> => ({
+  name,
+  unset: false,
+  parse: (text) => envSwitch(name, text),
+});
+
+/** `ATTN_COMPILE_SERIAL`: compiles one at a time per device. */
+export const COMPILE_SERIAL_SETTING: EnvSetting<boolean> = offByDefault("ATTN_COMPILE_SERIAL");
+
+/** `ATTN_COMPILE_LOG`: each compile logged with its time (stderr). */
+export const COMPILE_LOG_SETTING: EnvSetting<boolean> = offByDefault("ATTN_COMPILE_LOG");
+
 /** Whether compiles run one at a time per device: `ATTN_COMPILE_SERIAL=1`. */
 export function serialCompiles(): boolean {
-  return envVar("ATTN_COMPILE_SERIAL") === "1";
+  return readSetting(COMPILE_SERIAL_SETTING);
 }
 
 async function compilePipelineNow(
@@ -91,7 +104,7 @@ async function compilePipelineNow(
  */
 function compileTrace(key: string, code: string): number | null {
   const dir = envVar("ATTN_WGSL_DUMP");
-  if (!dir && !envVar("ATTN_COMPILE_LOG") && !envVar("ATTN_TRACE_FILE")) return null;
+  if (!dir && !readSetting(COMPILE_LOG_SETTING) && !envVar("ATTN_TRACE_FILE")) return null;
   if (dir) {
     const name = key.replace(/[^A-Za-z0-9._-]+/g, "_").slice(0, 180);
     try {

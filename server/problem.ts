@@ -177,6 +177,8 @@ export function problemCodeOf(res: Response): string | undefined {
 export function problemResponse(doc: ProblemDocument, headers?: HeadersInit): Response {
   const h = new Headers(headers);
   h.set("content-type", PROBLEM_CONTENT_TYPE);
+  // A body that stopped coming: the connection is not reused (README, Reliability).
+  if (doc.code === "body_timeout") h.set("connection", "close");
   if (doc.status === 503 && doc.retryable !== false && !h.has("retry-after")) {
     const s = doc.retry_after_s;
     h.set(

@@ -12,7 +12,11 @@ import { HOST_POOL_CAP_SETTING } from "../gpu/host_pool.ts";
 import { GPU_POOL_CAP_SETTING } from "../gpu/buffer_pool.ts";
 import { GPU_TIMING_SETTING } from "../gpu/gpu_plan.ts";
 import { KERNEL_CACHE_LIMIT_SETTING } from "../gpu/kernel.ts";
-import { COMPILE_TIMEOUT_SETTING } from "../gpu/pipelines.ts";
+import {
+  COMPILE_LOG_SETTING,
+  COMPILE_SERIAL_SETTING,
+  COMPILE_TIMEOUT_SETTING,
+} from "../gpu/pipelines.ts";
 import { DAWN_TICK_SPIN_SETTING } from "../gpu/dawn_tick_pace.ts";
 
 /**
@@ -26,6 +30,8 @@ export const SERVICE_LAZY_SETTINGS: readonly EnvSetting<unknown>[] = [
   GPU_TIMING_SETTING,
   KERNEL_CACHE_LIMIT_SETTING,
   COMPILE_TIMEOUT_SETTING,
+  COMPILE_SERIAL_SETTING,
+  COMPILE_LOG_SETTING,
   DAWN_TICK_SPIN_SETTING,
 ];
 

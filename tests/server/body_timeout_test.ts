@@ -86,6 +86,8 @@ async function checkStall(port: number, s: Stall): Promise<void> {
   const ms = performance.now() - t0;
   assert.ok(r, "no answer in 15 s");
   assert.equal(r.status, 408, r.text);
+  // README (Reliability): the 408 says Connection: close (it did not until v0.24).
+  assert.equal(r.headers.get("connection"), "close", "Connection: close on the 408");
   const doc = JSON.parse(r.text);
   assert.equal(doc.code, "body_timeout");
   assert.equal(doc.body_timeout_ms, LIMIT_MS, r.text);

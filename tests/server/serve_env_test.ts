@@ -35,6 +35,8 @@ Deno.test("serve env: the GPU layer's variables, refused in one line", async () 
     ATTN_THREAD_EXIT_GRACE_MS: ["0", "300", "10000", ""],
     ATTN_PREFILL_MMA: ["0", "1", ""],
     ATTN_PREFILL_SPLIT: ["0", "1", ""],
+    ATTN_COMPILE_SERIAL: ["0", "1", ""],
+    ATTN_COMPILE_LOG: ["0", "1", ""],
   };
   for (const [name, values] of Object.entries(good)) {
     for (const v of values) await checkServeEnv({ [name]: v });
@@ -82,6 +84,15 @@ Deno.test("serve env: the GPU layer's variables, refused in one line", async () 
   await refused(
     { ATTN_PREFILL_MMA: "off" },
     'ATTN_PREFILL_MMA must be 0 (off) or 1 (on), got "off"',
+  );
+  // Read as `=== "1"` and as set-or-not until v0.24: `yes` was ignored, `0` turned logging on.
+  await refused(
+    { ATTN_COMPILE_SERIAL: "yes" },
+    'ATTN_COMPILE_SERIAL must be 0 (off) or 1 (on), got "yes"',
+  );
+  await refused(
+    { ATTN_COMPILE_LOG: "true" },
+    'ATTN_COMPILE_LOG must be 0 (off) or 1 (on), got "true"',
   );
 });
 
