@@ -113,6 +113,9 @@ export function serviceAndHandler(
     access: o.access,
     instance: o.instance,
     log,
+    notInFlight: o.scrapeToken === undefined
+      ? undefined
+      : (req) => req.headers.get(SCRAPE_HEADER) === o.scrapeToken,
     uncounted: o.scrapeToken === undefined
       ? undefined
       : (req, res) =>

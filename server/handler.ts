@@ -52,6 +52,11 @@ export interface HandlerOptions {
    * (the device threads' front asks every thread for its series; one scrape counts once).
    */
   uncounted?: (req: Request, res: Response) => boolean;
+  /**
+   * Requests this says are the front's own (its scrape of a thread's series) are not in
+   * `attn_http_requests_in_flight` either: one scrape over N threads counted itself N times.
+   */
+  notInFlight?: (req: Request) => boolean;
 }
 
 /** A request handler, and the route table it serves (method and URLPattern path of each). */
@@ -132,12 +137,13 @@ export function createHandler(service: AttentionService, opts: HandlerOptions = 
         toProblem(problem(400, "bad_request", "invalid request URL"), undefined, log),
       );
     }
-    metrics.requestStarted();
+    const inFlight = !opts.notInFlight?.(req);
+    if (inFlight) metrics.requestStarted();
     let answered: { res: Response; route: string };
     try {
       answered = await respond(req, url, sentPath(req));
     } finally {
-      metrics.requestEnded();
+      if (inFlight) metrics.requestEnded();
     }
     const { res, route } = answered;
     if (!opts.uncounted?.(req, res)) {
