@@ -56,15 +56,19 @@ class RecordingTable extends TableBuilder {
 }
 
 /**
- * Everything the prefix depends on besides the device: the batch's shape, and the cap on a
- * cache chunk's bytes that the context may set below the device's (MAX_KV_CHUNK_BYTES: the
- * tests' multi-chunk caches; one device, several chunk layouts, and a prefix of another layout
- * bound the wrong buffers).
+ * Everything the prefix depends on besides the device: the batch's shape, and the context's
+ * limits that lay a cache out in chunks (gpu/kv_chunks.ts kvChunkGeometry), which a context may
+ * set below the device's (MAX_KV_CHUNK_BYTES, a lower binding size: the tests' multi-chunk
+ * caches; one device, several chunk layouts, and a prefix of another layout bound the wrong
+ * buffers).
  */
 function shapeKey(ctx: GpuContext, s: BatchShape): string {
-  const L = s.layer, c = s.cache_spec;
+  const L = s.layer, c = s.cache_spec, lim = ctx.limits;
   return [
-    ctx.limits[MAX_KV_CHUNK_BYTES] ?? "-",
+    lim[MAX_KV_CHUNK_BYTES] ?? "-",
+    lim.maxStorageBufferBindingSize ?? "-",
+    lim.maxBufferSize ?? "-",
+    lim.maxStorageBuffersPerShaderStage ?? "-",
     s.dtype,
     L.num_heads,
     L.num_kv_heads,

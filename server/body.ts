@@ -134,35 +134,41 @@ export const ANSWER_TYPES = {
 
 /**
  * The weight `accept` gives `type` (RFC 9110 12.5.1): the most specific media range that
- * matches it (`type/sub`, then `type/*`, then the wildcard of every type) decides; its position breaks ties between
- * types of equal weight and specificity. Members that do not parse (no `/`, a `q` that is not a
- * weight) are skipped, as if absent. No matching range: weight 0.
+ * matches it (`type/sub`, then `type/*`, then the wildcard of every type) decides; its position
+ * breaks ties between types of equal weight and specificity. Read leniently, as clients send it: a
+ * bare `*` is the wildcard (Java's default header has one), a `q` is any number from 0 to 1
+ * (`.2`, `0.5000`); a member that still does not parse (no type, a `q` out of range) is skipped.
+ * `parsed` says whether any member parsed (none: the header is taken as absent).
  */
 function weight(
   accept: string,
   type: string,
-): { q: number; specificity: number; at: number } {
+): { q: number; specificity: number; at: number; parsed: boolean } {
   const [main] = type.split("/");
   let best = { q: 0, specificity: -1, at: Infinity };
+  let parsed = false;
   const members = accept.split(",");
   for (let i = 0; i < members.length; i++) {
-    const [range, ...params] = members[i].split(";").map((s) => s.trim().toLowerCase());
+    const [first, ...params] = members[i].split(";").map((s) => s.trim().toLowerCase());
+    const range = first === "*" ? "*/*" : first;
     const slash = range.indexOf("/");
     if (slash <= 0 || slash === range.length - 1) continue;
-    const specificity = range === type ? 2 : range === `${main}/*` ? 1 : range === "*/*" ? 0 : -1;
-    if (specificity < 0) continue;
     const qp = params.find((p) => /^q\s*=/.test(p));
     const qs = qp ? qp.slice(qp.indexOf("=") + 1).trim() : "1";
-    if (!/^(0(\.\d{0,3})?|1(\.0{0,3})?)$/.test(qs)) continue;
-    if (specificity > best.specificity) best = { q: Number(qs), specificity, at: i };
+    const q = qs === "" ? NaN : Number(qs);
+    if (!(q >= 0 && q <= 1)) continue; // NaN too
+    parsed = true;
+    const specificity = range === type ? 2 : range === `${main}/*` ? 1 : range === "*/*" ? 0 : -1;
+    if (specificity > best.specificity) best = { q, specificity, at: i };
   }
-  return best;
+  return { ...best, parsed };
 }
 
 /**
  * Which answer a forward call gets from its `Accept` header: safetensors where it weighs
  * application/octet-stream above application/json (or equally, by a more specific or an earlier
- * range), else JSON (no header, an empty one, the wildcard of every type, `application/*`).
+ * range), else JSON (no header, an empty one, one where no member parses, the wildcard of every
+ * type, `application/*`).
  * @throws ServiceError 406 `not_acceptable` (`accept`, `available`) when it accepts neither:
  *   checked before the body is read, so nothing ran and nothing was written.
  */
@@ -171,6 +177,7 @@ export function answerKind(req: Request): "json" | "binary" {
   if (accept === null || accept.trim() === "") return "json";
   const json = weight(accept, ANSWER_TYPES.json);
   const bin = weight(accept, ANSWER_TYPES.binary);
+  if (!json.parsed) return "json"; // nothing in it parses: as if absent
   if (json.q <= 0 && bin.q <= 0) {
     throw new ServiceError(
       `Accept ${

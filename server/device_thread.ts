@@ -123,6 +123,7 @@ function listen(m: HttpListenMessage): void {
     (msg, t) => m.front.postMessage(msg, t ?? []),
     init.maxBodyBytes,
     bodyReader(init.access, bodyLimits(init.maxBodyBytes, init.maxJsonBodyBytes)),
+    init.maxJsonBodyBytes,
   );
   m.front.onmessage = (e) => {
     const wrong = front.receive(e.data);

@@ -24,7 +24,12 @@ let sender: RequestSender | null = null;
 
 function start(init: WorkerInit): void {
   const allowed = accessAllowed(init.access);
-  const s = new RequestSender((m, t) => scope.postMessage(m, t), init.maxBodyBytes, allowed);
+  const s = new RequestSender(
+    (m, t) => scope.postMessage(m, t),
+    init.maxBodyBytes,
+    allowed,
+    init.maxJsonBodyBytes,
+  );
   sender = s;
   // Kept serving when accepting fails (out of file descriptors): serve_resilient.ts.
   server = serveResilient({

@@ -28,7 +28,7 @@ interface WorkerScope {
 
 const scope = self as unknown as WorkerScope;
 scope.onmessage = (e) => {
-  if ("warm" in e.data) return; // JsonDecoder.keepWarm: the first message, delivered
+  if ("warm" in e.data) return scope.postMessage({ id: 0 }, []); // JsonDecoder.keepWarm: alive
   const { id, bytes } = e.data;
   try {
     const decoded = decodeJsonForward(parseJson(bytes));

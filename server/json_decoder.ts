@@ -63,12 +63,19 @@ export class JsonDecoder {
     this.#ensure().postMessage({ id: 0, warm: true });
   }
 
+  /** The worker has answered something (its `warm` reply, a body's): it loaded and runs. */
+  #answered = false;
+
   #ensure(): Worker {
     if (this.#idle !== undefined) clearTimeout(this.#idle);
     this.#idle = undefined;
     if (this.#worker) return this.#worker;
     const w = new Worker(new URL("./json_decode_worker.ts", import.meta.url), { type: "module" });
-    w.onmessage = (e: MessageEvent<Reply>) => this.#settle(e.data);
+    this.#answered = false;
+    w.onmessage = (e: MessageEvent<Reply>) => {
+      this.#answered = true;
+      this.#settle(e.data);
+    };
     w.onerror = (e) => {
       e.preventDefault();
       this.#fail(new Error(`the JSON decoding worker failed: ${e.message}`));
@@ -95,10 +102,17 @@ export class JsonDecoder {
     this.#worker = null;
     for (const p of this.#pending.values()) p.reject(e);
     this.#pending.clear();
+    // A warm one that failed is replaced, unless it never answered (it cannot load: no loop).
+    if (this.#warm && this.#answered) this.keepWarm();
+    else this.#warm = false;
   }
 
-  /** Terminates the worker (calls in flight fail); a later big body starts a new one. */
+  /**
+   * Terminates the worker (calls in flight fail); a later big body starts a new one. Undoes
+   * {@link keepWarm}.
+   */
   close(): void {
+    this.#warm = false;
     if (this.#idle !== undefined) clearTimeout(this.#idle);
     this.#idle = undefined;
     if (this.#worker) this.#fail(new Error("the JSON decoder was closed"));

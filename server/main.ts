@@ -131,6 +131,7 @@ async function serveThePort(
       hostname: o.host,
       access: access.policy,
       maxBodyBytes: o.maxBodyBytes,
+      maxJsonBodyBytes: o.maxJsonBodyBytes,
       onListen,
     }, serve);
     if (o.httpWorkers > 0) console.error(`http workers: ${o.httpWorkers}`);

@@ -22,7 +22,7 @@ import {
   type StreamedBody,
   wholeBodyIfCheap,
 } from "./body_read.ts";
-import { mediaType } from "./body.ts";
+import { isJsonType, mediaType } from "./body.ts";
 import { SAFETENSORS } from "./responses.ts";
 import { hopStamp } from "./request_arrival.ts";
 import { NOT_LOGGED, problemResponse, toProblem } from "./problem.ts";
@@ -48,7 +48,16 @@ export class RequestSender {
     private readonly post: (m: FromWorker, transfer?: Transferable[]) => void,
     private readonly maxBodyBytes: number,
     private readonly allowed: (req: Request) => boolean,
+    /** JSON bodies' own limit (never above `maxBodyBytes`; default the same). */
+    private readonly maxJsonBodyBytes: number = maxBodyBytes,
   ) {}
+
+  /** The most a route reads of `req`'s body: JSON's limit for a JSON body, else the general. */
+  #limit(req: Request): number {
+    return isJsonType(mediaType(req.headers.get("content-type")))
+      ? Math.min(this.maxJsonBodyBytes, this.maxBodyBytes)
+      : this.maxBodyBytes;
+  }
 
   /** Requests waiting for their answer. */
   get size(): number {
@@ -145,7 +154,7 @@ export class RequestSender {
     const length = contentLength(req.headers.get("content-length"));
     const hasBody = method !== "GET" && method !== "HEAD" && (length > 0 || req.body !== null);
     const declared = Number.isNaN(length) ? -1 : length; // the owner names a bad one
-    const read = hasBody && declared <= this.maxBodyBytes && this.allowed(req);
+    const read = hasBody && declared <= this.#limit(req) && this.allowed(req);
     return { hasBody, declared, read };
   }
 
@@ -163,7 +172,7 @@ export class RequestSender {
     const whole = mediaType(req.headers.get("content-type")) === SAFETENSORS
       ? wholeBodyIfCheap(req, declared)
       : null;
-    return whole ?? streamBody(req.body!, declared, this.maxBodyBytes);
+    return whole ?? streamBody(req.body!, declared, this.#limit(req));
   }
 
   /**

@@ -58,6 +58,7 @@ export class Thread implements ListeningThread, Watched {
       (m, t) => this.worker.postMessage(m, t ?? []),
       maxBody,
       allowed,
+      init.maxJsonBodyBytes,
     );
     this.worker.onmessage = (e) => this.#receive(e.data);
     this.worker.onerror = (e) => {

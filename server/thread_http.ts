@@ -18,6 +18,7 @@
 import { mediaType } from "./body.ts";
 import type { StreamedBody } from "./body_read.ts";
 import { setPreReadBody } from "./body_read.ts";
+import { keepRead } from "./request_arrival.ts";
 import { findForwardCacheId, type ScanWorker } from "./forward_cache_id.ts";
 import { badQueueTimeoutHeader } from "./queue_timeout_header.ts";
 import { serveLentBodies } from "./lent_body.ts";
@@ -81,6 +82,7 @@ function withBody(req: Request, body: StreamedBody): Request {
     signal: req.signal,
   });
   setPreReadBody(again, Promise.resolve(body));
+  keepRead(again, body.readMs ?? 0); // Server-Timing's parse counts this thread's read
   keepSentPath(again, req.url);
   return again;
 }

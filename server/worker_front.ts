@@ -30,6 +30,8 @@ export interface WorkerFrontOptions {
   access: AccessPolicy;
   /** The general body limit (`--max-body-bytes`): workers read no body past it. */
   maxBodyBytes: number;
+  /** JSON bodies' limit (`--max-json-body-bytes`): workers read no JSON body past it. */
+  maxJsonBodyBytes?: number;
   /** Called once every worker listens. */
   onListen?: (addr: { hostname: string; port: number }) => void;
   /** Logs server faults (default console.error). */
@@ -127,6 +129,7 @@ export async function serveWithWorkers(
     hostname: opts.hostname,
     access: opts.access,
     maxBodyBytes: opts.maxBodyBytes,
+    maxJsonBodyBytes: opts.maxJsonBodyBytes,
   };
   let stopping = false;
   const lanes: Lane[] = [];

@@ -18,6 +18,8 @@ export interface WorkerInit {
   access: AccessPolicy;
   /** The largest body any route reads (the general limit; JSON's is never above it). */
   maxBodyBytes: number;
+  /** The largest JSON body a route reads (default `maxBodyBytes`). */
+  maxJsonBodyBytes?: number;
 }
 
 /** A request's method, URL and headers, posted when they arrive. */

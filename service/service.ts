@@ -363,12 +363,12 @@ export class AttentionService {
     };
   }
 
-  /** Frees every server-held cache and plan, and closes the backends (their workers). */
   /** Has every backend start what its first call would ({@link AttentionBackend.prewarm}). */
   prewarm(): void {
     for (const b of this.registry.list()) b.prewarm?.();
   }
 
+  /** Frees every server-held cache and plan, and closes the backends (their workers). */
   async close(): Promise<void> {
     this.plans.clear();
     await this.caches.clear();

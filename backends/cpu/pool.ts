@@ -109,6 +109,8 @@ interface Job {
 interface Slot {
   worker: Worker;
   job: Job | null;
+  /** It has answered something (a `warm` reply, a call's): it loaded and runs. */
+  answered?: boolean;
 }
 
 /** Runs CPU_REFERENCE calls on a bounded set of reusable Web Workers. */
@@ -145,18 +147,26 @@ export class CpuWorkerPool {
 
   /**
    * Keeps `n` workers (at most the pool's size) started: one is started now, with no call
-   * waiting, so that it has loaded its module before the first call comes, and the idle-out
-   * terminates only the idle workers beyond `n`. 0: the default, every idle worker goes. A
-   * closed pool starts none until its next call.
+   * waiting, so that it has loaded its module before the first call comes, the idle-out
+   * terminates only the idle workers beyond `n`, and one that ends (a crash, a call stopped
+   * after its write) is replaced. 0: the default, every idle worker goes. close() sets it
+   * back to 0.
    */
   keepWarm(n: number): void {
     if (!Number.isInteger(n) || n < 0) {
       throw new RangeError(`keepWarm takes an integer >= 0, got ${n}`);
     }
     this.#warm = Math.min(n, this.size);
+    this.#rewarm();
+  }
+
+  /** Starts a worker (and sends it its first message) while fewer than {@link keepWarm} live. */
+  #rewarm(): void {
     if (this.#slots.length >= this.#warm || this.#closing) return;
     const warm: WarmRequest = { warm: true }; // its ~500 ms first message, paid now
-    this.#spawn().worker.postMessage(warm);
+    try {
+      this.#spawn().worker.postMessage(warm);
+    } catch { /* the next call starts one, and says why when it cannot */ }
   }
 
   /** Workers running a call. */
@@ -238,6 +248,7 @@ export class CpuWorkerPool {
   /** Refuses queued and new calls, waits for running ones, terminates every worker. */
   async close(): Promise<void> {
     this.#closing = true;
+    this.#warm = 0;
     try {
       for (const job of this.#queue.splice(0)) this.#settle(job, closedError());
       clearTimeout(this.#pumpTimer);
@@ -319,6 +330,7 @@ export class CpuWorkerPool {
   }
 
   #onReply(slot: Slot, r: CallReply): void {
+    slot.answered = true;
     const job = slot.job;
     if (!job || job.request.id !== r.id) return;
     switch (r.kind) {
@@ -372,6 +384,9 @@ export class CpuWorkerPool {
   #stop(slot: Slot, err: ServiceError): void {
     const i = this.#slots.indexOf(slot);
     if (i < 0) return;
+    // One that ended before it ever answered (its module cannot load) is not replaced in a loop:
+    // keeping warm stops, and the next call starts a worker and says why it failed.
+    if (!slot.answered) this.#warm = 0;
     this.#slots.splice(i, 1);
     slot.worker.terminate();
     const job = slot.job;
@@ -402,6 +417,7 @@ export class CpuWorkerPool {
   /** A worker became free (or went away): start queued calls; wake close(); arm the idle timer. */
   #released(): void {
     this.#pump();
+    this.#rewarm(); // a warm worker that ended (#stop) is replaced
     if (this.#slots.some((s) => s.job)) return;
     for (const wake of this.#drainWaiters.splice(0)) wake();
     if (this.#slots.length === 0 || this.#idleTimer !== undefined) return;

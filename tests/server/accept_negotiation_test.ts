@@ -42,6 +42,15 @@ Deno.test("answerKind: weights by the most specific range, ties by specificity t
     ["text/html, application/octet-stream;q=0.001", "binary"],
     ["application/json;q=2, application/octet-stream", "binary"], // a bad q skips the member
     ["bogus, application/octet-stream", "binary"],
+    // Read leniently (a review: each was a 406 for a day, JSON before): Java's default header,
+    // q without a leading 0 or with more digits, a bare *, a header where nothing parses.
+    ["text/html, image/gif, image/jpeg, *; q=.2, */*; q=.2", "json"],
+    ["*/*;q=.5", "json"],
+    ["application/json;q=0.5000", "json"],
+    ["*", "json"],
+    [",", "json"],
+    ["application/octet-stream;q=, application/json;q=0.1", "json"], // the empty q is skipped
+    ["*; q=.2, application/octet-stream;q=.3", "binary"],
   ];
   for (const [accept, want] of cases) assert.equal(kindOf(accept), want, String(accept));
 });

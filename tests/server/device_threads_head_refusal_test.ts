@@ -125,3 +125,40 @@ for (
     }
   });
 }
+
+for (const mode of [["--device-threads", "2"], ["--http-workers", "1"]]) {
+  Deno.test(`${mode.join(" ")}: a chunked JSON body over the JSON limit is a 413 at once`, async () => {
+    // The passing thread read up to the general limit (a review: a 408 at --body-timeout-ms
+    // where one thread answered 413 in 7 ms); it reads up to JSON's now (request_sender.ts).
+    const srv = await spawnServer([
+      ...mode,
+      "--no-gpu",
+      "--allow-unauthenticated",
+      "--max-json-body-bytes",
+      "4096",
+      "--body-timeout-ms",
+      "30000",
+    ]);
+    const conn = await Deno.connect({ hostname: "127.0.0.1", port: srv.port });
+    const timer = setTimeout(() => conn.close(), 10_000);
+    try {
+      const chunk = '{"pad": "' + "x".repeat(5000);
+      const head = "POST /v1/attention/forward HTTP/1.1\r\nhost: 127.0.0.1\r\n" +
+        "content-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n" +
+        `${chunk.length.toString(16)}\r\n${chunk}\r\n`;
+      await conn.write(new TextEncoder().encode(head)); // and no more: the body stalls
+      const r = await answerOn(conn);
+      assert.equal(r.status, 413, r.text);
+      const doc = JSON.parse(r.text);
+      assert.equal(doc.code, "body_too_large");
+      assert.equal(doc.max_json_body_bytes, 4096, r.text);
+    } finally {
+      clearTimeout(timer);
+      try {
+        conn.close();
+      } catch { /* closed by the timer */ }
+      srv.kill("SIGTERM");
+      await srv.exited;
+    }
+  });
+}

@@ -98,6 +98,7 @@ export async function startServer(opts: {
     hostname: "127.0.0.1",
     access: opts.access ?? {},
     maxBodyBytes: opts.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES,
+    maxJsonBodyBytes: opts.maxJsonBodyBytes,
     log: (_m, e) => errors.push(e),
   }, handler);
   const url = `http://127.0.0.1:${server.addr.port}`;

@@ -103,4 +103,9 @@ Deno.test("json decoder: keepWarm starts the worker at once and keeps it through
     warm.close();
   }
   assert.equal(warm.running, false, "close() ends it");
+  // close() undoes keepWarm (a review: the flag stayed, and a later worker never idled out).
+  await warm.decode(body(512));
+  assert.equal(warm.running, true);
+  await new Promise((r) => setTimeout(r, 200));
+  assert.equal(warm.running, false, "after close() a worker idles out again");
 });

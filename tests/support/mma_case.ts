@@ -73,7 +73,7 @@ export interface MmaCaseOptions {
 
 /** Output tolerance of the f16 path: f16/bf16 data; fp8 caches looser. */
 export function mmaTolerance(s: BatchSpec): { atol: number; rtol: number } {
-  const fp8 = s.kv_cache_dtype === "fp8_e4m3" || s.kv_cache_dtype === "fp8_e5m2";
+  const fp8 = ["fp8", "fp8_e4m3", "fp8_e5m2"].includes(s.kv_cache_dtype);
   return fp8 ? { atol: 6e-2, rtol: 1e-1 } : { atol: 1e-2, rtol: 1e-2 };
 }
 

@@ -50,6 +50,7 @@ export function serveFaulty(fault: Fault): void {
   }
   const post: Post = (reply, transfer) => scope.postMessage(reply, transfer ?? []);
   scope.onmessage = (e) => {
+    if ((e.data as { warm?: boolean }).warm) return post({ id: 0, kind: "warm" });
     const req = e.data as CallRequest;
     if (req.batch.return_lse) return runCall(req, post);
     // No try/catch: the error escapes the handler and kills the worker.

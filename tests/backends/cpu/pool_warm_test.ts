@@ -12,6 +12,8 @@ import { HostKvCache } from "../../../backends/cpu/host_cache.ts";
 import { attend, writeKv } from "../../../backends/cpu/reference.ts";
 import { type BatchSpec, deriveSeed, generateBatch } from "../../support/batches.ts";
 import { AttentionService } from "../../../service/service.ts";
+import { ServiceError } from "../../../core/errors.ts";
+import { faultyWorkerUrl } from "./faulty_worker.ts";
 import { FakeNoDevice } from "../../server/helpers.ts";
 
 const SEED = Number(Deno.env.get("SEED") ?? Math.floor(Math.random() * 2 ** 31));
@@ -73,7 +75,7 @@ Deno.test("keepWarm: starts a worker with no call, and the idle-out leaves it", 
   assert.equal(pool.workers, 0, "close() ends the warm worker too");
 });
 
-Deno.test("keepWarm: capped at the pool's size; a closed pool starts none until a call", async () => {
+Deno.test("keepWarm: capped at the pool's size; close() ends it", async () => {
   const pool = new CpuWorkerPool({ size: 1, idleMs: 40 });
   try {
     pool.keepWarm(4);
@@ -81,10 +83,41 @@ Deno.test("keepWarm: capped at the pool's size; a closed pool starts none until 
     await pool.close();
     assert.equal(pool.workers, 0);
     await checkedCall(pool, "after close");
-    await new Promise((r) => setTimeout(r, 200));
-    assert.equal(pool.workers, 1, "the call's worker is kept warm");
+    await workersBecome(pool, 0, "after close the pool idles out again");
   } finally {
     await pool.close();
+  }
+});
+
+Deno.test("keepWarm: a warm worker that crashes is replaced; one that cannot load is not retried", async () => {
+  const url = faultyWorkerUrl("crash");
+  const pool = new CpuWorkerPool({ size: 1, idleMs: 40, workerUrl: url });
+  try {
+    pool.keepWarm(1);
+    const g = generateBatch(SPEC, deriveSeed(SEED, "crash")); // return_lse false: it crashes
+    const cache = HostKvCache.fromBytes(g.cache_spec!, g.key_cache, g.value_cache);
+    await assert.rejects(
+      pool.run({ ...g.batch, cache }, cache),
+      (e) => e instanceof ServiceError && e.code === "cpu_worker_crashed",
+    );
+    await workersBecome(pool, 1, "the crashed warm worker replaced");
+    await new Promise((r) => setTimeout(r, 200));
+    assert.equal(pool.workers, 1, "and kept");
+  } finally {
+    await pool.close();
+    URL.revokeObjectURL(url.href);
+  }
+  const broken = new CpuWorkerPool({
+    size: 1,
+    workerUrl: new URL("./no_such_worker.ts", import.meta.url),
+  });
+  try {
+    broken.keepWarm(1);
+    await workersBecome(broken, 0, "a worker that cannot load ends");
+    await new Promise((r) => setTimeout(r, 300));
+    assert.equal(broken.workers, 0, "and is not started again and again");
+  } finally {
+    await broken.close();
   }
 });
 
