@@ -21,7 +21,7 @@ interface BodyRoute {
 }
 
 /** The routes that read a body (server/forward_routes.ts, cache_routes.ts, handler.ts). */
-const BODY_ROUTES: readonly (BodyRoute & { segments: string[] })[] = ([
+export const BODY_ROUTES: readonly (BodyRoute & { segments: string[] })[] = ([
   { method: "POST", path: "/v1/attention/forward", kinds: ["json", "binary"], negotiates: true },
   {
     method: "POST",
