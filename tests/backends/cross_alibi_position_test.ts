@@ -7,13 +7,9 @@
  * main). Checked against CPU_REFERENCE: output, LSE and the cache after the call.
  * @module
  */
-import { makeWebGpuDecode } from "../../backends/webgpu_decode.ts";
-import { makeWebGpuFlash } from "../../backends/webgpu_flash.ts";
-import type { AttentionBackend } from "../../core/types.ts";
 import type { BatchSpec } from "../support/batches.ts";
 import { checkBackend } from "../support/backend_check.ts";
-import { ONE_SLICE_TUNING } from "../support/decode_knob_specs.ts";
-import { DEFAULT_DECODE_TUNING } from "../../backends/webgpu_decode_tuning.ts";
+import { gpuPaths } from "../support/gpu_paths.ts";
 import { GPU, NO_GPU } from "../gpu/helpers.ts";
 
 /** Requests with more queries than encoder keys (2 of 3), one with fewer. */
@@ -34,22 +30,12 @@ const CROSS: BatchSpec = {
   return_lse: true,
 };
 
-const BACKENDS: [string, AttentionBackend][] = [
-  ["WEBGPU_DECODE", makeWebGpuDecode(DEFAULT_DECODE_TUNING) as AttentionBackend],
-  ["WEBGPU_DECODE, one slice a row", makeWebGpuDecode(ONE_SLICE_TUNING) as AttentionBackend],
-  [
-    "WEBGPU_DECODE, transposed sums and softmax",
-    makeWebGpuDecode({
-      ...DEFAULT_DECODE_TUNING,
-      scatter_sums: true,
-      scatter_softmax: true,
-    }) as AttentionBackend,
-  ],
-  [
-    "WEBGPU_FLASH",
-    makeWebGpuFlash({ tile: null, decode: DEFAULT_DECODE_TUNING }) as AttentionBackend,
-  ],
-];
+const BACKENDS = gpuPaths(
+  "WEBGPU_DECODE",
+  "WEBGPU_DECODE, one slice a row",
+  "WEBGPU_DECODE, transposed sums and softmax",
+  "WEBGPU_FLASH",
+);
 
 for (const [name, b] of BACKENDS) {
   for (const dtype of ["float32", "float16"] as const) {

@@ -7,12 +7,9 @@
  * 30 (what models use) and 0.5 (past tanh's knee) are checked beside.
  * @module
  */
-import { makeWebGpuDecode } from "../../backends/webgpu_decode.ts";
-import { makeWebGpuFlash } from "../../backends/webgpu_flash.ts";
-import { DEFAULT_DECODE_TUNING } from "../../backends/webgpu_decode_tuning.ts";
-import type { AttentionBackend } from "../../core/types.ts";
 import type { BatchSpec } from "../support/batches.ts";
 import { checkBackend } from "../support/backend_check.ts";
+import { gpuPaths } from "../support/gpu_paths.ts";
 import { GPU, NO_GPU } from "../gpu/helpers.ts";
 
 const SPEC: BatchSpec = {
@@ -28,29 +25,12 @@ const SPEC: BatchSpec = {
   return_lse: true,
 };
 
-const BACKENDS: [string, AttentionBackend][] = [
-  ["WEBGPU_DECODE", makeWebGpuDecode(DEFAULT_DECODE_TUNING) as AttentionBackend],
-  [
-    "WEBGPU_DECODE, transposed softmax",
-    makeWebGpuDecode({
-      ...DEFAULT_DECODE_TUNING,
-      scatter_sums: true,
-      scatter_softmax: true,
-    }) as AttentionBackend,
-  ],
-  [
-    "WEBGPU_FLASH",
-    makeWebGpuFlash({ tile: null, decode: DEFAULT_DECODE_TUNING }) as AttentionBackend,
-  ],
-  [
-    "WEBGPU_FLASH, portable tiles",
-    makeWebGpuFlash({
-      tile: null,
-      decode: DEFAULT_DECODE_TUNING,
-      prefill_split: false,
-    }) as AttentionBackend,
-  ],
-];
+const BACKENDS = gpuPaths(
+  "WEBGPU_DECODE",
+  "WEBGPU_DECODE, transposed sums and softmax",
+  "WEBGPU_FLASH",
+  "WEBGPU_FLASH, portable tiles",
+);
 
 for (const [name, b] of BACKENDS) {
   for (const cap of [1e5, 1e4, 30, 0.5]) {
