@@ -179,18 +179,14 @@ export function answerKind(req: Request): "json" | "binary" {
   const bin = weight(accept, ANSWER_TYPES.binary);
   if (!json.parsed) return "json"; // nothing in it parses: as if absent
   if (json.q <= 0 && bin.q <= 0) {
+    const shown = accept.length > 200 ? `${accept.slice(0, 200)}...` : accept;
     throw new ServiceError(
-      `Accept ${
-        JSON.stringify(accept.length > 200 ? `${accept.slice(0, 200)}...` : accept)
-      } accepts neither application/json nor application/octet-stream (safetensors), the ` +
-        "two answers of this endpoint; nothing ran",
+      `Accept ${JSON.stringify(shown)} accepts neither application/json nor ` +
+        "application/octet-stream (safetensors), the two answers of this endpoint; nothing ran",
       {
         status: 406,
         code: "not_acceptable",
-        extra: {
-          accept: accept.length > 200 ? `${accept.slice(0, 200)}...` : accept,
-          available: Object.values(ANSWER_TYPES),
-        },
+        extra: { accept: shown, available: Object.values(ANSWER_TYPES) },
       },
     );
   }

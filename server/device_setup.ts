@@ -107,21 +107,22 @@ export function serviceAndHandler(
     memoryBudgetBytes: o.memoryBudgetBytes,
     limits: o.limits,
   });
+  // The device threads' front asking for this thread's series (with its token), or none.
+  const fromFront = o.scrapeToken === undefined
+    ? undefined
+    : (req: Request) => req.headers.get(SCRAPE_HEADER) === o.scrapeToken;
   const handler = createHandler(service, {
     maxBodyBytes: o.maxBodyBytes,
     maxJsonBodyBytes: o.maxJsonBodyBytes,
     access: o.access,
     instance: o.instance,
     log,
-    notInFlight: o.scrapeToken === undefined
-      ? undefined
-      : (req) => req.headers.get(SCRAPE_HEADER) === o.scrapeToken,
-    uncounted: o.scrapeToken === undefined
-      ? undefined
-      : (req, res) =>
-        req.headers.get(SCRAPE_HEADER) === o.scrapeToken ||
+    notInFlight: fromFront,
+    uncounted: fromFront &&
+      ((req, res) =>
+        fromFront(req) ||
         (req.headers.get(TENTATIVE_HEADER) === o.scrapeToken &&
-          problemCodeOf(res) === "memory_budget_exceeded"),
+          problemCodeOf(res) === "memory_budget_exceeded")),
   });
   return { service, handler };
 }

@@ -26,6 +26,8 @@ export class JsonDecoder {
   #idle: ReturnType<typeof setTimeout> | undefined;
   /** {@link keepWarm}: no idle-out. */
   #warm = false;
+  /** The worker has answered something (its `warm` reply, a body's): it loaded and runs. */
+  #answered = false;
 
   constructor(idleMs = 5_000) {
     this.idleMs = idleMs;
@@ -62,9 +64,6 @@ export class JsonDecoder {
     this.#warm = true;
     this.#ensure().postMessage({ id: 0, warm: true });
   }
-
-  /** The worker has answered something (its `warm` reply, a body's): it loaded and runs. */
-  #answered = false;
 
   #ensure(): Worker {
     if (this.#idle !== undefined) clearTimeout(this.#idle);

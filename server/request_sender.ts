@@ -22,7 +22,7 @@ import {
   type StreamedBody,
   wholeBodyIfCheap,
 } from "./body_read.ts";
-import { isJsonType, mediaType } from "./body.ts";
+import { type BodyLimits, bodyLimits, isJsonType, mediaType } from "./body.ts";
 import { SAFETENSORS } from "./responses.ts";
 import { hopStamp } from "./request_arrival.ts";
 import { NOT_LOGGED, problemResponse, toProblem } from "./problem.ts";
@@ -48,15 +48,18 @@ export class RequestSender {
     private readonly post: (m: FromWorker, transfer?: Transferable[]) => void,
     private readonly maxBodyBytes: number,
     private readonly allowed: (req: Request) => boolean,
-    /** JSON bodies' own limit (never above `maxBodyBytes`; default the same). */
-    private readonly maxJsonBodyBytes: number = maxBodyBytes,
-  ) {}
+    /** JSON bodies' own limit (default `maxBodyBytes`; capped by it: body.ts bodyLimits). */
+    maxJsonBodyBytes: number = maxBodyBytes,
+  ) {
+    this.#limits = bodyLimits(maxBodyBytes, maxJsonBodyBytes);
+  }
 
-  /** The most a route reads of `req`'s body: JSON's limit for a JSON body, else the general. */
+  readonly #limits: BodyLimits;
+
+  /** The most a route reads of `req`'s body: its kind's limit (JSON's, else the general). */
   #limit(req: Request): number {
-    return isJsonType(mediaType(req.headers.get("content-type")))
-      ? Math.min(this.maxJsonBodyBytes, this.maxBodyBytes)
-      : this.maxBodyBytes;
+    return this.#limits[isJsonType(mediaType(req.headers.get("content-type"))) ? "json" : "binary"]
+      .bytes;
   }
 
   /** Requests waiting for their answer. */
