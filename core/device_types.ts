@@ -77,6 +77,8 @@ export interface DeviceReport {
   features: string[];
   limits: Record<string, number>;
   generation: number;
+  /** How results are read back, on a live device (gpu/map_read.ts). */
+  readback?: "early" | "awaited";
   /** What the runtime printed while finding the adapter (Dawn's warnings). */
   warnings?: string[];
   /** The runtimes not chosen: whether they could start here, and why not (once probed). */

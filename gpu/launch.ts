@@ -5,7 +5,7 @@
  * device has `timestamp-query`, with a pooled query set), bind groups from the device's cache
  * (gpu/bind_groups.ts), uploads by `writeBuffer` or, large ones, through mapped staging
  * buffers kept between calls (gpu/upload_staging.ts), one submit, one `mapAsync` of one pooled
- * readback buffer and one copy of what it read into lent host memory (gpu/host_pool.ts:
+ * readback buffer (read as soon as the GPU is done on Deno's runtime: gpu/map_read.ts) and one copy of what it read into lent host memory (gpu/host_pool.ts:
  * already-touched pages, no page faults); the parts are views of that memory, valid until the
  * result's `release()`. The whole call
  * runs inside a validation error scope: a WebGPU validation error (a binding over a limit, a
@@ -23,6 +23,7 @@ import { type BindGroupCache, bindGroupsOf } from "./bind_groups.ts";
 import { STAGED_UPLOAD_BYTES, stagedUploads, stagingOf } from "./upload_staging.ts";
 import { hostPool } from "./host_pool.ts";
 import { wakeDawnPoll } from "./dawn_tick_pace.ts";
+import { mapReadRange } from "./map_read.ts";
 
 /** A buffer binding: a whole buffer or a range of one. */
 export type Bound = GPUBuffer | { buffer: GPUBuffer; offset?: number; size?: number };
@@ -270,7 +271,11 @@ export async function launch(ctx: GpuContext, spec: LaunchSpec): Promise<LaunchR
     const errorPromise = dev.popErrorScope();
     scoped = false;
     wakeDawnPoll(); // a short wait: Dawn's poll unpaced again (gpu/dawn_tick_pace.ts)
-    const [error] = await Promise.all([errorPromise, readback.mapAsync(GPUMapMode.READ)]);
+    const size = Math.max(16, total);
+    const [error, range] = await Promise.all([
+      errorPromise,
+      mapReadRange(dev, readback, 0, size),
+    ]);
     trace(`launch ${spec.label}: read back`);
     if (error) {
       readback.unmap();
@@ -282,7 +287,7 @@ export async function launch(ctx: GpuContext, spec: LaunchSpec): Promise<LaunchR
     }
     const tMap = performance.now();
     const lease = hostPool.acquire(total);
-    lease.bytes.set(new Uint8Array(readback.getMappedRange(0, Math.max(16, total)), 0, total));
+    lease.bytes.set(new Uint8Array(range, 0, total));
     readback.unmap();
     const mem = lease.bytes.buffer;
     const parts = spec.reads.map((r, i) => new Uint8Array(mem, offsets[i], r.bytes));

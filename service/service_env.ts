@@ -18,6 +18,7 @@ import {
   COMPILE_TIMEOUT_SETTING,
 } from "../gpu/pipelines.ts";
 import { DAWN_TICK_SPIN_SETTING } from "../gpu/dawn_tick_pace.ts";
+import { EARLY_READ_SETTING } from "../gpu/map_read.ts";
 
 /**
  * The settings read after import, by a call or a scrape (the server checks them at start-up
@@ -33,6 +34,7 @@ export const SERVICE_LAZY_SETTINGS: readonly EnvSetting<unknown>[] = [
   COMPILE_SERIAL_SETTING,
   COMPILE_LOG_SETTING,
   DAWN_TICK_SPIN_SETTING,
+  EARLY_READ_SETTING,
 ];
 
 /**

@@ -287,6 +287,10 @@ export const DeviceReportSchema = z.object({
   features: z.array(z.string()),
   limits: z.record(z.string(), z.number()),
   generation: z.int(),
+  readback: z.enum(["early", "awaited"]).optional().describe(
+    "how results are read back: early = as soon as the GPU is done (Deno's runtime, whose " +
+      "mapAsync promise waits out a 10 ms sleep); awaited = when mapAsync resolves",
+  ),
   warnings: z.array(z.string()).optional(),
   other_runtimes: z.record(z.string(), RuntimeProbeSchema).optional().describe(
     "the runtimes not chosen, probed for an adapter (never a device)",

@@ -1,0 +1,163 @@
+/**
+ * Read-backs without Deno's 10 ms sleep (gpu/map_read.ts): on Deno's runtime a buffer mapped
+ * once the awaited way is read as soon as `mapAsync` returns, and what it reads is what the GPU
+ * wrote by then (fresh random words each round, the buffer poisoned before each copy); a range
+ * not mapped yet falls back to the promise; `ATTN_EARLY_READ` and the Deno version decide.
+ */
+import assert from "node:assert/strict";
+import {
+  allowEarlyRead,
+  EARLY_READ_SETTING,
+  earlyReadDefault,
+  mapReadCounts,
+  mapReadRange,
+  readsEarly,
+  settleEarlyReads,
+} from "../../gpu/map_read.ts";
+import { EnvValueError, settingValue } from "../../core/env.ts";
+import { freshSeed, GPU, GPU_TEST, rng } from "./helpers.ts";
+import { MANAGER, SELECTION } from "../support/gpu.ts";
+
+const WORDS = 4096;
+
+/** Writes `words` to `src`, poisons `dst`'s range through a copy of NaN words, then copies. */
+function copyOver(
+  dev: GPUDevice,
+  src: GPUBuffer,
+  poison: GPUBuffer,
+  dst: GPUBuffer,
+  w: Uint32Array<ArrayBuffer>,
+) {
+  dev.queue.writeBuffer(src, 0, w);
+  const enc = dev.createCommandEncoder();
+  enc.copyBufferToBuffer(poison, 0, dst, 0, WORDS * 4);
+  enc.copyBufferToBuffer(src, 0, dst, 0, WORDS * 4);
+  dev.queue.submit([enc.finish()]);
+}
+
+Deno.test({
+  name: "map read: Deno's runtime reads a primed buffer at once, and reads what the GPU wrote",
+  ...GPU_TEST,
+  ignore: GPU_TEST.ignore || SELECTION.runtime.name !== "deno",
+  async fn() {
+    const dev = GPU!.device;
+    const checked = earlyReadDefault(Deno.version.deno);
+    assert.equal(readsEarly(dev), checked);
+    assert.equal(MANAGER.report().readback, checked ? "early" : "awaited");
+    if (!readsEarly(dev)) return; // an unchecked Deno version: the awaited path only
+    const usage = GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST;
+    const src = dev.createBuffer({ size: WORDS * 4, usage });
+    const poison = dev.createBuffer({ size: WORDS * 4, usage });
+    dev.queue.writeBuffer(poison, 0, new Uint32Array(WORDS).fill(0x7fc00000));
+    const dst = dev.createBuffer({
+      size: WORDS * 4,
+      usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
+    });
+    const r = rng(freshSeed());
+    const before = { ...mapReadCounts };
+    try {
+      for (let round = 0; round < 12; round++) {
+        const w = new Uint32Array(WORDS).map(() => (r() * 2 ** 32) >>> 0);
+        copyOver(dev, src, poison, dst, w);
+        const t0 = performance.now();
+        const got = new Uint32Array(await mapReadRange(dev, dst, 0, WORDS * 4)).slice();
+        const ms = performance.now() - t0;
+        dst.unmap();
+        assert.deepEqual(got, w, `round ${round}`);
+        // The first map of a buffer is awaited; every later one is read early, well before
+        // the 10 ms sleep ends (lavapipe copies 16 KB in far less).
+        if (round > 0) assert.ok(ms < 9, `round ${round}: read after ${ms.toFixed(2)} ms`);
+      }
+      assert.equal(mapReadCounts.awaited - before.awaited, 1);
+      assert.equal(mapReadCounts.early - before.early, 11);
+      await settleEarlyReads();
+    } finally {
+      src.destroy();
+      poison.destroy();
+      dst.destroy();
+    }
+  },
+});
+
+/** A stand-in buffer whose range is readable only once its map promise resolved. */
+function fakeBuffer(bytes: Uint8Array, mappedEarly: boolean) {
+  let mapped = false;
+  const calls: string[] = [];
+  const buffer = {
+    mapAsync() {
+      calls.push("mapAsync");
+      if (mappedEarly) mapped = true;
+      return new Promise<void>((res) =>
+        setTimeout(() => {
+          mapped = true;
+          res();
+        }, 5)
+      );
+    },
+    getMappedRange(offset: number, size: number) {
+      calls.push(mapped ? "range" : "range refused");
+      if (!mapped) throw new DOMException("not mapped", "OperationError");
+      return bytes.slice(offset, offset + size).buffer;
+    },
+    unmap() {
+      mapped = false;
+    },
+  };
+  return { buffer: buffer as unknown as GPUBuffer, calls };
+}
+
+Deno.test("map read: a range not mapped when mapAsync returns waits for the promise", async () => {
+  const dev = {} as GPUDevice;
+  const prev = Deno.env.get("ATTN_EARLY_READ");
+  Deno.env.set("ATTN_EARLY_READ", "1");
+  try {
+    assert.equal(allowEarlyRead(dev, "0.0.0"), true);
+  } finally {
+    if (prev === undefined) Deno.env.delete("ATTN_EARLY_READ");
+    else Deno.env.set("ATTN_EARLY_READ", prev);
+  }
+  const { buffer, calls } = fakeBuffer(new Uint8Array([1, 2, 3, 4, 5, 6, 7, 8]), false);
+  // First map: awaited (the buffer is not primed), no early try.
+  assert.deepEqual([...new Uint8Array(await mapReadRange(dev, buffer, 4, 4))], [5, 6, 7, 8]);
+  buffer.unmap();
+  assert.deepEqual(calls, ["mapAsync", "range"]);
+  // Primed now; the range still refuses before the promise: the read waits, then reads.
+  calls.length = 0;
+  assert.deepEqual([...new Uint8Array(await mapReadRange(dev, buffer, 0, 2))], [1, 2]);
+  assert.deepEqual(calls, ["mapAsync", "range refused", "range"]);
+  buffer.unmap();
+  // Mapped within the call: read at once, the promise left behind settles later.
+  const early = fakeBuffer(new Uint8Array([9, 8, 7, 6]), true);
+  await mapReadRange(dev, early.buffer, 0, 4); // primes it
+  early.buffer.unmap();
+  early.calls.length = 0;
+  const before = mapReadCounts.early;
+  assert.deepEqual([...new Uint8Array(await mapReadRange(dev, early.buffer, 0, 4))], [9, 8, 7, 6]);
+  assert.deepEqual(early.calls, ["mapAsync", "range"]);
+  assert.equal(mapReadCounts.early, before + 1);
+  early.buffer.unmap();
+  await settleEarlyReads();
+});
+
+Deno.test("map read: ATTN_EARLY_READ is 0 or 1; unset, Deno 2.9 reads early, others do not", () => {
+  assert.equal(settingValue(EARLY_READ_SETTING, undefined), null);
+  assert.equal(settingValue(EARLY_READ_SETTING, "0"), false);
+  assert.equal(settingValue(EARLY_READ_SETTING, "1"), true);
+  assert.throws(
+    () => settingValue(EARLY_READ_SETTING, "yes"),
+    (e: unknown) => e instanceof EnvValueError && /ATTN_EARLY_READ.*yes/.test(e.message),
+  );
+  assert.equal(earlyReadDefault("2.9.6"), true);
+  assert.equal(earlyReadDefault("2.10.0"), false);
+  assert.equal(earlyReadDefault("3.0.0"), false);
+  const dev = {} as GPUDevice;
+  const prev = Deno.env.get("ATTN_EARLY_READ");
+  Deno.env.set("ATTN_EARLY_READ", "0");
+  try {
+    assert.equal(allowEarlyRead(dev, "2.9.6"), false);
+    assert.equal(readsEarly(dev), false);
+  } finally {
+    if (prev === undefined) Deno.env.delete("ATTN_EARLY_READ");
+    else Deno.env.set("ATTN_EARLY_READ", prev);
+  }
+});
