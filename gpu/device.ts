@@ -214,7 +214,12 @@ export class WebGpuDeviceManager implements DeviceProvider {
       device.destroy();
       throw closedError();
     }
-    this.runtime.prepareDevice?.(device);
+    try {
+      this.runtime.prepareDevice?.(device);
+    } catch (e) {
+      device.destroy(); // e.g. a refused ATTN_EARLY_READ: no device left behind per acquire
+      throw e;
+    }
     this.#generation++;
     const ctx = new WebGpuContext(device, adapterInfoOf(adapter), this.#generation);
     ctx.onLost((c, info) => {

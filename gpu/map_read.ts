@@ -19,7 +19,9 @@
  * ({@link earlyReadDefault}); `ATTN_EARLY_READ=0` turns it off, `1` turns it on for any
  * version. Dawn's `mapAsync` resolves when its callback fires, so Dawn never needs it.
  * The promise left behind resolves ~10 ms later and is kept from rejecting unhandled;
- * {@link settleEarlyReads} awaits them (tests, shutdown).
+ * {@link settleEarlyReads} awaits them (tests). When it resolves, Deno marks the buffer's
+ * `mapState` "mapped" although it was unmapped long before (and a buffer mapped early reads
+ * "pending"): on such a device `mapState` is not to be trusted, and nothing here reads it.
  * @module
  */
 import { type EnvSetting, envSwitch, readSetting } from "../core/env.ts";
@@ -28,7 +30,7 @@ const EARLY = new WeakSet<GPUDevice>();
 const PRIMED = new WeakSet<GPUBuffer>();
 const pending = new Set<Promise<unknown>>();
 
-/** Counts of reads by how they completed (`/metrics`, tests). */
+/** Counts of reads by how they completed (tests). */
 export const mapReadCounts = { early: 0, awaited: 0 };
 
 /** The Deno versions whose `mapAsync` was checked to map within the call. */

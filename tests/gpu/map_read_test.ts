@@ -2,7 +2,8 @@
  * Read-backs without Deno's 10 ms sleep (gpu/map_read.ts): on Deno's runtime a buffer mapped
  * once the awaited way is read as soon as `mapAsync` returns, and what it reads is what the GPU
  * wrote by then (fresh random words each round, the buffer poisoned before each copy); a range
- * not mapped yet falls back to the promise; `ATTN_EARLY_READ` and the Deno version decide.
+ * not mapped yet falls back to the promise; `ATTN_EARLY_READ` and the Deno version decide, and a
+ * value its rule refuses fails the device's acquire without leaving the device alive.
  */
 import assert from "node:assert/strict";
 import {
@@ -15,6 +16,7 @@ import {
   settleEarlyReads,
 } from "../../gpu/map_read.ts";
 import { EnvValueError, settingValue } from "../../core/env.ts";
+import { WebGpuDeviceManager } from "../../gpu/device.ts";
 import { freshSeed, GPU, GPU_TEST, rng } from "./helpers.ts";
 import { MANAGER, SELECTION } from "../support/gpu.ts";
 
@@ -160,4 +162,43 @@ Deno.test("map read: ATTN_EARLY_READ is 0 or 1; unset, Deno 2.9 reads early, oth
     if (prev === undefined) Deno.env.delete("ATTN_EARLY_READ");
     else Deno.env.set("ATTN_EARLY_READ", prev);
   }
+});
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+Deno.test({
+  name: "map read: a refused ATTN_EARLY_READ fails the acquire and leaves no device behind",
+  ...GPU_TEST,
+  ignore: GPU_TEST.ignore || SELECTION.runtime.name !== "deno",
+  async fn() {
+    const base = SELECTION.runtime;
+    const devices: GPUDevice[] = [];
+    const runtime = {
+      ...base,
+      prepareDevice: (d: GPUDevice) => {
+        devices.push(d);
+        base.prepareDevice?.(d);
+      },
+    };
+    const prev = Deno.env.get("ATTN_EARLY_READ");
+    Deno.env.set("ATTN_EARLY_READ", "yes");
+    const m = new WebGpuDeviceManager({ runtime });
+    try {
+      for (let i = 0; i < 2; i++) {
+        await assert.rejects(m.acquire(), (e: unknown) => e instanceof EnvValueError);
+      }
+      assert.equal(devices.length, 2, "each acquire made a device");
+      const fate = await Promise.all(
+        devices.map((d) =>
+          Promise.race([d.lost.then(() => "destroyed"), sleep(300).then(() => "alive")])
+        ),
+      );
+      assert.deepEqual(fate, ["destroyed", "destroyed"], "devices of failed acquires");
+    } finally {
+      if (prev === undefined) Deno.env.delete("ATTN_EARLY_READ");
+      else Deno.env.set("ATTN_EARLY_READ", prev);
+      m.close();
+      for (const d of devices) d.destroy();
+    }
+  },
 });
