@@ -20,8 +20,12 @@ export interface DecodeTuning {
    * WebGPU adapter grants (D3D12 and Metal fix it there). */
   workgroup_size: number;
   /** Keys per key-group step (a step's keys share a cache block: the rule's powers of two divide
-   * every block size the split kernels read); 0: 4 on GPUs, 1 on software adapters. */
+   * every block size the split kernels read); 0: `gpu_keys_per_iter` on GPUs, 1 on software
+   * adapters. Capped by the cache's block size. */
   keys_per_iter: number;
+  /** What `keys_per_iter` 0 means on GPU adapters: 4 for decode rows, 8 for prefill rows
+   * ({@link prefillSplitTuning}). */
+  gpu_keys_per_iter: number;
   /** KV heads per key group; 0: 1 on GPUs, on software adapters as many as max_flat_heads
    * allows (whole token slots per SIMD batch). The largest divisor of num_kv_heads not above
    * it; 1 where the GQA group is tiled (over `max_heads`). */
@@ -147,8 +151,9 @@ export interface DecodeTuning {
  * sweep, not a profile): on an H100 under Deno's runtime (bench/NOTES.md v0.19) the transposed
  * sums took 4 x 1024 causal 2.12 -> 1.97 ms and 8 x 4096 56.0 -> 51.0 ms (0.27x -> 0.29x and
  * 0.32x -> 0.35x the FMA ceiling); the other knobs tried there (fewer lanes a key row, 8 keys a
- * step, 256 invocations) were slower. Decode steps keep `t` (bandwidth-bound; the H200's sweeps
- * gained nothing from these knobs).
+ * step, 256 invocations) were slower then, but with the transposed softmax and 4 tokens a
+ * workgroup 8 keys a step gain ({@link PREFILL_GPU_KEYS_PER_ITER}). Decode steps keep `t`
+ * (bandwidth-bound; the H200's sweeps gained nothing from these knobs).
  */
 export function prefillSplitTuning(t: Readonly<DecodeTuning>): DecodeTuning {
   return {
@@ -156,8 +161,18 @@ export function prefillSplitTuning(t: Readonly<DecodeTuning>): DecodeTuning {
     scatter_sums: true,
     scatter_softmax: true,
     wg_tokens: t.wg_tokens > 1 ? t.wg_tokens : PREFILL_WG_TOKENS,
+    gpu_keys_per_iter: PREFILL_GPU_KEYS_PER_ITER,
   };
 }
+
+/**
+ * Keys a step of a prefill row on GPU adapters where the tuning leaves `keys_per_iter` 0: on an
+ * H100 under Deno's runtime, with the transposed sums and 4 tokens a workgroup, 8 keys took 4 x
+ * 1024 causal 1.65 -> 1.59 ms (0.343x -> 0.356x the FMA ceiling) and 8 x 4096 47.9 -> 45.7 ms
+ * (0.377x -> 0.395x), twice each (bench/NOTES.md v0.25); 16 was slower (1.83 / 50.8). On
+ * lavapipe 8 was slower than its 1 (2 x 256: 39 -> 48-116 ms), so software adapters keep 1.
+ */
+export const PREFILL_GPU_KEYS_PER_ITER = 8;
 
 /**
  * The tokens a workgroup of prefill rows spans on the split-KV kernels unless the tuning names
@@ -187,6 +202,7 @@ export const PREFILL_WG_TOKENS = 4;
 export const DEFAULT_DECODE_TUNING: Readonly<DecodeTuning> = Object.freeze({
   workgroup_size: 0,
   keys_per_iter: 0,
+  gpu_keys_per_iter: 4,
   kv_heads_per_group: 0,
   max_lanes: 32,
   fallback_lanes: 8,
@@ -252,6 +268,7 @@ export const DECODE_TUNING_RULES: Readonly<Record<DecodeTuningNumber, TuningRule
   .freeze({
     workgroup_size: { least: 1, most: 1024, zero: "automatic" },
     keys_per_iter: { least: 1, most: 16, pow2: true, zero: "automatic" },
+    gpu_keys_per_iter: { least: 1, most: 16, pow2: true },
     kv_heads_per_group: { least: 1, most: MOST, zero: "automatic" },
     max_lanes: { least: 1, most: 128, pow2: true },
     fallback_lanes: { least: 1, most: 128, pow2: true },

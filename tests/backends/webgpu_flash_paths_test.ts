@@ -14,6 +14,7 @@ import {
 } from "../../backends/webgpu_flash.ts";
 import {
   DEFAULT_DECODE_TUNING,
+  PREFILL_GPU_KEYS_PER_ITER,
   PREFILL_WG_TOKENS,
   prefillSplitTuning,
 } from "../../backends/webgpu_decode_tuning.ts";
@@ -228,8 +229,9 @@ Deno.test("flash paths: prefill rows on the split-KV kernels take the prefill tu
   const t = prefillSplitTuning(DEFAULT_DECODE_TUNING);
   assert.equal(t.scatter_sums && t.scatter_softmax, true);
   assert.equal(t.wg_tokens, PREFILL_WG_TOKENS);
+  assert.equal(t.gpu_keys_per_iter, PREFILL_GPU_KEYS_PER_ITER);
   assert.deepEqual(
-    { ...t, scatter_sums: false, scatter_softmax: false, wg_tokens: 1 },
+    { ...t, scatter_sums: false, scatter_softmax: false, wg_tokens: 1, gpu_keys_per_iter: 4 },
     DEFAULT_DECODE_TUNING,
   );
   // A tuning that names more tokens keeps them.
