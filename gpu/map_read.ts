@@ -30,7 +30,7 @@ const EARLY = new WeakSet<GPUDevice>();
 const PRIMED = new WeakSet<GPUBuffer>();
 const pending = new Set<Promise<unknown>>();
 
-/** Counts of reads by how they completed (tests). */
+/** Counts of reads by how they completed (`/metrics`: `attn_gpu_readback_*_total`; tests). */
 export const mapReadCounts = { early: 0, awaited: 0 };
 
 /** The Deno versions whose `mapAsync` was checked to map within the call. */

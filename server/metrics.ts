@@ -14,6 +14,7 @@
  */
 import { bufferPoolTotals } from "../gpu/buffer_pool.ts";
 import { hostPool } from "../gpu/host_pool.ts";
+import { mapReadCounts } from "../gpu/map_read.ts";
 
 /** The methods counted under their own name (RFC 9110 and PATCH); any other is "other". */
 export const KNOWN_METHODS: readonly string[] = [
@@ -137,6 +138,8 @@ export interface MemoryPools {
   gpu: PoolGauges;
   /** This thread's host read-back pool, with the leases the garbage collector found unreleased. */
   host: PoolGauges & { leaked: number };
+  /** This thread's forward read-backs by how they completed (gpu/map_read.ts). */
+  readbacks: { early: number; awaited: number };
 }
 
 /** The pools of this thread (gpu/buffer_pool.ts, gpu/host_pool.ts). */
@@ -152,6 +155,7 @@ export function threadMemoryPools(): MemoryPools {
       reused: h.reused,
       leaked: h.leaked,
     },
+    readbacks: { ...mapReadCounts },
   };
 }
 
@@ -350,6 +354,20 @@ function renderPools(out: string[], p: MemoryPools): void {
       "counter",
       "Read-back leases the garbage collector found unreleased.",
       p.host.leaked,
+    ],
+  ]);
+  samples(out, "attn_gpu_readback", [
+    [
+      "early_total",
+      "counter",
+      "Read-backs read as soon as the GPU was done (Deno's runtime, without its 10 ms sleep).",
+      p.readbacks.early,
+    ],
+    [
+      "awaited_total",
+      "counter",
+      "Read-backs read when mapAsync resolved (Dawn; on Deno's runtime each buffer's first, or a fallback).",
+      p.readbacks.awaited,
     ],
   ]);
 }

@@ -1,7 +1,7 @@
 /**
  * The memory pools outside `--memory-budget-bytes` in /metrics: this thread's GPU buffer pools
  * and host read-back pool (free, in-use and cap bytes; buffers created and reused; host leases
- * leaked), the plan cache where wired (plans, hits, misses, disposed), and the device threads'
+ * leaked), its read-backs by how they completed (early, awaited), the plan cache where wired (plans, hits, misses, disposed), and the device threads'
  * merge, which gives each of these families one HELP and TYPE and a `device_thread` label a
  * sample.
  */
@@ -10,6 +10,7 @@ import { CPU_REFERENCE } from "../../backends/cpu/cpu_reference.ts";
 import type { AttentionBackend, GpuContext } from "../../core/types.ts";
 import { bufferPoolTotals, poolOf } from "../../gpu/buffer_pool.ts";
 import { hostPool } from "../../gpu/host_pool.ts";
+import { mapReadCounts } from "../../gpu/map_read.ts";
 import { createHandler } from "../../server/handler.ts";
 import { type MemoryPools, Metrics } from "../../server/metrics.ts";
 import { mergeMetrics } from "../../server/metrics_merge.ts";
@@ -27,6 +28,7 @@ const POOLS: MemoryPools = {
     reused: 12,
     leaked: 1,
   },
+  readbacks: { early: 250, awaited: 2 },
 };
 
 /** `name value` samples (no labels) of a text, by name. */
@@ -40,7 +42,7 @@ Deno.test("metrics: the memory pools and the plan cache, with HELP and TYPE", ()
   const plans = { size: 5, hits: 90, misses: 6, disposed: 1 };
   const text = new Metrics({ memoryPools: () => POOLS, planCache: () => plans }).render();
   const s = plain(text);
-  assert.deepEqual(Object.fromEntries([...s].filter(([k]) => /pool|plan_cache/.test(k))), {
+  assert.deepEqual(Object.fromEntries([...s].filter(([k]) => /pool|plan_cache|readback/.test(k))), {
     attn_gpu_buffer_pool_free_bytes: 4096,
     attn_gpu_buffer_pool_in_use_bytes: 8192,
     attn_gpu_buffer_pool_max_free_bytes: 2 ** 30,
@@ -52,6 +54,8 @@ Deno.test("metrics: the memory pools and the plan cache, with HELP and TYPE", ()
     attn_host_pool_created_total: 3,
     attn_host_pool_reused_total: 12,
     attn_host_pool_leaked_total: 1,
+    attn_gpu_readback_early_total: 250,
+    attn_gpu_readback_awaited_total: 2,
     attn_plan_cache_plans: 5,
     attn_plan_cache_hits_total: 90,
     attn_plan_cache_misses_total: 6,
@@ -64,7 +68,7 @@ Deno.test("metrics: the memory pools and the plan cache, with HELP and TYPE", ()
   }
   // Without a plan cache wired, none of its series; `memoryPools: null`, none of the pools'.
   const bare = new Metrics({ memoryPools: null }).render();
-  assert.doesNotMatch(bare, /pool|plan_cache/);
+  assert.doesNotMatch(bare, /pool|plan_cache|attn_gpu_readback/);
 });
 
 Deno.test("metrics: by default, this thread's pools as gpu/ counts them", () => {
@@ -86,6 +90,8 @@ Deno.test("metrics: by default, this thread's pools as gpu/ counts them", () => 
     assert.ok(h.in_use_bytes >= 16384);
     assert.equal(s.get("attn_host_pool_in_use_bytes"), h.in_use_bytes);
     assert.equal(s.get("attn_host_pool_max_free_bytes"), hostPool.maxFreeBytes);
+    assert.equal(s.get("attn_gpu_readback_early_total"), mapReadCounts.early);
+    assert.equal(s.get("attn_gpu_readback_awaited_total"), mapReadCounts.awaited);
   } finally {
     pool.release(b);
     lease.release();
@@ -99,6 +105,7 @@ Deno.test("metrics: the device threads' merge labels every pool sample by thread
   const other: MemoryPools = {
     gpu: { ...POOLS.gpu, free_bytes: 0 },
     host: { ...POOLS.host, in_use_bytes: 32768 },
+    readbacks: { early: 7, awaited: 1 },
   };
   const plans = { size: 1, hits: 2, misses: 3, disposed: 0 };
   const texts = [POOLS, other].map((p) =>
@@ -110,6 +117,7 @@ Deno.test("metrics: the device threads' merge labels every pool sample by thread
       "attn_gpu_buffer_pool_free_bytes",
       "attn_host_pool_in_use_bytes",
       "attn_host_pool_leaked_total",
+      "attn_gpu_readback_early_total",
       "attn_plan_cache_hits_total",
     ]
   ) {
