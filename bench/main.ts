@@ -38,7 +38,7 @@ import { KV_CACHE_DTYPES } from "../core/types.ts";
 import { validHostBatch } from "../service/host_input.ts";
 import { acquireSelected, type WebGpuDeviceManager } from "../gpu/device.ts";
 import { describeAdapter, isSoftwareAdapter } from "../gpu/runtime_adapter.ts";
-import { completionRoundTrip } from "../gpu/runtime_device.ts";
+import { completionRoundTrip, readRoundTrip } from "../gpu/runtime_device.ts";
 import { resolveRuntimeOptions, runtimeEnv } from "../gpu/runtime_options.ts";
 import { deviceSummary } from "../gpu/runtime_report.ts";
 import { copyBench } from "./copy.ts";
@@ -269,6 +269,7 @@ async function main(): Promise<void> {
     Deno.exit(2);
   }
   const roundTrip = median((await completionRoundTrip(gpu.device, 50)).ms);
+  const readTrip = median(await readRoundTrip(gpu.device, 50));
   const info = gpu.adapter_info;
   const software = isSoftwareAdapter(info);
   const small = a.big ? false : a.small ?? software;
@@ -277,6 +278,9 @@ async function main(): Promise<void> {
   const log = (s: string) => a.json ? undefined : console.log(s);
   log(`runtime: ${deviceSummary(mgr.report())}`);
   log(`completion round trip (empty submit + 16 B mapAsync): median ${f(roundTrip)} ms`);
+  log(
+    `read-back round trip (16 B copy + read, as forward calls read back): median ${f(readTrip)} ms`,
+  );
   log(
     `adapter: ${describeAdapter(info)}, DENO_WEBGPU_BACKEND=${
       Deno.env.get("DENO_WEBGPU_BACKEND") ?? "(default)"
@@ -341,6 +345,7 @@ async function main(): Promise<void> {
         runtime_flags: r.runtime_flags,
         backend_api: r.backend_api,
         round_trip_ms: roundTrip,
+        read_round_trip_ms: readTrip,
         adapter: info,
         features: [...gpu.features],
         small,

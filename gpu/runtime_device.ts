@@ -4,6 +4,7 @@
  * @module
  */
 import { wakeDawnPoll } from "./dawn_tick_pace.ts";
+import { mapReadRange } from "./map_read.ts";
 
 /** Optional features requested when the adapter offers them. */
 export const WANTED_FEATURES = [
@@ -66,6 +67,34 @@ export async function requestFullDevice(
     }
   }
   return `requestDevice failed: ${lastErr instanceof Error ? lastErr.message : lastErr}`;
+}
+
+/**
+ * The read-back round trip as forward calls pay it (gpu/map_read.ts: as soon as the GPU is done
+ * on Deno's runtime, its first read of the buffer awaited): a 16-byte copy, then a read of it,
+ * `iters` times after one priming read. Returns each time in ms.
+ */
+export async function readRoundTrip(device: GPUDevice, iters: number): Promise<number[]> {
+  const usage = GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST;
+  const staging = device.createBuffer({ size: 16, usage, label: "read-round-trip" });
+  const src = device.createBuffer({ size: 16, usage: GPUBufferUsage.COPY_SRC });
+  try {
+    const ms: number[] = [];
+    for (let i = 0; i <= iters; i++) {
+      const t = performance.now();
+      const enc = device.createCommandEncoder();
+      enc.copyBufferToBuffer(src, 0, staging, 0, 16);
+      device.queue.submit([enc.finish()]);
+      wakeDawnPoll();
+      await mapReadRange(device, staging, 0, 16);
+      staging.unmap();
+      if (i > 0) ms.push(performance.now() - t); // the first primes the buffer
+    }
+    return ms;
+  } finally {
+    staging.destroy();
+    src.destroy();
+  }
 }
 
 /**
