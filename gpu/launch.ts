@@ -5,9 +5,10 @@
  * device has `timestamp-query`, with a pooled query set), bind groups from the device's cache
  * (gpu/bind_groups.ts), uploads by `writeBuffer` or, large ones, through mapped staging
  * buffers kept between calls (gpu/upload_staging.ts), one submit, one `mapAsync` of one pooled
- * readback buffer (read as soon as the GPU is done on Deno's runtime: gpu/map_read.ts) and one copy of what it read into lent host memory (gpu/host_pool.ts:
- * already-touched pages, no page faults); the parts are views of that memory, valid until the
- * result's `release()`. The whole call
+ * readback buffer (read as soon as the GPU is done on Deno's runtime: gpu/map_read.ts) and one
+ * copy of what it read into lent host memory (gpu/host_pool.ts: already-touched pages, no page
+ * faults), or, on Deno's runtime, whose mapped range is already its own copy, that copy moved
+ * out; the parts are views of that memory, valid until the result's `release()`. The whole call
  * runs inside a validation error scope: a WebGPU validation error (a binding over a limit, a
  * bad dispatch) fails the call with a 500 `gpu_validation_error` instead of answering with
  * data the GPU never computed. An aborted signal before submit cancels the call: nothing is
@@ -23,7 +24,7 @@ import { type BindGroupCache, bindGroupsOf } from "./bind_groups.ts";
 import { STAGED_UPLOAD_BYTES, stagedUploads, stagingOf } from "./upload_staging.ts";
 import { hostPool } from "./host_pool.ts";
 import { wakeDawnPoll } from "./dawn_tick_pace.ts";
-import { mapReadRange } from "./map_read.ts";
+import { mapReadRange, ownsMappedCopies } from "./map_read.ts";
 
 /** A buffer binding: a whole buffer or a range of one. */
 export type Bound = GPUBuffer | { buffer: GPUBuffer; offset?: number; size?: number };
@@ -202,6 +203,26 @@ function deviceTimes(
   return gpu;
 }
 
+/**
+ * The read-back's `total` bytes in host memory the result owns until its `release()`: on a
+ * device whose mapped ranges are the runtime's own copies (Deno's: gpu/map_read.ts
+ * `ownsMappedCopies`) that copy itself, moved out before `unmap` detaches it (released by
+ * freeing it at once); elsewhere (Dawn's ranges are the mapping) a copy into lent host memory.
+ */
+function hostCopy(
+  dev: GPUDevice,
+  range: ArrayBuffer,
+  total: number,
+): { mem: ArrayBuffer; release: () => void } {
+  if (ownsMappedCopies(dev)) {
+    const mem = range.transfer();
+    return { mem, release: () => void (mem.detached || mem.transfer(0)) };
+  }
+  const lease = hostPool.acquire(total);
+  lease.bytes.set(new Uint8Array(range, 0, total));
+  return { mem: lease.bytes.buffer, release: lease.release };
+}
+
 /** Runs one launch (see the module doc). */
 export async function launch(ctx: GpuContext, spec: LaunchSpec): Promise<LaunchResult> {
   const t0 = performance.now();
@@ -286,19 +307,17 @@ export async function launch(ctx: GpuContext, spec: LaunchSpec): Promise<LaunchR
       });
     }
     const tMap = performance.now();
-    const lease = hostPool.acquire(total);
-    lease.bytes.set(new Uint8Array(range, 0, total));
+    const { mem, release } = hostCopy(dev, range, total);
     readback.unmap();
-    const mem = lease.bytes.buffer;
     const parts = spec.reads.map((r, i) => new Uint8Array(mem, offsets[i], r.bytes));
     const gpu = qs
       ? deviceTimes(new BigUint64Array(mem, stampAt, 2 * passes), spec.calls, passes)
       : {};
-    if (parts.length === 0) lease.release(); // only the timestamps were read
+    if (parts.length === 0) release(); // only the timestamps were read
     const t2 = performance.now();
     return {
       parts,
-      release: lease.release,
+      release,
       gpu,
       host: {
         encode: t1 - t0,

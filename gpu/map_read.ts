@@ -27,6 +27,7 @@
 import { type EnvSetting, envSwitch, readSetting } from "../core/env.ts";
 
 const EARLY = new WeakSet<GPUDevice>();
+const OWNED = new WeakSet<GPUDevice>();
 const PRIMED = new WeakSet<GPUBuffer>();
 const pending = new Set<Promise<unknown>>();
 
@@ -54,9 +55,20 @@ export function earlyReadDefault(version: string): boolean {
  */
 export function allowEarlyRead(device: GPUDevice, version: string): boolean {
   const set = readSetting(EARLY_READ_SETTING);
+  if (CHECKED_DENO.test(version)) OWNED.add(device);
   const on = set ?? earlyReadDefault(version);
   if (on) EARLY.add(device);
   return on;
+}
+
+/**
+ * Whether `device`'s `getMappedRange` hands out the runtime's own copy of the range, which
+ * stays valid once moved out (`ArrayBuffer.prototype.transfer`) before `unmap` detaches it:
+ * Deno 2.9's does (`slice.to_vec()` into a V8 backing store), whatever `ATTN_EARLY_READ` says.
+ * Dawn's ranges are the mapping itself.
+ */
+export function ownsMappedCopies(device: GPUDevice): boolean {
+  return OWNED.has(device);
 }
 
 /** Whether `device`'s buffers are read early. */

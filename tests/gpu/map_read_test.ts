@@ -12,11 +12,14 @@ import {
   earlyReadDefault,
   mapReadCounts,
   mapReadRange,
+  ownsMappedCopies,
   readsEarly,
   settleEarlyReads,
 } from "../../gpu/map_read.ts";
 import { EnvValueError, settingValue } from "../../core/env.ts";
 import { WebGpuDeviceManager } from "../../gpu/device.ts";
+import { launch } from "../../gpu/launch.ts";
+import { hostPool } from "../../gpu/host_pool.ts";
 import { freshSeed, GPU, GPU_TEST, rng } from "./helpers.ts";
 import { MANAGER, SELECTION } from "../support/gpu.ts";
 
@@ -199,6 +202,48 @@ Deno.test({
       else Deno.env.set("ATTN_EARLY_READ", prev);
       m.close();
       for (const d of devices) d.destroy();
+    }
+  },
+});
+
+Deno.test({
+  name: "map read: on Deno's runtime a launch's parts are Deno's own copy, freed by release",
+  ...GPU_TEST,
+  ignore: GPU_TEST.ignore || SELECTION.runtime.name !== "deno",
+  async fn() {
+    const ctx = GPU!;
+    const dev = ctx.device;
+    assert.equal(ownsMappedCopies(dev), earlyReadDefault(Deno.version.deno));
+    if (!ownsMappedCopies(dev)) return;
+    const src = dev.createBuffer({
+      size: WORDS * 4,
+      usage: GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST,
+    });
+    const r = rng(freshSeed());
+    const held: { parts: Uint8Array[]; release: () => void; w: Uint32Array }[] = [];
+    const leases = hostPool.stats();
+    try {
+      for (let round = 0; round < 4; round++) {
+        const w = new Uint32Array(WORDS).map(() => (r() * 2 ** 32) >>> 0);
+        const res = await launch(ctx, {
+          label: "map_read.owned",
+          uploads: [{ buffer: src, data: new Uint8Array(w.buffer) }],
+          calls: [],
+          reads: [{ buffer: src, bytes: WORDS * 4 }],
+        });
+        held.push({ ...res, w });
+      }
+      // Every result still holds its own words after later calls reused the read-back buffer.
+      for (const h of held) assert.deepEqual(new Uint32Array(h.parts[0].slice().buffer), h.w);
+      assert.deepEqual(hostPool.stats().in_use, leases.in_use, "no host lease taken");
+      for (const h of held) {
+        h.release();
+        h.release(); // idempotent
+        assert.equal(h.parts[0].byteLength, 0, "released memory is freed at once (detached)");
+      }
+      await settleEarlyReads();
+    } finally {
+      src.destroy();
     }
   },
 });
