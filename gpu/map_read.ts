@@ -34,8 +34,12 @@ const pending = new Set<Promise<unknown>>();
 /** Counts of reads by how they completed (`/metrics`: `attn_gpu_readback_*_total`; tests). */
 export const mapReadCounts = { early: 0, awaited: 0 };
 
-/** The Deno versions whose `mapAsync` was checked to map within the call. */
-const CHECKED_DENO = /^2\.9\./;
+/**
+ * The Deno versions checked: 2.9.0-2.9.5 by their source (ext/webgpu/buffer.rs: `mapAsync` polls
+ * within the call; a read range is a `to_vec` copy; the map mode is never cleared), 2.9.6 by
+ * running (this project's pin). A later version reads the awaited way until checked.
+ */
+const CHECKED_DENO = /^2\.9\.[0-6]$/;
 
 /** `ATTN_EARLY_READ`: 0 never, 1 on Deno's runtime whatever its version; unset: checked ones. */
 export const EARLY_READ_SETTING: EnvSetting<boolean | null> = {
@@ -64,7 +68,8 @@ export function allowEarlyRead(device: GPUDevice, version: string): boolean {
 /**
  * Whether `device`'s `getMappedRange` hands out the runtime's own copy of the range, which
  * stays valid once moved out (`ArrayBuffer.prototype.transfer`) before `unmap` detaches it:
- * Deno 2.9's does (`slice.to_vec()` into a V8 backing store), whatever `ATTN_EARLY_READ` says.
+ * Deno 2.9.0-2.9.6's does (`slice.to_vec()` into a V8 backing store), whatever `ATTN_EARLY_READ`
+ * says.
  * Dawn's ranges are the mapping itself.
  */
 export function ownsMappedCopies(device: GPUDevice): boolean {

@@ -144,7 +144,7 @@ Deno.test("map read: a range not mapped when mapAsync returns waits for the prom
   await settleEarlyReads();
 });
 
-Deno.test("map read: ATTN_EARLY_READ is 0 or 1; unset, Deno 2.9 reads early, others do not", () => {
+Deno.test("map read: ATTN_EARLY_READ is 0 or 1; unset, Deno 2.9.0-2.9.6 read early, others do not", () => {
   assert.equal(settingValue(EARLY_READ_SETTING, undefined), null);
   assert.equal(settingValue(EARLY_READ_SETTING, "0"), false);
   assert.equal(settingValue(EARLY_READ_SETTING, "1"), true);
@@ -153,6 +153,9 @@ Deno.test("map read: ATTN_EARLY_READ is 0 or 1; unset, Deno 2.9 reads early, oth
     (e: unknown) => e instanceof EnvValueError && /ATTN_EARLY_READ.*yes/.test(e.message),
   );
   assert.equal(earlyReadDefault("2.9.6"), true);
+  assert.equal(earlyReadDefault("2.9.0"), true);
+  assert.equal(earlyReadDefault("2.9.7"), false);
+  assert.equal(earlyReadDefault("2.9.60"), false);
   assert.equal(earlyReadDefault("2.10.0"), false);
   assert.equal(earlyReadDefault("3.0.0"), false);
   const dev = {} as GPUDevice;
