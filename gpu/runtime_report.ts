@@ -35,9 +35,10 @@ export function deviceSummary(r: DeviceReport): string {
     }`
     : "";
   const adapter = r.adapter ? describeAdapter(r.adapter) : "adapter";
+  const early = r.readback === "early" ? "; read-back as soon as the GPU is done" : "";
   return `${runtimeLabel(r)}: ${adapter}; ${
     feats.join(", ") || "no optional features"
-  }${smText}${how}`;
+  }${smText}${early}${how}`;
 }
 
 /** One line per runtime not chosen: whether it could start here and why it was not used. */
