@@ -18,6 +18,9 @@
  * It is on for devices of Deno's own runtime at the versions it was checked on
  * ({@link earlyReadDefault}); `ATTN_EARLY_READ=0` turns it off, `1` turns it on for any
  * version. Dawn's `mapAsync` resolves when its callback fires, so Dawn never needs it.
+ * The range Deno's `getMappedRange` returns is its own copy (`to_vec` into a V8 buffer), which
+ * `unmap` detaches: {@link ownsMappedCopies} says a caller may move it out with `transfer()` and
+ * keep it, instead of copying it again (gpu/launch.ts).
  * The promise left behind resolves ~10 ms later and is kept from rejecting unhandled;
  * {@link settleEarlyReads} awaits them (tests). When it resolves, Deno marks the buffer's
  * `mapState` "mapped" although it was unmapped long before (and a buffer mapped early reads
@@ -54,10 +57,11 @@ export function earlyReadDefault(version: string): boolean {
 }
 
 /**
- * Marks a device of Deno's own runtime (at `version`) as one whose buffers may be read early,
- * as `ATTN_EARLY_READ` and the version allow. Returns whether it did.
+ * Marks a device of Deno's own runtime (at `version`): its read ranges are owned copies
+ * ({@link ownsMappedCopies}) at the checked versions, and its buffers are read early as
+ * `ATTN_EARLY_READ` and the version allow. Returns whether they are read early.
  */
-export function allowEarlyRead(device: GPUDevice, version: string): boolean {
+export function markDenoDevice(device: GPUDevice, version: string): boolean {
   const set = readSetting(EARLY_READ_SETTING);
   if (CHECKED_DENO.test(version)) OWNED.add(device);
   const on = set ?? earlyReadDefault(version);

@@ -12,7 +12,7 @@ import type { RuntimeProbeReport } from "../core/types.ts";
 import { describeAdapter } from "./runtime_adapter.ts";
 import { loadDawnRuntime } from "./runtime_dawn.ts";
 import { probeRuntime } from "./runtime_probe.ts";
-import { allowEarlyRead } from "./map_read.ts";
+import { markDenoDevice } from "./map_read.ts";
 import type { RuntimeChoice, RuntimeName, RuntimeOptions } from "./runtime_options.ts";
 import { envVar } from "../core/env.ts";
 
@@ -132,7 +132,7 @@ export function denoRuntime(): WebGpuRuntime {
     unavailable: "no WebGPU implementation (navigator.gpu is undefined)",
   });
   // Its read-backs skip the 10 ms sleep where that was checked (gpu/map_read.ts).
-  return { ...runtime, prepareDevice: (d) => void allowEarlyRead(d, Deno.version.deno) };
+  return { ...runtime, prepareDevice: (d) => void markDenoDevice(d, Deno.version.deno) };
 }
 
 /** Loads one runtime by name (Dawn with `dawnFlags`); failures show as `unavailable`. */

@@ -7,11 +7,11 @@
  */
 import assert from "node:assert/strict";
 import {
-  allowEarlyRead,
   EARLY_READ_SETTING,
   earlyReadDefault,
   mapReadCounts,
   mapReadRange,
+  markDenoDevice,
   ownsMappedCopies,
   readsEarly,
   settleEarlyReads,
@@ -116,7 +116,7 @@ Deno.test("map read: a range not mapped when mapAsync returns waits for the prom
   const prev = Deno.env.get("ATTN_EARLY_READ");
   Deno.env.set("ATTN_EARLY_READ", "1");
   try {
-    assert.equal(allowEarlyRead(dev, "0.0.0"), true);
+    assert.equal(markDenoDevice(dev, "0.0.0"), true);
   } finally {
     if (prev === undefined) Deno.env.delete("ATTN_EARLY_READ");
     else Deno.env.set("ATTN_EARLY_READ", prev);
@@ -162,7 +162,7 @@ Deno.test("map read: ATTN_EARLY_READ is 0 or 1; unset, Deno 2.9.0-2.9.6 read ear
   const prev = Deno.env.get("ATTN_EARLY_READ");
   Deno.env.set("ATTN_EARLY_READ", "0");
   try {
-    assert.equal(allowEarlyRead(dev, "2.9.6"), false);
+    assert.equal(markDenoDevice(dev, "2.9.6"), false);
     assert.equal(readsEarly(dev), false);
   } finally {
     if (prev === undefined) Deno.env.delete("ATTN_EARLY_READ");
