@@ -5,7 +5,9 @@
  * run one after another (no answer ever sees memory lent to another), every answer matches
  * the float64 reference, every lease comes back once its answer was delivered (no leak), and
  * a steady state reuses the pool's buffers instead of taking fresh memory (on Deno's runtime,
- * whose mapped ranges are its own copies, the answers own those and take no lease).
+ * whose mapped ranges are its own copies, the answers own those and take no lease); once as the
+ * server runs by default, once behind two HTTP worker threads (the answers' bytes then cross to
+ * the worker that writes them out).
  */
 import assert from "node:assert/strict";
 import type { ForwardBody } from "../../client/client.ts";
@@ -15,7 +17,7 @@ import { hostPool } from "../../gpu/host_pool.ts";
 import { ownsMappedCopies } from "../../gpu/map_read.ts";
 import { MANAGER } from "../support/gpu.ts";
 import { freshSeed, GPU_TEST, rng } from "./helpers.ts";
-import { maxAbsDiff, refAttention, startServer, to3d } from "../server/helpers.ts";
+import { maxAbsDiff, refAttention, serverMode, startServer, to3d } from "../server/helpers.ts";
 
 const opts = GPU_TEST;
 
@@ -81,69 +83,86 @@ async function settled(baseline: number): Promise<number> {
   return hostPool.stats().in_use;
 }
 
-Deno.test({
-  name: "lent readbacks: concurrent calls on two caches = the same calls in sequence; no leak",
-  ...opts,
-  fn: async () => {
-    const srv = await startServer({
+/** The server of these tests, behind `workers` HTTP worker threads (0: none). */
+async function gpuServer(workers: number) {
+  const before = serverMode.httpWorkers;
+  serverMode.httpWorkers = workers;
+  try {
+    return await startServer({
       backends: [WEBGPU_DECODE as AttentionBackend],
       device: MANAGER,
       memoryBudgetBytes: 2 ** 28,
     });
-    try {
-      const seeds = SHAPES.map(() => freshSeed());
-      const scripts = SHAPES.map((s, i) => script(s, seeds[i]));
-      const caches = () =>
-        Promise.all(SHAPES.map((s) =>
-          srv.client.createCache({
-            num_blocks: NB,
-            block_size: BS,
-            num_kv_heads: s.HKV,
-            head_size: s.D,
-            dtype: s.dtype,
-            layout: s.layout,
-          })
-        ));
-      const call = (c: number, step: number, id: string) =>
-        srv.client.forward({ ...scripts[c][step].body, kv_cache: id }, { binary: true });
-      const baseline = hostPool.stats().in_use;
-      // One after another.
-      const seqIds = await caches();
-      const seqOut: Float32Array[][] = SHAPES.map(() => []);
-      for (let step = 0; step < STEPS.length; step++) {
-        for (let c = 0; c < SHAPES.length; c++) {
-          const a = await call(c, step, seqIds[c].id);
-          assert.equal(a.backend, "WEBGPU_DECODE");
-          const tol = SHAPES[c].dtype === "float16" ? 3e-3 : 2e-5;
-          const err = maxAbsDiff(a.output.values, scripts[c][step].ref);
-          assert.ok(err < tol, `cache ${c} step ${step}: max abs err ${err} (seed ${seeds[c]})`);
-          seqOut[c].push(a.output.values);
-        }
+  } finally {
+    serverMode.httpWorkers = before;
+  }
+}
+
+for (const workers of [0, 2]) {
+  const front = workers ? `, behind ${workers} HTTP workers` : "";
+  Deno.test({
+    name:
+      `lent readbacks: concurrent calls on two caches = the same calls in sequence; no leak${front}`,
+    ...opts,
+    fn: () => concurrentEqualsSequential(workers),
+  });
+}
+
+async function concurrentEqualsSequential(workers: number): Promise<void> {
+  const srv = await gpuServer(workers);
+  try {
+    const seeds = SHAPES.map(() => freshSeed());
+    const scripts = SHAPES.map((s, i) => script(s, seeds[i]));
+    const caches = () =>
+      Promise.all(SHAPES.map((s) =>
+        srv.client.createCache({
+          num_blocks: NB,
+          block_size: BS,
+          num_kv_heads: s.HKV,
+          head_size: s.D,
+          dtype: s.dtype,
+          layout: s.layout,
+        })
+      ));
+    const call = (c: number, step: number, id: string) =>
+      srv.client.forward({ ...scripts[c][step].body, kv_cache: id }, { binary: true });
+    const baseline = hostPool.stats().in_use;
+    // One after another.
+    const seqIds = await caches();
+    const seqOut: Float32Array[][] = SHAPES.map(() => []);
+    for (let step = 0; step < STEPS.length; step++) {
+      for (let c = 0; c < SHAPES.length; c++) {
+        const a = await call(c, step, seqIds[c].id);
+        assert.equal(a.backend, "WEBGPU_DECODE");
+        const tol = SHAPES[c].dtype === "float16" ? 3e-3 : 2e-5;
+        const err = maxAbsDiff(a.output.values, scripts[c][step].ref);
+        assert.ok(err < tol, `cache ${c} step ${step}: max abs err ${err} (seed ${seeds[c]})`);
+        seqOut[c].push(a.output.values);
       }
-      assert.equal(await settled(baseline), baseline, "leases out after sequential answers");
-      const before = hostPool.stats();
-      // Concurrently on fresh caches: each step's two calls in flight together.
-      const conIds = await caches();
-      for (let step = 0; step < STEPS.length; step++) {
-        const answers = await Promise.all(SHAPES.map((_, c) => call(c, step, conIds[c].id)));
-        answers.forEach((a, c) => {
-          assert.deepEqual(a.output.values, seqOut[c][step], `cache ${c} step ${step}`);
-        });
-      }
-      assert.equal(await settled(baseline), baseline, "leases out after concurrent answers");
-      const after = hostPool.stats();
-      if (ownsMappedCopies(MANAGER.current()!.device)) {
-        // Deno's runtime: a result owns the runtime's own copy of the range; no lease is taken.
-        assert.deepEqual([after.created, after.reused], [before.created, before.reused]);
-        return;
-      }
-      assert.ok(
-        after.created - before.created <= SHAPES.length,
-        `steady state took fresh memory: ${after.created - before.created} buffers created`,
-      );
-      assert.ok(after.reused > before.reused, "no lease was served from the pool");
-    } finally {
-      await srv.close();
     }
-  },
-});
+    assert.equal(await settled(baseline), baseline, "leases out after sequential answers");
+    const before = hostPool.stats();
+    // Concurrently on fresh caches: each step's two calls in flight together.
+    const conIds = await caches();
+    for (let step = 0; step < STEPS.length; step++) {
+      const answers = await Promise.all(SHAPES.map((_, c) => call(c, step, conIds[c].id)));
+      answers.forEach((a, c) => {
+        assert.deepEqual(a.output.values, seqOut[c][step], `cache ${c} step ${step}`);
+      });
+    }
+    assert.equal(await settled(baseline), baseline, "leases out after concurrent answers");
+    const after = hostPool.stats();
+    if (ownsMappedCopies(MANAGER.current()!.device)) {
+      // Deno's runtime: a result owns the runtime's own copy of the range; no lease is taken.
+      assert.deepEqual([after.created, after.reused], [before.created, before.reused]);
+      return;
+    }
+    assert.ok(
+      after.created - before.created <= SHAPES.length,
+      `steady state took fresh memory: ${after.created - before.created} buffers created`,
+    );
+    assert.ok(after.reused > before.reused, "no lease was served from the pool");
+  } finally {
+    await srv.close();
+  }
+}
