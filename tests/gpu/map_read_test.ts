@@ -64,15 +64,12 @@ Deno.test({
       for (let round = 0; round < 12; round++) {
         const w = new Uint32Array(WORDS).map(() => (r() * 2 ** 32) >>> 0);
         copyOver(dev, src, poison, dst, w);
-        const t0 = performance.now();
         const got = new Uint32Array(await mapReadRange(dev, dst, 0, WORDS * 4)).slice();
-        const ms = performance.now() - t0;
         dst.unmap();
         assert.deepEqual(got, w, `round ${round}`);
-        // The first map of a buffer is awaited; every later one is read early, well before
-        // the 10 ms sleep ends (lavapipe copies 16 KB in far less).
-        if (round > 0) assert.ok(ms < 9, `round ${round}: read after ${ms.toFixed(2)} ms`);
       }
+      // The first map of a buffer is awaited; every later one is read as mapAsync returns (the
+      // counts, not a time: a loaded machine may take long for the copy either way).
       assert.equal(mapReadCounts.awaited - before.awaited, 1);
       assert.equal(mapReadCounts.early - before.early, 11);
       await settleEarlyReads();
