@@ -83,6 +83,18 @@ const CASES: [string, Partial<DecodeTuning>, BatchSpec, number][] = [
     F16,
     4,
   ],
+  [
+    "4 tokens, transposed sums, 8 keys a step (the GPU prefill rows' tuning): f16 NHD",
+    { wg_tokens: 4, scatter_sums: true, scatter_softmax: true, keys_per_iter: 8 },
+    F16,
+    4,
+  ],
+  [
+    "4 tokens, transposed sums, 8 keys a step: f32 MHA, ALiBi, window",
+    { wg_tokens: 4, scatter_sums: true, scatter_softmax: true, keys_per_iter: 8 },
+    F32,
+    4,
+  ],
   ["8 asked: a request of 5 rows, so 1", { wg_tokens: 8 }, F16, 1],
   [
     "with stage_kv and stage_table (both off then)",

@@ -65,7 +65,22 @@ const VARIANTS: [string, Partial<DecodeSplitConsts>][] = [
     indexed_gather: true,
   }],
   ["2 kv head blocks a workgroup", { wh: 2 }],
-  ["4 token items a workgroup, transposed sums (prefill rows)", {
+  ["4 token items a workgroup, transposed sums, 8 keys a step (prefill rows)", {
+    wt: 4,
+    scatter: true,
+    scatter_softmax: true,
+    u: 8,
+  }],
+  ["f32 prefill rows (Dawn's f32 prefill): 4 token items, transposed sums, 8 keys a step", {
+    storage: "float32",
+    dtype: "float32",
+    lpk: 32,
+    wt: 4,
+    scatter: true,
+    scatter_softmax: true,
+    u: 8,
+  }],
+  ["4 token items a workgroup, transposed sums, 4 keys a step", {
     wt: 4,
     scatter: true,
     scatter_softmax: true,
