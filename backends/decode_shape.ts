@@ -85,7 +85,10 @@ export function decodeShape(
     tuning.kv_heads_per_group || (cpu ? Math.max(1, Math.floor(tuning.max_flat_heads / hg)) : 1),
   );
   const F = kh * hg;
-  const u = Math.min(tuning.keys_per_iter || (cpu ? 1 : tuning.gpu_keys_per_iter), spec.block_size);
+  const u = Math.min(
+    tuning.keys_per_iter || (cpu ? 1 : tuning.gpu_keys_per_iter || 4),
+    spec.block_size,
+  );
   const wsLimit = gpu.limits.maxComputeWorkgroupStorageSize ?? 16384;
   let wg = Math.max(
     lpk,

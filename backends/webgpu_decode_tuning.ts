@@ -23,8 +23,9 @@ export interface DecodeTuning {
    * every block size the split kernels read); 0: `gpu_keys_per_iter` on GPUs, 1 on software
    * adapters. Capped by the cache's block size. */
   keys_per_iter: number;
-  /** What `keys_per_iter` 0 means on GPU adapters: 4 for decode rows, 8 for prefill rows
-   * ({@link prefillSplitTuning}). */
+  /** What `keys_per_iter` 0 means on GPU adapters; 0: 4 for decode rows, 8 for prefill rows
+   * ({@link prefillSplitTuning}, {@link PREFILL_GPU_KEYS_PER_ITER}). A value named here is kept
+   * for both. */
   gpu_keys_per_iter: number;
   /** KV heads per key group; 0: 1 on GPUs, on software adapters as many as max_flat_heads
    * allows (whole token slots per SIMD batch). The largest divisor of num_kv_heads not above
@@ -161,7 +162,7 @@ export function prefillSplitTuning(t: Readonly<DecodeTuning>): DecodeTuning {
     scatter_sums: true,
     scatter_softmax: true,
     wg_tokens: t.wg_tokens > 1 ? t.wg_tokens : PREFILL_WG_TOKENS,
-    gpu_keys_per_iter: PREFILL_GPU_KEYS_PER_ITER,
+    gpu_keys_per_iter: t.gpu_keys_per_iter || PREFILL_GPU_KEYS_PER_ITER,
   };
 }
 
@@ -202,7 +203,7 @@ export const PREFILL_WG_TOKENS = 4;
 export const DEFAULT_DECODE_TUNING: Readonly<DecodeTuning> = Object.freeze({
   workgroup_size: 0,
   keys_per_iter: 0,
-  gpu_keys_per_iter: 4,
+  gpu_keys_per_iter: 0,
   kv_heads_per_group: 0,
   max_lanes: 32,
   fallback_lanes: 8,
@@ -268,7 +269,7 @@ export const DECODE_TUNING_RULES: Readonly<Record<DecodeTuningNumber, TuningRule
   .freeze({
     workgroup_size: { least: 1, most: 1024, zero: "automatic" },
     keys_per_iter: { least: 1, most: 16, pow2: true, zero: "automatic" },
-    gpu_keys_per_iter: { least: 1, most: 16, pow2: true },
+    gpu_keys_per_iter: { least: 1, most: 16, pow2: true, zero: "automatic" },
     kv_heads_per_group: { least: 1, most: MOST, zero: "automatic" },
     max_lanes: { least: 1, most: 128, pow2: true },
     fallback_lanes: { least: 1, most: 128, pow2: true },

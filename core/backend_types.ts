@@ -27,7 +27,8 @@ export interface ForwardResult {
   timings?: Record<string, number>;
   /**
    * Returns the memory `output` and `lse` view to its pool (a GPU backend's results are views
-   * of lent host memory, gpu/host_pool.ts); neither may be read afterwards. Call it once the
+   * of lent host memory, gpu/host_pool.ts, or on Deno's runtime of memory freed at once,
+   * gpu/launch.ts); neither may be read afterwards. Call it once the
    * answer was delivered; not calling it is safe (the memory is then not reused). Idempotent.
    */
   release?(): void;

@@ -74,11 +74,13 @@ export interface LaunchSpec {
 
 /**
  * What a launch returns: the parts read back and device times. The parts are views of one
- * lease of host memory (gpu/host_pool.ts); `release()` returns it once nothing reads them.
+ * lease of host memory (gpu/host_pool.ts), or on Deno's runtime of the copy its
+ * `getMappedRange` made ({@link hostCopy}); `release()` gives it back once nothing reads them.
  */
 export interface LaunchResult {
   parts: Uint8Array<ArrayBuffer>[];
-  /** Returns the parts' memory to the host pool (idempotent; not calling it is safe). */
+  /** Returns the parts' memory to the host pool, or frees Deno's copy at once (the parts are
+   * then detached); idempotent; not calling it is safe. */
   release(): void;
   /** Device milliseconds per call name, and `gpu` for first begin to last end. */
   gpu: Record<string, number>;

@@ -58,7 +58,7 @@ const AUTO_COUNT = "an integer from 1 to 2^31 - 1, or 0 for automatic";
 const RULE_WORDS: Record<string, string> = {
   workgroup_size: AUTO_1024,
   keys_per_iter: STEP,
-  gpu_keys_per_iter: "a power of two from 1 to 16",
+  gpu_keys_per_iter: STEP,
   kv_heads_per_group: AUTO_COUNT,
   max_lanes: LANES,
   fallback_lanes: LANES,
@@ -88,7 +88,7 @@ const REFUSED: [field: string, json: string, shown: string][] = [
   ["keys_per_iter", "-1", "-1"], // 500 internal_error (TypeError in codegen)
   ["keys_per_iter", "0.5", "0.5"], // 500 internal_error
   ["keys_per_iter", "32", "32"], // capped at the block size
-  ["gpu_keys_per_iter", "0", "0"], // not automatic itself
+  ["gpu_keys_per_iter", "32", "32"], // as keys_per_iter 32
   ["gpu_keys_per_iter", "3", "3"], // as keys_per_iter 3
   ["kv_heads_per_group", "-2", "-2"], // silently 1
   ["kv_heads_per_group", "1.5", "1.5"], // 500 internal_error at 3 kv heads (KH 1.5)

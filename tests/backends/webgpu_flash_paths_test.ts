@@ -231,11 +231,14 @@ Deno.test("flash paths: prefill rows on the split-KV kernels take the prefill tu
   assert.equal(t.wg_tokens, PREFILL_WG_TOKENS);
   assert.equal(t.gpu_keys_per_iter, PREFILL_GPU_KEYS_PER_ITER);
   assert.deepEqual(
-    { ...t, scatter_sums: false, scatter_softmax: false, wg_tokens: 1, gpu_keys_per_iter: 4 },
+    { ...t, scatter_sums: false, scatter_softmax: false, wg_tokens: 1, gpu_keys_per_iter: 0 },
     DEFAULT_DECODE_TUNING,
   );
   // A tuning that names more tokens keeps them.
   assert.equal(prefillSplitTuning({ ...DEFAULT_DECODE_TUNING, wg_tokens: 8 }).wg_tokens, 8);
+  // And the keys a step it names (the review of session 33: they were overwritten with 8).
+  const named = { ...DEFAULT_DECODE_TUNING, gpu_keys_per_iter: 2 };
+  assert.equal(prefillSplitTuning(named).gpu_keys_per_iter, 2);
 });
 
 Deno.test("flash paths: a mixed batch on the split-KV kernels runs its decode and prefill rows as two dispatches", () => {

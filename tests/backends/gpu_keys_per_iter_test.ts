@@ -1,0 +1,78 @@
+/**
+ * `gpu_keys_per_iter`, what `keys_per_iter` 0 means on GPU adapters (backends/decode_shape.ts):
+ * unset, decode rows take 4 keys a step and the prefill rows the split-KV kernels run take 8
+ * (prefillSplitTuning, PREFILL_GPU_KEYS_PER_ITER); a value ATTN_DECODE_TUNING names reaches both
+ * (session 33's review found the prefill rows' 8 written over it); `keys_per_iter` named beats
+ * it; software adapters keep 1. On a fake H100-like context (decodeShape reads only its
+ * adapter info and limits).
+ */
+import assert from "node:assert/strict";
+import { decodeShape } from "../../backends/decode_shape.ts";
+import {
+  DECODE_TUNING_SETTING,
+  PREFILL_GPU_KEYS_PER_ITER,
+  prefillSplitTuning,
+} from "../../backends/webgpu_decode_tuning.ts";
+import type { GpuContext, KvCacheSpec, LayerSpec } from "../../core/types.ts";
+import { plainLayer } from "../../core/layer.ts";
+import { fakeMmaContext } from "../support/fake_device.ts";
+
+const LAYER: LayerSpec = plainLayer({ num_heads: 8, num_kv_heads: 2, head_size: 128 });
+const SPEC: KvCacheSpec = {
+  num_blocks: 8,
+  block_size: 16,
+  num_kv_heads: 2,
+  head_size: 128,
+  dtype: "float16",
+  kv_cache_dtype: "float16",
+  layout: "NHD",
+};
+const GPU = fakeMmaContext(false); // subgroups, not a software adapter
+
+/** Keys a step of decode rows and of prefill rows under ATTN_DECODE_TUNING `text`. */
+function keysAStep(text: string, ctx: GpuContext = GPU): { decode: number; prefill: number } {
+  const env = DECODE_TUNING_SETTING.parse(text);
+  return {
+    decode: decodeShape(ctx, env, LAYER, SPEC, "float16").u,
+    prefill: decodeShape(ctx, prefillSplitTuning(env), LAYER, SPEC, "float16").u,
+  };
+}
+
+Deno.test("gpu_keys_per_iter: unset, 4 for decode rows and 8 for prefill rows on GPUs", () => {
+  assert.deepEqual(keysAStep("{}"), { decode: 4, prefill: PREFILL_GPU_KEYS_PER_ITER });
+  assert.equal(PREFILL_GPU_KEYS_PER_ITER, 8);
+});
+
+for (const named of [2, 16]) {
+  Deno.test(`gpu_keys_per_iter: ${named} named reaches decode and prefill rows`, () => {
+    assert.deepEqual(keysAStep(`{"gpu_keys_per_iter":${named}}`), {
+      decode: named,
+      prefill: named,
+    });
+  });
+}
+
+Deno.test("gpu_keys_per_iter: keys_per_iter named beats it; capped by the block size", () => {
+  assert.deepEqual(keysAStep('{"keys_per_iter":2,"gpu_keys_per_iter":16}'), {
+    decode: 2,
+    prefill: 2,
+  });
+  const bs8 = { ...SPEC, block_size: 8 };
+  const env = DECODE_TUNING_SETTING.parse("{}");
+  assert.equal(decodeShape(GPU, prefillSplitTuning(env), LAYER, bs8, "float16").u, 8);
+  const bs4 = { ...SPEC, block_size: 4 };
+  assert.equal(decodeShape(GPU, prefillSplitTuning(env), LAYER, bs4, "float16").u, 4);
+});
+
+Deno.test("gpu_keys_per_iter: software adapters keep 1 key a step", () => {
+  const soft: GpuContext = {
+    ...GPU,
+    adapter_info: {
+      ...GPU.adapter_info,
+      vendor: "mesa",
+      device: "llvmpipe",
+      is_fallback_adapter: true,
+    },
+  };
+  assert.deepEqual(keysAStep('{"gpu_keys_per_iter":16}', soft), { decode: 1, prefill: 1 });
+});
