@@ -10,23 +10,13 @@
 import assert from "node:assert/strict";
 import { decodeShape } from "../../backends/decode_shape.ts";
 import { DEFAULT_DECODE_TUNING, makeWebGpuDecode } from "../../backends/webgpu_decode.ts";
-import type { AttentionBackend, GpuContext, KvCacheSpec, LayerSpec } from "../../core/types.ts";
+import type { AttentionBackend, GpuContext } from "../../core/types.ts";
 import { checkBackend } from "../support/backend_check.ts";
 import { decodePlanInfo, FP8_HND_SPEC } from "../support/decode_knob_specs.ts";
-import { fakeMmaContext } from "../support/fake_device.ts";
+import { FAKE_SHAPE_LAYER, FAKE_SHAPE_SPEC, fakeMmaContext } from "../support/fake_device.ts";
 import { GPU, NO_GPU } from "../gpu/helpers.ts";
-import { plainLayer } from "../../core/layer.ts";
 
-const LAYER: LayerSpec = plainLayer({ num_heads: 8, num_kv_heads: 2, head_size: 128 });
-const SPEC: KvCacheSpec = {
-  num_blocks: 8,
-  block_size: 16,
-  num_kv_heads: 2,
-  head_size: 128,
-  dtype: "float16",
-  kv_cache_dtype: "float16",
-  layout: "NHD",
-};
+const LAYER = FAKE_SHAPE_LAYER, SPEC = FAKE_SHAPE_SPEC;
 /** The GPU kernel shape (several key groups a workgroup), 1024 invocations asked for. */
 const WIDE = { ...DEFAULT_DECODE_TUNING, workgroup_size: 1024, keys_per_iter: 4 };
 

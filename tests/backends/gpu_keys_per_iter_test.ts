@@ -13,20 +13,10 @@ import {
   PREFILL_GPU_KEYS_PER_ITER,
   prefillSplitTuning,
 } from "../../backends/webgpu_decode_tuning.ts";
-import type { GpuContext, KvCacheSpec, LayerSpec } from "../../core/types.ts";
-import { plainLayer } from "../../core/layer.ts";
-import { fakeMmaContext } from "../support/fake_device.ts";
+import type { GpuContext } from "../../core/types.ts";
+import { FAKE_SHAPE_LAYER, FAKE_SHAPE_SPEC, fakeMmaContext } from "../support/fake_device.ts";
 
-const LAYER: LayerSpec = plainLayer({ num_heads: 8, num_kv_heads: 2, head_size: 128 });
-const SPEC: KvCacheSpec = {
-  num_blocks: 8,
-  block_size: 16,
-  num_kv_heads: 2,
-  head_size: 128,
-  dtype: "float16",
-  kv_cache_dtype: "float16",
-  layout: "NHD",
-};
+const LAYER = FAKE_SHAPE_LAYER, SPEC = FAKE_SHAPE_SPEC;
 const GPU = fakeMmaContext(false); // subgroups, not a software adapter
 
 /** Keys a step of decode rows and of prefill rows under ATTN_DECODE_TUNING `text`. */

@@ -2,10 +2,11 @@
  * Stand-ins for tests without a GPU: a GPUDevice for what watches a device's life (plan caches,
  * device managers): no features, no limits, and a `lost` promise that settles when the device is
  * destroyed; and a GpuContext with Dawn's subgroup-matrix feature for what plans from features
- * and limits alone.
+ * and limits alone, with a layer and cache to plan the split-KV kernel's shape for on it.
  * @module
  */
-import type { GpuContext } from "../../core/types.ts";
+import type { GpuContext, KvCacheSpec, LayerSpec } from "../../core/types.ts";
+import { plainLayer } from "../../core/layer.ts";
 import { MMA_FEATURE } from "../../gpu/flash_mma_kernel.ts";
 
 /** A fake device, lost (with `message`) once destroyed. */
@@ -58,3 +59,21 @@ export function fakeMmaContext(mma: boolean, limits: Record<string, number> = {}
     lost: false,
   } as GpuContext;
 }
+
+/** A layer (8 q / 2 kv heads, head 128) for `decodeShape` on {@link fakeMmaContext}. */
+export const FAKE_SHAPE_LAYER: LayerSpec = plainLayer({
+  num_heads: 8,
+  num_kv_heads: 2,
+  head_size: 128,
+});
+
+/** An f16 NHD cache of block 16 for {@link FAKE_SHAPE_LAYER}. */
+export const FAKE_SHAPE_SPEC: KvCacheSpec = {
+  num_blocks: 8,
+  block_size: 16,
+  num_kv_heads: 2,
+  head_size: 128,
+  dtype: "float16",
+  kv_cache_dtype: "float16",
+  layout: "NHD",
+};
