@@ -63,8 +63,9 @@ export function earlyReadDefault(version: string): boolean {
  */
 export function markDenoDevice(device: GPUDevice, version: string): boolean {
   const set = readSetting(EARLY_READ_SETTING);
-  if (CHECKED_DENO.test(version)) OWNED.add(device);
-  const on = set ?? earlyReadDefault(version);
+  const checked = earlyReadDefault(version);
+  if (checked) OWNED.add(device);
+  const on = set ?? checked;
   if (on) EARLY.add(device);
   return on;
 }

@@ -18,6 +18,7 @@ import {
 } from "../../gpu/map_read.ts";
 import { EnvValueError, settingValue } from "../../core/env.ts";
 import { WebGpuDeviceManager } from "../../gpu/device.ts";
+import { withEnv } from "../support/env.ts";
 import { launch } from "../../gpu/launch.ts";
 import { hostPool } from "../../gpu/host_pool.ts";
 import { freshSeed, GPU, GPU_TEST, rng } from "./helpers.ts";
@@ -110,14 +111,9 @@ function fakeBuffer(bytes: Uint8Array, mappedEarly: boolean) {
 
 Deno.test("map read: a range not mapped when mapAsync returns waits for the promise", async () => {
   const dev = {} as GPUDevice;
-  const prev = Deno.env.get("ATTN_EARLY_READ");
-  Deno.env.set("ATTN_EARLY_READ", "1");
-  try {
+  await withEnv({ ATTN_EARLY_READ: "1" }, () => {
     assert.equal(markDenoDevice(dev, "0.0.0"), true);
-  } finally {
-    if (prev === undefined) Deno.env.delete("ATTN_EARLY_READ");
-    else Deno.env.set("ATTN_EARLY_READ", prev);
-  }
+  });
   const { buffer, calls } = fakeBuffer(new Uint8Array([1, 2, 3, 4, 5, 6, 7, 8]), false);
   // First map: awaited (the buffer is not primed), no early try.
   assert.deepEqual([...new Uint8Array(await mapReadRange(dev, buffer, 4, 4))], [5, 6, 7, 8]);
@@ -141,7 +137,7 @@ Deno.test("map read: a range not mapped when mapAsync returns waits for the prom
   await settleEarlyReads();
 });
 
-Deno.test("map read: ATTN_EARLY_READ is 0 or 1; unset, Deno 2.9.0-2.9.6 read early, others do not", () => {
+Deno.test("map read: ATTN_EARLY_READ is 0 or 1; unset, Deno 2.9.0-2.9.6 read early, others do not", async () => {
   assert.equal(settingValue(EARLY_READ_SETTING, undefined), null);
   assert.equal(settingValue(EARLY_READ_SETTING, "0"), false);
   assert.equal(settingValue(EARLY_READ_SETTING, "1"), true);
@@ -156,15 +152,10 @@ Deno.test("map read: ATTN_EARLY_READ is 0 or 1; unset, Deno 2.9.0-2.9.6 read ear
   assert.equal(earlyReadDefault("2.10.0"), false);
   assert.equal(earlyReadDefault("3.0.0"), false);
   const dev = {} as GPUDevice;
-  const prev = Deno.env.get("ATTN_EARLY_READ");
-  Deno.env.set("ATTN_EARLY_READ", "0");
-  try {
+  await withEnv({ ATTN_EARLY_READ: "0" }, () => {
     assert.equal(markDenoDevice(dev, "2.9.6"), false);
     assert.equal(readsEarly(dev), false);
-  } finally {
-    if (prev === undefined) Deno.env.delete("ATTN_EARLY_READ");
-    else Deno.env.set("ATTN_EARLY_READ", prev);
-  }
+  });
 });
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
@@ -183,13 +174,13 @@ Deno.test({
         base.prepareDevice?.(d);
       },
     };
-    const prev = Deno.env.get("ATTN_EARLY_READ");
-    Deno.env.set("ATTN_EARLY_READ", "yes");
     const m = new WebGpuDeviceManager({ runtime });
     try {
-      for (let i = 0; i < 2; i++) {
-        await assert.rejects(m.acquire(), (e: unknown) => e instanceof EnvValueError);
-      }
+      await withEnv({ ATTN_EARLY_READ: "yes" }, async () => {
+        for (let i = 0; i < 2; i++) {
+          await assert.rejects(m.acquire(), (e: unknown) => e instanceof EnvValueError);
+        }
+      });
       assert.equal(devices.length, 2, "each acquire made a device");
       const fate = await Promise.all(
         devices.map((d) =>
@@ -198,8 +189,6 @@ Deno.test({
       );
       assert.deepEqual(fate, ["destroyed", "destroyed"], "devices of failed acquires");
     } finally {
-      if (prev === undefined) Deno.env.delete("ATTN_EARLY_READ");
-      else Deno.env.set("ATTN_EARLY_READ", prev);
       m.close();
       for (const d of devices) d.destroy();
     }

@@ -8,6 +8,7 @@ import {
 } from "../../gpu/pipelines.ts";
 import type { GpuContext } from "../../core/types.ts";
 import { gpu, NO_GPU } from "./helpers.ts";
+import { withEnv } from "../support/env.ts";
 
 const GOOD = `@group(0) @binding(0) var<storage, read_write> o: array<u32>;
 @compute @workgroup_size(4) fn main(@builtin(global_invocation_id) g: vec3<u32>) { o[g.x] = g.x * 3u; }`;
@@ -126,19 +127,6 @@ function stubContext(parts: {
     createComputePipelineAsync: parts.pipeline ?? (() => Promise.resolve({})),
   } as unknown as GPUDevice;
   return { device } as unknown as GpuContext;
-}
-
-async function withEnv<T>(vars: Record<string, string>, f: () => Promise<T>): Promise<T> {
-  const before = Object.fromEntries(Object.keys(vars).map((k) => [k, Deno.env.get(k)]));
-  for (const [k, v] of Object.entries(vars)) Deno.env.set(k, v);
-  try {
-    return await f();
-  } finally {
-    for (const [k, v] of Object.entries(before)) {
-      if (v === undefined) Deno.env.delete(k);
-      else Deno.env.set(k, v);
-    }
-  }
 }
 
 const NEVER = () => new Promise<never>(() => {});
