@@ -7,28 +7,21 @@
  * main). Checked against CPU_REFERENCE: output, LSE and the cache after the call.
  * @module
  */
-import type { BatchSpec } from "../support/batches.ts";
+import { type BatchSpec, smallSpec } from "../support/batches.ts";
 import { checkBackend } from "../support/backend_check.ts";
 import { gpuPaths } from "../support/gpu_paths.ts";
 import { GPU, NO_GPU } from "../gpu/helpers.ts";
 
 /** Requests with more queries than encoder keys (2 of 3), one with fewer. */
-const CROSS: BatchSpec = {
+const CROSS: BatchSpec = smallSpec({
   dtype: "float32",
-  kv_cache_dtype: "auto",
-  layout: "NHD",
-  block_size: 16,
-  head_size: 64,
-  num_heads: 4,
-  num_kv_heads: 2,
   attn_type: "encoder_decoder",
   requests: [{ query_len: 6, seq_len: 2 }, { query_len: 1, seq_len: 9 }, {
     query_len: 20,
     seq_len: 17,
   }],
   alibi: true,
-  return_lse: true,
-};
+});
 
 const BACKENDS = gpuPaths(
   "WEBGPU_DECODE",

@@ -7,23 +7,16 @@
  * 30 (what models use) and 0.5 (past tanh's knee) are checked beside.
  * @module
  */
-import type { BatchSpec } from "../support/batches.ts";
+import { type BatchSpec, smallSpec } from "../support/batches.ts";
 import { checkBackend } from "../support/backend_check.ts";
 import { gpuPaths } from "../support/gpu_paths.ts";
 import { GPU, NO_GPU } from "../gpu/helpers.ts";
 
-const SPEC: BatchSpec = {
+const SPEC: BatchSpec = smallSpec({
   dtype: "float32",
-  kv_cache_dtype: "auto",
-  layout: "NHD",
-  block_size: 16,
-  head_size: 64,
-  num_heads: 4,
-  num_kv_heads: 2,
   requests: [{ query_len: 1, seq_len: 40 }, { query_len: 8, seq_len: 20 }],
   q_std: 3,
-  return_lse: true,
-};
+});
 
 const BACKENDS = gpuPaths(
   "WEBGPU_DECODE",
