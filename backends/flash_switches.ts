@@ -6,17 +6,10 @@
  * the registered backend, which reads them as it loads.
  * @module
  */
-import { type EnvSetting, envSwitch } from "../core/env.ts";
-
-/** An on-by-default switch: `0` off, `1` on (core/env.ts `envSwitch`). */
-const onByDefault = (name: string): EnvSetting<boolean> => ({
-  name,
-  unset: true,
-  parse: (text) => envSwitch(name, text),
-});
+import { type EnvSetting, switchSetting } from "../core/env.ts";
 
 /** `ATTN_PREFILL_MMA`: `FlashOptions.mma`'s default. */
-export const PREFILL_MMA_SETTING: EnvSetting<boolean> = onByDefault("ATTN_PREFILL_MMA");
+export const PREFILL_MMA_SETTING: EnvSetting<boolean> = switchSetting("ATTN_PREFILL_MMA", true);
 
 /** `ATTN_PREFILL_SPLIT`: `FlashOptions.prefill_split`'s default. */
-export const PREFILL_SPLIT_SETTING: EnvSetting<boolean> = onByDefault("ATTN_PREFILL_SPLIT");
+export const PREFILL_SPLIT_SETTING: EnvSetting<boolean> = switchSetting("ATTN_PREFILL_SPLIT", true);

@@ -116,3 +116,8 @@ export function envSwitch(name: string, text: string): boolean {
   if (text !== "0" && text !== "1") throw mustBe(name, text, "0 (off) or 1 (on)");
   return text === "1";
 }
+
+/** The setting of a switch `name` ({@link envSwitch}): `unset` when unset or empty. */
+export function switchSetting<U>(name: string, unset: U): EnvSetting<boolean | U> {
+  return { name, unset, parse: (text) => envSwitch(name, text) };
+}

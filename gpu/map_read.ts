@@ -27,7 +27,7 @@
  * "pending"): on such a device `mapState` is not to be trusted, and nothing here reads it.
  * @module
  */
-import { type EnvSetting, envSwitch, readSetting } from "../core/env.ts";
+import { type EnvSetting, readSetting, switchSetting } from "../core/env.ts";
 
 const EARLY = new WeakSet<GPUDevice>();
 const OWNED = new WeakSet<GPUDevice>();
@@ -45,11 +45,10 @@ export const mapReadCounts = { early: 0, awaited: 0 };
 const CHECKED_DENO = /^2\.9\.[0-6]$/;
 
 /** `ATTN_EARLY_READ`: 0 never, 1 on Deno's runtime whatever its version; unset: checked ones. */
-export const EARLY_READ_SETTING: EnvSetting<boolean | null> = {
-  name: "ATTN_EARLY_READ",
-  unset: null,
-  parse: (text) => envSwitch("ATTN_EARLY_READ", text),
-};
+export const EARLY_READ_SETTING: EnvSetting<boolean | null> = switchSetting(
+  "ATTN_EARLY_READ",
+  null,
+);
 
 /** Whether Deno's runtime `version` reads early when `ATTN_EARLY_READ` is unset. */
 export function earlyReadDefault(version: string): boolean {

@@ -9,7 +9,7 @@
  */
 import { ShaderCompileError } from "../core/errors.ts";
 import type { GpuContext } from "../core/types.ts";
-import { envInt, type EnvSetting, envSwitch, envVar, readSetting } from "../core/env.ts";
+import { envInt, type EnvSetting, envVar, readSetting, switchSetting } from "../core/env.ts";
 import { MAX_TIMER_MS } from "../core/timeout.ts";
 import { trace } from "../core/trace.ts";
 
@@ -60,18 +60,14 @@ export function compilePipeline(
 
 const serialTails = new WeakMap<GPUDevice, Promise<void>>();
 
-/** An off-by-default switch: `0` off, `1` on, unset or empty off (core/env.ts `envSwitch`). */
-const offByDefault = (name: string): EnvSetting<boolean> => ({
-  name,
-  unset: false,
-  parse: (text) => envSwitch(name, text),
-});
+/** `ATTN_COMPILE_SERIAL` (`0` or `1`, off when unset): compiles one at a time per device. */
+export const COMPILE_SERIAL_SETTING: EnvSetting<boolean> = switchSetting(
+  "ATTN_COMPILE_SERIAL",
+  false,
+);
 
-/** `ATTN_COMPILE_SERIAL`: compiles one at a time per device. */
-export const COMPILE_SERIAL_SETTING: EnvSetting<boolean> = offByDefault("ATTN_COMPILE_SERIAL");
-
-/** `ATTN_COMPILE_LOG`: each compile logged with its time (stderr). */
-export const COMPILE_LOG_SETTING: EnvSetting<boolean> = offByDefault("ATTN_COMPILE_LOG");
+/** `ATTN_COMPILE_LOG` (`0` or `1`, off when unset): each compile logged with its time (stderr). */
+export const COMPILE_LOG_SETTING: EnvSetting<boolean> = switchSetting("ATTN_COMPILE_LOG", false);
 
 /** Whether compiles run one at a time per device: `ATTN_COMPILE_SERIAL=1`. */
 export function serialCompiles(): boolean {

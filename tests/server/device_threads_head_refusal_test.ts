@@ -10,6 +10,7 @@
  * @module
  */
 import assert from "node:assert/strict";
+import { AttentionClient } from "../../client/client.ts";
 import { spawnServer } from "./process.ts";
 import { answerOn } from "./raw_http.ts";
 
@@ -84,18 +85,23 @@ const CASES: [string, string, Record<string, string>, number, number, string][] 
   ],
 ];
 
+/** The servers' flags beside the mode: no GPU, no token, a 4 KiB JSON limit, a patient body. */
+const LIMITS = [
+  "--no-gpu",
+  "--allow-unauthenticated",
+  "--max-json-body-bytes",
+  "4096",
+  "--body-timeout-ms",
+  "30000",
+];
+
 for (
   const mode of [["--device-threads", "2"], ["--device-threads", "2", "--device-threads-http"]]
 ) {
   Deno.test(`${mode.join(" ")}: refused by its head before its body is read`, async () => {
     const srv = await spawnServer([
       ...mode,
-      "--no-gpu",
-      "--allow-unauthenticated",
-      "--max-json-body-bytes",
-      "4096",
-      "--body-timeout-ms",
-      "30000",
+      ...LIMITS,
     ]);
     try {
       for (const [method, path, headers, declared, status, code] of CASES) {
@@ -103,22 +109,11 @@ for (
         assert.deepEqual(got, { status, code }, `${method} ${path} ${JSON.stringify(headers)}`);
       }
       // What is not refused by its head still goes where it goes: a create, then its GET.
-      const made = await fetch(`${srv.url}/v1/kv-caches/c2`, {
-        method: "PUT",
-        headers: { "content-type": "application/json" },
-        body: JSON.stringify({
-          num_blocks: 2,
-          block_size: 16,
-          num_kv_heads: 1,
-          head_size: 8,
-          dtype: "float32",
-        }),
-      });
-      assert.equal(made.status, 201);
-      await made.body?.cancel();
-      const got = await fetch(`${srv.url}/v1/kv-caches/c2`);
-      assert.equal(got.status, 200);
-      await got.body?.cancel();
+      const client = new AttentionClient(srv.url);
+      const spec = { num_blocks: 2, block_size: 16, num_kv_heads: 1, head_size: 8 };
+      const made = await client.putCache("c2", { ...spec, dtype: "float32" });
+      assert.equal(made.created, true, "201 Created");
+      assert.equal((await client.getCache("c2")).id, "c2");
     } finally {
       srv.kill("SIGTERM");
       await srv.exited;
@@ -132,12 +127,7 @@ for (const mode of [["--device-threads", "2"], ["--http-workers", "1"]]) {
     // where one thread answered 413 in 7 ms); it reads up to JSON's now (request_sender.ts).
     const srv = await spawnServer([
       ...mode,
-      "--no-gpu",
-      "--allow-unauthenticated",
-      "--max-json-body-bytes",
-      "4096",
-      "--body-timeout-ms",
-      "30000",
+      ...LIMITS,
     ]);
     const conn = await Deno.connect({ hostname: "127.0.0.1", port: srv.port });
     const timer = setTimeout(() => conn.close(), 10_000);

@@ -8,6 +8,7 @@
  * @module
  */
 import assert from "node:assert/strict";
+import { AttentionClient } from "../../client/client.ts";
 import { spawnServer } from "./process.ts";
 import { answerOn } from "./raw_http.ts";
 
@@ -88,19 +89,9 @@ Deno.test("--device-threads-http: a call its listener's own thread answers count
     "--allow-unauthenticated",
   ]);
   try {
-    const made = await fetch(`${srv.url}/v1/kv-caches/c`, {
-      method: "PUT",
-      headers: { "content-type": "application/json" },
-      body: JSON.stringify({
-        num_blocks: 2,
-        block_size: 16,
-        num_kv_heads: 1,
-        head_size: 4,
-        dtype: "float32",
-      }),
-    });
-    assert.equal(made.status, 201);
-    await made.body?.cancel();
+    const spec = { num_blocks: 2, block_size: 16, num_kv_heads: 1, head_size: 4 };
+    const made = await new AttentionClient(srv.url).putCache("c", { ...spec, dtype: "float32" });
+    assert.equal(made.created, true, "201 Created");
     const ok = await slowForward(srv.port, 500, false, CACHED);
     assert.equal(ok.status, 200, ok.text);
     assert.deepEqual(JSON.parse(ok.text).output.data, [4, 3, 2, 1]);
