@@ -131,10 +131,9 @@ export function checkFromWorker(m: unknown): FromWorker | string {
       if (o.uncounted !== undefined && typeof o.uncounted !== "boolean") return "body: uncounted";
       if (o.timeout_ms !== undefined && typeof o.timeout_ms !== "number") return "body: timeout_ms";
       if (o.sentAt !== undefined && !Number.isFinite(o.sentAt)) return "body: sentAt";
-      if (
-        o.waitedMs !== undefined && !(Number.isFinite(o.waitedMs) && (o.waitedMs as number) >= 0)
-      ) {
-        return "body: waitedMs";
+      for (const k of ["waitedMs", "readMs"] as const) {
+        const ms = o[k];
+        if (ms !== undefined && !(Number.isFinite(ms) && (ms as number) >= 0)) return `body: ${k}`;
       }
       return o as unknown as BodyMessage;
     case "abort":

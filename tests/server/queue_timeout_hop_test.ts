@@ -174,7 +174,7 @@ Deno.test("queueSince: the library's timeout counts from it; a bad one is a 400 
   }
 });
 
-Deno.test("worker protocol: a body's sentAt and waitedMs are finite numbers when given", () => {
+Deno.test("worker protocol: a body's sentAt, waitedMs and readMs are finite numbers when given", () => {
   const body = { type: "body", id: 1, bytes: new ArrayBuffer(0), end: "complete" };
   assert.equal(typeof checkFromWorker({ ...body, sentAt: 1.5e12 }), "object");
   assert.equal(typeof checkFromWorker(body), "object");
@@ -183,5 +183,10 @@ Deno.test("worker protocol: a body's sentAt and waitedMs are finite numbers when
   assert.equal(typeof checkFromWorker({ ...body, waitedMs: 0 }), "object");
   for (const bad of [-1, Infinity, Number.NaN, "3"]) {
     assert.equal(checkFromWorker({ ...body, waitedMs: bad }), "body: waitedMs");
+  }
+  // readMs (what an earlier thread spent reading the body) by the same rule.
+  assert.equal(typeof checkFromWorker({ ...body, readMs: 2.5 }), "object");
+  for (const bad of [-1, Infinity, Number.NaN, "3"]) {
+    assert.equal(checkFromWorker({ ...body, readMs: bad }), "body: readMs");
   }
 });
