@@ -255,8 +255,9 @@ export async function launch(ctx: GpuContext, spec: LaunchSpec): Promise<LaunchR
   }
   const stampAt = total;
   if (qs) total += 16 * passes;
+  const mapped = Math.max(16, total); // the read-back buffer's bytes, all mapped
   const readback = pool.acquire(
-    Math.max(16, total),
+    mapped,
     GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
     `${spec.label}.readback`,
   );
@@ -294,10 +295,9 @@ export async function launch(ctx: GpuContext, spec: LaunchSpec): Promise<LaunchR
     const errorPromise = dev.popErrorScope();
     scoped = false;
     wakeDawnPoll(); // a short wait: Dawn's poll unpaced again (gpu/dawn_tick_pace.ts)
-    const size = Math.max(16, total);
     const [error, range] = await Promise.all([
       errorPromise,
-      mapReadRange(dev, readback, 0, size),
+      mapReadRange(dev, readback, 0, mapped),
     ]);
     trace(`launch ${spec.label}: read back`);
     if (error) {
