@@ -108,6 +108,40 @@ export function tokenGroups(rows: { count: number; req: number[] }, wt: number):
   return order.length * 4 <= rows.count * 5 ? order : null;
 }
 
+/**
+ * `order` (rows in workgroup order, `wt` to a group, each group's rows of one request) with each
+ * request's groups sorted from the longest key span to the shortest, stably; requests keep
+ * their places. A causal prefill's rows ascend in length, so in the order they came its longest
+ * rows end the dispatch, a last wave of long workgroups beside idle compute units; longest
+ * first, the short rows fill in behind them (LPT scheduling). Requests stay contiguous, so the
+ * workgroups in flight still read one request's keys (L2).
+ */
+export function longestFirst(
+  order: readonly number[],
+  wt: number,
+  req: readonly number[],
+  span: readonly number[],
+): number[] {
+  const out: number[] = [];
+  for (let g = 0; g < order.length;) {
+    let e = g;
+    while (e < order.length && req[order[e]] === req[order[g]]) e += wt;
+    const groups: { rows: readonly number[]; longest: number }[] = [];
+    for (let x = g; x < e; x += wt) {
+      const rows = order.slice(x, x + wt);
+      groups.push({ rows, longest: Math.max(...rows.map((r) => span[r])) });
+    }
+    groups.sort((a, b) => b.longest - a.longest);
+    for (const grp of groups) out.push(...grp.rows);
+    g = e;
+  }
+  return out;
+}
+
+/** Whether some request has several of `rows` (a prefill chunk: more than one row). */
+const severalRows = (rows: { count: number; req: number[] }) =>
+  rows.req.some((i, r) => r > 0 && rows.req[r - 1] === i);
+
 /** Every query token of the requests `reqs` selects, as a decode row (see the module doc). */
 function decodeRowRanges(s: BatchShape, reqs: (i: number) => boolean): RowRanges {
   const md = s.metadata, qsl = md.query_start_loc;
@@ -185,9 +219,13 @@ export async function planDecodeRows(
   // direct_single changes nothing when every row is cut: keep the plain kernel then.
   if (epi === 1 && spans.every((sp) => sp > split)) epi = 0;
   // Token items a workgroup spans: only where every row is one slice written by its epilogue.
-  const order = epi > 0 && spans.every((sp) => sp <= split) ? tokenGroups(rows, shape.wt) : null;
-  const wt = order ? shape.wt : 1;
-  // The rows in item order: token groups' (each row one direct slice), else as they came.
+  const grouped = epi > 0 && spans.every((sp) => sp <= split) ? tokenGroups(rows, shape.wt) : null;
+  const wt = grouped ? shape.wt : 1;
+  // The rows in item order: token groups' (each row one direct slice), else as they came;
+  // under `longest_first` each request's groups from the longest to the shortest.
+  const order = tuning.longest_first && severalRows(rows)
+    ? longestFirst(grouped ?? spans.map((_, r) => r), wt, rows.req, spans)
+    : grouped;
   const itemRows = order?.length ?? R, rowAt = (x: number) => (order ? order[x] : x);
   // Item and row counts (and the most blocks an item spans) first; the table is written in
   // place when the plan's bytes are made: items (8 words each), block table, slopes, row table
@@ -211,7 +249,7 @@ export async function planDecodeRows(
   const groups = n / wt; // workgroups per (kv head block, head tile)
   const btOff = 8 * n, slopeOff = btOff + md.block_table.length;
   const tokOff = slopeOff + H, sinkOff = tokOff + 4 * numRows;
-  const tb = order ? 0 : stagedEntries(tuning, shape, epi, most);
+  const tb = grouped ? 0 : stagedEntries(tuning, shape, epi, most);
   // The transposed reductions (gpu/decode_scatter.ts) halve blocks of the step's N = heads of a
   // key group x keys a step values: N must be a power of two, else the plain sums run.
   const n2 = shape.kh * shape.hg * shape.u;
@@ -376,6 +414,7 @@ export async function planDecodeRows(
       decode_wg_invocations: shape.wg,
       decode_wg_kv_heads: shape.wh,
       decode_wg_tokens: wt,
+      decode_longest_first: order !== grouped ? 1 : 0,
       [RESIDENCY_INFO]: tuning.probe_residency ? 1 : 0,
     },
     key: split_k.key,

@@ -138,6 +138,11 @@ export interface DecodeTuning {
    * rows, one a request, keep 1); the largest power of two not above it that divides the key
    * groups. 1: one token a workgroup. */
   wg_tokens: number;
+  /** Each request's rows (its token groups under `wg_tokens`) dispatched from the longest key
+   * range to the shortest instead of in token order, so that a causal prefill's longest rows
+   * do not end the dispatch as a last wave of long workgroups (backends/decode_plan.ts
+   * longestFirst). Requests keep their order. Decode steps (one row a request) are unchanged. */
+  longest_first: boolean;
   /** Bench instrument: every split workgroup counts itself in and out of atomic counters, so
    * the bench reads how many were resident at once (gpu/decode_residency.ts). */
   probe_residency: boolean;
@@ -232,6 +237,7 @@ export const DEFAULT_DECODE_TUNING: Readonly<DecodeTuning> = Object.freeze({
   stage_kv_bytes: 32768,
   wg_kv_heads: 1,
   wg_tokens: 1,
+  longest_first: false,
   probe_residency: false,
 });
 

@@ -24,7 +24,7 @@ import {
   ONE_SLICE_TUNING,
 } from "../support/decode_knob_specs.ts";
 import { GPU, NO_GPU } from "../gpu/helpers.ts";
-import { tokenGroups } from "../../backends/decode_plan.ts";
+import { longestFirst, tokenGroups } from "../../backends/decode_plan.ts";
 import { makeWebGpuFlash } from "../../backends/webgpu_flash.ts";
 import { PREFILL_WG_TOKENS } from "../../backends/webgpu_decode_tuning.ts";
 
@@ -95,6 +95,25 @@ const CASES: [string, Partial<DecodeTuning>, BatchSpec, number][] = [
     F32,
     4,
   ],
+  [
+    "4 tokens, the GPU prefill rows' tuning, longest groups first: f16 NHD",
+    {
+      wg_tokens: 4,
+      scatter_sums: true,
+      scatter_softmax: true,
+      keys_per_iter: 8,
+      longest_first: true,
+    },
+    F16,
+    4,
+  ],
+  [
+    "2 tokens, fused reduce, longest groups first: fp8 e4m3 HND scaled",
+    { wg_tokens: 2, fused_reduce: true, longest_first: true },
+    FP8,
+    2,
+  ],
+  ["1 token, longest rows first: f32 MHA, ALiBi, window", { longest_first: true }, F32, 1],
   ["8 asked: a request of 5 rows, so 1", { wg_tokens: 8 }, F16, 1],
   [
     "with stage_kv and stage_table (both off then)",
@@ -114,6 +133,7 @@ for (const [name, tuning, spec, wt] of CASES) {
     const info = await planInfo(b, spec);
     const what = JSON.stringify(info);
     assert.equal(info.decode_wg_tokens, wt, what);
+    assert.equal(info.decode_longest_first, tuning.longest_first ? 1 : 0, what);
     assert.equal(info.decode_split_rows, 0, `every row one slice (${what})`);
     if (wt > 1) {
       assert.equal(info.decode_staged_kv, 0, `no staged tile (${what})`);
@@ -152,6 +172,33 @@ Deno.test("decode wg_tokens: the padding is held to a quarter of the rows", () =
   assert.equal(tokenGroups(rows([9, 16, 5]), 4)?.length, 36);
   assert.equal(tokenGroups(rows([9, 1]), 2), null, "a request of one row");
   assert.equal(tokenGroups(rows([8]), 1), null);
+});
+
+Deno.test("decode longest_first: each request's groups from the longest, requests in place", () => {
+  // Two requests: 5 rows (spans ascending, padded to 6 in pairs), then 3 rows of a window
+  // (equal spans: kept as they came).
+  const req = [0, 0, 0, 0, 0, 1, 1, 1];
+  const span = [1, 2, 3, 4, 5, 8, 8, 8];
+  const grouped = [0, 1, 2, 3, 4, 4, 5, 6, 7, 7];
+  assert.deepEqual(longestFirst(grouped, 2, req, span), [4, 4, 2, 3, 0, 1, 5, 6, 7, 7]);
+  assert.deepEqual(longestFirst([0, 1, 2, 3, 4, 5, 6, 7], 1, req, span), [
+    4,
+    3,
+    2,
+    1,
+    0,
+    5,
+    6,
+    7,
+  ]);
+});
+
+Deno.test("decode longest_first: rows cut into several slices", { ignore: NO_GPU }, async () => {
+  const b = backendOf({ longest_first: true, min_split_keys: 16, target_workgroups: 4096 });
+  const info = await planInfo(b, F16);
+  assert.ok(info.decode_split_rows > 0, JSON.stringify(info));
+  assert.equal(info.decode_longest_first, 1, JSON.stringify(info));
+  await checkBackend(b, GPU!, F16);
 });
 
 Deno.test("decode wg_tokens: a decode step keeps 1 token a workgroup", {
