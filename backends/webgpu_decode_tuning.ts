@@ -158,18 +158,47 @@ export interface DecodeTuning {
  * sums took 4 x 1024 causal 2.12 -> 1.97 ms and 8 x 4096 56.0 -> 51.0 ms (0.27x -> 0.29x and
  * 0.32x -> 0.35x the FMA ceiling); the other knobs tried there (fewer lanes a key row, 8 keys a
  * step, 256 invocations) were slower then, but with the transposed softmax and 4 tokens a
- * workgroup 8 keys a step gain ({@link PREFILL_GPU_KEYS_PER_ITER}). Decode steps keep `t`
- * (bandwidth-bound; the H200's sweeps gained nothing from these knobs).
+ * workgroup 8 keys a step gain ({@link PREFILL_GPU_KEYS_PER_ITER}), and on GPU adapters
+ * {@link PREFILL_GPU_TUNING}'s fields gain more (`software`: a software adapter's plan keeps
+ * them). Decode steps keep `t` (bandwidth-bound; the H200's sweeps gained nothing from these
+ * knobs).
  */
-export function prefillSplitTuning(t: Readonly<DecodeTuning>): DecodeTuning {
-  return {
+export function prefillSplitTuning(t: Readonly<DecodeTuning>, software: boolean): DecodeTuning {
+  const out: DecodeTuning = {
     ...t,
     scatter_sums: true,
     scatter_softmax: true,
     wg_tokens: t.wg_tokens > 1 ? t.wg_tokens : PREFILL_WG_TOKENS,
     gpu_keys_per_iter: t.gpu_keys_per_iter || PREFILL_GPU_KEYS_PER_ITER,
   };
+  if (software) return out;
+  const fields = out as unknown as Record<string, unknown>;
+  const defaults = DEFAULT_DECODE_TUNING as unknown as Record<string, unknown>;
+  for (const [k, v] of Object.entries(PREFILL_GPU_TUNING)) {
+    if (fields[k] === defaults[k]) fields[k] = v;
+  }
+  return out;
 }
+
+/**
+ * The prefill rows' values on GPU adapters of the fields a tuning leaves at their defaults (a
+ * field `ATTN_DECODE_TUNING` sets to anything else is kept): 64 invocations a workgroup, 8 lanes
+ * a key row (with 4 tokens a workgroup, 8 key groups: two runs of each token's keys), the
+ * all-gather by indexed shuffles, and each request's longest rows first. On an H100 under
+ * Deno's runtime (bench/NOTES.md v0.26, calls 2-4), on top of the transposed sums, 4 tokens and
+ * 8 keys a step: 4 x 1024 causal 1.58 -> 1.45-1.46 ms (0.356x -> 0.388x the FMA ceiling), 8 x
+ * 4096 45.7 -> 40.8 ms (0.395x -> 0.443x). Each alone gained less or lost: 8 lanes at 128
+ * invocations 1.72 / 44.5, 64 invocations at 16 lanes 1.65 / 48.4, the indexed gather at 128 x 16
+ * 1.55 / 45.3, longest first 1.55 / 45.6 (and 1.55 / 41.2 -> 1.46 / 40.8 on top of the other
+ * three). Software adapters keep the fields as they are (lavapipe's 2 x 256 moved within its
+ * noise).
+ */
+export const PREFILL_GPU_TUNING: Readonly<Partial<DecodeTuning>> = Object.freeze({
+  workgroup_size: 64,
+  max_lanes: 8,
+  indexed_gather: true,
+  longest_first: true,
+});
 
 /**
  * Keys a step of a prefill row on GPU adapters where the tuning leaves `keys_per_iter` 0: on an

@@ -325,7 +325,7 @@ async function planFor(
   }
   const { mma, isDecode, prefillOnSplit, paths: routed } = flashRouting(ctx, o, s);
   const paths = tileReplaced(routed, cfg.replaced);
-  const prefillTuning = prefillSplitTuning(o.decode);
+  const prefillTuning = prefillSplitTuning(o.decode, isSoftware(ctx));
   const [onDecode, onPrefill] = splitDispatches(
     s,
     isDecode,

@@ -26,7 +26,11 @@ import {
 import { GPU, NO_GPU } from "../gpu/helpers.ts";
 import { longestFirst, tokenGroups } from "../../backends/decode_plan.ts";
 import { makeWebGpuFlash } from "../../backends/webgpu_flash.ts";
-import { PREFILL_WG_TOKENS } from "../../backends/webgpu_decode_tuning.ts";
+import {
+  PREFILL_GPU_KEYS_PER_ITER,
+  PREFILL_GPU_TUNING,
+  PREFILL_WG_TOKENS,
+} from "../../backends/webgpu_decode_tuning.ts";
 
 const BASE = ONE_SLICE_TUNING;
 
@@ -46,6 +50,15 @@ const F16: BatchSpec = { ...F16_NHD_SPEC, requests: PREFILL };
 const FP8: BatchSpec = { ...FP8_HND_SPEC, requests: PREFILL };
 const BF16: BatchSpec = { ...BF16_NHD_SPEC, requests: PREFILL };
 const F32: BatchSpec = { ...F32_MHA_SPEC, requests: PREFILL };
+
+/** What WEBGPU_FLASH's prefill rows on the split-KV kernels take on a GPU (prefillSplitTuning). */
+const GPU_PREFILL: Partial<DecodeTuning> = {
+  ...PREFILL_GPU_TUNING,
+  scatter_sums: true,
+  scatter_softmax: true,
+  wg_tokens: PREFILL_WG_TOKENS,
+  keys_per_iter: PREFILL_GPU_KEYS_PER_ITER,
+};
 
 /** Name, tuning, batch, tokens a workgroup expected. */
 const CASES: [string, Partial<DecodeTuning>, BatchSpec, number][] = [
@@ -114,6 +127,9 @@ const CASES: [string, Partial<DecodeTuning>, BatchSpec, number][] = [
     2,
   ],
   ["1 token, longest rows first: f32 MHA, ALiBi, window", { longest_first: true }, F32, 1],
+  ["4 tokens, the GPU prefill rows' whole tuning: f16 NHD", GPU_PREFILL, F16, 4],
+  ["4 tokens, the GPU prefill rows' whole tuning: bf16 hd64 GQA 8", GPU_PREFILL, BF16, 4],
+  ["4 tokens, the GPU prefill rows' whole tuning: fp8 e4m3 HND scaled", GPU_PREFILL, FP8, 4],
   ["8 asked: a request of 5 rows, so 1", { wg_tokens: 8 }, F16, 1],
   [
     "with stage_kv and stage_table (both off then)",

@@ -7,7 +7,7 @@
  * adapter info and limits).
  */
 import assert from "node:assert/strict";
-import { decodeShape } from "../../backends/decode_shape.ts";
+import { decodeShape, isSoftware } from "../../backends/decode_shape.ts";
 import {
   DECODE_TUNING_SETTING,
   PREFILL_GPU_KEYS_PER_ITER,
@@ -24,7 +24,7 @@ function keysAStep(text: string, ctx: GpuContext = GPU): { decode: number; prefi
   const env = DECODE_TUNING_SETTING.parse(text);
   return {
     decode: decodeShape(ctx, env, LAYER, SPEC, "float16").u,
-    prefill: decodeShape(ctx, prefillSplitTuning(env), LAYER, SPEC, "float16").u,
+    prefill: decodeShape(ctx, prefillSplitTuning(env, isSoftware(ctx)), LAYER, SPEC, "float16").u,
   };
 }
 
@@ -49,9 +49,9 @@ Deno.test("gpu_keys_per_iter: keys_per_iter named beats it; capped by the block 
   });
   const bs8 = { ...SPEC, block_size: 8 };
   const env = DECODE_TUNING_SETTING.parse("{}");
-  assert.equal(decodeShape(GPU, prefillSplitTuning(env), LAYER, bs8, "float16").u, 8);
+  assert.equal(decodeShape(GPU, prefillSplitTuning(env, false), LAYER, bs8, "float16").u, 8);
   const bs4 = { ...SPEC, block_size: 4 };
-  assert.equal(decodeShape(GPU, prefillSplitTuning(env), LAYER, bs4, "float16").u, 4);
+  assert.equal(decodeShape(GPU, prefillSplitTuning(env, false), LAYER, bs4, "float16").u, 4);
 });
 
 Deno.test("gpu_keys_per_iter: software adapters keep 1 key a step", () => {
@@ -65,4 +65,17 @@ Deno.test("gpu_keys_per_iter: software adapters keep 1 key a step", () => {
     },
   };
   assert.deepEqual(keysAStep('{"gpu_keys_per_iter":16}', soft), { decode: 1, prefill: 1 });
+});
+
+Deno.test("prefill rows on a GPU: 64 invocations, 8 lanes a key row, 4 tokens; software keeps its shape", () => {
+  const env = DECODE_TUNING_SETTING.parse("{}");
+  const gpu = decodeShape(GPU, prefillSplitTuning(env, false), LAYER, SPEC, "float16");
+  assert.deepEqual([gpu.wg, gpu.lpk, gpu.wt], [64, 8, 4]);
+  // Decode rows keep theirs.
+  const dec = decodeShape(GPU, env, LAYER, SPEC, "float16");
+  assert.deepEqual([dec.wg, dec.lpk, dec.wt], [128, 16, 1]);
+  // What ATTN_DECODE_TUNING names is kept.
+  const named = DECODE_TUNING_SETTING.parse('{"max_lanes":16,"workgroup_size":128}');
+  const kept = decodeShape(GPU, prefillSplitTuning(named, false), LAYER, SPEC, "float16");
+  assert.deepEqual([kept.wg, kept.lpk, kept.wt], [128, 16, 4]);
 });

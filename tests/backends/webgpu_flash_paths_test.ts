@@ -13,8 +13,10 @@ import {
   splitDispatches,
 } from "../../backends/webgpu_flash.ts";
 import {
+  type DecodeTuning,
   DEFAULT_DECODE_TUNING,
   PREFILL_GPU_KEYS_PER_ITER,
+  PREFILL_GPU_TUNING,
   PREFILL_WG_TOKENS,
   prefillSplitTuning,
 } from "../../backends/webgpu_decode_tuning.ts";
@@ -56,6 +58,11 @@ const MIXED = [
 const NO_SM = "subgroup matrices not supported (feature chromium-experimental-subgroup-matrix " +
   "not granted)";
 const F32 = "dtype not supported (got float32; supported: float16, bfloat16)";
+
+/** PREFILL_GPU_TUNING's fields at their defaults. */
+const PREFILL_GPU_OFF = Object.fromEntries(
+  Object.keys(PREFILL_GPU_TUNING).map((k) => [k, DEFAULT_DECODE_TUNING[k as keyof DecodeTuning]]),
+);
 
 Deno.test("flash paths: a mixed f16 batch where subgroup matrices exist: tensor core", () => {
   const s = shape({ requests: MIXED });
@@ -226,19 +233,30 @@ Deno.test("flash paths: prefill rows on the split-KV kernels take the prefill tu
   assert.equal(flashRouting(WITH_MMA, o, mixed).prefillOnSplit, false);
   const tiles = resolveFlashOptions({ ...OPTS, prefill_split: false });
   assert.equal(flashRouting(NO_MMA, tiles, mixed).prefillOnSplit, false);
-  const t = prefillSplitTuning(DEFAULT_DECODE_TUNING);
+  // A software adapter's (lavapipe's) prefill rows: the transposed sums, 4 tokens, 8 keys a
+  // step where keys_per_iter is automatic on GPUs; nothing else changed.
+  const t = prefillSplitTuning(DEFAULT_DECODE_TUNING, true);
   assert.equal(t.scatter_sums && t.scatter_softmax, true);
   assert.equal(t.wg_tokens, PREFILL_WG_TOKENS);
   assert.equal(t.gpu_keys_per_iter, PREFILL_GPU_KEYS_PER_ITER);
-  assert.deepEqual(
-    { ...t, scatter_sums: false, scatter_softmax: false, wg_tokens: 1, gpu_keys_per_iter: 0 },
-    DEFAULT_DECODE_TUNING,
-  );
+  const unchanged = { scatter_sums: false, scatter_softmax: false, wg_tokens: 1 };
+  assert.deepEqual({ ...t, ...unchanged, gpu_keys_per_iter: 0 }, DEFAULT_DECODE_TUNING);
+  // A GPU's: PREFILL_GPU_TUNING's fields too.
+  const g = prefillSplitTuning(DEFAULT_DECODE_TUNING, false);
+  assert.deepEqual({ ...g, ...PREFILL_GPU_TUNING }, g);
+  assert.deepEqual({ ...g, ...unchanged, gpu_keys_per_iter: 0, ...PREFILL_GPU_OFF }, {
+    ...DEFAULT_DECODE_TUNING,
+  });
   // A tuning that names more tokens keeps them.
-  assert.equal(prefillSplitTuning({ ...DEFAULT_DECODE_TUNING, wg_tokens: 8 }).wg_tokens, 8);
+  const wt8 = { ...DEFAULT_DECODE_TUNING, wg_tokens: 8 };
+  assert.equal(prefillSplitTuning(wt8, false).wg_tokens, 8);
   // And the keys a step it names (the review of session 33: they were overwritten with 8).
   const named = { ...DEFAULT_DECODE_TUNING, gpu_keys_per_iter: 2 };
-  assert.equal(prefillSplitTuning(named).gpu_keys_per_iter, 2);
+  assert.equal(prefillSplitTuning(named, false).gpu_keys_per_iter, 2);
+  // And the GPU fields it sets to anything but their defaults.
+  const lanes = { ...DEFAULT_DECODE_TUNING, max_lanes: 16, workgroup_size: 128 };
+  const kept = prefillSplitTuning(lanes, false);
+  assert.deepEqual([kept.max_lanes, kept.workgroup_size, kept.longest_first], [16, 128, true]);
 });
 
 Deno.test("flash paths: a mixed batch on the split-KV kernels runs its decode and prefill rows as two dispatches", () => {
