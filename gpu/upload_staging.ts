@@ -21,7 +21,7 @@
 import type { GpuContext } from "../core/types.ts";
 import { sizeClass } from "./buffer_pool.ts";
 import { isSoftwareAdapter } from "./runtime_adapter.ts";
-import { envVar } from "../core/env.ts";
+import { type EnvSetting, readSetting, switchSetting } from "../core/env.ts";
 
 /** Uploads at least this large are staged (Dawn's ring buffer is 4 MiB). */
 export const STAGED_UPLOAD_BYTES = 4 << 20;
@@ -31,21 +31,25 @@ const USAGE = GPUBufferUsage.MAP_WRITE | GPUBufferUsage.COPY_SRC;
 /** Most bytes of mapped staging buffers kept. */
 const MAX_KEPT_BYTES = 1 << 30;
 
-function envChoice(): boolean | null {
-  const v = envVar("ATTN_UPLOAD_STAGING");
-  return v === "1" ? true : v === "0" ? false : null;
-}
+/** `ATTN_UPLOAD_STAGING`: 1 stages large uploads on any adapter, 0 never; unset: the default. */
+export const UPLOAD_STAGING_SETTING: EnvSetting<boolean | null> = switchSetting(
+  "ATTN_UPLOAD_STAGING",
+  null,
+);
 
-let forced = envChoice();
+let forced: boolean | null = null;
 
-/** Forces staging on or off (null: the default again); for tests and benches. */
+/** Forces staging on or off (null: `ATTN_UPLOAD_STAGING`, then the default); for tests and benches. */
 export function forceStagedUploads(on: boolean | null): void {
   forced = on;
 }
 
-/** Whether `ctx`'s large uploads are staged (see the module doc). */
+/**
+ * Whether `ctx`'s large uploads are staged (see the module doc).
+ * @throws EnvValueError naming `ATTN_UPLOAD_STAGING` and its value when it is neither 0 nor 1.
+ */
 export function stagedUploads(ctx: GpuContext): boolean {
-  return forced ?? stagesByDefault(ctx);
+  return forced ?? readSetting(UPLOAD_STAGING_SETTING) ?? stagesByDefault(ctx);
 }
 
 /**

@@ -19,6 +19,7 @@ import {
 } from "../gpu/pipelines.ts";
 import { DAWN_TICK_SPIN_SETTING } from "../gpu/dawn_tick_pace.ts";
 import { EARLY_READ_SETTING } from "../gpu/map_read.ts";
+import { UPLOAD_STAGING_SETTING } from "../gpu/upload_staging.ts";
 
 /**
  * The settings read after import, by a call or a scrape (the server checks them at start-up
@@ -35,6 +36,7 @@ export const SERVICE_LAZY_SETTINGS: readonly EnvSetting<unknown>[] = [
   COMPILE_LOG_SETTING,
   DAWN_TICK_SPIN_SETTING,
   EARLY_READ_SETTING,
+  UPLOAD_STAGING_SETTING,
 ];
 
 /**

@@ -20,6 +20,7 @@ import { resolveFlashOptions } from "../../backends/webgpu_flash.ts";
 import { DEFAULT_DECODE_TUNING, envDecodeTuning } from "../../backends/webgpu_decode_tuning.ts";
 import { envMmaShape } from "../../backends/flash_mma_plan.ts";
 import { envFlashTile } from "../../backends/flash_plan.ts";
+import { stagedUploads } from "../../gpu/upload_staging.ts";
 import type { GpuContext } from "../../core/types.ts";
 
 const VALUES = [
@@ -29,6 +30,12 @@ const VALUES = [
   ...["toString", "__proto__", "w8r1k16", "8x8x4x4", " 8x8x4x4", "8x8x4e0x4", "8x8x+4x4"],
   "8x8x4x4.0",
 ];
+
+/** A hardware adapter's context, as far as the staging choice reads it. */
+const SOME_GPU = {
+  device: {},
+  adapter_info: { vendor: "nvidia", architecture: "hopper", device: "", description: "H100" },
+} as unknown as GpuContext;
 
 /** Each variable read at each use, and its reader. */
 const READERS: Record<string, () => unknown> = {
@@ -42,6 +49,8 @@ const READERS: Record<string, () => unknown> = {
   ATTN_DECODE_TUNING: envDecodeTuning,
   ATTN_PREFILL_MMA_SHAPE: envMmaShape,
   ATTN_FLASH_TILE: envFlashTile,
+  // A large upload asks whether to stage.
+  ATTN_UPLOAD_STAGING: () => stagedUploads(SOME_GPU),
 };
 
 /** What the start-up check says of `value`: null (taken) or its message. */

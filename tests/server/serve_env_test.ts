@@ -37,6 +37,7 @@ Deno.test("serve env: the GPU layer's variables, refused in one line", async () 
     ATTN_PREFILL_SPLIT: ["0", "1", ""],
     ATTN_COMPILE_SERIAL: ["0", "1", ""],
     ATTN_COMPILE_LOG: ["0", "1", ""],
+    ATTN_UPLOAD_STAGING: ["0", "1", ""],
   };
   for (const [name, values] of Object.entries(good)) {
     for (const v of values) await checkServeEnv({ [name]: v });
@@ -93,6 +94,11 @@ Deno.test("serve env: the GPU layer's variables, refused in one line", async () 
   await refused(
     { ATTN_COMPILE_LOG: "true" },
     'ATTN_COMPILE_LOG must be 0 (off) or 1 (on), got "true"',
+  );
+  // Read as `=== "1"` / `=== "0"` until v0.26, unchecked at start-up: `yes` ran the default.
+  await refused(
+    { ATTN_UPLOAD_STAGING: "yes" },
+    'ATTN_UPLOAD_STAGING must be 0 (off) or 1 (on), got "yes"',
   );
 });
 
