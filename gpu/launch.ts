@@ -24,7 +24,7 @@ import { type BindGroupCache, bindGroupsOf } from "./bind_groups.ts";
 import { STAGED_UPLOAD_BYTES, stagedUploads, stagingOf } from "./upload_staging.ts";
 import { hostPool } from "./host_pool.ts";
 import { wakeDawnPoll } from "./dawn_tick_pace.ts";
-import { mapReadRange, ownsMappedCopies } from "./map_read.ts";
+import { mapDeferredReads, mapReadRangeDeferred, ownsMappedCopies } from "./map_read.ts";
 
 /** A buffer binding: a whole buffer or a range of one. */
 export type Bound = GPUBuffer | { buffer: GPUBuffer; offset?: number; size?: number };
@@ -288,6 +288,7 @@ export async function launch(ctx: GpuContext, spec: LaunchSpec): Promise<LaunchR
     checkSignal(spec.signal);
     const tRec = performance.now();
     trace(`launch ${spec.label}: submit`);
+    mapDeferredReads(dev); // earlier calls' reads first: they need not wait for this one's kernels
     dev.queue.submit([cmd]);
     spec.onSubmitted?.();
     const t1 = performance.now();
@@ -297,7 +298,7 @@ export async function launch(ctx: GpuContext, spec: LaunchSpec): Promise<LaunchR
     wakeDawnPoll(); // a short wait: Dawn's poll unpaced again (gpu/dawn_tick_pace.ts)
     const [error, range] = await Promise.all([
       errorPromise,
-      mapReadRange(dev, readback, 0, mapped),
+      mapReadRangeDeferred(dev, readback, 0, mapped),
     ]);
     trace(`launch ${spec.label}: read back`);
     if (error) {

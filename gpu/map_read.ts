@@ -30,12 +30,20 @@
 import { type EnvSetting, readSetting, switchSetting } from "../core/env.ts";
 
 const EARLY = new WeakSet<GPUDevice>();
+const DEFER = new WeakSet<GPUDevice>();
 const OWNED = new WeakSet<GPUDevice>();
 const PRIMED = new WeakSet<GPUBuffer>();
 const pending = new Set<Promise<unknown>>();
+/** Each device's deferred reads not mapped yet, by the functions that map them. */
+const WAITING = new WeakMap<GPUDevice, Set<() => unknown>>();
 
-/** Counts of reads by how they completed (`/metrics`: `attn_gpu_readback_*_total`; tests). */
-export const mapReadCounts = { early: 0, awaited: 0 };
+/**
+ * Counts of reads by how they completed (`/metrics`: `attn_gpu_readback_*_total`; tests):
+ * `early` and `awaited` as {@link mapReadRange} read them; of the early ones, `deferred` waited
+ * for other calls' host work ({@link mapReadRangeDeferred}) and `by_submit` were mapped by
+ * another call's submit ({@link mapDeferredReads}).
+ */
+export const mapReadCounts = { early: 0, awaited: 0, deferred: 0, by_submit: 0 };
 
 /**
  * The Deno versions checked: 2.9.0-2.9.5 by their source (ext/webgpu/buffer.rs: `mapAsync` polls
@@ -47,6 +55,15 @@ const CHECKED_DENO = /^2\.9\.[0-6]$/;
 /** `ATTN_EARLY_READ`: 0 never, 1 on Deno's runtime whatever its version; unset: checked ones. */
 export const EARLY_READ_SETTING: EnvSetting<boolean | null> = switchSetting(
   "ATTN_EARLY_READ",
+  null,
+);
+
+/**
+ * `ATTN_DEFER_READ`: 0 maps a call's read-back right after its submit; 1 or unset, on a device
+ * that reads early, first lets the calls waiting for the thread run ({@link mapReadRangeDeferred}).
+ */
+export const DEFER_READ_SETTING: EnvSetting<boolean | null> = switchSetting(
+  "ATTN_DEFER_READ",
   null,
 );
 
@@ -65,8 +82,15 @@ export function markDenoDevice(device: GPUDevice, version: string): boolean {
   const checked = earlyReadDefault(version);
   if (checked) OWNED.add(device);
   const on = set ?? checked;
+  const defer = readSetting(DEFER_READ_SETTING) ?? true;
   if (on) EARLY.add(device);
+  if (on && defer) DEFER.add(device);
   return on;
+}
+
+/** Whether `device`'s reads wait for other calls' host work first ({@link mapReadRangeDeferred}). */
+export function defersReads(device: GPUDevice): boolean {
+  return DEFER.has(device);
 }
 
 /**
@@ -118,6 +142,63 @@ export async function mapReadRange(
   PRIMED.add(buffer);
   mapReadCounts.awaited++;
   return buffer.getMappedRange(offset, size);
+}
+
+/** The host's next turn after pending I/O (setImmediate: no timer clamp), or now without it. */
+const realImmediate = (globalThis as { setImmediate?: (f: () => void) => unknown }).setImmediate;
+const nextTurn = (): Promise<void> =>
+  new Promise((resolve) => realImmediate ? realImmediate.call(globalThis, resolve) : resolve());
+
+/**
+ * {@link mapReadRange} after the thread's other ready work, on a device that defers reads
+ * ({@link defersReads}; else at once). Deno's `mapAsync` blocks the JS thread until the GPU is
+ * idle, so a call that maps right after its submit holds every other call's parsing, planning
+ * and encoding for its GPU time. Deferred, the read waits one turn of the event loop; the calls
+ * that run meanwhile map it before their own submit ({@link mapDeferredReads}), when its GPU
+ * work is most likely done (their host work takes longer than a step's kernels), so that map
+ * returns at once and the GPU works while the host does. A call alone loses nothing: its turn
+ * passes while its kernels run. A buffer not primed yet is mapped at once (its first map is
+ * awaited anyway).
+ */
+export async function mapReadRangeDeferred(
+  device: GPUDevice,
+  buffer: GPUBuffer,
+  offset: number,
+  size: number,
+): Promise<ArrayBuffer> {
+  if (!DEFER.has(device) || !PRIMED.has(buffer)) return mapReadRange(device, buffer, offset, size);
+  let read: Promise<ArrayBuffer> | undefined;
+  const start = () => {
+    if (!read) {
+      read = mapReadRange(device, buffer, offset, size);
+      read.catch(() => undefined); // its owner awaits it below
+    }
+    return read;
+  };
+  let waiting = WAITING.get(device);
+  if (!waiting) WAITING.set(device, waiting = new Set());
+  waiting.add(start);
+  mapReadCounts.deferred++;
+  try {
+    await nextTurn();
+  } finally {
+    waiting.delete(start);
+  }
+  return await start();
+}
+
+/**
+ * Maps every deferred read of `device` now (a launch calls it before its submit, so that those
+ * reads do not wait for its kernels too).
+ */
+export function mapDeferredReads(device: GPUDevice): void {
+  const waiting = WAITING.get(device);
+  if (!waiting?.size) return;
+  for (const start of [...waiting]) {
+    waiting.delete(start);
+    mapReadCounts.by_submit++;
+    start();
+  }
 }
 
 /** Resolves once every promise left by an early read has settled. */

@@ -139,7 +139,7 @@ export interface MemoryPools {
   /** This thread's host read-back pool, with the leases the garbage collector found unreleased. */
   host: PoolGauges & { leaked: number };
   /** This thread's forward read-backs by how they completed (gpu/map_read.ts). */
-  readbacks: { early: number; awaited: number };
+  readbacks: { early: number; awaited: number; deferred: number; by_submit: number };
 }
 
 /** The pools of this thread (gpu/buffer_pool.ts, gpu/host_pool.ts). */
@@ -368,6 +368,18 @@ function renderPools(out: string[], p: MemoryPools): void {
       "counter",
       "Read-backs read when mapAsync resolved (Dawn; on Deno's runtime each buffer's first, or a fallback).",
       p.readbacks.awaited,
+    ],
+    [
+      "deferred_total",
+      "counter",
+      "Early read-backs that let the thread's other ready calls run first (Deno's runtime).",
+      p.readbacks.deferred,
+    ],
+    [
+      "by_submit_total",
+      "counter",
+      "Deferred read-backs mapped by a later call's submit, while the GPU ran nothing of that call.",
+      p.readbacks.by_submit,
     ],
   ]);
 }

@@ -18,7 +18,7 @@ import {
   COMPILE_TIMEOUT_SETTING,
 } from "../gpu/pipelines.ts";
 import { DAWN_TICK_SPIN_SETTING } from "../gpu/dawn_tick_pace.ts";
-import { EARLY_READ_SETTING } from "../gpu/map_read.ts";
+import { DEFER_READ_SETTING, EARLY_READ_SETTING } from "../gpu/map_read.ts";
 import { UPLOAD_STAGING_SETTING } from "../gpu/upload_staging.ts";
 
 /**
@@ -36,6 +36,7 @@ export const SERVICE_LAZY_SETTINGS: readonly EnvSetting<unknown>[] = [
   COMPILE_LOG_SETTING,
   DAWN_TICK_SPIN_SETTING,
   EARLY_READ_SETTING,
+  DEFER_READ_SETTING,
   UPLOAD_STAGING_SETTING,
 ];
 

@@ -7,10 +7,14 @@
  */
 import assert from "node:assert/strict";
 import {
+  DEFER_READ_SETTING,
+  defersReads,
   EARLY_READ_SETTING,
   earlyReadDefault,
+  mapDeferredReads,
   mapReadCounts,
   mapReadRange,
+  mapReadRangeDeferred,
   markDenoDevice,
   ownsMappedCopies,
   readsEarly,
@@ -137,6 +141,69 @@ Deno.test("map read: a range not mapped when mapAsync returns waits for the prom
   await settleEarlyReads();
 });
 
+Deno.test("map read: a deferred read waits a turn, and another call's submit maps it first", async () => {
+  const dev = {} as GPUDevice;
+  await withEnv({ ATTN_EARLY_READ: "1" }, () => markDenoDevice(dev, "0.0.0"));
+  assert.equal(defersReads(dev), true, "ATTN_DEFER_READ unset: on where reads are early");
+  const { buffer, calls } = fakeBuffer(new Uint8Array([1, 2, 3, 4]), true);
+  // Not primed: mapped within the call (its first map is awaited anyway).
+  const first = mapReadRangeDeferred(dev, buffer, 0, 4);
+  assert.deepEqual(calls, ["mapAsync"], "the map began within the call");
+  await first;
+  buffer.unmap();
+  calls.length = 0;
+  const before = { ...mapReadCounts };
+  // Alone: nothing mapped within the call; mapped once its turn came.
+  const alone = mapReadRangeDeferred(dev, buffer, 0, 4);
+  assert.deepEqual(calls, [], "not mapped within the call");
+  assert.deepEqual([...new Uint8Array(await alone)], [1, 2, 3, 4]);
+  assert.deepEqual(calls, ["mapAsync", "range"]);
+  buffer.unmap();
+  calls.length = 0;
+  // Another call's submit maps it before its turn comes, once.
+  const taken = mapReadRangeDeferred(dev, buffer, 0, 4);
+  mapDeferredReads(dev);
+  assert.deepEqual(calls, ["mapAsync", "range"], "mapped by the submit");
+  mapDeferredReads(dev);
+  assert.deepEqual([...new Uint8Array(await taken)], [1, 2, 3, 4]);
+  assert.deepEqual(calls, ["mapAsync", "range"], "not mapped again");
+  assert.equal(mapReadCounts.deferred - before.deferred, 2);
+  assert.equal(mapReadCounts.by_submit - before.by_submit, 1);
+  buffer.unmap();
+  // ATTN_DEFER_READ=0: a primed buffer is mapped within the call again.
+  const off = {} as GPUDevice;
+  await withEnv(
+    { ATTN_EARLY_READ: "1", ATTN_DEFER_READ: "0" },
+    () => markDenoDevice(off, "0.0.0"),
+  );
+  assert.equal(defersReads(off), false);
+  const b = fakeBuffer(new Uint8Array([5, 6]), true);
+  await mapReadRange(off, b.buffer, 0, 2);
+  b.buffer.unmap();
+  b.calls.length = 0;
+  const now = mapReadRangeDeferred(off, b.buffer, 0, 2);
+  assert.deepEqual(b.calls, ["mapAsync", "range"]);
+  assert.deepEqual([...new Uint8Array(await now)], [5, 6]);
+  b.buffer.unmap();
+  await settleEarlyReads();
+});
+
+Deno.test("map read: ATTN_DEFER_READ is 0 or 1; reads are deferred only where they are early", async () => {
+  assert.equal(settingValue(DEFER_READ_SETTING, undefined), null);
+  assert.equal(settingValue(DEFER_READ_SETTING, "0"), false);
+  assert.equal(settingValue(DEFER_READ_SETTING, "1"), true);
+  assert.throws(
+    () => settingValue(DEFER_READ_SETTING, "on"),
+    (e: unknown) => e instanceof EnvValueError && /ATTN_DEFER_READ.*on/.test(e.message),
+  );
+  const dev = {} as GPUDevice;
+  await withEnv(
+    { ATTN_EARLY_READ: "0", ATTN_DEFER_READ: "1" },
+    () => markDenoDevice(dev, "2.9.6"),
+  );
+  assert.equal(defersReads(dev), false, "awaited reads are not deferred");
+});
+
 Deno.test("map read: ATTN_EARLY_READ is 0 or 1; unset, Deno 2.9.0-2.9.6 read early, others do not", async () => {
   assert.equal(settingValue(EARLY_READ_SETTING, undefined), null);
   assert.equal(settingValue(EARLY_READ_SETTING, "0"), false);
@@ -233,6 +300,46 @@ Deno.test({
       await settleEarlyReads();
     } finally {
       src.destroy();
+    }
+  },
+});
+
+Deno.test({
+  name:
+    "map read: launches in flight together: each reads its own words, later submits map earlier reads",
+  ...GPU_TEST,
+  ignore: GPU_TEST.ignore || SELECTION.runtime.name !== "deno",
+  async fn() {
+    const ctx = GPU!;
+    const dev = ctx.device;
+    const N = 6;
+    const usage = GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST;
+    const srcs = Array.from({ length: N }, () => dev.createBuffer({ size: WORDS * 4, usage }));
+    const r = rng(freshSeed());
+    const before = { ...mapReadCounts };
+    try {
+      // Round 0 primes the read-back buffers; rounds 1-3 find them primed.
+      for (let round = 0; round < 4; round++) {
+        const words = srcs.map(() => new Uint32Array(WORDS).map(() => (r() * 2 ** 32) >>> 0));
+        const results = await Promise.all(srcs.map((src, i) =>
+          launch(ctx, {
+            label: "map_read.deferred",
+            uploads: [{ buffer: src, data: new Uint8Array(words[i].buffer) }],
+            calls: [],
+            reads: [{ buffer: src, bytes: WORDS * 4 }],
+          })
+        ));
+        results.forEach((res, i) => {
+          assert.deepEqual(new Uint32Array(res.parts[0].slice().buffer), words[i], `${round}/${i}`);
+          res.release();
+        });
+      }
+      if (defersReads(dev)) {
+        assert.ok(mapReadCounts.by_submit > before.by_submit, JSON.stringify(mapReadCounts));
+      }
+      await settleEarlyReads();
+    } finally {
+      for (const s of srcs) s.destroy();
     }
   },
 });

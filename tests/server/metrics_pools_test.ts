@@ -28,7 +28,7 @@ const POOLS: MemoryPools = {
     reused: 12,
     leaked: 1,
   },
-  readbacks: { early: 250, awaited: 2 },
+  readbacks: { early: 250, awaited: 2, deferred: 240, by_submit: 31 },
 };
 
 /** `name value` samples (no labels) of a text, by name. */
@@ -56,6 +56,8 @@ Deno.test("metrics: the memory pools and the plan cache, with HELP and TYPE", ()
     attn_host_pool_leaked_total: 1,
     attn_gpu_readback_early_total: 250,
     attn_gpu_readback_awaited_total: 2,
+    attn_gpu_readback_deferred_total: 240,
+    attn_gpu_readback_by_submit_total: 31,
     attn_plan_cache_plans: 5,
     attn_plan_cache_hits_total: 90,
     attn_plan_cache_misses_total: 6,
@@ -92,6 +94,8 @@ Deno.test("metrics: by default, this thread's pools as gpu/ counts them", () => 
     assert.equal(s.get("attn_host_pool_max_free_bytes"), hostPool.maxFreeBytes);
     assert.equal(s.get("attn_gpu_readback_early_total"), mapReadCounts.early);
     assert.equal(s.get("attn_gpu_readback_awaited_total"), mapReadCounts.awaited);
+    assert.equal(s.get("attn_gpu_readback_deferred_total"), mapReadCounts.deferred);
+    assert.equal(s.get("attn_gpu_readback_by_submit_total"), mapReadCounts.by_submit);
   } finally {
     pool.release(b);
     lease.release();
@@ -105,7 +109,7 @@ Deno.test("metrics: the device threads' merge labels every pool sample by thread
   const other: MemoryPools = {
     gpu: { ...POOLS.gpu, free_bytes: 0 },
     host: { ...POOLS.host, in_use_bytes: 32768 },
-    readbacks: { early: 7, awaited: 1 },
+    readbacks: { early: 7, awaited: 1, deferred: 7, by_submit: 0 },
   };
   const plans = { size: 1, hits: 2, misses: 3, disposed: 0 };
   const texts = [POOLS, other].map((p) =>

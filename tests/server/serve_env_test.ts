@@ -38,6 +38,8 @@ Deno.test("serve env: the GPU layer's variables, refused in one line", async () 
     ATTN_COMPILE_SERIAL: ["0", "1", ""],
     ATTN_COMPILE_LOG: ["0", "1", ""],
     ATTN_UPLOAD_STAGING: ["0", "1", ""],
+    ATTN_EARLY_READ: ["0", "1", ""],
+    ATTN_DEFER_READ: ["0", "1", ""],
   };
   for (const [name, values] of Object.entries(good)) {
     for (const v of values) await checkServeEnv({ [name]: v });
@@ -96,6 +98,10 @@ Deno.test("serve env: the GPU layer's variables, refused in one line", async () 
     'ATTN_COMPILE_LOG must be 0 (off) or 1 (on), got "true"',
   );
   // Read as `=== "1"` / `=== "0"` until v0.26, unchecked at start-up: `yes` ran the default.
+  await refused(
+    { ATTN_DEFER_READ: "off" },
+    'ATTN_DEFER_READ must be 0 (off) or 1 (on), got "off"',
+  );
   await refused(
     { ATTN_UPLOAD_STAGING: "yes" },
     'ATTN_UPLOAD_STAGING must be 0 (off) or 1 (on), got "yes"',
