@@ -268,6 +268,9 @@ export async function launch(ctx: GpuContext, spec: LaunchSpec): Promise<LaunchR
       `${spec.label}.stamps`,
     )
     : null;
+  // Earlier calls' deferred reads first (outside this call's error scope): they need not wait
+  // for this one's kernels (gpu/map_read.ts mapReadRangeDeferred).
+  mapDeferredReads(dev);
   dev.pushErrorScope("validation");
   let scoped = true;
   try {
@@ -288,7 +291,6 @@ export async function launch(ctx: GpuContext, spec: LaunchSpec): Promise<LaunchR
     checkSignal(spec.signal);
     const tRec = performance.now();
     trace(`launch ${spec.label}: submit`);
-    mapDeferredReads(dev); // earlier calls' reads first: they need not wait for this one's kernels
     dev.queue.submit([cmd]);
     spec.onSubmitted?.();
     const t1 = performance.now();

@@ -41,7 +41,7 @@ const WAITING = new WeakMap<GPUDevice, Set<() => unknown>>();
  * Counts of reads by how they completed (`/metrics`: `attn_gpu_readback_*_total`; tests):
  * `early` and `awaited` as {@link mapReadRange} read them; of the early ones, `deferred` waited
  * for other calls' host work ({@link mapReadRangeDeferred}) and `by_submit` were mapped by
- * another call's submit ({@link mapDeferredReads}).
+ * another call's launch ({@link mapDeferredReads}).
  */
 export const mapReadCounts = { early: 0, awaited: 0, deferred: 0, by_submit: 0 };
 
@@ -154,7 +154,7 @@ const nextTurn = (): Promise<void> =>
  * ({@link defersReads}; else at once). Deno's `mapAsync` blocks the JS thread until the GPU is
  * idle, so a call that maps right after its submit holds every other call's parsing, planning
  * and encoding for its GPU time. Deferred, the read waits one turn of the event loop; the calls
- * that run meanwhile map it before their own submit ({@link mapDeferredReads}), when its GPU
+ * that run meanwhile map it before their own launch ({@link mapDeferredReads}), when its GPU
  * work is most likely done (their host work takes longer than a step's kernels), so that map
  * returns at once and the GPU works while the host does. A call alone loses nothing: its turn
  * passes while its kernels run. A buffer not primed yet is mapped at once (its first map is
@@ -188,8 +188,8 @@ export async function mapReadRangeDeferred(
 }
 
 /**
- * Maps every deferred read of `device` now (a launch calls it before its submit, so that those
- * reads do not wait for its kernels too).
+ * Maps every deferred read of `device` now (a launch calls it before its uploads and submit,
+ * outside its error scope, so that those reads do not wait for its kernels too).
  */
 export function mapDeferredReads(device: GPUDevice): void {
   const waiting = WAITING.get(device);

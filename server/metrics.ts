@@ -378,7 +378,7 @@ function renderPools(out: string[], p: MemoryPools): void {
     [
       "by_submit_total",
       "counter",
-      "Deferred read-backs mapped by a later call's submit, while the GPU ran nothing of that call.",
+      "Deferred read-backs a later call mapped before its own submit (Deno's runtime).",
       p.readbacks.by_submit,
     ],
   ]);
