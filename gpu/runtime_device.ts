@@ -70,31 +70,53 @@ export async function requestFullDevice(
 }
 
 /**
+ * Runs `f` with the round-trip probes' buffers: a 16-byte map-read `staging` buffer (labelled
+ * `label`) and a 16-byte copy source; destroys both after.
+ */
+async function withProbeBuffers<T>(
+  device: GPUDevice,
+  label: string,
+  f: (staging: GPUBuffer, src: GPUBuffer) => Promise<T>,
+): Promise<T> {
+  const usage = GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST;
+  const staging = device.createBuffer({ size: 16, usage, label });
+  const src = device.createBuffer({
+    size: 16,
+    usage: GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST,
+  });
+  try {
+    return await f(staging, src);
+  } finally {
+    staging.destroy();
+    src.destroy();
+  }
+}
+
+/** Submits a copy of `src`'s 16 bytes into `staging`. */
+function copy16(device: GPUDevice, src: GPUBuffer, staging: GPUBuffer): void {
+  const enc = device.createCommandEncoder();
+  enc.copyBufferToBuffer(src, 0, staging, 0, 16);
+  device.queue.submit([enc.finish()]);
+}
+
+/**
  * The read-back round trip as forward calls pay it (gpu/map_read.ts: as soon as the GPU is done
  * on Deno's runtime, its first read of the buffer awaited): a 16-byte copy, then a read of it,
  * `iters` times after one priming read. Returns each time in ms.
  */
-export async function readRoundTrip(device: GPUDevice, iters: number): Promise<number[]> {
-  const usage = GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST;
-  const staging = device.createBuffer({ size: 16, usage, label: "read-round-trip" });
-  const src = device.createBuffer({ size: 16, usage: GPUBufferUsage.COPY_SRC });
-  try {
+export function readRoundTrip(device: GPUDevice, iters: number): Promise<number[]> {
+  return withProbeBuffers(device, "read-round-trip", async (staging, src) => {
     const ms: number[] = [];
     for (let i = 0; i <= iters; i++) {
       const t = performance.now();
-      const enc = device.createCommandEncoder();
-      enc.copyBufferToBuffer(src, 0, staging, 0, 16);
-      device.queue.submit([enc.finish()]);
+      copy16(device, src, staging);
       wakeDawnPoll();
       await mapReadRange(device, staging, 0, 16);
       staging.unmap();
       if (i > 0) ms.push(performance.now() - t); // the first primes the buffer
     }
     return ms;
-  } finally {
-    staging.destroy();
-    src.destroy();
-  }
+  });
 }
 
 /**
@@ -102,24 +124,13 @@ export async function readRoundTrip(device: GPUDevice, iters: number): Promise<n
  * (which waits for the queue), `iters` times. Returns each time in ms and the words read
  * (the buffer holds 1, 2, 3, 4 written by writeBuffer before the first map).
  */
-export async function completionRoundTrip(
+export function completionRoundTrip(
   device: GPUDevice,
   iters: number,
 ): Promise<{ ms: number[]; words: number[] }> {
-  const staging = device.createBuffer({
-    size: 16,
-    usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
-    label: "round-trip",
-  });
-  const src = device.createBuffer({
-    size: 16,
-    usage: GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST,
-  });
-  try {
+  return withProbeBuffers(device, "round-trip", async (staging, src) => {
     device.queue.writeBuffer(src, 0, new Uint32Array([1, 2, 3, 4]));
-    const enc = device.createCommandEncoder();
-    enc.copyBufferToBuffer(src, 0, staging, 0, 16);
-    device.queue.submit([enc.finish()]);
+    copy16(device, src, staging);
     const ms: number[] = [];
     let words: number[] = [];
     for (let i = 0; i < iters; i++) {
@@ -132,8 +143,5 @@ export async function completionRoundTrip(
       staging.unmap();
     }
     return { ms, words };
-  } finally {
-    staging.destroy();
-    src.destroy();
-  }
+  });
 }
