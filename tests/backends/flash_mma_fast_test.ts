@@ -23,6 +23,7 @@ import {
 } from "../../gpu/flash_mma_shape.ts";
 import { type BatchSpec, generateBatch } from "../support/batches.ts";
 import { base, H200_F16_TARGET, mmaCaseTests, mmaTestDevice } from "../support/mma_case.ts";
+import { withEnv } from "../support/env.ts";
 
 const ctx = await mmaTestDevice("flash_mma fast/direct tests");
 
@@ -126,26 +127,23 @@ Deno.test("flash_mma: direct loads and ablations say why a target cannot take th
   assert.deepEqual(chooseMmaShape({ ...t, sg: 64 }, 49152), { ...MMA_SHAPES[1] });
 });
 
-Deno.test("flash_mma: ATTN_PREFILL_MMA_SHAPE names a shape, or the error names the value", () => {
-  const old = Deno.env.get("ATTN_PREFILL_MMA_SHAPE");
-  try {
-    Deno.env.delete("ATTN_PREFILL_MMA_SHAPE");
-    assert.equal(envMmaShape(), undefined);
-    Deno.env.set("ATTN_PREFILL_MMA_SHAPE", "w8r1k16-fd");
-    assert.deepEqual(envMmaShape(), MMA_VARIANTS["w8r1k16-fd"]);
-    Deno.env.set("ATTN_PREFILL_MMA_SHAPE", "w9r9");
-    assert.throws(
-      () => envMmaShape(),
-      /ATTN_PREFILL_MMA_SHAPE="w9r9" names no shape; known: w8r1k16/,
-    );
-    Deno.env.set("ATTN_PREFILL_MMA_SHAPE", "w8r1k32-fb"); // v0.7's single-buffered: removed
-    assert.throws(() => envMmaShape(), /ATTN_PREFILL_MMA_SHAPE="w8r1k32-fb" names no shape/);
-    Deno.env.set("ATTN_PREFILL_MMA_SHAPE", "w8r1k16-fu");
-    assert.throws(() => envMmaShape(), /"w8r1k16-fu" is a bench-only shape \(per-subgroup rescale/);
-  } finally {
-    if (old === undefined) Deno.env.delete("ATTN_PREFILL_MMA_SHAPE");
-    else Deno.env.set("ATTN_PREFILL_MMA_SHAPE", old);
-  }
+Deno.test("flash_mma: ATTN_PREFILL_MMA_SHAPE names a shape, or the error names the value", async () => {
+  const shape = (v: string | undefined) => withEnv({ ATTN_PREFILL_MMA_SHAPE: v }, envMmaShape);
+  assert.equal(await shape(undefined), undefined);
+  assert.deepEqual(await shape("w8r1k16-fd"), MMA_VARIANTS["w8r1k16-fd"]);
+  await assert.rejects(
+    () => shape("w9r9"),
+    /ATTN_PREFILL_MMA_SHAPE="w9r9" names no shape; known: w8r1k16/,
+  );
+  // v0.7's single-buffered: removed.
+  await assert.rejects(
+    () => shape("w8r1k32-fb"),
+    /ATTN_PREFILL_MMA_SHAPE="w8r1k32-fb" names no shape/,
+  );
+  await assert.rejects(
+    () => shape("w8r1k16-fu"),
+    /"w8r1k16-fu" is a bench-only shape \(per-subgroup rescale/,
+  );
 });
 
 Deno.test("flash_mma: a named shape a batch cannot take falls back to the default shape", () => {

@@ -20,6 +20,7 @@ import {
   type MmaTarget,
 } from "../../gpu/flash_mma_shape.ts";
 import { H200_F16_TARGET } from "../support/mma_case.ts";
+import { withEnv } from "../support/env.ts";
 
 /** Each `subgroupMatrixLoad<...>(...)` / `subgroupMatrixStore<...>(...)` call's arguments. */
 function matrixCalls(src: string): { call: string; args: string[] }[] {
@@ -98,17 +99,11 @@ Deno.test("flash_mma: the stride Params are the kernel's compile-time strides", 
 
 Deno.test("flash_mma: ATTN_MMA_RUNTIME_STRIDES (bench probe) gives only the named kinds Params strides", async () => {
   const c = { ...H200_F16_TARGET, ...fullShape(MMA_VARIANTS["w8r1k16-fl"]) } as MmaConsts;
-  const strides = async (v: string | undefined) => {
-    const had = Deno.env.get("ATTN_MMA_RUNTIME_STRIDES");
-    try {
-      if (v === undefined) Deno.env.delete("ATTN_MMA_RUNTIME_STRIDES");
-      else Deno.env.set("ATTN_MMA_RUNTIME_STRIDES", v);
-      return matrixCalls(await flashMmaSource(c)).map(({ args }) => args[args.length - 1]);
-    } finally {
-      if (had === undefined) Deno.env.delete("ATTN_MMA_RUNTIME_STRIDES");
-      else Deno.env.set("ATTN_MMA_RUNTIME_STRIDES", had);
-    }
-  };
+  const strides = (v: string | undefined) =>
+    withEnv(
+      { ATTN_MMA_RUNTIME_STRIDES: v },
+      async () => matrixCalls(await flashMmaSource(c)).map(({ args }) => args[args.length - 1]),
+    );
   const base = await strides(undefined);
   const sOnly = await strides("s");
   const all = await strides("all");

@@ -30,6 +30,7 @@ import { type BatchSpec, generateBatch, smallSpec } from "../support/batches.ts"
 import { checkBackend, type CheckOptions, tolerance } from "../support/backend_check.ts";
 import { assertClose } from "../support/compare.ts";
 import { freshSeed, GPU, NO_GPU } from "../gpu/helpers.ts";
+import { withEnv } from "../support/env.ts";
 
 const SKIP = NO_GPU;
 const ctx = { gpu: GPU };
@@ -329,21 +330,17 @@ Deno.test("decode: concurrent calls in flight", { ignore: SKIP }, async () => {
   }
 });
 
-Deno.test("decode: ATTN_DECODE_TUNING overrides the tuning and rejects unknown fields", () => {
-  const old = Deno.env.get("ATTN_DECODE_TUNING");
-  try {
-    Deno.env.set("ATTN_DECODE_TUNING", '{"workgroup_size":256,"subgroups":false}');
+Deno.test("decode: ATTN_DECODE_TUNING overrides the tuning and rejects unknown fields", async () => {
+  await withEnv({ ATTN_DECODE_TUNING: '{"workgroup_size":256,"subgroups":false}' }, () => {
     const t = envDecodeTuning();
     assert.equal(t.workgroup_size, 256);
     assert.equal(t.subgroups, false);
     assert.equal(t.keys_per_iter, DEFAULT_DECODE_TUNING.keys_per_iter);
-    Deno.env.set("ATTN_DECODE_TUNING", '{"warp_size":32}');
+  });
+  await withEnv({ ATTN_DECODE_TUNING: '{"warp_size":32}' }, () => {
     assert.throws(
       () => envDecodeTuning(),
       /ATTN_DECODE_TUNING must be a JSON object of .*: unknown field or wrong type: warp_size/,
     );
-  } finally {
-    if (old === undefined) Deno.env.delete("ATTN_DECODE_TUNING");
-    else Deno.env.set("ATTN_DECODE_TUNING", old);
-  }
+  });
 });

@@ -26,6 +26,7 @@ import { planPaths } from "../../core/backend_types.ts";
 import { validHostBatch } from "../../service/host_input.ts";
 import { type BatchSpec, generateBatch, smallSpec } from "../support/batches.ts";
 import { fakeMmaContext } from "../support/fake_device.ts";
+import { withEnv } from "../support/env.ts";
 
 const WITH_MMA = fakeMmaContext(true);
 const NO_MMA = fakeMmaContext(false);
@@ -143,21 +144,16 @@ Deno.test("flash paths: a decode-only batch: split-KV, no reason, on either adap
   }
 });
 
-Deno.test("flash paths: the switch, the kernel's limits, decode rows the split kernels refuse", () => {
+Deno.test("flash paths: the switch, the kernel's limits, decode rows the split kernels refuse", async () => {
   const mixed = shape({ requests: MIXED });
   const off = flashRouting(WITH_MMA, resolveFlashOptions({ ...OPTS, mma: false }), mixed);
   assert.equal(off.paths.parts[1].reason, "tensor-core kernel disabled (option mma: false)");
-  const prev = Deno.env.get("ATTN_PREFILL_MMA");
-  Deno.env.set("ATTN_PREFILL_MMA", "0");
-  try {
+  await withEnv({ ATTN_PREFILL_MMA: "0" }, () => {
     const { mma: _, ...rest } = OPTS;
     const env = flashRouting(WITH_MMA, resolveFlashOptions(rest), mixed);
     assert.equal(env.paths.parts[1].path, "split_kv");
     assert.equal(env.paths.parts[1].reason, "tensor-core kernel disabled (ATTN_PREFILL_MMA=0)");
-  } finally {
-    if (prev === undefined) Deno.env.delete("ATTN_PREFILL_MMA");
-    else Deno.env.set("ATTN_PREFILL_MMA", prev);
-  }
+  });
   // Too little workgroup memory for any shape at head size 256.
   const small = fakeMmaContext(true, { maxComputeWorkgroupStorageSize: 4096 });
   const big = flashRouting(

@@ -7,6 +7,7 @@
 import assert from "node:assert/strict";
 import { compiledKernelKeys, getKernel, type KernelDef } from "../../gpu/kernel.ts";
 import { GPU, NO_GPU } from "./helpers.ts";
+import { withEnv } from "../support/env.ts";
 
 /** A trivial kernel whose variants differ by a constant. */
 const TINY: KernelDef<{ v: number }> = {
@@ -23,10 +24,8 @@ const mine = () =>
 Deno.test("kernel cache: at most the limit a device, least recently used out", {
   ignore: NO_GPU,
 }, async () => {
-  const before = Deno.env.get("ATTN_KERNEL_CACHE_LIMIT");
-  try {
-    // Two a device: other tests' variants, all older than ours, go first.
-    Deno.env.set("ATTN_KERNEL_CACHE_LIMIT", "2");
+  // Two a device: other tests' variants, all older than ours, go first.
+  await withEnv({ ATTN_KERNEL_CACHE_LIMIT: "2" }, async () => {
     for (const v of [0, 1, 2]) await getKernel(GPU!, TINY, { v });
     await getKernel(GPU!, TINY, { v: 0 }); // used again: the most recent with v = 2
     await getKernel(GPU!, TINY, { v: 3 });
@@ -35,8 +34,5 @@ Deno.test("kernel cache: at most the limit a device, least recently used out", {
     const again = await getKernel(GPU!, TINY, { v: 1 }); // dropped: compiled again
     assert.equal(again.key, "cache_limit_probe(v=1)");
     assert.deepEqual(mine(), ["cache_limit_probe(v=1)", "cache_limit_probe(v=3)"]);
-  } finally {
-    if (before === undefined) Deno.env.delete("ATTN_KERNEL_CACHE_LIMIT");
-    else Deno.env.set("ATTN_KERNEL_CACHE_LIMIT", before);
-  }
+  });
 });

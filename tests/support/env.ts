@@ -4,13 +4,19 @@
  * @module
  */
 
-/** Runs `f` with `vars` set, restoring each variable's earlier value (or absence) after. */
+/**
+ * Runs `f` with `vars` set (a variable given `undefined` unset), restoring each variable's
+ * earlier value (or absence) after.
+ */
 export async function withEnv<T>(
-  vars: Record<string, string>,
+  vars: Record<string, string | undefined>,
   f: () => T | Promise<T>,
 ): Promise<T> {
   const before = Object.fromEntries(Object.keys(vars).map((k) => [k, Deno.env.get(k)]));
-  for (const [k, v] of Object.entries(vars)) Deno.env.set(k, v);
+  for (const [k, v] of Object.entries(vars)) {
+    if (v === undefined) Deno.env.delete(k);
+    else Deno.env.set(k, v);
+  }
   try {
     return await f();
   } finally {
