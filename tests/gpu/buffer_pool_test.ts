@@ -14,6 +14,7 @@ import {
   poolCapFromEnv,
   poolOf,
 } from "../../gpu/buffer_pool.ts";
+import { withEnv } from "../support/env.ts";
 
 interface FakeBuffer {
   label: string;
@@ -136,7 +137,7 @@ Deno.test("buffer pool: a lost device's pool keeps nothing and leaves the totals
   assert.equal(after.created - before.created, 2, "counters never go back");
 });
 
-Deno.test("buffer pool: the cap's environment variable", () => {
+Deno.test("buffer pool: the cap's environment variable", async () => {
   const name = "ATTN_TEST_POOL_CAP";
   assert.equal(DEFAULT_POOL_MAX_FREE_BYTES, 2 ** 30);
   assert.equal(poolCapFromEnv(name, undefined), DEFAULT_POOL_MAX_FREE_BYTES);
@@ -153,10 +154,5 @@ Deno.test("buffer pool: the cap's environment variable", () => {
       bad,
     );
   }
-  Deno.env.set(name, "4096");
-  try {
-    assert.equal(poolCapFromEnv(name), 4096);
-  } finally {
-    Deno.env.delete(name);
-  }
+  await withEnv({ [name]: "4096" }, () => assert.equal(poolCapFromEnv(name), 4096));
 });

@@ -15,6 +15,7 @@ import { WebGpuDeviceManager } from "../../gpu/device.ts";
 import { EnvValueError } from "../../core/env.ts";
 import { loadDawnRuntime } from "../../gpu/runtime_dawn.ts";
 import { DEFAULT_DAWN_FLAGS } from "../../gpu/runtime_options.ts";
+import { withEnv } from "../support/env.ts";
 
 type Cb = (...a: unknown[]) => void;
 
@@ -81,32 +82,21 @@ Deno.test("tick pace: a wake runs the paced tick now, once", async () => {
   assert.equal(host.calls, 1);
 });
 
-Deno.test("tick pace: ATTN_DAWN_TICK_SPIN_MS sets spin_ms, off disables, else refused", () => {
-  const old = Deno.env.get("ATTN_DAWN_TICK_SPIN_MS");
-  try {
-    Deno.env.set("ATTN_DAWN_TICK_SPIN_MS", "off");
-    assert.equal(tickPaceFromEnv().spin_ms, Infinity);
-    Deno.env.set("ATTN_DAWN_TICK_SPIN_MS", "5");
-    assert.deepEqual(tickPaceFromEnv(), { ...DEFAULT_TICK_PACE, spin_ms: 5 });
-    Deno.env.set("ATTN_DAWN_TICK_SPIN_MS", "");
-    assert.deepEqual(tickPaceFromEnv(), { ...DEFAULT_TICK_PACE });
-    // Was the default 2 ms, unsaid (or 0 for " ", 1000 for "1e3"): now the error names it.
-    for (const bad of ["nonsense", " ", "1e3", "OFF", ".5", "-1"]) {
-      Deno.env.set("ATTN_DAWN_TICK_SPIN_MS", bad);
-      assert.throws(
-        () => tickPaceFromEnv(),
-        (e) =>
-          e instanceof EnvValueError &&
-          e.message ===
-            `ATTN_DAWN_TICK_SPIN_MS must be a number of ms >= 0, or off, got ${
-              JSON.stringify(bad)
-            }`,
-        bad,
-      );
-    }
-  } finally {
-    if (old === undefined) Deno.env.delete("ATTN_DAWN_TICK_SPIN_MS");
-    else Deno.env.set("ATTN_DAWN_TICK_SPIN_MS", old);
+Deno.test("tick pace: ATTN_DAWN_TICK_SPIN_MS sets spin_ms, off disables, else refused", async () => {
+  const pace = (v: string) => withEnv({ ATTN_DAWN_TICK_SPIN_MS: v }, tickPaceFromEnv);
+  assert.equal((await pace("off")).spin_ms, Infinity);
+  assert.deepEqual(await pace("5"), { ...DEFAULT_TICK_PACE, spin_ms: 5 });
+  assert.deepEqual(await pace(""), { ...DEFAULT_TICK_PACE });
+  // Was the default 2 ms, unsaid (or 0 for " ", 1000 for "1e3"): now the error names it.
+  for (const bad of ["nonsense", " ", "1e3", "OFF", ".5", "-1"]) {
+    await assert.rejects(
+      () => pace(bad),
+      (e) =>
+        e instanceof EnvValueError &&
+        e.message ===
+          `ATTN_DAWN_TICK_SPIN_MS must be a number of ms >= 0, or off, got ${JSON.stringify(bad)}`,
+      bad,
+    );
   }
 });
 

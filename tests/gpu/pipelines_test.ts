@@ -88,9 +88,7 @@ Deno.test("a driver compile that never finishes fails the call after ATTN_COMPIL
     createComputePipelineAsync: () => never,
   } as unknown as GPUDevice;
   const ctx = { device } as unknown as GpuContext;
-  const before = Deno.env.get("ATTN_COMPILE_TIMEOUT_MS");
-  Deno.env.set("ATTN_COMPILE_TIMEOUT_MS", "50");
-  try {
+  await withEnv({ ATTN_COMPILE_TIMEOUT_MS: "50" }, async () => {
     let timer: ReturnType<typeof setTimeout> | undefined;
     const hung = new Promise((r) => timer = setTimeout(() => r("still waiting after 3 s"), 3000));
     const outcome = await Promise.race([
@@ -105,10 +103,7 @@ Deno.test("a driver compile that never finishes fails the call after ATTN_COMPIL
       outcome.message,
       /did not finish compiling it within 50 ms \(waiting for its pipeline\)/,
     );
-  } finally {
-    if (before === undefined) Deno.env.delete("ATTN_COMPILE_TIMEOUT_MS");
-    else Deno.env.set("ATTN_COMPILE_TIMEOUT_MS", before);
-  }
+  });
 });
 
 /** A stub device whose pieces resolve as `parts` say (default: at once, no messages). */
