@@ -53,6 +53,17 @@ const BASE: DecodeSplitConsts = {
   probe: false,
 };
 
+/** The kernel shape of prefill rows on GPU adapters (PREFILL_GPU_TUNING, 8 keys a step). */
+const GPU_PREFILL: Partial<DecodeSplitConsts> = {
+  wg: 64,
+  lpk: 8,
+  wt: 4,
+  scatter: true,
+  scatter_softmax: true,
+  indexed_gather: true,
+  u: 8,
+};
+
 const VARIANTS: [string, Partial<DecodeSplitConsts>][] = [
   ["fused reduce (a decode step's default)", {}],
   ["direct rows", { epi: 1 }],
@@ -81,24 +92,12 @@ const VARIANTS: [string, Partial<DecodeSplitConsts>][] = [
     u: 8,
   }],
   ["GPU prefill rows: 64 invocations, 8 lanes a key row, 4 token items, indexed gather", {
-    wg: 64,
-    lpk: 8,
-    wt: 4,
-    scatter: true,
-    scatter_softmax: true,
-    indexed_gather: true,
-    u: 8,
+    ...GPU_PREFILL,
   }],
   ["Dawn's f32 prefill rows: 64 invocations, 8 lanes a key row, 4 token items", {
+    ...GPU_PREFILL,
     storage: "float32",
     dtype: "float32",
-    wg: 64,
-    lpk: 8,
-    wt: 4,
-    scatter: true,
-    scatter_softmax: true,
-    indexed_gather: true,
-    u: 8,
   }],
   ["4 token items a workgroup, transposed sums, 4 keys a step", {
     wt: 4,
