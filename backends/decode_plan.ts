@@ -227,6 +227,7 @@ export async function planDecodeRows(
     ? longestFirst(grouped ?? spans.map((_, r) => r), wt, rows.req, spans)
     : grouped;
   const itemRows = order?.length ?? R, rowAt = (x: number) => (order ? order[x] : x);
+  const reordered = order !== grouped && order!.some((r, x) => r !== (grouped ? grouped[x] : x));
   // Item and row counts (and the most blocks an item spans) first; the table is written in
   // place when the plan's bytes are made: items (8 words each), block table, slopes, row table
   // (token, first slot, slot count, first counter), sinks.
@@ -414,7 +415,7 @@ export async function planDecodeRows(
       decode_wg_invocations: shape.wg,
       decode_wg_kv_heads: shape.wh,
       decode_wg_tokens: wt,
-      decode_longest_first: order !== grouped ? 1 : 0,
+      decode_longest_first: reordered ? 1 : 0,
       [RESIDENCY_INFO]: tuning.probe_residency ? 1 : 0,
     },
     key: split_k.key,

@@ -45,8 +45,8 @@ export function isSoftware(gpu: GpuContext): boolean {
   return isSoftwareAdapter(gpu.adapter_info);
 }
 
-/** The largest divisor of `g` not above `max`. */
-function headTile(g: number, max: number): number {
+/** The largest divisor of `g` not above `max` (the query heads of a GQA group a key group keeps). */
+export function headTile(g: number, max: number): number {
   for (let d = Math.min(g, max); d > 1; d--) if (g % d === 0) return d;
   return 1;
 }

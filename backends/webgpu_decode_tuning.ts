@@ -4,6 +4,8 @@
  * @module
  */
 import { type EnvSetting, mustBe, readSetting } from "../core/env.ts";
+import type { LayerSpec } from "../core/types.ts";
+import { headTile } from "./decode_shape.ts";
 
 /**
  * Knobs of the kernel shape and the split heuristic (exported for benchmarks and tests). Each
@@ -143,6 +145,9 @@ export interface DecodeTuning {
    * do not end the dispatch as a last wave of long workgroups (backends/decode_plan.ts
    * longestFirst). Requests keep their order. Decode steps (one row a request) are unchanged. */
   longest_first: boolean;
+  /** GPU adapters' prefill rows take {@link PREFILL_GPU_TUNING} for the fields left at their
+   * defaults (prefillSplitTuning); false: they keep this tuning's fields as they are. */
+  prefill_gpu_tuning: boolean;
   /** Bench instrument: every split workgroup counts itself in and out of atomic counters, so
    * the bench reads how many were resident at once (gpu/decode_residency.ts). */
   probe_residency: boolean;
@@ -163,7 +168,11 @@ export interface DecodeTuning {
  * them). Decode steps keep `t` (bandwidth-bound; the H200's sweeps gained nothing from these
  * knobs).
  */
-export function prefillSplitTuning(t: Readonly<DecodeTuning>, software: boolean): DecodeTuning {
+export function prefillSplitTuning(
+  t: Readonly<DecodeTuning>,
+  software: boolean,
+  layer?: Pick<LayerSpec, "num_heads" | "num_kv_heads" | "head_size">,
+): DecodeTuning {
   const out: DecodeTuning = {
     ...t,
     scatter_sums: true,
@@ -171,13 +180,35 @@ export function prefillSplitTuning(t: Readonly<DecodeTuning>, software: boolean)
     wg_tokens: t.wg_tokens > 1 ? t.wg_tokens : PREFILL_WG_TOKENS,
     gpu_keys_per_iter: t.gpu_keys_per_iter || PREFILL_GPU_KEYS_PER_ITER,
   };
-  if (software) return out;
+  if (software || !t.prefill_gpu_tuning) return out;
+  const gpu: Partial<DecodeTuning> = { ...PREFILL_GPU_TUNING };
+  if (layer && !fewLanesFit(t, layer)) {
+    delete gpu.workgroup_size;
+    delete gpu.max_lanes;
+  }
   const fields = out as unknown as Record<string, unknown>;
   const defaults = DEFAULT_DECODE_TUNING as unknown as Record<string, unknown>;
-  for (const [k, v] of Object.entries(PREFILL_GPU_TUNING)) {
+  for (const [k, v] of Object.entries(gpu)) {
     if (fields[k] === defaults[k]) fields[k] = v;
   }
   return out;
+}
+
+/**
+ * Elements of the query heads a key group keeps, over a lane, that {@link PREFILL_GPU_TUNING}'s 8
+ * lanes a key row were measured at (4 heads of 128 over 8 lanes: each lane holds 64 query and 64
+ * accumulator values). Fewer lanes hold more a lane; at twice this (the bench's 4 lanes a row)
+ * prefill ran 5x slower, as a register spill would.
+ */
+export const PREFILL_LANE_ELEMENTS = 64;
+
+/** Whether 8 lanes a key row keep a lane's state of `layer` within {@link PREFILL_LANE_ELEMENTS}. */
+function fewLanesFit(
+  t: Readonly<DecodeTuning>,
+  layer: Pick<LayerSpec, "num_heads" | "num_kv_heads" | "head_size">,
+): boolean {
+  const heads = headTile(layer.num_heads / layer.num_kv_heads, t.max_heads);
+  return (heads * layer.head_size) / PREFILL_GPU_TUNING.max_lanes! <= PREFILL_LANE_ELEMENTS;
 }
 
 /**
@@ -190,8 +221,11 @@ export function prefillSplitTuning(t: Readonly<DecodeTuning>, software: boolean)
  * 4096 45.7 -> 40.8 ms (0.395x -> 0.443x). Each alone gained less or lost: 8 lanes at 128
  * invocations 1.72 / 44.5, 64 invocations at 16 lanes 1.65 / 48.4, the indexed gather at 128 x 16
  * 1.55 / 45.3, longest first 1.55 / 45.6 (and 1.55 / 41.2 -> 1.46 / 40.8 on top of the other
- * three). Software adapters keep the fields as they are (lavapipe's 2 x 256 moved within its
- * noise).
+ * three). The 64 invocations and 8 lanes go together, and only to layers whose lane state stays
+ * within {@link PREFILL_LANE_ELEMENTS} (a GQA group of 8 at head size 128 would hold twice it:
+ * not measured, so such layers keep 128 invocations and 16 lanes). Software adapters keep the
+ * fields as they are (lavapipe's 2 x 256 moved within its noise); `prefill_gpu_tuning: false`
+ * keeps them on GPUs too.
  */
 export const PREFILL_GPU_TUNING: Readonly<Partial<DecodeTuning>> = Object.freeze({
   workgroup_size: 64,
@@ -267,6 +301,7 @@ export const DEFAULT_DECODE_TUNING: Readonly<DecodeTuning> = Object.freeze({
   wg_kv_heads: 1,
   wg_tokens: 1,
   longest_first: false,
+  prefill_gpu_tuning: true,
   probe_residency: false,
 });
 

@@ -325,7 +325,7 @@ async function planFor(
   }
   const { mma, isDecode, prefillOnSplit, paths: routed } = flashRouting(ctx, o, s);
   const paths = tileReplaced(routed, cfg.replaced);
-  const prefillTuning = prefillSplitTuning(o.decode, isSoftware(ctx));
+  const prefillTuning = prefillSplitTuning(o.decode, isSoftware(ctx), s.layer);
   const [onDecode, onPrefill] = splitDispatches(
     s,
     isDecode,
@@ -348,6 +348,7 @@ async function planFor(
         decode_rows: split.reduce((n, x) => n + x.rows, 0),
         decode_items: split.reduce((n, x) => n + x.items, 0),
         decode_wg_tokens: Math.max(0, ...split.map((x) => x.geometry.decode_wg_tokens)),
+        decode_longest_first: Math.max(0, ...split.map((x) => x.geometry.decode_longest_first)),
         decode_dispatches: split.length,
         prefill_tiles: p?.tiles ?? 0,
       },

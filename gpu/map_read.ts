@@ -38,10 +38,11 @@ const pending = new Set<Promise<unknown>>();
 const WAITING = new WeakMap<GPUDevice, Set<() => unknown>>();
 
 /**
- * Counts of reads by how they completed (`/metrics`: `attn_gpu_readback_*_total`; tests):
- * `early` and `awaited` as {@link mapReadRange} read them; of the early ones, `deferred` waited
- * for other calls' host work ({@link mapReadRangeDeferred}) and `by_submit` were mapped by
- * another call's launch ({@link mapDeferredReads}).
+ * Counts of reads (`/metrics`: `attn_gpu_readback_*_total`; tests): `early` and `awaited` by how
+ * {@link mapReadRange} completed them; `deferred`, reads of primed buffers that waited a turn for
+ * other calls' host work first ({@link mapReadRangeDeferred}; each then counts as early, or as
+ * awaited where its range was not mapped yet), and `by_submit`, those of them another call's
+ * launch mapped ({@link mapDeferredReads}).
  */
 export const mapReadCounts = { early: 0, awaited: 0, deferred: 0, by_submit: 0 };
 

@@ -372,7 +372,7 @@ function renderPools(out: string[], p: MemoryPools): void {
     [
       "deferred_total",
       "counter",
-      "Early read-backs that let the thread's other ready calls run first (Deno's runtime).",
+      "Read-backs deferred one turn so that the thread's other ready calls ran first (Deno's runtime).",
       p.readbacks.deferred,
     ],
     [

@@ -24,6 +24,7 @@ import {
   ONE_SLICE_TUNING,
 } from "../support/decode_knob_specs.ts";
 import { GPU, NO_GPU } from "../gpu/helpers.ts";
+import { isSoftware } from "../../backends/decode_shape.ts";
 import { longestFirst, tokenGroups } from "../../backends/decode_plan.ts";
 import { makeWebGpuFlash } from "../../backends/webgpu_flash.ts";
 import {
@@ -236,8 +237,15 @@ Deno.test("decode wg_tokens: WEBGPU_FLASH's prefill rows on the split-KV kernels
   const info = await planInfo(b, F16);
   if (info.prefill_tiles > 0) return; // a device whose tensor cores take the prefill rows
   assert.equal(info.decode_wg_tokens, PREFILL_WG_TOKENS, JSON.stringify(info));
+  // Longest rows first on GPU adapters (PREFILL_GPU_TUNING); a software adapter keeps the order.
+  assert.equal(info.decode_longest_first, isSoftware(GPU!) ? 0 : 1, JSON.stringify(info));
   await checkBackend(b, GPU!, F16);
   await checkBackend(b, GPU!, BF16);
+  // Forced on, WEBGPU_FLASH's plan says so too (the review of session 34: its info left it out).
+  const lf = makeWebGpuFlash({ tile: null, decode: { ...BASE, longest_first: true } });
+  const on = await planInfo(lf as AttentionBackend, F16);
+  assert.equal(on.decode_longest_first, 1, JSON.stringify(on));
+  await checkBackend(lf as AttentionBackend, GPU!, F16);
 });
 
 Deno.test(

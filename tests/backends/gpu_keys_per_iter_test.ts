@@ -79,3 +79,30 @@ Deno.test("prefill rows on a GPU: 64 invocations, 8 lanes a key row, 4 tokens; s
   const kept = decodeShape(GPU, prefillSplitTuning(named, false), LAYER, SPEC, "float16");
   assert.deepEqual([kept.wg, kept.lpk, kept.wt], [128, 16, 4]);
 });
+
+Deno.test("prefill rows on a GPU: a GQA group of 8 at head size 128 keeps 128 invocations and 16 lanes", () => {
+  const env = DECODE_TUNING_SETTING.parse("{}");
+  const gqa8 = { ...LAYER, num_heads: 16 }; // 2 kv heads: groups of 8
+  const t = prefillSplitTuning(env, false, gqa8);
+  const shape = decodeShape(GPU, t, gqa8, SPEC, "float16");
+  assert.deepEqual([shape.wg, shape.lpk, shape.wt], [128, 16, 4]);
+  assert.deepEqual([t.longest_first, t.indexed_gather], [true, true]);
+  // The bench's layer (4 heads a group) takes the 8 lanes.
+  const four = decodeShape(GPU, prefillSplitTuning(env, false, LAYER), LAYER, SPEC, "float16");
+  assert.deepEqual([four.wg, four.lpk], [64, 8]);
+  // Head size 64 at a group of 8: 8 x 64 / 8 = 64 elements a lane, within the measured.
+  const d64 = { ...gqa8, head_size: 64 };
+  const small = decodeShape(GPU, prefillSplitTuning(env, false, d64), d64, SPEC, "float16");
+  assert.deepEqual([small.wg, small.lpk], [64, 8]);
+});
+
+Deno.test("prefill rows on a GPU: prefill_gpu_tuning false keeps the tuning's own fields", () => {
+  const off = DECODE_TUNING_SETTING.parse('{"prefill_gpu_tuning":false}');
+  const t = prefillSplitTuning(off, false, LAYER);
+  assert.deepEqual(
+    [t.workgroup_size, t.max_lanes, t.indexed_gather, t.longest_first],
+    [0, 32, false, false],
+  );
+  const shape = decodeShape(GPU, t, LAYER, SPEC, "float16");
+  assert.deepEqual([shape.wg, shape.lpk, shape.wt], [128, 16, 4]);
+});
