@@ -173,12 +173,13 @@ export function acceptsEnable(ctx: GpuContext, ext: string): Promise<boolean> {
         label: `probe enable ${ext}`,
         code: `enable ${ext};\n@compute @workgroup_size(1) fn main() {}\n`,
       });
+      const scope = dev.popErrorScope(); // before any await: the scope stack is shared
       let ok = true;
       try {
         const info = await mod.getCompilationInfo();
         if (info.messages.some((x) => x.type === "error")) ok = false;
       } catch { /* no compilation info: the scope decides */ }
-      if (await dev.popErrorScope()) ok = false;
+      if (await scope) ok = false;
       return ok;
     })();
     m.set(ext, p);

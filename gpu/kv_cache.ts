@@ -112,8 +112,9 @@ export class GpuKvCache implements KvCache {
         })
       );
     const k = make("k"), v = make("v");
-    const validation = await dev.popErrorScope();
-    const oom = await dev.popErrorScope();
+    // Both popped before any await: other work pushes and pops on the device's scope stack
+    // meanwhile (a second pop after an await could take another's scope).
+    const [validation, oom] = await Promise.all([dev.popErrorScope(), dev.popErrorScope()]);
     if (validation || oom) {
       for (const b of [...k, ...v]) b.destroy();
       const why = (oom ?? validation)!.message;

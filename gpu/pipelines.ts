@@ -130,54 +130,47 @@ async function compileOnce(
   const deadline = performance.now() + limit;
   const bounded = <T>(p: Promise<T>, stage: string) =>
     withTimeout(p, Math.max(1, deadline - performance.now()), stage, limit);
-  device.pushErrorScope("internal");
-  device.pushErrorScope("validation");
   const messages: string[] = [];
+  const scopes: Promise<(GPUError | null)[]>[] = [];
   let pipeline: GPUComputePipeline | null = null;
   let timedOut = "";
+  const made = inErrorScopes(device, () => device.createShaderModule({ label: key, code }));
+  scopes.push(made.errors);
   try {
-    const module = device.createShaderModule({ label: key, code });
+    const info = await bounded(made.value.getCompilationInfo(), "compilation info");
+    for (const m of info.messages) if (m.type === "error") messages.push(formatMessage(m));
+  } catch (e) {
+    if (e instanceof CompileTimeout) timedOut = e.message;
+    // else getCompilationInfo unsupported: rely on the error scopes
+  }
+  if (messages.length === 0 && !timedOut) {
     try {
-      const info = await bounded(module.getCompilationInfo(), "compilation info");
-      for (const m of info.messages) if (m.type === "error") messages.push(formatMessage(m));
+      const started = inErrorScopes(device, () =>
+        device.createComputePipelineAsync({
+          label: key,
+          layout: layout === "auto"
+            ? "auto"
+            : device.createPipelineLayout({ label: key, bindGroupLayouts: [layout] }),
+          compute: { module: made.value, entryPoint },
+        }));
+      scopes.push(started.errors);
+      pipeline = await bounded(started.value, "pipeline");
     } catch (e) {
       if (e instanceof CompileTimeout) timedOut = e.message;
-      // else getCompilationInfo unsupported: rely on the error scopes
+      else messages.push(`pipeline: ${e instanceof Error ? e.message.trim() : String(e)}`);
     }
-    if (messages.length === 0 && !timedOut) {
-      try {
-        pipeline = await bounded(
-          device.createComputePipelineAsync({
-            label: key,
-            layout: layout === "auto"
-              ? "auto"
-              : device.createPipelineLayout({ label: key, bindGroupLayouts: [layout] }),
-            compute: { module, entryPoint },
-          }),
-          "pipeline",
-        );
-      } catch (e) {
-        if (e instanceof CompileTimeout) timedOut = e.message;
-        else messages.push(`pipeline: ${e instanceof Error ? e.message.trim() : String(e)}`);
-      }
-    }
-  } finally {
-    if (timedOut) {
-      // The scopes resolve once the device is done with their work, which may be never: let go.
-      device.popErrorScope().catch(() => {});
-      device.popErrorScope().catch(() => {});
-    } else {
-      try {
-        const validation = await bounded(device.popErrorScope(), "validation error scope");
-        const internal = await bounded(device.popErrorScope(), "internal error scope");
-        for (const err of [validation, internal]) {
+  }
+  if (!timedOut) {
+    try {
+      for (const errors of scopes) {
+        for (const err of await bounded(errors, "validation error scope")) {
           const msg = err?.message?.trim();
           if (msg && !messages.some((m) => m.includes(msg.slice(0, 60)))) messages.push(msg);
         }
-      } catch (e) {
-        // only a CompileTimeout can come from these waits (a pop never rejects)
-        timedOut = e instanceof Error ? e.message : String(e);
       }
+    } catch (e) {
+      // only a CompileTimeout can come from these waits (a pop never rejects)
+      timedOut = e instanceof Error ? e.message : String(e);
     }
   }
   if (timedOut) throw new ShaderCompileError(key, [timedOut]);
@@ -207,6 +200,34 @@ export function compileTimeoutMs(): number {
 }
 
 class CompileTimeout extends Error {}
+
+/**
+ * `f()` inside a validation and an internal error scope, both popped before this returns:
+ * nothing awaits between the push and the pops, because the scope stack is the device's and
+ * other work (launches, cache creation, other compiles) pushes and pops on it meanwhile. A
+ * compile that held its scopes across its awaits popped another's scopes when two overlapped
+ * (review of session 34). The scopes' errors (validation, internal) come as a promise, which
+ * never rejects.
+ */
+function inErrorScopes<T>(
+  device: GPUDevice,
+  f: () => T,
+): { value: T; errors: Promise<(GPUError | null)[]> } {
+  device.pushErrorScope("internal");
+  device.pushErrorScope("validation");
+  let value: T | undefined, thrown: unknown, failed = false;
+  try {
+    value = f();
+  } catch (e) {
+    [thrown, failed] = [e, true];
+  }
+  const errors = Promise.all([device.popErrorScope(), device.popErrorScope()]);
+  if (failed) {
+    errors.catch(() => {});
+    throw thrown;
+  }
+  return { value: value as T, errors };
+}
 
 /**
  * `p`, or a CompileTimeout after `ms` (the timer cleared either way); its message says the

@@ -186,3 +186,43 @@ Deno.test("ATTN_COMPILE_SERIAL=1 runs one compile at a time per device", async (
   assert.equal(most, 3);
   assert.deepEqual(order, [2, 1, 0]);
 });
+
+/**
+ * A stub device with a real error-scope stack: a shader whose code says BAD reports a validation
+ * error to the innermost validation scope when its module is created, as WebGPU does.
+ */
+function scopedStub(): GpuContext {
+  const stack: { filter: string; error: GPUError | null }[] = [];
+  const later = <T>(v: T) => new Promise<T>((r) => setTimeout(() => r(v), 5));
+  const device = {
+    pushErrorScope(filter: string) {
+      stack.push({ filter, error: null });
+    },
+    popErrorScope: () => Promise.resolve(stack.pop()!.error),
+    createShaderModule({ code }: { code: string }) {
+      if (code.includes("BAD")) {
+        const scope = stack.findLast((s) => s.filter === "validation");
+        if (scope && !scope.error) scope.error = { message: "bad shader" } as GPUError;
+      }
+      return { getCompilationInfo: () => later({ messages: [] }) };
+    },
+    createPipelineLayout: () => ({}),
+    createComputePipelineAsync: () => later({}),
+  } as unknown as GPUDevice;
+  return { device } as unknown as GpuContext;
+}
+
+Deno.test("two overlapping compiles each get their own error scopes' errors", async () => {
+  // Before, a compile held its scopes across its awaits: the one that finished first popped the
+  // other's, so the bad shader's error reached the good one (failed) and the bad one compiled.
+  const ctx = scopedStub();
+  const bad = compilePipeline(ctx, "bad(k=1)", `// BAD\n${TRIVIAL}`, "auto").then(
+    () => "compiled",
+    (e) => e,
+  );
+  const good = compilePipeline(ctx, "good(k=1)", TRIVIAL, "auto").then(() => "compiled", (e) => e);
+  const [b, g] = await Promise.all([bad, good]);
+  assert.ok(b instanceof ShaderCompileError, `the bad shader: ${b}`);
+  assert.match(b.message, /bad shader/);
+  assert.equal(g, "compiled");
+});
