@@ -79,6 +79,9 @@ export interface DeviceReport {
   generation: number;
   /** How results are read back, on a live device (gpu/map_read.ts). */
   readback?: "early" | "awaited";
+  /** Whether early reads wait a turn for other calls' host work first, on a live device
+   * (gpu/map_read.ts mapReadRangeDeferred; `ATTN_DEFER_READ`). */
+  readback_deferred?: boolean;
   /** What the runtime printed while finding the adapter (Dawn's warnings). */
   warnings?: string[];
   /** The runtimes not chosen: whether they could start here, and why not (once probed). */

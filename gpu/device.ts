@@ -23,7 +23,7 @@ import type { RuntimeOptions } from "./runtime_options.ts";
 import { adapterInfoOf } from "./runtime_adapter.ts";
 import { numericLimits, requestFullDevice } from "./runtime_device.ts";
 import { OtherRuntimes } from "./runtime_probe.ts";
-import { readsEarly } from "./map_read.ts";
+import { defersReads, readsEarly } from "./map_read.ts";
 
 export { numericLimits, OPPORTUNISTIC_FEATURES, WANTED_FEATURES } from "./runtime_device.ts";
 
@@ -263,7 +263,12 @@ export class WebGpuDeviceManager implements DeviceProvider {
       features: live ? [...c.features].sort() : [],
       limits: live ? { ...c.limits } : {},
       generation: this.#generation,
-      ...(live ? { readback: readsEarly(c.device) ? "early" as const : "awaited" as const } : {}),
+      ...(live
+        ? {
+          readback: readsEarly(c.device) ? "early" as const : "awaited" as const,
+          readback_deferred: defersReads(c.device),
+        }
+        : {}),
       ...(this.#warnings.length ? { warnings: [...this.#warnings] } : {}),
       other_runtimes: this.#others.report(),
     };

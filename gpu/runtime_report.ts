@@ -35,7 +35,11 @@ export function deviceSummary(r: DeviceReport): string {
     }`
     : "";
   const adapter = r.adapter ? describeAdapter(r.adapter) : "adapter";
-  const early = r.readback === "early" ? "; read-back as soon as the GPU is done" : "";
+  const early = r.readback === "early"
+    ? `; read-back as soon as the GPU is done${
+      r.readback_deferred ? ", after the other ready calls' host work" : ""
+    }`
+    : "";
   return `${runtimeLabel(r)}: ${adapter}; ${
     feats.join(", ") || "no optional features"
   }${smText}${early}${how}`;

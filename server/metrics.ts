@@ -378,7 +378,7 @@ function renderPools(out: string[], p: MemoryPools): void {
     [
       "by_submit_total",
       "counter",
-      "Deferred read-backs a later call mapped before its own submit (Deno's runtime).",
+      "Deferred read-backs a later call mapped before its own launch (Deno's runtime).",
       p.readbacks.by_submit,
     ],
   ]);

@@ -291,6 +291,10 @@ export const DeviceReportSchema = z.object({
     "how results are read back: early = as soon as the GPU is done (Deno's runtime, whose " +
       "mapAsync promise waits out a 10 ms sleep); awaited = when mapAsync resolves",
   ),
+  readback_deferred: z.boolean().optional().describe(
+    "whether an early read waits one turn so that other ready calls' host work runs first " +
+      "(ATTN_DEFER_READ)",
+  ),
   warnings: z.array(z.string()).optional(),
   other_runtimes: z.record(z.string(), RuntimeProbeSchema).optional().describe(
     "the runtimes not chosen, probed for an adapter (never a device)",

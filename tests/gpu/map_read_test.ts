@@ -24,6 +24,7 @@ import { EnvValueError, settingValue } from "../../core/env.ts";
 import { WebGpuDeviceManager } from "../../gpu/device.ts";
 import { withEnv } from "../support/env.ts";
 import { launch } from "../../gpu/launch.ts";
+import { deviceSummary } from "../../gpu/runtime_report.ts";
 import { hostPool } from "../../gpu/host_pool.ts";
 import { freshSeed, GPU, GPU_TEST, rng } from "./helpers.ts";
 import { MANAGER, SELECTION } from "../support/gpu.ts";
@@ -54,6 +55,12 @@ Deno.test({
     const checked = earlyReadDefault(Deno.version.deno);
     assert.equal(readsEarly(dev), checked);
     assert.equal(MANAGER.report().readback, checked ? "early" : "awaited");
+    assert.equal(MANAGER.report().readback_deferred, defersReads(dev));
+    assert.equal(defersReads(dev), checked, "deferred wherever early (ATTN_DEFER_READ unset)");
+    // The start-up line says both.
+    const line = deviceSummary(MANAGER.report());
+    assert.equal(line.includes("read-back as soon as the GPU is done"), checked, line);
+    assert.equal(line.includes("after the other ready calls' host work"), checked, line);
     if (!readsEarly(dev)) return; // an unchecked Deno version: the awaited path only
     const usage = GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST;
     const src = dev.createBuffer({ size: WORDS * 4, usage });
