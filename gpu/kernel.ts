@@ -14,6 +14,7 @@
 import type { GpuContext } from "../core/types.ts";
 import { envInt, type EnvSetting, readSetting } from "../core/env.ts";
 import { compilePipeline } from "./pipelines.ts";
+import { inErrorScopes } from "./error_scopes.ts";
 
 /** A compile-time value. */
 export type ConstValue = string | number | boolean;
@@ -168,18 +169,21 @@ export function acceptsEnable(ctx: GpuContext, ext: string): Promise<boolean> {
   if (!p) {
     p = (async () => {
       const dev = ctx.device;
-      dev.pushErrorScope("validation");
-      const mod = dev.createShaderModule({
-        label: `probe enable ${ext}`,
-        code: `enable ${ext};\n@compute @workgroup_size(1) fn main() {}\n`,
-      });
-      const scope = dev.popErrorScope(); // before any await: the scope stack is shared
+      const { value: mod, errors } = inErrorScopes(
+        dev,
+        ["validation"],
+        () =>
+          dev.createShaderModule({
+            label: `probe enable ${ext}`,
+            code: `enable ${ext};\n@compute @workgroup_size(1) fn main() {}\n`,
+          }),
+      );
       let ok = true;
       try {
         const info = await mod.getCompilationInfo();
         if (info.messages.some((x) => x.type === "error")) ok = false;
       } catch { /* no compilation info: the scope decides */ }
-      if (await scope) ok = false;
+      if ((await errors)[0]) ok = false;
       return ok;
     })();
     m.set(ext, p);

@@ -23,6 +23,7 @@ export {
   MAX_KV_CHUNK_BYTES,
   MAX_KV_CHUNKS,
 } from "./kv_chunks.ts";
+import { inErrorScopes } from "./error_scopes.ts";
 
 /** Options of {@link GpuKvCache.create} / {@link GpuKvCache.fromBytes}. */
 export interface GpuKvCacheOptions {
@@ -101,8 +102,6 @@ export class GpuKvCache implements KvCache {
     const g = kvChunkGeometry(ctx, spec, opts);
     const label = opts.label ?? "kv";
     const dev = ctx.device;
-    dev.pushErrorScope("out-of-memory");
-    dev.pushErrorScope("validation");
     const make = (t: string) =>
       g.chunk_bytes.map((size, c) =>
         dev.createBuffer({
@@ -111,10 +110,9 @@ export class GpuKvCache implements KvCache {
           usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST,
         })
       );
-    const k = make("k"), v = make("v");
-    // Both popped before any await: other work pushes and pops on the device's scope stack
-    // meanwhile (a second pop after an await could take another's scope).
-    const [validation, oom] = await Promise.all([dev.popErrorScope(), dev.popErrorScope()]);
+    const made = inErrorScopes(dev, ["validation", "out-of-memory"], () => [make("k"), make("v")]);
+    const [k, v] = made.value;
+    const [validation, oom] = await made.errors;
     if (validation || oom) {
       for (const b of [...k, ...v]) b.destroy();
       const why = (oom ?? validation)!.message;

@@ -12,6 +12,10 @@ import type { GpuContext } from "../core/types.ts";
 import { envInt, type EnvSetting, envVar, readSetting, switchSetting } from "../core/env.ts";
 import { MAX_TIMER_MS } from "../core/timeout.ts";
 import { trace } from "../core/trace.ts";
+import { inErrorScopes } from "./error_scopes.ts";
+
+/** The error scopes a compile's calls run in (gpu/error_scopes.ts): innermost first. */
+const SCOPES: readonly GPUErrorFilter[] = ["validation", "internal"];
 
 interface Entry {
   code: string;
@@ -134,7 +138,11 @@ async function compileOnce(
   const scopes: Promise<(GPUError | null)[]>[] = [];
   let pipeline: GPUComputePipeline | null = null;
   let timedOut = "";
-  const made = inErrorScopes(device, () => device.createShaderModule({ label: key, code }));
+  const made = inErrorScopes(
+    device,
+    SCOPES,
+    () => device.createShaderModule({ label: key, code }),
+  );
   scopes.push(made.errors);
   try {
     const info = await bounded(made.value.getCompilationInfo(), "compilation info");
@@ -145,7 +153,7 @@ async function compileOnce(
   }
   if (messages.length === 0 && !timedOut) {
     try {
-      const started = inErrorScopes(device, () =>
+      const started = inErrorScopes(device, SCOPES, () =>
         device.createComputePipelineAsync({
           label: key,
           layout: layout === "auto"
@@ -200,34 +208,6 @@ export function compileTimeoutMs(): number {
 }
 
 class CompileTimeout extends Error {}
-
-/**
- * `f()` inside a validation and an internal error scope, both popped before this returns:
- * nothing awaits between the push and the pops, because the scope stack is the device's and
- * other work (launches, cache creation, other compiles) pushes and pops on it meanwhile. A
- * compile that held its scopes across its awaits popped another's scopes when two overlapped
- * (review of session 34). The scopes' errors (validation, internal) come as a promise, which
- * never rejects.
- */
-function inErrorScopes<T>(
-  device: GPUDevice,
-  f: () => T,
-): { value: T; errors: Promise<(GPUError | null)[]> } {
-  device.pushErrorScope("internal");
-  device.pushErrorScope("validation");
-  let value: T | undefined, thrown: unknown, failed = false;
-  try {
-    value = f();
-  } catch (e) {
-    [thrown, failed] = [e, true];
-  }
-  const errors = Promise.all([device.popErrorScope(), device.popErrorScope()]);
-  if (failed) {
-    errors.catch(() => {});
-    throw thrown;
-  }
-  return { value: value as T, errors };
-}
 
 /**
  * `p`, or a CompileTimeout after `ms` (the timer cleared either way); its message says the
