@@ -20,7 +20,7 @@ import {
   readsEarly,
   settleEarlyReads,
 } from "../../gpu/map_read.ts";
-import { EnvValueError, settingValue } from "../../core/env.ts";
+import { type EnvSetting, EnvValueError, settingValue } from "../../core/env.ts";
 import { WebGpuDeviceManager } from "../../gpu/device.ts";
 import { withEnv } from "../support/env.ts";
 import { launch } from "../../gpu/launch.ts";
@@ -195,14 +195,20 @@ Deno.test("map read: a deferred read waits a turn, and another call's submit map
   await settleEarlyReads();
 });
 
-Deno.test("map read: ATTN_DEFER_READ is 0 or 1; reads are deferred only where they are early", async () => {
-  assert.equal(settingValue(DEFER_READ_SETTING, undefined), null);
-  assert.equal(settingValue(DEFER_READ_SETTING, "0"), false);
-  assert.equal(settingValue(DEFER_READ_SETTING, "1"), true);
+/** `setting` is a switch unset by default: 0 off, 1 on, `bad` refused naming the variable. */
+function assertSwitch(setting: EnvSetting<boolean | null>, bad: string) {
+  assert.equal(settingValue(setting, undefined), null);
+  assert.equal(settingValue(setting, "0"), false);
+  assert.equal(settingValue(setting, "1"), true);
   assert.throws(
-    () => settingValue(DEFER_READ_SETTING, "on"),
-    (e: unknown) => e instanceof EnvValueError && /ATTN_DEFER_READ.*on/.test(e.message),
+    () => settingValue(setting, bad),
+    (e: unknown) =>
+      e instanceof EnvValueError && new RegExp(`${setting.name}.*${bad}`).test(e.message),
   );
+}
+
+Deno.test("map read: ATTN_DEFER_READ is 0 or 1; reads are deferred only where they are early", async () => {
+  assertSwitch(DEFER_READ_SETTING, "on");
   const dev = {} as GPUDevice;
   await withEnv(
     { ATTN_EARLY_READ: "0", ATTN_DEFER_READ: "1" },
@@ -212,13 +218,7 @@ Deno.test("map read: ATTN_DEFER_READ is 0 or 1; reads are deferred only where th
 });
 
 Deno.test("map read: ATTN_EARLY_READ is 0 or 1; unset, Deno 2.9.0-2.9.6 read early, others do not", async () => {
-  assert.equal(settingValue(EARLY_READ_SETTING, undefined), null);
-  assert.equal(settingValue(EARLY_READ_SETTING, "0"), false);
-  assert.equal(settingValue(EARLY_READ_SETTING, "1"), true);
-  assert.throws(
-    () => settingValue(EARLY_READ_SETTING, "yes"),
-    (e: unknown) => e instanceof EnvValueError && /ATTN_EARLY_READ.*yes/.test(e.message),
-  );
+  assertSwitch(EARLY_READ_SETTING, "yes");
   assert.equal(earlyReadDefault("2.9.6"), true);
   assert.equal(earlyReadDefault("2.9.0"), true);
   assert.equal(earlyReadDefault("2.9.7"), false);
