@@ -315,6 +315,7 @@ export async function planDecodeRows(
     half: shape.half,
     indexed_gather: tuning.indexed_gather && scatterable && shape.lpk > 1 &&
       (tuning.scatter_sums || tuning.scatter_softmax),
+    fma: tuning.fma_dots,
     epi,
     tb,
     probe: tuning.probe_residency,

@@ -100,6 +100,13 @@ export interface DecodeTuning {
    * subgroupShuffle per value from the lane holding it (N shuffles, no selects) instead of
    * recursive doubling (N - c shuffles, 2 (N - c) selects). */
   indexed_gather: boolean;
+  /** The key dots as explicit fma chains into each score (`s = fma(q.w, k.w, fma(..., s))`) and
+   * the value sums as vec4 fmas, instead of `s += dot(q, k)` (a multiply, three fmas and an add
+   * per vec4: the compiler may not reassociate the add into the chain) and `a += p * x`. On an
+   * H100 under Deno's runtime (bench/NOTES.md v0.27): prefill rows 1.45 -> 1.43 ms at 4 x 1024
+   * causal and 40.8 -> 40.4 at 8 x 4096 with the prefill tuning, 2.23 -> 2.13 and 58.9 -> 55.6
+   * without it; decode steps unchanged (0.110 ms, 0.726 -> 0.723 at 64 x 8192). */
+  fma_dots: boolean;
   /** 2-byte and 1-byte caches: each lane of a key row takes 2 words (half a vec4 column) instead
    * of 4, so twice the lanes share a row (up to the subgroup size): half the query and accumulator
    * registers a lane (fp8 at head size 128: 16 lanes of 8 elements instead of 8 of 16) for one more
@@ -293,6 +300,7 @@ export const DEFAULT_DECODE_TUNING: Readonly<DecodeTuning> = Object.freeze({
   scatter_softmax: false,
   fp8_pairs: true,
   indexed_gather: false,
+  fma_dots: true,
   half_columns: false,
   fp8_half_columns: true,
   fp8_nan_free: true,

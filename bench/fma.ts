@@ -24,23 +24,37 @@ export interface FmaResult {
 const UNROLL = 8;
 const CHAINS = 8;
 
+/**
+ * Another loop body for the same frame (bench/cvt_probe.ts): `step(c)` is the code of chain c
+ * in one unrolled step, one vec4 FMA of `x{c}` among whatever else it adds.
+ */
+export interface FmaVariant {
+  name: string;
+  step: (c: number) => string;
+  /** `enable f16;` first (needs shader-f16). */
+  f16?: boolean;
+}
+
 /** Runs the FMA ceiling kernel (see the module doc). */
 export async function fmaBench(
   gpu: GpuContext,
   targetMs: number,
   reps: number,
+  variant?: FmaVariant,
 ): Promise<FmaResult> {
   const dev = gpu.device;
   const wg = 256;
+  const step = variant?.step ?? ((c: number) => `    x${c} = fma(x${c}, a, b);`);
   const body = Array.from(
     { length: UNROLL },
-    () => Array.from({ length: CHAINS }, (_, c) => `    x${c} = fma(x${c}, a, b);`).join("\n"),
+    () => Array.from({ length: CHAINS }, (_, c) => step(c)).join("\n"),
   ).join("\n");
-  const code = specialize(await Deno.readTextFile(new URL("./fma.wgsl", import.meta.url)), {
-    WG: wg,
-    BODY: body,
-  });
-  const pipeline = await getComputePipeline(gpu, `bench_fma:wg${wg}`, code);
+  const code = (variant?.f16 ? "enable f16;\n" : "") +
+    specialize(await Deno.readTextFile(new URL("./fma.wgsl", import.meta.url)), {
+      WG: wg,
+      BODY: body,
+    });
+  const pipeline = await getComputePipeline(gpu, `bench_fma:wg${wg}:${variant?.name ?? ""}`, code);
   const maxWg = gpu.limits.maxComputeWorkgroupsPerDimension ?? 65535;
   const workgroups = Math.min(maxWg, 4096);
   const dst = dev.createBuffer({ size: workgroups * wg * 16, usage: GPUBufferUsage.STORAGE });

@@ -57,6 +57,8 @@ export interface KernelShape {
   scatter_softmax: boolean;
   /** The scattered paths' final all-gather by indexed shuffles (needs `sgb`: SGID). */
   indexed: boolean;
+  /** Key dots as fma chains into the score, value sums as vec4 fmas (tuning `fma_dots`). */
+  fma?: boolean;
   /** Decoders of a vec4<u32> `w` into EPW vec4<f32>, in element order, or under `swz` in the
    * order (0, 2, 1, 3) of each word ({@link PAIR_DECODERS}). */
   dec: string[];
@@ -129,6 +131,13 @@ export function generateDecodeSplit(k: KernelShape): Record<string, string> {
   const off = (f: number, i: number) =>
     `${f}u * D4 + ${Math.floor(i / ev) * k.lpk * ev + (i % ev)}u`;
   const init: string[] = [];
+  // s += q . x, and a += p x: as written, or as fmas (the chain's order: x, y, z, w).
+  const keyDot = (s: string, q: string, x: string) =>
+    k.fma
+      ? `${s} = fma(${q}.w, ${x}.w, fma(${q}.z, ${x}.z, fma(${q}.y, ${x}.y, fma(${q}.x, ${x}.x, ${s}))));`
+      : `${s} += dot(${q}, ${x});`;
+  const valueSum = (a: string, p: string, x: string) =>
+    k.fma ? `${a} = fma(vec4<f32>(${p}), ${x}, ${a});` : `${a} += ${p} * ${x};`;
   // The scattered paths need subgroups and several lanes a row.
   const scatterSm = k.scatter_softmax && k.sg && k.lpk > 1;
   if (scatterSm) init.push(...scatterInit(F.length, k.u, k.lpk, k.alibi));
@@ -240,7 +249,7 @@ export function generateDecodeSplit(k: KernelShape): Record<string, string> {
   for (const u of Us) st.push(`    let vis${u} = k0 + ${u}u >= kt && k0 + ${u}u < ke;`);
   for (const u of Us) {
     for (const f of F) st.push(`    var s${u}_${f} = 0.0;`);
-    for (const kh of KH) rows("k", u, kh, (f, i, e) => `s${u}_${f} += dot(q${f}_${i}, x${e});`);
+    for (const kh of KH) rows("k", u, kh, (f, i, e) => keyDot(`s${u}_${f}`, `q${f}_${i}`, `x${e}`));
   }
   const S = Us.flatMap((u) => F.map((f) => `s${u}_${f}`));
   if (scatterSm) st.push(...scatterSoftmax(F.length, k.u, k.lpk, NV.length, k.indexed));
@@ -277,7 +286,7 @@ export function generateDecodeSplit(k: KernelShape): Record<string, string> {
   const accumulate = (masked: boolean) => {
     for (const u of Us) {
       for (const kh of KH) {
-        rows("v", u, kh, (f, i, e) => `a${f}_${i} += p${u}_${f} * x${e};`, masked);
+        rows("v", u, kh, (f, i, e) => valueSum(`a${f}_${i}`, `p${u}_${f}`, `x${e}`), masked);
       }
     }
   };

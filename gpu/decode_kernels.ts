@@ -75,6 +75,8 @@ export interface DecodeSplitConsts {
   nan_free: boolean;
   /** The scattered paths gather by indexed shuffles (gpu/decode_scatter.ts gatherIndexed). */
   indexed_gather: boolean;
+  /** Key dots and value sums as explicit fmas (tuning `fma_dots`). */
+  fma: boolean;
   /** Half vec4 columns a lane (backends/decode_shape.ts `half`). */
   half: boolean;
   /** 0: every slice stores a partial; 1: rows of one slice write their output here; 2: and
@@ -189,6 +191,7 @@ export const DECODE_SPLIT: KernelDef<DecodeSplitConsts> = {
         scatter: c.scatter,
         scatter_softmax: c.scatter_softmax,
         indexed: c.indexed_gather,
+        fma: c.fma,
         epilogue: c.epi > 0,
         tokens: c.wt > 1,
         dec: pairs ?? fast?.words ?? DECODERS[c.storage],

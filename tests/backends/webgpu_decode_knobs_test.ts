@@ -65,6 +65,12 @@ const KNOBS: [string, Partial<DecodeTuning>, Expect][] = [
     epilogue: 0,
   }],
   ["direct_single", { direct_single: true }, { epilogue: 1 }],
+  ["fma_dots off (s += dot(q, k), a += p * x)", { fma_dots: false }, { epilogue: 1 }],
+  ["fma_dots off, scatter_softmax, long slices", {
+    fma_dots: false,
+    scatter_softmax: true,
+    ...LONG,
+  }, { epilogue: 1 }],
   ["fused_reduce", { fused_reduce: true }, { epilogue: 2 }],
   ["stage_table", { stage_table: true }, { epilogue: 1, staged: true }],
   ["fused_reduce + stage_table + prefetch", {
