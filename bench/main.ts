@@ -58,7 +58,6 @@ const USAGE = "deno task bench [--runtime deno|dawn|auto] [--dawn-flags L] [--da
 
 const median = (a: number[]) => [...a].sort((x, y) => x - y)[Math.floor(a.length / 2)];
 
-/** Every backend and variant on every shape of `kind`: one row each (skips say why). */
 /** BENCH_PREFILL_CACHES: a comma list of cache dtypes for the prefill shapes again, or an error. */
 function prefillCachesOf(text: string): KvCacheDType[] {
   const list = text.split(",").map((x) => x.trim()).filter((x) => x !== "");
@@ -70,6 +69,18 @@ function prefillCachesOf(text: string): KvCacheDType[] {
   return list as KvCacheDType[];
 }
 
+/** BENCH_PREFILL_GQA: a comma list of GQA group sizes for the prefill shapes again, or an error. */
+function prefillGroupsOf(text: string): number[] {
+  const list = text.split(",").map((x) => x.trim()).filter((x) => x !== "");
+  for (const x of list) {
+    if (!/^[1-9][0-9]?$/.test(x)) {
+      throw new Error(`BENCH_PREFILL_GQA: "${x}" is not a group size from 1 to 99`);
+    }
+  }
+  return list.map(Number);
+}
+
+/** Every backend and variant on every shape of `kind`: one row each (skips say why). */
 async function measureShapes(
   o: {
     gpu: GpuContext;
@@ -81,6 +92,7 @@ async function measureShapes(
     only: RegExp | null;
     hnd: boolean;
     prefillCaches: KvCacheDType[];
+    prefillGroups: number[];
     anchor: Anchor | null;
   },
   variants: Variant[],
@@ -90,7 +102,7 @@ async function measureShapes(
   const { gpu, small, iters, reps } = o;
   const ctx: BackendContext = { gpu };
   const rows: BackendRow[] = [];
-  const shapes = benchShapes(small, o.hnd, o.prefillCaches).filter((x) =>
+  const shapes = benchShapes(small, o.hnd, o.prefillCaches, o.prefillGroups).filter((x) =>
     (kind === "all" || x.kind === kind) && (!o.only || o.only.test(shapeName(x)))
   );
   for (const s of shapes) {
@@ -317,6 +329,7 @@ async function main(): Promise<void> {
       only: only ? new RegExp(only) : null,
       hnd: a.hnd || Deno.env.get("BENCH_HND") === "1",
       prefillCaches: prefillCachesOf(Deno.env.get("BENCH_PREFILL_CACHES") ?? ""),
+      prefillGroups: prefillGroupsOf(Deno.env.get("BENCH_PREFILL_GQA") ?? ""),
       anchor,
     };
     rows = await measureShapes(o, variants, a.case!, log);

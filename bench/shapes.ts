@@ -86,19 +86,24 @@ export function shapeName(s: BenchShape): string {
  * kv head's block rows contiguous: whether the NHD rows' 2 KB stride costs bandwidth), after the
  * NHD ones. With `prefillCaches`, the prefill shapes again over each of those cache dtypes (a
  * prefill that reads half the bytes, or decodes more per byte: what binds its rows), after the
- * f16 ones.
+ * f16 ones; with `prefillGroups`, the (f16) prefill shapes again with each GQA group size (query
+ * heads = kv heads x group: 8 is Llama 3 70B's 64 q / 8 kv), after those.
  */
 export function benchShapes(
   small: boolean,
   hnd = false,
   prefillCaches: readonly KvCacheDType[] = [],
+  prefillGroups: readonly number[] = [],
 ): BenchShape[] {
   const all = nhdShapes(small);
   const f16 = all.filter((s) => s.kind === "decode" && s.kv_cache_dtype === "auto");
   const alt = hnd ? f16.map((s) => ({ ...s, layout: "HND" as const })) : [];
   const at = all.findIndex((s) => s.kind === "prefill");
   const pre = all.filter((s) => s.kind === "prefill");
-  const more = prefillCaches.flatMap((kv) => pre.map((s) => ({ ...s, kv_cache_dtype: kv })));
+  const more = [
+    ...prefillCaches.flatMap((kv) => pre.map((s) => ({ ...s, kv_cache_dtype: kv }))),
+    ...prefillGroups.flatMap((g) => pre.map((s) => ({ ...s, num_heads: s.num_kv_heads * g }))),
+  ];
   const end = at + pre.length;
   return [...all.slice(0, at), ...alt, ...all.slice(at, end), ...more, ...all.slice(end)];
 }
