@@ -61,8 +61,8 @@ import {
   type DecodeTuning,
   DEFAULT_DECODE_TUNING,
   envDecodeTuning,
-  prefillSplitTuning,
 } from "./webgpu_decode_tuning.ts";
+import { prefillSplitTuning } from "./prefill_split_tuning.ts";
 import { readSetting } from "../core/env.ts";
 import { PREFILL_MMA_SETTING, PREFILL_SPLIT_SETTING } from "./flash_switches.ts";
 

@@ -31,7 +31,7 @@ import {
   PREFILL_GPU_KEYS_PER_ITER,
   PREFILL_GPU_TUNING,
   PREFILL_WG_TOKENS,
-} from "../../backends/webgpu_decode_tuning.ts";
+} from "../../backends/prefill_split_tuning.ts";
 
 const BASE = ONE_SLICE_TUNING;
 

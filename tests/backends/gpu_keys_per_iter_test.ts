@@ -8,11 +8,11 @@
  */
 import assert from "node:assert/strict";
 import { decodeShape, isSoftware } from "../../backends/decode_shape.ts";
+import { DECODE_TUNING_SETTING } from "../../backends/webgpu_decode_tuning.ts";
 import {
-  DECODE_TUNING_SETTING,
   PREFILL_GPU_KEYS_PER_ITER,
   prefillSplitTuning,
-} from "../../backends/webgpu_decode_tuning.ts";
+} from "../../backends/prefill_split_tuning.ts";
 import type { GpuContext } from "../../core/types.ts";
 import { FAKE_SHAPE_LAYER, FAKE_SHAPE_SPEC, fakeMmaContext } from "../support/fake_device.ts";
 

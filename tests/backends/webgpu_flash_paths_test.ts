@@ -12,14 +12,13 @@ import {
   resolveFlashOptions,
   splitDispatches,
 } from "../../backends/webgpu_flash.ts";
+import { type DecodeTuning, DEFAULT_DECODE_TUNING } from "../../backends/webgpu_decode_tuning.ts";
 import {
-  type DecodeTuning,
-  DEFAULT_DECODE_TUNING,
   PREFILL_GPU_KEYS_PER_ITER,
   PREFILL_GPU_TUNING,
   PREFILL_WG_TOKENS,
   prefillSplitTuning,
-} from "../../backends/webgpu_decode_tuning.ts";
+} from "../../backends/prefill_split_tuning.ts";
 import { HostKvCache } from "../../backends/cpu/host_cache.ts";
 import type { BatchShape, GpuContext } from "../../core/types.ts";
 import { planPaths } from "../../core/backend_types.ts";
