@@ -9,6 +9,7 @@
 import assert from "node:assert/strict";
 import { streamBody, wholeBody } from "../../server/body_read.ts";
 import { BODY_TIMEOUT_ENV, patientTimeout } from "../../server/body_timeout.ts";
+import { withEnv } from "../support/env.ts";
 
 const LIMIT_MS = 1000;
 
@@ -34,36 +35,33 @@ function busy(ms: number): void {
   while (performance.now() - t < ms) { /* a synchronous step holding the thread */ }
 }
 
-Deno.test("body timeout: a thread busy past the limit does not time out a body still coming", async () => {
-  const had = Deno.env.get(BODY_TIMEOUT_ENV);
-  Deno.env.set(BODY_TIMEOUT_ENV, String(LIMIT_MS));
-  const ac = new AbortController();
-  const srv = Deno.serve(
-    { port: 0, hostname: "127.0.0.1", signal: ac.signal, onListen() {} },
-    async (req) => {
-      const r = new URL(req.url).pathname === "/whole"
-        ? await wholeBody(req)
-        : await streamBody(req.body!, Number(req.headers.get("content-length")), 1 << 30);
-      return new Response(`${r.end} ${r.bytes.byteLength}`);
-    },
-  );
-  try {
-    // Streamed: 80 KiB over 4 s (gaps of 50 ms); the thread held 2.5 s from 1 s in.
-    // In one piece: 80 KiB over 0.8 s (deadline 1 s + 1 s per 256 KiB), held 2.5 s likewise.
-    for (const [path, gap, want] of [["stream", 50, 81920], ["whole", 10, 81920]] as const) {
-      const child = client(srv.addr.port, path, 80, gap);
-      await new Promise((r) => setTimeout(r, 300));
-      busy(2500);
-      const out = new TextDecoder().decode((await child.output()).stdout).trim();
-      assert.equal(out, `complete ${want}`, path);
+Deno.test("body timeout: a thread busy past the limit does not time out a body still coming", () =>
+  withEnv({ [BODY_TIMEOUT_ENV]: String(LIMIT_MS) }, async () => {
+    const ac = new AbortController();
+    const srv = Deno.serve(
+      { port: 0, hostname: "127.0.0.1", signal: ac.signal, onListen() {} },
+      async (req) => {
+        const r = new URL(req.url).pathname === "/whole"
+          ? await wholeBody(req)
+          : await streamBody(req.body!, Number(req.headers.get("content-length")), 1 << 30);
+        return new Response(`${r.end} ${r.bytes.byteLength}`);
+      },
+    );
+    try {
+      // Streamed: 80 KiB over 4 s (gaps of 50 ms); the thread held 2.5 s from 1 s in.
+      // In one piece: 80 KiB over 0.8 s (deadline 1 s + 1 s per 256 KiB), held 2.5 s likewise.
+      for (const [path, gap, want] of [["stream", 50, 81920], ["whole", 10, 81920]] as const) {
+        const child = client(srv.addr.port, path, 80, gap);
+        await new Promise((r) => setTimeout(r, 300));
+        busy(2500);
+        const out = new TextDecoder().decode((await child.output()).stdout).trim();
+        assert.equal(out, `complete ${want}`, path);
+      }
+    } finally {
+      ac.abort();
+      await srv.finished;
     }
-  } finally {
-    ac.abort();
-    await srv.finished;
-    if (had === undefined) Deno.env.delete(BODY_TIMEOUT_ENV);
-    else Deno.env.set(BODY_TIMEOUT_ENV, had);
-  }
-});
+  }));
 
 Deno.test("body timeout: the timer waits once more only when it fired late", async () => {
   const t0 = performance.now();

@@ -11,6 +11,7 @@
  */
 import assert from "node:assert/strict";
 import { EnvValueError } from "../../core/env.ts";
+import { withEnvSync } from "../support/env.ts";
 import { checkServeEnv, StartupEnvError } from "../../server/serve_env.ts";
 import { kernelCacheLimit } from "../../gpu/kernel.ts";
 import { compileTimeoutMs } from "../../gpu/pipelines.ts";
@@ -69,18 +70,15 @@ async function startup(name: string, value: string): Promise<string | null> {
  * what else it did (another error; a function for a shape).
  */
 function reader(name: string, value: string, read: () => unknown): string | null {
-  const had = Deno.env.get(name);
-  Deno.env.set(name, value);
-  try {
-    const v = read();
-    return typeof v === "function" ? `took it as a function` : null;
-  } catch (e) {
-    const mine = e instanceof EnvValueError && e.variable === name && e.value === value;
-    return mine ? e.message : `not an EnvValueError of it: ${e}`;
-  } finally {
-    if (had === undefined) Deno.env.delete(name);
-    else Deno.env.set(name, had);
-  }
+  return withEnvSync({ [name]: value }, () => {
+    try {
+      const v = read();
+      return typeof v === "function" ? `took it as a function` : null;
+    } catch (e) {
+      const mine = e instanceof EnvValueError && e.variable === name && e.value === value;
+      return mine ? e.message : `not an EnvValueError of it: ${e}`;
+    }
+  });
 }
 
 Deno.test("serve env: the check refuses what each reader refuses, in the reader's words", async () => {

@@ -7,6 +7,7 @@
  */
 import assert from "node:assert/strict";
 import { EnvValueError, settingValue } from "../../core/env.ts";
+import { withEnvSync } from "../support/env.ts";
 import {
   DEFAULT_WATCHDOG,
   LOST_ENV,
@@ -102,10 +103,9 @@ Deno.test("thread watchdog: pingMs 0 starts nothing; stop() clears the timer", (
 });
 
 Deno.test("thread watchdog: the variables set the options; empty is the default, a bad value throws naming it", () => {
-  const saved = [Deno.env.get(PING_ENV), Deno.env.get(LOST_ENV)];
   const set = (k: string, v: string | undefined) =>
     v === undefined ? Deno.env.delete(k) : Deno.env.set(k, v);
-  try {
+  withEnvSync({ [PING_ENV]: undefined, [LOST_ENV]: undefined }, () => {
     set(PING_ENV, undefined);
     set(LOST_ENV, undefined);
     assert.deepEqual(watchdogFromEnv(), DEFAULT_WATCHDOG);
@@ -133,10 +133,7 @@ Deno.test("thread watchdog: the variables set the options; empty is the default,
       (e) => e instanceof EnvValueError && e.variable === LOST_ENV,
       "lostMs 0 is refused",
     );
-  } finally {
-    set(PING_ENV, saved[0]);
-    set(LOST_ENV, saved[1]);
-  }
+  });
 });
 
 Deno.test("thread watchdog: a thread at work is not lost for its silence; it is once idle and silent", () => {

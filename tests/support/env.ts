@@ -12,17 +12,33 @@ export async function withEnv<T>(
   vars: Record<string, string | undefined>,
   f: () => T | Promise<T>,
 ): Promise<T> {
-  const before = Object.fromEntries(Object.keys(vars).map((k) => [k, Deno.env.get(k)]));
-  for (const [k, v] of Object.entries(vars)) {
-    if (v === undefined) Deno.env.delete(k);
-    else Deno.env.set(k, v);
-  }
+  const restore = setEnv(vars);
   try {
     return await f();
   } finally {
-    for (const [k, v] of Object.entries(before)) {
+    restore();
+  }
+}
+
+/** {@link withEnv} for a synchronous `f`: the variables are back before it returns. */
+export function withEnvSync<T>(vars: Record<string, string | undefined>, f: () => T): T {
+  const restore = setEnv(vars);
+  try {
+    return f();
+  } finally {
+    restore();
+  }
+}
+
+/** Sets `vars` (`undefined` unsets); returns what puts the earlier values back. */
+function setEnv(vars: Record<string, string | undefined>): () => void {
+  const put = (all: Record<string, string | undefined>) => {
+    for (const [k, v] of Object.entries(all)) {
       if (v === undefined) Deno.env.delete(k);
       else Deno.env.set(k, v);
     }
-  }
+  };
+  const before = Object.fromEntries(Object.keys(vars).map((k) => [k, Deno.env.get(k)]));
+  put(vars);
+  return () => put(before);
 }
