@@ -80,13 +80,21 @@ Deno.test("prefill rows on a GPU: 64 invocations, 8 lanes a key row, 4 tokens; s
   assert.deepEqual([kept.wg, kept.lpk, kept.wt], [128, 16, 4]);
 });
 
-Deno.test("prefill rows on a GPU: a GQA group of 8 at head size 128 keeps 128 invocations and 16 lanes", () => {
+Deno.test("prefill rows on a GPU: a GQA group of 8 at head size 128 is tiled by 4 heads to take 8 lanes", () => {
   const env = DECODE_TUNING_SETTING.parse("{}");
   const gqa8 = { ...LAYER, num_heads: 16 }; // 2 kv heads: groups of 8
   const t = prefillSplitTuning(env, false, gqa8);
   const shape = decodeShape(GPU, t, gqa8, SPEC, "float16");
-  assert.deepEqual([shape.wg, shape.lpk, shape.wt], [128, 16, 4]);
-  assert.deepEqual([t.longest_first, t.indexed_gather], [true, true]);
+  assert.deepEqual([shape.wg, shape.lpk, shape.wt, shape.hg, shape.tiles], [64, 8, 4, 4, 2]);
+  assert.deepEqual([t.longest_first, t.indexed_gather, t.max_heads], [true, true, 4]);
+  // A max_heads named over what fits keeps 128 invocations and 16 lanes for the whole group.
+  const named = DECODE_TUNING_SETTING.parse('{"max_heads":16}');
+  const wide = decodeShape(GPU, prefillSplitTuning(named, false, gqa8), gqa8, SPEC, "float16");
+  assert.deepEqual([wide.wg, wide.lpk, wide.hg], [128, 16, 8]);
+  // Head size 256 at a group of 8: 2 heads a workgroup (2 x 256 / 8 = 64 elements a lane).
+  const d256 = { ...gqa8, head_size: 256 };
+  const big = decodeShape(GPU, prefillSplitTuning(env, false, d256), d256, SPEC, "float16");
+  assert.deepEqual([big.wg, big.lpk, big.hg], [64, 8, 2]);
   // The bench's layer (4 heads a group) takes the 8 lanes.
   const four = decodeShape(GPU, prefillSplitTuning(env, false, LAYER), LAYER, SPEC, "float16");
   assert.deepEqual([four.wg, four.lpk], [64, 8]);
