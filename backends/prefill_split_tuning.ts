@@ -38,12 +38,8 @@ export function prefillSplitTuning(
   if (software || !t.prefill_gpu_tuning) return out;
   const gpu: Partial<DecodeTuning> = { ...PREFILL_GPU_TUNING };
   if (layer && !fewLanesFit(t, layer)) {
-    // Tile the GQA group into fewer heads a workgroup (max_heads at its default only), or keep
-    // 128 invocations and 16 lanes a row where even one head is over the measured state.
-    const most = Math.floor(
-      (PREFILL_LANE_ELEMENTS * PREFILL_GPU_TUNING.max_lanes!) / layer.head_size,
-    );
-    if (t.max_heads === DEFAULT_DECODE_TUNING.max_heads && most >= 1) gpu.max_heads = most;
+    const tile = fewLanesTile(t, layer);
+    if (tile > 0) gpu.max_heads = tile;
     else {
       delete gpu.workgroup_size;
       delete gpu.max_lanes;
@@ -65,13 +61,35 @@ export function prefillSplitTuning(
  */
 export const PREFILL_LANE_ELEMENTS = 64;
 
-/** Whether 8 lanes a key row keep a lane's state of `layer` within {@link PREFILL_LANE_ELEMENTS}. */
+/** Whether 8 lanes a key row keep `layer`'s lane state within {@link PREFILL_LANE_ELEMENTS}. */
 function fewLanesFit(
   t: Readonly<DecodeTuning>,
   layer: Pick<LayerSpec, "num_heads" | "num_kv_heads" | "head_size">,
 ): boolean {
   const heads = headTile(layer.num_heads / layer.num_kv_heads, t.max_heads);
   return (heads * layer.head_size) / PREFILL_GPU_TUNING.max_lanes! <= PREFILL_LANE_ELEMENTS;
+}
+
+/**
+ * The heads a workgroup that tile `layer`'s GQA group so 8 lanes a key row keep the measured
+ * state ({@link PREFILL_LANE_ELEMENTS} a lane), or 0 where no tiling was measured to pay: only
+ * with `max_heads` and `max_lanes` at their defaults, a tile of at least 4 heads (each decoded
+ * element still feeds 4, as in every measured fast shape) and a group it divides (a group of 7
+ * would fall to tiles of one head, reading K/V seven times). So a group of 8 or 16 at head size
+ * 128 takes tiles of 4; groups of 5-7 and 12 at 128, and head sizes over 128, keep the untiled
+ * shape.
+ */
+function fewLanesTile(
+  t: Readonly<DecodeTuning>,
+  layer: Pick<LayerSpec, "num_heads" | "num_kv_heads" | "head_size">,
+): number {
+  const d = DEFAULT_DECODE_TUNING;
+  if (t.max_heads !== d.max_heads || t.max_lanes !== d.max_lanes) return 0;
+  const group = layer.num_heads / layer.num_kv_heads;
+  const most = Math.floor(
+    (PREFILL_LANE_ELEMENTS * PREFILL_GPU_TUNING.max_lanes!) / layer.head_size,
+  );
+  return most >= 4 && group % most === 0 ? most : 0;
 }
 
 /**
@@ -84,14 +102,14 @@ function fewLanesFit(
  * 4096 45.7 -> 40.8 ms (0.395x -> 0.443x). Each alone gained less or lost: 8 lanes at 128
  * invocations 1.72 / 44.5, 64 invocations at 16 lanes 1.65 / 48.4, the indexed gather at 128 x 16
  * 1.55 / 45.3, longest first 1.55 / 45.6 (and 1.55 / 41.2 -> 1.46 / 40.8 on top of the other
- * three). The 64 invocations and 8 lanes go together, and to layers whose lane state would be
- * over {@link PREFILL_LANE_ELEMENTS} with the tuning's `max_heads` left at its default only with
- * the GQA group tiled to fit (a group of 8 at head size 128: 4 heads a workgroup, twice the
- * workgroups; on an H100 under Deno's runtime, 64 q / 8 kv heads, bench/NOTES.md v0.27: 4 x 1024
- * causal 2.92 -> 2.82 ms (0.387x -> 0.401x the FMA ceiling), 8 x 4096 83.2 -> 80.3 ms (0.434x ->
- * 0.450x) against 128 invocations and 16 lanes with the 8 heads, and 6.58 / 190 ms with the 8
- * heads at 8 lanes: 128 elements a lane spill). A named `max_heads` that does not fit, or a head
- * over 512 elements, keeps 128 invocations and 16 lanes. Software adapters keep the
+ * three). The 64 invocations and 8 lanes go together, and only to layers whose lane state stays
+ * within {@link PREFILL_LANE_ELEMENTS}, or does once the GQA group is tiled where that was
+ * measured to pay (fewLanesTile: a group of 8 at head size 128 in tiles of 4 heads, twice the
+ * workgroups; on an H100 under Deno's runtime, 64 q / 8 kv heads, as WEBGPU_DECODE variants with
+ * these fields, bench/NOTES.md v0.27: 4 x 1024 causal 2.92 -> 2.82 ms (0.387x -> 0.401x the FMA
+ * ceiling), 8 x 4096 83.2 -> 80.3 ms (0.434x -> 0.450x) against the untiled 128 invocations and 16
+ * lanes, and 6.58 / 190 ms with all 8 heads at 8 lanes: 128 elements a lane spill). Other layers
+ * keep the untiled shape (128 invocations, the lanes their rows allow). Software adapters keep the
  * fields as they are (lavapipe's 2 x 256 moved within its noise); `prefill_gpu_tuning: false`
  * keeps them on GPUs too.
  */

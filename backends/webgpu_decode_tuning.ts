@@ -103,7 +103,7 @@ export interface DecodeTuning {
    * per vec4: the compiler may not reassociate the add into the chain) and `a += p * x`. On an
    * H100 under Deno's runtime (bench/NOTES.md v0.27): prefill rows 1.45 -> 1.43 ms at 4 x 1024
    * causal and 40.8 -> 40.4 at 8 x 4096 with the prefill tuning, 2.23 -> 2.13 and 58.9 -> 55.6
-   * without it; decode steps unchanged (0.110 ms, 0.726 -> 0.723 at 64 x 8192). */
+   * without it; decode steps unchanged (0.110 ms, 0.725 -> 0.723 at 64 x 8192). */
   fma_dots: boolean;
   /** 2-byte and 1-byte caches: each lane of a key row takes 2 words (half a vec4 column) instead
    * of 4, so twice the lanes share a row (up to the subgroup size): half the query and accumulator

@@ -102,7 +102,10 @@ export function benchShapes(
   const pre = all.filter((s) => s.kind === "prefill");
   const more = [
     ...prefillCaches.flatMap((kv) => pre.map((s) => ({ ...s, kv_cache_dtype: kv }))),
-    ...prefillGroups.flatMap((g) => pre.map((s) => ({ ...s, num_heads: s.num_kv_heads * g }))),
+    ...prefillGroups.flatMap((g) =>
+      pre.filter((s) => s.num_heads !== s.num_kv_heads * g) // not the shapes' own group again
+        .map((s) => ({ ...s, num_heads: s.num_kv_heads * g }))
+    ),
   ];
   const end = at + pre.length;
   return [...all.slice(0, at), ...alt, ...all.slice(at, end), ...more, ...all.slice(end)];

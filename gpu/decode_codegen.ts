@@ -134,7 +134,7 @@ export function generateDecodeSplit(k: KernelShape): Record<string, string> {
   // s += q . x, and a += p x: as written, or as fmas (the chain's order: x, y, z, w).
   const keyDot = (s: string, q: string, x: string) =>
     k.fma
-      ? `${s} = fma(${q}.w, ${x}.w, fma(${q}.z, ${x}.z, fma(${q}.y, ${x}.y, fma(${q}.x, ${x}.x, ${s}))));`
+      ? `${s} = ${"xyzw".split("").reduce((acc, c) => `fma(${q}.${c}, ${x}.${c}, ${acc})`, s)};`
       : `${s} += dot(${q}, ${x});`;
   const valueSum = (a: string, p: string, x: string) =>
     k.fma ? `${a} = fma(vec4<f32>(${p}), ${x}, ${a});` : `${a} += ${p} * ${x};`;

@@ -131,6 +131,18 @@ const CASES: [string, Partial<DecodeTuning>, BatchSpec, number][] = [
   ["4 tokens, the GPU prefill rows' whole tuning: f16 NHD", GPU_PREFILL, F16, 4],
   ["4 tokens, the GPU prefill rows' whole tuning: bf16 hd64 GQA 8", GPU_PREFILL, BF16, 4],
   ["4 tokens, the GPU prefill rows' whole tuning: fp8 e4m3 HND scaled", GPU_PREFILL, FP8, 4],
+  [
+    "4 tokens, the GPU prefill rows' tuning with the GQA group tiled by 4 heads: bf16 hd64 GQA 8",
+    { ...GPU_PREFILL, max_heads: 4 },
+    BF16,
+    4,
+  ],
+  [
+    "4 tokens, tiled by 4 heads, the old sums (fma_dots off): bf16 hd64 GQA 8",
+    { ...GPU_PREFILL, max_heads: 4, fma_dots: false },
+    BF16,
+    4,
+  ],
   ["8 asked: a request of 5 rows, so 1", { wg_tokens: 8 }, F16, 1],
   [
     "with stage_kv and stage_table (both off then)",
@@ -162,6 +174,19 @@ for (const [name, tuning, spec, wt] of CASES) {
 }
 
 const planInfo = (b: AttentionBackend, s: BatchSpec) => decodePlanInfo(GPU!, b, s);
+
+Deno.test("decode fma_dots: the planned kernel says which sums it runs (on by default)", {
+  ignore: NO_GPU,
+}, async () => {
+  for (
+    const [t, want] of [[{}, /decode_split\([^)]*,fma=true,/], [
+      { fma_dots: false },
+      /,fma=false,/,
+    ]] as const
+  ) {
+    await checkBackend(backendOf({ ...GPU_PREFILL, ...t }), GPU!, F16, { kernels: want });
+  }
+});
 
 Deno.test("decode wg_tokens: refused for rows of several slices", { ignore: NO_GPU }, async () => {
   const b = backendOf({ wg_tokens: 2, min_split_keys: 16, target_workgroups: 4096 });

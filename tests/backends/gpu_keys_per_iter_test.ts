@@ -91,10 +91,21 @@ Deno.test("prefill rows on a GPU: a GQA group of 8 at head size 128 is tiled by 
   const named = DECODE_TUNING_SETTING.parse('{"max_heads":16}');
   const wide = decodeShape(GPU, prefillSplitTuning(named, false, gqa8), gqa8, SPEC, "float16");
   assert.deepEqual([wide.wg, wide.lpk, wide.hg], [128, 16, 8]);
-  // Head size 256 at a group of 8: 2 heads a workgroup (2 x 256 / 8 = 64 elements a lane).
+  // Where no tiling was measured to pay, the untiled shape: head size 256 (tiles of 2 heads),
+  // a group of 7 (4 does not divide it), a max_lanes named.
   const d256 = { ...gqa8, head_size: 256 };
   const big = decodeShape(GPU, prefillSplitTuning(env, false, d256), d256, SPEC, "float16");
-  assert.deepEqual([big.wg, big.lpk, big.hg], [64, 8, 2]);
+  assert.deepEqual([big.wg, big.hg, big.tiles], [128, 8, 1]);
+  const gqa7 = { ...LAYER, num_heads: 14 };
+  const seven = decodeShape(GPU, prefillSplitTuning(env, false, gqa7), gqa7, SPEC, "float16");
+  assert.deepEqual([seven.wg, seven.lpk, seven.hg, seven.tiles], [128, 16, 7, 1]);
+  const lanes = DECODE_TUNING_SETTING.parse('{"max_lanes":16}');
+  const named16 = decodeShape(GPU, prefillSplitTuning(lanes, false, gqa8), gqa8, SPEC, "float16");
+  assert.deepEqual([named16.wg, named16.lpk, named16.hg], [128, 16, 8]);
+  // Software adapters and prefill_gpu_tuning false: max_heads as the tuning has it.
+  assert.equal(prefillSplitTuning(env, true, gqa8).max_heads, 8);
+  const off = DECODE_TUNING_SETTING.parse('{"prefill_gpu_tuning":false}');
+  assert.equal(prefillSplitTuning(off, false, gqa8).max_heads, 8);
   // The bench's layer (4 heads a group) takes the 8 lanes.
   const four = decodeShape(GPU, prefillSplitTuning(env, false, LAYER), LAYER, SPEC, "float16");
   assert.deepEqual([four.wg, four.lpk], [64, 8]);

@@ -24,3 +24,14 @@ Deno.test("bench shapes: prefill again with a GQA group of 8 (64 q / 8 kv)", () 
   assert.ok(names.indexOf(shapeName(added[0])) > names.indexOf(shapeName(pre.at(-1)!)));
   assert.equal(more.at(-1)!.kind, "mixed");
 });
+
+Deno.test("bench shapes: the shapes' own GQA group asked again adds nothing", () => {
+  assert.deepEqual(
+    benchShapes(false, false, [], [4]).map(shapeName),
+    benchShapes(false).map(shapeName),
+  );
+  assert.deepEqual(
+    benchShapes(true, false, [], [4]).map(shapeName),
+    benchShapes(true).map(shapeName),
+  );
+});

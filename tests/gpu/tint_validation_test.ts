@@ -44,7 +44,7 @@ const BASE: DecodeSplitConsts = {
   fp8_pairs: false,
   nan_free: false,
   indexed_gather: false,
-  fma: false,
+  fma: true,
   half: false,
   epi: 2,
   tb: 0,
@@ -95,8 +95,8 @@ const VARIANTS: [string, Partial<DecodeSplitConsts>][] = [
   ["GPU prefill rows: 64 invocations, 8 lanes a key row, 4 token items, indexed gather", {
     ...GPU_PREFILL,
   }],
-  ["GPU prefill rows with fma dots", { ...GPU_PREFILL, fma: true }],
-  ["a decode step with fma dots", { fma: true }],
+  ["GPU prefill rows with the old sums (fma_dots off)", { ...GPU_PREFILL, fma: false }],
+  ["a decode step with the old sums (fma_dots off)", { fma: false }],
   ["Dawn's f32 prefill rows: 64 invocations, 8 lanes a key row, 4 token items", {
     ...GPU_PREFILL,
     storage: "float32",

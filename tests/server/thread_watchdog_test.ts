@@ -106,8 +106,6 @@ Deno.test("thread watchdog: the variables set the options; empty is the default,
   const set = (k: string, v: string | undefined) =>
     v === undefined ? Deno.env.delete(k) : Deno.env.set(k, v);
   withEnvSync({ [PING_ENV]: undefined, [LOST_ENV]: undefined }, () => {
-    set(PING_ENV, undefined);
-    set(LOST_ENV, undefined);
     assert.deepEqual(watchdogFromEnv(), DEFAULT_WATCHDOG);
     assert.deepEqual(DEFAULT_WATCHDOG, { pingMs: 1000, lostMs: 30_000, stuckMs: 0 });
     set(PING_ENV, "0");

@@ -20,11 +20,18 @@ export async function withEnv<T>(
   }
 }
 
-/** {@link withEnv} for a synchronous `f`: the variables are back before it returns. */
+/**
+ * {@link withEnv} for a synchronous `f`: the variables are back before it returns. An `f` that
+ * returns a promise throws (its awaited part would run with the variables already put back).
+ */
 export function withEnvSync<T>(vars: Record<string, string | undefined>, f: () => T): T {
   const restore = setEnv(vars);
   try {
-    return f();
+    const out = f();
+    if (typeof (out as { then?: unknown } | null)?.then === "function") {
+      throw new TypeError("withEnvSync: f returned a promise; use withEnv");
+    }
+    return out;
   } finally {
     restore();
   }
