@@ -25,7 +25,7 @@ import {
 } from "../support/decode_knob_specs.ts";
 import { GPU, NO_GPU } from "../gpu/helpers.ts";
 import { isSoftware } from "../../backends/decode_shape.ts";
-import { longestFirst, tokenGroups } from "../../backends/decode_plan.ts";
+import { longestFirst, tokenGroups } from "../../backends/decode_rows.ts";
 import { makeWebGpuFlash } from "../../backends/webgpu_flash.ts";
 import {
   PREFILL_GPU_KEYS_PER_ITER,
