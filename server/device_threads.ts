@@ -30,7 +30,7 @@ import { type ErrorLogger, lineLogger, NOT_LOGGED, problemResponse, toProblem } 
 import { cachePath, ORIGIN_HEADER } from "./thread_http.ts";
 import { listenOnThreads, type ThreadListeners } from "./thread_listeners.ts";
 import { Thread, type ThreadFault } from "./thread_handle.ts";
-import { requestPath } from "./routes.ts";
+import { badUrlProblem, requestUrl, sentPath } from "./routes.ts";
 import { badQueueTimeoutHeader } from "./queue_timeout_header.ts";
 import { ThreadWatchdog, watchdogFromEnv, type WatchdogOptions } from "./thread_watchdog.ts";
 import { headOf, healthDocument, jsonResponse, SAFETENSORS } from "./responses.ts";
@@ -296,8 +296,11 @@ function front(
   };
   // The answers no thread gave (a lost thread's 503s, a failure here) are counted here.
   const handler = async (req: Request): Promise<Response> => {
-    const pathname = requestPath(req.url);
-    const res = await route(req, pathname);
+    const pathname = sentPath(req);
+    // A URL no Request takes cannot be sent on to a thread: 400 here, as on one thread.
+    const res = requestUrl(req) === null
+      ? problemResponse(toProblem(badUrlProblem(req)))
+      : await route(req, pathname);
     own.record(req, pathname, res);
     return res;
   };

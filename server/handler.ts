@@ -26,7 +26,7 @@ import {
   toProblem,
 } from "./problem.ts";
 import { headOf, healthDocument, jsonResponse } from "./responses.ts";
-import { type RouteContext, Router, sentPath } from "./routes.ts";
+import { badUrlProblem, requestUrl, type RouteContext, Router, sentPath } from "./routes.ts";
 
 /** Options of {@link createHandler}. */
 export interface HandlerOptions {
@@ -128,20 +128,19 @@ export function createHandler(service: AttentionService, opts: HandlerOptions = 
     }
   };
 
+  // Deno builds the URL from the Host header: one it cannot parse ("[", "a b", a port over
+  // 65535) makes no URL, so no route; answered 400 and counted like any other answer.
+  const badUrl = (req: Request): { res: Response; route: string } => ({
+    res: problemResponse(toProblem(badUrlProblem(req), undefined, log)),
+    route: "unmatched",
+  });
   const handle = async (req: Request): Promise<Response> => {
-    let url: URL;
-    try {
-      url = new URL(req.url);
-    } catch {
-      return problemResponse(
-        toProblem(problem(400, "bad_request", "invalid request URL"), undefined, log),
-      );
-    }
+    const url = requestUrl(req);
     const inFlight = !opts.notInFlight?.(req);
     if (inFlight) metrics.requestStarted();
     let answered: { res: Response; route: string };
     try {
-      answered = await respond(req, url, sentPath(req));
+      answered = url ? await respond(req, url, sentPath(req)) : badUrl(req);
     } finally {
       if (inFlight) metrics.requestEnded();
     }

@@ -1,7 +1,7 @@
 /**
  * The OpenAPI 3.1 document, generated from the zod schemas that validate requests
  * (`z.toJSONSchema` over the global registry: every schema with an `id` is a component).
- * Each operation lists every status it can answer: its own, plus 405, 500 and 503 on all of
+ * Each operation lists every status it can answer: its own, plus 400, 405, 500 and 503 on all of
  * them, and 401 (a token is configured and missing or wrong) and 403 (a loopback bind without a
  * token and a foreign Host) on all but `/healthz`; the bearer scheme is optional because the
  * server's configuration decides it. tests/server/openapi_test.ts checks the list against what
@@ -304,7 +304,8 @@ function addResponseHeaders(paths: Record<string, Record<string, Operation>>): v
 }
 
 /**
- * Adds the answers every operation can give: 405 (another method on the path; `Allow` lists the
+ * Adds the answers every operation can give: 400 (a Host header no URL can be built from; an
+ * operation's own 400 covers it), 405 (another method on the path; `Allow` lists the
  * path's methods), 500 (an unexpected error, logged with the id the detail names) and 503 (no
  * device, device lost, or shutting down; with Retry-After); and the access-check answers (401,
  * 403) to every operation but /healthz, which is open.
@@ -312,6 +313,9 @@ function addResponseHeaders(paths: Record<string, Record<string, Operation>>): v
 function guardOperations(paths: Record<string, Record<string, Operation>>): void {
   for (const [path, ops] of Object.entries(paths)) {
     for (const op of Object.values(ops)) {
+      op.responses["400"] ??= problem(
+        "Request URL not valid: a Host header that is no URL authority (bad_request)",
+      );
       op.responses["405"] = problem("Method not allowed on this path (Allow lists its methods)");
       op.responses["500"] = problem("Unexpected error (logged server-side with the error id)");
       op.responses["503"] = problem(

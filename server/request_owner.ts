@@ -13,7 +13,7 @@
 import { type ErrorLogger, problemResponse, toProblem } from "./problem.ts";
 import { releaseWhenDelivered, takeLentBytes } from "./lent_body.ts";
 import { setPreReadBody, type StreamedBody } from "./body_read.ts";
-import { keepSentPath } from "./routes.ts";
+import { keepSentPath, markUnparsableUrl } from "./routes.ts";
 import { keepRead, keepWait, receivedWait } from "./request_arrival.ts";
 import type { BodyMessage, HeadMessage, ResponseMessage } from "./worker_protocol.ts";
 
@@ -74,14 +74,18 @@ function preRead(m: BodyMessage): StreamedBody {
 function rebuild(m: HeadMessage, p: Pending): Request {
   const body = m.hasBody && !BODYLESS.has(m.method.toUpperCase()) ? bodyStream(p) : null;
   const init = { headers: m.headers, body, signal: p.abort.signal };
+  // A URL no Request takes (a Host that is no authority) is answered 400 by the handler, as on
+  // one thread: the Request gets a placeholder URL and a mark (server/routes.ts requestUrl).
+  const url = URL.canParse(m.url) ? m.url : "http://unparsable.invalid/";
   let req: Request;
   try {
-    req = new Request(m.url, { ...init, method: m.method });
+    req = new Request(url, { ...init, method: m.method });
   } catch (e) {
     if (!(e instanceof TypeError) || !/forbidden/i.test(e.message)) throw e;
-    req = new Request(m.url, { ...init, method: "POST" });
+    req = new Request(url, { ...init, method: "POST" });
     Object.defineProperty(req, "method", { value: m.method });
   }
+  if (url !== m.url) markUnparsableUrl(req);
   if (body !== null) {
     const read = p.body.then((m) => {
       keepWait(req, m.waitedMs ?? 0);

@@ -10,6 +10,8 @@
  * id check refuses it) instead of turning into `/v1/`.
  * @module
  */
+import type { ServiceError } from "../core/errors.ts";
+import { problem } from "./problem.ts";
 
 /** What a route handler receives. */
 export interface RouteContext {
@@ -77,6 +79,35 @@ const sentPaths = new WeakMap<Request, string>();
  */
 export function keepSentPath(req: Request, sentUrl: string): void {
   sentPaths.set(req, requestPath(sentUrl));
+}
+
+const unparsable = new WeakSet<Request>();
+
+/**
+ * Marks a Request rebuilt on another thread (server/request_owner.ts) whose sent URL no Request
+ * takes (a Host header that is no URL authority: "[", "a b", a port over 65535), so that it was
+ * built on a placeholder URL: {@link requestUrl} says null for it, as for the original.
+ */
+export function markUnparsableUrl(req: Request): void {
+  unparsable.add(req);
+}
+
+/** The 400 a request gets whose URL cannot be built (see {@link requestUrl}), naming its Host. */
+export function badUrlProblem(req: Request): ServiceError {
+  const host = req.headers.get("host");
+  return problem(400, "bad_request", `request URL not valid (Host: ${JSON.stringify(host)})`, {
+    host,
+  });
+}
+
+/** The request's URL, or null where none can be built from what the client sent. */
+export function requestUrl(req: Request): URL | null {
+  if (unparsable.has(req)) return null;
+  try {
+    return new URL(req.url);
+  } catch {
+    return null;
+  }
 }
 
 /** The path a request was sent with: {@link keepSentPath}'s, else {@link requestPath}'s. */

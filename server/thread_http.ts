@@ -25,7 +25,7 @@ import { serveLentBodies } from "./lent_body.ts";
 import type { ErrorLogger } from "./problem.ts";
 import type { RequestSender } from "./request_sender.ts";
 import { SAFETENSORS } from "./responses.ts";
-import { keepSentPath, requestPath } from "./routes.ts";
+import { keepSentPath, requestPath, requestUrl } from "./routes.ts";
 import { type ResilientServer, serveResilient } from "./serve_resilient.ts";
 
 /**
@@ -91,6 +91,7 @@ function withBody(req: Request, body: StreamedBody): Request {
 export function serveThreadHttp(o: ThreadHttpOptions): ResilientServer {
   const origin: [string, string][] = [[ORIGIN_HEADER, `${o.index} ${o.token}`]];
   const route = async (req: Request): Promise<Response> => {
+    if (requestUrl(req) === null) return await o.handler(req); // 400 there, counted there
     const path = requestPath(req.url);
     const method = req.method.toUpperCase();
     const c = cachePath(path);

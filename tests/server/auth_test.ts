@@ -193,6 +193,32 @@ Deno.test("Host check (loopback, no token): foreign names get 403; loopback name
   }
 });
 
+Deno.test("a Host header no URL can be built from: 400 bad_request naming it, counted", async () => {
+  const srv = await startServer({});
+  try {
+    for (const host of ["[", "a b", "localhost:99999"]) {
+      for (const path of ["/healthz", "/metrics", "/v1/attention/forward"]) {
+        const doc = assertProblem(
+          await rawExchange(srv.port, rawRequest("GET", path, { host })),
+          400,
+          "bad_request",
+        );
+        assert.equal(doc.host, host, path);
+        assert.ok(doc.detail.includes(JSON.stringify(host)), doc.detail);
+      }
+    }
+    const m = await (await fetch(`${srv.url}/metrics`)).text();
+    assert.match(
+      m,
+      /attn_http_requests_total\{[^}]*route="unmatched"[^}]*status="400"[^}]*\} 9/,
+      m,
+    );
+    assert.deepEqual(srv.errors, []);
+  } finally {
+    await srv.close();
+  }
+});
+
 Deno.test("main: an exposed bind without a token is refused (exit 2) unless allowed explicitly", async () => {
   const refused = await runServerToExit(["--host", "0.0.0.0", "--port", "0", "--no-gpu"], {
     ATTN_TOKEN: "",
