@@ -44,7 +44,10 @@ Deno.test("queue timeout through device threads: a bad header is a 400, a late c
     let longDone = false;
     const long = client.forwardOn(info.id, prefill(info.id, T, 0), { binary: true })
       .finally(() => longDone = true);
-    await new Promise((r) => setTimeout(r, 50)); // its body read by the front before the step's
+    // Its body read by the front before the step's: 50 ms was not always enough on a loaded
+    // 2-core VM (a CI run beside another suite: the step reached the cache first and ran);
+    // 250 ms still leaves the prefill over a second to hold the cache.
+    await new Promise((r) => setTimeout(r, 250));
     const late = client.forwardOn(info.id, prefill(info.id, 1, T), { queueTimeoutMs: 100 });
     const e = await expectProblem(late, 503, "queue_timeout");
     assert.equal(e.problem.queue_timeout_ms, 100);
