@@ -1,8 +1,8 @@
 /**
  * A Host header no URL can be built from ("[", "a b", a port over 65535) is a 400 `bad_request`
- * naming it, counted in /metrics, in every serving mode. With HTTP workers the rebuilt request's
- * `new Request(url)` threw and the client got a 500; with device threads the front answered
- * /healthz 200 and, behind thread listeners, a PUT lost its path (404 "no route for PUT /")
+ * naming it, counted in /metrics, in every serving mode. With HTTP workers or device threads (with
+ * and without thread listeners) it was a 500: the Request rebuilt on another thread threw; and the
+ * device-threads front answered /healthz 200
  * (a docs-against-service audit, session 35). tests/server/auth_test.ts covers one thread and
  * (under ATTN_TEST_HTTP_WORKERS) the workers in process; this file the spawned modes.
  * @module
