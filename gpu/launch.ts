@@ -25,6 +25,7 @@ import { STAGED_UPLOAD_BYTES, stagedUploads, stagingOf } from "./upload_staging.
 import { hostPool } from "./host_pool.ts";
 import { wakeDawnPoll } from "./dawn_tick_pace.ts";
 import { mapDeferredReads, mapReadRangeDeferred, ownsMappedCopies } from "./map_read.ts";
+import { inErrorScopes } from "./error_scopes.ts";
 
 /** A buffer binding: a whole buffer or a range of one. */
 export type Bound = GPUBuffer | { buffer: GPUBuffer; offset?: number; size?: number };
@@ -271,35 +272,35 @@ export async function launch(ctx: GpuContext, spec: LaunchSpec): Promise<LaunchR
   // Earlier calls' deferred reads first (outside this call's error scope): they need not wait
   // for this one's kernels (gpu/map_read.ts mapReadRangeDeferred).
   mapDeferredReads(dev);
-  dev.pushErrorScope("validation");
-  let scoped = true;
   try {
-    const staged = writeUploads(dev, spec.uploads, big, froms);
-    const tUp = performance.now();
-    const enc = dev.createCommandEncoder({ label: spec.label });
-    for (const c of staged) enc.copyBufferToBuffer(c.from, 0, c.to, c.offset, c.bytes);
-    recordCalls(enc, spec.calls, passes, qs, bindGroupsOf(dev), spec.label);
-    spec.reads.forEach((r, i) => {
-      const n = Math.ceil(r.bytes / 4) * 4;
-      if (n > 0) enc.copyBufferToBuffer(r.buffer, r.offset ?? 0, readback, offsets[i], n);
+    // The scope is popped right after the submit, before any await (gpu/error_scopes.ts).
+    const { value: { tUp, tRec }, errors } = inErrorScopes(dev, ["validation"], () => {
+      const staged = writeUploads(dev, spec.uploads, big, froms);
+      const tUp = performance.now();
+      const enc = dev.createCommandEncoder({ label: spec.label });
+      for (const c of staged) enc.copyBufferToBuffer(c.from, 0, c.to, c.offset, c.bytes);
+      recordCalls(enc, spec.calls, passes, qs, bindGroupsOf(dev), spec.label);
+      spec.reads.forEach((r, i) => {
+        const n = Math.ceil(r.bytes / 4) * 4;
+        if (n > 0) enc.copyBufferToBuffer(r.buffer, r.offset ?? 0, readback, offsets[i], n);
+      });
+      if (qs && resolve) {
+        enc.resolveQuerySet(qs, 0, 2 * passes, resolve, 0);
+        enc.copyBufferToBuffer(resolve, 0, readback, stampAt, 16 * passes);
+      }
+      const cmd = enc.finish();
+      checkSignal(spec.signal);
+      const tRec = performance.now();
+      trace(`launch ${spec.label}: submit`);
+      dev.queue.submit([cmd]);
+      spec.onSubmitted?.();
+      return { tUp, tRec };
     });
-    if (qs && resolve) {
-      enc.resolveQuerySet(qs, 0, 2 * passes, resolve, 0);
-      enc.copyBufferToBuffer(resolve, 0, readback, stampAt, 16 * passes);
-    }
-    const cmd = enc.finish();
-    checkSignal(spec.signal);
-    const tRec = performance.now();
-    trace(`launch ${spec.label}: submit`);
-    dev.queue.submit([cmd]);
-    spec.onSubmitted?.();
     const t1 = performance.now();
     trace(`launch ${spec.label}: submitted`);
-    const errorPromise = dev.popErrorScope();
-    scoped = false;
     wakeDawnPoll(); // a short wait: Dawn's poll unpaced again (gpu/dawn_tick_pace.ts)
-    const [error, range] = await Promise.all([
-      errorPromise,
+    const [[error], range] = await Promise.all([
+      errors,
       mapReadRangeDeferred(dev, readback, 0, mapped),
     ]);
     trace(`launch ${spec.label}: read back`);
@@ -335,7 +336,6 @@ export async function launch(ctx: GpuContext, spec: LaunchSpec): Promise<LaunchR
       },
     };
   } finally {
-    if (scoped) await dev.popErrorScope().catch(() => null);
     for (const from of froms) staging!.recycle(from);
     pool.release(readback);
     if (resolve) pool.release(resolve);
