@@ -58,9 +58,12 @@ const USAGE = "deno task bench [--runtime deno|dawn|auto] [--dawn-flags L] [--da
 
 const median = (a: number[]) => [...a].sort((x, y) => x - y)[Math.floor(a.length / 2)];
 
+/** The non-empty items of a comma list. */
+const commaList = (text: string) => text.split(",").map((x) => x.trim()).filter((x) => x !== "");
+
 /** BENCH_PREFILL_CACHES: a comma list of cache dtypes for the prefill shapes again, or an error. */
 function prefillCachesOf(text: string): KvCacheDType[] {
-  const list = text.split(",").map((x) => x.trim()).filter((x) => x !== "");
+  const list = commaList(text);
   for (const x of list) {
     if (!(KV_CACHE_DTYPES as readonly string[]).includes(x)) {
       throw new Error(`BENCH_PREFILL_CACHES: "${x}" is not one of ${KV_CACHE_DTYPES.join(", ")}`);
@@ -71,7 +74,7 @@ function prefillCachesOf(text: string): KvCacheDType[] {
 
 /** BENCH_PREFILL_GQA: a comma list of GQA group sizes for the prefill shapes again, or an error. */
 function prefillGroupsOf(text: string): number[] {
-  const list = text.split(",").map((x) => x.trim()).filter((x) => x !== "");
+  const list = commaList(text);
   for (const x of list) {
     if (!/^[1-9][0-9]?$/.test(x)) {
       throw new Error(`BENCH_PREFILL_GQA: "${x}" is not a group size from 1 to 99`);
