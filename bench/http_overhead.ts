@@ -1,6 +1,7 @@
 /**
  * `deno run -A bench/http_overhead.ts [--workload decode|small|prefill] [--client raw|fetch]
- * [--calls N] [--clients N] [--floor] [--no-codec] [--url URL] [--http-workers N]`: what HTTP and the wire codec
+ * [--calls N] [--clients N] [--floor] [--no-codec] [--url URL] [--http-workers N]
+ * [--http-engine deno|http1]`: what HTTP and the wire codec
  * cost per forward call, without validation, planning or a GPU. The real handler serves from a
  * worker (bench/http_overhead_server.ts) in front of a service that answers at once; the
  * client sends the workload's calls (default issue 7's decode step: 32 x 2048, 32 q / 8 kv
@@ -14,6 +15,7 @@
  * server run apart (`deno run -A bench/http_overhead_server.ts PORT`) instead of one in-process.
  * `--http-workers N` serves through N HTTP worker threads (server/worker_front.ts); the
  * "server thread" CPU is then the handler's thread (the one that would own the GPU).
+ * `--http-engine http1` serves with the service's own HTTP/1.1 server (server/http1_server.ts).
  * @module
  */
 import { parseArgs } from "node:util";
@@ -103,7 +105,7 @@ async function sequential(srv: Server | null, url: string, o: Options): Promise<
     `sequential ${o.calls} ${o.workload} calls, client ${o.client}` +
       `${
         o.floor ? " (floor: bare Deno.serve)" : ""
-      }, ${o.httpWorkers} http workers: round trip p50 ${q("total")} ms, ` +
+      }, ${o.httpWorkers} http workers, engine ${o.engine}: round trip p50 ${q("total")} ms, ` +
       `p90 ${q("total", 0.9)}, p99 ${q("total", 0.99)}, max ${q("total", 1)} (send ${q("send")}, ` +
       `answer parse ${q("parse")}); CPU ms per ` +
       `call: server thread ${f(cpu[0] / o.calls)}, client thread ${f(cpu[1] / o.calls)}`,
@@ -156,6 +158,7 @@ interface Options {
   floor: boolean;
   serverTid: number;
   httpWorkers: number;
+  engine: string;
 }
 
 async function main(): Promise<void> {
@@ -170,6 +173,7 @@ async function main(): Promise<void> {
       "no-codec": { type: "boolean", default: false },
       url: { type: "string" },
       "http-workers": { type: "string", default: "0" },
+      "http-engine": { type: "string", default: "deno" },
     },
   });
   const workload = v.workload as Workload, client = v.client as ClientKind;
@@ -183,7 +187,9 @@ async function main(): Promise<void> {
     if (!Number.isInteger(workers) || workers < 0) {
       throw new Error("--http-workers: an integer >= 0");
     }
-    srv.w.postMessage({ kind: "start", floor: v.floor, workers });
+    const engine = v["http-engine"];
+    if (engine !== "deno" && engine !== "http1") throw new Error("--http-engine: deno or http1");
+    srv.w.postMessage({ kind: "start", floor: v.floor, workers, engine });
     const m = await srv.next();
     url = `http://127.0.0.1:${m.port}`;
     tid = m.tid;
@@ -196,6 +202,7 @@ async function main(): Promise<void> {
     floor: v.floor,
     serverTid: tid,
     httpWorkers: Number(v["http-workers"]),
+    engine: v["http-engine"],
   };
   try {
     await sequential(srv, url, o);

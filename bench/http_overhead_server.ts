@@ -77,6 +77,7 @@ export async function serveStub(
   metrics: Metrics,
   onListen: (port: number) => void,
   workers = 0,
+  engine: "deno" | "http1" = "deno",
 ): Promise<{ shutdown(): Promise<void> }> {
   const fixed = serializeSafetensors({
     output: { dtype: "F16", shape: [32, 32, 128], data: new Uint8Array(32 * 32 * 128 * 2) },
@@ -94,7 +95,10 @@ export async function serveStub(
     hostname: "127.0.0.1",
     onListen: (a: { port: number }) => onListen(a.port),
   };
-  return await serveHttp({ ...listen, workers, access: {}, maxBodyBytes: 1 << 30 }, handler);
+  return await serveHttp(
+    { ...listen, workers, engine, access: {}, maxBodyBytes: 1 << 30 },
+    handler,
+  );
 }
 
 const scope = self as unknown as Scope & { name?: string };
@@ -102,7 +106,9 @@ if (scope.name === "overhead-server") {
   const metrics = new Metrics();
   let server: { shutdown(): Promise<void> } | undefined;
   scope.onmessage = async (
-    e: MessageEvent<{ kind: string; floor?: boolean; workers?: number }>,
+    e: MessageEvent<
+      { kind: string; floor?: boolean; workers?: number; engine?: "deno" | "http1" }
+    >,
   ) => {
     if (e.data.kind === "start") {
       server = await serveStub(
@@ -111,6 +117,7 @@ if (scope.name === "overhead-server") {
         metrics,
         (port) => scope.postMessage({ kind: "listening", port, tid: threadId() }),
         e.data.workers ?? 0,
+        e.data.engine ?? "deno",
       );
     } else if (e.data.kind === "metrics") {
       scope.postMessage({ kind: "metrics", text: metrics.render() });
@@ -120,15 +127,18 @@ if (scope.name === "overhead-server") {
     }
   };
 } else if (import.meta.main) {
-  // Standalone: `deno run -A bench/http_overhead_server.ts [PORT] [--floor] [--http-workers=N]`, for
+  // Standalone: `deno run -A bench/http_overhead_server.ts [PORT] [--floor] [--http-workers=N]
+  // [--http-engine=http1]`, for
   // `bench/http_overhead.ts --url` from another process (e.g. with other V8 flags).
   const port = Number(Deno.args.find((a) => /^\d+$/.test(a)) ?? 8090);
   const workers = Number(Deno.args.find((a) => a.startsWith("--http-workers="))?.slice(15) ?? 0);
+  const engine = Deno.args.includes("--http-engine=http1") ? "http1" : "deno";
   await serveStub(
     port,
     Deno.args.includes("--floor"),
     new Metrics(),
     (p) => console.log(`listening on http://127.0.0.1:${p}`),
     workers,
+    engine,
   );
 }

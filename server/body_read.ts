@@ -267,6 +267,25 @@ export function preReadBody(req: Request): Promise<StreamedBody> | undefined {
   return preRead.get(req);
 }
 
+/**
+ * A body the server reads itself when asked (http1_server.ts), within the reader's limit;
+ * `borrow`: the reader gives the bytes up once the request's answer is built (nothing keeps a
+ * view of them), so the server may read them into memory it reuses afterwards.
+ */
+export type BodySource = (limit: number, borrow: boolean) => Promise<StreamedBody>;
+
+const sources = new WeakMap<Request, BodySource>();
+
+/** Says where `req`'s body comes from: {@link readBody} calls `source` instead of streaming. */
+export function setBodySource(req: Request, source: BodySource): void {
+  sources.set(req, source);
+}
+
+/** Where `req`'s body comes from when {@link setBodySource} said (a front that passes it on). */
+export function bodySourceOf(req: Request): BodySource | undefined {
+  return sources.get(req);
+}
+
 /** Bytes that start 8-byte aligned (safetensors data offsets count from the body's start). */
 function aligned(b: Uint8Array): Uint8Array {
   return b.byteOffset % 8 === 0 ? b : b.slice();
@@ -285,11 +304,15 @@ function aligned(b: Uint8Array): Uint8Array {
  * (Deno does not say how many came); and a client that half-closes right after its last byte may
  * get that 400 (Deno drops such a request's body), where the streamed read keeps the bytes. Such a
  * client may lose its answer anyway (see README, HTTP workers).
+ *
+ * `borrow: true` says the caller keeps no view of the bytes past the request's answer (a
+ * forward's safetensors body: its tensors are uploaded or copied during the call): the service's
+ * own HTTP/1.1 server may then read them into a buffer it reuses (http1_body_pool.ts).
  */
 export async function readBody(
   req: Request,
   limit: number | BodyLimit,
-  opts: { whole?: boolean } = {},
+  opts: { whole?: boolean; borrow?: boolean } = {},
 ): Promise<Uint8Array> {
   const lim: BodyLimit = typeof limit === "number"
     ? { bytes: limit, field: "max_body_bytes" }
@@ -304,8 +327,10 @@ export async function readBody(
   }
   if (declared > lim.bytes) throw tooLarge(lim, declared);
   const pre = preRead.get(req);
+  const source = sources.get(req);
   let read: StreamedBody;
   if (pre !== undefined) read = await pre;
+  else if (source !== undefined) read = await source(lim.bytes, opts.borrow === true);
   // Not `req.body` first: that getter builds a ReadableStream, and `req.bytes()` then collects
   // the body through it, chunk by chunk, instead of in one op.
   else {

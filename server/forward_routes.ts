@@ -16,6 +16,7 @@
  * it the call is answered 503 `queue_timeout` without running).
  * @module
  */
+import { isPooledBodyBuffer } from "./http1_body_pool.ts";
 import { ServiceError } from "../core/errors.ts";
 import { QUEUE_TIMEOUT_HEADER } from "../wire/names.ts";
 import { parseQueueTimeoutHeader } from "./queue_timeout_header.ts";
@@ -45,7 +46,10 @@ async function decode(
   json: JsonDecoder,
 ): Promise<{ decoded: DecodedForward; binary: boolean; bytes: Uint8Array }> {
   const kind = bodyKind(req, ["json", "binary"]);
-  const bytes = await readBody(req, limits[kind], { whole: kind === "binary" });
+  // A safetensors body is borrowed: its tensors are uploaded (or copied) during the call, and
+  // nothing keeps a view of them once the answer is built.
+  const binary = kind === "binary";
+  const bytes = await readBody(req, limits[kind], { whole: binary, borrow: binary });
   return kind === "json"
     ? { decoded: await json.decode(bytes), binary: false, bytes }
     : { decoded: decodeBinaryForward(bytes), binary: true, bytes };
@@ -58,10 +62,12 @@ async function decode(
  * at once. Left to the collector, a decode step's 412 KB body a call adds up as external
  * memory, and V8 answers that with a full mark-compact about every 50 calls (measured on the
  * dev VM with `--trace-gc`: 35 in 2,000 stub calls, 2 with the bodies released). A buffer
- * handed on already (a JSON body sent to a decode worker) is detached and left alone.
+ * handed on already (a JSON body sent to a decode worker) is detached and left alone, and one
+ * the service's own HTTP/1.1 server lent from its pool (http1_body_pool.ts) goes back there.
  */
 export function releaseBody(bytes: Uint8Array): void {
   const buf = bytes.buffer;
+  if (isPooledBodyBuffer(buf)) return; // the HTTP/1.1 server's, reused once the answer is sent
   if (buf instanceof ArrayBuffer && !buf.detached && buf.byteLength > 0) buf.transfer(0);
 }
 

@@ -126,6 +126,7 @@ async function serveThePort(
       return { server: listeners, listeners };
     }
     const server = await serveHttp({
+      engine: o.httpEngine,
       workers: o.httpWorkers,
       port: o.port,
       hostname: o.host,
@@ -135,6 +136,7 @@ async function serveThePort(
       onListen,
     }, serve);
     if (o.httpWorkers > 0) console.error(`http workers: ${o.httpWorkers}`);
+    if (o.httpEngine !== "deno") console.error(`http engine: ${o.httpEngine}`);
     return { server, listeners: null };
   } catch (e) {
     // In use, a host that does not resolve or is not this machine's: one line, in every mode.

@@ -16,6 +16,7 @@
  * @module
  */
 import {
+  bodySourceOf,
   contentLength,
   preReadBody,
   streamBody,
@@ -155,7 +156,8 @@ export class RequestSender {
     // A declared length says so without `req.body`, whose stream would make `req.bytes()` read
     // chunk by chunk (body_read.ts wholeBody).
     const length = contentLength(req.headers.get("content-length"));
-    const hasBody = method !== "GET" && method !== "HEAD" && (length > 0 || req.body !== null);
+    const hasBody = method !== "GET" && method !== "HEAD" &&
+      (length > 0 || req.body !== null || bodySourceOf(req) !== undefined);
     const declared = Number.isNaN(length) ? -1 : length; // the owner names a bad one
     const read = hasBody && declared <= this.#limit(req) && this.allowed(req);
     return { hasBody, declared, read };
@@ -172,6 +174,8 @@ export class RequestSender {
   #read(req: Request, declared: number): Promise<StreamedBody> {
     const pre = preReadBody(req);
     if (pre !== undefined) return pre;
+    const source = bodySourceOf(req); // the service's own HTTP/1.1 server (http1_server.ts)
+    if (source !== undefined) return source(this.#limit(req), false); // posted on: not borrowed
     const whole = mediaType(req.headers.get("content-type")) === SAFETENSORS
       ? wholeBodyIfCheap(req, declared)
       : null;

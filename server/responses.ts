@@ -6,6 +6,17 @@
  */
 import { INSTANCE_HEADER } from "../wire/names.ts";
 
+/**
+ * The parts of each answer built here from bytes ({@link partsResponse}, {@link binaryResponse}),
+ * for a server that writes them itself (http1_write.ts) instead of reading the Response's body.
+ */
+const bodyParts = new WeakMap<Response, Uint8Array[]>();
+
+/** The bytes `res`'s body is made of, uncopied, where it was built from bytes here. */
+export function bodyPartsOf(res: Response): Uint8Array[] | undefined {
+  return bodyParts.get(res);
+}
+
 /** The media type of safetensors bodies. */
 export const SAFETENSORS = "application/octet-stream";
 
@@ -42,10 +53,12 @@ export function partsResponse(
     },
   }, { highWaterMark: 0 });
   const length = parts.reduce((n, p) => n + p.byteLength, 0);
-  return new Response(body, {
+  const res = new Response(body, {
     status: init.status ?? 200,
     headers: { ...init.headers, "content-length": String(length) },
   });
+  bodyParts.set(res, parts);
+  return res;
 }
 
 /** A safetensors answer from one buffer (sent as it is) or several parts (streamed, uncopied). */
@@ -56,10 +69,12 @@ export function binaryResponse(
   const all = { "content-type": SAFETENSORS, ...headers };
   if (Array.isArray(bytes) && bytes.length !== 1) return partsResponse(bytes, { headers: all });
   const one = (Array.isArray(bytes) ? bytes[0] : bytes) as Uint8Array<ArrayBuffer>;
-  return new Response(one, {
+  const res = new Response(one, {
     status: 200,
     headers: { ...all, "content-length": String(one.byteLength) },
   });
+  bodyParts.set(res, [one]);
+  return res;
 }
 
 /** The answer to a HEAD request: the GET answer's status and headers, no body. */

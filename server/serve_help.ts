@@ -22,6 +22,12 @@ export const DEFAULT_MEMORY_BUDGET_BYTES = 4 * 1024 ** 3;
 /** The environment variable of `--http-workers`. */
 export const HTTP_WORKERS_ENV = "ATTN_HTTP_WORKERS";
 
+/** The environment variable of `--http-engine`. */
+export const HTTP_ENGINE_ENV = "ATTN_HTTP_ENGINE";
+
+/** The HTTP servers `--http-engine` chooses from. */
+export const HTTP_ENGINES = ["deno", "http1"] as const;
+
 /** The environment variable of `--keep-warm-ms`. */
 export const KEEP_WARM_ENV = "ATTN_KEEP_WARM_MS";
 
@@ -72,6 +78,12 @@ usage: deno task serve [options]
                             then plus 1 s per 256 KiB declared; also ${BODY_TIMEOUT_ENV});
                             over: 408 body_timeout
   --no-gpu                  do not acquire a WebGPU device (host backends only)
+  --http-engine E           the HTTP server on this thread: deno (Deno.serve; default) or
+                            http1 (this service's own HTTP/1.1 server on Deno.listen: less
+                            CPU and latency a call, bounded head and idle times
+                            (ATTN_HTTP_HEAD_TIMEOUT_MS, ATTN_HTTP_IDLE_TIMEOUT_MS) and
+                            connections (ATTN_HTTP_MAX_CONNECTIONS); no HTTP/2, TLS or
+                            --http-workers); also ${HTTP_ENGINE_ENV}
   --http-workers N          HTTP worker threads in front of the thread that owns the GPU:
                             they read requests and write answers, this thread validates,
                             plans and runs the calls (default ${DEFAULT_HTTP_WORKERS}; 0 = one thread

@@ -30,6 +30,8 @@ import {
   DEFAULT_MEMORY_BUDGET_BYTES,
   DEVICE_THREADS_ENV,
   DEVICE_THREADS_HTTP_ENV,
+  HTTP_ENGINE_ENV,
+  HTTP_ENGINES,
   HTTP_WORKERS_ENV,
   KEEP_WARM_ENV,
   MAX_HTTP_WORKERS,
@@ -153,12 +155,25 @@ function keepWarmOptions(
 export function serveEnv(): Record<string, string | undefined> {
   const env = runtimeEnv();
   env[HTTP_WORKERS_ENV] = envVar(HTTP_WORKERS_ENV);
+  env[HTTP_ENGINE_ENV] = envVar(HTTP_ENGINE_ENV);
   env[DEVICE_THREADS_ENV] = envVar(DEVICE_THREADS_ENV);
   env[DEVICE_THREADS_HTTP_ENV] = envVar(DEVICE_THREADS_HTTP_ENV);
   env[KEEP_WARM_ENV] = envVar(KEEP_WARM_ENV);
   env[BODY_TIMEOUT_ENV] = envVar(BODY_TIMEOUT_ENV);
   for (const name of CHECKED_ENV) env[name] = envVar(name);
   return env;
+}
+
+/** An HTTP server `--http-engine` names. */
+export type HttpEngine = typeof HTTP_ENGINES[number];
+
+/** `--http-engine` over ATTN_HTTP_ENGINE over `deno`. */
+function httpEngineOption(flag: string | undefined, env: string | undefined): HttpEngine {
+  const v = flag ?? (env === "" ? undefined : env) ?? "deno";
+  if ((HTTP_ENGINES as readonly string[]).includes(v)) return v as HttpEngine;
+  const msg = `must be one of ${HTTP_ENGINES.join(", ")}, got ${JSON.stringify(v)}`;
+  if (flag !== undefined) throw new Error(`--http-engine ${msg}`);
+  throw new EnvValueError(HTTP_ENGINE_ENV, v, `${HTTP_ENGINE_ENV} ${msg}`);
 }
 
 /** Parsed command-line options. */
@@ -176,6 +191,8 @@ export interface ServeOptions {
   /** The longest wait for a body's next bytes (server/body_timeout.ts `bodyTimeoutMs`). */
   bodyTimeoutMs: number;
   gpu: boolean;
+  /** The HTTP server on this thread: Deno.serve or server/http1_server.ts. */
+  httpEngine: HttpEngine;
   /** HTTP worker threads (0: Deno.serve on this thread). */
   httpWorkers: number;
   /** Device threads (0: this thread owns the device and the service). */
@@ -218,6 +235,7 @@ export function parseServeArgs(
       "no-gpu": { type: "boolean" },
       "instance-name": { type: "string" },
       "http-workers": { type: "string" },
+      "http-engine": { type: "string" },
       "device-threads": { type: "string" },
       "device-threads-http": { type: "boolean" },
       "keep-warm-ms": { type: "string" },
@@ -293,6 +311,11 @@ export function parseServeArgs(
     values["device-threads-http"],
     env[DEVICE_THREADS_HTTP_ENV],
   );
+  const httpEngine = httpEngineOption(values["http-engine"], env[HTTP_ENGINE_ENV]);
+  if (httpEngine !== "deno" && (httpWorkers > 0 || deviceThreadsHttp)) {
+    const other = httpWorkers > 0 ? `--http-workers ${httpWorkers}` : "--device-threads-http";
+    throw new Error(`--http-engine ${httpEngine} serves on this thread only, not with ${other}`);
+  }
   if (deviceThreadsHttp && deviceThreads === 0) {
     const viaEnv = values["device-threads-http"] === undefined;
     const dt = values["device-threads"] !== undefined
@@ -348,6 +371,7 @@ export function parseServeArgs(
     ),
     bodyTimeoutMs: bodyTimeoutOption(values["body-timeout-ms"], env[BODY_TIMEOUT_ENV]),
     gpu: !values["no-gpu"],
+    httpEngine,
     httpWorkers,
     deviceThreads,
     deviceThreadsHttp,

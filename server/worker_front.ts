@@ -13,6 +13,7 @@
  * @module
  */
 import { serveResilient } from "./serve_resilient.ts";
+import { serveHttp1 } from "./http1_server.ts";
 import type { AccessPolicy } from "./auth.ts";
 import { type ErrorLogger, lineLogger } from "./problem.ts";
 import { serveLentBodies } from "./lent_body.ts";
@@ -185,8 +186,19 @@ export type HttpServer = Pick<WorkerFront, "addr" | "shutdown" | "finished">;
  * accept failures: serve_resilient.ts; lent answer bodies are released once Deno delivered
  * them), else through that many HTTP worker threads.
  */
-export async function serveHttp(opts: WorkerFrontOptions, handler: Handler): Promise<HttpServer> {
+export async function serveHttp(
+  opts: WorkerFrontOptions & { engine?: "deno" | "http1" },
+  handler: Handler,
+): Promise<HttpServer> {
   if (opts.workers > 0) return await serveWithWorkers(opts, handler);
+  if (opts.engine === "http1") {
+    return serveHttp1({
+      port: opts.port,
+      hostname: opts.hostname,
+      onListen: opts.onListen ?? (() => {}),
+      log: opts.log,
+    }, handler);
+  }
   return serveResilient({
     port: opts.port,
     hostname: opts.hostname,

@@ -15,6 +15,7 @@
 import assert from "node:assert/strict";
 import { rawExchange, rawRequest } from "./raw_http.ts";
 import { spawnServer } from "./process.ts";
+import { serverMode } from "./helpers.ts";
 
 const LIMIT_MS = 300;
 
@@ -104,7 +105,14 @@ async function stallSuite(mode: string[]): Promise<void> {
   try {
     // Every stall is tried, and all that went wrong is reported together.
     const wrong: string[] = [];
-    for (const s of stalls) {
+    // The service's own HTTP/1.1 server (--http-engine http1, on the main thread) reads every
+    // body as it comes: a safetensors body too is timed by its gaps, and says what arrived.
+    const own = serverMode.engine === "http1" && serverMode.httpWorkers === 0 &&
+      !mode.includes("--http-workers") && !mode.includes("--device-threads-http");
+    for (const s0 of stalls) {
+      const s = own && s0.deadline !== undefined
+        ? { ...s0, deadline: undefined, received: 100, declared: 4000 }
+        : s0;
       await checkStall(srv.port, s).catch((e) => wrong.push(`${s.name}: ${e.message}`));
     }
     assert.deepEqual(wrong, []);

@@ -53,10 +53,15 @@ export interface TestServer {
 
 /**
  * How {@link startServer} and process.ts's spawnServer serve: `httpWorkers` > 0 puts that many
- * HTTP worker threads in front (server/worker_front.ts). Set from ATTN_TEST_HTTP_WORKERS; the
- * worker suites (http_workers_suites_test.ts) set it for the suites they import.
+ * HTTP worker threads in front (server/worker_front.ts), `engine` "http1" serves with
+ * server/http1_server.ts. Set from ATTN_TEST_HTTP_WORKERS and ATTN_TEST_HTTP_ENGINE; the worker
+ * and engine suites (http_workers_suites_test.ts, http1_suites_test.ts) set them for the suites
+ * they import.
  */
-export const serverMode = { httpWorkers: Number(Deno.env.get("ATTN_TEST_HTTP_WORKERS") ?? 0) };
+export const serverMode: { httpWorkers: number; engine: "deno" | "http1" } = {
+  httpWorkers: Number(Deno.env.get("ATTN_TEST_HTTP_WORKERS") ?? 0),
+  engine: Deno.env.get("ATTN_TEST_HTTP_ENGINE") === "http1" ? "http1" : "deno",
+};
 
 /** Starts a real server on 127.0.0.1:0 (with HTTP workers when {@link serverMode} asks). */
 export async function startServer(opts: {
@@ -93,6 +98,7 @@ export async function startServer(opts: {
     instance: opts.instance,
   });
   const server = await serveHttp({
+    engine: serverMode.engine,
     workers: serverMode.httpWorkers,
     port: 0,
     hostname: "127.0.0.1",

@@ -27,6 +27,7 @@ Deno.test("main: flags and defaults", () => {
     shutdownDeadlineMs: 30_000,
     bodyTimeoutMs: 60_000,
     gpu: true,
+    httpEngine: "deno",
     httpWorkers: 0,
     deviceThreads: 0,
     deviceThreadsHttp: false,

@@ -1,0 +1,333 @@
+/**
+ * The read side of one HTTP/1.1 connection (http1_server.ts): a buffer the heads are parsed
+ * from, reads with time limits, and request bodies framed by Content-Length or chunked coding,
+ * each read once into the buffer the body ends up in (a body of declared length straight from
+ * the socket into it: no 64 KiB chunks, no copy but the bytes that came with the head).
+ *
+ * At most one socket read is in flight; it always fills the buffer's free tail, and the buffer
+ * is compacted or grown only while none is. A read that times out leaves the connection
+ * unusable (`broken`): the caller closes it, which ends the read.
+ * @module
+ */
+import { BodyBuffer, type StreamedBody } from "./body_read.ts";
+import { headEnd, MAX_HEAD_BYTES } from "./http1_head.ts";
+
+/** How a wait for bytes ended. */
+export type FillResult = "data" | "eof" | "timeout";
+
+/** A body of declared length up to this is read into one buffer of that size up front. */
+export const DIRECT_BODY_MAX = 16 * 1024 * 1024;
+
+/** Bytes the direct reads in flight may hold ahead of what arrived (as body_read.ts budgets). */
+const DIRECT_BUDGET_BYTES = 64 * 1024 * 1024;
+let directBytes = 0;
+
+/** Size of the pieces a body read in pieces is read into. */
+const PIECE_BYTES = 1024 * 1024;
+
+function sleepResult(ms: number): { done: Promise<"timeout">; cancel(): void } {
+  let id: ReturnType<typeof setTimeout> | undefined;
+  const done = new Promise<"timeout">((r) => id = setTimeout(() => r("timeout"), ms));
+  return { done, cancel: () => clearTimeout(id) };
+}
+
+/**
+ * A body read's gap limit with one timer, not one a socket read: it fires `gapMs` after the
+ * last progress, re-arming itself while progress keeps coming.
+ */
+class GapTimer {
+  #last = performance.now();
+  #id: ReturnType<typeof setTimeout> | undefined;
+  #fire!: (v: "timeout") => void;
+  readonly done = new Promise<"timeout">((r) => this.#fire = r);
+
+  constructor(readonly gapMs: number) {
+    this.#arm(gapMs);
+  }
+
+  #arm(ms: number): void {
+    this.#id = setTimeout(() => {
+      const left = this.#last + this.gapMs - performance.now();
+      if (left > 0) this.#arm(left);
+      else this.#fire("timeout");
+    }, ms);
+  }
+
+  progress(): void {
+    this.#last = performance.now();
+  }
+
+  cancel(): void {
+    clearTimeout(this.#id);
+  }
+}
+
+/** One connection's reads. */
+export class ConnReader {
+  buf: Uint8Array;
+  /** Unconsumed bytes are `buf[start, end)`. */
+  start = 0;
+  end = 0;
+  eof = false;
+  broken = false;
+  #pending: Promise<FillResult> | null = null;
+
+  constructor(readonly conn: Deno.Conn, size = 64 * 1024) {
+    this.buf = new Uint8Array(size);
+  }
+
+  get available(): number {
+    return this.end - this.start;
+  }
+
+  consume(n: number): void {
+    this.start += n;
+    if (this.start === this.end) this.start = this.end = 0;
+  }
+
+  /** Whether a read is in flight (see {@link probe}). */
+  get reading(): boolean {
+    return this.#pending !== null;
+  }
+
+  /**
+   * Starts a read into the free tail unless one is in flight or the buffer is full, and
+   * returns the one in flight (or null): its `eof` says the client closed.
+   */
+  probe(): Promise<FillResult> | null {
+    if (this.#pending) return this.#pending;
+    if (this.eof || this.broken || this.end === this.buf.byteLength) return null;
+    const p = this.conn.read(this.buf.subarray(this.end)).then(
+      (n): FillResult => {
+        this.#pending = null;
+        if (n === null) {
+          this.eof = true;
+          return "eof";
+        }
+        this.end += n;
+        return "data";
+      },
+      (): FillResult => {
+        this.#pending = null;
+        this.eof = true;
+        return "eof";
+      },
+    );
+    this.#pending = p;
+    return p;
+  }
+
+  /** Waits up to `ms` for more bytes (room made first when no read is in flight). */
+  async fill(ms: number): Promise<FillResult> {
+    if (this.eof) return "eof";
+    if (!this.#pending) this.#makeRoom();
+    const read = this.probe();
+    if (read === null) return "eof";
+    const t = sleepResult(ms);
+    try {
+      const r = await Promise.race([read, t.done]);
+      if (r === "timeout") this.broken = true;
+      return r;
+    } finally {
+      t.cancel();
+    }
+  }
+
+  #makeRoom(): void {
+    if (this.start > 0) {
+      this.buf.copyWithin(0, this.start, this.end);
+      this.end -= this.start;
+      this.start = 0;
+    }
+    if (this.end === this.buf.byteLength && this.buf.byteLength < MAX_HEAD_BYTES + 8) {
+      const grown = new Uint8Array(Math.min(2 * this.buf.byteLength, MAX_HEAD_BYTES + 8));
+      grown.set(this.buf.subarray(0, this.end));
+      this.buf = grown;
+    }
+  }
+
+  /**
+   * The next head's end (an index into `buf` past its blank line, the head starting at
+   * `start`), or how the wait ended: `idle` ms for its first byte, then `headMs` for the rest.
+   * Leading blank lines are skipped (RFC 9112 2.2).
+   */
+  async nextHead(
+    idleMs: number,
+    headMs: number,
+  ): Promise<number | "eof" | "timeout" | "too_large"> {
+    let deadline = 0;
+    let scanned = this.start;
+    for (;;) {
+      while (this.available > 0 && this.buf[this.start] === 10) this.consume(1);
+      while (
+        this.available >= 2 && this.buf[this.start] === 13 && this.buf[this.start + 1] === 10
+      ) {
+        this.consume(2);
+      }
+      scanned = Math.max(scanned, this.start);
+      if (this.available > 0) {
+        if (deadline === 0) deadline = performance.now() + headMs;
+        const e = headEnd(this.buf, scanned, this.end);
+        if (e >= 0) return e;
+        if (this.available > MAX_HEAD_BYTES) return "too_large";
+        scanned = Math.max(this.start, this.end - 3);
+      }
+      const wait = deadline === 0 ? idleMs : Math.max(1, deadline - performance.now());
+      const before = this.start;
+      const r = await this.fill(wait);
+      if (r !== "data") return r;
+      scanned -= before - this.start; // the buffer may have been compacted
+    }
+  }
+
+  /**
+   * Reads and drops what the client still sends, for up to `ms` and `max` bytes or until it
+   * closes: after an answer that closes the connection before a body was read, so that the
+   * client reads that answer instead of a reset.
+   */
+  async discard(ms: number, max: number): Promise<void> {
+    const until = performance.now() + ms;
+    let dropped = 0;
+    while (!this.eof && !this.broken && dropped < max) {
+      dropped += this.available;
+      this.consume(this.available);
+      const left = until - performance.now();
+      if (left <= 0 || await this.fill(left) !== "data") return;
+    }
+  }
+
+  /**
+   * A Content-Length body of `n` bytes, read as it comes; `gapMs` without bytes is a timeout.
+   * `into` (at least `n` bytes): read into it instead of a new buffer.
+   */
+  async lengthBody(
+    n: number,
+    limit: number,
+    gapMs: number,
+    into?: ArrayBuffer,
+  ): Promise<StreamedBody> {
+    if (n > limit) return { bytes: new Uint8Array(0), end: "too_large" };
+    const direct = n <= DIRECT_BODY_MAX && directBytes + n <= DIRECT_BUDGET_BYTES;
+    if (!direct) return await this.#piecesBody(n, gapMs);
+    directBytes += n;
+    const gap = new GapTimer(gapMs);
+    try {
+      const out = into ? new Uint8Array(into, 0, n) : new Uint8Array(n);
+      let got = Math.min(n, this.available);
+      out.set(this.buf.subarray(this.start, this.start + got));
+      this.consume(got);
+      while (got < n) {
+        const r = await this.#readInto(out.subarray(got), gap);
+        if (typeof r !== "number") return this.#ended(r, out.subarray(0, got), gapMs);
+        got += r;
+      }
+      return { bytes: out, end: "complete" };
+    } finally {
+      gap.cancel();
+      directBytes -= n;
+    }
+  }
+
+  /** A large body read in pieces, its memory following the bytes that came. */
+  async #piecesBody(n: number, gapMs: number): Promise<StreamedBody> {
+    const body = new BodyBuffer(n);
+    const first = Math.min(n, this.available);
+    if (first > 0) body.add(this.buf.slice(this.start, this.start + first));
+    this.consume(first);
+    const gap = new GapTimer(gapMs);
+    try {
+      while (body.total < n) {
+        const piece = new Uint8Array(Math.min(PIECE_BYTES, n - body.total));
+        const r = await this.#readInto(piece, gap);
+        if (typeof r !== "number") return this.#ended(r, body.bytes(), gapMs);
+        body.add(piece.subarray(0, r));
+      }
+      return { bytes: body.bytes(), end: "complete" };
+    } finally {
+      gap.cancel();
+    }
+  }
+
+  #ended(r: "eof" | "timeout", bytes: Uint8Array, gapMs: number): StreamedBody {
+    if (r === "timeout") return { bytes, end: "timeout", timeout_ms: gapMs };
+    return { bytes, end: "error", cause: new Error("the connection closed") };
+  }
+
+  /** One read straight into `into` (the buffer holds nothing unconsumed), within `gap`. */
+  async #readInto(into: Uint8Array, gap: GapTimer): Promise<number | "eof" | "timeout"> {
+    const read = this.conn.read(into).then((n) => n ?? "eof" as const, () => "eof" as const);
+    const r = await Promise.race([read, gap.done]);
+    if (r === "eof") this.eof = true;
+    else if (r === "timeout") this.broken = true;
+    else gap.progress();
+    return r;
+  }
+
+  /** A chunked body (RFC 9112 7.1), trailer fields read and dropped. */
+  async chunkedBody(limit: number, gapMs: number): Promise<StreamedBody> {
+    const body = new BodyBuffer(-1);
+    const failed = (why: string): StreamedBody => ({
+      bytes: body.bytes(),
+      end: "error",
+      cause: new Error(why),
+    });
+    for (;;) {
+      const line = await this.#line(gapMs);
+      if (typeof line !== "object") return this.#chunkEnd(line, body, gapMs);
+      const m = /^([0-9a-fA-F]{1,12})[ \t]*(;.*)?$/.exec(line.text);
+      if (!m) {
+        return failed(`chunk size line ${JSON.stringify(line.text.slice(0, 64))} is not valid`);
+      }
+      const size = parseInt(m[1], 16);
+      if (size === 0) break;
+      if (body.total + size > limit) return { bytes: body.bytes(), end: "too_large" };
+      let left = size;
+      while (left > 0) {
+        if (this.available === 0) {
+          const r = await this.fill(gapMs);
+          if (r !== "data") return this.#chunkEnd(r, body, gapMs);
+        }
+        const take = Math.min(left, this.available);
+        body.add(this.buf.slice(this.start, this.start + take));
+        this.consume(take);
+        left -= take;
+      }
+      const crlf = await this.#line(gapMs);
+      if (typeof crlf !== "object") return this.#chunkEnd(crlf, body, gapMs);
+      if (crlf.text !== "") return failed("chunk data not followed by CRLF");
+    }
+    for (let fields = 0;; fields++) { // trailer section
+      const line = await this.#line(gapMs);
+      if (typeof line !== "object") return this.#chunkEnd(line, body, gapMs);
+      if (line.text === "") return { bytes: body.bytes(), end: "complete" };
+      if (fields > 256) return failed("trailer section over 256 fields");
+    }
+  }
+
+  #chunkEnd(r: "eof" | "timeout" | "too_long", body: BodyBuffer, gapMs: number): StreamedBody {
+    if (r === "too_long") {
+      return { bytes: body.bytes(), end: "error", cause: new Error("chunk line over 4096 bytes") };
+    }
+    return this.#ended(r, body.bytes(), gapMs);
+  }
+
+  /** One CRLF-ended line (at most 4 KiB), without its CRLF. */
+  async #line(ms: number): Promise<{ text: string } | "eof" | "timeout" | "too_long"> {
+    let scanned = this.start;
+    for (;;) {
+      for (let i = Math.max(scanned, this.start + 1); i < this.end; i++) {
+        if (this.buf[i] === 10 && this.buf[i - 1] === 13) {
+          const text = String.fromCharCode(...this.buf.subarray(this.start, i - 1));
+          this.consume(i + 1 - this.start);
+          return { text };
+        }
+      }
+      if (this.available > 4096) return "too_long";
+      scanned = this.end;
+      const before = this.start;
+      const r = await this.fill(ms);
+      if (r !== "data") return r;
+      scanned -= before - this.start;
+    }
+  }
+}

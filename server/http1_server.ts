@@ -1,0 +1,328 @@
+/**
+ * The service's own HTTP/1.1 server on `Deno.listen` (`--http-engine http1`): the same handler
+ * as under Deno.serve, with less between the socket and it. Each request becomes a Request
+ * without a body stream; its body is read when the handler asks (body_read.ts
+ * `setBodySource`), straight from the socket into the buffer it ends up in, and answers built
+ * from bytes are written from those bytes (http1_write.ts). On the 2-core dev VM a decode-sized
+ * exchange (412 KB in, 262 KB out) cost Deno.serve 3-5x the server CPU of a bare Deno.listen
+ * loop (bench/NOTES.md v0.28).
+ *
+ * What a server owes its clients is kept: keep-alive (HTTP/1.1 by default, HTTP/1.0 when
+ * asked), pipelined requests answered in order, `Expect: 100-continue`, chunked request
+ * bodies, HEAD, and problems (RFC 9457, as every other answer) for heads it refuses
+ * (http1_head.ts), after which it closes. It also bounds what Deno.serve does not: the time
+ * for a head ({@link HEAD_TIMEOUT_ENV}), an idle keep-alive connection's life
+ * ({@link IDLE_TIMEOUT_ENV}) and the connections open at once ({@link MAX_CONNECTIONS_ENV}:
+ * one more gets a 503 and is closed). A request whose client goes away aborts its signal.
+ * Methods are case-sensitive: `get` is not `GET` (501).
+ * @module
+ */
+import { envVar } from "../core/env.ts";
+import {
+  type ErrorLogger,
+  lineLogger,
+  problemResponse,
+  problemType,
+  toProblem,
+} from "./problem.ts";
+import { setBodySource, type StreamedBody } from "./body_read.ts";
+import { bodyTimeoutMs } from "./body_timeout.ts";
+import { keepSentPath, markUnparsableUrl } from "./routes.ts";
+import { type HeadProblem, parseHead, type RequestHead } from "./http1_head.ts";
+import { ConnReader } from "./http1_reader.ts";
+import { giveBodyBuffer, POOLED_BODY_MAX, takeBodyBuffer } from "./http1_body_pool.ts";
+import { writeAll, writeResponse } from "./http1_write.ts";
+import type { ResilientServer } from "./serve_resilient.ts";
+
+/** ms a connection may wait for the first byte of its next request (default 120 s). */
+export const IDLE_TIMEOUT_ENV = "ATTN_HTTP_IDLE_TIMEOUT_MS";
+/** ms a request head may take once its first byte came (default 30 s; a 408 after). */
+export const HEAD_TIMEOUT_ENV = "ATTN_HTTP_HEAD_TIMEOUT_MS";
+/** Connections open at once (default 4096). */
+export const MAX_CONNECTIONS_ENV = "ATTN_HTTP_MAX_CONNECTIONS";
+
+function envInt(name: string, fallback: number): number {
+  const v = Number(envVar(name) ?? fallback);
+  return Number.isSafeInteger(v) && v >= 1 ? v : fallback;
+}
+
+/** An unread body up to this is read and dropped to keep the connection; a larger one closes it. */
+const DRAIN_MAX = 256 * 1024;
+
+/** Case variants of the methods Request would silently upper-case (Fetch's normalization). */
+const NORMALIZED = new Set(["DELETE", "GET", "HEAD", "OPTIONS", "POST", "PUT"]);
+
+type Handler = (req: Request) => Promise<Response>;
+
+interface Conn {
+  conn: Deno.Conn;
+  /** Between requests (safe to close at shutdown). */
+  idle: boolean;
+}
+
+/** Serves `handler` on `o.port` with this module's server; see the module doc. */
+export function serveHttp1(
+  o: {
+    port: number;
+    hostname?: string;
+    onListen?: (a: { hostname: string; port: number }) => void;
+    log?: ErrorLogger;
+  },
+  handler: Handler,
+): ResilientServer {
+  const log = o.log ?? lineLogger();
+  const listener = Deno.listen({ port: o.port, hostname: o.hostname ?? "0.0.0.0" });
+  const addr = listener.addr as Deno.NetAddr;
+  o.onListen?.({ hostname: addr.hostname, port: addr.port });
+  const conns = new Set<Conn>();
+  const limits = {
+    idleMs: envInt(IDLE_TIMEOUT_ENV, 120_000),
+    headMs: envInt(HEAD_TIMEOUT_ENV, 30_000),
+    maxConns: envInt(MAX_CONNECTIONS_ENV, 4096),
+  };
+  let stopping = false;
+  const allClosed = Promise.withResolvers<void>();
+  const accepting = (async () => {
+    let backoff = 10;
+    for (;;) {
+      let conn: Deno.Conn;
+      try {
+        conn = await listener.accept();
+        backoff = 10;
+      } catch (e) {
+        if (stopping) return;
+        log(`http: accept failed; retrying in ${backoff} ms`, e);
+        await new Promise((r) => setTimeout(r, backoff));
+        backoff = Math.min(2000, backoff * 2);
+        continue;
+      }
+      if (conns.size >= limits.maxConns) {
+        refuse(conn, limits.maxConns);
+        continue;
+      }
+      const c: Conn = { conn, idle: true };
+      conns.add(c);
+      serveConn(c, handler, limits, () => stopping, log).finally(() => {
+        conns.delete(c);
+        if (stopping && conns.size === 0) allClosed.resolve();
+      });
+    }
+  })();
+  return {
+    addr,
+    finished: allClosed.promise,
+    async shutdown() {
+      if (stopping) return await allClosed.promise;
+      stopping = true;
+      listener.close();
+      await accepting;
+      for (const c of conns) if (c.idle) closeQuietly(c.conn);
+      if (conns.size === 0) allClosed.resolve();
+      await allClosed.promise;
+    },
+  };
+}
+
+function closeQuietly(conn: Deno.Conn): void {
+  try {
+    conn.close();
+  } catch { /* closed already */ }
+}
+
+/** One connection over the cap: a 503 and close. */
+function refuse(conn: Deno.Conn, max: number): void {
+  const res = engineProblem({
+    status: 503,
+    code: "too_many_connections",
+    detail: `the server holds its limit of ${max} connections; retry later`,
+    extra: { max_connections: max },
+  });
+  writeResponse(conn, res, { head: false, close: true }).catch(() => {}).finally(() =>
+    closeQuietly(conn)
+  );
+}
+
+/** A problem answer of this server's own (the head was refused before any handler saw it). */
+function engineProblem(p: HeadProblem): Response {
+  return problemResponse({
+    type: problemType(p.code),
+    title: p.status === 408 ? "Request Timeout" : "HTTP protocol error",
+    status: p.status,
+    detail: p.detail,
+    code: p.code,
+    ...p.extra,
+  });
+}
+
+async function serveConn(
+  c: Conn,
+  handler: Handler,
+  limits: { idleMs: number; headMs: number },
+  stopping: () => boolean,
+  log: ErrorLogger,
+): Promise<void> {
+  const { conn } = c;
+  try {
+    (conn as Deno.TcpConn).setNoDelay(true);
+  } catch { /* not TCP */ }
+  const r = new ConnReader(conn);
+  try {
+    for (;;) {
+      c.idle = true;
+      if (stopping() && r.available === 0) return;
+      const end = await r.nextHead(limits.idleMs, limits.headMs);
+      c.idle = false;
+      if (end === "eof") return;
+      if (end === "timeout") {
+        if (r.available > 0) await refuseHead(conn, timeoutProblem(limits.headMs));
+        return;
+      }
+      if (end === "too_large") {
+        return await refuseHead(conn, {
+          status: 431,
+          code: "headers_too_large",
+          detail: "request head is over the 65536 bytes taken",
+          extra: { max_head_bytes: 65536 },
+        });
+      }
+      const head = parseHead(r.buf.subarray(r.start, end), end - r.start);
+      r.consume(end - r.start);
+      if ("status" in head) return await refuseHead(conn, head);
+      if (!await exchange(r, head, handler, stopping, log)) return;
+    }
+  } catch {
+    // The connection failed (reset, closed while writing): nothing more to say on it.
+  } finally {
+    closeQuietly(conn);
+  }
+}
+
+function timeoutProblem(ms: number): HeadProblem {
+  return {
+    status: 408,
+    code: "head_timeout",
+    detail: `request head did not arrive within ${ms} ms`,
+    extra: { head_timeout_ms: ms },
+  };
+}
+
+async function refuseHead(conn: Deno.Conn, p: HeadProblem): Promise<void> {
+  await writeResponse(conn, engineProblem(p), { head: false, close: true });
+}
+
+/** The Request for a head (on a placeholder URL, marked, when no URL can be built from it). */
+function requestOf(head: RequestHead, signal: AbortSignal): Request {
+  const init = { method: head.method, headers: head.headers, signal };
+  const absolute = /^[a-zA-Z][a-zA-Z0-9+.-]*:\/\//.test(head.target);
+  const url = absolute
+    ? head.target
+    : `http://${head.host ?? "localhost"}${head.target === "*" ? "/*" : head.target}`;
+  let req: Request;
+  try {
+    req = new Request(url, init);
+  } catch {
+    req = new Request("http://invalid.invalid/", init);
+    markUnparsableUrl(req);
+  }
+  keepSentPath(req, head.target); // Request resolves dot segments; routes see what was sent
+  return req;
+}
+
+/** One request and its answer; whether the connection stays open. */
+async function exchange(
+  r: ConnReader,
+  head: RequestHead,
+  handler: Handler,
+  stopping: () => boolean,
+  log: ErrorLogger,
+): Promise<boolean> {
+  const { conn } = r;
+  const upper = head.method.toUpperCase();
+  if (upper !== head.method && NORMALIZED.has(upper)) {
+    await refuseHead(conn, {
+      status: 501,
+      code: "method_not_implemented",
+      detail: `method ${head.method} is not served (methods are case-sensitive: ${upper} is)`,
+      extra: { method: head.method },
+    });
+    return false;
+  }
+  const ac = new AbortController();
+  let req: Request;
+  try {
+    req = requestOf(head, ac.signal);
+  } catch {
+    await refuseHead(conn, {
+      status: 501,
+      code: "method_not_implemented",
+      detail: `method ${head.method} is not served`,
+      extra: { method: head.method },
+    });
+    return false;
+  }
+  const hasBody = head.chunked || head.contentLength > 0;
+  let bodyRead: Promise<StreamedBody> | null = null;
+  let bodyDone = !hasBody;
+  let watching = false;
+  let over = false;
+  const watch = () => { // a read that ends in EOF: the client went away
+    if (watching || over) return;
+    const p = r.probe();
+    if (!p) return;
+    watching = true;
+    p.then((x) => {
+      watching = false;
+      if (x === "eof") ac.abort(new Error("the client closed the connection"));
+      else watch();
+    });
+  };
+  let lease: ArrayBuffer | null = null; // a pooled buffer a borrowed body was read into
+  if (hasBody) {
+    setBodySource(req, (limit, borrow) => {
+      bodyRead ??= (async () => {
+        if (head.expectContinue) await writeAll(conn, CONTINUE);
+        const gap = bodyTimeoutMs();
+        const n = head.contentLength;
+        if (borrow && !head.chunked && n <= POOLED_BODY_MAX && n <= limit) {
+          lease = takeBodyBuffer(n);
+        }
+        const b = head.chunked
+          ? await r.chunkedBody(limit, gap)
+          : await r.lengthBody(n, limit, gap, lease ?? undefined);
+        if (b.end !== "complete") lease = null; // a read cut short may still be writing into it
+        bodyDone = b.end === "complete";
+        if (bodyDone) watch();
+        return b;
+      })();
+      return bodyRead;
+    });
+  } else watch();
+  let res: Response;
+  try {
+    res = await handler(req);
+  } catch (e) {
+    res = problemResponse(toProblem(e, undefined, log));
+  }
+  if (bodyRead) await (bodyRead as Promise<StreamedBody>).catch(() => {});
+  over = true;
+  // A body the handler did not read: a small one of declared length is read and dropped after
+  // the answer (the connection kept), any other closes the connection.
+  const drain = !bodyDone && bodyRead === null && !head.chunked && head.contentLength <= DRAIN_MAX;
+  const close = !head.keepAlive || stopping() || (!bodyDone && !drain) || r.broken || r.eof ||
+    res.headers.get("connection")?.toLowerCase() === "close";
+  await writeResponse(conn, res, { head: head.method === "HEAD", close });
+  if (lease) giveBodyBuffer(lease); // the answer is built and written: the body is given up
+  if (close && !bodyDone && !r.eof && !r.broken) await linger(r);
+  if (close || !drain) return !close;
+  return (await r.lengthBody(head.contentLength, DRAIN_MAX, bodyTimeoutMs())).end === "complete";
+}
+
+/** A closing answer's unread body: the write side shut, what still comes read for up to 1 s. */
+async function linger(r: ConnReader): Promise<void> {
+  try {
+    await (r.conn as Deno.TcpConn).closeWrite();
+  } catch { /* closed already */ }
+  await r.discard(1000, 16 * 1024 * 1024);
+}
+
+const CONTINUE = new TextEncoder().encode("HTTP/1.1 100 Continue\r\n\r\n");

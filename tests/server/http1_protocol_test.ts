@@ -1,0 +1,281 @@
+/**
+ * The service's own HTTP/1.1 server (server/http1_server.ts, `--http-engine http1`) on a real
+ * port: malformed heads answered with problems that name the field (and the handler never
+ * runs), the leniencies Deno.serve has kept (bare LF line ends, absolute-form targets), keep-alive
+ * and pipelining, HTTP/1.0, chunked bodies, `Expect: 100-continue`, HEAD, unread bodies, and
+ * the bounds Deno.serve lacks: head and idle timeouts and a connection cap. The same cases under
+ * Deno.serve are pinned by protocol_test.ts.
+ */
+import assert from "node:assert/strict";
+import { serverMode, startServer, type TestServer } from "./helpers.ts";
+import { rawExchange } from "./raw_http.ts";
+import { withEnv } from "../support/env.ts";
+
+async function http1Server(): Promise<TestServer> {
+  const before = serverMode.engine;
+  serverMode.engine = "http1";
+  try {
+    return await startServer();
+  } finally {
+    serverMode.engine = before;
+  }
+}
+
+const GET = "GET /healthz HTTP/1.1\r\nhost: x\r\n";
+const POST = "POST /v1/kv-caches HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n";
+
+/** Refused heads: [name, request, status, code]. */
+const REFUSED: [string, string, number, string][] = [
+  ["no method/target/version", "GARBAGE\r\n\r\n", 400, "bad_request"],
+  ["no HTTP version", "GET /healthz\r\n\r\n", 400, "bad_request"],
+  ["HTTP/9.9", "GET /healthz HTTP/9.9\r\nhost: x\r\n\r\n", 505, "http_version_not_supported"],
+  ["HTTP/2.0", "GET /healthz HTTP/2.0\r\nhost: x\r\n\r\n", 505, "http_version_not_supported"],
+  ["a bad method character", "G(T /healthz HTTP/1.1\r\nhost: x\r\n\r\n", 400, "bad_request"],
+  ["a space in the target", "GET /health z HTTP/1.1\r\nhost: x\r\n\r\n", 400, "bad_request"],
+  [
+    "a control character in the target",
+    "GET /a\x01 HTTP/1.1\r\nhost: x\r\n\r\n",
+    400,
+    "bad_request",
+  ],
+  [
+    "a head over 64 KiB",
+    `GET /healthz?${"a".repeat(70_000)} HTTP/1.1\r\n\r\n`,
+    431,
+    "headers_too_large",
+  ],
+  ["a field without a colon", `${GET}x-a b\r\n\r\n`, 400, "bad_request"],
+  ["a bad field name", `${GET}ba(d: 1\r\n\r\n`, 400, "bad_request"],
+  ["whitespace before the colon", "GET /healthz HTTP/1.1\r\nhost : x\r\n\r\n", 400, "bad_request"],
+  ["an empty field name", `${GET}: v\r\n\r\n`, 400, "bad_request"],
+  ["obsolete line folding", `${GET}x-a: a\r\n b\r\n\r\n`, 400, "bad_request"],
+  ["NUL in a value", `${GET}x-a: a\0b\r\n\r\n`, 400, "bad_request"],
+  ["a bare CR", `${GET}x-a: a\rb\r\n\r\n`, 400, "bad_request"],
+  [
+    "130 fields",
+    `${GET}${Array.from({ length: 130 }, (_, i) => `x-h${i}: 1\r\n`).join("")}\r\n`,
+    431,
+    "headers_too_large",
+  ],
+  ["Content-Length abc", `${POST}content-length: abc\r\n\r\n`, 400, "bad_request"],
+  ["Content-Length -1", `${POST}content-length: -1\r\n\r\n`, 400, "bad_request"],
+  [
+    "Content-Length over 2^64",
+    `${POST}content-length: 99999999999999999999999\r\n\r\n`,
+    400,
+    "bad_request",
+  ],
+  [
+    "two Content-Lengths",
+    `${POST}content-length: 2\r\ncontent-length: 3\r\n\r\n{}`,
+    400,
+    "bad_request",
+  ],
+  [
+    "Content-Length with chunked",
+    `${POST}content-length: 2\r\ntransfer-encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n`,
+    400,
+    "bad_request",
+  ],
+  ["Transfer-Encoding gzip", `${POST}transfer-encoding: gzip\r\n\r\n{}`, 501, "not_implemented"],
+  ["HTTP/1.1 without Host", "GET /healthz HTTP/1.1\r\n\r\n", 400, "bad_request"],
+  ["two Hosts", `${GET}host: y\r\n\r\n`, 400, "bad_request"],
+  ["a lowercase method", "get /healthz HTTP/1.1\r\nhost: x\r\n\r\n", 501, "method_not_implemented"],
+  ["TRACE", "TRACE /healthz HTTP/1.1\r\nhost: x\r\n\r\n", 501, "method_not_implemented"],
+  ["an unknown expectation", `${GET}expect: 200-ok\r\n\r\n`, 417, "expectation_failed"],
+];
+
+Deno.test("http1: refused heads are problems naming the field; the handler never runs", async () => {
+  const srv = await http1Server();
+  try {
+    for (const [name, req, status, code] of REFUSED) {
+      const r = await rawExchange(srv.port, req, { timeoutMs: 5000 });
+      assert.ok(r, `${name}: no answer`);
+      assert.equal(r.status, status, `${name}: ${r.status} ${r.text}`);
+      assert.equal(r.headers.get("content-type"), "application/problem+json", name);
+      assert.equal(r.headers.get("connection"), "close", name);
+      const doc = JSON.parse(r.text);
+      assert.equal(doc.code, code, `${name}: ${r.text}`);
+      assert.equal(doc.status, status, name);
+    }
+    assert.doesNotMatch(srv.metrics.render(), /^attn_http_requests_total\{/m);
+    // What Deno.serve lets through still reaches the handler.
+    for (
+      const req of [
+        "GET /healthz HTTP/1.1\nhost: x\n\n", // bare LF line ends
+        "\r\nGET /healthz HTTP/1.1\r\nhost: x\r\n\r\n", // a blank line first
+        "GET /healthz HTTP/1.0\r\n\r\n",
+        "GET http://elsewhere.example/healthz HTTP/1.1\r\nhost: x\r\n\r\n", // absolute form
+      ]
+    ) {
+      const r = await rawExchange(srv.port, req);
+      assert.equal(r?.status, 200, JSON.stringify(req));
+    }
+    // A cut chunked body is the handler's 400 body_incomplete.
+    const cut = await rawExchange(srv.port, `${POST}transfer-encoding: chunked\r\n\r\n5\r\n{"num`);
+    assert.equal(cut?.status, 400);
+    assert.equal(JSON.parse(cut!.text).code, "body_incomplete");
+    const bad = await rawExchange(
+      srv.port,
+      `${POST}transfer-encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n`,
+    );
+    assert.equal(JSON.parse(bad!.text).code, "body_incomplete", bad?.text);
+    assert.deepEqual(srv.errors, []);
+  } finally {
+    await srv.close();
+  }
+});
+
+/**
+ * Reads `n` answers (Content-Length framed) off one connection, then waits up to `eofWaitMs` for
+ * its end (`eof`: the server closed it). The connection is closed on return.
+ */
+async function answers(
+  conn: Deno.Conn,
+  n: number,
+  ms = 5000,
+  eofWaitMs = 300,
+): Promise<{ texts: string[]; eof: boolean }> {
+  const dec = new TextDecoder();
+  let buf = new Uint8Array(0);
+  const texts: string[] = [];
+  const deadline = Date.now() + ms;
+  let timedOut = false;
+  const more = async (limit: number) => {
+    const chunk = new Uint8Array(65536);
+    const t = setTimeout(() => {
+      timedOut = true;
+      conn.close();
+    }, Math.max(1, limit));
+    const got = await conn.read(chunk).catch(() => null);
+    clearTimeout(t);
+    if (got === null) return false;
+    const next = new Uint8Array(buf.length + got);
+    next.set(buf);
+    next.set(chunk.subarray(0, got), buf.length);
+    buf = next;
+    return true;
+  };
+  for (;;) {
+    const text = dec.decode(buf);
+    const end = text.indexOf("\r\n\r\n");
+    if (texts.length < n && end >= 0) {
+      const len = Number(/content-length: (\d+)/i.exec(text.slice(0, end))?.[1] ?? 0);
+      if (buf.length >= end + 4 + len) {
+        texts.push(text.slice(0, end + 4 + len));
+        buf = buf.subarray(end + 4 + len);
+        continue;
+      }
+    }
+    const limit = texts.length < n ? deadline - Date.now() : eofWaitMs;
+    if (!await more(limit)) break;
+  }
+  if (!timedOut) conn.close();
+  return { texts, eof: !timedOut };
+}
+
+Deno.test("http1: keep-alive, pipelining, HTTP/1.0, HEAD, 100-continue, unread bodies", async () => {
+  const srv = await http1Server();
+  const enc = new TextEncoder();
+  try {
+    // Three pipelined requests in one write: three answers in order, the last closes.
+    let c = await Deno.connect({ port: srv.port });
+    await c.write(
+      enc.encode(`${GET}\r\nGET /nope HTTP/1.1\r\nhost: x\r\n\r\n${GET}connection: close\r\n\r\n`),
+    );
+    let a = await answers(c, 3);
+    assert.deepEqual(a.texts.map((t) => t.slice(9, 12)), ["200", "404", "200"]);
+    assert.match(a.texts[2], /connection: close/);
+    assert.ok(a.eof, "closed after Connection: close");
+    // HTTP/1.0 closes after its answer unless it asks to keep the connection.
+    c = await Deno.connect({ port: srv.port });
+    await c.write(enc.encode("GET /healthz HTTP/1.0\r\n\r\n"));
+    a = await answers(c, 1);
+    assert.ok(a.eof);
+    // HEAD: the GET answer's fields, no body; the connection stays usable.
+    c = await Deno.connect({ port: srv.port });
+    await c.write(
+      enc.encode(`HEAD /healthz HTTP/1.1\r\nhost: x\r\n\r\n${GET}connection: close\r\n\r\n`),
+    );
+    a = await answers(c, 2);
+    assert.match(a.texts[0], /^HTTP\/1\.1 200 OK\r\n/);
+    assert.match(a.texts[0], /content-length: 15\r\n/);
+    assert.match(a.texts[1], /\{"status":"ok"\}$/);
+    // Expect: 100-continue: the interim answer once the handler reads the body.
+    const spec =
+      '{"num_blocks":2,"block_size":16,"num_kv_heads":1,"head_size":8,"dtype":"float32"}';
+    c = await Deno.connect({ port: srv.port });
+    await c.write(
+      enc.encode(`${POST}expect: 100-continue\r\ncontent-length: ${spec.length}\r\n\r\n`),
+    );
+    const interim = new Uint8Array(64);
+    const n = await c.read(interim);
+    assert.equal(
+      new TextDecoder().decode(interim.subarray(0, n ?? 0)),
+      "HTTP/1.1 100 Continue\r\n\r\n",
+    );
+    await c.write(enc.encode(spec));
+    a = await answers(c, 1, 2000);
+    assert.match(a.texts[0], /^HTTP\/1\.1 201 /);
+    // A small body the handler does not read is dropped and the connection kept; a large one
+    // closes it.
+    c = await Deno.connect({ port: srv.port });
+    await c.write(
+      enc.encode(`POST /nope HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\n\r\nhello${GET}\r\n`),
+    );
+    a = await answers(c, 2, 2000);
+    assert.deepEqual(a.texts.map((t) => t.slice(9, 12)), ["404", "200"]);
+    c = await Deno.connect({ port: srv.port });
+    await c.write(
+      enc.encode(`POST /nope HTTP/1.1\r\nhost: x\r\ncontent-length: 10000000\r\n\r\nabc`),
+    );
+    a = await answers(c, 1, 3000);
+    assert.match(a.texts[0], /^HTTP\/1\.1 404 /);
+    assert.match(a.texts[0], /connection: close/);
+    assert.deepEqual(srv.errors, []);
+  } finally {
+    await srv.close();
+  }
+});
+
+Deno.test("http1: head and idle timeouts, and the connection cap", async () => {
+  await withEnv({
+    ATTN_HTTP_HEAD_TIMEOUT_MS: "300",
+    ATTN_HTTP_IDLE_TIMEOUT_MS: "400",
+    ATTN_HTTP_MAX_CONNECTIONS: "2",
+  }, async () => {
+    const srv = await http1Server();
+    const enc = new TextEncoder();
+    try {
+      // A head that stops coming: 408 head_timeout, then close.
+      let c = await Deno.connect({ port: srv.port });
+      const t0 = Date.now();
+      await c.write(enc.encode("GET /healthz HTTP/1.1\r\nhost"));
+      let a = await answers(c, 1, 3000);
+      assert.match(a.texts[0], /^HTTP\/1\.1 408 /);
+      assert.match(a.texts[0], /"code":"head_timeout"/);
+      assert.ok(Date.now() - t0 >= 280, `answered after ${Date.now() - t0} ms`);
+      // An idle keep-alive connection is closed after the idle time, with no answer.
+      c = await Deno.connect({ port: srv.port });
+      await c.write(enc.encode(`${GET}\r\n`));
+      const t1 = Date.now();
+      a = await answers(c, 1, 3000, 2000);
+      assert.ok(a.eof, "closed when idle");
+      assert.ok(Date.now() - t1 >= 380, `closed after ${Date.now() - t1} ms`);
+      // Two connections open: a third gets 503 too_many_connections and is closed.
+      const held = [await Deno.connect({ port: srv.port }), await Deno.connect({ port: srv.port })];
+      await new Promise((r) => setTimeout(r, 50));
+      c = await Deno.connect({ port: srv.port });
+      await c.write(enc.encode(`${GET}\r\n`)).catch(() => 0);
+      a = await answers(c, 1, 2000);
+      assert.match(a.texts[0], /^HTTP\/1\.1 503 /);
+      assert.match(a.texts[0], /"code":"too_many_connections","max_connections":2/);
+      held.forEach((h) => h.close());
+      await new Promise((r) => setTimeout(r, 50));
+      const ok = await rawExchange(srv.port, `${GET}connection: close\r\n\r\n`);
+      assert.equal(ok?.status, 200, "served again once connections closed");
+    } finally {
+      await srv.close();
+    }
+  });
+});
