@@ -7,8 +7,10 @@
  * Deno.serve are pinned by protocol_test.ts.
  */
 import assert from "node:assert/strict";
-import { serverMode, startServer, type TestServer } from "./helpers.ts";
-import { rawExchange } from "./raw_http.ts";
+import { oneTokenBody, serverMode, startServer, type TestServer } from "./helpers.ts";
+import { rawExchange, rawRequest } from "./raw_http.ts";
+import { CPU_REFERENCE } from "../../backends/cpu/cpu_reference.ts";
+import type { AttentionBackend } from "../../core/types.ts";
 import { withEnv } from "../support/env.ts";
 
 async function http1Server(): Promise<TestServer> {
@@ -278,4 +280,49 @@ Deno.test("http1: head and idle timeouts, and the connection cap", async () => {
       await srv.close();
     }
   });
+});
+
+Deno.test("http1: a client that closes after sending its call aborts it: 499, nothing written", async () => {
+  // CPU_REFERENCE whose calls wait for `open` first: the first call holds its cache meanwhile.
+  const open = Promise.withResolvers<void>();
+  const gated = Object.create(CPU_REFERENCE) as AttentionBackend;
+  gated.run = async (...args: Parameters<AttentionBackend["run"]>) => {
+    await open.promise;
+    return await CPU_REFERENCE.run(...(args as Parameters<typeof CPU_REFERENCE.run>));
+  };
+  const before = serverMode.engine;
+  serverMode.engine = "http1";
+  const srv = await startServer({ backends: [gated] }).finally(() => serverMode.engine = before);
+  try {
+    const spec = { num_blocks: 1, block_size: 16, num_kv_heads: 2, head_size: 8, dtype: "float32" };
+    const { id } = await srv.client.createCache(
+      spec as Parameters<typeof srv.client.createCache>[0],
+    );
+    const first = srv.client.forward(oneTokenBody(id, 0)); // runs, held at the gate
+    await new Promise((r) => setTimeout(r, 100));
+    // The second call on the cache waits behind it; its client sends it whole, then goes away.
+    const body = JSON.stringify(oneTokenBody(id, 5));
+    const c = await Deno.connect({ port: srv.port });
+    await c.write(rawRequest("POST", "/v1/attention/forward", {
+      "content-type": "application/json",
+      "content-length": String(body.length),
+    }, body));
+    await new Promise((r) => setTimeout(r, 200)); // its body read: the server waits on the cache
+    c.close();
+    await new Promise((r) => setTimeout(r, 100));
+    open.resolve();
+    await first;
+    // Slot 5 (block 0, row 5) was never written: the second call did not run.
+    const data = await srv.client.cacheData(id);
+    const row = 2 * 8; // kv heads x head size, NHD
+    for (const t of [data.key_cache, data.value_cache]) {
+      const f = new Float32Array(t.data.buffer, t.data.byteOffset, t.data.byteLength / 4);
+      assert.ok(f.subarray(0, row).some((x) => x !== 0), "slot 0 written by the first call");
+      assert.ok(f.subarray(5 * row, 6 * row).every((x) => x === 0), "slot 5 written: it ran");
+    }
+    await new Promise((r) => setTimeout(r, 50));
+    assert.match(srv.metrics.render(), /code="client_closed_request"[^\n]* 1$/m);
+  } finally {
+    await srv.close();
+  }
 });
