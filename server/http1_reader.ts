@@ -72,7 +72,7 @@ export class ConnReader {
   broken = false;
   #pending: Promise<FillResult> | null = null;
 
-  constructor(readonly conn: Deno.Conn, size = 64 * 1024) {
+  constructor(readonly conn: Deno.Conn, size = 16 * 1024) {
     this.buf = new Uint8Array(size);
   }
 

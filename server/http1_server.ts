@@ -307,10 +307,16 @@ async function exchange(
   over = true;
   // A body the handler did not read: a small one of declared length is read and dropped after
   // the answer (the connection kept), any other closes the connection.
-  const drain = !bodyDone && bodyRead === null && !head.chunked && head.contentLength <= DRAIN_MAX;
+  // (Not one that waits for a 100 Continue it never got: its client may never send it.)
+  const drain = !bodyDone && bodyRead === null && !head.chunked && !head.expectContinue &&
+    head.contentLength <= DRAIN_MAX;
   const close = !head.keepAlive || stopping() || (!bodyDone && !drain) || r.broken || r.eof ||
     res.headers.get("connection")?.toLowerCase() === "close";
-  await writeResponse(conn, res, { head: head.method === "HEAD", close });
+  await writeResponse(conn, res, {
+    head: head.method === "HEAD",
+    close,
+    keepAlive10: !close && head.minor === 0,
+  });
   if (lease) giveBodyBuffer(lease); // the answer is built and written: the body is given up
   if (close && !bodyDone && !r.eof && !r.broken) await linger(r);
   if (close || !drain) return !close;

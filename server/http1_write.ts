@@ -88,6 +88,8 @@ export interface WriteOptions {
   head: boolean;
   /** Close the connection after this answer (says `Connection: close`). */
   close: boolean;
+  /** An HTTP/1.0 request that asked to keep the connection: say `Connection: keep-alive`. */
+  keepAlive10?: boolean;
 }
 
 /**
@@ -127,6 +129,7 @@ export async function writeResponse(
     if (declared !== null) head += `content-length: ${declared}\r\n`;
   } else if (!bodiless(res.status)) head += `content-length: ${length}\r\n`;
   if (o.close) head += "connection: close\r\n";
+  else if (o.keepAlive10) head += "connection: keep-alive\r\n";
   head += "\r\n";
   const done = stream
     ? writeStream(conn, encoder.encode(head), stream, length)

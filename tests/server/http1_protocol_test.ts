@@ -194,6 +194,25 @@ Deno.test("http1: keep-alive, pipelining, HTTP/1.0, HEAD, 100-continue, unread b
     await c.write(enc.encode("GET /healthz HTTP/1.0\r\n\r\n"));
     a = await answers(c, 1);
     assert.ok(a.eof);
+    // HTTP/1.0 asking to keep it: told so, and a second request is served on it.
+    c = await Deno.connect({ port: srv.port });
+    await c.write(enc.encode("GET /healthz HTTP/1.0\r\nconnection: keep-alive\r\n\r\n"));
+    await c.write(enc.encode("GET /healthz HTTP/1.0\r\n\r\n"));
+    a = await answers(c, 2);
+    assert.match(a.texts[0], /connection: keep-alive\r\n/);
+    assert.match(a.texts[1], /\{"status":"ok"\}$/);
+    assert.ok(a.eof, "closed after the second (no keep-alive asked)");
+    // A body waiting for a 100 Continue that never came (refused by its head): the answer
+    // closes the connection instead of waiting for a body its client may never send.
+    c = await Deno.connect({ port: srv.port });
+    await c.write(
+      enc.encode(
+        "POST /nope HTTP/1.1\r\nhost: x\r\nexpect: 100-continue\r\ncontent-length: 5\r\n\r\n",
+      ),
+    );
+    a = await answers(c, 1, 2000);
+    assert.match(a.texts[0], /^HTTP\/1\.1 404 /);
+    assert.match(a.texts[0], /connection: close/);
     // HEAD: the GET answer's fields, no body; the connection stays usable.
     c = await Deno.connect({ port: srv.port });
     await c.write(
