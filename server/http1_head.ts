@@ -169,6 +169,15 @@ function parseRequestLine(
       target: target.slice(0, 200),
     });
   }
+  const form = target[0] === "/" || /^[a-zA-Z][a-zA-Z0-9+.-]*:\/\//.test(target) ||
+    (target === "*" && method === "OPTIONS");
+  if (!form) {
+    return bad(
+      `request target ${JSON.stringify(target.slice(0, 200))} is not origin-form ("/path"), ` +
+        'absolute-form ("http://host/path") or "*" (OPTIONS)',
+      { target: target.slice(0, 200) },
+    );
+  }
   if (version === "HTTP/1.1" || version === "HTTP/1.0") {
     return { method, target, minor: version === "HTTP/1.1" ? 1 : 0 };
   }

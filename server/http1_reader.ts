@@ -82,7 +82,8 @@ export class ConnReader {
 
   consume(n: number): void {
     this.start += n;
-    if (this.start === this.end) this.start = this.end = 0;
+    // Not while a read is in flight: it fills the buffer from `end` as it was when it began.
+    if (this.start === this.end && this.#pending === null) this.start = this.end = 0;
   }
 
   /** Whether a read is in flight (see {@link probe}). */
@@ -148,35 +149,34 @@ export class ConnReader {
 
   /**
    * The next head's end (an index into `buf` past its blank line, the head starting at
-   * `start`), or how the wait ended: `idle` ms for its first byte, then `headMs` for the rest.
-   * Leading blank lines are skipped (RFC 9112 2.2).
+   * `start`), or how the wait ended: `idle` when no byte came within `idleMs`, `timeout` when the
+   * head was not whole `headMs` after its first byte. Leading blank lines are skipped (RFC 9112 2.2), but they count as bytes of the
+   * head: they start its time.
    */
   async nextHead(
     idleMs: number,
     headMs: number,
-  ): Promise<number | "eof" | "timeout" | "too_large"> {
-    let deadline = 0;
-    let scanned = this.start;
+  ): Promise<number | "eof" | "idle" | "timeout" | "too_large"> {
+    let deadline = this.available > 0 ? performance.now() + headMs : 0;
     for (;;) {
-      while (this.available > 0 && this.buf[this.start] === 10) this.consume(1);
-      while (
-        this.available >= 2 && this.buf[this.start] === 13 && this.buf[this.start + 1] === 10
-      ) {
-        this.consume(2);
+      while (this.available > 0 && (this.buf[this.start] === 10 || this.buf[this.start] === 13)) {
+        if (
+          this.buf[this.start] === 13 && (this.available < 2 || this.buf[this.start + 1] !== 10)
+        ) {
+          break; // a CR not (yet) followed by LF: the parser refuses a bare CR
+        }
+        this.consume(this.buf[this.start] === 13 ? 2 : 1);
       }
-      scanned = Math.max(scanned, this.start);
       if (this.available > 0) {
-        if (deadline === 0) deadline = performance.now() + headMs;
-        const e = headEnd(this.buf, scanned, this.end);
+        const e = headEnd(this.buf, this.start, this.end); // heads are small: scan it whole
         if (e >= 0) return e;
         if (this.available > MAX_HEAD_BYTES) return "too_large";
-        scanned = Math.max(this.start, this.end - 3);
       }
       const wait = deadline === 0 ? idleMs : Math.max(1, deadline - performance.now());
-      const before = this.start;
       const r = await this.fill(wait);
+      if (r === "timeout" && deadline === 0) return "idle";
       if (r !== "data") return r;
-      scanned -= before - this.start; // the buffer may have been compacted
+      if (deadline === 0) deadline = performance.now() + headMs;
     }
   }
 
@@ -313,9 +313,8 @@ export class ConnReader {
 
   /** One CRLF-ended line (at most 4 KiB), without its CRLF. */
   async #line(ms: number): Promise<{ text: string } | "eof" | "timeout" | "too_long"> {
-    let scanned = this.start;
     for (;;) {
-      for (let i = Math.max(scanned, this.start + 1); i < this.end; i++) {
+      for (let i = this.start + 1; i < this.end; i++) { // lines are short: scan it whole
         if (this.buf[i] === 10 && this.buf[i - 1] === 13) {
           const text = String.fromCharCode(...this.buf.subarray(this.start, i - 1));
           this.consume(i + 1 - this.start);
@@ -323,11 +322,8 @@ export class ConnReader {
         }
       }
       if (this.available > 4096) return "too_long";
-      scanned = this.end;
-      const before = this.start;
       const r = await this.fill(ms);
       if (r !== "data") return r;
-      scanned -= before - this.start;
     }
   }
 }

@@ -11,13 +11,14 @@
  * asked), pipelined requests answered in order, `Expect: 100-continue`, chunked request
  * bodies, HEAD, and problems (RFC 9457, as every other answer) for heads it refuses
  * (http1_head.ts), after which it closes. It also bounds what Deno.serve does not: the time
- * for a head ({@link HEAD_TIMEOUT_ENV}), an idle keep-alive connection's life
- * ({@link IDLE_TIMEOUT_ENV}) and the connections open at once ({@link MAX_CONNECTIONS_ENV}:
+ * for a head ({@link HEAD_TIMEOUT_SETTING}), an idle keep-alive connection's life
+ * ({@link IDLE_TIMEOUT_SETTING}) and the connections open at once ({@link MAX_CONNECTIONS_SETTING}:
  * one more gets a 503 and is closed). A request whose client goes away aborts its signal.
  * Methods are case-sensitive: `get` is not `GET` (501).
  * @module
  */
-import { envVar } from "../core/env.ts";
+import { envInt, type EnvSetting, readSetting } from "../core/env.ts";
+import { MAX_TIMER_MS } from "../core/timeout.ts";
 import {
   type ErrorLogger,
   lineLogger,
@@ -35,16 +36,23 @@ import { writeAll, writeResponse } from "./http1_write.ts";
 import type { ResilientServer } from "./serve_resilient.ts";
 
 /** ms a connection may wait for the first byte of its next request (default 120 s). */
-export const IDLE_TIMEOUT_ENV = "ATTN_HTTP_IDLE_TIMEOUT_MS";
+export const IDLE_TIMEOUT_SETTING: EnvSetting<number> = {
+  name: "ATTN_HTTP_IDLE_TIMEOUT_MS",
+  unset: 120_000,
+  parse: (t) => envInt("ATTN_HTTP_IDLE_TIMEOUT_MS", t, 1, MAX_TIMER_MS, " (ms)"),
+};
 /** ms a request head may take once its first byte came (default 30 s; a 408 after). */
-export const HEAD_TIMEOUT_ENV = "ATTN_HTTP_HEAD_TIMEOUT_MS";
+export const HEAD_TIMEOUT_SETTING: EnvSetting<number> = {
+  name: "ATTN_HTTP_HEAD_TIMEOUT_MS",
+  unset: 30_000,
+  parse: (t) => envInt("ATTN_HTTP_HEAD_TIMEOUT_MS", t, 1, MAX_TIMER_MS, " (ms)"),
+};
 /** Connections open at once (default 4096). */
-export const MAX_CONNECTIONS_ENV = "ATTN_HTTP_MAX_CONNECTIONS";
-
-function envInt(name: string, fallback: number): number {
-  const v = Number(envVar(name) ?? fallback);
-  return Number.isSafeInteger(v) && v >= 1 ? v : fallback;
-}
+export const MAX_CONNECTIONS_SETTING: EnvSetting<number> = {
+  name: "ATTN_HTTP_MAX_CONNECTIONS",
+  unset: 4096,
+  parse: (t) => envInt("ATTN_HTTP_MAX_CONNECTIONS", t, 1, 1_000_000),
+};
 
 /** An unread body up to this is read and dropped to keep the connection; a larger one closes it. */
 const DRAIN_MAX = 256 * 1024;
@@ -75,10 +83,10 @@ export function serveHttp1(
   const addr = listener.addr as Deno.NetAddr;
   o.onListen?.({ hostname: addr.hostname, port: addr.port });
   const conns = new Set<Conn>();
-  const limits = {
-    idleMs: envInt(IDLE_TIMEOUT_ENV, 120_000),
-    headMs: envInt(HEAD_TIMEOUT_ENV, 30_000),
-    maxConns: envInt(MAX_CONNECTIONS_ENV, 4096),
+  const limits = { // checked at start-up (serve_env.ts): a bad value throws here only in a library
+    idleMs: readSetting(IDLE_TIMEOUT_SETTING),
+    headMs: readSetting(HEAD_TIMEOUT_SETTING),
+    maxConns: readSetting(MAX_CONNECTIONS_SETTING),
   };
   let stopping = false;
   const allClosed = Promise.withResolvers<void>();
@@ -137,9 +145,10 @@ function refuse(conn: Deno.Conn, max: number): void {
     detail: `the server holds its limit of ${max} connections; retry later`,
     extra: { max_connections: max },
   });
-  writeResponse(conn, res, { head: false, close: true }).catch(() => {}).finally(() =>
-    closeQuietly(conn)
-  );
+  writeResponse(conn, res, { head: false, close: true })
+    .then(() => linger(new ConnReader(conn, 4096), 200))
+    .catch(() => {})
+    .finally(() => closeQuietly(conn));
 }
 
 /** A problem answer of this server's own (the head was refused before any handler saw it). */
@@ -172,13 +181,10 @@ async function serveConn(
       if (stopping() && r.available === 0) return;
       const end = await r.nextHead(limits.idleMs, limits.headMs);
       c.idle = false;
-      if (end === "eof") return;
-      if (end === "timeout") {
-        if (r.available > 0) await refuseHead(conn, timeoutProblem(limits.headMs));
-        return;
-      }
+      if (end === "eof" || end === "idle") return;
+      if (end === "timeout") return await refuseHead(r, timeoutProblem(limits.headMs));
       if (end === "too_large") {
-        return await refuseHead(conn, {
+        return await refuseHead(r, {
           status: 431,
           code: "headers_too_large",
           detail: "request head is over the 65536 bytes taken",
@@ -187,7 +193,7 @@ async function serveConn(
       }
       const head = parseHead(r.buf.subarray(r.start, end), end - r.start);
       r.consume(end - r.start);
-      if ("status" in head) return await refuseHead(conn, head);
+      if ("status" in head) return await refuseHead(r, head);
       if (!await exchange(r, head, handler, stopping, log)) return;
     }
   } catch {
@@ -206,8 +212,10 @@ function timeoutProblem(ms: number): HeadProblem {
   };
 }
 
-async function refuseHead(conn: Deno.Conn, p: HeadProblem): Promise<void> {
-  await writeResponse(conn, engineProblem(p), { head: false, close: true });
+/** A refused head's problem, then a lingering close (what the client still sends is read). */
+async function refuseHead(r: ConnReader, p: HeadProblem): Promise<void> {
+  await writeResponse(r.conn, engineProblem(p), { head: false, close: true });
+  if (!r.eof && !r.broken) await linger(r);
 }
 
 /** The Request for a head (on a placeholder URL, marked, when no URL can be built from it). */
@@ -239,7 +247,7 @@ async function exchange(
   const { conn } = r;
   const upper = head.method.toUpperCase();
   if (upper !== head.method && NORMALIZED.has(upper)) {
-    await refuseHead(conn, {
+    await refuseHead(r, {
       status: 501,
       code: "method_not_implemented",
       detail: `method ${head.method} is not served (methods are case-sensitive: ${upper} is)`,
@@ -252,7 +260,7 @@ async function exchange(
   try {
     req = requestOf(head, ac.signal);
   } catch {
-    await refuseHead(conn, {
+    await refuseHead(r, {
       status: 501,
       code: "method_not_implemented",
       detail: `method ${head.method} is not served`,
@@ -323,12 +331,15 @@ async function exchange(
   return (await r.lengthBody(head.contentLength, DRAIN_MAX, bodyTimeoutMs())).end === "complete";
 }
 
-/** A closing answer's unread body: the write side shut, what still comes read for up to 1 s. */
-async function linger(r: ConnReader): Promise<void> {
+/**
+ * A closing answer's unread bytes: the write side shut, what still comes read and dropped for up
+ * to `ms` (so that the client reads the answer instead of a reset).
+ */
+async function linger(r: ConnReader, ms = 1000): Promise<void> {
   try {
     await (r.conn as Deno.TcpConn).closeWrite();
   } catch { /* closed already */ }
-  await r.discard(1000, 16 * 1024 * 1024);
+  await r.discard(ms, 16 * 1024 * 1024);
 }
 
 const CONTINUE = new TextEncoder().encode("HTTP/1.1 100 Continue\r\n\r\n");

@@ -47,6 +47,9 @@ export const CHECKED_ENV: readonly string[] = [
   "ATTN_DECODE_TUNING",
   "ATTN_PREFILL_MMA_SHAPE",
   "ATTN_FLASH_TILE",
+  "ATTN_HTTP_IDLE_TIMEOUT_MS",
+  "ATTN_HTTP_HEAD_TIMEOUT_MS",
+  "ATTN_HTTP_MAX_CONNECTIONS",
 ];
 
 /**
@@ -61,10 +64,11 @@ export async function checkedSettings(): Promise<EnvSetting<unknown>[]> {
     import("./thread_watchdog.ts"),
     import("../backends/flash_switches.ts"),
   ]);
-  const [tuning, mma, tile] = await Promise.all([
+  const [tuning, mma, tile, http1] = await Promise.all([
     import("../backends/webgpu_decode_tuning.ts"),
     import("../backends/flash_mma_plan.ts"),
     import("../backends/flash_plan.ts"),
+    import("./http1_server.ts"),
   ]);
   return [
     ...service.SERVICE_LAZY_SETTINGS,
@@ -77,6 +81,9 @@ export async function checkedSettings(): Promise<EnvSetting<unknown>[]> {
     tuning.DECODE_TUNING_SETTING,
     mma.MMA_SHAPE_SETTING,
     tile.FLASH_TILE_SETTING,
+    http1.IDLE_TIMEOUT_SETTING,
+    http1.HEAD_TIMEOUT_SETTING,
+    http1.MAX_CONNECTIONS_SETTING,
   ];
 }
 

@@ -85,6 +85,9 @@ const REFUSED: [string, string, number, string][] = [
   ["a lowercase method", "get /healthz HTTP/1.1\r\nhost: x\r\n\r\n", 501, "method_not_implemented"],
   ["TRACE", "TRACE /healthz HTTP/1.1\r\nhost: x\r\n\r\n", 501, "method_not_implemented"],
   ["an unknown expectation", `${GET}expect: 200-ok\r\n\r\n`, 417, "expectation_failed"],
+  ["a target without a leading /", "GET healthz HTTP/1.1\r\nhost: x\r\n\r\n", 400, "bad_request"],
+  ["a target that is a query alone", "GET ?x HTTP/1.1\r\nhost: x\r\n\r\n", 400, "bad_request"],
+  ["* for GET", "GET * HTTP/1.1\r\nhost: x\r\n\r\n", 400, "bad_request"],
 ];
 
 Deno.test("http1: refused heads are problems naming the field; the handler never runs", async () => {
@@ -344,4 +347,56 @@ Deno.test("http1: a client that closes after sending its call aborts it: 499, no
   } finally {
     await srv.close();
   }
+});
+
+Deno.test("http1: pipelined bytes that come while a read waits are read in order", async () => {
+  // A review found the buffer reset under the read that waits for the client's next bytes: the
+  // third request below was answered as the first again (or never, when shorter), and a CRLF
+  // after a body lost the request after it.
+  const srv = await http1Server();
+  const enc = new TextEncoder();
+  try {
+    for (const pad of [10, 1]) {
+      const c = await Deno.connect({ port: srv.port });
+      await c.write(enc.encode(`GET /v1/backends HTTP/1.1\r\nhost: x\r\n\r\n${GET}\r\n`));
+      await new Promise((r) => setTimeout(r, 200));
+      await c.write(enc.encode(`GET /nope/${"x".repeat(pad)} HTTP/1.1\r\nhost: x\r\n\r\n`));
+      const a = await answers(c, 3, 3000);
+      assert.deepEqual(a.texts.map((t) => t.slice(9, 12)), ["200", "200", "404"], `pad ${pad}`);
+      assert.match(a.texts[2], new RegExp(`/nope/${"x".repeat(pad)}`));
+    }
+    const spec =
+      '{"num_blocks":2,"block_size":16,"num_kv_heads":1,"head_size":8,"dtype":"float32"}';
+    const c = await Deno.connect({ port: srv.port });
+    await c.write(enc.encode(`${POST}content-length: ${spec.length}\r\n\r\n${spec}\r\n`));
+    await new Promise((r) => setTimeout(r, 200));
+    await c.write(enc.encode("GET /nope HTTP/1.1\r\nhost: x\r\n\r\n"));
+    const a = await answers(c, 2, 3000);
+    assert.deepEqual(a.texts.map((t) => t.slice(9, 12)), ["201", "404"]);
+    assert.deepEqual(srv.errors, []);
+  } finally {
+    await srv.close();
+  }
+});
+
+Deno.test("http1: blank lines before a head count against the head timeout", async () => {
+  await withEnv(
+    { ATTN_HTTP_HEAD_TIMEOUT_MS: "300", ATTN_HTTP_IDLE_TIMEOUT_MS: "5000" },
+    async () => {
+      const srv = await http1Server();
+      try {
+        const c = await Deno.connect({ port: srv.port });
+        const t0 = Date.now();
+        const drip = setInterval(
+          () => c.write(new TextEncoder().encode("\r\n")).catch(() => {}),
+          50,
+        );
+        const a = await answers(c, 1, 3000).finally(() => clearInterval(drip));
+        assert.match(a.texts[0] ?? "", /^HTTP\/1\.1 408 /, "blank lines held the connection");
+        assert.ok(Date.now() - t0 < 2000, `answered after ${Date.now() - t0} ms`);
+      } finally {
+        await srv.close();
+      }
+    },
+  );
 });

@@ -40,6 +40,9 @@ Deno.test("serve env: the GPU layer's variables, refused in one line", async () 
     ATTN_UPLOAD_STAGING: ["0", "1", ""],
     ATTN_EARLY_READ: ["0", "1", ""],
     ATTN_DEFER_READ: ["0", "1", ""],
+    ATTN_HTTP_IDLE_TIMEOUT_MS: ["1", "120000", ""],
+    ATTN_HTTP_HEAD_TIMEOUT_MS: ["1", "30000", ""],
+    ATTN_HTTP_MAX_CONNECTIONS: ["1", "4096", ""],
   };
   for (const [name, values] of Object.entries(good)) {
     for (const v of values) await checkServeEnv({ [name]: v });
@@ -105,6 +108,21 @@ Deno.test("serve env: the GPU layer's variables, refused in one line", async () 
   await refused(
     { ATTN_UPLOAD_STAGING: "yes" },
     'ATTN_UPLOAD_STAGING must be 0 (off) or 1 (on), got "yes"',
+  );
+  // The HTTP/1.1 server's bounds (--http-engine http1): a bad value was the default, silently.
+  for (const v of ["0", "abc", "-5"]) {
+    await refused(
+      { ATTN_HTTP_HEAD_TIMEOUT_MS: v },
+      `ATTN_HTTP_HEAD_TIMEOUT_MS must be an integer from 1 to 2147483647 (ms), got "${v}"`,
+    );
+  }
+  await refused(
+    { ATTN_HTTP_IDLE_TIMEOUT_MS: "1.5" },
+    'ATTN_HTTP_IDLE_TIMEOUT_MS must be an integer from 1 to 2147483647 (ms), got "1.5"',
+  );
+  await refused(
+    { ATTN_HTTP_MAX_CONNECTIONS: "0" },
+    'ATTN_HTTP_MAX_CONNECTIONS must be an integer from 1 to 1000000, got "0"',
   );
 });
 
