@@ -1,6 +1,6 @@
 /**
  * The forward, error, contract-edge, limit, auth, shutdown, cache-route, queue-timeout and body
- * timeout suites again, each server on the service's own HTTP/1.1 server (server/http1_server.ts;
+ * timeout suites and the body release suite (pooled bodies reused between calls) again, each server on the service's own HTTP/1.1 server (server/http1_server.ts;
  * process-level servers with `--http-engine http1`): what a client sees must not depend on the
  * HTTP server, but for what http1_protocol_test.ts pins (malformed heads answered as problems).
  */
@@ -14,6 +14,7 @@ import "./shutdown_test.ts";
 import "./cache_routes_test.ts";
 import "./queue_timeout_http_test.ts";
 import "./body_timeout_test.ts";
+import "./body_release_test.ts";
 import { serverMode } from "./helpers.ts";
 
 serverMode.engine = "http1";
