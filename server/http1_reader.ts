@@ -15,11 +15,16 @@ import { headEnd, MAX_HEAD_BYTES } from "./http1_head.ts";
 /** How a wait for bytes ended. */
 export type FillResult = "data" | "eof" | "timeout";
 
-/** A body of declared length up to this is read into one buffer of that size up front. */
-export const DIRECT_BODY_MAX = 16 * 1024 * 1024;
+/**
+ * A body of declared length up to this is read into one buffer of that size made up front. Such
+ * a buffer's pages are committed as the bytes land (measured, dev VM: 2 GiB of buffers made, RSS
+ * +2 MiB), so memory follows the bytes that came, as with a body read in pieces, without the
+ * pieces' copy (a 100 MB prefill body in 1 MiB pieces took 101 ms to read on an H100 host).
+ */
+export const DIRECT_BODY_MAX = 1024 * 1024 * 1024;
 
-/** Bytes the direct reads in flight may hold ahead of what arrived (as body_read.ts budgets). */
-const DIRECT_BUDGET_BYTES = 64 * 1024 * 1024;
+/** Declared bytes the direct reads in flight may reserve (address space, not memory) at most. */
+const DIRECT_BUDGET_BYTES = 8 * 1024 * 1024 * 1024;
 let directBytes = 0;
 
 /** Size of the pieces a body read in pieces is read into. */
