@@ -3,9 +3,10 @@
  * as under Deno.serve, with less between the socket and it. Each request becomes a Request
  * without a body stream; its body is read when the handler asks (body_read.ts
  * `setBodySource`), straight from the socket into the buffer it ends up in, and answers built
- * from bytes are written from those bytes (http1_write.ts). On the 2-core dev VM a decode-sized
- * exchange (412 KB in, 262 KB out) cost Deno.serve 3-5x the server CPU of a bare Deno.listen
- * loop (bench/NOTES.md v0.28).
+ * from bytes are written from those bytes (http1_write.ts). A bare handler on Deno.listen took
+ * a fifth of Deno.serve's server CPU for a decode-sized exchange (412 KB in, 262 KB out; 2-core
+ * dev VM), but with the service's handler the difference was 5-10% there and within the runs'
+ * spread on an H100 host (bench/NOTES.md v0.28): it is opt-in, for what it bounds and answers.
  *
  * What a server owes its clients is kept: keep-alive (HTTP/1.1 by default, HTTP/1.0 when
  * asked), pipelined requests answered in order, `Expect: 100-continue`, chunked request
@@ -79,15 +80,15 @@ export function serveHttp1(
   handler: Handler,
 ): ResilientServer {
   const log = o.log ?? lineLogger();
-  const listener = Deno.listen({ port: o.port, hostname: o.hostname ?? "0.0.0.0" });
-  const addr = listener.addr as Deno.NetAddr;
-  o.onListen?.({ hostname: addr.hostname, port: addr.port });
-  const conns = new Set<Conn>();
   const limits = { // checked at start-up (serve_env.ts): a bad value throws here only in a library
     idleMs: readSetting(IDLE_TIMEOUT_SETTING),
     headMs: readSetting(HEAD_TIMEOUT_SETTING),
     maxConns: readSetting(MAX_CONNECTIONS_SETTING),
   };
+  const listener = Deno.listen({ port: o.port, hostname: o.hostname ?? "0.0.0.0" });
+  const addr = listener.addr as Deno.NetAddr;
+  o.onListen?.({ hostname: addr.hostname, port: addr.port });
+  const conns = new Set<Conn>();
   let stopping = false;
   const allClosed = Promise.withResolvers<void>();
   const accepting = (async () => {
