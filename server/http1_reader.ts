@@ -11,6 +11,7 @@
  */
 import { BodyBuffer, type StreamedBody } from "./body_read.ts";
 import { headEnd, MAX_HEAD_BYTES } from "./http1_head.ts";
+import { patientTimeout } from "./body_timeout.ts";
 
 /** How a wait for bytes ended. */
 export type FillResult = "data" | "eof" | "timeout";
@@ -30,19 +31,15 @@ let directBytes = 0;
 /** Size of the pieces a body read in pieces is read into. */
 const PIECE_BYTES = 1024 * 1024;
 
-function sleepResult(ms: number): { done: Promise<"timeout">; cancel(): void } {
-  let id: ReturnType<typeof setTimeout> | undefined;
-  const done = new Promise<"timeout">((r) => id = setTimeout(() => r("timeout"), ms));
-  return { done, cancel: () => clearTimeout(id) };
-}
-
 /**
  * A body read's gap limit with one timer, not one a socket read: it fires `gapMs` after the
- * last progress, re-arming itself while progress keeps coming.
+ * last progress, re-arming itself while progress keeps coming. Each wait is body_timeout.ts's
+ * `patientTimeout`, as every other body read's: a timer that fired late because the thread was
+ * busy waits once more before it counts.
  */
 class GapTimer {
   #last = performance.now();
-  #id: ReturnType<typeof setTimeout> | undefined;
+  #wait: { done: Promise<null>; cancel(): void } | undefined;
   #fire!: (v: "timeout") => void;
   readonly done = new Promise<"timeout">((r) => this.#fire = r);
 
@@ -51,11 +48,13 @@ class GapTimer {
   }
 
   #arm(ms: number): void {
-    this.#id = setTimeout(() => {
+    const wait = this.#wait = patientTimeout(ms);
+    wait.done.then(() => {
+      if (wait !== this.#wait) return; // cancelled
       const left = this.#last + this.gapMs - performance.now();
       if (left > 0) this.#arm(left);
       else this.#fire("timeout");
-    }, ms);
+    });
   }
 
   progress(): void {
@@ -63,7 +62,8 @@ class GapTimer {
   }
 
   cancel(): void {
-    clearTimeout(this.#id);
+    this.#wait?.cancel();
+    this.#wait = undefined;
   }
 }
 
@@ -129,11 +129,12 @@ export class ConnReader {
     if (!this.#pending) this.#makeRoom();
     const read = this.probe();
     if (read === null) return "eof";
-    const t = sleepResult(ms);
+    const t = patientTimeout(ms);
     try {
       const r = await Promise.race([read, t.done]);
-      if (r === "timeout") this.broken = true;
-      return r;
+      if (r !== null) return r;
+      this.broken = true;
+      return "timeout";
     } finally {
       t.cancel();
     }
