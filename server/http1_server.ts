@@ -30,7 +30,7 @@ import {
 import { setBodySource, type StreamedBody } from "./body_read.ts";
 import { bodyTimeoutMs } from "./body_timeout.ts";
 import { keepSentPath, markUnparsableUrl } from "./routes.ts";
-import { type HeadProblem, parseHead, type RequestHead } from "./http1_head.ts";
+import { type HeadProblem, MAX_HEAD_BYTES, parseHead, type RequestHead } from "./http1_head.ts";
 import { ConnReader } from "./http1_reader.ts";
 import { giveBodyBuffer, POOLED_BODY_MAX, takeBodyBuffer } from "./http1_body_pool.ts";
 import { writeAll, writeResponse } from "./http1_write.ts";
@@ -188,8 +188,8 @@ async function serveConn(
         return await refuseHead(r, {
           status: 431,
           code: "headers_too_large",
-          detail: "request head is over the 65536 bytes taken",
-          extra: { max_head_bytes: 65536 },
+          detail: `request head is over the ${MAX_HEAD_BYTES} bytes taken`,
+          extra: { max_head_bytes: MAX_HEAD_BYTES },
         });
       }
       const head = parseHead(r.buf.subarray(r.start, end), end - r.start);
@@ -246,28 +246,25 @@ async function exchange(
   log: ErrorLogger,
 ): Promise<boolean> {
   const { conn } = r;
-  const upper = head.method.toUpperCase();
-  if (upper !== head.method && NORMALIZED.has(upper)) {
+  const notServed = async (why: string) => {
     await refuseHead(r, {
       status: 501,
       code: "method_not_implemented",
-      detail: `method ${head.method} is not served (methods are case-sensitive: ${upper} is)`,
+      detail: `method ${head.method} is not served${why}`,
       extra: { method: head.method },
     });
     return false;
+  };
+  const upper = head.method.toUpperCase();
+  if (upper !== head.method && NORMALIZED.has(upper)) {
+    return await notServed(` (methods are case-sensitive: ${upper} is)`);
   }
   const ac = new AbortController();
   let req: Request;
   try {
     req = requestOf(head, ac.signal);
   } catch {
-    await refuseHead(r, {
-      status: 501,
-      code: "method_not_implemented",
-      detail: `method ${head.method} is not served`,
-      extra: { method: head.method },
-    });
-    return false;
+    return await notServed(""); // a method Request refuses (TRACE, CONNECT, TRACK)
   }
   const hasBody = head.chunked || head.contentLength > 0;
   let bodyRead: Promise<StreamedBody> | null = null;

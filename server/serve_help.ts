@@ -79,11 +79,12 @@ usage: deno task serve [options]
                             over: 408 body_timeout
   --no-gpu                  do not acquire a WebGPU device (host backends only)
   --http-engine E           the HTTP server on this thread: deno (Deno.serve; default) or
-                            http1 (this service's own HTTP/1.1 server on Deno.listen: less
-                            CPU and latency a call, bounded head and idle times
-                            (ATTN_HTTP_HEAD_TIMEOUT_MS, ATTN_HTTP_IDLE_TIMEOUT_MS) and
-                            connections (ATTN_HTTP_MAX_CONNECTIONS); no HTTP/2, TLS or
-                            --http-workers); also ${HTTP_ENGINE_ENV}
+                            http1 (this service's own HTTP/1.1 server on Deno.listen: bounded
+                            head and idle times (ATTN_HTTP_HEAD_TIMEOUT_MS,
+                            ATTN_HTTP_IDLE_TIMEOUT_MS) and connections
+                            (ATTN_HTTP_MAX_CONNECTIONS), problems for malformed requests; no
+                            HTTP/2, TLS, --http-workers or --device-threads-http); also
+                            ${HTTP_ENGINE_ENV}
   --http-workers N          HTTP worker threads in front of the thread that owns the GPU:
                             they read requests and write answers, this thread validates,
                             plans and runs the calls (default ${DEFAULT_HTTP_WORKERS}; 0 = one thread

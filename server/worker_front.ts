@@ -14,6 +14,7 @@
  */
 import { serveResilient } from "./serve_resilient.ts";
 import { serveHttp1 } from "./http1_server.ts";
+import type { HttpEngine } from "./serve_options.ts";
 import type { AccessPolicy } from "./auth.ts";
 import { type ErrorLogger, lineLogger } from "./problem.ts";
 import { serveLentBodies } from "./lent_body.ts";
@@ -187,7 +188,7 @@ export type HttpServer = Pick<WorkerFront, "addr" | "shutdown" | "finished">;
  * them), else through that many HTTP worker threads.
  */
 export async function serveHttp(
-  opts: WorkerFrontOptions & { engine?: "deno" | "http1" },
+  opts: WorkerFrontOptions & { engine?: HttpEngine },
   handler: Handler,
 ): Promise<HttpServer> {
   if (opts.workers > 0) return await serveWithWorkers(opts, handler);
