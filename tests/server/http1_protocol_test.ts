@@ -8,7 +8,13 @@
  */
 import assert from "node:assert/strict";
 import { oneTokenBody, serverMode, startServer, type TestServer } from "./helpers.ts";
-import { rawExchange, rawRequest } from "./raw_http.ts";
+import {
+  expectHandlerAnswers,
+  RAW_GET as GET,
+  RAW_POST as POST,
+  rawExchange,
+  rawRequest,
+} from "./raw_http.ts";
 import { CPU_REFERENCE } from "../../backends/cpu/cpu_reference.ts";
 import type { AttentionBackend } from "../../core/types.ts";
 import { withEnv } from "../support/env.ts";
@@ -22,9 +28,6 @@ async function http1Server(): Promise<TestServer> {
     serverMode.engine = before;
   }
 }
-
-const GET = "GET /healthz HTTP/1.1\r\nhost: x\r\n";
-const POST = "POST /v1/kv-caches HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n";
 
 /** Refused heads: [name, request, status, code]. */
 const REFUSED: [string, string, number, string][] = [
@@ -105,21 +108,13 @@ Deno.test("http1: refused heads are problems naming the field; the handler never
     }
     assert.doesNotMatch(srv.metrics.render(), /^attn_http_requests_total\{/m);
     // What Deno.serve lets through still reaches the handler.
-    for (
-      const req of [
-        "GET /healthz HTTP/1.1\nhost: x\n\n", // bare LF line ends
-        "\r\nGET /healthz HTTP/1.1\r\nhost: x\r\n\r\n", // a blank line first
-        "GET /healthz HTTP/1.0\r\n\r\n",
-        "GET http://elsewhere.example/healthz HTTP/1.1\r\nhost: x\r\n\r\n", // absolute form
-      ]
-    ) {
-      const r = await rawExchange(srv.port, req);
-      assert.equal(r?.status, 200, JSON.stringify(req));
-    }
-    // A cut chunked body is the handler's 400 body_incomplete.
-    const cut = await rawExchange(srv.port, `${POST}transfer-encoding: chunked\r\n\r\n5\r\n{"num`);
-    assert.equal(cut?.status, 400);
-    assert.equal(JSON.parse(cut!.text).code, "body_incomplete");
+    // (and a body cut short inside a chunk is the handler's 400 body_incomplete problem)
+    await expectHandlerAnswers(srv.port, [
+      "GET /healthz HTTP/1.1\nhost: x\n\n", // bare LF line ends
+      "\r\nGET /healthz HTTP/1.1\r\nhost: x\r\n\r\n", // a blank line first
+      "GET /healthz HTTP/1.0\r\n\r\n",
+      "GET http://elsewhere.example/healthz HTTP/1.1\r\nhost: x\r\n\r\n", // absolute form
+    ]);
     const bad = await rawExchange(
       srv.port,
       `${POST}transfer-encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n`,

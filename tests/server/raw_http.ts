@@ -1,3 +1,4 @@
+import assert from "node:assert/strict";
 /**
  * A raw HTTP/1.1 client over TCP for tests that must say what fetch will not: lying
  * Content-Length, bodies that stop halfway, any Host header, malformed request lines. It
@@ -182,4 +183,24 @@ export async function answerOn(conn: Deno.Conn): Promise<RawResponse> {
     if (r) return r;
     if (n === null) throw new Error("connection closed before an answer");
   }
+}
+
+/** The protocol tests' request heads, fields still open: a GET of /healthz, a JSON cache create. */
+export const RAW_GET = "GET /healthz HTTP/1.1\r\nhost: x\r\n";
+export const RAW_POST =
+  "POST /v1/kv-caches HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n";
+
+/**
+ * What both HTTP servers pass to the handler (protocol_test.ts, http1_protocol_test.ts): each of
+ * `requests` (a GET of /healthz) answered 200, and a chunked body cut inside its chunk the
+ * handler's 400 `body_incomplete`. @throws AssertionError on the first that is not.
+ */
+export async function expectHandlerAnswers(port: number, requests: string[]): Promise<void> {
+  for (const req of requests) {
+    const r = await rawExchange(port, req);
+    assert.equal(r?.status, 200, JSON.stringify(req));
+  }
+  const cut = await rawExchange(port, `${RAW_POST}transfer-encoding: chunked\r\n\r\n5\r\n{"num`);
+  assert.equal(cut?.status, 400);
+  assert.equal(JSON.parse(cut!.text).code, "body_incomplete");
 }
