@@ -84,12 +84,21 @@ const FORWARD_HEADERS = {
   accept: "application/octet-stream",
 };
 
-/** A caller of `kind` for the server at `url`, sending `headers` with every call. */
-export function caller(kind: ClientKind, url: string, headers: Record<string, string>): Caller {
+/**
+ * A caller of `kind` for the server at `url`, sending `headers` with every call. With
+ * `reuseAnswers` the raw client reads every answer into one buffer (bench/http_conn.ts
+ * `reuseAnswer`): an answer is then valid only until the next call (fetch ignores it).
+ */
+export function caller(
+  kind: ClientKind,
+  url: string,
+  headers: Record<string, string>,
+  options: { reuseAnswers?: boolean } = {},
+): Caller {
   const target = `${url}/v1/attention/forward`;
   const all = { ...headers, ...FORWARD_HEADERS };
   if (kind === "raw") {
-    const conn = new HttpConn(url);
+    const conn = new HttpConn(url, { reuseAnswer: options.reuseAnswers });
     return {
       prepare: (body) => rawRequest("POST", target, all, body),
       send: async (request) => {
@@ -213,7 +222,8 @@ export async function runDecode(
   ready: () => Promise<void> = () => Promise.resolve(),
 ): Promise<DecodeResult> {
   const s = job.shape, D = s.head_size;
-  const api = caller(job.client, job.url, job.headers);
+  // Each answer's rows are copied out before the next call: one answer buffer serves them all.
+  const api = caller(job.client, job.url, job.headers, { reuseAnswers: true });
   const todo: { cache: number; step: number; request: Prepared }[] = [];
   for (let i = 0; i < job.steps; i++) {
     const step = job.first_step + i;

@@ -96,7 +96,7 @@ export async function serveStub(
     onListen: (a: { port: number }) => onListen(a.port),
   };
   return await serveHttp(
-    { ...listen, workers, engine, access: {}, maxBodyBytes: 1 << 30 },
+    { ...listen, workers, engine, access: {}, maxBodyBytes: 1 << 30, metrics },
     handler,
   );
 }

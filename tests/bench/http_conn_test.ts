@@ -164,3 +164,37 @@ Deno.test("bench http client: Server-Timing durations and the share outside the 
   assert.equal(parseHttpBenchArgs(["--client", "fetch"]).run.client, "fetch");
   assert.throws(() => parseHttpBenchArgs(["--client", "curl"]), /--client must be one of/);
 });
+
+Deno.test("bench http conn: reuseAnswer reads every answer into one kept buffer", async () => {
+  const srv = echoServer();
+  const reusing = new HttpConn(srv.url, { reuseAnswer: true });
+  const fresh = new HttpConn(srv.url);
+  const rng = new Rng(22);
+  try {
+    // Growing, shrinking and growing again: each answer whole and right while it is the last.
+    const sizes = [70_000, 3_000, 300_001, 5, 300_001];
+    const kept: Uint8Array[] = [];
+    for (const n of sizes) {
+      const body = randomBytes(rng, n);
+      const a = await reusing.send(rawRequest("POST", `${srv.url}/echo`, {}, body));
+      assert.deepEqual(a.body, body.slice().reverse(), `${n} bytes into the kept buffer`);
+      kept.push(a.body);
+      const b = await fresh.send(rawRequest("POST", `${srv.url}/echo`, {}, body));
+      assert.deepEqual(b.body, a.body);
+      assert.notEqual(b.body.buffer, a.body.buffer);
+    }
+    // The last two answers (the buffer grew for the third, fit the fourth and fifth) share it.
+    assert.equal(kept[4].buffer, kept[3].buffer);
+    assert.equal(kept[4].buffer, kept[2].buffer);
+    assert.notEqual(kept[2].buffer, kept[0].buffer, "grown for a larger answer");
+    // Chunked answers are not read into it.
+    const body = randomBytes(rng, 1000);
+    const c = await reusing.send(rawRequest("POST", `${srv.url}/chunked`, {}, body));
+    assert.deepEqual(c.body, body.slice().reverse());
+    assert.notEqual(c.body.buffer, kept[4].buffer);
+  } finally {
+    reusing.close();
+    fresh.close();
+    await srv.close();
+  }
+});
