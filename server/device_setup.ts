@@ -15,7 +15,7 @@ import { builtinBackends } from "../backends/index.ts";
 import { AttentionService } from "../service/service.ts";
 import type { CallLimits } from "../service/validate.ts";
 import type { AccessPolicy } from "./auth.ts";
-import { createHandler } from "./handler.ts";
+import { createHandler, type Handler } from "./handler.ts";
 import { SCRAPE_HEADER, TENTATIVE_HEADER } from "./metrics_merge.ts";
 import { acquireSelected, NoDeviceProvider } from "../gpu/device.ts";
 import type { RuntimeLoader } from "../gpu/runtime.ts";
@@ -100,7 +100,7 @@ export function serviceAndHandler(
   device: DeviceProvider,
   o: ServingOptions,
   log?: ErrorLogger,
-): { service: AttentionService; handler: (req: Request) => Promise<Response> } {
+): { service: AttentionService; handler: Handler } {
   const service = new AttentionService({
     backends: builtinBackends(),
     device,

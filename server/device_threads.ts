@@ -69,6 +69,8 @@ async function threadExitGrace(): Promise<void> {
 export interface DeviceThreads {
   readonly threads: number;
   handler(req: Request): Promise<Response>;
+  /** The front's own counts, merged under `device_thread="front"` (for serveHttp's `metrics`). */
+  readonly metrics: FrontMetrics;
   /** Closes every thread's service and device, then ends the threads. */
   close(): Promise<void>;
   /**
@@ -308,6 +310,7 @@ function front(
   return {
     threads: threads.length,
     handler,
+    metrics: own,
     fault: (i, how = "throw") => threads[i].fault(how),
     listen: (o) => listenOnThreads(threads, { ...o, token: scrapeToken, log }),
     async close() {

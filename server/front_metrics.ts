@@ -1,8 +1,10 @@
 /**
  * What the device threads' front answers itself (server/device_threads.ts): a call it cannot
  * pass on (a 503 `device_thread_lost` for a lost thread's cache, a failure while routing), and
- * `/healthz`, is answered by no thread, so no thread's `/metrics` counts it. The front counts those answers
- * here, in `attn_http_requests_total` and `attn_http_problems_total`, and `/metrics` merges them
+ * `/healthz`, is answered by no thread, so no thread's `/metrics` counts it; nor does any thread
+ * count what the HTTP/1.1 server on the front's thread answers before the front's handler
+ * (`--http-engine http1`: http1_refusals.ts). The front counts those answers here, in
+ * `attn_http_requests_total` and `attn_http_problems_total`, and `/metrics` merges them
  * with the threads' series under `device_thread="front"`. Labels stay bounded: the route is a
  * known route's template or `unmatched`, never the path.
  * @module
@@ -55,6 +57,11 @@ export class FrontMetrics {
     const code = problemCodeOf(res);
     if (code === undefined && !this.#made.has(res)) return;
     this.#m.recordRequest(frontRoute(path), req.method, res.status, code);
+  }
+
+  /** Counts an answer given on the front's thread before its handler (Metrics.recordRequest). */
+  recordRequest(route: string, method: string, status: number, code?: string): void {
+    this.#m.recordRequest(route, method, status, code);
   }
 
   /** The request and problem families' text (their HELP and TYPE lines, then any samples). */

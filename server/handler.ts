@@ -59,9 +59,13 @@ export interface HandlerOptions {
   notInFlight?: (req: Request) => boolean;
 }
 
-/** A request handler, and the route table it serves (method and URLPattern path of each). */
+/**
+ * A request handler, the route table it serves (method and URLPattern path of each), and where
+ * it counts (for what a server answers before it: worker_front.ts serveHttp's `metrics`).
+ */
 export type Handler = ((req: Request) => Promise<Response>) & {
   readonly routes: readonly { method: string; path: string }[];
+  readonly metrics: Metrics;
 };
 
 /** Builds the request handler for a service. */
@@ -152,5 +156,5 @@ export function createHandler(service: AttentionService, opts: HandlerOptions = 
     return req.method.toUpperCase() === "HEAD" ? await headOf(res) : res;
   };
   const routes = router.routes.map(({ method, path }) => ({ method, path }));
-  return Object.assign(handle, { routes });
+  return Object.assign(handle, { routes, metrics });
 }

@@ -15,25 +15,30 @@
  * for a head ({@link HEAD_TIMEOUT_SETTING}), an idle keep-alive connection's life
  * ({@link IDLE_TIMEOUT_SETTING}) and the connections open at once ({@link MAX_CONNECTIONS_SETTING}:
  * one more gets a 503 and is closed). A request whose client goes away aborts its signal.
- * Methods are case-sensitive: `get` is not `GET` (501).
+ * Methods are case-sensitive: `get` is not `GET` (501). The answers it gives itself are counted
+ * in the metrics it is given, as the handler counts its own (http1_refusals.ts).
  * @module
  */
 import { envInt, type EnvSetting, readSetting } from "../core/env.ts";
 import { MAX_TIMER_MS } from "../core/timeout.ts";
-import {
-  type ErrorLogger,
-  lineLogger,
-  problemResponse,
-  problemType,
-  toProblem,
-} from "./problem.ts";
+import { type ErrorLogger, lineLogger, problemResponse, toProblem } from "./problem.ts";
 import { setBodySource, type StreamedBody } from "./body_read.ts";
 import { bodyTimeoutMs } from "./body_timeout.ts";
 import { keepSentPath, markUnparsableUrl } from "./routes.ts";
-import { type HeadProblem, MAX_HEAD_BYTES, parseHead, type RequestHead } from "./http1_head.ts";
+import { parseHead, type RequestHead } from "./http1_head.ts";
 import { ConnReader } from "./http1_reader.ts";
 import { giveBodyBuffer, POOLED_BODY_MAX, takeBodyBuffer } from "./http1_body_pool.ts";
 import { writeAll, writeResponse } from "./http1_write.ts";
+import {
+  closeQuietly,
+  linger,
+  refuse,
+  refuseHead,
+  type RequestCounts,
+  sentMethod,
+  timeoutProblem,
+  TOO_LARGE,
+} from "./http1_refusals.ts";
 import type { ResilientServer } from "./serve_resilient.ts";
 
 /** ms a connection may wait for the first byte of its next request (default 120 s). */
@@ -69,6 +74,16 @@ interface Conn {
   idle: boolean;
 }
 
+/** What the connections of one server share. */
+interface Shared {
+  handler: Handler;
+  limits: { idleMs: number; headMs: number };
+  stopping: () => boolean;
+  log: ErrorLogger;
+  /** Where the answers the server gives itself are counted (none: not counted). */
+  counts?: RequestCounts;
+}
+
 /** Serves `handler` on `o.port` with this module's server; see the module doc. */
 export function serveHttp1(
   o: {
@@ -76,6 +91,8 @@ export function serveHttp1(
     hostname?: string;
     onListen?: (a: { hostname: string; port: number }) => void;
     log?: ErrorLogger;
+    /** Where the answers it gives itself are counted (the handler's Metrics; none: not counted). */
+    metrics?: RequestCounts;
   },
   handler: Handler,
 ): ResilientServer {
@@ -90,6 +107,7 @@ export function serveHttp1(
   o.onListen?.({ hostname: addr.hostname, port: addr.port });
   const conns = new Set<Conn>();
   let stopping = false;
+  const shared: Shared = { handler, limits, stopping: () => stopping, log, counts: o.metrics };
   const allClosed = Promise.withResolvers<void>();
   const accepting = (async () => {
     let backoff = 10;
@@ -106,12 +124,12 @@ export function serveHttp1(
         continue;
       }
       if (conns.size >= limits.maxConns) {
-        refuse(conn, limits.maxConns);
+        refuse(conn, limits.maxConns, shared.counts);
         continue;
       }
       const c: Conn = { conn, idle: true };
       conns.add(c);
-      serveConn(c, handler, limits, () => stopping, log).finally(() => {
+      serveConn(c, shared).finally(() => {
         conns.delete(c);
         if (stopping && conns.size === 0) allClosed.resolve();
       });
@@ -132,46 +150,9 @@ export function serveHttp1(
   };
 }
 
-function closeQuietly(conn: Deno.Conn): void {
-  try {
-    conn.close();
-  } catch { /* closed already */ }
-}
-
-/** One connection over the cap: a 503 and close. */
-function refuse(conn: Deno.Conn, max: number): void {
-  const res = engineProblem({
-    status: 503,
-    code: "too_many_connections",
-    detail: `the server holds its limit of ${max} connections; retry later`,
-    extra: { max_connections: max },
-  });
-  writeResponse(conn, res, { head: false, close: true })
-    .then(() => linger(new ConnReader(conn, 4096), 200))
-    .catch(() => {})
-    .finally(() => closeQuietly(conn));
-}
-
-/** A problem answer of this server's own (the head was refused before any handler saw it). */
-function engineProblem(p: HeadProblem): Response {
-  return problemResponse({
-    type: problemType(p.code),
-    title: p.status === 408 ? "Request Timeout" : "HTTP protocol error",
-    status: p.status,
-    detail: p.detail,
-    code: p.code,
-    ...p.extra,
-  });
-}
-
-async function serveConn(
-  c: Conn,
-  handler: Handler,
-  limits: { idleMs: number; headMs: number },
-  stopping: () => boolean,
-  log: ErrorLogger,
-): Promise<void> {
+async function serveConn(c: Conn, s: Shared): Promise<void> {
   const { conn } = c;
+  const { limits, counts } = s;
   try {
     (conn as Deno.TcpConn).setNoDelay(true);
   } catch { /* not TCP */ }
@@ -179,44 +160,25 @@ async function serveConn(
   try {
     for (;;) {
       c.idle = true;
-      if (stopping() && r.available === 0) return;
+      if (s.stopping() && r.available === 0) return;
       const end = await r.nextHead(limits.idleMs, limits.headMs);
       c.idle = false;
       if (end === "eof" || end === "idle") return;
-      if (end === "timeout") return await refuseHead(r, timeoutProblem(limits.headMs));
-      if (end === "too_large") {
-        return await refuseHead(r, {
-          status: 431,
-          code: "headers_too_large",
-          detail: `request head is over the ${MAX_HEAD_BYTES} bytes taken`,
-          extra: { max_head_bytes: MAX_HEAD_BYTES },
-        });
+      if (end === "timeout" || end === "too_large") {
+        const p = end === "timeout" ? timeoutProblem(limits.headMs) : TOO_LARGE;
+        return await refuseHead(r, p, sentMethod(r.buf.subarray(r.start, r.end)), counts);
       }
-      const head = parseHead(r.buf.subarray(r.start, end), end - r.start);
-      r.consume(end - r.start);
-      if ("status" in head) return await refuseHead(r, head);
-      if (!await exchange(r, head, handler, stopping, log)) return;
+      const bytes = r.buf.subarray(r.start, end);
+      const head = parseHead(bytes, end - r.start);
+      r.consume(end - r.start); // (the bytes stay as they are until the next read)
+      if ("status" in head) return await refuseHead(r, head, sentMethod(bytes), counts);
+      if (!await exchange(r, head, s)) return;
     }
   } catch {
     // The connection failed (reset, closed while writing): nothing more to say on it.
   } finally {
     closeQuietly(conn);
   }
-}
-
-function timeoutProblem(ms: number): HeadProblem {
-  return {
-    status: 408,
-    code: "head_timeout",
-    detail: `request head did not arrive within ${ms} ms`,
-    extra: { head_timeout_ms: ms },
-  };
-}
-
-/** A refused head's problem, then a lingering close (what the client still sends is read). */
-async function refuseHead(r: ConnReader, p: HeadProblem): Promise<void> {
-  await writeResponse(r.conn, engineProblem(p), { head: false, close: true });
-  if (!r.eof && !r.broken) await linger(r);
 }
 
 /** The Request for a head (on a placeholder URL, marked, when no URL can be built from it). */
@@ -238,21 +200,21 @@ function requestOf(head: RequestHead, signal: AbortSignal): Request {
 }
 
 /** One request and its answer; whether the connection stays open. */
-async function exchange(
-  r: ConnReader,
-  head: RequestHead,
-  handler: Handler,
-  stopping: () => boolean,
-  log: ErrorLogger,
-): Promise<boolean> {
+async function exchange(r: ConnReader, head: RequestHead, s: Shared): Promise<boolean> {
   const { conn } = r;
+  const { handler, stopping, log } = s;
   const notServed = async (why: string) => {
-    await refuseHead(r, {
-      status: 501,
-      code: "method_not_implemented",
-      detail: `method ${head.method} is not served${why}`,
-      extra: { method: head.method },
-    });
+    await refuseHead(
+      r,
+      {
+        status: 501,
+        code: "method_not_implemented",
+        detail: `method ${head.method} is not served${why}`,
+        extra: { method: head.method },
+      },
+      head.method,
+      s.counts,
+    );
     return false;
   };
   const upper = head.method.toUpperCase();
@@ -327,17 +289,6 @@ async function exchange(
   if (close && !bodyDone && !r.eof && !r.broken) await linger(r);
   if (close || !drain) return !close;
   return (await r.lengthBody(head.contentLength, DRAIN_MAX, bodyTimeoutMs())).end === "complete";
-}
-
-/**
- * A closing answer's unread bytes: the write side shut, what still comes read and dropped for up
- * to `ms` (so that the client reads the answer instead of a reset).
- */
-async function linger(r: ConnReader, ms = 1000): Promise<void> {
-  try {
-    await (r.conn as Deno.TcpConn).closeWrite();
-  } catch { /* closed already */ }
-  await r.discard(ms, 16 * 1024 * 1024);
 }
 
 const CONTINUE = new TextEncoder().encode("HTTP/1.1 100 Continue\r\n\r\n");

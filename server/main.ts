@@ -26,6 +26,7 @@ import { sharedJsonDecoder } from "./json_decoder.ts";
 import { named } from "./responses.ts";
 import { Drainer } from "./shutdown.ts";
 import { type HttpServer, serveHttp } from "./worker_front.ts";
+import type { RequestCounts } from "./http1_refusals.ts";
 import type { DeviceThreads } from "./device_threads.ts";
 import type { ThreadListeners } from "./thread_listeners.ts";
 
@@ -45,6 +46,8 @@ function describeAccess(a: ResolvedAccess): string {
 /** The handler, and how to close what it serves with once drained. */
 interface Served {
   handler: (req: Request) => Promise<Response>;
+  /** Where the handler counts, for the answers given before it (serveHttp's `metrics`). */
+  metrics: RequestCounts;
   close: () => Promise<void>;
   /** The device threads (`--device-threads`), for their own listeners. */
   threads?: DeviceThreads;
@@ -69,6 +72,7 @@ async function oneService(o: ServeOptions, access: ResolvedAccess): Promise<Serv
   const { service, handler } = serviceAndHandler(device, servingOptions(o, access));
   return {
     handler,
+    metrics: handler.metrics,
     close: async () => {
       await service.close();
       sharedJsonDecoder.close();
@@ -92,6 +96,7 @@ async function threadedService(o: ServeOptions, access: ResolvedAccess): Promise
   console.error(`device threads: ${o.deviceThreads}`);
   return {
     handler: started.front.handler,
+    metrics: started.front.metrics,
     close: () => started.front.close(),
     threads: started.front,
   };
@@ -112,7 +117,7 @@ async function serveThePort(
   o: ServeOptions,
   access: ResolvedAccess,
   serve: (req: Request) => Promise<Response>,
-  threads: DeviceThreads | undefined,
+  { threads, metrics }: Pick<Served, "threads" | "metrics">,
 ): Promise<Serving> {
   const onListen = ({ hostname, port }: { hostname: string; port: number }) => {
     const h = hostname.includes(":") ? `[${hostname}]` : hostname;
@@ -134,6 +139,7 @@ async function serveThePort(
       maxBodyBytes: o.maxBodyBytes,
       maxJsonBodyBytes: o.maxJsonBodyBytes,
       onListen,
+      metrics,
     }, serve);
     if (o.httpWorkers > 0) console.error(`http workers: ${o.httpWorkers}`);
     if (o.httpEngine !== "deno") console.error(`http engine: ${o.httpEngine}`);
@@ -248,17 +254,17 @@ async function main(): Promise<void> {
   if (access.warning) console.error(access.warning);
   console.error(describeAccess(access));
   if (o.instanceName !== undefined) console.error(`instance: ${o.instanceName}`);
-  const { handler, close, threads } = o.deviceThreads > 0
+  const served = o.deviceThreads > 0
     ? await threadedService(o, access)
     : await oneService(o, access);
   const drainer = new Drainer();
   const serving = await serveThePort(
     o,
     access,
-    named(tracked(drainer, handler, o), o.instanceName),
-    threads,
+    named(tracked(drainer, served.handler, o), o.instanceName),
+    served,
   );
-  stopOnSignals(o, drainer, serving, close);
+  stopOnSignals(o, drainer, serving, served.close);
   await serving.server.finished;
 }
 

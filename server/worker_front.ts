@@ -14,6 +14,7 @@
  */
 import { serveResilient } from "./serve_resilient.ts";
 import { serveHttp1 } from "./http1_server.ts";
+import type { RequestCounts } from "./http1_refusals.ts";
 import type { HttpEngine } from "./serve_options.ts";
 import type { AccessPolicy } from "./auth.ts";
 import { type ErrorLogger, lineLogger } from "./problem.ts";
@@ -185,10 +186,12 @@ export type HttpServer = Pick<WorkerFront, "addr" | "shutdown" | "finished">;
 /**
  * Serves `handler` on this thread when `opts.workers` is 0 (Deno.serve, kept serving through
  * accept failures: serve_resilient.ts; lent answer bodies are released once Deno delivered
- * them), else through that many HTTP worker threads.
+ * them), else through that many HTTP worker threads. With `engine` "http1", the answers that
+ * server gives itself (refused heads, its timeouts and connection cap) are counted in `metrics`:
+ * the handler's, or what counts the answers of the thread it runs on.
  */
 export async function serveHttp(
-  opts: WorkerFrontOptions & { engine?: HttpEngine },
+  opts: WorkerFrontOptions & { engine?: HttpEngine; metrics?: RequestCounts },
   handler: Handler,
 ): Promise<HttpServer> {
   if (opts.workers > 0) return await serveWithWorkers(opts, handler);
@@ -198,6 +201,7 @@ export async function serveHttp(
       hostname: opts.hostname,
       onListen: opts.onListen ?? (() => {}),
       log: opts.log,
+      metrics: opts.metrics,
     }, handler);
   }
   return serveResilient({

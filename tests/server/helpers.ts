@@ -106,6 +106,7 @@ export async function startServer(opts: {
     maxBodyBytes: opts.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES,
     maxJsonBodyBytes: opts.maxJsonBodyBytes,
     log: (_m, e) => errors.push(e),
+    metrics,
   }, handler);
   const url = `http://127.0.0.1:${server.addr.port}`;
   return {
