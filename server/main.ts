@@ -142,7 +142,7 @@ async function serveThePort(
       metrics,
     }, serve);
     if (o.httpWorkers > 0) console.error(`http workers: ${o.httpWorkers}`);
-    if (o.httpEngine !== "deno") console.error(`http engine: ${o.httpEngine}`);
+    console.error(`http engine: ${o.httpEngine}`);
     return { server, listeners: null };
   } catch (e) {
     // In use, a host that does not resolve or is not this machine's: one line, in every mode.

@@ -3,8 +3,8 @@
  * limit made Deno.serve's accept fail, which rejected `finished` and ended the process (an
  * audit took a default server down with 20,000 idle connections). Now the port is served again
  * once connections close (server/serve_resilient.ts), by the HTTP workers too (each crashed and
- * was started again, dropping every connection it held). Run under `ulimit -n 256` to get there
- * fast.
+ * was started again, dropping every connection it held), and by `--http-engine http1` (whose
+ * accept loop retries). Run under `ulimit -n 256` to get there fast.
  */
 import assert from "node:assert/strict";
 
@@ -12,7 +12,8 @@ const MAIN = new URL("../../server/main.ts", import.meta.url).pathname;
 const CONFIG = new URL("../../deno.json", import.meta.url).pathname;
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
-async function exhaust(mode: string[]): Promise<void> {
+/** `said`: what the server's log says of the refused accepts (Deno.serve's or http1's words). */
+async function exhaust(mode: string[], said: RegExp): Promise<void> {
   const child = new Deno.Command("bash", {
     args: [
       "-c",
@@ -57,7 +58,7 @@ async function exhaust(mode: string[]): Promise<void> {
       ok = await fetch(`http://127.0.0.1:${port}/healthz`).then((r) => r.ok, () => false);
     }
     assert.ok(ok, `no answer after the connections closed: ${err}`);
-    assert.match(err, /http: the server stopped accepting/);
+    assert.match(err, said);
     assert.doesNotMatch(err, /crashed/);
   } finally {
     for (const c of conns) c.close();
@@ -68,8 +69,16 @@ async function exhaust(mode: string[]): Promise<void> {
   }
 }
 
+const DENO_SERVE_STOPPED = /http: the server stopped accepting/;
+
 Deno.test("server: out of file descriptors, it serves again once connections close", () =>
-  exhaust([]));
+  exhaust([], DENO_SERVE_STOPPED));
+
+Deno.test("server: out of file descriptors, the service's own HTTP/1.1 server serves again too", () =>
+  exhaust(
+    ["--http-engine", "http1"],
+    /http: accept failed; retrying in \d+ ms: Error: Too many open files/,
+  ));
 
 Deno.test("server: out of file descriptors, the HTTP workers serve again too", () =>
-  exhaust(["--http-workers", "2"]));
+  exhaust(["--http-workers", "2"], DENO_SERVE_STOPPED));

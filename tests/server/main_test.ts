@@ -383,3 +383,32 @@ Deno.test("main: a refused variable is an EnvValueError (one line, no usage), a 
     });
   }
 });
+
+Deno.test("main: --http-engine: deno (the default) or http1, which serves this thread only", () => {
+  const engine = (args: string[], env: Record<string, string> = {}) =>
+    parseServeArgs(args, env).httpEngine;
+  assert.equal(engine([]), "deno");
+  assert.equal(engine([], { ATTN_HTTP_ENGINE: "" }), "deno", "empty: unset");
+  assert.equal(engine(["--http-engine", "http1"]), "http1");
+  assert.equal(engine([], { ATTN_HTTP_ENGINE: "http1" }), "http1");
+  assert.equal(engine(["--http-engine=deno"], { ATTN_HTTP_ENGINE: "http1" }), "deno");
+  assert.equal(engine(["--http-engine", "http1", "--device-threads", "2"]), "http1");
+  assert.equal(engine(["--http-engine", "deno", "--http-workers", "2"]), "deno");
+  assert.throws(
+    () => parseServeArgs(["--http-engine", "http1", "--http-workers", "2"]),
+    /--http-engine http1 serves on this thread only, not with --http-workers 2/,
+  );
+  assert.throws(
+    () =>
+      parseServeArgs(["--http-engine", "http1", "--device-threads", "2", "--device-threads-http"]),
+    /not with --device-threads-http/,
+  );
+  assert.throws(
+    () => parseServeArgs(["--http-engine", "hyper"]),
+    /--http-engine must be one of deno, http1, got "hyper"/,
+  );
+  assert.throws(() => parseServeArgs([], { ATTN_HTTP_ENGINE: "h2" }), (e: unknown) => {
+    assert.ok(e instanceof EnvValueError && e.variable === "ATTN_HTTP_ENGINE", String(e));
+    return true;
+  });
+});
