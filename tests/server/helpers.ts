@@ -63,6 +63,19 @@ export const serverMode: { httpWorkers: number; engine: "deno" | "http1" } = {
   engine: Deno.env.get("ATTN_TEST_HTTP_ENGINE") === "http1" ? "http1" : "deno",
 };
 
+/** {@link startServer} with the service's own HTTP/1.1 server (`--http-engine http1`), whatever the mode. */
+export async function startHttp1Server(
+  opts: Parameters<typeof startServer>[0] = {},
+): Promise<TestServer> {
+  const before = serverMode.engine;
+  serverMode.engine = "http1";
+  try {
+    return await startServer(opts);
+  } finally {
+    serverMode.engine = before;
+  }
+}
+
 /** Starts a real server on 127.0.0.1:0 (with HTTP workers when {@link serverMode} asks). */
 export async function startServer(opts: {
   maxBodyBytes?: number;

@@ -8,20 +8,10 @@
  * `--device-threads` the front's own (merged under `device_thread="front"`).
  */
 import assert from "node:assert/strict";
-import { serverMode, startServer, type TestServer } from "./helpers.ts";
+import { serverMode, startHttp1Server } from "./helpers.ts";
 import { RAW_GET as GET, RAW_POST as POST, rawExchange, rawRequest } from "./raw_http.ts";
 import { withEnv } from "../support/env.ts";
 import { spawnServer } from "./process.ts";
-
-async function http1Server(): Promise<TestServer> {
-  const before = serverMode.engine;
-  serverMode.engine = "http1";
-  try {
-    return await startServer();
-  } finally {
-    serverMode.engine = before;
-  }
-}
 
 /** The request and problem samples of route `unmatched` in a scrape over `port`, sorted. */
 async function unmatched(port: number): Promise<string[]> {
@@ -41,7 +31,7 @@ const prob = (status: number, code: string, n = 1) =>
   `attn_http_problems_total{route="unmatched",status="${status}",code="${code}"} ${n}`;
 
 Deno.test("http1 metrics: refused heads are counted by route unmatched, method, status and code", async () => {
-  const srv = await http1Server();
+  const srv = await startHttp1Server();
   try {
     assert.deepEqual(await unmatched(srv.port), [], "none before");
     const refused: [string, number][] = [
@@ -88,7 +78,7 @@ Deno.test("http1 metrics: refused heads are counted by route unmatched, method, 
 
 Deno.test("http1 metrics: the head timeout's 408 and the connection cap's 503 are counted", async () => {
   await withEnv({ ATTN_HTTP_HEAD_TIMEOUT_MS: "200", ATTN_HTTP_MAX_CONNECTIONS: "2" }, async () => {
-    const srv = await http1Server();
+    const srv = await startHttp1Server();
     try {
       assert.deepEqual(await unmatched(srv.port), [], "none before");
       // A head that stops coming.

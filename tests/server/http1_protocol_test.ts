@@ -7,7 +7,7 @@
  * Deno.serve are pinned by protocol_test.ts.
  */
 import assert from "node:assert/strict";
-import { oneTokenBody, serverMode, startServer, type TestServer } from "./helpers.ts";
+import { oneTokenBody, startHttp1Server } from "./helpers.ts";
 import {
   expectHandlerAnswers,
   RAW_GET as GET,
@@ -18,16 +18,6 @@ import {
 import { CPU_REFERENCE } from "../../backends/cpu/cpu_reference.ts";
 import type { AttentionBackend } from "../../core/types.ts";
 import { withEnv } from "../support/env.ts";
-
-async function http1Server(): Promise<TestServer> {
-  const before = serverMode.engine;
-  serverMode.engine = "http1";
-  try {
-    return await startServer();
-  } finally {
-    serverMode.engine = before;
-  }
-}
 
 /** Refused heads: [name, request, status, code]. */
 const REFUSED: [string, string, number, string][] = [
@@ -94,7 +84,7 @@ const REFUSED: [string, string, number, string][] = [
 ];
 
 Deno.test("http1: refused heads are problems naming the field; the handler never runs", async () => {
-  const srv = await http1Server();
+  const srv = await startHttp1Server();
   try {
     for (const [name, req, status, code] of REFUSED) {
       const r = await rawExchange(srv.port, req, { timeoutMs: 5000 });
@@ -185,7 +175,7 @@ async function answers(
 }
 
 Deno.test("http1: keep-alive, pipelining, HTTP/1.0, HEAD, 100-continue, unread bodies", async () => {
-  const srv = await http1Server();
+  const srv = await startHttp1Server();
   const enc = new TextEncoder();
   try {
     // Three pipelined requests in one write: three answers in order, the last closes.
@@ -273,7 +263,7 @@ Deno.test("http1: head and idle timeouts, and the connection cap", async () => {
     ATTN_HTTP_IDLE_TIMEOUT_MS: "400",
     ATTN_HTTP_MAX_CONNECTIONS: "2",
   }, async () => {
-    const srv = await http1Server();
+    const srv = await startHttp1Server();
     const enc = new TextEncoder();
     try {
       // A head that stops coming: 408 head_timeout, then close.
@@ -317,9 +307,7 @@ Deno.test("http1: a client that closes after sending its call aborts it: 499, no
     await open.promise;
     return await CPU_REFERENCE.run(...(args as Parameters<typeof CPU_REFERENCE.run>));
   };
-  const before = serverMode.engine;
-  serverMode.engine = "http1";
-  const srv = await startServer({ backends: [gated] }).finally(() => serverMode.engine = before);
+  const srv = await startHttp1Server({ backends: [gated] });
   try {
     const spec = { num_blocks: 1, block_size: 16, num_kv_heads: 2, head_size: 8, dtype: "float32" };
     const { id } = await srv.client.createCache(
@@ -358,7 +346,7 @@ Deno.test("http1: pipelined bytes that come while a read waits are read in order
   // A review found the buffer reset under the read that waits for the client's next bytes: the
   // third request below was answered as the first again (or never, when shorter), and a CRLF
   // after a body lost the request after it.
-  const srv = await http1Server();
+  const srv = await startHttp1Server();
   const enc = new TextEncoder();
   try {
     for (const pad of [10, 1]) {
@@ -388,7 +376,7 @@ Deno.test("http1: blank lines before a head count against the head timeout", asy
   await withEnv(
     { ATTN_HTTP_HEAD_TIMEOUT_MS: "300", ATTN_HTTP_IDLE_TIMEOUT_MS: "5000" },
     async () => {
-      const srv = await http1Server();
+      const srv = await startHttp1Server();
       try {
         const c = await Deno.connect({ port: srv.port });
         const t0 = Date.now();
