@@ -116,8 +116,11 @@ async function sequential(srv: Server | null, url: string, o: Options): Promise<
   if (m.text) console.log(`  handler phases (mean): ${phaseMeans(m.text)}`);
 }
 
-/** Every client worker's calls at once. */
-async function concurrent(url: string, o: Options): Promise<void> {
+/**
+ * Every client worker's calls at once; with the server in process, also its thread's CPU over
+ * the phase (idle while the clients build their bodies), a call and as a share of the wall.
+ */
+async function concurrent(srv: Server | null, url: string, o: Options): Promise<void> {
   const per = Math.ceil(o.calls / o.clients);
   const workers = Array.from(
     { length: o.clients },
@@ -129,6 +132,7 @@ async function concurrent(url: string, o: Options): Promise<void> {
   );
   const job = { kind: "job", url, calls: per, client: o.client, w: o.workload };
   let done: { ms?: number[]; error?: string }[], wall: number;
+  const cpu0 = srv ? threadCpuMs(o.serverTid) : NaN;
   try {
     ({ done, wall_ms: wall } = await startTogether<{ ms?: number[]; error?: string }>(
       workers,
@@ -141,12 +145,18 @@ async function concurrent(url: string, o: Options): Promise<void> {
   const failed = done.find((d) => d.error !== undefined);
   if (failed) throw new Error(failed.error);
   const all = done.flatMap((d) => d.ms ?? []);
+  const cpu = (srv ? threadCpuMs(o.serverTid) : NaN) - cpu0;
   console.log(
     `${o.clients} clients (workers) x ${per} calls, ${o.httpWorkers} http workers: ${
       (all.length / wall * 1000).toFixed(0)
     } ` +
       `calls/s, round trip p50 ${f(p(all, 0.5))} ms, p90 ${f(p(all, 0.9))} ms ` +
-      `(${navigator.hardwareConcurrency} cores)`,
+      `(${navigator.hardwareConcurrency} cores)` +
+      (srv
+        ? `; server thread CPU ${f(cpu / all.length)} ms a call, ${
+          (100 * cpu / wall).toFixed(0)
+        }% of the wall`
+        : ""),
   );
 }
 
@@ -206,7 +216,7 @@ async function main(): Promise<void> {
   };
   try {
     await sequential(srv, url, o);
-    if (o.clients > 0) await concurrent(url, o);
+    if (o.clients > 0) await concurrent(srv, url, o);
   } finally {
     if (srv) {
       srv.w.postMessage({ kind: "stop" });
