@@ -3,7 +3,7 @@
 # the HTTP bench, the PyTorch anchor. Logs under $OUT; each part's tail is printed.
 # Usage there: bash bench/gpu_machine.sh
 #   [tests|dawn-tests|both-tests|compile-probe|mma|mma-fast|mma-bench|mma-ceiling|mma-strides|residency|bench|
-#    bench-deno|http|http-warm|http-prof|threads|exit-probe|anchor|clock-probe|group-probe|all]...
+#    bench-deno|http|http-ab|http-warm|http-prof|threads|exit-probe|anchor|clock-probe|group-probe|all]...
 # mma: the tensor-core kernel's tests; mma-fast: those of its fast softmax, direct loads, matrix-move
 # staging, split S chains, per-subgroup rescale, late next-tile stores and D split over subgroups;
 # mma-bench: its variant sweep; mma-ceiling: bench/mma_ceiling.ts, what subgroup-matrix loops reach
@@ -33,6 +33,7 @@
 # default dawn,deno: Dawn first, each runtime's report printed when done), cut at HTTP_TIMEOUT
 # seconds (default 170); HTTP_ARGS adds flags (e.g. "--steps 32", "--device-threads 0,4",
 # "--instances 1,4"); JSON in $OUT/http.json.
+# http-ab: interleaved A/B runs of Dawn's HTTP bench (HTTP_AB, see the part), a log each.
 # http-prof: the server (HTTP_PROF_RUNTIME, default dawn; keep-warm process; HTTP_PROF_SERVER_ARGS
 # added) under --cpu-prof, the HTTP bench against it (--url, HTTP_PROF_ARGS, default "--steps
 # 128"), then SIGINT and bench/cpuprofile_summary.ts of the server's profile
@@ -231,6 +232,25 @@ for w in $what; do
           ${depth:+--server-arg="--keep-warm-depth=$depth"} \
           ${mode:+--server-arg="--keep-warm-mode=$mode"} \
           ${period:+--server-arg="--keep-warm-period-ms=$period"} ${HTTP_ARGS:-}
+      done ;;&
+    http-ab)
+      # Interleaved A/B runs of Dawn's HTTP bench, each a server of its own and a log of its own
+      # (http-ab-N-ENGINE-KEEPWARM-LLAYERS.log/.json): HTTP_AB lists ENGINE:KEEPWARM:LAYERS:CLIENTS:STEPS
+      # (ENGINE deno or http1; KEEPWARM off, process or timer, 3000 ms), default two pairs of the
+      # engines with the process keep-warm, then a pair without (bench/NOTES.md v0.29). The summary
+      # lines of each run are printed: p50/p99, calls/s, and the sequential phases that decide them.
+      n_ab=0
+      for ab in ${HTTP_AB:-http1:process:1:8:64 deno:process:1:8:64 http1:process:1:8:64 deno:process:1:8:64 http1:off:1:8:64 deno:off:1:8:64}; do
+        IFS=: read -r eng kw layers clients steps <<<"$ab"
+        n_ab=$((n_ab + 1))
+        name="http-ab-$n_ab-$eng-$kw-L$layers"
+        kwargs=()
+        [ "$kw" != off ] && kwargs=(--server-arg=--keep-warm-ms=3000 --server-arg="--keep-warm-mode=$kw")
+        TAIL=${TAIL:-40} run "$name" "${HTTP_TIMEOUT:-100}" \
+          deno run --allow-net --allow-read --allow-env --allow-run --allow-write \
+          bench/http_bench.ts --runtimes dawn --json-out "$out/$name.json" --steps "$steps" \
+          --layers "$layers" --clients "$clients" --server-arg="--http-engine=$eng" "${kwargs[@]}" |
+          grep -E "^== |rc=|SM clock|decode step|^  (parse|plan|encode|gpu_and_readback|gpu|readback_map|total) |round trip|^dawn"
       done ;;&
     http-prof)
       # Where the serving thread's time goes under the HTTP bench (bench/NOTES.md v0.13, "Next").
