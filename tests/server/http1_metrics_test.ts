@@ -8,7 +8,7 @@
  * `--device-threads` the front's own (merged under `device_thread="front"`).
  */
 import assert from "node:assert/strict";
-import { serverMode, startHttp1Server } from "./helpers.ts";
+import { startHttp1Server } from "./helpers.ts";
 import { RAW_GET as GET, RAW_POST as POST, rawExchange, rawRequest } from "./raw_http.ts";
 import { withEnv } from "../support/env.ts";
 import { spawnServer } from "./process.ts";
@@ -115,36 +115,30 @@ Deno.test("http1 metrics: the head timeout's 408 and the connection cap's 503 ar
 });
 
 Deno.test("http1 metrics: main.ts counts them, on one thread and on the device threads' front", async () => {
-  const before = serverMode.engine;
-  serverMode.engine = "http1"; // spawnServer adds --http-engine http1
   const cases: [string[], string][] = [[[], ""], [
     ["--device-threads", "2"],
     'device_thread="front",',
   ]];
-  try {
-    for (const [args, label] of cases) {
-      const srv = await spawnServer(["--no-gpu", ...args]);
-      try {
-        const scrape = async () => {
-          const m = await rawExchange(srv.port, rawRequest("GET", "/metrics", {}));
-          assert.equal(m?.status, 200, m?.text);
-          return m!.text.split("\n").filter((l) => l.includes('route="unmatched"')).sort();
-        };
-        assert.deepEqual(await scrape(), [], `${args}: none before`);
-        const r = await rawExchange(srv.port, "GET /healthz HTTP/9.9\r\nhost: x\r\n\r\n");
-        assert.equal(r?.status, 505, r?.text);
-        const front = (line: string) => line.replace("{", `{${label}`);
-        assert.deepEqual(
-          await scrape(),
-          [req("GET", 505), prob(505, "http_version_not_supported")].map(front).sort(),
-          `${args}`,
-        );
-      } finally {
-        srv.kill("SIGTERM");
-        await srv.exited;
-      }
+  for (const [args, label] of cases) {
+    const srv = await spawnServer(["--no-gpu", "--http-engine", "http1", ...args]);
+    try {
+      const scrape = async () => {
+        const m = await rawExchange(srv.port, rawRequest("GET", "/metrics", {}));
+        assert.equal(m?.status, 200, m?.text);
+        return m!.text.split("\n").filter((l) => l.includes('route="unmatched"')).sort();
+      };
+      assert.deepEqual(await scrape(), [], `${args}: none before`);
+      const r = await rawExchange(srv.port, "GET /healthz HTTP/9.9\r\nhost: x\r\n\r\n");
+      assert.equal(r?.status, 505, r?.text);
+      const front = (line: string) => line.replace("{", `{${label}`);
+      assert.deepEqual(
+        await scrape(),
+        [req("GET", 505), prob(505, "http_version_not_supported")].map(front).sort(),
+        `${args}`,
+      );
+    } finally {
+      srv.kill("SIGTERM");
+      await srv.exited;
     }
-  } finally {
-    serverMode.engine = before;
   }
 });
