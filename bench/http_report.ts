@@ -4,6 +4,7 @@
  * phase side by side, and what the checks covered; then one summary line per runtime.
  * @module
  */
+import type { PollTicks } from "./http_dawn_poll.ts";
 import type { RunReport } from "./http_run.ts";
 import { type PhaseStats, timingOrder } from "./http_stats.ts";
 import { BIG_SHAPE, type HttpShape } from "./http_workload.ts";
@@ -163,6 +164,18 @@ export function formatRuntime(r: RuntimeReport): string[] {
     );
   }
   out.push(...timingTable([["prefill", p], ["decode seq", d], [`decode x${s.clients}`, c]]));
+  const poll = x.dawn_poll;
+  if (poll) {
+    const ticks = (t: PollTicks | null, calls?: number) =>
+      t
+        ? `${t.immediate} at once, ${t.paced} paced` +
+          (calls ? ` (${f(t.paced / calls)} paced a call)` : "")
+        : "-";
+    out.push(
+      `dawn poll ticks (server): sequential phase, warm-up included, ${ticks(poll.sequential)}; ` +
+        `${s.clients} clients ${ticks(poll.concurrent, c?.calls)}`,
+    );
+  }
   const kw = x.keep_warm;
   if (kw) {
     const o = kw.options;

@@ -34,6 +34,7 @@ import {
   takeRows,
 } from "./http_client.ts";
 import { concurrently } from "./http_clients.ts";
+import { type PollTicks, serverPollTicks, ticksBetween } from "./http_dawn_poll.ts";
 import { Reference } from "./http_reference.ts";
 import { type PhaseStats, phaseStats, type Timed } from "./http_stats.ts";
 import {
@@ -99,6 +100,11 @@ export interface RunReport {
   prefill_fill?: PhaseStats;
   decode_sequential?: PhaseStats;
   decode_concurrent?: PhaseStats;
+  /**
+   * The servers' Dawn poll ticks (summed over instances) during the timed decode phases,
+   * where /metrics has them (bench/http_dawn_poll.ts).
+   */
+  dawn_poll?: { sequential: PollTicks | null; concurrent: PollTicks | null };
   checks: { prefill: CheckTally; decode: CheckTally };
   /** The server's keep-warm state after the run (`/v1/device`), when it was asked for. */
   keep_warm?: DeviceReport["keep_warm"];
@@ -191,6 +197,19 @@ export async function runOnServer(url: string | string[], o: RunOptions): Promis
   report.ok = report.errors.length === 0 && c.prefill.failed_calls + c.decode.failed_calls === 0 &&
     c.prefill.calls + c.decode.calls > 0;
   return report;
+}
+
+/** The poll ticks of every instance, summed (null when one has none: not Dawn). */
+async function allPollTicks(
+  urls: string[],
+  headers: Record<string, string>,
+): Promise<PollTicks | null> {
+  const all = await Promise.all(urls.map((u) => serverPollTicks(u, headers)));
+  if (all.some((t) => !t)) return null;
+  return all.reduce<PollTicks>(
+    (a, t) => ({ immediate: a.immediate + t!.immediate, paced: a.paced + t!.paced }),
+    { immediate: 0, paced: 0 },
+  );
 }
 
 const pick = (i: { backend: string; storage: string; bytes: number }) => ({
@@ -319,11 +338,14 @@ async function decode(
     full_steps: full,
   });
   report.decode_warmup_calls = Math.max(1, o.warmup_calls);
+  const ticks = () => allPollTicks(report.urls, o.headers);
+  const t0 = await ticks();
   const seq = await runDecode(job(0, 0, report.decode_warmup_calls, [0, s.steps - 1]));
   report.decode_cold_ms = seq.warmup_ms;
   if (seq.calls.length) report.decode_sequential = phaseStats(seq.calls);
   if (seq.error) report.errors.push(seq.error);
   o.log(`decode sequential: ${seq.calls.length} calls, p50 ${report.decode_sequential?.p50_ms} ms`);
+  const t1 = await ticks();
   let conc: DecodeCall[] = [];
   if (!seq.error) {
     const last = s.clients - 1;
@@ -336,6 +358,12 @@ async function decode(
     for (const r of results) if (r.error) report.errors.push(r.error);
     if (conc.length) report.decode_concurrent = phaseStats(conc, wall_ms);
     o.log(`decode ${jobs.length} clients: ${conc.length} calls in ${wall_ms.toFixed(0)} ms`);
+  }
+  if (t0) {
+    report.dawn_poll = {
+      sequential: ticksBetween(t0, t1),
+      concurrent: ticksBetween(t1, await ticks()),
+    };
   }
   report.backends.decode = uniq([...seq.calls, ...conc].map((c) => c.backend));
   report.checks.decode = checkDecode(ref, [...seq.calls, ...conc]);

@@ -15,6 +15,7 @@
 import { bufferPoolTotals } from "../gpu/buffer_pool.ts";
 import { hostPool } from "../gpu/host_pool.ts";
 import { mapReadCounts } from "../gpu/map_read.ts";
+import { dawnTickPacing } from "../gpu/dawn_tick_pace.ts";
 
 /** The methods counted under their own name (RFC 9110 and PATCH); any other is "other". */
 export const KNOWN_METHODS: readonly string[] = [
@@ -140,6 +141,11 @@ export interface MemoryPools {
   host: PoolGauges & { leaked: number };
   /** This thread's forward read-backs by how they completed (gpu/map_read.ts). */
   readbacks: { early: number; awaited: number; deferred: number; by_submit: number };
+  /**
+   * Dawn's event-poll ticks on this thread (gpu/dawn_tick_pace.ts), run at once or paced as
+   * timers; absent where the pacer is not installed (Dawn never loaded here).
+   */
+  dawn_poll?: { immediate: number; paced: number };
 }
 
 /** The pools of this thread (gpu/buffer_pool.ts, gpu/host_pool.ts). */
@@ -156,7 +162,13 @@ export function threadMemoryPools(): MemoryPools {
       leaked: h.leaked,
     },
     readbacks: { ...mapReadCounts },
+    ...dawnPoll(),
   };
+}
+
+function dawnPoll(): Pick<MemoryPools, "dawn_poll"> {
+  const ticks = dawnTickPacing();
+  return ticks ? { dawn_poll: { immediate: ticks.immediate, paced: ticks.paced } } : {};
 }
 
 /** The plan cache's counters (service/plan_cache.ts PlanCacheStats). */
@@ -382,6 +394,15 @@ function renderPools(out: string[], p: MemoryPools): void {
       p.readbacks.by_submit,
     ],
   ]);
+  if (!p.dawn_poll) return;
+  const name = "attn_dawn_poll_ticks_total";
+  out.push(
+    `# HELP ${name} Dawn event-poll ticks by whether they ran at once or as paced timers ` +
+      "(a wait past ATTN_DAWN_TICK_SPIN_MS: each such tick can find the GPU done up to a timer late).",
+    `# TYPE ${name} counter`,
+    `${name}${labels({ paced: "false" })} ${p.dawn_poll.immediate}`,
+    `${name}${labels({ paced: "true" })} ${p.dawn_poll.paced}`,
+  );
 }
 
 function renderPlanCache(out: string[], c: PlanCacheGauges): void {

@@ -1,7 +1,7 @@
 /**
  * The memory pools outside `--memory-budget-bytes` in /metrics: this thread's GPU buffer pools
  * and host read-back pool (free, in-use and cap bytes; buffers created and reused; host leases
- * leaked), its read-backs by how they completed (early, awaited), the plan cache where wired (plans, hits, misses, disposed), and the device threads'
+ * leaked), its read-backs by how they completed (early, awaited), Dawn's poll ticks (at once, paced), the plan cache where wired (plans, hits, misses, disposed), and the device threads'
  * merge, which gives each of these families one HELP and TYPE and a `device_thread` label a
  * sample.
  */
@@ -11,6 +11,7 @@ import type { AttentionBackend, GpuContext } from "../../core/types.ts";
 import { bufferPoolTotals, poolOf } from "../../gpu/buffer_pool.ts";
 import { hostPool } from "../../gpu/host_pool.ts";
 import { mapReadCounts } from "../../gpu/map_read.ts";
+import { dawnTickPacing } from "../../gpu/dawn_tick_pace.ts";
 import { createHandler } from "../../server/handler.ts";
 import { type MemoryPools, Metrics } from "../../server/metrics.ts";
 import { mergeMetrics } from "../../server/metrics_merge.ts";
@@ -172,4 +173,33 @@ Deno.test("metrics: /metrics of a server shows the pools (the handler's default 
   } finally {
     await service.close();
   }
+});
+
+Deno.test("metrics: Dawn's poll ticks, at once and paced, where the pacer is installed", () => {
+  const withTicks: MemoryPools = { ...POOLS, dawn_poll: { immediate: 1234, paced: 56 } };
+  const text = new Metrics({ memoryPools: () => withTicks }).render();
+  assert.match(
+    text,
+    /^# TYPE attn_dawn_poll_ticks_total counter\nattn_dawn_poll_ticks_total\{paced="false"\} 1234\nattn_dawn_poll_ticks_total\{paced="true"\} 56\n/m,
+  );
+  assert.match(text, /^# HELP attn_dawn_poll_ticks_total \S/m);
+  // Merged over device threads, each thread's pair labelled.
+  const merged = mergeMetrics([text, text]);
+  assert.match(merged, /attn_dawn_poll_ticks_total\{device_thread="1",paced="true"\} 56\n/);
+  // No pacer (Dawn never loaded on the thread): no family.
+  assert.doesNotMatch(new Metrics({ memoryPools: () => POOLS }).render(), /dawn_poll/);
+});
+
+Deno.test("metrics: by default, the pacer's counts where one is installed on this thread", () => {
+  // Installing one here would wrap this process's setImmediate for every later test, so the
+  // case follows what this process has: Dawn loaded by an earlier test installs it.
+  const stats = dawnTickPacing();
+  const s = new Metrics().render();
+  if (!stats) return assert.doesNotMatch(s, /attn_dawn_poll_ticks_total/);
+  const at = (paced: string) =>
+    Number(
+      s.match(new RegExp(`^attn_dawn_poll_ticks_total\\{paced="${paced}"\\} (\\d+)$`, "m"))?.[1],
+    );
+  assert.equal(at("false"), stats.immediate);
+  assert.equal(at("true"), stats.paced);
 });
