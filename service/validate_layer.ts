@@ -58,17 +58,15 @@ export function checkLayer(input: ForwardInput, is: Issues): LayerSpec {
     );
   }
   const scale = l.scale ?? 1 / Math.sqrt(l.head_size);
-  if (!Number.isFinite(scale) || scale <= 0) {
-    is.add(p("scale"), `must be finite and > 0, got ${scale}`);
-  }
+  const scaleWhy = scaleProblem(scale, KERNELS_F32);
+  if (scaleWhy) is.add(p("scale"), scaleWhy);
   const sw = l.sliding_window ?? null;
   if (!validWindow(sw)) {
     is.add(p("sliding_window"), `must be an integer >= 1 (or null), got ${sw}`);
   }
   const cap = l.logits_soft_cap ?? null;
-  if (cap !== null && (!Number.isFinite(cap) || cap <= 0)) {
-    is.add(p("logits_soft_cap"), `must be finite and > 0 (or null), got ${cap}`);
-  }
+  const capWhy = cap === null ? null : scaleProblem(cap, KERNELS_F32);
+  if (capWhy) is.add(p("logits_soft_cap"), capWhy.replace("and > 0", "and > 0 (or null)"));
   const vec = (k: "alibi_slopes" | "sinks"): Float32Array | null => {
     const v = l[k];
     if (v === undefined || v === null) return null;
@@ -78,7 +76,8 @@ export function checkLayer(input: ForwardInput, is: Issues): LayerSpec {
     const out = new Float32Array(v.length);
     for (let i = 0; i < v.length; i++) {
       const x = v[i];
-      if (!Number.isFinite(x)) is.add([...p(k), i], `must be finite, got ${x}`);
+      const why = float32Problem(x);
+      if (why) is.add([...p(k), i], why);
       out[i] = x;
     }
     return out;
@@ -169,6 +168,12 @@ export function checkCache(
     if (s.dtype !== input.dtype) {
       is.add(["dtype"], `is ${input.dtype} but cache ${input.kv_cache} was created for ${s.dtype}`);
     }
+    // The layout is the held cache's; a call that names another one contradicts it (it was
+    // ignored before: session 38's audit).
+    const named = input.kv_cache_layout;
+    if (named !== undefined && named !== s.layout) {
+      is.add(["kv_cache_layout"], `is ${named} but cache ${input.kv_cache} is ${s.layout}`);
+    }
     return { spec: s, inline: null };
   }
   const kc = input.key_cache, vc = input.value_cache;
@@ -252,13 +257,29 @@ const F32_MIN_NORMAL = 2 ** -126;
  * float32 subnormal, which GPUs flush to 0 (1e39 became Infinity and 1e-46 became 0 unrefused,
  * and the backends disagreed on them).
  */
-export function scaleProblem(v: number): string | null {
+export function scaleProblem(v: number, why = "scales are float32"): string | null {
   if (!Number.isFinite(v) || v <= 0) return `must be finite and > 0, got ${v}`;
   const f = Math.fround(v);
-  if (!Number.isFinite(f)) return `must be finite as a float32 (scales are float32), got ${v}`;
+  if (!Number.isFinite(f)) return `must be finite as a float32 (${why}), got ${v}`;
   if (f < F32_MIN_NORMAL) {
-    return `must be at least ${F32_MIN_NORMAL} as a float32 (scales are float32; GPUs flush ` +
+    return `must be at least ${F32_MIN_NORMAL} as a float32 (${why}; GPUs flush ` +
       `smaller values to 0), got ${v}`;
+  }
+  return null;
+}
+
+/** Why the kernels' float32 copy of a layer value differs in kind from the value sent. */
+const KERNELS_F32 = "the kernels take it as a float32";
+
+/**
+ * Why a value the kernels take as a float32 (a sink, an ALiBi slope) cannot be used, or null:
+ * finite as a float64 and as that float32 (1e39 passed as finite and became Infinity: 200 with
+ * NaN heads, on CPU_REFERENCE too, in the HTTP audit of session 38).
+ */
+function float32Problem(v: number): string | null {
+  if (!Number.isFinite(v)) return `must be finite, got ${v}`;
+  if (!Number.isFinite(Math.fround(v))) {
+    return `must be finite as a float32 (${KERNELS_F32}), got ${v}`;
   }
   return null;
 }

@@ -112,14 +112,19 @@ function checkStarts(
   let monotone = true;
   if (qsl.length > 0 && qsl[0] !== 0) is.add(mp("query_start_loc", 0), `must be 0, got ${qsl[0]}`);
   for (let i = 0; i < R; i++) {
-    qlen[i] = qsl[i + 1] - qsl[i];
-    if (qlen[i] < 0) {
+    // Compared as numbers: a length stored first in the Int32Array wraps (2^31 - 1 - (-2^31)
+    // became non-negative, and the batch went on to plan 2^31 tiles).
+    const a = qsl[i], b = qsl[i + 1];
+    if (b < a) {
       monotone = false;
       is.add(
         mp("query_start_loc", i + 1),
-        `must be >= the previous entry ${qsl[i]}, got ${qsl[i + 1]} (non-decreasing)`,
+        `must be >= the previous entry ${a}, got ${b} (non-decreasing)`,
       );
-    }
+    } else if (b > T) {
+      monotone = false;
+      is.add(mp("query_start_loc", i + 1), `must be <= num_tokens ${T}, got ${b}`);
+    } else qlen[i] = b - a;
   }
   if (qsl.length > 0 && qsl[R] !== T) {
     is.add(mp("query_start_loc", R), `last entry must equal num_tokens ${T}, got ${qsl[R]}`);

@@ -287,3 +287,63 @@ Deno.test("validateForward: fp8 scales are refused where their float32 is not fi
     validateForward(i, HELD);
   }
 });
+
+Deno.test("validateForward: query_start_loc steps that wrap as int32 are refused, not planned", () => {
+  // Before: the lengths were taken in an Int32Array, 2^31 - 1 - (-2^31) wrapped to 1, the batch
+  // passed as non-decreasing and the GPU planner built ~2^31 tiles (the server ran out of memory
+  // and died; with the default limits a 422 limit_exceeded named no field). Session 38's audit.
+  const e: ForwardInput = {
+    dtype: "float32",
+    layer: { num_heads: 4, num_kv_heads: 2, head_size: 8, attn_type: "encoder_only" },
+    query: data([2, 4, 8]),
+    key: data([2, 2, 8]),
+    value: data([2, 2, 8]),
+    metadata: {
+      query_start_loc: ints([0, 2 ** 31 - 1, -(2 ** 31), -1, 2]),
+      seq_lens: ints([2 ** 31 - 1, 1, 2 ** 31 - 1, 3]),
+    },
+  };
+  const is = issuesOf(() => validateForward(e, null));
+  has(is, "metadata.query_start_loc.1", /must be <= num_tokens 2, got 2147483647/);
+  has(is, "metadata.query_start_loc.2", /non-decreasing/);
+  // Steps within [0, num_tokens] that go back are named too.
+  const back = {
+    ...e,
+    metadata: { query_start_loc: ints([0, 2, 1, 2]), seq_lens: ints([2, 0, 1]) },
+  };
+  has(issuesOf(() => validateForward(back, null)), "metadata.query_start_loc.2", /non-decreasing/);
+});
+
+Deno.test("validateForward: layer values the kernels take as float32 must be finite there", () => {
+  // Before: sinks and ALiBi slopes of 1e39 (finite as float64, Infinity as float32) gave 200
+  // with NaN heads, on CPU_REFERENCE too; a scale or soft cap of 1e39 reached the GPU as
+  // Infinity. Session 38's audit.
+  const cases: [Record<string, unknown>, string, RegExp][] = [
+    [{ sinks: [1e39, 0, 0, 0] }, "layer.sinks.0", /finite as a float32.*got 1e\+39/],
+    [{ alibi_slopes: [0.5, -1e308, 0, 0] }, "layer.alibi_slopes.1", /finite as a float32/],
+    [{ scale: 1e39 }, "layer.scale", /finite as a float32.*got 1e\+39/],
+    [{ scale: 1e-46 }, "layer.scale", /at least 1\.17549\d*e-38 as a float32/],
+    [{ logits_soft_cap: 1e39 }, "layer.logits_soft_cap", /finite as a float32/],
+  ];
+  for (const [fields, path, re] of cases) {
+    const i = input();
+    i.layer = { ...i.layer, ...fields };
+    has(issuesOf(() => validateForward(i, HELD)), path, re);
+  }
+  const ok = input();
+  ok.layer = {
+    ...ok.layer,
+    sinks: [3.4e38, -3.4e38, 1e-45, 0],
+    alibi_slopes: [1e-40, 2, -2, 0],
+    scale: 3.4e38,
+    logits_soft_cap: 2 ** -126,
+  };
+  validateForward(ok, HELD);
+});
+
+Deno.test("validateForward: a kv_cache_layout that contradicts the held cache's is refused", () => {
+  // Before: `HND` on an NHD held cache was ignored and the call served (session 38's audit).
+  const i = { ...input(), kv_cache_layout: "HND" as const };
+  has(issuesOf(() => validateForward(i, HELD)), "kv_cache_layout", /is HND but cache c1 is NHD/);
+  validateForward({ ...input(), kv_cache_layout: "NHD" as const }, HELD);
+});
