@@ -8,6 +8,7 @@
  * @module
  */
 import { type Issue, MAX_LISTED_ISSUES, ServiceError, withNotListed } from "./errors.ts";
+import { duplicateKey } from "./json_structure.ts";
 
 /** The safetensors dtypes this service reads and writes. */
 export const SAFETENSORS_DTYPES = [
@@ -178,7 +179,7 @@ export function parseSafetensors(bytes: Uint8Array, opts: ParseOptions = {}): Sa
   const known = key === null ? undefined : layouts.get(key);
   if (known !== undefined) return viewsOf(known, data);
   opts.scanHeader?.(headerBytes);
-  const layout = parseLayout(text, data.byteLength);
+  const layout = parseLayout(text, headerBytes, data.byteLength);
   if (key !== null) {
     if (layouts.size >= LAYOUT_MEMO_SIZE) layouts.delete(layouts.keys().next().value!);
     layouts.set(key, layout);
@@ -204,7 +205,7 @@ function viewsOf(layout: Layout, data: Uint8Array): SafetensorsFile {
  * and every bad tensor (its first defect) is listed, then, when all tensors are well formed,
  * every overlap and every byte that belongs to no tensor.
  */
-function parseLayout(text: string, dataBytes: number): Layout {
+function parseLayout(text: string, headerBytes: Uint8Array, dataBytes: number): Layout {
   let header: unknown;
   try {
     header = JSON.parse(text);
@@ -212,6 +213,14 @@ function parseLayout(text: string, dataBytes: number): Layout {
     throw bad(
       ["header"],
       `header is not valid UTF-8 JSON (${e instanceof Error ? e.message : String(e)})`,
+    );
+  }
+  const twice = duplicateKey(headerBytes);
+  if (twice) {
+    throw bad(
+      twice.path.map(String),
+      "appears twice in its object of the header (JSON keeps only one of them; which one is " +
+        "the parser's choice): send each name once",
     );
   }
   if (typeof header !== "object" || header === null || Array.isArray(header)) {

@@ -8,6 +8,7 @@
 import type { z } from "zod";
 import { ServiceError } from "../core/errors.ts";
 import { scanJson } from "../wire/json_scan.ts";
+import { jsonPath } from "../core/json_structure.ts";
 import { fromZod } from "../wire/zod_issues.ts";
 import { type BodyLimit, readBody } from "./body_read.ts";
 import { problem } from "./problem.ts";
@@ -97,7 +98,7 @@ export function bodyKind(req: Request, accepted: BodyKind[]): BodyKind {
  * pre-scan of {@link scanJson} (400 `json_too_deep`, 413 `json_too_many_values`).
  */
 export function parseJson(bytes: Uint8Array): unknown {
-  scanJson(bytes);
+  const twice = scanJson(bytes);
   let text: string;
   try {
     text = new TextDecoder("utf-8", { fatal: true }).decode(bytes);
@@ -113,8 +114,9 @@ export function parseJson(bytes: Uint8Array): unknown {
       code: "malformed_json",
     });
   }
+  let json: unknown;
   try {
-    return JSON.parse(text);
+    json = JSON.parse(text);
   } catch (e) {
     throw new ServiceError(
       `request body is not valid JSON: ${e instanceof Error ? e.message : String(e)}`,
@@ -124,6 +126,18 @@ export function parseJson(bytes: Uint8Array): unknown {
       },
     );
   }
+  if (twice) {
+    const where = jsonPath(twice.path);
+    throw new ServiceError(
+      `request body names ${where} twice in one object (JSON keeps only one of them): send it once`,
+      {
+        status: 400,
+        code: "malformed_json",
+        issues: [{ path: twice.path, message: "appears twice in its object" }],
+      },
+    );
+  }
+  return json;
 }
 
 /** The answers the forward routes can give, by media type. */

@@ -8,6 +8,7 @@
 import { encode } from "../core/dtype.ts";
 import { type Issue, ServiceError } from "../core/errors.ts";
 import { parseSafetensors, safetensorsParts, type SafetensorsTensor } from "../core/safetensors.ts";
+import { jsonPath } from "../core/json_structure.ts";
 import { toFloat32 } from "../core/data.ts";
 import type { DType, ForwardResult } from "../core/types.ts";
 import {
@@ -154,7 +155,7 @@ function deepFreeze<T>(x: T): T {
 function binaryRequest(text: string): BinaryRequest {
   const known = requests.get(text);
   if (known !== undefined) return known;
-  scanJsonText(text, { what: "__metadata__.request" });
+  const twice = scanJsonText(text, { what: "__metadata__.request" });
   let json: unknown;
   try {
     json = JSON.parse(text);
@@ -165,6 +166,12 @@ function binaryRequest(text: string): BinaryRequest {
         { path: ["__metadata__", "request"], message: "not valid JSON" },
       ],
     );
+  }
+  if (twice) {
+    const path = ["__metadata__", "request", ...twice.path];
+    throw badRequest(`__metadata__.request names ${jsonPath(twice.path)} twice`, [
+      { path, message: "appears twice in its object (JSON keeps only one of them): send it once" },
+    ]);
   }
   const r = BinaryForwardRequestSchema.safeParse(json);
   if (!r.success) {

@@ -9,12 +9,14 @@
  *   zeros, 64 MiB, took 4-10 s and ~930 MiB), and V8 aborts the whole process, uncatchably, on
  *   an array of 2^27 elements (the 420 MiB crash): the cap keeps every body far below both.
  *
- * One linear pass over the bytes; brackets and commas inside strings do not count. The scan
- * does not validate the JSON: the parse that follows does. {@link scanSafetensorsHeader} runs
+ * One linear pass over the bytes (core/json_structure.ts), which also finds a member name an
+ * object repeats; brackets and commas inside strings do not count. The scan does not validate
+ * the JSON: the parse that follows does. {@link scanSafetensorsHeader} runs
  * the same scan over a safetensors file's JSON header (forward bodies, cache imports).
  * @module
  */
 import { ServiceError } from "../core/errors.ts";
+import { type DuplicateKey, scanJsonStructure } from "../core/json_structure.ts";
 
 /** Deepest accepted nesting of arrays and objects (the forward body needs 4). */
 export const MAX_JSON_DEPTH = 32;
@@ -34,15 +36,6 @@ export interface JsonScanLimits {
   what?: string;
 }
 
-const QUOTE = 0x22, BACKSLASH = 0x5c;
-const OTHER = 0, STRING = 1, OPEN = 2, CLOSE = 3, COMMA = 4;
-/** The class of each byte outside strings: most bytes (digits, letters, space) are OTHER. */
-const CLASS = new Uint8Array(256);
-CLASS[QUOTE] = STRING;
-CLASS[0x5b] = CLASS[0x7b] = OPEN; // [ {
-CLASS[0x5d] = CLASS[0x7d] = CLOSE; // ] }
-CLASS[0x2c] = COMMA;
-
 function tooDeep(what: string, maxDepth: number, offset: number): ServiceError {
   return new ServiceError(
     `${what} nests arrays/objects deeper than ${maxDepth} levels (at byte ${offset})`,
@@ -59,37 +52,24 @@ function tooMany(what: string, maxValues: number, offset: number): ServiceError 
 }
 
 /**
- * Checks the nesting depth and the number of entries of raw JSON bytes (UTF-8: multi-byte
- * sequences never contain ASCII bytes, so a byte scan is exact).
+ * Checks the nesting depth and the number of entries of raw JSON bytes, in the same pass as it
+ * finds the first member name an object repeats (core/json_structure.ts), which it returns for
+ * the caller to refuse once JSON.parse accepted the bytes.
  * @throws ServiceError 400 `json_too_deep`, 413 `json_too_many_values`.
  */
-export function scanJson(bytes: Uint8Array, limits: JsonScanLimits = {}): void {
+export function scanJson(bytes: Uint8Array, limits: JsonScanLimits = {}): DuplicateKey | null {
   const maxDepth = limits.maxDepth ?? MAX_JSON_DEPTH;
   const maxValues = limits.maxValues ?? MAX_JSON_VALUES;
   const what = limits.what ?? "request body";
-  let depth = 0;
-  let values = 0;
-  const n = bytes.length;
-  for (let i = 0; i < n; i++) {
-    const c = CLASS[bytes[i]];
-    if (c === OTHER) continue;
-    if (c === COMMA) {
-      if (++values >= maxValues) throw tooMany(what, maxValues, i);
-    } else if (c === STRING) {
-      for (i++; i < n; i++) {
-        const b = bytes[i];
-        if (b === QUOTE) break;
-        if (b === BACKSLASH) i++;
-      }
-    } else if (c === OPEN) {
-      if (++depth > maxDepth) throw tooDeep(what, maxDepth, i);
-    } else if (depth > 0) depth--; // CLOSE
-  }
+  const found = scanJsonStructure(bytes, maxDepth, maxValues);
+  if (found.tooDeepAt >= 0) throw tooDeep(what, maxDepth, found.tooDeepAt);
+  if (found.tooManyAt >= 0) throw tooMany(what, maxValues, found.tooManyAt);
+  return found.duplicate;
 }
 
 /** {@link scanJson} over a string (for JSON carried inside another format). */
-export function scanJsonText(text: string, limits: JsonScanLimits = {}): void {
-  scanJson(new TextEncoder().encode(text), limits);
+export function scanJsonText(text: string, limits: JsonScanLimits = {}): DuplicateKey | null {
+  return scanJson(new TextEncoder().encode(text), limits);
 }
 
 /** The depth and size pre-scan of a safetensors header's JSON (when its length is in range). */
