@@ -1,14 +1,15 @@
 /**
- * The first object member name that appears twice in one JSON object. JSON.parse keeps the
- * last of them and says nothing, so `{"slot_mapping": <bad>, "slot_mapping": <good>}` in a
- * safetensors header was taken as the good one, and a first `__metadata__` of the wrong type was
- * dropped (session 38's HTTP audit): RFC 8259 leaves such a document's meaning to the parser,
- * so the service refuses it where it parses JSON (safetensors headers, `__metadata__.request`,
- * JSON bodies) instead of picking one.
+ * One pass over JSON bytes for what the service bounds or refuses before it trusts JSON.parse:
+ * the nesting depth, the number of entries, and the first member name one object repeats.
+ * JSON.parse keeps the last of a repeated name and says nothing, so `{"slot_mapping": <bad>,
+ * "slot_mapping": <good>}` in a safetensors header was taken as the good one, and a first
+ * `__metadata__` of the wrong type was dropped (session 38's HTTP audit): RFC 8259 leaves such a
+ * document's meaning to the parser, so the service refuses it where it parses JSON (safetensors
+ * headers, `__metadata__.request`, JSON bodies) instead of picking one.
  *
- * The pass also measures what wire/json_scan.ts bounds before a parse (nesting depth, entries),
- * so a JSON body is read once for all three. Names are compared decoded, so `"a"` and
- * `"\u0061"` are the same member.
+ * wire/json_scan.ts turns the depth and the entries into problems before the parse, and the
+ * callers refuse a repeated name after it, so a JSON body is read once for all three. Names are
+ * compared decoded, so `"a"` and `"\u0061"` are the same member.
  * @module
  */
 
