@@ -161,9 +161,22 @@ export function rawFromJson(t: JsonTensor | unknown[], path: Path): RawTensor {
     }
     return { dtype, shape: t.shape, numbers: t.data, encoding: "data" };
   }
+  const text = t.base64!;
+  // RFC 4648 strictly: fromBase64 itself skips ASCII whitespace anywhere and, "loose", takes a
+  // last chunk without its padding or with nonzero pad bits, so a corrupted string decoded to the
+  // bytes of a good one (session 38's audit).
+  const stray = text.search(/[^A-Za-z0-9+/=]/);
+  if (stray >= 0) {
+    throw fail(
+      [...path, "base64"],
+      `character ${stray} is ${JSON.stringify(text[stray])}: base64 here is RFC 4648's alphabet ` +
+        "(A-Z a-z 0-9 + /) with = padding, no whitespace",
+      "bad_base64",
+    );
+  }
   let bytes: Uint8Array;
   try {
-    bytes = Uint8Array.fromBase64(t.base64!);
+    bytes = Uint8Array.fromBase64(text, { lastChunkHandling: "strict" });
   } catch (e) {
     throw fail(
       [...path, "base64"],

@@ -196,6 +196,14 @@ Deno.test("errors: every bad input is a problem; nothing changes; server stays u
         "bad_base64",
         ["key", "base64"],
       );
+      // Whitespace inside: fromBase64 skipped it, so the call was served (session 38's audit).
+      const spaced = new Uint8Array(4 * 5 * HKV * D).toBase64().replace(/(.{4})/g, "$1 ").trim();
+      await expectProblem(
+        fwd((b) => b.key = { dtype: "float32", shape: [5, HKV, D], base64: spaced }),
+        400,
+        "bad_base64",
+        ["key", "base64"],
+      );
       await expectProblem(
         fwd((b) =>
           b.metadata.slot_mapping = {

@@ -117,6 +117,37 @@ Deno.test("tensors: bad inputs are 400 with the path", async (t) => {
       ],
     );
   });
+  await t.step(
+    "base64 is RFC 4648's, strictly (session 38's audit: these decoded as the good one)",
+    () => {
+      const good = new Uint8Array(new Float32Array([1.5]).buffer).toBase64(); // "AADAPw=="
+      assert.deepEqual(
+        Array.from(rawFromJson({ dtype: "float32", shape: [1], base64: good }, ["key"]).bytes!),
+        [0, 0, 192, 63],
+      );
+      for (
+        const [bad, re] of [
+          [good.slice(0, 4) + " " + good.slice(4), /character 4 is " "/],
+          [good.slice(0, 4) + "\n" + good.slice(4), /character 4 is "\\n"/],
+          ["\t" + good, /character 0 is "\\t"/],
+          [good.replace(/=+$/, ""), /not valid base64/], // no padding
+          [good.slice(0, 5) + "B==", /not valid base64/], // nonzero pad bits
+          [good.replaceAll("A", "-"), /character 0 is "-"/], // the URL alphabet
+        ] as const
+      ) {
+        fails(
+          () => rawFromJson({ dtype: "float32", shape: [1], base64: bad }, ["key"]),
+          400,
+          "bad_base64",
+          ["key", "base64"],
+        );
+        assert.throws(
+          () => rawFromJson({ dtype: "float32", shape: [1], base64: bad }, ["key"]),
+          re,
+        );
+      }
+    },
+  );
   await t.step("base64 byte count vs shape", () => {
     fails(
       () => rawFromJson({ dtype: "float32", shape: [2], base64: "AAAAAA==" }, ["key"]),
