@@ -15,9 +15,19 @@ import type { Metrics } from "./metrics.ts";
 import { type HeadProblem, MAX_HEAD_BYTES } from "./http1_head.ts";
 import { ConnReader } from "./http1_reader.ts";
 import { writeResponse } from "./http1_write.ts";
+import { INSTANCE_HEADER } from "../wire/names.ts";
 
 /** Where the server counts the answers it gives itself (a {@link Metrics}, or a front's counts). */
 export type RequestCounts = Pick<Metrics, "recordRequest">;
+
+/**
+ * What the server's own answers carry as the handler's do: counted in `counts`, and named by the
+ * instance (`X-Attention-Instance`, which docs/api.md promises on every answer; these had none).
+ */
+export interface OwnAnswers {
+  counts?: RequestCounts;
+  instance?: string;
+}
 
 /** The route label of an answer given before any route was matched (as the handler's). */
 const NO_ROUTE = "unmatched";
@@ -35,8 +45,8 @@ export function sentMethod(head: Uint8Array): string {
 }
 
 /** A problem answer of this server's own (the head was refused before any handler saw it). */
-function engineProblem(p: HeadProblem): Response {
-  return problemResponse({
+function engineProblem(p: HeadProblem, instance?: string): Response {
+  const res = problemResponse({
     type: problemType(p.code),
     title: p.status === 408 ? "Request Timeout" : "HTTP protocol error",
     status: p.status,
@@ -44,12 +54,14 @@ function engineProblem(p: HeadProblem): Response {
     code: p.code,
     ...p.extra,
   });
+  if (instance !== undefined) res.headers.set(INSTANCE_HEADER, instance);
+  return res;
 }
 
 /** `p` answered and counted (`method` as sent, or "" when none came). */
-function answer(p: HeadProblem, method: string, counts?: RequestCounts): Response {
-  counts?.recordRequest(NO_ROUTE, method, p.status, p.code);
-  return engineProblem(p);
+function answer(p: HeadProblem, method: string, own: OwnAnswers = {}): Response {
+  own.counts?.recordRequest(NO_ROUTE, method, p.status, p.code);
+  return engineProblem(p, own.instance);
 }
 
 /** The 408 of a head not whole `ms` after its first byte. */
@@ -71,7 +83,7 @@ export const TOO_LARGE: HeadProblem = {
 };
 
 /** One connection over the cap of `max`: a 503, counted, and close. */
-export function refuse(conn: Deno.Conn, max: number, counts?: RequestCounts): void {
+export function refuse(conn: Deno.Conn, max: number, own?: OwnAnswers): void {
   const res = answer(
     {
       status: 503,
@@ -80,7 +92,7 @@ export function refuse(conn: Deno.Conn, max: number, counts?: RequestCounts): vo
       extra: { max_connections: max },
     },
     "",
-    counts,
+    own,
   );
   writeResponse(conn, res, { head: false, close: true })
     .then(() => linger(new ConnReader(conn, 4096), 200))
@@ -93,9 +105,9 @@ export async function refuseHead(
   r: ConnReader,
   p: HeadProblem,
   method: string,
-  counts?: RequestCounts,
+  own?: OwnAnswers,
 ): Promise<void> {
-  await writeResponse(r.conn, answer(p, method, counts), { head: false, close: true });
+  await writeResponse(r.conn, answer(p, method, own), { head: false, close: true });
   if (!r.eof && !r.broken) await linger(r);
 }
 

@@ -34,6 +34,7 @@ import { writeAll, writeResponse } from "./http1_write.ts";
 import {
   closeQuietly,
   linger,
+  type OwnAnswers,
   refuse,
   refuseHead,
   type RequestCounts,
@@ -82,8 +83,8 @@ interface Shared {
   limits: { idleMs: number; headMs: number };
   stopping: () => boolean;
   log: ErrorLogger;
-  /** Where the answers the server gives itself are counted (none: not counted). */
-  counts?: RequestCounts;
+  /** How the answers the server gives itself are counted and named. */
+  own: OwnAnswers;
 }
 
 /** Serves `handler` on `o.port` with this module's server; see the module doc. */
@@ -95,6 +96,8 @@ export function serveHttp1(
     log?: ErrorLogger;
     /** Where the answers it gives itself are counted (the handler's Metrics; none: not counted). */
     metrics?: RequestCounts;
+    /** The instance name those answers carry, as the handler's do (`X-Attention-Instance`). */
+    instance?: string;
   },
   handler: Handler,
 ): ResilientServer {
@@ -109,7 +112,8 @@ export function serveHttp1(
   o.onListen?.({ hostname: addr.hostname, port: addr.port });
   const conns = new Set<Conn>();
   let stopping = false;
-  const shared: Shared = { handler, limits, stopping: () => stopping, log, counts: o.metrics };
+  const own = { counts: o.metrics, instance: o.instance };
+  const shared: Shared = { handler, limits, stopping: () => stopping, log, own };
   const allClosed = Promise.withResolvers<void>();
   const accepting = (async () => {
     let backoff = 10;
@@ -126,7 +130,7 @@ export function serveHttp1(
         continue;
       }
       if (conns.size >= limits.maxConns) {
-        refuse(conn, limits.maxConns, shared.counts);
+        refuse(conn, limits.maxConns, shared.own);
         continue;
       }
       const c: Conn = { conn, idle: true };
@@ -154,7 +158,7 @@ export function serveHttp1(
 
 async function serveConn(c: Conn, s: Shared): Promise<void> {
   const { conn } = c;
-  const { limits, counts } = s;
+  const { limits, own } = s;
   try {
     (conn as Deno.TcpConn).setNoDelay(true);
   } catch { /* not TCP */ }
@@ -168,12 +172,12 @@ async function serveConn(c: Conn, s: Shared): Promise<void> {
       if (end === "eof" || end === "idle") return;
       if (end === "timeout" || end === "too_large") {
         const p = end === "timeout" ? timeoutProblem(limits.headMs) : TOO_LARGE;
-        return await refuseHead(r, p, sentMethod(r.buf.subarray(r.start, r.end)), counts);
+        return await refuseHead(r, p, sentMethod(r.buf.subarray(r.start, r.end)), own);
       }
       const bytes = r.buf.subarray(r.start, end);
       const head = parseHead(bytes, end - r.start);
       r.consume(end - r.start); // (the bytes stay as they are until the next read)
-      if ("status" in head) return await refuseHead(r, head, sentMethod(bytes), counts);
+      if ("status" in head) return await refuseHead(r, head, sentMethod(bytes), own);
       if (!await exchange(r, head, s)) return;
     }
   } catch {
@@ -215,7 +219,7 @@ async function exchange(r: ConnReader, head: RequestHead, s: Shared): Promise<bo
         extra: { method: head.method },
       },
       head.method,
-      s.counts,
+      s.own,
     );
     return false;
   };

@@ -140,6 +140,7 @@ async function serveThePort(
       maxJsonBodyBytes: o.maxJsonBodyBytes,
       onListen,
       metrics,
+      instance: o.instanceName,
     }, serve);
     if (o.httpWorkers > 0) console.error(`http workers: ${o.httpWorkers}`);
     console.error(`http engine: ${o.httpEngine}`);

@@ -188,10 +188,11 @@ export type HttpServer = Pick<WorkerFront, "addr" | "shutdown" | "finished">;
  * accept failures: serve_resilient.ts; lent answer bodies are released once Deno delivered
  * them), else through that many HTTP worker threads. With `engine` "http1", the answers that
  * server gives itself (refused heads, its timeouts and connection cap) are counted in `metrics`:
- * the handler's, or what counts the answers of the thread it runs on.
+ * the handler's, or what counts the answers of the thread it runs on; and they carry `instance`
+ * as the handler's answers do.
  */
 export async function serveHttp(
-  opts: WorkerFrontOptions & { engine?: HttpEngine; metrics?: RequestCounts },
+  opts: WorkerFrontOptions & { engine?: HttpEngine; metrics?: RequestCounts; instance?: string },
   handler: Handler,
 ): Promise<HttpServer> {
   if (opts.workers > 0) return await serveWithWorkers(opts, handler);
@@ -202,6 +203,7 @@ export async function serveHttp(
       onListen: opts.onListen ?? (() => {}),
       log: opts.log,
       metrics: opts.metrics,
+      instance: opts.instance,
     }, handler);
   }
   return serveResilient({

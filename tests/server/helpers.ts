@@ -120,6 +120,7 @@ export async function startServer(opts: {
     maxJsonBodyBytes: opts.maxJsonBodyBytes,
     log: (_m, e) => errors.push(e),
     metrics,
+    instance: opts.instance,
   }, handler);
   const url = `http://127.0.0.1:${server.addr.port}`;
   return {

@@ -126,6 +126,24 @@ Deno.test("http1: refused heads are problems naming the field; the handler never
   }
 });
 
+Deno.test("http1: its own answers name the instance, as the handler's do", async () => {
+  // docs/api.md promises X-Attention-Instance on every answer; the engine's own refusals had
+  // none (session 38's OpenAPI audit).
+  const srv = await startHttp1Server({ instance: "inst-38" });
+  try {
+    for (const [name, req, status] of REFUSED) {
+      const r = await rawExchange(srv.port, req, { timeoutMs: 5000 });
+      assert.equal(r?.status, status, name);
+      assert.equal(r?.headers.get("x-attention-instance"), "inst-38", name);
+    }
+    const ok = await rawExchange(srv.port, `${GET}\r\n`);
+    assert.equal(ok?.status, 200);
+    assert.equal(ok?.headers.get("x-attention-instance"), "inst-38", "the handler's answer");
+  } finally {
+    await srv.close();
+  }
+});
+
 /**
  * Reads `n` answers (Content-Length framed) off one connection, then waits up to `eofWaitMs` for
  * its end (`eof`: the server closed it). The connection is closed on return.
