@@ -290,8 +290,10 @@ function addResponseHeaders(paths: Record<string, Record<string, Operation>>): v
         if (status === "503") {
           h["Retry-After"] = header("Seconds to wait (not on a problem with retryable: false)");
         }
-        // Not on the answers given before the forward route runs (docs/api.md).
-        if (path.endsWith("/forward") && !["401", "403", "405"].includes(status)) {
+        // Not on the answers given before the forward route runs (docs/api.md): the access
+        // checks, 405, and the http1 engine's own refusals.
+        const beforeRoute = ["401", "403", "405", "417", "431", "501", "505"].includes(status);
+        if (path.endsWith("/forward") && !beforeRoute) {
           h["Server-Timing"] = header(
             status === "503" ? "parse;dur=MS (not on a 503 shutting_down)" : "parse;dur=MS",
           );
@@ -325,6 +327,22 @@ function guardOperations(paths: Record<string, Record<string, Operation>>): void
             ? "; or queue_timeout: the call waited past its X-Attention-Queue-Timeout-Ms and " +
               "did not run (Retry-After: 0)"
             : ""),
+      );
+      const engine =
+        "with --http-engine http1 only: the service's own HTTP/1.1 server answers it " +
+        "before any route runs";
+      op.responses["408"] ??= problem(`A request head not whole in time (head_timeout), ${engine}`);
+      op.responses["417"] = problem(
+        `An Expect other than 100-continue (expectation_failed), ${engine}`,
+      );
+      op.responses["431"] = problem(
+        `A request head over its size or field count (headers_too_large), ${engine}`,
+      );
+      op.responses["501"] = problem(
+        `A method it does not serve (lowercase, TRACE: method_not_implemented) or a transfer coding other than chunked (not_implemented), ${engine}`,
+      );
+      op.responses["505"] = problem(
+        `An HTTP version other than 1.0 or 1.1 (http_version_not_supported), ${engine}`,
       );
       if (path === "/healthz") {
         op.security = [];

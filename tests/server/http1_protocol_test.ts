@@ -144,6 +144,31 @@ Deno.test("http1: its own answers name the instance, as the handler's do", async
   }
 });
 
+Deno.test("http1: /openapi.json lists every status the engine's own refusals answer", async () => {
+  // It said each operation lists every status it can answer; 408 (GET routes), 417, 431, 501
+  // and 505 were missing (session 38's OpenAPI audit).
+  const srv = await startHttp1Server();
+  try {
+    const doc = await (await fetch(`${srv.url}/openapi.json`)).json();
+    for (const [name, req, status] of REFUSED) {
+      const [method, target] = req.split(" ");
+      const path = target?.startsWith("/v1/kv-caches") ? "/v1/kv-caches" : "/healthz";
+      const op = doc.paths[path][/^(post|POST)$/.test(method ?? "") ? "post" : "get"];
+      assert.ok(op.responses[String(status)], `${name}: ${status} not listed for ${path}`);
+    }
+    type Op = { responses?: Record<string, unknown> };
+    for (const [path, ops] of Object.entries(doc.paths) as [string, Record<string, Op>][]) {
+      for (const [method, op] of Object.entries(ops)) {
+        for (const s of ["408", "417", "431", "501", "505"]) {
+          assert.ok(op.responses?.[s], `${method} ${path}: ${s}`);
+        }
+      }
+    }
+  } finally {
+    await srv.close();
+  }
+});
+
 /**
  * Reads `n` answers (Content-Length framed) off one connection, then waits up to `eofWaitMs` for
  * its end (`eof`: the server closed it). The connection is closed on return.
