@@ -272,7 +272,8 @@ const FORWARD_OK_HEADERS = {
 };
 
 /**
- * The response headers the server sends: `Location` on a 201, `Allow` on a 405,
+ * The response headers the server sends: `Location` on a 201 and on `PUT /v1/kv-caches/{id}`'s
+ * 200, `Content-Disposition` on a cache export's 200, `Accept-Encoding` on a 415, `Allow` on a 405,
  * `WWW-Authenticate` on a 401, `Retry-After` on a 503, `Server-Timing` on the forward routes'
  * answers (not 401, 403, 405: given before the route runs), {@link FORWARD_OK_HEADERS} on their
  * 200s, and `X-Attention-Instance` on every answer of a server started with `--instance-name`.
@@ -285,6 +286,14 @@ function addResponseHeaders(paths: Record<string, Record<string, Operation>>): v
           "X-Attention-Instance": header("This instance's name (servers with --instance-name)"),
         };
         if (status === "201") h.Location = header("The created cache, /v1/kv-caches/{id}");
+        const put = path === "/v1/kv-caches/{id}" && "put" in ops && ops.put === op;
+        if (status === "200" && put) h.Location = header("The cache, /v1/kv-caches/{id}");
+        if (status === "200" && path === "/v1/kv-caches/{id}/data" && !("requestBody" in op)) {
+          h["Content-Disposition"] = header('attachment; filename="kv-cache-{id}.safetensors"');
+        }
+        if (status === "415" && "requestBody" in op) {
+          h["Accept-Encoding"] = header("identity (on unsupported_content_encoding)");
+        }
         if (status === "405") h.Allow = header("The path's methods");
         if (status === "401") h["WWW-Authenticate"] = header("Bearer");
         if (status === "503") {

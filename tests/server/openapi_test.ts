@@ -241,3 +241,58 @@ Deno.test({
     }
   },
 });
+
+Deno.test("openapi: the headers these answers carry are documented on them", async () => {
+  // Sent but not documented before (session 38's OpenAPI audit): Location on a PUT that found
+  // the cache, Content-Disposition on an export, Accept-Encoding on a 415 for the encoding.
+  const srv = await startServer();
+  type Op = { responses: Record<string, { headers?: Record<string, unknown> }> };
+  const doc = await (await fetch(`${srv.url}/openapi.json`)).json() as {
+    paths: Record<string, Record<string, Op>>;
+  };
+  const documented = (path: string, method: string, status: number, name: string) =>
+    Object.keys(doc.paths[path][method].responses[String(status)].headers ?? {})
+      .some((h) => h.toLowerCase() === name);
+  try {
+    const spec = { num_blocks: 2, block_size: 16, num_kv_heads: 1, head_size: 8, dtype: "float32" };
+    const put = (status: number) => async () => {
+      const r = await fetch(`${srv.url}/v1/kv-caches/c`, {
+        method: "PUT",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify(spec),
+      });
+      await r.body?.cancel();
+      assert.equal(r.status, status);
+      return r;
+    };
+    await put(201)();
+    const again = await put(200)();
+    const seen: [string, string, number, string, Response][] = [
+      ["/v1/kv-caches/{id}", "put", 200, "location", again],
+    ];
+    for (const method of ["GET", "HEAD"]) {
+      const r = await fetch(`${srv.url}/v1/kv-caches/c/data`, { method });
+      await r.body?.cancel();
+      seen.push([
+        "/v1/kv-caches/{id}/data",
+        method.toLowerCase(),
+        r.status,
+        "content-disposition",
+        r,
+      ]);
+    }
+    const gz = await fetch(`${srv.url}/v1/attention/forward`, {
+      method: "POST",
+      headers: { "content-type": "application/json", "content-encoding": "gzip" },
+      body: "{}",
+    });
+    await gz.body?.cancel();
+    seen.push(["/v1/attention/forward", "post", gz.status, "accept-encoding", gz]);
+    for (const [path, method, status, name, r] of seen) {
+      assert.ok(r.headers.has(name), `${method} ${path} ${status}: no ${name} sent`);
+      assert.ok(documented(path, method, status, name), `${method} ${path} ${status}: ${name}`);
+    }
+  } finally {
+    await srv.close();
+  }
+});
