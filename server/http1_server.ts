@@ -31,6 +31,7 @@ import { parseHead, type RequestHead } from "./http1_head.ts";
 import { ConnReader } from "./http1_reader.ts";
 import { giveBodyBuffer, POOLED_BODY_MAX, takeBodyBuffer } from "./http1_body_pool.ts";
 import { writeAll, writeResponse } from "./http1_write.ts";
+import { trace } from "../core/trace.ts";
 import {
   closeQuietly,
   linger,
@@ -75,6 +76,8 @@ interface Conn {
   conn: Deno.Conn;
   /** Between requests (safe to close at shutdown). */
   idle: boolean;
+  /** The connection's number (in trace lines). */
+  id: number;
 }
 
 /** What the connections of one server share. */
@@ -133,7 +136,7 @@ export function serveHttp1(
         refuse(conn, limits.maxConns, shared.own);
         continue;
       }
-      const c: Conn = { conn, idle: true };
+      const c: Conn = { conn, idle: true, id: ++connIds };
       conns.add(c);
       serveConn(c, shared).finally(() => {
         conns.delete(c);
@@ -155,6 +158,9 @@ export function serveHttp1(
     },
   };
 }
+
+/** Connections accepted so far (their ids in `ATTN_TRACE_FILE` lines). */
+let connIds = 0;
 
 async function serveConn(c: Conn, s: Shared): Promise<void> {
   const { conn } = c;
@@ -178,7 +184,7 @@ async function serveConn(c: Conn, s: Shared): Promise<void> {
       const head = parseHead(bytes, end - r.start);
       r.consume(end - r.start); // (the bytes stay as they are until the next read)
       if ("status" in head) return await refuseHead(r, head, sentMethod(bytes), own);
-      if (!await exchange(r, head, s)) return;
+      if (!await exchange(r, head, s, c.id)) return;
     }
   } catch {
     // The connection failed (reset, closed while writing): nothing more to say on it.
@@ -205,8 +211,18 @@ function requestOf(head: RequestHead, signal: AbortSignal): Request {
   return req;
 }
 
-/** One request and its answer; whether the connection stays open. */
-async function exchange(r: ConnReader, head: RequestHead, s: Shared): Promise<boolean> {
+/**
+ * One request and its answer; whether the connection stays open. With `ATTN_TRACE_FILE` each
+ * request's head, body and answer are traced with connection `id` (core/trace.ts), to tell what a
+ * call waited on.
+ */
+async function exchange(
+  r: ConnReader,
+  head: RequestHead,
+  s: Shared,
+  id: number,
+): Promise<boolean> {
+  trace(`http1 c${id}: head ${head.method} ${head.target}`);
   const { conn } = r;
   const { handler, stopping, log } = s;
   const notServed = async (why: string) => {
@@ -265,6 +281,7 @@ async function exchange(r: ConnReader, head: RequestHead, s: Shared): Promise<bo
           : await r.lengthBody(n, limit, gap, lease ?? undefined);
         if (b.end !== "complete") lease = null; // a read cut short may still be writing into it
         bodyDone = b.end === "complete";
+        trace(`http1 c${id}: body ${b.end}`);
         if (bodyDone) watch();
         return b;
       })();
@@ -291,6 +308,7 @@ async function exchange(r: ConnReader, head: RequestHead, s: Shared): Promise<bo
     close,
     keepAlive10: !close && head.minor === 0,
   });
+  trace(`http1 c${id}: answer ${res.status} written`);
   if (lease) giveBodyBuffer(lease); // the answer is built and written: the body is given up
   if (close && !bodyDone && !r.eof && !r.broken) await linger(r);
   if (close || !drain) return !close;

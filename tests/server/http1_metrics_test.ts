@@ -142,3 +142,40 @@ Deno.test("http1 metrics: main.ts counts them, on one thread and on the device t
     }
   }
 });
+
+Deno.test("http1 trace: ATTN_TRACE_FILE gets each request's head, body and answer by connection", async () => {
+  const file = await Deno.makeTempFile({ prefix: "http1-trace-" });
+  const srv = await spawnServer(["--no-gpu", "--http-engine", "http1"], {
+    ATTN_TRACE_FILE: file,
+  }, ["--allow-write=/tmp"]);
+  try {
+    const body = JSON.stringify({ head_size: 64, dtype: "float16" });
+    const r = await rawExchange(
+      srv.port,
+      rawRequest("POST", "/v1/backends/select", {
+        "content-type": "application/json",
+        "content-length": String(body.length),
+      }, body),
+    );
+    assert.equal(r?.status, 200, r?.text);
+    // The answer is traced once written: the client may read it first.
+    let lines: string[] = [];
+    for (let i = 0; i < 100 && lines.length < 3; i++) {
+      if (i > 0) await new Promise((r) => setTimeout(r, 20));
+      lines = (await Deno.readTextFile(file)).split("\n").filter((l) => l.includes(" http1 "));
+    }
+    assert.deepEqual(
+      lines.map((l) => l.replace(/^\S+ /, "").replace(/c\d+/, "cN")),
+      [
+        "http1 cN: head POST /v1/backends/select",
+        "http1 cN: body complete",
+        "http1 cN: answer 200 written",
+      ],
+    );
+    assert.ok(lines.every((l) => /^\d{4}-\d\d-\d\dT[\d:.]+Z /.test(l)), lines.join("\n"));
+  } finally {
+    srv.kill("SIGTERM");
+    await srv.exited;
+    await Deno.remove(file).catch(() => {});
+  }
+});
