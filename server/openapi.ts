@@ -271,12 +271,31 @@ const FORWARD_OK_HEADERS = {
   ),
 };
 
+/** How the statuses only `--http-engine http1` answers itself are described. */
+const HTTP1_ONLY =
+  ", with --http-engine http1 only: the service's own HTTP/1.1 server answers it before any " +
+  "route runs";
+
+/**
+ * The statuses the http1 engine answers before any route runs (server/http1_head.ts,
+ * http1_refusals.ts), on every operation; its 408 (head_timeout) is added where an operation has
+ * none of its own.
+ */
+const HTTP1_OWN: Record<string, string> = {
+  "417": "An Expect other than 100-continue (expectation_failed)",
+  "431": "A request head over its size or field count (headers_too_large)",
+  "501": "A method it does not serve (lowercase, TRACE: method_not_implemented) or a transfer " +
+    "coding other than chunked (not_implemented)",
+  "505": "An HTTP version other than 1.0 or 1.1 (http_version_not_supported)",
+};
+
 /**
  * The response headers the server sends: `Location` on a 201 and on `PUT /v1/kv-caches/{id}`'s
  * 200, `Content-Disposition` on a cache export's 200, `Accept-Encoding` on a 415, `Allow` on a 405,
  * `WWW-Authenticate` on a 401, `Retry-After` on a 503, `Server-Timing` on the forward routes'
- * answers (not 401, 403, 405: given before the route runs), {@link FORWARD_OK_HEADERS} on their
- * 200s, and `X-Attention-Instance` on every answer of a server started with `--instance-name`.
+ * answers (not 401, 403, 405 and {@link HTTP1_OWN}: given before the route runs),
+ * {@link FORWARD_OK_HEADERS} on their 200s, and `X-Attention-Instance` on every answer of a
+ * server started with `--instance-name`.
  */
 function addResponseHeaders(paths: Record<string, Record<string, Operation>>): void {
   for (const [path, ops] of Object.entries(paths)) {
@@ -301,7 +320,7 @@ function addResponseHeaders(paths: Record<string, Record<string, Operation>>): v
         }
         // Not on the answers given before the forward route runs (docs/api.md): the access
         // checks, 405, and the http1 engine's own refusals.
-        const beforeRoute = ["401", "403", "405", "417", "431", "501", "505"].includes(status);
+        const beforeRoute = ["401", "403", "405"].includes(status) || status in HTTP1_OWN;
         if (path.endsWith("/forward") && !beforeRoute) {
           h["Server-Timing"] = header(
             status === "503" ? "parse;dur=MS (not on a 503 shutting_down)" : "parse;dur=MS",
@@ -337,22 +356,12 @@ function guardOperations(paths: Record<string, Record<string, Operation>>): void
               "did not run (Retry-After: 0)"
             : ""),
       );
-      const engine =
-        "with --http-engine http1 only: the service's own HTTP/1.1 server answers it " +
-        "before any route runs";
-      op.responses["408"] ??= problem(`A request head not whole in time (head_timeout), ${engine}`);
-      op.responses["417"] = problem(
-        `An Expect other than 100-continue (expectation_failed), ${engine}`,
+      op.responses["408"] ??= problem(
+        `A request head not whole in time (head_timeout)${HTTP1_ONLY}`,
       );
-      op.responses["431"] = problem(
-        `A request head over its size or field count (headers_too_large), ${engine}`,
-      );
-      op.responses["501"] = problem(
-        `A method it does not serve (lowercase, TRACE: method_not_implemented) or a transfer coding other than chunked (not_implemented), ${engine}`,
-      );
-      op.responses["505"] = problem(
-        `An HTTP version other than 1.0 or 1.1 (http_version_not_supported), ${engine}`,
-      );
+      for (const [status, what] of Object.entries(HTTP1_OWN)) {
+        op.responses[status] = problem(what + HTTP1_ONLY);
+      }
       if (path === "/healthz") {
         op.security = [];
         continue;
