@@ -5,10 +5,11 @@
  * `setBodySource`), straight from the socket into the buffer it ends up in, and answers built
  * from bytes are written from those bytes (http1_write.ts). A bare handler on Deno.listen took
  * a fifth of Deno.serve's server CPU for a decode-sized exchange (412 KB in, 262 KB out; 2-core
- * dev VM). With the service's handler on an H100 host (bench/NOTES.md v0.29) one client's decode
- * step was faster (p50 1.09-1.29 ms against 1.35-2.00 in most pairs) but 8 clients without
- * keep-warm were slower (517 against 1,059 calls/s, one pair): it is opt-in, for one client's
- * latency and for what it bounds and answers.
+ * dev VM). With the service's handler on an H100 host one client's decode step was faster (p50
+ * 1.09-1.29 ms against 1.35-2.00 in most pairs, bench/NOTES.md v0.29), and 8 clients without
+ * keep-warm were served at 1,352-1,425 calls/s against Deno.serve's 1,027-1,072, but half of
+ * those runs stalled ~400 ms (616-667 calls/s, v0.30; cause not found): it is opt-in, for one
+ * client's latency and for what it bounds and answers.
  *
  * What a server owes its clients is kept: keep-alive (HTTP/1.1 by default, HTTP/1.0 when
  * asked), pipelined requests answered in order, `Expect: 100-continue`, chunked request
