@@ -53,6 +53,15 @@ async function drain(stream: ReadableStream<Uint8Array>, onText: (s: string) => 
 }
 
 /**
+ * Write permission for `ATTN_TRACE_FILE` alone, when it is set: the server inherits the
+ * variable, and without the permission core/trace.ts can only say it traces nothing.
+ */
+function traceWrite(): string[] {
+  const file = Deno.env.get("ATTN_TRACE_FILE");
+  return file ? [`--allow-write=${file}`] : [];
+}
+
+/**
  * Spawns the server with `args` after `--port 0`; waits up to `timeoutMs` for its listening
  * line. A server that exits first, or does not listen in time (it is killed), is not ok.
  */
@@ -66,6 +75,7 @@ export async function startServer(args: string[], timeoutMs = 180_000): Promise<
       "--allow-env",
       "--allow-ffi",
       "--allow-run",
+      ...traceWrite(),
       fromFileUrl(new URL("../server/main.ts", import.meta.url)),
       "--port",
       "0",

@@ -12,8 +12,15 @@
  * (each one queued from the callback of the one before: Dawn's poll loop) runs unpaced for
  * `spin_ms`, then as timers `delay = clamp(elapsed / 16, 1, max_delay_ms)` apart: a wait of T
  * ms makes about spin_ms x (ticks per ms) + 16 ln(T) + T / max_delay_ms functions instead of
- * T x (ticks per ms), for at most 1/16 of T (capped at max_delay_ms) of added latency. Waits
- * shorter than `spin_ms` (the H200's 0.06 ms round trip, a decode call) are untouched.
+ * T x (ticks per ms), for at most 1/16 of T (capped at max_delay_ms) of added latency.
+ *
+ * Within the unpaced spin, Dawn's poll runs at most once per `max(spin_gap_ms, elapsed / 16)`
+ * (0.01 ms at first): the event-loop turns between are the pacer's own plain JS immediates, so
+ * the loop turns (sockets, other calls) as often as before, but a spin makes ~60 native
+ * functions instead of one a turn (~80 a ms on lavapipe's 2-core VM, v0.31). Serving makes many
+ * short waits, each under `spin_ms`: before the gap, 8 clients on Dawn (lavapipe) made ~150 polls
+ * a call, and freeing them held the thread 2-3 s every few seconds (bench/NOTES.md v0.31). A
+ * short wait ends at most max(0.01, T / 16) ms late.
  * {@link wakeDawnPoll} (each launch's submit) starts a new unpaced `spin_ms`. A paced tick's
  * handle is a timer's: `clearImmediate` does not cancel it (nothing of ours clears immediates;
  * dawn.node ignores the handle).
@@ -28,12 +35,19 @@ export interface TickPace {
   spin_ms: number;
   /** The longest delay between two paced ticks, in ms. */
   max_delay_ms: number;
+  /**
+   * Within the unpaced spin, Dawn's poll runs at most once per `max(spin_gap_ms, elapsed / 16)`
+   * ms; the event-loop turns between are the pacer's own (plain JS immediates, no native
+   * function). Infinity: Dawn's poll runs every turn (before v0.31).
+   */
+  spin_gap_ms: number;
 }
 
-/** Defaults: 2 ms unpaced, then at most 16 ms apart. */
+/** Defaults: 2 ms unpaced (Dawn polled at least 0.01 ms apart), then at most 16 ms apart. */
 export const DEFAULT_TICK_PACE: Readonly<TickPace> = Object.freeze({
   spin_ms: 2,
   max_delay_ms: 16,
+  spin_gap_ms: 0.01,
 });
 
 /**
@@ -51,12 +65,31 @@ export const DAWN_TICK_SPIN_SETTING: EnvSetting<number> = {
 };
 
 /**
- * The pacing from `ATTN_DAWN_TICK_SPIN_MS` and the defaults, read now (each time the pacer is
- * installed): a bad value throws an EnvValueError naming it (the server refuses it at
- * start-up, server/serve_env.ts).
+ * `ATTN_DAWN_TICK_GAP_MS`: the least gap between two of Dawn's polls within the unpaced spin,
+ * a decimal number of ms >= 0 as for the spin, or `off` (a poll every event-loop turn, as
+ * before v0.31: Infinity); default 0.01.
+ */
+export const DAWN_TICK_GAP_SETTING: EnvSetting<number> = {
+  name: "ATTN_DAWN_TICK_GAP_MS",
+  unset: DEFAULT_TICK_PACE.spin_gap_ms,
+  parse(text) {
+    if (text === "off") return Infinity;
+    if (/^\d+(\.\d+)?$/.test(text) && Number.isFinite(Number(text))) return Number(text);
+    throw mustBe("ATTN_DAWN_TICK_GAP_MS", text, "a number of ms >= 0, or off");
+  },
+};
+
+/**
+ * The pacing from `ATTN_DAWN_TICK_SPIN_MS`, `ATTN_DAWN_TICK_GAP_MS` and the defaults, read
+ * now (each time the pacer is installed): a bad value throws an EnvValueError naming it (the
+ * server refuses it at start-up, server/serve_env.ts).
  */
 export function tickPaceFromEnv(): TickPace {
-  return { ...DEFAULT_TICK_PACE, spin_ms: readSetting(DAWN_TICK_SPIN_SETTING) };
+  return {
+    ...DEFAULT_TICK_PACE,
+    spin_ms: readSetting(DAWN_TICK_SPIN_SETTING),
+    spin_gap_ms: readSetting(DAWN_TICK_GAP_SETTING),
+  };
 }
 
 /** Counts of what the pacer did since it was installed. */
@@ -65,6 +98,8 @@ export interface TickPaceStats {
   immediate: number;
   /** Immediates run as timers (paced). */
   paced: number;
+  /** The pacer's own event-loop turns, run instead of Dawn's poll within the spin's gaps. */
+  gap_turns: number;
 }
 
 type SetImmediate = (cb: (...a: unknown[]) => void, ...args: unknown[]) => unknown;
@@ -112,11 +147,13 @@ export function installDawnTickPacing(
   let chainStart = 0;
   let timer: ReturnType<typeof setTimeout> | undefined; // the paced tick queued, if any
   let queued: (() => void) | undefined; // its callback
+  let dueAt = 0; // an unpaced tick waiting out its gap runs at the first turn from this time
   const state: Installed = {
-    stats: { immediate: 0, paced: 0 },
+    stats: { immediate: 0, paced: 0, gap_turns: 0 },
     pace: { ...pace },
     wake() {
       chainStart = performance.now();
+      dueAt = 0;
       if (timer === undefined || !queued || typeof real !== "function") return;
       clearTimeout(timer);
       const run = queued;
@@ -143,7 +180,17 @@ export function installDawnTickPacing(
     };
     if (!(elapsed >= state.pace.spin_ms)) {
       state.stats.immediate++;
-      return real.call(host, run);
+      const gap = Math.max(state.pace.spin_gap_ms, elapsed / 16);
+      if (!inTick || !(gap < Infinity)) return real.call(host, run);
+      // Queued by Dawn's poll itself: the next one waits out the gap on plain turns, each a JS
+      // closure where a poll would make a native function whose release costs Deno O(n).
+      dueAt = now + gap;
+      const turn = () => {
+        if (performance.now() >= dueAt) return run();
+        state.stats.gap_turns++;
+        real.call(host, turn);
+      };
+      return real.call(host, turn);
     }
     state.stats.paced++;
     if (pacedSince !== chainStart) {

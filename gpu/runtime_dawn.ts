@@ -84,10 +84,10 @@ export interface DawnModule {
  * native function per tick; unpaced, a long wait (a compile, a long kernel) left ~400k of them
  * and freeing them stalled the JS thread for minutes (bench/NOTES.md "v0.7 Dawn stalls").
  * @throws what the import throws (the addon did not load); EnvValueError for a bad
- *   `ATTN_DAWN_TICK_SPIN_MS`.
+ *   `ATTN_DAWN_TICK_SPIN_MS` or `ATTN_DAWN_TICK_GAP_MS`.
  */
 export async function importDawn(): Promise<DawnModule> {
-  const pace = tickPaceFromEnv(); // a bad ATTN_DAWN_TICK_SPIN_MS throws before the addon loads
+  const pace = tickPaceFromEnv(); // a bad setting throws before the addon loads
   const mod = (await import("webgpu")) as unknown as DawnModule;
   installDawnTickPacing(pace);
   return mod;

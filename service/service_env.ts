@@ -17,7 +17,7 @@ import {
   COMPILE_SERIAL_SETTING,
   COMPILE_TIMEOUT_SETTING,
 } from "../gpu/pipelines.ts";
-import { DAWN_TICK_SPIN_SETTING } from "../gpu/dawn_tick_pace.ts";
+import { DAWN_TICK_GAP_SETTING, DAWN_TICK_SPIN_SETTING } from "../gpu/dawn_tick_pace.ts";
 import { DEFER_READ_SETTING, EARLY_READ_SETTING } from "../gpu/map_read.ts";
 import { UPLOAD_STAGING_SETTING } from "../gpu/upload_staging.ts";
 
@@ -35,6 +35,7 @@ export const SERVICE_LAZY_SETTINGS: readonly EnvSetting<unknown>[] = [
   COMPILE_SERIAL_SETTING,
   COMPILE_LOG_SETTING,
   DAWN_TICK_SPIN_SETTING,
+  DAWN_TICK_GAP_SETTING,
   EARLY_READ_SETTING,
   DEFER_READ_SETTING,
   UPLOAD_STAGING_SETTING,

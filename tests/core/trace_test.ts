@@ -24,3 +24,27 @@ trace("first step"); trace("second step");`;
     await Deno.remove(dir, { recursive: true });
   }
 });
+
+Deno.test("trace: a file the process may not write is said once on stderr, naming the flag", async () => {
+  const dir = await Deno.makeTempDir();
+  try {
+    const file = `${dir}/trace.txt`;
+    const script = `import { trace } from "${new URL("../../core/trace.ts", import.meta.url)}";
+trace("first step"); trace("second step"); console.log("ran");`;
+    const out = await new Deno.Command(Deno.execPath(), {
+      // As `deno task serve` runs: read and env, no write.
+      args: ["run", "--no-check", "--allow-read", "--allow-env", `data:text/javascript,${encodeURIComponent(script)}`],
+      env: { ATTN_TRACE_FILE: file },
+      clearEnv: false,
+    }).output();
+    const err = new TextDecoder().decode(out.stderr);
+    assert.equal(out.code, 0, err);
+    assert.equal(new TextDecoder().decode(out.stdout).trim(), "ran");
+    const said = err.split("\n").filter((l) => l.includes("ATTN_TRACE_FILE"));
+    assert.equal(said.length, 1, err);
+    assert.match(said[0], new RegExp(`${file.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")}.*--allow-write=`));
+    await assert.rejects(Deno.stat(file), Deno.errors.NotFound);
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});

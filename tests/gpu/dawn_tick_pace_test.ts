@@ -19,6 +19,9 @@ import { withEnv } from "../support/env.ts";
 
 type Cb = (...a: unknown[]) => void;
 
+/** Dawn's poll every turn within the spin (the tests of spin and pacing alone). */
+const NO_GAP = { spin_gap_ms: Infinity };
+
 /** A host whose setImmediate runs callbacks as macrotasks (setTimeout 0) and counts them. */
 function fakeHost() {
   const host = {
@@ -43,21 +46,21 @@ function chain(host: { setImmediate?: (cb: Cb) => unknown }, n: number): Promise
 
 Deno.test("tick pace: a chain runs unpaced for spin_ms, then as timers", async () => {
   const host = fakeHost();
-  const stats = installDawnTickPacing({ spin_ms: 0, max_delay_ms: 4 }, host);
+  const stats = installDawnTickPacing({ ...NO_GAP, spin_ms: 0, max_delay_ms: 4 }, host);
   await chain(host, 20);
   // spin_ms 0: every tick is a timer (none reaches the host's setImmediate)
-  assert.deepEqual(stats, { immediate: 0, paced: 20 });
+  assert.deepEqual(stats, { immediate: 0, paced: 20, gap_turns: 0 });
   assert.equal(host.calls, 0);
   // a later install updates the knobs of the same wrapper
-  assert.equal(installDawnTickPacing({ spin_ms: Infinity, max_delay_ms: 4 }, host), stats);
+  assert.equal(installDawnTickPacing({ ...NO_GAP, spin_ms: Infinity, max_delay_ms: 4 }, host), stats);
   await chain(host, 10);
-  assert.deepEqual(stats, { immediate: 10, paced: 20 });
+  assert.deepEqual(stats, { immediate: 10, paced: 20, gap_turns: 0 });
   assert.equal(host.calls, 10);
 });
 
 Deno.test("tick pace: a new chain starts unpaced again; arguments pass through", async () => {
   const host = fakeHost();
-  const stats = installDawnTickPacing({ spin_ms: 20, max_delay_ms: 4 }, host);
+  const stats = installDawnTickPacing({ ...NO_GAP, spin_ms: 20, max_delay_ms: 4 }, host);
   const ms = await chain(host, 100);
   assert.ok(stats.paced > 0 && stats.immediate > 0, JSON.stringify(stats));
   // paced ticks are at most max_delay_ms apart
@@ -70,7 +73,7 @@ Deno.test("tick pace: a new chain starts unpaced again; arguments pass through",
 
 Deno.test("tick pace: a wake runs the paced tick now, once", async () => {
   const host = fakeHost();
-  const stats = installDawnTickPacing({ spin_ms: 0, max_delay_ms: 1000 }, host);
+  const stats = installDawnTickPacing({ ...NO_GAP, spin_ms: 0, max_delay_ms: 1000 }, host);
   let ran = 0;
   host.setImmediate(() => ran++); // spin_ms 0: paced, a timer
   assert.deepEqual([stats.paced, host.calls], [1, 0]);
@@ -80,6 +83,91 @@ Deno.test("tick pace: a wake runs the paced tick now, once", async () => {
   assert.equal(ran, 1); // and its timer cleared
   wakeDawnPoll(host); // nothing queued: nothing happens
   assert.equal(host.calls, 1);
+});
+
+/** A host whose setImmediate is the real one (a turn every few µs), counting the calls. */
+function turningHost() {
+  const host = {
+    calls: 0,
+    setImmediate(cb: Cb, ...args: unknown[]) {
+      host.calls++;
+      return setImmediate(() => cb(...args));
+    },
+  };
+  return host;
+}
+
+/** A chain as Dawn's poll makes it, for `ms`: each poll's time (ms from the start). */
+function pollFor(host: { setImmediate?: (cb: Cb) => unknown }, ms: number): Promise<number[]> {
+  const t0 = performance.now(), at: number[] = [];
+  return new Promise((done) => {
+    const poll = () => {
+      const t = performance.now() - t0;
+      at.push(t);
+      if (t < ms) host.setImmediate!(poll);
+      else done(at);
+    };
+    host.setImmediate!(poll);
+  });
+}
+
+// v0.31: 8 clients on Dawn made ~150 polls a call within the spin (one a turn), and Deno's
+// release of their native functions held the thread 2-3 s at a time (bench/NOTES.md v0.31).
+Deno.test("tick pace: within the spin, Dawn's poll runs max(spin_gap_ms, elapsed / 16) apart", async () => {
+  const host = turningHost();
+  // Slowed 50x against the defaults (a 100 ms spin, 0.5 ms gaps), so that a gap spans many
+  // turns on a loaded machine too.
+  const stats = installDawnTickPacing({ spin_ms: 100, max_delay_ms: 16, spin_gap_ms: 0.5 }, host);
+  const at = await pollFor(host, 95);
+  for (let i = 2; i < at.length; i++) {
+    const gap = at[i] - at[i - 1];
+    // each poll waited out its gap, measured from the poll before (timing slack: the clock)
+    assert.ok(gap >= Math.max(0.5, at[i - 1] / 16) - 0.002, `poll ${i}: ${gap} ms after`);
+  }
+  // a 95 ms spin: ~ 8 / 0.5 + 16 ln(95 / 8) ~ 56 polls, not one a turn
+  assert.ok(at.length <= 60, `${at.length} polls`);
+  assert.equal(stats.immediate, at.length);
+  assert.equal(stats.paced, 0);
+  assert.ok(stats.gap_turns > 0, JSON.stringify(stats)); // the loop kept turning meanwhile
+  assert.equal(host.calls, stats.immediate + stats.gap_turns);
+});
+
+Deno.test("tick pace: off, Dawn's poll runs every turn; a wake cuts a gap short", async () => {
+  const host = turningHost();
+  const stats = installDawnTickPacing({ spin_ms: Infinity, max_delay_ms: 16, spin_gap_ms: Infinity }, host);
+  const at = await pollFor(host, 1);
+  assert.deepEqual(stats, { immediate: at.length, paced: 0, gap_turns: 0 });
+  assert.equal(host.calls, at.length); // one a turn
+  // A gap of a second: the second poll waits on turns until a wake.
+  installDawnTickPacing({ spin_ms: Infinity, max_delay_ms: 16, spin_gap_ms: 1000 }, host);
+  const t0 = performance.now();
+  let polls = 0;
+  const done = new Promise<number>((resolve) => {
+    const poll = () => ++polls < 2 ? host.setImmediate(poll) : resolve(performance.now() - t0);
+    host.setImmediate(poll);
+  });
+  await new Promise((r) => setTimeout(r, 20));
+  assert.equal(polls, 1);
+  wakeDawnPoll(host);
+  const ms = await done;
+  assert.ok(ms < 500, `${ms} ms`);
+});
+
+Deno.test("tick pace: ATTN_DAWN_TICK_GAP_MS sets spin_gap_ms, off is Infinity, else refused", async () => {
+  const pace = (v: string) => withEnv({ ATTN_DAWN_TICK_GAP_MS: v }, tickPaceFromEnv);
+  assert.equal((await pace("off")).spin_gap_ms, Infinity);
+  assert.deepEqual(await pace("0.5"), { ...DEFAULT_TICK_PACE, spin_gap_ms: 0.5 });
+  assert.equal((await pace("")).spin_gap_ms, 0.01);
+  for (const bad of ["1e-2", ".01", "-1", "OFF"]) {
+    await assert.rejects(
+      () => pace(bad),
+      (e) =>
+        e instanceof EnvValueError &&
+        e.message ===
+          `ATTN_DAWN_TICK_GAP_MS must be a number of ms >= 0, or off, got ${JSON.stringify(bad)}`,
+      bad,
+    );
+  }
 });
 
 Deno.test("tick pace: ATTN_DAWN_TICK_SPIN_MS sets spin_ms, off disables, else refused", async () => {

@@ -43,6 +43,7 @@ const READERS: Record<string, () => unknown> = {
   ATTN_KERNEL_CACHE_LIMIT: kernelCacheLimit,
   ATTN_COMPILE_TIMEOUT_MS: compileTimeoutMs,
   ATTN_DAWN_TICK_SPIN_MS: tickPaceFromEnv,
+  ATTN_DAWN_TICK_GAP_MS: tickPaceFromEnv,
   // A new device's pool reads its cap.
   [GPU_POOL_CAP_ENV]: () => poolOf({ device: {} } as unknown as GpuContext).maxFreeBytes,
   ATTN_PREFILL_MMA: () => resolveFlashOptions({ tile: null, decode: DEFAULT_DECODE_TUNING }),

@@ -30,6 +30,7 @@ Deno.test("serve env: the GPU layer's variables, refused in one line", async () 
     ATTN_GPU_TIMING: ["sampled", "total", "calls", "off", ""],
     ATTN_DEVICE_FINITE_BYTES: ["0", "65536", ""],
     ATTN_DAWN_TICK_SPIN_MS: ["0", "2", "0.5", "off", ""],
+    ATTN_DAWN_TICK_GAP_MS: ["0", "0.01", "1", "off", ""],
     ATTN_GPU_POOL_MAX_FREE_BYTES: ["0", "1073741824", ""],
     ATTN_HOST_POOL_MAX_FREE_BYTES: ["0", "1073741824", ""],
     ATTN_THREAD_EXIT_GRACE_MS: ["0", "300", "10000", ""],
@@ -74,6 +75,10 @@ Deno.test("serve env: the GPU layer's variables, refused in one line", async () 
   await refused(
     { ATTN_DAWN_TICK_SPIN_MS: "abc" },
     'ATTN_DAWN_TICK_SPIN_MS must be a number of ms >= 0, or off, got "abc"',
+  );
+  await refused(
+    { ATTN_DAWN_TICK_GAP_MS: "1e-2" },
+    'ATTN_DAWN_TICK_GAP_MS must be a number of ms >= 0, or off, got "1e-2"',
   );
   await refused(
     { ATTN_GPU_POOL_MAX_FREE_BYTES: "1GiB" },
@@ -135,6 +140,7 @@ Deno.test("serve env: serveEnv reads the checked variables", () => {
       "ATTN_GPU_TIMING",
       "ATTN_DEVICE_FINITE_BYTES",
       "ATTN_DAWN_TICK_SPIN_MS",
+      "ATTN_DAWN_TICK_GAP_MS",
       "ATTN_GPU_POOL_MAX_FREE_BYTES",
       "ATTN_DECODE_TUNING",
       "ATTN_PREFILL_MMA_SHAPE",
