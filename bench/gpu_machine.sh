@@ -3,7 +3,7 @@
 # the HTTP bench, the PyTorch anchor. Logs under $OUT; each part's tail is printed.
 # Usage there: bash bench/gpu_machine.sh
 #   [tests|dawn-tests|both-tests|compile-probe|mma|mma-fast|mma-bench|mma-ceiling|mma-strides|residency|bench|
-#    bench-deno|http|http-ab|http1-stall|http-warm|http-prof|threads|exit-probe|anchor|clock-probe|group-probe|all]...
+#    bench-deno|http|http-ab|http1-stall|gap-ab|http-warm|http-prof|threads|exit-probe|anchor|clock-probe|group-probe|all]...
 # mma: the tensor-core kernel's tests; mma-fast: those of its fast softmax, direct loads, matrix-move
 # staging, split S chains, per-subgroup rescale, late next-tile stores and D split over subgroups;
 # mma-bench: its variant sweep; mma-ceiling: bench/mma_ceiling.ts, what subgroup-matrix loops reach
@@ -265,6 +265,22 @@ for w in $what; do
           bench/http_bench.ts --runtimes dawn --json-out "$out/$name.json" --steps 64 --clients 8 \
           --server-arg=--http-engine=http1 |
           grep -E "^== |rc=|SM clock|decode step|^  (parse|plan|encode|gpu|readback_map|total) |^dawn"
+      done ;;&
+    gap-ab)
+      # Dawn's poll gap within the spin (gpu/dawn_tick_pace.ts, NOTES v0.31): GAP_AB runs of
+      # ENGINE:GAP (ATTN_DAWN_TICK_GAP_MS; off = a poll every turn, as before v0.31), no keep-warm,
+      # 8 clients, each server traced (gap-ab-N-trace.txt beside its log and JSON).
+      n=0
+      for spec in ${GAP_AB:-http1:0.01 http1:off deno:0.01 deno:off http1:0.01 http1:off}; do
+        n=$((n + 1))
+        name="gap-ab-$n-${spec%%:*}-${spec#*:}"
+        rm -f "$out/$name-trace.txt"
+        ATTN_DAWN_TICK_GAP_MS=${spec#*:} ATTN_TRACE_FILE="$out/$name-trace.txt" TAIL=${TAIL:-40} \
+          run "$name" "${HTTP_TIMEOUT:-100}" \
+          deno run --allow-net --allow-read --allow-env --allow-run --allow-write \
+          bench/http_bench.ts --runtimes dawn --json-out "$out/$name.json" --steps 64 --clients 8 \
+          "--server-arg=--http-engine=${spec%%:*}" |
+          grep -E "^== |rc=|SM clock|decode step|poll ticks|^  (parse|plan|encode|gpu|readback_map|total) |^dawn"
       done ;;&
     http-prof)
       # Where the serving thread's time goes under the HTTP bench (bench/NOTES.md v0.13, "Next").
