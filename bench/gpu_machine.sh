@@ -268,18 +268,24 @@ for w in $what; do
       done ;;&
     gap-ab)
       # Dawn's poll gap within the spin (gpu/dawn_tick_pace.ts, NOTES v0.31): GAP_AB runs of
-      # ENGINE:GAP (ATTN_DAWN_TICK_GAP_MS; off = a poll every turn, as before v0.31), no keep-warm,
-      # 8 clients, each server traced (gap-ab-N-trace.txt beside its log and JSON).
+      # ENGINE:GAP[:ARGS] (ATTN_DAWN_TICK_GAP_MS; off = a poll every turn, as before v0.31; ARGS
+      # more server flags, comma-separated, e.g. --device-threads=4,--device-threads-http), no
+      # keep-warm, 8 clients, each server traced (gap-ab-N-trace.txt beside its log and JSON).
       n=0
       for spec in ${GAP_AB:-http1:0.01 http1:off deno:0.01 deno:off http1:0.01 http1:off}; do
         n=$((n + 1))
-        name="gap-ab-$n-${spec%%:*}-${spec#*:}"
+        IFS=: read -r engine gap extra <<<"$spec"
+        name="gap-ab-$n-$engine-$gap"
+        [ -n "$extra" ] && name="$name-threads"
+        sargs=("--server-arg=--http-engine=$engine")
+        IFS=, read -r -a more <<<"$extra"
+        for a in "${more[@]}"; do sargs+=("--server-arg=$a"); done
         rm -f "$out/$name-trace.txt"
-        ATTN_DAWN_TICK_GAP_MS=${spec#*:} ATTN_TRACE_FILE="$out/$name-trace.txt" TAIL=${TAIL:-40} \
+        ATTN_DAWN_TICK_GAP_MS=$gap ATTN_TRACE_FILE="$out/$name-trace.txt" TAIL=${TAIL:-40} \
           run "$name" "${HTTP_TIMEOUT:-100}" \
           deno run --allow-net --allow-read --allow-env --allow-run --allow-write \
           bench/http_bench.ts --runtimes dawn --json-out "$out/$name.json" --steps 64 --clients 8 \
-          "--server-arg=--http-engine=${spec%%:*}" |
+          "${sargs[@]}" |
           grep -E "^== |rc=|SM clock|decode step|poll ticks|^  (parse|plan|encode|gpu|readback_map|total) |^dawn"
       done ;;&
     http-prof)
