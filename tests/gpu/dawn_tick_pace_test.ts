@@ -154,7 +154,9 @@ Deno.test("tick pace: off, Dawn's poll runs every turn; a wake cuts a gap short"
 });
 
 Deno.test("tick pace: ATTN_DAWN_TICK_GAP_MS sets spin_gap_ms, off is Infinity, else refused", async () => {
-  const pace = (v: string) => withEnv({ ATTN_DAWN_TICK_GAP_MS: v }, tickPaceFromEnv);
+  // The other variable emptied (its default), whatever the suite's environment sets.
+  const pace = (v: string) =>
+    withEnv({ ATTN_DAWN_TICK_GAP_MS: v, ATTN_DAWN_TICK_SPIN_MS: "" }, tickPaceFromEnv);
   assert.equal((await pace("off")).spin_gap_ms, Infinity);
   assert.deepEqual(await pace("0.5"), { ...DEFAULT_TICK_PACE, spin_gap_ms: 0.5 });
   assert.equal((await pace("")).spin_gap_ms, 0.01);
@@ -171,7 +173,8 @@ Deno.test("tick pace: ATTN_DAWN_TICK_GAP_MS sets spin_gap_ms, off is Infinity, e
 });
 
 Deno.test("tick pace: ATTN_DAWN_TICK_SPIN_MS sets spin_ms, off disables, else refused", async () => {
-  const pace = (v: string) => withEnv({ ATTN_DAWN_TICK_SPIN_MS: v }, tickPaceFromEnv);
+  const pace = (v: string) =>
+    withEnv({ ATTN_DAWN_TICK_SPIN_MS: v, ATTN_DAWN_TICK_GAP_MS: "" }, tickPaceFromEnv);
   assert.equal((await pace("off")).spin_ms, Infinity);
   assert.deepEqual(await pace("5"), { ...DEFAULT_TICK_PACE, spin_ms: 5 });
   assert.deepEqual(await pace(""), { ...DEFAULT_TICK_PACE });
