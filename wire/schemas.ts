@@ -123,20 +123,27 @@ export const IntTensorSchema = z.union([
   z.array(z.union([z.int(), z.array(z.int())])).describe("A plain array (2-D for block_table)."),
 ]).meta({ id: "IntTensor" });
 
+/**
+ * A layer's float value: any JSON number, as a tensor's `data` element. One beyond float64
+ * (`1e400`, which parses as Infinity) is a value the layer's rules refuse with a 422 naming it
+ * (service/validate_layer.ts: finite as a float32), as in tensor data, not a type error.
+ */
+const layerNumber = () => jsonNumber("number");
+
 /** A layer's attention parameters. */
 export const LayerSchema = z.strictObject({
   num_heads: posInt(),
   num_kv_heads: posInt(),
   head_size: posInt(),
-  scale: z.number().nullable().optional().describe("Default 1/sqrt(head_size); finite > 0."),
+  scale: layerNumber().nullable().optional().describe("Default 1/sqrt(head_size); finite > 0."),
   sliding_window: z.int().nullable().optional().describe("Integer >= 1, or null for none."),
-  logits_soft_cap: z.number().nullable().optional().describe("> 0, or null for none."),
-  alibi_slopes: z.array(z.number()).nullable().optional().describe("[num_heads]"),
-  sinks: z.array(z.number()).nullable().optional().describe("[num_heads]"),
+  logits_soft_cap: layerNumber().nullable().optional().describe("> 0, or null for none."),
+  alibi_slopes: z.array(layerNumber()).nullable().optional().describe("[num_heads]"),
+  sinks: z.array(layerNumber()).nullable().optional().describe("[num_heads]"),
   attn_type: AttnTypeSchema.optional().describe("Default decoder."),
   causal: z.boolean().optional().describe("Default true for decoder, false otherwise."),
-  k_scale: z.number().optional().describe("fp8 key dequant scale, default 1."),
-  v_scale: z.number().optional().describe("fp8 value dequant scale, default 1."),
+  k_scale: layerNumber().optional().describe("fp8 key dequant scale, default 1."),
+  v_scale: layerNumber().optional().describe("fp8 value dequant scale, default 1."),
 }).meta({ id: "Layer" });
 
 /** vLLM's CommonAttentionMetadata. */

@@ -138,6 +138,47 @@ Deno.test("contract edges: dot-segment ids, Server-Timing, content codings, non-
       },
     );
 
+    // Was a 400 invalid_request from the schema ("expected number, received Infinity"), where
+    // docs/api.md promises the layer's float32 rule's 422 and tensor data got it.
+    await t.step(
+      "a JSON number beyond float64 in a layer value is the 422 of its rule",
+      async () => {
+        const layer = '"layer":{"num_heads":2,"num_kv_heads":1,"head_size":8';
+        const text = JSON.stringify(body());
+        assert.ok(text.includes(layer), text.slice(0, 200));
+        for (
+          const [field, path] of [
+            ['"scale":1e400', ["layer", "scale"]],
+            ['"logits_soft_cap":-1e400', ["layer", "logits_soft_cap"]],
+            ['"sinks":[0,1e400]', ["layer", "sinks", 1]],
+            ['"alibi_slopes":[-1e400,0]', ["layer", "alibi_slopes", 0]],
+            ['"k_scale":1e400', ["layer", "k_scale"]],
+          ] as const
+        ) {
+          const r = await post(
+            srv,
+            "/v1/kv-caches/c/forward",
+            text.replace(layer, `${layer},${field}`),
+            {},
+          );
+          assert.equal(r.status, 422, `${field}: ${JSON.stringify(r.doc)}`);
+          assert.equal(r.doc.code, "invalid_batch", field);
+          assert.deepEqual(r.doc.issues[0].path, path, `${field}: ${JSON.stringify(r.doc.issues)}`);
+          assert.match(r.doc.issues[0].message, /Infinity/, field);
+        }
+        // A string is still the schema's 400.
+        const s = await post(
+          srv,
+          "/v1/kv-caches/c/forward",
+          text.replace(layer, `${layer},"scale":"x"`),
+          {},
+        );
+        assert.equal(s.status, 400, JSON.stringify(s.doc));
+        assert.deepEqual(s.doc.issues[0].path, ["layer", "scale"]);
+        assert.equal(await cacheSnapshot(srv, "c"), afterOk, "refused calls wrote nothing");
+      },
+    );
+
     await t.step("a huge backend name is a short 400, not echoed back", async () => {
       // A 60 MB name came back three times in a 180 MB 404 (an audit).
       const name = "X".repeat(100_000);
