@@ -51,33 +51,35 @@ export const DEFAULT_TICK_PACE: Readonly<TickPace> = Object.freeze({
 });
 
 /**
- * `ATTN_DAWN_TICK_SPIN_MS`: the unpaced spin, a decimal number of ms >= 0 (`0.5`, `2`; no
- * sign, exponent or bare point), or `off` (never paced: Infinity); default 2.
+ * A setting of ms or `off`: a decimal number >= 0 (`0.5`, `2`; no sign, exponent or bare
+ * point), or `off` (Infinity).
  */
-export const DAWN_TICK_SPIN_SETTING: EnvSetting<number> = {
-  name: "ATTN_DAWN_TICK_SPIN_MS",
-  unset: DEFAULT_TICK_PACE.spin_ms,
-  parse(text) {
-    if (text === "off") return Infinity;
-    if (/^\d+(\.\d+)?$/.test(text) && Number.isFinite(Number(text))) return Number(text);
-    throw mustBe("ATTN_DAWN_TICK_SPIN_MS", text, "a number of ms >= 0, or off");
-  },
-};
+function msOrOff(name: string, unset: number): EnvSetting<number> {
+  return {
+    name,
+    unset,
+    parse(text) {
+      if (text === "off") return Infinity;
+      if (/^\d+(\.\d+)?$/.test(text) && Number.isFinite(Number(text))) return Number(text);
+      throw mustBe(name, text, "a number of ms >= 0, or off");
+    },
+  };
+}
+
+/** `ATTN_DAWN_TICK_SPIN_MS`: the unpaced spin, or `off` (never paced); default 2. */
+export const DAWN_TICK_SPIN_SETTING: EnvSetting<number> = msOrOff(
+  "ATTN_DAWN_TICK_SPIN_MS",
+  DEFAULT_TICK_PACE.spin_ms,
+);
 
 /**
  * `ATTN_DAWN_TICK_GAP_MS`: the least gap between two of Dawn's polls within the unpaced spin,
- * a decimal number of ms >= 0 as for the spin, or `off` (a poll every event-loop turn, as
- * before v0.31: Infinity); default 0.01.
+ * or `off` (a poll every event-loop turn, as before v0.31); default 0.01.
  */
-export const DAWN_TICK_GAP_SETTING: EnvSetting<number> = {
-  name: "ATTN_DAWN_TICK_GAP_MS",
-  unset: DEFAULT_TICK_PACE.spin_gap_ms,
-  parse(text) {
-    if (text === "off") return Infinity;
-    if (/^\d+(\.\d+)?$/.test(text) && Number.isFinite(Number(text))) return Number(text);
-    throw mustBe("ATTN_DAWN_TICK_GAP_MS", text, "a number of ms >= 0, or off");
-  },
-};
+export const DAWN_TICK_GAP_SETTING: EnvSetting<number> = msOrOff(
+  "ATTN_DAWN_TICK_GAP_MS",
+  DEFAULT_TICK_PACE.spin_gap_ms,
+);
 
 /**
  * The pacing from `ATTN_DAWN_TICK_SPIN_MS`, `ATTN_DAWN_TICK_GAP_MS` and the defaults, read

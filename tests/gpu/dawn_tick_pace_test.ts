@@ -52,7 +52,10 @@ Deno.test("tick pace: a chain runs unpaced for spin_ms, then as timers", async (
   assert.deepEqual(stats, { immediate: 0, paced: 20, gap_turns: 0 });
   assert.equal(host.calls, 0);
   // a later install updates the knobs of the same wrapper
-  assert.equal(installDawnTickPacing({ ...NO_GAP, spin_ms: Infinity, max_delay_ms: 4 }, host), stats);
+  assert.equal(
+    installDawnTickPacing({ ...NO_GAP, spin_ms: Infinity, max_delay_ms: 4 }, host),
+    stats,
+  );
   await chain(host, 10);
   assert.deepEqual(stats, { immediate: 10, paced: 20, gap_turns: 0 });
   assert.equal(host.calls, 10);
@@ -134,7 +137,11 @@ Deno.test("tick pace: within the spin, Dawn's poll runs max(spin_gap_ms, elapsed
 
 Deno.test("tick pace: off, Dawn's poll runs every turn; a wake cuts a gap short", async () => {
   const host = turningHost();
-  const stats = installDawnTickPacing({ spin_ms: Infinity, max_delay_ms: 16, spin_gap_ms: Infinity }, host);
+  const stats = installDawnTickPacing({
+    spin_ms: Infinity,
+    max_delay_ms: 16,
+    spin_gap_ms: Infinity,
+  }, host);
   const at = await pollFor(host, 1);
   assert.deepEqual(stats, { immediate: at.length, paced: 0, gap_turns: 0 });
   assert.equal(host.calls, at.length); // one a turn
@@ -153,41 +160,31 @@ Deno.test("tick pace: off, Dawn's poll runs every turn; a wake cuts a gap short"
   assert.ok(ms < 500, `${ms} ms`);
 });
 
-Deno.test("tick pace: ATTN_DAWN_TICK_GAP_MS sets spin_gap_ms, off is Infinity, else refused", async () => {
-  // The other variable emptied (its default), whatever the suite's environment sets.
-  const pace = (v: string) =>
-    withEnv({ ATTN_DAWN_TICK_GAP_MS: v, ATTN_DAWN_TICK_SPIN_MS: "" }, tickPaceFromEnv);
-  assert.equal((await pace("off")).spin_gap_ms, Infinity);
-  assert.deepEqual(await pace("0.5"), { ...DEFAULT_TICK_PACE, spin_gap_ms: 0.5 });
-  assert.equal((await pace("")).spin_gap_ms, 0.01);
-  for (const bad of ["1e-2", ".01", "-1", "OFF"]) {
-    await assert.rejects(
-      () => pace(bad),
-      (e) =>
-        e instanceof EnvValueError &&
-        e.message ===
-          `ATTN_DAWN_TICK_GAP_MS must be a number of ms >= 0, or off, got ${JSON.stringify(bad)}`,
-      bad,
-    );
-  }
-});
-
-Deno.test("tick pace: ATTN_DAWN_TICK_SPIN_MS sets spin_ms, off disables, else refused", async () => {
-  const pace = (v: string) =>
-    withEnv({ ATTN_DAWN_TICK_SPIN_MS: v, ATTN_DAWN_TICK_GAP_MS: "" }, tickPaceFromEnv);
-  assert.equal((await pace("off")).spin_ms, Infinity);
-  assert.deepEqual(await pace("5"), { ...DEFAULT_TICK_PACE, spin_ms: 5 });
-  assert.deepEqual(await pace(""), { ...DEFAULT_TICK_PACE });
+/** Each variable, the field it sets, and values its rule refuses. */
+const PACE_VARIABLES = [
   // Was the default 2 ms, unsaid (or 0 for " ", 1000 for "1e3"): now the error names it.
-  for (const bad of ["nonsense", " ", "1e3", "OFF", ".5", "-1"]) {
-    await assert.rejects(
-      () => pace(bad),
-      (e) =>
-        e instanceof EnvValueError &&
-        e.message ===
-          `ATTN_DAWN_TICK_SPIN_MS must be a number of ms >= 0, or off, got ${JSON.stringify(bad)}`,
-      bad,
-    );
+  ["ATTN_DAWN_TICK_SPIN_MS", "spin_ms", ["nonsense", " ", "1e3", "OFF", ".5", "-1"]],
+  ["ATTN_DAWN_TICK_GAP_MS", "spin_gap_ms", ["1e-2", ".01", "-1", "OFF"]],
+] as const;
+
+Deno.test("tick pace: ATTN_DAWN_TICK_SPIN_MS and _GAP_MS set their ms, off is Infinity, else refused", async () => {
+  for (const [name, field, refused] of PACE_VARIABLES) {
+    // The other variable emptied (its default), whatever the suite's environment sets.
+    const others = Object.fromEntries(PACE_VARIABLES.map(([n]) => [n, ""]));
+    const pace = (v: string) => withEnv({ ...others, [name]: v }, tickPaceFromEnv);
+    assert.equal((await pace("off"))[field], Infinity, name);
+    assert.deepEqual(await pace("5"), { ...DEFAULT_TICK_PACE, [field]: 5 }, name);
+    assert.deepEqual(await pace("0.5"), { ...DEFAULT_TICK_PACE, [field]: 0.5 }, name);
+    assert.deepEqual(await pace(""), { ...DEFAULT_TICK_PACE }, name);
+    for (const bad of refused) {
+      await assert.rejects(
+        () => pace(bad),
+        (e) =>
+          e instanceof EnvValueError &&
+          e.message === `${name} must be a number of ms >= 0, or off, got ${JSON.stringify(bad)}`,
+        `${name}=${bad}`,
+      );
+    }
   }
 });
 
