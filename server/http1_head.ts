@@ -114,11 +114,19 @@ function codeOf(status: number): string {
   }
 }
 
-const latin1 = new TextDecoder("latin1");
+/**
+ * Bytes as ISO-8859-1, one character a byte. (TextDecoder's "latin1" is windows-1252: 0x80-0x9F
+ * become "€" and the like, which Headers refuses, and a UTF-8 em dash in a User-Agent was a 501.)
+ */
+function isoLatin1(b: Uint8Array): string {
+  let s = "";
+  for (let i = 0; i < b.length; i += 8192) s += String.fromCharCode(...b.subarray(i, i + 8192));
+  return s;
+}
 
 /** The head in `buf[0, end)` (`end` from {@link headEnd}), or why it is refused. */
 export function parseHead(buf: Uint8Array, end: number): RequestHead | HeadProblem {
-  const lines = latin1.decode(buf.subarray(0, end)).split("\n");
+  const lines = isoLatin1(buf.subarray(0, end)).split("\n");
   lines.length -= 2; // the blank line and what follows its LF
   for (let i = 0; i < lines.length; i++) {
     const l = lines[i].endsWith("\r") ? lines[i].slice(0, -1) : lines[i];
@@ -286,9 +294,9 @@ function framing(
       extra: { expect: expect.slice(0, 64) },
     };
   }
-  const keepAlive = h.minor === 1
-    ? !connection.includes("close")
-    : connection.includes("keep-alive");
+  // "close" wins over "keep-alive" (RFC 9112 9.3); HTTP/1.0 closes unless it asks for keep-alive.
+  const keepAlive = !connection.includes("close") &&
+    (h.minor === 1 || connection.includes("keep-alive"));
   return {
     ...h,
     host,

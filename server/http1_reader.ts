@@ -219,11 +219,11 @@ export class ConnReader {
     const gap = new GapTimer(gapMs);
     try {
       const out = into ? new Uint8Array(into, 0, n) : new Uint8Array(n);
-      let got = Math.min(n, this.available);
-      out.set(this.buf.subarray(this.start, this.start + got));
-      this.consume(got);
+      let got = 0;
       while (got < n) {
-        const r = await this.#readInto(out.subarray(got), gap);
+        const r = this.available > 0 || this.reading
+          ? await this.#buffered(n - got, gap, (b) => out.set(b, got))
+          : await this.#readInto(out.subarray(got), gap);
         if (typeof r !== "number") return this.#ended(r, out.subarray(0, got), gapMs);
         got += r;
       }
@@ -237,12 +237,14 @@ export class ConnReader {
   /** A large body read in pieces, its memory following the bytes that came. */
   async #piecesBody(n: number, gapMs: number): Promise<StreamedBody> {
     const body = new BodyBuffer(n);
-    const first = Math.min(n, this.available);
-    if (first > 0) body.add(this.buf.slice(this.start, this.start + first));
-    this.consume(first);
     const gap = new GapTimer(gapMs);
     try {
       while (body.total < n) {
+        if (this.available > 0 || this.reading) {
+          const r = await this.#buffered(n - body.total, gap, (b) => body.add(b.slice()));
+          if (typeof r !== "number") return this.#ended(r, body.bytes(), gapMs);
+          continue;
+        }
         const piece = new Uint8Array(Math.min(PIECE_BYTES, n - body.total));
         const r = await this.#readInto(piece, gap);
         if (typeof r !== "number") return this.#ended(r, body.bytes(), gapMs);
@@ -257,6 +259,32 @@ export class ConnReader {
   #ended(r: "eof" | "timeout", bytes: Uint8Array, gapMs: number): StreamedBody {
     if (r === "timeout") return { bytes, end: "timeout", timeout_ms: gapMs };
     return { bytes, end: "error", cause: new Error("the connection closed") };
+  }
+
+  /**
+   * Up to `max` body bytes from the buffer, handed to `take` and consumed; first, a read in
+   * flight into the buffer (a probe that watches for the client's close) is waited out within
+   * `gap`. Reading the socket beside it would put the bytes it gets after later ones: the body
+   * would take the next request's bytes, and its own would be parsed as a request.
+   */
+  async #buffered(
+    max: number,
+    gap: GapTimer,
+    take: (bytes: Uint8Array) => void,
+  ): Promise<number | "eof" | "timeout"> {
+    if (this.available === 0 && this.#pending) {
+      const r = await Promise.race([this.#pending, gap.done]);
+      if (r === "timeout") {
+        this.broken = true;
+        return r;
+      }
+      if (r === "eof" && this.available === 0) return r;
+      gap.progress();
+    }
+    const n = Math.min(max, this.available);
+    take(this.buf.subarray(this.start, this.start + n));
+    this.consume(n);
+    return n;
   }
 
   /** One read straight into `into` (the buffer holds nothing unconsumed), within `gap`. */
@@ -280,11 +308,12 @@ export class ConnReader {
     for (;;) {
       const line = await this.#line(gapMs);
       if (typeof line !== "object") return this.#chunkEnd(line, body, gapMs);
-      const m = /^([0-9a-fA-F]{1,12})[ \t]*(;.*)?$/.exec(line.text);
+      // 1*HEXDIG (RFC 9112 7.1): leading zeros are not counted against the 12 digits.
+      const m = /^(?=[0-9a-fA-F])0*([0-9a-fA-F]{0,12})[ \t]*(;.*)?$/.exec(line.text);
       if (!m) {
         return failed(`chunk size line ${JSON.stringify(line.text.slice(0, 64))} is not valid`);
       }
-      const size = parseInt(m[1], 16);
+      const size = m[1] === "" ? 0 : parseInt(m[1], 16);
       if (size === 0) break;
       if (body.total + size > limit) return { bytes: body.bytes(), end: "too_large" };
       let left = size;

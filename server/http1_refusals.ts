@@ -107,7 +107,8 @@ export async function refuseHead(
   method: string,
   own?: OwnAnswers,
 ): Promise<void> {
-  await writeResponse(r.conn, answer(p, method, own), { head: false, close: true });
+  // An answer to HEAD carries no content (RFC 9110 9.3.2), a refusal's neither.
+  await writeResponse(r.conn, answer(p, method, own), { head: method === "HEAD", close: true });
   if (!r.eof && !r.broken) await linger(r);
 }
 

@@ -436,3 +436,117 @@ Deno.test("http1: blank lines before a head count against the head timeout", asy
     },
   );
 });
+
+Deno.test("http1: a body's bytes after a pipelined head never run as a request", async () => {
+  // An audit (v0.31): a read left in flight by the exchange before (it watches for the client's
+  // close) took the body's middle bytes into the head buffer while the body read the socket
+  // beside it: `GET /smuggled`, sent inside the POST's declared 100 bytes, was answered as a
+  // request, and valid pipelined POSTs sent in segments waited 60 s for a 408.
+  const srv = await startHttp1Server();
+  const enc = new TextEncoder();
+  const wait = (ms: number) => new Promise((r) => setTimeout(r, ms));
+  try {
+    const c = await Deno.connect({ port: srv.port });
+    const smuggled = `GET /smuggled HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n`;
+    const post = "POST /v1/backends/select HTTP/1.1\r\nhost: x\r\n" +
+      "content-type: application/json\r\ncontent-length: 100\r\n\r\n";
+    await c.write(enc.encode(`${GET}\r\n${post}AAAAAAAAAA`));
+    await wait(300);
+    await c.write(enc.encode(smuggled + "\r\n".repeat(5)));
+    await wait(300);
+    await c.write(enc.encode("B".repeat(90 - smuggled.length - 10)));
+    await c.write(enc.encode(`GET /nope HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n`));
+    const a = await answers(c, 3, 5000);
+    assert.deepEqual(a.texts.map((t) => t.slice(9, 12)), ["200", "400", "404"], a.texts.join("|"));
+    assert.match(a.texts[1], /malformed_json/);
+    assert.match(a.texts[2], /GET \/nope/);
+    assert.doesNotMatch(a.texts.join(""), /smuggled/);
+    // A valid pipeline in network-sized segments, 2 ms apart: three answers, at once.
+    const body = JSON.stringify({ head_size: 128, dtype: "float16", pad: "x".repeat(4900) });
+    const bytes = enc.encode(
+      `${GET}\r\nPOST /v1/backends/select HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n` +
+        `content-length: ${body.length}\r\n\r\n${body}${GET}connection: close\r\n\r\n`,
+    );
+    for (let round = 0; round < 3; round++) {
+      const d = await Deno.connect({ port: srv.port });
+      const t0 = performance.now();
+      for (let i = 0; i < bytes.length; i += 1448) {
+        await d.write(bytes.subarray(i, i + 1448));
+        await wait(2);
+      }
+      const b = await answers(d, 3, 5000);
+      assert.equal(b.texts.length, 3, `round ${round}: ${b.texts.map((t) => t.slice(0, 12))}`);
+      assert.equal(b.texts[0].slice(9, 12), "200");
+      assert.equal(b.texts[2].slice(9, 12), "200");
+      assert.notEqual(b.texts[1].slice(9, 12), "408", b.texts[1]);
+      assert.ok(performance.now() - t0 < 3000, `round ${round}: ${performance.now() - t0} ms`);
+    }
+    assert.deepEqual(srv.errors, []);
+  } finally {
+    await srv.close();
+  }
+});
+
+Deno.test("http1: field values with bytes 0x80-0x9F (UTF-8) are served, not a 501", async () => {
+  // TextDecoder's "latin1" is windows-1252: an em dash's 0x80 became "€", Headers refused the
+  // value, and the engine answered 501 "method GET is not served".
+  const srv = await startHttp1Server();
+  try {
+    for (const v of [[0xe2, 0x80, 0x94], [0x80], [0x9f], [0xe9]]) {
+      const head = new TextEncoder().encode(`${GET}user-agent: my`);
+      const tail = new TextEncoder().encode("client\r\nconnection: close\r\n\r\n");
+      const r = await rawExchange(srv.port, new Uint8Array([...head, ...v, ...tail]));
+      assert.equal(r?.status, 200, `bytes ${v}: ${r?.text}`);
+    }
+  } finally {
+    await srv.close();
+  }
+});
+
+Deno.test("http1: Connection close wins over keep-alive; HEAD refusals carry no body; zero-led chunk sizes", async () => {
+  const srv = await startHttp1Server();
+  const enc = new TextEncoder();
+  try {
+    // RFC 9112 9.3: HTTP/1.0 with `keep-alive, close` closes after its one answer.
+    let c = await Deno.connect({ port: srv.port });
+    await c.write(
+      enc.encode(
+        "GET /healthz HTTP/1.0\r\nconnection: keep-alive, close\r\n\r\nGET /nope HTTP/1.0\r\n\r\n",
+      ),
+    );
+    let a = await answers(c, 2, 3000);
+    assert.equal(a.texts.length, 1, a.texts.join("|"));
+    assert.doesNotMatch(a.texts[0], /connection: keep-alive/);
+    assert.ok(a.eof);
+    // A refused HEAD (no Host; an Expect not met): the status and fields, no content.
+    for (
+      const req of [
+        "HEAD /healthz HTTP/1.1\r\n\r\n",
+        `HEAD /healthz HTTP/1.1\r\nhost: x\r\nexpect: foo\r\n\r\n`,
+      ]
+    ) {
+      c = await Deno.connect({ port: srv.port });
+      await c.write(enc.encode(req));
+      a = await answers(c, 1, 3000);
+      const [head, content] = a.texts[0].split("\r\n\r\n");
+      assert.match(head, /^HTTP\/1\.1 4(00|17) /, req);
+      assert.equal(content, "", `${req}: ${content}`);
+    }
+    // RFC 9112 7.1 chunk-size = 1*HEXDIG: 13 and 20 digits with leading zeros are 75 bytes.
+    const spec =
+      '{"num_blocks":2,"block_size":16,"num_kv_heads":1,"head_size":8,"dtype":"float32"}';
+    for (const size of ["000000000004b", "0000000000000000004b"]) {
+      const n = parseInt(size, 16);
+      const chunk = spec.slice(0, n);
+      const rest = spec.slice(n);
+      const r = await rawExchange(
+        srv.port,
+        `${POST}transfer-encoding: chunked\r\nconnection: close\r\n\r\n${size}\r\n${chunk}\r\n` +
+          `${rest.length.toString(16)}\r\n${rest}\r\n0000\r\n\r\n`,
+      );
+      assert.equal(r?.status, 201, `${size}: ${r?.text}`);
+    }
+  } finally {
+    await srv.close();
+  }
+});
