@@ -275,13 +275,18 @@ function framing(
         transfer_encoding: te,
       });
     }
-    if (h.minor === 0 || te.toLowerCase() !== "chunked") {
+    const codings = te.toLowerCase().split(",").map((c) => c.trim());
+    if (h.minor === 0 || codings.length !== 1 || codings[0] !== "chunked") {
+      // chunked applied twice is the client's mistake (RFC 9112 6.1), not a coding not served.
+      const twice = codings.filter((c) => c === "chunked").length > 1;
       return bad(
-        `Transfer-Encoding ${JSON.stringify(te.slice(0, 64))} is not served (chunked is)`,
+        twice
+          ? `Transfer-Encoding ${JSON.stringify(te.slice(0, 64))} applies chunked more than once`
+          : `Transfer-Encoding ${JSON.stringify(te.slice(0, 64))} is not served (chunked is)`,
         {
           transfer_encoding: te.slice(0, 64),
         },
-        h.minor === 0 ? 400 : 501,
+        h.minor === 0 || twice ? 400 : 501,
       );
     }
     chunked = true;

@@ -73,6 +73,19 @@ const REFUSED: [string, string, number, string][] = [
     "bad_request",
   ],
   ["Transfer-Encoding gzip", `${POST}transfer-encoding: gzip\r\n\r\n{}`, 501, "not_implemented"],
+  // Was a 501 (a coding not served); chunked twice is the client's mistake (RFC 9112 6.1).
+  [
+    "chunked twice",
+    `${POST}transfer-encoding: chunked, chunked\r\n\r\n0\r\n\r\n`,
+    400,
+    "bad_request",
+  ],
+  [
+    "chunked in two fields",
+    `${POST}transfer-encoding: chunked\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n`,
+    400,
+    "bad_request",
+  ],
   ["HTTP/1.1 without Host", "GET /healthz HTTP/1.1\r\n\r\n", 400, "bad_request"],
   ["two Hosts", `${GET}host: y\r\n\r\n`, 400, "bad_request"],
   ["a lowercase method", "get /healthz HTTP/1.1\r\nhost: x\r\n\r\n", 501, "method_not_implemented"],
