@@ -33,7 +33,13 @@ Deno.test("trace: a file the process may not write is said once on stderr, namin
 trace("first step"); trace("second step"); console.log("ran");`;
     const out = await new Deno.Command(Deno.execPath(), {
       // As `deno task serve` runs: read and env, no write.
-      args: ["run", "--no-check", "--allow-read", "--allow-env", `data:text/javascript,${encodeURIComponent(script)}`],
+      args: [
+        "run",
+        "--no-check",
+        "--allow-read",
+        "--allow-env",
+        `data:text/javascript,${encodeURIComponent(script)}`,
+      ],
       env: { ATTN_TRACE_FILE: file },
       clearEnv: false,
     }).output();
@@ -42,7 +48,10 @@ trace("first step"); trace("second step"); console.log("ran");`;
     assert.equal(new TextDecoder().decode(out.stdout).trim(), "ran");
     const said = err.split("\n").filter((l) => l.includes("ATTN_TRACE_FILE"));
     assert.equal(said.length, 1, err);
-    assert.match(said[0], new RegExp(`${file.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")}.*--allow-write=`));
+    assert.match(
+      said[0],
+      new RegExp(`${file.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")}.*--allow-write=`),
+    );
     await assert.rejects(Deno.stat(file), Deno.errors.NotFound);
   } finally {
     await Deno.remove(dir, { recursive: true });
