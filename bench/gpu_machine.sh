@@ -3,7 +3,7 @@
 # the HTTP bench, the PyTorch anchor. Logs under $OUT; each part's tail is printed.
 # Usage there: bash bench/gpu_machine.sh
 #   [tests|dawn-tests|both-tests|compile-probe|mma|mma-fast|mma-bench|mma-ceiling|mma-strides|residency|bench|
-#    bench-deno|http|http-ab|http1-stall|gap-ab|http-warm|http-prof|threads|exit-probe|anchor|clock-probe|group-probe|all]...
+#    bench-deno|http|http-ab|gap-ab|http-warm|http-prof|threads|exit-probe|anchor|clock-probe|group-probe|all]...
 # mma: the tensor-core kernel's tests; mma-fast: those of its fast softmax, direct loads, matrix-move
 # staging, split S chains, per-subgroup rescale, late next-tile stores and D split over subgroups;
 # mma-bench: its variant sweep; mma-ceiling: bench/mma_ceiling.ts, what subgroup-matrix loops reach
@@ -34,10 +34,10 @@
 # seconds (default 170); HTTP_ARGS adds flags (e.g. "--steps 32", "--device-threads 0,4",
 # "--instances 1,4"); JSON in $OUT/http.json.
 # http-ab: interleaved A/B runs of Dawn's HTTP bench (HTTP_AB, see the part), a log each.
-# http1-stall: Dawn's HTTP bench on --http-engine http1 without keep-warm, HTTP1_STALL_RUNS times
-# (default 4), each server with ATTN_TRACE_FILE (its requests' heads, bodies and answers by
-# connection, and each launch: http1-stall-N-trace.txt beside the log and JSON): for the ~400 ms
-# stall of about half of its 8-client phases (bench/NOTES.md v0.30).
+# gap-ab: Dawn's HTTP bench without keep-warm, 8 clients, once per GAP_AB entry ENGINE:GAP[:ARGS]
+# (see the part), each server with ATTN_TRACE_FILE (its requests' heads, bodies and answers by
+# connection, and each launch: gap-ab-N-...-trace.txt beside the log and JSON). v0.30's
+# http1-stall part is GAP_AB="http1:0.01 http1:0.01 http1:0.01 http1:0.01" (NOTES v0.31).
 # http-prof: the server (HTTP_PROF_RUNTIME, default dawn; keep-warm process; HTTP_PROF_SERVER_ARGS
 # added) under --cpu-prof, the HTTP bench against it (--url, HTTP_PROF_ARGS, default "--steps
 # 128"), then SIGINT and bench/cpuprofile_summary.ts of the server's profile
@@ -255,16 +255,6 @@ for w in $what; do
           bench/http_bench.ts --runtimes dawn --json-out "$out/$name.json" --steps "$steps" \
           --layers "$layers" --clients "$clients" --server-arg="--http-engine=$eng" "${kwargs[@]}" |
           grep -E "^== |rc=|SM clock|decode step|^  (parse|plan|encode|gpu_and_readback|gpu|readback_map|total) |round trip|^dawn"
-      done ;;&
-    http1-stall)
-      for n in $(seq "${HTTP1_STALL_RUNS:-4}"); do
-        name="http1-stall-$n"
-        rm -f "$out/$name-trace.txt"
-        ATTN_TRACE_FILE="$out/$name-trace.txt" TAIL=${TAIL:-40} run "$name" "${HTTP_TIMEOUT:-100}" \
-          deno run --allow-net --allow-read --allow-env --allow-run --allow-write \
-          bench/http_bench.ts --runtimes dawn --json-out "$out/$name.json" --steps 64 --clients 8 \
-          --server-arg=--http-engine=http1 |
-          grep -E "^== |rc=|SM clock|decode step|^  (parse|plan|encode|gpu|readback_map|total) |^dawn"
       done ;;&
     gap-ab)
       # Dawn's poll gap within the spin (gpu/dawn_tick_pace.ts, NOTES v0.31): GAP_AB runs of

@@ -8,8 +8,10 @@
  * dev VM). With the service's handler on an H100 host one client's decode step was faster (p50
  * 1.09-1.29 ms against 1.35-2.00 in most pairs, bench/NOTES.md v0.29), and 8 clients without
  * keep-warm were served at 1,352-1,425 calls/s against Deno.serve's 1,027-1,072, but half of
- * those runs stalled ~400 ms (616-667 calls/s, v0.30; cause not found): it is opt-in, for one
- * client's latency and for what it bounds and answers.
+ * those runs stalled ~400 ms (616-667 calls/s, v0.30). v0.31 found such stalls on lavapipe to be
+ * Deno freeing Dawn's poll functions, now made fewer (gpu/dawn_tick_pace.ts), and saw none in 16
+ * H100 runs, with or without that change: it stays opt-in, for one client's latency and for what
+ * it bounds and answers.
  *
  * What a server owes its clients is kept: keep-alive (HTTP/1.1 by default, HTTP/1.0 when
  * asked), pipelined requests answered in order, `Expect: 100-continue`, chunked request
