@@ -10,6 +10,7 @@ import { ServiceError } from "../core/errors.ts";
 import { scanJson } from "../wire/json_scan.ts";
 import { jsonPath } from "../core/json_structure.ts";
 import { fromZod } from "../wire/zod_issues.ts";
+import { rememberJsonText } from "../wire/json_literals.ts";
 import { type BodyLimit, readBody } from "./body_read.ts";
 import { problem } from "./problem.ts";
 
@@ -116,7 +117,7 @@ export function parseJson(bytes: Uint8Array): unknown {
   }
   let json: unknown;
   try {
-    json = JSON.parse(text);
+    json = rememberJsonText(JSON.parse(text), text);
   } catch (e) {
     throw new ServiceError(
       `request body is not valid JSON: ${e instanceof Error ? e.message : String(e)}`,

@@ -28,6 +28,7 @@ import {
 import type { z } from "zod";
 import { scanJson, scanJsonText } from "./json_scan.ts";
 import { fromZod } from "./zod_issues.ts";
+import { rememberJsonText } from "./json_literals.ts";
 import {
   BINARY_FORWARD_TENSORS,
   BinaryForwardRequestSchema,
@@ -109,7 +110,7 @@ export function decodeJsonForward(body: unknown): DecodedForward {
   const put = (k: keyof Raws, t: JsonTensor | unknown[] | undefined, path: (string | number)[]) => {
     if (t === undefined) return;
     paths[k] = path;
-    raws[k] = rawFromJson(t, path);
+    raws[k] = rawFromJson(t, path, body);
   };
   put("query", query, ["query"]);
   put("key", key, ["key"]);
@@ -158,7 +159,7 @@ function binaryRequest(text: string): BinaryRequest {
   const twice = scanJsonText(text, { what: "__metadata__.request" });
   let json: unknown;
   try {
-    json = JSON.parse(text);
+    json = rememberJsonText(JSON.parse(text), text);
   } catch (e) {
     throw badRequest(
       `__metadata__.request is not valid JSON: ${e instanceof Error ? e.message : e}`,

@@ -120,7 +120,11 @@ export const CacheTensorSchema = tensor(
 /** An integer tensor or a plain (nested) JSON array of integers. */
 export const IntTensorSchema = z.union([
   tensor(["int32", "int64", "I32", "I64"], "IntTensorObject", "An integer tensor.", "integer"),
-  z.array(z.union([z.int(), z.array(z.int())])).describe("A plain array (2-D for block_table)."),
+  // Any JSON number, as in an integer tensor's `data`: the decoder refuses a non-integer (400)
+  // and a value outside int32 (422) in the same words for both forms (wire/tensors.ts).
+  z.array(z.union([jsonNumber("integer"), z.array(jsonNumber("integer"))])).describe(
+    "A plain array (2-D for block_table).",
+  ),
 ]).meta({ id: "IntTensor" });
 
 /**

@@ -17,6 +17,7 @@ import { invalidBatch, type Issue, ServiceError } from "../core/errors.ts";
 import { numel, type SafetensorsDType, type SafetensorsTensor } from "../core/safetensors.ts";
 import type { DataArray, DType, StorageDType } from "../core/types.ts";
 import { showValue } from "./zod_issues.ts";
+import { literalAt } from "./json_literals.ts";
 
 /** A tensor as JSON carries it. */
 export interface JsonTensor {
@@ -37,6 +38,11 @@ export interface RawTensor {
   numbers?: ArrayLike<number>;
   bytes?: Uint8Array;
   encoding: TensorEncoding;
+  /**
+   * JSON only, when the body's text is known: the literal the client wrote at a path (from the
+   * body's root) where float64 changed the number (`9007199254740993`, `1e400`), for messages.
+   */
+  literal?: (path: Path) => string | undefined;
 }
 
 /** A data tensor: its elements in `dtype` (JSON numbers rounded; bytes used as they came). */
@@ -112,8 +118,10 @@ function flatten(a: unknown[], path: Path): { shape: number[]; numbers: number[]
   const numbers: number[] = [];
   const walk = (x: unknown, depth: number, at: Path): void => {
     if (depth === shape.length) {
-      if (typeof x !== "number" || !Number.isFinite(x)) {
-        throw fail(at, `expected a finite number, got ${show(x)}`);
+      // A JSON number beyond float64 (1e400) parses as +-Infinity: an integer out of range,
+      // which toIntTensor refuses as such (422), as it does 1e10.
+      if (typeof x !== "number" || Number.isNaN(x)) {
+        throw fail(at, `expected a number, got ${show(x)}`);
       }
       numbers.push(x);
       return;
@@ -130,11 +138,16 @@ function flatten(a: unknown[], path: Path): { shape: number[]; numbers: number[]
   return { shape, numbers };
 }
 
-/** A JSON tensor (or plain nested array) → RawTensor; checks shape, element count and base64. */
-export function rawFromJson(t: JsonTensor | unknown[], path: Path): RawTensor {
+/**
+ * A JSON tensor (or plain nested array) → RawTensor; checks shape, element count and base64.
+ * `root`: the parsed body `path` starts from, whose literals messages then quote
+ * (wire/json_literals.ts).
+ */
+export function rawFromJson(t: JsonTensor | unknown[], path: Path, root?: unknown): RawTensor {
+  const literal = root === undefined ? undefined : (at: Path) => literalAt(root, at);
   if (Array.isArray(t)) {
     const { shape, numbers } = flatten(t, path);
-    return { dtype: "int64", shape, numbers, encoding: "array" };
+    return { dtype: "int64", shape, numbers, encoding: "array", literal };
   }
   const dtype = canonicalDtype(t.dtype);
   if (!(dtype in BYTES)) {
@@ -159,7 +172,7 @@ export function rawFromJson(t: JsonTensor | unknown[], path: Path): RawTensor {
         throw fail([...path, "data", i], `expected a number, got ${show(t.data[i])}`);
       }
     }
-    return { dtype, shape: t.shape, numbers: t.data, encoding: "data" };
+    return { dtype, shape: t.shape, numbers: t.data, encoding: "data", literal };
   }
   const text = t.base64!;
   // RFC 4648 strictly: fromBase64 itself skips ASCII whitespace anywhere and, "loose", takes a
@@ -258,18 +271,23 @@ export function toIntTensor(raw: RawTensor, path: Path): IntTensor {
       : raw.encoding === "array"
       ? [...path, ...unravel(i, raw.shape)]
       : [...path, i];
+  // The value as sent: float64 reads 9007199254740993 as ...992 (wire/json_literals.ts).
+  const sent = (i: number, v: number | bigint) =>
+    (typeof v === "number" ? raw.literal?.(at(i)) : undefined) ?? String(v);
   const outOfRange = (i: number, v: number | bigint) =>
     invalidBatch([{
       path: at(i),
-      message: `value ${v} does not fit in int32 [-2147483648, 2147483647]`,
+      message: `value ${sent(i, v)} does not fit in int32 [-2147483648, 2147483647]`,
     }]);
   if (raw.numbers) {
     const src = raw.numbers;
     for (let i = 0; i < n; i++) {
       const v = src[i];
-      if (!Number.isInteger(v)) throw fail(at(i), `expected an integer, got ${show(v)}`);
+      if (!Number.isInteger(v) && Number.isFinite(v)) {
+        throw fail(at(i), `expected an integer, got ${show(v)}`);
+      }
       if (v < -2147483648 || v > 2147483647) {
-        if (raw.dtype === "int32") throw fail(at(i), `value ${v} is not an int32`);
+        if (raw.dtype === "int32") throw fail(at(i), `value ${sent(i, v)} is not an int32`);
         throw outOfRange(i, v);
       }
       values[i] = v;

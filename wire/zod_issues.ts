@@ -6,6 +6,7 @@
  */
 import type { z } from "zod";
 import { type Issue, MAX_LISTED_ISSUES, ServiceError, withNotListed } from "../core/errors.ts";
+import { literalAt } from "./json_literals.ts";
 
 /** Marks a non-finite number in {@link showValue}'s JSON (a client cannot guess it). */
 const NON_FINITE_MARK = `\u0000${crypto.randomUUID()}:`;
@@ -29,6 +30,11 @@ export function showValue(v: unknown, max = 80): string {
     s = String(v);
   }
   return s.length > max ? s.slice(0, max - 3) + "..." : s;
+}
+
+/** The value at `path` of `root` for a message: the client's literal where float64 changed it. */
+function shownAt(root: unknown, path: readonly PropertyKey[]): string {
+  return literalAt(root, path) ?? showValue(valueAt(root, path));
 }
 
 function valueAt(root: unknown, path: readonly PropertyKey[]): unknown {
@@ -94,7 +100,7 @@ function flattenIssues(
         add(out, () => ({
           path: [...path, k].map(String),
           message: `unknown field ${JSON.stringify(k)}; got ${
-            showValue(valueAt(root, [...path, k].slice(skip)))
+            shownAt(root, [...path, k].slice(skip))
           }`,
         }));
       }
@@ -102,7 +108,7 @@ function flattenIssues(
     }
     add(out, () => ({
       path: path.map((p) => (typeof p === "number" ? p : String(p))),
-      message: `${i.message}; got ${showValue(valueAt(root, path.slice(skip)))}`,
+      message: `${i.message}; got ${shownAt(root, path.slice(skip))}`,
     }));
   }
 }
