@@ -30,8 +30,21 @@ function tooLarge(limit: BodyLimit, seen: number | string): ServiceError {
   );
 }
 
+/**
+ * A body whose framing is broken (a chunked coding that is not RFC 9112 7.1's): the client sent
+ * bytes the server cannot read as a body, which is not a body cut short.
+ */
+export class BodyFramingError extends Error {}
+
 /** A body cut short; `got` -1 when how much arrived is unknown (a whole read that failed). */
 function incomplete(got: number, declared: number, cause: unknown): ServiceError {
+  if (cause instanceof BodyFramingError) {
+    return new ServiceError(`request body's chunked coding is not valid: ${cause.message}`, {
+      status: 400,
+      code: "bad_chunked_body",
+      extra: { received_bytes: Math.max(0, got) },
+    });
+  }
   const why = cause instanceof Error ? `: ${cause.message}` : "";
   const of = declared >= 0 ? ` of the ${declared} declared` : "";
   if (got < 0) {

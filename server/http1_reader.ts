@@ -9,7 +9,7 @@
  * unusable (`broken`): the caller closes it, which ends the read.
  * @module
  */
-import { BodyBuffer, type StreamedBody } from "./body_read.ts";
+import { BodyBuffer, BodyFramingError, type StreamedBody } from "./body_read.ts";
 import { headEnd, MAX_HEAD_BYTES } from "./http1_head.ts";
 import { patientTimeout } from "./body_timeout.ts";
 
@@ -303,7 +303,7 @@ export class ConnReader {
     const failed = (why: string): StreamedBody => ({
       bytes: body.bytes(),
       end: "error",
-      cause: new Error(why),
+      cause: new BodyFramingError(why),
     });
     for (;;) {
       const line = await this.#line(gapMs);
@@ -341,7 +341,11 @@ export class ConnReader {
 
   #chunkEnd(r: "eof" | "timeout" | "too_long", body: BodyBuffer, gapMs: number): StreamedBody {
     if (r === "too_long") {
-      return { bytes: body.bytes(), end: "error", cause: new Error("chunk line over 4096 bytes") };
+      return {
+        bytes: body.bytes(),
+        end: "error",
+        cause: new BodyFramingError("a chunk line is over 4096 bytes"),
+      };
     }
     return this.#ended(r, body.bytes(), gapMs);
   }
@@ -349,14 +353,17 @@ export class ConnReader {
   /** One CRLF-ended line (at most 4 KiB), without its CRLF. */
   async #line(ms: number): Promise<{ text: string } | "eof" | "timeout" | "too_long"> {
     for (;;) {
-      for (let i = this.start + 1; i < this.end; i++) { // lines are short: scan it whole
+      // At most 4096 bytes and its CRLF, however much has arrived: a longer line that came in
+      // one read was taken, one that came in two refused.
+      const stop = Math.min(this.end, this.start + 4098);
+      for (let i = this.start + 1; i < stop; i++) {
         if (this.buf[i] === 10 && this.buf[i - 1] === 13) {
           const text = String.fromCharCode(...this.buf.subarray(this.start, i - 1));
           this.consume(i + 1 - this.start);
           return { text };
         }
       }
-      if (this.available > 4096) return "too_long";
+      if (this.available >= 4098) return "too_long";
       const r = await this.fill(ms);
       if (r !== "data") return r;
     }

@@ -121,18 +121,31 @@ Deno.test("http1: refused heads are problems naming the field; the handler never
       [...tally].map(([k, n]) => `attn_http_problems_total{route="unmatched",${k}} ${n}`).sort(),
     );
     // What Deno.serve lets through still reaches the handler.
-    // (and a body cut short inside a chunk is the handler's 400 body_incomplete problem)
     await expectHandlerAnswers(srv.port, [
       "GET /healthz HTTP/1.1\nhost: x\n\n", // bare LF line ends
       "\r\nGET /healthz HTTP/1.1\r\nhost: x\r\n\r\n", // a blank line first
       "GET /healthz HTTP/1.0\r\n\r\n",
       "GET http://elsewhere.example/healthz HTTP/1.1\r\nhost: x\r\n\r\n", // absolute form
     ]);
-    const bad = await rawExchange(
-      srv.port,
-      `${POST}transfer-encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n`,
-    );
-    assert.equal(JSON.parse(bad!.text).code, "body_incomplete", bad?.text);
+    // A broken chunked coding is the client's framing, not a body cut short: it was a 400
+    // body_incomplete saying "the client stopped sending" (session 39's audit).
+    for (
+      const [framing, why] of [
+        ["zz\r\n{}\r\n0\r\n\r\n", /chunk size line "zz" is not valid/],
+        ["2\r\n{}xx\r\n0\r\n\r\n", /chunk data not followed by CRLF/],
+        [`2;${"e".repeat(5000)}\r\n{}\r\n0\r\n\r\n`, /over 4096 bytes/],
+      ] as const
+    ) {
+      const bad = await rawExchange(
+        srv.port,
+        `${POST}transfer-encoding: chunked\r\n\r\n${framing}`,
+      );
+      const doc = JSON.parse(bad!.text);
+      assert.equal(bad!.status, 400, bad?.text);
+      assert.equal(doc.code, "bad_chunked_body", bad?.text);
+      assert.match(doc.detail, why);
+      assert.equal(bad!.headers.get("connection"), "close", "the framing is lost: no next request");
+    }
     assert.deepEqual(srv.errors, []);
   } finally {
     await srv.close();
