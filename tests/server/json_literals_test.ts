@@ -13,7 +13,9 @@ import { startServer } from "./helpers.ts";
 /** A decoder forward body over an inline cache whose block table is `bt` (text, spliced in). */
 function body(bt: string, layerExtra = ""): string {
   const t = (n: number) => `{"dtype":"float32","shape":[1,1,4],"data":[${[1, 2, 3, n].join(",")}]}`;
-  const cache = `{"dtype":"float32","shape":[1,16,1,4],"data":[${new Array(64).fill(0).join(",")}]}`;
+  const cache = `{"dtype":"float32","shape":[1,16,1,4],"data":[${
+    new Array(64).fill(0).join(",")
+  }]}`;
   return `{"layer":{"num_heads":1,"num_kv_heads":1,"head_size":4${layerExtra}},"dtype":"float32",` +
     `"query":${t(4)},"key":${t(5)},"value":${t(6)},"key_cache":${cache},"value_cache":${cache},` +
     `"metadata":{"seq_lens":[1],"query_start_loc":[0,1],"block_table":${bt},"slot_mapping":[0]}}`;
