@@ -13,9 +13,10 @@
  * access_config.ts.
  * @module
  */
-import { sentPath } from "./routes.ts";
+import { requestUrl, sentPath } from "./routes.ts";
 import { createHash, timingSafeEqual } from "node:crypto";
 import { problem } from "./problem.ts";
+import type { ServiceError } from "../core/errors.ts";
 
 /** Paths that need neither a token nor an allowed Host. */
 export const OPEN_PATHS: readonly string[] = ["/healthz"];
@@ -80,14 +81,19 @@ export function accessCheck(policy: AccessPolicy): (req: Request) => void {
       const header = req.headers.get("host");
       const name = header === null ? null : hostName(header);
       if (header !== null && (name === null || !hosts.has(name))) {
-        throw problem(
-          403,
-          "host_not_allowed",
-          `Host ${JSON.stringify(header)} is not one this server answers to; allowed: ${
-            [...hosts].join(", ")
-          } (add names with --allowed-host)`,
-          { host: header, allowed_hosts: [...hosts] },
-          { title: "Forbidden" },
+        throw hostNotAllowed(`Host ${JSON.stringify(header)}`, header, hosts);
+      }
+      // An absolute-form target ("GET http://evil.example/ HTTP/1.1") names the authority the
+      // request is for, whatever its Host says (RFC 9112 3.2.2), and both engines build the
+      // URL from it: that name must be one of the allowed too. An origin-form request's URL
+      // carries its Host (or "localhost" without one), checked above.
+      const authority = requestUrl(req)?.host;
+      const target = authority === undefined ? null : hostName(authority);
+      if (authority !== undefined && (target === null || !hosts.has(target))) {
+        throw hostNotAllowed(
+          `the request target's authority ${JSON.stringify(authority)}`,
+          authority,
+          hosts,
         );
       }
     }
@@ -113,6 +119,18 @@ export function accessCheck(policy: AccessPolicy): (req: Request) => void {
       }
     }
   };
+}
+
+function hostNotAllowed(what: string, host: string, hosts: Set<string>): ServiceError {
+  return problem(
+    403,
+    "host_not_allowed",
+    `${what} is not one this server answers to; allowed: ${
+      [...hosts].join(", ")
+    } (add names with --allowed-host)`,
+    { host, allowed_hosts: [...hosts] },
+    { title: "Forbidden" },
+  );
 }
 
 /** {@link accessCheck} as a yes/no (the HTTP fronts skip reading the body of a refused request). */

@@ -187,6 +187,25 @@ Deno.test("Host check (loopback, no token): foreign names get 403; loopback name
     // No Host at all (HTTP/1.0 tools; browsers always send one) is not a rebinding attempt.
     const noHost = await rawExchange(srv.port, "GET /v1/backends HTTP/1.0\r\n\r\n");
     assert.equal(noHost?.status, 200);
+    // An absolute-form target names the host the request is for (RFC 9112 3.2.2), and the
+    // service's URL is built from it: it was let through with an allowed Host beside it.
+    const absolute: [string, string][] = [
+      ["http://evil.example:99", "HTTP/1.1\r\nhost: localhost"],
+      ["http://evil.example", "HTTP/1.0"], // no Host
+    ];
+    for (const [target, rest] of absolute) {
+      const head = `GET ${target}/v1/backends ${rest}\r\n\r\n`;
+      const doc = assertProblem(await rawExchange(srv.port, head), 403, "host_not_allowed");
+      assert.equal(doc.host, target.slice("http://".length));
+      assert.match(doc.detail, /request target's authority/);
+    }
+    for (const target of ["http://localhost:1", "http://box.internal", "http://[::1]"]) {
+      const r = await rawExchange(
+        srv.port,
+        `GET ${target}/v1/backends HTTP/1.1\r\nhost: localhost\r\n\r\n`,
+      );
+      assert.equal(r?.status, 200, target);
+    }
     assert.deepEqual(srv.errors, []);
   } finally {
     await srv.close();
