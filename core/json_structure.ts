@@ -20,6 +20,13 @@ export interface DuplicateKey {
   offset: number;
 }
 
+/**
+ * The issue message for a {@link DuplicateKey}, the same wherever JSON is read (a body, a
+ * safetensors header, `__metadata__.request`).
+ */
+export const REPEATED_NAME =
+  "appears twice in its object (JSON keeps only one of them, the parser's choice): send it once";
+
 const QUOTE = 0x22, BACKSLASH = 0x5c;
 const OTHER = 0, STRING = 1, OBJ_OPEN = 2, ARR_OPEN = 3, CLOSE = 4, COMMA = 5;
 /** The class of each byte outside strings: most bytes (digits, space, letters) are OTHER. */

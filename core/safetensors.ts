@@ -8,7 +8,7 @@
  * @module
  */
 import { type Issue, MAX_LISTED_ISSUES, ServiceError, withNotListed } from "./errors.ts";
-import { duplicateKey } from "./json_structure.ts";
+import { duplicateKey, REPEATED_NAME } from "./json_structure.ts";
 
 /** The safetensors dtypes this service reads and writes. */
 export const SAFETENSORS_DTYPES = [
@@ -217,11 +217,7 @@ function parseLayout(text: string, headerBytes: Uint8Array, dataBytes: number): 
   }
   const twice = duplicateKey(headerBytes);
   if (twice) {
-    throw bad(
-      twice.path.map(String),
-      "appears twice in its object of the header (JSON keeps only one of them; which one is " +
-        "the parser's choice): send each name once",
-    );
+    throw bad(twice.path.map(String), REPEATED_NAME);
   }
   if (typeof header !== "object" || header === null || Array.isArray(header)) {
     throw bad(["header"], `header must be a JSON object, got ${show(header)}`);

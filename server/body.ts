@@ -11,6 +11,7 @@ import { scanJson } from "../wire/json_scan.ts";
 import { jsonPath } from "../core/json_structure.ts";
 import { fromZod } from "../wire/zod_issues.ts";
 import { rememberJsonText } from "../wire/json_literals.ts";
+import { REPEATED_NAME } from "../core/json_structure.ts";
 import { type BodyLimit, readBody } from "./body_read.ts";
 import { problem } from "./problem.ts";
 
@@ -129,14 +130,11 @@ export function parseJson(bytes: Uint8Array): unknown {
   }
   if (twice) {
     const where = jsonPath(twice.path);
-    throw new ServiceError(
-      `request body names ${where} twice in one object (JSON keeps only one of them): send it once`,
-      {
-        status: 400,
-        code: "malformed_json",
-        issues: [{ path: twice.path, message: "appears twice in its object" }],
-      },
-    );
+    throw new ServiceError(`request body names ${where} twice: it ${REPEATED_NAME}`, {
+      status: 400,
+      code: "malformed_json",
+      issues: [{ path: twice.path, message: REPEATED_NAME }],
+    });
   }
   return json;
 }

@@ -29,6 +29,7 @@ import type { z } from "zod";
 import { scanJson, scanJsonText } from "./json_scan.ts";
 import { fromZod } from "./zod_issues.ts";
 import { rememberJsonText } from "./json_literals.ts";
+import { REPEATED_NAME } from "../core/json_structure.ts";
 import {
   BINARY_FORWARD_TENSORS,
   BinaryForwardRequestSchema,
@@ -170,9 +171,10 @@ function binaryRequest(text: string): BinaryRequest {
   }
   if (twice) {
     const path = ["__metadata__", "request", ...twice.path];
-    throw badRequest(`__metadata__.request names ${jsonPath(twice.path)} twice`, [
-      { path, message: "appears twice in its object (JSON keeps only one of them): send it once" },
-    ]);
+    throw badRequest(
+      `__metadata__.request names ${jsonPath(twice.path)} twice: it ${REPEATED_NAME}`,
+      [{ path, message: REPEATED_NAME }],
+    );
   }
   const r = BinaryForwardRequestSchema.safeParse(json);
   if (!r.success) {
