@@ -220,7 +220,7 @@ Deno.test("validateForward: every problem listed with path and value", () => {
   const is = issuesOf(() => validateForward(i, HELD));
   has(is, "layer.scale", /got 0/);
   has(is, "layer.sliding_window", /got 1.5/);
-  has(is, "layer.logits_soft_cap", /got -1/);
+  has(is, "layer.logits_soft_cap", /must be finite and > 0 \(or null\), got -1/);
   has(is, "layer.alibi_slopes", /has 2 entries but num_heads is 4/);
   has(is, "layer.sinks", /has 3 entries/);
   has(is, "layer.k_scale", /got -2/);
