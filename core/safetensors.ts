@@ -8,7 +8,7 @@
  * @module
  */
 import { type Issue, MAX_LISTED_ISSUES, ServiceError, withNotListed } from "./errors.ts";
-import { duplicateKey, REPEATED_NAME } from "./json_structure.ts";
+import { type DuplicateKey, duplicateKey, REPEATED_NAME } from "./json_structure.ts";
 
 /** The safetensors dtypes this service reads and writes. */
 export const SAFETENSORS_DTYPES = [
@@ -103,9 +103,11 @@ export function numel(shape: readonly number[]): number {
 export interface ParseOptions {
   /**
    * Called with the header's bytes before they are parsed as JSON, for a header not seen
-   * before (e.g. a depth and size pre-scan that throws).
+   * before (e.g. a depth and size pre-scan that throws). A scan that also finds the first
+   * repeated member name (wire/json_scan.ts scanJson) returns it, or null, and the header is
+   * not walked again for it; one that returns nothing leaves that to the parser.
    */
-  scanHeader?: (header: Uint8Array) => void;
+  scanHeader?: (header: Uint8Array) => DuplicateKey | null | void;
 }
 
 /** One tensor's place in a parsed header, in offset order. */
@@ -178,8 +180,8 @@ export function parseSafetensors(bytes: Uint8Array, opts: ParseOptions = {}): Sa
   const key = text.length <= LAYOUT_MEMO_TEXT ? `${data.byteLength}:${text}` : null;
   const known = key === null ? undefined : layouts.get(key);
   if (known !== undefined) return viewsOf(known, data);
-  opts.scanHeader?.(headerBytes);
-  const layout = parseLayout(text, headerBytes, data.byteLength);
+  const scanned = opts.scanHeader?.(headerBytes);
+  const layout = parseLayout(text, scanned === undefined ? headerBytes : scanned, data.byteLength);
   if (key !== null) {
     if (layouts.size >= LAYOUT_MEMO_SIZE) layouts.delete(layouts.keys().next().value!);
     layouts.set(key, layout);
@@ -205,7 +207,11 @@ function viewsOf(layout: Layout, data: Uint8Array): SafetensorsFile {
  * and every bad tensor (its first defect) is listed, then, when all tensors are well formed,
  * every overlap and every byte that belongs to no tensor.
  */
-function parseLayout(text: string, headerBytes: Uint8Array, dataBytes: number): Layout {
+function parseLayout(
+  text: string,
+  repeated: Uint8Array | DuplicateKey | null,
+  dataBytes: number,
+): Layout {
   let header: unknown;
   try {
     header = JSON.parse(text);
@@ -215,7 +221,8 @@ function parseLayout(text: string, headerBytes: Uint8Array, dataBytes: number): 
       `header is not valid UTF-8 JSON (${e instanceof Error ? e.message : String(e)})`,
     );
   }
-  const twice = duplicateKey(headerBytes);
+  // The header's bytes to look in, or what a scan already found there.
+  const twice = repeated instanceof Uint8Array ? duplicateKey(repeated) : repeated;
   if (twice) {
     throw bad(twice.path.map(String), REPEATED_NAME);
   }

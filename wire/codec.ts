@@ -8,7 +8,7 @@
 import { encode } from "../core/dtype.ts";
 import { type Issue, ServiceError } from "../core/errors.ts";
 import { parseSafetensors, safetensorsParts, type SafetensorsTensor } from "../core/safetensors.ts";
-import { jsonPath } from "../core/json_structure.ts";
+import { type DuplicateKey, jsonPath, REPEATED_NAME } from "../core/json_structure.ts";
 import { toFloat32 } from "../core/data.ts";
 import type { DType, ForwardResult } from "../core/types.ts";
 import {
@@ -29,7 +29,6 @@ import type { z } from "zod";
 import { scanJson, scanJsonText } from "./json_scan.ts";
 import { fromZod } from "./zod_issues.ts";
 import { rememberJsonText } from "./json_literals.ts";
-import { REPEATED_NAME } from "../core/json_structure.ts";
 import {
   BINARY_FORWARD_TENSORS,
   BinaryForwardRequestSchema,
@@ -126,8 +125,8 @@ export function decodeJsonForward(body: unknown): DecodedForward {
 }
 
 /** The depth and size pre-scan of a safetensors header's JSON (400 / 413 from json_scan). */
-function scanHeaderJson(header: Uint8Array): void {
-  scanJson(header, { what: "safetensors header" });
+function scanHeaderJson(header: Uint8Array): DuplicateKey | null {
+  return scanJson(header, { what: "safetensors header" });
 }
 
 type BinaryRequest = z.output<typeof BinaryForwardRequestSchema>;

@@ -185,3 +185,31 @@ Deno.test("safetensors: a header with thousands of bad tensors lists 100 issues 
     );
   }
 });
+
+Deno.test("safetensors: a scan that reports repeated names is not followed by a second walk", () => {
+  // wire/codec.ts's scan finds the first repeated name in its depth pass; the parser walked the
+  // header again for it on every miss of the layout memo.
+  const text =
+    '{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}';
+  const file = (t: string) => {
+    const h = new TextEncoder().encode(t);
+    const out = new Uint8Array(8 + h.length + 8);
+    new DataView(out.buffer).setBigUint64(0, BigInt(h.length), true);
+    out.set(h, 8);
+    return out;
+  };
+  // What the scan says is what is refused: here a name the header does not repeat.
+  const said = { path: ["b"], offset: 1 };
+  assert.throws(
+    () => parseSafetensors(file(text + " "), { scanHeader: () => said }),
+    (e: ServiceError) => e.status === 400 && JSON.stringify(e.issues?.[0]?.path) === '["b"]',
+  );
+  // A scan with nothing to report (null) is trusted; one that returns nothing leaves it to the
+  // parser, which finds the real repeat.
+  const twice = text.slice(0, -1) + ',"__metadata__":{"k":"1","k":"2"}}';
+  assert.doesNotThrow(() => parseSafetensors(file(twice), { scanHeader: () => null }));
+  assert.throws(
+    () => parseSafetensors(file(twice + "  "), { scanHeader: () => {} }),
+    (e: ServiceError) => JSON.stringify(e.issues?.[0]?.path) === '["__metadata__","k"]',
+  );
+});
