@@ -104,6 +104,7 @@ export async function planDecodeRows(
     perItem,
     step: nkg * shape.u,
     target: shape.target,
+    wave: shape.wave,
     weight: shape.wh,
   });
   let epi = epilogueMode(ctx, tuning, shape, g.nchunk);
@@ -315,7 +316,7 @@ export async function planDecodeRows(
       decode_reduce_workgroups: reduce_k ? numRows * H : 0,
       decode_steps: Math.ceil(split / ((nkg / shape.wh / wt) * shape.u)),
       decode_waves_x1000: Math.round(
-        (1000 * groups * perItem) / Math.max(1, tuning.wave_workgroups),
+        (1000 * groups * perItem) / shape.wave,
       ),
       decode_wg_invocations: shape.wg,
       decode_wg_kv_heads: shape.wh,

@@ -10,7 +10,7 @@
 import type { GpuContext, KvCacheSpec, LayerSpec, StorageDType } from "../core/types.ts";
 import { elementsPerWord } from "../gpu/wgsl.ts";
 import { isSoftwareAdapter } from "../gpu/runtime_adapter.ts";
-import type { DecodeTuning } from "./webgpu_decode_tuning.ts";
+import { type DecodeTuning, GPU_WAVE_WORKGROUPS } from "./webgpu_decode_tuning.ts";
 import { splitStorageBindings } from "../gpu/decode_kernels.ts";
 
 /** A split-kernel shape. */
@@ -26,6 +26,8 @@ export interface DecodeShape {
   wg: number;
   /** Split-pass workgroups the slice length aims for. */
   target: number;
+  /** Split-pass workgroups the device runs at once (`wave_workgroups`, resolved). */
+  wave: number;
   /** vec4<u32>s of the staged K + V tile (`stage_kv`; 0: plain loads). */
   skv: number;
   /** Kv head blocks of KH a workgroup spans (`wg_kv_heads`; 1: one). */
@@ -124,8 +126,9 @@ export function decodeShape(
       shared(wg, 1, 1) + tileBytes <= wsLimit
     ? tile
     : 0;
-  const target = tuning.target_workgroups ||
-    (cpu ? 4 * Math.max(1, navigator.hardwareConcurrency ?? 2) : 2048);
+  const threads = Math.max(1, navigator.hardwareConcurrency ?? 2);
+  const target = tuning.target_workgroups || (cpu ? 4 * threads : 2048);
+  const wave = tuning.wave_workgroups || (cpu ? threads : GPU_WAVE_WORKGROUPS);
   return {
     sg,
     lpk,
@@ -136,6 +139,7 @@ export function decodeShape(
     u,
     wg,
     target,
+    wave,
     skv,
     wh,
     wt,

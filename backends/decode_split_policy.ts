@@ -13,7 +13,7 @@
  *   waves are not cut; a wave is filled as far as the lengths allow.
  * @module
  */
-import type { DecodeTuning } from "./webgpu_decode_tuning.ts";
+import { type DecodeTuning, GPU_WAVE_WORKGROUPS } from "./webgpu_decode_tuning.ts";
 
 /** What the slice length depends on. */
 export interface SliceInput {
@@ -25,6 +25,9 @@ export interface SliceInput {
   step: number;
   /** The workgroup target of the `waves` 0 policy. */
   target: number;
+  /** Split workgroups the device runs at once (decode_shape.ts resolves `wave_workgroups`);
+   * absent: the tuning's, or a GPU's when that is 0. */
+  wave?: number;
   /** Key rows a workgroup streams per key of its slice, relative to one kv head block over all
    * its key groups (`wg_kv_heads`: its blocks share the key groups; default 1). */
   weight?: number;
@@ -51,7 +54,7 @@ export function sliceLength(t: DecodeTuning, x: SliceInput): number {
     const len = Math.max(t.min_split_keys, Math.ceil(keys / Math.max(1, x.target / x.perItem)));
     return roundUp(len, x.step);
   }
-  const wave = Math.max(1, t.wave_workgroups);
+  const wave = Math.max(1, x.wave ?? (t.wave_workgroups || GPU_WAVE_WORKGROUPS));
   const wavesOf = (len: number) => Math.ceil((sliceCount(x.spans, len) * x.perItem) / wave);
   const cap = Math.max(t.waves, wavesOf(longest));
   const least = roundUp(t.min_split_keys, x.step);

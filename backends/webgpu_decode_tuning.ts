@@ -52,8 +52,11 @@ export interface DecodeTuning {
    * minimises waves x (slice_overhead + length), using at most this many waves of
    * `wave_workgroups` (or what the uncut rows need); no split where cutting does not pay. */
   waves: number;
-  /** Split-pass workgroups the device runs at once (one wave). WebGPU reports no SM count:
-   * 528 = 132 SMs x 4 (an H200 at four 128-lane workgroups an SM); a tuning value. */
+  /** Split-pass workgroups the device runs at once (one wave); 0: {@link GPU_WAVE_WORKGROUPS}
+   * on GPUs (WebGPU reports no SM count: 132 SMs x 4, an H200 at four 128-lane workgroups an
+   * SM, by guess), and on software adapters the CPU's threads (lavapipe runs one workgroup a
+   * thread: a wave of 528 cut a 16 x 1024 decode into 256 workgroups and a reduce pass on 2
+   * cores, bench/NOTES.md v0.32). */
   wave_workgroups: number;
   /** What a split workgroup costs beyond its keys (prologue, merge, partial), in keys: the
    * `waves` policy's price of one more slice. */
@@ -175,6 +178,9 @@ export interface DecodeTuning {
  * sweep (NOTES "v0.13 on the H200", call 2): `fp8_half_columns` on, fp8 e4m3 32 x 2048 0.125 ->
  * 0.110 ms (half columns on f16 and bf16 caches: 0.087 -> 0.202, so those stay off).
  */
+/** The `wave_workgroups` of GPU adapters when the tuning leaves it 0. */
+export const GPU_WAVE_WORKGROUPS = 528;
+
 export const DEFAULT_DECODE_TUNING: Readonly<DecodeTuning> = Object.freeze({
   workgroup_size: 0,
   keys_per_iter: 0,
@@ -190,7 +196,7 @@ export const DEFAULT_DECODE_TUNING: Readonly<DecodeTuning> = Object.freeze({
   early_values: true,
   prefetch: false,
   waves: 4,
-  wave_workgroups: 528,
+  wave_workgroups: 0,
   slice_overhead: 192,
   direct_single: false,
   fused_reduce: true,
@@ -255,7 +261,7 @@ export const DECODE_TUNING_RULES: Readonly<Record<DecodeTuningNumber, TuningRule
     max_flat_heads: { least: 1, most: MOST },
     target_workgroups: { least: 1, most: MOST, zero: "automatic" },
     waves: { least: 1, most: MOST, zero: "the target_workgroups policy" },
-    wave_workgroups: { least: 1, most: MOST },
+    wave_workgroups: { least: 1, most: MOST, zero: "automatic" },
     slice_overhead: { least: 0, most: MOST },
     min_split_keys: { least: 0, most: MOST },
     stage_table_max: { least: 0, most: MOST },

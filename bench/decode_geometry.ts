@@ -69,6 +69,7 @@ export function decodeGeometry(
     perItem,
     step: nkg * sh.u,
     target: sh.target,
+    wave: sh.wave,
     weight: sh.wh,
   });
   const c = Math.ceil(s.ctx / split);

@@ -69,7 +69,7 @@ Deno.test("fp8_nan_free: created empty, or imported bytes without a NaN byte", {
 
 const FAST = /decode_split\([^)]*nan_free=true/;
 const EXACT = /decode_split\([^)]*nan_free=false/;
-const SPLIT = { target_workgroups: 4096, min_split_keys: 16 };
+const SPLIT = { target_workgroups: 4096, wave_workgroups: 528, min_split_keys: 16 };
 const decodeOf = (t = {}) =>
   makeWebGpuDecode({ ...DEFAULT_DECODE_TUNING, ...SPLIT, ...t }) as AttentionBackend;
 

@@ -66,7 +66,7 @@ const RULE_WORDS: Record<string, string> = {
   max_flat_heads: COUNT_1,
   target_workgroups: AUTO_COUNT,
   waves: "an integer from 1 to 2^31 - 1, or 0 for the target_workgroups policy",
-  wave_workgroups: COUNT_1,
+  wave_workgroups: AUTO_COUNT,
   slice_overhead: COUNT_0,
   min_split_keys: COUNT_0,
   stage_table_max: COUNT_0,
@@ -112,7 +112,6 @@ const REFUSED: [field: string, json: string, shown: string][] = [
   ["waves", "-1", "-1"], // silently the target policy
   ["waves", "0.5", "0.5"],
   ["waves", "1e999", "Infinity"],
-  ["wave_workgroups", "0", "0"], // silently 1
   ["wave_workgroups", "-3", "-3"],
   ["wave_workgroups", "0.5", "0.5"],
   ["slice_overhead", "-1000", "-1000"],
@@ -144,7 +143,7 @@ const TAKEN: Record<string, number[]> = {
   max_flat_heads: [1, 32],
   target_workgroups: [0, 1, 4096],
   waves: [0, 1, 4],
-  wave_workgroups: [1, 528],
+  wave_workgroups: [0, 1, 528],
   slice_overhead: [0, 192],
   min_split_keys: [0, 1, 64],
   stage_table_max: [0, 3, 1024],

@@ -189,7 +189,12 @@ Deno.test("decode fma_dots: the planned kernel says which sums it runs (on by de
 });
 
 Deno.test("decode wg_tokens: refused for rows of several slices", { ignore: NO_GPU }, async () => {
-  const b = backendOf({ wg_tokens: 2, min_split_keys: 16, target_workgroups: 4096 });
+  const b = backendOf({
+    wg_tokens: 2,
+    min_split_keys: 16,
+    target_workgroups: 4096,
+    wave_workgroups: 528,
+  });
   const info = await planInfo(b, F16);
   assert.ok(info.decode_split_rows > 0, JSON.stringify(info));
   assert.equal(info.decode_wg_tokens, 1, JSON.stringify(info));
@@ -236,7 +241,12 @@ Deno.test("decode longest_first: each request's groups from the longest, request
 });
 
 Deno.test("decode longest_first: rows cut into several slices", { ignore: NO_GPU }, async () => {
-  const b = backendOf({ longest_first: true, min_split_keys: 16, target_workgroups: 4096 });
+  const b = backendOf({
+    longest_first: true,
+    min_split_keys: 16,
+    target_workgroups: 4096,
+    wave_workgroups: 528,
+  });
   const info = await planInfo(b, F16);
   assert.ok(info.decode_split_rows > 0, JSON.stringify(info));
   assert.equal(info.decode_longest_first, 1, JSON.stringify(info));

@@ -39,6 +39,7 @@ const SHAPE = {
   kv_heads_per_group: 4,
   waves: 0,
   target_workgroups: 4096,
+  wave_workgroups: 528, // a GPU's wave: rows cut as a GPU cuts them, on lavapipe too
   min_split_keys: 16,
 };
 

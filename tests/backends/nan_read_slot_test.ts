@@ -96,7 +96,7 @@ async function checkPlanted(
   assert.ok(odd < total, `and finite ones (${label})`);
 }
 
-const SPLIT = { target_workgroups: 4096, min_split_keys: 16 };
+const SPLIT = { target_workgroups: 4096, wave_workgroups: 528, min_split_keys: 16 };
 const DECODE = makeWebGpuDecode(DEFAULT_DECODE_TUNING) as AttentionBackend;
 const DECODE_SPLIT = makeWebGpuDecode({ ...DEFAULT_DECODE_TUNING, ...SPLIT }) as AttentionBackend;
 /** The portable tile kernel for prefill rows (not the split-KV kernels software adapters use). */

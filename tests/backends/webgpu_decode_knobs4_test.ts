@@ -36,6 +36,7 @@ const BASE: DecodeTuning = {
   kv_heads_per_group: 1,
   waves: 0,
   target_workgroups: 4096,
+  wave_workgroups: 528, // a GPU's wave: rows cut as a GPU cuts them, on lavapipe too
   min_split_keys: 16,
   direct_single: true,
   fused_reduce: false, // the cases that want it say so

@@ -17,9 +17,9 @@ import {
   DEFAULT_DECODE_TUNING,
   makeWebGpuDecode,
 } from "../../backends/webgpu_decode.ts";
-import type { AttentionBackend, GpuContext } from "../../core/types.ts";
+import type { AttentionBackend, GpuContext, KvCacheSpec, LayerSpec } from "../../core/types.ts";
 import { sliceCount, sliceLength } from "../../backends/decode_split_policy.ts";
-import { epilogueMode } from "../../backends/decode_shape.ts";
+import { decodeShape, epilogueMode } from "../../backends/decode_shape.ts";
 import type { BatchSpec } from "../support/batches.ts";
 import { checkBackend } from "../support/backend_check.ts";
 import {
@@ -38,9 +38,9 @@ import { GPU, NO_GPU } from "../gpu/helpers.ts";
  * plan-count assertions failed there although every output was right.
  */
 const GPU_SHAPE = { workgroup_size: 128, keys_per_iter: 4, kv_heads_per_group: 1, max_lanes: 8 };
-const MANY = { target_workgroups: 4096, min_split_keys: 16 };
+const MANY = { target_workgroups: 4096, wave_workgroups: 528, min_split_keys: 16 };
 /** Slices of >= 256 keys: a key group runs several steps (MANY gives it one). */
-const LONG = { target_workgroups: 4096, min_split_keys: 256 };
+const LONG = { target_workgroups: 4096, wave_workgroups: 528, min_split_keys: 256 };
 
 const SPECS: [string, BatchSpec][] = [
   ["f16, fp8_e4m3 cache, HND, window, sinks, ALiBi, soft cap, LSE", FP8_HND_SPEC],
@@ -357,6 +357,43 @@ Deno.test("decode slice policy: waves fill the device's waves from the lengths",
   assert.ok(sliceCount([30000, 40, 7], b) * 8 <= 4 * 396, `within the waves cap (${b})`);
 });
 
+Deno.test("decode slice policy: a software adapter's wave is its threads, a GPU's 528", () => {
+  // lavapipe runs a workgroup a thread: at a GPU's wave of 528 a 16 x 1024 decode was cut into
+  // 256 slices and a reduce pass on 2 cores (bench/NOTES.md v0.32).
+  const ctx = (description: string, architecture = "") =>
+    ({
+      adapter_info: { vendor: "", architecture, device: "", description },
+      features: new Set(["subgroups", "shader-f16"]),
+      limits: { maxComputeWorkgroupStorageSize: 32768, maxStorageBuffersPerShaderStage: 8 },
+    }) as unknown as GpuContext;
+  const layer = { num_heads: 16, num_kv_heads: 4, head_size: 128 } as LayerSpec;
+  const spec = { block_size: 16 } as KvCacheSpec;
+  const cpu = decodeShape(
+    ctx("llvmpipe (LLVM 15.0.6, 256 bits)"),
+    DEFAULT_DECODE_TUNING,
+    layer,
+    spec,
+    "float16",
+  );
+  const gpu = decodeShape(ctx("NVIDIA H200"), DEFAULT_DECODE_TUNING, layer, spec, "float16");
+  assert.equal(cpu.wave, Math.max(1, navigator.hardwareConcurrency ?? 2));
+  assert.equal(gpu.wave, 528);
+  const set = decodeShape(
+    ctx("llvmpipe"),
+    { ...DEFAULT_DECODE_TUNING, wave_workgroups: 96 },
+    layer,
+    spec,
+    "float16",
+  );
+  assert.equal(set.wave, 96, "a tuning's own wave is kept");
+  // 16 rows of 1024 keys on 2 threads: uncut (8 waves already); on a GPU's wave: cut.
+  const rows = { spans: Array(16).fill(1024), perItem: 1, step: 8, target: 8 };
+  assert.equal(sliceLength(DEFAULT_DECODE_TUNING, { ...rows, wave: 2 }), 1024);
+  assert.ok(sliceLength(DEFAULT_DECODE_TUNING, { ...rows, wave: 528 }) < 1024);
+  // One long row on 2 threads is cut in two, so both run.
+  assert.equal(sliceLength(DEFAULT_DECODE_TUNING, { ...rows, spans: [4096], wave: 2 }), 2048);
+});
+
 Deno.test("decode epilogue: only GPU shapes with bindings to spare", () => {
   const fake = (perStage: number) =>
     ({
@@ -372,6 +409,7 @@ Deno.test("decode epilogue: only GPU shapes with bindings to spare", () => {
     u: 4,
     wg: 128,
     target: 2048,
+    wave: 528,
     skv: 0,
     wh: 1,
     wt: 1,

@@ -59,7 +59,7 @@ const base = (o: Partial<BatchSpec>): BatchSpec =>
     ...o,
   });
 const GPU_SHAPE = { workgroup_size: 128, keys_per_iter: 4, kv_heads_per_group: 1 };
-const MANY = { target_workgroups: 4096, min_split_keys: 16 };
+const MANY = { target_workgroups: 4096, wave_workgroups: 528, min_split_keys: 16 };
 
 const CASES: [string, BatchSpec, Opts?][] = [
   ["f32 GQA4 hd64 NHD bs16", base({})],
