@@ -86,10 +86,12 @@ export function accessCheck(policy: AccessPolicy): (req: Request) => void {
       // An absolute-form target ("GET http://evil.example/ HTTP/1.1") names the authority the
       // request is for, whatever its Host says (RFC 9112 3.2.2), and both engines build the
       // URL from it: that name must be one of the allowed too. An origin-form request's URL
-      // carries its Host (or "localhost" without one), checked above.
+      // carries its Host, checked above, or without one the engines' "localhost", which a
+      // policy of other names must not refuse (requests without a Host pass).
       const authority = requestUrl(req)?.host;
       const target = authority === undefined ? null : hostName(authority);
-      if (authority !== undefined && (target === null || !hosts.has(target))) {
+      const checked = header === null ? target === "localhost" : target === name;
+      if (authority !== undefined && !checked && (target === null || !hosts.has(target))) {
         throw hostNotAllowed(
           `the request target's authority ${JSON.stringify(authority)}`,
           authority,

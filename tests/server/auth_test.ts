@@ -212,6 +212,33 @@ Deno.test("Host check (loopback, no token): foreign names get 403; loopback name
   }
 });
 
+Deno.test("Host check: a policy without localhost still passes requests without a Host", async () => {
+  // The engines build a no-Host request's URL on "localhost"; the target check must not refuse
+  // that name when the policy (a library user's) lists others only.
+  const srv = await startServer({ access: { allowedHosts: ["box.internal"] } });
+  try {
+    const noHost = await rawExchange(srv.port, "GET /v1/backends HTTP/1.0\r\n\r\n");
+    assert.equal(noHost?.status, 200);
+    const named = await rawExchange(
+      srv.port,
+      rawRequest("GET", "/v1/backends", { host: "box.internal:9" }),
+    );
+    assert.equal(named?.status, 200);
+    const aimed = await rawExchange(
+      srv.port,
+      "GET http://evil.example/v1/backends HTTP/1.1\r\nhost: box.internal\r\n\r\n",
+    );
+    assert.equal(assertProblem(aimed, 403, "host_not_allowed").host, "evil.example");
+    const local = await rawExchange(
+      srv.port,
+      rawRequest("GET", "/v1/backends", { host: "localhost" }),
+    );
+    assertProblem(local, 403, "host_not_allowed");
+  } finally {
+    await srv.close();
+  }
+});
+
 Deno.test("a Host header no URL can be built from: 400 bad_request naming it, counted", async () => {
   const srv = await startServer({});
   try {
