@@ -19,9 +19,15 @@ class Literal {
 const texts = new WeakMap<object, string>();
 const trees = new WeakMap<object, unknown>();
 
-/** Remembers `text` as the JSON `root` was parsed from (roots that are not objects are skipped). */
+/**
+ * Remembers `text` as the JSON `root` was parsed from (roots that are not objects are skipped,
+ * and texts over {@link LITERAL_REPARSE_MAX}: they would not be parsed again, and keeping a
+ * 64 MiB body's text alive through its decoding would only add to the call's memory).
+ */
 export function rememberJsonText<T>(root: T, text: string): T {
-  if (typeof root === "object" && root !== null) texts.set(root, text);
+  if (typeof root === "object" && root !== null && text.length <= LITERAL_REPARSE_MAX) {
+    texts.set(root, text);
+  }
   return root;
 }
 
@@ -37,7 +43,7 @@ function literalTree(root: object): unknown {
   if (trees.has(root)) return trees.get(root);
   const text = texts.get(root);
   let tree: unknown = undefined;
-  if (text !== undefined && text.length <= LITERAL_REPARSE_MAX) {
+  if (text !== undefined) {
     const reviver: Reviver = (_k, v, context) =>
       typeof v === "number" && context?.source !== undefined ? new Literal(context.source) : v;
     try {

@@ -7,7 +7,12 @@
  * @module
  */
 import assert from "node:assert/strict";
-import { inexactNumber, literalAt, rememberJsonText } from "../../wire/json_literals.ts";
+import {
+  inexactNumber,
+  LITERAL_REPARSE_MAX,
+  literalAt,
+  rememberJsonText,
+} from "../../wire/json_literals.ts";
 import { startServer } from "./helpers.ts";
 
 /** A decoder forward body over an inline cache whose block table is `bt` (text, spliced in). */
@@ -32,6 +37,9 @@ Deno.test("json literals: the literal at a path, only for numbers float64 change
   assert.equal(literalAt(root, ["a", 4]), undefined);
   assert.equal(literalAt(root, ["a", 9]), undefined);
   assert.equal(literalAt(JSON.parse(text), ["a", 1]), undefined); // no text remembered
+  // A text over the re-parse limit is not kept (it would only hold the body's memory).
+  const big = `[9007199254740993,"${"x".repeat(LITERAL_REPARSE_MAX)}"]`;
+  assert.equal(literalAt(rememberJsonText(JSON.parse(big), big), [0]), undefined);
   assert.ok(inexactNumber(2 ** 53) && inexactNumber(Infinity) && !inexactNumber(2 ** 53 - 1));
 });
 
