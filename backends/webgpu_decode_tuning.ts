@@ -162,6 +162,9 @@ export interface DecodeTuning {
   probe_residency: boolean;
 }
 
+/** The `wave_workgroups` of GPU adapters when the tuning leaves it 0. */
+export const GPU_WAVE_WORKGROUPS = 528;
+
 /**
  * The defaults; change a copy and pass it to `makeWebGpuDecode` (backends/webgpu_decode.ts).
  * From the H200 sweeps of 2026-12-03 (bench/NOTES.md v0.5): `waves` 4 was the one knob fast in
@@ -178,9 +181,6 @@ export interface DecodeTuning {
  * sweep (NOTES "v0.13 on the H200", call 2): `fp8_half_columns` on, fp8 e4m3 32 x 2048 0.125 ->
  * 0.110 ms (half columns on f16 and bf16 caches: 0.087 -> 0.202, so those stay off).
  */
-/** The `wave_workgroups` of GPU adapters when the tuning leaves it 0. */
-export const GPU_WAVE_WORKGROUPS = 528;
-
 export const DEFAULT_DECODE_TUNING: Readonly<DecodeTuning> = Object.freeze({
   workgroup_size: 0,
   keys_per_iter: 0,

@@ -181,7 +181,8 @@ export function parseSafetensors(bytes: Uint8Array, opts: ParseOptions = {}): Sa
   const known = key === null ? undefined : layouts.get(key);
   if (known !== undefined) return viewsOf(known, data);
   const scanned = opts.scanHeader?.(headerBytes);
-  const layout = parseLayout(text, scanned === undefined ? headerBytes : scanned, data.byteLength);
+  const twice = scanned === undefined ? duplicateKey(headerBytes) : scanned;
+  const layout = parseLayout(text, twice, data.byteLength);
   if (key !== null) {
     if (layouts.size >= LAYOUT_MEMO_SIZE) layouts.delete(layouts.keys().next().value!);
     layouts.set(key, layout);
@@ -205,13 +206,10 @@ function viewsOf(layout: Layout, data: Uint8Array): SafetensorsFile {
 /**
  * A header's JSON text, checked against a data section of `dataBytes`: every bad metadata value
  * and every bad tensor (its first defect) is listed, then, when all tensors are well formed,
- * every overlap and every byte that belongs to no tensor.
+ * every overlap and every byte that belongs to no tensor. `twice`: the first name the header
+ * repeats, found by the caller (refused once the text parses).
  */
-function parseLayout(
-  text: string,
-  repeated: Uint8Array | DuplicateKey | null,
-  dataBytes: number,
-): Layout {
+function parseLayout(text: string, twice: DuplicateKey | null, dataBytes: number): Layout {
   let header: unknown;
   try {
     header = JSON.parse(text);
@@ -221,8 +219,6 @@ function parseLayout(
       `header is not valid UTF-8 JSON (${e instanceof Error ? e.message : String(e)})`,
     );
   }
-  // The header's bytes to look in, or what a scan already found there.
-  const twice = repeated instanceof Uint8Array ? duplicateKey(repeated) : repeated;
   if (twice) {
     throw bad(twice.path.map(String), REPEATED_NAME);
   }

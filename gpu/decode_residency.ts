@@ -4,9 +4,9 @@
  * in three atomic counters of the device's buffer {@link RESIDENCY_BUFFER}: [0] workgroups
  * running now, [1] the most that ran at once, [2] workgroups that ran. WebGPU reports no SM
  * count nor occupancy; [1] over a grid larger than the device holds is the wave the `waves`
- * slice policy assumes (`wave_workgroups`, 528 = 132 SMs x 4 on an H200 by guess), and over the
- * bench's own grid it says whether that grid ran in one wave. Two atomics a workgroup: the
- * kernel's timing is otherwise unchanged (its registers may differ by a few).
+ * slice policy assumes (`wave_workgroups`; on GPUs 528 = 132 SMs x 4 on an H200 by guess), and
+ * over the bench's own grid it says whether that grid ran in one wave. Two atomics a workgroup:
+ * the kernel's timing is otherwise unchanged (its registers may differ by a few).
  * @module
  */
 import type { GpuContext } from "../core/types.ts";

@@ -85,13 +85,16 @@ export function accessCheck(policy: AccessPolicy): (req: Request) => void {
       }
       // An absolute-form target ("GET http://evil.example/ HTTP/1.1") names the authority the
       // request is for, whatever its Host says (RFC 9112 3.2.2), and both engines build the
-      // URL from it: that name must be one of the allowed too. An origin-form request's URL
-      // carries its Host, checked above, or without one the engines' "localhost", which a
-      // policy of other names must not refuse (requests without a Host pass).
-      const authority = requestUrl(req)?.host;
+      // URL from it: where the URL's authority is not the Host's (both as URLs normalise them:
+      // "[2001:db8:0::1]" is "[2001:db8::1]", ":80" drops), it must be an allowed name too.
+      // Without a Host the URL's authority is the engine's own ("localhost", the bound
+      // address), and such requests pass.
+      const authority = header === null ? undefined : requestUrl(req)?.host;
       const target = authority === undefined ? null : hostName(authority);
-      const checked = header === null ? target === "localhost" : target === name;
-      if (authority !== undefined && !checked && (target === null || !hosts.has(target))) {
+      if (
+        authority !== undefined && authority !== urlAuthority(header!) &&
+        (target === null || !hosts.has(target))
+      ) {
         throw hostNotAllowed(
           `the request target's authority ${JSON.stringify(authority)}`,
           authority,
@@ -121,6 +124,15 @@ export function accessCheck(policy: AccessPolicy): (req: Request) => void {
       }
     }
   };
+}
+
+/** A Host header's authority as `new URL` normalises it, or null where none can be built. */
+function urlAuthority(header: string): string | null {
+  try {
+    return new URL(`http://${header}`).host;
+  } catch {
+    return null;
+  }
 }
 
 function hostNotAllowed(what: string, host: string, hosts: Set<string>): ServiceError {

@@ -8,10 +8,9 @@
 import type { z } from "zod";
 import { ServiceError } from "../core/errors.ts";
 import { scanJson } from "../wire/json_scan.ts";
-import { jsonPath } from "../core/json_structure.ts";
+import { jsonPath, REPEATED_NAME } from "../core/json_structure.ts";
 import { fromZod } from "../wire/zod_issues.ts";
 import { rememberJsonText } from "../wire/json_literals.ts";
-import { REPEATED_NAME } from "../core/json_structure.ts";
 import { type BodyLimit, readBody } from "./body_read.ts";
 import { problem } from "./problem.ts";
 
@@ -130,7 +129,7 @@ export function parseJson(bytes: Uint8Array): unknown {
   }
   if (twice) {
     const where = jsonPath(twice.path);
-    throw new ServiceError(`request body names ${where} twice: it ${REPEATED_NAME}`, {
+    throw new ServiceError(`request body: ${where} ${REPEATED_NAME}`, {
       status: 400,
       code: "malformed_json",
       issues: [{ path: twice.path, message: REPEATED_NAME }],

@@ -36,7 +36,11 @@ function tooLarge(limit: BodyLimit, seen: number | string): ServiceError {
  */
 export class BodyFramingError extends Error {}
 
-/** A body cut short; `got` -1 when how much arrived is unknown (a whole read that failed). */
+/**
+ * A body that could not be read to its end: cut short (400 `body_incomplete`; `got` -1 when how
+ * much arrived is unknown, a whole read that failed), or framed wrongly ({@link
+ * BodyFramingError}: 400 `bad_chunked_body`).
+ */
 function incomplete(got: number, declared: number, cause: unknown): ServiceError {
   if (cause instanceof BodyFramingError) {
     return new ServiceError(`request body's chunked coding is not valid: ${cause.message}`, {

@@ -309,10 +309,12 @@ export class ConnReader {
       const line = await this.#line(gapMs);
       if (typeof line !== "object") return this.#chunkEnd(line, body, gapMs);
       // 1*HEXDIG (RFC 9112 7.1): leading zeros are not counted against the 12 digits.
-      const m = /^(?=[0-9a-fA-F])0*([0-9a-fA-F]{0,12})[ \t]*(;.*)?$/.exec(line.text);
+      const m = /^(?=[0-9a-fA-F])0*([0-9a-fA-F]*)[ \t]*(;.*)?$/.exec(line.text);
       if (!m) {
         return failed(`chunk size line ${JSON.stringify(line.text.slice(0, 64))} is not valid`);
       }
+      // 13 or more significant digits: valid, and over any body limit (2^48 bytes and up).
+      if (m[1].length > 12) return { bytes: body.bytes(), end: "too_large" };
       const size = m[1] === "" ? 0 : parseInt(m[1], 16);
       if (size === 0) break;
       if (body.total + size > limit) return { bytes: body.bytes(), end: "too_large" };

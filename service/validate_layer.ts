@@ -58,14 +58,14 @@ export function checkLayer(input: ForwardInput, is: Issues): LayerSpec {
     );
   }
   const scale = l.scale ?? 1 / Math.sqrt(l.head_size);
-  const scaleWhy = scaleProblem(scale, KERNELS_F32);
+  const scaleWhy = scaleProblem(scale, KERNELS_F32, { orNull: true });
   if (scaleWhy) is.add(p("scale"), scaleWhy);
   const sw = l.sliding_window ?? null;
   if (!validWindow(sw)) {
     is.add(p("sliding_window"), `must be an integer >= 1 (or null), got ${sw}`);
   }
   const cap = l.logits_soft_cap ?? null;
-  const capWhy = cap === null ? null : scaleProblem(cap, KERNELS_F32, true);
+  const capWhy = cap === null ? null : scaleProblem(cap, KERNELS_F32, { orNull: true });
   if (capWhy) is.add(p("logits_soft_cap"), capWhy);
   const vec = (k: "alibi_slopes" | "sinks"): Float32Array | null => {
     const v = l[k];
@@ -254,7 +254,8 @@ const F32_MIN_NORMAL = 2 ** -126;
 /**
  * Why a positive value the kernels take as a float32 cannot be used, or null: an fp8 scale
  * (`k_scale`, `v_scale`: float32 values, docs/api.md), the score `scale`, the `logits_soft_cap`
- * (`why` says which in the message; `orNull`: null is allowed too, as for the soft cap). One must
+ * (`why` says which in the message; `orNull`: null is allowed too, as for the score scale and
+ * the soft cap). One must
  * be finite and > 0 as a float64 and as the float32 it becomes, and not a float32 subnormal,
  * which GPUs flush to 0 (1e39 became Infinity and 1e-46 became 0 unrefused, and the backends
  * disagreed on them).
@@ -262,7 +263,7 @@ const F32_MIN_NORMAL = 2 ** -126;
 export function scaleProblem(
   v: number,
   why = "scales are float32",
-  orNull = false,
+  { orNull = false }: { orNull?: boolean } = {},
 ): string | null {
   if (!Number.isFinite(v) || v <= 0) {
     return `must be finite and > 0${orNull ? " (or null)" : ""}, got ${v}`;

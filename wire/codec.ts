@@ -171,7 +171,7 @@ function binaryRequest(text: string): BinaryRequest {
   if (twice) {
     const path = ["__metadata__", "request", ...twice.path];
     throw badRequest(
-      `__metadata__.request names ${jsonPath(twice.path)} twice: it ${REPEATED_NAME}`,
+      `__metadata__.request: ${jsonPath(twice.path)} ${REPEATED_NAME}`,
       [{ path, message: REPEATED_NAME }],
     );
   }

@@ -191,7 +191,7 @@ Deno.test("Host check (loopback, no token): foreign names get 403; loopback name
     // service's URL is built from it: it was let through with an allowed Host beside it.
     const absolute: [string, string][] = [
       ["http://evil.example:99", "HTTP/1.1\r\nhost: localhost"],
-      ["http://evil.example", "HTTP/1.0"], // no Host
+      ["http://evil.example", "HTTP/1.1\r\nhost: 127.0.0.1:8000"],
     ];
     for (const [target, rest] of absolute) {
       const head = `GET ${target}/v1/backends ${rest}\r\n\r\n`;
@@ -199,6 +199,12 @@ Deno.test("Host check (loopback, no token): foreign names get 403; loopback name
       assert.equal(doc.host, target.slice("http://".length));
       assert.match(doc.detail, /request target's authority/);
     }
+    // Without a Host the request passes (not a browser's), whatever its target says.
+    const bare = await rawExchange(
+      srv.port,
+      "GET http://evil.example/v1/backends HTTP/1.0\r\n\r\n",
+    );
+    assert.equal(bare?.status, 200);
     for (const target of ["http://localhost:1", "http://box.internal", "http://[::1]"]) {
       const r = await rawExchange(
         srv.port,
@@ -234,6 +240,22 @@ Deno.test("Host check: a policy without localhost still passes requests without 
       rawRequest("GET", "/v1/backends", { host: "localhost" }),
     );
     assertProblem(local, 403, "host_not_allowed");
+  } finally {
+    await srv.close();
+  }
+});
+
+Deno.test("Host check: a Host the URL normalises is not read as another target", async () => {
+  // new URL writes [2001:db8:0:0:0:0:0:1] as [2001:db8::1] and drops :80; a review found the
+  // target check refusing such a Host, comparing the two spellings.
+  const srv = await startServer({
+    access: { allowedHosts: ["[2001:db8:0:0:0:0:0:1]", "box.internal"] },
+  });
+  try {
+    for (const host of ["[2001:db8:0:0:0:0:0:1]", "[2001:db8:0:0:0:0:0:1]:80", "BOX.internal:80"]) {
+      const r = await rawExchange(srv.port, rawRequest("GET", "/v1/backends", { host }));
+      assert.equal(r?.status, 200, host);
+    }
   } finally {
     await srv.close();
   }

@@ -572,6 +572,14 @@ Deno.test("http1: Connection close wins over keep-alive; HEAD refusals carry no 
       );
       assert.equal(r?.status, 201, `${size}: ${r?.text}`);
     }
+    // 13 significant digits (2^48 bytes and up) are valid syntax and over the limit: 413, not
+    // "not valid" (a review of session 40).
+    const huge = await rawExchange(
+      srv.port,
+      `${POST}transfer-encoding: chunked\r\n\r\n1000000000000\r\n{}`,
+    );
+    assert.equal(huge?.status, 413, huge?.text);
+    assert.equal(JSON.parse(huge!.text).code, "body_too_large");
   } finally {
     await srv.close();
   }

@@ -9,7 +9,8 @@
 import assert from "node:assert/strict";
 import {
   inexactNumber,
-  LITERAL_REPARSE_MAX,
+  LITERAL_LOOKUPS,
+  LITERAL_TEXT_MAX,
   literalAt,
   rememberJsonText,
 } from "../../wire/json_literals.ts";
@@ -37,8 +38,18 @@ Deno.test("json literals: the literal at a path, only for numbers float64 change
   assert.equal(literalAt(root, ["a", 4]), undefined);
   assert.equal(literalAt(root, ["a", 9]), undefined);
   assert.equal(literalAt(JSON.parse(text), ["a", 1]), undefined); // no text remembered
-  // A text over the re-parse limit is not kept (it would only hold the body's memory).
-  const big = `[9007199254740993,"${"x".repeat(LITERAL_REPARSE_MAX)}"]`;
+  // Whitespace, escaped and repeated names (the last wins, as in JSON.parse), nested skips.
+  const odd = '{ "x" : [ {"s":"],}\\"", "n":[[1,2],[3]]} ] , "\\u0061" : { "b" :[ 0 , ' +
+    '-12345678901234567890e0 ] }, "a": {"b": [7, 1E400]} }';
+  const r2 = rememberJsonText(JSON.parse(odd), odd);
+  assert.equal(literalAt(r2, ["a", "b", 1]), "1E400");
+  // The lookups a text gets are bounded; later ones show the parsed value.
+  const many = `[${new Array(LITERAL_LOOKUPS + 2).fill("1e400").join(",")}]`;
+  const r3 = rememberJsonText(JSON.parse(many), many);
+  const got = Array.from({ length: LITERAL_LOOKUPS + 2 }, (_, i) => literalAt(r3, [i]));
+  assert.deepEqual(got.filter((x) => x === "1e400").length, LITERAL_LOOKUPS);
+  // A text over the limit is not kept (it would only hold the body's memory).
+  const big = `[9007199254740993,"${"x".repeat(LITERAL_TEXT_MAX)}"]`;
   assert.equal(literalAt(rememberJsonText(JSON.parse(big), big), [0]), undefined);
   assert.ok(inexactNumber(2 ** 53) && inexactNumber(Infinity) && !inexactNumber(2 ** 53 - 1));
 });
