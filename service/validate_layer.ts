@@ -255,10 +255,9 @@ const F32_MIN_NORMAL = 2 ** -126;
  * Why a positive value the kernels take as a float32 cannot be used, or null: an fp8 scale
  * (`k_scale`, `v_scale`: float32 values, docs/api.md), the score `scale`, the `logits_soft_cap`
  * (`why` says which in the message; `orNull`: null is allowed too, as for the score scale and
- * the soft cap). One must
- * be finite and > 0 as a float64 and as the float32 it becomes, and not a float32 subnormal,
- * which GPUs flush to 0 (1e39 became Infinity and 1e-46 became 0 unrefused, and the backends
- * disagreed on them).
+ * the soft cap). One must be finite and > 0 as a float64 and as the float32 it becomes, and not
+ * a float32 subnormal, which GPUs flush to 0 (1e39 became Infinity and 1e-46 became 0
+ * unrefused, and the backends disagreed on them).
  */
 export function scaleProblem(
   v: number,
