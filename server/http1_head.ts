@@ -115,10 +115,11 @@ function codeOf(status: number): string {
 }
 
 /**
- * Bytes as ISO-8859-1, one character a byte. (TextDecoder's "latin1" is windows-1252: 0x80-0x9F
- * become "€" and the like, which Headers refuses, and a UTF-8 em dash in a User-Agent was a 501.)
+ * Bytes as ISO-8859-1, one character a byte: how the engine reads heads, chunk lines and
+ * methods. (TextDecoder's "latin1" is windows-1252: 0x80-0x9F become "€" and the like, which
+ * Headers refuses, and a UTF-8 em dash in a User-Agent was a 501.)
  */
-function isoLatin1(b: Uint8Array): string {
+export function isoLatin1(b: Uint8Array): string {
   let s = "";
   for (let i = 0; i < b.length; i += 8192) s += String.fromCharCode(...b.subarray(i, i + 8192));
   return s;

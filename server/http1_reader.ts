@@ -10,7 +10,7 @@
  * @module
  */
 import { BodyBuffer, BodyFramingError, type StreamedBody } from "./body_read.ts";
-import { headEnd, MAX_HEAD_BYTES } from "./http1_head.ts";
+import { headEnd, isoLatin1, MAX_HEAD_BYTES } from "./http1_head.ts";
 import { patientTimeout } from "./body_timeout.ts";
 
 /** How a wait for bytes ended. */
@@ -360,7 +360,7 @@ export class ConnReader {
       const stop = Math.min(this.end, this.start + 4098);
       for (let i = this.start + 1; i < stop; i++) {
         if (this.buf[i] === 10 && this.buf[i - 1] === 13) {
-          const text = String.fromCharCode(...this.buf.subarray(this.start, i - 1));
+          const text = isoLatin1(this.buf.subarray(this.start, i - 1));
           this.consume(i + 1 - this.start);
           return { text };
         }

@@ -12,7 +12,7 @@
  */
 import { problemResponse, problemType } from "./problem.ts";
 import type { Metrics } from "./metrics.ts";
-import { type HeadProblem, MAX_HEAD_BYTES } from "./http1_head.ts";
+import { type HeadProblem, isoLatin1, MAX_HEAD_BYTES } from "./http1_head.ts";
 import { ConnReader } from "./http1_reader.ts";
 import { writeResponse } from "./http1_write.ts";
 import { INSTANCE_HEADER } from "../wire/names.ts";
@@ -41,7 +41,7 @@ const METHOD_BYTES = 8;
  */
 export function sentMethod(head: Uint8Array): string {
   const sp = head.subarray(0, METHOD_BYTES).indexOf(32);
-  return sp > 0 ? String.fromCharCode(...head.subarray(0, sp)) : "";
+  return sp > 0 ? isoLatin1(head.subarray(0, sp)) : "";
 }
 
 /** A problem answer of this server's own (the head was refused before any handler saw it). */
