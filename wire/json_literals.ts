@@ -39,6 +39,16 @@ export function inexactNumber(v: unknown): v is number {
     (!Number.isFinite(v) || (Number.isInteger(v) && !Number.isSafeInteger(v)));
 }
 
+/** The parsed value at `path` of `root`, or undefined where the path leaves it. */
+export function valueAt(root: unknown, path: readonly PropertyKey[]): unknown {
+  let v: unknown = root;
+  for (const k of path) {
+    if (v === null || typeof v !== "object") return undefined;
+    v = (v as Record<PropertyKey, unknown>)[k];
+  }
+  return v;
+}
+
 const isSpace = (c: number) => c === 0x20 || c === 0x0a || c === 0x0d || c === 0x09;
 
 function skipSpace(t: string, i: number): number {
@@ -104,12 +114,7 @@ export function literalAt(root: unknown, path: readonly PropertyKey[]): string |
   if (typeof root !== "object" || root === null) return undefined;
   const known = texts.get(root);
   if (known === undefined || known.walks >= LITERAL_LOOKUPS) return undefined;
-  let v: unknown = root;
-  for (const k of path) {
-    if (v === null || typeof v !== "object") return undefined;
-    v = (v as Record<PropertyKey, unknown>)[k];
-  }
-  if (!inexactNumber(v)) return undefined;
+  if (!inexactNumber(valueAt(root, path))) return undefined;
   known.walks++;
   const t = known.text;
   let i = skipSpace(t, 0);

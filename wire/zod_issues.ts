@@ -6,7 +6,7 @@
  */
 import type { z } from "zod";
 import { type Issue, MAX_LISTED_ISSUES, ServiceError, withNotListed } from "../core/errors.ts";
-import { literalAt } from "./json_literals.ts";
+import { literalAt, valueAt } from "./json_literals.ts";
 
 /** Marks a non-finite number in {@link showValue}'s JSON (a client cannot guess it). */
 const NON_FINITE_MARK = `\u0000${crypto.randomUUID()}:`;
@@ -35,15 +35,6 @@ export function showValue(v: unknown, max = 80): string {
 /** The value at `path` of `root` for a message: the client's literal where float64 changed it. */
 function shownAt(root: unknown, path: readonly PropertyKey[]): string {
   return literalAt(root, path) ?? showValue(valueAt(root, path));
-}
-
-function valueAt(root: unknown, path: readonly PropertyKey[]): unknown {
-  let v: unknown = root;
-  for (const k of path) {
-    if (v === null || typeof v !== "object") return undefined;
-    v = (v as Record<PropertyKey, unknown>)[k];
-  }
-  return v;
 }
 
 type ZIssue = z.core.$ZodIssue;
