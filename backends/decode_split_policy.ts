@@ -3,17 +3,18 @@
  * call, a multiple of the key-group step. Two policies (backends/webgpu_decode_tuning.ts):
  * - `waves` 0: the total key count over a target workgroup count (`target_workgroups`: 2048 on
  *   GPUs), the original heuristic, whatever the rows look like.
- * - `waves` > 0: from the rows' key counts and the device's wave (`wave_workgroups`, the split
- *   workgroups it runs at once). A slice of length L costs its workgroup `slice_overhead + L`
- *   key-times (prologue, merge and partials being the overhead), and W(L) workgroups run in
- *   ceil(W / wave) waves, so the call takes about ceil(W(L) / wave) x (slice_overhead + L): the
- *   length minimising that (a workgroup spanning n kv head blocks, `wg_kv_heads`, costs
- *   `slice_overhead + n L`), over the lengths whose waves stay within `waves` (or within what
- *   the rows need uncut, when that is more). Short contexts and batches whose rows fill the
- *   waves are not cut; a wave is filled as far as the lengths allow.
+ * - `waves` > 0: from the rows' key counts and the device's wave (`wave_workgroups` as
+ *   decode_shape.ts resolves it: the split workgroups it runs at once). A slice of length L
+ *   costs its workgroup `slice_overhead + L` key-times (prologue, merge and partials being the
+ *   overhead), and W(L) workgroups run in ceil(W / wave) waves, so the call takes about
+ *   ceil(W(L) / wave) x (slice_overhead + L): the length minimising that (a workgroup spanning
+ *   n kv head blocks, `wg_kv_heads`, costs `slice_overhead + n L`), over the lengths whose
+ *   waves stay within `waves` (or within what the rows need uncut, when that is more). Short
+ *   contexts and batches whose rows fill the waves are not cut; a wave is filled as far as the
+ *   lengths allow.
  * @module
  */
-import { type DecodeTuning, GPU_WAVE_WORKGROUPS } from "./webgpu_decode_tuning.ts";
+import type { DecodeTuning } from "./webgpu_decode_tuning.ts";
 
 /** What the slice length depends on. */
 export interface SliceInput {
@@ -25,9 +26,8 @@ export interface SliceInput {
   step: number;
   /** The workgroup target of the `waves` 0 policy. */
   target: number;
-  /** Split workgroups the device runs at once (decode_shape.ts resolves `wave_workgroups`);
-   * absent: the tuning's, or a GPU's when that is 0. */
-  wave?: number;
+  /** Split workgroups the device runs at once (decode_shape.ts resolves `wave_workgroups`). */
+  wave: number;
   /** Key rows a workgroup streams per key of its slice, relative to one kv head block over all
    * its key groups (`wg_kv_heads`: its blocks share the key groups; default 1). */
   weight?: number;
@@ -54,7 +54,7 @@ export function sliceLength(t: DecodeTuning, x: SliceInput): number {
     const len = Math.max(t.min_split_keys, Math.ceil(keys / Math.max(1, x.target / x.perItem)));
     return roundUp(len, x.step);
   }
-  const wave = Math.max(1, x.wave ?? (t.wave_workgroups || GPU_WAVE_WORKGROUPS));
+  const wave = Math.max(1, x.wave);
   const wavesOf = (len: number) => Math.ceil((sliceCount(x.spans, len) * x.perItem) / wave);
   const cap = Math.max(t.waves, wavesOf(longest));
   const least = roundUp(t.min_split_keys, x.step);

@@ -333,7 +333,7 @@ Deno.test("decode fused_reduce: concurrent calls in flight", { ignore: NO_GPU },
 });
 
 const POLICY = { ...KNOB_BASE, min_split_keys: 64 };
-const H200_ROWS = { perItem: 8, step: 32, target: 2048 };
+const H200_ROWS = { perItem: 8, step: 32, target: 2048, wave: 528 };
 
 Deno.test("decode slice policy: waves 0 keeps the target heuristic", () => {
   const len = sliceLength(POLICY, { ...H200_ROWS, spans: Array(32).fill(2048) });
@@ -342,17 +342,18 @@ Deno.test("decode slice policy: waves 0 keeps the target heuristic", () => {
 });
 
 Deno.test("decode slice policy: waves fill the device's waves from the lengths", () => {
-  const t = { ...POLICY, waves: 4, wave_workgroups: 396 };
+  const t = { ...POLICY, waves: 4 };
+  const rows = { ...H200_ROWS, wave: 396 };
   // 32 x 2048: 256 uncut workgroups are 0.65 of a wave; 3 slices of 704 fill 1.94 waves.
-  const a = sliceLength(t, { ...H200_ROWS, spans: Array(32).fill(2048) });
+  const a = sliceLength(t, { ...rows, spans: Array(32).fill(2048) });
   assert.equal(a, 704);
   assert.equal(sliceCount(Array(32).fill(2048), a) * 8, 768);
   // Rows that fill the waves alone (1024 x 512 keys: 8192 workgroups) are not cut.
-  assert.equal(sliceLength(t, { ...H200_ROWS, spans: Array(1024).fill(512) }), 512);
+  assert.equal(sliceLength(t, { ...rows, spans: Array(1024).fill(512) }), 512);
   // Short contexts are not cut: a slice's overhead buys nothing.
-  assert.equal(sliceLength(t, { ...H200_ROWS, spans: [40, 7, 1] }), 64);
+  assert.equal(sliceLength(t, { ...rows, spans: [40, 7, 1] }), 64);
   // One long row among short ones is cut; lengths stay multiples of the step.
-  const b = sliceLength(t, { ...H200_ROWS, spans: [30000, 40, 7] });
+  const b = sliceLength(t, { ...rows, spans: [30000, 40, 7] });
   assert.ok(b % 32 === 0 && b < 30000 && b >= 64, `${b}`);
   assert.ok(sliceCount([30000, 40, 7], b) * 8 <= 4 * 396, `within the waves cap (${b})`);
 });
