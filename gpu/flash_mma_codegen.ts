@@ -18,6 +18,7 @@ import {
 import { fastSoftmaxCode, softmaxCode } from "./flash_mma_softmax.ts";
 import { roundCode, sourceCode, stagingCode, stagingDecoders } from "./flash_mma_staging.ts";
 import { valueCleanCode, valueSpecialFns, valueSpecialsCode } from "./flash_mma_specials.ts";
+import { mmaLoopCode, type MmaLoopParts } from "./flash_mma_loop.ts";
 import { loadWgsl, specialize, TANH_REL_FN } from "./wgsl.ts";
 import { envVar } from "../core/env.ts";
 
@@ -307,6 +308,23 @@ export async function flashMmaSource(c: MmaConsts): Promise<string> {
   const matrix = generateMatrixCode(c), staging = stagingCode(c);
   const cuts = ablatedStages(c);
   const cut = (stage: string) => cuts.has(stage);
+  const stores = nextTileStores(c, cut("stage") ? "" : staging.STAGE_STORE);
+  const loop: MmaLoopParts = {
+    ...stores,
+    NEXT_STORES: stores.EARLY_STORES || stores.LATE_STORES,
+    TAIL_STAGE: c.direct && !cut("pv") ? TAIL_STAGE : "",
+    LIVE: cut("live") ? "true" : LIVE,
+    ...(cut("rescale") ? { RESC_RESET: "", RESC_APPLY: "" } : rescaleProtocol(c, matrix.O_RESCALE)),
+    O_RESCALE: cut("rescale") ? "" : matrix.O_RESCALE,
+    SOFTMAX: cut("softmax") ? "" : c.fast ? fastSoftmaxCode(c) : softmaxCode(c),
+    LOOP_STAGE_LOAD: cut("stage") ? "" : staging.STAGE_LOAD,
+    LOOP_HEAD: cut("count")
+      ? `for (var it = 0u; it < ${ablatedTiles()}u; it++) {\n    let kt = kstart + it * BK;`
+      : "for (var kt = kstart; kt < kend; kt += BK) {",
+    V_CLEAN: cut("specials") ? "" : valueCleanCode(c),
+    QK: cut("qk") ? "" : matrix.QK,
+    PV: cut("pv") ? "" : matrix.PV,
+  };
   return specialize(await loadWgsl("flash_mma.wgsl"), {
     TANH_REL: TANH_REL_FN,
     HELPERS: await loadWgsl("flash_mma_rows.wgsl"),
@@ -336,7 +354,6 @@ export async function flashMmaSource(c: MmaConsts): Promise<string> {
       : "  let sgr = sg * MR;",
     LSE_OWNER: c.dsplit > 1 ? " && dh == 0u" : "",
     VT_DECL: c.direct ? "" : "var<workgroup> vt_s: array<f16, 2u * VT_LEN>;",
-    TAIL_STAGE: c.direct && !cut("pv") ? TAIL_STAGE : "",
     E16: lay.e16,
     KT_LEN: lay.ktLen,
     KSTR: lay.kstr,
@@ -352,25 +369,15 @@ export async function flashMmaSource(c: MmaConsts): Promise<string> {
     SOURCE: sourceCode(c),
     ROUND: await roundCode(c.dtype, cut("round") ? "cut" : c.opack ? "pack" : "exact"),
     ...matrix,
-    ...nextTileStores(c, cut("stage") ? "" : staging.STAGE_STORE),
-    LIVE: cut("live") ? "true" : LIVE,
-    ...(cut("rescale") ? { RESC_RESET: "", RESC_APPLY: "" } : rescaleProtocol(c, matrix.O_RESCALE)),
-    SOFTMAX: cut("softmax") ? "" : c.fast ? fastSoftmaxCode(c) : softmaxCode(c),
+    LOOP: mmaLoopCode(c, loop),
     STAGE_LOAD: staging.STAGE_LOAD,
     STAGE_STORE: staging.STAGE_STORE,
-    LOOP_STAGE_LOAD: cut("stage") ? "" : staging.STAGE_LOAD,
-    LOOP_HEAD: cut("count")
-      ? `for (var it = 0u; it < ${ablatedTiles()}u; it++) {\n    let kt = kstart + it * BK;`
-      : "for (var kt = kstart; kt < kend; kt += BK) {",
     // The epilogue's cut keeps O's stores (no barriers, no output writes): without a reader of O
     // the compiler drops PV with it (v0.9's `~norescale+epilogue` and `~nobare` timed no PV).
     O_OUTPUT: cut("epilogue") ? matrix.O_SINK : matrix.O_OUTPUT,
     V_SPECIAL_FNS: valueSpecialFns(c),
-    V_CLEAN: cut("specials") ? "" : valueCleanCode(c),
     V_SPECIALS: cut("epilogue") || cut("write") || cut("specials") ? "" : valueSpecialsCode(c),
     QFRAG_DECL: cut("qpass") ? matrix.QFRAG_LET : matrix.QFRAG_DECL,
     QFRAG_LOAD: cut("qpass") ? "" : matrix.QFRAG_LOAD,
-    QK: cut("qk") ? "" : matrix.QK,
-    PV: cut("pv") ? "" : matrix.PV,
   });
 }

@@ -126,6 +126,14 @@ export interface MmaShape {
    * is unchanged. Default false.
    */
   opack?: boolean;
+  /**
+   * The key loop pipelined (gpu/flash_mma_loop.ts): a tile's O += P V runs in the next step,
+   * between the same barriers as that step's S = Q K^T, and the next tile's stores follow the
+   * softmax: three barriers a tile instead of four, and independent matrix work side by side.
+   * Staged tiles only (not `direct` or `mstage`), the workgroup's rescale flag (not `sgresc`),
+   * dsplit 1; `late` does not apply. Default false.
+   */
+  pipe?: boolean;
   /** Bench only: leave stages out to time the rest (see {@link MmaAblation}); "": none. */
   ablate?:
     | MmaAblation
@@ -155,6 +163,7 @@ export function fullShape(s: MmaShape): FullMmaShape {
     oregions: s.oregions ?? 1,
     ovec: s.ovec ?? false,
     opack: s.opack ?? false,
+    pipe: s.pipe ?? false,
     ablate: s.ablate ?? "",
   };
 }
@@ -273,6 +282,12 @@ export function mmaShapeProblem(
   if (shape.ovec && (oc / lpr) % 8) {
     return `ovec needs 8 output columns a lane (ocols ${oc}, ${lpr} lanes a row)`;
   }
+  if (shape.pipe) {
+    if (shape.direct || shape.mstage || shape.sgresc || (shape.dsplit ?? 1) !== 1 || shape.late) {
+      return "pipe needs staged tiles, the workgroup's rescale flag, dsplit 1 and no late stores";
+    }
+    if (ablatedStages(shape).has("count")) return "pipe runs one step past the tiles: no count cut";
+  }
   if (shape.sgresc && ablatedStages(shape).has("rescale")) {
     return `the ${shape.ablate} ablation cuts the per-subgroup rescale's lane flags`;
   }
@@ -287,7 +302,7 @@ export function mmaShapeProblem(
  * per subgroup: `sgresc`, `-l` next-tile stores after PV: `late`, `-d` D split over a pair of
  * subgroups: `dsplit` 2, `-p` the epilogue's O passes in two regions: `oregions` 2, `-w` 32
  * columns a pass: `ocols` 32, `-v` 16-byte output stores: `ovec`, `-r` f16 output rounded by
- * pack2x16float: `opack`),
+ * pack2x16float: `opack`, `-i` the key loop pipelined: `pipe`),
  * what bench/mma_bench.ts sweeps and ATTN_PREFILL_MMA_SHAPE may name for the backend.
  */
 export const MMA_VARIANTS: Readonly<Record<string, MmaShape>> = {
@@ -336,6 +351,19 @@ export const MMA_VARIANTS: Readonly<Record<string, MmaShape>> = {
     ovec: true,
     opack: true,
   },
+  "w8r1k16-fvri": {
+    nsg: 8,
+    rm: 1,
+    bk: 16,
+    tau: 8,
+    fast: true,
+    ovec: true,
+    opack: true,
+    pipe: true,
+  },
+  "w8r1k16-fri": { nsg: 8, rm: 1, bk: 16, tau: 8, fast: true, opack: true, pipe: true },
+  "w4r1k16-fri": { nsg: 4, rm: 1, bk: 16, tau: 8, fast: true, opack: true, pipe: true },
+  "w8r1k16-i": { nsg: 8, rm: 1, bk: 16, tau: 8, pipe: true },
   "w8r1k16-flpv": {
     nsg: 8,
     rm: 1,

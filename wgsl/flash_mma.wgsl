@@ -254,37 +254,7 @@ fn main(
 {{STAGE_STORE}}
   }
   workgroupBarrier();
-  var par = 0u;
-  {{LOOP_HEAD}}
-{{RESC_RESET}}
-    let kb = par * KT_LEN; // this tile's K (then P) and V buffers
-    let vb = par * VT_LEN;
-{{V_CLEAN}}
-    // The next tile's words into registers now; into the other buffers after the softmax
-    // (EARLY_STORES) or, `late`, after PV (LATE_STORES).
-    let kn = kt + BK;
-{{LOOP_STAGE_LOAD}}
-{{TAIL_STAGE}}
-    let live = {{LIVE}};
-    if (live) {
-{{QK}}
-    }
-    workgroupBarrier();
-    for (var i = 0u; i < RPL; i++) {
-      alpha[i] = 1.0;
-    }
-    if (live) {
-{{SOFTMAX}}
-    }
-{{EARLY_STORES}}
-{{RESC_APPLY}}
-    if (live) {
-{{PV}}
-    }
-{{LATE_STORES}}
-    workgroupBarrier();
-    par ^= 1u;
-  }
+{{LOOP}}
 
   // Normalise and write: O passes of OC columns through s_s (regions used in turn: with two,
   // no barrier after a pass's writes; see O_OUTPUT in gpu/flash_mma_codegen.ts).

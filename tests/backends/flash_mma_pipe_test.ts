@@ -1,0 +1,127 @@
+/**
+ * The subgroup-matrix prefill kernel with its key loop pipelined (gpu/flash_mma_shape.ts `pipe`,
+ * gpu/flash_mma_loop.ts: a tile's O += P V runs in the next step beside that step's S = Q K^T,
+ * one step past the last tile runs the last PV, three barriers a tile) against CPU_REFERENCE on
+ * fresh random batches whose cache holds NaN in every slot no request may read: tau 0 (a lazy
+ * rescale of O on nearly every tile, applied one step late), long contexts over small blocks,
+ * partial last tiles, padding, a one-token request, every feature over a bf16 HND cache, a scaled
+ * fp8 cache with 32-key tiles, GQA 8; and what the shape changes in the source. The GPU cases need
+ * a Dawn device with `chromium-experimental-subgroup-matrix` (skipped with the reason elsewhere).
+ * Run with --allow-all.
+ * @module
+ */
+import assert from "node:assert/strict";
+import { flashMmaSource } from "../../gpu/flash_mma_codegen.ts";
+import {
+  fullShape,
+  MMA_VARIANTS,
+  type MmaShape,
+  mmaShapeProblem,
+} from "../../gpu/flash_mma_shape.ts";
+import type { BatchSpec } from "../support/batches.ts";
+import {
+  base,
+  BF16_HND_ALL,
+  FP8_NON_CAUSAL,
+  H200_F16_TARGET,
+  mmaCaseTests,
+  mmaTestDevice,
+} from "../support/mma_case.ts";
+
+const ctx = await mmaTestDevice("flash_mma pipe tests");
+
+const PIPE: MmaShape = MMA_VARIANTS["w8r1k16-fvri"];
+
+const CASES: [string, BatchSpec, MmaShape][] = [
+  [
+    "pipe, the default's other fields: causal f16 GQA4, long context over 8-slot blocks, padding",
+    base({
+      block_size: 8,
+      requests: [
+        { query_len: 40, seq_len: 230 },
+        { query_len: 1, seq_len: 33 },
+        { query_len: 17, seq_len: 17, pad: 2 },
+      ],
+    }),
+    PIPE,
+  ],
+  [
+    "pipe + fast, tau 0: a rescale on nearly every tile, context, partial last tiles",
+    base({
+      requests: [
+        { query_len: 40, seq_len: 100 },
+        { query_len: 1, seq_len: 1 },
+        { query_len: 23, seq_len: 61 },
+      ],
+    }),
+    { ...PIPE, nsg: 4, tau: 0 },
+  ],
+  [
+    "pipe, generic softmax, tau 0: HND bs32 bf16 cache, window, soft cap, sinks, ALiBi",
+    BF16_HND_ALL,
+    { nsg: 2, rm: 1, bk: 16, tau: 0, pipe: true },
+  ],
+  [
+    "pipe + fast: non-causal fp8 e4m3 cache, 32-key tiles",
+    FP8_NON_CAUSAL,
+    { nsg: 2, rm: 1, bk: 32, tau: 8, fast: true, opack: true, pipe: true },
+  ],
+  [
+    "pipe + fast: GQA 8, two row blocks a subgroup, tau 0",
+    base({
+      num_heads: 16,
+      requests: [{ query_len: 33, seq_len: 90 }, { query_len: 2, seq_len: 50 }],
+    }),
+    { nsg: 4, rm: 2, bk: 16, tau: 0, fast: true, pipe: true },
+  ],
+];
+
+mmaCaseTests(ctx, CASES);
+
+/** The key loop of `name`'s source for the H200's dims, comments dropped. */
+async function loopOf(name: string): Promise<string> {
+  const t = { ...H200_F16_TARGET, causal: true, window: false };
+  const src = (await flashMmaSource({ ...t, ...fullShape(MMA_VARIANTS[name]) } as never))
+    .split("\n").filter((x) => !x.trimStart().startsWith("//")).join("\n");
+  return src.slice(src.indexOf("var par = 0u;"), src.indexOf("var inv:"));
+}
+
+Deno.test("flash_mma: pipe runs a tile's PV in the next step, before its QK, 3 barriers", async () => {
+  const [inOrder, pipe] = await Promise.all([loopOf("w8r1k16-flvr"), loopOf("w8r1k16-fvri")]);
+  const at = (s: string, what: string) => {
+    const i = s.indexOf(what);
+    assert.ok(i >= 0, `the loop holds ${what}`);
+    return i;
+  };
+  const qk = "s_0_0_0 = subgroupMatrixMultiplyAccumulate(";
+  const pv = "o_0_0 = subgroupMatrixMultiplyAccumulate(";
+  assert.ok(at(inOrder, qk) < at(inOrder, pv));
+  assert.ok(at(pipe, pv) < at(pipe, qk));
+  assert.match(pipe, /for \(var kt = kstart; kt < kend \+ BK; kt \+= BK\) \{/);
+  assert.match(pipe, /if \(live_prev\) \{\n\s+let kb = \(par \^ 1u\) \* KT_LEN;/);
+  // The flag's uniform load heads the step, before the previous PV; the next tile's stores
+  // follow the softmax.
+  assert.ok(at(pipe, "workgroupUniformLoad(&s_u[2])") < at(pipe, pv));
+  assert.ok(at(pipe, "kt_s[kbn + o + 0u]") > at(pipe, "exp2("));
+  // Written barriers outside the rescale block (which has 3 per O pass in both): in order S and
+  // the closing one (+ the uniform load's two); pipelined S only (+ the uniform load's two).
+  const outside = (s: string) => {
+    const a = s.indexOf("if (resc != 0u) {");
+    const b = s.indexOf("\n    }\n", a);
+    return s.slice(0, a) + s.slice(b);
+  };
+  const barriers = (s: string) => (outside(s).match(/workgroupBarrier\(\)/g) ?? []).length;
+  assert.equal(barriers(inOrder), 2);
+  assert.equal(barriers(pipe), 1);
+});
+
+Deno.test("flash_mma: pipe refuses the shapes it cannot pipeline, naming why", () => {
+  const t = { ...H200_F16_TARGET, causal: true, window: false };
+  const why = "pipe needs staged tiles, the workgroup's rescale flag, dsplit 1 and no late stores";
+  for (const extra of [{ direct: true }, { mstage: true }, { sgresc: true }, { late: true }]) {
+    assert.equal(mmaShapeProblem(t, { ...PIPE, ...extra }), why, JSON.stringify(extra));
+  }
+  assert.equal(mmaShapeProblem(t, { ...PIPE, nsg: 8, dsplit: 2 }), why);
+  assert.match(mmaShapeProblem(t, { ...PIPE, ablate: "count" }) ?? "", /no count cut/);
+  assert.equal(mmaShapeProblem(t, PIPE), null);
+});
