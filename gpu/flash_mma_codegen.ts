@@ -153,19 +153,28 @@ export function generateMatrixCode(c: MmaConsts): Record<string, string> {
   const store = (fs: { name: string; at: string }[], stride = strideArg("o", "sstr")) =>
     fs.map((f) => `subgroupMatrixStore<row_major>(&s_s, ${f.at}, ${f.name}, ${stride});`);
   const rescale: string[] = [], output: string[] = [], sink: string[] = [];
+  const loadBack = (f: { name: string; at: string }) =>
+    `${f.name} = subgroupMatrixLoad<${Res}, row_major>(&s_s, ${f.at}, ${strideArg("o", "sstr")});`;
   // sgresc: the subgroup's own rows only, no workgroup barrier (see RESC_APPLY).
   const bar = c.sgresc ? [] : ["workgroupBarrier();"];
   passes.forEach(({ frags }) => {
     rescale.push(...store(frags), ...bar, `scale_rows(${srow}, ln, alpha);`);
     rescale.push(...bar);
-    rescale.push(
-      ...frags.map((f) =>
-        `${f.name} = subgroupMatrixLoad<${Res}, row_major>(&s_s, ${f.at}, ${
-          strideArg("o", "sstr")
-        });`
-      ),
-    );
+    rescale.push(...frags.map(loadBack));
     rescale.push(...bar);
+  });
+  // stagger: only the subgroups of the half that asked (`mine`), the second half's rows `rsh`
+  // past its S rows (which still hold a tile's scores then).
+  const mine: string[] = [];
+  const guard = (xs: string[]) => ["if (mine) {", ...xs.map((x) => "  " + x), "}"];
+  passesOf(bk, "SSTR", () => "").forEach(({ frags }) => {
+    const shifted = frags.map((f) => ({
+      ...f,
+      at: f.at.replace(`(${srow} + `, `(${srow} + rsh + `),
+    }));
+    mine.push(...guard(store(shifted)), "workgroupBarrier();");
+    mine.push(...guard([`scale_rows(${srow} + rsh, ln, alpha);`]), "workgroupBarrier();");
+    mine.push(...guard(shifted.map(loadBack)), "workgroupBarrier();");
   });
   // With one region a pass's writes must finish before the next pass's stores (a barrier);
   // with two, pass p stores where pass p - 2 was read, before pass p - 1's barrier.
@@ -187,6 +196,7 @@ export function generateMatrixCode(c: MmaConsts): Record<string, string> {
     QK: ind(qk, "      "),
     PV: ind(pv, "      "),
     O_RESCALE: ind(rescale, "      "),
+    O_RESCALE_MINE: ind(mine, "      "),
     O_OUTPUT: ind(output, "  "),
     O_SINK: ind(sink, "  "),
   };
@@ -316,6 +326,8 @@ export async function flashMmaSource(c: MmaConsts): Promise<string> {
     LIVE: cut("live") ? "true" : LIVE,
     ...(cut("rescale") ? { RESC_RESET: "", RESC_APPLY: "" } : rescaleProtocol(c, matrix.O_RESCALE)),
     O_RESCALE: cut("rescale") ? "" : matrix.O_RESCALE,
+    O_RESCALE_MINE: matrix.O_RESCALE_MINE,
+    STAGE_STORE: cut("stage") ? "" : staging.STAGE_STORE,
     SOFTMAX: cut("softmax") ? "" : c.fast ? fastSoftmaxCode(c) : softmaxCode(c),
     LOOP_STAGE_LOAD: cut("stage") ? "" : staging.STAGE_LOAD,
     LOOP_HEAD: cut("count")
@@ -353,7 +365,8 @@ export async function flashMmaSource(c: MmaConsts): Promise<string> {
       ].join("\n")
       : "  let sgr = sg * MR;",
     LSE_OWNER: c.dsplit > 1 ? " && dh == 0u" : "",
-    VT_DECL: c.direct ? "" : "var<workgroup> vt_s: array<f16, 2u * VT_LEN>;",
+    VT_DECL: c.direct ? "" : `var<workgroup> vt_s: array<f16, ${lay.vtBufs}u * VT_LEN>;`,
+    KT_DECL: c.stagger ? `${lay.ktDecl}u` : "2u * KT_LEN",
     E16: lay.e16,
     KT_LEN: lay.ktLen,
     KSTR: lay.kstr,

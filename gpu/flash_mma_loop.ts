@@ -12,6 +12,13 @@
  *   tile's staged K/V), the previous tile's rescale and PV, this tile's QK, a barrier, its
  *   softmax, the next tile's stores: three barriers a tile. One step more than there are tiles
  *   runs the last PV.
+ * - **staggered** (`stagger`): the pipelined order with the subgroups in two halves, the second
+ *   half a phase behind the first, so each phase holds one half's matrix work and the other's
+ *   softmax. Per step t (after the flags' uniform load and the rescales it asks for):
+ *   phase X: the first half's PV of tile t-1 and QK of tile t; the second half's PV of tile t-2
+ *   and softmax of tile t-1; a barrier; phase Y: the first half's softmax of t, the second half's
+ *   QK of t, the stores of tile t+1. Three barriers a step; two steps past the tiles finish the
+ *   second half.
  * @module
  */
 import type { MmaConsts } from "./flash_mma_shape.ts";
@@ -34,11 +41,15 @@ export interface MmaLoopParts {
   O_RESCALE: string;
   /** The next tile's stores into the other buffers (EARLY_STORES' or LATE_STORES' text). */
   NEXT_STORES: string;
+  /** The O rescale of the subgroups whose `mine` holds, rows `rsh` on (`stagger`). */
+  O_RESCALE_MINE: string;
+  /** The staging stores of a tile's K/V words into buffers `kbn` / `vbn`. */
+  STAGE_STORE: string;
 }
 
 /** The loop, from `var par` to its closing brace, in the order `c.pipe` asks for. */
 export function mmaLoopCode(c: MmaConsts, p: MmaLoopParts): string {
-  return c.pipe ? pipelinedLoop(p) : inOrderLoop(p);
+  return c.stagger ? staggeredLoop(p) : c.pipe ? pipelinedLoop(p) : inOrderLoop(p);
 }
 
 function inOrderLoop(p: MmaLoopParts): string {
@@ -127,4 +138,101 @@ ${p.NEXT_STORES}
     live_prev = live;
     par ^= 1u;
   }`;
+}
+
+/**
+ * The staggered loop. Tile t's K is in buffer t % 2 (par), its V in buffer t % 3 (v3); P of the
+ * first half (rows 0 .. R/2) in one buffer at `pa`, of the second half in two by tile parity, at
+ * `pa + j * ph` for its rows R/2 .. R; S rows are each subgroup's own. Flags (s_u[2]): bit 0 the
+ * first half's (set by its softmax of tile t in phase Y, read at the top of step t + 1), bit 1 + j
+ * the second half's for tiles of parity j (set in phase X of step u + 1 for tile u, read at the top
+ * of step u + 2); invocation 0 clears the bits a step read before anyone can set them again.
+ */
+function staggeredLoop(p: MmaLoopParts): string {
+  const pv = (kb: string, vb: string) =>
+    `        let kb = ${kb};\n        let vb = ${vb};\n${indentBy(p.PV, 2)}`;
+  const qk = `        let kb = par * KT_LEN;\n${indentBy(p.QK, 2)}`;
+  // Every lane of the half clears its alphas before the softmax runs or not: a subgroup that
+  // skips a tile must not rescale with an old alpha when another subgroup of its half flags it.
+  const resetAlpha = `      for (var i = 0u; i < RPL; i++) {
+        alpha[i] = 1.0;
+      }`;
+  const softmax = (kt: string, kb: string, bit: string) =>
+    `${kt === "kt" ? "" : `        let kt = ${kt};\n`}        let kb = ${kb};
+        let flag_bit = ${bit};
+${indentBy(p.SOFTMAX, 2)}`;
+  return `  var par = 0u; // tile t's K buffer; the parity of the second half's P and flag bits
+  var v3 = 0u; // tile t's V buffer
+  if (t == 0u) {
+    atomicStore(&s_u[2], 0u);
+  }
+  let half = select(0u, 1u, sg >= NSG / 2u);
+  let rsh = half * (R / 2u); // the second half's O rescale rows, past S's
+  let pa = 2u * KT_LEN; // P: the first half's rows, then the second half's two buffers
+  let ph = (R / 2u) * PSTR;
+  var live_m1 = false; // this subgroup ran tile t - 1 (t - 2: live_m2)
+  var live_m2 = false;
+  for (var kt = kstart; kt < kend + 2u * BK; kt += BK) {
+    let flags = workgroupUniformLoad(&s_u[2]);
+    let bbit = 2u << par; // the second half's bit of tile t - 2
+    if (t == 0u) {
+      atomicAnd(&s_u[2], ~(1u | bbit));
+    }
+    let resc_a = (flags & 1u) != 0u;
+    let resc_b = (flags & bbit) != 0u;
+    if (resc_a || resc_b) {
+      let mine = select(resc_a, resc_b, half == 1u);
+${p.O_RESCALE_MINE}
+    }
+    let has = kt < kend;
+    let vm1 = select(v3 - 1u, 2u, v3 == 0u); // tile t - 1's V buffer
+    let vm2 = select(vm1 - 1u, 2u, vm1 == 0u); // tile t - 2's, then t + 1's
+    if (has) {
+      let vb = v3 * VT_LEN;
+${p.V_CLEAN}
+    }
+    let kn = kt + BK;
+${p.LOOP_STAGE_LOAD}
+    let live = has && ${p.LIVE};
+    if (half == 0u) {
+      if (live_m1) {
+${pv("pa", "vm1 * VT_LEN")}
+      }
+      if (live) {
+${qk}
+      }
+    } else {
+      if (live_m2) {
+${pv("pa + par * ph", "vm2 * VT_LEN")}
+      }
+${resetAlpha}
+      if (live_m1) {
+${softmax("kt - BK", "pa + (par ^ 1u) * ph", "2u << (par ^ 1u)")}
+      }
+    }
+    workgroupBarrier();
+    if (half == 0u) {
+${resetAlpha}
+      if (live) {
+${softmax("kt", "pa", "1u")}
+      }
+    } else if (live) {
+${qk}
+    }
+    {
+      let kbn = (par ^ 1u) * KT_LEN;
+      let vbn = vm2 * VT_LEN;
+${p.STAGE_STORE}
+    }
+    live_m2 = live_m1;
+    live_m1 = live;
+    par ^= 1u;
+    v3 = select(v3 + 1u, 0u, v3 == 2u);
+  }`;
+}
+
+/** `code` indented by `n` more levels of two spaces. */
+function indentBy(code: string, n: number): string {
+  const pad = "  ".repeat(n);
+  return code.split("\n").map((x) => (x ? pad + x : x)).join("\n");
 }

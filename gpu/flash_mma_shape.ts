@@ -134,6 +134,15 @@ export interface MmaShape {
    * dsplit 1; `late` does not apply. Default false.
    */
   pipe?: boolean;
+  /**
+   * The pipelined loop with the workgroup's subgroups in two halves half a step apart
+   * (gpu/flash_mma_loop.ts): while one half runs its matrix work the other runs its softmax, so
+   * the tensor cores and the lanes' arithmetic overlap between the same barriers (as
+   * FlashAttention-3's ping-pong of warpgroups). P has its own buffers (one for the first half,
+   * two for the second), V three; the rescale flags are bits of one word. An even nsg, staged
+   * tiles, one S chain, one epilogue region, no other loop form or ablation. Default false.
+   */
+  stagger?: boolean;
   /** Bench only: leave stages out to time the rest (see {@link MmaAblation}); "": none. */
   ablate?:
     | MmaAblation
@@ -164,6 +173,7 @@ export function fullShape(s: MmaShape): FullMmaShape {
     ovec: s.ovec ?? false,
     opack: s.opack ?? false,
     pipe: s.pipe ?? false,
+    stagger: s.stagger ?? false,
     ablate: s.ablate ?? "",
   };
 }
@@ -204,7 +214,12 @@ export interface MmaConsts extends MmaTarget, FullMmaShape {
 export interface MmaLayout {
   rows: number;
   wg: number;
+  /** A K buffer's length (f16), the stride between the loop's buffers. */
   ktLen: number;
+  /** kt_s's declared length (f16): two K buffers (with P over them, or after them: stagger). */
+  ktDecl: number;
+  /** V buffers (f16, ktLen-sized unless direct): 2, or 3 for stagger. */
+  vtBufs: number;
   qpass: number;
   lpr: number;
   rpl: number;
@@ -288,6 +303,13 @@ export function mmaShapeProblem(
     }
     if (ablatedStages(shape).has("count")) return "pipe runs one step past the tiles: no count cut";
   }
+  if (shape.stagger) {
+    const other = shape.direct || shape.mstage || shape.sgresc || shape.late || shape.pipe;
+    if (shape.nsg % 2 || other || (shape.dsplit ?? 1) !== 1 || (shape.qsplit ?? 1) !== 1) {
+      return "stagger needs an even nsg, staged tiles, one S chain and no other loop form";
+    }
+    if ((shape.oregions ?? 1) !== 1 || shape.ablate) return "stagger takes no oregions or ablation";
+  }
   if (shape.sgresc && ablatedStages(shape).has("rescale")) {
     return `the ${shape.ablate} ablation cuts the per-subgroup rescale's lane flags`;
   }
@@ -302,7 +324,8 @@ export function mmaShapeProblem(
  * per subgroup: `sgresc`, `-l` next-tile stores after PV: `late`, `-d` D split over a pair of
  * subgroups: `dsplit` 2, `-p` the epilogue's O passes in two regions: `oregions` 2, `-w` 32
  * columns a pass: `ocols` 32, `-v` 16-byte output stores: `ovec`, `-r` f16 output rounded by
- * pack2x16float: `opack`, `-i` the key loop pipelined: `pipe`),
+ * pack2x16float: `opack`, `-i` the key loop pipelined: `pipe`, `-g` its subgroups staggered in two
+ * halves: `stagger`),
  * what bench/mma_bench.ts sweeps and ATTN_PREFILL_MMA_SHAPE may name for the backend.
  */
 export const MMA_VARIANTS: Readonly<Record<string, MmaShape>> = {
@@ -372,6 +395,16 @@ export const MMA_VARIANTS: Readonly<Record<string, MmaShape>> = {
     opack: true,
     pipe: true,
   },
+  "w8r1k16-fvrg": {
+    nsg: 8,
+    rm: 1,
+    bk: 16,
+    tau: 8,
+    fast: true,
+    ovec: true,
+    opack: true,
+    stagger: true,
+  },
   "w8r1k16-fri": { nsg: 8, rm: 1, bk: 16, tau: 8, fast: true, opack: true, pipe: true },
   "w4r1k16-fri": { nsg: 4, rm: 1, bk: 16, tau: 8, fast: true, opack: true, pipe: true },
   "w8r1k16-i": { nsg: 8, rm: 1, bk: 16, tau: 8, pipe: true },
@@ -417,20 +450,27 @@ export function mmaLayout(t: MmaTarget, shape: MmaShape): MmaLayout {
   const rows = mr * shape.nsg / ds, kstr = d + 8, sstr = shape.bk + 4, pstr = shape.bk + 8;
   // Direct loads: kt_s holds the Q passes, P and the last tile's V; there is no V tile.
   const kTile = shape.direct ? 0 : shape.bk * kstr;
-  const ktLen = Math.max(shape.bk * kstr, rows * pstr, mr * kstr);
-  const qpass = Math.min(rows, Math.floor(ktLen / kstr / mr) * mr);
+  // stagger: K buffers of a tile each, then P (a half's rows: one buffer, then two).
+  const ktLen = shape.stagger ? shape.bk * kstr : Math.max(shape.bk * kstr, rows * pstr, mr * kstr);
+  const ktDecl = shape.stagger ? Math.max(2 * ktLen + 3 * (rows / 2) * pstr, mr * kstr) : 2 * ktLen;
+  const vtBufs = shape.stagger ? 3 : 2;
+  // Q rows staged a pass: in one K buffer (stagger: in all of kt_s).
+  const qpass = Math.min(rows, Math.floor((shape.stagger ? ktDecl : ktLen) / kstr / mr) * mr);
   const e16 = 16 / BYTES[t.kv];
   // One S array a chain (a D half's for dsplit); the epilogue's O pass regions.
   const ostr = (shape.ocols || shape.bk) + 4;
+  // stagger: S, then the second half's rows of the O rescale (its S rows are in use then).
   const sLen = Math.max(
-    rows * sstr * (shape.qsplit ?? 1) * ds,
+    rows * sstr * (shape.qsplit ?? 1) * ds * (shape.stagger ? 1.5 : 1),
     rows * ostr * (shape.oregions ?? 1) * ds,
   );
-  const shared_bytes = 2 * (2 * ktLen + 2 * kTile) + 4 * sLen + 12;
+  const shared_bytes = 2 * (ktDecl + vtBufs * kTile) + 4 * sLen + 12;
   return {
     rows,
     wg: sg * shape.nsg,
     ktLen,
+    ktDecl,
+    vtBufs,
     qpass,
     lpr: Math.max(1, sg / mr),
     rpl: Math.max(1, mr / sg),

@@ -75,9 +75,14 @@ const rowHead = (i: number, sg: number, lpr: number) => [
   "  let key0 = kt + lq * KPL;",
 ];
 
-/** The rows' rescale flag out of the step: the workgroup's atomic, or (`sgresc`) the lane's. */
+/**
+ * The rows' rescale flag out of the step: the workgroup's atomic, a bit of it (`stagger`), or
+ * (`sgresc`) the lane's.
+ */
 const flagCode = (c: MmaConsts) =>
-  c.sgresc ? ["resc_lane = flag;"] : ["if (flag) {", "  atomicStore(&s_u[2], 1u);", "}"];
+  c.sgresc ? ["resc_lane = flag;"] : c.stagger // a bit of the word for this half and tile (`flag_bit`, gpu/flash_mma_loop.ts)
+    ? ["if (flag) {", "  atomicOr(&s_u[2], flag_bit);", "}"]
+    : ["if (flag) {", "  atomicStore(&s_u[2], 1u);", "}"];
 
 const indent = (out: string[]) =>
   out.map((x) => x.split("\n").map((y) => "      " + y).join("\n")).join("\n");

@@ -133,7 +133,7 @@ const FLAG_SINKS: u32 = 2u;
 {{DECODE}}
 {{SOURCE}}
 
-var<workgroup> kt_s: array<f16, 2u * KT_LEN>; // K tiles; Q staging before the loop; P after S
+var<workgroup> kt_s: array<f16, {{KT_DECL}}>; // K tiles; Q staging before the loop; P after S
 {{VT_DECL}}
 var<workgroup> s_s: array<f32, {{S_LEN}}>; // S (QSPLIT chains); the O passes (oregions of R * OSTR)
 // The workgroup's scalars as one 16-byte array: [0] the first key, [1] the end of its keys,

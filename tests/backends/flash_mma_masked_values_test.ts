@@ -6,7 +6,7 @@
  * of decode_masked_keys_test.ts failed its bf16 and window cases on Dawn). Against CPU_REFERENCE
  * (NaN and infinities where float64 has them, within tolerance elsewhere; output and LSE), for
  * the default shapes (16-byte and 4-byte output stores), the generic softmax, direct loads,
- * matrix staging, the D split and the pipelined loop:
+ * matrix staging, the D split, the pipelined loop and its staggered subgroups:
  * - bf16 data over an f16 cache, a later token's values past f16's range (Inf once written):
  *   +Inf alone, +Inf and -Inf in one column (NaN for the rows that see both), -Inf alone, and
  *   -Inf beside a context +Inf (one multiplied, one repaired), on a diagonal tile below kv_len;
@@ -40,6 +40,7 @@ const SHAPES: [string, MmaShape][] = [
   ["matrix staging", MMA_VARIANTS["w8r1k16-fx"]],
   ["D split", MMA_VARIANTS["w8r1k16-fld"]],
   ["the pipelined loop", MMA_VARIANTS["w8r1k16-fvri"]],
+  ["staggered subgroups", MMA_VARIANTS["w8r1k16-fvrg"]],
 ];
 
 /** The kernel alone with `shape`, planned and run through the shared launch path. */
