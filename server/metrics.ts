@@ -146,6 +146,13 @@ export interface MemoryPools {
    * timers; absent where the pacer is not installed (Dawn never loaded here).
    */
   dawn_poll?: { immediate: number; paced: number };
+  /**
+   * The process's resident set and this thread's V8 heap (Deno.memoryUsage()); absent where not
+   * read. Under Dawn the resident set grows by about 0.5 KB a forward call that no heap or pool
+   * here shows (bench/NOTES.md v0.33: Deno 2.9.6's Node-API layer frees neither its per-object
+   * wrappers nor its per-callback blocks).
+   */
+  memory?: { rss: number; heap_used: number; heap_total: number };
 }
 
 /** The pools of this thread (gpu/buffer_pool.ts, gpu/host_pool.ts). */
@@ -163,7 +170,13 @@ export function threadMemoryPools(): MemoryPools {
     },
     readbacks: { ...mapReadCounts },
     ...dawnPoll(),
+    memory: processMemory(),
   };
+}
+
+function processMemory(): MemoryPools["memory"] {
+  const m = Deno.memoryUsage();
+  return { rss: m.rss, heap_used: m.heapUsed, heap_total: m.heapTotal };
 }
 
 function dawnPoll(): Pick<MemoryPools, "dawn_poll"> {
@@ -394,6 +407,18 @@ function renderPools(out: string[], p: MemoryPools): void {
       p.readbacks.by_submit,
     ],
   ]);
+  if (p.memory) {
+    samples(out, "attn", [
+      [
+        "process_resident_memory_bytes",
+        "gauge",
+        "The whole process's resident set (every thread reports it).",
+        p.memory.rss,
+      ],
+      ["v8_heap_used_bytes", "gauge", "This thread's V8 heap in use.", p.memory.heap_used],
+      ["v8_heap_total_bytes", "gauge", "This thread's V8 heap committed.", p.memory.heap_total],
+    ]);
+  }
   if (!p.dawn_poll) return;
   const name = "attn_dawn_poll_ticks_total";
   out.push(

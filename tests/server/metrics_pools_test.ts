@@ -203,3 +203,30 @@ Deno.test("metrics: by default, the pacer's counts where one is installed on thi
   assert.equal(at("false"), stats.immediate);
   assert.equal(at("true"), stats.paced);
 });
+
+Deno.test("metrics: the process's resident set and this thread's V8 heap, live and as given", () => {
+  const given = new Metrics({
+    memoryPools: () => ({ ...POOLS, memory: { rss: 7e8, heap_used: 2e7, heap_total: 6e7 } }),
+  }).render();
+  for (
+    const [name, v] of [
+      ["attn_process_resident_memory_bytes", 7e8],
+      ["attn_v8_heap_used_bytes", 2e7],
+      ["attn_v8_heap_total_bytes", 6e7],
+    ] as const
+  ) {
+    assert.equal(plain(given).get(name), v, name);
+    assert.match(given, new RegExp(`^# HELP ${name} \\S[^\n]*\n# TYPE ${name} gauge\n`, "m"));
+  }
+  assert.doesNotMatch(new Metrics({ memoryPools: () => POOLS }).render(), /resident|v8_heap/);
+  // By default, read at scrape time: a 64 MiB allocation held across a scrape shows in the heap
+  // or the resident set (an ArrayBuffer's bytes count as external, not heap), and both are live.
+  const before = plain(new Metrics().render());
+  const rss0 = before.get("attn_process_resident_memory_bytes")!;
+  const used0 = before.get("attn_v8_heap_used_bytes")!;
+  assert.ok(rss0 > 10 * 2 ** 20 && used0 > 0 && before.get("attn_v8_heap_total_bytes")! >= used0);
+  const held = new Uint8Array(64 * 2 ** 20).fill(1);
+  const after = plain(new Metrics().render());
+  assert.ok(after.get("attn_process_resident_memory_bytes")! >= rss0 + 48 * 2 ** 20);
+  assert.equal(held[held.length - 1], 1);
+});
