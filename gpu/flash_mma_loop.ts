@@ -52,6 +52,20 @@ export function mmaLoopCode(c: MmaConsts, p: MmaLoopParts): string {
   return c.stagger ? staggeredLoop(p) : c.pipe ? pipelinedLoop(p) : inOrderLoop(p);
 }
 
+/** This tile's S = Q K^T where the subgroup sees it, the barrier, every alpha 1, the softmax. */
+function qkBarrierSoftmax(p: MmaLoopParts): string {
+  return `    if (live) {
+${p.QK}
+    }
+    workgroupBarrier();
+    for (var i = 0u; i < RPL; i++) {
+      alpha[i] = 1.0;
+    }
+    if (live) {
+${p.SOFTMAX}
+    }`;
+}
+
 function inOrderLoop(p: MmaLoopParts): string {
   return `  var par = 0u;
   ${p.LOOP_HEAD}
@@ -65,16 +79,7 @@ ${p.V_CLEAN}
 ${p.LOOP_STAGE_LOAD}
 ${p.TAIL_STAGE}
     let live = ${p.LIVE};
-    if (live) {
-${p.QK}
-    }
-    workgroupBarrier();
-    for (var i = 0u; i < RPL; i++) {
-      alpha[i] = 1.0;
-    }
-    if (live) {
-${p.SOFTMAX}
-    }
+${qkBarrierSoftmax(p)}
 ${p.EARLY_STORES}
 ${p.RESC_APPLY}
     if (live) {
@@ -124,16 +129,7 @@ ${p.V_CLEAN}
     let kn = kt + BK;
 ${p.LOOP_STAGE_LOAD}
     let live = has && ${p.LIVE};
-    if (live) {
-${p.QK}
-    }
-    workgroupBarrier();
-    for (var i = 0u; i < RPL; i++) {
-      alpha[i] = 1.0;
-    }
-    if (live) {
-${p.SOFTMAX}
-    }
+${qkBarrierSoftmax(p)}
 ${p.NEXT_STORES}
     live_prev = live;
     par ^= 1u;

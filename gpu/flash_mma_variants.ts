@@ -6,6 +6,9 @@
  */
 import type { MmaShape } from "./flash_mma_shape.ts";
 
+/** 8 subgroups of one row block, 16-key tiles, tau 8, the fast softmax: the defaults' base. */
+const W8F = { nsg: 8, rm: 1, bk: 16, tau: 8, fast: true } as const;
+
 /**
  * Named shapes (`w{nsg}r{rm}k{bk}`; `-fa2` tau 0, `-f` fast softmax, `-d` direct K/V loads,
  * `-x` K/V staged by matrix moves, `-s{n}` n chains of S = Q K^T, `-u` the lazy rescale decided
@@ -52,58 +55,12 @@ export const MMA_VARIANTS: Readonly<Record<string, MmaShape>> = {
   "w8r1k16-fup": { nsg: 8, rm: 1, bk: 16, tau: 8, fast: true, sgresc: true, oregions: 2 },
   "w8r1k16-flv": { nsg: 8, rm: 1, bk: 16, tau: 8, fast: true, late: true, ovec: true },
   "w8r1k16-flr": { nsg: 8, rm: 1, bk: 16, tau: 8, fast: true, late: true, opack: true },
-  "w8r1k16-flvr": {
-    nsg: 8,
-    rm: 1,
-    bk: 16,
-    tau: 8,
-    fast: true,
-    late: true,
-    ovec: true,
-    opack: true,
-  },
-  "w8r1k16-fvri": {
-    nsg: 8,
-    rm: 1,
-    bk: 16,
-    tau: 8,
-    fast: true,
-    ovec: true,
-    opack: true,
-    pipe: true,
-  },
-  "w8r1k16-fpvri": {
-    nsg: 8,
-    rm: 1,
-    bk: 16,
-    tau: 8,
-    fast: true,
-    oregions: 2,
-    ovec: true,
-    opack: true,
-    pipe: true,
-  },
-  "w8r1k16-fvrg": {
-    nsg: 8,
-    rm: 1,
-    bk: 16,
-    tau: 8,
-    fast: true,
-    ovec: true,
-    opack: true,
-    stagger: true,
-  },
+  "w8r1k16-flvr": { ...W8F, late: true, ovec: true, opack: true },
+  "w8r1k16-fvri": { ...W8F, ovec: true, opack: true, pipe: true },
+  "w8r1k16-fpvri": { ...W8F, oregions: 2, ovec: true, opack: true, pipe: true },
+  "w8r1k16-fvrg": { ...W8F, ovec: true, opack: true, stagger: true },
   "w8r1k16-fri": { nsg: 8, rm: 1, bk: 16, tau: 8, fast: true, opack: true, pipe: true },
   "w4r1k16-fri": { nsg: 4, rm: 1, bk: 16, tau: 8, fast: true, opack: true, pipe: true },
   "w8r1k16-i": { nsg: 8, rm: 1, bk: 16, tau: 8, pipe: true },
-  "w8r1k16-flpv": {
-    nsg: 8,
-    rm: 1,
-    bk: 16,
-    tau: 8,
-    fast: true,
-    late: true,
-    oregions: 2,
-    ovec: true,
-  },
+  "w8r1k16-flpv": { ...W8F, late: true, oregions: 2, ovec: true },
 };

@@ -18,6 +18,7 @@ import {
   BF16_HND_ALL,
   FP8_NON_CAUSAL,
   H200_F16_TARGET,
+  LONG_CONTEXT_8_SLOT,
   mmaCaseTests,
   mmaTestDevice,
 } from "../support/mma_case.ts";
@@ -27,14 +28,7 @@ const ctx = await mmaTestDevice("flash_mma late tests");
 const CASES: [string, BatchSpec, MmaShape][] = [
   [
     "late + fast: causal f16 GQA4, long context over 8-slot blocks, padding, partial tiles",
-    base({
-      block_size: 8,
-      requests: [
-        { query_len: 40, seq_len: 230 },
-        { query_len: 1, seq_len: 33 },
-        { query_len: 17, seq_len: 17, pad: 2 },
-      ],
-    }),
+    LONG_CONTEXT_8_SLOT,
     { nsg: 4, rm: 1, bk: 16, tau: 8, fast: true, late: true },
   ],
   [

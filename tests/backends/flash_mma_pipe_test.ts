@@ -18,12 +18,9 @@ import {
   type MmaShape,
   mmaShapeProblem,
 } from "../../gpu/flash_mma_shape.ts";
-import type { BatchSpec } from "../support/batches.ts";
 import {
-  base,
-  BF16_HND_ALL,
-  FP8_NON_CAUSAL,
   H200_F16_TARGET,
+  loopFormCases,
   mmaCaseTests,
   mmaTestDevice,
 } from "../support/mma_case.ts";
@@ -32,49 +29,7 @@ const ctx = await mmaTestDevice("flash_mma pipe tests");
 
 const PIPE: MmaShape = MMA_VARIANTS["w8r1k16-fvri"];
 
-const CASES: [string, BatchSpec, MmaShape][] = [
-  [
-    "pipe, the default's other fields: causal f16 GQA4, long context over 8-slot blocks, padding",
-    base({
-      block_size: 8,
-      requests: [
-        { query_len: 40, seq_len: 230 },
-        { query_len: 1, seq_len: 33 },
-        { query_len: 17, seq_len: 17, pad: 2 },
-      ],
-    }),
-    PIPE,
-  ],
-  [
-    "pipe + fast, tau 0: a rescale on nearly every tile, context, partial last tiles",
-    base({
-      requests: [
-        { query_len: 40, seq_len: 100 },
-        { query_len: 1, seq_len: 1 },
-        { query_len: 23, seq_len: 61 },
-      ],
-    }),
-    { ...PIPE, nsg: 4, tau: 0 },
-  ],
-  [
-    "pipe, generic softmax, tau 0: HND bs32 bf16 cache, window, soft cap, sinks, ALiBi",
-    BF16_HND_ALL,
-    { nsg: 2, rm: 1, bk: 16, tau: 0, pipe: true },
-  ],
-  [
-    "pipe + fast: non-causal fp8 e4m3 cache, 32-key tiles",
-    FP8_NON_CAUSAL,
-    { nsg: 2, rm: 1, bk: 32, tau: 8, fast: true, opack: true, pipe: true },
-  ],
-  [
-    "pipe + fast: GQA 8, two row blocks a subgroup, tau 0",
-    base({
-      num_heads: 16,
-      requests: [{ query_len: 33, seq_len: 90 }, { query_len: 2, seq_len: 50 }],
-    }),
-    { nsg: 4, rm: 2, bk: 16, tau: 0, fast: true, pipe: true },
-  ],
-];
+const CASES = loopFormCases("pipe", { pipe: true }, PIPE);
 
 mmaCaseTests(ctx, CASES);
 

@@ -20,13 +20,11 @@ import {
   type MmaShape,
   mmaShapeProblem,
 } from "../../gpu/flash_mma_shape.ts";
-import type { BatchSpec } from "../support/batches.ts";
 import {
-  base,
-  BF16_HND_ALL,
   checkMma,
-  FP8_NON_CAUSAL,
+  GQA8_TWO_BLOCKS,
   H200_F16_TARGET,
+  loopFormCases,
   mmaCaseTests,
   mmaTestDevice,
 } from "../support/mma_case.ts";
@@ -35,50 +33,7 @@ const ctx = await mmaTestDevice("flash_mma stagger tests");
 
 const STAGGER: MmaShape = MMA_VARIANTS["w8r1k16-fvrg"];
 
-const CASES: [string, BatchSpec, MmaShape][] = [
-  [
-    "stagger, the default's other fields: causal f16 GQA4, long context over 8-slot blocks",
-    base({
-      block_size: 8,
-      requests: [
-        { query_len: 40, seq_len: 230 },
-        { query_len: 1, seq_len: 33 },
-        { query_len: 17, seq_len: 17, pad: 2 },
-      ],
-    }),
-    STAGGER,
-  ],
-  [
-    "stagger + fast, tau 0: a rescale on nearly every tile, context, partial and single tiles",
-    base({
-      requests: [
-        { query_len: 40, seq_len: 100 },
-        { query_len: 1, seq_len: 1 },
-        { query_len: 5, seq_len: 12 },
-        { query_len: 23, seq_len: 61 },
-      ],
-    }),
-    { ...STAGGER, nsg: 4, tau: 0 },
-  ],
-  [
-    "stagger, generic softmax, tau 0: HND bs32 bf16 cache, window, soft cap, sinks, ALiBi",
-    BF16_HND_ALL,
-    { nsg: 2, rm: 1, bk: 16, tau: 0, stagger: true },
-  ],
-  [
-    "stagger + fast: non-causal fp8 e4m3 cache, 32-key tiles",
-    FP8_NON_CAUSAL,
-    { nsg: 2, rm: 1, bk: 32, tau: 8, fast: true, opack: true, stagger: true },
-  ],
-  [
-    "stagger + fast: GQA 8, two row blocks a subgroup, tau 0",
-    base({
-      num_heads: 16,
-      requests: [{ query_len: 33, seq_len: 90 }, { query_len: 2, seq_len: 50 }],
-    }),
-    { nsg: 4, rm: 2, bk: 16, tau: 0, fast: true, stagger: true },
-  ],
-];
+const CASES = loopFormCases("stagger", { stagger: true }, STAGGER);
 
 mmaCaseTests(ctx, CASES);
 
@@ -92,7 +47,7 @@ Deno.test({
   // causal edge rescaled with its last alpha when another subgroup of its half set the half's
   // flag (45 of 35840 elements out of tolerance on lavapipe, 7.9x at worst).
   fn: () =>
-    checkMma(ctx!, CASES[4][1], 2913057980, {
+    checkMma(ctx!, GQA8_TWO_BLOCKS, 2913057980, {
       shape: { nsg: 4, rm: 2, bk: 16, tau: 0, fast: true, stagger: true },
     }),
 });

@@ -54,6 +54,71 @@ export const FP8_NON_CAUSAL: BatchSpec = base({
   requests: [{ query_len: 24, seq_len: 120 }],
 });
 
+/** Causal f16 GQA 4 over 8-slot blocks: a long context, a one-token request, padding. */
+export const LONG_CONTEXT_8_SLOT: BatchSpec = base({
+  block_size: 8,
+  requests: [
+    { query_len: 40, seq_len: 230 },
+    { query_len: 1, seq_len: 33 },
+    { query_len: 17, seq_len: 17, pad: 2 },
+  ],
+});
+
+/**
+ * The hostile batches a form of the key loop (`form`: e.g. `{ pipe: true }`) is checked on:
+ * `named` (a full shape of that form) over {@link LONG_CONTEXT_8_SLOT}; then at tau 0 (a rescale
+ * on nearly every tile) context, partial and single tiles, every feature over a bf16 HND cache
+ * with the generic softmax, and two row blocks a subgroup at GQA 8; a scaled fp8 cache with 32-key
+ * tiles.
+ */
+export function loopFormCases(
+  label: string,
+  form: Partial<MmaShape>,
+  named: MmaShape,
+): [string, BatchSpec, MmaShape][] {
+  const fast = { rm: 1, bk: 16, fast: true, ...form };
+  return [
+    [
+      `${label}, the default's other fields: causal f16 GQA4, long context over 8-slot blocks`,
+      LONG_CONTEXT_8_SLOT,
+      named,
+    ],
+    [
+      `${label} + fast, tau 0: a rescale on nearly every tile, context, partial and single tiles`,
+      base({
+        requests: [
+          { query_len: 40, seq_len: 100 },
+          { query_len: 1, seq_len: 1 },
+          { query_len: 5, seq_len: 12 },
+          { query_len: 23, seq_len: 61 },
+        ],
+      }),
+      { ...named, nsg: 4, tau: 0 },
+    ],
+    [
+      `${label}, generic softmax, tau 0: HND bs32 bf16 cache, window, soft cap, sinks, ALiBi`,
+      BF16_HND_ALL,
+      { nsg: 2, rm: 1, bk: 16, tau: 0, ...form },
+    ],
+    [
+      `${label} + fast: non-causal fp8 e4m3 cache, 32-key tiles`,
+      FP8_NON_CAUSAL,
+      { ...fast, nsg: 2, bk: 32, tau: 8, opack: true },
+    ],
+    [
+      `${label} + fast: GQA 8, two row blocks a subgroup, tau 0`,
+      GQA8_TWO_BLOCKS,
+      { ...fast, nsg: 4, rm: 2, tau: 0 },
+    ],
+  ];
+}
+
+/** GQA 8 (16 q / 2 kv heads): a 33-token prefill over context, and a 2-token one. */
+export const GQA8_TWO_BLOCKS: BatchSpec = base({
+  num_heads: 16,
+  requests: [{ query_len: 33, seq_len: 90 }, { query_len: 2, seq_len: 50 }],
+});
+
 /** The Dawn subgroup-matrix device for a test file, or null with why `what` is skipped. */
 export async function mmaTestDevice(what: string): Promise<MmaContext | null> {
   const acquired = await acquireMmaDevice();
