@@ -6,7 +6,7 @@
 #    bench-deno|http|http-ab|gap-ab|http-warm|http-prof|threads|exit-probe|anchor|clock-probe|group-probe|all]...
 # mma: the tensor-core kernel's tests; mma-fast: those of its fast softmax, direct loads, matrix-move
 # staging, split S chains, per-subgroup rescale, late next-tile stores, D split over subgroups and
-# the pipelined key loop;
+# the pipelined key loop and its staggered subgroups;
 # mma-bench: its variant sweep; mma-ceiling: bench/mma_ceiling.ts, what subgroup-matrix loops reach
 # (MMA_CEILING_ARGS adds flags, e.g. "--only gemm-st-2x4-w2x2,flash-wg-1x4-w8x1"; MMA_CEILING_TIMEOUT
 # 240).
@@ -161,7 +161,8 @@ for w in $what; do
       run mma-fast "${MMA_TIMEOUT:-150}" deno test --allow-all \
         tests/backends/flash_mma_mstage_test.ts tests/backends/flash_mma_fast_test.ts \
         tests/backends/flash_mma_sgresc_test.ts tests/backends/flash_mma_late_test.ts \
-        tests/backends/flash_mma_dsplit_test.ts tests/backends/flash_mma_pipe_test.ts ;;&
+        tests/backends/flash_mma_dsplit_test.ts tests/backends/flash_mma_pipe_test.ts \
+        tests/backends/flash_mma_stagger_test.ts ;;&
     mma-bench)
       # shellcheck disable=SC2086
       TAIL=${TAIL:-60} run mma-bench "${MMA_BENCH_TIMEOUT:-150}" \
