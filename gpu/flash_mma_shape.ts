@@ -323,14 +323,17 @@ export { MMA_VARIANTS } from "./flash_mma_variants.ts";
 /**
  * Shapes in order of preference: the first that fits the device is the default. All with the
  * fast softmax (v0.8: +21% on the H200 at 8 x 4096, opt-in until its tests could finish there:
- * the v0.7 Dawn stalls), the late next-tile stores and the output rounded by pack2x16float; the
- * first also stores 16 bytes of output at once (`w8r1k16-flvr`, v0.19: +8% at 4 x 1024 and +4% at
- * 8 x 4096 on the H100 over `w8r1k16-fl`); `w8r1k16-flr`, the same without the 16-byte stores,
- * follows it for devices where a lane's pass has fewer than 8 columns (64-lane subgroups).
+ * the v0.7 Dawn stalls) and the output rounded by pack2x16float. The first two run the pipelined
+ * key loop (`pipe`, v0.33: a tile's PV beside the next tile's QK, three barriers a tile; on the
+ * H100 +0.5-0.6% at 4 x 1024 f16, +2.6% over a bf16 cache, +1.4% at 8 x 4096 over the same shapes
+ * with `late`), the first also stores 16 bytes of output at once (`w8r1k16-fvri`; v0.19: +8% at
+ * 4 x 1024 and +4% at 8 x 4096 on the H100); `w8r1k16-fri`, the same without the 16-byte stores,
+ * follows it for devices where a lane's pass has fewer than 8 columns (64-lane subgroups). The
+ * smaller shapes keep the late next-tile stores (not measured pipelined).
  */
 export const MMA_SHAPES: readonly MmaShape[] = [
-  { nsg: 8, rm: 1, bk: 16, tau: 8, fast: true, late: true, ovec: true, opack: true },
-  { nsg: 8, rm: 1, bk: 16, tau: 8, fast: true, late: true, opack: true },
+  { nsg: 8, rm: 1, bk: 16, tau: 8, fast: true, pipe: true, ovec: true, opack: true },
+  { nsg: 8, rm: 1, bk: 16, tau: 8, fast: true, pipe: true, opack: true },
   { nsg: 4, rm: 1, bk: 16, tau: 8, fast: true, late: true, opack: true },
   { nsg: 4, rm: 1, bk: 32, tau: 8, fast: true, late: true, opack: true },
   { nsg: 2, rm: 1, bk: 16, tau: 8, fast: true, late: true, opack: true },

@@ -117,12 +117,13 @@ Deno.test("flash_mma: direct loads and ablations say why a target cannot take th
   assert.match(String(mmaShapeProblem({ ...t, nchunk: 2 }, fd)), /one cache buffer, not 2/);
   assert.match(String(mmaShapeProblem({ ...t, bs: 8 }, fd)), /block_size 8 a multiple of 16/);
   assert.match(String(mmaShapeProblem(t, { ...fd, ablate: "stage" })), /stage nothing/);
-  // Every named shape fits an H200's 48 KB; the default order starts at w8r1k16-flvr.
+  // Every named shape fits an H200's 48 KB; the default order starts at w8r1k16-fvri.
   for (const [name, shape] of Object.entries(MMA_VARIANTS)) {
     assert.equal(mmaShapeProblem(t, shape, 49152), null, name);
   }
   assert.deepEqual(chooseMmaShape(t, 49152), MMA_SHAPES[0]);
-  assert.deepEqual(MMA_SHAPES[0], MMA_VARIANTS["w8r1k16-flvr"]);
+  assert.deepEqual(MMA_SHAPES[0], MMA_VARIANTS["w8r1k16-fvri"]);
+  assert.deepEqual(MMA_SHAPES[1], MMA_VARIANTS["w8r1k16-fri"]);
   // A 64-lane subgroup gives a lane 4 columns of a 16-column pass: no 16-byte stores there.
   assert.deepEqual(chooseMmaShape({ ...t, sg: 64 }, 49152), { ...MMA_SHAPES[1] });
 });
@@ -163,9 +164,9 @@ Deno.test("flash_mma: a named shape a batch cannot take falls back to the defaul
   assert.ok(!(f16 instanceof MmaRefusal) && f16.direct && f16.fast && f16.causal, String(f16));
   const bf16 = mmaConstsOf(fake, batch("bfloat16"), mma, undefined, named);
   assert.ok(!(bf16 instanceof MmaRefusal), String(bf16));
-  // the default shape (fast, late: the batch's features compiled in, so causal)
+  // the default shape (fast, pipelined: the batch's features compiled in, so causal)
   assert.deepEqual(
-    [bf16.nsg, bf16.rm, bf16.bk, bf16.direct, bf16.fast, bf16.late, bf16.causal],
+    [bf16.nsg, bf16.rm, bf16.bk, bf16.direct, bf16.fast, bf16.pipe, bf16.causal],
     [8, 1, 16, false, true, true, true],
   );
 });
