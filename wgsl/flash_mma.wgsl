@@ -79,7 +79,10 @@
 // ROUND (round.wgsl and round_pair), SOFTMAX (gpu/flash_mma_softmax.ts), QFRAG_DECL/LOAD, QK,
 // PV, O_DECL, O_RESCALE, O_OUTPUT (gpu/flash_mma_codegen.ts, gpu/flash_mma_staging.ts),
 // LOOP_HEAD (the key loop's `for` over kstart..kend), V_SPECIAL_FNS, V_CLEAN and V_SPECIALS
-// (non-finite values of tiles not every row sees whole: gpu/flash_mma_specials.ts). A
+// (non-finite values of tiles not every row sees whole: gpu/flash_mma_specials.ts), KT_DECL
+// (kt_s's length: two K tiles, and P's buffers after them for `stagger`), and LOOP: the key loop
+// built from those pieces in order, pipelined (`pipe`) or staggered (`stagger`:
+// gpu/flash_mma_loop.ts; the pipelined forms keep a tile's PV for the next step). A
 // bench ablation (gpu/flash_mma_shape.ts MmaAblation) empties one of them or of the loop's
 // bookkeeping (timing only: results wrong or unordered by design).
 // Enables: f16, chromium_experimental_subgroup_matrix, subgroups (where accepted). Matrix
