@@ -131,7 +131,7 @@ export interface MmaShape {
    * between the same barriers as that step's S = Q K^T, and the next tile's stores follow the
    * softmax: three barriers a tile instead of four, and independent matrix work side by side.
    * Staged tiles only (not `direct` or `mstage`), the workgroup's rescale flag (not `sgresc`),
-   * dsplit 1; `late` does not apply. Default false.
+   * dsplit 1; `late` does not apply. Default false (the default shapes set it: v0.33).
    */
   pipe?: boolean;
   /**
@@ -140,7 +140,8 @@ export interface MmaShape {
    * the tensor cores and the lanes' arithmetic overlap between the same barriers (as
    * FlashAttention-3's ping-pong of warpgroups). P has its own buffers (one for the first half,
    * two for the second), V three; the rescale flags are bits of one word. An even nsg, staged
-   * tiles, one S chain, one epilogue region, no other loop form or ablation. Default false.
+   * tiles, one S chain, one epilogue region, no other loop form or ablation. Default false (a
+   * bench shape: 6% slower than `pipe` on an H100, bench/NOTES.md v0.33).
    */
   stagger?: boolean;
   /** Bench only: leave stages out to time the rest (see {@link MmaAblation}); "": none. */
