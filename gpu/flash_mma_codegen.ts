@@ -167,15 +167,13 @@ export function generateMatrixCode(c: MmaConsts): Record<string, string> {
   // past its S rows (which still hold a tile's scores then).
   const mine: string[] = [];
   const guard = (xs: string[]) => ["if (mine) {", ...xs.map((x) => "  " + x), "}"];
-  passesOf(bk, "SSTR", () => "").forEach(({ frags }) => {
-    const shifted = frags.map((f) => ({
-      ...f,
-      at: f.at.replace(`(${srow} + `, `(${srow} + rsh + `),
-    }));
-    mine.push(...guard(store(shifted)), "workgroupBarrier();");
-    mine.push(...guard([`scale_rows(${srow} + rsh, ln, alpha);`]), "workgroupBarrier();");
-    mine.push(...guard(shifted.map(loadBack)), "workgroupBarrier();");
-  });
+  if (c.stagger) {
+    passesOf(bk, "SSTR", () => "rsh * SSTR + ").forEach(({ frags }) => {
+      mine.push(...guard(store(frags)), "workgroupBarrier();");
+      mine.push(...guard([`scale_rows(${srow} + rsh, ln, alpha);`]), "workgroupBarrier();");
+      mine.push(...guard(frags.map(loadBack)), "workgroupBarrier();");
+    });
+  }
   // With one region a pass's writes must finish before the next pass's stores (a barrier);
   // with two, pass p stores where pass p - 2 was read, before pass p - 1's barrier.
   outPasses.forEach(({ c0, frags }, i) => {
@@ -230,26 +228,6 @@ function rescaleProtocol(
 }
 
 const LIVE = "live_rows && tile_live(kt, p_lo, p_hi)";
-
-/**
- * The loop's stores of the next tile into the other buffers: after the softmax (EARLY_STORES)
- * or, for `late`, after PV (LATE_STORES).
- */
-function nextTileStores(
-  c: MmaConsts,
-  stageStore: string,
-): { EARLY_STORES: string; LATE_STORES: string } {
-  const stores = [
-    "    {",
-    "      let kbn = (par ^ 1u) * KT_LEN;",
-    "      let vbn = (par ^ 1u) * VT_LEN;",
-    stageStore,
-    "    }",
-  ].join("\n");
-  return c.late
-    ? { EARLY_STORES: "", LATE_STORES: stores }
-    : { EARLY_STORES: stores, LATE_STORES: "" };
-}
 
 /**
  * write_rows: this lane's part of its rows of the epilogue O pass at s_s[base..] (columns c0..,
@@ -318,10 +296,7 @@ export async function flashMmaSource(c: MmaConsts): Promise<string> {
   const matrix = generateMatrixCode(c), staging = stagingCode(c);
   const cuts = ablatedStages(c);
   const cut = (stage: string) => cuts.has(stage);
-  const stores = nextTileStores(c, cut("stage") ? "" : staging.STAGE_STORE);
   const loop: MmaLoopParts = {
-    ...stores,
-    NEXT_STORES: stores.EARLY_STORES || stores.LATE_STORES,
     TAIL_STAGE: c.direct && !cut("pv") ? TAIL_STAGE : "",
     LIVE: cut("live") ? "true" : LIVE,
     ...(cut("rescale") ? { RESC_RESET: "", RESC_APPLY: "" } : rescaleProtocol(c, matrix.O_RESCALE)),

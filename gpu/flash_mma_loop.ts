@@ -33,14 +33,10 @@ export interface MmaLoopParts {
   LIVE: string;
   QK: string;
   SOFTMAX: string;
-  EARLY_STORES: string;
   RESC_APPLY: string;
   PV: string;
-  LATE_STORES: string;
   /** The O rescale alone (the body RESC_APPLY guards), or "" when the bench cuts it. */
   O_RESCALE: string;
-  /** The next tile's stores into the other buffers (EARLY_STORES' or LATE_STORES' text). */
-  NEXT_STORES: string;
   /** The O rescale of the subgroups whose `mine` holds, rows `rsh` on (`stagger`). */
   O_RESCALE_MINE: string;
   /** The staging stores of a tile's K/V words into buffers `kbn` / `vbn`. */
@@ -49,7 +45,16 @@ export interface MmaLoopParts {
 
 /** The loop, from `var par` to its closing brace, in the form `c.stagger` or `c.pipe` asks for. */
 export function mmaLoopCode(c: MmaConsts, p: MmaLoopParts): string {
-  return c.stagger ? staggeredLoop(p) : c.pipe ? pipelinedLoop(p) : inOrderLoop(p);
+  return c.stagger ? staggeredLoop(p) : c.pipe ? pipelinedLoop(p) : inOrderLoop(p, c.late);
+}
+
+/** The next tile's K/V words stored into K buffer `par ^ 1` and V buffer `vbn`. */
+function nextTileStores(p: MmaLoopParts, vbn = "(par ^ 1u) * VT_LEN"): string {
+  return `    {
+      let kbn = (par ^ 1u) * KT_LEN;
+      let vbn = ${vbn};
+${p.STAGE_STORE}
+    }`;
 }
 
 /** This tile's S = Q K^T where the subgroup sees it, the barrier, every alpha 1, the softmax. */
@@ -66,7 +71,9 @@ ${p.SOFTMAX}
     }`;
 }
 
-function inOrderLoop(p: MmaLoopParts): string {
+/** The in-order loop: the next tile's stores after the softmax, or (`late`) after PV. */
+function inOrderLoop(p: MmaLoopParts, late: boolean): string {
+  const stores = nextTileStores(p);
   return `  var par = 0u;
   ${p.LOOP_HEAD}
 ${p.RESC_RESET}
@@ -74,18 +81,18 @@ ${p.RESC_RESET}
     let vb = par * VT_LEN;
 ${p.V_CLEAN}
     // The next tile's words into registers now; into the other buffers after the softmax
-    // (EARLY_STORES) or, \`late\`, after PV (LATE_STORES).
+    // or, \`late\`, after PV.
     let kn = kt + BK;
 ${p.LOOP_STAGE_LOAD}
 ${p.TAIL_STAGE}
     let live = ${p.LIVE};
 ${qkBarrierSoftmax(p)}
-${p.EARLY_STORES}
+${late ? "" : stores}
 ${p.RESC_APPLY}
     if (live) {
 ${p.PV}
     }
-${p.LATE_STORES}
+${late ? stores : ""}
     workgroupBarrier();
     par ^= 1u;
   }`;
@@ -130,7 +137,7 @@ ${p.V_CLEAN}
 ${p.LOOP_STAGE_LOAD}
     let live = has && ${p.LIVE};
 ${qkBarrierSoftmax(p)}
-${p.NEXT_STORES}
+${nextTileStores(p)}
     live_prev = live;
     par ^= 1u;
   }`;
@@ -215,11 +222,7 @@ ${softmax("kt", "pa", "1u")}
     } else if (live) {
 ${qk}
     }
-    {
-      let kbn = (par ^ 1u) * KT_LEN;
-      let vbn = vm2 * VT_LEN;
-${p.STAGE_STORE}
-    }
+${nextTileStores(p, "vm2 * VT_LEN")}
     live_m2 = live_m1;
     live_m1 = live;
     par ^= 1u;

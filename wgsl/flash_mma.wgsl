@@ -12,10 +12,11 @@
 //   load the next tile's K/V words (block ids read from the table by each loading lane)
 //   into registers -> S = Q K^T (this tile's buffer), stored f32 to workgroup memory -> barrier ->
 //   online softmax by the subgroup's own lanes (LPR lanes per row, RPL rows per lane), P as
-//   f16 over this tile's dead K -> [EARLY_STORES: the next tile's words decoded to f16 into
-//   the other buffers] -> workgroupUniformLoad(rescale flag) -> [rescale O] -> O += P V ->
-//   [LATE_STORES (`late`, the default shapes): those stores here instead] -> barrier
-//   (RESC_RESET / RESC_APPLY, see lazy rescaling below). Each loading lane reads its key's
+//   f16 over this tile's dead K -> [the next tile's words decoded to f16 into the other
+//   buffers] -> workgroupUniformLoad(rescale flag) -> [rescale O] -> O += P V -> [`late`:
+//   those stores here instead] -> barrier (RESC_RESET / RESC_APPLY, see lazy rescaling below).
+//   That is the in-order loop; the default shapes run it pipelined (`pipe`: a tile's rescale
+//   and PV at the top of the next step, gpu/flash_mma_loop.ts). Each loading lane reads its key's
 //   block id from the table (v0.9 kept the next two tiles' ids in a workgroup array refreshed
 //   every tile: more code, no faster on the H200; bench/NOTES.md v0.10).
 // Direct variants (f16 cache, one buffer) load K/V fragments with subgroupMatrixLoad straight
@@ -68,8 +69,8 @@
 // (wgsl/flash_tile.wgsl, shared with
 // flash_attention.wgsl), HELPERS (flash_mma_rows.wgsl), DECODE (kv16, q16: 16-byte words to
 // f16), SOURCE (src_k/src_v, or kv_elem for direct and matrix-staged variants),
-// STAGE_LOAD/STORE (prologue), LOOP_STAGE_LOAD (loop; fragment moves for mstage; empty for
-// direct loads), EARLY_STORES and LATE_STORES (the next tile's words, see above), LIVE (the
+// STAGE_LOAD/STORE (prologue; STAGE_STORE also the loop's stores of the next tile, see above),
+// LOOP_STAGE_LOAD (loop; fragment moves for mstage; empty for direct loads), LIVE (the
 // subgroup's tile-liveness test), VT_DECL (the V tiles, none for
 // direct loads), TAIL_STAGE (direct loads: the request's last, partial V tile, zero-padded,
 // into the unused P buffer), R_DIV, SG_ROWS and LSE_OWNER (dsplit's rows, halves of D and

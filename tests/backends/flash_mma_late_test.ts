@@ -10,16 +10,16 @@
  * @module
  */
 import assert from "node:assert/strict";
-import { flashMmaSource } from "../../gpu/flash_mma_codegen.ts";
-import { fullShape, MMA_VARIANTS, type MmaShape } from "../../gpu/flash_mma_shape.ts";
+import { MMA_VARIANTS, type MmaShape } from "../../gpu/flash_mma_shape.ts";
 import type { BatchSpec } from "../support/batches.ts";
 import {
   base,
   BF16_HND_ALL,
   FP8_NON_CAUSAL,
-  H200_F16_TARGET,
+  keyLoopOf,
   LONG_CONTEXT_8_SLOT,
   mmaCaseTests,
+  mmaSourceText,
   mmaTestDevice,
 } from "../support/mma_case.ts";
 
@@ -51,12 +51,9 @@ const CASES: [string, BatchSpec, MmaShape][] = [
 mmaCaseTests(ctx, CASES);
 
 Deno.test("flash_mma: late moves the next tile's stores after PV, loads stay at the top", async () => {
-  const t = { ...H200_F16_TARGET, causal: true, window: false };
-  const src = async (name: string) =>
-    (await flashMmaSource({ ...t, ...fullShape(MMA_VARIANTS[name]) } as never))
-      .split("\n").filter((x) => !x.trimStart().startsWith("//")).join("\n");
+  const src = (name: string) => mmaSourceText(MMA_VARIANTS[name]);
   const [dflt, late] = await Promise.all([src("w8r1k16-f"), src("w8r1k16-fl")]);
-  const loop = (s: string) => s.slice(s.indexOf("for (var kt = kstart"), s.indexOf("var inv:"));
+  const loop = keyLoopOf;
   const pv = (s: string) => loop(s).indexOf("o_0_0 = subgroupMatrixMultiplyAccumulate(");
   const at = (s: string, what: string) => {
     const i = loop(s).indexOf(what);

@@ -11,17 +11,13 @@
  * @module
  */
 import assert from "node:assert/strict";
-import { flashMmaSource } from "../../gpu/flash_mma_codegen.ts";
-import {
-  fullShape,
-  MMA_VARIANTS,
-  type MmaShape,
-  mmaShapeProblem,
-} from "../../gpu/flash_mma_shape.ts";
+import { MMA_VARIANTS, type MmaShape, mmaShapeProblem } from "../../gpu/flash_mma_shape.ts";
 import {
   H200_F16_TARGET,
+  keyLoopOf,
   loopFormCases,
   mmaCaseTests,
+  mmaSourceText,
   mmaTestDevice,
 } from "../support/mma_case.ts";
 
@@ -33,13 +29,8 @@ const CASES = loopFormCases("pipe", { pipe: true }, PIPE);
 
 mmaCaseTests(ctx, CASES);
 
-/** The key loop of `name`'s source for the H200's dims, comments dropped. */
-async function loopOf(name: string): Promise<string> {
-  const t = { ...H200_F16_TARGET, causal: true, window: false };
-  const src = (await flashMmaSource({ ...t, ...fullShape(MMA_VARIANTS[name]) } as never))
-    .split("\n").filter((x) => !x.trimStart().startsWith("//")).join("\n");
-  return src.slice(src.indexOf("var par = 0u;"), src.indexOf("var inv:"));
-}
+/** The key loop of the named shape's source for the H200's dims, comments dropped. */
+const loopOf = async (name: string) => keyLoopOf(await mmaSourceText(MMA_VARIANTS[name]));
 
 Deno.test("flash_mma: pipe runs a tile's PV in the next step, before its QK, 3 barriers", async () => {
   const [inOrder, pipe] = await Promise.all([loopOf("w8r1k16-flvr"), loopOf("w8r1k16-fvri")]);

@@ -12,10 +12,15 @@
  * @module
  */
 import assert from "node:assert/strict";
-import { flashMmaSource } from "../../gpu/flash_mma_codegen.ts";
-import { fullShape, MMA_VARIANTS, type MmaShape } from "../../gpu/flash_mma_shape.ts";
+import { MMA_VARIANTS, type MmaShape } from "../../gpu/flash_mma_shape.ts";
 import type { BatchSpec } from "../support/batches.ts";
-import { base, H200_F16_TARGET, mmaCaseTests, mmaTestDevice } from "../support/mma_case.ts";
+import {
+  base,
+  keyLoopOf,
+  mmaCaseTests,
+  mmaSourceText,
+  mmaTestDevice,
+} from "../support/mma_case.ts";
 
 const ctx = await mmaTestDevice("flash_mma sgresc tests");
 
@@ -45,12 +50,9 @@ const CASES: [string, BatchSpec, MmaShape][] = [
 mmaCaseTests(ctx, CASES);
 
 Deno.test("flash_mma: sgresc drops the workgroup's rescale flag, the default keeps it", async () => {
-  const t = { ...H200_F16_TARGET, causal: true, window: false };
-  const src = async (name: string) =>
-    (await flashMmaSource({ ...t, ...fullShape(MMA_VARIANTS[name]) } as never))
-      .split("\n").filter((x) => !x.trimStart().startsWith("//")).join("\n");
+  const src = (name: string) => mmaSourceText(MMA_VARIANTS[name]);
   const [dflt, fu] = await Promise.all([src("w8r1k16-f"), src("w8r1k16-fu")]);
-  const loop = (s: string) => s.slice(s.indexOf("for (var kt = kstart"), s.indexOf("var inv:"));
+  const loop = keyLoopOf;
   assert.match(loop(dflt), /workgroupUniformLoad\(&s_u\[2\]\)/);
   assert.match(loop(dflt), /atomicStore\(&s_u\[2\], 1u\)/);
   assert.doesNotMatch(loop(fu), /s_u\[2\]/);

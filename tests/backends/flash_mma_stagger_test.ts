@@ -12,9 +12,7 @@
  * @module
  */
 import assert from "node:assert/strict";
-import { flashMmaSource } from "../../gpu/flash_mma_codegen.ts";
 import {
-  fullShape,
   MMA_VARIANTS,
   mmaLayout,
   type MmaShape,
@@ -24,8 +22,10 @@ import {
   checkMma,
   GQA8_TWO_BLOCKS,
   H200_F16_TARGET,
+  keyLoopOf,
   loopFormCases,
   mmaCaseTests,
+  mmaSourceText,
   mmaTestDevice,
 } from "../support/mma_case.ts";
 
@@ -53,12 +53,7 @@ Deno.test({
 });
 
 /** The key loop of `shape`'s source for the H200's dims, comments dropped. */
-async function loopOf(shape: MmaShape): Promise<string> {
-  const t = { ...H200_F16_TARGET, causal: true, window: false };
-  const src = (await flashMmaSource({ ...t, ...fullShape(shape) } as never))
-    .split("\n").filter((x) => !x.trimStart().startsWith("//")).join("\n");
-  return src.slice(src.indexOf("var par = 0u;"), src.indexOf("var inv:"));
-}
+const loopOf = async (shape: MmaShape) => keyLoopOf(await mmaSourceText(shape));
 
 Deno.test("flash_mma: stagger puts one half's matrix work beside the other's softmax", async () => {
   const loop = await loopOf(STAGGER);

@@ -17,7 +17,8 @@ import { toFloat32 } from "../../core/data.ts";
 import { decode, encode } from "../../core/dtype.ts";
 import { HostKvCache } from "../../backends/cpu/host_cache.ts";
 import type { GpuContext, KvCache } from "../../core/types.ts";
-import type { MmaShape, MmaTarget } from "../../gpu/flash_mma_shape.ts";
+import { fullShape, type MmaShape, type MmaTarget } from "../../gpu/flash_mma_shape.ts";
+import { flashMmaSource } from "../../gpu/flash_mma_codegen.ts";
 import { acquireMmaDevice, type MmaContext } from "../../gpu/flash_mma_device.ts";
 import { runGpuPlan } from "../../gpu/gpu_plan.ts";
 import { GpuKvCache, MAX_KV_CHUNK_BYTES } from "../../gpu/kv_cache.ts";
@@ -249,6 +250,18 @@ export const H200_F16_TARGET: Readonly<MmaTarget> = Object.freeze({
   alibi: false,
   sinks: false,
 });
+
+/** `shape`'s source for {@link H200_F16_TARGET} (causal, no window), comment lines dropped. */
+export async function mmaSourceText(shape: MmaShape): Promise<string> {
+  const t = { ...H200_F16_TARGET, causal: true, window: false };
+  return (await flashMmaSource({ ...t, ...fullShape(shape) } as never))
+    .split("\n").filter((x) => !x.trimStart().startsWith("//")).join("\n");
+}
+
+/** The key loop of a kernel source: from `var par = 0u;` (before its `for`) to the epilogue. */
+export function keyLoopOf(src: string): string {
+  return src.slice(src.indexOf("var par = 0u;"), src.indexOf("var inv:"));
+}
 
 /** One Deno.test per named case against CPU_REFERENCE (skipped without a device). */
 export function mmaCaseTests(
