@@ -5,7 +5,7 @@
  * it; on SIGTERM or SIGINT it stops taking calls (after a 100 ms settle window; later ones get
  * a 503 `shutting_down`), finishes the calls it took up to `--shutdown-deadline-ms`, closes the
  * listener and exits (0 when every call finished, 1 when the deadline cut some off; a second
- * signal exits 1 at once). Exits 2 on a bad command line, a refused access configuration, a bad
+ * signal exits 1 at once, unless within 500 ms of the first: shutdown.ts SAME_STOP_MS). Exits 2 on a bad command line, a refused access configuration, a bad
  * value of a variable the GPU layer or the backends read (serve_env.ts) or an explicit runtime
  * that cannot start; 1, in one line, when it cannot serve the port. With `--http-workers N` the
  * HTTP work runs on N worker threads (worker_front.ts) and this thread keeps the device and the
@@ -24,7 +24,7 @@ import type { ServingOptions } from "./device_setup.ts";
 import { AccessConfigError, resolveAccess, type ResolvedAccess } from "./access_config.ts";
 import { sharedJsonDecoder } from "./json_decoder.ts";
 import { named } from "./responses.ts";
-import { Drainer } from "./shutdown.ts";
+import { Drainer, SAME_STOP_MS } from "./shutdown.ts";
 import { type HttpServer, serveHttp } from "./worker_front.ts";
 import type { RequestCounts } from "./http1_refusals.ts";
 import type { DeviceThreads } from "./device_threads.ts";
@@ -163,7 +163,8 @@ async function serveThePort(
 /**
  * On SIGINT or SIGTERM: drains this thread's calls and the device threads' own (when they serve
  * the port: the stop lines count theirs, ThreadListeners.inFlight), closes the port, then
- * `close`s and exits 0, or exits 1 at the deadline; a second signal exits 1 at once.
+ * `close`s and exits 0, or exits 1 at the deadline; a second signal exits 1 at once, unless it
+ * came within {@link SAME_STOP_MS} of the first (the same stop, sent on by a parent).
  */
 function stopOnSignals(
   o: ServeOptions,
@@ -171,17 +172,25 @@ function stopOnSignals(
   { server, listeners }: Serving,
   close: () => Promise<void>,
 ): void {
-  let stopping = false;
+  let stoppedAt = -1; // performance.now() at the first signal
   // Under --device-threads-http every call is counted by the thread that took it (tracked),
   // none by this thread's drainer: the threads' counts are read, and their drain reports what
   // it left.
   const inFlight = () => drainer.count + (listeners?.inFlight() ?? 0);
   const stop = async (sig: string) => {
-    if (stopping) {
+    if (stoppedAt >= 0) {
+      const after = performance.now() - stoppedAt;
+      if (after < SAME_STOP_MS) {
+        return console.error(
+          `${sig} again ${after.toFixed(0)} ms after the first: the same stop (a process ` +
+            `group's signal sent on by its parent, as deno task does); ` +
+            `a signal ${SAME_STOP_MS} ms or more after the first exits at once`,
+        );
+      }
       console.error(`${sig} again: exiting now with ${inFlight()} calls unfinished`);
       Deno.exit(1);
     }
-    stopping = true;
+    stoppedAt = performance.now();
     const where = listeners ? " on the device threads" : "";
     console.error(
       `${sig}: stopping; finishing ${inFlight()} calls in flight${where} ` +

@@ -22,6 +22,15 @@ export const DEFAULT_SHUTDOWN_DEADLINE_MS = 30_000;
 /** Default settle window before new calls are refused: 100 ms of a free event loop. */
 export const DEFAULT_SETTLE_MS = 100;
 
+/**
+ * A second SIGINT/SIGTERM this soon after the first (ms, as the handlers see them) is the same
+ * stop, not a request to exit at once: a signal to a process group reaches the server and its
+ * parent, and `deno task` (or deploy/start.sh's trap) sends its copy on. Ctrl-C in a terminal,
+ * systemd's `KillMode=control-group` and `kill -- -PGID` all do that. Two signals queued while a
+ * computation held the event loop are handled back to back, so they count as one as well.
+ */
+export const SAME_STOP_MS = 500;
+
 /** An event-loop turn longer than this means the loop was held (the settle window restarts). */
 const HELD_TURN_MS = 50;
 

@@ -12,6 +12,7 @@ import { maxAbsDiff, rand, refAttention, to3d } from "./helpers.ts";
 import { spawnServer } from "./process.ts";
 import { NO_GPU, SERVE_RUNTIME } from "../support/gpu.ts";
 import { rawExchange, rawRequest } from "./raw_http.ts";
+import { SAME_STOP_MS } from "../../server/shutdown.ts";
 
 /** An encoder_only call (no cache): cost grows with T^2. */
 function encoderBody(T: number, H: number, D: number): ForwardBody {
@@ -108,6 +109,58 @@ Deno.test("shutdown: a call past --shutdown-deadline-ms is cut off; exit 1", asy
     assert.equal(e.code, 1, e.stderr);
     assert.match(e.stderr, /SIGTERM: stopping; finishing 1 calls in flight \(deadline 300 ms\)/);
     assert.match(e.stderr, /stopped at the deadline: 1 calls unfinished/);
+  } finally {
+    conn.close();
+    srv.kill("SIGKILL");
+    await srv.exited;
+  }
+});
+
+Deno.test("shutdown: a group's signal sent on by its parent (two within SAME_STOP_MS) drains", async () => {
+  // Ctrl-C under `deno task serve`, systemd's control-group kill or deploy/start.sh's trap: the
+  // server gets the signal and then its parent's copy. Before, the copy exited 1 at once and the
+  // call in flight was lost (a black-box audit: "SIGINT again: exiting now with 1 calls").
+  const srv = await spawnServer(["--no-gpu"]);
+  try {
+    const client = new AttentionClient(srv.url);
+    const body = encoderBody(1024, 2, 32);
+    const long = client.forward(body, { binary: true });
+    await sleep(150);
+    srv.kill("SIGINT");
+    await sleep(20);
+    srv.kill("SIGTERM");
+    const ans = await long;
+    const err = maxAbsDiff(ans.output.values, reference(body));
+    assert.ok(err < 1e-5, `vs float64 reference: ${err}`);
+    const e = await exitWithin(srv, 20_000);
+    assert.equal(e.code, 0, e.stderr);
+    assert.match(e.stderr, /SIGTERM again \d+ ms after the first: the same stop/);
+    assert.match(e.stderr, /stopped: every call finished/);
+  } finally {
+    srv.kill("SIGKILL");
+    await srv.exited;
+  }
+});
+
+Deno.test("shutdown: a second signal SAME_STOP_MS or more after the first exits 1 at once", async () => {
+  const srv = await spawnServer(["--no-gpu"]);
+  const conn = await Deno.connect({ hostname: "127.0.0.1", port: srv.port });
+  try {
+    // A body that never finishes keeps a call in flight while the event loop stays free.
+    await conn.write(rawRequest("POST", "/v1/kv-caches", {
+      "content-type": "application/json",
+      "content-length": "100",
+    }, '{"num_blocks":'));
+    await sleep(200);
+    srv.kill("SIGINT");
+    await sleep(SAME_STOP_MS + 200);
+    const t0 = performance.now();
+    srv.kill("SIGINT");
+    const e = await exitWithin(srv, 10_000);
+    assert.ok(performance.now() - t0 < 5_000, "exited at once, not at the 30 s deadline");
+    assert.equal(e.code, 1, e.stderr);
+    assert.match(e.stderr, /SIGINT: stopping; finishing 1 calls in flight/);
+    assert.match(e.stderr, /SIGINT again: exiting now with 1 calls unfinished/);
   } finally {
     conn.close();
     srv.kill("SIGKILL");
