@@ -28,6 +28,7 @@ export class JsonDecoder {
   #warm = false;
   /** The worker has answered something (its `warm` reply, a body's): it loaded and runs. */
   #answered = false;
+  #workerDecodes = 0;
 
   constructor(idleMs = 5_000) {
     this.idleMs = idleMs;
@@ -36,6 +37,11 @@ export class JsonDecoder {
   /** Whether its worker is started. */
   get running(): boolean {
     return this.#worker !== null;
+  }
+
+  /** How many bodies the worker has answered (decoded or refused), over every worker started. */
+  get workerDecodes(): number {
+    return this.#workerDecodes;
   }
 
   /** The decoded request of a JSON body. */
@@ -87,6 +93,7 @@ export class JsonDecoder {
     const p = this.#pending.get(r.id);
     if (!p) return;
     this.#pending.delete(r.id);
+    this.#workerDecodes++;
     if (r.error) p.reject(errorFromPlain(r.error));
     else p.resolve(r.decoded!);
     if (this.#pending.size === 0 && !this.#warm) {
