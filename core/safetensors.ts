@@ -88,6 +88,7 @@ function isNonNegInt(x: unknown): x is number {
 }
 
 function show(v: unknown): string {
+  if (v === undefined) return "undefined (missing)";
   const s = JSON.stringify(v) ?? String(v);
   return s.length > 60 ? s.slice(0, 57) + "..." : s;
 }
@@ -276,9 +277,12 @@ function tensorSpan(name: string, entry: unknown, dataBytes: number): Span | Iss
   }
   const { dtype, shape, data_offsets } = entry as Record<string, unknown>;
   if (!isDType(dtype)) {
+    const supported = `(supported: ${SAFETENSORS_DTYPES.join(", ")})`;
     return {
       path: [name, "dtype"],
-      message: `unsupported dtype ${show(dtype)} (supported: ${SAFETENSORS_DTYPES.join(", ")})`,
+      message: typeof dtype === "string"
+        ? `unsupported dtype ${show(dtype)} ${supported}`
+        : `dtype must be a string ${supported}, got ${show(dtype)}`,
     };
   }
   if (!Array.isArray(shape) || !shape.every(isNonNegInt)) {

@@ -86,6 +86,24 @@ Deno.test("safetensors: strict validation", async (t) => {
       /a\.dtype: unsupported dtype "F64"/,
     );
   });
+  await t.step("a missing or non-string dtype says so (was: unsupported dtype undefined)", () => {
+    const { dtype: _, ...noDtype } = ok;
+    const supported = /\(supported: F32, [^)]*\)/.source;
+    const rejectsDtype = (dtype: unknown, got: string) => {
+      const header = dtype === undefined ? { a: noDtype } : { a: { ...ok, dtype } };
+      rejects(
+        handSafetensors(header, new Uint8Array(8)),
+        new RegExp(`a\\.dtype: dtype must be a string ${supported}, got ${RegExp.escape(got)}$`),
+      );
+    };
+    rejectsDtype(undefined, "undefined (missing)");
+    rejectsDtype(16, "16");
+    rejectsDtype(null, "null");
+    rejectsDtype(["F32"], '["F32"]');
+    // The other fields say a missing value the same way.
+    const { shape: _s, ...noShape } = ok;
+    rejects(handSafetensors({ a: noShape }, new Uint8Array(8)), /got undefined \(missing\)$/);
+  });
   await t.step("bad shape", () => {
     rejects(handSafetensors({ a: { ...ok, shape: [-1] } }, new Uint8Array(8)), /shape must be/);
   });
