@@ -66,14 +66,59 @@ function checkContentEncoding(req: Request): void {
   );
 }
 
+/** A header value for a message or a problem field: past 200 characters cut with `...`. */
+function shownHeader(value: string): string {
+  return value.length > 200 ? `${value.slice(0, 200)}...` : value;
+}
+
 /**
- * Which body kind a request carries: 415 when it is none of `accepted`, or when it comes in a
- * content coding ({@link checkContentEncoding}).
+ * Refuses a JSON body whose Content-Type names a `charset` other than `utf-8` (any case, quoted
+ * or not): JSON is UTF-8 only (RFC 8259 8.1), and such a body would be read and then refused as
+ * a 400 `malformed_json` (not UTF-8), or read as UTF-8 against what the client said.
+ */
+function checkJsonCharset(header: string, accepted: BodyKind[]): void {
+  for (const param of header.split(";").slice(1)) {
+    const eq = param.indexOf("=");
+    if (eq < 0 || param.slice(0, eq).trim().toLowerCase() !== "charset") continue;
+    let value = param.slice(eq + 1).trim();
+    if (value.length >= 2 && value.startsWith('"') && value.endsWith('"')) {
+      value = value.slice(1, -1).replace(/\\(.)/g, "$1");
+    }
+    if (value.toLowerCase() === "utf-8") continue;
+    const shown = shownHeader(value);
+    throw new ServiceError(
+      `unsupported charset ${JSON.stringify(shown)} in Content-Type ${
+        JSON.stringify(shownHeader(header))
+      }; JSON bodies are UTF-8 (RFC 8259): send charset=utf-8 or no charset`,
+      {
+        status: 415,
+        code: "unsupported_media_type",
+        extra: {
+          content_type: shownHeader(header),
+          charset: shown,
+          accepted_charsets: ["utf-8"],
+          accepted: accepted.map((
+            k,
+          ) => (k === "json" ? "application/json" : "application/octet-stream")),
+        },
+      },
+    );
+  }
+}
+
+/**
+ * Which body kind a request carries: 415 when it is none of `accepted`, when it comes in a
+ * content coding ({@link checkContentEncoding}), or when it is JSON in a charset other than
+ * UTF-8 ({@link checkJsonCharset}).
  */
 export function bodyKind(req: Request, accepted: BodyKind[]): BodyKind {
   checkContentEncoding(req);
-  const mt = mediaType(req.headers.get("content-type"));
-  if (isJsonType(mt) && accepted.includes("json")) return "json";
+  const header = req.headers.get("content-type");
+  const mt = mediaType(header);
+  if (isJsonType(mt) && accepted.includes("json")) {
+    checkJsonCharset(header!, accepted);
+    return "json";
+  }
   if (mt === "application/octet-stream" && accepted.includes("binary")) return "binary";
   const names = accepted.map((
     k,

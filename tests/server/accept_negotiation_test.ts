@@ -51,6 +51,13 @@ Deno.test("answerKind: weights by the most specific range, ties by specificity t
     [",", "json"],
     ["application/octet-stream;q=, application/json;q=0.1", "json"], // the empty q is skipped
     ["*; q=.2, application/octet-stream;q=.3", "binary"],
+    // A q outside 0..1 or not a number skips its member, as docs/api.md says (an audit asked
+    // whether q=1.5 should be a 400; the lenient reading above stays): nothing else, as if absent.
+    ["application/octet-stream;q=1.5", "json"],
+    ["application/octet-stream;q=-1", "json"],
+    ["application/octet-stream;q=high", "json"],
+    ["application/octet-stream;q=1.5, application/json;q=0.1", "json"],
+    ["application/json;q=1.001, application/octet-stream;q=0.001", "binary"],
   ];
   for (const [accept, want] of cases) assert.equal(kindOf(accept), want, String(accept));
 });
