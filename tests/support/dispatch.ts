@@ -5,9 +5,14 @@
  * @module
  */
 
+/** The word a buffer holds before the dispatch: an element the kernel never writes reads it. */
+export const DISPATCH_POISON = 0xffffffff;
+
 /**
- * Dispatches `pipeline` (`workgroups` workgroups) with a fresh zeroed storage buffer of
- * `bytes` at binding 0 of group 0, and returns that buffer's bytes; both buffers are destroyed.
+ * Dispatches `pipeline` (`workgroups` workgroups) with a fresh storage buffer of `bytes` (a
+ * multiple of 4) at binding 0 of group 0, every word {@link DISPATCH_POISON} before the
+ * dispatch (a NaN as f32 and as f16, not a zero a test might expect), and returns that
+ * buffer's bytes; both buffers are destroyed.
  */
 export async function dispatchIntoBuffer(
   dev: GPUDevice,
@@ -17,13 +22,14 @@ export async function dispatchIntoBuffer(
 ): Promise<ArrayBuffer> {
   const out = dev.createBuffer({
     size: bytes,
-    usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC,
+    usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST,
   });
   const read = dev.createBuffer({
     size: bytes,
     usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
   });
   try {
+    dev.queue.writeBuffer(out, 0, new Uint32Array(bytes / 4).fill(DISPATCH_POISON));
     const enc = dev.createCommandEncoder();
     const pass = enc.beginComputePass();
     pass.setPipeline(pipeline);
