@@ -134,7 +134,7 @@ export async function buildGpuPlan(
   checkBindingLimits(ctx, s, att.scratch);
   const maxDim = ctx.limits.maxComputeWorkgroupsPerDimension ?? 65535;
   for (const c of calls) {
-    if (c.grid[1] > maxDim) {
+    if (c.grid[0] > maxDim || c.grid[1] > maxDim) {
       throw limitError(
         c.name,
         c.grid[0] * c.grid[1],

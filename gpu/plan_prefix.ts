@@ -56,11 +56,12 @@ class RecordingTable extends TableBuilder {
 }
 
 /**
- * Everything the prefix depends on besides the device: the batch's shape, and the context's
+ * Everything the prefix depends on besides the device: the batch's shape, the context's
  * limits that lay a cache out in chunks (gpu/kv_chunks.ts kvChunkGeometry), which a context may
  * set below the device's (MAX_KV_CHUNK_BYTES, a lower binding size: the tests' multi-chunk
  * caches; one device, several chunk layouts, and a prefix of another layout bound the wrong
- * buffers).
+ * buffers), and the grid limit its calls' 2-D grids are cut to (a prefix planned under a higher
+ * one kept grids wider than a lower one allows).
  */
 function shapeKey(ctx: GpuContext, s: BatchShape): string {
   const L = s.layer, c = s.cache_spec, lim = ctx.limits;
@@ -69,6 +70,7 @@ function shapeKey(ctx: GpuContext, s: BatchShape): string {
     lim.maxStorageBufferBindingSize ?? "-",
     lim.maxBufferSize ?? "-",
     lim.maxStorageBuffersPerShaderStage ?? "-",
+    lim.maxComputeWorkgroupsPerDimension ?? "-",
     s.dtype,
     L.num_heads,
     L.num_kv_heads,

@@ -203,13 +203,13 @@ function recording(b: AttentionBackend, calls: [string, readonly [number, number
 
 /**
  * The most workgroups any call of `b`'s plan for a batch of `s` has, on the suite's device.
- * The plan is made with the LSE flag flipped (the LSE's fill is the smallest call): a plan's
- * prefix (cache write, finite check, poison) is kept per shape key (gpu/plan_prefix.ts), whose
- * key leaves out maxComputeWorkgroupsPerDimension, so a plan of the same shape here would hand
- * its 1-D prefix to the plan at the lowered limit.
+ * The same shape is then planned at the lowered limit: a plan's prefix (cache write, finite
+ * check, poison) is kept per shape key (gpu/plan_prefix.ts), and before that key held
+ * maxComputeWorkgroupsPerDimension the lowered plan got this plan's 1-D prefix, its grids past
+ * the limit (cache_write 40 x 1 at a limit of 9; the tests below failed then).
  */
 async function largestGrid(b: AttentionBackend, s: BatchSpec): Promise<number> {
-  const g = generateBatch({ ...s, return_lse: !(s.return_lse ?? false) }, freshSeed());
+  const g = generateBatch(s, freshSeed());
   const cache = await GpuKvCache.fromBytes(GPU!, g.cache_spec!, g.key_cache, g.value_cache);
   try {
     const p = await b.plan(validHostBatch(g.batch, cache), { gpu: GPU }) as GpuPlan;
