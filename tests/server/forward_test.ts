@@ -210,6 +210,23 @@ Deno.test("forward over HTTP: encoder_only (no cache, non-causal) and layer opti
     ];
     assert.ok(maxAbsDiff(ans.output.values, ref) < 2e-5, "encoder_only");
 
+    // Non-causal with a window (both sides: |p - j| < w), sinks and the LSE, which holds the
+    // sink term (docs/api.md). The reference helper had neither until a review found it.
+    const wo = { causal: false, sliding_window: 2, sinks: [0.4, -0.3, 1.2, 0.1] };
+    const ws = await srv.client.forward({
+      ...body,
+      layer: { ...body.layer, sliding_window: wo.sliding_window, sinks: wo.sinks },
+      return_lse: true,
+    });
+    const parts = [[0, 3], [3, 7]].map(([a, b]) =>
+      refAttention({ q: q3.slice(a, b), k: k3.slice(a, b), v: v3.slice(a, b) }, wo)
+    );
+    const wOut = parts.flatMap((r) => r.out.flat(2));
+    assert.ok(maxAbsDiff(ws.output.values, wOut) < 2e-5, "encoder_only, window and sinks");
+    const wLse = Array.from({ length: H }, (_, h) => parts.flatMap((r) => r.lse[h])).flat();
+    assert.deepEqual(ws.lse!.shape, [H, T]);
+    assert.ok(maxAbsDiff(ws.lse!.values, wLse) < 2e-5, "encoder_only, the LSE with the sinks");
+
     // Decoder with sliding window, soft cap, ALiBi, sinks and a custom scale.
     const info = await srv.client.createCache(F32_CACHE);
     const opts = {

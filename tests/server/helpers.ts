@@ -212,7 +212,8 @@ export function refAttention(
       const s: number[] = [], idx: number[] = [];
       for (let j = 0; j < sl; j++) {
         if (causal && j > p) continue;
-        if (o.sliding_window && p - j >= o.sliding_window) continue;
+        // The window: p - j < w; without causality both sides, |p - j| < w (docs/api.md).
+        if (o.sliding_window && (causal ? p - j : Math.abs(p - j)) >= o.sliding_window) continue;
         let x = 0;
         for (let d = 0; d < D; d++) x += r.q[i][h][d] * r.k[j][kh][d];
         x *= scale;
@@ -229,8 +230,8 @@ export function refAttention(
         den += e;
         for (let d = 0; d < D; d++) acc[d] += e * r.v[idx[n]][kh][d];
       });
-      lse[h].push(m + Math.log(den));
       if (o.sinks) den += Math.exp(o.sinks[h] - m);
+      lse[h].push(m + Math.log(den)); // with the sink (docs/api.md: lse)
       out[i].push(acc.map((a) => a / den));
     }
   }
