@@ -89,6 +89,14 @@ for (const backend of BACKENDS) {
       });
     }
     console.log(`  ${backend.name}: ${ran} cases run, ${skipped} skipped`);
+    // A capability regression that refused every case (or most) would otherwise pass with its
+    // steps ignored: every backend here declares most of the cases' configurations.
+    if (!FILTER) {
+      assert.ok(
+        ran >= CASES.length / 2,
+        `${backend.name} ran ${ran} of ${CASES.length} cases (${skipped} refused): at least half`,
+      );
+    }
   });
 }
 
