@@ -101,7 +101,7 @@ Deno.test({
           const p0 = Math.floor(i / SPAN) % P0, p1 = p0 + (i % SPAN);
           const want = wholeByRule(kt, p0, p1, causal, w);
           whole += want ? 1 : 0;
-          assert.equal(got[i] === 1, want, `causal ${causal}, w ${w}, kt ${kt}, p ${p0}..${p1}`);
+          assert.equal(got[i], want ? 1 : 0, `causal ${causal}, w ${w}, kt ${kt}, p ${p0}..${p1}`);
         }
         // Both kinds, where a tile can be whole at all (a window narrower than a tile never is).
         if (causal || w > 0) assert.ok(whole < n, `some tiles not whole (w ${w})`);

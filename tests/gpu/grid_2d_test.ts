@@ -20,7 +20,7 @@ import type {
   KvLayout,
 } from "../../core/types.ts";
 import { DEFAULT_DECODE_TUNING, WEBGPU_DECODE } from "../../backends/webgpu_decode.ts";
-import { makeWebGpuFlash, WEBGPU_FLASH } from "../../backends/webgpu_flash.ts";
+import { makeWebGpuFlash } from "../../backends/webgpu_flash.ts";
 import { planCacheWrite, writeCache } from "../../gpu/cache_write.ts";
 import { planFill } from "../../gpu/fill.ts";
 import type { GpuPlan } from "../../gpu/gpu_plan.ts";
@@ -240,7 +240,8 @@ const ATTENTION: [string, AttentionBackend, BatchSpec, RegExp][] = [
   ],
   [
     "WEBGPU_FLASH: decode and prefill rows",
-    WEBGPU_FLASH,
+    // The tensor cores off: where they take the prefill rows (Dawn) their grid is small.
+    makeWebGpuFlash({ tile: null, decode: { ...DEFAULT_DECODE_TUNING }, mma: false }),
     smallSpec({
       dtype: "bfloat16",
       layout: "HND",
