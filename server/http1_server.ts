@@ -98,6 +98,15 @@ export function serveHttp1(
   o: {
     port: number;
     hostname?: string;
+    /** Share the port with other listeners (the HTTP workers: worker_front.ts). */
+    reusePort?: boolean;
+    /**
+     * Where the connections open at once are counted, shared by the servers of one port (the
+     * HTTP workers'), so that ATTN_HTTP_MAX_CONNECTIONS caps the port, not each worker: word 0
+     * of a SharedArrayBuffer's Int32s is the port's count, word `slot` this server's share (what
+     * the front takes back if the worker dies). Default: this server's own count.
+     */
+    openConnections?: { words: Int32Array; slot: number };
     onListen?: (a: { hostname: string; port: number }) => void;
     log?: ErrorLogger;
     /** Where the answers it gives itself are counted (the handler's Metrics; none: not counted). */
@@ -113,10 +122,15 @@ export function serveHttp1(
     headMs: readSetting(HEAD_TIMEOUT_SETTING),
     maxConns: readSetting(MAX_CONNECTIONS_SETTING),
   };
-  const listener = Deno.listen({ port: o.port, hostname: o.hostname ?? "0.0.0.0" });
+  const listener = Deno.listen({
+    port: o.port,
+    hostname: o.hostname ?? "0.0.0.0",
+    ...(o.reusePort ? { reusePort: true } : {}),
+  });
   const addr = listener.addr as Deno.NetAddr;
   o.onListen?.({ hostname: addr.hostname, port: addr.port });
   const conns = new Set<Conn>();
+  const open = o.openConnections ?? { words: new Int32Array(2), slot: 1 };
   let stopping = false;
   const own = { counts: o.metrics, instance: o.instance };
   const shared: Shared = { handler, limits, stopping: () => stopping, log, own };
@@ -135,13 +149,17 @@ export function serveHttp1(
         backoff = Math.min(2000, backoff * 2);
         continue;
       }
-      if (conns.size >= limits.maxConns) {
+      if (Atomics.add(open.words, 0, 1) >= limits.maxConns) {
+        Atomics.sub(open.words, 0, 1);
         refuse(conn, limits.maxConns, shared.own);
         continue;
       }
+      Atomics.add(open.words, open.slot, 1);
       const c: Conn = { conn, idle: true, id: ++connIds };
       conns.add(c);
       serveConn(c, shared).finally(() => {
+        Atomics.sub(open.words, open.slot, 1);
+        Atomics.sub(open.words, 0, 1);
         conns.delete(c);
         if (stopping && conns.size === 0) allClosed.resolve();
       });

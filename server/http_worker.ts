@@ -1,7 +1,8 @@
 /**
  * One HTTP worker thread of the worker front (worker_front.ts): it serves the port with
- * `Deno.serve`, kept serving by serve_resilient.ts (`reusePort`: the kernel spreads connections
- * over the workers), and hands each request to the thread that owns the service through a
+ * `Deno.serve`, kept serving by serve_resilient.ts, or with the service's own HTTP/1.1 server
+ * (`--http-engine http1`: http1_server.ts, its own answers counted on the owner's thread;
+ * either with `reusePort`: the kernel spreads connections over the workers), and hands each request to the thread that owns the service through a
  * RequestSender (request_sender.ts): the head at once, the body read into one buffer and
  * transferred, the owner's answer sent back. It reads no body past the general limit
  * (`maxBodyBytes`) and none of a request the access check refuses.
@@ -11,6 +12,8 @@ import { lineLogger } from "./problem.ts";
 import { accessAllowed } from "./auth.ts";
 import { RequestSender } from "./request_sender.ts";
 import { type ResilientServer, serveResilient } from "./serve_resilient.ts";
+import { serveHttp1 } from "./http1_server.ts";
+import type { RequestCounts } from "./http1_refusals.ts";
 import type { FromWorker, WorkerInit } from "./worker_protocol.ts";
 
 interface WorkerScope {
@@ -31,14 +34,31 @@ function start(init: WorkerInit): void {
     init.maxJsonBodyBytes,
   );
   sender = s;
-  // Kept serving when accepting fails (out of file descriptors): serve_resilient.ts.
-  server = serveResilient({
+  const common = {
     port: init.port,
     hostname: init.hostname,
     reusePort: true,
-    onListen: ({ hostname, port }) => scope.postMessage({ type: "listening", hostname, port }),
+    onListen: ({ hostname, port }: { hostname: string; port: number }) =>
+      scope.postMessage({ type: "listening", hostname, port }),
     log: lineLogger("http worker: "),
-  }, (req) => s.send(req));
+  };
+  if (init.engine === "http1") {
+    // The answers it gives itself are counted on the owner's thread, with the handler's.
+    const metrics: RequestCounts = {
+      recordRequest: (route, method, status, code) =>
+        scope.postMessage({ type: "own_answer", route, method, status, code }),
+    };
+    const openConnections = init.openConnections && init.connectionSlot
+      ? { words: new Int32Array(init.openConnections), slot: init.connectionSlot }
+      : undefined;
+    server = serveHttp1(
+      { ...common, metrics, instance: init.instance, openConnections },
+      (req) => s.send(req),
+    );
+    return;
+  }
+  // Kept serving when accepting fails (out of file descriptors): serve_resilient.ts.
+  server = serveResilient(common, (req) => s.send(req));
 }
 
 scope.onmessage = (e: MessageEvent) => {

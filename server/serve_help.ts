@@ -78,12 +78,14 @@ usage: deno task serve [options]
                             then plus 1 s per 256 KiB declared; also ${BODY_TIMEOUT_ENV});
                             over: 408 body_timeout
   --no-gpu                  do not acquire a WebGPU device (host backends only)
-  --http-engine E           the HTTP server on this thread: deno (Deno.serve; default) or
-                            http1 (this service's own HTTP/1.1 server on Deno.listen: bounded
+  --http-engine E           the HTTP server, on this thread or each HTTP worker: deno
+                            (Deno.serve; default) or http1 (this service's own HTTP/1.1
+                            server on Deno.listen: bounded
                             head and idle times (ATTN_HTTP_HEAD_TIMEOUT_MS,
                             ATTN_HTTP_IDLE_TIMEOUT_MS) and connections
-                            (ATTN_HTTP_MAX_CONNECTIONS), problems for malformed requests; no
-                            HTTP/2, TLS, --http-workers or --device-threads-http); also
+                            (ATTN_HTTP_MAX_CONNECTIONS, the port's, with --http-workers too),
+                            problems for malformed requests; no HTTP/2, TLS or
+                            --device-threads-http); also
                             ${HTTP_ENGINE_ENV}
   --http-workers N          HTTP worker threads in front of the thread that owns the GPU:
                             they read requests and write answers, this thread validates,

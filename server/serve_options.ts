@@ -191,7 +191,7 @@ export interface ServeOptions {
   /** The longest wait for a body's next bytes (server/body_timeout.ts `bodyTimeoutMs`). */
   bodyTimeoutMs: number;
   gpu: boolean;
-  /** The HTTP server on this thread: Deno.serve or server/http1_server.ts. */
+  /** The HTTP server on this thread or each HTTP worker: Deno.serve or server/http1_server.ts. */
   httpEngine: HttpEngine;
   /** HTTP worker threads (0: Deno.serve on this thread). */
   httpWorkers: number;
@@ -312,9 +312,11 @@ export function parseServeArgs(
     env[DEVICE_THREADS_HTTP_ENV],
   );
   const httpEngine = httpEngineOption(values["http-engine"], env[HTTP_ENGINE_ENV]);
-  if (httpEngine !== "deno" && (httpWorkers > 0 || deviceThreadsHttp)) {
-    const other = httpWorkers > 0 ? `--http-workers ${httpWorkers}` : "--device-threads-http";
-    throw new Error(`--http-engine ${httpEngine} serves on this thread only, not with ${other}`);
+  if (httpEngine !== "deno" && deviceThreadsHttp) {
+    throw new Error(
+      `--http-engine ${httpEngine} serves on this thread or the HTTP workers, not with ` +
+        "--device-threads-http",
+    );
   }
   if (deviceThreadsHttp && deviceThreads === 0) {
     const viaEnv = values["device-threads-http"] === undefined;

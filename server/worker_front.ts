@@ -39,6 +39,12 @@ export interface WorkerFrontOptions {
   onListen?: (addr: { hostname: string; port: number }) => void;
   /** Logs server faults (default console.error). */
   log?: ErrorLogger;
+  /** The HTTP server each worker runs (default `deno`). */
+  engine?: HttpEngine;
+  /** Where the http1 workers' own answers are counted (the handler's metrics). */
+  metrics?: RequestCounts;
+  /** The instance name the http1 workers' own answers carry. */
+  instance?: string;
 }
 
 /** A running worker front: what main.ts and the drainer need of a server. */
@@ -68,6 +74,7 @@ class Lane {
     handler: Handler,
     private log: ErrorLogger,
     private onCrash: (lane: Lane, e: ErrorEvent) => void,
+    private counts?: RequestCounts,
   ) {
     this.worker = new Worker(new URL("./http_worker.ts", import.meta.url), { type: "module" });
     this.owner = new RequestOwner((m, t) => this.post(m, t), handler, log);
@@ -107,6 +114,8 @@ class Lane {
         return this.listening.resolve({ hostname: m.hostname, port: m.port });
       case "closed":
         return this.closed.resolve();
+      case "own_answer":
+        return this.counts?.recordRequest(m.route, m.method, m.status, m.code);
     }
   }
 }
@@ -133,18 +142,32 @@ export async function serveWithWorkers(
     access: opts.access,
     maxBodyBytes: opts.maxBodyBytes,
     maxJsonBodyBytes: opts.maxJsonBodyBytes,
+    engine: opts.engine,
+    instance: opts.instance,
   };
+  // The http1 servers' open connections: word 0 the port's (the cap is the port's), word i + 1
+  // worker i's, taken back from the port's count when that worker dies.
+  const open = opts.engine === "http1"
+    ? new Int32Array(new SharedArrayBuffer(4 * (opts.workers + 1)))
+    : null;
+  const initOf = (i: number): WorkerInit =>
+    open
+      ? { ...init, openConnections: open.buffer as SharedArrayBuffer, connectionSlot: i + 1 }
+      : init;
   let stopping = false;
   const lanes: Lane[] = [];
   const onCrash = (lane: Lane, e: ErrorEvent) => {
     const i = lanes.indexOf(lane);
     if (i < 0) return;
     log(`http worker ${i} crashed: ${e.message}`, e.error);
+    if (open) Atomics.sub(open, 0, Atomics.exchange(open, i + 1, 0)); // its connections died with it
     if (stopping) return;
-    lanes[i] = new Lane(init, handler, log, onCrash);
+    lanes[i] = new Lane(initOf(i), handler, log, onCrash, opts.metrics);
     lanes[i].listening.promise.catch(() => {});
   };
-  for (let i = 0; i < opts.workers; i++) lanes.push(new Lane(init, handler, log, onCrash));
+  for (let i = 0; i < opts.workers; i++) {
+    lanes.push(new Lane(initOf(i), handler, log, onCrash, opts.metrics));
+  }
   let addr: { hostname: string; port: number };
   try {
     addr = (await Promise.all(lanes.map((l) => l.listening.promise)))[0];
@@ -186,13 +209,13 @@ export type HttpServer = Pick<WorkerFront, "addr" | "shutdown" | "finished">;
 /**
  * Serves `handler` on this thread when `opts.workers` is 0 (Deno.serve, kept serving through
  * accept failures: serve_resilient.ts; lent answer bodies are released once Deno delivered
- * them), else through that many HTTP worker threads. With `engine` "http1", the answers that
- * server gives itself (refused heads, its timeouts and connection cap) are counted in `metrics`:
- * the handler's, or what counts the answers of the thread it runs on; and they carry `instance`
- * as the handler's answers do.
+ * them), else through that many HTTP worker threads. With `engine` "http1" (on this thread or
+ * in each worker), the answers that server gives itself (refused heads, its timeouts and
+ * connection cap) are counted in `metrics`: the handler's, or what counts the answers of the
+ * thread it runs on; and they carry `instance` as the handler's answers do.
  */
 export async function serveHttp(
-  opts: WorkerFrontOptions & { engine?: HttpEngine; metrics?: RequestCounts; instance?: string },
+  opts: WorkerFrontOptions,
   handler: Handler,
 ): Promise<HttpServer> {
   if (opts.workers > 0) return await serveWithWorkers(opts, handler);

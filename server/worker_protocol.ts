@@ -20,6 +20,16 @@ export interface WorkerInit {
   maxBodyBytes: number;
   /** The largest JSON body a route reads (default `maxBodyBytes`). */
   maxJsonBodyBytes?: number;
+  /** The HTTP server the worker runs (default `deno`: Deno.serve; `http1`: http1_server.ts). */
+  engine?: "deno" | "http1";
+  /** The instance name the http1 server's own answers carry (`X-Attention-Instance`). */
+  instance?: string;
+  /**
+   * The http1 servers' counts of open connections, Int32s shared by every worker: word 0 the
+   * port's, word `connectionSlot` this worker's (http1_server.ts `openConnections`).
+   */
+  openConnections?: SharedArrayBuffer;
+  connectionSlot?: number;
 }
 
 /** A request's method, URL and headers, posted when they arrive. */
@@ -76,13 +86,26 @@ export interface ClosedMessage {
   type: "closed";
 }
 
+/**
+ * An answer the worker's http1 server gave itself (a refused head, its timeouts, its connection
+ * cap: http1_refusals.ts), to be counted where the handler counts its answers.
+ */
+export interface OwnAnswerMessage {
+  type: "own_answer";
+  route: string;
+  method: string;
+  status: number;
+  code?: string;
+}
+
 /** Worker → owner. */
 export type FromWorker =
   | HeadMessage
   | BodyMessage
   | AbortMessage
   | ListeningMessage
-  | ClosedMessage;
+  | ClosedMessage
+  | OwnAnswerMessage;
 
 /** An answer to a request. */
 export interface ResponseMessage {
@@ -144,6 +167,13 @@ export function checkFromWorker(m: unknown): FromWorker | string {
         : "listening: port/hostname";
     case "closed":
       return o as unknown as ClosedMessage;
+    case "own_answer":
+      if (typeof o.route !== "string" || typeof o.method !== "string") return "own_answer: route";
+      if (!Number.isInteger(o.status) || (o.status as number) < 100 || (o.status as number) > 599) {
+        return `own_answer: bad status ${String(o.status)}`;
+      }
+      if (o.code !== undefined && typeof o.code !== "string") return "own_answer: code";
+      return o as unknown as OwnAnswerMessage;
     default:
       return `unknown message type ${JSON.stringify(o.type)}`;
   }

@@ -105,10 +105,10 @@ async function stallSuite(mode: string[]): Promise<void> {
   try {
     // Every stall is tried, and all that went wrong is reported together.
     const wrong: string[] = [];
-    // The service's own HTTP/1.1 server (--http-engine http1, on the main thread) reads every
-    // body as it comes: a safetensors body too is timed by its gaps, and says what arrived.
-    const own = serverMode.engine === "http1" && serverMode.httpWorkers === 0 &&
-      !mode.includes("--http-workers") && !mode.includes("--device-threads-http");
+    // The service's own HTTP/1.1 server (--http-engine http1, on the main thread or the HTTP
+    // workers) reads every body as it comes: a safetensors body too is timed by its gaps, and
+    // says what arrived.
+    const own = serverMode.engine === "http1" && !mode.includes("--device-threads-http");
     for (const s0 of stalls) {
       const s = own && s0.deadline !== undefined
         ? { ...s0, deadline: undefined, received: 100, declared: 4000 }

@@ -180,6 +180,12 @@ Deno.test("http workers: message checks name what is wrong", () => {
     hasBody: false,
   };
   assert.deepEqual(checkFromWorker(head), head);
+  // An http1 worker's own answer, to be counted on the owner's thread.
+  const own = { type: "own_answer", route: "unmatched", method: "GET", status: 505, code: "x" };
+  assert.deepEqual(checkFromWorker(own), own);
+  assert.match(String(checkFromWorker({ ...own, status: 42 })), /own_answer: bad status 42/);
+  assert.match(String(checkFromWorker({ ...own, route: 1 })), /own_answer: route/);
+  assert.match(String(checkFromWorker({ ...own, code: 7 })), /own_answer: code/);
   assert.match(
     String(checkResponse({ type: "response", id: 1, status: 99, headers: [] })),
     /status/,

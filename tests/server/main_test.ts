@@ -384,7 +384,7 @@ Deno.test("main: a refused variable is an EnvValueError (one line, no usage), a 
   }
 });
 
-Deno.test("main: --http-engine: deno (the default) or http1, which serves this thread only", () => {
+Deno.test("main: --http-engine: deno (the default) or http1, on this thread or the HTTP workers", () => {
   const engine = (args: string[], env: Record<string, string> = {}) =>
     parseServeArgs(args, env).httpEngine;
   assert.equal(engine([]), "deno");
@@ -394,10 +394,7 @@ Deno.test("main: --http-engine: deno (the default) or http1, which serves this t
   assert.equal(engine(["--http-engine=deno"], { ATTN_HTTP_ENGINE: "http1" }), "deno");
   assert.equal(engine(["--http-engine", "http1", "--device-threads", "2"]), "http1");
   assert.equal(engine(["--http-engine", "deno", "--http-workers", "2"]), "deno");
-  assert.throws(
-    () => parseServeArgs(["--http-engine", "http1", "--http-workers", "2"]),
-    /--http-engine http1 serves on this thread only, not with --http-workers 2/,
-  );
+  assert.equal(engine(["--http-engine", "http1", "--http-workers", "2"]), "http1");
   assert.throws(
     () =>
       parseServeArgs(["--http-engine", "http1", "--device-threads", "2", "--device-threads-http"]),

@@ -49,9 +49,8 @@ export async function spawnServer(
       "--port",
       "0",
       ...(serverMode.httpWorkers > 0 ? ["--http-workers", String(serverMode.httpWorkers)] : []),
-      // The engine serves on the main thread only (not with HTTP workers or device threads' own).
-      ...(serverMode.engine !== "deno" && serverMode.httpWorkers === 0 &&
-          !args.some((a) => a.startsWith("--http-workers") || a === "--device-threads-http")
+      // The engine serves the main thread or the HTTP workers (not the device threads' own).
+      ...(serverMode.engine !== "deno" && !args.includes("--device-threads-http")
         ? ["--http-engine", serverMode.engine]
         : []),
       ...args,
