@@ -71,14 +71,27 @@ export function requestPath(href: string): string {
 }
 
 const sentPaths = new WeakMap<Request, string>();
+const sentUrls = new WeakMap<Request, string>();
 
 /**
  * Records the path a request was sent with, for a Request rebuilt on another thread
- * (server/request_owner.ts): `new Request(url)` resolves dot segments, so the rebuilt one's
- * `url` no longer says what the client sent.
+ * (server/request_owner.ts) or by the service's own HTTP/1.1 server: `new Request(url)`
+ * resolves dot segments, so the rebuilt one's `url` no longer says what the client sent. An
+ * absolute `sentUrl` is kept whole too, for {@link urlAsSent}.
  */
 export function keepSentPath(req: Request, sentUrl: string): void {
   sentPaths.set(req, requestPath(sentUrl));
+  if (sentUrl.includes("://")) sentUrls.set(req, sentUrl);
+}
+
+/**
+ * The URL to pass a request on to another thread with: as the client sent it (see
+ * {@link keepSentPath}), else `req.url`. Passing `req.url` of a rebuilt Request sent its
+ * resolved path: `/v1/kv-caches/x/../victim` reached the thread as `/v1/kv-caches/victim`
+ * (device threads), where one thread answers 404 (docs/api.md: paths are matched as sent).
+ */
+export function urlAsSent(req: Request): string {
+  return sentUrls.get(req) ?? req.url;
 }
 
 const unparsable = new WeakSet<Request>();

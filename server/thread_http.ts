@@ -25,7 +25,7 @@ import { serveLentBodies } from "./lent_body.ts";
 import type { ErrorLogger } from "./problem.ts";
 import type { RequestSender } from "./request_sender.ts";
 import { SAFETENSORS } from "./responses.ts";
-import { keepSentPath, requestPath, requestUrl } from "./routes.ts";
+import { keepSentPath, requestUrl, sentPath, urlAsSent } from "./routes.ts";
 import { type ResilientServer, serveResilient } from "./serve_resilient.ts";
 
 /**
@@ -83,7 +83,7 @@ function withBody(req: Request, body: StreamedBody): Request {
   });
   setPreReadBody(again, Promise.resolve(body));
   keepRead(again, body.readMs ?? 0); // Server-Timing's parse counts this thread's read
-  keepSentPath(again, req.url);
+  keepSentPath(again, urlAsSent(req));
   return again;
 }
 
@@ -92,7 +92,7 @@ export function serveThreadHttp(o: ThreadHttpOptions): ResilientServer {
   const origin: [string, string][] = [[ORIGIN_HEADER, `${o.index} ${o.token}`]];
   const route = async (req: Request): Promise<Response> => {
     if (requestUrl(req) === null) return await o.handler(req); // 400 there, counted there
-    const path = requestPath(req.url);
+    const path = sentPath(req);
     const method = req.method.toUpperCase();
     const c = cachePath(path);
     if (c) {
