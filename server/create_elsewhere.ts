@@ -59,6 +59,7 @@ export async function createOnSomeThread<T>(
   attempt: (skip: T[]) => Attempt<T>,
 ): Promise<Response> {
   const refused: T[] = [];
+  const remaining: number[] = []; // each refusal's remaining_bytes, in the order asked
   for (;;) {
     const a = attempt(refused);
     let res: Response | null = null;
@@ -67,25 +68,38 @@ export async function createOnSomeThread<T>(
       const got = await overBudget(await a.send(copy(body), retry));
       res = got.res;
       if (got.doc === null) return res;
+      if (typeof got.doc.remaining_bytes === "number") remaining.push(got.doc.remaining_bytes);
       if (retry) {
         refused.push(a.holder);
         continue;
       }
-      return split(got.doc, res, running);
+      return split(got.doc, res, running, remaining);
     } finally {
       a.done(res);
     }
   }
 }
 
-/** The last refusal, saying the budget is split over the threads (when there are several). */
-function split(doc: Record<string, unknown>, res: Response, threads: number): Response {
+/**
+ * The last refusal, saying the budget is split over the threads (when there are several), and
+ * the most any thread asked had left (`largest_remaining_bytes`; `remaining_bytes` stays the
+ * last thread's): a client sizing a smaller cache needs the largest, not the last.
+ */
+function split(
+  doc: Record<string, unknown>,
+  res: Response,
+  threads: number,
+  remaining: number[],
+): Response {
   if (threads < 2) return res;
+  const largest = remaining.length > 0 ? Math.max(...remaining) : undefined;
   const out = {
     ...doc,
     detail: `${doc.detail}; each of the ${threads} device threads holds 1/${threads} of ` +
-      "--memory-budget-bytes, and none has room",
+      `--memory-budget-bytes, and none has room` +
+      (largest === undefined ? "" : ` (the most any has left: ${largest} bytes)`),
     device_threads: threads,
+    ...(largest === undefined ? {} : { largest_remaining_bytes: largest }),
   };
   const headers = new Headers(res.headers);
   headers.delete("content-length");

@@ -27,6 +27,19 @@ async function cachesPerThread(url: string): Promise<Record<string, number>> {
   return out;
 }
 
+/** Each device thread's free budget bytes, from its budget and cache-bytes gauges. */
+async function freePerThread(url: string): Promise<Record<string, number>> {
+  const text = await (await fetch(`${url}/metrics`)).text();
+  const per = (name: string) =>
+    Object.fromEntries(
+      [...text.matchAll(new RegExp(`^${name}\\{device_thread="(\\d+)"\\} (\\d+)$`, "gm"))]
+        .map((m) => [m[1], Number(m[2])]),
+    );
+  const budget = per("attn_kv_cache_budget_bytes"), used = per("attn_kv_cache_bytes");
+  assert.equal(Object.keys(budget).length, 2, text);
+  return Object.fromEntries(Object.entries(budget).map(([t, b]) => [t, b - used[t]]));
+}
+
 /** Three steps on cache `id`, one per route, each against float64. */
 async function stepsOn(api: AttentionClient, id: string, seq: HeldSeq): Promise<void> {
   const a = seq.step(3);
@@ -204,6 +217,11 @@ Deno.test("device threads: a create one thread has no room for goes to one that 
       assert.equal(e.code, "memory_budget_exceeded");
       assert.equal(e.problem.device_threads, 2);
       assert.match(e.problem.detail, /each of the 2 device threads holds 1\/2/);
+      // The most any thread had left, not the last one asked's (an audit saw the smaller).
+      const largest = e.problem.largest_remaining_bytes as number;
+      assert.match(e.problem.detail, new RegExp(`the most any has left: ${largest} bytes`));
+      assert.ok(largest >= (e.problem.remaining_bytes as number), JSON.stringify(e.problem));
+      assert.equal(largest, Math.max(...Object.values(await freePerThread(srv.url))));
     }
     assert.deepEqual(await cachesPerThread(srv.url), { "0": 3, "1": 1 }, "nothing left behind");
     await assert.rejects(api.getCache("huge"), /404/);
