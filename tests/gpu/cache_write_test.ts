@@ -4,7 +4,7 @@ import { fromFloats, toFloat32 } from "../../core/data.ts";
 import type { KvCacheDType, KvCacheSpec, KvLayout } from "../../core/types.ts";
 import { writeCache } from "../../gpu/cache_write.ts";
 import { GpuKvCache } from "../../gpu/kv_cache.ts";
-import { freshSeed, gpu, NO_GPU, randomArray, rng } from "./helpers.ts";
+import { CACHE_WRITE_CASES, freshSeed, gpu, NO_GPU, randomArray, rng } from "./helpers.ts";
 
 /** Values that probe rounding: ties, overflow, subnormals, signed zero, infinities, NaN. */
 const EDGES = [
@@ -51,14 +51,6 @@ const EDGES = [
   240,
   0.1,
   3.3e38,
-];
-
-const CASES: [KvCacheDType, "float32" | "float16" | "bfloat16"][] = [
-  ["auto", "float32"],
-  ["float16", "float32"],
-  ["bfloat16", "float16"],
-  ["fp8_e4m3", "bfloat16"],
-  ["fp8_e5m2", "float32"],
 ];
 
 interface Setup {
@@ -131,7 +123,7 @@ Deno.test("cache write: byte-exact vs core/dtype encode, every storage dtype, NH
   ignore: NO_GPU,
 }, async (t) => {
   const ctx = gpu();
-  for (const [kv, dtype] of CASES) {
+  for (const [kv, dtype] of CACHE_WRITE_CASES) {
     for (const layout of ["NHD", "HND"] as const) {
       await t.step(`${kv}/${dtype} ${layout}`, async () => {
         const seed = freshSeed();

@@ -15,7 +15,6 @@ import { fromFloats, toFloat32 } from "../../core/data.ts";
 import type {
   AttentionBackend,
   GpuContext,
-  KvCacheDType,
   KvCacheSpec,
   KvLayout,
 } from "../../core/types.ts";
@@ -30,7 +29,7 @@ import { TableBuilder } from "../../gpu/plan_table.ts";
 import { validHostBatch } from "../../service/host_input.ts";
 import { checkBackend } from "../support/backend_check.ts";
 import { type BatchSpec, generateBatch, smallSpec } from "../support/batches.ts";
-import { freshSeed, GPU, GPU_TEST, randomArray, rng } from "./helpers.ts";
+import { CACHE_WRITE_CASES, freshSeed, GPU, GPU_TEST, randomArray, rng } from "./helpers.ts";
 
 const opts = GPU_TEST;
 
@@ -94,14 +93,6 @@ Deno.test(
   },
 );
 
-const CASES: [KvCacheDType, "float32" | "float16" | "bfloat16"][] = [
-  ["auto", "float32"],
-  ["float16", "float32"],
-  ["bfloat16", "float16"],
-  ["fp8_e4m3", "bfloat16"],
-  ["fp8_e5m2", "float32"],
-];
-
 /** Where row (slot, head) of a cache starts, in elements. */
 function rowElem(spec: KvCacheSpec, slot: number, h: number): number {
   const b = Math.floor(slot / spec.block_size), o = slot % spec.block_size;
@@ -113,7 +104,7 @@ Deno.test(
   "2-D grid: the cache write is byte-exact, every storage dtype, NHD/HND",
   opts,
   async (t) => {
-    for (const [kv, dtype] of CASES) {
+    for (const [kv, dtype] of CACHE_WRITE_CASES) {
       for (const layout of ["NHD", "HND"] as KvLayout[]) {
         await t.step(`${kv}/${dtype} ${layout}`, async () => {
           const seed = freshSeed(), r = rng(seed);

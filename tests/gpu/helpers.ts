@@ -4,7 +4,7 @@
  * and seeded random data.
  * @module
  */
-import type { GpuContext } from "../../core/types.ts";
+import type { GpuContext, KvCacheDType } from "../../core/types.ts";
 import { MAX_KV_CHUNK_BYTES } from "../../gpu/kv_cache.ts";
 export { GPU, gpu, NO_GPU, NO_GPU_REASON } from "../support/gpu.ts";
 export { freshSeed } from "../support/rng.ts";
@@ -39,3 +39,12 @@ export function randomArray(r: () => number, n: number, scale = 1): Float32Array
 export function chunkedCtx(ctx: GpuContext, blocks: number, blockBytes: number): GpuContext {
   return { ...ctx, limits: { ...ctx.limits, [MAX_KV_CHUNK_BYTES]: blocks * blockBytes } };
 }
+
+/** The cache writes the write tests run: every storage dtype, each from a different data dtype. */
+export const CACHE_WRITE_CASES: readonly [KvCacheDType, "float32" | "float16" | "bfloat16"][] = [
+  ["auto", "float32"],
+  ["float16", "float32"],
+  ["bfloat16", "float16"],
+  ["fp8_e4m3", "bfloat16"],
+  ["fp8_e5m2", "float32"],
+];

@@ -37,6 +37,14 @@ function reference(b: ForwardBody): number[] {
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
+/** Sends the start of a cache create whose body never finishes: a call that stays in flight. */
+async function stallBody(conn: Deno.Conn): Promise<void> {
+  await conn.write(rawRequest("POST", "/v1/kv-caches", {
+    "content-type": "application/json",
+    "content-length": "100",
+  }, '{"num_blocks":'));
+}
+
 /** Resolves with the exit, or fails after `ms` (and kills the process). */
 async function exitWithin(srv: Awaited<ReturnType<typeof spawnServer>>, ms: number) {
   let timer: ReturnType<typeof setTimeout> | undefined;
@@ -98,11 +106,7 @@ Deno.test("shutdown: a call past --shutdown-deadline-ms is cut off; exit 1", asy
   const srv = await spawnServer(["--no-gpu", "--shutdown-deadline-ms", "300"]);
   const conn = await Deno.connect({ hostname: "127.0.0.1", port: srv.port });
   try {
-    // A body that never finishes: the call stays in flight.
-    await conn.write(rawRequest("POST", "/v1/kv-caches", {
-      "content-type": "application/json",
-      "content-length": "100",
-    }, '{"num_blocks":'));
+    await stallBody(conn); // the call stays in flight
     await sleep(200);
     srv.kill("SIGTERM");
     const e = await exitWithin(srv, 10_000);
@@ -146,11 +150,7 @@ Deno.test("shutdown: a second signal SAME_STOP_MS or more after the first exits 
   const srv = await spawnServer(["--no-gpu"]);
   const conn = await Deno.connect({ hostname: "127.0.0.1", port: srv.port });
   try {
-    // A body that never finishes keeps a call in flight while the event loop stays free.
-    await conn.write(rawRequest("POST", "/v1/kv-caches", {
-      "content-type": "application/json",
-      "content-length": "100",
-    }, '{"num_blocks":'));
+    await stallBody(conn); // a call in flight, the event loop free
     await sleep(200);
     srv.kill("SIGINT");
     await sleep(SAME_STOP_MS + 200);
