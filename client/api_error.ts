@@ -94,11 +94,22 @@ export function problemOf(res: Response, text: string): ProblemDocument {
   try {
     doc = JSON.parse(text);
   } catch { /* not JSON */ }
-  if (
-    typeof doc === "object" && doc !== null && typeof (doc as ProblemDocument).code === "string"
-  ) {
-    const p = doc as ProblemDocument;
-    return typeof p.status === "number" ? p : { ...p, status: res.status };
+  if (typeof doc === "object" && doc !== null && !Array.isArray(doc)) {
+    const p = doc as Record<string, unknown>;
+    // This service's problems carry a `code`; another's (RFC 9457: a proxy's, a gateway's) keep
+    // their type, title and detail under `http_error`. The status is the answer's own.
+    const rfc = ["type", "title", "detail"].some((k) => typeof p[k] === "string");
+    if (
+      typeof p.code === "string" || (rfc && res.headers.get("content-type")?.includes("problem"))
+    ) {
+      return {
+        ...p,
+        type: typeof p.type === "string" ? p.type : "about:blank",
+        title: typeof p.title === "string" ? p.title : res.statusText,
+        code: typeof p.code === "string" ? p.code : "http_error",
+        status: res.status,
+      } as ProblemDocument;
+    }
   }
   return {
     type: "about:blank",
@@ -114,6 +125,9 @@ export function retryAfterOf(res: Response): number | undefined {
   const h = res.headers.get("retry-after");
   if (h === null) return undefined;
   if (/^\d+$/.test(h.trim())) return Number(h.trim());
+  // Else an HTTP date (RFC 9110: IMF-fixdate, RFC 850 or asctime; a weekday and a month name),
+  // not whatever Date.parse makes of "1.5" or "-5" (a year: "retry now").
+  if (!/^[A-Za-z]{3,9},? .*[A-Za-z]{3}.*\d{2}:\d{2}:\d{2}/.test(h.trim())) return undefined;
   const at = Date.parse(h);
   return Number.isNaN(at) ? undefined : Math.max(0, Math.ceil((at - Date.now()) / 1000));
 }

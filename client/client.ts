@@ -22,6 +22,7 @@ import {
   type ForwardAnswer,
   forwardBodyToSafetensors,
   jsonForwardBody,
+  nonFiniteField,
   Unrepresentable,
 } from "../wire/client_codec.ts";
 import {
@@ -152,6 +153,32 @@ export interface ClientOptions {
   headers?: Record<string, string>;
 }
 
+/** Whether an answer says it is JSON (`application/json`, `application/*+json`). */
+function isJsonAnswer(res: Response): boolean {
+  const t = (res.headers.get("content-type") ?? "").split(";")[0].trim().toLowerCase();
+  return t === "application/json" || (t.startsWith("application/") && t.endsWith("+json"));
+}
+
+/**
+ * Refuses a body with a NaN or an infinity outside its tensors' data, as the server refuses
+ * such a value (422 `invalid_batch`): JSON text would carry it as `null`, the default, and the
+ * call would run without it (wire/client_codec.ts nonFiniteField).
+ */
+function refuseNonFinite(body: ForwardBody): void {
+  const hit = nonFiniteField(body);
+  if (!hit) return;
+  const at = hit.path.join(".");
+  throw new AttentionApiError(422, {
+    type: "urn:attn-service:problem:invalid_batch",
+    title: "Unprocessable Content",
+    status: 422,
+    detail: `${at} is ${hit.value}: JSON has no such number, and sent it would read as null ` +
+      "(the default) (refused by the client)",
+    code: "invalid_batch",
+    issues: [{ path: hit.path, message: `must be a finite number; got ${hit.value}` }],
+  });
+}
+
 /** A typed client of the attention service. */
 export class AttentionClient {
   readonly baseUrl: string;
@@ -176,16 +203,20 @@ export class AttentionClient {
       headers?: Record<string, string>;
     } = {},
   ) {
-    const headers: Record<string, string> = { ...this.#headers, ...init.headers };
+    // Names match in any case: the body's type and the Accept a call decodes replace the
+    // caller's own (a plain object kept both `Accept` and `accept`, sent joined).
+    const headers = new Headers(this.#headers);
+    for (const [k, v] of Object.entries(init.headers ?? {})) headers.set(k, v);
     let body: BodyInit | undefined;
     if (init.json !== undefined) {
-      headers["content-type"] = "application/json";
+      headers.set("content-type", "application/json");
       body = JSON.stringify(init.json);
     } else if (init.body) {
-      headers["content-type"] = "application/octet-stream";
+      headers.set("content-type", "application/octet-stream");
       body = init.body as Uint8Array<ArrayBuffer>;
     }
-    if (init.accept) headers.accept = init.accept;
+    // What the call decodes: JSON unless it says otherwise (a caller's Accept would not fit it).
+    headers.set("accept", init.accept ?? "application/json");
     const url = `${this.baseUrl}${path}`;
     let res: Response;
     try {
@@ -265,7 +296,9 @@ export class AttentionClient {
   }
   /** `GET /v1/kv-caches/{id}/data`, parsed. */
   async cacheData(id: string): Promise<CacheContents> {
-    const res = await this.#call("GET", this.#cache(id, "/data"));
+    const res = await this.#call("GET", this.#cache(id, "/data"), {
+      accept: "application/octet-stream",
+    });
     return await answer(res, readBytes, parseCacheFile);
   }
   /**
@@ -315,6 +348,7 @@ export class AttentionClient {
    */
   async #forward(path: string, body: ForwardBody, opts: ForwardOptions) {
     const { signal } = opts;
+    refuseNonFinite(body);
     const headers = opts.queueTimeoutMs === undefined
       ? undefined
       : { [QUEUE_TIMEOUT_HEADER]: queueTimeoutText(opts.queueTimeoutMs) };
@@ -329,7 +363,12 @@ export class AttentionClient {
     if (bytes) {
       const accept = "application/octet-stream";
       const res = await this.#call("POST", path, { body: bytes, accept, signal, headers });
-      return withInstance(res, await answer(res, readBytes, decodeSafetensorsAnswer, signal));
+      // A JSON answer (a proxy's rewrite of Accept) is decoded as such: the call ran.
+      if (!isJsonAnswer(res)) {
+        return withInstance(res, await answer(res, readBytes, decodeSafetensorsAnswer, signal));
+      }
+      const decode = (t: string) => decodeJsonAnswer(parseJson<ForwardResponse>(t));
+      return withInstance(res, await answer(res, readText, decode, signal));
     }
     const res = await this.#call("POST", path, { json: jsonForwardBody(body), signal, headers });
     const decode = (t: string) => decodeJsonAnswer(parseJson<ForwardResponse>(t));

@@ -57,6 +57,41 @@ export class Unrepresentable extends Error {
 
 const TENSOR_KEYS = ["dtype", "shape", "data", "base64"];
 const METADATA_KEYS = ["query_start_loc", "seq_lens", "block_table", "slot_mapping"];
+/** The fields a binary forward's `__metadata__.request` carries (wire/schemas.ts forwardCommon). */
+const REQUEST_KEYS = [
+  "backend",
+  "dtype",
+  "layer",
+  "kv_cache",
+  "kv_cache_layout",
+  "return_lse",
+  "output_encoding",
+];
+const FLOAT_TENSORS = ["query", "key", "value", "key_cache", "value_cache"];
+
+/**
+ * The first number outside the tensors' `data` that JSON text cannot carry (NaN, +-Infinity: it
+ * writes `null`, which for a layer field such as `scale`, `sliding_window` or
+ * `logits_soft_cap` means "the default", so the call would run as if the field were absent), as
+ * a path and the value; null when there is none.
+ */
+export function nonFiniteField(
+  body: ForwardBody,
+): { path: (string | number)[]; value: number } | null {
+  const walk = (v: unknown, path: (string | number)[]): ReturnType<typeof nonFiniteField> => {
+    if (typeof v === "number") return Number.isFinite(v) ? null : { path, value: v };
+    if (typeof v !== "object" || v === null) return null;
+    for (const [k, x] of Object.entries(v)) {
+      const key = Array.isArray(v) ? Number(k) : k;
+      // A tensor's data goes exactly either way (base64 where JSON would change it).
+      if (k === "data" && path.length === 1 && FLOAT_TENSORS.includes(String(path[0]))) continue;
+      const hit = walk(x, [...path, key]);
+      if (hit) return hit;
+    }
+    return null;
+  };
+  return walk(body, []);
+}
 const FLOAT_DTYPES = ["float32", "float16", "bfloat16", "fp8_e4m3", "fp8_e5m2"];
 
 function onlyKeys(o: object, keys: string[], where: string): void {
@@ -124,6 +159,11 @@ function intTensor(name: string, t: TensorLike): SafetensorsTensor {
  */
 export function forwardBodyToSafetensors(body: ForwardBody): Uint8Array {
   const { query, key, value, key_cache, value_cache, metadata, ...rest } = body;
+  onlyKeys(rest, REQUEST_KEYS, "the body");
+  for (const k of FLOAT_TENSORS) {
+    // null (untyped callers) is no tensor to drop: JSON sends it, for the server to name.
+    if (body[k as keyof ForwardBody] === null) throw new Unrepresentable(`${k} null`);
+  }
   const tensors: Record<string, SafetensorsTensor> = { query: floatTensor("query", query) };
   if (key) tensors.key = floatTensor("key", key);
   if (value) tensors.value = floatTensor("value", value);
