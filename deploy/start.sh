@@ -97,12 +97,20 @@ touch "$prefix/moved_caches.map"
 
 pids=()
 nginx_pid=""
+# Stops in the order that loses no call: the instances drain first (each answers the calls it
+# took, new ones get 503 shutting_down) while nginx still passes their answers on; then nginx
+# stops gracefully (SIGQUIT). nginx's SIGTERM, sent first as before, closed every client
+# connection at once, calls in flight included. The instances and nginx run in process groups
+# of their own (setsid), so a terminal's Ctrl-C reaches only this script.
 stop() {
   trap - EXIT INT TERM
   set +e
-  [[ -n $nginx_pid ]] && kill "$nginx_pid" 2>/dev/null
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+  rm -f "$prefix/ready"
+  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done
+  [[ -n $nginx_pid ]] && kill -QUIT "$nginx_pid" 2>/dev/null
   wait 2>/dev/null
+  rm -f "$prefix/instances.tsv"
 }
 trap 'stop; exit 0' INT TERM
 trap stop EXIT
@@ -111,11 +119,13 @@ trap stop EXIT
 # The permissions of `deno task serve` (deno.json): Dawn needs --allow-ffi, the keep-warm
 # process --allow-run.
 serve_perms="--allow-net --allow-read --allow-env --allow-ffi --allow-run"
+own_group=""
+command -v setsid >/dev/null && own_group=setsid
 gpu_flag=()
 [[ $gpu -eq 0 ]] && gpu_flag=(--no-gpu)
 for ((k = 0; k < n; k++)); do
   ATTN_GPU_INDEX=$k XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp} \
-    "$deno_bin" run --config "$repo/deno.json" $serve_perms \
+    $own_group "$deno_bin" run --config "$repo/deno.json" $serve_perms \
     "$repo/server/main.ts" --host 127.0.0.1 --port $((base + k)) --instance-name "i$k" \
     --max-body-bytes "$max_body" "${gpu_flag[@]}" "${server_flags[@]}" \
     >"$prefix/i$k.log" 2>&1 &
@@ -152,7 +162,13 @@ conf=${conf//@INSTANCE_UPSTREAMS@/${ups%$'\n'}}
 conf=${conf//@INSTANCE_MAP@/${map%$'\n'}}
 printf '%s\n' "$conf" >"$prefix/nginx.conf"
 "$nginx_bin" -t -q -p "$prefix" -c "$prefix/nginx.conf" -e "$prefix/error.log"
-"$nginx_bin" -p "$prefix" -c "$prefix/nginx.conf" -e "$prefix/error.log" -g 'daemon off;' &
+# Something else on the port would answer the readiness probe below for nginx.
+if (exec 3<>"/dev/tcp/$host/$port") 2>/dev/null; then
+  echo "start.sh: $listen is in use" >&2
+  exit 1
+fi
+$own_group "$nginx_bin" -p "$prefix" -c "$prefix/nginx.conf" -e "$prefix/error.log" \
+  -g 'daemon off;' &
 nginx_pid=$!
 for ((t = 0; t < 100; t++)); do
   if (exec 3<>"/dev/tcp/$host/$port") 2>/dev/null; then

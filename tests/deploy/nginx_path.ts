@@ -1,5 +1,6 @@
 /**
- * Where the nginx binary is, for the deploy/ tests (they skip without one).
+ * What the deploy/ tests share: where the nginx binary is (they skip without one), free ports,
+ * whether a process lives, and a polling wait.
  * @module
  */
 
@@ -12,4 +13,38 @@ export function findNginx(): string | null {
     } catch { /* not here */ }
   }
   return null;
+}
+
+/** A free port and, after it, `count` consecutive free ports (probed by listening). */
+export function freePorts(count: number): { port: number; base: number } {
+  const free = (p: number) => {
+    try {
+      Deno.listen({ hostname: "127.0.0.1", port: p }).close();
+      return true;
+    } catch {
+      return false;
+    }
+  };
+  for (let tries = 0; tries < 200; tries++) {
+    const port = 20000 + Math.floor(Math.random() * 30000);
+    const all = Array.from({ length: count + 1 }, (_, i) => port + i);
+    if (all.every(free)) return { port, base: port + 1 };
+  }
+  throw new Error("no free ports");
+}
+
+export const alive = (pid: number) => {
+  try {
+    return Deno.statSync(`/proc/${pid}`).isDirectory;
+  } catch {
+    return false;
+  }
+};
+
+export async function waitFor(what: string, ms: number, ok: () => Promise<boolean> | boolean) {
+  const end = Date.now() + ms;
+  while (!(await ok())) {
+    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
 }

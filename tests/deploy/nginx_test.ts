@@ -13,47 +13,13 @@ import assert from "node:assert/strict";
 import { AttentionApiError, AttentionClient, createRequestOf } from "../../client/client.ts";
 import { maxAbsDiff } from "../server/helpers.ts";
 import { HeldSeq } from "../server/held_seq.ts";
-import { findNginx } from "./nginx_path.ts";
+import { alive, findNginx, freePorts, waitFor } from "./nginx_path.ts";
 
 const ROOT = new URL("../../", import.meta.url).pathname;
 
 const NGINX = findNginx();
 if (!NGINX) {
   console.log("nginx_test: skipped: no nginx binary in PATH or /usr/sbin (apt-get install nginx)");
-}
-
-/** A free port and, after it, `count` consecutive free ports (probed by listening). */
-function freePorts(count: number): { port: number; base: number } {
-  const free = (p: number) => {
-    try {
-      Deno.listen({ hostname: "127.0.0.1", port: p }).close();
-      return true;
-    } catch {
-      return false;
-    }
-  };
-  for (let tries = 0; tries < 200; tries++) {
-    const port = 20000 + Math.floor(Math.random() * 30000);
-    const all = Array.from({ length: count + 1 }, (_, i) => port + i);
-    if (all.every(free)) return { port, base: port + 1 };
-  }
-  throw new Error("no free ports");
-}
-
-const alive = (pid: number) => {
-  try {
-    return Deno.statSync(`/proc/${pid}`).isDirectory;
-  } catch {
-    return false;
-  }
-};
-
-async function waitFor(what: string, ms: number, ok: () => Promise<boolean> | boolean) {
-  const end = Date.now() + ms;
-  while (!(await ok())) {
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
 }
 
 Deno.test({
