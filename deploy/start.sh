@@ -41,7 +41,7 @@ while [[ $# -gt 0 ]]; do
     --instances) need "$@"; n=$2; shift 2 ;;
     --no-gpu) gpu=0; shift ;;
     --port) need "$@"; port=$2; shift 2 ;;
-    --host) need "$@"; host=$2; shift 2 ;;
+    --host) need "$@"; host=$2; host=${host#[}; host=${host%]}; shift 2 ;;
     --allow-unauthenticated) open=1; shift ;;
     --base-port) need "$@"; base=$2; shift 2 ;;
     --prefix) need "$@"; prefix=$2; shift 2 ;;
@@ -93,7 +93,9 @@ deno_bin=${DENO:-deno}
 mkdir -p "$prefix"/tmp
 prefix=$(cd "$prefix" && pwd)
 rm -f "$prefix/ready" "$prefix/instances.tsv"
-touch "$prefix/moved_caches.map"
+# Pins of an earlier run point at caches that went with its instances (and maybe at instances
+# this run does not have: a 502 for those ids): start with none.
+: >"$prefix/moved_caches.map"
 
 pids=()
 nginx_pid=""

@@ -17,6 +17,9 @@ import { alive, findNginx, freePorts, waitFor } from "./nginx_path.ts";
 
 const ROOT = new URL("../../", import.meta.url).pathname;
 
+/** A moved_caches.map key matching `id` exactly, letter case included (README). */
+const pinKey = (id: string) => `"~^${id.replaceAll(".", "\\.")}$"`;
+
 const NGINX = findNginx();
 if (!NGINX) {
   console.log("nginx_test: skipped: no nginx binary in PATH or /usr/sbin (apt-get install nginx)");
@@ -146,7 +149,11 @@ Deno.test({
       const put = await target.putCache(id, spec);
       assert.deepEqual([put.created, put.instance], [true, to]);
       await target.putCacheData(id, file);
-      await Deno.writeTextFile(`${prefix}/moved_caches.map`, `${id} attn_${to};\n`);
+      // Pins match case-sensitively (the README's form: nginx compares plain map keys without
+      // case, and ids are case-sensitive): ten more ids pinned, their upper-case twins not.
+      const twins = Array.from({ length: 10 }, (_, i) => `zzpin${i}`);
+      const pins = [id, ...twins].map((c) => `${pinKey(c)} attn_${to};\n`).join("");
+      await Deno.writeTextFile(`${prefix}/moved_caches.map`, pins);
       const reload = await new Deno.Command(NGINX!, {
         args: [
           "-s",
@@ -166,6 +173,12 @@ Deno.test({
         await r.body?.cancel();
         return r.status === 200 && r.headers.get("x-attention-instance") === to;
       });
+      const twinsAt = await Promise.all(twins.map(async (c) => {
+        const r = await fetch(`${url}/v1/kv-caches/${c.toUpperCase()}`);
+        await r.body?.cancel();
+        return r.headers.get("x-attention-instance");
+      }));
+      assert.ok(twinsAt.some((at) => at !== to), `upper-case twins all pinned: ${twinsAt}`);
       const { body, ref } = seqs.get(id)!.step(2);
       const ans = await proxy.forwardOn(id, body);
       assert.equal(ans.instance, to);
