@@ -65,6 +65,18 @@ is_loopback() {
   [[ $h =~ ^127\.([0-9]{1,3})\.([0-9]{1,3})\.([0-9]{1,3})$ ]] || return 1
   ((10#${BASH_REMATCH[1]} <= 255 && 10#${BASH_REMATCH[2]} <= 255 && 10#${BASH_REMATCH[3]} <= 255))
 }
+# Flags start.sh sets on each instance itself: given again after `--`, the later one would win
+# on the instances while nginx and the instance table keep start.sh's (a body limit split between
+# nginx and the instances; a port or name nginx does not route to).
+for f in "${server_flags[@]}"; do
+  case $f in
+    --port | --port=* | --host | --host=* | --instance-name | --instance-name=* | \
+      --max-body-bytes | --max-body-bytes=*)
+      echo "start.sh: ${f%%=*} after -- is start.sh's to set on each instance; give start.sh's own (--help lists them)" >&2
+      exit 2
+      ;;
+  esac
+done
 token=0
 [[ -n ${ATTN_TOKEN:-} ]] && token=1
 for f in "${server_flags[@]}"; do

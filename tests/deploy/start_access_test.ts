@@ -43,6 +43,29 @@ Deno.test("deploy/start.sh: a flag without its value is a one-line error (exit 2
   }
 });
 
+Deno.test("deploy/start.sh: a flag it sets on each instance is refused after -- (exit 2)", async () => {
+  // Given after `--` it won on the instances while nginx kept start.sh's: a 3000-byte body got
+  // nginx's 413 under start.sh's 1000 though the instances took 5000 (a deploy audit).
+  for (
+    const flags of [
+      ["--max-body-bytes", "5000"],
+      ["--max-body-bytes=5000"],
+      ["--port", "9999"],
+      ["--host", "0.0.0.0"],
+      ["--instance-name", "x"],
+    ]
+  ) {
+    const r = await startToExit(["--instances", "1", "--no-gpu", "--", ...flags], {});
+    assert.equal(r.code, 2, `${flags}: ${r.stderr}`);
+    const name = flags[0].split("=")[0];
+    assert.match(
+      r.stderr,
+      new RegExp(`^start.sh: ${name} after -- is start.sh's to set`),
+      r.stderr,
+    );
+  }
+});
+
 Deno.test("deploy/start.sh: a non-loopback --host needs a token or --allow-unauthenticated", async () => {
   const prefix = await Deno.makeTempDir({ prefix: "attn-start-access-" });
   const base = ["--instances", "1", "--no-gpu", "--port", "1", "--prefix", prefix];
