@@ -52,7 +52,10 @@ const IPV6 = (() => {
   }
 })();
 
-/** SIGKILLs what start.sh left running in `prefix` (its own process groups: not its children). */
+/**
+ * SIGKILLs what start.sh left running in `prefix`: each instance's and nginx's process group
+ * (start.sh gives each its own; nginx's workers, left alone, keep the script's pipes open).
+ */
 async function killDeployment(prefix: string): Promise<void> {
   const pids: number[] = [];
   const read = (f: string) => Deno.readTextFile(`${prefix}/${f}`).catch(() => "");
@@ -63,9 +66,11 @@ async function killDeployment(prefix: string): Promise<void> {
   const nginx = Number((await read("nginx.pid")).trim());
   if (nginx > 0) pids.push(nginx);
   for (const pid of pids) {
-    try {
-      Deno.kill(pid, "SIGKILL");
-    } catch { /* gone */ }
+    for (const target of [-pid, pid]) {
+      try {
+        Deno.kill(target, "SIGKILL");
+      } catch { /* gone, or not a group */ }
+    }
   }
 }
 
@@ -103,6 +108,16 @@ async function drainThrough(
     await stale.body?.cancel();
     assert.equal(stale.status, 404, "an earlier run's pin was dropped");
     assert.equal(await Deno.readTextFile(`${prefix}/moved_caches.map`), "");
+    // A create whose id an instance would choose cannot be routed later: refused at nginx.
+    const spec = { num_blocks: 1, block_size: 16, num_kv_heads: 1, head_size: 8, dtype: "float32" };
+    const post = await fetch(`${origin}/v1/kv-caches`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify(spec),
+    });
+    assert.equal(post.status, 501);
+    assert.equal(post.headers.get("content-type"), "application/problem+json");
+    assert.equal((await post.json()).code, "not_routable");
     const { body, ref } = slowCall();
     const call = new AttentionClient(origin).forward(body, { binary: true });
     await new Promise((r) => setTimeout(r, 500)); // the call is running on the instance
