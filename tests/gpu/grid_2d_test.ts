@@ -12,12 +12,7 @@
 import assert from "node:assert/strict";
 import { bytesPerElement, encode, resolveStorage } from "../../core/dtype.ts";
 import { fromFloats, toFloat32 } from "../../core/data.ts";
-import type {
-  AttentionBackend,
-  GpuContext,
-  KvCacheSpec,
-  KvLayout,
-} from "../../core/types.ts";
+import type { AttentionBackend, GpuContext, KvCacheSpec, KvLayout } from "../../core/types.ts";
 import { DEFAULT_DECODE_TUNING, WEBGPU_DECODE } from "../../backends/webgpu_decode.ts";
 import { makeWebGpuFlash } from "../../backends/webgpu_flash.ts";
 import { planCacheWrite, writeCache } from "../../gpu/cache_write.ts";
