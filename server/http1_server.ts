@@ -228,10 +228,9 @@ function requestOf(head: RequestHead, signal: AbortSignal): Request {
     req = new Request("http://invalid.invalid/", init);
     markUnparsableUrl(req);
   }
-  // Request resolves dot segments: routes see what was sent, and a thread it is passed on to
-  // gets the URL as sent (routes.ts urlAsSent; for "*" the path stays "*").
-  keepSentPath(req, url);
-  if (head.target === "*") keepSentPath(req, head.target);
+  // Request resolves dot segments: routes see the target as sent, and a thread it is passed on
+  // to gets the URL as built here (routes.ts urlAsSent).
+  keepSentPath(req, head.target, url);
   return req;
 }
 

@@ -95,7 +95,7 @@ function rebuild(m: HeadMessage, p: Pending): Request {
     read.catch(() => {}); // a read that fails is the handler's to see, or no one's
     setPreReadBody(req, read);
   }
-  keepSentPath(req, m.url);
+  keepSentPath(req, m.path ?? m.url, m.url);
   return req;
 }
 

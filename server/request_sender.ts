@@ -27,7 +27,7 @@ import { type BodyLimits, bodyLimits, isJsonType, mediaType } from "./body.ts";
 import { SAFETENSORS } from "./responses.ts";
 import { hopStamp } from "./request_arrival.ts";
 import { NOT_LOGGED, problemResponse, toProblem } from "./problem.ts";
-import { urlAsSent } from "./routes.ts";
+import { sentPath, urlAsSent } from "./routes.ts";
 import {
   type BodyMessage,
   checkResponse,
@@ -99,7 +99,8 @@ export class RequestSender {
       type: "head",
       id,
       method: req.method,
-      url: urlAsSent(req), // its path as sent, not resolved (routes.ts)
+      url: urlAsSent(req),
+      path: sentPath(req), // as sent, not resolved (routes.ts)
       headers: [...req.headers, ...extraHeaders],
       hasBody,
     });

@@ -74,14 +74,16 @@ const sentPaths = new WeakMap<Request, string>();
 const sentUrls = new WeakMap<Request, string>();
 
 /**
- * Records the path a request was sent with, for a Request rebuilt on another thread
- * (server/request_owner.ts) or by the service's own HTTP/1.1 server: `new Request(url)`
- * resolves dot segments, so the rebuilt one's `url` no longer says what the client sent. An
- * absolute `sentUrl` is kept whole too, for {@link urlAsSent}.
+ * Records the path a request was sent with (`sent`: its request target, or a URL), for a
+ * Request rebuilt on another thread (server/request_owner.ts) or by the service's own HTTP/1.1
+ * server: `new Request(url)` resolves dot segments, so the rebuilt one's `url` no longer says
+ * what the client sent. The URL it was built from (`url`, else an absolute `sent`) is kept
+ * too, for {@link urlAsSent}.
  */
-export function keepSentPath(req: Request, sentUrl: string): void {
-  sentPaths.set(req, requestPath(sentUrl));
-  if (sentUrl.includes("://")) sentUrls.set(req, sentUrl);
+export function keepSentPath(req: Request, sent: string, url?: string): void {
+  sentPaths.set(req, requestPath(sent));
+  const whole = url ?? (sent.includes("://") ? sent : undefined);
+  if (whole !== undefined) sentUrls.set(req, whole);
 }
 
 /**

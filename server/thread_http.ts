@@ -83,7 +83,7 @@ function withBody(req: Request, body: StreamedBody): Request {
   });
   setPreReadBody(again, Promise.resolve(body));
   keepRead(again, body.readMs ?? 0); // Server-Timing's parse counts this thread's read
-  keepSentPath(again, urlAsSent(req));
+  keepSentPath(again, sentPath(req), urlAsSent(req));
   return again;
 }
 

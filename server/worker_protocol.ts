@@ -38,6 +38,8 @@ export interface HeadMessage {
   id: number;
   method: string;
   url: string;
+  /** The path as the client sent it (dot segments unresolved; default: `url`'s). */
+  path?: string;
   headers: [string, string][];
   /** A body follows (a {@link BodyMessage} with the same id). */
   hasBody: boolean;
@@ -145,6 +147,7 @@ export function checkFromWorker(m: unknown): FromWorker | string {
     case "head":
       if (!isId(o.id)) return `head: bad id ${String(o.id)}`;
       if (typeof o.method !== "string" || typeof o.url !== "string") return "head: method/url";
+      if (o.path !== undefined && typeof o.path !== "string") return "head: path";
       if (!isPairs(o.headers) || typeof o.hasBody !== "boolean") return "head: headers/hasBody";
       return o as unknown as HeadMessage;
     case "body":
