@@ -5,9 +5,10 @@
  * it; on SIGTERM or SIGINT it stops taking calls (after a 100 ms settle window; later ones get
  * a 503 `shutting_down`), finishes the calls it took up to `--shutdown-deadline-ms`, closes the
  * listener and exits (0 when every call finished, 1 when the deadline cut some off; a second
- * signal exits 1 at once, unless within 500 ms of the first: shutdown.ts SAME_STOP_MS). Exits 2 on a bad command line, a refused access configuration, a bad
- * value of a variable the GPU layer or the backends read (serve_env.ts) or an explicit runtime
- * that cannot start; 1, in one line, when it cannot serve the port. With `--http-workers N` the
+ * signal exits 1 at once, unless within 500 ms of the first: shutdown.ts SAME_STOP_MS). Exits 2
+ * on a bad command line, a refused access configuration, a bad value of a variable the GPU layer
+ * or the backends read (serve_env.ts) or an explicit runtime that cannot start; 1, in one line,
+ * when it cannot serve the port. With `--http-workers N` the
  * HTTP work runs on N worker threads (worker_front.ts) and this thread keeps the device and the
  * service; with `--device-threads N` it is the other way round: N worker threads each own a
  * device and a service (device_threads.ts) and this thread does the HTTP work, or, with
