@@ -81,11 +81,26 @@ export function nonFiniteField(
   const walk = (v: unknown, path: (string | number)[]): ReturnType<typeof nonFiniteField> => {
     if (typeof v === "number") return Number.isFinite(v) ? null : { path, value: v };
     if (typeof v !== "object" || v === null) return null;
+    // Arrays by index (a prefill's slot_mapping holds thousands); integer typed arrays hold no
+    // non-finite value.
+    if (ArrayBuffer.isView(v)) {
+      if (!(v instanceof Float32Array || v instanceof Float64Array)) return null;
+      const i = v.findIndex((x) => !Number.isFinite(x));
+      return i < 0 ? null : { path: [...path, i], value: v[i] };
+    }
+    if (Array.isArray(v)) {
+      for (let i = 0; i < v.length; i++) {
+        const x = v[i];
+        if (typeof x === "number" && Number.isFinite(x)) continue;
+        const hit = walk(x, [...path, i]);
+        if (hit) return hit;
+      }
+      return null;
+    }
     for (const [k, x] of Object.entries(v)) {
-      const key = Array.isArray(v) ? Number(k) : k;
       // A tensor's data goes exactly either way (base64 where JSON would change it).
       if (k === "data" && path.length === 1 && FLOAT_TENSORS.includes(String(path[0]))) continue;
-      const hit = walk(x, [...path, key]);
+      const hit = walk(x, [...path, k]);
       if (hit) return hit;
     }
     return null;
