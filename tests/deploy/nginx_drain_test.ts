@@ -8,8 +8,8 @@
  * nginx is not installed (CI installs it: .ci/run).
  */
 import assert from "node:assert/strict";
-import { AttentionClient, type ForwardBody } from "../../client/client.ts";
-import { maxAbsDiff, rand, refAttention, to3d } from "../server/helpers.ts";
+import { AttentionClient } from "../../client/client.ts";
+import { encoderCall, maxAbsDiff } from "../server/helpers.ts";
 import { findNginx, freePorts, waitFor } from "./nginx_path.ts";
 
 const ROOT = new URL("../../", import.meta.url).pathname;
@@ -23,24 +23,7 @@ const SETSID = ["/usr/bin/setsid", "/bin/setsid"].find((p) => {
 });
 
 /** A non-causal encoder_only call on CPU_REFERENCE that takes seconds on the dev VM. */
-function slowCall(): { body: ForwardBody; ref: number[] } {
-  const T = 2048, H = 4, D = 32;
-  const t = () => rand(T * H * D).map(Math.fround);
-  const q = t(), k = t(), v = t();
-  const tensor = (data: number[]) => ({ dtype: "float32", shape: [T, H, D], data });
-  const r = (x: number[]) => to3d(x, T, H, D);
-  return {
-    body: {
-      dtype: "float32",
-      layer: { num_heads: H, num_kv_heads: H, head_size: D, attn_type: "encoder_only" },
-      query: tensor(q),
-      key: tensor(k),
-      value: tensor(v),
-      metadata: { query_start_loc: [0, T], seq_lens: [T] },
-    },
-    ref: refAttention({ q: r(q), k: r(k), v: r(v) }, { causal: false }).out.flat(2),
-  };
-}
+const slowCall = () => encoderCall(2048, 4, 32);
 
 /** Whether this machine has an IPv6 loopback. */
 const IPV6 = (() => {

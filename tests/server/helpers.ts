@@ -310,3 +310,26 @@ export function oneTokenBody(
     kv_cache,
   };
 }
+
+/**
+ * An encoder_only call (no cache, non-causal, MHA) of `T` tokens, `H` heads of `D`, fresh
+ * float32 data, and its float64 reference output flattened. Its cost grows with T^2: the tests
+ * that need a call still running (shutdown, deploy) make it long.
+ */
+export function encoderCall(T: number, H: number, D: number): { body: ForwardBody; ref: number[] } {
+  const data = () => rand(T * H * D).map(Math.fround);
+  const q = data(), k = data(), v = data();
+  const tensor = (x: number[]) => ({ dtype: "float32", shape: [T, H, D], data: x });
+  const r = (x: number[]) => to3d(x, T, H, D);
+  return {
+    body: {
+      dtype: "float32",
+      layer: { num_heads: H, num_kv_heads: H, head_size: D, attn_type: "encoder_only" },
+      query: tensor(q),
+      key: tensor(k),
+      value: tensor(v),
+      metadata: { query_start_loc: [0, T], seq_lens: [T] },
+    },
+    ref: refAttention({ q: r(q), k: r(k), v: r(v) }, { causal: false }).out.flat(2),
+  };
+}

@@ -6,36 +6,17 @@
  * `body_incomplete`, not a logged 500.
  */
 import assert from "node:assert/strict";
-import { type ForwardBody, forwardBodyToSafetensors } from "../../client/client.ts";
+import { forwardBodyToSafetensors } from "../../client/client.ts";
 import { serializeSafetensors } from "../../core/safetensors.ts";
 import { DEFAULT_MAX_JSON_BODY_BYTES } from "../../server/body.ts";
 import { MAX_JSON_DEPTH, MAX_JSON_VALUES, scanJson } from "../../wire/json_scan.ts";
-import { maxAbsDiff, rand, refAttention, serverMode, startServer, to3d } from "./helpers.ts";
+import { encoderCall, maxAbsDiff, serverMode, startServer } from "./helpers.ts";
 import { rawExchange, rawRequest, type RawResponse } from "./raw_http.ts";
 
 const H = 2, D = 8;
 
 /** An encoder_only call of T tokens (no cache) and its float64 reference. */
-function encoderBody(T: number): { body: ForwardBody; ref: number[] } {
-  const q = rand(T * H * D).map(Math.fround), k = rand(T * H * D).map(Math.fround);
-  const v = rand(T * H * D).map(Math.fround);
-  const ref = refAttention(
-    { q: to3d(q, T, H, D), k: to3d(k, T, H, D), v: to3d(v, T, H, D) },
-    { causal: false },
-  ).out.flat(2);
-  const t = (data: number[]) => ({ dtype: "float32", shape: [T, H, D], data });
-  return {
-    body: {
-      dtype: "float32",
-      layer: { num_heads: H, num_kv_heads: H, head_size: D, attn_type: "encoder_only" },
-      query: t(q),
-      key: t(k),
-      value: t(v),
-      metadata: { query_start_loc: [0, T], seq_lens: [T] },
-    },
-    ref,
-  };
-}
+const encoderBody = (T: number) => encoderCall(T, H, D);
 
 function assertProblem(
   r: RawResponse | null,
