@@ -40,6 +40,7 @@ import {
 } from "./api_error.ts";
 import { isQueueTimeoutMs, QUEUE_TIMEOUT_RULE } from "../core/queue_timeout.ts";
 import { shownValue } from "../core/shown.ts";
+import { isJsonType, mediaType } from "../wire/media_type.ts";
 import type {
   BackendDescription,
   CacheInfo,
@@ -154,10 +155,7 @@ export interface ClientOptions {
 }
 
 /** Whether an answer says it is JSON (`application/json`, `application/*+json`). */
-function isJsonAnswer(res: Response): boolean {
-  const t = (res.headers.get("content-type") ?? "").split(";")[0].trim().toLowerCase();
-  return t === "application/json" || (t.startsWith("application/") && t.endsWith("+json"));
-}
+const isJsonAnswer = (res: Response) => isJsonType(mediaType(res.headers.get("content-type")));
 
 /**
  * Refuses a body with a NaN or an infinity outside its tensors' data, as the server refuses

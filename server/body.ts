@@ -13,6 +13,9 @@ import { fromZod } from "../wire/zod_issues.ts";
 import { rememberJsonText } from "../wire/json_literals.ts";
 import { type BodyLimit, readBody } from "./body_read.ts";
 import { problem } from "./problem.ts";
+import { isJsonType, mediaType } from "../wire/media_type.ts";
+
+export { isJsonType, mediaType };
 
 export { type BodyLimit, readBody } from "./body_read.ts";
 
@@ -34,16 +37,6 @@ export const MAX_JSON_BODY_BYTES_CEILING = 256 * 1024 * 1024;
 
 /** The body kinds a route may take. */
 export type BodyKind = "json" | "binary";
-
-/** The media type of a Content-Type header (lower case, parameters dropped), or "". */
-export function mediaType(header: string | null): string {
-  return (header ?? "").split(";")[0].trim().toLowerCase();
-}
-
-/** JSON-ish media types: application/json and any `+json` suffix. */
-export function isJsonType(mt: string): boolean {
-  return mt === "application/json" || (mt.startsWith("application/") && mt.endsWith("+json"));
-}
 
 /**
  * Refuses a body in any content coding but `identity` (RFC 9110 15.5.16: 415 with
