@@ -204,7 +204,8 @@ function stopOnSignals(
     const { drained, unfinished, silent } = await theirs;
     if (mine.drained && drained) {
       await close();
-      console.error(`stopped: every call finished (${mine.ms.toFixed(0)} ms)`);
+      const refused = mine.refused ? `; ${mine.refused} requests refused while stopping` : "";
+      console.error(`stopped: every call finished (${mine.ms.toFixed(0)} ms${refused})`);
       Deno.exit(0);
     }
     const stuck = silent ? ` (${silent} device threads did not answer: their calls uncounted)` : "";

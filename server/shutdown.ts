@@ -10,7 +10,12 @@
  *    `Retry-After` and `Connection: close`;
  * 3. waits for every call it took, up to a deadline counted from the signal (uploads still in
  *    progress included: `server.shutdown()` would cut them, so it comes last);
- * 4. closes the listener (`server.shutdown()`).
+ * 4. keeps refusing until no request has come for a quiet window (100 ms, at most
+ *    {@link MAX_QUIET_WAIT_MS} in all): a client that honours `Retry-After`, or a balancer
+ *    that takes the 503 as "instance down", has stopped connecting by then. Closing the port
+ *    resets the connections the kernel accepted that the server has not read yet; a client
+ *    cannot tell whether such a call ran, so the port closes only once they have stopped coming;
+ * 5. closes the listener (`server.shutdown()`).
  * @module
  */
 import { NOT_LOGGED, problem, problemResponse, toProblem } from "./problem.ts";
@@ -31,6 +36,15 @@ export const DEFAULT_SETTLE_MS = 100;
  */
 export const SAME_STOP_MS = 500;
 
+/** Default quiet window before the port closes: no request refused for 100 ms. */
+export const DEFAULT_QUIET_MS = 100;
+
+/**
+ * The longest the drain keeps refusing while requests keep coming (a client that ignores
+ * `Retry-After`), also capped by the deadline left: 2 s.
+ */
+export const MAX_QUIET_WAIT_MS = 2_000;
+
 /** An event-loop turn longer than this means the loop was held (the settle window restarts). */
 const HELD_TURN_MS = 50;
 
@@ -40,6 +54,9 @@ export interface DrainOptions {
   deadlineMs: number;
   /** Keep taking calls until the loop was free this long (at most a quarter of the deadline). */
   settleMs?: number;
+  /** Once drained, keep refusing until no request came for this long ({@link DEFAULT_QUIET_MS};
+   * at most {@link MAX_QUIET_WAIT_MS} and the deadline left). */
+  quietMs?: number;
 }
 
 /** What a drain did. */
@@ -50,6 +67,8 @@ export interface DrainResult {
   unfinished: number;
   /** Milliseconds from the call of drain until it returned. */
   ms: number;
+  /** Requests refused with 503 `shutting_down` during the drain. */
+  refused: number;
 }
 
 const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
@@ -95,6 +114,8 @@ export class Drainer {
   #count = 0;
   #waiters: (() => void)[] = [];
   #refusing = false;
+  #refused = 0;
+  #lastRefusalAt = 0; // performance.now() of the last refusal, or of the drain's start
 
   /** Calls being handled now. */
   get count(): number {
@@ -107,6 +128,8 @@ export class Drainer {
   ): (req: Request, ...rest: A) => Promise<Response> {
     return async (req, ...rest) => {
       if (this.#refusing) {
+        this.#refused++;
+        this.#lastRefusalAt = performance.now();
         await req.body?.cancel().catch(() => {});
         return shuttingDown(req);
       }
@@ -124,15 +147,31 @@ export class Drainer {
     return this.#count === 0 ? Promise.resolve() : new Promise((r) => this.#waiters.push(r));
   }
 
-  /** Settles, stops taking calls, waits for the calls taken (or the deadline), closes. */
+  /**
+   * Settles, stops taking calls, waits for the calls taken (or the deadline), waits for the
+   * requests to stop coming, closes.
+   */
   async drain(server: { shutdown(): Promise<void> }, opts: DrainOptions): Promise<DrainResult> {
     const t0 = performance.now();
     const left = () => Math.max(0, opts.deadlineMs - (performance.now() - t0));
     await settle(opts.settleMs ?? DEFAULT_SETTLE_MS, opts.deadlineMs / 4);
     this.#refusing = true;
+    this.#lastRefusalAt = performance.now();
     const drained = (await within(this.idle(), left())) !== "deadline";
     const unfinished = this.#count;
+    if (drained) await this.#quiet(opts.quietMs ?? DEFAULT_QUIET_MS, left());
     await within(server.shutdown(), drained ? left() : 0);
-    return { drained, unfinished, ms: performance.now() - t0 };
+    return { drained, unfinished, ms: performance.now() - t0, refused: this.#refused };
+  }
+
+  /** Waits until no request was refused for `ms`, at most MAX_QUIET_WAIT_MS or `leftMs`. */
+  async #quiet(ms: number, leftMs: number): Promise<void> {
+    const until = performance.now() + Math.min(MAX_QUIET_WAIT_MS, leftMs);
+    for (;;) {
+      const now = performance.now();
+      const wait = this.#lastRefusalAt + ms - now;
+      if (wait <= 0 || now >= until) return;
+      await sleep(Math.min(wait, until - now));
+    }
   }
 }

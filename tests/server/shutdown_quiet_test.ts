@@ -1,0 +1,78 @@
+/**
+ * The end of a drain (server/shutdown.ts): the port closes only once requests have stopped
+ * coming. Clients that honour `Retry-After` keep connecting through a SIGTERM; each request gets
+ * a 200 or a 503 `shutting_down`, then their connects are refused; none is reset or closed
+ * unanswered (a client cannot tell whether such a call ran). Before the quiet window the port
+ * closed as soon as the calls in flight were done, resetting the connections the kernel had
+ * accepted and the server had not read. Each HTTP engine, on a real port.
+ */
+import assert from "node:assert/strict";
+import { spawnServer } from "./process.ts";
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+/** One `GET /healthz` on a new connection: its status, or what went wrong and where. */
+async function healthOnce(port: number): Promise<{ status: string; retryAfterS: number }> {
+  let conn: Deno.TcpConn;
+  try {
+    conn = await Deno.connect({ hostname: "127.0.0.1", port });
+  } catch (e) {
+    return { status: `connect ${(e as Error).name}`, retryAfterS: 0 };
+  }
+  try {
+    const req = `GET /healthz HTTP/1.1\r\nhost: 127.0.0.1:${port}\r\nconnection: close\r\n\r\n`;
+    await conn.write(new TextEncoder().encode(req));
+    const buf = new Uint8Array(8192);
+    let text = "";
+    for (;;) {
+      const n = await conn.read(buf);
+      if (n === null) break;
+      text += new TextDecoder().decode(buf.subarray(0, n));
+    }
+    const status = text.match(/^HTTP\/1\.1 (\d{3})/)?.[1] ?? `unanswered (${text.length} bytes)`;
+    const retry = Number(text.match(/\r\nretry-after: *(\d+)/i)?.[1] ?? 0);
+    return { status, retryAfterS: retry };
+  } catch (e) {
+    return { status: `read ${(e as Error).name}`, retryAfterS: 0 };
+  } finally {
+    try {
+      conn.close();
+    } catch { /* closed */ }
+  }
+}
+
+/** `n` clients connecting without pause until refused; a 503 waits its Retry-After first. */
+async function politeClients(port: number, n: number, seen: Map<string, number>) {
+  await Promise.all(Array.from({ length: n }, async () => {
+    for (;;) {
+      const r = await healthOnce(port);
+      seen.set(r.status, (seen.get(r.status) ?? 0) + 1);
+      if (r.status.startsWith("connect")) return;
+      if (r.status === "503") await sleep(Math.min(r.retryAfterS, 3) * 1000);
+    }
+  }));
+}
+
+for (const engine of ["deno", "http1"]) {
+  Deno.test(`shutdown (${engine}): clients that honour Retry-After are never reset`, async () => {
+    const srv = await spawnServer(["--no-gpu", "--http-engine", engine]);
+    try {
+      const seen = new Map<string, number>();
+      const clients = politeClients(srv.port, 8, seen);
+      await sleep(400);
+      srv.kill("SIGTERM");
+      const e = await srv.exited;
+      await clients;
+      const counts = JSON.stringify(Object.fromEntries(seen));
+      assert.equal(e.code, 0, e.stderr);
+      assert.ok((seen.get("200") ?? 0) > 0, counts);
+      const lost = [...seen.keys()].filter((s) =>
+        s !== "200" && s !== "503" && s !== "connect ConnectionRefused"
+      );
+      assert.deepEqual(lost, [], `answers: ${counts}; stderr:\n${e.stderr}`);
+    } finally {
+      srv.kill("SIGKILL");
+      await srv.exited;
+    }
+  });
+}
