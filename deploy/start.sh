@@ -23,8 +23,11 @@
 #   --max-body-bytes B  body limit of the instances and of nginx (default 536870912)
 #   -- SERVER_FLAGS     passed to every instance (e.g. --memory-budget-bytes, --token-file)
 #
-# Instance K is named iK (--instance-name iK: its answers carry X-Attention-Instance: iK) and
-# gets ATTN_GPU_INDEX=K in its environment. PREFIX/instances.tsv lists "name port pid" once
+# Instance K is named iK (--instance-name iK: its answers carry X-Attention-Instance: iK, and
+# nginx serves its /healthz, /metrics and /v1/device at /instances/iK/...) and gets
+# ATTN_GPU_INDEX=K in its environment. nginx's client_body_timeout follows the instances' body
+# timeout (--body-timeout-ms after --, else ATTN_BODY_TIMEOUT_MS, else 60 s) so that they, not
+# nginx, answer a stalled body (below, "nginx's body timeout"). PREFIX/instances.tsv lists "name port pid" once
 # all are listening; PREFIX/ready appears once nginx answers too. Environment: NGINX (the
 # nginx binary, default nginx from PATH or /usr/sbin/nginx), DENO (default deno).
 set -euo pipefail
@@ -77,6 +80,29 @@ for f in "${server_flags[@]}"; do
       ;;
   esac
 done
+# nginx's body timeout. The instances answer a body that stalls with their own 408 problem
+# (server/body_timeout.ts): a streamed body after --body-timeout-ms T without bytes, one read in
+# one piece (a safetensors body with a Content-Length) when not whole by its deadline, T plus 1 s
+# per 256 KiB declared (at most --max-body-bytes); a timer that fires late on a busy thread waits
+# once more. nginx, which closes the connection with no answer past its client_body_timeout,
+# waits twice the longest of those plus 5 s (at most 2^31-1 ms, as the instances): with the
+# defaults (60 s, 512 MiB) 4,221 s. The last --body-timeout-ms after -- wins, as on the instances.
+body_timeout=${ATTN_BODY_TIMEOUT_MS:-60000}
+for ((i = 0; i < ${#server_flags[@]}; i++)); do
+  case ${server_flags[i]} in
+    --body-timeout-ms) body_timeout=${server_flags[i + 1]:-}; i=$((i + 1)) ;;
+    --body-timeout-ms=*) body_timeout=${server_flags[i]#*=} ;;
+  esac
+done
+max_timer_ms=2147483647
+if ! [[ $body_timeout =~ ^[0-9]{1,10}$ ]] ||
+  ((10#$body_timeout < 1 || 10#$body_timeout > max_timer_ms)); then
+  echo "start.sh: the instances' body timeout (--body-timeout-ms or ATTN_BODY_TIMEOUT_MS) must be an integer from 1 to $max_timer_ms, got \"$body_timeout\"" >&2
+  exit 2
+fi
+whole_read_ms=$(((10#$max_body + 262143) / 262144 * 1000))
+nginx_body_timeout_ms=$((2 * (10#$body_timeout + whole_read_ms) + 5000))
+((nginx_body_timeout_ms > max_timer_ms)) && nginx_body_timeout_ms=$max_timer_ms
 token=0
 [[ -n ${ATTN_TOKEN:-} ]] && token=1
 for f in "${server_flags[@]}"; do
@@ -156,11 +182,13 @@ for ((k = 0; k < n; k++)); do
 done
 
 # --- nginx ---
-pool="" ups="" map=""
+pool="" ups="" map="" names="" names_json=""
 for ((k = 0; k < n; k++)); do
   pool+="    server 127.0.0.1:$((base + k)) max_fails=0;"$'\n'
   ups+="  upstream attn_i$k {"$'\n'"    server 127.0.0.1:$((base + k)) max_fails=0;"$'\n'"    keepalive 8;"$'\n'"  }"$'\n'
   map+="    i$k attn_i$k;"$'\n'
+  names+="${names:+, }i$k"
+  names_json+="${names_json:+,}\"i$k\""
 done
 user=""
 [[ $(id -u) -eq 0 ]] && user="user $(id -un) $(id -gn);"
@@ -174,6 +202,9 @@ conf=${conf//@USER@/$user}
 conf=${conf//@POOL_SERVERS@/${pool%$'\n'}}
 conf=${conf//@INSTANCE_UPSTREAMS@/${ups%$'\n'}}
 conf=${conf//@INSTANCE_MAP@/${map%$'\n'}}
+conf=${conf//@INSTANCE_NAMES@/$names}
+conf=${conf//@INSTANCE_NAMES_JSON@/[$names_json]}
+conf=${conf//@CLIENT_BODY_TIMEOUT_MS@/$nginx_body_timeout_ms}
 printf '%s\n' "$conf" >"$prefix/nginx.conf"
 "$nginx_bin" -t -q -p "$prefix" -c "$prefix/nginx.conf" -e "$prefix/error.log"
 # Something else on the port would answer the readiness probe below for nginx.

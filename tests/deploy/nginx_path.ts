@@ -15,8 +15,18 @@ export function findNginx(): string | null {
   return null;
 }
 
+/**
+ * The ports {@link freePorts} draws from: `ATTN_TEST_PORTS=LOW-HIGH` (e.g. 39100-39199, where test
+ * runs that share a machine are each given a range), else 20000-49999.
+ */
+function portRange(): { low: number; high: number } {
+  const m = /^(\d+)-(\d+)$/.exec(Deno.env.get("ATTN_TEST_PORTS") ?? "");
+  return m ? { low: Number(m[1]), high: Number(m[2]) } : { low: 20000, high: 49999 };
+}
+
 /** A free port and, after it, `count` consecutive free ports (probed by listening). */
 export function freePorts(count: number): { port: number; base: number } {
+  const { low, high } = portRange();
   const free = (p: number) => {
     try {
       Deno.listen({ hostname: "127.0.0.1", port: p }).close();
@@ -26,7 +36,7 @@ export function freePorts(count: number): { port: number; base: number } {
     }
   };
   for (let tries = 0; tries < 200; tries++) {
-    const port = 20000 + Math.floor(Math.random() * 30000);
+    const port = low + Math.floor(Math.random() * (high - low - count + 1));
     const all = Array.from({ length: count + 1 }, (_, i) => port + i);
     if (all.every(free)) return { port, base: port + 1 };
   }
