@@ -1,6 +1,6 @@
 /**
  * Dawn's event-poll ticks as a server's `/metrics` counts them (`attn_dawn_poll_ticks_total`,
- * server/metrics.ts; summed over device threads), so the HTTP bench can say how many of a
+ * server/metrics_pools.ts; summed over device threads), so the HTTP bench can say how many of a
  * phase's ticks ran at once and how many as paced timers (gpu/dawn_tick_pace.ts: a wait past
  * `ATTN_DAWN_TICK_SPIN_MS` ms, each paced tick up to a timer late).
  * @module

@@ -11,7 +11,7 @@
  * `ATTN_GPU_POOL_MAX_FREE_BYTES`) and those in use are outside `--memory-budget-bytes`, which
  * counts KV caches only; each device thread has its own device, so its own pool. /metrics shows
  * them: `attn_gpu_buffer_pool_{free,in_use,max_free}_bytes` and the buffers created and reused
- * (server/metrics.ts).
+ * (server/metrics_pools.ts).
  * @module
  */
 import type { GpuContext } from "../core/types.ts";

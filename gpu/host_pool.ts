@@ -16,7 +16,7 @@
  * and those out on leases are outside `--memory-budget-bytes`, which counts KV caches only; the
  * pool is per thread (each device thread has its own). /metrics shows them:
  * `attn_host_pool_{free,in_use,max_free}_bytes` and the buffers created, reused and leaked
- * (server/metrics.ts).
+ * (server/metrics_pools.ts).
  * @module
  */
 import { DEFAULT_POOL_MAX_FREE_BYTES, poolCapSetting, sizeClass } from "./buffer_pool.ts";

@@ -10,12 +10,27 @@
  * Labels take bounded values only: the route is a route template or "unmatched" (never the
  * path), and a method outside {@link KNOWN_METHODS} is counted as "other", so no client can
  * grow the number of series.
+ *
+ * The pools and the plan cache are read and rendered by server/metrics_pools.ts, and the text
+ * format's labels, samples and histograms are server/metrics_text.ts's; this module keeps the
+ * counters and renders the whole.
  * @module
  */
-import { bufferPoolTotals } from "../gpu/buffer_pool.ts";
-import { hostPool } from "../gpu/host_pool.ts";
-import { mapReadCounts } from "../gpu/map_read.ts";
-import { dawnTickPacing } from "../gpu/dawn_tick_pace.ts";
+import { type Histogram, labels, observe, renderHistogram } from "./metrics_text.ts";
+import {
+  type MemoryPools,
+  type PlanCacheGauges,
+  renderPlanCache,
+  renderPools,
+  threadMemoryPools,
+} from "./metrics_pools.ts";
+
+export {
+  type MemoryPools,
+  type PlanCacheGauges,
+  type PoolGauges,
+  threadMemoryPools,
+} from "./metrics_pools.ts";
 
 /** The methods counted under their own name (RFC 9110 and PATCH); any other is "other". */
 export const KNOWN_METHODS: readonly string[] = [
@@ -94,104 +109,6 @@ export const FORWARD_PHASES = [
   "total",
 ] as const;
 
-/** A histogram's counts. */
-interface Histogram {
-  counts: number[];
-  sum: number;
-  n: number;
-}
-
-function observe(h: Histogram, buckets: number[], seconds: number): void {
-  for (let i = 0; i < buckets.length; i++) if (seconds <= buckets[i]) h.counts[i]++;
-  h.sum += seconds;
-  h.n++;
-}
-
-function renderHistogram(
-  out: string[],
-  name: string,
-  l: Record<string, string>,
-  buckets: number[],
-  h: Histogram,
-): void {
-  buckets.forEach((le, i) =>
-    out.push(`${name}_bucket${labels({ ...l, le: String(le) })} ${h.counts[i]}`)
-  );
-  out.push(`${name}_bucket${labels({ ...l, le: "+Inf" })} ${h.n}`);
-  out.push(`${name}_sum${labels(l)} ${h.sum}`);
-  out.push(`${name}_count${labels(l)} ${h.n}`);
-}
-
-/** One memory pool as /metrics shows it. */
-export interface PoolGauges {
-  free_bytes: number;
-  in_use_bytes: number;
-  /** The cap on free bytes (free buffers past it are dropped, largest first). */
-  max_free_bytes: number;
-  /** Buffers ever created and acquires served from the pool (counters). */
-  created: number;
-  reused: number;
-}
-
-/** The memory pools outside the memory budget, read at scrape time. */
-export interface MemoryPools {
-  /** This thread's GPU buffer pools, summed over its live devices. */
-  gpu: PoolGauges;
-  /** This thread's host read-back pool, with the leases the garbage collector found unreleased. */
-  host: PoolGauges & { leaked: number };
-  /** This thread's forward read-backs by how they completed (gpu/map_read.ts). */
-  readbacks: { early: number; awaited: number; deferred: number; by_submit: number };
-  /**
-   * Dawn's event-poll ticks on this thread (gpu/dawn_tick_pace.ts), run at once or paced as
-   * timers; absent where the pacer is not installed (Dawn never loaded here).
-   */
-  dawn_poll?: { immediate: number; paced: number };
-  /**
-   * The process's resident set and this thread's V8 heap (Deno.memoryUsage()); absent where not
-   * read. Under Dawn the resident set grows by about 0.5 KB a forward call that no heap or pool
-   * here shows (bench/NOTES.md v0.33: Deno 2.9.6's Node-API layer frees neither its per-object
-   * wrappers nor its per-callback blocks).
-   */
-  memory?: { rss: number; heap_used: number; heap_total: number };
-}
-
-/** The pools of this thread (gpu/buffer_pool.ts, gpu/host_pool.ts). */
-export function threadMemoryPools(): MemoryPools {
-  const g = bufferPoolTotals(), h = hostPool.stats();
-  return {
-    gpu: g,
-    host: {
-      free_bytes: h.free_bytes,
-      in_use_bytes: h.in_use_bytes,
-      max_free_bytes: hostPool.maxFreeBytes,
-      created: h.created,
-      reused: h.reused,
-      leaked: h.leaked,
-    },
-    readbacks: { ...mapReadCounts },
-    ...dawnPoll(),
-    memory: processMemory(),
-  };
-}
-
-function processMemory(): MemoryPools["memory"] {
-  const m = Deno.memoryUsage();
-  return { rss: m.rss, heap_used: m.heapUsed, heap_total: m.heapTotal };
-}
-
-function dawnPoll(): Pick<MemoryPools, "dawn_poll"> {
-  const ticks = dawnTickPacing();
-  return ticks ? { dawn_poll: { immediate: ticks.immediate, paced: ticks.paced } } : {};
-}
-
-/** The plan cache's counters (service/plan_cache.ts PlanCacheStats). */
-export interface PlanCacheGauges {
-  size: number;
-  hits: number;
-  misses: number;
-  disposed: number;
-}
-
 /** Live values read at scrape time. */
 export interface MetricsGauges {
   cacheBytes?: () => number;
@@ -202,10 +119,6 @@ export interface MetricsGauges {
   /** The plan cache's counters (e.g. `() => service.plans.stats()`); none shown without. */
   planCache?: () => PlanCacheGauges;
 }
-
-const esc = (v: string) => v.replace(/\\/g, "\\\\").replace(/\n/g, "\\n").replace(/"/g, '\\"');
-const labels = (l: Record<string, string>) =>
-  `{${Object.entries(l).map(([k, v]) => `${k}="${esc(v)}"`).join(",")}}`;
 
 /** Adds one to the counter of labels `l` in `m`. */
 function count(
@@ -317,7 +230,8 @@ export class Metrics {
     }
     out.push(
       "# HELP attn_forward_phase_seconds Forward call phases by backend and phase (parse, " +
-        "validate, plan, queue, encode, write, attend, gpu, gpu_and_readback, encode_response, total).",
+        "validate, plan, queue, encode, write, attend, gpu, gpu_and_readback, encode_response, " +
+        "total).",
     );
     out.push("# TYPE attn_forward_phase_seconds histogram");
     for (const { l, h } of this.#phases.values()) {
@@ -345,96 +259,4 @@ export class Metrics {
     if (g.planCache) renderPlanCache(out, g.planCache());
     return out.join("\n") + "\n";
   }
-}
-
-/** `[name suffix, type, help, value]` of each sample. */
-type Samples = [string, "gauge" | "counter", string, number][];
-
-/** Samples, each with its HELP and TYPE lines. */
-function samples(out: string[], prefix: string, list: Samples): void {
-  for (const [suffix, type, help, v] of list) {
-    const name = `${prefix}_${suffix}`;
-    out.push(`# HELP ${name} ${help}`, `# TYPE ${name} ${type}`, `${name} ${v}`);
-  }
-}
-
-function renderPools(out: string[], p: MemoryPools): void {
-  const outside = "outside the KV-cache memory budget";
-  const pool = (what: string, s: PoolGauges): Samples => [
-    ["free_bytes", "gauge", `Bytes kept free by the ${what}, ${outside}.`, s.free_bytes],
-    ["in_use_bytes", "gauge", `Bytes in use from the ${what}, ${outside}.`, s.in_use_bytes],
-    ["max_free_bytes", "gauge", `Cap on the free bytes of the ${what}.`, s.max_free_bytes],
-    ["created_total", "counter", `Buffers created by the ${what}.`, s.created],
-    ["reused_total", "counter", `Acquires served from the ${what}.`, s.reused],
-  ];
-  samples(
-    out,
-    "attn_gpu_buffer_pool",
-    pool("GPU buffer pool (summed over this thread's devices)", p.gpu),
-  );
-  samples(out, "attn_host_pool", [
-    ...pool("host read-back pool", p.host),
-    [
-      "leaked_total",
-      "counter",
-      "Read-back leases the garbage collector found unreleased.",
-      p.host.leaked,
-    ],
-  ]);
-  samples(out, "attn_gpu_readback", [
-    [
-      "early_total",
-      "counter",
-      "Read-backs read as soon as the GPU was done (Deno's runtime, without its 10 ms sleep).",
-      p.readbacks.early,
-    ],
-    [
-      "awaited_total",
-      "counter",
-      "Read-backs read when mapAsync resolved (Dawn; on Deno's runtime each buffer's first, or a fallback).",
-      p.readbacks.awaited,
-    ],
-    [
-      "deferred_total",
-      "counter",
-      "Read-backs deferred one turn so that the thread's other ready calls ran first (Deno's runtime).",
-      p.readbacks.deferred,
-    ],
-    [
-      "by_submit_total",
-      "counter",
-      "Deferred read-backs a later call mapped before its own launch (Deno's runtime).",
-      p.readbacks.by_submit,
-    ],
-  ]);
-  if (p.memory) {
-    samples(out, "attn", [
-      [
-        "process_resident_memory_bytes",
-        "gauge",
-        "The whole process's resident set (every thread reports it).",
-        p.memory.rss,
-      ],
-      ["v8_heap_used_bytes", "gauge", "This thread's V8 heap in use.", p.memory.heap_used],
-      ["v8_heap_total_bytes", "gauge", "This thread's V8 heap committed.", p.memory.heap_total],
-    ]);
-  }
-  if (!p.dawn_poll) return;
-  const name = "attn_dawn_poll_ticks_total";
-  out.push(
-    `# HELP ${name} Dawn event-poll ticks by whether they ran at once or as paced timers ` +
-      "(a wait past ATTN_DAWN_TICK_SPIN_MS: each such tick can find the GPU done up to a timer late).",
-    `# TYPE ${name} counter`,
-    `${name}${labels({ paced: "false" })} ${p.dawn_poll.immediate}`,
-    `${name}${labels({ paced: "true" })} ${p.dawn_poll.paced}`,
-  );
-}
-
-function renderPlanCache(out: string[], c: PlanCacheGauges): void {
-  samples(out, "attn_plan_cache", [
-    ["plans", "gauge", "Plans held by the plan cache.", c.size],
-    ["hits_total", "counter", "Plan-cache lookups that found a plan.", c.hits],
-    ["misses_total", "counter", "Plan-cache lookups that built a plan.", c.misses],
-    ["disposed_total", "counter", "Plans the plan cache disposed of.", c.disposed],
-  ]);
 }

@@ -75,8 +75,8 @@ export function openApiDocument(): Record<string, unknown> {
     target: "draft-2020-12",
     io: "input",
     uri: (id) => `#/components/schemas/${id}`,
-    // The tensors' `data` elements are z.custom (wire/schemas.ts jsonNumber); their meta gives
-    // the type.
+    // The tensors' `data` elements are z.custom (wire/field_schemas.ts jsonNumber); their meta
+    // gives the type.
     unrepresentable: "any",
   }) as { schemas: Record<string, Record<string, unknown>> };
   for (const s of Object.values(schemas)) {

@@ -57,7 +57,10 @@ export class Unrepresentable extends Error {
 
 const TENSOR_KEYS = ["dtype", "shape", "data", "base64"];
 const METADATA_KEYS = ["query_start_loc", "seq_lens", "block_table", "slot_mapping"];
-/** The fields a binary forward's `__metadata__.request` carries (wire/schemas.ts forwardCommon). */
+/**
+ * The fields a binary forward's `__metadata__.request` carries (wire/request_schemas.ts
+ * forwardCommon).
+ */
 const REQUEST_KEYS = [
   "backend",
   "dtype",
