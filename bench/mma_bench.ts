@@ -6,11 +6,11 @@
  * 4 * sum_i(q_i * visible_i) * H * D / time. Every variant is checked: sampled rows against a
  * float64 CPU reference, and every element against the first variant that passed that check,
  * so a fast-but-wrong variant is flagged, not ranked. A name `base~no<stage>` or
- * `base~no<stage>+<stage>` (ABLATIONS below; gpu/flash_mma_shape.ts MmaAblation) is an ablation of
- * `base` that leaves those stages out: timed, wrong by design, marked "ablation, not checked",
- * never a failure. `--check-ablations` checks them too, for the cuts a case leaves right (e.g.
- * `~nolive` on a non-causal case, `~norescale` where no rescale happens after the first tile):
- * "ablation, right" or "ablation, differs", still never a failure.
+ * `base~no<stage>+<stage>` (ABLATIONS below; gpu/flash_mma_ablation.ts MmaAblation) is an
+ * ablation of `base` that leaves those stages out: timed, wrong by design, marked "ablation, not
+ * checked", never a failure. `--check-ablations` checks them too, for the cuts a case leaves
+ * right (e.g. `~nolive` on a non-causal case, `~norescale` where no rescale happens after the
+ * first tile): "ablation, right" or "ablation, differs", still never a failure.
  *
  * Usage: deno run -A bench/mma_bench.ts [--small] [--iters N] [--only name,name]
  *   [--cases 4x1024,8x4096,4x4096n,2x1056n-h16k4,4x1024-bf16] [--check-ablations] [--json] (see parseCase:

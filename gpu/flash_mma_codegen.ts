@@ -3,9 +3,9 @@
  * straight-line matrix code unrolled for one variant (Q fragments, S = Q K^T, O += P V, with K
  * and V from the staged tiles or, `direct`, from the f16 cache; the O passes through workgroup
  * memory for rescaling and output), and the whole source with every placeholder filled
- * ({@link flashMmaSource}), a bench ablation leaving its stage out. Shapes and layout live in
- * gpu/flash_mma_shape.ts, the softmax in gpu/flash_mma_softmax.ts, K/V staging and decoders in
- * gpu/flash_mma_staging.ts.
+ * ({@link flashMmaSource}), a bench ablation leaving its stage out. Shapes live in
+ * gpu/flash_mma_shape.ts, the layout in gpu/flash_mma_layout.ts, the softmax in
+ * gpu/flash_mma_softmax.ts, K/V staging and decoders in gpu/flash_mma_staging.ts.
  * @module
  */
 import {

@@ -19,7 +19,7 @@ export const MMA_FEATURE = "chromium-experimental-subgroup-matrix";
 
 /**
  * The tensor-core prefill kernel, as data. Its Params are the portable kernel's and the
- * workgroup tiles' row strides (gpu/flash_mma_shape.ts `MmaLayout`; equal to the kernel's
+ * workgroup tiles' row strides (gpu/flash_mma_layout.ts `MmaLayout`; equal to the kernel's
  * KSTR, PSTR and SSTR): every `subgroupMatrixLoad` / `Store` on workgroup memory takes its
  * stride from them. With a constant stride there (and Dawn's robustness off, which otherwise
  * makes the stride a `select`), NVIDIA's driver 580.159 on the H200 computed wrong results

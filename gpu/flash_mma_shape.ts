@@ -1,47 +1,21 @@
 /**
  * The compile-time shape of the subgroup-matrix prefill kernel (wgsl/flash_mma.wgsl): what a
  * batch and a device fix ({@link MmaTarget}), the kernel shape ({@link MmaShape}), the shapes
- * tried in order ({@link MMA_SHAPES}), and the workgroup-memory layout they imply
- * ({@link mmaLayout}), with the reason a shape cannot be compiled ({@link mmaShapeProblem}).
+ * tried in order ({@link MMA_SHAPES}) and the first that compiles ({@link chooseMmaShape}).
+ * Re-exported from their own modules: the workgroup-memory layout they imply
+ * (gpu/flash_mma_layout.ts {@link mmaLayout}, {@link strideArg}), the reason a shape cannot be
+ * compiled (gpu/flash_mma_shape_problem.ts {@link mmaShapeProblem}), the bench-only ablations
+ * (gpu/flash_mma_ablation.ts) and the named shapes (gpu/flash_mma_variants.ts).
  * @module
  */
 import type { StorageDType } from "../core/types.ts";
-import { envVar } from "../core/env.ts";
+import type { MmaAblation } from "./flash_mma_ablation.ts";
+import { mmaShapeProblem } from "./flash_mma_shape_problem.ts";
 
-/** What a bench-only ablation leaves out (results wrong by design; never planned by a backend). */
-export type MmaAblation =
-  | "softmax"
-  | "stage"
-  | "qk"
-  | "pv"
-  | "rescale" // the O rescale, its flag and the uniform load's barriers (timing only)
-  | "live" // the causal / window tile-liveness test: every subgroup runs every tile
-  | "loop" // rescale and live together: the loop's bookkeeping the v0.7 ladder lacks
-  | "count" // the key loop's trip count a compile-time constant (ATTN_MMA_ABLATE_TILES, default
-  // 264: the `1x4224n-h4k1` bench case's tiles; other shapes read wrong keys): what the
-  // run-time count costs (the ladder's -xd: 16%)
-  | "qpass" // Q's fragments loaded once, unconditionally, as `let`s (wrong data): what the
-  // passes' conditional assignments to the fragment `var`s cost in the loop
-  | "epilogue" // the O passes' barriers and output writes after the loop (the fixed
-  // per-workgroup cost); O is still stored to workgroup memory, so PV stays live
-  | "round" // the output's rounding: round_pair keeps the top halves of the f32 bits
-  | "write" // the output's stores: the epilogue's words folded into one a lane, not stored
-  | "specials" // the non-finite values of tiles not every row sees whole (gpu/
-  // flash_mma_specials.ts): staged as they are, no repair (right for finite caches)
-  | "bare"; // loop, softmax and epilogue together: QK, staging and PV in the kernel's frame
-
-/**
- * The stages a shape's `ablate` leaves out (`+`-joined names; `loop` and `bare` stand for
- * several); empty for a real shape.
- */
-export function ablatedStages(shape: MmaShape): Set<string> {
-  const groups: Record<string, string[]> = {
-    loop: ["rescale", "live"],
-    bare: ["rescale", "live", "softmax", "epilogue"],
-  };
-  const names = shape.ablate ? shape.ablate.split("+") : [];
-  return new Set(names.flatMap((a) => groups[a] ?? [a]));
-}
+export { ablatedStages, type MmaAblation } from "./flash_mma_ablation.ts";
+export { type MmaLayout, mmaLayout, strideArg } from "./flash_mma_layout.ts";
+export { mmaShapeProblem } from "./flash_mma_shape_problem.ts";
+export { MMA_VARIANTS } from "./flash_mma_variants.ts";
 
 /** A kernel shape. Rows per workgroup = nsg * rm * m. */
 export interface MmaShape {
@@ -211,116 +185,6 @@ export interface MmaConsts extends MmaTarget, FullMmaShape {
   [k: string]: string | number | boolean;
 }
 
-/** Derived compile-time sizes of one variant. */
-export interface MmaLayout {
-  rows: number;
-  wg: number;
-  /** A K buffer's length (f16), the stride between the loop's buffers. */
-  ktLen: number;
-  /** kt_s's declared length (f16): two K buffers (with P over them, or after them: stagger). */
-  ktDecl: number;
-  /** V buffers (f16, ktLen-sized unless direct): 2, or 3 for stagger. */
-  vtBufs: number;
-  qpass: number;
-  lpr: number;
-  rpl: number;
-  e16: number;
-  /**
-   * Row strides (elements) of the workgroup tiles: K, V and Q (f16), P (f16), S and O (f32).
-   * Compile-time in the kernel's index math and in its matrix calls; also Params words, which
-   * the calls take instead under the bench-only `ATTN_MMA_RUNTIME_STRIDES` (see `strideArg`).
-   */
-  kstr: number;
-  pstr: number;
-  sstr: number;
-  /** f32 row stride of the epilogue's O passes (ocols + 4) and the length of s_s in floats. */
-  ostr: number;
-  sLen: number;
-  /** Workgroup memory in bytes. */
-  shared_bytes: number;
-}
-const BYTES: Record<StorageDType, number> = {
-  float32: 4,
-  float16: 2,
-  bfloat16: 2,
-  fp8_e4m3: 1,
-  fp8_e5m2: 1,
-};
-
-/** Why `shape` cannot be compiled for `t` (within `maxShared` bytes), or null. */
-export function mmaShapeProblem(
-  t: MmaTarget,
-  shape: MmaShape,
-  maxShared = Infinity,
-): string | null {
-  const { m, n, k, d, sg } = t;
-  const mr = m * shape.rm;
-  if (d % n || d % k || d % 16) return `head_size ${d} is not a multiple of ${Math.max(n, k, 16)}`;
-  if (shape.bk % n || shape.bk % k) return `bk ${shape.bk} is not a multiple of ${n} and ${k}`;
-  if (sg % mr && mr % sg) return `subgroup size ${sg} and ${mr} rows per subgroup do not nest`;
-  if (shape.bk / Math.max(1, sg / mr) < 2) return `bk ${shape.bk} leaves a lane under 2 keys`;
-  if (!(shape.tau >= 0 && shape.tau <= 11)) return `tau ${shape.tau} is outside 0..11`;
-  if (shape.direct) {
-    if (t.kv !== "float16" || t.enc) return `direct loads need an f16 cache, not ${t.kv}`;
-    if (t.nchunk !== 1) return `direct loads need one cache buffer, not ${t.nchunk}`;
-    if (t.bs % n || t.bs % k) {
-      return `direct loads need block_size ${t.bs} a multiple of ${n}, ${k}`;
-    }
-    if (ablatedStages(shape).has("stage")) return "direct loads stage nothing to leave out";
-  }
-  const qs = shape.qsplit ?? 1;
-  if (![1, 2, 4].includes(qs) || (d / k) % qs) {
-    return `qsplit ${qs} is not 1, 2 or 4 dividing ${d / k} k-steps`;
-  }
-  if (shape.mstage) {
-    if (shape.direct) return "matrix staging and direct loads exclude each other";
-    if (t.kv !== "float16" || t.enc) return `matrix staging needs an f16 cache, not ${t.kv}`;
-    if (t.nchunk !== 1) return `matrix staging needs one cache buffer, not ${t.nchunk}`;
-    if (t.bs % t.m) return `matrix staging needs block_size ${t.bs} a multiple of ${t.m}`;
-  }
-  const ds = shape.dsplit ?? 1;
-  if (ds !== 1) {
-    if (ds !== 2 || shape.nsg % 2) return `dsplit ${ds} is not 1, or 2 with an even nsg`;
-    if (shape.direct || shape.mstage || shape.sgresc || (shape.qsplit ?? 1) !== 1) {
-      return "dsplit needs staged tiles, the workgroup's rescale flag and one S chain";
-    }
-    if ((d / 2) % Math.max(n, k, shape.bk)) return `dsplit 2 halves head_size ${d} unevenly`;
-  }
-  // The epilogue's pass: `oc` columns over `lpr` lanes a row (mmaLayout's LPR).
-  const oc = shape.ocols || shape.bk, org = shape.oregions ?? 1, lpr = Math.max(1, sg / mr);
-  if (oc !== shape.bk || org !== 1) {
-    if ((shape.dsplit ?? 1) !== 1) return "ocols / oregions need dsplit 1";
-    if (oc % n || d % oc || oc % lpr) {
-      return `ocols ${oc} does not split head_size ${d} into whole matrices and lanes`;
-    }
-    if (org !== 1 && org !== 2) return `oregions ${org} is not 1 or 2`;
-  }
-  if (shape.ovec && (oc / lpr) % 8) {
-    return `ovec needs 8 output columns a lane (ocols ${oc}, ${lpr} lanes a row)`;
-  }
-  if (shape.pipe) {
-    if (shape.direct || shape.mstage || shape.sgresc || (shape.dsplit ?? 1) !== 1 || shape.late) {
-      return "pipe needs staged tiles, the workgroup's rescale flag, dsplit 1 and no late stores";
-    }
-    if (ablatedStages(shape).has("count")) return "pipe runs one step past the tiles: no count cut";
-  }
-  if (shape.stagger) {
-    const other = shape.direct || shape.mstage || shape.sgresc || shape.late || shape.pipe;
-    if (shape.nsg % 2 || other || (shape.dsplit ?? 1) !== 1 || (shape.qsplit ?? 1) !== 1) {
-      return "stagger needs an even nsg, staged tiles, one S chain and no other loop form";
-    }
-    if ((shape.oregions ?? 1) !== 1 || shape.ablate) return "stagger takes no oregions or ablation";
-  }
-  if (shape.sgresc && ablatedStages(shape).has("rescale")) {
-    return `the ${shape.ablate} ablation cuts the per-subgroup rescale's lane flags`;
-  }
-  const bytes = mmaLayout(t, shape).shared_bytes;
-  if (bytes > maxShared) return `needs ${bytes} B of workgroup memory (limit ${maxShared})`;
-  return null;
-}
-
-export { MMA_VARIANTS } from "./flash_mma_variants.ts";
-
 /**
  * Shapes in order of preference: the first that fits the device is the default. All with the
  * fast softmax (v0.8: +21% on the H200 at 8 x 4096, opt-in until its tests could finish there:
@@ -345,66 +209,4 @@ export const MMA_SHAPES: readonly MmaShape[] = [
 /** The first of {@link MMA_SHAPES} that compiles for `t` within `maxShared` bytes. */
 export function chooseMmaShape(t: MmaTarget, maxShared: number): MmaShape | null {
   return MMA_SHAPES.find((s) => mmaShapeProblem(t, s, maxShared) === null) ?? null;
-}
-
-/** Sizes of the kernel's arrays (see wgsl/flash_mma.wgsl). */
-export function mmaLayout(t: MmaTarget, shape: MmaShape): MmaLayout {
-  const { d, sg } = t, mr = t.m * shape.rm;
-  const ds = shape.dsplit ?? 1;
-  const rows = mr * shape.nsg / ds, kstr = d + 8, sstr = shape.bk + 4, pstr = shape.bk + 8;
-  // Direct loads: kt_s holds the Q passes, P and the last tile's V; there is no V tile.
-  const kTile = shape.direct ? 0 : shape.bk * kstr;
-  // stagger: K buffers of a tile each, then P (a half's rows: one buffer, then two).
-  const ktLen = shape.stagger ? shape.bk * kstr : Math.max(shape.bk * kstr, rows * pstr, mr * kstr);
-  const ktDecl = shape.stagger ? Math.max(2 * ktLen + 3 * (rows / 2) * pstr, mr * kstr) : 2 * ktLen;
-  const vtBufs = shape.stagger ? 3 : 2;
-  // Q rows staged a pass: in one K buffer (stagger: in all of kt_s).
-  const qpass = Math.min(rows, Math.floor((shape.stagger ? ktDecl : ktLen) / kstr / mr) * mr);
-  const e16 = 16 / BYTES[t.kv];
-  // One S array a chain (a D half's for dsplit); the epilogue's O pass regions.
-  const ostr = (shape.ocols || shape.bk) + 4;
-  // stagger: S, then the second half's rows of the O rescale (its S rows are in use then).
-  const sLen = Math.max(
-    rows * sstr * (shape.qsplit ?? 1) * ds * (shape.stagger ? 1.5 : 1),
-    rows * ostr * (shape.oregions ?? 1) * ds,
-  );
-  const shared_bytes = 2 * (ktDecl + vtBufs * kTile) + 4 * sLen + 12;
-  return {
-    rows,
-    wg: sg * shape.nsg,
-    ktLen,
-    ktDecl,
-    vtBufs,
-    qpass,
-    lpr: Math.max(1, sg / mr),
-    rpl: Math.max(1, mr / sg),
-    e16,
-    kstr,
-    pstr,
-    sstr,
-    ostr,
-    sLen,
-    shared_bytes,
-  };
-}
-
-/** Kinds of workgroup matrix call, for the bench-only run-time stride probe. */
-const STRIDE_KINDS = ["q", "k", "v", "p", "s", "o", "m"] as const;
-
-/**
- * The stride argument of one kind of workgroup matrix call: the WGSL constant (`KSTR`, `PSTR`,
- * `SSTR`). Constant strides read wrong tiles on the H200 while the kernel declared three scalar
- * workgroup variables beside its tiles (bench/NOTES.md v0.12-v0.13); with them packed into one
- * 16-byte array they are right in every variant and test there, and 8 x 4096 runs at 99.2
- * TFLOP/s against 81.0 with the Params words (v0.16). The kinds named in the bench-only
- * `ATTN_MMA_RUNTIME_STRIDES` (comma list of q, k, v, p, s, o, m (mstage stores), or `all`) take
- * the Params word `U.<word>` instead, for an A/B. Read when a kernel's source is generated: a
- * pipeline already cached keeps the strides it was built with.
- */
-export function strideArg(
-  kind: (typeof STRIDE_KINDS)[number],
-  word: "kstr" | "pstr" | "sstr",
-): string {
-  const set = (envVar("ATTN_MMA_RUNTIME_STRIDES") ?? "").split(",");
-  return set.includes(kind) || set.includes("all") ? `U.${word}` : word.toUpperCase();
 }

@@ -33,21 +33,9 @@
  * @module
  */
 import { ServiceError } from "../../core/errors.ts";
-import {
-  atDeadline,
-  pastDeadline,
-  type QueueDeadline,
-  queueTimeoutError,
-} from "../../core/queue_timeout.ts";
+import { pastDeadline, type QueueDeadline, queueTimeoutError } from "../../core/queue_timeout.ts";
 import type { HostKvCache } from "./host_cache.ts";
 import type { ForwardBatch } from "../../core/types.ts";
-
-/** What a worker computed: the output in float32 (values of the batch dtype), LSE, timings. */
-export interface HostResult {
-  output: Float32Array;
-  lse: Float32Array | null;
-  timings?: Record<string, number>;
-}
 import {
   type CallReply,
   type CallRequest,
@@ -55,63 +43,32 @@ import {
   cancelledError,
   closedError,
   crashedError,
-  fromWire,
   PENDING,
-  toWireBatch,
   type WarmRequest,
   WRITING,
-  WRITTEN,
 } from "./protocol.ts";
-import { restoreRows, undoBytes } from "./undo.ts";
+import { undoBytes } from "./undo.ts";
+import {
+  applyReply,
+  callRequest,
+  type HostResult,
+  type Job,
+  newJob,
+  settle,
+  undoJob,
+  unqueue,
+  watchJob,
+} from "./pool_job.ts";
+import {
+  type CpuPoolOptions,
+  defaultPoolSize,
+  DEVICE_THREAD_WARM_WORKERS,
+  type Slot,
+  spawnSlot,
+  terminateIdle,
+} from "./pool_workers.ts";
 
-/** Options of {@link CpuWorkerPool}. */
-export interface CpuPoolOptions {
-  /** Most workers at once (default {@link defaultPoolSize}). */
-  size?: number;
-  /** The worker module (default backends/cpu/worker.ts); tests pass faulty ones. */
-  workerUrl?: URL;
-  /** Milliseconds a worker may sit idle before it is terminated (default 10,000). */
-  idleMs?: number;
-}
-
-/**
- * The workers a device thread keeps started ({@link CpuWorkerPool.keepWarm}): on Deno 2.9.6 a
- * worker started from inside a worker takes about 1 s to answer its first call (one thread:
- * about 30 ms), which the first CPU_REFERENCE call after each idle-out paid (bench/NOTES.md v0.20).
- */
-export const DEVICE_THREAD_WARM_WORKERS = 1;
-
-/** cores - 1 (one core stays with the event loop), at least 1, at most 8. */
-export function defaultPoolSize(cores: number = navigator.hardwareConcurrency): number {
-  return Math.max(1, Math.min(8, Math.floor(cores || 1) - 1));
-}
-
-/** One call, from enqueue to settle. */
-interface Job {
-  request: CallRequest;
-  batch: ForwardBatch;
-  cache: HostKvCache | null;
-  control: Int32Array;
-  undo: Uint8Array | null;
-  enqueued: number;
-  started: number;
-  settled: boolean;
-  /** The signal aborted while the worker was writing: stop it once the write is complete. */
-  stopWhenWritten: boolean;
-  /** Its queue timeout: still queued then, it leaves the queue unrun. */
-  deadline?: QueueDeadline;
-  resolve(r: HostResult): void;
-  reject(e: unknown): void;
-  detach(): void;
-}
-
-/** A worker and the call it runs (null: idle). */
-interface Slot {
-  worker: Worker;
-  job: Job | null;
-  /** It has answered something (a `warm` reply, a call's): it loaded and runs. */
-  answered?: boolean;
-}
+export { type CpuPoolOptions, defaultPoolSize, DEVICE_THREAD_WARM_WORKERS, type HostResult };
 
 /** Runs CPU_REFERENCE calls on a bounded set of reusable Web Workers. */
 export class CpuWorkerPool {
@@ -198,48 +155,13 @@ export class CpuWorkerPool {
     let request: CallRequest;
     try {
       const undo = undoBytes(batch, cache);
-      request = {
-        id: this.#nextId++,
-        batch: toWireBatch(batch),
-        cache: cache ? cache.handle() : null,
-        control: new SharedArrayBuffer(4),
-        undo: undo > 0 ? new SharedArrayBuffer(undo) : null,
-      };
+      request = callRequest(this.#nextId++, batch, cache, undo);
     } catch (e) {
       return Promise.reject(e);
     }
     return new Promise((resolve, reject) => {
-      const job: Job = {
-        request,
-        batch,
-        cache,
-        control: new Int32Array(request.control),
-        undo: request.undo ? new Uint8Array(request.undo) : null,
-        enqueued: performance.now(),
-        started: 0,
-        settled: false,
-        stopWhenWritten: false,
-        resolve,
-        reject,
-        detach: () => {},
-      };
-      if (signal) {
-        const onAbort = () => this.#abort(job);
-        signal.addEventListener("abort", onAbort, { once: true });
-        job.detach = () => signal.removeEventListener("abort", onAbort);
-      }
-      if (deadline) {
-        job.deadline = deadline;
-        const cancel = atDeadline(
-          deadline,
-          (now) => this.#unqueue(job, queueTimeoutError(deadline, now)),
-        );
-        const detach = job.detach;
-        job.detach = () => {
-          cancel();
-          detach();
-        };
-      }
+      const job = newJob(request, batch, cache, resolve, reject);
+      watchJob(job, signal, deadline, () => this.#abort(job), (e) => unqueue(this.#queue, job, e));
       this.#queue.push(job);
       this.#pump();
     });
@@ -250,7 +172,7 @@ export class CpuWorkerPool {
     this.#closing = true;
     this.#warm = 0;
     try {
-      for (const job of this.#queue.splice(0)) this.#settle(job, closedError());
+      for (const job of this.#queue.splice(0)) settle(job, closedError());
       clearTimeout(this.#pumpTimer);
       this.#pumpTimer = undefined;
       this.#spawnedThisTask = false;
@@ -277,7 +199,7 @@ export class CpuWorkerPool {
         try {
           slot = this.#spawn();
         } catch (e) {
-          this.#settle(this.#queue.shift()!, crashedError(`no worker could be started: ${e}`));
+          settle(this.#queue.shift()!, crashedError(`no worker could be started: ${e}`));
           continue;
         }
         this.#spawnedThisTask = true;
@@ -290,7 +212,7 @@ export class CpuWorkerPool {
       const job = this.#queue.shift()!;
       // Its deadline's timer may not have run yet: a call past it never starts.
       if (job.deadline && pastDeadline(job.deadline)) {
-        this.#settle(job, queueTimeoutError(job.deadline));
+        settle(job, queueTimeoutError(job.deadline));
         continue;
       }
       this.#dispatch(slot, job);
@@ -298,13 +220,7 @@ export class CpuWorkerPool {
   }
 
   #spawn(): Slot {
-    const slot: Slot = { worker: new Worker(this.#url, { type: "module" }), job: null };
-    slot.worker.onmessage = (e: MessageEvent<CallReply>) => this.#onReply(slot, e.data);
-    slot.worker.onerror = (e: ErrorEvent) => {
-      e.preventDefault();
-      this.#stop(slot, crashedError(e.message || "uncaught error"));
-    };
-    slot.worker.onmessageerror = () => this.#stop(slot, crashedError("unreadable reply"));
+    const slot = spawnSlot(this.#url, (s, r) => this.#onReply(s, r), (s, e) => this.#stop(s, e));
     this.#slots.push(slot);
     return slot;
   }
@@ -318,7 +234,7 @@ export class CpuWorkerPool {
       slot.worker.postMessage(job.request);
     } catch (e) {
       slot.job = null;
-      this.#settle(
+      settle(
         job,
         new ServiceError(`the call could not be posted to a CPU worker: ${e}`, {
           status: 500,
@@ -330,50 +246,16 @@ export class CpuWorkerPool {
   }
 
   #onReply(slot: Slot, r: CallReply): void {
-    slot.answered = true;
-    const job = slot.job;
-    if (!job || job.request.id !== r.id) return;
-    switch (r.kind) {
-      case "written":
-        if (job.stopWhenWritten) this.#stop(slot, cancelledError());
-        return;
-      case "done":
-        slot.job = null;
-        this.#settle(job, {
-          output: r.output,
-          lse: r.lse,
-          timings: { queue: job.started - job.enqueued, ...r.timings },
-        });
-        break;
-      case "failed":
-        this.#undo(job);
-        slot.job = null;
-        this.#settle(job, fromWire(r.error));
-        break;
-      case "cancelled":
-        slot.job = null;
-        this.#settle(job, cancelledError());
-        break;
-    }
-    this.#released();
-  }
-
-  /** Takes a call out of the queue, settled with `error`; false when it is not queued. */
-  #unqueue(job: Job, error: Error): boolean {
-    const q = job.settled ? -1 : this.#queue.indexOf(job);
-    if (q < 0) return false;
-    this.#queue.splice(q, 1);
-    this.#settle(job, error);
-    return true;
+    if (applyReply(slot, r, () => this.#stop(slot, cancelledError()))) this.#released();
   }
 
   /** The signal aborted. */
   #abort(job: Job): void {
     if (job.settled) return;
-    if (this.#unqueue(job, cancelledError())) return;
+    if (unqueue(this.#queue, job, cancelledError())) return;
     const before = Atomics.compareExchange(job.control, 0, PENDING, CANCELLED);
     // PENDING: the worker will write nothing; it answers `cancelled` and is free again then.
-    if (before === PENDING) return this.#settle(job, cancelledError());
+    if (before === PENDING) return settle(job, cancelledError());
     const slot = this.#slots.find((s) => s.job === job);
     if (!slot) return;
     if (before === WRITING) job.stopWhenWritten = true;
@@ -392,26 +274,10 @@ export class CpuWorkerPool {
     const job = slot.job;
     slot.job = null;
     if (job) {
-      this.#undo(job);
-      this.#settle(job, err);
+      undoJob(job);
+      settle(job, err);
     }
     this.#released();
-  }
-
-  /** Puts back the rows a call overwrote, when its write began. */
-  #undo(job: Job): void {
-    const state = Atomics.load(job.control, 0);
-    if ((state === WRITING || state === WRITTEN) && job.undo && job.cache) {
-      restoreRows(job.batch, job.cache, job.undo);
-    }
-  }
-
-  #settle(job: Job, outcome: HostResult | Error): void {
-    if (job.settled) return;
-    job.settled = true;
-    job.detach();
-    if (outcome instanceof Error) job.reject(outcome);
-    else job.resolve(outcome);
   }
 
   /** A worker became free (or went away): start queued calls; wake close(); arm the idle timer. */
@@ -424,11 +290,7 @@ export class CpuWorkerPool {
     if (this.#slots.length <= this.#warm) return;
     const timer = setTimeout(() => {
       this.#idleTimer = undefined;
-      const idle = this.#slots.filter((s) => !s.job);
-      for (const s of idle.slice(0, Math.max(0, this.#slots.length - this.#warm))) {
-        this.#slots.splice(this.#slots.indexOf(s), 1);
-        s.worker.terminate();
-      }
+      terminateIdle(this.#slots, this.#warm);
     }, this.#idleMs);
     Deno.unrefTimer(timer);
     this.#idleTimer = timer;

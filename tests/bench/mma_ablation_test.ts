@@ -1,5 +1,5 @@
 /**
- * bench/mma_bench.ts's loop ablations of the tensor-core kernel (gpu/flash_mma_shape.ts
+ * bench/mma_bench.ts's loop ablations of the tensor-core kernel (gpu/flash_mma_ablation.ts
  * MmaAblation `rescale`, `live`, `loop`): on v0.7's fast shape and on the default (late
  * next-tile stores), each leaves out exactly its part of the key loop and nothing else; and the
  * per-subgroup rescale refuses the two that would cut its lane flags.
