@@ -49,6 +49,12 @@
 set -uo pipefail
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
+# pack.sh adds the Deno cache only where `deno` is on its PATH; without it every part that
+# imports npm packages fails offline here, after the machine's start was paid for (v0.35).
+if [ ! -f gpupack/deno_dir.tar.xz ]; then
+  echo "gpupack/deno_dir.tar.xz missing: re-run ../shared/gpu/pack.sh gpupack with deno on PATH" >&2
+  exit 3
+fi
 source gpupack/env.sh
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm,clocks.mem --format=csv \
   >"$out/gpu.txt" 2>&1
