@@ -8,32 +8,11 @@
  */
 import assert from "node:assert/strict";
 import { AttentionClient, type ForwardAnswer, type ForwardBody } from "../../client/client.ts";
-import { maxAbsDiff, rand, refAttention, to3d } from "./helpers.ts";
+import { encoderCall, maxAbsDiff, rand } from "./helpers.ts";
 import { spawnServer } from "./process.ts";
 import { NO_GPU, SERVE_RUNTIME } from "../support/gpu.ts";
 import { rawExchange, rawRequest } from "./raw_http.ts";
 import { SAME_STOP_MS } from "../../server/shutdown.ts";
-
-/** An encoder_only call (no cache): cost grows with T^2. */
-function encoderBody(T: number, H: number, D: number): ForwardBody {
-  const t = () => ({ dtype: "float32", shape: [T, H, D], data: rand(T * H * D).map(Math.fround) });
-  return {
-    dtype: "float32",
-    layer: { num_heads: H, num_kv_heads: H, head_size: D, attn_type: "encoder_only" },
-    query: t(),
-    key: t(),
-    value: t(),
-    metadata: { query_start_loc: [0, T], seq_lens: [T] },
-  };
-}
-
-function reference(b: ForwardBody): number[] {
-  const [T, H, D] = b.query.shape;
-  const r = (x: ForwardBody["query"]) => to3d(x.data!, T, H, D);
-  return refAttention({ q: r(b.query), k: r(b.key!), v: r(b.value!) }, { causal: false }).out.flat(
-    2,
-  );
-}
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
@@ -65,11 +44,11 @@ async function drainOnCpu(sig: Deno.Signal, n: number) {
     const client = new AttentionClient(srv.url);
     assert.deepEqual(await client.health(), { status: "ok" });
     const t0 = performance.now();
-    const long = client.forward(encoderBody(2048, 2, 32), { binary: true });
+    const long = client.forward(encoderCall(2048, 2, 32).body, { binary: true });
     await sleep(300); // the long call now holds the event loop
-    const small = Array.from({ length: n }, (_, i) => encoderBody(4 + i, 2, 8));
+    const small = Array.from({ length: n }, (_, i) => encoderCall(4 + i, 2, 8));
     const calls = small.map((b, i) =>
-      i % 3 === 2 ? client.health() : client.forward(b, { binary: i % 2 === 1 })
+      i % 3 === 2 ? client.health() : client.forward(b.body, { binary: i % 2 === 1 })
     );
     await sleep(100); // their bytes are in the server's socket buffers
     srv.kill(sig);
@@ -80,7 +59,7 @@ async function drainOnCpu(sig: Deno.Signal, n: number) {
     results.slice(1).forEach((r, i) => {
       if (i % 3 === 2) return;
       const ans = (r as PromiseFulfilledResult<{ output: { values: Float32Array } }>).value;
-      const err = maxAbsDiff(ans.output.values, reference(small[i]));
+      const err = maxAbsDiff(ans.output.values, small[i].ref);
       assert.ok(err < 1e-5, `call ${i} vs float64 reference: ${err}`);
     });
     const e = await exitWithin(srv, 20_000);
@@ -127,14 +106,14 @@ Deno.test("shutdown: a group's signal sent on by its parent (two within SAME_STO
   const srv = await spawnServer(["--no-gpu"]);
   try {
     const client = new AttentionClient(srv.url);
-    const body = encoderBody(1024, 2, 32);
-    const long = client.forward(body, { binary: true });
+    const call = encoderCall(1024, 2, 32);
+    const long = client.forward(call.body, { binary: true });
     await sleep(150);
     srv.kill("SIGINT");
     await sleep(20);
     srv.kill("SIGTERM");
     const ans = await long;
-    const err = maxAbsDiff(ans.output.values, reference(body));
+    const err = maxAbsDiff(ans.output.values, call.ref);
     assert.ok(err < 1e-5, `vs float64 reference: ${err}`);
     const e = await exitWithin(srv, 20_000);
     assert.equal(e.code, 0, e.stderr);
