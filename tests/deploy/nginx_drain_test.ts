@@ -10,7 +10,7 @@
 import assert from "node:assert/strict";
 import { AttentionClient } from "../../client/client.ts";
 import { encoderCall, maxAbsDiff } from "../server/helpers.ts";
-import { findNginx, freePorts, waitFor } from "./nginx_path.ts";
+import { findNginx, freePorts, waitForStart } from "./nginx_path.ts";
 
 const ROOT = new URL("../../", import.meta.url).pathname;
 const NGINX = findNginx();
@@ -77,15 +77,7 @@ async function drainThrough(
   }).spawn();
   const logs = Promise.all([script.stdout, script.stderr].map((s) => new Response(s).text()));
   try {
-    await waitFor("deploy/start.sh to be ready", 60_000, async () => {
-      try {
-        return (await Deno.stat(`${prefix}/ready`)).isFile;
-      } catch {
-        const done = await Promise.race([script.status, Promise.resolve(null)]);
-        if (done) throw new Error(`start.sh exited ${done.code}: ${(await logs).join("\n")}`);
-        return false;
-      }
-    });
+    await waitForStart(prefix, script, logs);
     const origin = `http://${host}:${port}`;
     const stale = await fetch(`${origin}/v1/kv-caches/stale`);
     await stale.body?.cancel();

@@ -58,3 +58,23 @@ export async function waitFor(what: string, ms: number, ok: () => Promise<boolea
     await new Promise((r) => setTimeout(r, 100));
   }
 }
+
+/**
+ * Waits (60 s at most) for deploy/start.sh's `PREFIX/ready`; fails at once with its output when
+ * the script exits first.
+ */
+export async function waitForStart(
+  prefix: string,
+  script: Deno.ChildProcess,
+  logs: Promise<string[]>,
+): Promise<void> {
+  await waitFor("deploy/start.sh to be ready", 60_000, async () => {
+    try {
+      return (await Deno.stat(`${prefix}/ready`)).isFile;
+    } catch {
+      const done = await Promise.race([script.status, Promise.resolve(null)]);
+      if (done) throw new Error(`start.sh exited ${done.code}: ${(await logs).join("\n")}`);
+      return false;
+    }
+  });
+}

@@ -14,7 +14,7 @@
  */
 import assert from "node:assert/strict";
 import { rawExchange, rawRequest, type RawResponse } from "../server/raw_http.ts";
-import { alive, findNginx, freePorts, waitFor } from "./nginx_path.ts";
+import { alive, findNginx, freePorts, waitFor, waitForStart } from "./nginx_path.ts";
 
 const START = new URL("../../deploy/start.sh", import.meta.url).pathname;
 const NGINX = findNginx();
@@ -77,15 +77,7 @@ async function deploy(
     await Deno.remove(prefix, { recursive: true }).catch(() => {});
   };
   try {
-    await waitFor("deploy/start.sh to be ready", 60_000, async () => {
-      try {
-        return (await Deno.stat(`${prefix}/ready`)).isFile;
-      } catch {
-        const done = await Promise.race([script.status, Promise.resolve(null)]);
-        if (done) throw new Error(`start.sh exited ${done.code}: ${(await logs).join("\n")}`);
-        return false;
-      }
-    });
+    await waitForStart(prefix, script, logs);
     const rows = (await Deno.readTextFile(`${prefix}/instances.tsv`)).trim().split("\n");
     const list = rows.map((l) => l.split("\t")).map(([name, p, pid]) => ({
       name,

@@ -13,7 +13,7 @@ import assert from "node:assert/strict";
 import { AttentionApiError, AttentionClient, createRequestOf } from "../../client/client.ts";
 import { maxAbsDiff } from "../server/helpers.ts";
 import { HeldSeq } from "../server/held_seq.ts";
-import { alive, findNginx, freePorts, waitFor } from "./nginx_path.ts";
+import { alive, findNginx, freePorts, waitFor, waitForStart } from "./nginx_path.ts";
 
 const ROOT = new URL("../../", import.meta.url).pathname;
 
@@ -55,16 +55,7 @@ Deno.test({
     const logs = Promise.all([script.stdout, script.stderr].map((s) => new Response(s).text()));
     let pids: number[] = [];
     try {
-      await waitFor("deploy/start.sh to be ready", 60_000, async () => {
-        try {
-          await Deno.stat(`${prefix}/ready`);
-          return true;
-        } catch {
-          const done = await Promise.race([script.status, Promise.resolve(null)]);
-          if (done) throw new Error(`start.sh exited ${done.code}: ${(await logs).join("\n")}`);
-          return false;
-        }
-      });
+      await waitForStart(prefix, script, logs);
       const rows = (await Deno.readTextFile(`${prefix}/instances.tsv`)).trim().split("\n")
         .map((l) => l.split("\t"));
       const instances = rows.map(([name, p, pid]) => ({ name, port: Number(p), pid: Number(pid) }));
