@@ -68,7 +68,7 @@ export interface HttpListenMessage {
 export type HttpListenerMessage =
   | { type: "http-listening"; hostname: string; port: number }
   | { type: "http-failed"; reason: string }
-  | { type: "http-drained"; drained: boolean; unfinished: number };
+  | { type: "http-drained"; drained: boolean; unfinished: number; refused: number };
 
 /** A device thread's start: ready, or why not (`fatal`: an explicit runtime that cannot start). */
 export type DeviceReadyMessage =
@@ -156,11 +156,18 @@ function listen(m: HttpListenMessage): void {
 /** `http-drain`: the listener's drain (shutdown.ts), then its answer. */
 async function drain(deadlineMs: number): Promise<void> {
   const l = listener;
-  if (!l) return scope.postMessage({ type: "http-drained", drained: true, unfinished: 0 });
+  if (!l) {
+    return scope.postMessage({ type: "http-drained", drained: true, unfinished: 0, refused: 0 });
+  }
   const r = await l.drainer.drain(l.server, { deadlineMs });
   l.close();
   listener = null;
-  scope.postMessage({ type: "http-drained", drained: r.drained, unfinished: r.unfinished });
+  scope.postMessage({
+    type: "http-drained",
+    drained: r.drained,
+    unfinished: r.unfinished,
+    refused: r.refused,
+  });
 }
 
 async function start(init: DeviceThreadInit): Promise<void> {

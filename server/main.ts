@@ -199,12 +199,13 @@ function stopOnSignals(
     );
     // The threads' drain starts first: the server's shutdown then waits for it, not another.
     const theirs = listeners?.drain(o.shutdownDeadlineMs) ??
-      { drained: true, unfinished: 0, silent: 0 };
+      { drained: true, unfinished: 0, refused: 0, silent: 0 };
     const mine = await drainer.drain(server, { deadlineMs: o.shutdownDeadlineMs });
-    const { drained, unfinished, silent } = await theirs;
+    const { drained, unfinished, refused: refusedThere, silent } = await theirs;
     if (mine.drained && drained) {
       await close();
-      const refused = mine.refused ? `; ${mine.refused} requests refused while stopping` : "";
+      const n = mine.refused + refusedThere;
+      const refused = n ? `; ${n} requests refused while stopping` : "";
       console.error(`stopped: every call finished (${mine.ms.toFixed(0)} ms${refused})`);
       Deno.exit(0);
     }

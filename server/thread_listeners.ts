@@ -43,6 +43,8 @@ export interface ListeningThread {
 export interface ThreadsDrained {
   drained: boolean;
   unfinished: number;
+  /** Requests the threads refused with 503 `shutting_down` while draining. */
+  refused: number;
   /**
    * Threads that had not answered the drain by its deadline plus {@link THREAD_DRAIN_GRACE_MS}
    * (a thread whose event loop is stuck): not drained, their calls uncounted.
@@ -187,7 +189,7 @@ async function drainThreads(
     return Promise.race([answer, silence()]);
   }));
   timers.forEach(clearTimeout);
-  let drained = true, unfinished = 0, silent = 0;
+  let drained = true, unfinished = 0, refused = 0, silent = 0;
   for (const d of done) {
     if (d === "silent") {
       drained = false;
@@ -196,8 +198,9 @@ async function drainThreads(
     if (d === "silent" || d?.type !== "http-drained") continue; // lost: its listener went with it
     drained &&= d.drained;
     unfinished += d.unfinished;
+    refused += d.refused;
   }
-  return { drained, unfinished, silent };
+  return { drained, unfinished, refused, silent };
 }
 
 /**

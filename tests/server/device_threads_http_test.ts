@@ -208,7 +208,7 @@ Deno.test("device threads serving the port: SIGTERM waits for a call on a device
       end.stderr,
       /SIGTERM: stopping; finishing 1 calls in flight on the device threads \(deadline \d+ ms\)/,
     );
-    const ms = Number(/stopped: every call finished \((\d+) ms\)/.exec(end.stderr)?.[1]);
+    const ms = Number(/stopped: every call finished \((\d+) ms[;)]/.exec(end.stderr)?.[1]);
     assert.ok(ms >= uploaded - 100, `the stop took ${ms} ms, the upload ${uploaded} ms after it`);
   } finally {
     conn.close();

@@ -53,15 +53,24 @@ async function politeClients(port: number, n: number, seen: Map<string, number>)
   }));
 }
 
-for (const engine of ["deno", "http1"]) {
-  Deno.test(`shutdown (${engine}): clients that honour Retry-After are never reset`, async () => {
-    const srv = await spawnServer(["--no-gpu", "--http-engine", engine]);
+/** The serving modes: each HTTP engine on one thread, and the device threads serving the port. */
+const MODES: [string, string[]][] = [
+  ["deno", ["--http-engine", "deno"]],
+  ["http1", ["--http-engine", "http1"]],
+  ["device threads serving the port", ["--device-threads", "2", "--device-threads-http"]],
+];
+
+for (const [mode, args] of MODES) {
+  Deno.test(`shutdown (${mode}): clients that honour Retry-After are never reset`, async () => {
+    const srv = await spawnServer(["--no-gpu", ...args]);
     try {
       const seen = new Map<string, number>();
       const clients = politeClients(srv.port, 8, seen);
       await sleep(400);
       srv.kill("SIGTERM");
+      const late = setTimeout(() => srv.kill("SIGKILL"), 20_000);
       const e = await srv.exited;
+      clearTimeout(late);
       await clients;
       const counts = JSON.stringify(Object.fromEntries(seen));
       assert.equal(e.code, 0, e.stderr);
@@ -70,6 +79,10 @@ for (const engine of ["deno", "http1"]) {
         s !== "200" && s !== "503" && s !== "connect ConnectionRefused"
       );
       assert.deepEqual(lost, [], `answers: ${counts}; stderr:\n${e.stderr}`);
+      // The stop line counts the refusals, wherever they were made (the device threads' own).
+      const refused = seen.get("503") ?? 0;
+      const tail = refused ? `; ${refused} requests refused while stopping` : "";
+      assert.match(e.stderr, new RegExp(`stopped: every call finished \\(\\d+ ms${tail}\\)`));
     } finally {
       srv.kill("SIGKILL");
       await srv.exited;

@@ -44,7 +44,12 @@ Deno.test("thread listeners: finished settles once shutdown closed every listene
       "no thread listens any more",
     );
     await server.shutdown(); // again: nothing left to stop
-    assert.deepEqual(await server.drain(1000), { drained: true, unfinished: 0, silent: 0 });
+    assert.deepEqual(await server.drain(1000), {
+      drained: true,
+      unfinished: 0,
+      refused: 0,
+      silent: 0,
+    });
   } finally {
     await front.close();
   }
@@ -69,26 +74,26 @@ function fakeThread(index: number, answer: HttpListenerMessage | null): Listenin
 
 Deno.test("thread listeners: a thread silent past the drain's deadline cannot hold shutdown", async () => {
   const threads = [
-    fakeThread(0, { type: "http-drained", drained: true, unfinished: 0 }),
+    fakeThread(0, { type: "http-drained", drained: true, unfinished: 0, refused: 3 }),
     fakeThread(1, null),
-    fakeThread(2, { type: "http-drained", drained: false, unfinished: 2 }),
+    fakeThread(2, { type: "http-drained", drained: false, unfinished: 2, refused: 4 }),
   ];
   const l = threadListeners(threads, { hostname: "127.0.0.1", port: 1 }, 50);
   const t0 = performance.now();
   const r = await settledWithin(l.drain(100), 5000);
   const ms = performance.now() - t0;
-  assert.deepEqual(r, { drained: false, unfinished: 2, silent: 1 });
+  assert.deepEqual(r, { drained: false, unfinished: 2, refused: 7, silent: 1 });
   assert.ok(ms >= 140 && ms < 2000, `answered after ${ms.toFixed(0)} ms (deadline 100 + grace 50)`);
   assert.equal(await settledWithin(l.finished, 100), undefined, "finished settles");
   // Every thread answering: drained, nothing silent, no wait for the grace.
   const ok = threadListeners([
-    fakeThread(0, { type: "http-drained", drained: true, unfinished: 0 }),
+    fakeThread(0, { type: "http-drained", drained: true, unfinished: 0, refused: 0 }),
   ], {
     hostname: "127.0.0.1",
     port: 1,
   }, 10_000);
   const t1 = performance.now();
-  assert.deepEqual(await ok.drain(60_000), { drained: true, unfinished: 0, silent: 0 });
+  assert.deepEqual(await ok.drain(60_000), { drained: true, unfinished: 0, refused: 0, silent: 0 });
   assert.ok(performance.now() - t1 < 1000, "no wait for a deadline when all answer");
 });
 
