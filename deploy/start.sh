@@ -95,6 +95,8 @@ for ((i = 0; i < ${#server_flags[@]}; i++)); do
   esac
 done
 max_timer_ms=2147483647
+# Leading zeros are allowed, as the instances allow them (an integer in decimal digits).
+[[ $body_timeout =~ ^0*([0-9]{1,10})$ ]] && body_timeout=${BASH_REMATCH[1]}
 if ! [[ $body_timeout =~ ^[0-9]{1,10}$ ]] ||
   ((10#$body_timeout < 1 || 10#$body_timeout > max_timer_ms)); then
   echo "start.sh: the instances' body timeout (--body-timeout-ms or ATTN_BODY_TIMEOUT_MS) must be an integer from 1 to $max_timer_ms, got \"$body_timeout\"" >&2

@@ -282,7 +282,8 @@ Deno.test({
     );
 
     // The flag after `--` over ATTN_BODY_TIMEOUT_MS, the last one over the first (as the
-    // instances' parseArgs takes it): the instances wait 1.5 s for a body's next bytes.
+    // instances' parseArgs takes it), leading zeros allowed as the instances allow them: the
+    // instances wait 1.5 s for a body's next bytes.
     const maxBody = 4 << 20;
     const d = await deploy(1, [
       "--max-body-bytes",
@@ -290,7 +291,7 @@ Deno.test({
       "--",
       "--body-timeout-ms",
       "900000",
-      "--body-timeout-ms=1500",
+      "--body-timeout-ms=00000000001500",
     ], { ATTN_BODY_TIMEOUT_MS: "70000" });
     try {
       await t.step("rendered from the instances' setting", async () => {
