@@ -259,7 +259,7 @@ for w in $what; do
         name="http-ab-$n_ab-$eng-$kw-L$layers${workers:+-w$workers}"
         kwargs=()
         [ "$kw" != off ] && kwargs=(--server-arg=--keep-warm-ms=3000 --server-arg="--keep-warm-mode=$kw")
-        [ -n "$workers" ] && kwargs+=(--server-arg="--http-workers=$workers")
+        [ -n "$workers" ] && kwargs+=(--http-workers "$workers") # the bench's own: in its JSON
         TAIL=${TAIL:-40} run "$name" "${HTTP_TIMEOUT:-100}" \
           deno run --allow-net --allow-read --allow-env --allow-run --allow-write \
           bench/http_bench.ts --runtimes dawn --json-out "$out/$name.json" --steps "$steps" \

@@ -232,11 +232,13 @@ const ATTENTION: [string, AttentionBackend, BatchSpec, RegExp, number][] = [
     2,
   ],
   [
-    // Rows cut into slices of 16 keys and a reduce pass of their own, on every adapter.
+    // Rows cut into slices (16 keys at least; a step's keys on a GPU) and every row through a
+    // reduce pass of its own (nothing fused, no direct single-slice rows), on every adapter.
     "WEBGPU_DECODE with a reduce pass: decode rows",
     makeWebGpuDecode({
       ...DEFAULT_DECODE_TUNING,
       fused_reduce: false,
+      direct_single: false,
       waves: 0,
       target_workgroups: 4096,
       min_split_keys: 16,
