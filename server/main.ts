@@ -200,7 +200,11 @@ function stopOnSignals(
     // The threads' drain starts first: the server's shutdown then waits for it, not another.
     const theirs = listeners?.drain(o.shutdownDeadlineMs) ??
       { drained: true, unfinished: 0, refused: 0, silent: 0 };
-    const mine = await drainer.drain(server, { deadlineMs: o.shutdownDeadlineMs });
+    // Serving threads refuse (and wait for quiet) themselves: this thread's drainer takes none.
+    const mine = await drainer.drain(server, {
+      deadlineMs: o.shutdownDeadlineMs,
+      quietMs: listeners ? 0 : undefined,
+    });
     const { drained, unfinished, refused: refusedThere, silent } = await theirs;
     if (mine.drained && drained) {
       await close();
