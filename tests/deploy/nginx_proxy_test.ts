@@ -410,6 +410,31 @@ Deno.test({
         assert.equal((await r.r.json()).code, "not_found", path);
       }
 
+      // A stopped instance's own routes time out by name (nginx's proxy_read_timeout lowered to
+      // 1 s for the test; the instance's process paused, then resumed).
+      const file = `${d.prefix}/nginx.conf`;
+      const conf = (await d.conf()).replace(/proxy_read_timeout \S+;/, "proxy_read_timeout 1s;");
+      assert.match(conf, /proxy_read_timeout 1s;/);
+      await Deno.writeTextFile(file, conf);
+      const reload = await new Deno.Command(NGINX!, {
+        args: ["-s", "reload", "-p", d.prefix, "-c", file, "-e", `${d.prefix}/error.log`],
+      }).output();
+      assert.equal(reload.code, 0, new TextDecoder().decode(reload.stderr));
+      await new Promise((r) => setTimeout(r, 500)); // the new workers take over
+      const paused = d.instances[0];
+      Deno.kill(paused.pid, "SIGSTOP");
+      try {
+        const slow = await get(`/instances/${paused.name}/healthz`);
+        assert.equal(slow.status, 504);
+        assert.equal(slow.r.headers.get("content-type"), "application/problem+json");
+        const q = await slow.r.json();
+        assert.equal(q.code, "instance_timeout");
+        assert.equal(q.instance_name, paused.name);
+        assert.match(q.detail, new RegExp(`"${paused.name}"`));
+      } finally {
+        Deno.kill(paused.pid, "SIGCONT");
+      }
+
       // A dead instance's own routes say so by name; the other's keep answering.
       const victim = d.instances[1];
       Deno.kill(victim.pid, "SIGKILL");
