@@ -198,7 +198,12 @@ Deno.test("device threads: serving the port, a thread that ends is left out", as
     );
     assert.deepEqual(new Set(health), new Set([200]));
     assert.equal(server.inFlight(), 0);
-    assert.deepEqual(await server.drain(1000), { drained: true, unfinished: 0, silent: 0 });
+    assert.deepEqual(await server.drain(1000), {
+      drained: true,
+      unfinished: 0,
+      refused: 0,
+      silent: 0,
+    });
   });
 });
 
