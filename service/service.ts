@@ -231,21 +231,20 @@ export class AttentionService {
    * @throws 404; 422 `cache_data_mismatch` / `memory_budget_exceeded`; 503 without a device.
    */
   async importCacheData(id: string, file: CacheFile): Promise<CacheInfo> {
-    const held = this.caches.get(id);
-    checkCacheFile(file, held.cache.spec, id);
-    const backend = this.registry.get(held.backend);
+    checkCacheFile(file, this.caches.get(id).cache.spec, id); // refused before any wait
     const ctx = await this.#ctx();
     const own = (b: Uint8Array) => (b.byteOffset % 8 === 0 ? b : b.slice());
-    const stored = await this.caches.replace(
-      id,
-      (s) =>
-        backend.importCache(
-          s.cache.spec,
-          own(file.key_cache.data),
-          own(file.value_cache.data),
-          ctx,
-        ),
-    );
+    const stored = await this.caches.replace(id, (s) => {
+      // Checked again against the cache under its lock: one deleted and created again with
+      // the same id while the device was awaited may have another spec of the same bytes.
+      checkCacheFile(file, s.cache.spec, id);
+      return this.registry.get(s.backend).importCache(
+        s.cache.spec,
+        own(file.key_cache.data),
+        own(file.value_cache.data),
+        ctx,
+      );
+    });
     return this.#info(stored);
   }
 
