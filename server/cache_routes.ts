@@ -14,7 +14,7 @@ import { CACHE_ID_PATTERN, CACHE_ID_RULE } from "../wire/names.ts";
 import { CreateCacheRequestSchema } from "../wire/schemas.ts";
 import type { CreateCacheRequest } from "../wire/types.ts";
 import { showValue } from "../wire/zod_issues.ts";
-import { bodyKind, type BodyLimits, jsonBody, readBody } from "./body.ts";
+import { type BodyLimit, bodyKind, type BodyLimits, jsonBody, readBody } from "./body.ts";
 import { binaryResponse, jsonResponse } from "./responses.ts";
 import type { Router } from "./routes.ts";
 
@@ -71,9 +71,33 @@ export function addCacheRoutes(router: Router, service: AttentionService, limits
   });
   router.add("PUT", "/v1/kv-caches/:id/data", async ({ req, params }) => {
     const id = cacheIdParam(params.id);
-    service.getCache(id); // 404 before reading a body meant for no cache
+    const info = service.getCache(id); // 404 before reading a body meant for no cache
     bodyKind(req, ["binary"]);
-    const file = parseCacheFile(await readBody(req, limits.binary));
+    const file = parseCacheFile(await readImport(req, limits.binary, info.bytes));
     return jsonResponse(await service.importCacheData(id, file));
   });
+}
+
+/**
+ * An import's body, within the server's body limit. A cache whose export is larger (its
+ * `bytes` and a header) cannot come back through this server: the 413 says so, with the
+ * cache's bytes and the flag that would take it.
+ */
+async function readImport(
+  req: Request,
+  limit: BodyLimit,
+  cacheBytes: number,
+): Promise<Uint8Array> {
+  try {
+    return await readBody(req, limit);
+  } catch (e) {
+    const over = e instanceof ServiceError && e.code === "body_too_large";
+    if (!over || cacheBytes <= limit.bytes) throw e;
+    throw new ServiceError(
+      `${e.message}: this cache holds ${cacheBytes} bytes, so its export (those and a header ` +
+        `of under 1 KiB) is over the limit; a server started with --max-body-bytes of at least ` +
+        `${cacheBytes + 1024} imports it`,
+      { status: 413, code: "body_too_large", extra: { ...e.extra, cache_bytes: cacheBytes } },
+    );
+  }
 }

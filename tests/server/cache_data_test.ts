@@ -155,6 +155,39 @@ Deno.test("PUT .../data: every refusal is a problem naming the field and changes
   }
 });
 
+Deno.test("PUT .../data: a cache whose export is over --max-body-bytes: the 413 names its bytes and the flag", async () => {
+  // An audit: a cache the budget allows exported fine and could not come back, with only the
+  // generic body limit for a reason.
+  const srv = await startServer({ maxBodyBytes: 16 * 1024 });
+  try {
+    const spec = { ...HeldSeq.cacheSpec(), num_blocks: 128 };
+    const { info } = await srv.client.putCache("big", spec);
+    assert.ok(info.bytes > 16 * 1024, `${info.bytes} bytes`);
+    const exported = await bytesOf(srv, "big");
+    assert.ok(exported.byteLength > info.bytes && exported.byteLength < info.bytes + 1024);
+    const e = await expectProblem(srv.client.putCacheData("big", exported), 413, "body_too_large");
+    assert.equal(e.problem.max_body_bytes, 16 * 1024);
+    assert.equal(e.problem.cache_bytes, info.bytes);
+    assert.match(e.problem.detail ?? "", new RegExp(`holds ${info.bytes} bytes`));
+    assert.match(
+      e.problem.detail ?? "",
+      new RegExp(`--max-body-bytes of at least ${info.bytes + 1024}`),
+    );
+    assert.deepEqual(await bytesOf(srv, "big"), exported, "the cache is unchanged");
+    // A small cache's oversized body keeps the plain message (its export fits the limit).
+    await srv.client.putCache("small", HeldSeq.cacheSpec());
+    const plain = await expectProblem(
+      srv.client.putCacheData("small", new Uint8Array(16 * 1024 + 1)),
+      413,
+      "body_too_large",
+    );
+    assert.equal(plain.problem.cache_bytes, undefined);
+    assert.deepEqual(srv.errors, []);
+  } finally {
+    await srv.close();
+  }
+});
+
 Deno.test("PUT .../data: the import needs room for a second copy while it is built (422, unchanged)", async () => {
   const bytes = 2 * 6 * 4 * 1 * 8 * 4; // K + V of HeldSeq's float32 cache
   const srv = await startServer({ memoryBudgetBytes: bytes + bytes / 2 });
