@@ -14,7 +14,7 @@ import { CACHE_ID_PATTERN, CACHE_ID_RULE } from "../wire/names.ts";
 import { CreateCacheRequestSchema } from "../wire/schemas.ts";
 import type { CreateCacheRequest } from "../wire/types.ts";
 import { showValue } from "../wire/zod_issues.ts";
-import { type BodyLimit, bodyKind, type BodyLimits, jsonBody, readBody } from "./body.ts";
+import { bodyKind, type BodyLimit, type BodyLimits, jsonBody, readBody } from "./body.ts";
 import { binaryResponse, jsonResponse } from "./responses.ts";
 import type { Router } from "./routes.ts";
 
