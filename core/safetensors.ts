@@ -191,17 +191,20 @@ export function parseSafetensors(bytes: Uint8Array, opts: ParseOptions = {}): Sa
   return viewsOf(layout, data);
 }
 
-/** The file's tensors as views of `data` at a layout's offsets. */
+/**
+ * The file's tensors as views of `data` at a layout's offsets. Shapes and metadata are the
+ * caller's own copies: the layout's are frozen and shared by every body the memo matched.
+ */
 function viewsOf(layout: Layout, data: Uint8Array): SafetensorsFile {
   const tensors: Record<string, SafetensorsTensor> = {};
   for (const s of layout.spans) {
     tensors[s.name] = {
       dtype: s.dtype,
-      shape: s.shape as number[],
+      shape: [...s.shape],
       data: data.subarray(s.begin, s.end),
     };
   }
-  return { tensors, metadata: layout.metadata as Record<string, string> };
+  return { tensors, metadata: { ...layout.metadata } as Record<string, string> };
 }
 
 /**
