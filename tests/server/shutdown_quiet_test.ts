@@ -8,37 +8,23 @@
  */
 import assert from "node:assert/strict";
 import { spawnServer } from "./process.ts";
+import { rawExchange, rawRequest } from "./raw_http.ts";
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
-/** One `GET /healthz` on a new connection: its status, or what went wrong and where. */
+/**
+ * One `GET /healthz` on a new connection: its status, "refused" when the connect was, or
+ * "reset or unanswered" when the connection closed without a whole answer.
+ */
 async function healthOnce(port: number): Promise<{ status: string; retryAfterS: number }> {
-  let conn: Deno.TcpConn;
+  let r: Awaited<ReturnType<typeof rawExchange>>;
   try {
-    conn = await Deno.connect({ hostname: "127.0.0.1", port });
+    r = await rawExchange(port, rawRequest("GET", "/healthz", {}));
   } catch (e) {
     return { status: `connect ${(e as Error).name}`, retryAfterS: 0 };
   }
-  try {
-    const req = `GET /healthz HTTP/1.1\r\nhost: 127.0.0.1:${port}\r\nconnection: close\r\n\r\n`;
-    await conn.write(new TextEncoder().encode(req));
-    const buf = new Uint8Array(8192);
-    let text = "";
-    for (;;) {
-      const n = await conn.read(buf);
-      if (n === null) break;
-      text += new TextDecoder().decode(buf.subarray(0, n));
-    }
-    const status = text.match(/^HTTP\/1\.1 (\d{3})/)?.[1] ?? `unanswered (${text.length} bytes)`;
-    const retry = Number(text.match(/\r\nretry-after: *(\d+)/i)?.[1] ?? 0);
-    return { status, retryAfterS: retry };
-  } catch (e) {
-    return { status: `read ${(e as Error).name}`, retryAfterS: 0 };
-  } finally {
-    try {
-      conn.close();
-    } catch { /* closed */ }
-  }
+  if (r === null) return { status: "reset or unanswered", retryAfterS: 0 };
+  return { status: String(r.status), retryAfterS: Number(r.headers.get("retry-after") ?? 0) };
 }
 
 /** `n` clients connecting without pause until refused; a 503 waits its Retry-After first. */
