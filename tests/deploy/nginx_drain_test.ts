@@ -10,7 +10,7 @@
 import assert from "node:assert/strict";
 import { AttentionClient } from "../../client/client.ts";
 import { encoderCall, maxAbsDiff } from "../server/helpers.ts";
-import { findNginx, freePorts, waitForStart } from "./nginx_path.ts";
+import { findNginx, freePorts, readInstances, waitForStart } from "./nginx_path.ts";
 
 const ROOT = new URL("../../", import.meta.url).pathname;
 const NGINX = findNginx();
@@ -40,13 +40,9 @@ const IPV6 = (() => {
  * (start.sh gives each its own; nginx's workers, left alone, keep the script's pipes open).
  */
 async function killDeployment(prefix: string): Promise<void> {
-  const pids: number[] = [];
-  const read = (f: string) => Deno.readTextFile(`${prefix}/${f}`).catch(() => "");
-  for (const line of (await read("instances.tsv")).split("\n")) {
-    const pid = Number(line.split("\t")[2]);
-    if (pid > 0) pids.push(pid);
-  }
-  const nginx = Number((await read("nginx.pid")).trim());
+  const started = await readInstances(prefix).catch(() => []);
+  const pids = started.map((i) => i.pid).filter((pid) => pid > 0);
+  const nginx = Number((await Deno.readTextFile(`${prefix}/nginx.pid`).catch(() => "")).trim());
   if (nginx > 0) pids.push(nginx);
   for (const pid of pids) {
     for (const target of [-pid, pid]) {

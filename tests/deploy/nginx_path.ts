@@ -78,3 +78,20 @@ export async function waitForStart(
     }
   });
 }
+
+/** One instance start.sh started, as PREFIX/instances.tsv lists it. */
+export interface StartedInstance {
+  name: string;
+  port: number;
+  pid: number;
+}
+
+/** PREFIX/instances.tsv's rows ("name port pid"), once start.sh wrote it. */
+export async function readInstances(prefix: string): Promise<StartedInstance[]> {
+  const rows = (await Deno.readTextFile(`${prefix}/instances.tsv`)).trim().split("\n");
+  return rows.map((l) => l.split("\t")).map(([name, p, pid]) => ({
+    name,
+    port: Number(p),
+    pid: Number(pid),
+  }));
+}

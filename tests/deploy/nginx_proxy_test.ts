@@ -14,7 +14,15 @@
  */
 import assert from "node:assert/strict";
 import { rawExchange, rawRequest, type RawResponse } from "../server/raw_http.ts";
-import { alive, findNginx, freePorts, waitFor, waitForStart } from "./nginx_path.ts";
+import {
+  alive,
+  findNginx,
+  freePorts,
+  readInstances,
+  type StartedInstance,
+  waitFor,
+  waitForStart,
+} from "./nginx_path.ts";
 
 const START = new URL("../../deploy/start.sh", import.meta.url).pathname;
 const NGINX = findNginx();
@@ -26,7 +34,7 @@ interface Deployment {
   prefix: string;
   port: number;
   url: string;
-  instances: { name: string; port: number; pid: number }[];
+  instances: StartedInstance[];
   /** The rendered PREFIX/nginx.conf. */
   conf(): Promise<string>;
   stop(): Promise<void>;
@@ -78,12 +86,7 @@ async function deploy(
   };
   try {
     await waitForStart(prefix, script, logs);
-    const rows = (await Deno.readTextFile(`${prefix}/instances.tsv`)).trim().split("\n");
-    const list = rows.map((l) => l.split("\t")).map(([name, p, pid]) => ({
-      name,
-      port: Number(p),
-      pid: Number(pid),
-    }));
+    const list = await readInstances(prefix);
     pids = list.map((i) => i.pid);
     return {
       prefix,

@@ -13,7 +13,7 @@ import assert from "node:assert/strict";
 import { AttentionApiError, AttentionClient, createRequestOf } from "../../client/client.ts";
 import { maxAbsDiff } from "../server/helpers.ts";
 import { HeldSeq } from "../server/held_seq.ts";
-import { alive, findNginx, freePorts, waitFor, waitForStart } from "./nginx_path.ts";
+import { alive, findNginx, freePorts, readInstances, waitFor, waitForStart } from "./nginx_path.ts";
 
 const ROOT = new URL("../../", import.meta.url).pathname;
 
@@ -56,9 +56,7 @@ Deno.test({
     let pids: number[] = [];
     try {
       await waitForStart(prefix, script, logs);
-      const rows = (await Deno.readTextFile(`${prefix}/instances.tsv`)).trim().split("\n")
-        .map((l) => l.split("\t"));
-      const instances = rows.map(([name, p, pid]) => ({ name, port: Number(p), pid: Number(pid) }));
+      const instances = await readInstances(prefix);
       pids = instances.map((i) => i.pid);
       assert.deepEqual(instances.map((i) => i.name), ["i0", "i1", "i2"]);
       const url = `http://127.0.0.1:${port}`;
