@@ -73,6 +73,23 @@ const REQUEST_KEYS = [
 const FLOAT_TENSORS = ["query", "key", "value", "key_cache", "value_cache"];
 
 /**
+ * The body fields this codec knows, by where they sit: written out here so that a client need
+ * not load the schemas (zod); tests/wire/client_keys_test.ts holds them to
+ * wire/request_schemas.ts.
+ */
+export const CLIENT_BODY_KEYS: {
+  readonly tensor: readonly string[];
+  readonly metadata: readonly string[];
+  readonly request: readonly string[];
+  readonly float_tensors: readonly string[];
+} = {
+  tensor: TENSOR_KEYS,
+  metadata: METADATA_KEYS,
+  request: REQUEST_KEYS,
+  float_tensors: FLOAT_TENSORS,
+};
+
+/**
  * The first number outside the tensors' `data` that JSON text cannot carry (NaN, +-Infinity: it
  * writes `null`, which for a layer field such as `scale`, `sliding_window` or
  * `logits_soft_cap` means "the default", so the call would run as if the field were absent), as
