@@ -60,10 +60,12 @@ export const HELP = `deno task bench:http [options]
   --layers N              caches (layers) per client; each step calls every layer with the
                           same metadata, as an engine does (default 1)
   --warmup-calls N        untimed decode calls before the sequential timed ones, the first the
-                          cold call (default 256: the server's JIT warm, as an engine's is;
+                          cold call (default 1000, about a second of serving: the server's
+                          JIT warm, as an engine's is (256 before v0.36 left it warming);
                           1: one cold call, the protocol before v0.7); they repeat the
                           timed requests and end on the last, so with --steps over 4 no timed
-                          step finds a plan they left
+                          step finds a plan they left; each concurrent client makes as many
+                          of its own before the clients start together (from v0.36)
   --check-rows N          (token, head) rows checked per decode answer (default 8)
   --prefill-check-rows N  rows checked per prefill answer (default 32)
   --seed N                data seed, >= 1 (default 1)
@@ -172,7 +174,7 @@ export function parseHttpBenchArgs(args: string[], env = Deno.env.toObject()): H
       shape,
       seed: str("seed") === undefined ? 1 : positive("seed", str("seed")!),
       check_rows: positive("check-rows", str("check-rows") ?? "8"),
-      warmup_calls: positive("warmup-calls", str("warmup-calls") ?? "256"),
+      warmup_calls: positive("warmup-calls", str("warmup-calls") ?? "1000"),
       prefill_check_rows: positive("prefill-check-rows", str("prefill-check-rows") ?? "32"),
       full_prefill_limit: 3e8,
       headers: token ? { authorization: `Bearer ${token}` } : {},

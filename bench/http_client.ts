@@ -233,10 +233,11 @@ export async function runDecode(
       todo.push({ cache: c.index, step, request });
     }
   }
-  await ready();
   const result: DecodeResult = { calls: [] };
   const where = (t: { cache: number; step: number }) => `cache ${t.cache} step ${t.step}`;
   try {
+    // The warm-up comes before the start barrier: concurrent clients start timed with their
+    // own JIT warm, as an engine's long-running clients are (and none's warm-up is timed).
     if (job.warmup > 0 && todo.length) {
       // Ends on the last timed request, so the plans it leaves cached are the last steps'
       // (an engine's steps never repeat: the first timed steps plan anew).
@@ -244,6 +245,7 @@ export async function runDecode(
       result.warmup_ms = (await forward(api, todo[off].request)).ms;
       for (let i = 1; i < job.warmup; i++) await forward(api, todo[(off + i) % n].request);
     }
+    await ready();
     for (const t of todo) {
       let a: Answer;
       try {

@@ -24,7 +24,11 @@ export async function startTogether<D>(
     let onReady = () => {}, onDone = (_: D) => {};
     ready.push(new Promise<void>((resolve) => onReady = resolve));
     done.push(new Promise<D>((resolve) => onDone = resolve));
-    w.onmessage = (e) => e.data?.kind === "ready" ? onReady() : onDone(e.data);
+    // A worker that failed before it was ready answers at once: that counts as ready too.
+    w.onmessage = (e) => {
+      onReady();
+      if (e.data?.kind !== "ready") onDone(e.data);
+    };
     w.onerror = (e) => {
       e.preventDefault();
       onReady();

@@ -311,7 +311,9 @@ async function prefillChunk(
 /**
  * Decode: client 0 alone on its caches (steps 0..steps-1 after `warmup_calls` untimed calls,
  * the first of them step 0's: the cold call), then every client at once (client 0 continuing
- * from step `steps`), each from its own worker.
+ * from step `steps`), each from its own worker, each after as many untimed calls of its own
+ * made before the start (a worker's JIT starts cold: without them the 8-client phase timed
+ * the clients' unoptimized code too).
  */
 async function decode(
   urlOf: (cache: number) => string,
@@ -337,10 +339,10 @@ async function decode(
     check_rows: o.check_rows,
     full_steps: full,
   });
-  report.decode_warmup_calls = Math.max(1, o.warmup_calls);
+  const warmup = report.decode_warmup_calls = Math.max(1, o.warmup_calls);
   const ticks = () => allPollTicks(report.urls, o.headers);
   const t0 = await ticks();
-  const seq = await runDecode(job(0, 0, report.decode_warmup_calls, [0, s.steps - 1]));
+  const seq = await runDecode(job(0, 0, warmup, [0, s.steps - 1]));
   report.decode_cold_ms = seq.warmup_ms;
   if (seq.calls.length) report.decode_sequential = phaseStats(seq.calls);
   if (seq.error) report.errors.push(seq.error);
@@ -351,7 +353,14 @@ async function decode(
     const last = s.clients - 1;
     const jobs = Array.from(
       { length: s.clients },
-      (_, c) => job(c, c === 0 ? s.steps : 0, 0, c === last && c > 0 ? [s.steps - 1] : []),
+      // Each client warms up on its own requests before the start barrier (not timed).
+      (_, c) =>
+        job(
+          c,
+          c === 0 ? s.steps : 0,
+          warmup,
+          c === last && c > 0 ? [s.steps - 1] : [],
+        ),
     );
     const { results, wall_ms } = await concurrently(jobs);
     conc = results.flatMap((r) => r.calls);

@@ -90,6 +90,19 @@ Deno.test("HTTP bench: every answer checked; corrupted answers are flagged", asy
       assert.ok(typeof x.decode_sequential?.server.total === "number", "server timings came back");
       assert.match(formatRuntime(r).join("\n"), /result: ok/);
     });
+    await t.step("each concurrent client warms up before the clients start", async () => {
+      const proxy = corruptingProxy(srv.url, new Map());
+      try {
+        const [r] = await runHttpBench(parseHttpBenchArgs([...TINY, `--url=${proxy.url}`]));
+        assert.ok(r.run!.ok, r.run!.errors.join("; "));
+        // Prefill warm-up + 2 prefill calls; 4 warm-ups + 3 steps alone; then 2 clients x
+        // (4 warm-ups + 3 timed steps), only the timed ones counted in the phase.
+        assert.equal(proxy.forwards(), 3 + 7 + 2 * 7);
+        assert.equal(r.run!.decode_concurrent?.calls, 6);
+      } finally {
+        await proxy.close();
+      }
+    });
     await t.step("corrupted answers: each one flagged, naming its call", async () => {
       // Forward calls in order: prefill warm-up, prefill cache 0, prefill cache 1, 4 decode
       // warm-ups (steps 2, 0, 1, 2: they end on the last step), decode steps 0, 1, 2 of client 0
@@ -142,7 +155,7 @@ Deno.test("HTTP bench: flags", () => {
   assert.deepEqual(parseHttpBenchArgs(["--http-workers=0, 2"], {}).httpWorkers, [0, 2]);
   assert.throws(() => parseHttpBenchArgs(["--http-workers=two"], {}), /--http-workers must be/);
   assert.equal(a.run.shape.steps, 5);
-  assert.equal(a.run.warmup_calls, 256, "the server's JIT warm before the clock");
+  assert.equal(a.run.warmup_calls, 1000, "the server's JIT warm before the clock");
   assert.equal(parseHttpBenchArgs(["--warmup-calls=1"], {}).run.warmup_calls, 1);
   assert.throws(() => parseHttpBenchArgs(["--warmup-calls=0"], {}), /--warmup-calls must be/);
   assert.equal(a.run.size, "big");
@@ -185,9 +198,10 @@ Deno.test("HTTP bench: several instances, each client on its own", async (t) => 
         assert.ok(x.ok);
         assert.deepEqual(x.urls, proxies.map((p) => p.url));
         // Client 0 (instance 0): the prefill warm-up and call, 4 decode warm-ups, 3 sequential
-        // and 3 concurrent steps; client 1 (instance 1): its prefill call and 3 steps. A call on
-        // the other instance would have found no such cache (404).
-        assert.deepEqual(proxies.map((p) => p.forwards()), [12, 4]);
+        // steps, then 4 warm-ups and 3 concurrent steps; client 1 (instance 1): its prefill call,
+        // 4 warm-ups and 3 steps. A call on the other instance would have found no such cache
+        // (404).
+        assert.deepEqual(proxies.map((p) => p.forwards()), [16, 8]);
       } finally {
         await Promise.all(proxies.map((p) => p.close()));
       }
