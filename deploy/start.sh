@@ -27,8 +27,9 @@
 # nginx serves its /healthz, /metrics and /v1/device at /instances/iK/...) and gets
 # ATTN_GPU_INDEX=K in its environment. nginx's client_body_timeout follows the instances' body
 # timeout (--body-timeout-ms after --, else ATTN_BODY_TIMEOUT_MS, else 60 s) so that they, not
-# nginx, answer a stalled body (below, "nginx's body timeout"). PREFIX/instances.tsv lists
-# "name port pid" once all are listening; PREFIX/ready appears once nginx answers too.
+# nginx, answer a stalled body (below, "nginx's body timeout"; not on POST /v1/attention/forward,
+# whose body nginx reads whole first: nginx.conf.template). PREFIX/instances.tsv lists "name port
+# pid" once all are listening; PREFIX/ready appears once nginx answers too.
 # Environment: NGINX (the nginx binary, default nginx from PATH or /usr/sbin/nginx), DENO
 # (default deno).
 set -euo pipefail
