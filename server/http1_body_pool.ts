@@ -45,14 +45,44 @@ export function takeBodyBuffer(n: number): ArrayBuffer {
   return made;
 }
 
-/** Gives a buffer from {@link takeBodyBuffer} back (dropped when the pool is full). */
+/**
+ * Drops idle buffers, largest classes first, until `room` more bytes fit under
+ * {@link POOL_BYTES}; false when they cannot (`room` over the pool's bytes).
+ */
+function makeRoom(room: number): boolean {
+  if (room > POOL_BYTES) return false;
+  const classes = [...free.keys()].sort((a, b) => b - a);
+  for (const c of classes) {
+    const list = free.get(c)!;
+    while (freeBytes + room > POOL_BYTES && list.length > 0) {
+      list.pop();
+      freeBytes -= c;
+    }
+    if (list.length === 0) free.delete(c);
+    if (freeBytes + room <= POOL_BYTES) break;
+  }
+  return true;
+}
+
+/**
+ * Gives a buffer from {@link takeBodyBuffer} back. When the idle buffers would go over
+ * {@link POOL_BYTES}, the largest idle ones are dropped to make room: the pool keeps serving the
+ * sizes now in use (a server that took a few large prefill bodies once kept refusing every
+ * 512 KiB decode body after them, each call allocating a fresh one).
+ */
 export function giveBodyBuffer(b: ArrayBuffer): void {
   const c = b.byteLength;
-  if (!pooled.has(b) || b.detached || freeBytes + c > POOL_BYTES) return;
+  if (!pooled.has(b) || b.detached || !makeRoom(c)) return;
   let list = free.get(c);
   if (!list) free.set(c, list = []);
   list.push(b);
   freeBytes += c;
+}
+
+/** Drops every idle buffer (tests). */
+export function clearBodyPool(): void {
+  free.clear();
+  freeBytes = 0;
 }
 
 /** Idle bytes kept (tests). */
