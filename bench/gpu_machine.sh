@@ -248,18 +248,23 @@ for w in $what; do
     http-ab)
       # Interleaved A/B runs of Dawn's HTTP bench, each a server of its own and a log of its own
       # (http-ab-N-ENGINE-KEEPWARM-LLAYERS[-wWORKERS].log/.json): HTTP_AB lists
-      # ENGINE:KEEPWARM:LAYERS:CLIENTS:STEPS[:WORKERS] (ENGINE deno or http1; KEEPWARM off,
-      # process or timer, 3000 ms; WORKERS: the server's --http-workers), default two pairs of the
+      # ENGINE:KEEPWARM:LAYERS:CLIENTS:STEPS[:WORKERS[:ARGS]] (ENGINE deno or http1; KEEPWARM
+      # off, process or timer, 3000 ms; WORKERS: the server's --http-workers, may be empty; ARGS:
+      # more server flags, comma-separated, e.g. --device-threads=4,--device-threads-http),
+      # default two pairs of the
       # engines with the process keep-warm, then a pair without (bench/NOTES.md v0.29). The summary
       # lines of each run are printed: p50/p99, calls/s, and the sequential phases that decide them.
       n_ab=0
       for ab in ${HTTP_AB:-http1:process:1:8:64 deno:process:1:8:64 http1:process:1:8:64 deno:process:1:8:64 http1:off:1:8:64 deno:off:1:8:64}; do
-        IFS=: read -r eng kw layers clients steps workers <<<"$ab"
+        IFS=: read -r eng kw layers clients steps workers extra <<<"$ab"
         n_ab=$((n_ab + 1))
-        name="http-ab-$n_ab-$eng-$kw-L$layers${workers:+-w$workers}"
+        name="http-ab-$n_ab-$eng-$kw-L$layers${workers:+-w$workers}${extra:+-args}"
         kwargs=()
         [ "$kw" != off ] && kwargs=(--server-arg=--keep-warm-ms=3000 --server-arg="--keep-warm-mode=$kw")
         [ -n "$workers" ] && kwargs+=(--http-workers "$workers") # the bench's own: in its JSON
+        IFS=, read -r -a more <<<"$extra"
+        for a in "${more[@]}"; do kwargs+=("--server-arg=$a"); done
+        [ -n "$extra" ] && echo "== $name: server flags $extra"
         TAIL=${TAIL:-40} run "$name" "${HTTP_TIMEOUT:-100}" \
           deno run --allow-net --allow-read --allow-env --allow-run --allow-write \
           bench/http_bench.ts --runtimes dawn --json-out "$out/$name.json" --steps "$steps" \
