@@ -12,30 +12,59 @@
  * and restore the other's redirection, and fd 2 could end up pointing at a closed temporary
  * file (every later line of stderr lost: seen with `--device-threads 2 --webgpu-runtime dawn`,
  * whose exit-2 reason never showed). Threads that may capture share one lock
- * ({@link stderrLock}, {@link useStderrLock}); a capture then waits for another's to end. Lines
- * another thread prints during a capture still land in its text.
+ * ({@link stderrLock}, {@link useStderrLock}); a capture then waits for another's to end, and
+ * the console of every thread that took the lock prints under it, so that a line one thread
+ * logs while another captures is not swallowed into the capture (with `--device-threads 2` on
+ * Dawn a thread's device line went missing that way). Native code of another thread printing
+ * during a capture still lands in its text.
  * @module
  */
 
 let lock: Int32Array | null = null;
+/** This thread holds the lock (a print inside a capture goes straight out, into it). */
+let held = false;
 
 /** A new lock for the threads of one process to share (pass it to each, {@link useStderrLock}). */
 export function stderrLock(): SharedArrayBuffer {
   return new SharedArrayBuffer(4);
 }
 
-/** This thread's captures take `sab`'s lock (the same buffer in every thread that captures). */
+/**
+ * This thread's captures take `sab`'s lock (the same buffer in every thread of the process
+ * that captures or prints), and its console prints under it. Idempotent for one buffer.
+ */
 export function useStderrLock(sab: SharedArrayBuffer): void {
+  if (lock?.buffer === sab) return;
+  const first = lock === null;
   lock = new Int32Array(sab);
+  if (!first) return;
+  const c = console as unknown as Record<string, (...a: unknown[]) => void>;
+  for (const name of ["error", "warn", "log", "info", "debug"]) {
+    const print = c[name].bind(console);
+    c[name] = (...args: unknown[]) => locked(() => print(...args));
+  }
+}
+
+/** `fn()` under the lock (re-entered by the thread that holds it: straight). */
+function locked<T>(fn: () => T): T {
+  if (held) return fn();
+  acquire();
+  try {
+    return fn();
+  } finally {
+    release();
+  }
 }
 
 function acquire(): void {
   if (!lock) return;
   while (Atomics.compareExchange(lock, 0, 0, 1) !== 0) Atomics.wait(lock, 0, 1, 10);
+  held = true;
 }
 
 function release(): void {
   if (!lock) return;
+  held = false;
   Atomics.store(lock, 0, 0);
   Atomics.notify(lock, 0, 1);
 }

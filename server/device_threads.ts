@@ -35,7 +35,7 @@ import { badQueueTimeoutHeader } from "./queue_timeout_header.ts";
 import { ThreadWatchdog, watchdogFromEnv, type WatchdogOptions } from "./thread_watchdog.ts";
 import { headOf, healthDocument, jsonResponse, SAFETENSORS } from "./responses.ts";
 import { INSTANCE_HEADER } from "../wire/names.ts";
-import { stderrLock } from "../gpu/runtime_stderr.ts";
+import { stderrLock, useStderrLock } from "../gpu/runtime_stderr.ts";
 import { threadExitGraceMs } from "./exit_grace.ts";
 import { ServiceError } from "../core/errors.ts";
 import { raceTimeout } from "../core/timeout.ts";
@@ -99,8 +99,10 @@ export async function startDeviceThreads(
   // A body its route refuses by its head is not read (head_refusal.ts): not even to find its cache.
   const allowed = bodyReader(o.access, bodyLimits(o.init.maxBodyBytes, o.init.maxJsonBodyBytes));
   const n = o.threads;
-  // Dawn's adapter requests redirect the process's fd 2 (gpu/runtime_stderr.ts): one at a time.
+  // Dawn's adapter requests redirect the process's fd 2 (gpu/runtime_stderr.ts): one at a time,
+  // and this thread's own lines wait for them too.
   const lock = stderrLock();
+  useStderrLock(lock);
   const scrapeToken = crypto.randomUUID();
   const threads = Array.from({ length: n }, (_, index) => {
     const init: DeviceThreadInit = {

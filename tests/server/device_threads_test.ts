@@ -15,6 +15,7 @@ import { HeldSeq } from "./held_seq.ts";
 import { maxAbsDiff } from "./helpers.ts";
 import { runServerToExit, spawnServer } from "./process.ts";
 import { NO_GPU } from "../gpu/helpers.ts";
+import { SERVE_RUNTIME } from "../support/gpu.ts";
 import { frontCaller, startNoGpuThreads } from "./no_gpu_threads.ts";
 
 /** attn_kv_caches per device thread, from the merged /metrics. */
@@ -53,8 +54,12 @@ async function stepsOn(api: AttentionClient, id: string, seq: HeldSeq): Promise<
   assert.ok(maxAbsDiff(r3.output.values, c.ref) < 2e-5, `${id}: safetensors body naming it`);
 }
 
-async function routesSuite(args: string[], device: RegExp): Promise<void> {
-  const srv = await spawnServer(["--device-threads", "2", ...args]);
+async function routesSuite(
+  args: readonly string[],
+  device: RegExp,
+  perms: readonly string[] = [],
+): Promise<void> {
+  const srv = await spawnServer(["--device-threads", "2", ...args], {}, perms);
   try {
     assert.match(srv.stderr(), /device threads: 2/);
     for (const t of [0, 1]) {
@@ -117,7 +122,7 @@ async function routesSuite(args: string[], device: RegExp): Promise<void> {
     assert.equal(end.code, 0, end.stderr);
     assert.match(end.stderr, /stopped: every call finished/);
     // Only thread 0 probes the runtime not chosen (Dawn is not loaded in every thread for it).
-    assert.doesNotMatch(end.stderr, /device thread 1: webgpu: dawn/);
+    assert.doesNotMatch(end.stderr, /device thread 1: webgpu: .*not chosen/);
   } finally {
     srv.kill("SIGKILL");
     await srv.exited;
@@ -129,7 +134,8 @@ Deno.test("device threads: caches spread, routes reach their holder (no GPU)", a
 });
 
 Deno.test("device threads: the same on WebGPU, a device a thread", { ignore: NO_GPU }, async () => {
-  await routesSuite([], /webgpu: deno /);
+  // The suite's runtime (Dawn needs --allow-ffi; the server would read ATTN_WEBGPU_RUNTIME).
+  await routesSuite(SERVE_RUNTIME.args, /webgpu: (deno|dawn) /, SERVE_RUNTIME.perms);
 });
 
 Deno.test("device threads: not with --http-workers", async () => {
