@@ -114,6 +114,12 @@ export interface RunOptions {
    * and rejects with QueueTimeoutError (503 `queue_timeout`). A call that started runs to its end.
    */
   queueDeadline?: QueueDeadline;
+  /**
+   * The caller releases the result once it no longer reads it (the HTTP routes do, once the
+   * answer was delivered): a GPU backend may then lend it the device's read-back memory
+   * instead of a copy (gpu/readback_memory.ts). Unset: the result's memory is its own.
+   */
+  lendReadback?: boolean;
 }
 
 /** What plan/run receive besides the batch. */

@@ -184,6 +184,7 @@ export async function runGpuPlan(
       signal: opts.signal,
       onSubmitted: opts.onSubmitted,
       timing: nextTiming(p),
+      lend: opts.lendReadback === true,
     });
     bound.tableWritten();
     if (bound.flags) {

@@ -5,10 +5,10 @@
  * device has `timestamp-query`, with a pooled query set), bind groups from the device's cache
  * (gpu/bind_groups.ts), uploads by `writeBuffer` or, large ones, through mapped staging
  * buffers kept between calls (gpu/upload_staging.ts), one submit, one `mapAsync` of one pooled
- * readback buffer (read as soon as the GPU is done on Deno's runtime: gpu/map_read.ts) and one
- * copy of what it read into lent host memory (gpu/host_pool.ts: already-touched pages, no page
- * faults), or, on Deno's runtime, whose mapped range is already its own copy, that copy moved
- * out; the parts are views of that memory, valid until the result's `release()`. The whole call
+ * readback buffer (read as soon as the GPU is done on Deno's runtime: gpu/map_read.ts), and
+ * its bytes kept one of three ways (gpu/readback_memory.ts: Deno's own copy moved out, the
+ * mapping itself lent when the caller asks, else a copy into lent host memory); the parts are
+ * views of that memory, valid until the result's `release()`. The whole call
  * runs inside a validation error scope: a WebGPU validation error (a binding over a limit, a
  * bad dispatch) fails the call with a 500 `gpu_validation_error` instead of answering with
  * data the GPU never computed. An aborted signal before submit cancels the call: nothing is
@@ -22,9 +22,9 @@ import type { CompiledKernel } from "./kernel.ts";
 import { poolOf } from "./buffer_pool.ts";
 import { type BindGroupCache, bindGroupsOf } from "./bind_groups.ts";
 import { STAGED_UPLOAD_BYTES, stagedUploads, stagingOf } from "./upload_staging.ts";
-import { hostPool } from "./host_pool.ts";
 import { wakeDawnPoll } from "./dawn_tick_pace.ts";
-import { mapDeferredReads, mapReadRangeDeferred, ownsMappedCopies } from "./map_read.ts";
+import { mapDeferredReads, mapReadRangeDeferred } from "./map_read.ts";
+import { readbackMemory } from "./readback_memory.ts";
 import { inErrorScopes } from "./error_scopes.ts";
 
 /** A buffer binding: a whole buffer or a range of one. */
@@ -63,6 +63,12 @@ export interface LaunchSpec {
   /** Called right after the submit (see core/types.ts RunOptions). */
   onSubmitted?: () => void;
   /**
+   * The parts may be the mapped read-back buffer itself, held until `release()`, where the
+   * runtime's mapped range is the mapping (Dawn): no copy, and the caller releases the result
+   * once it no longer reads them (gpu/readback_memory.ts). Otherwise they are a copy.
+   */
+  lend?: boolean;
+  /**
    * `calls` (the default): one compute pass per call, each timed (`gpu.<name>`, and `gpu.gpu`
    * from the first begin to the last end). `total`: every call in one compute pass (the device
    * orders the dispatches and makes each one's writes visible to the next), timed as a whole
@@ -75,13 +81,15 @@ export interface LaunchSpec {
 
 /**
  * What a launch returns: the parts read back and device times. The parts are views of one
- * lease of host memory (gpu/host_pool.ts), or on Deno's runtime of the copy its
- * `getMappedRange` made ({@link hostCopy}); `release()` gives it back once nothing reads them.
+ * piece of memory (gpu/readback_memory.ts); `release()` gives it back once nothing reads them.
  */
 export interface LaunchResult {
   parts: Uint8Array<ArrayBuffer>[];
-  /** Returns the parts' memory to the host pool, or frees Deno's copy at once (the parts are
-   * then detached); idempotent; not calling it is safe. */
+  /**
+   * Returns the parts' memory (to the host pool; Deno's copy freed; a lent mapping unmapped
+   * and its buffer pooled), after which the parts must not be read; idempotent; not calling it
+   * is safe (a lent buffer then waits for the collector).
+   */
   release(): void;
   /** Device milliseconds per call name, and `gpu` for first begin to last end. */
   gpu: Record<string, number>;
@@ -206,26 +214,6 @@ function deviceTimes(
   return gpu;
 }
 
-/**
- * The read-back's `total` bytes in host memory the result owns until its `release()`: on a
- * device whose mapped ranges are the runtime's own copies (Deno's: gpu/map_read.ts
- * `ownsMappedCopies`) that copy itself, moved out before `unmap` detaches it (released by
- * freeing it at once); elsewhere (Dawn's ranges are the mapping) a copy into lent host memory.
- */
-function hostCopy(
-  dev: GPUDevice,
-  range: ArrayBuffer,
-  total: number,
-): { mem: ArrayBuffer; release: () => void } {
-  if (ownsMappedCopies(dev)) {
-    const mem = range.transfer();
-    return { mem, release: () => void (mem.detached || mem.transfer(0)) };
-  }
-  const lease = hostPool.acquire(total);
-  lease.bytes.set(new Uint8Array(range, 0, total));
-  return { mem: lease.bytes.buffer, release: lease.release };
-}
-
 /** Runs one launch (see the module doc). */
 export async function launch(ctx: GpuContext, spec: LaunchSpec): Promise<LaunchResult> {
   const t0 = performance.now();
@@ -272,6 +260,7 @@ export async function launch(ctx: GpuContext, spec: LaunchSpec): Promise<LaunchR
   // Earlier calls' deferred reads first (outside this call's error scope): they need not wait
   // for this one's kernels (gpu/map_read.ts mapReadRangeDeferred).
   mapDeferredReads(dev);
+  let lent = false;
   try {
     // The scope is popped right after the submit, before any await (gpu/error_scopes.ts).
     const { value: { tUp, tRec }, errors } = inErrorScopes(dev, ["validation"], () => {
@@ -313,8 +302,16 @@ export async function launch(ctx: GpuContext, spec: LaunchSpec): Promise<LaunchR
       });
     }
     const tMap = performance.now();
-    const { mem, release } = hostCopy(dev, range, total);
-    readback.unmap();
+    const { mem, release, lent: kept } = readbackMemory(
+      dev,
+      pool,
+      readback,
+      range,
+      total,
+      spec.lend === true,
+    );
+    lent = kept;
+    if (!kept) readback.unmap();
     const parts = spec.reads.map((r, i) => new Uint8Array(mem, offsets[i], r.bytes));
     const gpu = qs
       ? deviceTimes(new BigUint64Array(mem, stampAt, 2 * passes), spec.calls, passes)
@@ -337,7 +334,7 @@ export async function launch(ctx: GpuContext, spec: LaunchSpec): Promise<LaunchR
     };
   } finally {
     for (const from of froms) staging!.recycle(from);
-    pool.release(readback);
+    if (!lent) pool.release(readback); // a lent one goes back at the result's release
     if (resolve) pool.release(resolve);
     if (qs) pool.releaseQuerySet(qs);
   }

@@ -35,7 +35,7 @@ import type { JsonDecoder } from "./json_decoder.ts";
 import { cacheIdParam } from "./cache_routes.ts";
 import type { Metrics } from "./metrics.ts";
 import { jsonResponse, SAFETENSORS } from "./responses.ts";
-import { lentBodyResponse } from "./lent_body.ts";
+import { lentAnswerClaimed, lentBodyResponse } from "./lent_body.ts";
 import { withErrorHeaders } from "./problem.ts";
 import type { RouteContext, Router } from "./routes.ts";
 
@@ -152,6 +152,9 @@ export function addForwardRoutes(
         signal: req.signal,
         queueTimeoutMs,
         queueSince: performance.now() - waitedBetweenThreads(req),
+        // `answer` releases the result at once for JSON, and a lent body once it was delivered
+        // where the server says so (never while anything may still write it out).
+        lendReadback: answerAs === "json" || lentAnswerClaimed(req),
       });
       const tRan = performance.now();
       const headers: Record<string, string> = {

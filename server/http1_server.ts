@@ -34,6 +34,7 @@ import { parseHead, type RequestHead } from "./http1_head.ts";
 import { ConnReader } from "./http1_reader.ts";
 import { giveBodyBuffer, POOLED_BODY_MAX, takeBodyBuffer } from "./http1_body_pool.ts";
 import { writeAll, writeResponse } from "./http1_write.ts";
+import { claimLentAnswer } from "./lent_body.ts";
 import { trace } from "../core/trace.ts";
 import {
   closeQuietly,
@@ -270,6 +271,7 @@ async function exchange(
   let req: Request;
   try {
     req = requestOf(head, ac.signal);
+    claimLentAnswer(req); // writeResponse releases a lent answer once it was written
   } catch {
     return await notServed(""); // a method Request refuses (TRACE, CONNECT, TRACK)
   }

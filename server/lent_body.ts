@@ -24,6 +24,24 @@ import { partsResponse } from "./responses.ts";
 import { concatBytes } from "../core/safetensors.ts";
 
 const lent = new WeakMap<Response, () => void>();
+/** Requests whose consumer releases a lent answer once it was delivered. */
+const claimed = new WeakSet<Request>();
+
+/**
+ * Marks `req` as served by a consumer that releases its answer's lent memory once the answer
+ * was delivered or copied (this server's HTTP/1.1 engine, Deno.serve's HTTP/1.1 through
+ * {@link serveLentBodies}, a thread hop's owner): its forward may then be lent the device's
+ * read-back memory itself (gpu/readback_memory.ts), which must not be unmapped while anything
+ * still writes it out.
+ */
+export function claimLentAnswer(req: Request): void {
+  claimed.add(req);
+}
+
+/** Whether {@link claimLentAnswer} marked `req`. */
+export function lentAnswerClaimed(req: Request): boolean {
+  return claimed.has(req);
+}
 /** The parts of each lent answer, for {@link takeLentBytes}. */
 const lentParts = new WeakMap<Response, Uint8Array[]>();
 
@@ -78,8 +96,10 @@ export function serveLentBodies(
   handler: (req: Request) => Promise<Response>,
 ): (req: Request, info: Deno.ServeHandlerInfo) => Promise<Response> {
   return async (req, info) => {
+    const claims = req.headers.has("host");
+    if (claims) claimLentAnswer(req);
     const res = await handler(req);
-    if (lent.has(res) && req.headers.has("host")) releaseWhenDelivered(res, info.completed);
+    if (lent.has(res) && claims) releaseWhenDelivered(res, info.completed);
     return res;
   };
 }

@@ -11,7 +11,7 @@
  * @module
  */
 import { type ErrorLogger, problemResponse, toProblem } from "./problem.ts";
-import { releaseWhenDelivered, takeLentBytes } from "./lent_body.ts";
+import { claimLentAnswer, releaseWhenDelivered, takeLentBytes } from "./lent_body.ts";
 import { setPreReadBody, type StreamedBody } from "./body_read.ts";
 import { keepSentPath, markUnparsableUrl } from "./routes.ts";
 import { keepRead, keepWait, receivedWait } from "./request_arrival.ts";
@@ -86,6 +86,7 @@ function rebuild(m: HeadMessage, p: Pending): Request {
     Object.defineProperty(req, "method", { value: m.method });
   }
   if (url !== m.url) markUnparsableUrl(req);
+  claimLentAnswer(req); // its answer is copied for the sender, then released (#answer)
   if (body !== null) {
     const read = p.body.then((m) => {
       keepWait(req, m.waitedMs ?? 0);

@@ -21,7 +21,7 @@ import { setPreReadBody } from "./body_read.ts";
 import { keepRead } from "./request_arrival.ts";
 import { findForwardCacheId, type ScanWorker } from "./forward_cache_id.ts";
 import { badQueueTimeoutHeader } from "./queue_timeout_header.ts";
-import { serveLentBodies } from "./lent_body.ts";
+import { claimLentAnswer, lentAnswerClaimed, serveLentBodies } from "./lent_body.ts";
 import type { ErrorLogger } from "./problem.ts";
 import type { RequestSender } from "./request_sender.ts";
 import { SAFETENSORS } from "./responses.ts";
@@ -84,6 +84,7 @@ function withBody(req: Request, body: StreamedBody): Request {
   setPreReadBody(again, Promise.resolve(body));
   keepRead(again, body.readMs ?? 0); // Server-Timing's parse counts this thread's read
   keepSentPath(again, sentPath(req), urlAsSent(req));
+  if (lentAnswerClaimed(req)) claimLentAnswer(again); // the same listener answers it
   return again;
 }
 

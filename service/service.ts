@@ -64,6 +64,12 @@ export interface ForwardOptions {
    * The queue timeout counts from it; undefined, or later than now: from now.
    */
   queueSince?: number;
+  /**
+   * The caller calls the result's `release()` once it no longer reads the output (the HTTP
+   * routes, once the answer was delivered): the GPU backends then lend it the read-back
+   * memory itself where the runtime maps it in place (Dawn), saving a copy of the output.
+   */
+  lendReadback?: boolean;
 }
 
 export type { CacheData, CacheInfo, CreateCacheRequest, ForwardOutcome, SelectResult };
@@ -315,6 +321,7 @@ export class AttentionService {
         return await backend.run(held.plan, batch, ctx, {
           signal: opts.signal,
           onSubmitted,
+          ...(opts.lendReadback ? { lendReadback: true } : {}),
           ...(gate ? { queueDeadline: gate } : {}),
         });
       } finally {
