@@ -28,7 +28,8 @@ export interface Deployment {
   instances: StartedInstance[];
   /** The rendered PREFIX/nginx.conf. */
   conf(): Promise<string>;
-  stop(): Promise<void>;
+  /** Stops start.sh (SIGTERM; its trap stops the rest) and waits; start.sh's exit status. */
+  stop(): Promise<Deno.CommandStatus>;
 }
 
 /** deploy/start.sh with `args` (ports and prefix added), once PREFIX/ready is there. */
@@ -65,7 +66,7 @@ export async function deploy(
     try {
       script.kill("SIGTERM");
     } catch { /* exited */ }
-    await script.status;
+    const status = await script.status;
     await logs;
     const nginx = Number((await Deno.readTextFile(`${prefix}/nginx.pid`).catch(() => "")).trim());
     for (const pid of [...pids, ...(nginx > 0 ? [nginx] : [])]) {
@@ -74,6 +75,7 @@ export async function deploy(
       });
     }
     await Deno.remove(prefix, { recursive: true }).catch(() => {});
+    return status;
   };
   try {
     await waitForStart(prefix, script, logs);

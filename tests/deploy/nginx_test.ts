@@ -13,14 +13,12 @@ import assert from "node:assert/strict";
 import { AttentionApiError, AttentionClient, createRequestOf } from "../../client/client.ts";
 import { maxAbsDiff } from "../server/helpers.ts";
 import { HeldSeq } from "../server/held_seq.ts";
-import { alive, findNginx, freePorts, readInstances, waitFor, waitForStart } from "./nginx_path.ts";
-
-const ROOT = new URL("../../", import.meta.url).pathname;
+import { deploy, NGINX } from "./nginx_deploy.ts";
+import { alive, waitFor } from "./nginx_path.ts";
 
 /** A moved_caches.map key matching `id` exactly, letter case included (README). */
 const pinKey = (id: string) => `"~^${id.replaceAll(".", "\\.")}$"`;
 
-const NGINX = findNginx();
 if (!NGINX) {
   console.log("nginx_test: skipped: no nginx binary in PATH or /usr/sbin (apt-get install nginx)");
 }
@@ -31,33 +29,9 @@ Deno.test({
   sanitizeResources: false,
   sanitizeOps: false,
   async fn() {
-    const prefix = await Deno.makeTempDir({ prefix: "attn-nginx-" });
-    const { port, base } = freePorts(3);
-    const script = new Deno.Command("bash", {
-      args: [
-        `${ROOT}deploy/start.sh`,
-        "--instances",
-        "3",
-        "--no-gpu",
-        "--port",
-        String(port),
-        "--base-port",
-        String(base),
-        "--prefix",
-        prefix,
-        "--max-body-bytes",
-        String(4 << 20),
-      ],
-      env: { NGINX: NGINX!, DENO: Deno.execPath() },
-      stdout: "piped",
-      stderr: "piped",
-    }).spawn();
-    const logs = Promise.all([script.stdout, script.stderr].map((s) => new Response(s).text()));
-    let pids: number[] = [];
+    const d = await deploy(3, ["--max-body-bytes", String(4 << 20)]);
+    const { prefix, port, instances } = d;
     try {
-      await waitForStart(prefix, script, logs);
-      const instances = await readInstances(prefix);
-      pids = instances.map((i) => i.pid);
       assert.deepEqual(instances.map((i) => i.name), ["i0", "i1", "i2"]);
       const url = `http://127.0.0.1:${port}`;
       const proxy = new AttentionClient(url);
@@ -176,15 +150,7 @@ Deno.test({
       const stay = [...owner].find(([c, n]) => n === from && c !== id);
       if (stay) assert.equal((await proxy.getCache(stay[0])).id, stay[0]);
     } finally {
-      script.kill("SIGTERM");
-      const st = await script.status;
-      await logs;
-      for (const pid of pids) {
-        await waitFor(`instance ${pid} to stop`, 15_000, () => !alive(pid)).catch(() => {
-          Deno.kill(pid, "SIGKILL");
-        });
-      }
-      await Deno.remove(prefix, { recursive: true }).catch(() => {});
+      const st = await d.stop();
       assert.equal(st.signal ?? null, null, "start.sh stopped by its own trap");
     }
   },
