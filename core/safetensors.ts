@@ -335,9 +335,6 @@ export function safetensorsParts(
   tensors: Record<string, SafetensorsTensor>,
   metadata?: Record<string, string>,
 ): Uint8Array[] {
-  const header: Record<string, unknown> = {};
-  if (metadata && Object.keys(metadata).length > 0) header.__metadata__ = metadata;
-  let offset = 0;
   for (const [name, t] of Object.entries(tensors)) {
     const want = numel(t.shape) * SAFETENSORS_DTYPE_BYTES[t.dtype];
     if (t.data.byteLength !== want) {
@@ -348,6 +345,24 @@ export function safetensorsParts(
         { status: 500, code: "bad_tensor" },
       );
     }
+  }
+  const { head } = safetensorsHead(tensors, metadata);
+  return [head, ...Object.values(tensors).map((t) => t.data)];
+}
+
+/**
+ * The first part of {@link safetensorsParts} for tensors of these dtypes and shapes (no data
+ * needed), and the bytes of data after it: a file's length without its contents (a HEAD).
+ */
+export function safetensorsHead(
+  tensors: Record<string, Pick<SafetensorsTensor, "dtype" | "shape">>,
+  metadata?: Record<string, string>,
+): { head: Uint8Array; data_bytes: number } {
+  const header: Record<string, unknown> = {};
+  if (metadata && Object.keys(metadata).length > 0) header.__metadata__ = metadata;
+  let offset = 0;
+  for (const [name, t] of Object.entries(tensors)) {
+    const want = numel(t.shape) * SAFETENSORS_DTYPE_BYTES[t.dtype];
     header[name] = { dtype: t.dtype, shape: t.shape, data_offsets: [offset, offset + want] };
     offset += want;
   }
@@ -356,7 +371,7 @@ export function safetensorsParts(
   const head = new Uint8Array(8 + padded).fill(0x20);
   new DataView(head.buffer).setBigUint64(0, BigInt(padded), true);
   head.set(json, 8);
-  return [head, ...Object.values(tensors).map((t) => t.data)];
+  return { head, data_bytes: offset };
 }
 
 /**

@@ -9,13 +9,17 @@
  */
 import { ServiceError } from "../core/errors.ts";
 import type { AttentionService } from "../service/service.ts";
-import { cacheSafetensors, parseCacheFile } from "../wire/cache_file.ts";
+import {
+  cacheSafetensorsLength,
+  cacheSafetensorsParts,
+  parseCacheFile,
+} from "../wire/cache_file.ts";
 import { CACHE_ID_PATTERN, CACHE_ID_RULE } from "../wire/names.ts";
 import { CreateCacheRequestSchema } from "../wire/schemas.ts";
 import type { CreateCacheRequest } from "../wire/types.ts";
 import { showValue } from "../wire/zod_issues.ts";
 import { bodyKind, type BodyLimit, type BodyLimits, jsonBody, readBody } from "./body.ts";
-import { binaryResponse, jsonResponse } from "./responses.ts";
+import { binaryResponse, jsonResponse, SAFETENSORS } from "./responses.ts";
 import type { Router } from "./routes.ts";
 
 /**
@@ -63,11 +67,20 @@ export function addCacheRoutes(router: Router, service: AttentionService, limits
     await service.deleteCache(cacheIdParam(params.id));
     return new Response(null, { status: 204 });
   });
-  router.add("GET", "/v1/kv-caches/:id/data", async ({ params }) => {
-    const data = await service.cacheData(cacheIdParam(params.id));
-    return binaryResponse(cacheSafetensors(data), {
-      "content-disposition": `attachment; filename="kv-cache-${data.info.id}.safetensors"`,
-    });
+  // The export goes out as its parts (header, key, value), uncopied; a HEAD is answered from
+  // the cache's spec without reading the cache.
+  router.add("GET", "/v1/kv-caches/:id/data", async ({ req, params }) => {
+    const id = cacheIdParam(params.id);
+    const disposition = {
+      "content-disposition": `attachment; filename="kv-cache-${id}.safetensors"`,
+    };
+    if (req.method.toUpperCase() === "HEAD") {
+      const length = cacheSafetensorsLength(service.cacheDataInfo(id));
+      return new Response(null, {
+        headers: { "content-type": SAFETENSORS, ...disposition, "content-length": String(length) },
+      });
+    }
+    return binaryResponse(cacheSafetensorsParts(await service.cacheData(id)), disposition);
   });
   router.add("PUT", "/v1/kv-caches/:id/data", async ({ req, params }) => {
     const id = cacheIdParam(params.id);

@@ -259,6 +259,16 @@ export class AttentionService {
     return this.#info(this.caches.get(id));
   }
 
+  /**
+   * What {@link cacheData} holds besides the bytes (its info and shape), without reading them
+   * (`HEAD .../data`). @throws 404; 503 when lost.
+   */
+  cacheDataInfo(id: string): Pick<CacheData, "info" | "shape"> {
+    const s = this.caches.get(id);
+    if (s.cache.lost) throw cacheLost(id);
+    return { info: this.#info(s), shape: cacheShape(s.cache.spec) };
+  }
+
   /** A cache's contents (read under its mutex). @throws 404; 503 when lost. */
   cacheData(id: string): Promise<CacheData> {
     return this.caches.withCache(id, async (s) => {

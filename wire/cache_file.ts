@@ -10,7 +10,10 @@
 import { resolveStorage } from "../core/dtype.ts";
 import { type Issue, ServiceError } from "../core/errors.ts";
 import {
+  concatBytes,
   parseSafetensors,
+  safetensorsHead,
+  safetensorsParts,
   type SafetensorsTensor,
   serializeSafetensors,
 } from "../core/safetensors.ts";
@@ -64,22 +67,46 @@ export function cacheFileBytes(f: CacheFile): Uint8Array {
   return serializeSafetensors({ key_cache: f.key_cache, value_cache: f.value_cache }, f.metadata);
 }
 
-/** A cache's contents as safetensors (`key_cache`, `value_cache`; metadata its spec). */
-export function cacheSafetensors(d: CacheData): Uint8Array {
+/** The `__metadata__` of a cache's file: its spec. */
+function fileMetadata(info: CacheInfo): Record<string, string> {
+  return {
+    id: info.id,
+    layout: info.layout,
+    dtype: info.dtype,
+    kv_cache_dtype: info.kv_cache_dtype,
+    backend: info.backend,
+  };
+}
+
+/** A cache's contents as safetensors parts (header, `key_cache`, `value_cache`), uncopied. */
+export function cacheSafetensorsParts(d: CacheData): Uint8Array[] {
   const dtype = safetensorsDtype(d.info.storage_dtype);
-  return serializeSafetensors(
+  return safetensorsParts(
     {
       key_cache: { dtype, shape: d.shape, data: d.key },
       value_cache: { dtype, shape: d.shape, data: d.value },
     },
-    {
-      id: d.info.id,
-      layout: d.info.layout,
-      dtype: d.info.dtype,
-      kv_cache_dtype: d.info.kv_cache_dtype,
-      backend: d.info.backend,
-    },
+    fileMetadata(d.info),
   );
+}
+
+/** A cache's contents as one safetensors file (`key_cache`, `value_cache`; metadata its spec). */
+export function cacheSafetensors(d: CacheData): Uint8Array {
+  return concatBytes(cacheSafetensorsParts(d));
+}
+
+/**
+ * The byte length of {@link cacheSafetensors} for a cache, from its info and shape alone (its
+ * contents are not read): `HEAD .../data`.
+ */
+export function cacheSafetensorsLength(d: Pick<CacheData, "info" | "shape">): number {
+  const dtype = safetensorsDtype(d.info.storage_dtype);
+  const t = { dtype, shape: d.shape };
+  const { head, data_bytes } = safetensorsHead(
+    { key_cache: t, value_cache: t },
+    fileMetadata(d.info),
+  );
+  return head.byteLength + data_bytes;
 }
 
 /**
