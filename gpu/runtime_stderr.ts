@@ -45,10 +45,20 @@ export function useStderrLock(sab: SharedArrayBuffer): void {
   }
 }
 
-/** `fn()` under the lock (re-entered by the thread that holds it: straight). */
+/**
+ * The longest a print waits for the lock (ms) before it prints anyway: longer than an adapter
+ * request takes (tens of ms on Dawn, a few hundred on lavapipe), short enough that a wedged one
+ * delays a line instead of stopping the thread.
+ */
+export const PRINT_WAIT_MS = 2000;
+
+/**
+ * `fn()` under the lock, waiting at most {@link PRINT_WAIT_MS} for it (a capture stuck in a
+ * wedged adapter request must not stop every thread's logging: past the wait the line goes out
+ * unlocked, into that capture if it is still open). Re-entered by the holder: straight.
+ */
 function locked<T>(fn: () => T): T {
-  if (held) return fn();
-  acquire();
+  if (held || !acquire(PRINT_WAIT_MS)) return fn();
   try {
     return fn();
   } finally {
@@ -56,14 +66,21 @@ function locked<T>(fn: () => T): T {
   }
 }
 
-function acquire(): void {
-  if (!lock) return;
-  while (Atomics.compareExchange(lock, 0, 0, 1) !== 0) Atomics.wait(lock, 0, 1, 10);
+/** Takes the lock, waiting at most `waitMs` (a capture waits as long as it takes). */
+function acquire(waitMs = Infinity): boolean {
+  if (!lock) return false;
+  const until = performance.now() + waitMs;
+  while (Atomics.compareExchange(lock, 0, 0, 1) !== 0) {
+    const left = until - performance.now();
+    if (left <= 0) return false;
+    Atomics.wait(lock, 0, 1, Math.min(10, left));
+  }
   held = true;
+  return true;
 }
 
 function release(): void {
-  if (!lock) return;
+  if (!lock || !held) return;
   held = false;
   Atomics.store(lock, 0, 0);
   Atomics.notify(lock, 0, 1);
