@@ -24,6 +24,7 @@ import { adapterInfoOf } from "./runtime_adapter.ts";
 import { numericLimits, requestFullDevice } from "./runtime_device.ts";
 import { OtherRuntimes } from "./runtime_probe.ts";
 import { defersReads, readsEarly } from "./map_read.ts";
+import { lentOut, lentReturned } from "./lent_count.ts";
 
 export { numericLimits, OPPORTUNISTIC_FEATURES, WANTED_FEATURES } from "./runtime_device.ts";
 
@@ -189,12 +190,19 @@ export class WebGpuDeviceManager implements DeviceProvider {
     return this.#pending;
   }
 
-  /** Destroys the device and stops re-acquiring (shutdown, end of a test file). */
+  /**
+   * Destroys the device and stops re-acquiring (shutdown, end of a test file). While answers
+   * lent a mapped read-back are still being written out (gpu/readback_memory.ts: a slow client
+   * past the shutdown deadline), the device waits for them: destroying it would free the
+   * mapping under the write (the process may exit first, which ends the write instead).
+   */
   close(): void {
     this.#closed = true;
     this.#reason = "device manager closed";
     const c = this.#ctx;
-    if (c && !c.lost) c.device.destroy();
+    if (!c || c.lost) return;
+    if (lentOut() === 0) c.device.destroy();
+    else lentReturned().then(() => c.device.destroy());
   }
 
   async #acquire(): Promise<GpuContext | null> {

@@ -312,10 +312,14 @@ export async function launch(ctx: GpuContext, spec: LaunchSpec): Promise<LaunchR
     );
     lent = kept;
     if (!kept) readback.unmap();
-    const parts = spec.reads.map((r, i) => new Uint8Array(mem, offsets[i], r.bytes));
-    const gpu = qs
-      ? deviceTimes(new BigUint64Array(mem, stampAt, 2 * passes), spec.calls, passes)
-      : {};
+    let parts: Uint8Array<ArrayBuffer>[], gpu: Record<string, number>;
+    try {
+      parts = spec.reads.map((r, i) => new Uint8Array(mem, offsets[i], r.bytes));
+      gpu = qs ? deviceTimes(new BigUint64Array(mem, stampAt, 2 * passes), spec.calls, passes) : {};
+    } catch (e) {
+      release(); // nobody will: a lent buffer would wait for the collector
+      throw e;
+    }
     if (parts.length === 0) release(); // only the timestamps were read
     const t2 = performance.now();
     return {

@@ -19,6 +19,7 @@
  */
 import { hostPool } from "./host_pool.ts";
 import { ownsMappedCopies } from "./map_read.ts";
+import { countLent, countReturned, lentOut } from "./lent_count.ts";
 
 /** The part of the buffer pool this module uses (gpu/buffer_pool.ts). */
 interface Pool {
@@ -44,14 +45,13 @@ interface LentState {
   pool: Pool;
 }
 
-let lentOut = 0;
 let lentTotal = 0;
 let collected = 0;
 
 function giveBack(s: LentState): void {
   if (s.done) return;
   s.done = true;
-  lentOut--;
+  countReturned();
   try {
     s.buffer.unmap();
   } catch {
@@ -85,7 +85,7 @@ export function readbackMemory(
   }
   if (lend) {
     const state: LentState = { done: false, buffer: readback, pool };
-    lentOut++;
+    countLent();
     lentTotal++;
     const release = () => {
       if (state.done) return;
@@ -105,5 +105,5 @@ export function readbackMemory(
  * collected unreleased.
  */
 export function lentReadbackStats(): { out: number; lent: number; collected: number } {
-  return { out: lentOut, lent: lentTotal, collected };
+  return { out: lentOut(), lent: lentTotal, collected };
 }

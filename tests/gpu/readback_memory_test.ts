@@ -8,6 +8,7 @@
  */
 import assert from "node:assert/strict";
 import { lentReadbackStats, readbackMemory } from "../../gpu/readback_memory.ts";
+import { lentReturned } from "../../gpu/lent_count.ts";
 
 /** A stand-in device (no runtime's: its mapped ranges are the mapping) and a buffer. */
 const device = {} as GPUDevice;
@@ -70,4 +71,19 @@ console.log(JSON.stringify({ log, ...lentReadbackStats() }));
   const text = new TextDecoder().decode(out.stdout).trim();
   assert.ok(out.success, new TextDecoder().decode(out.stderr));
   assert.deepEqual(JSON.parse(text), { log: ["unmap", "pooled"], out: 0, lent: 1, collected: 1 });
+});
+
+Deno.test("readback memory: lentReturned waits for the last lent read-back (a closing device does)", async () => {
+  const { buffer, pool } = fakes();
+  const base = lentReadbackStats().out;
+  assert.equal(base, 0, "nothing lent before");
+  const m = readbackMemory(device, pool, buffer, new ArrayBuffer(16), 16, true);
+  let done = false;
+  const waited = lentReturned().then(() => done = true);
+  await new Promise((r) => setTimeout(r, 10));
+  assert.equal(done, false, "resolved while a read-back was out");
+  m.release();
+  await waited;
+  assert.equal(done, true);
+  assert.equal(lentReadbackStats().out, 0);
 });
