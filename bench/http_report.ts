@@ -171,9 +171,12 @@ export function formatRuntime(r: RuntimeReport): string[] {
         ? `${t.immediate} at once, ${t.paced} paced` +
           (calls ? ` (${f(t.paced / calls)} paced a call)` : "")
         : "-";
+    // Each concurrent client's warm-up calls fall in that phase's count too (v0.36).
+    const warm = (x.decode_warmup_calls ?? 0) * s.clients;
     out.push(
       `dawn poll ticks (server): sequential phase, warm-up included, ${ticks(poll.sequential)}; ` +
-        `${s.clients} clients ${ticks(poll.concurrent, c?.calls)}`,
+        `${s.clients} clients, warm-ups included, ` +
+        ticks(poll.concurrent, c?.calls === undefined ? undefined : c.calls + warm),
     );
   }
   const kw = x.keep_warm;
