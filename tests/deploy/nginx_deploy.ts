@@ -28,6 +28,8 @@ export interface Deployment {
   instances: StartedInstance[];
   /** The rendered PREFIX/nginx.conf. */
   conf(): Promise<string>;
+  /** `nginx -s reload` (asserted to succeed), with `conf` written as PREFIX/nginx.conf first. */
+  reload(conf?: string): Promise<void>;
   /** Stops start.sh (SIGTERM; its trap stops the rest) and waits; start.sh's exit status. */
   stop(): Promise<Deno.CommandStatus>;
 }
@@ -87,6 +89,14 @@ export async function deploy(
       url: `http://127.0.0.1:${port}`,
       instances: list,
       conf: () => Deno.readTextFile(`${prefix}/nginx.conf`),
+      reload: async (conf?: string) => {
+        const file = `${prefix}/nginx.conf`;
+        if (conf !== undefined) await Deno.writeTextFile(file, conf);
+        const r = await new Deno.Command(NGINX!, {
+          args: ["-s", "reload", "-p", prefix, "-c", file, "-e", `${prefix}/error.log`],
+        }).output();
+        assert.equal(r.code, 0, new TextDecoder().decode(r.stderr));
+      },
       stop,
     };
   } catch (e) {

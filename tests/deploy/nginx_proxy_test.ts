@@ -109,7 +109,6 @@ Deno.test({
       await t.step("nginx's 408s (header or body timeout) send no answer at all", async () => {
         // Both lowered for the test (the instances keep their 60 s): error_page cannot make these
         // problems, as nginx closes the connection without a word.
-        const file = `${d.prefix}/nginx.conf`;
         const conf = (await d.conf())
           .replace(/^\s*client_body_timeout \S+;\n/m, "")
           .replace(
@@ -117,11 +116,7 @@ Deno.test({
             "$&\n    client_header_timeout 1s;\n    client_body_timeout 1s;",
           );
         assert.equal(conf.match(/client_body_timeout \S+;/g)?.length, 1);
-        await Deno.writeTextFile(file, conf);
-        const reload = await new Deno.Command(NGINX!, {
-          args: ["-s", "reload", "-p", d.prefix, "-c", file, "-e", `${d.prefix}/error.log`],
-        }).output();
-        assert.equal(reload.code, 0, new TextDecoder().decode(reload.stderr));
+        await d.reload(conf);
         await new Promise((r) => setTimeout(r, 500)); // the new workers take over
         const head = "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n";
         const body = "POST /v1/attention/forward HTTP/1.1\r\nHost: 127.0.0.1\r\n" +
@@ -327,14 +322,9 @@ Deno.test({
 
       // A stopped instance's own routes time out by name (nginx's proxy_read_timeout lowered to
       // 1 s for the test; the instance's process paused, then resumed).
-      const file = `${d.prefix}/nginx.conf`;
       const conf = (await d.conf()).replace(/proxy_read_timeout \S+;/, "proxy_read_timeout 1s;");
       assert.match(conf, /proxy_read_timeout 1s;/);
-      await Deno.writeTextFile(file, conf);
-      const reload = await new Deno.Command(NGINX!, {
-        args: ["-s", "reload", "-p", d.prefix, "-c", file, "-e", `${d.prefix}/error.log`],
-      }).output();
-      assert.equal(reload.code, 0, new TextDecoder().decode(reload.stderr));
+      await d.reload(conf);
       await new Promise((r) => setTimeout(r, 500)); // the new workers take over
       const paused = d.instances[0];
       Deno.kill(paused.pid, "SIGSTOP");

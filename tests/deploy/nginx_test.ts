@@ -117,19 +117,7 @@ Deno.test({
       const twins = Array.from({ length: 10 }, (_, i) => `zzpin${i}`);
       const pins = [id, ...twins].map((c) => `${pinKey(c)} attn_${to};\n`).join("");
       await Deno.writeTextFile(`${prefix}/moved_caches.map`, pins);
-      const reload = await new Deno.Command(NGINX!, {
-        args: [
-          "-s",
-          "reload",
-          "-p",
-          prefix,
-          "-c",
-          `${prefix}/nginx.conf`,
-          "-e",
-          `${prefix}/error.log`,
-        ],
-      }).output();
-      assert.equal(reload.code, 0, new TextDecoder().decode(reload.stderr));
+      await d.reload();
       await via(from).deleteCache(id);
       await waitFor(`nginx to route ${id} to ${to}`, 10_000, async () => {
         const r = await fetch(`${url}/v1/kv-caches/${id}`);
