@@ -1,16 +1,18 @@
 /**
- * A typed fetch-based client of the attention service. Request and answer types come from the
- * wire contract (wire/types.ts, inferred from the zod schemas the server validates with);
- * encoding and decoding from wire/client_codec.ts and wire/cache_file.ts. Nothing here comes
- * from server/ or service/ (tests/client/imports_test.ts checks). Errors come back as
- * {@link AttentionApiError} carrying the server's RFC 9457 problem document, or the client's
- * own: `network_error` (status 0) when no answer came or its body broke off, `bad_response` when
- * a successful answer cannot be decoded; a caller's abort rejects with the signal's reason.
+ * A typed fetch-based client of the attention service: {@link AttentionClient}, one method per
+ * route. Request and answer types come from the wire contract (wire/types.ts, inferred from the
+ * zod schemas the server validates with); encoding and decoding from wire/client_codec.ts and
+ * wire/cache_file.ts; reading an answer from client/answer_read.ts; the calls refused before
+ * sending from client/client_refusals.ts; its option and result types from
+ * client/client_options.ts (all re-exported here). Nothing here comes from server/ or service/
+ * (tests/client/imports_test.ts checks). Errors come back as {@link AttentionApiError} carrying
+ * the server's RFC 9457 problem document, or the client's own: `network_error` (status 0) when no
+ * answer came or its body broke off, `bad_response` when a successful answer cannot be decoded; a
+ * caller's abort rejects with the signal's reason.
  * @module
  */
 import {
   type CacheData,
-  type CacheFile,
   cacheFileBytes,
   cacheSafetensors,
   createRequestOf,
@@ -22,7 +24,6 @@ import {
   type ForwardAnswer,
   forwardBodyToSafetensors,
   jsonForwardBody,
-  nonFiniteField,
   Unrepresentable,
 } from "../wire/client_codec.ts";
 import {
@@ -31,16 +32,23 @@ import {
   INSTANCE_HEADER,
   QUEUE_TIMEOUT_HEADER,
 } from "../wire/names.ts";
+import { AttentionApiError, networkError, problemOf, retryAfterOf } from "./api_error.ts";
 import {
-  AttentionApiError,
-  badResponse,
-  networkError,
-  problemOf,
-  retryAfterOf,
-} from "./api_error.ts";
-import { isQueueTimeoutMs, QUEUE_TIMEOUT_RULE } from "../core/queue_timeout.ts";
-import { shownValue } from "../core/shown.ts";
-import { isJsonType, mediaType } from "../wire/media_type.ts";
+  answer,
+  isJsonAnswer,
+  parseJson,
+  readBody,
+  readBytes,
+  readText,
+  withInstance,
+} from "./answer_read.ts";
+import type {
+  CacheContents,
+  ClientOptions,
+  ForwardOptions,
+  PutCacheResult,
+} from "./client_options.ts";
+import { queueTimeoutText, refuseNonFinite } from "./client_refusals.ts";
 import type {
   BackendDescription,
   CacheInfo,
@@ -55,127 +63,9 @@ import type {
 } from "../wire/types.ts";
 
 export type { CacheData, ForwardAnswer, ForwardBody, ProblemDocument };
+export type { CacheContents, ClientOptions, ForwardOptions, PutCacheResult };
 export { AttentionApiError };
 export { createRequestOf, forwardBodyToSafetensors };
-
-/** Options of one forward call. */
-export interface ForwardOptions {
-  /** Send the body as safetensors and ask for a safetensors answer (else JSON). */
-  binary?: boolean;
-  /**
-   * Aborts the wait for the answer. The server may not notice (Deno.serve tells it of a
-   * disconnect only for small requests), so an aborted call may still run and write its K/V:
-   * bound its wait with `queueTimeoutMs` to know.
-   */
-  signal?: AbortSignal;
-  /**
-   * The most ms the call may wait on the server to start, after its body arrived (header
-   * `X-Attention-Queue-Timeout-Ms`): past it the server answers 503 `queue_timeout` and the call
-   * did not run, writing nothing.
-   */
-  queueTimeoutMs?: number;
-}
-
-/**
- * `queueTimeoutMs` as the header's plain decimal (`1e-7` as `0.0000001`), or the server's 400
- * `invalid_header` for a value it refuses (its rule: core/queue_timeout.ts), without sending the
- * call.
- */
-function queueTimeoutText(ms: number): string {
-  if (isQueueTimeoutMs(ms)) {
-    return ms.toLocaleString("en-US", { useGrouping: false, maximumSignificantDigits: 21 });
-  }
-  const got = shownValue(ms);
-  throw new AttentionApiError(400, {
-    type: "urn:attn-service:problem:invalid_header",
-    title: "Bad Request",
-    status: 400,
-    detail: `queueTimeoutMs must be ${QUEUE_TIMEOUT_RULE}; got ${got} (refused by the client)`,
-    code: "invalid_header",
-    header: QUEUE_TIMEOUT_HEADER,
-    value: got.slice(0, 64),
-  });
-}
-
-/** Reads an answer's body; a failed read is a `network_error` (unless the caller aborted). */
-async function readBody<B>(
-  res: Response,
-  read: (r: Response) => Promise<B>,
-  signal?: AbortSignal,
-): Promise<B> {
-  try {
-    return await read(res);
-  } catch (e) {
-    throw signal?.aborted ? e : networkError(e, `the ${res.status} answer's body broke off`);
-  }
-}
-
-/** A successful answer's body, read then decoded; a body it cannot decode is a `bad_response`. */
-async function answer<B, T>(
-  res: Response,
-  read: (r: Response) => Promise<B>,
-  decode: (body: B) => T,
-  signal?: AbortSignal,
-): Promise<T> {
-  const body = await readBody(res, read, signal);
-  try {
-    return decode(body);
-  } catch (e) {
-    throw badResponse(res, e);
-  }
-}
-
-const readText = (r: Response) => r.text();
-const readBytes = async (r: Response) => new Uint8Array(await r.arrayBuffer());
-const parseJson = <T>(t: string) => JSON.parse(t) as T;
-
-function withInstance(res: Response, ans: ForwardAnswer): ForwardAnswer {
-  const instance = res.headers.get(INSTANCE_HEADER);
-  if (instance !== null) ans.instance = instance;
-  return ans;
-}
-
-/** A cache's contents as `GET /v1/kv-caches/{id}/data` answers them (parsed). */
-export type CacheContents = CacheFile;
-
-/** What `PUT /v1/kv-caches/{id}` answered: the cache, and whether this call created it (201). */
-export interface PutCacheResult {
-  info: CacheInfo;
-  created: boolean;
-  /** The instance that answered (`X-Attention-Instance`), when it named itself. */
-  instance?: string;
-}
-
-/** Options of a client. */
-export interface ClientOptions {
-  /** A fetch implementation (default globalThis.fetch). */
-  fetch?: typeof fetch;
-  /** Extra headers on every request. */
-  headers?: Record<string, string>;
-}
-
-/** Whether an answer says it is JSON (`application/json`, `application/*+json`). */
-const isJsonAnswer = (res: Response) => isJsonType(mediaType(res.headers.get("content-type")));
-
-/**
- * Refuses a body with a NaN or an infinity outside its tensors' data, as the server refuses
- * such a value (422 `invalid_batch`): JSON text would carry it as `null`, the default, and the
- * call would run without it (wire/client_codec.ts nonFiniteField).
- */
-function refuseNonFinite(body: ForwardBody): void {
-  const hit = nonFiniteField(body);
-  if (!hit) return;
-  const at = hit.path.join(".");
-  throw new AttentionApiError(422, {
-    type: "urn:attn-service:problem:invalid_batch",
-    title: "Unprocessable Content",
-    status: 422,
-    detail: `${at} is ${hit.value}: JSON has no such number, and sent it would read as null ` +
-      "(the default) (refused by the client)",
-    code: "invalid_batch",
-    issues: [{ path: hit.path, message: `must be a finite number; got ${hit.value}` }],
-  });
-}
 
 /** A typed client of the attention service. */
 export class AttentionClient {
