@@ -1,7 +1,7 @@
 /**
  * `deno run -A bench/http_overhead.ts [--workload decode|small|prefill] [--client raw|fetch]
  * [--calls N] [--clients N] [--floor] [--no-codec] [--url URL] [--http-workers N]
- * [--http-engine deno|http1]`: what HTTP and the wire codec
+ * [--http-engine deno|http1] [--stub-delay-ms MS]`: what HTTP and the wire codec
  * cost per forward call, without validation, planning or a GPU. The real handler serves from a
  * worker (bench/http_overhead_server.ts) in front of a service that answers at once; the
  * client sends the workload's calls (default issue 7's decode step: 32 x 2048, 32 q / 8 kv
@@ -16,6 +16,9 @@
  * `--http-workers N` serves through N HTTP worker threads (server/worker_front.ts); the
  * "server thread" CPU is then the handler's thread (the one that would own the GPU).
  * `--http-engine http1` serves with the service's own HTTP/1.1 server (server/http1_server.ts).
+ * `--stub-delay-ms MS` has the stub busy-wait MS before each answer, as long as a real call's
+ * server `total`: whether the time outside the server's total grows with the wait itself (the
+ * client asleep that long) rather than with the real server's work.
  * @module
  */
 import { parseArgs } from "node:util";
@@ -105,7 +108,9 @@ async function sequential(srv: Server | null, url: string, o: Options): Promise<
     `sequential ${o.calls} ${o.workload} calls, client ${o.client}` +
       `${
         o.floor ? " (floor: bare Deno.serve)" : ""
-      }, ${o.httpWorkers} http workers, engine ${o.engine}: round trip p50 ${q("total")} ms, ` +
+      }, ${o.httpWorkers} http workers, engine ${o.engine}, stub delay ${o.delayMs} ms: round trip p50 ${
+        q("total")
+      } ms, ` +
       `p90 ${q("total", 0.9)}, p99 ${q("total", 0.99)}, max ${q("total", 1)} (send ${q("send")}, ` +
       `answer parse ${q("parse")}); CPU ms per ` +
       `call: server thread ${f(cpu[0] / o.calls)}, client thread ${f(cpu[1] / o.calls)}`,
@@ -169,6 +174,7 @@ interface Options {
   serverTid: number;
   httpWorkers: number;
   engine: string;
+  delayMs: number;
 }
 
 async function main(): Promise<void> {
@@ -184,6 +190,7 @@ async function main(): Promise<void> {
       url: { type: "string" },
       "http-workers": { type: "string", default: "0" },
       "http-engine": { type: "string", default: "deno" },
+      "stub-delay-ms": { type: "string", default: "0" },
     },
   });
   const workload = v.workload as Workload, client = v.client as ClientKind;
@@ -199,7 +206,9 @@ async function main(): Promise<void> {
     }
     const engine = v["http-engine"];
     if (engine !== "deno" && engine !== "http1") throw new Error("--http-engine: deno or http1");
-    srv.w.postMessage({ kind: "start", floor: v.floor, workers, engine });
+    const delayMs = Number(v["stub-delay-ms"]);
+    if (!(delayMs >= 0 && delayMs < 1000)) throw new Error("--stub-delay-ms: a number of ms >= 0");
+    srv.w.postMessage({ kind: "start", floor: v.floor, workers, engine, delayMs });
     const m = await srv.next();
     url = `http://127.0.0.1:${m.port}`;
     tid = m.tid;
@@ -213,6 +222,7 @@ async function main(): Promise<void> {
     serverTid: tid,
     httpWorkers: Number(v["http-workers"]),
     engine: v["http-engine"],
+    delayMs: Number(v["stub-delay-ms"]),
   };
   try {
     await sequential(srv, url, o);

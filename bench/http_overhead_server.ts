@@ -7,7 +7,7 @@
  * `{kind: "metrics"}` (answered with the handler's `/metrics` text) and `{kind: "stop"}`.
  * Out: `{kind: "listening", port, tid}` (tid: the thread's id), `{kind: "metrics", text}`,
  * `{kind: "stopped"}`. `start` may carry `workers`: HTTP worker threads in front of the handler's
- * thread (`--http-workers`). Run as a program it serves the stub on its own (`[PORT] [--floor]`).
+ * thread (`--http-workers`), and `delayMs`: the stub's busy wait per call (`--stub-delay-ms`). Run as a program it serves the stub on its own (`[PORT] [--floor]`).
  * @module
  */
 import type { ForwardInput, ForwardOutcome } from "../wire/codec.ts";
@@ -22,10 +22,21 @@ interface Scope {
   onmessage: ((e: MessageEvent) => void) | null;
 }
 
-/** A service that answers every forward at once with a prepared output of the query's size. */
-export function stubService(): AttentionService {
+/**
+ * A service that answers every forward with a prepared output of the query's size: at once, or
+ * after `delayMs` of busy waiting (the thread kept busy, as the real server's is while it polls
+ * Dawn for a read-back): the stub then waits as long as a real call's server `total`, so the
+ * time outside it can be compared with the real server's.
+ */
+export function stubService(delayMs = 0): AttentionService {
   const outputs = new Map<number, Uint8Array>();
   const forward = (input: ForwardInput): Promise<ForwardOutcome> => {
+    if (delayMs > 0) {
+      for (
+        const until = performance.now() + delayMs;
+        performance.now() < until;
+      );
+    }
     const [T, H, D] = input.query.shape;
     const n = input.query.array.bytes.byteLength;
     let bytes = outputs.get(n);
@@ -78,6 +89,7 @@ export async function serveStub(
   onListen: (port: number) => void,
   workers = 0,
   engine: "deno" | "http1" = "deno",
+  delayMs = 0,
 ): Promise<{ shutdown(): Promise<void> }> {
   const fixed = serializeSafetensors({
     output: { dtype: "F16", shape: [32, 32, 128], data: new Uint8Array(32 * 32 * 128 * 2) },
@@ -89,7 +101,7 @@ export async function serveStub(
         headers: { "content-type": "application/octet-stream" },
       });
     }
-    : createHandler(stubService(), { metrics });
+    : createHandler(stubService(delayMs), { metrics });
   const listen = {
     port,
     hostname: "127.0.0.1",
@@ -107,7 +119,13 @@ if (scope.name === "overhead-server") {
   let server: { shutdown(): Promise<void> } | undefined;
   scope.onmessage = async (
     e: MessageEvent<
-      { kind: string; floor?: boolean; workers?: number; engine?: "deno" | "http1" }
+      {
+        kind: string;
+        floor?: boolean;
+        workers?: number;
+        engine?: "deno" | "http1";
+        delayMs?: number;
+      }
     >,
   ) => {
     if (e.data.kind === "start") {
@@ -118,6 +136,7 @@ if (scope.name === "overhead-server") {
         (port) => scope.postMessage({ kind: "listening", port, tid: threadId() }),
         e.data.workers ?? 0,
         e.data.engine ?? "deno",
+        e.data.delayMs ?? 0,
       );
     } else if (e.data.kind === "metrics") {
       scope.postMessage({ kind: "metrics", text: metrics.render() });
