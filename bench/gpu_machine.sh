@@ -3,7 +3,7 @@
 # the HTTP bench, the PyTorch anchor. Logs under $OUT; each part's tail is printed.
 # Usage there: bash bench/gpu_machine.sh
 #   [tests|dawn-tests|both-tests|compile-probe|mma|mma-fast|mma-bench|mma-ceiling|mma-strides|residency|bench|
-#    bench-deno|http|http-ab|gap-ab|http-warm|http-prof|threads|exit-probe|anchor|clock-probe|group-probe|all]...
+#    bench-deno|http|http-ab|gap-ab|http-warm|http-prof|stub-ab|threads|exit-probe|anchor|clock-probe|group-probe|all]...
 # mma: the tensor-core kernel's tests; mma-fast: those of its fast softmax, direct loads, matrix-move
 # staging, split S chains, per-subgroup rescale, late next-tile stores, D split over subgroups and
 # the pipelined key loop and its staggered subgroups;
@@ -43,6 +43,8 @@
 # added) under --cpu-prof, the HTTP bench against it (--url, HTTP_PROF_ARGS, default "--steps
 # 128"), then SIGINT and bench/cpuprofile_summary.ts of the server's profile
 # ($OUT/http-prof-summary.txt); HTTP_TIMEOUT.
+# stub-ab: bench/http_overhead.ts's stub behind the http1 engine, sequential, once per STUB_AB
+# entry (the stub's busy wait per call, ms; default "0 0.7 0 0.7"); STUB_CALLS, STUB_TIMEOUT 60.
 # threads: bench/device_threads_probe.ts, several threads of one process each with its own device
 # (Dawn, then Deno's runtime; THREADS_ARGS, default "--threads 1,2,4,8 --seconds 3"), each in its
 # own step (an abort of Dawn in several isolates ends only that step); THREADS_TIMEOUT 60.
@@ -317,6 +319,15 @@ for w in $what; do
         >"$out/http-prof-summary.txt" 2>&1
       head -60 "$out/http-prof-summary.txt"
       rm -rf "$out/prof" ;;&
+    stub-ab)
+      # The HTTP stack alone on this host (bench/http_overhead.ts: the real handler on the http1
+      # engine in front of a stub service), sequential decode calls, once per STUB_AB entry: the
+      # stub's busy wait per call in ms (default "0 0.7 0 0.7"; 0.7 ~ a real call's server total),
+      # so the time outside a real call's total can be set beside the stack's own (NOTES v0.37).
+      for d in ${STUB_AB:-0 0.7 0 0.7}; do
+        TAIL=3 run "stub-ab-$d" "${STUB_TIMEOUT:-60}" deno run -A bench/http_overhead.ts --no-codec \
+          --http-engine http1 --calls "${STUB_CALLS:-3000}" --clients 0 --stub-delay-ms "$d"
+      done ;;&
     threads)
       for rt in dawn deno; do
         # shellcheck disable=SC2086
