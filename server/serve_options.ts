@@ -1,7 +1,8 @@
 /**
  * The serve command line: `deno task serve [options]` parsed with the environment's defaults
  * (`ATTN_*` variables) into {@link ServeOptions}; `--help`'s text. Used by main.ts only (and
- * its tests).
+ * its tests). Single options are checked by serve_flag_values.ts, serve_thread_options.ts and
+ * serve_keep_warm_options.ts; how they combine, here.
  * @module
  */
 import { parseArgs } from "node:util";
@@ -15,138 +16,27 @@ import {
 import { INSTANCE_NAME_PATTERN } from "../wire/names.ts";
 import { DEFAULT_SHUTDOWN_DEADLINE_MS } from "./shutdown.ts";
 import { BODY_TIMEOUT_ENV, bodyTimeoutOption } from "./body_timeout.ts";
-import {
-  checkKeepWarmOptions,
-  KEEP_WARM_DEFAULTS,
-  KEEP_WARM_MODES,
-  type KeepWarmMode,
-  type KeepWarmOptions,
-} from "../gpu/keep_warm.ts";
-import { EnvValueError, envVar, parseVariable } from "../core/env.ts";
+import type { KeepWarmOptions } from "../gpu/keep_warm.ts";
+import { EnvValueError, envVar } from "../core/env.ts";
 import { CHECKED_ENV } from "./serve_env.ts";
 export { HELP } from "./serve_help.ts";
 import {
-  DEFAULT_HTTP_WORKERS,
   DEFAULT_MEMORY_BUDGET_BYTES,
   DEVICE_THREADS_ENV,
   DEVICE_THREADS_HTTP_ENV,
   HTTP_ENGINE_ENV,
-  HTTP_ENGINES,
   HTTP_WORKERS_ENV,
   KEEP_WARM_ENV,
-  MAX_HTTP_WORKERS,
-  MAX_KEEP_WARM_MS,
 } from "./serve_help.ts";
-import { timerMs } from "../core/timeout.ts";
-
-function intFlag(name: string, v: string | undefined, dflt: number, min: number): number {
-  if (v === undefined) return dflt;
-  if (!/^\d+$/.test(v) || Number(v) < min) {
-    throw new Error(`--${name} must be an integer >= ${min}, got ${JSON.stringify(v)}`);
-  }
-  if (!Number.isSafeInteger(Number(v))) {
-    const most = Number.MAX_SAFE_INTEGER;
-    throw new Error(`--${name} must be at most ${most} (2^53 - 1), got ${JSON.stringify(v)}`);
-  }
-  return Number(v);
-}
-
-/** A millisecond flag that sets a timer: `min` to core/timeout.ts MAX_TIMER_MS (longer fires at once). */
-function msFlag(name: string, v: string | undefined, dflt: number, min: number): number {
-  return v === undefined ? dflt : timerMs(`--${name}`, v, min);
-}
-
-/**
- * An `--allowed-host` value: a host name or a bracketed IPv6 address, as the Host check
- * compares them (auth.ts `hostName`: no port, which it does not compare).
- */
-const ALLOWED_HOST_PATTERN =
-  /^(?:[a-z0-9_](?:[a-z0-9_-]*[a-z0-9_])?(?:\.[a-z0-9_](?:[a-z0-9_-]*[a-z0-9_])?)*\.?|\[[0-9a-f:.]+\])$/i;
-
-/** `--allowed-host` (repeatable); @throws Error on a value the Host check could never match. */
-function allowedHostsOption(v: string[] | undefined): string[] {
-  for (const h of v ?? []) {
-    if (!ALLOWED_HOST_PATTERN.test(h)) {
-      throw new Error(
-        "--allowed-host must be a host name or a bracketed IPv6 address, without a port (any " +
-          `port is answered), got ${JSON.stringify(h)}`,
-      );
-    }
-  }
-  return v ?? [];
-}
-
-/** `--http-workers` / `--device-threads` (over the environment variable, over the default). */
-function threadsOption(
-  flagName: string,
-  envName: string,
-  flag: string | undefined,
-  env: string | undefined,
-): number {
-  const count = (name: string, v: string) => {
-    if (!/^\d+$/.test(v) || Number(v) > MAX_HTTP_WORKERS) {
-      throw new Error(
-        `${name} must be an integer from 0 to ${MAX_HTTP_WORKERS}, got ${JSON.stringify(v)}`,
-      );
-    }
-    return Number(v);
-  };
-  if (flag !== undefined) return count(flagName, flag);
-  if (env === undefined || env === "") return DEFAULT_HTTP_WORKERS;
-  return parseVariable(envName, env, () => count(envName, env));
-}
-
-/** `--device-threads-http` (the flag, else the environment variable: `1` or `0`). */
-function deviceThreadsHttpOption(flag: boolean | undefined, env: string | undefined): boolean {
-  if (flag !== undefined) return flag;
-  if (env === undefined || env === "") return false;
-  if (env !== "0" && env !== "1") {
-    throw new EnvValueError(
-      DEVICE_THREADS_HTTP_ENV,
-      env,
-      `${DEVICE_THREADS_HTTP_ENV} must be 0 or 1, got ${JSON.stringify(env)}`,
-    );
-  }
-  return env === "1";
-}
-
-/** `--keep-warm-mode`. */
-function keepWarmMode(v: string | undefined): KeepWarmMode {
-  if (v === undefined) return KEEP_WARM_DEFAULTS.mode;
-  const mode = KEEP_WARM_MODES.find((m) => m === v);
-  if (!mode) {
-    throw new Error(
-      `--keep-warm-mode must be one of ${KEEP_WARM_MODES.join(", ")}, got ${JSON.stringify(v)}`,
-    );
-  }
-  return mode;
-}
-
-/** `--keep-warm-*` (the hold also from the environment variable). */
-function keepWarmOptions(
-  values: Record<string, string | boolean | string[] | undefined>,
-  env: string | undefined,
-): KeepWarmOptions {
-  const flag = (k: string) => values[k] as string | undefined;
-  const d = KEEP_WARM_DEFAULTS;
-  const hold = flag("keep-warm-ms") ?? (env === "" ? undefined : env);
-  if (hold !== undefined && (!/^\d+$/.test(hold) || Number(hold) > MAX_KEEP_WARM_MS)) {
-    const fromEnv = flag("keep-warm-ms") === undefined;
-    const name = fromEnv ? KEEP_WARM_ENV : "--keep-warm-ms";
-    const msg = `${name} must be an integer from 0 to ${MAX_KEEP_WARM_MS}, got ` +
-      JSON.stringify(hold);
-    throw fromEnv ? new EnvValueError(name, hold, msg) : new Error(msg);
-  }
-  const o = {
-    hold_ms: hold === undefined ? d.hold_ms : Number(hold),
-    spin_iters: intFlag("keep-warm-spin-iters", flag("keep-warm-spin-iters"), d.spin_iters, 1),
-    workgroups: intFlag("keep-warm-workgroups", flag("keep-warm-workgroups"), d.workgroups, 1),
-    depth: intFlag("keep-warm-depth", flag("keep-warm-depth"), d.depth, 1),
-    mode: keepWarmMode(flag("keep-warm-mode")),
-    period_ms: intFlag("keep-warm-period-ms", flag("keep-warm-period-ms"), d.period_ms, 1),
-  };
-  return checkKeepWarmOptions(o);
-}
+import { allowedHostsOption, intFlag, msFlag } from "./serve_flag_values.ts";
+import {
+  deviceThreadsHttpOption,
+  type HttpEngine,
+  httpEngineOption,
+  threadsOption,
+} from "./serve_thread_options.ts";
+import { keepWarmOptions } from "./serve_keep_warm_options.ts";
+export type { HttpEngine };
 
 /**
  * The environment variables serve reads (none without env permission), and those of the GPU
@@ -162,18 +52,6 @@ export function serveEnv(): Record<string, string | undefined> {
   env[BODY_TIMEOUT_ENV] = envVar(BODY_TIMEOUT_ENV);
   for (const name of CHECKED_ENV) env[name] = envVar(name);
   return env;
-}
-
-/** An HTTP server `--http-engine` names. */
-export type HttpEngine = typeof HTTP_ENGINES[number];
-
-/** `--http-engine` over ATTN_HTTP_ENGINE over `deno`. */
-function httpEngineOption(flag: string | undefined, env: string | undefined): HttpEngine {
-  const v = flag ?? (env === "" ? undefined : env) ?? "deno";
-  if ((HTTP_ENGINES as readonly string[]).includes(v)) return v as HttpEngine;
-  const msg = `must be one of ${HTTP_ENGINES.join(", ")}, got ${JSON.stringify(v)}`;
-  if (flag !== undefined) throw new Error(`--http-engine ${msg}`);
-  throw new EnvValueError(HTTP_ENGINE_ENV, v, `${HTTP_ENGINE_ENV} ${msg}`);
 }
 
 /** Parsed command-line options. */

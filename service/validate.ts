@@ -178,7 +178,7 @@ export function checkFiniteOnHost(b: UnattachedBatch | ValidBatch): void {
  * input (as the HTTP path answers a schema violation before validation runs).
  *
  * An unknown `kv_cache` id is the caller's 404 `cache_not_found`, answered before this runs
- * (service/service.ts): the held cache's spec is what the batch is checked against (block ids,
+ * (service/forward.ts): the held cache's spec is what the batch is checked against (block ids,
  * slots, heads, head size, dtype), so without it most checks could not run, and a missing
  * resource is another status (404) than a batch that cannot run (422); one document has one.
  * @throws ServiceError 422 listing every problem, per-call limits included, in one document:
