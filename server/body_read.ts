@@ -3,16 +3,21 @@
  * 413 before any byte is read, bytes are counted while streaming so chunked bodies are capped
  * too (413), and a body cut short by the client is a 400 `body_incomplete`. Memory follows the
  * bytes received; each byte is copied once into the one buffer the body ends up in.
+ *
+ * The parts live beside it: the buffer a body is read into (body_buffer.ts), the Content-Length
+ * value (content_length.ts), reads in one piece within their budget (body_whole_read.ts) and
+ * reads of a body stream (body_stream_read.ts); their exports are re-exported here.
  * @module
  */
 import { ServiceError } from "../core/errors.ts";
-import {
-  bodyTimeoutMs,
-  patientTimeout,
-  readWithin,
-  timedOut,
-  wholeBodyDeadlineMs,
-} from "./body_timeout.ts";
+import { bodyTimeoutMs, timedOut } from "./body_timeout.ts";
+import { contentLength } from "./content_length.ts";
+import { wholeBody, wholeBodyIfCheap } from "./body_whole_read.ts";
+import { streamBody } from "./body_stream_read.ts";
+
+export { BodyBuffer } from "./body_buffer.ts";
+export { contentLength, streamBody, wholeBody, wholeBodyIfCheap };
+export { WHOLE_READ_BUDGET_BYTES } from "./body_whole_read.ts";
 
 /** A body size limit and the flag that sets it (named in the 413). */
 export interface BodyLimit {
@@ -63,84 +68,6 @@ function incomplete(got: number, declared: number, cause: unknown): ServiceError
   );
 }
 
-/**
- * The bytes of a body as they arrive, into one buffer: chunks are kept as they came until
- * half the declared length (or, without one, the whole body) has arrived, then copied into one
- * buffer of the final size (one chunk that is the whole body, 8-byte aligned, is kept as it
- * is), and later chunks go straight into it; so every byte is copied at most once and memory
- * stays within about twice what was received.
- */
-export class BodyBuffer {
-  #buf: Uint8Array | null = null;
-  #chunks: Uint8Array[] = [];
-  total = 0;
-
-  constructor(readonly declared: number) {}
-
-  add(chunk: Uint8Array): void {
-    if (this.#buf === null) {
-      this.#chunks.push(chunk);
-      this.total += chunk.byteLength;
-      if (this.declared >= 0 && 2 * this.total >= this.declared) this.#gather(this.declared);
-      return;
-    }
-    if (this.total + chunk.byteLength > this.#buf.byteLength) this.#grow(chunk.byteLength);
-    this.#buf.set(chunk, this.total);
-    this.total += chunk.byteLength;
-  }
-
-  /** Bytes held now (chunks kept, or the buffer). */
-  get reserved(): number {
-    return this.#buf?.byteLength ?? this.#chunks.reduce((n, c) => n + c.byteLength, 0);
-  }
-
-  /** The body, in one buffer of its exact length. */
-  bytes(): Uint8Array {
-    if (this.#buf === null) this.#gather(this.total);
-    const buf = this.#buf!;
-    return this.total === buf.byteLength ? buf : buf.subarray(0, this.total);
-  }
-
-  #gather(size: number): void {
-    const chunks = this.#chunks;
-    // One chunk of the exact size is the body (kept only when 8-byte aligned: safetensors
-    // data offsets are relative to the body's start).
-    if (chunks.length === 1 && chunks[0].byteLength === size && chunks[0].byteOffset % 8 === 0) {
-      this.#buf = chunks[0];
-    } else {
-      this.#buf = new Uint8Array(Math.max(size, this.total));
-      let at = 0;
-      for (const c of chunks) {
-        this.#buf.set(c, at);
-        at += c.byteLength;
-      }
-    }
-    this.#chunks = [];
-  }
-
-  /** More than the declared length arrives only if the stream misbehaves: grow to fit. */
-  #grow(extra: number): void {
-    const grown = new Uint8Array(Math.max(2 * this.#buf!.byteLength, this.total + extra));
-    grown.set(this.#buf!.subarray(0, this.total));
-    this.#buf = grown;
-  }
-}
-
-/**
- * The value of a Content-Length header: -1 when absent, NaN when it is not a decimal count
- * (leading and trailing blanks allowed).
- */
-export function contentLength(header: string | null): number {
-  if (header === null) return -1;
-  const v = header.trim();
-  if (v.length === 0) return NaN;
-  for (let i = 0; i < v.length; i++) {
-    const c = v.charCodeAt(i);
-    if (c < 48 || c > 57) return NaN;
-  }
-  return Number(v);
-}
-
 /** How a streamed read of a body ended, and what arrived. */
 export interface StreamedBody {
   bytes: Uint8Array;
@@ -165,106 +92,6 @@ export interface StreamedBody {
    * (request_arrival.ts readElsewhere).
    */
   readMs?: number;
-}
-
-/**
- * Bodies read in one piece ({@link wholeBody}) are fast (one op instead of one op and promise a
- * 64 KiB chunk: on the dev VM 71-104 ms against 127-190 ms streamed for 64 MiB), but Deno's
- * `req.bytes()` allocates its buffer from the Content-Length (up to 16 MiB) before a byte
- * arrives, and keeps it until the read ends, which for a stalled body is when its client closes
- * (a 408 does not close the socket): 30 connections declaring 64 MiB and sending 1 KiB held 0.5
- * GB. So the buffers of the reads in flight in this isolate are budgeted: a read takes
- * min(declared, 16 MiB) of {@link WHOLE_READ_BUDGET_BYTES} until `req.bytes()` settles, and a
- * body that does not fit is streamed, its memory following the bytes received.
- */
-export const WHOLE_READ_BUDGET_BYTES = 64 * 1024 * 1024;
-
-/** What `req.bytes()` allocates ahead for a declared length, at most (Deno 2.9, measured). */
-const WHOLE_READ_AHEAD_MAX = 16 * 1024 * 1024;
-
-let wholeReadBytes = 0;
-
-/**
- * `req`'s body read in one piece when its declared length fits what is left of
- * {@link WHOLE_READ_BUDGET_BYTES}, else null: the caller streams it.
- */
-export function wholeBodyIfCheap(req: Request, declared: number): Promise<StreamedBody> | null {
-  if (declared < 0) return null;
-  const cost = Math.min(declared, WHOLE_READ_AHEAD_MAX);
-  if (wholeReadBytes + cost > WHOLE_READ_BUDGET_BYTES) return null;
-  wholeReadBytes += cost;
-  return wholeBody(req, () => wholeReadBytes -= cost);
-}
-
-/**
- * Reads a body of declared length in one piece (Deno's `req.bytes()`: one op, where a stream
- * read takes one op and one promise per 64 KB chunk). A failed read is an `error` end with
- * nothing kept (`uncounted`: Deno does not say how much came). Such a read sees no chunks, so
- * its time limit is a deadline, not a gap: body_timeout.ts `wholeBodyDeadlineMs`.
- */
-export async function wholeBody(req: Request, settled?: () => void): Promise<StreamedBody> {
-  const limit = wholeBodyDeadlineMs(contentLength(req.headers.get("content-length")));
-  const late = patientTimeout(limit);
-  const read = req.bytes();
-  // A read left behind by a timeout ends when the connection closes; `settled` runs then.
-  read.then(settled, settled).catch(() => {});
-  try {
-    const bytes = await Promise.race([read, late.done]);
-    if (bytes === null) {
-      return { bytes: new Uint8Array(0), end: "timeout", timeout_ms: limit, uncounted: true };
-    }
-    return { bytes: aligned(bytes), end: "complete" };
-  } catch (e) {
-    return { bytes: new Uint8Array(0), end: "error", cause: e, uncounted: true };
-  } finally {
-    late.cancel();
-  }
-}
-
-/**
- * Reads a body stream chunk by chunk into a {@link BodyBuffer}, counting bytes against
- * `limit`. Once the declared length has arrived the stream is read once more, to its end:
- * Deno's server answers a request whose body stream is left open about 0.1 ms later (measured
- * on loopback). That last read failing (a client that half-closes after its last byte) is no
- * error: the body is whole. Used by {@link readBody} and by the HTTP workers.
- */
-export async function streamBody(
-  stream: ReadableStream<Uint8Array>,
-  declared: number,
-  limit: number,
-): Promise<StreamedBody> {
-  const reader = stream.getReader();
-  const body = new BodyBuffer(declared);
-  let end: StreamedBody["end"] = "complete";
-  let cause: unknown;
-  const ms = bodyTimeoutMs();
-  while (declared < 0 || body.total < declared) {
-    let chunk: ReadableStreamReadResult<Uint8Array> | null;
-    try {
-      chunk = await readWithin(reader, ms);
-    } catch (e) {
-      end = "error";
-      cause = e;
-      break;
-    }
-    if (chunk === null) {
-      reader.releaseLock(); // the read left pending fails once the stream is cancelled
-      await stream.cancel().catch(() => {});
-      return { bytes: body.bytes(), end: "timeout", timeout_ms: ms };
-    }
-    if (chunk.done) break;
-    body.add(chunk.value);
-    if (body.total > limit) {
-      end = "too_large";
-      await reader.cancel().catch(() => {});
-      break;
-    }
-  }
-  if (end === "complete" && declared >= 0 && body.total >= declared) {
-    await reader.read().catch(() => {});
-  }
-  reader.releaseLock();
-  return { bytes: body.bytes(), end, cause };
 }
 
 /** A body read before the handler ran (by an HTTP worker), as {@link readBody} takes it. */
@@ -301,11 +128,6 @@ export function setBodySource(req: Request, source: BodySource): void {
 /** Where `req`'s body comes from when {@link setBodySource} said (a front that passes it on). */
 export function bodySourceOf(req: Request): BodySource | undefined {
   return sources.get(req);
-}
-
-/** Bytes that start 8-byte aligned (safetensors data offsets count from the body's start). */
-function aligned(b: Uint8Array): Uint8Array {
-  return b.byteOffset % 8 === 0 ? b : b.slice();
 }
 
 /**

@@ -7,11 +7,17 @@
  * At most one socket read is in flight; it always fills the buffer's free tail, and the buffer
  * is compacted or grown only while none is. A read that times out leaves the connection
  * unusable (`broken`): the caller closes it, which ends the read.
+ *
+ * Beside it: a body read's gap limit and early end (http1_body_gap.ts), and the reads of a
+ * chunked body (http1_chunked_body.ts, which {@link ConnReader.chunkedBody} calls).
  * @module
  */
-import { BodyBuffer, BodyFramingError, type StreamedBody } from "./body_read.ts";
-import { headEnd, isoLatin1, MAX_HEAD_BYTES } from "./http1_head.ts";
+import { BodyBuffer } from "./body_buffer.ts";
+import type { StreamedBody } from "./body_read.ts";
+import { headEnd, MAX_HEAD_BYTES } from "./http1_head.ts";
 import { patientTimeout } from "./body_timeout.ts";
+import { ended, GapTimer } from "./http1_body_gap.ts";
+import { readChunkedBody } from "./http1_chunked_body.ts";
 
 /** How a wait for bytes ended. */
 export type FillResult = "data" | "eof" | "timeout";
@@ -30,42 +36,6 @@ let directBytes = 0;
 
 /** Size of the pieces a body read in pieces is read into. */
 const PIECE_BYTES = 1024 * 1024;
-
-/**
- * A body read's gap limit with one timer, not one a socket read: it fires `gapMs` after the
- * last progress, re-arming itself while progress keeps coming. Each wait is body_timeout.ts's
- * `patientTimeout`, as every other body read's: a timer that fired late because the thread was
- * busy waits once more before it counts.
- */
-class GapTimer {
-  #last = performance.now();
-  #wait: { done: Promise<null>; cancel(): void } | undefined;
-  #fire!: (v: "timeout") => void;
-  readonly done = new Promise<"timeout">((r) => this.#fire = r);
-
-  constructor(readonly gapMs: number) {
-    this.#arm(gapMs);
-  }
-
-  #arm(ms: number): void {
-    const wait = this.#wait = patientTimeout(ms);
-    wait.done.then(() => {
-      if (wait !== this.#wait) return; // cancelled
-      const left = this.#last + this.gapMs - performance.now();
-      if (left > 0) this.#arm(left);
-      else this.#fire("timeout");
-    });
-  }
-
-  progress(): void {
-    this.#last = performance.now();
-  }
-
-  cancel(): void {
-    this.#wait?.cancel();
-    this.#wait = undefined;
-  }
-}
 
 /** One connection's reads. */
 export class ConnReader {
@@ -224,7 +194,7 @@ export class ConnReader {
         const r = this.available > 0 || this.reading
           ? await this.#buffered(n - got, gap, (b) => out.set(b, got))
           : await this.#readInto(out.subarray(got), gap);
-        if (typeof r !== "number") return this.#ended(r, out.subarray(0, got), gapMs);
+        if (typeof r !== "number") return ended(r, out.subarray(0, got), gapMs);
         got += r;
       }
       return { bytes: out, end: "complete" };
@@ -242,23 +212,18 @@ export class ConnReader {
       while (body.total < n) {
         if (this.available > 0 || this.reading) {
           const r = await this.#buffered(n - body.total, gap, (b) => body.add(b.slice()));
-          if (typeof r !== "number") return this.#ended(r, body.bytes(), gapMs);
+          if (typeof r !== "number") return ended(r, body.bytes(), gapMs);
           continue;
         }
         const piece = new Uint8Array(Math.min(PIECE_BYTES, n - body.total));
         const r = await this.#readInto(piece, gap);
-        if (typeof r !== "number") return this.#ended(r, body.bytes(), gapMs);
+        if (typeof r !== "number") return ended(r, body.bytes(), gapMs);
         body.add(piece.subarray(0, r));
       }
       return { bytes: body.bytes(), end: "complete" };
     } finally {
       gap.cancel();
     }
-  }
-
-  #ended(r: "eof" | "timeout", bytes: Uint8Array, gapMs: number): StreamedBody {
-    if (r === "timeout") return { bytes, end: "timeout", timeout_ms: gapMs };
-    return { bytes, end: "error", cause: new Error("the connection closed") };
   }
 
   /**
@@ -298,76 +263,7 @@ export class ConnReader {
   }
 
   /** A chunked body (RFC 9112 7.1), trailer fields read and dropped. */
-  async chunkedBody(limit: number, gapMs: number): Promise<StreamedBody> {
-    const body = new BodyBuffer(-1);
-    const failed = (why: string): StreamedBody => ({
-      bytes: body.bytes(),
-      end: "error",
-      cause: new BodyFramingError(why),
-    });
-    for (;;) {
-      const line = await this.#line(gapMs);
-      if (typeof line !== "object") return this.#chunkEnd(line, body, gapMs);
-      // 1*HEXDIG (RFC 9112 7.1): leading zeros are not counted against the 12 digits.
-      const m = /^(?=[0-9a-fA-F])0*([0-9a-fA-F]*)[ \t]*(;.*)?$/.exec(line.text);
-      if (!m) {
-        return failed(`chunk size line ${JSON.stringify(line.text.slice(0, 64))} is not valid`);
-      }
-      // 13 or more significant digits: valid, and over any body limit (2^48 bytes and up).
-      if (m[1].length > 12) return { bytes: body.bytes(), end: "too_large" };
-      const size = m[1] === "" ? 0 : parseInt(m[1], 16);
-      if (size === 0) break;
-      if (body.total + size > limit) return { bytes: body.bytes(), end: "too_large" };
-      let left = size;
-      while (left > 0) {
-        if (this.available === 0) {
-          const r = await this.fill(gapMs);
-          if (r !== "data") return this.#chunkEnd(r, body, gapMs);
-        }
-        const take = Math.min(left, this.available);
-        body.add(this.buf.slice(this.start, this.start + take));
-        this.consume(take);
-        left -= take;
-      }
-      const crlf = await this.#line(gapMs);
-      if (typeof crlf !== "object") return this.#chunkEnd(crlf, body, gapMs);
-      if (crlf.text !== "") return failed("chunk data not followed by CRLF");
-    }
-    for (let fields = 0;; fields++) { // trailer section
-      const line = await this.#line(gapMs);
-      if (typeof line !== "object") return this.#chunkEnd(line, body, gapMs);
-      if (line.text === "") return { bytes: body.bytes(), end: "complete" };
-      if (fields > 256) return failed("trailer section over 256 fields");
-    }
-  }
-
-  #chunkEnd(r: "eof" | "timeout" | "too_long", body: BodyBuffer, gapMs: number): StreamedBody {
-    if (r === "too_long") {
-      return {
-        bytes: body.bytes(),
-        end: "error",
-        cause: new BodyFramingError("a chunk line is over 4096 bytes"),
-      };
-    }
-    return this.#ended(r, body.bytes(), gapMs);
-  }
-
-  /** One CRLF-ended line (at most 4 KiB), without its CRLF. */
-  async #line(ms: number): Promise<{ text: string } | "eof" | "timeout" | "too_long"> {
-    for (;;) {
-      // At most 4096 bytes and its CRLF, however much has arrived: a longer line that came in
-      // one read was taken, one that came in two refused.
-      const stop = Math.min(this.end, this.start + 4098);
-      for (let i = this.start + 1; i < stop; i++) {
-        if (this.buf[i] === 10 && this.buf[i - 1] === 13) {
-          const text = isoLatin1(this.buf.subarray(this.start, i - 1));
-          this.consume(i + 1 - this.start);
-          return { text };
-        }
-      }
-      if (this.available >= 4098) return "too_long";
-      const r = await this.fill(ms);
-      if (r !== "data") return r;
-    }
+  chunkedBody(limit: number, gapMs: number): Promise<StreamedBody> {
+    return readChunkedBody(this, limit, gapMs);
   }
 }

@@ -22,24 +22,18 @@
  * one more gets a 503 and is closed). A request whose client goes away aborts its signal.
  * Methods are case-sensitive: `get` is not `GET` (501). The answers it gives itself are counted
  * in the metrics it is given, as the handler counts its own (http1_refusals.ts).
+ *
+ * The parts live beside it: its settings (http1_settings.ts, re-exported here), the reads of a
+ * connection (http1_reader.ts), one request and its answer (http1_exchange.ts), the answers it
+ * gives itself (http1_refusals.ts) and the writes (http1_write.ts).
  * @module
  */
-import { envInt, type EnvSetting, readSetting } from "../core/env.ts";
-import { MAX_TIMER_MS } from "../core/timeout.ts";
-import { type ErrorLogger, lineLogger, problemResponse, toProblem } from "./problem.ts";
-import { setBodySource, type StreamedBody } from "./body_read.ts";
-import { bodyTimeoutMs } from "./body_timeout.ts";
-import { keepSentPath, markUnparsableUrl } from "./routes.ts";
-import { parseHead, type RequestHead } from "./http1_head.ts";
+import { readSetting } from "../core/env.ts";
+import { type ErrorLogger, lineLogger } from "./problem.ts";
+import { parseHead } from "./http1_head.ts";
 import { ConnReader } from "./http1_reader.ts";
-import { giveBodyBuffer, POOLED_BODY_MAX, takeBodyBuffer } from "./http1_body_pool.ts";
-import { writeAll, writeResponse } from "./http1_write.ts";
-import { claimLentAnswer } from "./lent_body.ts";
-import { trace } from "../core/trace.ts";
 import {
   closeQuietly,
-  linger,
-  type OwnAnswers,
   refuse,
   refuseHead,
   type RequestCounts,
@@ -48,33 +42,14 @@ import {
   TOO_LARGE,
 } from "./http1_refusals.ts";
 import type { ResilientServer } from "./serve_resilient.ts";
+import { exchange, type Handler, type Shared } from "./http1_exchange.ts";
+import {
+  HEAD_TIMEOUT_SETTING,
+  IDLE_TIMEOUT_SETTING,
+  MAX_CONNECTIONS_SETTING,
+} from "./http1_settings.ts";
 
-/** ms a connection may wait for the first byte of its next request (default 120 s). */
-export const IDLE_TIMEOUT_SETTING: EnvSetting<number> = {
-  name: "ATTN_HTTP_IDLE_TIMEOUT_MS",
-  unset: 120_000,
-  parse: (t) => envInt("ATTN_HTTP_IDLE_TIMEOUT_MS", t, 1, MAX_TIMER_MS, " (ms)"),
-};
-/** ms a request head may take once its first byte came (default 30 s; a 408 after). */
-export const HEAD_TIMEOUT_SETTING: EnvSetting<number> = {
-  name: "ATTN_HTTP_HEAD_TIMEOUT_MS",
-  unset: 30_000,
-  parse: (t) => envInt("ATTN_HTTP_HEAD_TIMEOUT_MS", t, 1, MAX_TIMER_MS, " (ms)"),
-};
-/** Connections open at once (default 4096). */
-export const MAX_CONNECTIONS_SETTING: EnvSetting<number> = {
-  name: "ATTN_HTTP_MAX_CONNECTIONS",
-  unset: 4096,
-  parse: (t) => envInt("ATTN_HTTP_MAX_CONNECTIONS", t, 1, 1_000_000),
-};
-
-/** An unread body up to this is read and dropped to keep the connection; a larger one closes it. */
-const DRAIN_MAX = 256 * 1024;
-
-/** Case variants of the methods Request would silently upper-case (Fetch's normalization). */
-const NORMALIZED = new Set(["DELETE", "GET", "HEAD", "OPTIONS", "POST", "PUT"]);
-
-type Handler = (req: Request) => Promise<Response>;
+export { HEAD_TIMEOUT_SETTING, IDLE_TIMEOUT_SETTING, MAX_CONNECTIONS_SETTING };
 
 interface Conn {
   conn: Deno.Conn;
@@ -82,16 +57,6 @@ interface Conn {
   idle: boolean;
   /** The connection's number (in trace lines). */
   id: number;
-}
-
-/** What the connections of one server share. */
-interface Shared {
-  handler: Handler;
-  limits: { idleMs: number; headMs: number };
-  stopping: () => boolean;
-  log: ErrorLogger;
-  /** How the answers the server gives itself are counted and named. */
-  own: OwnAnswers;
 }
 
 /** Serves `handler` on `o.port` with this module's server; see the module doc. */
@@ -214,130 +179,3 @@ async function serveConn(c: Conn, s: Shared): Promise<void> {
     closeQuietly(conn);
   }
 }
-
-/** The Request for a head (on a placeholder URL, marked, when no URL can be built from it). */
-function requestOf(head: RequestHead, signal: AbortSignal): Request {
-  const init = { method: head.method, headers: head.headers, signal };
-  const absolute = /^[a-zA-Z][a-zA-Z0-9+.-]*:\/\//.test(head.target);
-  const url = absolute
-    ? head.target
-    : `http://${head.host ?? "localhost"}${head.target === "*" ? "/*" : head.target}`;
-  let req: Request;
-  try {
-    req = new Request(url, init);
-  } catch {
-    req = new Request("http://invalid.invalid/", init);
-    markUnparsableUrl(req);
-  }
-  // Request resolves dot segments: routes see the target as sent, and a thread it is passed on
-  // to gets the URL as built here (routes.ts urlAsSent).
-  keepSentPath(req, head.target, url);
-  return req;
-}
-
-/**
- * One request and its answer; whether the connection stays open. With `ATTN_TRACE_FILE` each
- * request's head, body and answer are traced with connection `id` (core/trace.ts), to tell what a
- * call waited on.
- */
-async function exchange(
-  r: ConnReader,
-  head: RequestHead,
-  s: Shared,
-  id: number,
-): Promise<boolean> {
-  trace(`http1 c${id}: head ${head.method} ${head.target}`);
-  const { conn } = r;
-  const { handler, stopping, log } = s;
-  const notServed = async (why: string) => {
-    await refuseHead(
-      r,
-      {
-        status: 501,
-        code: "method_not_implemented",
-        detail: `method ${head.method} is not served${why}`,
-        extra: { method: head.method },
-      },
-      head.method,
-      s.own,
-    );
-    return false;
-  };
-  const upper = head.method.toUpperCase();
-  if (upper !== head.method && NORMALIZED.has(upper)) {
-    return await notServed(` (methods are case-sensitive: ${upper} is)`);
-  }
-  const ac = new AbortController();
-  let req: Request;
-  try {
-    req = requestOf(head, ac.signal);
-    claimLentAnswer(req); // writeResponse releases a lent answer once it was written
-  } catch {
-    return await notServed(""); // a method Request refuses (TRACE, CONNECT, TRACK)
-  }
-  const hasBody = head.chunked || head.contentLength > 0;
-  let bodyRead: Promise<StreamedBody> | null = null;
-  let bodyDone = !hasBody;
-  let watching = false;
-  let over = false;
-  const watch = () => { // a read that ends in EOF: the client went away
-    if (watching || over) return;
-    const p = r.probe();
-    if (!p) return;
-    watching = true;
-    p.then((x) => {
-      watching = false;
-      if (x === "eof") ac.abort(new Error("the client closed the connection"));
-      else watch();
-    });
-  };
-  let lease: ArrayBuffer | null = null; // a pooled buffer a borrowed body was read into
-  if (hasBody) {
-    setBodySource(req, (limit, borrow) => {
-      bodyRead ??= (async () => {
-        if (head.expectContinue) await writeAll(conn, CONTINUE);
-        const gap = bodyTimeoutMs();
-        const n = head.contentLength;
-        if (borrow && !head.chunked && n <= POOLED_BODY_MAX && n <= limit) {
-          lease = takeBodyBuffer(n);
-        }
-        const b = head.chunked
-          ? await r.chunkedBody(limit, gap)
-          : await r.lengthBody(n, limit, gap, lease ?? undefined);
-        if (b.end !== "complete") lease = null; // a read cut short may still be writing into it
-        bodyDone = b.end === "complete";
-        trace(`http1 c${id}: body ${b.end}`);
-        if (bodyDone) watch();
-        return b;
-      })();
-      return bodyRead;
-    });
-  } else watch();
-  let res: Response;
-  try {
-    res = await handler(req);
-  } catch (e) {
-    res = problemResponse(toProblem(e, undefined, log));
-  }
-  if (bodyRead) await (bodyRead as Promise<StreamedBody>).catch(() => {});
-  over = true;
-  // A body the handler did not read: a small one of declared length is read and dropped after
-  // the answer (the connection kept), any other closes the connection.
-  // (Not one that waits for a 100 Continue it never got: its client may never send it.)
-  const drain = !bodyDone && bodyRead === null && !head.chunked && !head.expectContinue &&
-    head.contentLength <= DRAIN_MAX;
-  const close = !head.keepAlive || stopping() || (!bodyDone && !drain) || r.broken || r.eof ||
-    res.headers.get("connection")?.toLowerCase() === "close";
-  await writeResponse(conn, res, {
-    head: head.method === "HEAD",
-    close,
-    keepAlive10: !close && head.minor === 0,
-  });
-  trace(`http1 c${id}: answer ${res.status} written`);
-  if (lease) giveBodyBuffer(lease); // the answer is built and written: the body is given up
-  if (close && !bodyDone && !r.eof && !r.broken) await linger(r);
-  if (close || !drain) return !close;
-  return (await r.lengthBody(head.contentLength, DRAIN_MAX, bodyTimeoutMs())).end === "complete";
-}
-
-const CONTINUE = new TextEncoder().encode("HTTP/1.1 100 Continue\r\n\r\n");
