@@ -8,8 +8,8 @@
  * device ms, above 1 ours faster; bench/anchor.ts) to each row of a shape the anchor measured.
  *
  * 1. Selects the WebGPU runtime (`--runtime`, else ATTN_WEBGPU_RUNTIME, else deno), acquires
- *    the device through {@link WebGpuDeviceManager}, prints runtime and adapter and the
- *    runtime's completion round trip (empty submit + 16-byte mapAsync).
+ *    the device through `WebGpuDeviceManager` (gpu/device.ts), prints runtime and adapter
+ *    and the runtime's completion round trip (empty submit + 16-byte mapAsync).
  * 2. Yardsticks, measured in the same run: bench/copy.wgsl (vec4<u32> copy, GB/s of read +
  *    write) and bench/fma.wgsl (the f32 FMA ceiling, TFLOP/s).
  * 3. For each shape (bench/shapes.ts; small on software adapters): every backend the
@@ -20,35 +20,28 @@
  *    end-to-end ms, and the largest difference from the shape's first output (CPU_REFERENCE on
  *    software adapters, else the registered WEBGPU_FLASH). Mixed shapes (decode rows and
  *    prefill chunks in one call) run the registered backends only, no swept variants.
+ *
+ * The parts live beside it: the measurement loop over shapes and backends
+ * (bench/measure_shapes.ts), the keep-warm spins through the run (bench/hold_clock.ts) and the
+ * BENCH_PREFILL_CACHES / BENCH_PREFILL_GQA lists (bench/prefill_env.ts).
  * @module
  */
 import { parseArgs } from "node:util";
 import { plotSvg } from "./plot.ts";
-import { validateConfiguration } from "../backends/capabilities.ts";
-import { builtinBackends } from "../backends/index.ts";
-import type {
-  AttentionBackend,
-  BackendContext,
-  GpuContext,
-  KvCache,
-  KvCacheDType,
-  ValidBatch,
-} from "../core/types.ts";
-import { KV_CACHE_DTYPES } from "../core/types.ts";
-import { validHostBatch } from "../service/host_input.ts";
-import { acquireSelected, type WebGpuDeviceManager } from "../gpu/device.ts";
+import { measureShapes } from "./measure_shapes.ts";
+import { prefillCachesOf, prefillGroupsOf } from "./prefill_env.ts";
+import { acquireSelected } from "../gpu/device.ts";
 import { describeAdapter, isSoftwareAdapter } from "../gpu/runtime_adapter.ts";
 import { completionRoundTrip, readRoundTrip } from "../gpu/runtime_device.ts";
 import { resolveRuntimeOptions, runtimeEnv } from "../gpu/runtime_options.ts";
 import { deviceSummary } from "../gpu/runtime_report.ts";
 import { copyBench } from "./copy.ts";
 import { fmaBench } from "./fma.ts";
-import { type BackendRow, measureBackend } from "./measure.ts";
-import { breakdownText, f, partsText, table, xSdpaText } from "./report_text.ts";
-import { type Anchor, anchorFor, anchorLegend, loadAnchor, xSdpa } from "./anchor.ts";
-import { benchShapes, makeBatch, shapeName } from "./shapes.ts";
+import type { BackendRow } from "./measure.ts";
+import { f, table } from "./report_text.ts";
+import { type Anchor, anchorLegend, loadAnchor } from "./anchor.ts";
 import { decodeVariants, flashVariants, type Variant } from "./variants.ts";
-import { KEEP_WARM_DEFAULTS, KeepWarmProvider } from "../gpu/keep_warm.ts";
+import { holdClock } from "./hold_clock.ts";
 
 const USAGE = "deno task bench [--runtime deno|dawn|auto] [--dawn-flags L] [--dawn-flag K=V] " +
   "[--case decode|prefill|mixed|all] [--small|--big] [--iters N] [--reps N] " +
@@ -57,173 +50,6 @@ const USAGE = "deno task bench [--runtime deno|dawn|auto] [--dawn-flags L] [--da
   "[--no-keep-warm]";
 
 const median = (a: number[]) => [...a].sort((x, y) => x - y)[Math.floor(a.length / 2)];
-
-/** The non-empty items of a comma list. */
-const commaList = (text: string) => text.split(",").map((x) => x.trim()).filter((x) => x !== "");
-
-/** BENCH_PREFILL_CACHES: a comma list of cache dtypes for the prefill shapes again, or an error. */
-function prefillCachesOf(text: string): KvCacheDType[] {
-  const list = commaList(text);
-  for (const x of list) {
-    if (!(KV_CACHE_DTYPES as readonly string[]).includes(x)) {
-      throw new Error(`BENCH_PREFILL_CACHES: "${x}" is not one of ${KV_CACHE_DTYPES.join(", ")}`);
-    }
-  }
-  return list as KvCacheDType[];
-}
-
-/** BENCH_PREFILL_GQA: a comma list of GQA group sizes for the prefill shapes again, or an error. */
-function prefillGroupsOf(text: string): number[] {
-  const list = commaList(text);
-  for (const x of list) {
-    if (!/^[1-9][0-9]?$/.test(x)) {
-      throw new Error(`BENCH_PREFILL_GQA: "${x}" is not a group size from 1 to 99`);
-    }
-  }
-  return list.map(Number);
-}
-
-/** Every backend and variant on every shape of `kind`: one row each (skips say why). */
-async function measureShapes(
-  o: {
-    gpu: GpuContext;
-    small: boolean;
-    iters: number;
-    reps: number;
-    copyGbps: number;
-    fmaTflops: number;
-    only: RegExp | null;
-    hnd: boolean;
-    prefillCaches: KvCacheDType[];
-    prefillGroups: number[];
-    anchor: Anchor | null;
-  },
-  variants: Variant[],
-  kind: string,
-  log: (s: string) => void,
-): Promise<BackendRow[]> {
-  const { gpu, small, iters, reps } = o;
-  const ctx: BackendContext = { gpu };
-  const rows: BackendRow[] = [];
-  const shapes = benchShapes(small, o.hnd, o.prefillCaches, o.prefillGroups).filter((x) =>
-    (kind === "all" || x.kind === kind) && (!o.only || o.only.test(shapeName(x)))
-  );
-  for (const s of shapes) {
-    const name = shapeName(s);
-    log(`== ${name}`);
-    const data = makeBatch(s);
-    const caches = new Map<string, { cache: KvCache; batch: ValidBatch }>();
-    const candidates: { label: string; backend: AttentionBackend; unfit?: string | null }[] = [
-      ...builtinBackends().map((b) => ({ label: b.name, backend: b })),
-      ...variants.filter((v) => v.kind === s.kind || v.also === s.kind).map((v) => ({
-        label: v.label,
-        backend: v.backend,
-        unfit: v.unfit(gpu, s.head_size),
-      })),
-    ];
-    let reference: Float32Array | null = null;
-    try {
-      for (const c of candidates) {
-        const b = c.backend;
-        const why = [
-          ...validateConfiguration(b, data.selector, ctx),
-          ...(c.unfit ? [c.unfit] : []),
-        ];
-        if (!b.requires.needs_device && !small) why.push("host backend skipped on big shapes");
-        if (why.length) {
-          rows.push({ case: name, backend: c.label, skipped: why.join("; ") });
-          log(`skip ${c.label}: ${why.join("; ")}`);
-          continue;
-        }
-        let held = caches.get(b.cache_storage);
-        if (!held) {
-          const cache = await b.importCache(data.spec, data.key, data.value, ctx);
-          held = { cache, batch: validHostBatch(data.batch, cache) };
-          caches.set(b.cache_storage, held);
-        }
-        const { row, output } = await measureBackend(c.label, name, b, s, {
-          gpu,
-          batch: held.batch,
-          // A 268 MB output takes ~0.7 s to read back in Deno: one awaited call is enough.
-          iters: !b.requires.needs_device
-            ? 1
-            : held.batch.query.bytes.byteLength > 2 ** 26
-            ? 1
-            : iters,
-          reps,
-          fmaTflops: o.fmaTflops,
-          copyGbps: o.copyGbps,
-          reference,
-        });
-        reference ??= output;
-        if (o.anchor) {
-          row.sdpa_ms = anchorFor(o.anchor, s)?.ms ?? null;
-          row.x_sdpa = xSdpa(row.sdpa_ms, row.device_ms);
-          row.x_sdpa_stream = xSdpa(row.sdpa_ms, row.device_breakdown?.one_pass);
-        }
-        rows.push(row);
-        const kern = Object.entries(row.device_kernels ?? {}).map(([k, v]) => `${k} ${f(v)}`);
-        log(
-          `${c.label}: device ${f(row.device_ms)} ms (${kern.join(", ")}; ${breakdownText(row)}), ${
-            s.kind === "mixed"
-              ? `decode + prefill ${partsText(row)} ms${
-                row.device_parts
-                  ? ` (${f(row.kv_gbps)} GB/s = ${f(row.x_copy)} x copy + ` +
-                    `${f(row.tflops)} TFLOP/s = ${f(row.x_fma)} x FMA)`
-                  : ""
-              }`
-              : s.kind === "prefill"
-              ? `${f(row.tflops)} TFLOP/s = ${f(row.x_fma)} x FMA`
-              : `${f(row.kv_gbps)} GB/s = ${f(row.x_copy)} x copy`
-          }${
-            o.anchor
-              ? `, ${xSdpaText(row.x_sdpa)} x SDPA (${f(row.sdpa_ms)} ms; stream ${
-                xSdpaText(row.x_sdpa_stream)
-              })`
-              : ""
-          }, e2e ${f(row.e2e_ms)} ms, max diff ${row.max_diff ?? "ref"}; ${
-            (row.kernels ?? []).filter((k) => !/^(fill|cache_write)/.test(k)).join(" + ")
-          } ${JSON.stringify(row.info ?? {})}${row.paths ? ` [${row.paths}]` : ""}`,
-        );
-      }
-    } finally {
-      for (const c of caches.values()) c.cache.destroy();
-    }
-  }
-  return rows;
-}
-
-/**
- * Keep-warm spins (gpu/keep_warm.ts: one workgroup, two spins queued) for the whole run, so
- * the GPU's clock does not drop while a variant's pipelines compile (the H200 fell to 345 MHz
- * of 1,980 within seconds, and rows measured after a compile read 3.5-5x slow: bench/NOTES.md
- * v0.6). Off on software adapters, with `--no-keep-warm`, and where the runtime's completion
- * wait blocks (gpu/keep_warm.ts).
- */
-async function holdClock(
-  mgr: WebGpuDeviceManager,
-  on: boolean,
-  log: (s: string) => void,
-): Promise<KeepWarmProvider | null> {
-  if (!on) return null;
-  const warm = new KeepWarmProvider(mgr, {
-    ...KEEP_WARM_DEFAULTS,
-    hold_ms: 3_600_000,
-    depth: 2,
-    mode: "await", // no HTTP here; call 3 measured this loop at 1,980 MHz
-  });
-  const st = await warm.start();
-  if (!st.enabled) {
-    log(`keep-warm: off: ${st.reason}`);
-    return null;
-  }
-  warm.current(); // opens the window for the whole run
-  log(
-    `keep-warm: spins of ${st.options.spin_iters} iterations x ${st.options.workgroups} ` +
-      `workgroup, ${st.options.depth} queued, through the run (--no-keep-warm: off)`,
-  );
-  return warm;
-}
 
 async function main(): Promise<void> {
   const { values: a } = parseArgs({
