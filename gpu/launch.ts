@@ -13,205 +13,30 @@
  * bad dispatch) fails the call with a 500 `gpu_validation_error` instead of answering with
  * data the GPU never computed. An aborted signal before submit cancels the call: nothing is
  * submitted, so nothing is written.
+ *
+ * Its parts live beside it: the types of a launch and its result (gpu/launch_types.ts) and
+ * what it records into the command encoder (gpu/launch_encode.ts); their exports are
+ * re-exported here.
  * @module
  */
 import { trace } from "../core/trace.ts";
 import { ClientClosedError, ServiceError } from "../core/errors.ts";
 import type { GpuContext } from "../core/types.ts";
-import type { CompiledKernel } from "./kernel.ts";
 import { poolOf } from "./buffer_pool.ts";
-import { type BindGroupCache, bindGroupsOf } from "./bind_groups.ts";
+import { bindGroupsOf } from "./bind_groups.ts";
 import { STAGED_UPLOAD_BYTES, stagedUploads, stagingOf } from "./upload_staging.ts";
 import { wakeDawnPoll } from "./dawn_tick_pace.ts";
 import { mapDeferredReads, mapReadRangeDeferred } from "./map_read.ts";
 import { readbackMemory } from "./readback_memory.ts";
 import { inErrorScopes } from "./error_scopes.ts";
+import type { LaunchResult, LaunchSpec } from "./launch_types.ts";
+import { deviceTimes, recordCalls, writeUploads } from "./launch_encode.ts";
 
-/** A buffer binding: a whole buffer or a range of one. */
-export type Bound = GPUBuffer | { buffer: GPUBuffer; offset?: number; size?: number };
-
-/** One dispatch. */
-export interface KernelCall {
-  /** Names the pass in timings (`gpu_<name>`). */
-  name: string;
-  kernel: CompiledKernel;
-  /** A buffer for every binding the kernel declares, by the binding's name. */
-  bind: Record<string, Bound>;
-  /** Workgroups (x, y); nothing is dispatched when x * y is 0. */
-  grid: readonly [number, number];
-  /** Dispatch indirectly: the workgroup counts are the three u32 at `offset` of `buffer`. */
-  indirect?: { buffer: GPUBuffer; offset: number };
-  /** The bind group of `bind`, when the caller resolved it already (gpu/gpu_plan.ts). */
-  group?: GPUBindGroup;
-}
-
-/** One buffer range to read back. */
-export interface ReadPart {
-  buffer: GPUBuffer;
-  bytes: number;
-  offset?: number;
-}
-
-/** One launch. */
-export interface LaunchSpec {
-  label: string;
-  /** queue.writeBuffer calls made before encoding (data length a multiple of 4). */
-  uploads: { buffer: GPUBuffer; data: Uint8Array; offset?: number }[];
-  calls: KernelCall[];
-  reads: ReadPart[];
-  signal?: AbortSignal;
-  /** Called right after the submit (see core/types.ts RunOptions). */
-  onSubmitted?: () => void;
-  /**
-   * The parts may be the mapped read-back buffer itself, held until `release()`, where the
-   * runtime's mapped range is the mapping (Dawn): no copy, and the caller releases the result
-   * once it no longer reads them (gpu/readback_memory.ts). Otherwise they are a copy.
-   */
-  lend?: boolean;
-  /**
-   * `calls` (the default): one compute pass per call, each timed (`gpu.<name>`, and `gpu.gpu`
-   * from the first begin to the last end). `total`: every call in one compute pass (the device
-   * orders the dispatches and makes each one's writes visible to the next), timed as a whole
-   * (`gpu.gpu` only): fewer passes to encode, and no timestamps between the dispatches.
-   * `none`: one pass, untimed (no query set, resolve or copy of timestamps: on Dawn over
-   * lavapipe those cost about 35 us of host time a call).
-   */
-  timing?: "calls" | "total" | "none";
-}
-
-/**
- * What a launch returns: the parts read back and device times. The parts are views of one
- * piece of memory (gpu/readback_memory.ts); `release()` gives it back once nothing reads them.
- */
-export interface LaunchResult {
-  parts: Uint8Array<ArrayBuffer>[];
-  /**
-   * Returns the parts' memory (to the host pool; Deno's copy freed; a lent mapping unmapped
-   * and its buffer pooled), after which the parts must not be read; idempotent; not calling it
-   * is safe (a lent buffer then waits for the collector).
-   */
-  release(): void;
-  /** Device milliseconds per call name, and `gpu` for first begin to last end. */
-  gpu: Record<string, number>;
-  /**
-   * Host milliseconds: encode (uploads + encoding + submit), wait (submit to data); and their
-   * parts: upload (writeBuffer calls), record (encoding), submit, map (submit to the mapped
-   * readback) and copy (the read-back parts taken out of the mapped range).
-   */
-  host: {
-    encode: number;
-    wait: number;
-    upload: number;
-    record: number;
-    submit: number;
-    map: number;
-    copy: number;
-  };
-}
-
-/** The bind-group entries of a call, in the kernel's binding order. */
-export function entries(call: KernelCall): { binding: number; resource: GPUBufferBinding }[] {
-  return call.kernel.bindings.map((b, i) => {
-    const r = call.bind[b.name];
-    if (!r) throw new Error(`${call.kernel.key}: binding ${b.name} has no buffer`);
-    return { binding: i, resource: "size" in r && "usage" in r ? { buffer: r } : r };
-  });
-}
+export type { Bound, KernelCall, LaunchResult, LaunchSpec, ReadPart } from "./launch_types.ts";
+export { entries } from "./launch_encode.ts";
 
 function checkSignal(signal?: AbortSignal): void {
   if (signal?.aborted) throw new ClientClosedError("the client went away before the call ran");
-}
-
-/** A large upload written into a mapped staging buffer, copied by the call's encoder. */
-interface Staged {
-  from: GPUBuffer;
-  to: GPUBuffer;
-  offset: number;
-  bytes: number;
-}
-
-/**
- * Writes the uploads: those `staged` says (in order, with the mapped buffers `froms`) into
- * their staging buffer, which is unmapped for the encoder's copy; the rest by `writeBuffer`.
- */
-function writeUploads(
-  dev: GPUDevice,
-  uploads: LaunchSpec["uploads"],
-  staged: (u: LaunchSpec["uploads"][number]) => boolean,
-  froms: GPUBuffer[],
-): Staged[] {
-  const out: Staged[] = [];
-  for (const u of uploads) {
-    const n = u.data.byteLength;
-    if (n === 0) continue;
-    if (staged(u)) {
-      const from = froms[out.length];
-      new Uint8Array(from.getMappedRange(0, n)).set(u.data);
-      from.unmap();
-      out.push({ from, to: u.buffer, offset: u.offset ?? 0, bytes: n });
-    } else dev.queue.writeBuffer(u.buffer, u.offset ?? 0, u.data as Uint8Array<ArrayBuffer>);
-  }
-  return out;
-}
-
-/** Records `calls` in `passes` compute passes (one each, or one for all), timed into `qs`. */
-function recordCalls(
-  enc: GPUCommandEncoder,
-  calls: KernelCall[],
-  passes: number,
-  qs: GPUQuerySet | null,
-  groups: BindGroupCache,
-  label: string,
-): void {
-  const dispatch = (pass: GPUComputePassEncoder, c: KernelCall) => {
-    pass.setPipeline(c.kernel.pipeline);
-    pass.setBindGroup(0, c.group ?? groups.get(c.kernel.layout, entries(c), c.name));
-    if (c.indirect) pass.dispatchWorkgroupsIndirect(c.indirect.buffer, c.indirect.offset);
-    else if (c.grid[0] * c.grid[1] > 0) pass.dispatchWorkgroups(c.grid[0], c.grid[1]);
-  };
-  const begin = (i: number, name: string) =>
-    enc.beginComputePass({
-      label: name,
-      ...(qs
-        ? {
-          timestampWrites: {
-            querySet: qs,
-            beginningOfPassWriteIndex: 2 * i,
-            endOfPassWriteIndex: 2 * i + 1,
-          },
-        }
-        : {}),
-    });
-  if (passes === 1 && calls.length > 1) {
-    const pass = begin(0, label);
-    for (const c of calls) dispatch(pass, c);
-    pass.end();
-    return;
-  }
-  calls.forEach((c, i) => {
-    const pass = begin(i, c.name);
-    dispatch(pass, c);
-    pass.end();
-  });
-}
-
-/** Device milliseconds from the resolved timestamps: per call when each had a pass, and `gpu`. */
-function deviceTimes(
-  t: BigUint64Array,
-  calls: KernelCall[],
-  passes: number,
-): Record<string, number> {
-  const gpu: Record<string, number> = {};
-  if (passes === calls.length) {
-    calls.forEach((c, i) => {
-      if (t[2 * i] > 0n && t[2 * i + 1] >= t[2 * i]) {
-        gpu[c.name] = (gpu[c.name] ?? 0) + Number(t[2 * i + 1] - t[2 * i]) / 1e6;
-      }
-    });
-  }
-  const last = 2 * passes - 1;
-  if (t[0] > 0n && t[last] >= t[0]) gpu.gpu = Number(t[last] - t[0]) / 1e6;
-  return gpu;
 }
 
 /** Runs one launch (see the module doc). */

@@ -15,78 +15,48 @@
  * types, enums, positive counts, typed-array kinds, tensor lengths against shapes) is checked
  * first (service/validate_input.ts): those problems, all of them, are the same one 422
  * `invalid_batch`, thrown before any other check reads the input.
+ *
+ * Its parts live beside it: the types it is given and produces (service/validate_types.ts),
+ * the NaN/infinity checks (service/validate_finite.ts) and the selector config
+ * (service/validate_selector.ts); their exports are re-exported here.
  * @module
  */
 import {
   checksFiniteOnDevice,
   dataArray,
-  elementAt,
   finiteScanBits,
-  firstNonFinite,
-  firstNonFiniteIn,
   fromFloats,
-  nonFiniteMessage,
   toFloat32,
   wordsOf,
 } from "../core/data.ts";
 import type { ForwardInput } from "../wire/codec.ts";
 import type { LayerInput } from "../wire/types.ts";
 import type { DataTensor } from "../wire/tensors.ts";
-import type {
-  BatchShape,
-  CacheStorage,
-  DataArray,
-  DType,
-  KvCache,
-  KvCacheSpec,
-  SelectorConfig,
-  ValidBatch,
-} from "../core/types.ts";
+import type { DataArray, DType, KvCache, ValidBatch } from "../core/types.ts";
 import { batchStats, planKey } from "./batch_key.ts";
 import { checkMetadata } from "./validate_metadata.ts";
 import { checkCache, checkLayer, eqShape, fmt, Issues, validWindow } from "./validate_layer.ts";
 import { checkHeld, checkInputFields } from "./validate_input.ts";
 import { type CallLimits, DEFAULT_CALL_LIMITS, limitsOver, throwProblems } from "./call_limits.ts";
+import type {
+  HeldCacheInfo,
+  UnattachedBatch,
+  ValidatedForward,
+  ValidateOptions,
+} from "./validate_types.ts";
+import { checkDataFinite } from "./validate_finite.ts";
+import { selectorOf } from "./validate_selector.ts";
 
 export { type CallLimits, DEFAULT_CALL_LIMITS } from "./call_limits.ts";
+export type {
+  HeldCacheInfo,
+  UnattachedBatch,
+  ValidatedForward,
+  ValidateOptions,
+} from "./validate_types.ts";
+export { checkFiniteOnHost } from "./validate_finite.ts";
 
 export type { ForwardInput, LayerInput };
-
-/** Options of {@link validateForward}. */
-export interface ValidateOptions {
-  /**
-   * Leave the NaN/infinity scan of a large batch's data (core/data.ts checksFiniteOnDevice)
-   * to the device; the result says whether it was left (`finite_deferred`).
-   */
-  deferFinite?: boolean;
-}
-
-/** A server-held cache as validation sees it. */
-export interface HeldCacheInfo {
-  spec: KvCacheSpec;
-  storage: CacheStorage;
-}
-
-/** A validated batch before its cache is attached (see {@link attachCache}). */
-export interface UnattachedBatch extends BatchShape {
-  readonly query: DataArray;
-  readonly key: DataArray | null;
-  readonly value: DataArray | null;
-}
-
-/** What validation produces: the batch without its cache, the selector config, inline cache bytes. */
-export interface ValidatedForward {
-  batch: UnattachedBatch;
-  selector: SelectorConfig;
-  /**
-   * The whole words of query/key/value were not scanned for NaN and infinity: a GPU plan with
-   * `checks_finite` checks them before it writes anything, and any other plan's batch goes
-   * through {@link checkFiniteOnHost} first (the service does both).
-   */
-  finite_deferred: boolean;
-  /** The inline cache to import with the chosen backend, or null. */
-  inline: { spec: KvCacheSpec; key: Uint8Array; value: Uint8Array } | null;
-}
 
 /**
  * A data tensor's elements in the call's dtype (a view when it came in that dtype, on bytes
@@ -96,74 +66,6 @@ function dataOf(t: DataTensor | undefined, dtype: DType): DataArray | null {
   if (!t) return null;
   const a = t.array.bytes.byteOffset % 4 === 0 ? t.array : dataArray(t.dtype, t.array.bytes);
   return a.dtype === dtype ? a : fromFloats(dtype, toFloat32(a));
-}
-
-/**
- * Adds an issue for the first NaN or infinity of `a` (from element `from` on: elements before
- * it are left to the device's check).
- */
-function checkFinite(a: DataArray | null, name: string, is: Issues, from = 0): void {
-  if (!a) return;
-  const bad = from === 0 ? firstNonFinite(a) : firstNonFiniteIn(a, from, a.length);
-  if (bad >= 0) {
-    is.add([name, bad], nonFiniteMessage(a, bad));
-  }
-}
-
-/**
- * Adds an issue for the first NaN or infinity of a data tensor `t`, `a` its elements in the
- * call's dtype. It is named in the tensor's own dtype, with the JSON number sent where that
- * overflowed it ("element 0 is 70000, which overflows float16"); a tensor converted to the
- * call's dtype is scanned whole in both, an element finite in its own dtype but not in the
- * call's named in both. With `from` > 0 (the scan left to the device) only `a`'s elements from
- * `from` on are scanned here, as {@link checkFinite} does.
- */
-function checkDataFinite(
-  t: DataTensor | undefined,
-  a: DataArray | null,
-  name: string,
-  is: Issues,
-  from = 0,
-): void {
-  if (!t || !a) return;
-  if (from > 0) return checkFinite(a, name, is, from);
-  const own = t.array;
-  const bad = firstNonFinite(own);
-  if (bad >= 0) {
-    const o = t.overflow;
-    is.add(
-      [name, bad],
-      o?.index === bad
-        ? `element ${bad} is ${o.value}, which overflows ${t.dtype} (${
-          elementAt(own, bad)
-        }): tensors must be finite`
-        : nonFiniteMessage(own, bad),
-    );
-    return;
-  }
-  if (a === own) return;
-  const lost = firstNonFinite(a);
-  if (lost >= 0) {
-    is.add(
-      [name, lost],
-      `element ${lost} is ${elementAt(own, lost)} in ${t.dtype}, ${
-        elementAt(a, lost)
-      } in ${a.dtype} (the call's dtype): tensors must be finite`,
-    );
-  }
-}
-
-/**
- * The host scan of a validated batch's data that {@link validateForward} left to the device
- * (`finite_deferred`), for a plan that does not check on the device after all.
- * @throws ServiceError 422 `invalid_batch` naming each tensor's first non-finite element.
- */
-export function checkFiniteOnHost(b: UnattachedBatch | ValidBatch): void {
-  const is = new Issues();
-  checkFinite(b.query, "query", is);
-  checkFinite(b.key, "key", is);
-  checkFinite(b.value, "value", is);
-  is.throwIfAny();
 }
 
 /**
@@ -284,38 +186,6 @@ export function validateForward(
     inline,
     finite_deferred: deferred,
   };
-}
-
-function selectorOf(
-  input: ForwardInput,
-  layer: ValidBatch["layer"],
-  spec: KvCacheSpec | null,
-  held: HeldCacheInfo | null,
-  batch: UnattachedBatch,
-): SelectorConfig {
-  const selector: SelectorConfig = {
-    head_size: layer.head_size,
-    dtype: input.dtype,
-    kv_cache_dtype: spec?.kv_cache_dtype ?? "auto",
-    block_size: spec?.block_size ?? null,
-    use_mla: false,
-    has_sink: layer.sinks !== null,
-    use_sparse: false,
-    use_mm_prefix: false,
-    attn_type: layer.attn_type,
-    has_sliding_window: layer.sliding_window !== null,
-    // Encoder types are non-causal by definition; the flag asks for non-causal decoder attention.
-    use_non_causal: layer.attn_type === "decoder" && !layer.causal,
-    use_batch_invariant: false,
-    use_per_head_quant_scales: false,
-    use_alibi: layer.alibi_slopes !== null,
-    use_logits_soft_cap: layer.logits_soft_cap !== null,
-    return_lse: batch.return_lse,
-    max_query_len: batch.stats.max_query_len,
-  };
-  if (spec) selector.kv_cache_layout = spec.layout;
-  if (held) selector.cache_storage = held.storage;
-  return selector;
 }
 
 /**
