@@ -196,6 +196,13 @@ async function main(): Promise<void> {
   const workload = v.workload as Workload, client = v.client as ClientKind;
   if (!WORKLOADS.includes(workload)) throw new Error(`--workload: one of ${WORKLOADS}`);
   if (!CLIENT_KINDS.includes(client)) throw new Error(`--client: one of ${CLIENT_KINDS}`);
+  const delayMs = Number(v["stub-delay-ms"]);
+  if (!(delayMs >= 0 && delayMs <= 1000)) {
+    throw new Error(`--stub-delay-ms: a number of ms from 0 to 1000, got ${v["stub-delay-ms"]}`);
+  }
+  if (delayMs > 0 && (v.url || v.floor)) {
+    throw new Error("--stub-delay-ms: the in-process stub's wait (not with --url or --floor)");
+  }
   if (!v["no-codec"] && workload !== "prefill") await codec(workload);
   let srv: Server | null = null, url = v.url ?? "", tid = 0;
   if (!url) {
@@ -206,8 +213,6 @@ async function main(): Promise<void> {
     }
     const engine = v["http-engine"];
     if (engine !== "deno" && engine !== "http1") throw new Error("--http-engine: deno or http1");
-    const delayMs = Number(v["stub-delay-ms"]);
-    if (!(delayMs >= 0 && delayMs < 1000)) throw new Error("--stub-delay-ms: a number of ms >= 0");
     srv.w.postMessage({ kind: "start", floor: v.floor, workers, engine, delayMs });
     const m = await srv.next();
     url = `http://127.0.0.1:${m.port}`;
@@ -222,7 +227,7 @@ async function main(): Promise<void> {
     serverTid: tid,
     httpWorkers: Number(v["http-workers"]),
     engine: v["http-engine"],
-    delayMs: Number(v["stub-delay-ms"]),
+    delayMs,
   };
   try {
     await sequential(srv, url, o);

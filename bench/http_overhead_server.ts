@@ -7,7 +7,8 @@
  * `{kind: "metrics"}` (answered with the handler's `/metrics` text) and `{kind: "stop"}`.
  * Out: `{kind: "listening", port, tid}` (tid: the thread's id), `{kind: "metrics", text}`,
  * `{kind: "stopped"}`. `start` may carry `workers`: HTTP worker threads in front of the handler's
- * thread (`--http-workers`), and `delayMs`: the stub's busy wait per call (`--stub-delay-ms`). Run as a program it serves the stub on its own (`[PORT] [--floor]`).
+ * thread (`--http-workers`), and `delayMs`: the stub's busy wait per call (`--stub-delay-ms`).
+ * Run as a program it serves the stub on its own (`[PORT] [--floor]`).
  * @module
  */
 import type { ForwardInput, ForwardOutcome } from "../wire/codec.ts";
@@ -22,6 +23,12 @@ interface Scope {
   onmessage: ((e: MessageEvent) => void) | null;
 }
 
+/** Keeps the thread busy for `ms` (nothing else runs meanwhile). */
+function busyWait(ms: number): void {
+  const until = performance.now() + ms;
+  while (performance.now() < until) { /* busy */ }
+}
+
 /**
  * A service that answers every forward with a prepared output of the query's size: at once, or
  * after `delayMs` of busy waiting (the thread kept busy, as the real server's is while it polls
@@ -31,12 +38,7 @@ interface Scope {
 export function stubService(delayMs = 0): AttentionService {
   const outputs = new Map<number, Uint8Array>();
   const forward = (input: ForwardInput): Promise<ForwardOutcome> => {
-    if (delayMs > 0) {
-      for (
-        const until = performance.now() + delayMs;
-        performance.now() < until;
-      );
-    }
+    busyWait(delayMs);
     const [T, H, D] = input.query.shape;
     const n = input.query.array.bytes.byteLength;
     let bytes = outputs.get(n);
