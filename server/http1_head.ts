@@ -11,6 +11,8 @@
  * @module
  */
 
+import { isToken, validTarget, validValue } from "./http1_syntax.ts";
+
 /** A parsed request head. */
 export interface RequestHead {
   /** As sent (methods are case-sensitive: `get` is not `GET`). */
@@ -60,41 +62,6 @@ export function headEnd(buf: Uint8Array, from: number, to: number): number {
     if (buf[i - 1] === 13 && i >= 2 && buf[i - 2] === 10) return i + 1;
   }
   return -1;
-}
-
-// tchar (RFC 9110 5.6.2) as a 128-entry table.
-const TCHAR = new Uint8Array(128);
-for (const c of "!#$%&'*+-.^_`|~") TCHAR[c.charCodeAt(0)] = 1;
-for (let c = 48; c < 58; c++) TCHAR[c] = 1;
-for (let c = 65; c < 91; c++) TCHAR[c] = 1;
-for (let c = 97; c < 123; c++) TCHAR[c] = 1;
-
-function isToken(s: string): boolean {
-  if (s.length === 0) return false;
-  for (let i = 0; i < s.length; i++) {
-    const c = s.charCodeAt(i);
-    if (c >= 128 || TCHAR[c] === 0) return false;
-  }
-  return true;
-}
-
-/** A field value's characters are VCHAR, obs-text, SP or HTAB (no CR, LF or NUL). */
-function validValue(s: string): boolean {
-  for (let i = 0; i < s.length; i++) {
-    const c = s.charCodeAt(i);
-    if ((c < 32 && c !== 9) || c === 127) return false;
-  }
-  return true;
-}
-
-/** A request target: visible ASCII, no spaces. */
-function validTarget(s: string): boolean {
-  if (s.length === 0) return false;
-  for (let i = 0; i < s.length; i++) {
-    const c = s.charCodeAt(i);
-    if (c <= 32 || c >= 127) return false;
-  }
-  return true;
 }
 
 function bad(detail: string, extra: Record<string, unknown>, status = 400): HeadProblem {
