@@ -26,7 +26,7 @@ import { type CacheData, type CacheFile, cacheShape, checkCacheFile } from "../w
 import { requireSameSpec, specOf } from "./cache_spec.ts";
 import type { ForwardOutcome } from "../wire/codec.ts";
 import type { CacheInfo, CreateCacheRequest, SelectResult } from "../wire/types.ts";
-import { type ForwardOptions, runForward } from "./forward.ts";
+import { type ForwardHost, type ForwardOptions, runForward } from "./forward.ts";
 import { forced } from "./forced_backend.ts";
 import { cacheLost } from "./cache_lost.ts";
 
@@ -54,6 +54,8 @@ export class AttentionService {
   readonly caches: CacheStore;
   readonly plans: PlanCache;
   readonly limits: Readonly<CallLimits>;
+  /** What {@link forward} uses of this service (fixed: made once, not per call). */
+  readonly #forwardHost: ForwardHost;
 
   /** @throws EnvValueError where a variable the service reads lazily holds a value its rule refuses. */
   constructor(opts: AttentionServiceOptions) {
@@ -63,6 +65,14 @@ export class AttentionService {
     this.caches = new CacheStore(opts.memoryBudgetBytes);
     this.plans = new PlanCache(opts.planCacheSize);
     this.limits = Object.freeze({ ...DEFAULT_CALL_LIMITS, ...opts.limits });
+    this.#forwardHost = {
+      registry: this.registry,
+      caches: this.caches,
+      plans: this.plans,
+      limits: this.limits,
+      ctx: () => this.#ctx(),
+      requireDevice: (name) => this.#requireDevice(name),
+    };
   }
 
   /** The device report (`GET /v1/device`). */
@@ -256,18 +266,7 @@ export class AttentionService {
    * `queue_timeout` when it waited past `queueTimeoutMs` before it ran.
    */
   forward(input: ForwardInput, opts: ForwardOptions = {}): Promise<ForwardOutcome> {
-    return runForward(
-      {
-        registry: this.registry,
-        caches: this.caches,
-        plans: this.plans,
-        limits: this.limits,
-        ctx: () => this.#ctx(),
-        requireDevice: (name) => this.#requireDevice(name),
-      },
-      input,
-      opts,
-    );
+    return runForward(this.#forwardHost, input, opts);
   }
 
   /** Has every backend start what its first call would ({@link AttentionBackend.prewarm}). */
