@@ -51,6 +51,7 @@ export function takeBodyBuffer(n: number): ArrayBuffer {
  */
 function makeRoom(room: number): boolean {
   if (room > POOL_BYTES) return false;
+  if (freeBytes + room <= POOL_BYTES) return true; // fits: nothing to drop (every return)
   const classes = [...free.keys()].sort((a, b) => b - a);
   for (const c of classes) {
     const list = free.get(c)!;
