@@ -66,7 +66,13 @@ export async function deviceTime(
     for (let r = 0; r < reps; r++) {
       for (const c of att) calls.push({ ...c, name: `rep${r}:${c.name}` });
     }
-    const res = await launch(gpu, { label: "bench", uploads: bound.uploads, calls, reads: [] });
+    const res = await launch(gpu, {
+      label: "bench",
+      uploads: bound.uploads,
+      clears: bound.clears,
+      calls,
+      reads: [],
+    });
     const per_kernel: Record<string, number> = {};
     const totals: number[] = [];
     for (let r = 0; r < reps; r++) {

@@ -3,8 +3,9 @@
  * scan on the host cheaply (core/data.ts {@link checksFiniteOnDevice}): the host test of
  * core/data.ts `firstNonFinite` (a word's exponent fields masked, plus one unit of their lowest
  * bit, carry into the field's sign bit exactly when a field is all ones) runs over every
- * whole 32-bit word of the three tensors, and the first bad word of each is kept with
- * `atomicMin` in a flags buffer. The cache write that follows binds the flags and writes
+ * whole 32-bit word of the three tensors, and the first bad word i of each is kept as
+ * `0xffffffff - i` with `atomicMax` in a flags buffer that the launch zeroes with a command
+ * (`clearBuffer`: no upload of its initial value). The cache write that follows binds the flags and writes
  * nothing unless every one is clear (gpu/cache_write.ts `gated`), so a call with a NaN or
  * infinity leaves the cache as it was. (Until v0.9 a gate kernel wrote an indirect dispatch's
  * arguments instead; on the H200 a Dawn indirect dispatch cost more host time than the rest of
@@ -23,8 +24,11 @@ import type { Section, TableBuilder } from "./plan_table.ts";
 
 const WG = 256;
 
-/** The flag of a tensor without a bad word. */
-export const FLAG_CLEAR = 0xffffffff;
+/** The flag of a tensor without a bad word (a flag f names word 0xffffffff - f). */
+export const FLAG_CLEAR = 0;
+
+/** The word index a set flag names. */
+const flaggedWord = (flag: number) => 0xffffffff - flag;
 
 /** The tensors checked, in flag order. */
 export const CHECKED = ["query", "key", "value"] as const;
@@ -60,13 +64,13 @@ export const FINITE_CHECK: KernelDef<{ wg: number }> = {
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
   let i = (wg.x + wg.y * P.nwg_x) * ${c.wg}u + lid;
   if (i < P.n_q && bad(q[i])) {
-    atomicMin(&flags[0], i);
+    atomicMax(&flags[0], 0xffffffffu - i);
   }
   if (i < P.n_k && bad(k[i])) {
-    atomicMin(&flags[1], i);
+    atomicMax(&flags[1], 0xffffffffu - i);
   }
   if (i < P.n_v && bad(v[i])) {
-    atomicMin(&flags[2], i);
+    atomicMax(&flags[2], 0xffffffffu - i);
   }
 }
 `,
@@ -110,11 +114,6 @@ export async function planFiniteCheck(
   return { check, checkParams, grid };
 }
 
-/** The initial flags (every tensor clear), uploaded by each call. */
-export const CLEAR_FLAGS: Uint8Array<ArrayBuffer> = new Uint8Array(
-  new Uint32Array([FLAG_CLEAR, FLAG_CLEAR, FLAG_CLEAR, 0]).buffer,
-);
-
 /**
  * The validator's issues for the flags read back (none when all are clear): each tensor with a
  * bad word, named with its first non-finite element and that element's value.
@@ -129,8 +128,9 @@ export function finiteIssues(
     const a = tensors[name];
     if (words[t] === FLAG_CLEAR || !a) return;
     const { per } = finiteScanBits(a.dtype);
-    const i = firstNonFiniteIn(a, words[t] * per, Math.min(a.length, (words[t] + 1) * per));
-    if (i < 0) throw new Error(`finite_check flagged ${name} word ${words[t]}, which is finite`);
+    const w = flaggedWord(words[t]);
+    const i = firstNonFiniteIn(a, w * per, Math.min(a.length, (w + 1) * per));
+    if (i < 0) throw new Error(`finite_check flagged ${name} word ${w}, which is finite`);
     issues.push({ path: [name, i], message: nonFiniteMessage(a, i) });
   });
   return issues;

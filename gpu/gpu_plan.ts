@@ -179,6 +179,7 @@ export async function runGpuPlan(
     const r = await launch(gpu, {
       label: "forward",
       uploads: bound.uploads,
+      clears: bound.clears,
       calls: bound.calls,
       reads,
       signal: opts.signal,

@@ -92,6 +92,7 @@ export async function launch(ctx: GpuContext, spec: LaunchSpec): Promise<LaunchR
       const staged = writeUploads(dev, spec.uploads, big, froms);
       const tUp = performance.now();
       const enc = dev.createCommandEncoder({ label: spec.label });
+      if (spec.clears) { for (const b of spec.clears) enc.clearBuffer(b); }
       for (const c of staged) enc.copyBufferToBuffer(c.from, 0, c.to, c.offset, c.bytes);
       recordCalls(enc, spec.calls, passes, qs, bindGroupsOf(dev), spec.label);
       spec.reads.forEach((r, i) => {

@@ -35,6 +35,11 @@ export interface LaunchSpec {
   label: string;
   /** queue.writeBuffer calls made before encoding (data length a multiple of 4). */
   uploads: { buffer: GPUBuffer; data: Uint8Array; offset?: number }[];
+  /**
+   * Buffers the command encoder zeroes (`clearBuffer`) before the calls: no staging and no
+   * queue write, unlike an upload of zeros. Each needs COPY_DST usage.
+   */
+  clears?: GPUBuffer[];
   calls: KernelCall[];
   reads: ReadPart[];
   signal?: AbortSignal;

@@ -15,7 +15,7 @@ import { bindGroupsOf } from "./bind_groups.ts";
 import { TABLE_USAGE } from "./plan_table.ts";
 import { GpuKvCache } from "./kv_cache.ts";
 import { persistentBuffer } from "./persistent_buffers.ts";
-import { CLEAR_FLAGS, FLAGS_BYTES } from "./finite_check.ts";
+import { FLAGS_BYTES } from "./finite_check.ts";
 import type { BindRef, GpuPlan, PlannedCall } from "./gpu_plan.ts";
 
 const STORAGE_IN = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST;
@@ -29,6 +29,8 @@ export interface BoundGpuPlan {
    * {@link BoundGpuPlan.tableWritten}), then query/key/value.
    */
   uploads: { buffer: GPUBuffer; data: Uint8Array }[];
+  /** Buffers the launch zeroes before the calls: the finiteness flags when the plan checks. */
+  clears: GPUBuffer[];
   /**
    * Records that the table's buffer now holds the plan's table: call it once the launch that
    * wrote it went through, and a later call of the plan that gets the same pooled buffer (the
@@ -192,10 +194,7 @@ export function bindGpuPlan(p: GpuPlan, b: ValidBatch, gpu: GpuContext): BoundGp
       tableHolds.delete(table);
       uploads.push({ buffer: table, data: p.table });
     }
-    if (p.checks_finite) {
-      io.flags = take(FLAGS_BYTES, FLAGS_USAGE, "flags");
-      uploads.push({ buffer: io.flags, data: CLEAR_FLAGS });
-    }
+    if (p.checks_finite) io.flags = take(FLAGS_BYTES, FLAGS_USAGE, "flags");
     for (const name of ["query", "key", "value"] as const) {
       const t = b[name];
       if (!t) continue;
@@ -229,6 +228,7 @@ export function bindGpuPlan(p: GpuPlan, b: ValidBatch, gpu: GpuContext): BoundGp
     }
     return {
       uploads,
+      clears: io.flags ? [io.flags] : [],
       calls,
       out: io.out,
       lse: io.lse,

@@ -187,3 +187,50 @@ Deno.test(
     }
   },
 );
+
+Deno.test(
+  "finite check: with several bad elements in each tensor, each tensor's first is named",
+  opts,
+  async () => {
+    const seed = freshSeed(), rng = new Rng(seed);
+    const g = generateBatch(SPEC, seed);
+    const cache = await GpuKvCache.fromBytes(GPU!, g.cache_spec!, g.key_cache, g.value_cache);
+    try {
+      const b: Omit<ForwardBatch, "cache"> = { ...g.batch };
+      const first: Record<Tensor, number> = { query: 0, key: 0, value: 0 };
+      for (const name of ["query", "key", "value"] as const) {
+        const a = b[name]!.slice();
+        const at = Array.from({ length: 3 }, () => rng.int(a.length));
+        for (const i of at) a[i] = NaN;
+        first[name] = Math.min(...at);
+        b[name] = a;
+      }
+      const v = validateForward(
+        hostInput(b, "c"),
+        { spec: cache.spec, storage: "webgpu" },
+        undefined,
+        { deferFinite: true },
+      );
+      assert.equal(v.finite_deferred, true);
+      const batch = attachCache(v.batch, cache);
+      for (const be of [WEBGPU_FLASH, WEBGPU_DECODE] as AttentionBackend<GpuPlan>[]) {
+        const plan = await be.plan(batch, { gpu: GPU });
+        // Twice: the second call's flags buffer comes from the pool, set by the first.
+        for (let i = 0; i < 2; i++) {
+          await assert.rejects(() => be.run(plan, batch, { gpu: GPU }), (e) => {
+            assert.ok(e instanceof ServiceError, String(e));
+            const paths = (e.issues ?? []).map((x) => x.path);
+            assert.deepEqual(
+              paths,
+              (["query", "key", "value"] as const).map((n) => [n, first[n]]),
+              `${be.name}, seed ${seed}`,
+            );
+            return true;
+          });
+        }
+      }
+    } finally {
+      cache.destroy();
+    }
+  },
+);
