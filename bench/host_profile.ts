@@ -13,7 +13,9 @@
  * dispatches them (the GPU's time then shows in `map`, and `gpu` reports it).
  *
  * Run: `deno run -A bench/host_profile.ts [--runtime deno|dawn] [--case decode|prefill|all]
- * [--iters N] [--prefill-iters N] [--layers N] [--kernels] [--gap-ms MS] [--json]`. `--gap-ms`
+ * [--iters N] [--prefill-iters N] [--layers N] [--kernels] [--gap-ms MS] [--separate] [--json]`.
+ * The query, key and value of a call lie back to back in one buffer, as in a request body;
+ * `--separate` gives each its own (each then goes up in a write of its own). `--gap-ms`
  * idles between calls (with `--kernels`: does the GPU's share grow when calls are sparse?). On this project's CPU
  * machines Dawn runs in the trixie chroot (see the team guide). `ATTN_UPLOAD_STAGING=0|1`
  * forces large uploads through writeBuffer or mapped staging (gpu/upload_staging.ts),
@@ -49,6 +51,7 @@ const { values: a } = parseArgs({
     kernels: { type: "boolean", default: false },
     "gap-ms": { type: "string", default: "0" },
     json: { type: "boolean", default: false },
+    separate: { type: "boolean", default: false },
   },
 });
 
@@ -188,7 +191,7 @@ try {
     const pos = () => shape.ctx + (step++ % (2 * shape.steps));
     const s = await timeCalls(
       service,
-      () => callInput(shape, layout, cache.id, 1000 + step, 0, shape.reqs, pos(), 1),
+      () => callInput(shape, layout, cache.id, 1000 + step, 0, shape.reqs, pos(), 1, !a.separate),
       Number(a.iters),
       Number(a.layers),
     );
@@ -199,7 +202,7 @@ try {
     let k = 0;
     const s = await timeCalls(
       service,
-      () => callInput(shape, layout, cache.id, 5000 + 10 * k++, 0, n, 0, len),
+      () => callInput(shape, layout, cache.id, 5000 + 10 * k++, 0, n, 0, len, !a.separate),
       Number(a["prefill-iters"]),
       1,
     );

@@ -4,12 +4,14 @@
  * with its bindings resolved and its bind group. What a steady state reuses: a call list bound
  * again to the same buffers keeps its resolved calls and bind groups ({@link BoundCalls}), and a
  * pooled table buffer that holds the plan's table is not written again
- * ({@link BoundGpuPlan.tableWritten}). gpu/gpu_plan.ts runs the result.
+ * ({@link BoundGpuPlan.tableWritten}). A request that carried query, key and value back to back
+ * in one body ({@link packedInputs}) uploads them in one write, bound as ranges of one buffer.
+ * gpu/gpu_plan.ts runs the result.
  * @module
  */
 import { ServiceError } from "../core/errors.ts";
 import type { GpuContext, ValidBatch } from "../core/types.ts";
-import { poolOf } from "./buffer_pool.ts";
+import { poolOf, sizeClass } from "./buffer_pool.ts";
 import { type Bound, entries, type KernelCall } from "./launch.ts";
 import { bindGroupsOf } from "./bind_groups.ts";
 import { TABLE_USAGE } from "./plan_table.ts";
@@ -71,10 +73,51 @@ function bindListsOf(p: GpuPlan): [string, BindRef][][] {
   return l;
 }
 
+/** The data tensors, in the order a request body carries them. */
+const INPUTS = ["query", "key", "value"] as const;
+
+/** Query/key/value as one span of the memory they came in, and where each lies in it. */
+export interface PackedInputs {
+  span: Uint8Array;
+  /** Per tensor present: its byte offset in `span` and its bytes. */
+  at: { name: (typeof INPUTS)[number]; offset: number; bytes: number }[];
+}
+
+/**
+ * Query/key/value as one upload where the request carried them back to back in one body (a
+ * safetensors body from this project's client: the tensors follow one another): at least two
+ * present, in order, in one ArrayBuffer, each starting a multiple of `align` bytes (the device's
+ * storage offset alignment) after the first, each a whole number of words, with gaps smaller
+ * than `align`, the pooled buffer of the span at most `maxBytes`. Null otherwise: each goes up in a
+ * write of its own.
+ */
+export function packedInputs(
+  b: ValidBatch,
+  align: number,
+  maxBytes: number,
+): PackedInputs | null {
+  const first = b.query.bytes;
+  let end = first.byteOffset;
+  const at: PackedInputs["at"] = [];
+  for (const name of INPUTS) {
+    const t = b[name]?.bytes;
+    if (!t) continue;
+    const offset = t.byteOffset - first.byteOffset;
+    if (
+      t.buffer !== first.buffer || t.byteOffset < end || t.byteOffset - end >= align ||
+      offset % align !== 0 || t.byteLength % 4 !== 0
+    ) return null;
+    at.push({ name, offset, bytes: t.byteLength });
+    end = t.byteOffset + t.byteLength;
+  }
+  if (at.length < 2 || sizeClass(end - first.byteOffset) > maxBytes) return null;
+  return { span: new Uint8Array(first.buffer, first.byteOffset, end - first.byteOffset), at };
+}
+
 /** The buffers a plan's symbolic bindings name, for one call. */
 interface CallBuffers {
   table: GPUBuffer;
-  io: Record<string, GPUBuffer>;
+  io: Record<string, Bound>;
   scratch: Record<string, GPUBuffer>;
   persistent: Map<string, GPUBuffer>;
 }
@@ -120,6 +163,8 @@ function bindCalls(
  */
 interface BoundCalls {
   buffers: GPUBuffer[];
+  /** Where the packed inputs lie in their buffer (offsets), empty when not packed. */
+  ranges: number[];
   calls: KernelCall[];
 }
 const lastBound = new WeakMap<PlannedCall[], BoundCalls>();
@@ -146,7 +191,7 @@ export function bindStats(): {
   return { ...boundStats };
 }
 
-function sameBuffers(a: GPUBuffer[], b: GPUBuffer[]): boolean {
+function sameList<T>(a: T[], b: T[]): boolean {
   if (a.length !== b.length) return false;
   for (let i = 0; i < a.length; i++) if (a[i] !== b[i]) return false;
   return true;
@@ -184,22 +229,37 @@ export function bindGpuPlan(p: GpuPlan, b: ValidBatch, gpu: GpuContext): BoundGp
   };
   try {
     const table = take(p.table.byteLength, TABLE_USAGE, "plan.table");
-    const io: Record<string, GPUBuffer> = {
-      out: take(p.out_bytes, STORAGE_OUT, "out"),
-      lse: take(p.lse_bytes, STORAGE_OUT, "lse"),
-    };
+    const out = take(p.out_bytes, STORAGE_OUT, "out"), lse = take(p.lse_bytes, STORAGE_OUT, "lse");
+    const io: Record<string, Bound> = { out, lse };
     const uploads: { buffer: GPUBuffer; data: Uint8Array }[] = [];
     if (tableHolds.get(table) === p.table) boundStats.tables_kept++;
     else {
       tableHolds.delete(table);
       uploads.push({ buffer: table, data: p.table });
     }
-    if (p.checks_finite) io.flags = take(FLAGS_BYTES, FLAGS_USAGE, "flags");
-    for (const name of ["query", "key", "value"] as const) {
-      const t = b[name];
-      if (!t) continue;
-      io[name] = take(t.bytes.byteLength, STORAGE_IN, name);
-      uploads.push({ buffer: io[name], data: t.bytes });
+    const flags = p.checks_finite ? take(FLAGS_BYTES, FLAGS_USAGE, "flags") : null;
+    if (flags) io.flags = flags;
+    const packed = packedInputs(
+      b,
+      gpu.limits.minStorageBufferOffsetAlignment ?? 256,
+      gpu.limits.maxBufferSize ?? 2 ** 28,
+    );
+    const ranges: number[] = [];
+    if (packed) {
+      const buffer = take(packed.span.byteLength, STORAGE_IN, "inputs");
+      uploads.push({ buffer, data: packed.span });
+      for (const { name, offset, bytes } of packed.at) {
+        io[name] = { buffer, offset, size: bytes };
+        ranges.push(offset, bytes);
+      }
+    } else {
+      for (const name of INPUTS) {
+        const t = b[name];
+        if (!t) continue;
+        const buffer = take(t.bytes.byteLength, STORAGE_IN, name);
+        io[name] = buffer;
+        uploads.push({ buffer, data: t.bytes });
+      }
     }
     const scratch: Record<string, GPUBuffer> = {};
     for (const [name, bytes] of Object.entries(p.scratch)) {
@@ -216,11 +276,11 @@ export function bindGpuPlan(p: GpuPlan, b: ValidBatch, gpu: GpuContext): BoundGp
       buffers.push(...c.keyBuffers, ...c.valueBuffers);
     }
     const last = lastBound.get(p.calls);
-    const calls = last && sameBuffers(last.buffers, buffers)
+    const calls = last && sameList(last.buffers, buffers) && sameList(last.ranges, ranges)
       ? last.calls
       : bindCalls(p, gpu, cache as GpuKvCache | null, { table, io, scratch, persistent });
     if (calls !== last?.calls) {
-      lastBound.set(p.calls, { buffers, calls });
+      lastBound.set(p.calls, { buffers, ranges, calls });
       boundStats.bound++;
     } else {
       boundStats.reused++;
@@ -228,11 +288,11 @@ export function bindGpuPlan(p: GpuPlan, b: ValidBatch, gpu: GpuContext): BoundGp
     }
     return {
       uploads,
-      clears: io.flags ? [io.flags] : [],
+      clears: flags ? [flags] : [],
       calls,
-      out: io.out,
-      lse: io.lse,
-      flags: io.flags ?? null,
+      out,
+      lse,
+      flags,
       tableWritten: () => tableHolds.set(table, p.table),
       release: () => pool.release(...owned),
     };
