@@ -61,7 +61,7 @@ export async function deviceTime(
     const att = bound.calls.filter((c) => !NOT_ATTENTION.has(c.name));
     const names = [...new Set(att.map((c) => c.name))];
     const calls = [...bound.calls];
-    const warm = await warmUpReps(gpu, bound.uploads, calls, att, reps);
+    const warm = await warmUpReps(gpu, bound, calls, att, reps);
     for (let r = 0; r < warm; r++) calls.push(...att.map((c) => ({ ...c, name: "warm-up" })));
     for (let r = 0; r < reps; r++) {
       for (const c of att) calls.push({ ...c, name: `rep${r}:${c.name}` });
@@ -146,7 +146,7 @@ const MAX_PASSES = 2000;
  */
 async function warmUpReps(
   gpu: GpuContext,
-  uploads: LaunchSpec["uploads"],
+  io: Pick<LaunchSpec, "uploads" | "clears">,
   first: KernelCall[],
   att: KernelCall[],
   reps: number,
@@ -156,7 +156,13 @@ async function warmUpReps(
   for (let k = 0; k < MAX_WARM_UPS; k++) {
     const calls = [...first];
     for (let r = 0; r < n; r++) calls.push(...att.map((c) => ({ ...c, name: `warm${r}` })));
-    const res = await launch(gpu, { label: "bench.warm-up", uploads, calls, reads: [] });
+    const res = await launch(gpu, {
+      label: "bench.warm-up",
+      uploads: io.uploads,
+      clears: io.clears,
+      calls,
+      reads: [],
+    });
     const now = median(Array.from({ length: n }, (_, r) => res.gpu[`warm${r}`] ?? 0));
     const stable = k >= 2 && now >= per * 0.97;
     per = Math.min(per, now);
