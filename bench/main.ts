@@ -21,27 +21,25 @@
  *    software adapters, else the registered WEBGPU_FLASH). Mixed shapes (decode rows and
  *    prefill chunks in one call) run the registered backends only, no swept variants.
  *
- * The parts live beside it: the measurement loop over shapes and backends
+ * The parts live beside it: the flags, the anchor file, the device and the run's sizes
+ * (bench/bench_setup.ts), the measurement loop over shapes and backends
  * (bench/measure_shapes.ts), the keep-warm spins through the run (bench/hold_clock.ts) and the
  * BENCH_PREFILL_CACHES / BENCH_PREFILL_GQA lists (bench/prefill_env.ts).
  * @module
  */
-import { parseArgs } from "node:util";
 import { plotSvg } from "./plot.ts";
 import { measureShapes } from "./measure_shapes.ts";
 import { prefillCachesOf, prefillGroupsOf } from "./prefill_env.ts";
-import { acquireSelected } from "../gpu/device.ts";
-import { describeAdapter, isSoftwareAdapter } from "../gpu/runtime_adapter.ts";
-import { completionRoundTrip, readRoundTrip } from "../gpu/runtime_device.ts";
-import { resolveRuntimeOptions, runtimeEnv } from "../gpu/runtime_options.ts";
+import { describeAdapter } from "../gpu/runtime_adapter.ts";
 import { deviceSummary } from "../gpu/runtime_report.ts";
-import { copyBench } from "./copy.ts";
-import { fmaBench } from "./fma.ts";
+import { copyBench, type CopyResult } from "./copy.ts";
+import { fmaBench, type FmaResult } from "./fma.ts";
 import type { BackendRow } from "./measure.ts";
 import { f, table } from "./report_text.ts";
-import { type Anchor, anchorLegend, loadAnchor } from "./anchor.ts";
+import { anchorLegend } from "./anchor.ts";
 import { decodeVariants, flashVariants, type Variant } from "./variants.ts";
 import { holdClock } from "./hold_clock.ts";
+import { benchArgs, benchDevice, type BenchRun, benchRun, readAnchor } from "./bench_setup.ts";
 
 const USAGE = "deno task bench [--runtime deno|dawn|auto] [--dawn-flags L] [--dawn-flag K=V] " +
   "[--case decode|prefill|mixed|all] [--small|--big] [--iters N] [--reps N] " +
@@ -49,81 +47,16 @@ const USAGE = "deno task bench [--runtime deno|dawn|auto] [--dawn-flags L] [--da
   "[--anchor torch_anchor.json] [--json] [--plot FILE.svg] " +
   "[--no-keep-warm]";
 
-const median = (a: number[]) => [...a].sort((x, y) => x - y)[Math.floor(a.length / 2)];
-
-async function main(): Promise<void> {
-  const { values: a } = parseArgs({
-    args: Deno.args,
-    options: {
-      runtime: { type: "string" },
-      "dawn-flags": { type: "string" },
-      "dawn-flag": { type: "string", multiple: true },
-      iters: { type: "string" },
-      reps: { type: "string" },
-      case: { type: "string", default: "all" },
-      small: { type: "boolean" },
-      big: { type: "boolean" },
-      "flash-tiles": { type: "string" },
-      "decode-tunings": { type: "string" },
-      shapes: { type: "string" },
-      hnd: { type: "boolean", default: false },
-      anchor: { type: "string" },
-      json: { type: "boolean", default: false },
-      plot: { type: "string" },
-      "no-keep-warm": { type: "boolean", default: false },
-      help: { type: "boolean", default: false },
-    },
-  });
-  if (a.help) return console.log(USAGE);
-  if (!["decode", "prefill", "mixed", "all"].includes(a.case!)) {
-    throw new Error(`--case ${a.case}: use decode, prefill, mixed or all`);
-  }
-  // The anchor is read before the device: a wrong path fails at once.
-  const anchorFile = a.anchor ?? (Deno.env.get("BENCH_ANCHOR") || undefined);
-  let anchor: Anchor | null = null;
-  if (anchorFile) {
-    try {
-      anchor = await loadAnchor(anchorFile);
-    } catch (e) {
-      console.error(e instanceof Error ? e.message : e);
-      Deno.exit(2);
-    }
-  }
-  const variants: Variant[] = [
-    ...flashVariants(a["flash-tiles"] ?? Deno.env.get("BENCH_FLASH_TILES")),
-    ...decodeVariants(a["decode-tunings"] ?? Deno.env.get("BENCH_DECODE_TUNINGS")),
-  ];
-  let runtime;
-  try {
-    runtime = resolveRuntimeOptions(
-      { runtime: a.runtime, dawnFlags: a["dawn-flags"], dawnFlag: a["dawn-flag"] },
-      runtimeEnv(),
-      "--runtime",
-    );
-  } catch (e) {
-    console.error(e instanceof Error ? e.message : e);
-    Deno.exit(2);
-  }
-  const { manager: mgr, ctx: gpu } = await acquireSelected(runtime);
-  if (!gpu) {
-    console.error(`no WebGPU device on runtime ${mgr.runtime.name}: ${mgr.report().reason}`);
-    Deno.exit(2);
-  }
-  const roundTrip = median((await completionRoundTrip(gpu.device, 50)).ms);
-  const readTrip = median(await readRoundTrip(gpu.device, 50));
-  const info = gpu.adapter_info;
-  const software = isSoftwareAdapter(info);
-  const small = a.big ? false : a.small ?? software;
-  const iters = a.iters ? Number(a.iters) : small ? 2 : 3;
-  const reps = a.reps ? Number(a.reps) : small ? 3 : 10;
-  const log = (s: string) => a.json ? undefined : console.log(s);
-  log(`runtime: ${deviceSummary(mgr.report())}`);
+/** The runtime, round trips, adapter, features, limits and sizes. */
+function logDevice(r: BenchRun): void {
+  const { gpu, log, roundTrip, readTrip } = r;
+  log(`runtime: ${deviceSummary(r.mgr.report())}`);
   log(`completion round trip (empty submit + 16 B mapAsync): median ${f(roundTrip)} ms`);
   log(
     `read-back round trip (16 B copy + read, as forward calls read back): median ${f(readTrip)} ms`,
   );
   log(
-    `adapter: ${describeAdapter(info)}, DENO_WEBGPU_BACKEND=${
+    `adapter: ${describeAdapter(r.info)}, DENO_WEBGPU_BACKEND=${
       Deno.env.get("DENO_WEBGPU_BACKEND") ?? "(default)"
     }`,
   );
@@ -131,9 +64,19 @@ async function main(): Promise<void> {
   log(
     `maxStorageBufferBindingSize ${gpu.limits.maxStorageBufferBindingSize}, ` +
       `maxComputeWorkgroupStorageSize ${gpu.limits.maxComputeWorkgroupStorageSize}; shapes: ${
-        small ? "small" : "big"
-      }, e2e iters ${iters}, device reps ${reps}`,
+        r.small ? "small" : "big"
+      }, e2e iters ${r.iters}, device reps ${r.reps}`,
   );
+}
+
+/** The same-run yardsticks. */
+interface Yardsticks {
+  copy: CopyResult;
+  fma: FmaResult;
+}
+
+/** The copy (GB/s) and FMA (TFLOP/s) yardsticks, each logged. */
+async function yardsticks({ gpu, small, log }: BenchRun): Promise<Yardsticks> {
   const copy = await copyBench(gpu, 2 ** 31, small ? 20 : 100, small ? 4 : 20);
   log(
     `copy ${(copy.bytes / 2 ** 20).toFixed(0)} MiB: ${f(copy.gbps)} GB/s (read+write, best batch)`,
@@ -143,9 +86,13 @@ async function main(): Promise<void> {
     `fma: ${f(fma.tflops)} TFLOP/s f32 (${fma.workgroups} x ${fma.wg} invocations, ${fma.iters} ` +
       `iterations, ${fma.reps} dispatches, ${fma.timed_by})`,
   );
+  return { copy, fma };
+}
 
-  const warm = await holdClock(mgr, !a["no-keep-warm"] && !software, log);
-  let rows: BackendRow[];
+/** Every shape's rows (bench/measure_shapes.ts), the clock held warm meanwhile. */
+async function measureRows(r: BenchRun, y: Yardsticks, variants: Variant[]): Promise<BackendRow[]> {
+  const { a, gpu, small, iters, reps } = r;
+  const warm = await holdClock(r.mgr, !a["no-keep-warm"] && !r.software, r.log);
   try {
     const only = a.shapes ?? Deno.env.get("BENCH_SHAPES");
     const o = {
@@ -153,81 +100,116 @@ async function main(): Promise<void> {
       small,
       iters,
       reps,
-      copyGbps: copy.gbps,
-      fmaTflops: fma.tflops,
+      copyGbps: y.copy.gbps,
+      fmaTflops: y.fma.tflops,
       only: only ? new RegExp(only) : null,
       hnd: a.hnd || Deno.env.get("BENCH_HND") === "1",
       prefillCaches: prefillCachesOf(Deno.env.get("BENCH_PREFILL_CACHES") ?? ""),
       prefillGroups: prefillGroupsOf(Deno.env.get("BENCH_PREFILL_GQA") ?? ""),
-      anchor,
+      anchor: r.anchor,
     };
-    rows = await measureShapes(o, variants, a.case!, log);
+    return await measureShapes(o, variants, a.case!, r.log);
   } finally {
     await warm?.close();
   }
-  if (a.plot) {
-    const r = mgr.report();
-    await Deno.writeTextFile(
-      a.plot,
-      plotSvg(rows, {
-        adapter: info.description || info.device || info.vendor,
-        runtime: r.runtime,
-        copyGbps: copy.gbps,
-        fmaTflops: fma.tflops,
-      }),
-    );
-    log(`plot: ${a.plot}`);
-  }
-  if (a.json) {
-    const r = mgr.report();
-    console.log(JSON.stringify(
-      {
-        runtime: r.runtime,
-        runtime_version: r.runtime_version,
-        runtime_flags: r.runtime_flags,
-        backend_api: r.backend_api,
-        round_trip_ms: roundTrip,
-        read_round_trip_ms: readTrip,
-        adapter: info,
-        features: [...gpu.features],
-        small,
-        iters,
-        reps,
-        copy,
-        fma,
-        ...(anchor
-          ? {
-            anchor: {
-              file: anchorFile,
-              device: anchor.device,
-              torch: anchor.torch,
-              x_sdpa: "SDPA ms / device ms (above 1: ours faster)",
-              x_sdpa_stream: "SDPA ms / the repetitions' one-pass ms (SDPA's own way of timing)",
-              entries: anchor.entries,
-            },
-          }
-          : {}),
-        rows,
-      },
-      null,
-      2,
-    ));
-    return;
-  }
+}
+
+/** `--plot FILE.svg`. */
+async function writePlot(
+  file: string,
+  r: BenchRun,
+  y: Yardsticks,
+  rows: BackendRow[],
+): Promise<void> {
+  const report = r.mgr.report();
+  await Deno.writeTextFile(
+    file,
+    plotSvg(rows, {
+      adapter: r.info.description || r.info.device || r.info.vendor,
+      runtime: report.runtime,
+      copyGbps: y.copy.gbps,
+      fmaTflops: y.fma.tflops,
+    }),
+  );
+  r.log(`plot: ${file}`);
+}
+
+/** `--json`: the run as one JSON document on stdout. */
+function printJson(r: BenchRun, { copy, fma }: Yardsticks, rows: BackendRow[]): void {
+  const report = r.mgr.report();
+  const anchor = r.anchor;
+  console.log(JSON.stringify(
+    {
+      runtime: report.runtime,
+      runtime_version: report.runtime_version,
+      runtime_flags: report.runtime_flags,
+      backend_api: report.backend_api,
+      round_trip_ms: r.roundTrip,
+      read_round_trip_ms: r.readTrip,
+      adapter: r.info,
+      features: [...r.gpu.features],
+      small: r.small,
+      iters: r.iters,
+      reps: r.reps,
+      copy,
+      fma,
+      ...(anchor
+        ? {
+          anchor: {
+            file: r.anchorFile,
+            device: anchor.device,
+            torch: anchor.torch,
+            x_sdpa: "SDPA ms / device ms (above 1: ours faster)",
+            x_sdpa_stream: "SDPA ms / the repetitions' one-pass ms (SDPA's own way of timing)",
+            entries: anchor.entries,
+          },
+        }
+        : {}),
+      rows,
+    },
+    null,
+    2,
+  ));
+}
+
+/** The legends and the table of every row. */
+function printTable(r: BenchRun, { copy, fma }: Yardsticks, rows: BackendRow[]): void {
   console.log(
     `\ncopy ${f(copy.gbps)} GB/s, FMA ceiling ${f(fma.tflops)} TFLOP/s (same run); device ms = ` +
-      `attention kernels per call (median of ${reps} in one submit); xFMA = TFLOP/s / FMA; ` +
+      `attention kernels per call (median of ${r.reps} in one submit); xFMA = TFLOP/s / FMA; ` +
       `xcopy = KV GB/s / copy GB/s`,
   );
-  if (rows.some((r) => r.device_parts !== undefined)) {
+  if (rows.some((row) => row.device_parts !== undefined)) {
     console.log(
       "mixed rows: decode + prefill ms = the device ms of the decode rows' passes + the " +
         "prefill rows' passes (together: the same passes ran both); KV GB/s is the decode " +
         "part's, TFLOP/s the prefill part's",
     );
   }
-  if (anchor) console.log(anchorLegend(anchor, anchorFile!));
-  for (const l of table(rows, { sdpa: anchor !== null })) console.log(l);
+  if (r.anchor) console.log(anchorLegend(r.anchor, r.anchorFile!));
+  for (const l of table(rows, { sdpa: r.anchor !== null })) console.log(l);
+}
+
+async function main(): Promise<void> {
+  const a = benchArgs(Deno.args);
+  if (a.help) return console.log(USAGE);
+  if (!["decode", "prefill", "mixed", "all"].includes(a.case!)) {
+    throw new Error(`--case ${a.case}: use decode, prefill, mixed or all`);
+  }
+  // The anchor is read before the device: a wrong path fails at once.
+  const anchorFile = a.anchor ?? (Deno.env.get("BENCH_ANCHOR") || undefined);
+  const anchor = await readAnchor(anchorFile);
+  const variants: Variant[] = [
+    ...flashVariants(a["flash-tiles"] ?? Deno.env.get("BENCH_FLASH_TILES")),
+    ...decodeVariants(a["decode-tunings"] ?? Deno.env.get("BENCH_DECODE_TUNINGS")),
+  ];
+  const run = await benchRun(a, await benchDevice(a), anchor, anchorFile);
+  logDevice(run);
+  const y = await yardsticks(run);
+  const rows = await measureRows(run, y, variants);
+  if (a.plot) await writePlot(a.plot, run, y, rows);
+  if (a.json) return printJson(run, y, rows);
+  printTable(run, y, rows);
 }
 
 if (import.meta.main) await main();

@@ -2,10 +2,9 @@
  * The serve command line: `deno task serve [options]` parsed with the environment's defaults
  * (`ATTN_*` variables) into {@link ServeOptions}; `--help`'s text. Used by main.ts only (and
  * its tests). Single options are checked by serve_flag_values.ts, serve_thread_options.ts and
- * serve_keep_warm_options.ts; how they combine, here.
+ * serve_keep_warm_options.ts, the flags' table is serve_flags.ts; how they combine, here.
  * @module
  */
-import { parseArgs } from "node:util";
 import { resolveRuntimeOptions, runtimeEnv, type RuntimeOptions } from "../gpu/runtime_options.ts";
 import { type CallLimits, DEFAULT_CALL_LIMITS } from "../service/validate.ts";
 import {
@@ -36,6 +35,7 @@ import {
   threadsOption,
 } from "./serve_thread_options.ts";
 import { keepWarmOptions } from "./serve_keep_warm_options.ts";
+import { type ServeFlags, serveFlagValues } from "./serve_flags.ts";
 export type { HttpEngine };
 
 /**
@@ -86,52 +86,15 @@ export interface ServeOptions {
   help: boolean;
 }
 
-/**
- * Parses the command line; `env` supplies ATTN_WEBGPU_RUNTIME / ATTN_DAWN_FLAGS.
- * @throws Error with a usage message on bad flags.
- */
-export function parseServeArgs(
-  args: string[],
-  env: Record<string, string | undefined> = {},
-): ServeOptions {
-  const { values } = parseArgs({
-    args,
-    options: {
-      port: { type: "string" },
-      host: { type: "string" },
-      "max-body-bytes": { type: "string" },
-      "max-json-body-bytes": { type: "string" },
-      "memory-budget-bytes": { type: "string" },
-      "max-tokens-per-call": { type: "string" },
-      "max-attended-keys": { type: "string" },
-      "max-attention-flops": { type: "string" },
-      "token-file": { type: "string" },
-      "allow-unauthenticated": { type: "boolean" },
-      "allowed-host": { type: "string", multiple: true },
-      "shutdown-deadline-ms": { type: "string" },
-      "body-timeout-ms": { type: "string" },
-      "no-gpu": { type: "boolean" },
-      "instance-name": { type: "string" },
-      "http-workers": { type: "string" },
-      "http-engine": { type: "string" },
-      "device-threads": { type: "string" },
-      "device-threads-http": { type: "boolean" },
-      "keep-warm-ms": { type: "string" },
-      "keep-warm-spin-iters": { type: "string" },
-      "keep-warm-workgroups": { type: "string" },
-      "keep-warm-depth": { type: "string" },
-      "keep-warm-mode": { type: "string" },
-      "keep-warm-period-ms": { type: "string" },
-      "webgpu-runtime": { type: "string" },
-      "dawn-flags": { type: "string" },
-      "dawn-flag": { type: "string", multiple: true },
-      help: { type: "boolean", short: "h" },
-    },
-    strict: true,
-    allowPositionals: false,
-  });
-  const port = intFlag("port", values.port, 8000, 0);
+/** `--port`: 0 (any free port) to 65535. */
+function portOption(v: string | undefined): number {
+  const port = intFlag("port", v, 8000, 0);
   if (port > 65535) throw new Error(`--port must be <= 65535, got ${port}`);
+  return port;
+}
+
+/** `--max-json-body-bytes` (at most the ceiling) and `--max-body-bytes` (not below it). */
+function bodyByteOptions(values: ServeFlags): { maxJson: number; maxBody: number } {
   const maxJson = intFlag(
     "max-json-body-bytes",
     values["max-json-body-bytes"],
@@ -156,14 +119,25 @@ export function parseServeArgs(
         "body (JSON too): lower --max-json-body-bytes or raise --max-body-bytes",
     );
   }
-  const tokenFile = values["token-file"];
-  const instanceName = values["instance-name"];
+  return { maxJson, maxBody };
+}
+
+/** `--instance-name`, when given: wire/names.ts INSTANCE_NAME_PATTERN. */
+function instanceNameOption(instanceName: string | undefined): string | undefined {
   if (instanceName !== undefined && !INSTANCE_NAME_PATTERN.test(instanceName)) {
     throw new Error(
       `--instance-name must be 1-64 characters of A-Z a-z 0-9 . _ - starting with a letter or ` +
         `digit, got ${JSON.stringify(instanceName)}`,
     );
   }
+  return instanceName;
+}
+
+/** `--http-workers` and `--device-threads` (each over its variable), which exclude each other. */
+function threadCounts(
+  values: ServeFlags,
+  env: Record<string, string | undefined>,
+): { httpWorkers: number; deviceThreads: number } {
   const httpWorkers = threadsOption(
     "--http-workers",
     HTTP_WORKERS_ENV,
@@ -185,6 +159,18 @@ export function parseServeArgs(
       ? new EnvValueError(dt, String(deviceThreads), msg)
       : new Error(msg);
   }
+  return { httpWorkers, deviceThreads };
+}
+
+/**
+ * `--device-threads-http` and `--http-engine` (each over its variable): serving on the device
+ * threads takes the `deno` engine and at least one device thread.
+ */
+function httpServing(
+  values: ServeFlags,
+  env: Record<string, string | undefined>,
+  deviceThreads: number,
+): { deviceThreadsHttp: boolean; httpEngine: HttpEngine } {
   const deviceThreadsHttp = deviceThreadsHttpOption(
     values["device-threads-http"],
     env[DEVICE_THREADS_HTTP_ENV],
@@ -209,6 +195,49 @@ export function parseServeArgs(
       ? new EnvValueError(DEVICE_THREADS_HTTP_ENV, "1", msg)
       : new Error(msg);
   }
+  return { deviceThreadsHttp, httpEngine };
+}
+
+/** `--max-tokens-per-call`, `--max-attended-keys` and `--max-attention-flops`. */
+function callLimitsOption(values: ServeFlags): CallLimits {
+  return {
+    max_tokens: intFlag(
+      "max-tokens-per-call",
+      values["max-tokens-per-call"],
+      DEFAULT_CALL_LIMITS.max_tokens,
+      1,
+    ),
+    max_attended_keys: intFlag(
+      "max-attended-keys",
+      values["max-attended-keys"],
+      DEFAULT_CALL_LIMITS.max_attended_keys,
+      1,
+    ),
+    max_attention_flops: intFlag(
+      "max-attention-flops",
+      values["max-attention-flops"],
+      DEFAULT_CALL_LIMITS.max_attention_flops,
+      1,
+    ),
+  };
+}
+
+/**
+ * Parses the command line; `env` supplies ATTN_WEBGPU_RUNTIME / ATTN_DAWN_FLAGS.
+ * @throws Error with a usage message on bad flags.
+ */
+export function parseServeArgs(
+  args: string[],
+  env: Record<string, string | undefined> = {},
+): ServeOptions {
+  const values = serveFlagValues(args);
+  // The checks run in this order (the first bad flag names the error), the object's below too.
+  const port = portOption(values.port);
+  const { maxJson, maxBody } = bodyByteOptions(values);
+  const tokenFile = values["token-file"];
+  const instanceName = instanceNameOption(values["instance-name"]);
+  const { httpWorkers, deviceThreads } = threadCounts(values, env);
+  const { deviceThreadsHttp, httpEngine } = httpServing(values, env, deviceThreads);
   return {
     port,
     host: values.host ?? "127.0.0.1",
@@ -220,26 +249,7 @@ export function parseServeArgs(
       DEFAULT_MEMORY_BUDGET_BYTES,
       0,
     ),
-    limits: {
-      max_tokens: intFlag(
-        "max-tokens-per-call",
-        values["max-tokens-per-call"],
-        DEFAULT_CALL_LIMITS.max_tokens,
-        1,
-      ),
-      max_attended_keys: intFlag(
-        "max-attended-keys",
-        values["max-attended-keys"],
-        DEFAULT_CALL_LIMITS.max_attended_keys,
-        1,
-      ),
-      max_attention_flops: intFlag(
-        "max-attention-flops",
-        values["max-attention-flops"],
-        DEFAULT_CALL_LIMITS.max_attention_flops,
-        1,
-      ),
-    },
+    limits: callLimitsOption(values),
     ...(tokenFile !== undefined ? { tokenFile } : {}),
     allowUnauthenticated: values["allow-unauthenticated"] ?? false,
     allowedHosts: allowedHostsOption(values["allowed-host"]),
