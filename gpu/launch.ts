@@ -39,6 +39,97 @@ function checkSignal(signal?: AbortSignal): void {
   if (signal?.aborted) throw new ClientClosedError("the client went away before the call ran");
 }
 
+/** Where each read part and the timestamps lie in the read-back buffer, and its bytes. */
+interface ReadbackLayout {
+  offsets: number[];
+  stampAt: number;
+  /** Bytes the parts and timestamps fill. */
+  total: number;
+  /** The read-back buffer's bytes, all mapped. */
+  mapped: number;
+}
+
+function readbackLayout(reads: LaunchSpec["reads"], stampPasses: number): ReadbackLayout {
+  const offsets: number[] = [];
+  let total = 0;
+  for (const r of reads) {
+    offsets.push(total);
+    total += Math.ceil(r.bytes / 16) * 16;
+  }
+  const stampAt = total;
+  total += 16 * stampPasses;
+  return { offsets, stampAt, total, mapped: Math.max(16, total) };
+}
+
+/** The pooled buffers of one launch: read-back, and the query set and resolve buffer if timed. */
+interface LaunchBuffers {
+  readback: GPUBuffer;
+  qs: GPUQuerySet | null;
+  resolve: GPUBuffer | null;
+}
+
+/** The pooled buffers of a launch reading back `mapped` bytes, timed in `timedPasses` passes. */
+function launchBuffers(
+  pool: ReturnType<typeof poolOf>,
+  label: string,
+  mapped: number,
+  timedPasses: number,
+): LaunchBuffers {
+  const timed = timedPasses > 0;
+  return {
+    qs: timed ? pool.acquireQuerySet(2 * timedPasses) : null,
+    readback: pool.acquire(
+      mapped,
+      GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
+      `${label}.readback`,
+    ),
+    resolve: timed
+      ? pool.acquire(
+        16 * timedPasses,
+        GPUBufferUsage.QUERY_RESOLVE | GPUBufferUsage.COPY_SRC,
+        `${label}.stamps`,
+      )
+      : null,
+  };
+}
+
+/**
+ * Records the launch into one command encoder and submits it (inside the caller's error
+ * scope): staged copies, clears, calls, the copies into the read-back buffer, the timestamps.
+ * Returns when the uploads were written and when recording ended.
+ */
+function encodeAndSubmit(
+  dev: GPUDevice,
+  spec: LaunchSpec,
+  staged: (u: LaunchSpec["uploads"][number]) => boolean,
+  froms: GPUBuffer[],
+  passes: number,
+  b: LaunchBuffers,
+  at: ReadbackLayout,
+): { tUp: number; tRec: number } {
+  const copies = writeUploads(dev, spec.uploads, staged, froms);
+  const tUp = performance.now();
+  const enc = dev.createCommandEncoder({ label: spec.label });
+  for (const c of copies) enc.copyBufferToBuffer(c.from, 0, c.to, c.offset, c.bytes);
+  if (spec.clears) { for (const buf of spec.clears) enc.clearBuffer(buf); }
+  recordCalls(enc, spec.calls, passes, b.qs, bindGroupsOf(dev), spec.label);
+  spec.reads.forEach((r, i) => {
+    const n = Math.ceil(r.bytes / 4) * 4;
+    if (n > 0) enc.copyBufferToBuffer(r.buffer, r.offset ?? 0, b.readback, at.offsets[i], n);
+  });
+  if (b.qs && b.resolve) {
+    enc.resolveQuerySet(b.qs, 0, 2 * passes, b.resolve, 0);
+    enc.copyBufferToBuffer(b.resolve, 0, b.readback, at.stampAt, 16 * passes);
+  }
+  const cmd = enc.finish();
+  checkSignal(spec.signal);
+  const tRec = performance.now();
+  trace(`launch ${spec.label}: submit`);
+  dev.queue.submit([cmd]);
+  spec.onSubmitted?.();
+  return { tUp, tRec };
+}
+
 /** Runs one launch (see the module doc). */
 export async function launch(ctx: GpuContext, spec: LaunchSpec): Promise<LaunchResult> {
   const t0 = performance.now();
@@ -60,67 +151,29 @@ export async function launch(ctx: GpuContext, spec: LaunchSpec): Promise<LaunchR
   const passes = spec.timing === "total" || spec.timing === "none"
     ? Math.min(1, spec.calls.length)
     : spec.calls.length;
-  const qs = timed ? pool.acquireQuerySet(2 * passes) : null;
-  const offsets: number[] = [];
-  let total = 0;
-  for (const r of spec.reads) {
-    offsets.push(total);
-    total += Math.ceil(r.bytes / 16) * 16;
-  }
-  const stampAt = total;
-  if (qs) total += 16 * passes;
-  const mapped = Math.max(16, total); // the read-back buffer's bytes, all mapped
-  const readback = pool.acquire(
-    mapped,
-    GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
-    `${spec.label}.readback`,
-  );
-  const resolve = qs
-    ? pool.acquire(
-      16 * passes,
-      GPUBufferUsage.QUERY_RESOLVE | GPUBufferUsage.COPY_SRC,
-      `${spec.label}.stamps`,
-    )
-    : null;
+  const at = readbackLayout(spec.reads, timed ? passes : 0);
+  const b = launchBuffers(pool, spec.label, at.mapped, timed ? passes : 0);
   // Earlier calls' deferred reads first (outside this call's error scope): they need not wait
   // for this one's kernels (gpu/map_read.ts mapReadRangeDeferred).
   mapDeferredReads(dev);
   let lent = false;
   try {
     // The scope is popped right after the submit, before any await (gpu/error_scopes.ts).
-    const { value: { tUp, tRec }, errors } = inErrorScopes(dev, ["validation"], () => {
-      const staged = writeUploads(dev, spec.uploads, big, froms);
-      const tUp = performance.now();
-      const enc = dev.createCommandEncoder({ label: spec.label });
-      if (spec.clears) { for (const b of spec.clears) enc.clearBuffer(b); }
-      for (const c of staged) enc.copyBufferToBuffer(c.from, 0, c.to, c.offset, c.bytes);
-      recordCalls(enc, spec.calls, passes, qs, bindGroupsOf(dev), spec.label);
-      spec.reads.forEach((r, i) => {
-        const n = Math.ceil(r.bytes / 4) * 4;
-        if (n > 0) enc.copyBufferToBuffer(r.buffer, r.offset ?? 0, readback, offsets[i], n);
-      });
-      if (qs && resolve) {
-        enc.resolveQuerySet(qs, 0, 2 * passes, resolve, 0);
-        enc.copyBufferToBuffer(resolve, 0, readback, stampAt, 16 * passes);
-      }
-      const cmd = enc.finish();
-      checkSignal(spec.signal);
-      const tRec = performance.now();
-      trace(`launch ${spec.label}: submit`);
-      dev.queue.submit([cmd]);
-      spec.onSubmitted?.();
-      return { tUp, tRec };
-    });
+    const { value: { tUp, tRec }, errors } = inErrorScopes(
+      dev,
+      ["validation"],
+      () => encodeAndSubmit(dev, spec, big, froms, passes, b, at),
+    );
     const t1 = performance.now();
     trace(`launch ${spec.label}: submitted`);
     wakeDawnPoll(); // a short wait: Dawn's poll unpaced again (gpu/dawn_tick_pace.ts)
     const [[error], range] = await Promise.all([
       errors,
-      mapReadRangeDeferred(dev, readback, 0, mapped),
+      mapReadRangeDeferred(dev, b.readback, 0, at.mapped),
     ]);
     trace(`launch ${spec.label}: read back`);
     if (error) {
-      readback.unmap();
+      b.readback.unmap();
       throw new ServiceError(`the GPU rejected the ${spec.label} call: ${error.message}`, {
         status: 500,
         code: "gpu_validation_error",
@@ -128,29 +181,14 @@ export async function launch(ctx: GpuContext, spec: LaunchSpec): Promise<LaunchR
       });
     }
     const tMap = performance.now();
-    const { mem, release, lent: kept } = readbackMemory(
-      dev,
-      pool,
-      readback,
-      range,
-      total,
-      spec.lend === true,
-    );
-    lent = kept;
-    if (!kept) readback.unmap();
-    let parts: Uint8Array<ArrayBuffer>[], gpu: Record<string, number>;
-    try {
-      parts = spec.reads.map((r, i) => new Uint8Array(mem, offsets[i], r.bytes));
-      gpu = qs ? deviceTimes(new BigUint64Array(mem, stampAt, 2 * passes), spec.calls, passes) : {};
-    } catch (e) {
-      release(); // nobody will: a lent buffer would wait for the collector
-      throw e;
-    }
-    if (parts.length === 0) release(); // only the timestamps were read
+    const kept = readbackMemory(dev, pool, b.readback, range, at.total, spec.lend === true);
+    lent = kept.lent;
+    if (!lent) b.readback.unmap();
+    const { parts, gpu } = resultParts(kept, spec, passes, b.qs !== null, at);
     const t2 = performance.now();
     return {
       parts,
-      release,
+      release: kept.release,
       gpu,
       host: {
         encode: t1 - t0,
@@ -164,8 +202,30 @@ export async function launch(ctx: GpuContext, spec: LaunchSpec): Promise<LaunchR
     };
   } finally {
     for (const from of froms) staging!.recycle(from);
-    if (!lent) pool.release(readback); // a lent one goes back at the result's release
-    if (resolve) pool.release(resolve);
-    if (qs) pool.releaseQuerySet(qs);
+    if (!lent) pool.release(b.readback); // a lent one goes back at the result's release
+    if (b.resolve) pool.release(b.resolve);
+    if (b.qs) pool.releaseQuerySet(b.qs);
   }
+}
+
+/** The read parts as views of the kept memory, and the device times from its timestamps. */
+function resultParts(
+  kept: { mem: ArrayBuffer; release: () => void },
+  spec: LaunchSpec,
+  passes: number,
+  timed: boolean,
+  at: ReadbackLayout,
+): { parts: Uint8Array<ArrayBuffer>[]; gpu: Record<string, number> } {
+  let parts: Uint8Array<ArrayBuffer>[], gpu: Record<string, number>;
+  try {
+    parts = spec.reads.map((r, i) => new Uint8Array(kept.mem, at.offsets[i], r.bytes));
+    gpu = timed
+      ? deviceTimes(new BigUint64Array(kept.mem, at.stampAt, 2 * passes), spec.calls, passes)
+      : {};
+  } catch (e) {
+    kept.release(); // nobody will: a lent buffer would wait for the collector
+    throw e;
+  }
+  if (parts.length === 0) kept.release(); // only the timestamps were read
+  return { parts, gpu };
 }
