@@ -3,7 +3,7 @@
 # the HTTP bench, the PyTorch anchor. Logs under $OUT; each part's tail is printed.
 # Usage there: bash bench/gpu_machine.sh
 #   [tests|dawn-tests|both-tests|compile-probe|mma|mma-fast|mma-bench|mma-ceiling|mma-strides|residency|bench|
-#    bench-deno|http|http-ab|gap-ab|http-warm|http-prof|stub-ab|threads|exit-probe|anchor|clock-probe|group-probe|all]...
+#    bench-deno|http|http-ab|gap-ab|http-warm|http-prof|stub-ab|host-costs|threads|exit-probe|anchor|clock-probe|group-probe|all]...
 # mma: the tensor-core kernel's tests; mma-fast: those of its fast softmax, direct loads, matrix-move
 # staging, split S chains, per-subgroup rescale, late next-tile stores, D split over subgroups and
 # the pipelined key loop and its staggered subgroups;
@@ -45,6 +45,8 @@
 # ($OUT/http-prof-summary.txt); HTTP_TIMEOUT.
 # stub-ab: bench/http_overhead.ts's stub behind the http1 engine, sequential, once per STUB_AB
 # entry (the stub's busy wait per call, ms; default "0 0.7 0 0.7"); STUB_CALLS, STUB_TIMEOUT 60.
+# host-costs: bench/webgpu_host_costs.ts on Dawn, what the WebGPU calls of a decode-like launch
+# cost the host (HOST_COSTS_CALLS, default 400; HOST_COSTS_TIMEOUT 90).
 # threads: bench/device_threads_probe.ts, several threads of one process each with its own device
 # (Dawn, then Deno's runtime; THREADS_ARGS, default "--threads 1,2,4,8 --seconds 3"), each in its
 # own step (an abort of Dawn in several isolates ends only that step); THREADS_TIMEOUT 60.
@@ -328,6 +330,11 @@ for w in $what; do
         TAIL=3 run "stub-ab-$d" "${STUB_TIMEOUT:-60}" deno run -A bench/http_overhead.ts --no-codec \
           --http-engine http1 --calls "${STUB_CALLS:-3000}" --clients 0 --stub-delay-ms "$d"
       done ;;&
+    host-costs)
+      # What the WebGPU API costs the host per decode-like call on Dawn (bench/webgpu_host_costs.ts:
+      # writeBuffer patterns, dispatches, clearBuffer, error scope; NOTES v0.38), HOST_COSTS_CALLS.
+      TAIL=14 run host-costs "${HOST_COSTS_TIMEOUT:-90}" deno run -A bench/webgpu_host_costs.ts \
+        --runtime dawn --calls "${HOST_COSTS_CALLS:-400}" ;;&
     threads)
       for rt in dawn deno; do
         # shellcheck disable=SC2086
