@@ -8,6 +8,8 @@
  * block-table / slope / row / sink table to the plan table. A query token at position p sees keys
  * [max(0, p - w + 1), p + 1) under a causal mask (window w), so each token is its own decode
  * row: a request of query length n > 1 is n rows.
+ * What it adds to a plan (backends/decode_rows_plan.ts) and the partials' sizes
+ * (backends/decode_partials.ts) live in their own modules, re-exported here.
  * @module
  */
 import type { BatchShape, GpuContext } from "../core/types.ts";
@@ -24,49 +26,14 @@ import { sliceLength } from "./decode_split_policy.ts";
 import { decodeRowRanges, longestFirst, severalRows, tokenGroups } from "./decode_rows.ts";
 import { RESIDENCY_BUFFER, RESIDENCY_INFO } from "../gpu/decode_residency.ts";
 import type { DecodeTuning } from "./webgpu_decode_tuning.ts";
+import { FUSED_PART_BYTES, partialBytes, partialLimit } from "./decode_partials.ts";
+import type { DecodeRowsPlan } from "./decode_rows_plan.ts";
 
-/** What {@link planDecodeRows} adds to a plan. */
-export interface DecodeRowsPlan {
-  calls: PlannedCall[];
-  /** Bytes of the partials scratch buffer. */
-  part_bytes: number;
-  /** Query tokens handled (rows) and work items (slices). */
-  rows: number;
-  items: number;
-  split_keys: number;
-  /** Rows cut into several slices (the rest write their output from the split pass when
-   * `epilogue` > 0). */
-  split_rows: number;
-  /** How the split kernel ends (gpu/decode_kernels.ts `epi`) and its staged block-table
-   * entries (0: none). */
-  epilogue: number;
-  table_entries: number;
-  /** vec4<u32>s of the staged K + V tile (`stage_kv`; 0: plain loads). */
-  staged_kv: number;
-  /** Plan-info counts of the launch geometry: split and reduce workgroups, key-group steps of
-   * a full slice, waves of `wave_workgroups` the split grid makes (x 1000), and 1 under
-   * `probe_residency` (RESIDENCY_INFO). */
-  geometry: Record<string, number>;
-  key: string;
-}
-
-/** Most bytes of partials the fused reduce keeps in its device-owned buffer (beyond: epi 1). */
-export const FUSED_PART_BYTES = 64 * 2 ** 20;
+export { FUSED_PART_BYTES, partialBytes, partialLimit } from "./decode_partials.ts";
+export type { DecodeRowsPlan } from "./decode_rows_plan.ts";
 
 /** The item / row field of a row cut into one slice that writes its output itself. */
 const NONE = 0xffffffff;
-
-/** Bytes of the split pass's partial results: acc[D] and (m, l, 0, 0) per item and head. */
-export const partialBytes = (items: number, heads: number, headSize: number): number =>
-  items * heads * (headSize + 4) * 4;
-
-/** The most bytes one partial-results buffer may have on `ctx` (one binding, one buffer). */
-export function partialLimit(ctx: GpuContext): number {
-  return Math.min(
-    ctx.limits.maxStorageBufferBindingSize ?? 2 ** 27,
-    ctx.limits.maxBufferSize ?? 2 ** 28,
-  );
-}
 
 /**
  * Plans the decode rows of `s`: every query token of the requests `reqs` selects. The cache

@@ -13,64 +13,17 @@
  * Element access goes through typed views made once over the buffers, so a row read or write
  * costs no allocation; a row outside the cache is a RangeError (checked once per row, not per
  * element). Writes round to the storage dtype with core/dtype.ts (nearest even; fp8 saturates).
+ * The per-dtype codecs that read and write elements are backends/cpu/element_codec.ts.
  * @module
  */
-import {
-  bytesPerElement,
-  f32ToBf16Bits,
-  f32ToFp8E4m3,
-  f32ToFp8E5m2,
-  FP8_E4M3_TABLE,
-  FP8_E5M2_TABLE,
-  resolveStorage,
-} from "../../core/dtype.ts";
+import { bytesPerElement, resolveStorage } from "../../core/dtype.ts";
 import { cacheDestroyed, invalidBatch, ServiceError } from "../../core/errors.ts";
 import { checkCacheSpec } from "../../core/cache_spec.ts";
 import type { KvCache, KvCacheSpec, StorageDType } from "../../core/types.ts";
+import { codecFor, type ElementCodec } from "./element_codec.ts";
 
 /** Which half of the cache. */
 export type KvWhich = "key" | "value";
-
-/** Reads element i of a buffer as its real value; writes element i from a value (rounded). */
-interface ElementCodec {
-  get(i: number): number;
-  set(i: number, x: number): void;
-}
-
-function codecFor(d: StorageDType, bytes: Uint8Array): ElementCodec {
-  const buf = bytes.buffer, n = bytes.byteLength / bytesPerElement(d);
-  switch (d) {
-    case "float32": {
-      const a = new Float32Array(buf, bytes.byteOffset, n);
-      return { get: (i) => a[i], set: (i, x) => void (a[i] = x) };
-    }
-    case "float16": {
-      const a = new Float16Array(buf, bytes.byteOffset, n);
-      return { get: (i) => a[i], set: (i, x) => void (a[i] = x) };
-    }
-    case "bfloat16": {
-      const a = new Uint16Array(buf, bytes.byteOffset, n);
-      const w = new Float32Array(1), wb = new Uint32Array(w.buffer);
-      return {
-        get: (i) => {
-          wb[0] = a[i] << 16;
-          return w[0];
-        },
-        set: (i, x) => void (a[i] = f32ToBf16Bits(x)),
-      };
-    }
-    case "fp8_e4m3":
-      return {
-        get: (i) => FP8_E4M3_TABLE[bytes[i]],
-        set: (i, x) => void (bytes[i] = f32ToFp8E4m3(x)),
-      };
-    case "fp8_e5m2":
-      return {
-        get: (i) => FP8_E5M2_TABLE[bytes[i]],
-        set: (i, x) => void (bytes[i] = f32ToFp8E5m2(x)),
-      };
-  }
-}
 
 /** What a worker needs to open a {@link HostKvCache}'s memory: its spec and shared buffers. */
 export interface HostCacheHandle {
