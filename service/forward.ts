@@ -7,15 +7,24 @@
  */
 import { ClientClosedError } from "../core/errors.ts";
 import { checkQueueTimeoutMs, queueSinceOf, StartGate } from "../core/queue_timeout.ts";
-import type { BackendContext, ForwardResult, KvCache } from "../core/types.ts";
+import type {
+  AttentionBackend,
+  BackendContext,
+  ForwardResult,
+  KvCache,
+  RunOptions,
+} from "../core/types.ts";
 import type { BackendRegistry } from "../backends/registry.ts";
-import type { CacheStore } from "./cache_store.ts";
+import type { CacheStore, StoredCache } from "./cache_store.ts";
 import {
   attachCache,
   type CallLimits,
   checkFiniteOnHost,
   type ForwardInput,
+  type HeldCacheInfo,
+  type ValidatedForward,
   validateForward,
+  type ValidateOptions,
 } from "./validate.ts";
 import type { PlanCache } from "./plan_cache.ts";
 import type { ForwardOutcome } from "../wire/codec.ts";
@@ -58,6 +67,12 @@ export interface ForwardHost {
   requireDevice(name: string | undefined): void;
 }
 
+/** What `exec` in {@link runForward} is: the call run on its cache (or none). */
+type Exec = (cache: KvCache | null, onSubmitted?: () => void) => Promise<ForwardResult>;
+
+/** Validation leaves a large batch's NaN/infinity scan to the plan that runs it. */
+const DEFER_FINITE: Readonly<ValidateOptions> = Object.freeze({ deferFinite: true });
+
 /**
  * One batched forward on `svc` (service.ts `AttentionService.forward`, which documents it).
  * @throws 400/404/422/503 ServiceErrors; 499 when `signal` aborted before the call ran; 503
@@ -69,34 +84,16 @@ export async function runForward(
   opts: ForwardOptions = {},
 ): Promise<ForwardOutcome> {
   const t0 = performance.now();
-  const queueTimeoutMs = checkQueueTimeoutMs(opts.queueTimeoutMs);
-  const queueSince = queueSinceOf(opts.queueSince, t0);
-  const gate = queueTimeoutMs === undefined ? null : new StartGate(queueTimeoutMs, queueSince);
-  // A library caller's input may be anything: validation names what is wrong with it.
-  const id: unknown = (input as Partial<ForwardInput> | null)?.kv_cache;
-  const held = typeof id === "string" ? svc.caches.get(id) : null;
-  if (held?.cache.lost) throw cacheLost(held.id);
-  const v = validateForward(
-    input,
-    held ? { spec: held.cache.spec, storage: held.cache.storage } : null,
-    svc.limits,
-    { deferFinite: true },
-  );
+  const gate = startGateOf(opts, t0);
+  const held = heldCacheOf(svc, input);
+  const v = validateForward(input, heldInfoOf(held), svc.limits, DEFER_FINITE);
   const ctx = await svc.ctx();
   svc.requireDevice(input.backend);
   const { backend } = svc.registry.select(v.selector, { backend: forced(input.backend) });
   const tValidated = performance.now(); // validated and selected
   let tPlanned = tValidated, planHit = false;
-  const exec = async (
-    cache: KvCache | null,
-    onSubmitted?: () => void,
-  ): Promise<ForwardResult> => {
-    // A call that waited for its cache behind others, whose client went away meanwhile, does
-    // not run (whatever the backend checks).
-    if (opts.signal?.aborted) {
-      throw new ClientClosedError("the client went away before the call ran");
-    }
-    gate?.claim();
+  const exec: Exec = async (cache, onSubmitted) => {
+    checkStart(opts.signal, gate);
     const batch = attachCache(v.batch, cache);
     const held = await svc.plans.get(backend, batch, ctx);
     tPlanned = performance.now();
@@ -104,25 +101,14 @@ export async function runForward(
     try {
       // A large batch's scan was left to a plan that checks on the device; any other scans now.
       if (v.finite_deferred && held.plan.checks_finite !== true) checkFiniteOnHost(batch);
-      return await backend.run(held.plan, batch, ctx, {
-        signal: opts.signal,
-        onSubmitted,
-        ...(opts.lendReadback ? { lendReadback: true } : {}),
-        ...(gate ? { queueDeadline: gate } : {}),
-      });
+      return await backend.run(held.plan, batch, ctx, runOptionsOf(opts, gate, onSubmitted));
     } finally {
       held.release();
     }
   };
   let result: ForwardResult;
   if (held) {
-    // The next call on this cache starts once this one's GPU work is submitted. A call with a
-    // queue timeout is answered when it passes, however long the cache stays busy.
-    const work = svc.caches.withCache(held.id, (s, unlock) => {
-      if (s.cache.lost) throw cacheLost(s.id);
-      return exec(s.cache, unlock);
-    });
-    result = await (gate ? gate.race(work) : work);
+    result = await onHeldCache(svc.caches, held.id, gate, exec);
   } else if (v.inline) {
     const release = svc.caches.reserve(v.inline.key.byteLength + v.inline.value.byteLength);
     try {
@@ -138,6 +124,83 @@ export async function runForward(
   } else {
     result = await exec(null);
   }
+  return outcomeOf(backend, v, result, t0, tValidated, tPlanned, planHit);
+}
+
+/** The call's queue-timeout gate, or null without a timeout (its wait counts from `t0`'s). */
+function startGateOf(opts: ForwardOptions, t0: number): StartGate | null {
+  const queueTimeoutMs = checkQueueTimeoutMs(opts.queueTimeoutMs);
+  const queueSince = queueSinceOf(opts.queueSince, t0);
+  return queueTimeoutMs === undefined ? null : new StartGate(queueTimeoutMs, queueSince);
+}
+
+/**
+ * The server-held cache `input.kv_cache` names, or null without one.
+ * @throws 404 `cache_not_found` for an unknown id; 503 for a cache lost with its device.
+ */
+function heldCacheOf(svc: ForwardHost, input: ForwardInput): StoredCache | null {
+  // A library caller's input may be anything: validation names what is wrong with it.
+  const id: unknown = (input as Partial<ForwardInput> | null)?.kv_cache;
+  const held = typeof id === "string" ? svc.caches.get(id) : null;
+  if (held?.cache.lost) throw cacheLost(held.id);
+  return held;
+}
+
+/** What validation checks the batch against of the held cache, or null. */
+function heldInfoOf(held: StoredCache | null): HeldCacheInfo | null {
+  return held ? { spec: held.cache.spec, storage: held.cache.storage } : null;
+}
+
+/** The call's start: @throws 499 when its client went away; 503 past its queue timeout. */
+function checkStart(signal: AbortSignal | undefined, gate: StartGate | null): void {
+  // A call that waited for its cache behind others, whose client went away meanwhile, does
+  // not run (whatever the backend checks).
+  if (signal?.aborted) {
+    throw new ClientClosedError("the client went away before the call ran");
+  }
+  gate?.claim();
+}
+
+/** The backend's run options of the call. */
+function runOptionsOf(
+  opts: ForwardOptions,
+  gate: StartGate | null,
+  onSubmitted: (() => void) | undefined,
+): RunOptions {
+  return {
+    signal: opts.signal,
+    onSubmitted,
+    ...(opts.lendReadback ? { lendReadback: true } : {}),
+    ...(gate ? { queueDeadline: gate } : {}),
+  };
+}
+
+/** The call run on the server-held cache `id`, under the cache's mutex. */
+function onHeldCache(
+  caches: CacheStore,
+  id: string,
+  gate: StartGate | null,
+  exec: Exec,
+): Promise<ForwardResult> {
+  // The next call on this cache starts once this one's GPU work is submitted. A call with a
+  // queue timeout is answered when it passes, however long the cache stays busy.
+  const work = caches.withCache(id, (s, unlock) => {
+    if (s.cache.lost) throw cacheLost(s.id);
+    return exec(s.cache, unlock);
+  });
+  return gate ? gate.race(work) : work;
+}
+
+/** The call's outcome: its result with the service's timings added (ms since `t0`'s phases). */
+function outcomeOf(
+  backend: AttentionBackend,
+  v: ValidatedForward,
+  result: ForwardResult,
+  t0: number,
+  tValidated: number,
+  tPlanned: number,
+  planHit: boolean,
+): ForwardOutcome {
   const timings = {
     ...result.timings,
     validate: tValidated - t0,

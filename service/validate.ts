@@ -17,8 +17,9 @@
  * `invalid_batch`, thrown before any other check reads the input.
  *
  * Its parts live beside it: the types it is given and produces (service/validate_types.ts),
- * the NaN/infinity checks (service/validate_finite.ts) and the selector config
- * (service/validate_selector.ts); their exports are re-exported here.
+ * the query/key/value shapes (service/validate_shapes.ts), the NaN/infinity checks
+ * (service/validate_finite.ts) and the selector config (service/validate_selector.ts); their
+ * exports are re-exported here.
  * @module
  */
 import {
@@ -32,12 +33,29 @@ import {
 import type { ForwardInput } from "../wire/codec.ts";
 import type { LayerInput } from "../wire/types.ts";
 import type { DataTensor } from "../wire/tensors.ts";
-import type { DataArray, DType, KvCache, ValidBatch } from "../core/types.ts";
+import type {
+  BatchMetadata,
+  BatchShape,
+  BatchStats,
+  DataArray,
+  DType,
+  KvCache,
+  KvCacheSpec,
+  LayerSpec,
+  ValidBatch,
+} from "../core/types.ts";
 import { batchStats, planKey } from "./batch_key.ts";
-import { checkMetadata } from "./validate_metadata.ts";
-import { checkCache, checkLayer, eqShape, fmt, Issues, validWindow } from "./validate_layer.ts";
+import { type CheckedMetadata, checkMetadata } from "./validate_metadata.ts";
+import { checkCache, checkLayer, Issues, validWindow } from "./validate_layer.ts";
+import { checkKeyValueShapes, checkQueryShape } from "./validate_shapes.ts";
 import { checkHeld, checkInputFields } from "./validate_input.ts";
-import { type CallLimits, DEFAULT_CALL_LIMITS, limitsOver, throwProblems } from "./call_limits.ts";
+import {
+  type CallLimits,
+  DEFAULT_CALL_LIMITS,
+  limitsOver,
+  type Over,
+  throwProblems,
+} from "./call_limits.ts";
 import type {
   HeldCacheInfo,
   UnattachedBatch,
@@ -98,39 +116,41 @@ export function validateForward(
   checkHeld(held, is);
   is.throwIfAny();
   const layer = checkLayer(input, is);
-  const { num_heads: H, num_kv_heads: Hkv, head_size: D } = layer;
-  const q = input.query;
-  if (q.shape.length !== 3 || q.shape[1] !== H || q.shape[2] !== D) {
-    is.add(
-      ["query", "shape"],
-      `must be [num_tokens, ${H}, ${D}] (num_heads, head_size), got ${fmt(q.shape)}`,
-    );
-  }
-  const T = q.shape[0] ?? 0;
-  const cross = layer.attn_type === "encoder_decoder";
-  let Tk = cross ? 0 : T;
-  if ((input.key === undefined) !== (input.value === undefined)) {
-    is.add([input.key ? "value" : "key"], "key and value come together");
-  } else if (input.key && input.value) {
-    const k = input.key, v = input.value;
-    if (k.shape.length !== 3 || k.shape[1] !== Hkv || k.shape[2] !== D) {
-      is.add(
-        ["key", "shape"],
-        `must be [num_kv_tokens, ${Hkv}, ${D}] (num_kv_heads, head_size), got ${fmt(k.shape)}`,
-      );
-    } else if (!cross && k.shape[0] !== T) {
-      is.add(["key", "shape", 0], `has ${k.shape[0]} tokens but query has ${T}`);
-    }
-    if (!eqShape(v.shape, k.shape)) {
-      is.add(["value", "shape"], `is ${fmt(v.shape)} but key is ${fmt(k.shape)}`);
-    }
-    if (cross) Tk = k.shape[0] ?? 0;
-  } else if (!cross) {
-    is.add(["key"], `attn_type ${layer.attn_type} needs key and value`);
-  }
+  const T = checkQueryShape(input.query, layer, is);
+  const Tk = checkKeyValueShapes(input, layer, T, is);
   const { spec, inline } = checkCache(input, layer, held, is);
   const md = checkMetadata(input.metadata, T, Tk, spec, layer.attn_type, is);
-  const metadata = {
+  const metadata = batchMetadata(input, md);
+  // The per-call limits join the other issues: one answer names every problem.
+  const stats = md.counts_valid && validWindow(layer.sliding_window)
+    ? batchStats(layer, metadata, md.query_lens)
+    : null;
+  const over = callOver(layer, T, stats, limits);
+  const query = dataOf(input.query, input.dtype)!;
+  const key = dataOf(input.key, input.dtype);
+  const value = dataOf(input.value, input.dtype);
+  const num_kv_tokens = key ? Tk : 0;
+  const deferred = defersFinite(opts, input, layer, T, num_kv_tokens, is, over);
+  scanFinite(input, "query", query, deferred, is);
+  scanFinite(input, "key", key, deferred, is);
+  scanFinite(input, "value", value, deferred, is);
+  throwProblems(is, over);
+  // No issue: the counts and the window were valid, so the stats were computed.
+  if (!stats) throw new Error("validateForward: a valid batch without stats");
+
+  const shape = batchShape(input, layer, T, num_kv_tokens, metadata, spec, stats);
+  const batch: UnattachedBatch = { ...shape, plan_key: planKey(shape), query, key, value };
+  return {
+    batch,
+    selector: selectorOf(input, layer, spec, held, batch),
+    inline,
+    finite_deferred: deferred,
+  };
+}
+
+/** The batch's metadata: the request's starts and lengths, the checked block table and slots. */
+function batchMetadata(input: ForwardInput, md: CheckedMetadata): BatchMetadata {
+  return {
     num_reqs: md.num_reqs,
     query_start_loc: input.metadata.query_start_loc.values,
     seq_lens: input.metadata.seq_lens.values,
@@ -138,53 +158,79 @@ export function validateForward(
     max_blocks_per_req: md.max_blocks_per_req,
     slot_mapping: md.slot_mapping,
   };
-  // The per-call limits join the other issues: one answer names every problem.
-  const stats = md.counts_valid && validWindow(layer.sliding_window)
-    ? batchStats(layer, metadata, md.query_lens)
-    : null;
-  const counts = { num_tokens: T, attended_keys: stats?.attended_keys ?? null };
-  const over = limitsOver({ ...counts, num_heads: H, head_size: D }, limits);
-  const query = dataOf(input.query, input.dtype)!;
-  const key = dataOf(input.key, input.dtype);
-  const value = dataOf(input.value, input.dtype);
+}
+
+/**
+ * The per-call limits the call is over: its `T` tokens, its heads and head size, and its
+ * attended keys where its counts were valid (`stats` null: not checked).
+ */
+function callOver(
+  layer: LayerSpec,
+  T: number,
+  stats: BatchStats | null,
+  limits: Partial<CallLimits>,
+): Over[] {
+  const attended_keys = stats?.attended_keys ?? null;
+  const { num_heads, head_size } = layer;
+  return limitsOver({ num_tokens: T, attended_keys, num_heads, head_size }, limits);
+}
+
+/**
+ * Whether the whole words of query/key/value are left to the device's NaN/infinity scan: asked
+ * for (`opts.deferFinite`), the call has no problem so far, and it is large enough
+ * (core/data.ts checksFiniteOnDevice).
+ */
+function defersFinite(
+  opts: ValidateOptions,
+  input: ForwardInput,
+  layer: LayerSpec,
+  T: number,
+  num_kv_tokens: number,
+  is: Issues,
+  over: Over[],
+): boolean {
   // A large batch's scan may be left to the device, unless the call fails anyway (then every
   // problem is listed now) or part of a tensor fills no whole word (that part is scanned here).
-  const deferred = opts.deferFinite === true && is.count === 0 && over.length === 0 &&
-    checksFiniteOnDevice({
-      dtype: input.dtype,
-      layer,
-      num_tokens: T,
-      num_kv_tokens: key ? Tk : 0,
-    });
-  for (const [a, name] of [[query, "query"], [key, "key"], [value, "value"]] as const) {
-    const t = input[name];
-    // Deferred: only the elements past the last whole word (an odd half-precision tail); a JSON
-    // number that overflowed its dtype is named here, with its value.
-    const from = deferred && a && !t?.overflow
-      ? wordsOf(a.dtype, a.length) * finiteScanBits(a.dtype).per
-      : 0;
-    checkDataFinite(t, a, name, is, from);
-  }
-  throwProblems(is, over);
-  // No issue: the counts and the window were valid, so the stats were computed.
-  if (!stats) throw new Error("validateForward: a valid batch without stats");
+  return opts.deferFinite === true && is.count === 0 && over.length === 0 &&
+    checksFiniteOnDevice({ dtype: input.dtype, layer, num_tokens: T, num_kv_tokens });
+}
 
-  const shape = {
+/** Scans tensor `name` (its elements `a`, in the call's dtype) for NaN and infinity. */
+function scanFinite(
+  input: ForwardInput,
+  name: "query" | "key" | "value",
+  a: DataArray | null,
+  deferred: boolean,
+  is: Issues,
+): void {
+  const t = input[name];
+  // Deferred: only the elements past the last whole word (an odd half-precision tail); a JSON
+  // number that overflowed its dtype is named here, with its value.
+  const from = deferred && a && !t?.overflow
+    ? wordsOf(a.dtype, a.length) * finiteScanBits(a.dtype).per
+    : 0;
+  checkDataFinite(t, a, name, is, from);
+}
+
+/** The batch's shape (all a plan may depend on) but its key: a valid call's. */
+function batchShape(
+  input: ForwardInput,
+  layer: LayerSpec,
+  T: number,
+  num_kv_tokens: number,
+  metadata: BatchMetadata,
+  spec: KvCacheSpec | null,
+  stats: BatchStats,
+): Omit<BatchShape, "plan_key"> {
+  return {
     dtype: input.dtype,
     layer,
     num_tokens: T,
-    num_kv_tokens: key ? Tk : 0,
+    num_kv_tokens,
     metadata,
     cache_spec: spec,
     return_lse: input.return_lse ?? false,
     stats,
-  };
-  const batch: UnattachedBatch = { ...shape, plan_key: planKey(shape), query, key, value };
-  return {
-    batch,
-    selector: selectorOf(input, layer, spec, held, batch),
-    inline,
-    finite_deferred: deferred,
   };
 }
 
