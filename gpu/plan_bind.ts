@@ -92,7 +92,7 @@ export interface PackedInputs {
  * write of its own.
  */
 export function packedInputs(
-  b: ValidBatch,
+  b: Pick<ValidBatch, "query" | "key" | "value">,
   align: number,
   maxBytes: number,
 ): PackedInputs | null {
