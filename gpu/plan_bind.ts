@@ -87,7 +87,8 @@ export interface PackedInputs {
  * Query/key/value as one upload where the request carried them back to back in one body (a
  * safetensors body from this project's client: the tensors follow one another): at least two
  * present, in order, in one ArrayBuffer, each starting a multiple of `align` bytes (the device's
- * storage offset alignment) after the first, each a whole number of words, with gaps smaller
+ * storage offset alignment) after the first, each a whole (non-zero) number of words (a range
+ * binding is exactly its tensor, where a separate buffer is a pooled size class), gaps smaller
  * than `align`, the pooled buffer of the span at most `maxBytes`. Null otherwise: each goes up in a
  * write of its own.
  */
@@ -105,7 +106,7 @@ export function packedInputs(
     const offset = t.byteOffset - first.byteOffset;
     if (
       t.buffer !== first.buffer || t.byteOffset < end || t.byteOffset - end >= align ||
-      offset % align !== 0 || t.byteLength % 4 !== 0
+      offset % align !== 0 || t.byteLength % 4 !== 0 || t.byteLength === 0
     ) return null;
     at.push({ name, offset, bytes: t.byteLength });
     end = t.byteOffset + t.byteLength;

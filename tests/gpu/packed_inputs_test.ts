@@ -22,11 +22,13 @@ import { assertClose, assertSameBytes } from "../support/compare.ts";
 import { tolerance } from "../support/backend_check.ts";
 import { freshSeed, GPU, GPU_TEST, randomArray, rng } from "./helpers.ts";
 
-/** Tensors of `sizes` bytes at byte offsets `at` of one buffer, as a batch's q/k/v. */
-function laidOut(sizes: number[], at: number[], buffers = [0, 0, 0]): ValidBatch {
+/** Tensors of `sizes` bytes (null: absent) at byte offsets `at`, as a batch's q/k/v. */
+function laidOut(sizes: (number | null)[], at: number[], buffers = [0, 0, 0]): ValidBatch {
   const mem = [new ArrayBuffer(8192), new ArrayBuffer(8192)];
   const t = (i: number): DataArray | null =>
-    sizes[i] === 0 ? null : dataArray("float16", new Uint8Array(mem[buffers[i]], at[i], sizes[i]));
+    sizes[i] === null
+      ? null
+      : dataArray("float16", new Uint8Array(mem[buffers[i]], at[i], sizes[i]));
   return { query: t(0)!, key: t(1), value: t(2) } as unknown as ValidBatch;
 }
 
@@ -45,8 +47,8 @@ Deno.test("packedInputs: which layouts go up in one write", () => {
   assert.equal(gap?.span.byteOffset, 64);
   assert.equal(gap?.span.byteLength, 520);
   // No key and value: nothing to pack with. Key alone beside the query: packed.
-  assert.equal(packed(laidOut([512, 0, 0], [0, 0, 0])), null);
-  assert.deepEqual(packed(laidOut([512, 256, 0], [0, 512, 0]))?.at.length, 2);
+  assert.equal(packed(laidOut([512, null, null], [0, 0, 0])), null);
+  assert.deepEqual(packed(laidOut([512, 256, null], [0, 512, 0]))?.at.length, 2);
   for (
     const [why, b] of [
       ["a misaligned key", laidOut([512, 256, 256], [0, 520, 1024])],
@@ -55,6 +57,7 @@ Deno.test("packedInputs: which layouts go up in one write", () => {
       ["overlapping", laidOut([512, 256, 256], [0, 256, 768])],
       ["another buffer", laidOut([512, 256, 256], [0, 512, 768], [0, 1, 0])],
       ["a tensor of odd half-words", laidOut([512, 254, 256], [0, 512, 768])],
+      ["an empty key", laidOut([512, 0, 256], [0, 512, 512])],
     ] as const
   ) assert.equal(packed(b), null, why);
   // The pooled buffer the span needs (1024 B, a power of two) must fit one buffer.
