@@ -8,11 +8,11 @@
  * call then fails with the validator's 422 after the readback, its cache unchanged.
  * {@link runGpuPlan} binds the plan to pooled buffers (gpu/plan_bind.ts: a steady state reuses
  * its resolved calls and bind groups, and skips a table its buffer holds already), writes the
- * table and the query/key/value bytes as they came (one write each), poisons the outputs,
- * dispatches
- * everything in one compute pass of one submission (see {@link gpuTiming}) and reads output
- * and LSE back with one `mapAsync`, into lent host memory: the result's arrays are views of
- * it until `ForwardResult.release()`.
+ * table and the query/key/value bytes as they came (one write for the three where a body carried
+ * them back to back, else one each), zeroes the finiteness flags, poisons the outputs,
+ * dispatches everything in one compute pass of one submission (see {@link gpuTiming}) and reads
+ * output and LSE back with one `mapAsync`, into lent host memory: the result's arrays are views
+ * of it until `ForwardResult.release()`.
  * The output comes back in the batch dtype; nothing is converted on the host.
  * @module
  */
