@@ -16,8 +16,8 @@
  * [--iters N] [--prefill-iters N] [--layers N] [--kernels] [--gap-ms MS] [--separate] [--json]`.
  * The query, key and value of a call lie back to back in one buffer, as in a request body;
  * `--separate` gives each its own (each then goes up in a write of its own). `--gap-ms`
- * idles between calls (with `--kernels`: does the GPU's share grow when calls are sparse?). On this project's CPU
- * machines Dawn runs in the trixie chroot (see the team guide). `ATTN_UPLOAD_STAGING=0|1`
+ * idles between calls (with `--kernels`: does the GPU's share grow when calls are sparse?). On
+ * this project's CPU machines Dawn runs in the trixie chroot (see the team guide). `ATTN_UPLOAD_STAGING=0|1`
  * forces large uploads through writeBuffer or mapped staging (gpu/upload_staging.ts),
  * `ATTN_GPU_TIMING=calls` times each dispatch in its own pass, `total` every call, the default
  * `sampled` a call list's first call and one in 16 (gpu/gpu_plan.ts). Each result is

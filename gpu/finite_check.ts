@@ -5,9 +5,9 @@
  * bit, carry into the field's sign bit exactly when a field is all ones) runs over every
  * whole 32-bit word of the three tensors, and the first bad word i of each is kept as
  * `0xffffffff - i` with `atomicMax` in a flags buffer that the launch zeroes with a command
- * (`clearBuffer`: no upload of its initial value). The cache write that follows binds the flags and writes
- * nothing unless every one is clear (gpu/cache_write.ts `gated`), so a call with a NaN or
- * infinity leaves the cache as it was. (Until v0.9 a gate kernel wrote an indirect dispatch's
+ * (`clearBuffer`: no upload of its initial value). The cache write that follows binds the
+ * flags and writes nothing unless every one is clear (gpu/cache_write.ts `gated`), so a call
+ * with a NaN or infinity leaves the cache as it was. (Until v0.9 a gate kernel wrote an indirect dispatch's
  * arguments instead; on the H200 a Dawn indirect dispatch cost more host time than the rest of
  * a decode call's recording: bench/NOTES.md v0.9.) The flags come back with the output;
  * {@link finiteIssues} turns a set flag into the validator's 422 issue (the tensor, the first
