@@ -17,6 +17,7 @@
  */
 import { parseArgs } from "node:util";
 import { benchDevice } from "./bench_device.ts";
+import { quantile } from "./http_stats.ts";
 import { deviceSummary } from "../gpu/runtime_report.ts";
 
 const { values: a } = parseArgs({
@@ -139,7 +140,7 @@ function oneCall(dev: GPUDevice, s: Setup, v: Variant): [number, number, number]
   return [t1 - t0, t2 - t1, performance.now() - t2];
 }
 
-const median = (x: number[]) => [...x].sort((p, q) => p - q)[x.length >> 1];
+const median = (x: number[]) => quantile(x, 0.5);
 
 /** `v` run `calls` times: the medians of its parts. */
 async function measure(dev: GPUDevice, s: Setup, v: Variant, calls: number) {

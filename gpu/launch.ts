@@ -22,7 +22,7 @@
 import { trace } from "../core/trace.ts";
 import { ClientClosedError, ServiceError } from "../core/errors.ts";
 import type { GpuContext } from "../core/types.ts";
-import { poolOf } from "./buffer_pool.ts";
+import { type BufferPool, poolOf } from "./buffer_pool.ts";
 import { bindGroupsOf } from "./bind_groups.ts";
 import { STAGED_UPLOAD_BYTES, stagedUploads, stagingOf } from "./upload_staging.ts";
 import { wakeDawnPoll } from "./dawn_tick_pace.ts";
@@ -70,7 +70,7 @@ interface LaunchBuffers {
 
 /** The pooled buffers of a launch reading back `mapped` bytes, timed in `timedPasses` passes. */
 function launchBuffers(
-  pool: ReturnType<typeof poolOf>,
+  pool: BufferPool,
   label: string,
   mapped: number,
   timedPasses: number,
@@ -151,8 +151,9 @@ export async function launch(ctx: GpuContext, spec: LaunchSpec): Promise<LaunchR
   const passes = spec.timing === "total" || spec.timing === "none"
     ? Math.min(1, spec.calls.length)
     : spec.calls.length;
-  const at = readbackLayout(spec.reads, timed ? passes : 0);
-  const b = launchBuffers(pool, spec.label, at.mapped, timed ? passes : 0);
+  const stampPasses = timed ? passes : 0;
+  const at = readbackLayout(spec.reads, stampPasses);
+  const b = launchBuffers(pool, spec.label, at.mapped, stampPasses);
   // Earlier calls' deferred reads first (outside this call's error scope): they need not wait
   // for this one's kernels (gpu/map_read.ts mapReadRangeDeferred).
   mapDeferredReads(dev);

@@ -14,7 +14,7 @@ import { WEBGPU_DECODE } from "../../backends/webgpu_decode.ts";
 import { WEBGPU_FLASH } from "../../backends/webgpu_flash.ts";
 import { checksFiniteOnDevice, deviceFiniteCheckBytes, toFloat32 } from "../../core/data.ts";
 import { ServiceError } from "../../core/errors.ts";
-import type { AttentionBackend, ForwardBatch } from "../../core/types.ts";
+import type { AttentionBackend, ForwardBatch, ValidBatch } from "../../core/types.ts";
 import type { GpuPlan } from "../../gpu/gpu_plan.ts";
 import { GpuKvCache } from "../../gpu/kv_cache.ts";
 import { AttentionService } from "../../service/service.ts";
@@ -53,6 +53,21 @@ function poisoned(b: Omit<ForwardBatch, "cache">, rng: Rng): {
   const at = rng.int(a.length), value = [NaN, Infinity, -Infinity][rng.int(3)];
   a[at] = value;
   return { batch: { ...b, [name]: a }, name, at, value };
+}
+
+/**
+ * `b` validated as the service does (a large batch's scan left to the device: no throw,
+ * `finite_deferred`) and attached to `cache`.
+ */
+function deferredBatch(b: Omit<ForwardBatch, "cache">, cache: GpuKvCache): ValidBatch {
+  const v = validateForward(
+    hostInput(b, "c"),
+    { spec: cache.spec, storage: "webgpu" },
+    undefined,
+    { deferFinite: true },
+  );
+  assert.equal(v.finite_deferred, true);
+  return attachCache(v.batch, cache);
 }
 
 /** Equal bytes, else a failure naming the first difference (no multi-megabyte diff). */
@@ -112,18 +127,7 @@ Deno.test("finite check: a deferred NaN fails on the device and writes nothing",
     const before = await cache.read();
     for (const b of [WEBGPU_FLASH, WEBGPU_DECODE] as AttentionBackend<GpuPlan>[]) {
       const p = poisoned(g.batch, rng);
-      // Validation leaves the scan to the device: no throw, finite_deferred.
-      const v = validateForward(
-        hostInput(p.batch, "c"),
-        {
-          spec: cache.spec,
-          storage: "webgpu",
-        },
-        undefined,
-        { deferFinite: true },
-      );
-      assert.equal(v.finite_deferred, true);
-      const batch = attachCache(v.batch, cache);
+      const batch = deferredBatch(p.batch, cache);
       const plan = await b.plan(batch, { gpu: GPU });
       await assert.rejects(
         () => b.run(plan, batch, { gpu: GPU }),
@@ -205,14 +209,7 @@ Deno.test(
         first[name] = Math.min(...at);
         b[name] = a;
       }
-      const v = validateForward(
-        hostInput(b, "c"),
-        { spec: cache.spec, storage: "webgpu" },
-        undefined,
-        { deferFinite: true },
-      );
-      assert.equal(v.finite_deferred, true);
-      const batch = attachCache(v.batch, cache);
+      const batch = deferredBatch(b, cache);
       for (const be of [WEBGPU_FLASH, WEBGPU_DECODE] as AttentionBackend<GpuPlan>[]) {
         const plan = await be.plan(batch, { gpu: GPU });
         // Twice: the second call's flags buffer comes from the pool, set by the first.
