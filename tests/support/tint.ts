@@ -7,6 +7,7 @@
  */
 import { loadDawnRuntime } from "../../gpu/runtime_dawn.ts";
 import type { WebGpuRuntime } from "../../gpu/runtime.ts";
+import { inErrorScopes } from "../../gpu/error_scopes.ts";
 
 /**
  * A null-backend device and the Dawn runtime that made it: the runtime holds Dawn's `GPU`
@@ -37,8 +38,18 @@ export async function nullDawn(): Promise<NullDawn | string> {
 
 /** Tint's errors for `code` on `dawn`'s device, one line each. */
 export async function tintErrors(dawn: NullDawn, code: string): Promise<string[]> {
-  const m = dawn.device.createShaderModule({ code });
+  // An invalid module is also a validation error of the device. Left uncaptured, Dawn delivered
+  // it at the process's exit, printed ("validation: Error while parsing WGSL ..."), and the
+  // exit then aborted now and then with glibc's "corrupted size vs. prev_size in fastbins"
+  // (4 of 17 CI runs). The scope takes it here.
+  const dev = dawn.device;
+  const { value: m, errors } = inErrorScopes(
+    dev,
+    ["validation"],
+    () => dev.createShaderModule({ code }),
+  );
   const info = await m.getCompilationInfo();
+  await errors;
   return info.messages.filter((x) => x.type === "error").map((x) =>
     `${x.lineNum}:${x.linePos} ${x.message.split("\n")[0]}`
   );
