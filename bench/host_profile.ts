@@ -14,6 +14,8 @@
  *
  * Run: `deno run -A bench/host_profile.ts [--runtime deno|dawn] [--case decode|prefill|all]
  * [--iters N] [--prefill-iters N] [--layers N] [--kernels] [--gap-ms MS] [--separate] [--json]`.
+ * `--layers N` calls each decode step's input N times, each time on a cache of its own (an
+ * engine's layers: one plan, N caches).
  * The query, key and value of a call lie back to back in one buffer, as in a request body;
  * `--separate` gives each its own (each then goes up in a write of its own). `--gap-ms`
  * idles between calls (with `--kernels`: does the GPU's share grow when calls are sparse?). On
@@ -118,8 +120,9 @@ async function timeCalls(
   for (let i = 0; i < n; i++) {
     const input = inputs();
     for (let layer = 0; layer < layers; layer++) {
+      const id = layer === 0 ? input.kv_cache : caches[layer].id;
       const t0 = performance.now();
-      const r = await service.forward(input);
+      const r = await service.forward({ ...input, kv_cache: id });
       const wall = performance.now() - t0;
       r.result.release?.(); // as the server does once the answer was delivered
       if (i === 0) continue; // compiles and pools fill on the first call
@@ -176,13 +179,20 @@ if (!a.json) {
   );
   console.log(`completion round trip (empty submit + 16 B mapAsync): ${rt.toFixed(3)} ms`);
 }
-const cache = await service.createCache({
-  num_blocks: layout.num_blocks,
-  block_size: shape.block_size,
-  num_kv_heads: shape.num_kv_heads,
-  head_size: shape.head_size,
-  dtype: "float16",
-});
+// One cache per layer, as an engine holds them: a step's layers share the plan, not the cache.
+const caches: { id: string }[] = [];
+for (let i = 0; i < Math.max(1, Number(a.layers)); i++) {
+  caches.push(
+    await service.createCache({
+      num_blocks: layout.num_blocks,
+      block_size: shape.block_size,
+      num_kv_heads: shape.num_kv_heads,
+      head_size: shape.head_size,
+      dtype: "float16",
+    }),
+  );
+}
+const cache = caches[0];
 const results: Record<string, unknown> = { ...head };
 try {
   if (a.case === "decode" || a.case === "all") {

@@ -11,7 +11,9 @@
  */
 import { ServiceError } from "../core/errors.ts";
 import type { GpuContext, ValidBatch } from "../core/types.ts";
-import { poolOf, sizeClass } from "./buffer_pool.ts";
+import { poolOf } from "./buffer_pool.ts";
+import { INPUTS, packedInputs } from "./packed_inputs.ts";
+import { BOUND_VARIANTS, boundList, findBound } from "./bound_calls.ts";
 import { type Bound, entries, type KernelCall } from "./launch.ts";
 import { bindGroupsOf } from "./bind_groups.ts";
 import { TABLE_USAGE } from "./plan_table.ts";
@@ -19,6 +21,8 @@ import { GpuKvCache } from "./kv_cache.ts";
 import { persistentBuffer } from "./persistent_buffers.ts";
 import { FLAGS_BYTES } from "./finite_check.ts";
 import type { BindRef, GpuPlan, PlannedCall } from "./gpu_plan.ts";
+
+export { type PackedInputs, packedInputs } from "./packed_inputs.ts";
 
 const STORAGE_IN = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST;
 const STORAGE_OUT = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC;
@@ -73,48 +77,6 @@ function bindListsOf(p: GpuPlan): [string, BindRef][][] {
   return l;
 }
 
-/** The data tensors, in the order a request body carries them. */
-const INPUTS = ["query", "key", "value"] as const;
-
-/** Query/key/value as one span of the memory they came in, and where each lies in it. */
-export interface PackedInputs {
-  span: Uint8Array;
-  /** Per tensor present: its byte offset in `span` and its bytes. */
-  at: { name: (typeof INPUTS)[number]; offset: number; bytes: number }[];
-}
-
-/**
- * Query/key/value as one upload where the request carried them back to back in one body (a
- * safetensors body from this project's client: the tensors follow one another): at least two
- * present, in order, in one ArrayBuffer, each starting a multiple of `align` bytes (the device's
- * storage offset alignment) after the first, each a whole (non-zero) number of words (a range
- * binding is exactly its tensor, where a separate buffer is a pooled size class), gaps smaller
- * than `align`, the pooled buffer of the span at most `maxBytes`. Null otherwise: each goes up in a
- * write of its own.
- */
-export function packedInputs(
-  b: Pick<ValidBatch, "query" | "key" | "value">,
-  align: number,
-  maxBytes: number,
-): PackedInputs | null {
-  const first = b.query.bytes;
-  let end = first.byteOffset;
-  const at: PackedInputs["at"] = [];
-  for (const name of INPUTS) {
-    const t = b[name]?.bytes;
-    if (!t) continue;
-    const offset = t.byteOffset - first.byteOffset;
-    if (
-      t.buffer !== first.buffer || t.byteOffset < end || t.byteOffset - end >= align ||
-      offset % align !== 0 || t.byteLength % 4 !== 0 || t.byteLength === 0
-    ) return null;
-    at.push({ name, offset, bytes: t.byteLength });
-    end = t.byteOffset + t.byteLength;
-  }
-  if (at.length < 2 || sizeClass(end - first.byteOffset) > maxBytes) return null;
-  return { span: new Uint8Array(first.buffer, first.byteOffset, end - first.byteOffset), at };
-}
-
 /** The buffers a plan's symbolic bindings name, for one call. */
 interface CallBuffers {
   table: GPUBuffer;
@@ -154,21 +116,6 @@ function bindCalls(
   });
 }
 
-/**
- * The calls a plan's call list was last bound to, with their bind groups, and every buffer
- * they bind in a fixed order: a call of the same plan, or of a later plan sharing its list
- * (gpu/plan_builder.ts: a decode step whose decomposition did not change), that gets the same
- * buffers (the pool hands them back in steady state; the layers of an engine step share one
- * plan) reuses them as they are, without resolving a binding or building a bind-group key.
- * The table's bytes are the plan's own; only where they go is shared.
- */
-interface BoundCalls {
-  buffers: GPUBuffer[];
-  /** Where the packed inputs lie in their buffer (offsets), empty when not packed. */
-  ranges: number[];
-  calls: KernelCall[];
-}
-const lastBound = new WeakMap<PlannedCall[], BoundCalls>();
 const boundStats = { bound: 0, reused: 0, reused_groups: 0, tables_kept: 0 };
 
 /**
@@ -190,12 +137,6 @@ export function bindStats(): {
   tables_kept: number;
 } {
   return { ...boundStats };
-}
-
-function sameList<T>(a: T[], b: T[]): boolean {
-  if (a.length !== b.length) return false;
-  for (let i = 0; i < a.length; i++) if (a[i] !== b[i]) return false;
-  return true;
 }
 
 /**
@@ -276,12 +217,13 @@ export function bindGpuPlan(p: GpuPlan, b: ValidBatch, gpu: GpuContext): BoundGp
       const c = cache as GpuKvCache;
       buffers.push(...c.keyBuffers, ...c.valueBuffers);
     }
-    const last = lastBound.get(p.calls);
-    const calls = last && sameList(last.buffers, buffers) && sameList(last.ranges, ranges)
-      ? last.calls
-      : bindCalls(p, gpu, cache as GpuKvCache | null, { table, io, scratch, persistent });
-    if (calls !== last?.calls) {
-      lastBound.set(p.calls, { buffers, ranges, calls });
+    const kept = boundList(p.calls, cache);
+    const found = findBound(kept, buffers, ranges);
+    const calls = found?.calls ??
+      bindCalls(p, gpu, cache as GpuKvCache | null, { table, io, scratch, persistent });
+    if (!found) {
+      kept.unshift({ buffers, ranges, calls });
+      if (kept.length > BOUND_VARIANTS) kept.length = BOUND_VARIANTS;
       boundStats.bound++;
     } else {
       boundStats.reused++;

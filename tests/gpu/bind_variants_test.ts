@@ -1,0 +1,118 @@
+/**
+ * The layers of an engine step: one plan (the step's metadata), each layer on its own cache.
+ * gpu/plan_bind.ts keeps bound states per call list and cache, so after the first step every
+ * layer's call finds its own bindings; one kept state per call list was bound anew on every
+ * call as the caches alternated. Every call's output, LSE and cache are checked against
+ * CPU_REFERENCE on fresh data.
+ */
+import assert from "node:assert/strict";
+import { CPU_REFERENCE } from "../../backends/cpu/cpu_reference.ts";
+import { HostKvCache } from "../../backends/cpu/host_cache.ts";
+import { WEBGPU_FLASH } from "../../backends/webgpu_flash.ts";
+import { toFloat32 } from "../../core/data.ts";
+import type { AttentionBackend, ForwardBatch, GpuContext } from "../../core/types.ts";
+import { bindStats, type GpuPlan } from "../../gpu/gpu_plan.ts";
+import { BOUND_VARIANTS } from "../../gpu/bound_calls.ts";
+import { GpuKvCache } from "../../gpu/kv_cache.ts";
+import { validHostBatch } from "../../service/host_input.ts";
+import { generateBatch, type GeneratedBatch, smallSpec } from "../support/batches.ts";
+import { assertClose } from "../support/compare.ts";
+import { tolerance } from "../support/backend_check.ts";
+import { freshSeed, GPU, GPU_TEST, randomArray, rng } from "./helpers.ts";
+
+const SPEC = smallSpec({
+  requests: [{ query_len: 1, seq_len: 40 }, { query_len: 1, seq_len: 17 }],
+});
+
+interface Layer {
+  gpuCache: GpuKvCache;
+  hostCache: HostKvCache;
+}
+
+/** `layers` caches holding the same start bytes, as an engine's layers of one shape. */
+async function layersOf(gpu: GpuContext, g: GeneratedBatch, layers: number): Promise<Layer[]> {
+  const out: Layer[] = [];
+  for (let i = 0; i < layers; i++) {
+    out.push({
+      gpuCache: await GpuKvCache.fromBytes(gpu, g.cache_spec!, g.key_cache, g.value_cache),
+      hostCache: HostKvCache.fromBytes(g.cache_spec!, g.key_cache, g.value_cache),
+    });
+  }
+  return out;
+}
+
+/** One layer's call on `plan` with fresh data; output, LSE and cache against the reference. */
+async function layerCall(
+  gpu: GpuContext,
+  plan: GpuPlan,
+  g: GeneratedBatch,
+  l: Layer,
+  what: string,
+) {
+  const r = rng(freshSeed()), b = g.batch;
+  const data: Omit<ForwardBatch, "cache"> = {
+    ...b,
+    query: randomArray(r, b.query.length),
+    key: randomArray(r, b.key!.length),
+    value: randomArray(r, b.value!.length),
+  };
+  const want = await CPU_REFERENCE.run({}, validHostBatch(data, l.hostCache), { gpu: null });
+  const got = await (WEBGPU_FLASH as AttentionBackend<GpuPlan>).run(
+    plan,
+    validHostBatch(data, l.gpuCache),
+    { gpu },
+  );
+  try {
+    assertClose(toFloat32(got.output), toFloat32(want.output), {
+      ...tolerance(g.spec),
+      label: `output (${what})`,
+    });
+    assertClose(got.lse!, want.lse!, { atol: 2e-4, rtol: 1e-5, label: `lse (${what})` });
+  } finally {
+    got.release?.();
+  }
+  const [x, y] = await Promise.all([l.gpuCache.read(), l.hostCache.read()]);
+  assert.deepEqual(x.key, y.key, `key cache (${what})`);
+  assert.deepEqual(x.value, y.value, `value cache (${what})`);
+}
+
+/** Steps of `layers` calls on one plan; the bindings made after the first step. */
+async function steps(layers: number, count: number): Promise<number> {
+  const gpu = GPU!;
+  const g = generateBatch(SPEC, freshSeed());
+  const held = await layersOf(gpu, g, layers);
+  try {
+    const plan = await (WEBGPU_FLASH as AttentionBackend<GpuPlan>).plan(
+      validHostBatch(g.batch, held[0].gpuCache),
+      { gpu },
+    );
+    let bound0 = 0;
+    for (let s = 0; s < count; s++) {
+      if (s === 1) bound0 = bindStats().bound;
+      for (let i = 0; i < layers; i++) {
+        await layerCall(gpu, plan, g, held[i], `step ${s}, layer ${i} of ${layers}`);
+      }
+    }
+    return bindStats().bound - bound0;
+  } finally {
+    for (const l of held) l.gpuCache.destroy();
+  }
+}
+
+Deno.test(
+  "bound states: each layer of a step finds its own after the first step",
+  GPU_TEST,
+  async () => {
+    assert.equal(await steps(4, 3), 0, "no call bound anew after the first step");
+  },
+);
+
+Deno.test(
+  "bound states: a deep model's layers (more than the states kept per cache) each keep theirs",
+  GPU_TEST,
+  async () => {
+    // One list of kept states per call list took the layers in turn: past its length, every
+    // call was bound anew. Per cache, each of these 3 x BOUND_VARIANTS layers finds its own.
+    assert.equal(await steps(3 * BOUND_VARIANTS, 2), 0, "no call bound anew in the second step");
+  },
+);
