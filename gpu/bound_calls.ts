@@ -16,6 +16,8 @@ import type { PlannedCall } from "./gpu_plan.ts";
  */
 export interface BoundCalls {
   buffers: GPUBuffer[];
+  /** The pooled buffers among `buffers`, in the order the binding acquired them. */
+  owned: GPUBuffer[];
   /** Where the packed inputs lie in their buffer (offsets), empty when not packed. */
   ranges: number[];
   calls: KernelCall[];

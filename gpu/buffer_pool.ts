@@ -118,11 +118,16 @@ export class BufferPool {
     this.clear();
   }
 
-  /** A buffer of at least `bytes` (its size is the class) with exactly `usage`. */
-  acquire(bytes: number, usage: number, label = "pooled"): GPUBuffer {
+  /**
+   * A buffer of at least `bytes` (its size is the class) with exactly `usage`: `prefer` where it
+   * is free in that class (the buffer this caller had last time: its bind groups are then the
+   * same), else the one returned last.
+   */
+  acquire(bytes: number, usage: number, label = "pooled", prefer?: GPUBuffer): GPUBuffer {
     const size = sizeClass(bytes), key = `${usage}:${size}`;
     const list = this.#free.get(key);
-    let b = list?.pop();
+    const at = prefer && list ? list.lastIndexOf(prefer) : -1;
+    let b = at >= 0 ? list!.splice(at, 1)[0] : list?.pop();
     if (b) {
       this.#freeBytes -= size;
       this.#reused++;

@@ -164,8 +164,12 @@ export function bindGpuPlan(p: GpuPlan, b: ValidBatch, gpu: GpuContext): BoundGp
   }
   const pool = poolOf(gpu);
   const owned: GPUBuffer[] = [];
+  // The buffers this plan's last call on this cache had, where free (a cache's calls then bind
+  // the same buffers, so its kept state is found, also while other caches' calls are in flight).
+  const kept = boundList(p.calls, cache);
+  const had = kept[0]?.owned;
   const take = (bytes: number, usage: number, label: string) => {
-    const buf = pool.acquire(Math.max(16, bytes), usage, label);
+    const buf = pool.acquire(Math.max(16, bytes), usage, label, had?.[owned.length]);
     owned.push(buf);
     return buf;
   };
@@ -217,12 +221,11 @@ export function bindGpuPlan(p: GpuPlan, b: ValidBatch, gpu: GpuContext): BoundGp
       const c = cache as GpuKvCache;
       buffers.push(...c.keyBuffers, ...c.valueBuffers);
     }
-    const kept = boundList(p.calls, cache);
     const found = findBound(kept, buffers, ranges);
     const calls = found?.calls ??
       bindCalls(p, gpu, cache as GpuKvCache | null, { table, io, scratch, persistent });
     if (!found) {
-      kept.unshift({ buffers, ranges, calls });
+      kept.unshift({ buffers, owned, ranges, calls });
       if (kept.length > BOUND_VARIANTS) kept.length = BOUND_VARIANTS;
       boundStats.bound++;
     } else {

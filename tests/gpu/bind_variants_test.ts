@@ -41,14 +41,8 @@ async function layersOf(gpu: GpuContext, g: GeneratedBatch, layers: number): Pro
   return out;
 }
 
-/** One layer's call on `plan` with fresh data; output, LSE and cache against the reference. */
-async function layerCall(
-  gpu: GpuContext,
-  plan: GpuPlan,
-  g: GeneratedBatch,
-  l: Layer,
-  what: string,
-) {
+/** A layer's call with fresh data, and the reference's result (which writes its host cache). */
+async function prepared(g: GeneratedBatch, l: Layer) {
   const r = rng(freshSeed()), b = g.batch;
   const data: Omit<ForwardBatch, "cache"> = {
     ...b,
@@ -57,23 +51,46 @@ async function layerCall(
     value: randomArray(r, b.value!.length),
   };
   const want = await CPU_REFERENCE.run({}, validHostBatch(data, l.hostCache), { gpu: null });
+  return { data, want };
+}
+
+/** Runs a prepared call on `plan` and checks output, LSE and cache against the reference. */
+async function runChecked(
+  gpu: GpuContext,
+  plan: GpuPlan,
+  g: GeneratedBatch,
+  l: Layer,
+  call: Awaited<ReturnType<typeof prepared>>,
+  what: string,
+) {
   const got = await (WEBGPU_FLASH as AttentionBackend<GpuPlan>).run(
     plan,
-    validHostBatch(data, l.gpuCache),
+    validHostBatch(call.data, l.gpuCache),
     { gpu },
   );
   try {
-    assertClose(toFloat32(got.output), toFloat32(want.output), {
+    assertClose(toFloat32(got.output), toFloat32(call.want.output), {
       ...tolerance(g.spec),
       label: `output (${what})`,
     });
-    assertClose(got.lse!, want.lse!, { atol: 2e-4, rtol: 1e-5, label: `lse (${what})` });
+    assertClose(got.lse!, call.want.lse!, { atol: 2e-4, rtol: 1e-5, label: `lse (${what})` });
   } finally {
     got.release?.();
   }
   const [x, y] = await Promise.all([l.gpuCache.read(), l.hostCache.read()]);
   assert.deepEqual(x.key, y.key, `key cache (${what})`);
   assert.deepEqual(x.value, y.value, `value cache (${what})`);
+}
+
+/** One layer's call on `plan` with fresh data, checked. */
+async function layerCall(
+  gpu: GpuContext,
+  plan: GpuPlan,
+  g: GeneratedBatch,
+  l: Layer,
+  what: string,
+) {
+  await runChecked(gpu, plan, g, l, await prepared(g, l), what);
 }
 
 /** Steps of `layers` calls on one plan; the bindings made after the first step. */
@@ -114,5 +131,42 @@ Deno.test(
     // One list of kept states per call list took the layers in turn: past its length, every
     // call was bound anew. Per cache, each of these 3 x BOUND_VARIANTS layers finds its own.
     assert.equal(await steps(3 * BOUND_VARIANTS, 2), 0, "no call bound anew in the second step");
+  },
+);
+
+Deno.test(
+  "bound states: concurrent calls on several caches each get their cache's last buffers back",
+  GPU_TEST,
+  async () => {
+    // Six caches' calls in flight at once, each round in another order: from a plain LIFO pool
+    // each cache got other calls' last buffers, a combination its kept states did not hold.
+    const gpu = GPU!, layers = 6;
+    const g = generateBatch(SPEC, freshSeed());
+    const held = await layersOf(gpu, g, layers);
+    try {
+      const plan = await (WEBGPU_FLASH as AttentionBackend<GpuPlan>).plan(
+        validHostBatch(g.batch, held[0].gpuCache),
+        { gpu },
+      );
+      let bound0 = 0;
+      for (let round = 0; round < 4; round++) {
+        if (round === 1) bound0 = bindStats().bound;
+        // A permutation (one call per cache: the service serialises a cache's calls).
+        const order = held.map((_, i) =>
+          round % 2 ? (layers - 1 - i + round) % layers : (i + round) % layers
+        );
+        const calls: Awaited<ReturnType<typeof prepared>>[] = [];
+        for (const i of order) calls.push(await prepared(g, held[i]));
+        // Every call of the round binds before any ends (each holds its buffers until then).
+        await Promise.all(
+          order.map((i, k) =>
+            runChecked(gpu, plan, g, held[i], calls[k], `round ${round}, cache ${i}`)
+          ),
+        );
+      }
+      assert.equal(bindStats().bound - bound0, 0, "no call bound anew after the first round");
+    } finally {
+      for (const l of held) l.gpuCache.destroy();
+    }
   },
 );

@@ -73,6 +73,20 @@ Deno.test("buffer pool: classes, reuse by usage and class, in-use bytes", () => 
   assert.equal(pool.stats().in_use, 2);
 });
 
+Deno.test("buffer pool: a preferred buffer is lent where it is free, else the last returned", () => {
+  const { device, made } = fakeDevice();
+  const pool = new BufferPool(device);
+  const [a, b, c] = [1, 2, 3].map(() => pool.acquire(1000, STORAGE));
+  pool.release(a, b, c); // back in reverse: a is the last returned
+  assert.equal(pool.acquire(1000, STORAGE, "x", b), b, "the preferred one, though not last");
+  assert.equal(pool.acquire(1000, STORAGE, "x", b), a, "b is lent: the last returned");
+  const other = pool.acquire(1000, COPY, "x", c);
+  assert.notEqual(other, c, "a preferred buffer of another usage is not lent");
+  assert.equal(made.length, 4);
+  assert.equal(pool.acquire(1000, STORAGE, "x", c), c, "c was still free");
+  assert.equal(pool.stats().free_bytes, 0);
+});
+
 Deno.test("buffer pool: free bytes over the cap are destroyed, largest classes first", () => {
   const { device, made } = fakeDevice();
   const pool = new BufferPool(device, 64 * KiB);
