@@ -93,8 +93,11 @@ async function layerCall(
   await runChecked(gpu, plan, g, l, await prepared(g, l), what);
 }
 
-/** Steps of `layers` calls on one plan; the bindings made after the first step. */
-async function steps(layers: number, count: number): Promise<number> {
+/** What one round is given: the plan, the batch, the layers' caches and the round's number. */
+type Round = (plan: GpuPlan, g: GeneratedBatch, held: Layer[], round: number) => Promise<void>;
+
+/** `rounds` rounds of calls on one plan over `layers` caches; the bindings made after the first. */
+async function boundAfterFirst(layers: number, rounds: number, run: Round): Promise<number> {
   const gpu = GPU!;
   const g = generateBatch(SPEC, freshSeed());
   const held = await layersOf(gpu, g, layers);
@@ -104,16 +107,43 @@ async function steps(layers: number, count: number): Promise<number> {
       { gpu },
     );
     let bound0 = 0;
-    for (let s = 0; s < count; s++) {
-      if (s === 1) bound0 = bindStats().bound;
-      for (let i = 0; i < layers; i++) {
-        await layerCall(gpu, plan, g, held[i], `step ${s}, layer ${i} of ${layers}`);
-      }
+    for (let r = 0; r < rounds; r++) {
+      if (r === 1) bound0 = bindStats().bound;
+      await run(plan, g, held, r);
     }
     return bindStats().bound - bound0;
   } finally {
     for (const l of held) l.gpuCache.destroy();
   }
+}
+
+/** Steps of `layers` calls on one plan, one layer after another. */
+function steps(layers: number, count: number): Promise<number> {
+  return boundAfterFirst(layers, count, async (plan, g, held, s) => {
+    for (let i = 0; i < layers; i++) {
+      await layerCall(GPU!, plan, g, held[i], `step ${s}, layer ${i} of ${layers}`);
+    }
+  });
+}
+
+/**
+ * Rounds of one call per cache, all in flight at once, each round in another order (a
+ * permutation: the service serialises a cache's calls). Every call of a round binds before any
+ * ends, each holding its buffers until then.
+ */
+function concurrentRounds(layers: number, rounds: number): Promise<number> {
+  return boundAfterFirst(layers, rounds, async (plan, g, held, round) => {
+    const order = held.map((_, i) =>
+      round % 2 ? (layers - 1 - i + round) % layers : (i + round) % layers
+    );
+    const calls: Awaited<ReturnType<typeof prepared>>[] = [];
+    for (const i of order) calls.push(await prepared(g, held[i]));
+    await Promise.all(
+      order.map((i, k) =>
+        runChecked(GPU!, plan, g, held[i], calls[k], `round ${round}, cache ${i}`)
+      ),
+    );
+  });
 }
 
 Deno.test(
@@ -138,35 +168,8 @@ Deno.test(
   "bound states: concurrent calls on several caches each get their cache's last buffers back",
   GPU_TEST,
   async () => {
-    // Six caches' calls in flight at once, each round in another order: from a plain LIFO pool
-    // each cache got other calls' last buffers, a combination its kept states did not hold.
-    const gpu = GPU!, layers = 6;
-    const g = generateBatch(SPEC, freshSeed());
-    const held = await layersOf(gpu, g, layers);
-    try {
-      const plan = await (WEBGPU_FLASH as AttentionBackend<GpuPlan>).plan(
-        validHostBatch(g.batch, held[0].gpuCache),
-        { gpu },
-      );
-      let bound0 = 0;
-      for (let round = 0; round < 4; round++) {
-        if (round === 1) bound0 = bindStats().bound;
-        // A permutation (one call per cache: the service serialises a cache's calls).
-        const order = held.map((_, i) =>
-          round % 2 ? (layers - 1 - i + round) % layers : (i + round) % layers
-        );
-        const calls: Awaited<ReturnType<typeof prepared>>[] = [];
-        for (const i of order) calls.push(await prepared(g, held[i]));
-        // Every call of the round binds before any ends (each holds its buffers until then).
-        await Promise.all(
-          order.map((i, k) =>
-            runChecked(gpu, plan, g, held[i], calls[k], `round ${round}, cache ${i}`)
-          ),
-        );
-      }
-      assert.equal(bindStats().bound - bound0, 0, "no call bound anew after the first round");
-    } finally {
-      for (const l of held) l.gpuCache.destroy();
-    }
+    // Six caches' calls in flight at once: from a plain LIFO pool each cache got other calls'
+    // last buffers, a combination its kept states did not hold.
+    assert.equal(await concurrentRounds(6, 4), 0, "no call bound anew after the first round");
   },
 );
