@@ -38,10 +38,10 @@ export async function nullDawn(): Promise<NullDawn | string> {
 
 /** Tint's errors for `code` on `dawn`'s device, one line each. */
 export async function tintErrors(dawn: NullDawn, code: string): Promise<string[]> {
-  // An invalid module is also a validation error of the device. Left uncaptured, Dawn delivered
-  // it at the process's exit, printed ("validation: Error while parsing WGSL ..."), and the
-  // exit then aborted now and then with glibc's "corrupted size vs. prev_size in fastbins"
-  // (4 of 17 CI runs). The scope takes it here.
+  // An invalid module is also a validation error of the device. Left uncaptured, Dawn printed
+  // it while the process exited ("validation: Error while parsing WGSL ..."), and each of the
+  // CI passes whose exit aborted with glibc's "corrupted size vs. prev_size in fastbins" (4 of
+  // 17) did so right after that print. The scope takes it here.
   const dev = dawn.device;
   const { value: m, errors } = inErrorScopes(
     dev,
