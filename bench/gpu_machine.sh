@@ -34,7 +34,8 @@
 # default dawn,deno: Dawn first, each runtime's report printed when done), cut at HTTP_TIMEOUT
 # seconds (default 170); HTTP_ARGS adds flags (e.g. "--steps 32", "--device-threads 0,4",
 # "--instances 1,4"); JSON in $OUT/http.json.
-# http-ab: interleaved A/B runs of Dawn's HTTP bench (HTTP_AB, see the part), a log each.
+# http-ab: interleaved A/B runs of Dawn's HTTP bench (HTTP_AB, see the part), a log each, each cut
+# at HTTP_TIMEOUT, else 55 + 45 s per layer.
 # gap-ab: Dawn's HTTP bench without keep-warm, 8 clients, once per GAP_AB entry ENGINE:GAP[:ARGS]
 # (see the part), each server with ATTN_TRACE_FILE (its requests' heads, bodies and answers by
 # connection, and each launch: gap-ab-N-...-trace.txt beside the log and JSON). v0.30's
@@ -269,7 +270,8 @@ for w in $what; do
         IFS=, read -r -a more <<<"$extra"
         for a in "${more[@]}"; do kwargs+=("--server-arg=$a"); done
         [ -n "$extra" ] && echo "== $name: server flags $extra"
-        TAIL=${TAIL:-40} run "$name" "${HTTP_TIMEOUT:-100}" \
+        # Each layer is a cache to fill per client: a 4-layer run was cut at 100 s (NOTES v0.39).
+        TAIL=${TAIL:-40} run "$name" "${HTTP_TIMEOUT:-$((55 + 45 * layers))}" \
           deno run --allow-net --allow-read --allow-env --allow-run --allow-write \
           bench/http_bench.ts --runtimes dawn --json-out "$out/$name.json" --steps "$steps" \
           --layers "$layers" --clients "$clients" --server-arg="--http-engine=$eng" "${kwargs[@]}" |
