@@ -6,28 +6,25 @@
  * CPU_REFERENCE on fresh data.
  */
 import assert from "node:assert/strict";
-import { CPU_REFERENCE } from "../../backends/cpu/cpu_reference.ts";
 import { HostKvCache } from "../../backends/cpu/host_cache.ts";
 import { WEBGPU_FLASH } from "../../backends/webgpu_flash.ts";
-import { toFloat32 } from "../../core/data.ts";
-import type { AttentionBackend, ForwardBatch, GpuContext } from "../../core/types.ts";
+import type { AttentionBackend, GpuContext } from "../../core/types.ts";
 import { bindStats, type GpuPlan } from "../../gpu/gpu_plan.ts";
 import { BOUND_VARIANTS } from "../../gpu/bound_calls.ts";
 import { GpuKvCache } from "../../gpu/kv_cache.ts";
 import { validHostBatch } from "../../service/host_input.ts";
 import { generateBatch, type GeneratedBatch, smallSpec } from "../support/batches.ts";
-import { assertClose } from "../support/compare.ts";
-import { tolerance } from "../support/backend_check.ts";
-import { freshSeed, GPU, GPU_TEST, randomArray, rng } from "./helpers.ts";
+import { freshSeed, GPU, GPU_TEST } from "./helpers.ts";
+import {
+  type CachePair as Layer,
+  type ReferenceCall,
+  referenceCall,
+  runChecked,
+} from "./checked_calls.ts";
 
 const SPEC = smallSpec({
   requests: [{ query_len: 1, seq_len: 40 }, { query_len: 1, seq_len: 17 }],
 });
-
-interface Layer {
-  gpuCache: GpuKvCache;
-  hostCache: HostKvCache;
-}
 
 /** `layers` caches holding the same start bytes, as an engine's layers of one shape. */
 async function layersOf(gpu: GpuContext, g: GeneratedBatch, layers: number): Promise<Layer[]> {
@@ -41,47 +38,6 @@ async function layersOf(gpu: GpuContext, g: GeneratedBatch, layers: number): Pro
   return out;
 }
 
-/** A layer's call with fresh data, and the reference's result (which writes its host cache). */
-async function prepared(g: GeneratedBatch, l: Layer) {
-  const r = rng(freshSeed()), b = g.batch;
-  const data: Omit<ForwardBatch, "cache"> = {
-    ...b,
-    query: randomArray(r, b.query.length),
-    key: randomArray(r, b.key!.length),
-    value: randomArray(r, b.value!.length),
-  };
-  const want = await CPU_REFERENCE.run({}, validHostBatch(data, l.hostCache), { gpu: null });
-  return { data, want };
-}
-
-/** Runs a prepared call on `plan` and checks output, LSE and cache against the reference. */
-async function runChecked(
-  gpu: GpuContext,
-  plan: GpuPlan,
-  g: GeneratedBatch,
-  l: Layer,
-  call: Awaited<ReturnType<typeof prepared>>,
-  what: string,
-) {
-  const got = await (WEBGPU_FLASH as AttentionBackend<GpuPlan>).run(
-    plan,
-    validHostBatch(call.data, l.gpuCache),
-    { gpu },
-  );
-  try {
-    assertClose(toFloat32(got.output), toFloat32(call.want.output), {
-      ...tolerance(g.spec),
-      label: `output (${what})`,
-    });
-    assertClose(got.lse!, call.want.lse!, { atol: 2e-4, rtol: 1e-5, label: `lse (${what})` });
-  } finally {
-    got.release?.();
-  }
-  const [x, y] = await Promise.all([l.gpuCache.read(), l.hostCache.read()]);
-  assert.deepEqual(x.key, y.key, `key cache (${what})`);
-  assert.deepEqual(x.value, y.value, `value cache (${what})`);
-}
-
 /** One layer's call on `plan` with fresh data, checked. */
 async function layerCall(
   gpu: GpuContext,
@@ -90,7 +46,7 @@ async function layerCall(
   l: Layer,
   what: string,
 ) {
-  await runChecked(gpu, plan, g, l, await prepared(g, l), what);
+  await runChecked(gpu, plan, g, l, await referenceCall(g, l), what);
 }
 
 /** What one round is given: the plan, the batch, the layers' caches and the round's number. */
@@ -136,8 +92,8 @@ function concurrentRounds(layers: number, rounds: number): Promise<number> {
     const order = held.map((_, i) =>
       round % 2 ? (layers - 1 - i + round) % layers : (i + round) % layers
     );
-    const calls: Awaited<ReturnType<typeof prepared>>[] = [];
-    for (const i of order) calls.push(await prepared(g, held[i]));
+    const calls: ReferenceCall[] = [];
+    for (const i of order) calls.push(await referenceCall(g, held[i]));
     await Promise.all(
       order.map((i, k) =>
         runChecked(GPU!, plan, g, held[i], calls[k], `round ${round}, cache ${i}`)

@@ -10,28 +10,23 @@
  * match.
  */
 import assert from "node:assert/strict";
-import { CPU_REFERENCE } from "../../backends/cpu/cpu_reference.ts";
 import { HostKvCache } from "../../backends/cpu/host_cache.ts";
-import { WEBGPU_FLASH } from "../../backends/webgpu_flash.ts";
-import { toFloat32 } from "../../core/data.ts";
-import type { AttentionBackend, ForwardBatch, GpuContext } from "../../core/types.ts";
+import type { GpuContext } from "../../core/types.ts";
 import { bindGroupsOf } from "../../gpu/bind_groups.ts";
 import { FILL } from "../../gpu/fill.ts";
 import { getKernel, packUniforms } from "../../gpu/kernel.ts";
 import { launch } from "../../gpu/launch.ts";
 import { poolOf } from "../../gpu/buffer_pool.ts";
-import { bindStats, type GpuPlan } from "../../gpu/gpu_plan.ts";
+import { bindStats } from "../../gpu/gpu_plan.ts";
 import { GpuKvCache } from "../../gpu/kv_cache.ts";
-import { validHostBatch } from "../../service/host_input.ts";
 import {
   type BatchSpec,
   generateBatch,
   type GeneratedBatch,
   smallSpec,
 } from "../support/batches.ts";
-import { assertClose } from "../support/compare.ts";
-import { tolerance } from "../support/backend_check.ts";
-import { freshSeed, GPU, GPU_TEST, randomArray, rng } from "./helpers.ts";
+import { freshSeed, GPU, GPU_TEST } from "./helpers.ts";
+import { type CachePair, referenceCall, runChecked } from "./checked_calls.ts";
 
 const opts = GPU_TEST;
 
@@ -46,40 +41,14 @@ const SPECS: BatchSpec[] = [
   }),
 ];
 
-interface Held {
+interface Held extends CachePair {
   g: GeneratedBatch;
-  gpuCache: GpuKvCache;
-  hostCache: HostKvCache;
-}
-
-/** `g`'s batch with fresh query/key/value values (same metadata). */
-function freshData(g: GeneratedBatch, seed: number): Omit<ForwardBatch, "cache"> {
-  const r = rng(seed), b = g.batch;
-  return {
-    ...b,
-    query: randomArray(r, b.query.length),
-    key: b.key ? randomArray(r, b.key.length) : null,
-    value: b.value ? randomArray(r, b.value.length) : null,
-  };
 }
 
 /** One call on both caches; the GPU's output, LSE and cache must match the reference's. */
 async function checkedCall(gpu: GpuContext, h: Held, seed: number): Promise<void> {
-  const b = WEBGPU_FLASH as AttentionBackend<GpuPlan>;
-  const data = freshData(h.g, seed);
-  const want = await CPU_REFERENCE.run({}, validHostBatch(data, h.hostCache), { gpu: null });
-  const batch = validHostBatch(data, h.gpuCache);
-  const plan = await b.plan(batch, { gpu });
-  const got = await b.run(plan, batch, { gpu });
-  const what = `${h.g.spec.dtype} call, seed ${seed}`;
-  assertClose(toFloat32(got.output), toFloat32(want.output), {
-    ...tolerance(h.g.spec),
-    label: `output (${what})`,
-  });
-  assertClose(got.lse!, want.lse!, { atol: 2e-4, rtol: 1e-5, label: `lse (${what})` });
-  const [x, y] = await Promise.all([h.gpuCache.read(), h.hostCache.read()]);
-  assert.deepEqual(x.key, y.key, `key cache (${what})`);
-  assert.deepEqual(x.value, y.value, `value cache (${what})`);
+  const call = await referenceCall(h.g, h, seed);
+  await runChecked(gpu, null, h.g, h, call, `${h.g.spec.dtype} call, seed ${seed}`);
 }
 
 Deno.test("reuse: steady-state calls create no bind group, query set or buffer", opts, async () => {
