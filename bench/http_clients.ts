@@ -12,12 +12,13 @@ import type { DecodeJob, DecodeResult } from "./http_client.ts";
  * until every one answers `{kind: "ready"}` (its requests built), then posts `{kind: "go"}` to
  * all at once and collects each one's next message. `wall_ms` runs from the go to the last
  * answer. A worker that fails answers `failed(its error message)`, ready or not. The workers
- * are the caller's to terminate.
+ * are the caller's to terminate. `beforeGo` runs once all are ready, before the go.
  */
 export async function startTogether<D>(
   workers: Worker[],
   jobs: unknown[],
   failed: (message: string) => D,
+  beforeGo: () => Promise<void> = () => Promise.resolve(),
 ): Promise<{ done: D[]; wall_ms: number }> {
   const ready: Promise<void>[] = [], done: Promise<D>[] = [];
   for (const w of workers) {
@@ -37,15 +38,20 @@ export async function startTogether<D>(
   }
   workers.forEach((w, i) => w.postMessage(jobs[i]));
   await Promise.all(ready);
+  await beforeGo();
   const t0 = performance.now();
   for (const w of workers) w.postMessage({ kind: "go" });
   const answers = await Promise.all(done);
   return { done: answers, wall_ms: performance.now() - t0 };
 }
 
-/** Runs each job in its own worker: all build their bodies, then start together. */
+/**
+ * Runs each job in its own worker: all build their bodies, then start together (`beforeGo`
+ * just before the start).
+ */
 export async function concurrently(
   jobs: DecodeJob[],
+  beforeGo?: () => Promise<void>,
 ): Promise<{ results: DecodeResult[]; wall_ms: number }> {
   const workers = jobs.map(() =>
     new Worker(new URL("./http_client_worker.ts", import.meta.url).href, { type: "module" })
@@ -55,6 +61,7 @@ export async function concurrently(
       workers,
       jobs.map((job) => ({ kind: "job", job })),
       (error) => ({ result: { calls: [], error } }),
+      beforeGo,
     );
     return { results: done.map((d) => d.result), wall_ms };
   } finally {

@@ -5,6 +5,7 @@
  * @module
  */
 import type { PollTicks } from "./http_dawn_poll.ts";
+import type { PhaseCpu } from "./http_server_cpu.ts";
 import type { RunReport } from "./http_run.ts";
 import { type PhaseStats, timingOrder } from "./http_stats.ts";
 import { BIG_SHAPE, type HttpShape } from "./http_workload.ts";
@@ -177,6 +178,19 @@ export function formatRuntime(r: RuntimeReport): string[] {
       `dawn poll ticks (server): sequential phase, warm-up included, ${ticks(poll.sequential)}; ` +
         `${s.clients} clients, warm-ups included, ` +
         ticks(poll.concurrent, c?.calls === undefined ? undefined : c.calls + warm),
+    );
+  }
+  const cpu = x.server_cpu;
+  if (cpu && (cpu.sequential || cpu.concurrent)) {
+    const one = (p: PhaseCpu | null) =>
+      p
+        ? `${f(p.thread_ms_per_call)} ms a call on the serving thread(s)` +
+          (p.thread_busy === undefined ? "" : ` (busy ${f(100 * p.thread_busy)}% of the wall)`) +
+          `, ${f(p.process_ms_per_call)} in the process`
+        : "-";
+    out.push(
+      `server CPU (timed calls only): sequential ${one(cpu.sequential)}; ` +
+        `${s.clients} clients ${one(cpu.concurrent)}`,
     );
   }
   const kw = x.keep_warm;

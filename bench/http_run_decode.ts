@@ -9,6 +9,7 @@ import { type DecodeCall, type DecodeJob, runDecode } from "./http_client.ts";
 import { concurrently } from "./http_clients.ts";
 import { type PollTicks, serverPollTicks, ticksBetween } from "./http_dawn_poll.ts";
 import type { Reference } from "./http_reference.ts";
+import { CpuBracket } from "./http_server_cpu.ts";
 import { phaseStats } from "./http_stats.ts";
 import type { Layout } from "./http_workload.ts";
 import type { RunOptions, RunReport } from "./http_run_types.ts";
@@ -61,7 +62,10 @@ export async function decode(
   const warmup = report.decode_warmup_calls = Math.max(1, o.warmup_calls);
   const ticks = () => allPollTicks(report.urls, o.headers);
   const t0 = await ticks();
-  const seq = await runDecode(job(0, 0, warmup, [0, s.steps - 1]));
+  // The servers' CPU over each timed phase, its warm-ups left out (bench/http_server_cpu.ts).
+  const seqCpu = new CpuBracket(report.urls, o.headers);
+  const seq = await runDecode(job(0, 0, warmup, [0, s.steps - 1]), () => seqCpu.start());
+  const seqCpuPhase = await seqCpu.end(seq.calls.length);
   report.decode_cold_ms = seq.warmup_ms;
   if (seq.calls.length) report.decode_sequential = phaseStats(seq.calls);
   if (seq.error) report.errors.push(seq.error);
@@ -81,12 +85,18 @@ export async function decode(
           c === last && c > 0 ? [s.steps - 1] : [],
         ),
     );
-    const { results, wall_ms } = await concurrently(jobs);
+    const concCpu = new CpuBracket(report.urls, o.headers);
+    const { results, wall_ms } = await concurrently(jobs, () => concCpu.start());
     conc = results.flatMap((r) => r.calls);
+    report.server_cpu = {
+      sequential: seqCpuPhase,
+      concurrent: await concCpu.end(conc.length, wall_ms),
+    };
     for (const r of results) if (r.error) report.errors.push(r.error);
     if (conc.length) report.decode_concurrent = phaseStats(conc, wall_ms);
     o.log(`decode ${jobs.length} clients: ${conc.length} calls in ${wall_ms.toFixed(0)} ms`);
   }
+  report.server_cpu ??= { sequential: seqCpuPhase, concurrent: null };
   if (t0) {
     report.dawn_poll = {
       sequential: ticksBetween(t0, t1),

@@ -7,6 +7,7 @@ import type { DeviceReport } from "../core/types.ts";
 import type { CheckTally } from "./http_checks.ts";
 import type { ClientKind } from "./http_client.ts";
 import type { PollTicks } from "./http_dawn_poll.ts";
+import type { PhaseCpu } from "./http_server_cpu.ts";
 import type { PhaseStats } from "./http_stats.ts";
 import type { HttpShape } from "./http_workload.ts";
 
@@ -65,6 +66,11 @@ export interface RunReport {
    * where /metrics has them (bench/http_dawn_poll.ts).
    */
   dawn_poll?: { sequential: PollTicks | null; concurrent: PollTicks | null };
+  /**
+   * The servers' CPU a call over each timed decode phase, warm-ups left out, where /metrics has
+   * it (bench/http_server_cpu.ts).
+   */
+  server_cpu?: { sequential: PhaseCpu | null; concurrent: PhaseCpu | null };
   checks: { prefill: CheckTally; decode: CheckTally };
   /** The server's keep-warm state after the run (`/v1/device`), when it was asked for. */
   keep_warm?: DeviceReport["keep_warm"];

@@ -12,6 +12,7 @@ import { hostPool } from "../gpu/host_pool.ts";
 import { mapReadCounts } from "../gpu/map_read.ts";
 import { dawnTickPacing } from "../gpu/dawn_tick_pace.ts";
 import { labels, type Samples, samples } from "./metrics_text.ts";
+import { type CpuSeconds, cpuSeconds } from "./thread_cpu.ts";
 
 /** One memory pool as /metrics shows it. */
 export interface PoolGauges {
@@ -44,6 +45,8 @@ export interface MemoryPools {
    * wrappers nor its per-callback blocks).
    */
   memory?: { rss: number; heap_used: number; heap_total: number };
+  /** CPU seconds of this thread and of the process (server/thread_cpu.ts); absent where unread. */
+  cpu?: CpuSeconds;
 }
 
 /** The pools of this thread (gpu/buffer_pool.ts, gpu/host_pool.ts). */
@@ -62,7 +65,13 @@ export function threadMemoryPools(): MemoryPools {
     readbacks: { ...mapReadCounts },
     ...dawnPoll(),
     memory: processMemory(),
+    ...threadCpu(),
   };
+}
+
+function threadCpu(): Pick<MemoryPools, "cpu"> {
+  const cpu = cpuSeconds();
+  return cpu ? { cpu } : {};
 }
 
 function processMemory(): MemoryPools["memory"] {
@@ -148,6 +157,22 @@ export function renderPools(out: string[], p: MemoryPools): void {
       ],
       ["v8_heap_used_bytes", "gauge", "This thread's V8 heap in use.", p.memory.heap_used],
       ["v8_heap_total_bytes", "gauge", "This thread's V8 heap committed.", p.memory.heap_total],
+    ]);
+  }
+  if (p.cpu) {
+    samples(out, "attn", [
+      [
+        "thread_cpu_seconds_total",
+        "counter",
+        "User and system CPU seconds of the thread that rendered these samples.",
+        p.cpu.thread,
+      ],
+      [
+        "process_cpu_seconds_total",
+        "counter",
+        "User and system CPU seconds of the whole process (every thread reports it).",
+        p.cpu.process,
+      ],
     ]);
   }
   if (!p.dawn_poll) return;

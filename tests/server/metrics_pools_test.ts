@@ -240,3 +240,65 @@ Deno.test("metrics: the process's resident set and this thread's V8 heap, live a
   }
   assert.ok(held.every((b) => b[b.length - 1] === 1));
 });
+
+/** Spins this thread for `ms` of wall time. */
+function spin(ms: number): number {
+  const end = performance.now() + ms;
+  let x = 0;
+  while (performance.now() < end) x += Math.sqrt(x + 1);
+  return x;
+}
+
+Deno.test("metrics: this thread's and the process's CPU seconds, live and as given", async () => {
+  const given = new Metrics({
+    memoryPools: () => ({ ...POOLS, cpu: { thread: 1.25, process: 3.5 } }),
+  }).render();
+  for (
+    const [name, v] of [
+      ["attn_thread_cpu_seconds_total", 1.25],
+      ["attn_process_cpu_seconds_total", 3.5],
+    ] as const
+  ) {
+    assert.equal(plain(given).get(name), v, name);
+    assert.match(given, new RegExp(`^# HELP ${name} \\S[^\n]*\n# TYPE ${name} counter\n`, "m"));
+  }
+  assert.doesNotMatch(new Metrics({ memoryPools: () => POOLS }).render(), /cpu_seconds/);
+  if (Deno.build.os !== "linux") return;
+  // Live: 300 ms of this thread's busy work adds about as much to both (at least 150 ms: the
+  // thread may be preempted on a busy host; never more than the wall time and a 10 ms tick).
+  const read = () => plain(new Metrics().render());
+  const a = read(), w0 = performance.now();
+  spin(300);
+  const b = read(), wall = (performance.now() - w0) / 1e3;
+  const dThread = b.get("attn_thread_cpu_seconds_total")! -
+    a.get("attn_thread_cpu_seconds_total")!;
+  const dProcess = b.get("attn_process_cpu_seconds_total")! -
+    a.get("attn_process_cpu_seconds_total")!;
+  assert.ok(dThread >= 0.15 && dThread <= wall + 0.02, `thread ${dThread} s over ${wall} s`);
+  assert.ok(dProcess >= 0.1, `process ${dProcess} s`);
+  // A sleeping thread's count stands still (a value that were the process's would not: the
+  // worker below spins meanwhile), and the worker's own scrape counts its spin, not ours.
+  const src = `import { Metrics } from ${
+    JSON.stringify(import.meta.resolve("../../server/metrics.ts"))
+  };
+    const read = (name) => Number(new Metrics().render().match(new RegExp("^" + name + " (\\\\S+)$", "m"))[1]);
+    const t0 = read("attn_thread_cpu_seconds_total"), end = performance.now() + 300;
+    let x = 0; while (performance.now() < end) x += Math.sqrt(x + 1);
+    self.postMessage(read("attn_thread_cpu_seconds_total") - t0);`;
+  const url = URL.createObjectURL(new Blob([src], { type: "text/javascript" }));
+  const worker = new Worker(url, { type: "module" });
+  try {
+    const c = read();
+    const workerSpin = await new Promise<number>((res, rej) => {
+      worker.onmessage = (e) => res(e.data);
+      worker.onerror = (e) => rej(e.message);
+    });
+    const d = read();
+    const ours = d.get("attn_thread_cpu_seconds_total")! - c.get("attn_thread_cpu_seconds_total")!;
+    assert.ok(workerSpin >= 0.15, `worker ${workerSpin} s`);
+    assert.ok(ours < 0.1, `this thread ${ours} s while it waited for the worker`);
+  } finally {
+    worker.terminate();
+    URL.revokeObjectURL(url);
+  }
+});
