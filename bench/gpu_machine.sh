@@ -275,7 +275,7 @@ for w in $what; do
           deno run --allow-net --allow-read --allow-env --allow-run --allow-write \
           bench/http_bench.ts --runtimes dawn --json-out "$out/$name.json" --steps "$steps" \
           --layers "$layers" --clients "$clients" --server-arg="--http-engine=$eng" "${kwargs[@]}" |
-          grep -E "^== |rc=|SM clock|decode step|^  (parse|plan|encode|gpu_and_readback|gpu|readback_map|total) |round trip|^dawn"
+          grep -E "^== |rc=|SM clock|decode step|^  (parse|plan|bind|encode|gpu_and_readback|gpu|readback_map|total) |round trip|^dawn|^server CPU"
       done ;;&
     gap-ab)
       # Dawn's poll gap within the spin (gpu/dawn_tick_pace.ts, NOTES v0.31): GAP_AB runs of
