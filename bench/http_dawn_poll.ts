@@ -29,10 +29,19 @@ export async function serverPollTicks(
   url: string,
   headers: Record<string, string>,
 ): Promise<PollTicks | null> {
+  const text = await metricsText(url, headers);
+  return text === null ? null : pollTicksOf(text);
+}
+
+/** A server's /metrics text now (null: unreadable, or not a 2xx). */
+export async function metricsText(
+  url: string,
+  headers: Record<string, string>,
+): Promise<string | null> {
   try {
     const r = await fetch(new URL("/metrics", url), { headers });
     const text = await r.text();
-    return r.ok ? pollTicksOf(text) : null;
+    return r.ok ? text : null;
   } catch {
     return null;
   }

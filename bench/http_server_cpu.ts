@@ -10,6 +10,7 @@
  * +-0.16 ms a call; 512: +-0.02); the process's in microseconds, Dawn's own threads included.
  * @module
  */
+import { metricsText } from "./http_dawn_poll.ts";
 
 /** CPU seconds of the serving threads and of the processes. */
 export interface ServerCpu {
@@ -38,13 +39,8 @@ export async function readServerCpu(
   headers: Record<string, string>,
 ): Promise<ServerCpu | null> {
   const all = await Promise.all(urls.map(async (u) => {
-    try {
-      const r = await fetch(new URL("/metrics", u), { headers });
-      const text = await r.text();
-      return r.ok ? serverCpuOf(text) : null;
-    } catch {
-      return null;
-    }
+    const text = await metricsText(u, headers);
+    return text === null ? null : serverCpuOf(text);
   }));
   if (all.some((c) => !c)) return null;
   return all.reduce<ServerCpu>(

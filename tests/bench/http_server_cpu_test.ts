@@ -6,12 +6,7 @@ import assert from "node:assert/strict";
 import { CpuBracket, serverCpuOf } from "../../bench/http_server_cpu.ts";
 import { Metrics } from "../../server/metrics.ts";
 import { mergeMetrics } from "../../server/metrics_merge.ts";
-
-const POOLS = {
-  gpu: { free_bytes: 0, in_use_bytes: 0, max_free_bytes: 0, created: 0, reused: 0 },
-  host: { free_bytes: 0, in_use_bytes: 0, max_free_bytes: 0, created: 0, reused: 0, leaked: 0 },
-  readbacks: { early: 0, awaited: 0, deferred: 0, by_submit: 0 },
-};
+import { EMPTY_POOLS as POOLS } from "../support/empty_pools.ts";
 
 const text = (thread: number, process: number) =>
   new Metrics({ memoryPools: () => ({ ...POOLS, cpu: { thread, process } }) }).render();
