@@ -33,7 +33,7 @@ export interface DecodeShape {
   /** Kv head blocks of KH a workgroup spans (`wg_kv_heads`; 1: one). */
   wh: number;
   /** Query tokens a workgroup may span (`wg_tokens`; 1: one): the plan takes it only for rows
-   * of one slice each (backends/decode_plan.ts). */
+   * of one slice each (backends/decode_plan_layout.ts orderItems). */
   wt: number;
   /** Bytes of workgroup memory of the kernel body, staged tile included (before an epilogue or
    * staged table). */

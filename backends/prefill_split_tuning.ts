@@ -133,7 +133,7 @@ export const PREFILL_GPU_KEYS_PER_ITER = 8;
  * The tokens a workgroup of prefill rows spans on the split-KV kernels unless the tuning names
  * more (`wg_tokens`): on an H100 under Deno's runtime 4 x 1024 causal 1.97 -> 1.75 ms (0.287x ->
  * 0.322x the FMA ceiling), 8 x 4096 51.3 -> 50.7 ms; 2 gave 1.82 / 51.8, 8 was slower (2.38 /
- * 68.7): bench/NOTES.md v0.22. Taken only where the plan's rows allow (backends/decode_plan.ts
+ * 68.7): bench/NOTES.md v0.22. Taken only where the plan's rows allow (backends/decode_rows.ts
  * tokenGroups: a decode row beside prefill chunks keeps 1).
  */
 export const PREFILL_WG_TOKENS = 4;

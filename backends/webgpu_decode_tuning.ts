@@ -161,7 +161,7 @@ export interface DecodeTuning {
   wg_tokens: number;
   /** Each request's rows (its token groups under `wg_tokens`) dispatched from the longest key
    * range to the shortest instead of in token order, so that a causal prefill's longest rows
-   * do not end the dispatch as a last wave of long workgroups (backends/decode_plan.ts
+   * do not end the dispatch as a last wave of long workgroups (backends/decode_rows.ts
    * longestFirst). Requests keep their order. Decode steps (one row a request) are unchanged. */
   longest_first: boolean;
   /** GPU adapters' prefill rows take PREFILL_GPU_TUNING (backends/prefill_split_tuning.ts) for
