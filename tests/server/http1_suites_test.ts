@@ -1,8 +1,9 @@
 /**
- * The forward, error, contract-edge, limit, auth, shutdown, cache-route, queue-timeout and body
- * timeout suites and the body release suite (pooled bodies reused between calls) again, each server on the service's own HTTP/1.1 server (server/http1_server.ts;
- * process-level servers with `--http-engine http1`): what a client sees must not depend on the
- * HTTP server, but for what http1_protocol_test.ts pins (malformed heads answered as problems).
+ * The forward, error, contract-edge, limit, auth, shutdown, cache-route, cache-data, queue-timeout
+ * and body timeout suites and the body release suite (pooled bodies reused between calls) again,
+ * each server on the service's own HTTP/1.1 server (server/http1_server.ts; process-level servers
+ * with `--http-engine http1`): what a client sees must not depend on the HTTP server, but for what
+ * http1_protocol_test.ts pins (malformed heads answered as problems).
  */
 import assert from "node:assert/strict";
 import "./forward_test.ts";
@@ -12,6 +13,7 @@ import "./limits_test.ts";
 import "./auth_test.ts";
 import "./shutdown_test.ts";
 import "./cache_routes_test.ts";
+import "./cache_data_test.ts";
 import "./queue_timeout_http_test.ts";
 import "./body_timeout_test.ts";
 import "./body_release_test.ts";

@@ -1,9 +1,10 @@
 /**
- * The forward, error, limit, shutdown and cache-route suites again, each server's HTTP/1.1 server
- * (server/http1_server.ts) run by two HTTP worker threads (server/worker_front.ts; process-level
- * servers with `--http-engine http1 --http-workers 2`): what a client sees must not depend on
- * which threads serve it. Then what the workers share: the answers http1 gives itself counted in
- * the owner's `/metrics`, and ATTN_HTTP_MAX_CONNECTIONS capping the port, not each worker.
+ * The forward, error, limit, shutdown, cache-route and cache-data suites again, each server's
+ * HTTP/1.1 server (server/http1_server.ts) run by two HTTP worker threads (server/worker_front.ts;
+ * process-level servers with `--http-engine http1 --http-workers 2`): what a client sees must not
+ * depend on which threads serve it. Then what the workers share: the answers http1 gives itself
+ * counted in the owner's `/metrics`, and ATTN_HTTP_MAX_CONNECTIONS capping the port, not each
+ * worker.
  */
 import assert from "node:assert/strict";
 import "./forward_test.ts";
@@ -11,6 +12,7 @@ import "./errors_test.ts";
 import "./limits_test.ts";
 import "./shutdown_test.ts";
 import "./cache_routes_test.ts";
+import "./cache_data_test.ts";
 import { serverMode, startServer } from "./helpers.ts";
 import { answerOn, RAW_GET, rawExchange } from "./raw_http.ts";
 import { withEnv } from "../support/env.ts";
