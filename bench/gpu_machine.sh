@@ -40,7 +40,7 @@
 # (see the part), each server with ATTN_TRACE_FILE (its requests' heads, bodies and answers by
 # connection, and each launch: gap-ab-N-...-trace.txt beside the log and JSON). v0.30's
 # http1-stall part is GAP_AB="http1:0.01 http1:0.01 http1:0.01 http1:0.01" (NOTES v0.31).
-# http-prof: the server (HTTP_PROF_RUNTIME, default dawn; keep-warm process; HTTP_PROF_SERVER_ARGS
+# http-prof: the server (HTTP_PROF_RUNTIME, default dawn; keep-warm HTTP_PROF_KEEP_WARM, default timer; HTTP_PROF_SERVER_ARGS
 # added) under --cpu-prof, the HTTP bench against it (--url, HTTP_PROF_ARGS, default "--steps
 # 128"), then SIGINT and bench/cpuprofile_summary.ts of the server's profile
 # ($OUT/http-prof-summary.txt); HTTP_TIMEOUT.
@@ -305,7 +305,7 @@ for w in $what; do
       port=18321
       # shellcheck disable=SC2086
       deno run --cpu-prof --cpu-prof-dir="$out/prof" -A server/main.ts --port "$port" \
-        --webgpu-runtime "${HTTP_PROF_RUNTIME:-dawn}" --keep-warm-ms 3000 --keep-warm-mode process \
+        --webgpu-runtime "${HTTP_PROF_RUNTIME:-dawn}" --keep-warm-ms 3000 --keep-warm-mode "${HTTP_PROF_KEEP_WARM:-timer}" \
         ${HTTP_PROF_SERVER_ARGS:-} >"$out/http-prof-server.log" 2>&1 &
       srv=$!
       for _ in $(seq 120); do
