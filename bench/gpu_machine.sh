@@ -40,10 +40,10 @@
 # (see the part), each server with ATTN_TRACE_FILE (its requests' heads, bodies and answers by
 # connection, and each launch: gap-ab-N-...-trace.txt beside the log and JSON). v0.30's
 # http1-stall part is GAP_AB="http1:0.01 http1:0.01 http1:0.01 http1:0.01" (NOTES v0.31).
-# http-prof: the server (HTTP_PROF_RUNTIME, default dawn; keep-warm HTTP_PROF_KEEP_WARM, default timer; HTTP_PROF_SERVER_ARGS
-# added) under --cpu-prof, the HTTP bench against it (--url, HTTP_PROF_ARGS, default "--steps
-# 128"), then SIGINT and bench/cpuprofile_summary.ts of the server's profile
-# ($OUT/http-prof-summary.txt); HTTP_TIMEOUT.
+# http-prof: the server (HTTP_PROF_RUNTIME, default dawn; keep-warm mode HTTP_PROF_KEEP_WARM,
+# default timer; HTTP_PROF_SERVER_ARGS added) under --cpu-prof, the HTTP bench against it (--url,
+# HTTP_PROF_ARGS, default "--steps 128"), then SIGINT and bench/cpuprofile_summary.ts of the
+# server's profile ($OUT/http-prof-summary.txt); HTTP_TIMEOUT.
 # stub-ab: bench/http_overhead.ts's stub behind the http1 engine, sequential, once per STUB_AB
 # entry (the stub's busy wait per call, ms; default "0 0.7 0 0.7"); STUB_CALLS, STUB_TIMEOUT 60.
 # host-costs: bench/webgpu_host_costs.ts on Dawn, what the WebGPU calls of a decode-like launch
