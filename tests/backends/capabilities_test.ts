@@ -14,6 +14,7 @@ import {
   supportsKvCacheDType,
   validateConfiguration,
 } from "../../backends/capabilities.ts";
+import { capabilities } from "../../backends/capabilities_base.ts";
 import type {
   AttentionBackend,
   Capabilities,
@@ -24,29 +25,15 @@ import type {
 
 /** Capabilities that support nothing optional (every flag false). */
 function strictCaps(over: Partial<Capabilities> = {}): Capabilities {
-  return {
+  return capabilities({
     dtypes: ["float32"],
     kv_cache_dtypes: ["auto"],
     block_sizes: [16],
     head_sizes: [64, 128],
     kv_cache_layouts: ["NHD"],
     attn_types: ["decoder"],
-    is_mla: false,
-    sinks: false,
-    sliding_window: false,
-    alibi: false,
-    logits_soft_cap: false,
-    non_causal: false,
-    sparse: false,
-    mm_prefix: false,
-    per_head_quant_scales: false,
-    batch_invariant: false,
-    kv_connector: false,
-    lse: false,
-    graph_support: "NEVER",
-    reorder_batch_threshold: null,
     ...over,
-  };
+  });
 }
 
 function fake(

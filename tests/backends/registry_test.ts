@@ -11,6 +11,7 @@ import {
   selectorConfigDefaults,
 } from "../../backends/registry.ts";
 import { builtinBackends } from "../../backends/index.ts";
+import { capabilities } from "../../backends/capabilities_base.ts";
 import { NoValidBackendError, ServiceError } from "../../core/errors.ts";
 import type {
   AttentionBackend,
@@ -20,28 +21,12 @@ import type {
   SelectorConfig,
 } from "../../core/types.ts";
 
-const CAPS: Capabilities = {
+const CAPS: Capabilities = capabilities({
   dtypes: ["float32", "float16"],
   kv_cache_dtypes: ["auto", "float16"],
-  block_sizes: [],
-  head_sizes: [],
   kv_cache_layouts: ["NHD"],
   attn_types: ["decoder"],
-  is_mla: false,
-  sinks: false,
-  sliding_window: false,
-  alibi: false,
-  logits_soft_cap: false,
-  non_causal: false,
-  sparse: false,
-  mm_prefix: false,
-  per_head_quant_scales: false,
-  batch_invariant: false,
-  kv_connector: false,
-  lse: false,
-  graph_support: "NEVER",
-  reorder_batch_threshold: null,
-};
+});
 
 const HOST: DeviceRequirements = { needs_device: false, features: [], limits: {} };
 const F16: DeviceRequirements = { needs_device: true, features: ["shader-f16"], limits: {} };
