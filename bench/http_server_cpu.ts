@@ -6,8 +6,9 @@
  * second read's growth is what one scrape costs, taken off) and once after it, so the phase's
  * CPU a call is the serving threads' own work: a busy host's waits do not add to it as they
  * add to wall time. Under Dawn it includes the poll spin (gpu/dawn_tick_pace.ts: the event loop
- * kept turning for up to 2 ms after each submit), so a wait for the GPU counts while it spins. The thread counts come in 10 ms ticks on Linux (64 calls:
- * +-0.16 ms a call; 512: +-0.02); the process's in microseconds, Dawn's own threads included.
+ * kept turning for up to 2 ms after each submit), so a wait for the GPU counts while it spins.
+ * The thread counts come in 10 ms ticks on Linux (64 calls: +-0.16 ms a call; 512: +-0.02); the
+ * process's in microseconds, Dawn's own threads included (and the scrapes: not taken off).
  * @module
  */
 import { metricsText } from "./http_dawn_poll.ts";

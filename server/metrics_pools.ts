@@ -3,8 +3,9 @@
  * `--memory-budget-bytes` (this thread's GPU buffer pools, gpu/buffer_pool.ts, and its host
  * read-back pool, gpu/host_pool.ts: free, in-use and cap bytes, buffers created and reused; its
  * read-backs by how they completed, Dawn's poll ticks, the process's resident set and this
- * thread's V8 heap, this thread's and the process's CPU seconds), read at scrape time, and the plan cache's counters (plans held, hits,
- * misses, disposed). server/metrics.ts renders them after its own counters.
+ * thread's V8 heap, this thread's and the process's CPU seconds), read at scrape time, and the
+ * plan cache's counters (plans held, hits, misses, disposed). server/metrics.ts renders them
+ * after its own counters.
  * @module
  */
 import { bufferPoolTotals } from "../gpu/buffer_pool.ts";

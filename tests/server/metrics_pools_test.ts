@@ -281,7 +281,8 @@ Deno.test("metrics: this thread's and the process's CPU seconds, live and as giv
   const src = `import { Metrics } from ${
     JSON.stringify(import.meta.resolve("../../server/metrics.ts"))
   };
-    const read = (name) => Number(new Metrics().render().match(new RegExp("^" + name + " (\\\\S+)$", "m"))[1]);
+    const read = (name) =>
+      Number(new Metrics().render().match(new RegExp("^" + name + " (\\\\S+)$", "m"))[1]);
     const t0 = read("attn_thread_cpu_seconds_total"), end = performance.now() + 300;
     let x = 0; while (performance.now() < end) x += Math.sqrt(x + 1);
     self.postMessage(read("attn_thread_cpu_seconds_total") - t0);`;
