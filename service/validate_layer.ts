@@ -2,10 +2,11 @@
  * The layer and cache checks of forward validation, and the issue collector they share.
  * @module
  */
-import { CACHE_SPEC_RULES, ruleProblem } from "../core/cache_spec.ts";
 import { invalidBatch, type Issue, MAX_LISTED_ISSUES, withNotListed } from "../core/errors.ts";
-import type { AttnType, KvCacheDType, KvCacheSpec, KvLayout, LayerSpec } from "../core/types.ts";
+import type { AttnType, KvCacheSpec, KvLayout, LayerSpec } from "../core/types.ts";
+import type { CacheTensor } from "../wire/tensors.ts";
 import type { ForwardInput, HeldCacheInfo, ValidatedForward } from "./validate.ts";
+import { alignedBytes, checkHeldCache, specFromShape } from "./validate_cache.ts";
 
 /** Collects issues (up to MAX_LISTED_ISSUES) and throws them all as one invalid_batch. */
 export class Issues {
@@ -110,8 +111,8 @@ export function checkLayer(input: ForwardInput, is: Issues): LayerSpec {
   };
 }
 
-/** The size fields of a cache spec: an inline cache's shape axes. */
-type SizeField = "num_blocks" | "block_size" | "num_kv_heads" | "head_size";
+/** What checkCache resolves: the call's cache spec and its inline cache, or nulls. */
+type CacheCheck = { spec: KvCacheSpec | null; inline: ValidatedForward["inline"] };
 
 /**
  * Resolves the cache spec of the call (held or inline) and checks it against the layer. An
@@ -126,61 +127,77 @@ export function checkCache(
   held: HeldCacheInfo | null,
   is: Issues,
 ): { spec: KvCacheSpec | null; inline: ValidatedForward["inline"] } {
-  const needs = !isEncoder(layer.attn_type);
   const hasInline = input.key_cache !== undefined || input.value_cache !== undefined;
+  if (refusesCacheUse(input, layer, held, hasInline, is)) return { spec: null, inline: null };
+  if (held) {
+    const s = held.spec;
+    checkHeldCache(input, layer, s, is);
+    return { spec: s, inline: null };
+  }
+  return checkInlineCache(input, layer, is);
+}
+
+/**
+ * Whether the call's use of a cache is refused (an issue added): a held cache and an inline
+ * one both given, a cache given to an attention type that uses none (encoders), or none given
+ * to one that needs one.
+ */
+function refusesCacheUse(
+  input: ForwardInput,
+  layer: LayerSpec,
+  held: HeldCacheInfo | null,
+  hasInline: boolean,
+  is: Issues,
+): boolean {
   if (held && hasInline) {
     is.add(
       ["kv_cache"],
       `give either kv_cache (${input.kv_cache}) or inline key_cache/value_cache, not both`,
     );
-    return { spec: null, inline: null };
+    return true;
   }
-  if (!needs) {
+  if (isEncoder(layer.attn_type)) {
     if (held || hasInline) {
       is.add(
         held ? ["kv_cache"] : ["key_cache"],
         `attn_type ${layer.attn_type} uses no KV cache; remove it`,
       );
     }
-    return { spec: null, inline: null };
+    return true;
   }
   if (!held && !hasInline) {
     is.add(
       ["kv_cache"],
       `attn_type ${layer.attn_type} needs a KV cache: kv_cache id or key_cache + value_cache`,
     );
-    return { spec: null, inline: null };
+    return true;
   }
-  if (held) {
-    const s = held.spec;
-    if (s.num_kv_heads !== layer.num_kv_heads) {
-      is.add(
-        ["layer", "num_kv_heads"],
-        `is ${layer.num_kv_heads} but cache ${input.kv_cache} has ${s.num_kv_heads}`,
-      );
-    }
-    if (s.head_size !== layer.head_size) {
-      is.add(
-        ["layer", "head_size"],
-        `is ${layer.head_size} but cache ${input.kv_cache} has ${s.head_size}`,
-      );
-    }
-    if (s.dtype !== input.dtype) {
-      is.add(["dtype"], `is ${input.dtype} but cache ${input.kv_cache} was created for ${s.dtype}`);
-    }
-    // The layout is the held cache's; a call that names another one contradicts it (it was
-    // ignored before: session 38's audit).
-    const named = input.kv_cache_layout;
-    if (named !== undefined && named !== s.layout) {
-      is.add(["kv_cache_layout"], `is ${named} but cache ${input.kv_cache} is ${s.layout}`);
-    }
-    return { spec: s, inline: null };
-  }
+  return false;
+}
+
+/**
+ * The spec and bytes of the call's inline cache (`key_cache` + `value_cache`), or nulls when
+ * one is missing, they disagree, `key_cache` is not 4-D, or its spec is refused.
+ */
+function checkInlineCache(input: ForwardInput, layer: LayerSpec, is: Issues): CacheCheck {
   const kc = input.key_cache, vc = input.value_cache;
   if (!kc || !vc) {
     is.add([kc ? "value_cache" : "key_cache"], "inline caches need both key_cache and value_cache");
     return { spec: null, inline: null };
   }
+  const paired = inlinePairAgrees(kc, vc, is);
+  const layout: KvLayout = input.kv_cache_layout ?? "NHD";
+  if (kc.shape.length !== 4) {
+    is.add(["key_cache", "shape"], `must be 4-D (${layout}), got ${fmt(kc.shape)}`);
+    return { spec: null, inline: null };
+  }
+  const spec = specFromShape(kc, layout, input.dtype, layer, is);
+  if (!paired || spec === null) return { spec: null, inline: null };
+  return { spec, inline: { spec, key: alignedBytes(kc.bytes), value: alignedBytes(vc.bytes) } };
+}
+
+/** Whether `value_cache` has `key_cache`'s dtype and shape; adds an issue for each it lacks. */
+function inlinePairAgrees(kc: CacheTensor, vc: CacheTensor, is: Issues): boolean {
   let ok = true;
   if (kc.dtype !== vc.dtype) {
     is.add(["value_cache", "dtype"], `is ${vc.dtype} but key_cache is ${kc.dtype}`);
@@ -190,62 +207,7 @@ export function checkCache(
     is.add(["value_cache", "shape"], `is ${fmt(vc.shape)} but key_cache is ${fmt(kc.shape)}`);
     ok = false;
   }
-  const layout: KvLayout = input.kv_cache_layout ?? "NHD";
-  if (kc.shape.length !== 4) {
-    is.add(["key_cache", "shape"], `must be 4-D (${layout}), got ${fmt(kc.shape)}`);
-    return { spec: null, inline: null };
-  }
-  const [num_blocks, a, b, d] = kc.shape;
-  const [block_size, heads] = layout === "NHD" ? [a, b] : [b, a];
-  const hAxis = layout === "NHD" ? 2 : 1;
-  // Each size axis by its rule of core/cache_spec.ts (the rule importCache's checkCacheSpec
-  // keeps), named at its place in the request: key_cache.shape[axis].
-  const sizeAxis = (field: SizeField, axis: number, v: number): boolean => {
-    const problem = ruleProblem(CACHE_SPEC_RULES[field], v);
-    if (problem === null) return true;
-    is.add(["key_cache", "shape", axis], `${field} axis ${problem}`);
-    ok = false;
-    return false;
-  };
-  sizeAxis("num_blocks", 0, num_blocks);
-  sizeAxis("block_size", hAxis === 2 ? 1 : 2, block_size);
-  if (sizeAxis("num_kv_heads", hAxis, heads) && heads !== layer.num_kv_heads) {
-    is.add(
-      ["key_cache", "shape", hAxis],
-      `num_kv_heads axis is ${heads} but layer.num_kv_heads is ${layer.num_kv_heads}`,
-    );
-    ok = false;
-  }
-  if (sizeAxis("head_size", 3, d) && d !== layer.head_size) {
-    is.add(
-      ["key_cache", "shape", 3],
-      `head_size axis is ${d} but layer.head_size is ${layer.head_size}`,
-    );
-    ok = false;
-  }
-  let kv_cache_dtype: KvCacheDType = "auto";
-  if (kc.dtype !== input.dtype) {
-    if (kc.dtype === "float32") {
-      is.add(
-        ["key_cache", "dtype"],
-        `a float32 cache needs dtype float32, got dtype ${input.dtype}`,
-      );
-      ok = false;
-    } else kv_cache_dtype = kc.dtype;
-  }
-  if (!ok) return { spec: null, inline: null };
-  const spec: KvCacheSpec = {
-    num_blocks,
-    block_size,
-    num_kv_heads: heads,
-    head_size: d,
-    dtype: input.dtype,
-    kv_cache_dtype,
-    layout,
-  };
-  // Bytes aligned to 8, as the wire decoders leave them (a caller's own misaligned view is copied).
-  const own = (b: Uint8Array) => (b.byteOffset % 8 === 0 ? b : b.slice());
-  return { spec, inline: { spec, key: own(kc.bytes), value: own(vc.bytes) } };
+  return ok;
 }
 
 /** The smallest normal float32 (2^-126): GPUs flush smaller magnitudes to 0. */
