@@ -1,7 +1,7 @@
 /**
- * The cache checks of forward validation that need no rendering of their own: a held cache's
- * spec against the call, an inline cache's spec read from `key_cache.shape`, and the inline
- * bytes the call keeps (service/validate_layer.ts checkCache runs them).
+ * The cache checks of forward validation: a held cache's spec against the call, an inline
+ * cache's spec read from `key_cache.shape`, and the inline bytes the call keeps
+ * (service/validate_layer.ts checkCache runs them).
  * @module
  */
 import { CACHE_SPEC_RULES, ruleProblem } from "../core/cache_spec.ts";
