@@ -13,7 +13,7 @@ import { ServiceError } from "../core/errors.ts";
 import type { GpuContext, ValidBatch } from "../core/types.ts";
 import { poolOf } from "./buffer_pool.ts";
 import { INPUTS, packedInputs } from "./packed_inputs.ts";
-import { BOUND_VARIANTS, boundList, findBound } from "./bound_calls.ts";
+import { BOUND_VARIANTS, type BoundCalls, boundList, findBound } from "./bound_calls.ts";
 import { type Bound, entries, type KernelCall } from "./launch.ts";
 import { bindGroupsOf } from "./bind_groups.ts";
 import { TABLE_USAGE } from "./plan_table.ts";
@@ -147,28 +147,14 @@ export function bindStats(): {
  * launches the result; the bench launches its calls without a readback to time the kernels.
  */
 export function bindGpuPlan(p: GpuPlan, b: ValidBatch, gpu: GpuContext): BoundGpuPlan {
-  const cache = b.cache;
-  if (cache !== null) {
-    if (!(cache instanceof GpuKvCache)) {
-      throw new ServiceError(
-        `a WebGPU backend needs a webgpu KV cache, got storage "${cache.storage}"`,
-        { status: 422, code: "cache_storage_mismatch", extra: { storage: cache.storage } },
-      );
-    }
-    cache.assertUsable(gpu);
-    if (cache.chunkKey !== p.cache_layout) {
-      throw new Error(
-        `the cache is laid out as ${cache.chunkKey} but the plan was built for ${p.cache_layout}`,
-      );
-    }
-  }
+  const cache = gpuCacheOf(p, b, gpu);
   const pool = poolOf(gpu);
   const owned: GPUBuffer[] = [];
   // The buffers this plan's last call on this cache had, where free (a cache's calls then bind
   // the same buffers, so its kept state is found, also while other caches' calls are in flight).
   const kept = boundList(p.calls, cache);
   const had = kept[0]?.owned;
-  const take = (bytes: number, usage: number, label: string) => {
+  const take: Take = (bytes, usage, label) => {
     const buf = pool.acquire(Math.max(16, bytes), usage, label, had?.[owned.length]);
     owned.push(buf);
     return buf;
@@ -185,28 +171,7 @@ export function bindGpuPlan(p: GpuPlan, b: ValidBatch, gpu: GpuContext): BoundGp
     }
     const flags = p.checks_finite ? take(FLAGS_BYTES, FLAGS_USAGE, "flags") : null;
     if (flags) io.flags = flags;
-    const packed = packedInputs(
-      b,
-      gpu.limits.minStorageBufferOffsetAlignment ?? 256,
-      gpu.limits.maxBufferSize ?? 2 ** 28,
-    );
-    const ranges: number[] = [];
-    if (packed) {
-      const buffer = take(packed.span.byteLength, STORAGE_IN, "inputs");
-      uploads.push({ buffer, data: packed.span });
-      for (const { name, offset, bytes } of packed.at) {
-        io[name] = { buffer, offset, size: bytes };
-        ranges.push(offset, bytes);
-      }
-    } else {
-      for (const name of INPUTS) {
-        const t = b[name];
-        if (!t) continue;
-        const buffer = take(t.bytes.byteLength, STORAGE_IN, name);
-        io[name] = buffer;
-        uploads.push({ buffer, data: t.bytes });
-      }
-    }
+    const ranges = bindInputs(b, gpu, take, io, uploads);
     const scratch: Record<string, GPUBuffer> = {};
     for (const [name, bytes] of Object.entries(p.scratch)) {
       scratch[name] = take(bytes, GPUBufferUsage.STORAGE, name);
@@ -217,21 +182,14 @@ export function bindGpuPlan(p: GpuPlan, b: ValidBatch, gpu: GpuContext): BoundGp
     }
     // Every buffer a call may bind, in a fixed order (the same plan binds the same names).
     const buffers = [...owned, ...persistent.values()];
-    if (cache !== null) {
-      const c = cache as GpuKvCache;
-      buffers.push(...c.keyBuffers, ...c.valueBuffers);
-    }
-    const found = findBound(kept, buffers, ranges);
-    const calls = found?.calls ??
-      bindCalls(p, gpu, cache as GpuKvCache | null, { table, io, scratch, persistent });
-    if (!found) {
-      kept.unshift({ buffers, owned, ranges, calls });
-      if (kept.length > BOUND_VARIANTS) kept.length = BOUND_VARIANTS;
-      boundStats.bound++;
-    } else {
-      boundStats.reused++;
-      boundStats.reused_groups += calls.length;
-    }
+    if (cache !== null) buffers.push(...cache.keyBuffers, ...cache.valueBuffers);
+    const calls = reusedCalls(kept, buffers, ranges) ??
+      keepBound(kept, {
+        buffers,
+        owned,
+        ranges,
+        calls: bindCalls(p, gpu, cache, { table, io, scratch, persistent }),
+      });
     return {
       uploads,
       clears: flags ? [flags] : [],
@@ -246,4 +204,89 @@ export function bindGpuPlan(p: GpuPlan, b: ValidBatch, gpu: GpuContext): BoundGp
     pool.release(...owned);
     throw e;
   }
+}
+
+/** Takes a pooled buffer of at least `bytes` for the call being bound (it keeps the list). */
+type Take = (bytes: number, usage: number, label: string) => GPUBuffer;
+
+/**
+ * The batch's cache as a WebGPU cache usable on `gpu` and laid out as plan `p` expects, or null
+ * when the call has none.
+ * @throws ServiceError 422 `cache_storage_mismatch` for a cache of another storage; Error when
+ * its device is gone or its layout is not the plan's.
+ */
+function gpuCacheOf(p: GpuPlan, b: ValidBatch, gpu: GpuContext): GpuKvCache | null {
+  const cache = b.cache;
+  if (cache === null) return null;
+  if (!(cache instanceof GpuKvCache)) {
+    throw new ServiceError(
+      `a WebGPU backend needs a webgpu KV cache, got storage "${cache.storage}"`,
+      { status: 422, code: "cache_storage_mismatch", extra: { storage: cache.storage } },
+    );
+  }
+  cache.assertUsable(gpu);
+  if (cache.chunkKey !== p.cache_layout) {
+    throw new Error(
+      `the cache is laid out as ${cache.chunkKey} but the plan was built for ${p.cache_layout}`,
+    );
+  }
+  return cache;
+}
+
+/**
+ * Binds the call's query, key and value into `io` and queues their uploads: ranges of one buffer
+ * where the body carried them back to back ({@link packedInputs}), else a buffer each. Returns
+ * the ranges (offset, bytes pairs; empty for separate buffers), part of the kept state's key.
+ */
+function bindInputs(
+  b: ValidBatch,
+  gpu: GpuContext,
+  take: Take,
+  io: Record<string, Bound>,
+  uploads: { buffer: GPUBuffer; data: Uint8Array }[],
+): number[] {
+  const packed = packedInputs(
+    b,
+    gpu.limits.minStorageBufferOffsetAlignment ?? 256,
+    gpu.limits.maxBufferSize ?? 2 ** 28,
+  );
+  const ranges: number[] = [];
+  if (packed) {
+    const buffer = take(packed.span.byteLength, STORAGE_IN, "inputs");
+    uploads.push({ buffer, data: packed.span });
+    for (const { name, offset, bytes } of packed.at) {
+      io[name] = { buffer, offset, size: bytes };
+      ranges.push(offset, bytes);
+    }
+  } else {
+    for (const name of INPUTS) {
+      const t = b[name];
+      if (!t) continue;
+      const buffer = take(t.bytes.byteLength, STORAGE_IN, name);
+      io[name] = buffer;
+      uploads.push({ buffer, data: t.bytes });
+    }
+  }
+  return ranges;
+}
+
+/** The kept calls bound to the same buffers and ranges (counted as reused), or null. */
+function reusedCalls(
+  kept: BoundCalls[],
+  buffers: GPUBuffer[],
+  ranges: number[],
+): KernelCall[] | null {
+  const found = findBound(kept, buffers, ranges);
+  if (!found) return null;
+  boundStats.reused++;
+  boundStats.reused_groups += found.calls.length;
+  return found.calls;
+}
+
+/** Keeps a newly bound state first in the list (at most BOUND_VARIANTS); returns its calls. */
+function keepBound(kept: BoundCalls[], state: BoundCalls): KernelCall[] {
+  kept.unshift(state);
+  if (kept.length > BOUND_VARIANTS) kept.length = BOUND_VARIANTS;
+  boundStats.bound++;
+  return state.calls;
 }
