@@ -65,7 +65,7 @@ export async function decode(
   // The servers' CPU over each timed phase, its warm-ups left out (bench/http_server_cpu.ts).
   const seqCpu = new CpuBracket(report.urls, o.headers);
   const seq = await runDecode(job(0, 0, warmup, [0, s.steps - 1]), () => seqCpu.start());
-  const seqCpuPhase = await seqCpu.end(seq.calls.length);
+  report.server_cpu = { sequential: await seqCpu.end(seq.calls.length), concurrent: null };
   report.decode_cold_ms = seq.warmup_ms;
   if (seq.calls.length) report.decode_sequential = phaseStats(seq.calls);
   if (seq.error) report.errors.push(seq.error);
@@ -88,15 +88,11 @@ export async function decode(
     const concCpu = new CpuBracket(report.urls, o.headers);
     const { results, wall_ms } = await concurrently(jobs, () => concCpu.start());
     conc = results.flatMap((r) => r.calls);
-    report.server_cpu = {
-      sequential: seqCpuPhase,
-      concurrent: await concCpu.end(conc.length, wall_ms),
-    };
+    report.server_cpu.concurrent = await concCpu.end(conc.length, wall_ms);
     for (const r of results) if (r.error) report.errors.push(r.error);
     if (conc.length) report.decode_concurrent = phaseStats(conc, wall_ms);
     o.log(`decode ${jobs.length} clients: ${conc.length} calls in ${wall_ms.toFixed(0)} ms`);
   }
-  report.server_cpu ??= { sequential: seqCpuPhase, concurrent: null };
   if (t0) {
     report.dawn_poll = {
       sequential: ticksBetween(t0, t1),

@@ -18,7 +18,7 @@ export interface BoundCalls {
   buffers: GPUBuffer[];
   /** The pooled buffers among `buffers`, in the order the binding acquired them. */
   owned: GPUBuffer[];
-  /** Where the packed inputs lie in their buffer (offsets), empty when not packed. */
+  /** Where the packed inputs lie in their buffer (offset, bytes pairs), empty when not packed. */
   ranges: number[];
   calls: KernelCall[];
 }
