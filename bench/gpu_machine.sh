@@ -47,7 +47,8 @@
 # stub-ab: bench/http_overhead.ts's stub behind the http1 engine, sequential, once per STUB_AB
 # entry (the stub's busy wait per call, ms; default "0 0.7 0 0.7"); STUB_CALLS, STUB_TIMEOUT 60.
 # host-costs: bench/webgpu_host_costs.ts on Dawn, what the WebGPU calls of a decode-like launch
-# cost the host (HOST_COSTS_CALLS, default 400; HOST_COSTS_TIMEOUT 90).
+# cost the host (HOST_COSTS_CALLS, default 400; HOST_COSTS_TIMEOUT 90), once per
+# HOST_COSTS_BETWEEN entry (KiB of host work between calls, default "0 800").
 # threads: bench/device_threads_probe.ts, several threads of one process each with its own device
 # (Dawn, then Deno's runtime; THREADS_ARGS, default "--threads 1,2,4,8 --seconds 3"), each in its
 # own step (an abort of Dawn in several isolates ends only that step); THREADS_TIMEOUT 60.
@@ -335,8 +336,11 @@ for w in $what; do
     host-costs)
       # What the WebGPU API costs the host per decode-like call on Dawn (bench/webgpu_host_costs.ts:
       # writeBuffer patterns, dispatches, clearBuffer, error scope; NOTES v0.38), HOST_COSTS_CALLS.
-      TAIL=14 run host-costs "${HOST_COSTS_TIMEOUT:-90}" deno run -A bench/webgpu_host_costs.ts \
-        --runtime dawn --calls "${HOST_COSTS_CALLS:-400}" ;;&
+      # Once per HOST_COSTS_BETWEEN entry (KiB of host work between calls; default "0 800").
+      for kb in ${HOST_COSTS_BETWEEN:-0 800}; do
+        TAIL=14 run "host-costs-$kb" "${HOST_COSTS_TIMEOUT:-90}" deno run -A \
+          bench/webgpu_host_costs.ts --runtime dawn --calls "${HOST_COSTS_CALLS:-400}" --between-kb "$kb"
+      done ;;&
     threads)
       for rt in dawn deno; do
         # shellcheck disable=SC2086

@@ -11,8 +11,14 @@
  * - `submit`: `queue.submit` (and the error scope's push and pop where the variant has one);
  * - `map`: from the submit to the mapped read-back.
  *
- * Run: `deno run -A bench/webgpu_host_costs.ts [--runtime dawn|deno] [--calls N] [--json]`
- * (bench/gpu_machine.sh part `host-costs` on the GPU machine). bench/NOTES.md v0.38 has the H100's.
+ * `--between-kb N` runs host work between two calls, as a server's other work lies between its
+ * launches: N KiB of fresh memory written and read by JS (issue 7's decode body and answer alone
+ * are 640 KiB). On Dawn over lavapipe 800 KiB made `submit` about twice as long with the same
+ * commands (bench/NOTES.md v0.41): much of a real launch's `submit` is the host's cold state.
+ *
+ * Run: `deno run -A bench/webgpu_host_costs.ts [--runtime dawn|deno] [--calls N] [--between-kb N]
+ * [--json]` (bench/gpu_machine.sh part `host-costs` on the GPU machine). bench/NOTES.md v0.38 has
+ * the H100's.
  * @module
  */
 import { parseArgs } from "node:util";
@@ -24,6 +30,7 @@ const { values: a } = parseArgs({
   options: {
     runtime: { type: "string" },
     calls: { type: "string", default: "400" },
+    "between-kb": { type: "string", default: "0" },
     json: { type: "boolean", default: false },
   },
 });
@@ -142,29 +149,42 @@ function oneCall(dev: GPUDevice, s: Setup, v: Variant): [number, number, number]
 
 const median = (x: number[]) => quantile(x, 0.5);
 
-/** `v` run `calls` times: the medians of its parts. */
-async function measure(dev: GPUDevice, s: Setup, v: Variant, calls: number) {
+/** Host work between calls: `kb` KiB of fresh memory written, then read; returns its sum. */
+function hostWork(kb: number, seed: number): number {
+  const a = new Float64Array(kb * 128);
+  for (let j = 0; j < a.length; j++) a[j] = j + seed;
+  let sum = 0;
+  for (let j = 0; j < a.length; j++) sum += a[j];
+  return sum;
+}
+
+/** `v` run `calls` times (`betweenKb` of host work after each): the medians of its parts. */
+async function measure(dev: GPUDevice, s: Setup, v: Variant, calls: number, betweenKb: number) {
   const parts: number[][] = [[], [], [], []];
+  let sink = 0;
   for (let i = 0; i < calls; i++) {
     const times = oneCall(dev, s, v);
     const t = performance.now();
     await s.readback.mapAsync(GPUMapMode.READ, 0, 256);
     s.readback.unmap();
     [...times, performance.now() - t].forEach((x, j) => parts[j].push(x));
+    if (betweenKb > 0) sink += hostWork(betweenKb, i);
   }
+  if (sink < 0) console.log(sink); // keeps the work from being optimized away
   const [upload, record, submit, map] = parts.map(median);
   return { variant: v.name, upload, record, submit, map };
 }
 
 const { device, gpu } = await benchDevice(a.runtime);
 try {
-  const s = setup(gpu.device), calls = Number(a.calls);
+  const s = setup(gpu.device), calls = Number(a.calls), betweenKb = Number(a["between-kb"]);
   const rows = [];
-  for (const v of VARIANTS) rows.push(await measure(gpu.device, s, v, calls));
-  if (a.json) console.log(JSON.stringify({ runtime: deviceSummary(device.report()), calls, rows }));
+  for (const v of VARIANTS) rows.push(await measure(gpu.device, s, v, calls, betweenKb));
+  const runtime = deviceSummary(device.report());
+  if (a.json) console.log(JSON.stringify({ runtime, calls, between_kb: betweenKb, rows }));
   else {
-    console.log(`runtime: ${deviceSummary(device.report())}`);
-    console.log(`${calls} calls a variant; medians in ms`);
+    console.log(`runtime: ${runtime}`);
+    console.log(`${calls} calls a variant, ${betweenKb} KiB of host work between; medians in ms`);
     console.log(`${"variant".padEnd(42)}  upload  record  submit     map`);
     const f = (x: number) => x.toFixed(4).padStart(7);
     for (const r of rows) {
