@@ -43,6 +43,33 @@ export function loadsPerThread(t: FlashTile): number {
   return Math.ceil((t.tx * t.rn * t.v4r) / t.wg);
 }
 
+/** A tile's unrolled index ranges, which every fragment walks. */
+interface Unroll {
+  t: FlashTile;
+  /** Rows and keys of a thread's score tile, its output vec4 columns, its K/V loads. */
+  M: number[];
+  N: number[];
+  CV: number[];
+  NL: number[];
+  /** Elements of a K/V source word. */
+  E: number[];
+  /** Whether the tile's loads divide evenly among the threads (no bounds check a load). */
+  exact: boolean;
+}
+
+/** The ranges of tile `t`. */
+function unrollOf(t: FlashTile): Unroll {
+  return {
+    t,
+    M: range(t.rm),
+    N: range(t.rn),
+    CV: range(t.d4 / t.tx),
+    NL: range(loadsPerThread(t)),
+    E: range(t.epw),
+    exact: (t.tx * t.rn * t.v4r) % t.wg === 0,
+  };
+}
+
 /**
  * The fragments: ROWS (per-row token, head, position, slope), STATE (softmax state and
  * accumulators), LOAD_K / LOAD_V (a tile's global loads into registers, key tile at `kt0`),
@@ -51,10 +78,30 @@ export function loadsPerThread(t: FlashTile): number {
  * partials, then probabilities into Ps), PV (the P V loop), FINISH (normalise, store, LSE).
  */
 export function generateFlash(t: FlashTile): Record<string, string> {
-  const M = range(t.rm), N = range(t.rn), CV = range(t.d4 / t.tx), NL = range(loadsPerThread(t));
-  const E = range(t.epw);
-  const exact = (t.tx * t.rn * t.v4r) % t.wg === 0;
-  const rows = [
+  const u = unrollOf(t);
+  const j = (a: string[]) => a.join("\n");
+  return {
+    ROWS: j(rowsFragment(u)),
+    STATE: j(stateFragment(u)),
+    SLOTS: j(slotsFragment(u)),
+    LOAD_K: j(loadFragment(u, "kw")),
+    LOAD_V: j(loadFragment(u, "vw")),
+    STORE_K: j(storeFragment(u, "kw")),
+    STORE_V: j(storeFragment(u, "vw")),
+    SDECL: j(u.M.flatMap((m) => u.N.map((n) => `    var s${m}_${n} = 0.0;`))),
+    SCORE: j(scoreFragment(u)),
+    SCALE: j(scaleFragment(u)),
+    MASK: j(maskFragment(u)),
+    PMAX: j(pmaxFragment(u)),
+    SOFTMAX: j(softmaxFragment(u)),
+    PV: j(pvFragment(u)),
+    FINISH: j(finishFragment(u)),
+  };
+}
+
+/** ROWS: each thread's key and column indices, and per row its token, head, position, slope. */
+function rowsFragment({ t, M, N, CV }: Unroll): string[] {
+  return [
     ...N.map((n) => `  let key${n} = tx + ${n * t.tx}u;`),
     ...CV.map((i) => `  let col${i} = tx + ${i * t.tx}u;`),
   ].concat(M.flatMap((m) => [
@@ -67,7 +114,11 @@ export function generateFlash(t: FlashTile): Record<string, string> {
       t.alibi ? `select(0.0, bitcast<f32>(mdw[U.off_alibi + h${m}]), ok${m})` : "0.0"
     };`,
   ]));
-  const state = M.flatMap((m) => [
+}
+
+/** STATE: each row's running max and sum (a sink's start where it has one), its accumulators. */
+function stateFragment({ M, CV }: Unroll): string[] {
+  return M.flatMap((m) => [
     `  var m${m} = MASK;`,
     `  var l${m} = 0.0;`,
     `  if (sinks && ok${m}) {`,
@@ -76,19 +127,11 @@ export function generateFlash(t: FlashTile): Record<string, string> {
     "  }",
     ...CV.map((i) => `  var o${m}_${i} = vec4<f32>(0.0);`),
   ]);
-  // K loads look the rows up (ld_r, kept for the V loads of the same tile).
-  const load = (w: "kw" | "vw") =>
-    NL.flatMap((i) => {
-      const cond = exact ? `kt0 + ld_j${i} < kend` : `ld_in${i} && kt0 + ld_j${i} < kend`;
-      return [
-        `    ${w}${i} = vec4<u32>(0u);`,
-        `    if (${cond}) {`,
-        ...(w === "kw" ? [`      ld_r${i} = kv_row(kt0 + ld_j${i}, kvh, rbase);`] : []),
-        `      ${w}${i} = ${w === "kw" ? "src_k" : "src_v"}(ld_r${i}, ld_c${i});`,
-        "    }",
-      ];
-    });
-  const slots = NL.flatMap((i) => [
+}
+
+/** SLOTS: each of a thread's loads: its key and column in the tile, its row, its registers. */
+function slotsFragment({ t, NL }: Unroll): string[] {
+  return NL.flatMap((i) => [
     `  let ld_idx${i} = t + ${i * t.wg}u;`,
     `  let ld_j${i} = ld_idx${i} / V4R;`,
     `  let ld_c${i} = ld_idx${i} % V4R;`,
@@ -97,27 +140,51 @@ export function generateFlash(t: FlashTile): Record<string, string> {
     `  var kw${i} = vec4<u32>(0u);`,
     `  var vw${i} = vec4<u32>(0u);`,
   ]);
-  const store = (w: "kw" | "vw") =>
-    NL.flatMap((i) => {
-      const body = E.map((e) =>
-        `KVs[ld_j${i}][ld_c${i} * EPW + ${e}u] = kv_decode16(${w}${i}, ${e}u);`
-      );
-      return exact ? body.map((b) => `    ${b}`) : [
-        `    if (ld_in${i}) {`,
-        ...body.map((b) => `      ${b}`),
-        "    }",
-      ];
-    });
-  const sdecl = M.flatMap((m) => N.map((n) => `    var s${m}_${n} = 0.0;`));
-  // S = Q K^T over the vec4 columns c (a WGSL expression or a constant).
-  const scoreStep = (c: string, ind: string) => [
+}
+
+/** LOAD_K / LOAD_V: a tile's global loads into registers (K loads look the rows up, for V). */
+function loadFragment({ NL, exact }: Unroll, w: "kw" | "vw"): string[] {
+  return NL.flatMap((i) => {
+    const cond = exact ? `kt0 + ld_j${i} < kend` : `ld_in${i} && kt0 + ld_j${i} < kend`;
+    return [
+      `    ${w}${i} = vec4<u32>(0u);`,
+      `    if (${cond}) {`,
+      ...(w === "kw" ? [`      ld_r${i} = kv_row(kt0 + ld_j${i}, kvh, rbase);`] : []),
+      `      ${w}${i} = ${w === "kw" ? "src_k" : "src_v"}(ld_r${i}, ld_c${i});`,
+      "    }",
+    ];
+  });
+}
+
+/** STORE_K / STORE_V: the loaded words decoded into the tile in workgroup memory (KVs). */
+function storeFragment({ NL, E, exact }: Unroll, w: "kw" | "vw"): string[] {
+  return NL.flatMap((i) => {
+    const body = E.map((e) =>
+      `KVs[ld_j${i}][ld_c${i} * EPW + ${e}u] = kv_decode16(${w}${i}, ${e}u);`
+    );
+    return exact ? body.map((b) => `    ${b}`) : [
+      `    if (ld_in${i}) {`,
+      ...body.map((b) => `      ${b}`),
+      "    }",
+    ];
+  });
+}
+
+/** SCORE: S = Q K^T over the head's vec4 columns, unrolled or as a loop. */
+function scoreFragment({ t, M, N }: Unroll): string[] {
+  // One column c (a WGSL expression or a constant).
+  const step = (c: string, ind: string) => [
     ...M.map((m) => `${ind}let q${m} = Qs[${c}][row${m}];`),
     ...N.map((n) => `${ind}let k${n} = KVs[key${n}][${c}];`),
     ...M.flatMap((m) => N.map((n) => `${ind}s${m}_${n} += dot(q${m}, k${n});`)),
   ];
-  const score = t.unroll
-    ? range(t.d4).flatMap((c) => ["    {", ...scoreStep(`${c}u`, "      "), "    }"])
-    : ["    for (var c = 0u; c < D4; c++) {", ...scoreStep("c", "      "), "    }"];
+  return t.unroll
+    ? range(t.d4).flatMap((c) => ["    {", ...step(`${c}u`, "      "), "    }"])
+    : ["    for (var c = 0u; c < D4; c++) {", ...step("c", "      "), "    }"];
+}
+
+/** SCALE: the soft cap and the ALiBi bias on each score, where compiled in. */
+function scaleFragment({ t, M, N }: Unroll): string[] {
   const scale: string[] = [];
   for (const m of M) {
     for (const n of N) {
@@ -126,22 +193,35 @@ export function generateFlash(t: FlashTile): Record<string, string> {
       if (t.alibi) scale.push(`    ${s} -= sl${m} * f32(pos${m} - i32(kt + tx + ${n * t.tx}u));`);
     }
   }
-  const mask = M.flatMap((m) =>
+  return scale;
+}
+
+/** MASK: the scores of keys a row cannot see, masked (a partly visible tile). */
+function maskFragment({ t, M, N }: Unroll): string[] {
+  return M.flatMap((m) =>
     N.map((n) =>
       `      ${`s${m}_${n}`} = select(MASK, s${m}_${n}, visible(pos${m}, kt + tx + ${
         n * t.tx
       }u, kend));`
     )
   );
+}
+
+/** A row's TX partials in `red` (vec4s), so that the row reads them in TX / 4 loads. */
+function rowPartials(t: FlashTile, m: number): string[] {
+  return range(t.tx / 4).map((x) => `red[row${m}][${x}u]`);
+}
+
+/** PMAX: each row's partial maximum of the thread's scores, into `red`. */
+function pmaxFragment({ M, N }: Unroll): string[] {
   const mx = (m: number) => N.map((n) => `s${m}_${n}`).reduce((a, b) => `max(${a}, ${b})`);
-  // Row partials: TX per row in `red` (vec4s), so a row reads them in TX / 4 loads.
-  const pmax = M.map((m) => `    red[row${m}][tx / 4u][tx % 4u] = ${mx(m)};`);
-  const part = (m: number) => range(t.tx / 4).map((x) => `red[row${m}][${x}u]`);
-  const red = (m: number) => {
-    const v = part(m).reduce((a, b) => `max(${a}, ${b})`);
-    return `hmax(${v})`;
-  };
-  const softmax = M.flatMap((m) => [
+  return M.map((m) => `    red[row${m}][tx / 4u][tx % 4u] = ${mx(m)};`);
+}
+
+/** SOFTMAX: the rows' new maxima, the rescale factors, the probabilities (into Ps), the sums. */
+function softmaxFragment({ t, M, N }: Unroll): string[] {
+  const red = (m: number) => `hmax(${rowPartials(t, m).reduce((a, b) => `max(${a}, ${b})`)})`;
+  return M.flatMap((m) => [
     `    let mn${m} = max(m${m}, ${red(m)});`,
     `    let al${m} = exp(m${m} - mn${m});`,
     `    let mc${m} = max(mn${m}, HALF_MASK);`,
@@ -150,6 +230,13 @@ export function generateFlash(t: FlashTile): Record<string, string> {
     `    m${m} = mn${m};`,
     ...N.map((n) => `    Ps[row${m}][(tx + ${n * t.tx}u) / 4u][tx % 4u] = p${m}_${n};`),
   ]);
+}
+
+/**
+ * PV: O += P V. Tiles every row sees whole (`full`) take the plain steps (unrolled where the
+ * tile says), the rest the masked loop.
+ */
+function pvFragment({ t, M, CV }: Unroll): string[] {
   // O += P V over the keys 4 j4 .. 4 j4 + 3 (j4 a WGSL expression; `k` its value if constant).
   // `masked`: a key the row cannot see adds nothing, whatever its value (its p is 0, and 0 x Inf
   // is NaN): tiles not every row sees whole, where a cache value may be Inf or NaN. Told by
@@ -176,8 +263,7 @@ export function generateFlash(t: FlashTile): Record<string, string> {
     ...pvStep("j4", null, masked),
     "    }",
   ];
-  // Tiles every row sees whole (`full`) take the plain steps, the rest the masked loop.
-  const pv = [
+  return [
     ...M.flatMap((m) => CV.map((i) => `    o${m}_${i} *= al${m};`)),
     "    if (full) {",
     ...(t.unroll
@@ -187,11 +273,15 @@ export function generateFlash(t: FlashTile): Record<string, string> {
     ...pvLoop(true),
     "    }",
   ];
-  const finish = [
+}
+
+/** FINISH: each row's sum from the partials, its output normalised and stored, its LSE. */
+function finishFragment({ t, M, CV }: Unroll): string[] {
+  return [
     ...M.map((m) => `  red[row${m}][tx / 4u][tx % 4u] = l${m};`),
     "  workgroupBarrier();",
     ...M.flatMap((m) => [
-      `  let lt${m} = dot(${part(m).join(" + ")}, vec4<f32>(1.0));`,
+      `  let lt${m} = dot(${rowPartials(t, m).join(" + ")}, vec4<f32>(1.0));`,
       `  if (ok${m}) {`,
       `    let inv = select(U.v_scale / lt${m}, 0.0, lt${m} == 0.0); // NaN lt: NaN out`,
       `    let ob = (tok${m} * U.num_heads + h${m}) * D4 + tx;`,
@@ -202,22 +292,4 @@ export function generateFlash(t: FlashTile): Record<string, string> {
       "  }",
     ]),
   ];
-  const j = (a: string[]) => a.join("\n");
-  return {
-    ROWS: j(rows),
-    STATE: j(state),
-    SLOTS: j(slots),
-    LOAD_K: j(load("kw")),
-    LOAD_V: j(load("vw")),
-    STORE_K: j(store("kw")),
-    STORE_V: j(store("vw")),
-    SDECL: j(sdecl),
-    SCORE: j(score),
-    SCALE: j(scale),
-    MASK: j(mask),
-    PMAX: j(pmax),
-    SOFTMAX: j(softmax),
-    PV: j(pv),
-    FINISH: j(finish),
-  };
 }
