@@ -11,9 +11,8 @@
  *
  * Arguments that name files or folders (that exist) run one plain `deno test` over them
  * (`deno task test tests/gpu`); otherwise they go to both passes (`deno task test --filter
- * decode`). The exit status
- * is the first failing pass's (a pass killed by a signal: 128 + its number, so CI can tell a
- * SIGABRT at exit from a failure), else 0.
+ * decode`). The exit status is the first failing pass's (a pass killed by a signal: 128 + its
+ * number, so CI can tell a SIGABRT at exit from a failure), else 0.
  * @module
  */
 
@@ -70,6 +69,7 @@ async function denoTest(args: string[]): Promise<number> {
   return signal === null ? code : 128 + signalNumber(signal);
 }
 
+/** The number of signal `s` on Linux (0 for one not listed: the status is then 128). */
 function signalNumber(s: Deno.Signal): number {
   const known: Partial<Record<Deno.Signal, number>> = {
     SIGHUP: 1,
