@@ -254,8 +254,11 @@ async function metrics(s: FrontState, req: Request): Promise<Response> {
   if (!head) return res;
   // Every thread's text was asked for uncounted; the first thread then counts the HEAD as such
   // (its own answer has no body to merge), after the text, as one thread counts it.
+  // Within SCRAPE_WAIT_MS as the GETs: a blocked thread does not hold the answer (uncounted).
   const counted = first &&
-    await first.send(new Request(req.url, { method: "HEAD", headers: req.headers }));
+    await withinScrapeWait(
+      first.send(new Request(req.url, { method: "HEAD", headers: req.headers })),
+    );
   await counted?.body?.cancel();
   return await headOf(res);
 }
@@ -272,9 +275,13 @@ async function scrapeThread(
 ): Promise<Response | null> {
   const headers = new Headers(req.headers);
   if (!counts) headers.set(SCRAPE_HEADER, s.scrapeToken);
-  const p = t.send(new Request(req.url, { method: "GET", headers }));
   // A thread that does not answer in SCRAPE_WAIT_MS (on Deno's runtime a call's GPU wait
   // holds its JS thread) is left out of this scrape: attn_device_thread_up says so.
+  return await withinScrapeWait(t.send(new Request(req.url, { method: "GET", headers })));
+}
+
+/** `p`'s answer, or null where none came in SCRAPE_WAIT_MS (a late one's body is dropped). */
+async function withinScrapeWait(p: Promise<Response>): Promise<Response | null> {
   const r = await raceTimeout(p, SCRAPE_WAIT_MS);
   if (r !== "timeout") return r;
   p.then((late) => late.body?.cancel(), () => {});

@@ -236,3 +236,23 @@ Deno.test("device threads: with ATTN_THREAD_STUCK_MS, a thread that finishes no 
     assert.equal((await call("GET", "/v1/kv-caches/other")).status, 200, "the other thread serves");
   });
 });
+
+Deno.test("device threads: a HEAD of /metrics waits for a blocked counting thread no longer than a GET", async () => {
+  // The HEAD's count on its first thread had no SCRAPE_WAIT_MS: with every thread blocked it
+  // answered when the block ended (7 s here), after the GETs' 2 s.
+  const lines: string[] = [];
+  const front = await twoThreads({ pingMs: 100, lostMs: 20_000 }, lines);
+  const call = frontCaller(front);
+  await closing(front, async () => {
+    assert.equal((await call("GET", "/metrics")).status, 200);
+    front.fault(0, { hangMs: 7000 });
+    front.fault(1, { hangMs: 7000 });
+    const t0 = performance.now();
+    const head = await within(call("HEAD", "/metrics"), 9000, "HEAD /metrics");
+    const took = performance.now() - t0;
+    assert.equal(head.status, 200);
+    assert.equal(await head.text(), "");
+    assert.ok(took < 5500, `answered after ${took.toFixed(0)} ms (the scrape waits 2 s a step)`);
+    assert.deepEqual(lines.filter((l) => /stopped/.test(l)), [], "no thread lost");
+  });
+});
