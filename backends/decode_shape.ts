@@ -61,14 +61,68 @@ export function decodeShape(
   spec: KvCacheSpec,
   st: StorageDType,
 ): DecodeShape {
-  const H = layer.num_heads, Hkv = layer.num_kv_heads, D = layer.head_size;
-  const rv = D / elementsPerWord(st) / 4;
+  const D = layer.head_size, rv = D / elementsPerWord(st) / 4;
+  const cpu = isSoftware(gpu);
+  const { sg, half, lpk } = lanesOf(gpu, tuning, st, rv, cpu);
+  const heads = headsOf(tuning, layer, cpu);
+  const u = Math.min(
+    tuning.keys_per_iter || (cpu ? 1 : tuning.gpu_keys_per_iter || 4),
+    spec.block_size,
+  );
+  const wsLimit = gpu.limits.maxComputeWorkgroupStorageSize ?? 16384;
+  // Workgroup bytes of `w` invocations spanning `wh` kv head blocks and `wt` tokens.
+  const shared = (w: number, wh: number, wt: number) =>
+    (sg ? 4 : w * u * heads.F * 4) + (w / lpk) * heads.F * 8 +
+    (w > lpk ? wh * wt * (heads.F * D * 4 + heads.F * 8) : 24);
+  const { wg, wh, wt } = spansOf(
+    invocations(gpu, tuning, cpu, lpk),
+    lpk,
+    heads,
+    layer.num_kv_heads,
+    tuning,
+    (w, wh, wt) => shared(w, wh, wt) <= wsLimit,
+  );
+  // The staged tile: (wg / lpk) key groups x u keys x kh rows of rv vec4s, for K and for V.
+  const tile = 2 * (wg / lpk) * u * heads.kh * rv, tileBytes = 16 * tile;
+  const skv = tuning.stage_kv && wh === 1 && wt === 1 && tileBytes <= tuning.stage_kv_bytes &&
+      shared(wg, 1, 1) + tileBytes <= wsLimit
+    ? tile
+    : 0;
+  const threads = Math.max(1, navigator.hardwareConcurrency ?? 2);
+  return {
+    sg,
+    lpk,
+    half,
+    hg: heads.hg,
+    tiles: heads.tiles,
+    kh: heads.kh,
+    u,
+    wg,
+    target: tuning.target_workgroups || (cpu ? 4 * threads : 2048),
+    wave: tuning.wave_workgroups || (cpu ? threads : GPU_WAVE_WORKGROUPS),
+    skv,
+    wh,
+    wt,
+    shared: shared(wg, wh, wt) + 16 * skv,
+    shared_limit: wsLimit,
+  };
+}
+
+/**
+ * Subgroup sums or not, half-vec4 lanes or not, and the lanes of a key row: a power of two
+ * dividing the row's vec4 count (butterfly sums), or its half-vec4 count under `half_columns`
+ * (2-byte and 1-byte storage: each lane takes 2 words of a vec4; 1-byte storage on GPUs also
+ * under `fp8_half_columns`).
+ */
+function lanesOf(
+  gpu: GpuContext,
+  tuning: DecodeTuning,
+  st: StorageDType,
+  rv: number,
+  cpu: boolean,
+): { sg: boolean; half: boolean; lpk: number } {
   const sg = tuning.subgroups && gpu.features.has("subgroups") &&
     (gpu.adapter_info.subgroup_min_size ?? 0) >= 4;
-  // Lanes per row: a power of two dividing the row's vec4 count (butterfly sums), or its half-vec4
-  // count under `half_columns` (2-byte and 1-byte storage: each lane takes 2 words of a vec4;
-  // 1-byte storage on GPUs also under `fp8_half_columns`).
-  const cpu = isSoftware(gpu);
   const epw = elementsPerWord(st);
   const halfOk = epw >= 2 &&
     (tuning.half_columns || (tuning.fp8_half_columns && epw === 4 && !cpu));
@@ -79,73 +133,75 @@ export function decodeShape(
       sg ? gpu.adapter_info.subgroup_min_size! : tuning.fallback_lanes,
     );
   const half = halfOk && lpkOf(2 * (rv & -rv)) >= 2;
-  const lpk = lpkOf(half ? 2 * (rv & -rv) : rv & -rv);
-  const group = H / Hkv, hg = headTile(group, tuning.max_heads), tiles = group / hg;
+  return { sg, half, lpk: lpkOf(half ? 2 * (rv & -rv) : rv & -rv) };
+}
+
+/** A workgroup's heads: the GQA group's tile (hg of `tiles`), kv heads a key group, flat heads. */
+interface Heads {
+  hg: number;
+  tiles: number;
+  kh: number;
+  /** Flat heads of a key group (kh x hg). */
+  F: number;
+}
+
+/** The heads of a workgroup for `layer` (see {@link Heads}). */
+function headsOf(tuning: DecodeTuning, layer: LayerSpec, cpu: boolean): Heads {
+  const group = layer.num_heads / layer.num_kv_heads, hg = headTile(group, tuning.max_heads);
+  const tiles = group / hg;
   // Flat heads of a workgroup are hq0 + f only when the GQA group is not tiled.
   const kh = tiles > 1 ? 1 : headTile(
-    Hkv,
+    layer.num_kv_heads,
     tuning.kv_heads_per_group || (cpu ? Math.max(1, Math.floor(tuning.max_flat_heads / hg)) : 1),
   );
-  const F = kh * hg;
-  const u = Math.min(
-    tuning.keys_per_iter || (cpu ? 1 : tuning.gpu_keys_per_iter || 4),
-    spec.block_size,
-  );
-  const wsLimit = gpu.limits.maxComputeWorkgroupStorageSize ?? 16384;
-  let wg = Math.max(
+  return { hg, tiles, kh, F: kh * hg };
+}
+
+/**
+ * Invocations a workgroup before its memory is counted: the tuning's (0: 128 on GPUs, one key
+ * group's lanes at least 8 on software adapters) as a multiple of `lpk`, within the device's
+ * invocations (WebGPU grants at least 256; the tuning's rule allows 1024, which a device
+ * granting fewer would not compile): its largest multiple of lpk.
+ */
+function invocations(gpu: GpuContext, tuning: DecodeTuning, cpu: boolean, lpk: number): number {
+  const wg = Math.max(
     lpk,
     Math.floor((tuning.workgroup_size || (cpu ? Math.max(8, lpk) : 128)) / lpk) * lpk,
   );
-  // Within the device's invocations a workgroup (WebGPU grants at least 256; the tuning's rule
-  // allows 1024, which a device granting fewer would not compile): its largest multiple of lpk.
   const maxInv = Math.min(
     gpu.limits.maxComputeInvocationsPerWorkgroup ?? 256,
     gpu.limits.maxComputeWorkgroupSizeX ?? 256,
   );
-  wg = Math.max(lpk, Math.min(wg, Math.floor(maxInv / lpk) * lpk));
+  return Math.max(lpk, Math.min(wg, Math.floor(maxInv / lpk) * lpk));
+}
+
+/**
+ * The workgroup's invocations, halved from `wg0` until `fits` its memory, and the kv head
+ * blocks (`wh`) and tokens (`wt`) it spans.
+ */
+function spansOf(
+  wg0: number,
+  lpk: number,
+  heads: Heads,
+  hkv: number,
+  tuning: DecodeTuning,
+  fits: (w: number, wh: number, wt: number) => boolean,
+): { wg: number; wh: number; wt: number } {
   // Kv head blocks a workgroup may span: the GQA group untiled (its heads then contiguous).
-  const blocks = Hkv / kh, whMax = tiles > 1 ? 1 : Math.min(tuning.wg_kv_heads || 1, blocks);
+  const blocks = hkv / heads.kh;
+  const whMax = heads.tiles > 1 ? 1 : Math.min(tuning.wg_kv_heads || 1, blocks);
   // Tokens a workgroup may span: a power of two (the tuning's rule), with one kv head block.
   const wtMax = whMax > 1 ? 1 : Math.max(1, tuning.wg_tokens);
-  const shared = (w: number, wh = whMax, wt = 1) =>
-    (sg ? 4 : w * u * F * 4) + (w / lpk) * F * 8 +
-    (w > lpk ? wh * wt * (F * D * 4 + F * 8) : 24);
-  while (wg > lpk && shared(wg) > wsLimit) wg = Math.max(lpk, (wg / 2 / lpk | 0) * lpk);
+  let wg = wg0;
+  while (wg > lpk && !fits(wg, whMax, 1)) wg = Math.max(lpk, (wg / 2 / lpk | 0) * lpk);
   let wh = Math.min(whMax, wg / lpk);
   // (The merge's last step takes one invocation a flat head of the workgroup: F wh <= wg.)
-  while (wh > 1 && (blocks % wh !== 0 || (wg / lpk) % wh !== 0 || F * wh > wg)) wh--;
+  while (wh > 1 && (blocks % wh !== 0 || (wg / lpk) % wh !== 0 || heads.F * wh > wg)) wh--;
   // Tokens (wtMax is 1 with kv head blocks): a divisor of the key groups whose merge state fits
   // beside the rest.
   let wt = Math.min(wtMax, wg / lpk);
-  while (wt > 1 && ((wg / lpk) % wt !== 0 || shared(wg, 1, wt) > wsLimit)) {
-    wt = Math.floor(wt / 2);
-  }
-  // The staged tile: (wg / lpk) key groups x u keys x kh rows of rv vec4s, for K and for V.
-  const tile = 2 * (wg / lpk) * u * kh * rv, tileBytes = 16 * tile;
-  const skv = tuning.stage_kv && wh === 1 && wt === 1 && tileBytes <= tuning.stage_kv_bytes &&
-      shared(wg, 1, 1) + tileBytes <= wsLimit
-    ? tile
-    : 0;
-  const threads = Math.max(1, navigator.hardwareConcurrency ?? 2);
-  const target = tuning.target_workgroups || (cpu ? 4 * threads : 2048);
-  const wave = tuning.wave_workgroups || (cpu ? threads : GPU_WAVE_WORKGROUPS);
-  return {
-    sg,
-    lpk,
-    half,
-    hg,
-    tiles,
-    kh,
-    u,
-    wg,
-    target,
-    wave,
-    skv,
-    wh,
-    wt,
-    shared: shared(wg, wh, wt) + 16 * skv,
-    shared_limit: wsLimit,
-  };
+  while (wt > 1 && ((wg / lpk) % wt !== 0 || !fits(wg, 1, wt))) wt = Math.floor(wt / 2);
+  return { wg, wh, wt };
 }
 
 /** Workgroup bytes of the epilogue beyond the body's (its ticket). */
