@@ -126,7 +126,7 @@ export function checkCache(
   layer: LayerSpec,
   held: HeldCacheInfo | null,
   is: Issues,
-): { spec: KvCacheSpec | null; inline: ValidatedForward["inline"] } {
+): CacheCheck {
   const hasInline = input.key_cache !== undefined || input.value_cache !== undefined;
   if (refusesCacheUse(input, layer, held, hasInline, is)) return { spec: null, inline: null };
   if (held) {

@@ -32,17 +32,20 @@ export const SERIAL_MARK = /\bwithEnv(Sync)?\(|Deno\.env\.(set|delete)\(|\bcaptu
 const ROOT = new URL("..", import.meta.url);
 const TESTS = new URL("./", import.meta.url);
 
-/** The `*_test.ts` files under `dir`, as paths relative to the repository root, sorted. */
-export async function testFiles(dir: URL = TESTS): Promise<string[]> {
+/** The files under `dir` whose name `keep` takes, as paths relative to the repository root, sorted. */
+export async function filesUnder(dir: URL, keep: (name: string) => boolean): Promise<string[]> {
   const out: string[] = [];
   for await (const e of Deno.readDir(dir)) {
     const url = new URL(e.name + (e.isDirectory ? "/" : ""), dir);
-    if (e.isDirectory) out.push(...await testFiles(url));
-    else if (e.isFile && e.name.endsWith("_test.ts")) {
-      out.push(url.pathname.slice(ROOT.pathname.length));
-    }
+    if (e.isDirectory) out.push(...await filesUnder(url, keep));
+    else if (e.isFile && keep(e.name)) out.push(url.pathname.slice(ROOT.pathname.length));
   }
   return out.sort();
+}
+
+/** The `*_test.ts` files under tests/, as paths relative to the repository root, sorted. */
+export function testFiles(): Promise<string[]> {
+  return filesUnder(TESTS, (name) => name.endsWith("_test.ts"));
 }
 
 /** `files` split by {@link SERIAL_MARK}: those free to share a process, and the rest. */

@@ -5,7 +5,7 @@
  * parallel pass.
  */
 import assert from "node:assert/strict";
-import { SERIAL_MARK, splitFiles, testFiles } from "./run.ts";
+import { filesUnder, SERIAL_MARK, splitFiles, testFiles } from "./run.ts";
 
 const ROOT = new URL("../", import.meta.url);
 const call = (name: string, args = "") => `${name}(${args})`;
@@ -54,19 +54,16 @@ Deno.test("test runner: the tree's files, and where its env and stderr users lan
 Deno.test("test runner: no helper module under tests/ changes process state", async () => {
   // A helper that did would make its importers unsafe in the parallel pass unseen: the mark is
   // looked for in each test file's own text.
-  const helpers: string[] = [];
-  const walk = async (dir: URL) => {
-    for await (const e of Deno.readDir(dir)) {
-      const url = new URL(e.name + (e.isDirectory ? "/" : ""), dir);
-      if (e.isDirectory) await walk(url);
-      else if (e.name.endsWith(".ts") && !e.name.endsWith("_test.ts")) helpers.push(url.pathname);
-    }
-  };
-  await walk(new URL("tests/", ROOT));
-  const exempt = ["tests/support/env.ts", "tests/run.ts"].map((p) => new URL(p, ROOT).pathname);
+  const helpers = await filesUnder(
+    new URL("tests/", ROOT),
+    (name) => name.endsWith(".ts") && !name.endsWith("_test.ts"),
+  );
+  const exempt = ["tests/support/env.ts", "tests/run.ts"];
   const marked = [];
   for (const h of helpers) {
-    if (!exempt.includes(h) && SERIAL_MARK.test(await Deno.readTextFile(h))) marked.push(h);
+    if (!exempt.includes(h) && SERIAL_MARK.test(await Deno.readTextFile(new URL(h, ROOT)))) {
+      marked.push(h);
+    }
   }
   assert.ok(helpers.length > 10, `found ${helpers.length} helpers`);
   assert.deepEqual(marked, []);
